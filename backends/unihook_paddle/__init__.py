@@ -1,0 +1,219 @@
+"""unihook backend for PaddlePaddle.
+
+Claims an object only when ``paddle`` is already in ``sys.modules`` and the object is a
+``paddle.nn.Layer`` or ``paddle.Tensor``; paddle is never imported here at module level.
+Forward hooks are paddle's own (registered copy-on-write, see ``_forward``); tensor hooks get a
+thin wrapper that absorbs paddle's failure modes (see ``unihook_register_tensor_hook``); module
+backward hooks, which paddle 3.3.1 lacks, are emulated (``_backward``).
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any, Callable
+
+from unihook._checks import check_grad, check_pre_kwargs_result
+from unihook._describe import Site, type_name
+from unihook.errors import HookTargetError
+from unihook.handles import Handle
+from unihook.info import BackendInfo, installed_version
+from unihook.spec import hookimpl
+
+NAME = "paddle"
+
+
+def _paddle() -> Any:
+    return sys.modules.get("paddle")
+
+
+def _owns(obj: object) -> bool:
+    paddle = _paddle()
+    return paddle is not None and isinstance(obj, (paddle.nn.Layer, paddle.Tensor))
+
+
+def _layer(obj: object, kind: str, name: str | None) -> Any:
+    """`obj` if it is a paddle Layer; None if paddle does not own it; raises for a paddle
+    object that is not a Layer."""
+    if not _owns(obj):
+        return None
+    if not isinstance(obj, _paddle().nn.Layer):
+        raise Site.of(kind, NAME, obj, name).error(
+            HookTargetError, "a paddle.nn.Layer", type_name(obj)
+        )
+    return obj
+
+
+@hookimpl
+def unihook_backend_info() -> BackendInfo:
+    return BackendInfo(
+        NAME,
+        "paddle",
+        installed_version("paddlepaddle") or installed_version("paddlepaddle-gpu"),
+        {
+            "forward_pre": "native",
+            "forward": "native",
+            "tensor": "native",
+            "full_backward_pre": "emulated",
+            "full_backward": "emulated",
+        },
+    )
+
+
+@hookimpl
+def unihook_backend_of(obj: object) -> str | None:
+    return NAME if _owns(obj) else None
+
+
+@hookimpl
+def unihook_conformance_kit() -> object | None:
+    if installed_version("paddlepaddle") is None and installed_version("paddlepaddle-gpu") is None:
+        return None
+    from .testkit import PaddleKit
+
+    return PaddleKit()
+
+
+def _forward_handle(layer: Any, kind: str, hook_id: int, dead: list[bool]) -> Handle:
+    from ._forward import remove_hook
+
+    layer_ref = weakref.ref(layer)
+
+    def remove() -> None:
+        dead[0] = True
+        live = layer_ref()
+        if live is not None:
+            remove_hook(live, hook_id, pre=kind == "forward_pre")
+
+    return Handle(NAME, kind, remove)
+
+
+@hookimpl
+def unihook_register_forward_pre_hook(
+    module: object, hook: Callable[..., Any], prepend: bool, with_kwargs: bool, name: str | None
+) -> Handle | None:
+    layer = _layer(module, "forward_pre", name)
+    if layer is None:
+        return None
+    from ._forward import add_hook
+
+    dead = [False]
+    if with_kwargs:
+        site = Site.of("forward_pre", NAME, layer, name)
+        user = hook
+
+        # *rest: a call in flight when this hook is removed may find its kwargs flag gone
+        # (paddle reads the flags live) and call it without kwargs; it then does nothing.
+        def hook(layer: Any, args: Any, *rest: Any) -> Any:
+            if dead[0]:
+                return None
+            return check_pre_kwargs_result(user(layer, args, *rest), site)
+
+    hook_id = add_hook(layer, hook, pre=True, prepend=prepend, with_kwargs=with_kwargs)
+    return _forward_handle(layer, "forward_pre", hook_id, dead)
+
+
+@hookimpl
+def unihook_register_forward_hook(
+    module: object,
+    hook: Callable[..., Any],
+    prepend: bool,
+    with_kwargs: bool,
+    always_call: bool,
+    name: str | None,
+) -> Handle | None:
+    layer = _layer(module, "forward", name)
+    if layer is None:
+        return None
+    from ._forward import add_hook
+
+    dead = [False]
+    if with_kwargs:
+        user = hook
+
+        def hook(layer: Any, args: Any, *rest: Any) -> Any:  # see the pre-hook's comment
+            return None if dead[0] or len(rest) != 2 else user(layer, args, *rest)
+
+    hook_id = add_hook(
+        layer, hook, pre=False, prepend=prepend, with_kwargs=with_kwargs, always_call=always_call
+    )
+    return _forward_handle(layer, "forward", hook_id, dead)
+
+
+@hookimpl
+def unihook_register_tensor_hook(
+    tensor: object, hook: Callable[..., Any], name: str | None
+) -> Handle | None:
+    if not _owns(tensor):
+        return None
+    paddle = _paddle()
+    site = Site.of("tensor", NAME, tensor, name)
+    if not isinstance(tensor, paddle.Tensor):
+        raise site.error(HookTargetError, "a paddle.Tensor", type_name(tensor))
+    if tensor.stop_gradient:
+        raise site.error(
+            HookTargetError, "a tensor that requires grad", "a tensor with stop_gradient=True"
+        )
+    from . import _autograd_guard as guard
+
+    is_tensor = paddle.is_tensor
+    no_grad = paddle.no_grad
+    live = [True]
+
+    def tensor_hook(grad: Any) -> Any:
+        if not live[0]:
+            return None
+        try:
+            if guard.building_graph():
+                result = hook(grad)
+            else:
+                # An in-place edit of `grad` changes the gradient in torch; in paddle it
+                # raises ("Leaf Var ... can't use inplace strategy") unless done under no_grad.
+                with no_grad():
+                    result = hook(grad)
+            # Checked here: paddle accepts a wrong shape silently and segfaults on a float.
+            return check_grad(result, grad, is_tensor, site)
+        except BaseException as error:
+            guard.stash(error)
+            raise
+
+    hook_id = tensor._register_grad_hook(tensor_hook)
+    guard.hold(tensor_hook)
+    # paddle's own TensorHookRemoveHelper holds the tensor strongly: use a weak reference.
+    tensor_ref = weakref.ref(tensor)
+
+    def native_remove() -> None:
+        owner = tensor_ref()
+        if owner is not None:
+            owner._remove_grad_hook(hook_id)
+
+    def remove() -> None:
+        live[0] = False
+        guard.after_backward(native_remove)
+
+    return Handle(NAME, "tensor", remove)
+
+
+@hookimpl
+def unihook_register_full_backward_pre_hook(
+    module: object, hook: Callable[..., Any], prepend: bool, name: str | None
+) -> Handle | None:
+    layer = _layer(module, "full_backward_pre", name)
+    if layer is None:
+        return None
+    from ._backward import register
+
+    return register(layer, "full_backward_pre", hook, prepend, name)
+
+
+@hookimpl
+def unihook_register_full_backward_hook(
+    module: object, hook: Callable[..., Any], prepend: bool, name: str | None
+) -> Handle | None:
+    layer = _layer(module, "full_backward", name)
+    if layer is None:
+        return None
+    from ._backward import register
+
+    return register(layer, "full_backward", hook, prepend, name)
+

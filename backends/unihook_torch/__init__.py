@@ -1,0 +1,153 @@
+"""unihook backend for PyTorch: native hooks wherever torch's own semantics are the spec.
+
+Claims an object only when ``torch`` is already in ``sys.modules`` and the object is a
+``torch.nn.Module`` or ``torch.Tensor``; torch is never imported here at module level.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from unihook._checks import check_grad, checked_kwargs_pre_hook
+from unihook._describe import Site, type_name
+from unihook.errors import HookTargetError
+from unihook.handles import Handle
+from unihook.info import BackendInfo, installed_version
+from unihook.spec import hookimpl
+
+NAME = "torch"
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def _owns(obj: object) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(obj, (torch.nn.Module, torch.Tensor))
+
+
+def _module(obj: object, kind: str, name: str | None) -> Any:
+    """`obj` if it is a torch module; None if torch does not own it; raises for a torch
+    object that is not a module."""
+    if not _owns(obj):
+        return None
+    if not isinstance(obj, _torch().nn.Module):
+        raise Site.of(kind, NAME, obj, name).error(
+            HookTargetError, "a torch.nn.Module", f"{type_name(obj)}"
+        )
+    return obj
+
+
+@hookimpl
+def unihook_backend_info() -> BackendInfo:
+    return BackendInfo(
+        NAME,
+        "torch",
+        installed_version("torch"),
+        {
+            "forward_pre": "native",
+            "forward": "native",
+            "tensor": "native",
+            # torch's own BackwardHook raises on in-place ops after the module (pytorch 61519):
+            # unihook runs its own, in-place safe, implementation of the same semantics.
+            "full_backward_pre": "emulated",
+            "full_backward": "emulated",
+        },
+    )
+
+
+@hookimpl
+def unihook_backend_of(obj: object) -> str | None:
+    return NAME if _owns(obj) else None
+
+
+@hookimpl
+def unihook_conformance_kit() -> object | None:
+    if installed_version("torch") is None:
+        return None
+    from .testkit import TorchKit
+
+    return TorchKit()
+
+
+@hookimpl
+def unihook_register_forward_pre_hook(
+    module: object, hook: Callable[..., Any], prepend: bool, with_kwargs: bool, name: str | None
+) -> Handle | None:
+    m = _module(module, "forward_pre", name)
+    if m is None:
+        return None
+    if with_kwargs:
+        # torch raises a bare RuntimeError for a bad (args, kwargs) return: check it ourselves.
+        hook = checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, m, name))
+    native = m.register_forward_pre_hook(hook, prepend=prepend, with_kwargs=with_kwargs)
+    return Handle(NAME, "forward_pre", native.remove)
+
+
+@hookimpl
+def unihook_register_forward_hook(
+    module: object,
+    hook: Callable[..., Any],
+    prepend: bool,
+    with_kwargs: bool,
+    always_call: bool,
+    name: str | None,
+) -> Handle | None:
+    m = _module(module, "forward", name)
+    if m is None:
+        return None
+    native = m.register_forward_hook(
+        hook, prepend=prepend, with_kwargs=with_kwargs, always_call=always_call
+    )
+    return Handle(NAME, "forward", native.remove)
+
+
+@hookimpl
+def unihook_register_tensor_hook(
+    tensor: object, hook: Callable[..., Any], name: str | None
+) -> Handle | None:
+    if not _owns(tensor):
+        return None
+    torch = _torch()
+    site = Site.of("tensor", NAME, tensor, name)
+    if not isinstance(tensor, torch.Tensor):
+        raise site.error(HookTargetError, "a torch.Tensor", type_name(tensor))
+    if not tensor.requires_grad:
+        raise site.error(
+            HookTargetError, "a tensor that requires grad", "a tensor with requires_grad=False"
+        )
+    is_tensor = torch.is_tensor
+
+    def tensor_hook(grad: Any) -> Any:
+        # torch checks shape and dtype too, but with bare RuntimeError/TypeError.
+        return check_grad(hook(grad), grad, is_tensor, site)
+
+    native = tensor.register_hook(tensor_hook)
+    return Handle(NAME, "tensor", native.remove)
+
+
+@hookimpl
+def unihook_register_full_backward_pre_hook(
+    module: object, hook: Callable[..., Any], prepend: bool, name: str | None
+) -> Handle | None:
+    m = _module(module, "full_backward_pre", name)
+    if m is None:
+        return None
+    from ._backward import register
+
+    return register(m, "full_backward_pre", hook, prepend, name)
+
+
+@hookimpl
+def unihook_register_full_backward_hook(
+    module: object, hook: Callable[..., Any], prepend: bool, name: str | None
+) -> Handle | None:
+    m = _module(module, "full_backward", name)
+    if m is None:
+        return None
+    from ._backward import register
+
+    return register(m, "full_backward", hook, prepend, name)
+

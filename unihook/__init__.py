@@ -1,0 +1,49 @@
+"""unihook: one hook function for PyTorch and PaddlePaddle.
+
+``import unihook`` imports no framework: backends are pluggy plugins found through the
+``unihook`` entry-point group, and each looks its framework up in ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+from .api import (
+    backend_of,
+    backends,
+    register_forward_hook,
+    register_forward_post_hook,
+    register_forward_pre_hook,
+    register_full_backward_hook,
+    register_full_backward_pre_hook,
+    register_tensor_hook,
+)
+from .errors import (
+    BackendStateError,
+    HookReturnError,
+    HookTargetError,
+    NoBackendError,
+    UnihookError,
+    UnsupportedHookError,
+)
+from .handles import Handle
+from .info import BackendInfo
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendInfo",
+    "BackendStateError",
+    "Handle",
+    "HookReturnError",
+    "HookTargetError",
+    "NoBackendError",
+    "UnihookError",
+    "UnsupportedHookError",
+    "backend_of",
+    "backends",
+    "register_forward_hook",
+    "register_forward_post_hook",
+    "register_forward_pre_hook",
+    "register_full_backward_hook",
+    "register_full_backward_pre_hook",
+    "register_tensor_hook",
+]

@@ -1,0 +1,89 @@
+"""Return-value rules shared by every adapter. Each raises HookReturnError naming the site."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ._describe import Site, type_name
+from .errors import HookReturnError
+
+__all__ = [
+    "check_grad",
+    "check_grad_tuple",
+    "check_pre_kwargs_result",
+    "checked_kwargs_pre_hook",
+    "shape_of",
+]
+
+
+def shape_of(tensor: Any) -> tuple[int, ...]:
+    """A tensor's shape as a tuple of ints (torch.Size and paddle's list compare equal so)."""
+    return tuple(tensor.shape)
+
+
+def check_pre_kwargs_result(result: object, site: Site) -> Any:
+    """A with_kwargs forward pre-hook returns None or `(args, kwargs)`."""
+    if result is None or (
+        type(result) is tuple and len(result) == 2 and isinstance(result[1], dict)
+    ):
+        return result
+    raise site.error(
+        HookReturnError, "None or a tuple (new_args, new_kwargs) with kwargs a dict", _show(result)
+    )
+
+
+def check_grad(result: object, grad: Any, is_tensor: Callable[[object], bool], site: Site) -> Any:
+    """A gradient a hook returned in place of `grad`: None, or a tensor of its shape and dtype."""
+    if result is None:
+        return None
+    if not is_tensor(result):
+        raise site.error(
+            HookReturnError, f"None or a {type_name(grad)} like the gradient", _show(result)
+        )
+    if shape_of(result) != shape_of(grad):
+        raise site.error(
+            HookReturnError,
+            f"a gradient of shape {list(shape_of(grad))}",
+            f"shape {list(shape_of(result))}",
+        )
+    if result.dtype != grad.dtype:  # type: ignore[attr-defined]
+        raise site.error(
+            HookReturnError,
+            f"a gradient of dtype {grad.dtype}",
+            f"dtype {result.dtype}",  # type: ignore[attr-defined]
+        )
+    return result
+
+
+def check_grad_tuple(result: object, expected: int, what: str, site: Site) -> tuple[Any, ...] | None:
+    """A backward hook returns None or a tuple/list replacing `what` (grad_input/grad_output)."""
+    if result is None:
+        return None
+    if not isinstance(result, (tuple, list)):
+        raise site.error(
+            HookReturnError, f"None or a tuple of {expected} gradients replacing {what}", _show(result)
+        )
+    if len(result) != expected:
+        raise site.error(
+            HookReturnError,
+            f"None or a tuple of {expected} gradients replacing {what}",
+            f"a {type_name(result)} of length {len(result)}",
+        )
+    return tuple(result)
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type_name(value)} {text}"
+
+
+def checked_kwargs_pre_hook(hook: Callable[..., Any], site: Site) -> Callable[..., Any]:
+    """Wrap a with_kwargs forward pre-hook so a bad return raises HookReturnError."""
+
+    def kwargs_pre_hook(module: Any, args: Any, kwargs: Any) -> Any:
+        return check_pre_kwargs_result(hook(module, args, kwargs), site)
+
+    kwargs_pre_hook.__wrapped__ = hook  # type: ignore[attr-defined]
+    return kwargs_pre_hook

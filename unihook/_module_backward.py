@@ -1,0 +1,288 @@
+"""Module backward hooks with torch's semantics, on top of any framework's autograd.
+
+The design mirrors torch's own ``BackwardHook``: a forward pre-hook passes the tensor positional
+arguments through an identity autograd function whose backward runs once, after every input
+gradient exists (the full hooks fire there); a forward post-hook passes the differentiable
+outputs through a second identity whose backward sees grad_output (the pre-hooks fire there).
+Per-call state links the two. The framework supplies only the primitives in `Autograd`; it
+decides how its identity avoids the in-place trap (torch: a detached alias, not a view).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from itertools import count
+from typing import Any, Callable, Protocol, Sequence
+
+from ._checks import check_grad, check_grad_tuple
+from ._describe import Site
+from .errors import HookReturnError
+from .handles import Handle
+
+__all__ = ["Autograd", "Dispatchers", "keep_dispatchers_last", "register_backward_hook"]
+
+Hook = Callable[..., Any]
+Grads = Sequence[Any]
+
+
+class Autograd(Protocol):
+    """What a framework adapter provides to run module backward hooks."""
+
+    backend: str
+
+    def is_tensor(self, obj: object) -> bool: ...
+
+    def requires_grad(self, tensor: Any) -> bool: ...
+
+    def grad_enabled(self) -> bool: ...
+
+    def identity(
+        self, tensors: Sequence[Any], on_backward: Callable[[Grads], Grads], materialize: bool
+    ) -> Sequence[Any]:
+        """Pass `tensors` through one identity node whose backward calls `on_backward` with
+        every output's gradient (None for an unused output unless `materialize`, zeros for a
+        non-differentiable one) and returns what it returns."""
+        ...
+
+    def add_dispatchers(self, module: Any, pre: Hook, post: Hook) -> Dispatchers:
+        """Install `pre` as the module's last forward pre-hook and `post` as its last forward
+        hook (always called, also when forward raises)."""
+        ...
+
+
+class Dispatchers(Protocol):
+    """The two forward hooks that drive a module's backward hooks."""
+
+    def move_last(self) -> None:
+        """Put both back at the end of their hook order (after a forward hook was added)."""
+        ...
+
+    def remove(self) -> None: ...
+
+
+_ids = count()
+
+
+class ModuleBackward:
+    """The backward hooks of one module and the dispatchers that run them."""
+
+    def __init__(self, autograd: Autograd) -> None:
+        self.autograd = autograd
+        self.pre_hooks: dict[int, tuple[Hook, Site]] = {}
+        self.full_hooks: dict[int, tuple[Hook, Site]] = {}
+        self.local = threading.local()
+        self.dispatchers: Dispatchers | None = None
+
+    def add(self, kind: str, hook: Hook, site: Site, prepend: bool) -> int:
+        hooks = self.pre_hooks if kind == "full_backward_pre" else self.full_hooks
+        key = next(_ids)
+        hooks[key] = (hook, site)
+        if prepend:
+            # Rebuild instead of mutating: a call in flight keeps its snapshot either way.
+            items = list(hooks.items())
+            hooks.clear()
+            hooks.update([items[-1], *items[:-1]])
+        return key
+
+    def discard(self, key: int) -> bool:
+        """Remove hook `key`; True when no hook is left."""
+        self.pre_hooks.pop(key, None)
+        self.full_hooks.pop(key, None)
+        return not (self.pre_hooks or self.full_hooks)
+
+    def _stack(self) -> list[tuple[Any, _Call | None]]:
+        stack: list[tuple[Any, _Call | None]] | None = getattr(self.local, "stack", None)
+        if stack is None:
+            stack = self.local.stack = []
+        return stack
+
+    # -- the two dispatchers, installed as the module's last forward pre- and post-hook --
+
+    def pre_dispatch(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        ag = self.autograd
+        if not ag.grad_enabled():
+            self._stack().append((args, None))
+            return None
+        call = _Call(module, self, len(args))
+        idx = [i for i, a in enumerate(args) if ag.is_tensor(a)]
+        if any(ag.requires_grad(args[i]) for i in idx):
+            call.input_idx = idx
+            new = ag.identity([args[i] for i in idx], call.on_input_grads, True)
+            replaced = list(args)
+            for i, t in zip(idx, new):
+                replaced[i] = t
+            args = tuple(replaced)
+        self._stack().append((args, call))
+        return args if call.input_idx is not None else None
+
+    def post_dispatch(self, module: Any, args: tuple[Any, ...], output: Any) -> Any:
+        stack = self._stack()
+        # A forward pre-hook that raised before ours ran pushed nothing: match by args identity.
+        if not stack or stack[-1][0] is not args:
+            return None
+        call = stack.pop()[1]
+        if call is None or output is None:
+            return None
+        ag = self.autograd
+        # As torch: a tuple output is traversed, anything else (list, dict) is one value.
+        is_tuple = isinstance(output, tuple)
+        items = output if is_tuple else (output,)
+        idx = [i for i, o in enumerate(items) if ag.is_tensor(o)]
+        if not any(ag.requires_grad(items[i]) for i in idx):
+            return None
+        call.n_outputs = len(items)
+        call.output_idx = idx
+        new = ag.identity([items[i] for i in idx], call.on_output_grads, False)
+        replaced = list(items)
+        for i, t in zip(idx, new):
+            replaced[i] = t
+        if not is_tuple:
+            return replaced[0]
+        return type(output)(*replaced) if hasattr(output, "_fields") else tuple(replaced)
+
+
+class _Call:
+    """One forward call of a hooked module: what its backward needs."""
+
+    __slots__ = (
+        "module",
+        "pre_hooks",
+        "full_hooks",
+        "n_inputs",
+        "input_idx",
+        "n_outputs",
+        "output_idx",
+        "grad_outputs",
+        "is_tensor",
+    )
+
+    def __init__(self, module: Any, owner: ModuleBackward, n_inputs: int) -> None:
+        self.module = module
+        # Snapshots, as torch: hooks registered or removed after forward leave this call alone.
+        self.pre_hooks = list(owner.pre_hooks.values())
+        self.full_hooks = list(owner.full_hooks.values())
+        self.n_inputs = n_inputs
+        self.input_idx: list[int] | None = None
+        self.n_outputs = 0
+        self.output_idx: list[int] = []
+        self.grad_outputs: tuple[Any, ...] | None = None
+        self.is_tensor = owner.autograd.is_tensor
+
+    def on_output_grads(self, grads: Grads) -> Grads:
+        grad_outputs = _pack(self.output_idx, grads, self.n_outputs)
+        for hook, site in self.pre_hooks:
+            grad_outputs = _replace(
+                hook(self.module, grad_outputs), grad_outputs, "grad_output", site, self.is_tensor
+            )
+        if self.input_idx is None:
+            self._fire_without_inputs(grad_outputs)
+        else:
+            self.grad_outputs = grad_outputs
+        return [grad_outputs[i] for i in self.output_idx]
+
+    def _fire_without_inputs(self, grad_outputs: tuple[Any, ...]) -> None:
+        if not self.full_hooks:
+            return
+        warnings.warn(
+            "Full backward hook is firing when gradients are computed with respect to module "
+            "outputs since no inputs require gradients.",
+            UserWarning,
+            stacklevel=2,
+        )
+        grad_inputs = (None,) * self.n_inputs
+        for hook, site in self.full_hooks:
+            result = hook(self.module, grad_inputs, grad_outputs)
+            if result is not None and not (
+                isinstance(result, (tuple, list)) and all(r is None for r in result)
+            ):
+                raise site.error(
+                    HookReturnError,
+                    "None (no input of the module requires grad, so there is no grad_input "
+                    "to replace)",
+                    f"{type(result).__name__}",
+                )
+
+    def on_input_grads(self, grads: Grads) -> Grads:
+        grad_outputs = self.grad_outputs
+        assert self.input_idx is not None
+        if grad_outputs is None:
+            # The gradient reached the inputs without passing through the outputs (torch
+            # does not fire then either).
+            return grads
+        self.grad_outputs = None
+        grad_inputs = _pack(self.input_idx, grads, self.n_inputs)
+        for hook, site in self.full_hooks:
+            grad_inputs = _replace(
+                hook(self.module, grad_inputs, grad_outputs),
+                grad_inputs,
+                "grad_input",
+                site,
+                self.is_tensor,
+            )
+        return [grad_inputs[i] for i in self.input_idx]
+
+
+def _pack(idx: Sequence[int], values: Grads, n: int) -> tuple[Any, ...]:
+    packed: list[Any] = [None] * n
+    for i, v in zip(idx, values):
+        packed[i] = v
+    return tuple(packed)
+
+
+def _replace(
+    result: object,
+    current: tuple[Any, ...],
+    what: str,
+    site: Site,
+    is_tensor: Callable[[object], bool],
+) -> tuple[Any, ...]:
+    """`current` after a hook returned `result`: validated slot by slot."""
+    new = check_grad_tuple(result, len(current), what, site)
+    if new is None:
+        return current
+    for old, value in zip(current, new):
+        if old is not None and value is not None:
+            check_grad(value, old, is_tensor, site)
+    return new
+
+
+_states: weakref.WeakKeyDictionary[Any, ModuleBackward] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def register_backward_hook(
+    autograd: Autograd, module: Any, kind: str, hook: Hook, prepend: bool, name: str | None
+) -> Handle:
+    """Register a full backward (pre-)hook on `module`; the first installs the dispatchers,
+    removing the last uninstalls them (the framework's no-hook fast path comes back)."""
+    site = Site.of(kind, autograd.backend, module, name)
+    with _lock:
+        state = _states.get(module)
+        if state is None:
+            state = _states[module] = ModuleBackward(autograd)
+            state.dispatchers = autograd.add_dispatchers(
+                module, state.pre_dispatch, state.post_dispatch
+            )
+        key = state.add(kind, hook, site, prepend)
+    module_ref = weakref.ref(module)
+
+    def remove() -> None:
+        with _lock:
+            m = module_ref()
+            if m is None or _states.get(m) is not state:
+                return
+            if state.discard(key):
+                del _states[m]
+                assert state.dispatchers is not None
+                state.dispatchers.remove()
+
+    return Handle(autograd.backend, kind, remove)
+
+
+def keep_dispatchers_last(module: Any) -> None:
+    """Called by adapters after a forward hook is added: the dispatchers move back to the end."""
+    state = _states.get(module)
+    if state is not None and state.dispatchers is not None:
+        state.dispatchers.move_last()

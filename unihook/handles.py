@@ -1,0 +1,48 @@
+"""The handle every registration returns."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Callable
+
+__all__ = ["Handle"]
+
+
+class Handle:
+    """Removes one registered hook. `remove()` is idempotent; `with handle:` removes on exit.
+
+    `backend` and `kind` say where the hook lives ("torch", "forward_pre"). A handle holds no
+    strong reference to the hooked module or tensor (adapters pass a remover that uses weak
+    references), so dropping the model frees it.
+    """
+
+    __slots__ = ("backend", "kind", "_remover", "__weakref__")
+
+    def __init__(self, backend: str, kind: str, remover: Callable[[], object]) -> None:
+        self.backend = backend
+        self.kind = kind
+        self._remover: Callable[[], object] | None = remover
+
+    @property
+    def removed(self) -> bool:
+        return self._remover is None
+
+    def remove(self) -> None:
+        remover, self._remover = self._remover, None
+        if remover is not None:
+            remover()
+
+    def __enter__(self) -> Handle:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        state = "removed" if self.removed else "active"
+        return f"<unihook.Handle {self.backend} {self.kind} {state}>"

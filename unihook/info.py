@@ -1,0 +1,45 @@
+"""What `unihook.backends()` reports about each registered backend."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
+
+__all__ = ["BackendInfo", "Support", "KINDS", "installed_version"]
+
+Support = Literal["native", "emulated", "unsupported"]
+
+#: Every per-object hook kind of the spec, in the order tables list them.
+KINDS: tuple[str, ...] = (
+    "forward_pre",
+    "forward",
+    "tensor",
+    "full_backward_pre",
+    "full_backward",
+)
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """A backend as `unihook.backends()` lists it."""
+
+    name: str
+    framework: str
+    version: str | None
+    kinds: Mapping[str, Support] = field(default_factory=dict)
+
+    @property
+    def installed(self) -> bool:
+        return self.version is not None
+
+    def support(self, kind: str) -> Support:
+        return self.kinds.get(kind, "unsupported")
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of a distribution, read from its metadata (no import)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
