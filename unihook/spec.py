@@ -55,7 +55,7 @@ def unihook_backend_of(obj: object) -> str | None:
 
 @hookspec
 def unihook_conformance_kit() -> object | None:
-    """Return this backend's conformance kit (see ``tests/kit.py``) when its framework is
+    """Return this backend's conformance kit (``unihook.testing.Kit``) when its framework is
     installed, else None. Imports the framework: only the test suite calls it."""
 
 

@@ -1,0 +1,99 @@
+"""The conformance kit for paddle (``unihook.testing.Kit``): used only by the test suite."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import paddle
+
+
+class _Layer(paddle.nn.Layer):
+    def __init__(self, forward: Callable[..., Any], children: dict[str, Any] | None) -> None:
+        super().__init__()
+        self._fn = forward
+        for name, child in (children or {}).items():
+            self.add_sublayer(name, child)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(self, *args, **kwargs)
+
+
+class PaddleKit:
+    name = "paddle"
+
+    def tensor(self, data: Any, requires_grad: bool = False, dtype: str = "float32") -> Any:
+        return paddle.to_tensor(np.asarray(data, dtype=dtype), stop_gradient=not requires_grad)
+
+    def numpy(self, tensor: Any) -> Any:
+        return tensor.detach().numpy().copy()
+
+    def grad(self, tensor: Any) -> Any:
+        return None if tensor.grad is None else self.numpy(tensor.grad)
+
+    def requires_grad(self, tensor: Any) -> bool:
+        return not tensor.stop_gradient
+
+    def add_(self, tensor: Any, value: float) -> Any:
+        return tensor.add_(paddle.full([], value, dtype=tensor.dtype))
+
+    def relu(self, tensor: Any) -> Any:
+        return paddle.nn.functional.relu(tensor)
+
+    def cat(self, tensors: Sequence[Any], axis: int) -> Any:
+        return paddle.concat(list(tensors), axis=axis)
+
+    def zeros_like(self, tensor: Any) -> Any:
+        return paddle.zeros_like(tensor)
+
+    def is_tensor(self, obj: object) -> bool:
+        return paddle.is_tensor(obj)
+
+    def backward(self, tensor: Any, retain_graph: bool = False) -> None:
+        tensor.backward(retain_graph=retain_graph)
+
+    def autograd_grad(
+        self, outputs: Sequence[Any], inputs: Sequence[Any], create_graph: bool = False
+    ) -> list[Any]:
+        return list(paddle.grad(list(outputs), list(inputs), create_graph=create_graph))
+
+    def no_grad(self) -> Any:
+        return paddle.no_grad()
+
+    def linear(self, n_in: int, n_out: int, weight: Any = None, bias: Any = None) -> Any:
+        m = paddle.nn.Linear(n_in, n_out)
+        if weight is not None:  # paddle's Linear weight is [in, out]: torch's transposed
+            m.weight.set_value(np.asarray(weight, dtype="float32").T.copy())
+        if bias is not None:
+            m.bias.set_value(np.asarray(bias, dtype="float32"))
+        return m
+
+    def relu_module(self, inplace: bool = False) -> Any:
+        # paddle's ReLU has no inplace flag: a layer calling the in-place functional.
+        if inplace:
+            return self.module(lambda _self, x: paddle.nn.functional.relu_(x))
+        return paddle.nn.ReLU()
+
+    def sequential(self, *modules: Any) -> Any:
+        return paddle.nn.Sequential(*modules)
+
+    def conv2d(self, c_in: int, c_out: int, k: int, padding: int = 0) -> Any:
+        return paddle.nn.Conv2D(c_in, c_out, k, padding=padding)
+
+    def batchnorm2d(self, c: int) -> Any:
+        return paddle.nn.BatchNorm2D(c)
+
+    def module(self, forward: Callable[..., Any], children: dict[str, Any] | None = None) -> Any:
+        return _Layer(forward, children)
+
+    def parameters(self, module: Any) -> list[Any]:
+        return list(module.parameters())
+
+    def named_modules(self, module: Any) -> list[tuple[str, Any]]:
+        return list(module.named_sublayers(include_self=True))
+
+    def set_training(self, module: Any, training: bool) -> None:
+        module.train() if training else module.eval()
+
+    def seed(self, seed: int) -> None:
+        paddle.seed(seed)

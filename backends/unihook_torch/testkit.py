@@ -1,0 +1,97 @@
+"""The conformance kit for torch (``unihook.testing.Kit``): used only by the test suite."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+
+class _Module(torch.nn.Module):
+    def __init__(self, forward: Callable[..., Any], children: dict[str, Any] | None) -> None:
+        super().__init__()
+        self._fn = forward
+        for name, child in (children or {}).items():
+            self.add_module(name, child)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(self, *args, **kwargs)
+
+
+class TorchKit:
+    name = "torch"
+
+    def tensor(self, data: Any, requires_grad: bool = False, dtype: str = "float32") -> Any:
+        return torch.tensor(np.asarray(data, dtype=dtype), requires_grad=requires_grad)
+
+    def numpy(self, tensor: Any) -> Any:
+        return tensor.detach().cpu().numpy().copy()
+
+    def grad(self, tensor: Any) -> Any:
+        return None if tensor.grad is None else self.numpy(tensor.grad)
+
+    def requires_grad(self, tensor: Any) -> bool:
+        return bool(tensor.requires_grad)
+
+    def add_(self, tensor: Any, value: float) -> Any:
+        return tensor.add_(value)
+
+    def relu(self, tensor: Any) -> Any:
+        return torch.relu(tensor)
+
+    def cat(self, tensors: Sequence[Any], axis: int) -> Any:
+        return torch.cat(list(tensors), dim=axis)
+
+    def zeros_like(self, tensor: Any) -> Any:
+        return torch.zeros_like(tensor)
+
+    def is_tensor(self, obj: object) -> bool:
+        return torch.is_tensor(obj)
+
+    def backward(self, tensor: Any, retain_graph: bool = False) -> None:
+        tensor.backward(retain_graph=retain_graph)
+
+    def autograd_grad(
+        self, outputs: Sequence[Any], inputs: Sequence[Any], create_graph: bool = False
+    ) -> list[Any]:
+        return list(torch.autograd.grad(list(outputs), list(inputs), create_graph=create_graph))
+
+    def no_grad(self) -> Any:
+        return torch.no_grad()
+
+    def linear(self, n_in: int, n_out: int, weight: Any = None, bias: Any = None) -> Any:
+        m = torch.nn.Linear(n_in, n_out)
+        with torch.no_grad():
+            if weight is not None:
+                m.weight.copy_(torch.tensor(np.asarray(weight, dtype="float32")))
+            if bias is not None:
+                m.bias.copy_(torch.tensor(np.asarray(bias, dtype="float32")))
+        return m
+
+    def relu_module(self, inplace: bool = False) -> Any:
+        return torch.nn.ReLU(inplace=inplace)
+
+    def sequential(self, *modules: Any) -> Any:
+        return torch.nn.Sequential(*modules)
+
+    def conv2d(self, c_in: int, c_out: int, k: int, padding: int = 0) -> Any:
+        return torch.nn.Conv2d(c_in, c_out, k, padding=padding)
+
+    def batchnorm2d(self, c: int) -> Any:
+        return torch.nn.BatchNorm2d(c)
+
+    def module(self, forward: Callable[..., Any], children: dict[str, Any] | None = None) -> Any:
+        return _Module(forward, children)
+
+    def parameters(self, module: Any) -> list[Any]:
+        return list(module.parameters())
+
+    def named_modules(self, module: Any) -> list[tuple[str, Any]]:
+        return list(module.named_modules())
+
+    def set_training(self, module: Any, training: bool) -> None:
+        module.train(training)
+
+    def seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
