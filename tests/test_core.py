@@ -1,0 +1,191 @@
+"""The core without a framework: laziness, plugin discovery, errors, handles, the table."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import unihook
+from unihook.info import KINDS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_python(code: str, env: dict[str, str] | None = None, path: Path | None = None) -> str:
+    full_env = {**os.environ, **(env or {})}
+    if path is not None:
+        full_env["PYTHONPATH"] = os.pathsep.join([str(path), full_env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_import_unihook_imports_no_framework() -> None:
+    out = run_python(
+        """
+        import sys, unihook
+        unihook.backends()                    # loads every backend plugin
+        unihook.register_forward_hook         # touches the API
+        try:
+            unihook.backend_of(object())
+        except unihook.NoBackendError:
+            pass
+        print('torch' in sys.modules, 'paddle' in sys.modules)
+        """
+    )
+    assert out == "False False"
+
+
+TOY_BACKEND = '''
+import sys
+from unihook.spec import hookimpl
+from unihook.handles import Handle
+from unihook.info import BackendInfo
+
+
+class ToyModule:
+    def __init__(self):
+        self.hooks = {}
+
+    def __call__(self, x):
+        out = x * 2
+        for hook in list(self.hooks.values()):
+            result = hook(self, (x,), out)
+            out = out if result is None else result
+        return out
+
+
+@hookimpl
+def unihook_backend_info():
+    return BackendInfo("toy", "toy", "0.1", {"forward": "native"})
+
+
+@hookimpl
+def unihook_backend_of(obj):
+    return "toy" if isinstance(obj, ToyModule) else None
+
+
+@hookimpl
+def unihook_register_forward_hook(module, hook, prepend, with_kwargs, always_call, name):
+    if not isinstance(module, ToyModule):
+        return None
+    key = object()
+    module.hooks[key] = hook
+    return Handle("toy", "forward", lambda: module.hooks.pop(key, None))
+'''
+
+
+@pytest.fixture
+def toy_backend(tmp_path: Path) -> Path:
+    """A third-party backend installed the way a wheel would install it: a module plus a
+    dist-info folder declaring it in the ``unihook`` entry-point group."""
+    (tmp_path / "toy_backend.py").write_text(TOY_BACKEND)
+    info = tmp_path / "toy_backend-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-backend\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[unihook]\ntoy = toy_backend\n")
+    return tmp_path
+
+
+def test_third_party_backend_is_found_through_the_entry_point_group(toy_backend: Path) -> None:
+    out = run_python(
+        """
+        import sys, unihook
+        from toy_backend import ToyModule
+        print(sorted(b.name for b in unihook.backends()))
+        m = ToyModule()
+        h = unihook.register_forward_hook(m, lambda mod, args, out: out + 1)
+        print(unihook.backend_of(m), h.backend, h.kind, m(3))
+        h.remove()
+        print(m(3))
+        try:
+            unihook.register_forward_pre_hook(m, lambda mod, args: None)
+        except unihook.UnsupportedHookError as e:
+            print("unsupported:", "forward_pre" in str(e), "toy" in str(e))
+        print('torch' in sys.modules, 'paddle' in sys.modules)
+        """,
+        path=toy_backend,
+    )
+    lines = out.splitlines()
+    assert "toy" in lines[0] and "torch" in lines[0] and "paddle" in lines[0]
+    assert lines[1:] == ["toy toy forward 7", "6", "unsupported: True True", "False False"]
+
+
+def test_a_backend_can_be_disabled_by_environment(toy_backend: Path) -> None:
+    out = run_python(
+        "import unihook; print(sorted(b.name for b in unihook.backends()))",
+        env={"UNIHOOK_DISABLE": "toy,paddle"},
+        path=toy_backend,
+    )
+    assert out == "['torch']"
+
+
+def test_backends_reports_versions_and_kinds() -> None:
+    infos = {info.name: info for info in unihook.backends()}
+    assert {"torch", "paddle"} <= set(infos)
+    for info in infos.values():
+        for kind in KINDS:
+            assert info.support(kind) in ("native", "emulated", "unsupported")
+    if infos["paddle"].installed:
+        # paddle 3.3.1 has no Layer backward hooks: unihook emulates them.
+        assert infos["paddle"].support("full_backward") == "emulated"
+        assert infos["paddle"].support("forward") == "native"
+
+
+@pytest.mark.parametrize("obj", [object(), 3.0, [1, 2], None])
+def test_objects_of_no_backend(obj: object) -> None:
+    with pytest.raises(unihook.NoBackendError) as info:
+        unihook.register_forward_hook(obj, lambda *a: None)
+    assert isinstance(info.value, TypeError)
+    assert "register_forward_hook" in str(info.value) and type(obj).__name__ in str(info.value)
+    with pytest.raises(unihook.NoBackendError):
+        unihook.backend_of(obj)
+
+
+def test_error_tree() -> None:
+    assert issubclass(unihook.NoBackendError, (unihook.UnihookError, TypeError))
+    assert issubclass(unihook.UnsupportedHookError, (unihook.UnihookError, NotImplementedError))
+    assert issubclass(unihook.HookReturnError, unihook.UnihookError)
+    assert issubclass(unihook.HookTargetError, unihook.UnihookError)
+    for name in unihook.errors.__all__:
+        assert getattr(unihook, name).__doc__
+
+
+def test_handle_is_idempotent_and_a_context_manager() -> None:
+    calls: list[int] = []
+    handle = unihook.Handle("x", "forward", lambda: calls.append(1))
+    with handle as same:
+        assert same is handle and not handle.removed
+    assert handle.removed and calls == [1]
+    handle.remove()
+    assert calls == [1]
+    assert "removed" in repr(handle)
+
+
+def test_hook_must_be_callable(backend) -> None:  # type: ignore[no-untyped-def]
+    m = backend.linear(2, 2)
+    with pytest.raises(TypeError, match="callable"):
+        unihook.register_forward_hook(m, "not a function")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("when", ["training", 3])
+def test_when_outside_the_allowed_set(backend, when) -> None:  # type: ignore[no-untyped-def]
+    m = backend.linear(2, 2)
+    with pytest.raises(ValueError, match=r"`when` must be one of \{None, 'train', 'eval'\}"):
+        unihook.register_forward_hook(m, lambda *a: None, when=when)
+
+
+def test_backend_of(backend) -> None:  # type: ignore[no-untyped-def]
+    assert unihook.backend_of(backend.linear(2, 2)) == backend.name
+    assert unihook.backend_of(backend.tensor([1.0])) == backend.name
