@@ -1,0 +1,240 @@
+"""Global hooks for paddle 3.3.1, which has none: ``paddle.nn.Layer`` is patched while at least
+one is registered, and removing the last one puts back the exact original functions.
+
+Forward kinds: ``Layer.__call__`` skips straight to ``forward`` when a layer has no hooks of its
+own, so it is replaced by one that always goes through ``_dygraph_call_func``, which is wrapped
+to run with the global hooks merged in front of the layer's own (torch's order: G-pre, L-pre,
+forward, G-fwd, L-fwd) and the global backward dispatchers at the very end (after every
+forward hook, as torch's BackwardHook). The merged dicts are swapped in for the call and the
+layer's own ones put back after it, keeping any hook registered meanwhile.
+
+Registration kinds: paddle registers in four places that do not call each other
+(``__setattr__``, ``add_parameter`` (which ``register_parameter`` calls), ``register_buffer``,
+``add_sublayer``); each is wrapped. Assigning a plain tensor attribute registers a
+non-persistable buffer in paddle: it fires the buffer hook.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Callable
+
+import paddle
+from paddle.base.framework import EagerParamBase
+from paddle.nn import Layer
+from paddle.nn.layer.layers import HookRemoveHelper
+
+from unihook._checks import check_pre_kwargs_result
+from unihook._describe import Site
+
+from . import NAME
+
+Hook = Callable[..., Any]
+
+_ATTRS = (
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs_flag",
+    "_forward_post_hooks",
+    "_forward_post_hooks_with_kwargs_flag",
+    "_forward_post_hooks_always_called",
+)
+_FORWARD_METHODS = ("__call__", "_dygraph_call_func")
+_REGISTRATION_METHODS = ("__setattr__", "add_parameter", "register_buffer", "add_sublayer")
+
+_lock = threading.RLock()
+# kind -> {id: (hook, with_kwargs, always_call)}; ids come from paddle's own counter, so they
+# never collide with a layer's own hook ids in the merged dicts.
+_forward: dict[str, dict[int, tuple[Hook, bool, bool]]] = {"pre": {}, "post": {}}
+_tail: dict[str, dict[int, Hook]] = {"pre": {}, "post": {}}  # backward dispatchers: last
+_registration: dict[str, dict[int, Hook]] = {
+    "parameter_registration": {},
+    "buffer_registration": {},
+    "module_registration": {},
+}
+_originals: dict[str, Any] = {}
+# (head dicts, tail dicts, every global id), rebuilt on each change
+_merge_parts: tuple[tuple[OrderedDict[int, Any], ...], tuple[OrderedDict[int, Any], ...], frozenset[int]]
+
+
+def _next_id() -> int:
+    hook_id = HookRemoveHelper.next_hook_id
+    HookRemoveHelper.next_hook_id += 1
+    return hook_id
+
+
+def _rebuild() -> None:
+    global _merge_parts
+    pre, post = _forward["pre"], _forward["post"]
+    head = (
+        OrderedDict((k, _checked_pre(h) if kw else h) for k, (h, kw, _) in pre.items()),
+        OrderedDict((k, True) for k, (_, kw, _) in pre.items() if kw),
+        OrderedDict((k, h) for k, (h, _, _) in post.items()),
+        OrderedDict((k, True) for k, (_, kw, _) in post.items() if kw),
+        OrderedDict((k, True) for k, (_, _, always) in post.items() if always),
+    )
+    tail = (
+        OrderedDict(_tail["pre"]),
+        OrderedDict(),
+        OrderedDict(_tail["post"]),
+        OrderedDict(),
+        OrderedDict((k, True) for k in _tail["post"]),
+    )
+    ids = frozenset([*pre, *post, *_tail["pre"], *_tail["post"]])
+    _merge_parts = (head, tail, ids)
+
+
+def _checked_pre(hook: Hook) -> Hook:
+    def pre_hook(layer: Any, args: Any, kwargs: Any) -> Any:
+        result = hook(layer, args, kwargs)
+        if result is None:
+            return None
+        return check_pre_kwargs_result(result, Site.of("module_forward_pre", NAME, layer))
+
+    return pre_hook
+
+
+def _call(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+    return self._dygraph_call_func(*inputs, **kwargs)
+
+
+def _dygraph_call_func(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+    head, tail, ids = _merge_parts
+    own = self.__dict__
+    saved = tuple(own[attr] for attr in _ATTRS)
+    merged = tuple(OrderedDict(h) for h in head)
+    for m, s, t in zip(merged, saved, tail):
+        m.update(s)
+        m.update(t)
+    sizes = tuple(len(m) for m in merged)
+    for attr, m in zip(_ATTRS, merged):
+        own[attr] = m
+    try:
+        return _originals["_dygraph_call_func"](self, *inputs, **kwargs)
+    finally:
+        for attr, before, m, size in zip(_ATTRS, saved, merged, sizes):
+            now = own[attr]
+            if now is m and len(now) == size:
+                own[attr] = before
+            else:  # a hook registered or removed one of the layer's own hooks meanwhile
+                own[attr] = OrderedDict((k, v) for k, v in now.items() if k not in ids)
+
+
+def _fire(kind: str, layer: Any, name: str, value: Any) -> Any:
+    for hook in tuple(_registration[kind].values()):
+        result = hook(layer, name, value)
+        if result is not None:
+            value = result
+    return value
+
+
+def _setattr(self: Any, name: str, value: Any) -> None:
+    own = self.__dict__
+    params = own.get("_parameters")
+    layers = own.get("_sub_layers")
+    # The same branch order as Layer.__setattr__, so a hook fires only where paddle registers.
+    if isinstance(value, EagerParamBase):
+        if params is not None:
+            value = _fire("parameter_registration", self, name, value)
+    elif params is not None and name in params:
+        pass
+    elif isinstance(value, Layer):
+        if layers is not None:
+            value = _fire("module_registration", self, name, value)
+    elif layers is not None and name in layers:
+        pass
+    elif isinstance(value, paddle.Tensor) and own.get("_buffers") is not None:
+        value = _fire("buffer_registration", self, name, value)
+    _originals["__setattr__"](self, name, value)
+
+
+def _add_parameter(self: Any, name: str, parameter: Any) -> Any:
+    if parameter is not None:
+        parameter = _fire("parameter_registration", self, name, parameter)
+    return _originals["add_parameter"](self, name, parameter)
+
+
+def _register_buffer(self: Any, name: str, tensor: Any, persistable: bool = True) -> Any:
+    if tensor is not None:
+        tensor = _fire("buffer_registration", self, name, tensor)
+    return _originals["register_buffer"](self, name, tensor, persistable)
+
+
+def _add_sublayer(self: Any, name: str, sublayer: Any) -> Any:
+    if sublayer is not None:
+        sublayer = _fire("module_registration", self, name, sublayer)
+    return _originals["add_sublayer"](self, name, sublayer)
+
+
+_PATCHES: dict[str, Callable[..., Any]] = {
+    "__call__": _call,
+    "_dygraph_call_func": _dygraph_call_func,
+    "__setattr__": _setattr,
+    "add_parameter": _add_parameter,
+    "register_buffer": _register_buffer,
+    "add_sublayer": _add_sublayer,
+}
+
+
+def _sync_patches() -> None:
+    """Patch exactly the methods some registered hook needs; restore the others."""
+    forward = any(_forward.values()) or any(_tail.values())
+    registration = any(_registration.values())
+    wanted = (_FORWARD_METHODS if forward else ()) + (
+        _REGISTRATION_METHODS if registration else ()
+    )
+    for method in (*_FORWARD_METHODS, *_REGISTRATION_METHODS):
+        if method in wanted and method not in _originals:
+            _originals[method] = Layer.__dict__[method]
+            setattr(Layer, method, _PATCHES[method])
+        elif method not in wanted and method in _originals:
+            setattr(Layer, method, _originals.pop(method))
+
+
+def patched_methods() -> tuple[str, ...]:
+    return tuple(_originals)
+
+
+def _add(table: dict[int, Any], entry: Any) -> Callable[[], None]:
+    key = _next_id()
+    with _lock:
+        table[key] = entry
+        _rebuild()
+        _sync_patches()
+
+    def remove() -> None:
+        with _lock:
+            if table.pop(key, None) is not None:
+                _rebuild()
+                _sync_patches()
+
+    return remove
+
+
+def add_dispatchers(pre: Hook, post: Hook) -> Callable[[], None]:
+    """Global backward dispatchers: the last forward pre-hook and the last (always called)
+    forward hook of every layer."""
+    remove_pre = _add(_tail["pre"], pre)
+    remove_post = _add(_tail["post"], post)
+
+    def remove() -> None:
+        remove_pre()
+        remove_post()
+
+    return remove
+
+
+def add(kind: str, hook: Hook, with_kwargs: bool, always_call: bool) -> Callable[[], None]:
+    """Install a global hook of `kind`; return its remover."""
+    if kind == "forward_pre":
+        return _add(_forward["pre"], (hook, with_kwargs, False))
+    if kind == "forward":
+        return _add(_forward["post"], (hook, with_kwargs, always_call))
+    if kind in ("full_backward_pre", "full_backward"):
+        from ._backward import add_global
+
+        return add_global(kind, hook)
+    return _add(_registration[kind], hook)
+
+
+_rebuild()

@@ -1,0 +1,288 @@
+"""Global all-module hooks and registration hooks: torch's semantics on every backend."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import unihook
+from conftest import KITS
+
+
+@pytest.fixture(autouse=True)
+def pristine(backend):  # type: ignore[no-untyped-def]
+    """Every test leaves the framework exactly as it found it."""
+    before = backend.native_state()
+    yield
+    gc.collect()
+    assert backend.native_state() == before
+
+
+def test_order_relative_to_module_hooks(backend) -> None:  # type: ignore[no-untyped-def]
+    log: list[str] = []
+    m = backend.linear(2, 2)
+    unihook.register_forward_pre_hook(m, lambda *a: log.append("L-pre"))
+    unihook.register_forward_hook(m, lambda *a: log.append("L-fwd"))
+    with unihook.register_module_forward_pre_hook(
+        lambda *a: log.append("G-pre"), backend=backend.name
+    ), unihook.register_module_forward_hook(lambda *a: log.append("G-fwd"), backend=backend.name):
+        m(backend.tensor([[1.0, 2.0]]))
+    assert log == ["G-pre", "L-pre", "G-fwd", "L-fwd"]
+    log.clear()
+    m(backend.tensor([[1.0, 2.0]]))
+    assert log == ["L-pre", "L-fwd"]
+
+
+def test_global_hooks_chain_in_registration_order(backend) -> None:  # type: ignore[no-untyped-def]
+    log: list[str] = []
+    handles = [
+        unihook.register_module_forward_pre_hook(lambda *a, i=i: log.append(f"pre{i}"), backend=backend.name)
+        for i in range(3)
+    ]
+    backend.relu_module()(backend.tensor([1.0]))
+    assert log == ["pre0", "pre1", "pre2"]
+    for h in handles:
+        h.remove()
+
+
+def test_replacement_returns(backend) -> None:  # type: ignore[no-untyped-def]
+    m = backend.linear(1, 1, [[2.0]], [0.0])
+    double_input = unihook.register_module_forward_pre_hook(
+        lambda mod, args: args[0] * 2 if mod is m else None, backend=backend.name
+    )
+    add_one = unihook.register_module_forward_hook(
+        lambda mod, args, out: out + 1 if mod is m else None, backend=backend.name
+    )
+    with double_input, add_one:
+        assert backend.numpy(m(backend.tensor([[3.0]]))).tolist() == [[13.0]]
+    assert backend.numpy(m(backend.tensor([[3.0]]))).tolist() == [[6.0]]
+
+
+def test_with_kwargs(backend) -> None:  # type: ignore[no-untyped-def]
+    seen: list[Any] = []
+    m = backend.module(lambda self, x, scale=1.0: x * scale)
+
+    def pre(mod: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        return args, {**kwargs, "scale": 10.0}
+
+    def post(mod: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        seen.append(kwargs["scale"])
+
+    with unihook.register_module_forward_pre_hook(pre, backend=backend.name, with_kwargs=True), \
+            unihook.register_module_forward_hook(post, backend=backend.name, with_kwargs=True):
+        out = m(backend.tensor([2.0]), scale=3.0)
+    assert backend.numpy(out).tolist() == [20.0] and seen == [10.0]
+
+
+def test_bad_with_kwargs_return(backend) -> None:  # type: ignore[no-untyped-def]
+    m = backend.relu_module()
+    with unihook.register_module_forward_pre_hook(
+        lambda mod, args, kwargs: 3, backend=backend.name, with_kwargs=True
+    ):
+        with pytest.raises(unihook.HookReturnError) as info:
+            m(backend.tensor([1.0]))
+    assert "module_forward_pre" in str(info.value) and backend.name in str(info.value)
+
+
+def test_always_call(backend) -> None:  # type: ignore[no-untyped-def]
+    seen: list[Any] = []
+
+    def boom(self: Any, x: Any) -> Any:
+        raise KeyError("forward failed")
+
+    m = backend.module(boom)
+    with unihook.register_module_forward_hook(
+        lambda mod, args, out: seen.append(out), backend=backend.name, always_call=True
+    ):
+        with pytest.raises(KeyError, match="forward failed"):
+            m(backend.tensor([1.0]))
+    assert seen == [None]
+
+
+def test_modules_created_after_registration(backend) -> None:  # type: ignore[no-untyped-def]
+    seen: list[str] = []
+    with unihook.register_module_forward_hook(
+        lambda mod, args, out: seen.append(backend.type_name(mod)), backend=backend.name
+    ):
+        model = backend.sequential(backend.linear(2, 3), backend.relu_module())
+        model(backend.tensor([[1.0, 1.0]]))
+    assert seen == ["linear", "relu", "sequential"]
+
+
+def test_backend_filter(backend) -> None:  # type: ignore[no-untyped-def]
+    others = [k for k in KITS if k.name != backend.name]
+    seen: list[str] = []
+    with unihook.register_module_forward_hook(
+        lambda mod, args, out: seen.append("hit"), backend=backend.name
+    ) as handle:
+        assert handle.backend == backend.name and handle.kind == "module_forward"
+        for other in others:
+            other.relu_module()(other.tensor([1.0]))
+        assert seen == []
+        backend.relu_module()(backend.tensor([1.0]))
+        assert seen == ["hit"]
+
+
+def test_unknown_backend_name() -> None:
+    with pytest.raises(ValueError, match=r"`backend` must be one of \{None, .*Received: backend='jax'"):
+        unihook.register_module_forward_hook(lambda *a: None, backend="jax")
+
+
+def test_every_backend_by_default() -> None:
+    seen: list[str] = []
+    with unihook.register_module_forward_hook(lambda mod, a, o: seen.append("x")) as handle:
+        assert handle.backend == ",".join(sorted(k.name for k in KITS))
+        for kit in KITS:
+            kit.relu_module()(kit.tensor([1.0]))
+    assert len(seen) == len(KITS)
+
+
+def test_hook_registering_a_hook_while_hooks_run(backend) -> None:  # type: ignore[no-untyped-def]
+    log: list[str] = []
+    late: list[unihook.Handle] = []
+
+    def first(mod: Any, args: Any) -> None:
+        log.append("first")
+        if not late:
+            late.append(
+                unihook.register_module_forward_pre_hook(lambda *a: log.append("late"), backend=backend.name)
+            )
+            late.append(unihook.register_forward_pre_hook(mod, lambda *a: log.append("local")))
+
+    m = backend.relu_module()
+    with unihook.register_module_forward_pre_hook(first, backend=backend.name):
+        m(backend.tensor([1.0]))
+        assert log == ["first"]  # new hooks run from the next call, as torch
+        m(backend.tensor([1.0]))
+        assert log == ["first", "first", "late", "local"]
+    for h in late:
+        h.remove()
+
+
+def test_thread_safe_registration(backend) -> None:  # type: ignore[no-untyped-def]
+    errors: list[BaseException] = []
+
+    def churn() -> None:
+        try:
+            for _ in range(50):
+                h = unihook.register_module_forward_hook(lambda *a: None, backend=backend.name)
+                r = unihook.register_module_buffer_registration_hook(lambda *a: None, backend=backend.name)
+                h.remove()
+                r.remove()
+        except BaseException as error:  # noqa: BLE001 - collected for the assertion
+            errors.append(error)
+
+    threads = [threading.Thread(target=churn) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_removal_is_idempotent(backend) -> None:  # type: ignore[no-untyped-def]
+    h = unihook.register_module_forward_pre_hook(lambda *a: None, backend=backend.name)
+    h.remove()
+    h.remove()
+    assert h.removed
+
+
+# -- registration hooks --------------------------------------------------------------------
+
+
+def test_parameter_registration_on_every_path(backend) -> None:  # type: ignore[no-untyped-def]
+    seen: list[tuple[str, str]] = []
+    with unihook.register_module_parameter_registration_hook(
+        lambda mod, name, value: seen.append((backend.type_name(mod), name)), backend=backend.name
+    ):
+        backend.linear(2, 2)  # attribute assignment inside the framework's constructor
+        holder = backend.module(lambda self, x: x)
+        holder.p = backend.parameter([1.0])  # attribute assignment
+        backend.register_parameter(holder, "q", backend.parameter([2.0]))  # explicit method
+    assert seen[:2] == [("linear", "weight"), ("linear", "bias")]
+    assert seen[2:] == [(seen[2][0], "p"), (seen[2][0], "q")]
+
+
+def test_parameter_registration_replacement(backend) -> None:  # type: ignore[no-untyped-def]
+    replacement = backend.parameter([42.0])
+    with unihook.register_module_parameter_registration_hook(
+        lambda mod, name, value: replacement if name == "p" else None, backend=backend.name
+    ):
+        holder = backend.module(lambda self, x: x)
+        holder.p = backend.parameter([1.0])
+    assert holder.p is replacement
+    assert any(p is replacement for p in backend.parameters(holder))
+
+
+def test_buffer_registration_on_every_path(backend) -> None:  # type: ignore[no-untyped-def]
+    seen: list[str] = []
+    with unihook.register_module_buffer_registration_hook(
+        lambda mod, name, value: seen.append(name), backend=backend.name
+    ):
+        holder = backend.module(lambda self, x: x)
+        backend.register_buffer(holder, "b", backend.tensor([1.0]))
+        holder.b = backend.tensor([2.0])  # re-assignment of a buffer name
+    assert seen == ["b", "b"]
+    assert backend.numpy(holder.b).tolist() == [2.0]
+
+
+def test_buffer_registration_replacement(backend) -> None:  # type: ignore[no-untyped-def]
+    with unihook.register_module_buffer_registration_hook(
+        lambda mod, name, value: value * 10, backend=backend.name
+    ):
+        holder = backend.module(lambda self, x: x)
+        backend.register_buffer(holder, "b", backend.tensor([1.0]))
+    assert backend.numpy(holder.b).tolist() == [10.0]
+
+
+def test_module_registration_on_every_path(backend) -> None:  # type: ignore[no-untyped-def]
+    seen: list[tuple[str, str]] = []
+    with unihook.register_module_module_registration_hook(
+        lambda mod, name, value: seen.append((name, backend.type_name(value))), backend=backend.name
+    ):
+        backend.sequential(backend.linear(1, 1))  # the container's own registration path
+        holder = backend.module(lambda self, x: x)
+        holder.child = backend.relu_module()  # attribute assignment
+        backend.add_module(holder, "other", backend.linear(1, 1))  # explicit method
+    assert seen == [("0", "linear"), ("child", "relu"), ("other", "linear")]
+
+
+def test_module_registration_replacement(backend) -> None:  # type: ignore[no-untyped-def]
+    relu = backend.relu_module()
+    with unihook.register_module_module_registration_hook(
+        lambda mod, name, value: relu if name == "child" else None, backend=backend.name
+    ):
+        holder = backend.module(lambda self, x: x)
+        holder.child = backend.linear(1, 1)
+    assert holder.child is relu
+    out = holder.child(backend.tensor([-1.0]))
+    assert np.allclose(backend.numpy(out), [0.0])
+
+
+def test_registering_before_the_framework_is_imported() -> None:
+    """backend=None must not import a framework: the hook is installed when it gets imported."""
+    from test_core import run_python
+
+    out = run_python(
+        """
+        import sys, warnings, unihook
+        warnings.filterwarnings("ignore", message="No ccache found")
+        seen = []
+        h = unihook.register_module_forward_hook(lambda m, a, o: seen.append(type(m).__name__))
+        print('torch' in sys.modules, 'paddle' in sys.modules)
+        import torch
+        torch.nn.ReLU()(torch.ones(1))
+        import paddle
+        paddle.nn.ReLU()(paddle.ones([1]))
+        print(seen)
+        h.remove()
+        torch.nn.ReLU()(torch.ones(1))
+        print(seen, [f for f in sys.meta_path if 'unihook' in type(f).__module__])
+        """,
+        env={"GLOG_minloglevel": "2"},
+    )
+    assert out.splitlines() == ["False False", "['ReLU', 'ReLU']", "['ReLU', 'ReLU'] []"]

@@ -1,0 +1,101 @@
+"""Process-wide hooks: every module of a backend, and registration hooks.
+
+``backend=None`` installs a hook in every installed backend (a framework that is not imported
+yet gets it when it is); ``backend="paddle"`` in one. The handle removes it everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._describe import global_label
+from ._plugins import plugin_manager
+from .api import Hook, backends
+from .errors import UnsupportedHookError
+from .handles import Handle
+
+__all__ = [
+    "register_module_forward_pre_hook",
+    "register_module_forward_hook",
+    "register_module_full_backward_pre_hook",
+    "register_module_full_backward_hook",
+    "register_module_parameter_registration_hook",
+    "register_module_buffer_registration_hook",
+    "register_module_module_registration_hook",
+]
+
+
+def register_module_forward_pre_hook(
+    hook: Hook, *, backend: str | None = None, with_kwargs: bool = False
+) -> Handle:
+    """``hook(module, args)`` before every module's forward, before the module's own pre-hooks."""
+    return _register("forward_pre", hook, backend, with_kwargs=with_kwargs)
+
+
+def register_module_forward_hook(
+    hook: Hook, *, backend: str | None = None, with_kwargs: bool = False, always_call: bool = False
+) -> Handle:
+    """``hook(module, args, output)`` after every module's forward, before its own hooks."""
+    return _register("forward", hook, backend, with_kwargs=with_kwargs, always_call=always_call)
+
+
+def register_module_full_backward_pre_hook(hook: Hook, *, backend: str | None = None) -> Handle:
+    """``hook(module, grad_output)`` for every module call, before the module's own."""
+    return _register("full_backward_pre", hook, backend)
+
+
+def register_module_full_backward_hook(hook: Hook, *, backend: str | None = None) -> Handle:
+    """``hook(module, grad_input, grad_output)`` for every module call, before the module's own."""
+    return _register("full_backward", hook, backend)
+
+
+def register_module_parameter_registration_hook(
+    hook: Hook, *, backend: str | None = None
+) -> Handle:
+    """``hook(module, name, param) -> None | replacement`` on every parameter registration."""
+    return _register("parameter_registration", hook, backend)
+
+
+def register_module_buffer_registration_hook(hook: Hook, *, backend: str | None = None) -> Handle:
+    """``hook(module, name, buffer) -> None | replacement`` on every buffer registration (on
+    paddle, assigning a plain tensor attribute registers a non-persistable buffer)."""
+    return _register("buffer_registration", hook, backend)
+
+
+def register_module_module_registration_hook(hook: Hook, *, backend: str | None = None) -> Handle:
+    """``hook(module, name, submodule) -> None | replacement`` on every submodule registration."""
+    return _register("module_registration", hook, backend)
+
+
+def _register(
+    kind: str,
+    hook: Hook,
+    backend: str | None,
+    *,
+    with_kwargs: bool = False,
+    always_call: bool = False,
+) -> Handle:
+    if not callable(hook):
+        raise TypeError(f"`hook` must be callable. Received: hook={hook!r} for a global {kind} hook")
+    installed = [info.name for info in backends() if info.installed]
+    if backend is not None and backend not in installed:
+        raise ValueError(
+            f"`backend` must be one of {{None, {', '.join(map(repr, installed))}}}. "
+            f"Received: backend={backend!r}"
+        )
+    results = plugin_manager().hook.unihook_register_global_hook(
+        kind=kind, hook=hook, with_kwargs=with_kwargs, always_call=always_call, backend=backend
+    )
+    handles: list[Handle] = [h for h in results if h is not None]
+    if backend is not None and not handles:
+        raise UnsupportedHookError(
+            f"global {kind} hook [backend {backend}]: backend {backend!r} does not implement "
+            f"global {kind} hooks."
+        )
+    handles.sort(key=lambda h: h.backend)
+
+    def remove() -> Any:
+        for handle in handles:
+            handle.remove()
+
+    return Handle(",".join(h.backend for h in handles), global_label(kind), remove)
