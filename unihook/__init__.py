@@ -16,6 +16,9 @@ from .api import (
     register_full_backward_pre_hook,
     register_tensor_hook,
 )
+from . import ops
+from .capture import Capture, capture
+from .compose import HookGroup, attach
 from .errors import (
     BackendStateError,
     HookReturnError,
@@ -24,6 +27,15 @@ from .errors import (
     UnihookError,
     UnsupportedHookError,
 )
+from .global_hooks import (
+    register_module_buffer_registration_hook,
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+    register_module_full_backward_hook,
+    register_module_full_backward_pre_hook,
+    register_module_module_registration_hook,
+    register_module_parameter_registration_hook,
+)
 from .handles import Handle
 from .info import BackendInfo
 
@@ -31,6 +43,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendInfo",
+    "Capture",
+    "HookGroup",
+    "attach",
+    "capture",
+    "ops",
     "BackendStateError",
     "Handle",
     "HookReturnError",
@@ -43,6 +60,13 @@ __all__ = [
     "register_forward_hook",
     "register_forward_post_hook",
     "register_forward_pre_hook",
+    "register_module_buffer_registration_hook",
+    "register_module_forward_hook",
+    "register_module_forward_pre_hook",
+    "register_module_full_backward_hook",
+    "register_module_full_backward_pre_hook",
+    "register_module_module_registration_hook",
+    "register_module_parameter_registration_hook",
     "register_full_backward_hook",
     "register_full_backward_pre_hook",
     "register_tensor_hook",

@@ -12,6 +12,7 @@ __all__ = [
     "check_grad_tuple",
     "check_pre_kwargs_result",
     "checked_kwargs_pre_hook",
+    "kwargs_post_hook",
     "shape_of",
 ]
 
@@ -79,11 +80,32 @@ def _show(value: object) -> str:
     return f"{type_name(value)} {text}"
 
 
-def checked_kwargs_pre_hook(hook: Callable[..., Any], site: Site) -> Callable[..., Any]:
-    """Wrap a with_kwargs forward pre-hook so a bad return raises HookReturnError."""
+def checked_kwargs_pre_hook(
+    hook: Callable[..., Any], site: Site, dead: list[bool]
+) -> Callable[..., Any]:
+    """Wrap a with_kwargs forward pre-hook so a bad return raises HookReturnError.
 
-    def kwargs_pre_hook(module: Any, args: Any, kwargs: Any) -> Any:
-        return check_pre_kwargs_result(hook(module, args, kwargs), site)
+    `dead[0]` is set when the hook is removed. Torch and paddle both iterate a snapshot of the
+    hooks but read the with_kwargs flags live: a call in flight when the hook is removed by an
+    earlier hook calls it without kwargs (torch then fails with a TypeError). A removed hook
+    does nothing instead.
+    """
+
+    def kwargs_pre_hook(module: Any, args: Any, *rest: Any) -> Any:
+        if dead[0] or len(rest) != 1:
+            return None
+        return check_pre_kwargs_result(hook(module, args, *rest), site)
 
     kwargs_pre_hook.__wrapped__ = hook  # type: ignore[attr-defined]
     return kwargs_pre_hook
+
+
+def kwargs_post_hook(hook: Callable[..., Any], dead: list[bool]) -> Callable[..., Any]:
+    """Wrap a with_kwargs forward hook: once removed (`dead[0]`), it does nothing, also when
+    a call in flight passes it no kwargs (see `checked_kwargs_pre_hook`)."""
+
+    def kwargs_hook(module: Any, args: Any, *rest: Any) -> Any:
+        return None if dead[0] or len(rest) != 2 else hook(module, args, *rest)
+
+    kwargs_hook.__wrapped__ = hook  # type: ignore[attr-defined]
+    return kwargs_hook

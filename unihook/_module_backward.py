@@ -39,11 +39,16 @@ class Autograd(Protocol):
     def grad_enabled(self) -> bool: ...
 
     def identity(
-        self, tensors: Sequence[Any], on_backward: Callable[[Grads], Grads], materialize: bool
+        self,
+        tensors: Sequence[Any],
+        on_backward: Callable[[Grads], Grads],
+        materialize: bool,
+        site: Site,
     ) -> Sequence[Any]:
         """Pass `tensors` through one identity node whose backward calls `on_backward` with
         every output's gradient (None for an unused output unless `materialize`, zeros for a
-        non-differentiable one) and returns what it returns."""
+        non-differentiable one) and returns what it returns. `site` names the hooked module in
+        errors the framework raises about the node."""
         ...
 
     def add_dispatchers(self, module: Any, pre: Hook, post: Hook) -> Dispatchers:
@@ -109,7 +114,7 @@ class ModuleBackward:
         idx = [i for i, a in enumerate(args) if ag.is_tensor(a)]
         if any(ag.requires_grad(args[i]) for i in idx):
             call.input_idx = idx
-            new = ag.identity([args[i] for i in idx], call.on_input_grads, True)
+            new = ag.identity([args[i] for i in idx], call.on_input_grads, True, call.site)
             replaced = list(args)
             for i, t in zip(idx, new):
                 replaced[i] = t
@@ -134,7 +139,7 @@ class ModuleBackward:
             return None
         call.n_outputs = len(items)
         call.output_idx = idx
-        new = ag.identity([items[i] for i in idx], call.on_output_grads, False)
+        new = ag.identity([items[i] for i in idx], call.on_output_grads, False, call.site)
         replaced = list(items)
         for i, t in zip(idx, new):
             replaced[i] = t
@@ -156,6 +161,7 @@ class _Call:
         "output_idx",
         "grad_outputs",
         "is_tensor",
+        "site",
     )
 
     def __init__(self, module: Any, owner: ModuleBackward, n_inputs: int) -> None:
@@ -169,6 +175,9 @@ class _Call:
         self.output_idx: list[int] = []
         self.grad_outputs: tuple[Any, ...] | None = None
         self.is_tensor = owner.autograd.is_tensor
+        # What errors about this call's graph name: a full hook's site, else a pre-hook's.
+        hooks = self.full_hooks or self.pre_hooks
+        self.site = hooks[0][1] if hooks else Site.of("full_backward", owner.autograd.backend, module)
 
     def on_output_grads(self, grads: Grads) -> Grads:
         grad_outputs = _pack(self.output_idx, grads, self.n_outputs)

@@ -33,6 +33,7 @@ import pluggy
 if TYPE_CHECKING:
     from .handles import Handle
     from .info import BackendInfo
+    from .ops import Ops
 
 hookspec = pluggy.HookspecMarker("unihook")
 hookimpl = pluggy.HookimplMarker("unihook")
@@ -104,3 +105,25 @@ def unihook_register_full_backward_hook(
     """Install `hook` to run with the module's grad_input and grad_output once per module call,
     after all input gradients exist; return a Handle if this backend owns `module`, else None;
     stops at first non-None result."""
+
+
+@hookspec
+def unihook_register_global_hook(
+    kind: str, hook: Hook, with_kwargs: bool, always_call: bool, backend: str | None
+) -> Handle | None:
+    """Install a process-wide hook for every module of this backend, modules created later
+    included, running before each module's own hooks of the same kind; called on every
+    backend. Return a Handle, or None when `backend` names another backend.
+
+    `kind` is one of "forward_pre", "forward", "full_backward_pre", "full_backward" (with the
+    per-module kinds' signatures and return rules, ``with_kwargs``/``always_call`` as there),
+    or "parameter_registration", "buffer_registration", "module_registration":
+    ``hook(module, name, value) -> None | replacement``, fired on every registration path.
+    If the framework is not imported yet, install when it is: never import it.
+    """
+
+
+@hookspec(firstresult=True)
+def unihook_ops(obj: object) -> Ops | None:
+    """Return this backend's neutral ops (``unihook.ops.Ops``) if it owns `obj` (a tensor or a
+    module), else None; stops at first non-None result. Called once per type: cached."""

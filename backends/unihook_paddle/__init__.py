@@ -9,18 +9,20 @@ backward hooks, which paddle 3.3.1 lacks, are emulated (``_backward``).
 
 from __future__ import annotations
 
+import itertools
 import sys
 import weakref
 from typing import Any, Callable
 
-from unihook._checks import check_grad, check_pre_kwargs_result
-from unihook._describe import Site, type_name
+from unihook._checks import check_grad, checked_kwargs_pre_hook, kwargs_post_hook
+from unihook._describe import Site, global_label, type_name
 from unihook.errors import HookTargetError
 from unihook.handles import Handle
 from unihook.info import BackendInfo, installed_version
 from unihook.spec import hookimpl
 
 NAME = "paddle"
+_tokens = itertools.count()
 
 
 def _paddle() -> Any:
@@ -99,15 +101,9 @@ def unihook_register_forward_pre_hook(
 
     dead = [False]
     if with_kwargs:
-        site = Site.of("forward_pre", NAME, layer, name)
-        user = hook
-
-        # *rest: a call in flight when this hook is removed may find its kwargs flag gone
-        # (paddle reads the flags live) and call it without kwargs; it then does nothing.
-        def hook(layer: Any, args: Any, *rest: Any) -> Any:
-            if dead[0]:
-                return None
-            return check_pre_kwargs_result(user(layer, args, *rest), site)
+        # paddle raises a bare RuntimeError for a bad (args, kwargs) return, and reads the
+        # kwargs flags live: a call in flight may call a removed hook without kwargs.
+        hook = checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, layer, name), dead)
 
     hook_id = add_hook(layer, hook, pre=True, prepend=prepend, with_kwargs=with_kwargs)
     return _forward_handle(layer, "forward_pre", hook_id, dead)
@@ -129,10 +125,7 @@ def unihook_register_forward_hook(
 
     dead = [False]
     if with_kwargs:
-        user = hook
-
-        def hook(layer: Any, args: Any, *rest: Any) -> Any:  # see the pre-hook's comment
-            return None if dead[0] or len(rest) != 2 else user(layer, args, *rest)
+        hook = kwargs_post_hook(hook, dead)  # see the pre-hook's comment
 
     hook_id = add_hook(
         layer, hook, pre=False, prepend=prepend, with_kwargs=with_kwargs, always_call=always_call
@@ -159,10 +152,18 @@ def unihook_register_tensor_hook(
     is_tensor = paddle.is_tensor
     no_grad = paddle.no_grad
     live = [True]
+    token = next(_tokens)
+    tensor_id = id(tensor)
+    # torch snapshots a tensor's hooks when they start to run: one registered by a hook of the
+    # same tensor runs from the next backward. Paddle would run it at once: skip it until then.
+    waiting = [guard.firing(tensor)]
+    if waiting[0]:
+        guard.after_backward(lambda: waiting.__setitem__(0, False))
 
     def tensor_hook(grad: Any) -> Any:
-        if not live[0]:
+        if not live[0] or waiting[0]:
             return None
+        guard.fired(token, tensor_id)
         try:
             if guard.building_graph():
                 result = hook(grad)
@@ -179,6 +180,8 @@ def unihook_register_tensor_hook(
 
     hook_id = tensor._register_grad_hook(tensor_hook)
     guard.hold(tensor_hook)
+    # paddle.grad skips leaf-tensor hooks: the guard runs them for its inputs.
+    guard.track(tensor, token, tensor_hook)
     # paddle's own TensorHookRemoveHelper holds the tensor strongly: use a weak reference.
     tensor_ref = weakref.ref(tensor)
 
@@ -189,6 +192,8 @@ def unihook_register_tensor_hook(
 
     def remove() -> None:
         live[0] = False
+        guard.untrack(tensor_ref, token)
+        # Removing a tensor hook while backward runs segfaults paddle: wait for it to end.
         guard.after_backward(native_remove)
 
     return Handle(NAME, "tensor", remove)
@@ -217,3 +222,30 @@ def unihook_register_full_backward_hook(
 
     return register(layer, "full_backward", hook, prepend, name)
 
+@hookimpl
+def unihook_register_global_hook(
+    kind: str,
+    hook: Callable[..., Any],
+    with_kwargs: bool,
+    always_call: bool,
+    backend: str | None,
+) -> Handle | None:
+    if backend not in (None, NAME) or unihook_backend_info().version is None:
+        return None
+    from unihook._imports import install_when_imported
+
+    def install() -> Callable[[], None]:
+        from ._global import add
+
+        return add(kind, hook, with_kwargs, always_call)
+
+    return Handle(NAME, global_label(kind), install_when_imported("paddle", install))
+
+
+@hookimpl
+def unihook_ops(obj: object) -> object | None:
+    if not _owns(obj):
+        return None
+    from ._ops import PaddleOps
+
+    return PaddleOps()

@@ -8,7 +8,11 @@ call) are wrapped so that:
   ``OSError "(External) ..."``, so the hook wrapper stashes the original and we re-raise it;
 - a hook removed while backward runs is removed when backward returns: removing a tensor hook
   during backward segfaults paddle 3.3.1;
-- hooks know whether the backward builds a graph (``paddle.grad(create_graph=True)``).
+- hooks know whether the backward builds a graph (``paddle.grad(create_graph=True)``);
+- ``paddle.grad`` runs the hooks of its input tensors: paddle 3.3.1 skips leaf-tensor hooks
+  there (torch runs them on the captured gradient and returns their result). Hooks record that
+  they fired (``fired``); after the call, the hooks of each input (``track``) that did not
+  fire are applied, in registration order, to the gradient returned for it.
 
 The wrappers go away when the last hook does (``finalize`` on each hook function), restoring
 paddle's functions exactly.
@@ -22,22 +26,45 @@ from typing import Any, Callable
 
 from paddle.base import core
 
-__all__ = ["hold", "stash", "after_backward", "building_graph", "in_backward", "installed"]
+__all__ = [
+    "hold",
+    "stash",
+    "after_backward",
+    "building_graph",
+    "in_backward",
+    "installed",
+    "track",
+    "untrack",
+    "fired",
+    "in_tensor_backward",
+    "spend",
+]
 
 
 class _State(threading.local):
     depth = 0
     create_graph = False
     pending: BaseException | None = None
+    partial = False  # the innermost running entry point is run_partial_grad (paddle.grad)
+    # tokens of the hooks that fired during the innermost running backward (None: none runs)
+    fired_tokens: set[int] | None = None
+    # id of the tensor whose hooks run right now (paddle runs one tensor's hooks in a row)
+    firing: int | None = None
 
     def __init__(self) -> None:
         self.deferred: list[Callable[[], object]] = []
 
 
 _state = _State()
-_lock = threading.Lock()
+# Reentrant: weakref callbacks (`_release`, `forget`) can run inside a locked section, from a
+# garbage collection or a reference dropped there.
+_lock = threading.RLock()
 _live = 0
 _originals: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+# id(tensor) -> (weak reference to it, {token: weak reference to a hook function}) in
+# registration order. Weak both ways: paddle holds the hook functions as long as they can fire,
+# and a hook whose closure holds its tensor must not make the tensor immortal through us.
+_tracked: dict[int, tuple[weakref.ref[Any], dict[int, weakref.ref[Callable[[Any], Any]]]]] = {}
 
 
 def installed() -> bool:
@@ -65,6 +92,69 @@ def _release() -> None:
             _originals = None
 
 
+def track(tensor: Any, token: int, hook_function: Callable[[Any], Any]) -> None:
+    """Remember `hook_function` (unique `token`) as a hook of `tensor`, for ``paddle.grad``."""
+    key = id(tensor)
+    with _lock:
+        entry = _tracked.get(key)
+        if entry is None or entry[0]() is not tensor:
+
+            def forget(ref: weakref.ref[Any], key: int = key) -> None:
+                with _lock:
+                    if key in _tracked and _tracked[key][0] is ref:
+                        del _tracked[key]
+
+            entry = (weakref.ref(tensor, forget), {})
+            _tracked[key] = entry
+        entry[1][token] = weakref.ref(hook_function)
+
+
+def untrack(tensor_ref: weakref.ref[Any], token: int) -> None:
+    tensor = tensor_ref()
+    if tensor is None:
+        return
+    with _lock:
+        entry = _tracked.get(id(tensor))
+        if entry is not None and entry[0]() is tensor:
+            entry[1].pop(token, None)
+            if not entry[1]:
+                del _tracked[id(tensor)]
+
+
+def fired(token: int, tensor_id: int) -> None:
+    """Called by a hook function when it runs: record it for the running backward."""
+    state = _state
+    state.firing = tensor_id
+    tokens = state.fired_tokens
+    if tokens is not None:
+        tokens.add(token)
+
+
+def firing(tensor: Any) -> bool:
+    """Whether the hooks of `tensor` are running now (in this thread's backward)."""
+    return _state.depth > 0 and _state.firing == id(tensor)
+
+
+def _run_unfired(inputs: Any, grads: Any) -> Any:
+    """Apply the tracked hooks of each input that did not fire to its returned gradient."""
+    tokens = _state.fired_tokens or set()
+    out = list(grads)
+    for i, (tensor, grad) in enumerate(zip(inputs, out)):
+        if grad is None:
+            continue
+        with _lock:
+            entry = _tracked.get(id(tensor))
+            hooks = list(entry[1].items()) if entry is not None and entry[0]() is tensor else []
+        for token, hook_ref in hooks:
+            hook_function = hook_ref()
+            if hook_function is not None and token not in tokens:
+                result = hook_function(grad)
+                if result is not None:
+                    grad = result
+        out[i] = grad
+    return out if isinstance(grads, list) else type(grads)(out)
+
+
 def stash(error: BaseException) -> None:
     """Remember the exception a hook raised, for the entry point to re-raise."""
     if _state.pending is None:
@@ -89,33 +179,100 @@ def after_backward(action: Callable[[], object]) -> None:
 
 def _run_backward(*args: Any, **kwargs: Any) -> Any:
     assert _originals is not None
-    return _guarded(_originals[0], False, args, kwargs)
+    _check_spent(args[0] if args else kwargs.get("tensors"))
+    return _entry(False, lambda: _guarded(_originals[0], False, args, kwargs))  # type: ignore[index]
 
 
 def _run_partial_grad(*args: Any, **kwargs: Any) -> Any:
     assert _originals is not None
     # (outputs, inputs, grad_outputs, retain_graph, create_graph, ...)
     create_graph = bool(args[4] if len(args) > 4 else kwargs.get("create_graph", False))
-    return _guarded(_originals[1], create_graph, args, kwargs)
+    inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
+    _check_spent(args[0] if args else kwargs.get("outputs"))
+    return _entry(True, lambda: _guarded(_originals[1], create_graph, args, kwargs, inputs))  # type: ignore[index]
 
 
-def _guarded(run: Callable[..., Any], create_graph: bool, args: Any, kwargs: Any) -> Any:
+def _guarded(
+    run: Callable[..., Any], create_graph: bool, args: Any, kwargs: Any, inputs: Any = None
+) -> Any:
     state = _state
-    outer_graph = state.create_graph
+    outer_graph, outer_fired = state.create_graph, state.fired_tokens
     state.create_graph = create_graph
+    state.fired_tokens = set()
+    outer_firing, state.firing = state.firing, None
     state.depth += 1
     try:
-        return run(*args, **kwargs)
-    except OSError:
-        pending, state.pending = state.pending, None
-        if pending is not None:
-            raise pending from None
-        raise
+        try:
+            grads = run(*args, **kwargs)
+        except OSError:
+            pending, state.pending = state.pending, None
+            if pending is not None:
+                raise pending from None
+            raise
+        if inputs is not None and _tracked:
+            grads = _run_unfired(inputs, grads)
+        return grads
     finally:
         state.depth -= 1
-        state.create_graph = outer_graph
+        state.create_graph, state.fired_tokens = outer_graph, outer_fired
+        state.firing = outer_firing
         if state.depth == 0:
             state.pending = None
             deferred, state.deferred = state.deferred, []
             for action in deferred:
                 action()
+
+
+# -- PyLayer nodes that Tensor.backward already ran (SEMANTICS trap 7) -------------------------
+# paddle's GradNodePyLayer frees its Python context after its first run, whatever retain_graph
+# says, and sets it to NULL: any later backward reaching the node dereferences NULL, and
+# paddle.grad reaching it copies the node first (Py_INCREF(NULL)); both segfault. paddle.grad
+# itself runs copies of the nodes, so only Tensor.backward spends them.
+
+# node_ptr() of a spent node -> builds the error to raise when a backward would reach it
+_spent: dict[int, Callable[[], BaseException]] = {}
+
+
+def in_tensor_backward() -> bool:
+    """True while Tensor.backward / paddle.autograd.backward runs (not paddle.grad)."""
+    return _state.depth > 0 and not _state.partial
+
+
+def spend(node_ptr: int, keeper: object, error: Callable[[], BaseException]) -> None:
+    """Record that the PyLayer node at `node_ptr` ran under Tensor.backward. `keeper` lives
+    exactly as long as the node (a hook the node holds): the record goes with it, so a new node
+    at the same address is not mistaken for it. `error()` is raised by every later backward or
+    paddle.grad whose graph reaches the node, before paddle touches it."""
+    _spent[node_ptr] = error
+    weakref.finalize(keeper, _spent.pop, node_ptr, None)
+
+
+def _entry(partial: bool, run: Callable[[], Any]) -> Any:
+    state = _state
+    outer, state.partial = state.partial, partial
+    try:
+        return run()
+    finally:
+        state.partial = outer
+
+
+def _check_spent(roots: Any) -> None:
+    """Raise before a backward from `roots` reaches a spent PyLayer node. Free while no spent
+    node is alive (the common case: a graph is dropped after its backward), else one walk of
+    the graph."""
+    if not _spent or roots is None:
+        return
+    if not isinstance(roots, (list, tuple)):
+        roots = [roots]
+    stack = [node for node in (getattr(t, "grad_fn", None) for t in roots) if node is not None]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        ptr = node.node_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        error = _spent.get(ptr)
+        if error is not None:
+            raise error()
+        stack.extend(n for n in node.next_functions if n is not None)

@@ -97,3 +97,41 @@ class PaddleKit:
 
     def seed(self, seed: int) -> None:
         paddle.seed(seed)
+
+    def hook_counts(self, module: Any) -> dict[str, int]:
+        # Layer.__call__ takes its no-hook fast path when the two hook dicts are empty.
+        names = (
+            "_forward_pre_hooks",
+            "_forward_pre_hooks_with_kwargs_flag",
+            "_forward_post_hooks",
+            "_forward_post_hooks_with_kwargs_flag",
+            "_forward_post_hooks_always_called",
+        )
+        return {name: len(getattr(module, name)) for name in names}
+
+    def native_state(self) -> object:
+        from paddle.base import core
+
+        methods = {k: v for k, v in vars(paddle.nn.Layer).items() if callable(v)}
+        return (methods, core.eager.run_backward, core.eager.run_partial_grad)
+
+    def parameter(self, data: Any) -> Any:
+        array = np.asarray(data, dtype="float32")
+        param = paddle.create_parameter(list(array.shape), "float32")
+        param.set_value(array)
+        return param
+
+    def register_parameter(self, module: Any, name: str, param: Any) -> None:
+        module.add_parameter(name, param)
+
+    def register_buffer(self, module: Any, name: str, tensor: Any) -> None:
+        module.register_buffer(name, tensor)
+
+    def add_module(self, module: Any, name: str, child: Any) -> None:
+        module.add_sublayer(name, child)
+
+    def type_name(self, module: Any) -> str:
+        return type(module).__name__.lower()
+
+    def set_value(self, tensor: Any, data: Any) -> None:
+        tensor.set_value(np.asarray(data, dtype="float32"))

@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from unihook._checks import check_grad, checked_kwargs_pre_hook
-from unihook._describe import Site, type_name
+from unihook._checks import check_grad, checked_kwargs_pre_hook, kwargs_post_hook
+from unihook._describe import Site, global_label, type_name
 from unihook.errors import HookTargetError
 from unihook.handles import Handle
 from unihook.info import BackendInfo, installed_version
@@ -79,11 +79,14 @@ def unihook_register_forward_pre_hook(
     m = _module(module, "forward_pre", name)
     if m is None:
         return None
-    if with_kwargs:
-        # torch raises a bare RuntimeError for a bad (args, kwargs) return: check it ourselves.
-        hook = checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, m, name))
-    native = m.register_forward_pre_hook(hook, prepend=prepend, with_kwargs=with_kwargs)
-    return Handle(NAME, "forward_pre", native.remove)
+    if not with_kwargs:
+        native = m.register_forward_pre_hook(hook, prepend=prepend)
+        return Handle(NAME, "forward_pre", native.remove)
+    # torch raises a bare RuntimeError for a bad (args, kwargs) return: check it ourselves.
+    dead = [False]
+    hook = checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, m, name), dead)
+    native = m.register_forward_pre_hook(hook, prepend=prepend, with_kwargs=True)
+    return Handle(NAME, "forward_pre", _killing(dead, native.remove))
 
 
 @hookimpl
@@ -98,10 +101,23 @@ def unihook_register_forward_hook(
     m = _module(module, "forward", name)
     if m is None:
         return None
+    if not with_kwargs:
+        native = m.register_forward_hook(hook, prepend=prepend, always_call=always_call)
+        return Handle(NAME, "forward", native.remove)
+    # Removed mid-call, torch would call it without kwargs (a TypeError): see kwargs_post_hook.
+    dead = [False]
     native = m.register_forward_hook(
-        hook, prepend=prepend, with_kwargs=with_kwargs, always_call=always_call
+        kwargs_post_hook(hook, dead), prepend=prepend, with_kwargs=True, always_call=always_call
     )
-    return Handle(NAME, "forward", native.remove)
+    return Handle(NAME, "forward", _killing(dead, native.remove))
+
+
+def _killing(dead: list[bool], remove: Callable[[], object]) -> Callable[[], None]:
+    def remover() -> None:
+        dead[0] = True
+        remove()
+
+    return remover
 
 
 @hookimpl
@@ -151,3 +167,30 @@ def unihook_register_full_backward_hook(
 
     return register(m, "full_backward", hook, prepend, name)
 
+@hookimpl
+def unihook_register_global_hook(
+    kind: str,
+    hook: Callable[..., Any],
+    with_kwargs: bool,
+    always_call: bool,
+    backend: str | None,
+) -> Handle | None:
+    if backend not in (None, NAME) or installed_version("torch") is None:
+        return None
+    from unihook._imports import install_when_imported
+
+    def install() -> Callable[[], None]:
+        from ._global import add
+
+        return add(kind, hook, with_kwargs, always_call)
+
+    return Handle(NAME, global_label(kind), install_when_imported("torch", install))
+
+
+@hookimpl
+def unihook_ops(obj: object) -> object | None:
+    if not _owns(obj):
+        return None
+    from ._ops import TorchOps
+
+    return TorchOps()

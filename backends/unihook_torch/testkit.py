@@ -95,3 +95,49 @@ class TorchKit:
 
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)
+
+    def hook_counts(self, module: Any) -> dict[str, int]:
+        names = (
+            "_forward_pre_hooks",
+            "_forward_pre_hooks_with_kwargs",
+            "_forward_hooks",
+            "_forward_hooks_with_kwargs",
+            "_forward_hooks_always_called",
+        )
+        return {name: len(getattr(module, name)) for name in names}
+
+    def native_state(self) -> object:
+        import torch.nn.modules.module as m
+
+        registries = (
+            "_global_forward_pre_hooks",
+            "_global_forward_hooks",
+            "_global_forward_hooks_always_called",
+            "_global_forward_hooks_with_kwargs",
+            "_global_backward_pre_hooks",
+            "_global_backward_hooks",
+            "_global_parameter_registration_hooks",
+            "_global_buffer_registration_hooks",
+            "_global_module_registration_hooks",
+        )
+        methods = {k: v for k, v in vars(torch.nn.Module).items() if callable(v)}
+        return (methods, {r: dict(getattr(m, r)) for r in registries})
+
+    def parameter(self, data: Any) -> Any:
+        return torch.nn.Parameter(torch.tensor(np.asarray(data, dtype="float32")))
+
+    def register_parameter(self, module: Any, name: str, param: Any) -> None:
+        module.register_parameter(name, param)
+
+    def register_buffer(self, module: Any, name: str, tensor: Any) -> None:
+        module.register_buffer(name, tensor)
+
+    def add_module(self, module: Any, name: str, child: Any) -> None:
+        module.add_module(name, child)
+
+    def type_name(self, module: Any) -> str:
+        return type(module).__name__.lower()
+
+    def set_value(self, tensor: Any, data: Any) -> None:
+        with torch.no_grad():
+            tensor.copy_(torch.tensor(np.asarray(data, dtype="float32")))

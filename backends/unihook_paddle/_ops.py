@@ -1,0 +1,86 @@
+"""``unihook.ops`` for paddle."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence, Union
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+Axis = Union[None, int, Sequence[int]]
+
+
+def _axes(axis: Axis) -> Any:
+    return list(axis) if isinstance(axis, Sequence) else axis
+
+
+class PaddleOps:
+    is_tensor = staticmethod(paddle.is_tensor)
+
+    def to_numpy(self, t: Any) -> Any:
+        return np.array(t.detach().numpy())
+
+    def detach(self, t: Any) -> Any:
+        return t.detach()
+
+    def clone(self, t: Any) -> Any:
+        return t.detach().clone()
+
+    def zeros_like(self, t: Any) -> Any:
+        return paddle.zeros_like(t)
+
+    def sum(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        return paddle.sum(t, axis=_axes(axis), keepdim=keepdim)
+
+    def mean(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        return paddle.mean(t, axis=_axes(axis), keepdim=keepdim)
+
+    def std(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        return paddle.std(t, axis=_axes(axis), unbiased=False, keepdim=keepdim)
+
+    def max(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        return paddle.amax(t, axis=_axes(axis), keepdim=keepdim)
+
+    def min(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        return paddle.amin(t, axis=_axes(axis), keepdim=keepdim)
+
+    def norm(self, t: Any, p: float) -> Any:
+        return paddle.linalg.norm(t.flatten(), p=p)
+
+    def abs(self, t: Any) -> Any:
+        return t.abs()
+
+    def clamp(self, t: Any, min: float | None, max: float | None) -> Any:  # noqa: A002
+        return paddle.clip(t, min=min, max=max)
+
+    def all_finite(self, t: Any) -> bool:
+        return bool(paddle.isfinite(t).all())
+
+    def dropout(self, t: Any, p: float, training: bool) -> Any:
+        return F.dropout(t, p, training=training)
+
+    def drop_block(self, t: Any, p: float, block_size: int, training: bool) -> Any:
+        if not training or p <= 0:
+            return t
+        _, _, h, w = t.shape
+        size = min(block_size, h, w)
+        gamma = p * h * w / (size**2 * (h - size + 1) * (w - size + 1))
+        seeds = (paddle.rand(t.shape) < gamma).astype(t.dtype)
+        blocks = F.max_pool2d(seeds, size, stride=1, padding=size // 2)[:, :, :h, :w]
+        keep = 1 - blocks
+        return t * keep * (keep.numel().astype(t.dtype) / keep.sum().clip(min=1))
+
+    def named_modules(self, module: Any) -> list[tuple[str, Any]]:
+        return list(module.named_sublayers(include_self=True))
+
+    def as_tensor(self, array: Any, like: Any) -> Any:
+        return paddle.to_tensor(np.asarray(array), dtype=like.dtype, place=like.place)
+
+    def leaf(self, t: Any) -> Any:
+        copy = t.detach().clone()
+        copy.stop_gradient = False
+        return copy
+
+    def grad_of(self, t: Any) -> Any:
+        return t.grad

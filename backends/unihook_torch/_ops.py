@@ -1,0 +1,85 @@
+"""``unihook.ops`` for torch."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+Axis = Union[None, int, Sequence[int]]
+
+
+def _dims(axis: Axis) -> Any:
+    # torch spells "every axis" as dim=() for amax/amin but dim=None for sum/mean.
+    return tuple(axis) if isinstance(axis, Sequence) else axis
+
+
+class TorchOps:
+    is_tensor = staticmethod(torch.is_tensor)
+
+    def to_numpy(self, t: Any) -> Any:
+        return np.array(t.detach().cpu().numpy())
+
+    def detach(self, t: Any) -> Any:
+        return t.detach()
+
+    def clone(self, t: Any) -> Any:
+        return t.detach().clone()
+
+    def zeros_like(self, t: Any) -> Any:
+        return torch.zeros_like(t)
+
+    def sum(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        return t.sum(dim=_dims(axis), keepdim=keepdim)
+
+    def mean(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        return t.mean(dim=_dims(axis), keepdim=keepdim)
+
+    def std(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        return torch.std(t, dim=_dims(axis), correction=0, keepdim=keepdim)
+
+    def max(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        return torch.amax(t, dim=() if axis is None else _dims(axis), keepdim=keepdim)
+
+    def min(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        return torch.amin(t, dim=() if axis is None else _dims(axis), keepdim=keepdim)
+
+    def norm(self, t: Any, p: float) -> Any:
+        return torch.linalg.vector_norm(t, ord=p)
+
+    def abs(self, t: Any) -> Any:
+        return t.abs()
+
+    def clamp(self, t: Any, min: float | None, max: float | None) -> Any:  # noqa: A002
+        return t.clamp(min=min, max=max)
+
+    def all_finite(self, t: Any) -> bool:
+        return bool(torch.isfinite(t).all())
+
+    def dropout(self, t: Any, p: float, training: bool) -> Any:
+        return F.dropout(t, p, training=training)
+
+    def drop_block(self, t: Any, p: float, block_size: int, training: bool) -> Any:
+        if not training or p <= 0:
+            return t
+        _, _, h, w = t.shape
+        size = min(block_size, h, w)
+        gamma = p * h * w / (size**2 * (h - size + 1) * (w - size + 1))
+        seeds = (torch.rand(t.shape, device=t.device) < gamma).to(t.dtype)
+        blocks = F.max_pool2d(seeds, size, stride=1, padding=size // 2)[..., :h, :w]
+        keep = 1 - blocks
+        return t * keep * (keep.numel() / keep.sum().clamp(min=1))
+
+    def named_modules(self, module: Any) -> list[tuple[str, Any]]:
+        return list(module.named_modules())
+
+    def as_tensor(self, array: Any, like: Any) -> Any:
+        return torch.as_tensor(np.asarray(array), dtype=like.dtype, device=like.device)
+
+    def leaf(self, t: Any) -> Any:
+        return t.detach().clone().requires_grad_(True)
+
+    def grad_of(self, t: Any) -> Any:
+        return t.grad

@@ -1,0 +1,157 @@
+"""Hooks on many modules at once: attach by name pattern, as a group that always goes away.
+
+A hook attached by pattern learns the qualified name of the module it runs on if it takes a
+keyword parameter ``name``: ``def hook(module, args, output, *, name): ...``. The name is bound
+once, at attach time (``functools.partial``, no Python frame per call).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+from fnmatch import fnmatchcase
+from types import TracebackType
+from typing import Any, Callable, Iterator, Sequence, Union
+
+from . import api
+from .handles import Handle
+from .ops import named_modules
+
+__all__ = ["HookGroup", "attach", "select", "KINDS"]
+
+Where = Union[None, str, Sequence[str], Callable[[str, Any], bool]]
+
+#: attach's kinds, and the per-module function each uses.
+KINDS: dict[str, Callable[..., Handle]] = {
+    "forward_pre": api.register_forward_pre_hook,
+    "forward": api.register_forward_hook,
+    "full_backward_pre": api.register_full_backward_pre_hook,
+    "full_backward": api.register_full_backward_hook,
+}
+_OPTIONS = {
+    "forward_pre": {"prepend", "with_kwargs"},
+    "forward": {"prepend", "with_kwargs", "always_call"},
+    "full_backward_pre": {"prepend"},
+    "full_backward": {"prepend"},
+}
+
+
+class HookGroup:
+    """Handles of hooks placed together: `remove()` (idempotent), `with group:`, `len(group)`,
+    `group.names` (the qualified names hooked, in model order)."""
+
+    def __init__(self) -> None:
+        self._handles: list[Handle] = []
+        self.names: list[str] = []
+
+    def add(self, name: str, handle: Handle) -> None:
+        self._handles.append(handle)
+        self.names.append(name)
+
+    def extend(self, other: HookGroup) -> None:
+        self._handles.extend(other._handles)
+        self.names.extend(other.names)
+
+    def remove(self) -> None:
+        handles, self._handles = self._handles, []
+        for handle in reversed(handles):
+            handle.remove()
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def __iter__(self) -> Iterator[Handle]:
+        return iter(list(self._handles))
+
+    def __enter__(self) -> HookGroup:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        return f"<unihook.HookGroup {len(self)} hooks>"
+
+
+def select(model: Any, where: Where = None) -> list[tuple[str, Any]]:
+    """The (qualified name, module) pairs of `model` that `where` selects, model included.
+
+    `where`: None (all), a glob on qualified names ("layer3.*.conv*"; the model itself is ""),
+    a list of globs, or ``callable(name, module) -> bool``. A glob that matches nothing raises
+    ValueError listing the nearest names.
+    """
+    modules = named_modules(model)
+    if where is None:
+        return modules
+    if callable(where):
+        return [(n, m) for n, m in modules if where(n, m)]
+    patterns = [where] if isinstance(where, str) else list(where)
+    if not all(isinstance(p, str) for p in patterns):
+        raise ValueError(
+            "`where` must be one of {None, a glob string, a list of globs, "
+            f"callable(name, module) -> bool}}. Received: where={where!r}"
+        )
+    names = [n for n, _ in modules]
+    for pattern in patterns:
+        if not any(fnmatchcase(n, pattern) for n in names):
+            near = difflib.get_close_matches(pattern, names, n=5, cutoff=0.4) or names[:5]
+            raise ValueError(
+                f"`where` pattern {pattern!r} matches no module of {type(model).__name__}. "
+                f"Nearest names: {', '.join(repr(n) for n in near)}"
+            )
+    return [(n, m) for n, m in modules if any(fnmatchcase(n, p) for p in patterns)]
+
+
+def attach(
+    model: Any,
+    hook: Callable[..., Any],
+    *,
+    kind: str = "forward",
+    where: Where = None,
+    when: api.When = None,
+    **options: Any,
+) -> HookGroup:
+    """Register `hook` of `kind` on every module of `model` that `where` selects.
+
+    `kind`: "forward_pre", "forward", "full_backward_pre" or "full_backward"; `when`: None,
+    "train", "eval" or ``callable(module) -> bool``, checked at every call; `options`:
+    prepend / with_kwargs / always_call as the per-module function of that kind takes them.
+    """
+    if kind not in KINDS:
+        allowed = ", ".join(map(repr, KINDS))
+        raise ValueError(f"`kind` must be one of {{{allowed}}}. Received: kind={kind!r}")
+    unknown = set(options) - _OPTIONS[kind]
+    if unknown:
+        raise ValueError(
+            f"options for kind={kind!r} must be among {sorted(_OPTIONS[kind])}. "
+            f"Received: {sorted(unknown)}"
+        )
+    register = KINDS[kind]
+    wants_name = _takes_name(hook)
+    group = HookGroup()
+    try:
+        for name, module in select(model, where):
+            bound = functools.partial(hook, name=name) if wants_name else hook
+            group.add(name, register(module, bound, when=when, name=name, **options))
+    except BaseException:
+        group.remove()
+        raise
+    return group
+
+
+def _takes_name(hook: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(hook).parameters
+    except (TypeError, ValueError):
+        return False
+    param = parameters.get("name")
+    return param is not None and param.kind in (
+        inspect.Parameter.KEYWORD_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )

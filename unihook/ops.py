@@ -1,0 +1,181 @@
+"""A small neutral namespace for hook bodies: the framework calls whose spelling differs.
+
+``unihook.ops.mean(t, axis=(2, 3))`` works on a torch or a paddle tensor alike. Each function
+dispatches on the type of its first argument to the owning backend's `Ops`, resolved through
+pluggy once per type and cached: no plugin call per op. It is not an array library: for
+anything else, convert with `to_numpy` or use the framework.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence, Union
+
+from ._plugins import plugin_manager
+from .errors import NoBackendError
+from ._describe import type_name
+
+__all__ = [
+    "Ops",
+    "abs",
+    "all_finite",
+    "as_tensor",
+    "clamp",
+    "clone",
+    "detach",
+    "drop_block",
+    "dropout",
+    "grad_of",
+    "is_tensor",
+    "leaf",
+    "max",
+    "mean",
+    "min",
+    "named_modules",
+    "norm",
+    "std",
+    "sum",
+    "to_numpy",
+    "zeros_like",
+]
+
+Axis = Union[None, int, Sequence[int]]
+
+
+class Ops(Protocol):
+    """What a backend implements; every function below forwards to it."""
+
+    def is_tensor(self, obj: object) -> bool: ...
+    def to_numpy(self, t: Any) -> Any: ...
+    def detach(self, t: Any) -> Any: ...
+    def clone(self, t: Any) -> Any: ...
+    def zeros_like(self, t: Any) -> Any: ...
+    def sum(self, t: Any, axis: Axis, keepdim: bool) -> Any: ...
+    def mean(self, t: Any, axis: Axis, keepdim: bool) -> Any: ...
+    def std(self, t: Any, axis: Axis, keepdim: bool) -> Any: ...
+    def max(self, t: Any, axis: Axis, keepdim: bool) -> Any: ...
+    def min(self, t: Any, axis: Axis, keepdim: bool) -> Any: ...
+    def norm(self, t: Any, p: float) -> Any: ...
+    def abs(self, t: Any) -> Any: ...
+    def clamp(self, t: Any, min: float | None, max: float | None) -> Any: ...
+    def all_finite(self, t: Any) -> bool: ...
+    def dropout(self, t: Any, p: float, training: bool) -> Any: ...
+    def drop_block(self, t: Any, p: float, block_size: int, training: bool) -> Any: ...
+    def named_modules(self, module: Any) -> list[tuple[str, Any]]: ...
+    def as_tensor(self, array: Any, like: Any) -> Any: ...
+    def leaf(self, t: Any) -> Any: ...
+    def grad_of(self, t: Any) -> Any: ...
+
+
+_cache: dict[type, Ops] = {}
+
+
+def ops_for(obj: object) -> Ops:
+    """The Ops of the backend owning `obj` (cached per type)."""
+    try:
+        return _cache[type(obj)]
+    except KeyError:
+        pass
+    found = plugin_manager().hook.unihook_ops(obj=obj)
+    if found is None:
+        raise NoBackendError(
+            f"unihook.ops: expected a tensor or module of an installed backend. "
+            f"Received: {type_name(obj)}."
+        )
+    _cache[type(obj)] = found
+    return found
+
+
+def is_tensor(obj: object) -> bool:
+    """True for a tensor of any installed backend."""
+    try:
+        return ops_for(obj).is_tensor(obj)
+    except NoBackendError:
+        return False
+
+
+def to_numpy(t: Any) -> Any:
+    """A numpy copy of `t` (detached, on the CPU)."""
+    return ops_for(t).to_numpy(t)
+
+
+def detach(t: Any) -> Any:
+    """`t` cut from the graph, sharing memory."""
+    return ops_for(t).detach(t)
+
+
+def clone(t: Any) -> Any:
+    """A detached copy of `t`."""
+    return ops_for(t).clone(t)
+
+
+def zeros_like(t: Any) -> Any:
+    return ops_for(t).zeros_like(t)
+
+
+def sum(t: Any, axis: Axis = None, keepdim: bool = False) -> Any:  # noqa: A001 - numpy's name
+    return ops_for(t).sum(t, axis, keepdim)
+
+
+def mean(t: Any, axis: Axis = None, keepdim: bool = False) -> Any:
+    return ops_for(t).mean(t, axis, keepdim)
+
+
+def std(t: Any, axis: Axis = None, keepdim: bool = False) -> Any:
+    """Population standard deviation (numpy's default, ddof=0) on every backend."""
+    return ops_for(t).std(t, axis, keepdim)
+
+
+def max(t: Any, axis: Axis = None, keepdim: bool = False) -> Any:  # noqa: A001
+    return ops_for(t).max(t, axis, keepdim)
+
+
+def min(t: Any, axis: Axis = None, keepdim: bool = False) -> Any:  # noqa: A001
+    return ops_for(t).min(t, axis, keepdim)
+
+
+def norm(t: Any, p: float = 2.0) -> Any:
+    """The p-norm of all elements, a 0-d tensor."""
+    return ops_for(t).norm(t, p)
+
+
+def abs(t: Any) -> Any:  # noqa: A001
+    return ops_for(t).abs(t)
+
+
+def clamp(t: Any, min: float | None = None, max: float | None = None) -> Any:  # noqa: A002
+    return ops_for(t).clamp(t, min, max)
+
+
+def all_finite(t: Any) -> bool:
+    """True when no element is NaN or infinite."""
+    return ops_for(t).all_finite(t)
+
+
+def dropout(t: Any, p: float, training: bool) -> Any:
+    """Inverted dropout with probability `p` when `training`, the identity otherwise."""
+    return ops_for(t).dropout(t, p, training)
+
+
+def drop_block(t: Any, p: float, block_size: int = 7, training: bool = True) -> Any:
+    """DropBlock (Ghiasi et al. 2018) on an NCHW tensor when `training`, identity otherwise."""
+    return ops_for(t).drop_block(t, p, block_size, training)
+
+
+def named_modules(module: Any) -> list[tuple[str, Any]]:
+    """(qualified name, module) for `module` ("") and every submodule, depth first."""
+    return ops_for(module).named_modules(module)
+
+
+def as_tensor(array: Any, like: Any) -> Any:
+    """A tensor of `like`'s backend, dtype and device holding the numpy `array`."""
+    return ops_for(like).as_tensor(array, like)
+
+
+def leaf(t: Any) -> Any:
+    """A detached copy of `t` that requires grad: a fresh input to differentiate against."""
+    return ops_for(t).leaf(t)
+
+
+def grad_of(t: Any) -> Any:
+    """The gradient accumulated on leaf `t` (``.grad``), or None."""
+    return ops_for(t).grad_of(t)

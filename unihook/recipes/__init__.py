@@ -1,0 +1,19 @@
+"""Framework-agnostic recipes built only on unihook's public API: each runs on a torch model
+and on the same paddle model with the same numbers. This package imports no framework.
+"""
+
+from __future__ import annotations
+
+from .cam import GradCAM, GuidedBackprop
+from .drop import DropHook
+from .monitor import GradientMonitor, NonFiniteGradientError
+from .stats import ActivationStats
+
+__all__ = [
+    "ActivationStats",
+    "DropHook",
+    "GradCAM",
+    "GradientMonitor",
+    "GuidedBackprop",
+    "NonFiniteGradientError",
+]
