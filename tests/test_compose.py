@@ -40,7 +40,9 @@ def image(kit: Any) -> Any:
 def test_attach_by_glob_and_names_in_order(backend) -> None:  # type: ignore[no-untyped-def]
     model = net(backend)
     seen: list[str] = []
-    with unihook.attach(model, lambda m, a, o, *, name: seen.append(name), where="layer*.conv*") as group:
+    with unihook.attach(
+        model, lambda m, a, o, *, name: seen.append(name), where="layer*.conv*"
+    ) as group:
         assert group.names == ["layer1.conv1", "layer1.conv2", "layer2.conv1", "layer2.conv2"]
         assert len(group) == 4
         model(image(backend))
@@ -71,7 +73,9 @@ def test_glob_matching_nothing_lists_near_names(backend) -> None:  # type: ignor
 @pytest.mark.parametrize("bad", [{"kind": "backward"}, {"when": "training"}])
 def test_kind_and_when_values(backend, bad) -> None:  # type: ignore[no-untyped-def]
     key, value = next(iter(bad.items()))
-    with pytest.raises(ValueError, match=rf"`{key}` must be one of \{{.*\}}.*Received: {key}='{value}'"):
+    with pytest.raises(
+        ValueError, match=rf"`{key}` must be one of \{{.*\}}.*Received: {key}='{value}'"
+    ):
         unihook.attach(net(backend), lambda *a: None, **bad)
 
 
@@ -119,7 +123,9 @@ def test_attach_backward_kinds(backend) -> None:  # type: ignore[no-untyped-def]
 
 def test_capture_outputs_calls_and_grads(backend) -> None:  # type: ignore[no-untyped-def]
     model = net(backend)
-    twice = backend.module(lambda self, x: self.inner(self.inner(x)), {"inner": backend.relu_module()})
+    twice = backend.module(
+        lambda self, x: self.inner(self.inner(x)), {"inner": backend.relu_module()}
+    )
     with unihook.capture(model, grads=True, inputs=True) as cache:
         out = model(image(backend))
         backend.backward(out.sum())
@@ -157,7 +163,10 @@ def test_capture_of_the_same_cnn_equal_by_name() -> None:
     results = []
     for kit in KITS:
         model = net(kit)
-        weights = [np.linspace(-0.5, 0.5, kit.numpy(p).size).reshape(kit.numpy(p).shape) for p in kit.parameters(model)]
+        weights = [
+            np.linspace(-0.5, 0.5, kit.numpy(p).size).reshape(kit.numpy(p).shape)
+            for p in kit.parameters(model)
+        ]
         for p, w in zip(kit.parameters(model), weights):
             kit.set_value(p, w)
         with unihook.capture(model) as cache:
@@ -181,7 +190,9 @@ def test_ops(backend) -> None:  # type: ignore[no-untyped-def]
     assert np.allclose(n(ops.sum(t, axis=(1, 2))), data.sum(axis=(1, 2)))
     assert np.allclose(n(ops.mean(t, axis=1, keepdim=True)), data.mean(axis=1, keepdims=True))
     assert np.allclose(n(ops.std(t, axis=2)), data.std(axis=2))
-    assert np.allclose(n(ops.max(t)), data.max()) and np.allclose(n(ops.min(t, axis=0)), data.min(axis=0))
+    assert np.allclose(n(ops.max(t)), data.max()) and np.allclose(
+        n(ops.min(t, axis=0)), data.min(axis=0)
+    )
     assert np.allclose(n(ops.norm(t)), np.linalg.norm(data.ravel()))
     assert np.allclose(n(ops.norm(t, p=1)), np.abs(data).sum())
     assert np.allclose(n(ops.clamp(t, min=0)), np.clip(data, 0, None))
@@ -196,12 +207,16 @@ def test_ops(backend) -> None:  # type: ignore[no-untyped-def]
 
 def test_ops_dropout_and_drop_block(backend) -> None:  # type: ignore[no-untyped-def]
     t = backend.tensor(np.ones((2, 3, 16, 16), dtype="float32"))
-    assert np.array_equal(ops.to_numpy(ops.dropout(t, 0.5, training=False)), np.ones((2, 3, 16, 16)))
+    assert np.array_equal(
+        ops.to_numpy(ops.dropout(t, 0.5, training=False)), np.ones((2, 3, 16, 16))
+    )
     dropped = ops.to_numpy(ops.dropout(t, 0.5, training=True))
     assert set(np.unique(dropped)) <= {0.0, 2.0} and 0.3 < (dropped == 0).mean() < 0.7
     blocked = ops.to_numpy(ops.drop_block(t, 0.3, block_size=3, training=True))
     assert (blocked == 0).any() and abs(blocked.mean() - 1.0) < 1e-4  # rescaled to keep the mean
-    assert np.array_equal(ops.to_numpy(ops.drop_block(t, 0.3, 3, training=False)), np.ones((2, 3, 16, 16)))
+    assert np.array_equal(
+        ops.to_numpy(ops.drop_block(t, 0.3, 3, training=False)), np.ones((2, 3, 16, 16))
+    )
 
 
 def test_ops_on_a_foreign_object() -> None:

@@ -47,7 +47,7 @@ def test_import_unihook_imports_no_framework() -> None:
     assert out == "False False"
 
 
-TOY_BACKEND = '''
+TOY_BACKEND = """
 import sys
 from unihook.spec import hookimpl
 from unihook.handles import Handle
@@ -83,7 +83,7 @@ def unihook_register_forward_hook(module, hook, prepend, with_kwargs, always_cal
     key = object()
     module.hooks[key] = hook
     return Handle("toy", "forward", lambda: module.hooks.pop(key, None))
-'''
+"""
 
 
 @pytest.fixture

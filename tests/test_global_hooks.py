@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import KITS
 
 import unihook
-from conftest import KITS
 
 
 @pytest.fixture(autouse=True)
@@ -27,9 +27,12 @@ def test_order_relative_to_module_hooks(backend) -> None:  # type: ignore[no-unt
     m = backend.linear(2, 2)
     unihook.register_forward_pre_hook(m, lambda *a: log.append("L-pre"))
     unihook.register_forward_hook(m, lambda *a: log.append("L-fwd"))
-    with unihook.register_module_forward_pre_hook(
-        lambda *a: log.append("G-pre"), backend=backend.name
-    ), unihook.register_module_forward_hook(lambda *a: log.append("G-fwd"), backend=backend.name):
+    with (
+        unihook.register_module_forward_pre_hook(
+            lambda *a: log.append("G-pre"), backend=backend.name
+        ),
+        unihook.register_module_forward_hook(lambda *a: log.append("G-fwd"), backend=backend.name),
+    ):
         m(backend.tensor([[1.0, 2.0]]))
     assert log == ["G-pre", "L-pre", "G-fwd", "L-fwd"]
     log.clear()
@@ -40,7 +43,9 @@ def test_order_relative_to_module_hooks(backend) -> None:  # type: ignore[no-unt
 def test_global_hooks_chain_in_registration_order(backend) -> None:  # type: ignore[no-untyped-def]
     log: list[str] = []
     handles = [
-        unihook.register_module_forward_pre_hook(lambda *a, i=i: log.append(f"pre{i}"), backend=backend.name)
+        unihook.register_module_forward_pre_hook(
+            lambda *a, i=i: log.append(f"pre{i}"), backend=backend.name
+        )
         for i in range(3)
     ]
     backend.relu_module()(backend.tensor([1.0]))
@@ -72,8 +77,10 @@ def test_with_kwargs(backend) -> None:  # type: ignore[no-untyped-def]
     def post(mod: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
         seen.append(kwargs["scale"])
 
-    with unihook.register_module_forward_pre_hook(pre, backend=backend.name, with_kwargs=True), \
-            unihook.register_module_forward_hook(post, backend=backend.name, with_kwargs=True):
+    with (
+        unihook.register_module_forward_pre_hook(pre, backend=backend.name, with_kwargs=True),
+        unihook.register_module_forward_hook(post, backend=backend.name, with_kwargs=True),
+    ):
         out = m(backend.tensor([2.0]), scale=3.0)
     assert backend.numpy(out).tolist() == [20.0] and seen == [10.0]
 
@@ -128,7 +135,9 @@ def test_backend_filter(backend) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_unknown_backend_name() -> None:
-    with pytest.raises(ValueError, match=r"`backend` must be one of \{None, .*Received: backend='jax'"):
+    with pytest.raises(
+        ValueError, match=r"`backend` must be one of \{None, .*Received: backend='jax'"
+    ):
         unihook.register_module_forward_hook(lambda *a: None, backend="jax")
 
 
@@ -149,7 +158,9 @@ def test_hook_registering_a_hook_while_hooks_run(backend) -> None:  # type: igno
         log.append("first")
         if not late:
             late.append(
-                unihook.register_module_forward_pre_hook(lambda *a: log.append("late"), backend=backend.name)
+                unihook.register_module_forward_pre_hook(
+                    lambda *a: log.append("late"), backend=backend.name
+                )
             )
             late.append(unihook.register_forward_pre_hook(mod, lambda *a: log.append("local")))
 
@@ -170,7 +181,9 @@ def test_thread_safe_registration(backend) -> None:  # type: ignore[no-untyped-d
         try:
             for _ in range(50):
                 h = unihook.register_module_forward_hook(lambda *a: None, backend=backend.name)
-                r = unihook.register_module_buffer_registration_hook(lambda *a: None, backend=backend.name)
+                r = unihook.register_module_buffer_registration_hook(
+                    lambda *a: None, backend=backend.name
+                )
                 h.remove()
                 r.remove()
         except BaseException as error:  # noqa: BLE001 - collected for the assertion

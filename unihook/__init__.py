@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from . import ops
 from .api import (
     backend_of,
     backends,
@@ -16,9 +17,8 @@ from .api import (
     register_full_backward_pre_hook,
     register_tensor_hook,
 )
-from . import ops
 from .capture import Capture, capture
-from .compose import HookGroup, attach
+from .compose import HookGroup, Where, attach, select
 from .errors import (
     BackendStateError,
     HookReturnError,
@@ -45,9 +45,11 @@ __all__ = [
     "BackendInfo",
     "Capture",
     "HookGroup",
+    "Where",
     "attach",
     "capture",
     "ops",
+    "select",
     "BackendStateError",
     "Handle",
     "HookReturnError",

@@ -56,13 +56,17 @@ def check_grad(result: object, grad: Any, is_tensor: Callable[[object], bool], s
     return result
 
 
-def check_grad_tuple(result: object, expected: int, what: str, site: Site) -> tuple[Any, ...] | None:
+def check_grad_tuple(
+    result: object, expected: int, what: str, site: Site
+) -> tuple[Any, ...] | None:
     """A backward hook returns None or a tuple/list replacing `what` (grad_input/grad_output)."""
     if result is None:
         return None
     if not isinstance(result, (tuple, list)):
         raise site.error(
-            HookReturnError, f"None or a tuple of {expected} gradients replacing {what}", _show(result)
+            HookReturnError,
+            f"None or a tuple of {expected} gradients replacing {what}",
+            _show(result),
         )
     if len(result) != expected:
         raise site.error(

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any, Callable, Union
 
 from ._describe import type_name
+from ._module_backward import keep_dispatchers_last
 from ._plugins import plugin_manager
 from .errors import NoBackendError, UnsupportedHookError
 from .handles import Handle
 from .info import BackendInfo
-from ._module_backward import keep_dispatchers_last
 
 __all__ = [
     "Hook",
@@ -116,9 +116,7 @@ def register_full_backward_hook(
 ) -> Handle:
     """Run ``hook(module, grad_input, grad_output)`` once per module call after every input
     gradient exists; a returned tuple (one slot per positional argument) replaces grad_input."""
-    return _register(
-        "full_backward", module, hook=_guarded(hook, when), prepend=prepend, name=name
-    )
+    return _register("full_backward", module, hook=_guarded(hook, when), prepend=prepend, name=name)
 
 
 def _register(kind: str, target: object, **options: Any) -> Handle:
@@ -128,7 +126,9 @@ def _register(kind: str, target: object, **options: Any) -> Handle:
         )
     pm = plugin_manager()
     caller = getattr(pm.hook, f"unihook_register_{kind}_hook")
-    handle: Handle | None = caller(**{"tensor" if kind == "tensor" else "module": target}, **options)
+    handle: Handle | None = caller(
+        **{"tensor" if kind == "tensor" else "module": target}, **options
+    )
     if handle is not None:
         if kind in ("forward_pre", "forward"):
             keep_dispatchers_last(target)

@@ -102,7 +102,11 @@ def main() -> int:
         values = [run[i][1] if i < len(run) else "-" for run in runs]
         same = all(v == values[0] for v in values)
         all_same &= same
-        print(f"{event:<{width}}  " + "  ".join(f"{v:<{col}}" for v in values) + ("  yes" if same else "  NO"))
+        print(
+            f"{event:<{width}}  "
+            + "  ".join(f"{v:<{col}}" for v in values)
+            + ("  yes" if same else "  NO")
+        )
     print()
     print("Identical in every framework." if all_same else "The frameworks DIFFER (see NO rows).")
     print()
@@ -117,4 +121,6 @@ def _print_backends() -> None:
     print(header)
     for info in infos:
         version = info.version or "not installed"
-        print(f"  {info.name:<8} {version:<12} " + " ".join(f"{info.support(k):<18}" for k in KINDS))
+        print(
+            f"  {info.name:<8} {version:<12} " + " ".join(f"{info.support(k):<18}" for k in KINDS)
+        )

@@ -76,7 +76,9 @@ def _register(
     always_call: bool = False,
 ) -> Handle:
     if not callable(hook):
-        raise TypeError(f"`hook` must be callable. Received: hook={hook!r} for a global {kind} hook")
+        raise TypeError(
+            f"`hook` must be callable. Received: hook={hook!r} for a global {kind} hook"
+        )
     installed = [info.name for info in backends() if info.installed]
     if backend is not None and backend not in installed:
         raise ValueError(

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence, Union
 
+from ._describe import type_name
 from ._plugins import plugin_manager
 from .errors import NoBackendError
-from ._describe import type_name
 
 __all__ = [
     "Ops",

@@ -77,3 +77,7 @@ class Kit(Protocol):
     def set_value(self, tensor: Any, data: Any) -> None:
         """Overwrite a parameter or tensor with `data` (same layout in every framework)."""
         ...
+    def sgd(self, module: Any, lr: float) -> Callable[[Any], None]:
+        """A training step for `module`'s parameters: ``step(loss)`` runs backward, one plain
+        SGD update and clears the gradients."""
+        ...

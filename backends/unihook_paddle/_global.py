@@ -54,7 +54,9 @@ _registration: dict[str, dict[int, Hook]] = {
 }
 _originals: dict[str, Any] = {}
 # (head dicts, tail dicts, every global id), rebuilt on each change
-_merge_parts: tuple[tuple[OrderedDict[int, Any], ...], tuple[OrderedDict[int, Any], ...], frozenset[int]]
+_merge_parts: tuple[
+    tuple[OrderedDict[int, Any], ...], tuple[OrderedDict[int, Any], ...], frozenset[int]
+]
 
 
 def _next_id() -> int:
@@ -180,9 +182,7 @@ def _sync_patches() -> None:
     """Patch exactly the methods some registered hook needs; restore the others."""
     forward = any(_forward.values()) or any(_tail.values())
     registration = any(_registration.values())
-    wanted = (_FORWARD_METHODS if forward else ()) + (
-        _REGISTRATION_METHODS if registration else ()
-    )
+    wanted = (_FORWARD_METHODS if forward else ()) + (_REGISTRATION_METHODS if registration else ())
     for method in (*_FORWARD_METHODS, *_REGISTRATION_METHODS):
         if method in wanted and method not in _originals:
             _originals[method] = Layer.__dict__[method]

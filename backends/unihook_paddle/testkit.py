@@ -135,3 +135,13 @@ class PaddleKit:
 
     def set_value(self, tensor: Any, data: Any) -> None:
         tensor.set_value(np.asarray(data, dtype="float32"))
+
+    def sgd(self, module: Any, lr: float) -> Callable[[Any], None]:
+        optimizer = paddle.optimizer.SGD(learning_rate=lr, parameters=module.parameters())
+
+        def step(loss: Any) -> None:
+            loss.backward()
+            optimizer.step()
+            optimizer.clear_grad()
+
+        return step

@@ -141,3 +141,13 @@ class TorchKit:
     def set_value(self, tensor: Any, data: Any) -> None:
         with torch.no_grad():
             tensor.copy_(torch.tensor(np.asarray(data, dtype="float32")))
+
+    def sgd(self, module: Any, lr: float) -> Callable[[Any], None]:
+        optimizer = torch.optim.SGD(module.parameters(), lr=lr)
+
+        def step(loss: Any) -> None:
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        return step

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TypeVar
 
-from ..compose import HookGroup
+from unihook import HookGroup
 
 _R = TypeVar("_R", bound="Recipe")
 

@@ -10,8 +10,14 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
-from .. import api, ops
-from ..compose import select
+from unihook import (
+    ops,
+    register_forward_hook,
+    register_full_backward_hook,
+    register_full_backward_pre_hook,
+    select,
+)
+
 from ._scope import Recipe
 
 __all__ = ["GradCAM", "GuidedBackprop"]
@@ -65,8 +71,10 @@ class GradCAM(Recipe):
             raise ValueError(f"`target_layer` must name one module. Received: {target_layer!r}")
         self._activation: Any = None
         self._gradient: Any = None
-        self._hooks.add(name, api.register_forward_hook(layer, self._keep_activation, name=name))
-        self._hooks.add(name, api.register_full_backward_pre_hook(layer, self._keep_gradient, name=name))
+        self._hooks.add(name, register_forward_hook(layer, self._keep_activation, name=name))
+        self._hooks.add(
+            name, register_full_backward_pre_hook(layer, self._keep_gradient, name=name)
+        )
         self.target_classes: np.ndarray | None = None
 
     def _keep_activation(self, module: Any, args: Any, output: Any) -> None:
@@ -76,8 +84,8 @@ class GradCAM(Recipe):
         self._gradient = ops.to_numpy(grad_output[0])
 
     def __call__(self, x: Any, target: Target = None) -> np.ndarray:
-        if self._hooks.names == [] or len(self._hooks) == 0:
-            raise RuntimeError("GradCAM was removed")
+        if not self._hooks:
+            raise RuntimeError("this GradCAM was removed: create a new one")
         score, self.target_classes = _score(self.model(x), target)
         score.backward()
         activation, gradient = self._activation, self._gradient
@@ -100,9 +108,7 @@ class GuidedBackprop(Recipe):
         super().__init__()
         self.model = model
         for name, module in select(model, lambda n, m: type(m).__name__ == "ReLU"):
-            self._hooks.add(
-                name, api.register_full_backward_hook(module, self._clamp, name=name)
-            )
+            self._hooks.add(name, register_full_backward_hook(module, self._clamp, name=name))
 
     @staticmethod
     def _clamp(module: Any, grad_input: Any, grad_output: Any) -> Any:

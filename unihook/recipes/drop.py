@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .. import api, ops
-from ..compose import select
+from unihook import (
+    ops,
+    register_forward_hook,
+    select,
+)
+
 from ._scope import Recipe
 
 __all__ = ["DropHook"]
@@ -41,7 +45,7 @@ class DropHook(Recipe):
             for name, p in targets.items():
                 hook = self._dropout(p) if mode == "dropout" else self._drop_block(p, block_size)
                 self._hooks.add(
-                    name, api.register_forward_hook(modules[name], hook, when="train", name=name)
+                    name, register_forward_hook(modules[name], hook, when="train", name=name)
                 )
         except BaseException:
             self.remove()

@@ -5,9 +5,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from .. import api, ops
-from ..compose import Where, attach
-from ..errors import UnihookError
+from unihook import UnihookError, Where, attach, ops, register_full_backward_pre_hook
+
 from ._scope import Recipe
 
 __all__ = ["GradientMonitor", "NonFiniteGradientError"]
@@ -44,7 +43,7 @@ class GradientMonitor(Recipe):
         self.history: list[dict[str, float]] = []
         self._flagged = False
         # The outermost module's pre-hook fires first in every backward: it opens a new step.
-        self._hooks.add("", api.register_full_backward_pre_hook(model, self._new_step, prepend=True))
+        self._hooks.add("", register_full_backward_pre_hook(model, self._new_step, prepend=True))
         self._hooks.extend(attach(model, self._record, kind="full_backward_pre", where=where))
 
     def _new_step(self, module: Any, grad_output: Any) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .. import ops
-from ..compose import Where, attach
+from unihook import Where, attach, ops
+
 from ._scope import Recipe
 
 __all__ = ["ActivationStats"]
@@ -24,7 +24,7 @@ class _Running:
     high: float = float("-inf")
     zeros: int = 0
     nonfinite: int = 0
-    order: int = field(default=0)
+    order: int = 0
 
 
 class ActivationStats(Recipe):
@@ -39,17 +39,26 @@ class ActivationStats(Recipe):
     def __init__(self, model: Any, where: Where = None) -> None:
         super().__init__()
         self._stats: dict[str, _Running] = {}
-        self._hooks = attach(model, self._record, where=where)
+        # A pre-hook fixes each module's place at its first call: rows come in call order
+        # (a container before its children), not in order of completion.
+        self._hooks = attach(model, self._started, kind="forward_pre", where=where)
+        self._hooks.extend(attach(model, self._record, where=where))
+
+    def _started(self, module: Any, args: Any, *, name: str) -> None:
+        if name not in self._stats:
+            self._stats[name] = _Running(order=len(self._stats))
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
-        tensors = [output] if ops.is_tensor(output) else [
-            o for o in (output if isinstance(output, (tuple, list)) else ()) if ops.is_tensor(o)
-        ]
+        tensors = (
+            [output]
+            if ops.is_tensor(output)
+            else [
+                o for o in (output if isinstance(output, (tuple, list)) else ()) if ops.is_tensor(o)
+            ]
+        )
         if not tensors:
             return
-        running = self._stats.get(name)
-        if running is None:
-            running = self._stats[name] = _Running(order=len(self._stats))
+        running = self._stats[name]
         running.calls += 1
         for tensor in tensors:
             values = ops.to_numpy(tensor).astype(np.float64).ravel()
@@ -68,6 +77,8 @@ class ActivationStats(Recipe):
         for name, r in sorted(self._stats.items(), key=lambda item: item[1].order):
             mean = r.total / r.count if r.count else float("nan")
             var = r.squares / r.count - mean * mean if r.count else float("nan")
+            if not r.calls:
+                continue
             rows.append(
                 {
                     "name": name,
@@ -85,7 +96,10 @@ class ActivationStats(Recipe):
     def report(self) -> str:
         rows = self.rows()
         width = max([len("module"), *(len(r["name"] or "(model)") for r in rows)])
-        head = f"{'module':<{width}}  {'calls':>5}  {'mean':>10}  {'std':>10}  {'min':>10}  {'max':>10}  {'zeros':>6}  {'nonfinite':>9}"
+        head = (
+            f"{'module':<{width}}  {'calls':>5}  {'mean':>10}  {'std':>10}  {'min':>10}  "
+            f"{'max':>10}  {'zeros':>6}  {'nonfinite':>9}"
+        )
         lines = [head, "-" * len(head)]
         for r in rows:
             lines.append(

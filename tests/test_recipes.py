@@ -1,0 +1,201 @@
+"""The recipes: framework-free source, and the same numbers on every backend."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from conftest import KITS
+from models import classifier, images
+
+import unihook
+from unihook.recipes import (
+    ActivationStats,
+    DropHook,
+    GradCAM,
+    GradientMonitor,
+    GuidedBackprop,
+    NonFiniteGradientError,
+)
+
+RECIPES = Path(unihook.__file__).parent / "recipes"
+
+
+def test_recipes_import_no_framework() -> None:
+    for path in RECIPES.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            for name in names:
+                assert name.split(".")[0] not in ("torch", "paddle"), f"{path.name} imports {name}"
+
+
+def on_every_backend(run: Callable[[Any], Any]) -> list[Any]:
+    if len(KITS) < 2:
+        pytest.skip("needs two backends")
+    return [run(kit) for kit in KITS]
+
+
+def no_hooks_left(kit: Any, model: Any) -> bool:
+    return all(sum(kit.hook_counts(m).values()) == 0 for _, m in kit.named_modules(model))
+
+
+def test_activation_stats(backend) -> None:  # type: ignore[no-untyped-def]
+    model = classifier(backend)
+    with ActivationStats(model) as stats:
+        model(images(backend))
+        model(images(backend))
+    rows = stats.rows()
+    assert [r["name"] for r in rows][:3] == ["", "layer1", "layer1.0"]
+    relu = next(r for r in rows if r["name"] == "layer1.1")
+    assert relu["calls"] == 2 and relu["min"] == 0.0 and 0 < relu["zeros"] < 1
+    assert relu["nonfinite"] == 0
+    assert "layer4.1" in stats.report() and "zeros" in stats.report()
+    assert no_hooks_left(backend, model)
+
+
+def test_activation_stats_counts_nonfinite(backend) -> None:  # type: ignore[no-untyped-def]
+    layer = backend.relu_module()
+    with ActivationStats(layer) as stats:
+        layer(backend.tensor([[float("inf"), 1.0]]))
+    (row,) = stats.rows()
+    assert row["nonfinite"] == 1 and row["max"] == 1.0
+
+
+def test_activation_stats_equal_on_every_backend() -> None:
+    def run(kit: Any) -> list[dict[str, Any]]:
+        model = classifier(kit)
+        with ActivationStats(model, where="layer*") as stats:
+            model(images(kit))
+        return stats.rows()
+
+    first, *others = on_every_backend(run)
+    for other in others:
+        assert [r["name"] for r in other] == [r["name"] for r in first]
+        for a, b in zip(first, other):
+            for key in ("calls", "mean", "std", "min", "max", "zeros", "nonfinite"):
+                assert np.isclose(a[key], b[key], rtol=1e-5, atol=1e-7), (a["name"], key)
+
+
+def test_gradient_monitor_history_equal_on_every_backend() -> None:
+    def run(kit: Any) -> list[dict[str, float]]:
+        model = classifier(kit)
+        with GradientMonitor(model) as monitor:
+            for _ in range(2):
+                kit.backward(model(images(kit)).sum())
+        assert no_hooks_left(kit, model)
+        return monitor.history
+
+    first, *others = on_every_backend(run)
+    assert len(first) == 2 and list(first[0])[:2] == ["", "fc"]
+    for other in others:
+        assert [list(step) for step in other] == [list(step) for step in first]
+        for a, b in zip(first, other):
+            assert np.allclose(list(a.values()), list(b.values()), rtol=1e-5)
+
+
+def sqrt_model(kit: Any) -> Any:
+    """a -> sqrt(0 * x) -> c: the gradient at a's output is infinite."""
+    return kit.sequential(
+        kit.linear(2, 2),
+        kit.module(lambda self, x: (x * 0).sqrt()),
+        kit.linear(2, 1),
+    )
+
+
+def test_gradient_monitor_names_the_first_nonfinite_module(backend) -> None:  # type: ignore[no-untyped-def]
+    model = sqrt_model(backend)
+    with GradientMonitor(model) as monitor:
+        with pytest.raises(NonFiniteGradientError) as info:
+            backend.backward(model(backend.tensor([[1.0, 2.0]], requires_grad=True)).sum())
+    assert info.value.module == "0"
+    assert list(monitor.history[-1]) == ["", "2", "1", "0"]
+
+
+def test_gradient_monitor_warn_and_ignore(backend) -> None:  # type: ignore[no-untyped-def]
+    model = sqrt_model(backend)
+    with GradientMonitor(model, on_nonfinite="warn"):
+        with pytest.warns(RuntimeWarning, match="non-finite gradient at the output of '0'"):
+            backend.backward(model(backend.tensor([[1.0, 2.0]])).sum())
+    with GradientMonitor(model, on_nonfinite="ignore") as monitor:
+        backend.backward(model(backend.tensor([[1.0, 2.0]])).sum())
+    assert not np.isfinite(monitor.history[-1]["0"])
+    with pytest.raises(ValueError, match="`on_nonfinite` must be one of"):
+        GradientMonitor(model, on_nonfinite="stop")
+
+
+@pytest.mark.parametrize("mode", ["dropout", "dropblock"])
+def test_drop_hook(backend, mode) -> None:  # type: ignore[no-untyped-def]
+    model = classifier(backend)
+    x = images(backend, size=16)
+    backend.set_training(model, False)
+    plain = backend.numpy(model(x))
+    with DropHook(model, {"layer1": 0.3, "layer4": 0.5}, mode=mode, block_size=3):
+        backend.set_training(model, True)
+        first, second = backend.numpy(model(x)), backend.numpy(model(x))
+        assert not np.allclose(first, second)  # random in training mode
+        backend.set_training(model, False)
+        assert np.array_equal(backend.numpy(model(x)), plain)  # identity in eval mode
+        backend.set_training(model, True)
+        step = backend.sgd(model, lr=0.01)
+        for _ in range(3):
+            step(model(x).sum())
+    assert no_hooks_left(backend, model)
+
+
+def test_drop_hook_arguments(backend) -> None:  # type: ignore[no-untyped-def]
+    model = classifier(backend)
+    with pytest.raises(ValueError, match="`mode` must be one of"):
+        DropHook(model, {"layer1": 0.1}, mode="zoneout")
+    with pytest.raises(ValueError, match="matches no module"):
+        DropHook(model, {"layer9": 0.1})
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\)"):
+        DropHook(model, {"layer1": 1.5})
+
+
+def test_grad_cam_equal_on_every_backend() -> None:
+    def run(kit: Any) -> np.ndarray:
+        model = classifier(kit)
+        with GradCAM(model, "layer4") as cam:
+            maps = cam(images(kit, size=12))
+        assert no_hooks_left(kit, model)
+        return maps
+
+    first, *others = on_every_backend(run)
+    assert first.shape == (2, 12, 12) and first.min() == 0.0 and first.max() == 1.0
+    for other in others:
+        np.testing.assert_allclose(other, first, rtol=1e-5, atol=1e-5)
+
+
+def test_grad_cam_targets(backend) -> None:  # type: ignore[no-untyped-def]
+    cam = GradCAM(classifier(backend), "layer4")
+    top = cam(images(backend))
+    assert list(cam.target_classes) == list(backend.numpy(cam.model(images(backend))).argmax(1))
+    other = cam(images(backend), target=[(c + 1) % 3 for c in cam.target_classes])
+    assert not np.allclose(top, other)
+    with pytest.raises(ValueError, match="`target_layer` must name one module"):
+        GradCAM(cam.model, "layer*")
+    cam.remove()
+
+
+def test_guided_backprop_equal_on_every_backend() -> None:
+    def run(kit: Any) -> tuple[np.ndarray, np.ndarray]:
+        model = classifier(kit)
+        with GuidedBackprop(model) as guided:
+            saliency = guided(images(kit))
+        x = images(kit, requires_grad=True)
+        kit.backward(model(x)[:, 0].sum())
+        return saliency, kit.grad(x)
+
+    (first, plain), *others = on_every_backend(run)
+    assert first.shape == (2, 3, 8, 8)
+    for saliency, _ in others:
+        np.testing.assert_allclose(saliency, first, rtol=1e-5, atol=1e-6)
