@@ -9,7 +9,6 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 from conftest import KITS
-from models import classifier, images
 
 import unihook
 from unihook.recipes import (
@@ -20,6 +19,7 @@ from unihook.recipes import (
     GuidedBackprop,
     NonFiniteGradientError,
 )
+from unihook.testing import classifier, images
 
 RECIPES = Path(unihook.__file__).parent / "recipes"
 

@@ -19,8 +19,9 @@ import pytest
 
 paddle = pytest.importorskip("paddle")
 
-import unihook  # noqa: E402
 from unihook_paddle import _autograd_guard as guard  # noqa: E402
+
+import unihook  # noqa: E402
 
 
 def _count_slow_path(layer: Any) -> list[int]:

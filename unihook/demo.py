@@ -7,6 +7,7 @@ framework imports like the rest of the package.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from typing import Any
@@ -111,7 +112,68 @@ def main() -> int:
     print("Identical in every framework." if all_same else "The frameworks DIFFER (see NO rows).")
     print()
     _print_backends()
+    print()
+    picture = write_gradcam(kits, os.path.join("demo-out", "gradcam.png"))
+    if picture:
+        print(f"Grad-CAM computed with {' and '.join(k.name for k in kits)}: {picture}")
     return 0 if all_same else 1
+
+
+def demo_image(size: int = 64) -> Any:
+    """An RGB test picture: a warm disk and a cool square on a soft gradient, NCHW."""
+    import numpy as np
+
+    yy, xx = np.mgrid[0:size, 0:size] / size
+    img = np.stack([0.3 * xx, 0.3 * yy, 0.2 * (1 - xx)], axis=0)
+    disk = (yy - 0.35) ** 2 + (xx - 0.3) ** 2 < 0.02
+    img[0][disk], img[1][disk] = 1.0, 0.6
+    square = (np.abs(yy - 0.7) < 0.12) & (np.abs(xx - 0.7) < 0.12)
+    img[2][square], img[1][square] = 1.0, 0.4
+    return img[None].astype("float32")
+
+
+def write_gradcam(kits: list[Any], path: str) -> str | None:
+    """Grad-CAM of the same classifier in every framework, side by side, as a PNG."""
+    try:
+        import matplotlib
+
+        # paddle sets the root logger to INFO: keep matplotlib's font-cache notice quiet.
+        logging.getLogger("matplotlib").setLevel(logging.WARNING)
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import numpy as np
+    except ImportError:
+        print("matplotlib is not installed: pip install 'unihook[demo]' for demo-out/gradcam.png")
+        return None
+    from .recipes import GradCAM
+    from .testing import classifier
+
+    image = demo_image()
+    maps = {}
+    for kit in kits:
+        with GradCAM(classifier(kit, seed=3, width=8), "layer4") as cam:
+            maps[kit.name] = cam(kit.tensor(image))[0]
+    names = list(maps)
+    diff = float(np.abs(maps[names[0]] - maps[names[-1]]).max())
+    panels = 2 + len(names)
+    fig, axes = plt.subplots(1, panels, figsize=(3.2 * panels, 3.6))
+    picture = np.clip(image[0].transpose(1, 2, 0), 0, 1)
+    axes[0].imshow(picture)
+    axes[0].set_title("input")
+    for ax, name in zip(axes[1:], names):
+        ax.imshow(picture)
+        ax.imshow(maps[name], cmap="jet", alpha=0.5, vmin=0, vmax=1)
+        ax.set_title(f"Grad-CAM, {name}")
+    axes[-1].imshow(np.abs(maps[names[0]] - maps[names[-1]]), cmap="gray", vmin=0, vmax=1)
+    axes[-1].set_title(f"|{names[0]} - {names[-1]}|, max {diff:.1e}")
+    for ax in axes:
+        ax.axis("off")
+    fig.suptitle("unihook.recipes.GradCAM(model, 'layer4'): one recipe, identical weights")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def _print_backends() -> None:

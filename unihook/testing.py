@@ -11,7 +11,9 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Protocol, Sequence
 
-__all__ = ["Kit"]
+from . import ops
+
+__all__ = ["Kit", "classifier", "images"]
 
 
 class Kit(Protocol):
@@ -81,3 +83,35 @@ class Kit(Protocol):
         """A training step for `module`'s parameters: ``step(loss)`` runs backward, one plain
         SGD update and clears the gradients."""
         ...
+
+
+def classifier(kit: Kit, seed: int = 0, classes: int = 3, width: int = 6) -> Any:
+    """The same small CNN classifier in any framework: layer1 (conv 3->4, ReLU) -> layer4
+    (conv 4->`width`, ReLU) -> global average -> fc, weights drawn once in numpy and copied."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+
+    def conv(c_in: int, c_out: int) -> Any:
+        layer = kit.conv2d(c_in, c_out, 3, padding=1)
+        kit.set_value(layer.weight, rng.normal(0, 0.4, (c_out, c_in, 3, 3)))
+        kit.set_value(layer.bias, rng.normal(0, 0.1, (c_out,)))
+        return layer
+
+    layer1 = kit.sequential(conv(3, 4), kit.relu_module())
+    layer4 = kit.sequential(conv(4, width), kit.relu_module())
+    fc = kit.linear(
+        width, classes, rng.normal(0, 0.5, (classes, width)), rng.normal(0, 0.1, (classes,))
+    )
+    return kit.module(
+        lambda self, x: self.fc(ops.mean(self.layer4(self.layer1(x)), axis=(2, 3))),
+        {"layer1": layer1, "layer4": layer4, "fc": fc},
+    )
+
+
+def images(kit: Kit, n: int = 2, size: int = 8, requires_grad: bool = False) -> Any:
+    """A fixed batch of random NCHW images."""
+    import numpy as np
+
+    rng = np.random.default_rng(42)
+    return kit.tensor(rng.normal(0, 1, (n, 3, size, size)), requires_grad=requires_grad)

@@ -10,18 +10,28 @@ Each paddle trap is handled where it bites (numbers from ../shared/SEMANTICS.md 
 5. a user ``register_hook`` on a PyLayer output has its return value ignored: one more
    ``view`` after the PyLayer;
 6. an exception inside PyLayer.backward surfaces as OSError: stashed for the autograd guard;
-8. the dispatchers stay last among the forward hooks (``move_last``).
+7. a second backward through a PyLayer node that ``Tensor.backward`` already ran segfaults
+   (retain_graph=True or not, ``paddle.grad`` too): each node is recorded as spent when it runs
+   under ``Tensor.backward``, and the autograd guard raises BackendStateError before a backward
+   reaches it again (``_Node``);
+8. the dispatchers stay last among the forward hooks (``move_last``);
+and one trap not listed there: paddle accumulates gradients in place into the first tensor a node received
+   (``GradTensorHolder``): a gradient handed to a hook would change under the hook's feet after
+   it ran, so what goes back to paddle after the hooks saw it is a copy.
 """
 
 from __future__ import annotations
 
 import weakref
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import paddle
 from paddle.autograd import PyLayer
 
+from unihook._describe import Site
 from unihook._module_backward import Dispatchers, register_backward_hook
+from unihook.errors import BackendStateError
 from unihook.handles import Handle
 
 from . import NAME
@@ -31,10 +41,50 @@ from ._forward import add_hook, move_last, remove_hook
 Grads = Sequence[Any]
 
 
+class _Node:
+    """One identity PyLayer node, for trap 7. Registered as a gradient hook on the node (so it
+    lives exactly as long as the node) and held by its context."""
+
+    __slots__ = ("site", "ptr", "spent", "__weakref__")
+
+    def __init__(self, site: Site) -> None:
+        self.site = site
+        self.ptr = 0
+        self.spent = False
+
+    def ran(self) -> None:
+        """The node's backward ran: under Tensor.backward paddle now frees its context."""
+        if not self.spent and guard.in_tensor_backward():
+            self.spent = True
+            # (the error factory must not hold `self`: the record lives until `self` dies)
+            guard.spend(self.ptr, self, partial(_spent_error, self.site))
+
+    def __call__(self, grad: Any) -> None:
+        # The guard's graph walk catches a spent node before paddle runs; this is the backstop.
+        if self.spent:
+            error = _spent_error(self.site)
+            guard.stash(error)
+            raise error
+        return None
+
+
+def _spent_error(site: Site) -> BackendStateError:
+    return site.error(  # type: ignore[return-value]
+        BackendStateError,
+        f"one Tensor.backward per forward through a hooked module: paddle {paddle.__version__} "
+        "frees a PyLayer's context after Tensor.backward, even with retain_graph=True, and "
+        "segfaults on the next pass reaching it",
+        "another backward or paddle.grad through a module call that Tensor.backward already "
+        "ran through. Run the forward again, or use paddle.grad(..., retain_graph=True) for "
+        "repeated passes over one graph",
+    )
+
+
 class _Identity(PyLayer):
     @staticmethod
-    def forward(ctx: Any, on_backward: Callable[[Grads], Grads], materialize: bool, *xs: Any) -> Any:  # type: ignore[override]
+    def forward(ctx: Any, on_backward: Callable[[Grads], Grads], materialize: bool, node: _Node, *xs: Any) -> Any:  # type: ignore[override]
         ctx.on_backward = on_backward
+        ctx.node = node
         ctx.differentiable = [not x.stop_gradient for x in xs]
         ctx.shapes = [(x.shape, x.dtype) for x in xs]
         ctx.set_materialize_grads(materialize)
@@ -44,11 +94,15 @@ class _Identity(PyLayer):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
+        ctx.node.ran()
         try:
             results = ctx.on_backward(grads)
         except BaseException as error:
             guard.stash(error)
             raise
+        # Paddle accumulates a later gradient for the same tensor in place into the first one
+        # it received: a gradient a hook saw (and may keep, as torch allows) goes back as a copy.
+        exposed = results is not grads
         out = []
         for result, differentiable, (shape, dtype) in zip(results, ctx.differentiable, ctx.shapes):
             if not differentiable:
@@ -56,7 +110,7 @@ class _Identity(PyLayer):
             elif result is None:
                 out.append(paddle.zeros(shape, dtype))
             else:
-                out.append(result)
+                out.append(result.clone() if exposed else result)
         return tuple(out)
 
 
@@ -95,11 +149,20 @@ class PaddleAutograd:
 
     @staticmethod
     def identity(
-        tensors: Sequence[Any], on_backward: Callable[[Grads], Grads], materialize: bool
+        tensors: Sequence[Any],
+        on_backward: Callable[[Grads], Grads],
+        materialize: bool,
+        site: Site,
     ) -> Sequence[Any]:
-        outs = _Identity.apply(on_backward, materialize, *tensors)
+        node = _Node(site)
+        outs = _Identity.apply(on_backward, materialize, node, *tensors)
         if not isinstance(outs, (tuple, list)):
             outs = (outs,)
+        # Some input needs grad (the caller checks), so some output is differentiable.
+        first = next(o for o in outs if not o.stop_gradient)
+        node.ptr = first.grad_fn.node_ptr()
+        first._register_grad_hook(node)
+        guard.hold(node)  # the guard must outlive the node: it protects it from trap 7
         return [o.view(o.shape) for o in outs]
 
     @staticmethod

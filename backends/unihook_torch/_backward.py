@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from unihook._describe import Site
 from unihook._module_backward import Dispatchers, register_backward_hook
 from unihook.handles import Handle
 
@@ -65,7 +66,10 @@ class TorchAutograd:
 
     @staticmethod
     def identity(
-        tensors: Sequence[Any], on_backward: Callable[[Grads], Grads], materialize: bool
+        tensors: Sequence[Any],
+        on_backward: Callable[[Grads], Grads],
+        materialize: bool,
+        site: Site,
     ) -> Sequence[Any]:
         return _Identity.apply(on_backward, materialize, *tensors)
 
