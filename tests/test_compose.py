@@ -222,3 +222,26 @@ def test_ops_dropout_and_drop_block(backend) -> None:  # type: ignore[no-untyped
 def test_ops_on_a_foreign_object() -> None:
     with pytest.raises(unihook.NoBackendError):
         ops.mean(np.ones(3))
+
+
+def test_capture_reuse_overwrites_its_buffers(backend) -> None:  # type: ignore[no-untyped-def]
+    model = net(backend)
+    twice = backend.module(
+        lambda self, x: self.inner(self.inner(x) - 1), {"inner": backend.relu_module()}
+    )
+    with unihook.capture(model, reuse=True) as cache, unihook.capture(twice, reuse=True) as two:
+        first_out = backend.numpy(model(image(backend)))
+        buffer = cache["layer1.conv1"]
+        assert np.allclose(backend.numpy(cache[""]), first_out)
+        second_out = backend.numpy(model(image(backend) * 2))
+        assert cache["layer1.conv1"] is buffer  # the same tensor, refilled
+        assert np.allclose(backend.numpy(cache[""]), second_out)
+        assert len(cache.calls("layer1.conv1")) == 1
+        for x in ([3.0, -1.0], [5.0, 2.0]):
+            twice(backend.tensor(x))
+            inner = [backend.numpy(t).tolist() for t in two.calls("inner")]
+            assert inner == [[max(v, 0) for v in x], [max(max(v, 0) - 1, 0) for v in x]]
+    with unihook.capture(model) as keep:  # the same numbers as a capture that keeps tensors
+        model(image(backend) * 2)
+    for name in keep.names:
+        np.testing.assert_allclose(backend.numpy(keep[name]), backend.numpy(cache[name]))

@@ -20,6 +20,12 @@ class Capture:
     ``cache.grads[name]``: the last grad_output (grads=True; a tensor for a single-output
     module, else a tuple). `names` lists the modules hooked. The hooks go away when the scope
     exits (or on `remove()`); the recorded tensors then live only as long as this object.
+
+    ``reuse=True`` is for repeated forwards: each forward of `model` copies every output into
+    the buffers the previous forward filled (one per module call) instead of keeping the
+    framework's own tensors alive, which costs most of a capture's time (allocation and page
+    faults). `cache[name]` and `calls(name)` then hold the latest forward's outputs, valid
+    until the next forward overwrites them (copy what you keep).
     """
 
     def __init__(
@@ -30,13 +36,17 @@ class Capture:
         inputs: bool = False,
         outputs: bool = True,
         grads: bool = False,
+        reuse: bool = False,
     ) -> None:
         self._outputs: dict[str, list[Any]] = {}
+        self._forwards = 0  # forwards of `model` seen (reuse: which buffers are current)
+        self._filled: dict[str, list[int]] = {}  # reuse: name -> [forward, calls in it]
         self.inputs: dict[str, Any] = {}
         self.grads: dict[str, Any] = {}
         self._group = HookGroup()
         ops = ops_for(model)
         detach, is_tensor = ops.detach, ops.is_tensor
+        self._copy_into = ops.copy_into
 
         def detached(value: Any) -> Any:
             if is_tensor(value):
@@ -50,8 +60,13 @@ class Capture:
         selected = select(model, where)
         self.names = [name for name, _ in selected]
         try:
+            if reuse:
+                self._group.add("", api.register_forward_pre_hook(model, self._next_forward))
             for name, module in selected:
-                if outputs or inputs:
+                if reuse and outputs:
+                    hook = self._reusing_hook(name, inputs, detached, is_tensor)
+                    self._group.add(name, api.register_forward_hook(module, hook, name=name))
+                elif outputs or inputs:
                     hook = self._forward_hook(name, outputs, inputs, detached)
                     self._group.add(name, api.register_forward_hook(module, hook, name=name))
                 if grads:
@@ -83,6 +98,44 @@ class Capture:
 
         return hook
 
+    def _next_forward(self, module: Any, args: Any) -> None:
+        self._forwards += 1
+
+    def _reusing_hook(
+        self,
+        name: str,
+        inputs: bool,
+        detached: Callable[[Any], Any],
+        is_tensor: Callable[[Any], bool],
+    ) -> Callable[..., None]:
+        buffers = self._outputs.setdefault(name, [])
+        filled = self._filled.setdefault(name, [0, 0])
+        copy_into = self._copy_into
+        store_inputs = self.inputs
+
+        def hook(module: Any, args: Any, output: Any) -> None:
+            if filled[0] != self._forwards:
+                filled[0], filled[1] = self._forwards, 0
+            i = filled[1]
+            filled[1] = i + 1
+            if not is_tensor(output):
+                value = detached(output)
+            else:
+                value = copy_into(buffers[i] if i < len(buffers) else None, output)
+            if i < len(buffers):
+                buffers[i] = value
+            else:
+                buffers.append(value)
+            if inputs:
+                store_inputs[name] = detached(args)
+
+        return hook
+
+    def _current(self, name: str) -> list[Any]:
+        calls = self._outputs[name]
+        filled = self._filled.get(name)
+        return calls if filled is None else calls[: filled[1]]
+
     def _grad_hook(self, name: str, detached: Callable[[Any], Any]) -> Callable[..., None]:
         grads = self.grads
 
@@ -92,21 +145,21 @@ class Capture:
         return hook
 
     def __getitem__(self, name: str) -> Any:
-        calls = self._outputs.get(name)
+        calls = self._current(name) if name in self._outputs else None
         if not calls:
             raise KeyError(self._missing(name))
         return calls[-1]
 
     def __contains__(self, name: object) -> bool:
-        return bool(self._outputs.get(name))  # type: ignore[arg-type]
+        return name in self._outputs and bool(self._current(name))  # type: ignore[arg-type]
 
     def calls(self, name: str) -> list[Any]:
         if name not in self._outputs:
             raise KeyError(self._missing(name))
-        return list(self._outputs[name])
+        return list(self._current(name))
 
     def keys(self) -> list[str]:
-        return [n for n in self.names if self._outputs.get(n)]
+        return [n for n in self.names if n in self]
 
     def _missing(self, name: str) -> str:
         if name in self._outputs:
@@ -136,7 +189,9 @@ def capture(
     inputs: bool = False,
     outputs: bool = True,
     grads: bool = False,
+    reuse: bool = False,
 ) -> Capture:
     """Record the outputs (and optionally inputs and grad_outputs) of the modules of `model`
-    that `where` selects: ``with unihook.capture(model) as cache: model(x)``."""
-    return Capture(model, where, inputs=inputs, outputs=outputs, grads=grads)
+    that `where` selects: ``with unihook.capture(model) as cache: model(x)``. See `Capture`
+    for ``reuse=True``."""
+    return Capture(model, where, inputs=inputs, outputs=outputs, grads=grads, reuse=reuse)

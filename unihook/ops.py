@@ -21,6 +21,7 @@ __all__ = [
     "as_tensor",
     "clamp",
     "clone",
+    "copy_into",
     "detach",
     "drop_block",
     "dropout",
@@ -64,6 +65,7 @@ class Ops(Protocol):
     def as_tensor(self, array: Any, like: Any) -> Any: ...
     def leaf(self, t: Any) -> Any: ...
     def grad_of(self, t: Any) -> Any: ...
+    def copy_into(self, buffer: Any, t: Any) -> Any: ...
 
 
 _cache: dict[type, Ops] = {}
@@ -179,3 +181,9 @@ def leaf(t: Any) -> Any:
 def grad_of(t: Any) -> Any:
     """The gradient accumulated on leaf `t` (``.grad``), or None."""
     return ops_for(t).grad_of(t)
+
+
+def copy_into(buffer: Any, t: Any) -> Any:
+    """`t`'s values in `buffer` when it has `t`'s shape and dtype (no allocation), else in a new
+    detached copy; returns the tensor holding them."""
+    return ops_for(t).copy_into(buffer, t)

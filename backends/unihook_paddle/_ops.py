@@ -84,3 +84,10 @@ class PaddleOps:
 
     def grad_of(self, t: Any) -> Any:
         return t.grad
+
+    def copy_into(self, buffer: Any, t: Any) -> Any:
+        if buffer is None or buffer.shape != t.shape or buffer.dtype != t.dtype:
+            return t.detach().clone()
+        with paddle.no_grad():
+            paddle.assign(t, output=buffer)
+        return buffer

@@ -83,3 +83,9 @@ class TorchOps:
 
     def grad_of(self, t: Any) -> Any:
         return t.grad
+
+    def copy_into(self, buffer: Any, t: Any) -> Any:
+        if buffer is None or buffer.shape != t.shape or buffer.dtype != t.dtype:
+            return t.detach().clone()
+        with torch.no_grad():
+            return buffer.copy_(t)
