@@ -128,11 +128,21 @@ class ModuleBackward:
         if not stack or stack[-1][0] is not args:
             return None
         call = stack.pop()[1]
-        if call is None or output is None:
+        if output is None:
             return None
         ag = self.autograd
         # As torch: a tuple output is traversed, anything else (list, dict) is one value.
         is_tuple = isinstance(output, tuple)
+        if not is_tuple and not ag.is_tensor(output):
+            warnings.warn(
+                "For backward hooks to be called, module output should be a Tensor or a tuple "
+                f"of Tensors but received {type(output)}",
+                UserWarning,
+                stacklevel=2,
+            )
+            return None
+        if call is None:
+            return None
         items = output if is_tuple else (output,)
         idx = [i for i, o in enumerate(items) if ag.is_tensor(o)]
         if not any(ag.requires_grad(items[i]) for i in idx):
@@ -177,7 +187,8 @@ class _Call:
         self.is_tensor = owner.autograd.is_tensor
         # What errors about this call's graph name: a full hook's site, else a pre-hook's.
         hooks = self.full_hooks or self.pre_hooks
-        self.site = hooks[0][1] if hooks else Site.of("full_backward", owner.autograd.backend, module)
+        backend = owner.autograd.backend
+        self.site = hooks[0][1] if hooks else Site.of("full_backward", backend, module)
 
     def on_output_grads(self, grads: Grads) -> Grads:
         grad_outputs = _pack(self.output_idx, grads, self.n_outputs)

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any, Callable
 
 from . import api
 from .compose import HookGroup, Where, select
+from .handles import Removable
 from .ops import ops_for
 
 __all__ = ["Capture", "capture"]
 
 
-class Capture:
+class Capture(Removable):
     """What `capture` records, by qualified module name.
 
     ``cache[name]``: the detached output of the module's last call; ``cache.calls(name)``: every
@@ -169,17 +169,6 @@ class Capture:
     def remove(self) -> None:
         """Remove every hook this capture placed (idempotent)."""
         self._group.remove()
-
-    def __enter__(self) -> Capture:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.remove()
 
 
 def capture(

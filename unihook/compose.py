@@ -11,11 +11,10 @@ import difflib
 import functools
 import inspect
 from fnmatch import fnmatchcase
-from types import TracebackType
 from typing import Any, Callable, Iterator, Sequence, Union
 
 from . import api
-from .handles import Handle
+from .handles import Handle, Removable
 from .ops import named_modules
 
 __all__ = ["HookGroup", "attach", "select", "KINDS"]
@@ -37,7 +36,7 @@ _OPTIONS = {
 }
 
 
-class HookGroup:
+class HookGroup(Removable):
     """Handles of hooks placed together: `remove()` (idempotent), `with group:`, `len(group)`,
     `group.names` (the qualified names hooked, in model order)."""
 
@@ -63,17 +62,6 @@ class HookGroup:
 
     def __iter__(self) -> Iterator[Handle]:
         return iter(list(self._handles))
-
-    def __enter__(self) -> HookGroup:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.remove()
 
     def __repr__(self) -> str:
         return f"<unihook.HookGroup {len(self)} hooks>"

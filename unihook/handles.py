@@ -3,12 +3,34 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Callable
+from typing import Callable, TypeVar
 
-__all__ = ["Handle"]
+_R = TypeVar("_R", bound="Removable")
+
+__all__ = ["Handle", "Removable"]
 
 
-class Handle:
+class Removable:
+    """Something that removes hooks: `remove()`, and `with it:` removes on exit."""
+
+    __slots__ = ()
+
+    def remove(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _R) -> _R:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.remove()
+
+
+class Handle(Removable):
     """Removes one registered hook. `remove()` is idempotent; `with handle:` removes on exit.
 
     `backend` and `kind` say where the hook lives ("torch", "forward_pre"). A handle holds no
@@ -31,17 +53,6 @@ class Handle:
         remover, self._remover = self._remover, None
         if remover is not None:
             remover()
-
-    def __enter__(self) -> Handle:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.remove()
 
     def __repr__(self) -> str:
         state = "removed" if self.removed else "active"

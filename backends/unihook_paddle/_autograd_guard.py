@@ -12,7 +12,10 @@ call) are wrapped so that:
 - ``paddle.grad`` runs the hooks of its input tensors: paddle 3.3.1 skips leaf-tensor hooks
   there (torch runs them on the captured gradient and returns their result). Hooks record that
   they fired (``fired``); after the call, the hooks of each input (``track``) that did not
-  fire are applied, in registration order, to the gradient returned for it.
+  fire are applied, in registration order, to the gradient returned for it;
+- module backward hooks' PyLayer nodes know whether Tensor.backward or paddle.grad runs them,
+  and a paddle.grad that would reach a node Tensor.backward already ran raises
+  BackendStateError instead of segfaulting (trap 7, see the end of this file).
 
 The wrappers go away when the last hook does (``finalize`` on each hook function), restoring
 paddle's functions exactly.
@@ -20,6 +23,8 @@ paddle's functions exactly.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import threading
 import weakref
 from typing import Any, Callable
@@ -37,6 +42,7 @@ __all__ = [
     "untrack",
     "fired",
     "in_tensor_backward",
+    "node_ptr",
     "spend",
 ]
 
@@ -179,7 +185,6 @@ def after_backward(action: Callable[[], object]) -> None:
 
 def _run_backward(*args: Any, **kwargs: Any) -> Any:
     assert _originals is not None
-    _check_spent(args[0] if args else kwargs.get("tensors"))
     return _entry(False, lambda: _guarded(_originals[0], False, args, kwargs))  # type: ignore[index]
 
 
@@ -225,12 +230,16 @@ def _guarded(
 
 # -- PyLayer nodes that Tensor.backward already ran (SEMANTICS trap 7) -------------------------
 # paddle's GradNodePyLayer frees its Python context after its first run, whatever retain_graph
-# says, and sets it to NULL: any later backward reaching the node dereferences NULL, and
+# says, and sets it to NULL: a later Tensor.backward reaching the node dereferences NULL, and a
 # paddle.grad reaching it copies the node first (Py_INCREF(NULL)); both segfault. paddle.grad
-# itself runs copies of the nodes, so only Tensor.backward spends them.
+# runs copies of the nodes, so only Tensor.backward spends them. The owner of a node registers a
+# gradient hook on it that raises while it is spent (it runs before the NULL dereference:
+# enough for Tensor.backward); paddle.grad is checked here, by a walk of its graph, before
+# paddle copies anything.
 
 # node_ptr() of a spent node -> builds the error to raise when a backward would reach it
 _spent: dict[int, Callable[[], BaseException]] = {}
+_grad_fn_leak: int | None = None  # references Tensor.grad_fn leaks per access (None: unknown)
 
 
 def in_tensor_backward() -> bool:
@@ -238,13 +247,57 @@ def in_tensor_backward() -> bool:
     return _state.depth > 0 and not _state.partial
 
 
-def spend(node_ptr: int, keeper: object, error: Callable[[], BaseException]) -> None:
-    """Record that the PyLayer node at `node_ptr` ran under Tensor.backward. `keeper` lives
-    exactly as long as the node (a hook the node holds): the record goes with it, so a new node
-    at the same address is not mistaken for it. `error()` is raised by every later backward or
-    paddle.grad whose graph reaches the node, before paddle touches it."""
-    _spent[node_ptr] = error
-    weakref.finalize(keeper, _spent.pop, node_ptr, None)
+def node_ptr(tensor: Any) -> int:
+    """The address of `tensor`'s grad node (0 when it cannot be read without leaking it)."""
+    node = _grad_node(tensor)
+    return 0 if node is None else int(node.node_ptr())
+
+
+def spend(ptr: int, keeper: object, error: Callable[[], BaseException]) -> None:
+    """Record that the PyLayer node at `ptr` ran under Tensor.backward. `keeper` lives exactly
+    as long as the node (a hook the node holds): the record goes with it, so a new node at the
+    same address is not mistaken for it. A later paddle.grad whose graph reaches the node
+    raises `error()` instead of running."""
+    if ptr:
+        _spent[ptr] = error
+        weakref.finalize(keeper, _spent.pop, ptr, None)
+
+
+def _grad_node(tensor: Any) -> Any:
+    """``tensor.grad_fn`` without its leak: paddle 3.3.1's getter returns the node's Python
+    wrapper with one reference too many, which keeps the wrapper, so the node and the whole
+    graph behind it, alive forever. The leak is measured once, then given back on each access;
+    if it is not a plain count, grad_fn is not used (None)."""
+    global _grad_fn_leak
+    if _grad_fn_leak is None:
+        _grad_fn_leak = _measure_grad_fn_leak()
+    if _grad_fn_leak < 0:
+        return None
+    node = getattr(tensor, "grad_fn", None)
+    if node is not None and _grad_fn_leak:
+        for _ in range(_grad_fn_leak):
+            ctypes.pythonapi.Py_DecRef(ctypes.py_object(node))
+    return node
+
+
+def _measure_grad_fn_leak() -> int:
+    import paddle
+
+    with paddle.set_grad_enabled(True):
+        x = paddle.ones([1])
+        x.stop_gradient = False
+        y = x * 2
+    node = y.grad_fn
+    if node is None:
+        return -1
+    before = sys.getrefcount(node)
+    y.grad_fn  # noqa: B018 (the access is the measurement)
+    leak = sys.getrefcount(node) - before
+    if leak not in (0, 1):
+        return -1
+    for _ in range(2 * leak):  # the two accesses above
+        ctypes.pythonapi.Py_DecRef(ctypes.py_object(node))
+    return leak
 
 
 def _entry(partial: bool, run: Callable[[], Any]) -> Any:
@@ -257,14 +310,14 @@ def _entry(partial: bool, run: Callable[[], Any]) -> Any:
 
 
 def _check_spent(roots: Any) -> None:
-    """Raise before a backward from `roots` reaches a spent PyLayer node. Free while no spent
-    node is alive (the common case: a graph is dropped after its backward), else one walk of
-    the graph."""
+    """Raise before a paddle.grad from `roots` reaches a spent PyLayer node. Free while no
+    spent node is alive (the common case: a graph is dropped after its backward), else one walk
+    of the graph."""
     if not _spent or roots is None:
         return
     if not isinstance(roots, (list, tuple)):
         roots = [roots]
-    stack = [node for node in (getattr(t, "grad_fn", None) for t in roots) if node is not None]
+    stack = [node for node in map(_grad_node, roots) if node is not None]
     seen: set[int] = set()
     while stack:
         node = stack.pop()

@@ -4,20 +4,23 @@
 Each paddle trap is handled where it bites (numbers from ../shared/SEMANTICS.md §4):
 1. a PyLayer forward may not return its input nor ``detach()`` ("can't use inplace strategy"):
    return ``view(shape)``, which shares memory;
-2. inputs with stop_gradient=True: their outputs are marked non-differentiable and backward
-   returns None at their positions;
+2. inputs with stop_gradient=True: marking their outputs non-differentiable keeps them in
+   ``ctx.non_differentiable``, a cycle through C++ that leaks the graph of a call whose
+   backward never runs; they bypass the PyLayer instead, their gradient is zeros (inputs) or
+   None (outputs), as torch's;
 3. returning None for a differentiable input segfaults the next grad node: zeros instead;
 5. a user ``register_hook`` on a PyLayer output has its return value ignored: one more
    ``view`` after the PyLayer;
 6. an exception inside PyLayer.backward surfaces as OSError: stashed for the autograd guard;
 7. a second backward through a PyLayer node that ``Tensor.backward`` already ran segfaults
    (retain_graph=True or not, ``paddle.grad`` too): each node is recorded as spent when it runs
-   under ``Tensor.backward``, and the autograd guard raises BackendStateError before a backward
-   reaches it again (``_Node``);
+   under ``Tensor.backward``; a gradient hook on the node raises BackendStateError before
+   paddle touches a spent node in Tensor.backward, the autograd guard before a paddle.grad
+   copies it (``_Node``);
 8. the dispatchers stay last among the forward hooks (``move_last``);
-and one trap not listed there: paddle accumulates gradients in place into the first tensor a node received
-   (``GradTensorHolder``): a gradient handed to a hook would change under the hook's feet after
-   it ran, so what goes back to paddle after the hooks saw it is a copy.
+and one trap not listed there: paddle accumulates gradients in place into the first tensor a
+node received (``GradTensorHolder``), so a gradient handed to a hook would change under the
+hook's feet after it ran: what goes back to paddle after the hooks saw it is a copy.
 """
 
 from __future__ import annotations
@@ -82,15 +85,19 @@ def _spent_error(site: Site) -> BackendStateError:
 
 class _Identity(PyLayer):
     @staticmethod
-    def forward(ctx: Any, on_backward: Callable[[Grads], Grads], materialize: bool, node: _Node, *xs: Any) -> Any:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        on_backward: Callable[[Grads], Grads],
+        materialize: bool,
+        node: _Node,
+        *xs: Any,
+    ) -> Any:
+        # Every input needs grad (the others bypass the node, see PaddleAutograd.identity).
         ctx.on_backward = on_backward
         ctx.node = node
-        ctx.differentiable = [not x.stop_gradient for x in xs]
         ctx.shapes = [(x.shape, x.dtype) for x in xs]
         ctx.set_materialize_grads(materialize)
-        outs = tuple(x.view(x.shape) for x in xs)
-        ctx.mark_non_differentiable(*[o for x, o in zip(xs, outs) if x.stop_gradient])
-        return outs
+        return tuple(x.view(x.shape) for x in xs)
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
@@ -104,14 +111,48 @@ class _Identity(PyLayer):
         # it received: a gradient a hook saw (and may keep, as torch allows) goes back as a copy.
         exposed = results is not grads
         out = []
-        for result, differentiable, (shape, dtype) in zip(results, ctx.differentiable, ctx.shapes):
-            if not differentiable:
-                out.append(None)
-            elif result is None:
+        for result, (shape, dtype) in zip(results, ctx.shapes):
+            if result is None:
                 out.append(paddle.zeros(shape, dtype))
             else:
                 out.append(result.clone() if exposed else result)
         return tuple(out)
+
+
+class _Bypass:
+    """`on_backward` for an identity that only some of the tensors go through: the others get
+    zeros (`materialize`) or None, and only the live ones' results go back."""
+
+    __slots__ = ("on_backward", "n", "live", "dead")
+
+    def __init__(
+        self,
+        on_backward: Callable[[Grads], Grads],
+        tensors: Sequence[Any],
+        live: list[int],
+        materialize: bool,
+    ) -> None:
+        self.on_backward = on_backward
+        self.n = len(tensors)
+        self.live = live
+        # what the other tensors' gradients are: (index, shape, dtype) when zeros
+        self.dead = [
+            (i, t.shape, t.dtype) if materialize else (i, None, None)
+            for i, t in enumerate(tensors)
+            if i not in live
+        ]
+
+    def __call__(self, grads: Grads) -> Grads:
+        full: list[Any] = [None] * self.n
+        for i, g in zip(self.live, grads):
+            full[i] = g
+        for i, shape, dtype in self.dead:
+            if shape is not None:
+                full[i] = paddle.zeros(shape, dtype)
+        results = self.on_backward(full)
+        if results is full:
+            return grads  # nobody saw them: no copies needed
+        return [results[i] for i in self.live]
 
 
 class _PaddleDispatchers:
@@ -155,15 +196,20 @@ class PaddleAutograd:
         site: Site,
     ) -> Sequence[Any]:
         node = _Node(site)
-        outs = _Identity.apply(on_backward, materialize, node, *tensors)
+        # Some tensor needs grad (the caller checks). Those that don't bypass the node (trap 2).
+        live = [i for i, t in enumerate(tensors) if not t.stop_gradient]
+        if len(live) < len(tensors):
+            on_backward = _Bypass(on_backward, tensors, live, materialize)
+        outs = _Identity.apply(on_backward, materialize, node, *[tensors[i] for i in live])
         if not isinstance(outs, (tuple, list)):
             outs = (outs,)
-        # Some input needs grad (the caller checks), so some output is differentiable.
-        first = next(o for o in outs if not o.stop_gradient)
-        node.ptr = first.grad_fn.node_ptr()
-        first._register_grad_hook(node)
+        node.ptr = guard.node_ptr(outs[0])
+        outs[0]._register_grad_hook(node)
         guard.hold(node)  # the guard must outlive the node: it protects it from trap 7
-        return [o.view(o.shape) for o in outs]
+        result = list(tensors)
+        for i, o in zip(live, outs):
+            result[i] = o.view(o.shape)
+        return result
 
     @staticmethod
     def add_dispatchers(layer: Any, pre: Any, post: Any) -> Dispatchers:

@@ -25,7 +25,9 @@ Grads = Sequence[Any]
 
 class _Identity(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, on_backward: Callable[[Grads], Grads], materialize: bool, *xs: Any) -> Any:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx: Any, on_backward: Callable[[Grads], Grads], materialize: bool, *xs: Any
+    ) -> Any:
         ctx.on_backward = on_backward
         ctx.set_materialize_grads(materialize)
         outs = tuple(x.detach() for x in xs)
@@ -88,4 +90,3 @@ def register(
     module: Any, kind: str, hook: Callable[..., Any], prepend: bool, name: str | None
 ) -> Handle:
     return register_backward_hook(_AUTOGRAD, module, kind, hook, prepend, name)
-

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from types import TracebackType
-from typing import TypeVar
-
 from unihook import HookGroup
+from unihook.handles import Removable
 
-_R = TypeVar("_R", bound="Recipe")
 
-
-class Recipe:
+class Recipe(Removable):
     """Removes every hook it placed on `remove()` or when its `with` block exits."""
 
     def __init__(self) -> None:
@@ -18,14 +14,3 @@ class Recipe:
 
     def remove(self) -> None:
         self._hooks.remove()
-
-    def __enter__(self: _R) -> _R:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.remove()
