@@ -843,3 +843,19 @@ def test_paddle_style_usage_does_not_crash(backend):
     )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert "loop ok [[4.0, 8.0]]" in result.stdout
+
+
+def test_an_exception_in_a_backward_hook_leaks_nothing(backend) -> None:  # type: ignore[no-untyped-def]
+    """paddle never frees a PyLayer context whose backward raised: ours holds nothing then."""
+    import gc
+    import weakref
+
+    layer = backend.linear(3, 1)
+    alive = weakref.ref(layer)
+    handle = unihook.register_full_backward_hook(layer, lambda m, gi, go: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        backend.backward(layer(backend.tensor([[1.0, 2.0, 3.0]], requires_grad=True)).sum())
+    handle.remove()
+    del layer, handle
+    gc.collect()
+    assert alive() is None

@@ -299,3 +299,191 @@ def test_registering_before_the_framework_is_imported() -> None:
         env={"GLOG_minloglevel": "2"},
     )
     assert out.splitlines() == ["False False", "['ReLU', 'ReLU']", "['ReLU', 'ReLU'] []"]
+
+
+# -- global backward hooks -----------------------------------------------------------------
+
+
+def seed_model(kit: Any) -> Any:
+    return kit.sequential(
+        kit.linear(3, 4, [[1, 2, 3], [-4, -5, -6], [7, 8, 9], [-10, -11, -12]], [1, 2, 3, 4]),
+        kit.relu_module(),
+        kit.linear(4, 1, [[1, 2, 3, 4]], [1]),
+    )
+
+
+def test_global_backward_hooks_fire_before_module_hooks(backend) -> None:  # type: ignore[no-untyped-def]
+    log: list[tuple[str, str]] = []
+    model = seed_model(backend)
+    name = {id(m): n or "model" for n, m in backend.named_modules(model)}
+    on = backend.name
+    full = unihook.register_module_full_backward_hook(
+        lambda m, gi, go: log.append(("G", name[id(m)])), backend=on
+    )
+    pre = unihook.register_module_full_backward_pre_hook(
+        lambda m, go: log.append(("Gpre", name[id(m)])), backend=on
+    )
+    local = unihook.register_full_backward_hook(model[0], lambda m, gi, go: log.append(("L", "0")))
+    local_pre = unihook.register_full_backward_pre_hook(
+        model[0], lambda m, go: log.append(("Lpre", "0"))
+    )
+    with full, pre, local, local_pre:
+        backend.backward(model(backend.tensor([[1.0, 1.0, 1.0]], requires_grad=True)).sum())
+    assert log == [
+        ("Gpre", "model"),
+        ("Gpre", "2"),
+        ("G", "2"),
+        ("Gpre", "1"),
+        ("G", "1"),
+        ("Gpre", "0"),
+        ("Lpre", "0"),
+        ("G", "0"),
+        ("L", "0"),
+        ("G", "model"),
+    ]
+
+
+def test_global_backward_hook_replaces_grad_input(backend) -> None:  # type: ignore[no-untyped-def]
+    model = seed_model(backend)
+    x = backend.tensor([[1.0, 1.0, 1.0]], requires_grad=True)
+    with unihook.register_module_full_backward_hook(
+        lambda m, gi, go: tuple(g * 2 for g in gi) if m is model[0] else None, backend=backend.name
+    ):
+        backend.backward(model(x).sum())
+    assert backend.grad(x).tolist() == [[44.0, 52.0, 60.0]]
+
+
+def test_global_backward_hook_covers_new_modules_and_goes_away(backend) -> None:  # type: ignore[no-untyped-def]
+    seen: list[str] = []
+    with unihook.register_module_full_backward_pre_hook(
+        lambda m, go: seen.append(backend.type_name(m)), backend=backend.name
+    ):
+        model = seed_model(backend)  # created after registration
+        backend.backward(model(backend.tensor([[1.0, 1.0, 1.0]], requires_grad=True)).sum())
+    assert seen == ["sequential", "linear", "relu", "linear"]
+    backend.backward(model(backend.tensor([[1.0, 1.0, 1.0]], requires_grad=True)).sum())
+    assert len(seen) == 4
+
+
+def test_global_backward_hook_bad_return_names_the_module(backend) -> None:  # type: ignore[no-untyped-def]
+    model = seed_model(backend)
+    with unihook.register_module_full_backward_hook(
+        lambda m, gi, go: (gi[0], gi[0]), backend=backend.name
+    ):
+        with pytest.raises(unihook.HookReturnError) as info:
+            backend.backward(model(backend.tensor([[1.0, 1.0, 1.0]], requires_grad=True)).sum())
+    message = str(info.value)
+    assert "module_full_backward" in message and "Linear" in message and backend.name in message
+
+
+def test_global_backward_hooks_with_inplace_relu(backend) -> None:  # type: ignore[no-untyped-def]
+    grads = []
+    for inplace in (False, True):
+        model = backend.sequential(
+            backend.linear(
+                3, 4, [[1, 2, 3], [-4, -5, -6], [7, 8, 9], [-10, -11, -12]], [1, 2, 3, 4]
+            ),
+            backend.relu_module(inplace=inplace),
+            backend.linear(4, 1, [[1, 2, 3, 4]], [1]),
+        )
+        seen: list[Any] = []
+        x = backend.tensor([[1.0, 1.0, 1.0]], requires_grad=True)
+        with unihook.register_module_full_backward_hook(
+            lambda m, gi, go: seen.append(backend.numpy(go[0]).tolist()), backend=backend.name
+        ):
+            backend.backward(model(x).sum())
+        grads.append((seen, backend.grad(x).tolist()))
+    assert grads[0] == grads[1]
+    assert grads[0][1] == [[22.0, 26.0, 30.0]]
+
+
+def test_global_hooks_differential_on_a_cnn() -> None:
+    """A global forward hook collecting (type name, output shape) over the same CNN in every
+    framework, and a global backward hook collecting grad_output norms, give the same sequences."""
+    if len(KITS) < 2:
+        pytest.skip("needs two backends")
+    runs = []
+    for kit in KITS:
+        kit.seed(0)
+        model = kit.sequential(
+            kit.conv2d(3, 4, 3, padding=1),
+            kit.batchnorm2d(4),
+            kit.relu_module(),
+            kit.conv2d(4, 2, 3),
+            kit.relu_module(),
+        )
+        for i, p in enumerate([model[0].weight, model[0].bias, model[3].weight, model[3].bias]):
+            size = int(np.prod(kit.numpy(p).shape))
+            kit.set_value(p, np.linspace(-1, 1, size).reshape(kit.numpy(p).shape) * (i + 1) / 3)
+        forward: list[tuple[str, list[int]]] = []
+        backward: list[tuple[str, float]] = []
+        x = kit.tensor(np.linspace(-2, 2, 2 * 3 * 6 * 6).reshape(2, 3, 6, 6), requires_grad=True)
+        with (
+            unihook.register_module_forward_hook(
+                lambda m, a, o: forward.append((kit.type_name(m), list(o.shape))), backend=kit.name
+            ),
+            unihook.register_module_full_backward_hook(
+                lambda m, gi, go: backward.append(
+                    (kit.type_name(m), float(unihook.ops.norm(go[0])))
+                ),
+                backend=kit.name,
+            ),
+        ):
+            kit.backward(model(x).sum())
+        runs.append((forward, backward))
+    (forward, backward), *others = runs
+    assert [t for t, _ in forward] == [
+        "conv2d",
+        "batchnorm2d",
+        "relu",
+        "conv2d",
+        "relu",
+        "sequential",
+    ]
+    for other_forward, other_backward in others:
+        assert other_forward == forward
+        assert [t for t, _ in other_backward] == [t for t, _ in backward]
+        assert np.allclose([n for _, n in other_backward], [n for _, n in backward], rtol=1e-4)
+
+
+def test_global_backward_matches_torch_native() -> None:
+    """torch's native global full backward (pre-)hooks are the oracle."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.modules import module as torch_module
+
+    def run(register_full: Any, register_pre: Any, kit: Any) -> list[Any]:
+        log: list[Any] = []
+        full = register_full(
+            lambda m, gi, go: log.append(
+                (
+                    "full",
+                    type(m).__name__,
+                    [None if g is None else kit.numpy(g).tolist() for g in gi],
+                )
+            )
+        )
+        pre = register_pre(
+            lambda m, go: log.append(("pre", type(m).__name__, [kit.numpy(g).tolist() for g in go]))
+        )
+        try:
+            model = seed_model(kit)
+            kit.backward(model(kit.tensor([[1.0, 1.0, 1.0]], requires_grad=True)).sum())
+        finally:
+            full.remove()
+            pre.remove()
+        return log
+
+    torch_kit = next(k for k in KITS if k.name == "torch")
+    oracle = run(
+        torch_module.register_module_full_backward_hook,
+        torch_module.register_module_full_backward_pre_hook,
+        torch_kit,
+    )
+    for kit in KITS:
+        ours = run(
+            lambda h, kit=kit: unihook.register_module_full_backward_hook(h, backend=kit.name),
+            lambda h, kit=kit: unihook.register_module_full_backward_pre_hook(h, backend=kit.name),
+            kit,
+        )
+        assert ours == oracle, kit.name
+    assert torch is not None

@@ -21,7 +21,14 @@ from ._describe import Site
 from .errors import HookReturnError
 from .handles import Handle
 
-__all__ = ["Autograd", "Dispatchers", "keep_dispatchers_last", "register_backward_hook"]
+__all__ = [
+    "Autograd",
+    "Dispatchers",
+    "ModuleBackward",
+    "add_global_backward_hook",
+    "keep_dispatchers_last",
+    "register_backward_hook",
+]
 
 Hook = Callable[..., Any]
 Grads = Sequence[Any]
@@ -71,16 +78,18 @@ _ids = count()
 
 
 class ModuleBackward:
-    """The backward hooks of one module and the dispatchers that run them."""
+    """The backward hooks of one module, or a backend's global ones (`is_global`), and the
+    dispatchers that run them. A global hook's site is None: its module is known per call."""
 
-    def __init__(self, autograd: Autograd) -> None:
+    def __init__(self, autograd: Autograd, is_global: bool = False) -> None:
         self.autograd = autograd
-        self.pre_hooks: dict[int, tuple[Hook, Site]] = {}
-        self.full_hooks: dict[int, tuple[Hook, Site]] = {}
+        self.is_global = is_global
+        self.pre_hooks: dict[int, tuple[Hook, Site | None]] = {}
+        self.full_hooks: dict[int, tuple[Hook, Site | None]] = {}
         self.local = threading.local()
         self.dispatchers: Dispatchers | None = None
 
-    def add(self, kind: str, hook: Hook, site: Site, prepend: bool) -> int:
+    def add(self, kind: str, hook: Hook, site: Site | None, prepend: bool) -> int:
         hooks = self.pre_hooks if kind == "full_backward_pre" else self.full_hooks
         key = next(_ids)
         hooks[key] = (hook, site)
@@ -106,6 +115,8 @@ class ModuleBackward:
     # -- the two dispatchers, installed as the module's last forward pre- and post-hook --
 
     def pre_dispatch(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        if self.is_global and module in _states:
+            return None  # the module's own dispatchers run the global hooks too
         ag = self.autograd
         if not ag.grad_enabled():
             self._stack().append((args, None))
@@ -177,8 +188,14 @@ class _Call:
     def __init__(self, module: Any, owner: ModuleBackward, n_inputs: int) -> None:
         self.module = module
         # Snapshots, as torch: hooks registered or removed after forward leave this call alone.
-        self.pre_hooks = list(owner.pre_hooks.values())
-        self.full_hooks = list(owner.full_hooks.values())
+        # Global hooks first, as torch runs them before the module's own.
+        shared = None if owner.is_global else _globals.get(owner.autograd.backend)
+        if shared is None:
+            self.pre_hooks = list(owner.pre_hooks.values())
+            self.full_hooks = list(owner.full_hooks.values())
+        else:
+            self.pre_hooks = [*shared.pre_hooks.values(), *owner.pre_hooks.values()]
+            self.full_hooks = [*shared.full_hooks.values(), *owner.full_hooks.values()]
         self.n_inputs = n_inputs
         self.input_idx: list[int] | None = None
         self.n_outputs = 0
@@ -187,15 +204,20 @@ class _Call:
         self.is_tensor = owner.autograd.is_tensor
         # What errors about this call's graph name: a full hook's site, else a pre-hook's.
         hooks = self.full_hooks or self.pre_hooks
-        backend = owner.autograd.backend
-        self.site = hooks[0][1] if hooks else Site.of("full_backward", backend, module)
+        site = hooks[0][1] if hooks else None
+        self.site = site or Site.of("full_backward", owner.autograd.backend, module)
+
+    def _site(self, site: Site | None, kind: str) -> Site:
+        """A hook's site; a global hook's names the module of this call."""
+        return site or Site.of(f"module_{kind}", self.site.backend, self.module)
 
     def on_output_grads(self, grads: Grads) -> Grads:
         grad_outputs = _pack(self.output_idx, grads, self.n_outputs)
         for hook, site in self.pre_hooks:
-            grad_outputs = _replace(
-                hook(self.module, grad_outputs), grad_outputs, "grad_output", site, self.is_tensor
-            )
+            result = hook(self.module, grad_outputs)
+            if result is not None:
+                site = self._site(site, "full_backward_pre")
+                grad_outputs = _replace(result, grad_outputs, "grad_output", site, self.is_tensor)
         if self.input_idx is None:
             self._fire_without_inputs(grad_outputs)
         else:
@@ -217,7 +239,7 @@ class _Call:
             if result is not None and not (
                 isinstance(result, (tuple, list)) and all(r is None for r in result)
             ):
-                raise site.error(
+                raise self._site(site, "full_backward").error(
                     HookReturnError,
                     "None (no input of the module requires grad, so there is no grad_input "
                     "to replace)",
@@ -234,13 +256,10 @@ class _Call:
         self.grad_outputs = None
         grad_inputs = _pack(self.input_idx, grads, self.n_inputs)
         for hook, site in self.full_hooks:
-            grad_inputs = _replace(
-                hook(self.module, grad_inputs, grad_outputs),
-                grad_inputs,
-                "grad_input",
-                site,
-                self.is_tensor,
-            )
+            result = hook(self.module, grad_inputs, grad_outputs)
+            if result is not None:
+                site = self._site(site, "full_backward")
+                grad_inputs = _replace(result, grad_inputs, "grad_input", site, self.is_tensor)
         return [grad_inputs[i] for i in self.input_idx]
 
 
@@ -252,16 +271,15 @@ def _pack(idx: Sequence[int], values: Grads, n: int) -> tuple[Any, ...]:
 
 
 def _replace(
-    result: object,
+    result: Any,
     current: tuple[Any, ...],
     what: str,
     site: Site,
     is_tensor: Callable[[object], bool],
 ) -> tuple[Any, ...]:
-    """`current` after a hook returned `result`: validated slot by slot."""
+    """`current` after a hook returned `result` (not None): validated slot by slot."""
     new = check_grad_tuple(result, len(current), what, site)
-    if new is None:
-        return current
+    assert new is not None
     for old, value in zip(current, new):
         if old is not None and value is not None:
             check_grad(value, old, is_tensor, site)
@@ -269,6 +287,7 @@ def _replace(
 
 
 _states: weakref.WeakKeyDictionary[Any, ModuleBackward] = weakref.WeakKeyDictionary()
+_globals: dict[str, ModuleBackward] = {}  # backend -> its global backward hooks
 _lock = threading.Lock()
 
 
@@ -306,3 +325,32 @@ def keep_dispatchers_last(module: Any) -> None:
     state = _states.get(module)
     if state is not None and state.dispatchers is not None:
         state.dispatchers.move_last()
+
+
+def add_global_backward_hook(
+    autograd: Autograd,
+    kind: str,
+    hook: Hook,
+    install: Callable[[ModuleBackward], Dispatchers],
+) -> Callable[[], None]:
+    """Register a global full backward (pre-)hook for every module of `autograd`'s backend;
+    the first one installs the global dispatchers (`install`), removing the last one removes
+    them. Returns the remover."""
+    backend = autograd.backend
+    with _lock:
+        state = _globals.get(backend)
+        if state is None:
+            state = ModuleBackward(autograd, is_global=True)
+            state.dispatchers = install(state)
+            _globals[backend] = state
+        key = state.add(kind, hook, None, prepend=False)
+
+    def remove() -> None:
+        with _lock:
+            if _globals.get(backend) is not state or not state.discard(key):
+                return
+            del _globals[backend]
+            assert state.dispatchers is not None
+            state.dispatchers.remove()
+
+    return remove

@@ -33,7 +33,12 @@ import paddle
 from paddle.autograd import PyLayer
 
 from unihook._describe import Site
-from unihook._module_backward import Dispatchers, register_backward_hook
+from unihook._module_backward import (
+    Dispatchers,
+    ModuleBackward,
+    add_global_backward_hook,
+    register_backward_hook,
+)
 from unihook.errors import BackendStateError
 from unihook.handles import Handle
 
@@ -106,6 +111,9 @@ class _Identity(PyLayer):
             results = ctx.on_backward(grads)
         except BaseException as error:
             guard.stash(error)
+            # paddle never frees the context of a PyLayer whose backward raised: empty it, or
+            # the module and this call's state leak with it.
+            ctx.on_backward = ctx.node = ctx.shapes = None
             raise
         # Paddle accumulates a later gradient for the same tensor in place into the first one
         # it received: a gradient a hook saw (and may keep, as torch allows) goes back as a copy.
@@ -225,3 +233,21 @@ def register(
     layer: Any, kind: str, hook: Callable[..., Any], prepend: bool, name: str | None
 ) -> Handle:
     return register_backward_hook(_AUTOGRAD, layer, kind, hook, prepend, name)
+
+
+class _GlobalDispatchers:
+    """The global backward dispatchers: the last forward hooks of every layer (``_global``)."""
+
+    __slots__ = ("remove",)
+
+    def __init__(self, state: ModuleBackward) -> None:
+        from ._global import add_dispatchers
+
+        self.remove = add_dispatchers(state.pre_dispatch, state.post_dispatch)
+
+    def move_last(self) -> None:
+        return None  # ``_global`` merges them after every layer's own hooks at each call
+
+
+def add_global(kind: str, hook: Callable[..., Any]) -> Callable[[], None]:
+    return add_global_backward_hook(_AUTOGRAD, kind, hook, _GlobalDispatchers)

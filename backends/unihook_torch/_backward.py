@@ -15,7 +15,11 @@ from typing import Any, Callable, Sequence
 import torch
 
 from unihook._describe import Site
-from unihook._module_backward import Dispatchers, register_backward_hook
+from unihook._module_backward import (
+    Dispatchers,
+    add_global_backward_hook,
+    register_backward_hook,
+)
 from unihook.handles import Handle
 
 from . import NAME
@@ -90,3 +94,9 @@ def register(
     module: Any, kind: str, hook: Callable[..., Any], prepend: bool, name: str | None
 ) -> Handle:
     return register_backward_hook(_AUTOGRAD, module, kind, hook, prepend, name)
+
+
+def add_global(kind: str, hook: Callable[..., Any]) -> Callable[[], None]:
+    from ._global import _BackwardDispatch
+
+    return add_global_backward_hook(_AUTOGRAD, kind, hook, _BackwardDispatch)

@@ -2,10 +2,13 @@
 
 Forward post-hooks and registration hooks are torch's own. Global forward pre-hooks are not:
 torch decides whether to pass kwargs to a global pre-hook by looking the hook's id up in each
-*module's* with_kwargs set, so a global with_kwargs pre-hook cannot exist natively. While any
-unihook global pre-hook is registered, ``Module._call_impl`` is wrapped to run them first (in
-registration order, before the module's own pre-hooks, as torch runs global ones); removing
-the last one puts torch's function back.
+*module's* with_kwargs set, so a global with_kwargs pre-hook cannot exist natively. Global
+backward hooks are not either: torch's own raise on in-place ops after any module (see
+``_backward``). While any such hook is registered, ``Module._call_impl`` is wrapped: it runs
+the global pre-hooks first (in registration order, before the module's own pre-hooks, as torch
+runs global ones), and for a module without backward hooks of its own, passes the inputs and
+the final output (after every forward hook, as torch's BackwardHook) through the global
+backward dispatchers. Removing the last such hook puts torch's function back.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch.nn.modules.module as torch_module
 
 from unihook._checks import check_pre_kwargs_result
 from unihook._describe import Site
+from unihook._module_backward import ModuleBackward, _states
 
 from . import NAME
 
@@ -28,6 +32,7 @@ _ids = count()
 _pre_hooks: dict[int, tuple[Hook, bool]] = {}
 _pre_snapshot: tuple[tuple[Hook, bool], ...] = ()
 _original_call_impl: Callable[..., Any] | None = None
+_backward: ModuleBackward | None = None  # the global backward hooks, when there are some
 
 
 def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -43,6 +48,24 @@ def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
             result = hook(self, args)
             if result is not None:
                 args = result if isinstance(result, tuple) else (result,)
+    backward = _backward
+    if backward is None or self in _states:
+        return _call_original(self, own, keys, args, kwargs)
+    replaced = backward.pre_dispatch(self, args)
+    if replaced is not None:
+        args = replaced
+    try:
+        result = _call_original(self, own, keys, args, kwargs)
+    except BaseException:
+        backward.post_dispatch(self, args, None)
+        raise
+    output = backward.post_dispatch(self, args, result)
+    return result if output is None else output
+
+
+def _call_original(
+    self: Any, own: dict[int, Hook], keys: tuple[int, ...], args: Any, kwargs: Any
+) -> Any:
     assert _original_call_impl is not None
     if tuple(own) == keys:
         return _original_call_impl(self, *args, **kwargs)
@@ -67,27 +90,54 @@ def _call_hiding_new_pre_hooks(
         own.update(now)
 
 
+def _sync_patch() -> None:
+    """Wrap ``Module._call_impl`` exactly while a global pre-hook or backward hook exists."""
+    global _original_call_impl
+    wanted = bool(_pre_hooks) or _backward is not None
+    if wanted and _original_call_impl is None:
+        _original_call_impl = torch_module.Module._call_impl
+        torch_module.Module._call_impl = _call_impl
+    elif not wanted and _original_call_impl is not None:
+        torch_module.Module._call_impl = _original_call_impl
+        _original_call_impl = None
+
+
 def add_forward_pre(hook: Hook, with_kwargs: bool) -> Callable[[], None]:
-    global _pre_snapshot, _original_call_impl
+    global _pre_snapshot
     key = next(_ids)
     with _lock:
         _pre_hooks[key] = (hook, with_kwargs)
         _pre_snapshot = tuple(_pre_hooks.values())
-        if _original_call_impl is None:
-            _original_call_impl = torch_module.Module._call_impl
-            torch_module.Module._call_impl = _call_impl
+        _sync_patch()
 
     def remove() -> None:
-        global _pre_snapshot, _original_call_impl
+        global _pre_snapshot
         with _lock:
             if _pre_hooks.pop(key, None) is None:
                 return
             _pre_snapshot = tuple(_pre_hooks.values())
-            if not _pre_hooks and _original_call_impl is not None:
-                torch_module.Module._call_impl = _original_call_impl
-                _original_call_impl = None
+            _sync_patch()
 
     return remove
+
+
+class _BackwardDispatch:
+    """The global backward dispatchers' place in the wrapper (see the module docstring)."""
+
+    def __init__(self, state: ModuleBackward) -> None:
+        global _backward
+        with _lock:
+            _backward = state
+            _sync_patch()
+
+    def move_last(self) -> None:
+        return None  # the wrapper runs them after every forward hook already
+
+    def remove(self) -> None:
+        global _backward
+        with _lock:
+            _backward = None
+            _sync_patch()
 
 
 def add(kind: str, hook: Hook, with_kwargs: bool, always_call: bool) -> Callable[[], None]:
