@@ -178,11 +178,8 @@ def write_gradcam(kits: list[Any], path: str) -> str | None:
 
 def _print_backends() -> None:
     infos = api.backends()
-    print("Backends:")
-    header = f"  {'backend':<8} {'version':<12} " + " ".join(f"{k:<18}" for k in KINDS)
-    print(header)
-    for info in infos:
-        version = info.version or "not installed"
-        print(
-            f"  {info.name:<8} {version:<12} " + " ".join(f"{info.support(k):<18}" for k in KINDS)
-        )
+    print("Backends (unihook.backends()):")
+    print(f"  {'hook kind':<26}" + "".join(f"{i.name:<12}" for i in infos))
+    print(f"  {'framework version':<26}" + "".join(f"{i.version or '-':<12}" for i in infos))
+    for kind in KINDS:
+        print(f"  {kind:<26}" + "".join(f"{i.support(kind):<12}" for i in infos))

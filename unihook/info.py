@@ -10,13 +10,20 @@ __all__ = ["BackendInfo", "Support", "KINDS", "installed_version"]
 
 Support = Literal["native", "emulated", "unsupported"]
 
-#: Every per-object hook kind of the spec, in the order tables list them.
+#: Every hook kind of the spec, in the order tables list them: per object, then global.
 KINDS: tuple[str, ...] = (
     "forward_pre",
     "forward",
     "tensor",
     "full_backward_pre",
     "full_backward",
+    "module_forward_pre",
+    "module_forward",
+    "module_full_backward_pre",
+    "module_full_backward",
+    "parameter_registration",
+    "buffer_registration",
+    "module_registration",
 )
 
 

@@ -58,6 +58,14 @@ def unihook_backend_info() -> BackendInfo:
             "tensor": "native",
             "full_backward_pre": "emulated",
             "full_backward": "emulated",
+            # paddle 3.3.1 has no global hooks at all: paddle.nn.Layer is patched while needed.
+            "module_forward_pre": "emulated",
+            "module_forward": "emulated",
+            "module_full_backward_pre": "emulated",
+            "module_full_backward": "emulated",
+            "parameter_registration": "emulated",
+            "buffer_registration": "emulated",
+            "module_registration": "emulated",
         },
     )
 

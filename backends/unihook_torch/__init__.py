@@ -54,6 +54,14 @@ def unihook_backend_info() -> BackendInfo:
             # unihook runs its own, in-place safe, implementation of the same semantics.
             "full_backward_pre": "emulated",
             "full_backward": "emulated",
+            # torch cannot pass kwargs to a global pre-hook: run through a Module wrapper.
+            "module_forward_pre": "emulated",
+            "module_forward": "native",
+            "module_full_backward_pre": "emulated",
+            "module_full_backward": "emulated",
+            "parameter_registration": "native",
+            "buffer_registration": "native",
+            "module_registration": "native",
         },
     )
 
