@@ -1,5 +1,7 @@
 """Module backward hooks for paddle 3.3.1, which has none: the shared emulation of
-``unihook._module_backward`` over one ``PyLayer`` identity.
+``unihook._module_backward`` over one ``PyLayer`` identity. (Paddle's develop branch adds native
+Layer backward hooks with other details: no length check, flattened tensors instead of one slot
+per argument. Switch to them only if the conformance suite passes unchanged.)
 
 Each paddle trap is handled where it bites (numbers from ../shared/SEMANTICS.md §4):
 1. a PyLayer forward may not return its input nor ``detach()`` ("can't use inplace strategy"):
