@@ -215,9 +215,9 @@ def test_backends_table_is_truthful(backend) -> None:  # type: ignore[no-untyped
     for kind in KINDS[len(registrations) :]:
         function = getattr(
             unihook,
-            f"register_{kind}_hook"
-            if kind.startswith("module_")
-            else f"register_module_{kind}_hook",
+            f"register_module_{kind}_hook"
+            if kind.endswith("_registration")
+            else f"register_{kind}_hook",
         )
         with function(lambda *a: None, backend=backend.name) as handle:
             assert handle.backend == backend.name and info.support(kind) != "unsupported"
