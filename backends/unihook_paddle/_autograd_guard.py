@@ -17,7 +17,7 @@ call) are wrapped so that:
   and a paddle.grad that would reach a node Tensor.backward already ran raises
   BackendStateError instead of segfaulting (trap 7, see the end of this file).
 
-The wrappers go away when the last hook does (``finalize`` on each hook function), restoring
+The wrappers go away when the last hook does (a weak reference to each hook function), restoring
 paddle's functions exactly.
 """
 
@@ -65,7 +65,7 @@ _state = _State()
 # Reentrant: weakref callbacks (`_release`, `forget`) can run inside a locked section, from a
 # garbage collection or a reference dropped there.
 _lock = threading.RLock()
-_live = 0
+_holders: set[weakref.ref[Any]] = set()  # one per live hook function: the guard stays while any
 _originals: tuple[Callable[..., Any], Callable[..., Any]] | None = None
 # id(tensor) -> (weak reference to it, {token: weak reference to a hook function}) in
 # registration order. Weak both ways: paddle holds the hook functions as long as they can fire,
@@ -79,21 +79,22 @@ def installed() -> bool:
 
 def hold(hook_function: Callable[..., Any]) -> None:
     """Keep the guard installed while `hook_function` (held by paddle's graph) is alive."""
-    global _live, _originals
+    global _originals
     with _lock:
-        _live += 1
         if _originals is None:
             _originals = (core.eager.run_backward, core.eager.run_partial_grad)
             core.eager.run_backward = _run_backward
             core.eager.run_partial_grad = _run_partial_grad
-    weakref.finalize(hook_function, _release)
+        # A weak reference with a callback: a fifth of weakref.finalize's cost, and this runs
+        # twice per call of a module with backward hooks.
+        _holders.add(weakref.ref(hook_function, _release))
 
 
-def _release() -> None:
-    global _live, _originals
+def _release(holder: weakref.ref[Any]) -> None:
+    global _originals
     with _lock:
-        _live -= 1
-        if _live == 0 and _originals is not None:
+        _holders.discard(holder)
+        if not _holders and _originals is not None:
             core.eager.run_backward, core.eager.run_partial_grad = _originals
             _originals = None
 
