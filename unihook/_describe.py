@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["Site", "global_label", "type_name"]
 
@@ -17,8 +17,7 @@ def global_label(kind: str) -> str:
     return kind if kind.endswith("_registration") else f"module_{kind}"
 
 
-@dataclass(frozen=True)
-class Site:
+class Site(NamedTuple):
     """Where a hook sits: what error messages say about it.
 
     `name` is the qualified module name when the caller knows it (attach by pattern), else None

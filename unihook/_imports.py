@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import sys
 import threading
 from types import ModuleType
@@ -55,14 +52,14 @@ def _fire(name: str, module: ModuleType) -> None:
         callback(module)
 
 
-class _Loader(importlib.abc.Loader):
+class _Loader:
     """Delegates to the real loader; fires the callbacks once the module has executed."""
 
     def __init__(self, name: str, loader: Any) -> None:
         self._name = name
         self._loader = loader
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+    def create_module(self, spec: Any) -> ModuleType | None:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
@@ -73,10 +70,14 @@ class _Loader(importlib.abc.Loader):
         return getattr(self._loader, attr)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
+    """A meta path finder (the protocol needs only find_spec): wraps the named modules' loaders."""
+
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname not in _callbacks or fullname in _searching:
             return None
+        import importlib.util  # lazily: only when a watched framework gets imported
+
         _searching.add(fullname)
         try:
             spec = importlib.util.find_spec(fullname)

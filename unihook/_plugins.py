@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import TYPE_CHECKING
 
-import pluggy
-
-from . import spec
+if TYPE_CHECKING:
+    import pluggy
 
 __all__ = ["plugin_manager", "DISABLE_ENV"]
 
@@ -29,6 +29,11 @@ def plugin_manager() -> pluggy.PluginManager:
 
 
 def _build() -> pluggy.PluginManager:
+    # pluggy (and importlib.metadata under it) loads on first use: `import unihook` stays cheap.
+    import pluggy
+
+    from . import spec
+
     global _pm
     pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
     pm.add_hookspecs(spec)

@@ -7,10 +7,7 @@ once, at attach time (``functools.partial``, no Python frame per call).
 
 from __future__ import annotations
 
-import difflib
 import functools
-import inspect
-from fnmatch import fnmatchcase
 from typing import Any, Callable, Iterator, Sequence, Union
 
 from . import api
@@ -79,6 +76,8 @@ def select(model: Any, where: Where = None) -> list[tuple[str, Any]]:
         return modules
     if callable(where):
         return [(n, m) for n, m in modules if where(n, m)]
+    from fnmatch import fnmatchcase  # lazily: it imports re
+
     patterns = [where] if isinstance(where, str) else list(where)
     if not all(isinstance(p, str) for p in patterns):
         raise ValueError(
@@ -88,6 +87,8 @@ def select(model: Any, where: Where = None) -> list[tuple[str, Any]]:
     names = [n for n, _ in modules]
     for pattern in patterns:
         if not any(fnmatchcase(n, pattern) for n in names):
+            import difflib
+
             near = difflib.get_close_matches(pattern, names, n=5, cutoff=0.4) or names[:5]
             raise ValueError(
                 f"`where` pattern {pattern!r} matches no module of {type(model).__name__}. "
@@ -134,6 +135,8 @@ def attach(
 
 
 def _takes_name(hook: Callable[..., Any]) -> bool:
+    import inspect  # lazily: slow to import, needed only at attach time
+
     try:
         parameters = inspect.signature(hook).parameters
     except (TypeError, ValueError):

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from types import MappingProxyType
+from typing import Literal, Mapping, NamedTuple
 
 __all__ = ["BackendInfo", "Support", "KINDS", "installed_version"]
 
@@ -27,14 +26,13 @@ KINDS: tuple[str, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class BackendInfo:
+class BackendInfo(NamedTuple):
     """A backend as `unihook.backends()` lists it."""
 
     name: str
     framework: str
     version: str | None
-    kinds: Mapping[str, Support] = field(default_factory=dict)
+    kinds: Mapping[str, Support] = MappingProxyType({})
 
     @property
     def installed(self) -> bool:
@@ -46,6 +44,8 @@ class BackendInfo:
 
 def installed_version(distribution: str) -> str | None:
     """The installed version of a distribution, read from its metadata (no import)."""
+    import importlib.metadata  # lazily: it costs more than the rest of `import unihook`
+
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
