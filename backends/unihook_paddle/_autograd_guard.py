@@ -36,7 +36,6 @@ __all__ = [
     "stash",
     "after_backward",
     "building_graph",
-    "in_backward",
     "installed",
     "track",
     "untrack",
@@ -166,10 +165,6 @@ def stash(error: BaseException) -> None:
     """Remember the exception a hook raised, for the entry point to re-raise."""
     if _state.pending is None:
         _state.pending = error
-
-
-def in_backward() -> bool:
-    return _state.depth > 0
 
 
 def building_graph() -> bool:
