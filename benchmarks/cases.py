@@ -1,0 +1,369 @@
+"""The measured cases. Hooks are registered in a variant's setup, outside the timed body, and
+removed in its cleanup, so every variant starts a sample from the same, unhooked, model."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import models
+from frameworks import Framework, Remover
+from harness import Body, Case, Cleanup, Metric, Setup, Target, Variant, ratio
+from harness import added_per_hook as added
+from models import Sizes
+
+import unihook
+
+PER_HOOK_TARGET = Target(0.15, "<= 0.15 us")
+REUSE_TARGET = Target(1.10, "< 1.10x")
+SAME_AS_HANDWRITTEN = Target(1.02, "<= 1.02x")
+NO_WORSE = Target(1.0, "<= 1.00")
+
+
+# -- no-op hooks: the same function objects go to the native and the unihook registration --
+
+
+def noop_pre(module: Any, args: Any) -> None:
+    return None
+
+
+def noop_post(module: Any, args: Any, output: Any) -> None:
+    return None
+
+
+def noop_backward(module: Any, grad_input: Any, grad_output: Any) -> None:
+    return None
+
+
+def noop_grad(grad: Any) -> None:
+    return None
+
+
+def hooked(
+    body: Body, register: Callable[[], list[Remover]], after: Cleanup | None = None
+) -> Setup:
+    """A setup that registers hooks, times `body`, then removes them (and runs `after`)."""
+
+    def setup() -> tuple[Body, Cleanup]:
+        removers = register()
+
+        def cleanup() -> None:
+            for remove in removers:
+                remove()
+            if after is not None:
+                after()
+
+        return body, cleanup
+
+    return setup
+
+
+def unhooked(body: Body, after: Cleanup | None = None) -> Setup:
+    return hooked(body, list, after)
+
+
+# -- 1. per call: no-op forward pre/post hooks on Linear(8, 8), 1 x 8 input --
+
+
+def per_call(fw: Framework, calls: int) -> Case:
+    fw.seed(0)
+    layer, x = fw.Linear(8, 8), fw.randn(1, 8)
+
+    def loop() -> None:
+        with fw.no_grad():
+            for _ in range(calls):
+                layer(x)
+
+    native = {"pre": (fw.native_pre_hook, noop_pre), "post": (fw.native_post_hook, noop_post)}
+    ours = {"pre": unihook.register_forward_pre_hook, "post": unihook.register_forward_hook}
+    variants = [Variant("unhooked", unhooked(loop))]
+    metrics: list[Metric] = []
+    for kind, (register_native, hook) in native.items():
+        register_ours = ours[kind]
+        for n in (1, 10):
+
+            def by_native(
+                register: Any = register_native, hook: Any = hook, n: int = n
+            ) -> list[Remover]:
+                return [register(layer, hook) for _ in range(n)]
+
+            def by_unihook(
+                register: Any = register_ours, hook: Any = hook, n: int = n
+            ) -> list[Remover]:
+                return [register(layer, hook).remove for _ in range(n)]
+
+            nat, uni = f"native {kind} x{n}", f"unihook {kind} x{n}"
+            variants += [
+                Variant(nat, hooked(loop, by_native)),
+                Variant(uni, hooked(loop, by_unihook)),
+            ]
+            metrics += [
+                ratio(nat, "unhooked"),
+                ratio(uni, "unhooked"),
+                added(uni, nat, n, PER_HOOK_TARGET),
+            ]
+    return Case(
+        f"per_call/{fw.name}",
+        f"{fw.name}: Linear(8,8), 1x8, no-op forward hooks, per call",
+        "us/call",
+        1e6 / calls,
+        variants,
+        metrics,
+        f"{calls} calls per sample, under no_grad",
+    )
+
+
+# -- 2a. forward capture of every module, eval mode, no_grad --
+
+
+def _output_recorders(
+    fw: Framework, model: Any, store: Callable[[], dict[str, Any]]
+) -> list[Remover]:
+    """Native forward hooks on every module writing ``store()[name] = output.detach()``."""
+
+    def recorder(name: str) -> Callable[..., None]:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            store()[name] = output.detach()
+
+        return hook
+
+    return [fw.native_post_hook(m, recorder(n)) for n, m in fw.named_modules(model)]
+
+
+def _copying_recorders(fw: Framework, model: Any) -> list[Remover]:
+    """Native forward hooks on every module copying the output into a buffer kept per module:
+    the hand-written equivalent of ``capture(reuse=True)``."""
+    buffers: dict[str, Any] = {}
+
+    def recorder(name: str) -> Callable[..., None]:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            buffer = buffers.get(name)
+            if buffer is None or buffer.shape != output.shape:
+                buffers[name] = output.detach().clone()
+            else:
+                fw.copy_(buffer, output)
+
+        return hook
+
+    return [fw.native_post_hook(m, recorder(n)) for n, m in fw.named_modules(model)]
+
+
+def capture(fw: Framework, label: str, model: Any, x: Any) -> Case:
+    fw.set_training(model, False)
+    n_modules = len(fw.named_modules(model))
+
+    def forward() -> None:
+        with fw.no_grad():
+            model(x)
+
+    def overwrite() -> list[Remover]:
+        record: dict[str, Any] = {}
+        return _output_recorders(fw, model, lambda: record)
+
+    def new_dict_per_call() -> list[Remover]:
+        current: list[dict[str, Any]] = [{}]
+
+        def fresh(module: Any, args: Any) -> None:
+            current[0] = {}
+
+        return [fw.native_pre_hook(model, fresh), *_output_recorders(fw, model, lambda: current[0])]
+
+    def keep() -> list[Remover]:
+        return [unihook.capture(model).remove]
+
+    def primed(register: Callable[[], list[Remover]]) -> Callable[[], list[Remover]]:
+        """Reuse is for repeated forwards: one untimed forward allocates the buffers, the timed
+        one refills them."""
+
+        def register_and_fill() -> list[Remover]:
+            removers = register()
+            forward()
+            return removers
+
+        return register_and_fill
+
+    def reuse() -> list[Remover]:
+        cache = unihook.capture(model, reuse=True)
+        return [cache.remove]
+
+    _check_capture_complete(model, forward, n_modules)
+    return Case(
+        f"capture/{label}/{fw.name}",
+        f"{fw.name}: {label} forward (eval, no_grad), every module's output ({n_modules} modules)",
+        "ms",
+        1e3,
+        [
+            Variant("plain", unhooked(forward)),
+            Variant("native dict", hooked(forward, overwrite)),
+            Variant("native new dict/call", hooked(forward, new_dict_per_call)),
+            Variant("unihook capture", hooked(forward, keep)),
+            Variant("native copy", hooked(forward, primed(lambda: _copying_recorders(fw, model)))),
+            Variant("unihook reuse", hooked(forward, primed(reuse))),
+        ],
+        [
+            ratio("native dict", "plain"),
+            ratio("native new dict/call", "plain"),
+            ratio("unihook capture", "plain"),
+            ratio("unihook capture", "native dict", SAME_AS_HANDWRITTEN),
+            ratio("native copy", "plain"),
+            ratio("unihook reuse", "plain", REUSE_TARGET if label == "cnn" else None),
+            ratio("unihook reuse", "native copy", SAME_AS_HANDWRITTEN),
+        ],
+        "one forward per sample; each sample registers a fresh capture / dict (outside the "
+        "timed forward), so keep mode holds exactly one forward's outputs, as the native dict "
+        "does; reuse and native copy time the second forward after registration",
+    )
+
+
+def _check_capture_complete(model: Any, forward: Body, n_modules: int) -> None:
+    """The comparison is only fair if capture records every module, as the native hooks do."""
+    with unihook.capture(model) as cache:
+        forward()
+    assert len(cache.keys()) == n_modules, (len(cache.keys()), n_modules)
+
+
+# -- 2b. forward + backward with a no-op full backward hook on every leaf module --
+
+
+def backward(
+    fws: list[Framework],
+    label: str,
+    build: Callable[..., Any],
+    make_input: Callable[..., Any],
+    sizes: Sizes,
+) -> Case:
+    variants: list[Variant] = []
+    for fw in fws:
+        fw.seed(0)
+        model, x = build(fw, sizes), make_input(fw, sizes)
+        fw.set_training(model, True)
+        leaves = [m for _, m in models.leaves(fw, model)]
+
+        def step(fw: Framework = fw, model: Any = model, x: Any = x) -> None:
+            fw.backward(model(x))
+
+        def clear(fw: Framework = fw, model: Any = model) -> None:
+            fw.clear_grads(model)
+
+        def ours(leaves: list[Any] = leaves) -> list[Remover]:
+            return [unihook.register_full_backward_hook(m, noop_backward).remove for m in leaves]
+
+        variants.append(Variant(f"{fw.name} plain", unhooked(step, clear)))
+        if hasattr(fw, "native_full_backward_hook"):
+
+            def native(fw: Framework = fw, leaves: list[Any] = leaves) -> list[Remover]:
+                return [fw.native_full_backward_hook(m, noop_backward) for m in leaves]
+
+            variants.append(Variant(f"{fw.name} native", hooked(step, native, clear)))
+        variants.append(Variant(f"{fw.name} unihook", hooked(step, ours, clear)))
+    names = {v.name for v in variants}
+    metrics = [
+        ratio("torch native", "torch plain"),
+        ratio("torch unihook", "torch plain"),
+        ratio("torch unihook", "torch native", SAME_AS_HANDWRITTEN),
+        ratio("paddle unihook", "paddle plain"),
+        _overhead_vs("paddle unihook", "paddle plain", "torch native", "torch plain"),
+    ]
+    return Case(
+        f"backward/{label}",
+        f"{label} forward+backward (train), no-op full backward hook on every leaf module",
+        "ms",
+        1e3,
+        variants,
+        [m for m in metrics if m.needs <= names],
+        "loss = output.sum(); gradients cleared (untimed) after each sample",
+    )
+
+
+def _overhead_vs(ours: str, our_base: str, theirs: str, their_base: str) -> Metric:
+    """(ours / our_base) / (theirs / their_base): one framework's overhead against another's."""
+    return Metric(
+        f"({ours} / {our_base}) / ({theirs} / {their_base})",
+        lambda t: (t[ours] / t[our_base]) / (t[theirs] / t[their_base]),
+        "x",
+        NO_WORSE,
+        {ours, our_base, theirs, their_base},
+    )
+
+
+# -- 2c. tensor gradient hooks on every activation of an MLP --
+
+
+def _activations(model: Any, x: Any) -> list[Any]:
+    acts = []
+    for layer in model.children():
+        x = layer(x)
+        acts.append(x)
+    return acts
+
+
+def tensor_hooks(fws: list[Framework], sizes: Sizes, register_in_timed: bool) -> Case:
+    """No-op gradient hooks on every Linear and ReLU output. `register_in_timed`: the sample is
+    forward + registration + backward (tensor hooks are per forward by nature); else the
+    forward and registration are untimed and the sample is the backward alone."""
+    variants: list[Variant] = []
+    metrics: list[Metric] = []
+    for fw in fws:
+        fw.seed(0)
+        model, x = models.mlp(fw, sizes), models.mlp_input(fw, sizes)
+        registrations: dict[str, Callable[[Any], Remover] | None] = {
+            "plain": None,
+            "native": lambda t, fw=fw: fw.native_tensor_hook(t, noop_grad),
+            "unihook": lambda t: unihook.register_tensor_hook(t, noop_grad).remove,
+        }
+        for kind, register in registrations.items():
+            make = _fwd_reg_bwd if register_in_timed else _bwd_only
+            variants.append(Variant(f"{fw.name} {kind}", make(fw, model, x, register)))
+        p = fw.name
+        metrics += [
+            ratio(f"{p} native", f"{p} plain"),
+            ratio(f"{p} unihook", f"{p} plain"),
+            ratio(f"{p} unihook", f"{p} native"),
+        ]
+    scope = "forward+register+backward" if register_in_timed else "backward (registered untimed)"
+    return Case(
+        f"tensor_hooks/{'fwd_bwd' if register_in_timed else 'bwd'}",
+        f"MLP {sizes.mlp_depth}x(Linear({sizes.mlp_width})+ReLU), batch {sizes.mlp_batch}: "
+        f"no-op grad hook on every activation, timed {scope}",
+        "ms",
+        1e3,
+        variants,
+        metrics,
+    )
+
+
+def _fwd_reg_bwd(
+    fw: Framework, model: Any, x: Any, register: Callable[[Any], Remover] | None
+) -> Setup:
+    removers: list[Remover] = []
+
+    def body() -> None:
+        acts = _activations(model, x)
+        if register is not None:
+            removers.extend(register(a) for a in acts)
+        fw.backward(acts[-1])
+
+    def cleanup() -> None:
+        for remove in removers:
+            remove()
+        removers.clear()
+        fw.clear_grads(model)
+
+    return lambda: (body, cleanup)
+
+
+def _bwd_only(
+    fw: Framework, model: Any, x: Any, register: Callable[[Any], Remover] | None
+) -> Setup:
+    def setup() -> tuple[Body, Cleanup]:
+        acts = _activations(model, x)
+        removers = [register(a) for a in acts] if register is not None else []
+        out = acts[-1]
+
+        def cleanup() -> None:
+            for remove in removers:
+                remove()
+            fw.clear_grads(model)
+
+        return (lambda: fw.backward(out)), cleanup
+
+    return setup

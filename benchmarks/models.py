@@ -1,0 +1,120 @@
+"""The benchmark models, defined once and built identically in either framework.
+
+Same architecture, shapes and module tree in torch and paddle (only default initialisation
+differs, which does not change timing). No in-place op anywhere: torch's native full backward
+hook, one of the compared variants, raises on an in-place op after a hooked module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from frameworks import Framework
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Model and input sizes; `smoke` shrinks everything for the test suite's run."""
+
+    batch: int = 8
+    image: int = 64  # CNN input: batch x 3 x image x image
+    width: int = 16  # CNN channels: width, 2 width, 4 width, 8 width
+    d_model: int = 256
+    heads: int = 4
+    seq: int = 64
+    blocks: int = 4
+    mlp_width: int = 256
+    mlp_depth: int = 8
+    mlp_batch: int = 64
+
+    @classmethod
+    def smoke(cls) -> Sizes:
+        return cls(
+            batch=2,
+            image=16,
+            width=4,
+            d_model=32,
+            heads=2,
+            seq=8,
+            blocks=2,
+            mlp_width=16,
+            mlp_depth=2,
+            mlp_batch=4,
+        )
+
+
+def cnn(fw: Framework, s: Sizes) -> Any:
+    """4 x (conv 3x3 - BN - ReLU - maxpool 2) + flatten + linear, on batch x 3 x image x image."""
+    stages = []
+    c_in = 3
+    for i in range(4):
+        c_out = s.width * 2**i
+        stages.append(
+            fw.Sequential(
+                fw.Conv2d(c_in, c_out, 3, padding=1),
+                fw.BatchNorm2d(c_out),
+                fw.ReLU(),
+                fw.MaxPool2d(2),
+            )
+        )
+        c_in = c_out
+    side = s.image // 16
+    return fw.Sequential(*stages, fw.Flatten(), fw.Linear(c_in * side * side, 10))
+
+
+def cnn_input(fw: Framework, s: Sizes) -> Any:
+    return fw.randn(s.batch, 3, s.image, s.image)
+
+
+def transformer(fw: Framework, s: Sizes) -> Any:
+    """`blocks` pre-LayerNorm blocks (attention, GELU MLP 4x), from Linear/LayerNorm/softmax."""
+
+    class Attention(fw.Module):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = fw.Linear(s.d_model, 3 * s.d_model)
+            self.proj = fw.Linear(s.d_model, s.d_model)
+            self.scale = (s.d_model // s.heads) ** -0.5
+
+        def forward(self, x: Any) -> Any:
+            q, k, v = (fw.split_heads(t, s.heads) for t in fw.chunk3(self.qkv(x)))
+            weights = fw.softmax(fw.matmul(q, k, transpose_b=True) * self.scale)
+            return self.proj(fw.merge_heads(fw.matmul(weights, v)))
+
+    class Block(fw.Module):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1 = fw.LayerNorm(s.d_model)
+            self.attn = Attention()
+            self.ln2 = fw.LayerNorm(s.d_model)
+            self.mlp = fw.Sequential(
+                fw.Linear(s.d_model, 4 * s.d_model), fw.GELU(), fw.Linear(4 * s.d_model, s.d_model)
+            )
+
+        def forward(self, x: Any) -> Any:
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+
+    return fw.Sequential(*(Block() for _ in range(s.blocks)), fw.LayerNorm(s.d_model))
+
+
+def transformer_input(fw: Framework, s: Sizes) -> Any:
+    return fw.randn(s.batch, s.seq, s.d_model)
+
+
+def mlp(fw: Framework, s: Sizes) -> Any:
+    """`mlp_depth` x (Linear(width, width) + ReLU)."""
+    layers = []
+    for _ in range(s.mlp_depth):
+        layers += [fw.Linear(s.mlp_width, s.mlp_width), fw.ReLU()]
+    return fw.Sequential(*layers)
+
+
+def mlp_input(fw: Framework, s: Sizes) -> Any:
+    return fw.randn(s.mlp_batch, s.mlp_width)
+
+
+def leaves(fw: Framework, model: Any) -> list[tuple[str, Any]]:
+    """The (name, module) pairs of `model` that have no child module."""
+    return [(n, m) for n, m in fw.named_modules(model) if not list(m.children())]
