@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pluggy
 
-__all__ = ["plugin_manager", "DISABLE_ENV"]
+__all__ = ["DISABLE_ENV", "call_owner", "plugin_manager"]
 
 #: Comma-separated backend names (entry-point names) that unihook must not load.
 DISABLE_ENV = "UNIHOOK_DISABLE"
@@ -46,8 +46,36 @@ def _build() -> pluggy.PluginManager:
     return pm
 
 
+# (hook name, type of target) -> the hookimpl that answered for it
+_owners: dict[tuple[str, type], Any] = {}
+
+
+def call_owner(hook_name: str, target: object, **kwargs: Any) -> Any:
+    """Call the firstresult hook `hook_name` as pluggy does (the last registered plugin first,
+    the first non-None result wins), remembering which plugin answered for this type of
+    target: ownership goes by type, so later calls for the type go straight to that plugin,
+    without pluggy's dispatch (about 4.5 us of a registration)."""
+    key = (hook_name, type(target))
+    impl = _owners.get(key)
+    if impl is not None:
+        result = impl.function(*[kwargs[arg] for arg in impl.argnames])
+        if result is not None:
+            return result
+    caller = getattr(plugin_manager().hook, hook_name)
+    impls = caller.get_hookimpls()
+    if any(i.hookwrapper or i.wrapper for i in impls):
+        return caller(**kwargs)  # wrappers change the call: leave it to pluggy
+    for impl in reversed(impls):
+        result = impl.function(*[kwargs[arg] for arg in impl.argnames])
+        if result is not None:
+            _owners[key] = impl
+            return result
+    return None
+
+
 def _reset() -> None:
     """Forget the manager so the next call reloads the entry points (tests only)."""
     global _pm
     with _lock:
         _pm = None
+        _owners.clear()

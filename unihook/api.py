@@ -6,7 +6,7 @@ from typing import Any, Callable, Union
 
 from ._describe import type_name
 from ._module_backward import keep_dispatchers_last
-from ._plugins import plugin_manager
+from ._plugins import call_owner, plugin_manager
 from .errors import NoBackendError, UnsupportedHookError
 from .handles import Handle
 from .info import BackendInfo
@@ -124,16 +124,17 @@ def _register(kind: str, target: object, **options: Any) -> Handle:
         raise TypeError(
             f"`hook` must be callable. Received: hook={options['hook']!r} for a {kind} hook"
         )
-    pm = plugin_manager()
-    caller = getattr(pm.hook, f"unihook_register_{kind}_hook")
-    handle: Handle | None = caller(
-        **{"tensor" if kind == "tensor" else "module": target}, **options
+    handle: Handle | None = call_owner(
+        f"unihook_register_{kind}_hook",
+        target,
+        **{"tensor" if kind == "tensor" else "module": target},
+        **options,
     )
     if handle is not None:
         if kind in ("forward_pre", "forward"):
             keep_dispatchers_last(target)
         return handle
-    backend = pm.hook.unihook_backend_of(obj=target)
+    backend = plugin_manager().hook.unihook_backend_of(obj=target)
     if backend is None:
         raise _no_backend(f"register_{kind}_hook", target)
     raise UnsupportedHookError(

@@ -156,8 +156,8 @@ def unihook_register_tensor_hook(
             HookTargetError, "a tensor that requires grad", "a tensor with stop_gradient=True"
         )
     from . import _autograd_guard as guard
+    from ._ops import _is_tensor as is_tensor
 
-    is_tensor = paddle.is_tensor
     no_grad = paddle.no_grad
     live = [True]
     token = next(_tokens)
@@ -229,6 +229,7 @@ def unihook_register_full_backward_hook(
     from ._backward import register
 
     return register(layer, "full_backward", hook, prepend, name)
+
 
 @hookimpl
 def unihook_register_global_hook(

@@ -47,6 +47,7 @@ from unihook.handles import Handle
 from . import NAME
 from . import _autograd_guard as guard
 from ._forward import add_hook, move_last, remove_hook
+from ._ops import _is_tensor
 
 Grads = Sequence[Any]
 
@@ -188,7 +189,7 @@ class _PaddleDispatchers:
 
 class PaddleAutograd:
     backend = NAME
-    is_tensor = staticmethod(paddle.is_tensor)
+    is_tensor = staticmethod(_is_tensor)
 
     @staticmethod
     def grad_enabled() -> bool:

@@ -175,6 +175,7 @@ def unihook_register_full_backward_hook(
 
     return register(m, "full_backward", hook, prepend, name)
 
+
 @hookimpl
 def unihook_register_global_hook(
     kind: str,
