@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import models
-from frameworks import Framework, Remover
+from frameworks import Framework, Hook, Remover
 from harness import Body, Case, Cleanup, Metric, Setup, Target, Variant, ratio
 from harness import added_per_hook as added
 from models import Sizes
@@ -109,6 +109,72 @@ def per_call(fw: Framework, calls: int) -> Case:
         variants,
         metrics,
         f"{calls} calls per sample, under no_grad",
+    )
+
+
+# -- 1b. per call: one global no-op forward hook (every module), the same Linear(8, 8) --
+
+
+def global_per_call(fw: Framework, calls: int) -> Case:
+    """unihook's global hooks against torch's native ones; paddle has none natively, so its
+    reference is a hook registered on the layer itself."""
+    fw.seed(0)
+    layer, x = fw.Linear(8, 8), fw.randn(1, 8)
+
+    def loop() -> None:
+        with fw.no_grad():
+            for _ in range(calls):
+                layer(x)
+
+    def ours(register: Any, hook: Hook) -> Callable[[], list[Remover]]:
+        return lambda: [register(hook, backend=fw.name).remove]
+
+    variants = [
+        Variant("unhooked", unhooked(loop)),
+        Variant(
+            "unihook global pre",
+            hooked(loop, ours(unihook.register_module_forward_pre_hook, noop_pre)),
+        ),
+        Variant(
+            "unihook global post",
+            hooked(loop, ours(unihook.register_module_forward_hook, noop_post)),
+        ),
+    ]
+    metrics = [ratio("unihook global pre", "unhooked"), ratio("unihook global post", "unhooked")]
+    if hasattr(fw, "native_global_pre_hook"):
+        reference = "native global"
+        variants += [
+            Variant(
+                "native global pre", hooked(loop, lambda: [fw.native_global_pre_hook(noop_pre)])
+            ),
+            Variant(
+                "native global post", hooked(loop, lambda: [fw.native_global_post_hook(noop_post)])
+            ),
+        ]
+    else:
+        reference = "native local"
+        variants += [
+            Variant(
+                "native local pre", hooked(loop, lambda: [fw.native_pre_hook(layer, noop_pre)])
+            ),
+            Variant(
+                "native local post", hooked(loop, lambda: [fw.native_post_hook(layer, noop_post)])
+            ),
+        ]
+    for kind in ("pre", "post"):
+        metrics += [
+            ratio(f"{reference} {kind}", "unhooked"),
+            added(f"unihook global {kind}", f"{reference} {kind}", 1),
+        ]
+    return Case(
+        f"global_per_call/{fw.name}",
+        f"{fw.name}: Linear(8,8), 1x8, one global no-op forward hook, per call",
+        "us/call",
+        1e6 / calls,
+        variants,
+        metrics,
+        f"{calls} calls per sample, under no_grad; paddle has no native global hooks: its "
+        "reference is a hook on the layer itself",
     )
 
 

@@ -82,6 +82,16 @@ class Torch:
     def native_full_backward_hook(self, module: Any, hook: Hook) -> Remover:
         return module.register_full_backward_hook(hook).remove
 
+    def native_global_pre_hook(self, hook: Hook) -> Remover:
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        return register_module_forward_pre_hook(hook).remove
+
+    def native_global_post_hook(self, hook: Hook) -> Remover:
+        from torch.nn.modules.module import register_module_forward_hook
+
+        return register_module_forward_hook(hook).remove
+
 
 class Paddle:
     name = "paddle"

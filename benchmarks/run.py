@@ -90,6 +90,7 @@ def single_thread(fws: list[frameworks.Framework]) -> dict[str, Any]:
 def build_cases(fws: list[frameworks.Framework], mode: Mode) -> list[tuple[Case, Rounds]]:
     s = mode.sizes
     planned = [(cases.per_call(fw, mode.calls), mode.per_call) for fw in fws]
+    planned += [(cases.global_per_call(fw, mode.calls), mode.per_call) for fw in fws]
     for label, build, make_input in (
         ("cnn", models.cnn, models.cnn_input),
         ("transformer", models.transformer, models.transformer_input),
