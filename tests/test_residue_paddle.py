@@ -132,3 +132,26 @@ def test_autograd_entry_points_restored_after_last_tensor_hook() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "RESTORED" in done.stdout
+
+
+def test_native_registration_inside_a_global_hook_stays_on_its_layer() -> None:
+    """Layers without hooks of their own share the merged global hook dicts during a call: a
+    native paddle register_* in a hook mutates that shared dict in place. The new hook must end
+    up on its layer alone."""
+    seen: list[str] = []
+    first, other = paddle.nn.ReLU(), paddle.nn.ReLU()
+    added: list[object] = []
+
+    def pre(layer: object, args: object) -> None:
+        if layer is first and not added:
+            added.append(first.register_forward_post_hook(lambda *a: seen.append("native")))
+
+    with unihook.register_module_forward_pre_hook(pre, backend="paddle"):
+        first(paddle.ones([1]))
+        other(paddle.ones([1]))
+        assert seen == ["native"]  # registered before the post hooks ran: runs in this call
+        first(paddle.ones([1]))
+        other(paddle.ones([1]))
+    assert seen == ["native", "native"]
+    first(paddle.ones([1]))
+    assert seen == ["native"] * 3 and len(first._forward_post_hooks) == 1

@@ -123,7 +123,8 @@ class ModuleBackward:
             return None
         call = _Call(module, self, len(args))
         idx = [i for i, a in enumerate(args) if ag.is_tensor(a)]
-        if any(ag.requires_grad(args[i]) for i in idx):
+        # Only full hooks need the input side: with pre-hooks alone, one identity per call.
+        if call.full_hooks and any(ag.requires_grad(args[i]) for i in idx):
             call.input_idx = idx
             new = ag.identity([args[i] for i in idx], call.on_input_grads, True, call.site)
             replaced = list(args)

@@ -55,7 +55,10 @@ _registration: dict[str, dict[int, Hook]] = {
 _originals: dict[str, Any] = {}
 # (head dicts, tail dicts, every global id), rebuilt on each change
 _merge_parts: tuple[
-    tuple[OrderedDict[int, Any], ...], tuple[OrderedDict[int, Any], ...], frozenset[int]
+    tuple[OrderedDict[int, Any], ...],
+    tuple[OrderedDict[int, Any], ...],
+    frozenset[int],
+    tuple[OrderedDict[int, Any], ...],
 ]
 
 
@@ -83,7 +86,9 @@ def _rebuild() -> None:
         OrderedDict((k, True) for k in _tail["post"]),
     )
     ids = frozenset([*pre, *post, *_tail["pre"], *_tail["post"]])
-    _merge_parts = (head, tail, ids)
+    # What a layer without hooks of its own (most layers) runs with: built once, shared.
+    shared = tuple(OrderedDict([*h.items(), *t.items()]) for h, t in zip(head, tail))
+    _merge_parts = (head, tail, ids, shared)
 
 
 def _checked_pre(hook: Hook) -> Hook:
@@ -101,25 +106,33 @@ def _call(self: Any, *inputs: Any, **kwargs: Any) -> Any:
 
 
 def _dygraph_call_func(self: Any, *inputs: Any, **kwargs: Any) -> Any:
-    head, tail, ids = _merge_parts
+    head, tail, ids, shared = _merge_parts
     own = self.__dict__
     saved = tuple(own[attr] for attr in _ATTRS)
-    merged = tuple(OrderedDict(h) for h in head)
-    for m, s, t in zip(merged, saved, tail):
-        m.update(s)
-        m.update(t)
-    sizes = tuple(len(m) for m in merged)
-    for attr, m in zip(_ATTRS, merged):
+    merged = []
+    for attr, h, s, t, common in zip(_ATTRS, head, saved, tail, shared):
+        if s:
+            m = OrderedDict(h)
+            m.update(s)
+            m.update(t)
+        else:
+            m = common
         own[attr] = m
+        merged.append((m, len(m)))
     try:
         return _originals["_dygraph_call_func"](self, *inputs, **kwargs)
     finally:
-        for attr, before, m, size in zip(_ATTRS, saved, merged, sizes):
+        polluted = False
+        for attr, before, (m, size) in zip(_ATTRS, saved, merged):
             now = own[attr]
             if now is m and len(now) == size:
                 own[attr] = before
             else:  # a hook registered or removed one of the layer's own hooks meanwhile
                 own[attr] = OrderedDict((k, v) for k, v in now.items() if k not in ids)
+                polluted |= now is m
+        if polluted:  # paddle's own register_* mutated a shared dict in place: build anew
+            with _lock:
+                _rebuild()
 
 
 def _fire(kind: str, layer: Any, name: str, value: Any) -> Any:
