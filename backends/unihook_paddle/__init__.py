@@ -25,6 +25,14 @@ NAME = "paddle"
 _tokens = itertools.count()
 
 
+def _lone_refs() -> int:
+    value = object()
+    return sys.getrefcount(value)
+
+
+_LONE_REFS = _lone_refs()  # sys.getrefcount of an object that one local variable holds
+
+
 def _paddle() -> Any:
     return sys.modules.get("paddle")
 
@@ -159,6 +167,8 @@ def unihook_register_tensor_hook(
     from ._ops import _is_tensor as is_tensor
 
     no_grad = paddle.no_grad
+    leaf = tensor.is_leaf
+    getrefcount = sys.getrefcount
     live = [True]
     token = next(_tokens)
     tensor_id = id(tensor)
@@ -173,6 +183,7 @@ def unihook_register_tensor_hook(
             return None
         guard.fired(token, tensor_id)
         try:
+            refs = getrefcount(grad)
             if guard.building_graph():
                 result = hook(grad)
             else:
@@ -181,7 +192,17 @@ def unihook_register_tensor_hook(
                 with no_grad():
                     result = hook(grad)
             # Checked here: paddle accepts a wrong shape silently and segfaults on a float.
-            return check_grad(result, grad, is_tensor, site)
+            result = check_grad(result, grad, is_tensor, site)
+            if leaf and guard.in_tensor_backward():
+                # What a leaf's hook gives back becomes x.grad, into which paddle adds later
+                # gradients in place: a tensor the hook kept would change with it. Torch's
+                # AccumulateGrad copies a gradient referenced elsewhere; so do we, by refcount.
+                if result is None:
+                    if getrefcount(grad) > refs:
+                        return grad.clone()
+                elif getrefcount(result) > (refs + 1 if result is grad else _LONE_REFS):
+                    return result.clone()
+            return result
         except BaseException as error:
             guard.stash(error)
             raise

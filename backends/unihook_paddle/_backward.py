@@ -13,16 +13,24 @@ Each paddle trap is handled where it bites (numbers from ../shared/SEMANTICS.md 
 3. returning None for a differentiable input segfaults the next grad node: zeros instead;
 5. a user ``register_hook`` on a PyLayer output has its return value ignored: one more
    ``view`` after the PyLayer;
-6. an exception inside PyLayer.backward surfaces as OSError: stashed for the autograd guard;
+6. an exception inside PyLayer.backward surfaces as OSError: stashed for the autograd guard.
+   Paddle then leaks the context (its bound ``backward``) and the gradients it was given, but
+   keeps the node runnable: the context holds the ``_Node`` only weakly, and a retried
+   ``paddle.grad(retain_graph=True)`` runs the hooks again, as torch does;
 7. a second backward through a PyLayer node that ``Tensor.backward`` already ran segfaults
    (retain_graph=True or not, ``paddle.grad`` too): each node is recorded as spent when it runs
    under ``Tensor.backward``; a gradient hook on the node raises BackendStateError before
    paddle touches a spent node in Tensor.backward, the autograd guard before a paddle.grad
    copies it (``_Node``);
 8. the dispatchers stay last among the forward hooks (``move_last``);
-and one trap not listed there: paddle accumulates gradients in place into the first tensor a
-node received (``GradTensorHolder``), so a gradient handed to a hook would change under the
-hook's feet after it ran: what goes back to paddle after the hooks saw it is a copy.
+and traps not listed there:
+- paddle accumulates gradients in place into the first tensor a node received
+  (``GradTensorHolder``), so a gradient handed to a hook would change under the hook's feet
+  after it ran: what goes back to paddle after the hooks saw it is a copy;
+- ``paddle.grad`` with respect to some of the inputs prunes the node's other input slots and
+  then requires None there ("should return None at 1 position"), which a Python backward cannot
+  know: every input goes in one list, one slot, which paddle never prunes;
+- ``view`` refuses a tensor of 0 elements (``_alias``).
 """
 
 from __future__ import annotations
@@ -52,11 +60,22 @@ from ._ops import _is_tensor
 Grads = Sequence[Any]
 
 
-class _Node:
-    """One identity PyLayer node, for trap 7. Registered as a gradient hook on the node (so it
-    lives exactly as long as the node) and held by its context."""
+def _alias(x: Any) -> Any:
+    """A new tensor sharing `x`'s memory (traps 1 and 5). ``view`` raises "cannot reshape
+    tensor of 0 elements"; such a tensor has no memory: ``as_strided`` then (it ignores a view's
+    offset, which only matters with elements)."""
+    shape = x.shape
+    return x.view(shape) if 0 not in shape else paddle.as_strided(x, shape, x.strides)
 
-    __slots__ = ("site", "ptr", "spent", "__weakref__")
+
+class _Node:
+    """One identity PyLayer node: what its backward needs, and trap 7. Registered as a gradient
+    hook on the node, so it lives exactly as long as the node; the context holds it weakly, as
+    paddle leaks the context of a backward that raised (trap 6)."""
+
+    __slots__ = ("site", "ptr", "spent", "on_backward", "shapes", "__weakref__")
+    on_backward: Callable[[Grads], Grads]  # these two are set by _Identity.forward
+    shapes: list[tuple[Any, Any]]
 
     def __init__(self, site: Site) -> None:
         self.site = site
@@ -98,36 +117,35 @@ class _Identity(PyLayer):
         on_backward: Callable[[Grads], Grads],
         materialize: bool,
         node: _Node,
-        *xs: Any,
+        xs: list[Any],
     ) -> Any:
         # Every input needs grad (the others bypass the node, see PaddleAutograd.identity).
-        ctx.on_backward = on_backward
-        ctx.node = node
-        ctx.shapes = [(x.shape, x.dtype) for x in xs]
+        # `xs` is one list: one input slot, never pruned by paddle.grad.
+        node.on_backward = on_backward
+        node.shapes = [(x.shape, x.dtype) for x in xs]
+        ctx.node = weakref.ref(node)
         ctx.set_materialize_grads(materialize)
-        return tuple(x.view(x.shape) for x in xs)
+        return tuple(_alias(x) for x in xs)
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
-        ctx.node.ran()
+        node = ctx.node()  # alive: the node being run holds it
         try:
-            results = ctx.on_backward(grads)
+            results = node.on_backward(grads)
         except BaseException as error:
             guard.stash(error)
-            # paddle never frees the context of a PyLayer whose backward raised: empty it, or
-            # the module and this call's state leak with it.
-            ctx.on_backward = ctx.node = ctx.shapes = None
-            raise
+            raise  # paddle keeps the context: a retry runs the hooks again (trap 6)
+        node.ran()
         # Paddle accumulates a later gradient for the same tensor in place into the first one
         # it received: a gradient a hook saw (and may keep, as torch allows) goes back as a copy.
         exposed = results is not grads
         out = []
-        for result, (shape, dtype) in zip(results, ctx.shapes):
+        for result, (shape, dtype) in zip(results, node.shapes):
             if result is None:
                 out.append(paddle.zeros(shape, dtype))
             else:
                 out.append(result.clone() if exposed else result)
-        return tuple(out)
+        return out  # a list: the gradients of the one input slot
 
 
 class _Bypass:
@@ -211,7 +229,7 @@ class PaddleAutograd:
         live = [i for i, t in enumerate(tensors) if not t.stop_gradient]
         if len(live) < len(tensors):
             on_backward = _Bypass(on_backward, tensors, live, materialize)
-        outs = _Identity.apply(on_backward, materialize, node, *[tensors[i] for i in live])
+        outs = _Identity.apply(on_backward, materialize, node, [tensors[i] for i in live])
         if not isinstance(outs, (tuple, list)):
             outs = (outs,)
         node.ptr = guard.node_ptr(outs[0])
@@ -219,7 +237,7 @@ class PaddleAutograd:
         guard.hold(node)  # the guard must outlive the node: it protects it from trap 7
         result = list(tensors)
         for i, o in zip(live, outs):
-            result[i] = o.view(o.shape)
+            result[i] = _alias(o)
         return result
 
     @staticmethod
