@@ -66,6 +66,22 @@ class Kit(Protocol):
         means no hook residue: the framework is back to its no-hook call path."""
         ...
 
+    def hook_dicts(self, module: Any) -> dict[str, Any]:
+        """The containers `hook_counts` counts, themselves (their type and identity matter)."""
+        ...
+
+    def native_hook(
+        self, module: Any, kind: str, hook: Callable[..., Any], **options: Any
+    ) -> Callable[[], None]:
+        """Register `hook` with the framework's own ``register_forward_pre_hook`` (`kind`
+        "forward_pre") or forward post-hook (`kind` "forward"), passing `options` (prepend,
+        with_kwargs, always_call); return the native handle's remove."""
+        ...
+
+    def state_dict_roundtrip(self, module: Any) -> None:
+        """Load the module's own state dict back into it."""
+        ...
+
     # global and registration hooks
     def native_state(self) -> object:
         """A comparable snapshot of the framework's hook machinery (patched class methods,

@@ -22,7 +22,7 @@ Each paddle trap is handled where it bites (numbers from ../shared/SEMANTICS.md 
    under ``Tensor.backward``; a gradient hook on the node raises BackendStateError before
    paddle touches a spent node in Tensor.backward, the autograd guard before a paddle.grad
    copies it (``_Node``);
-8. the dispatchers stay last among the forward hooks (``move_last``);
+8. the dispatchers stay last among the forward hooks (``_forward``: pinned);
 and traps not listed there:
 - paddle accumulates gradients in place into the first tensor a node received
   (``GradTensorHolder``), so a gradient handed to a hook would change under the hook's feet
@@ -54,7 +54,7 @@ from unihook.handles import Handle
 
 from . import NAME
 from . import _autograd_guard as guard
-from ._forward import add_hook, move_last, remove_hook
+from ._forward import add_dispatchers
 from ._ops import _is_tensor
 
 Grads = Sequence[Any]
@@ -184,27 +184,6 @@ class _Bypass:
         return [results[i] for i in self.live]
 
 
-class _PaddleDispatchers:
-    __slots__ = ("layer_ref", "pre_id", "post_id")
-
-    def __init__(self, layer: Any, pre: Any, post: Any) -> None:
-        self.layer_ref = weakref.ref(layer)
-        self.pre_id = add_hook(layer, pre, pre=True)
-        self.post_id = add_hook(layer, post, pre=False, always_call=True)
-
-    def move_last(self) -> None:
-        layer = self.layer_ref()
-        if layer is not None:
-            move_last(layer, self.pre_id, pre=True)
-            move_last(layer, self.post_id, pre=False)
-
-    def remove(self) -> None:
-        layer = self.layer_ref()
-        if layer is not None:
-            remove_hook(layer, self.pre_id, pre=True)
-            remove_hook(layer, self.post_id, pre=False)
-
-
 class PaddleAutograd:
     backend = NAME
     is_tensor = staticmethod(_is_tensor)
@@ -242,7 +221,8 @@ class PaddleAutograd:
 
     @staticmethod
     def add_dispatchers(layer: Any, pre: Any, post: Any) -> Dispatchers:
-        dispatchers = _PaddleDispatchers(layer, pre, post)
+        # pinned last in the layer's own hook dicts (``_forward``), whoever registers after them
+        dispatchers = add_dispatchers(layer, pre, post)
         guard.hold(pre)
         return dispatchers
 

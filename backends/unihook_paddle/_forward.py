@@ -1,9 +1,13 @@
-"""Forward hooks on a paddle Layer, registered copy-on-write.
+"""Forward hooks on a paddle Layer, in the layer's own dicts made torch-like by
+``unihook._pinned``.
 
 Paddle's ``_dygraph_call_func`` iterates the layer's live hook dicts, so a hook that registers
-or removes a hook while hooks run raises ``OrderedDict mutated during iteration``. Replacing the
-dicts instead of mutating them gives torch's behaviour: the running call keeps its snapshot,
-the change applies from the next call. Empty dicts keep ``Layer.__call__``'s no-hook fast path.
+or removes a hook while hooks run raises ``OrderedDict mutated during iteration``. While unihook
+has a hook on the layer, its hook dicts are `HookDict`s, which iterate over a snapshot: the
+running call keeps what it started with, the change applies from the next call (torch's
+behaviour). The dict objects stay the same, so paddle's own ``HookRemoveHelper`` handles (a
+weakref to the dict) keep working; removing unihook's last hook puts paddle's dicts back, and
+empty dicts keep ``Layer.__call__``'s no-hook fast path.
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ from typing import Any, Callable
 
 from paddle.nn.layer.layers import HookRemoveHelper
 
-__all__ = ["add_hook", "remove_hook", "move_last"]
+from unihook._pinned import Pinned, pin, unpin
+
+from . import _global
+
+__all__ = ["Access", "add_dispatchers", "add_hook", "remove_hook"]
 
 _PRE = ("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs_flag",))
 _POST = (
@@ -26,15 +34,31 @@ _lock = threading.Lock()
 
 def _next_id() -> int:
     # Share paddle's id counter so ids never collide with natively registered hooks.
-    hook_id = HookRemoveHelper.next_hook_id
+    hook_id: int = HookRemoveHelper.next_hook_id
     HookRemoveHelper.next_hook_id += 1
     return hook_id
 
 
-def _replace(layer: Any, attr: str, update: Callable[[OrderedDict[int, Any]], None]) -> None:
-    new: OrderedDict[int, Any] = OrderedDict(getattr(layer, attr))
-    update(new)
-    object.__setattr__(layer, attr, new)
+class Access:
+    """The layer's own hook dicts. While the layer runs under global hooks, its attributes hold
+    merged dicts and its own ones wait in ``_global.running``: a change goes there, so the
+    running call keeps its hooks and the next call has the change."""
+
+    @staticmethod
+    def get(layer: Any, attr: str) -> OrderedDict[int, Any]:
+        saved = _global.running.get(id(layer))
+        if saved is not None:
+            return saved[_global._ATTRS.index(attr)]
+        hooks: OrderedDict[int, Any] = layer.__dict__[attr]
+        return hooks
+
+    @staticmethod
+    def put(layer: Any, attr: str, hooks: OrderedDict[int, Any]) -> None:
+        saved = _global.running.get(id(layer))
+        if saved is not None:
+            saved[_global._ATTRS.index(attr)] = hooks
+        else:
+            object.__setattr__(layer, attr, hooks)
 
 
 def add_hook(
@@ -48,44 +72,25 @@ def add_hook(
 ) -> int:
     hooks_attr, (kwargs_attr, *always_attr) = _PRE if pre else _POST
     hook_id = _next_id()
-
-    def insert(hooks: OrderedDict[int, Any]) -> None:
-        hooks[hook_id] = hook
-        if prepend:
-            hooks.move_to_end(hook_id, last=False)
-
-    def flag(flags: OrderedDict[int, Any]) -> None:
-        flags[hook_id] = True
-
     with _lock:
+        # paddle reads the flags live: set before the hook can run
         if with_kwargs:
-            _replace(layer, kwargs_attr, flag)
+            Access.get(layer, kwargs_attr)[hook_id] = True
         if always_call:
-            _replace(layer, always_attr[0], flag)
-        _replace(layer, hooks_attr, insert)
+            Access.get(layer, always_attr[0])[hook_id] = True
+        pin(layer, hooks_attr, hook_id, hook, Access, last=False, prepend=prepend)
     return hook_id
 
 
 def remove_hook(layer: Any, hook_id: int, *, pre: bool) -> None:
     hooks_attr, flag_attrs = _PRE if pre else _POST
-
-    def drop(d: OrderedDict[int, Any]) -> None:
-        d.pop(hook_id, None)
-
     with _lock:
-        _replace(layer, hooks_attr, drop)
+        unpin(layer, hooks_attr, hook_id, Access)
         for attr in flag_attrs:
-            if hook_id in getattr(layer, attr):
-                _replace(layer, attr, drop)
+            Access.get(layer, attr).pop(hook_id, None)
 
 
-def move_last(layer: Any, hook_id: int, *, pre: bool) -> None:
-    hooks_attr = (_PRE if pre else _POST)[0]
-
-    def to_end(hooks: OrderedDict[int, Any]) -> None:
-        if hook_id in hooks:
-            hooks.move_to_end(hook_id)
-
+def add_dispatchers(layer: Any, pre: Callable[..., Any], post: Callable[..., Any]) -> Pinned:
+    hooks = ((_PRE[0], pre), (_POST[0], post))
     with _lock:
-        if next(reversed(getattr(layer, hooks_attr)), None) != hook_id:
-            _replace(layer, hooks_attr, to_end)
+        return Pinned.install(layer, hooks, _POST[1][1], _next_id, Access)

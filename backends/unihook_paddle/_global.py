@@ -53,6 +53,7 @@ _registration: dict[str, dict[int, Hook]] = {
     "module_registration": {},
 }
 _originals: dict[str, Any] = {}
+running: dict[int, list[OrderedDict[int, Any]]] = {}  # id(layer) -> its own dicts, mid-call
 # (head dicts, tail dicts, every global id), rebuilt on each change
 _merge_parts: tuple[
     tuple[OrderedDict[int, Any], ...],
@@ -108,12 +109,17 @@ def _call(self: Any, *inputs: Any, **kwargs: Any) -> Any:
 def _dygraph_call_func(self: Any, *inputs: Any, **kwargs: Any) -> Any:
     head, tail, ids, shared = _merge_parts
     own = self.__dict__
-    saved = tuple(own[attr] for attr in _ATTRS)
+    # the layer's own dicts while it runs: unihook's ``_forward`` registers into them here
+    saved = [own[attr] for attr in _ATTRS]
+    key = id(self)
+    outer = running.get(key)  # a recursive call of the same layer
+    running[key] = saved
+    first_new = HookRemoveHelper.next_hook_id
     merged = []
     for attr, h, s, t, common in zip(_ATTRS, head, saved, tail, shared):
         if s:
             m = OrderedDict(h)
-            m.update(s)
+            m.update(s.items())  # items(): a HookDict drops hooks removed by older handles
             m.update(t)
         else:
             m = common
@@ -122,14 +128,20 @@ def _dygraph_call_func(self: Any, *inputs: Any, **kwargs: Any) -> Any:
     try:
         return _originals["_dygraph_call_func"](self, *inputs, **kwargs)
     finally:
+        if outer is None:
+            del running[key]
+        else:
+            running[key] = outer
         polluted = False
         for attr, before, (m, size) in zip(_ATTRS, saved, merged):
             now = own[attr]
-            if now is m and len(now) == size:
-                own[attr] = before
-            else:  # a hook registered or removed one of the layer's own hooks meanwhile
-                own[attr] = OrderedDict((k, v) for k, v in now.items() if k not in ids)
+            if now is not m or len(now) != size:
+                # paddle's own register_* wrote into the merged dict: keep the new hooks
+                for k, v in list(now.items()):
+                    if k >= first_new and k not in ids and k not in before:
+                        before[k] = v
                 polluted |= now is m
+            own[attr] = before
         if polluted:  # paddle's own register_* mutated a shared dict in place: build anew
             with _lock:
                 _rebuild()

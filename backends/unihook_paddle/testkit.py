@@ -109,6 +109,18 @@ class PaddleKit:
         )
         return {name: len(getattr(module, name)) for name in names}
 
+    def hook_dicts(self, module: Any) -> dict[str, Any]:
+        return {name: getattr(module, name) for name in self.hook_counts(module)}
+
+    def native_hook(
+        self, module: Any, kind: str, hook: Callable[..., Any], **options: Any
+    ) -> Callable[[], None]:
+        register = module.register_forward_pre_hook if kind == "forward_pre" else module.register_forward_post_hook
+        return register(hook, **options).remove  # type: ignore[no-any-return]
+
+    def state_dict_roundtrip(self, module: Any) -> None:
+        module.set_state_dict(module.state_dict())
+
     def native_state(self) -> object:
         from paddle.base import core
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from unihook._describe import Site
 from unihook._module_backward import (
@@ -20,6 +21,7 @@ from unihook._module_backward import (
     add_global_backward_hook,
     register_backward_hook,
 )
+from unihook._pinned import Pinned
 from unihook.handles import Handle
 
 from . import NAME
@@ -44,21 +46,24 @@ class _Identity(torch.autograd.Function):
 
 
 class _TorchDispatchers:
-    __slots__ = ("pre", "post")
+    """Where the dispatchers live: pinned last in the module's own hook dicts
+    (``unihook._pinned``), so a native hook registered after them, even one replacing args or
+    the output, runs before them, as torch's BackwardHook runs after every forward hook."""
 
-    def __init__(self, pre: Any, post: Any) -> None:
-        self.pre = pre
-        self.post = post
+    @staticmethod
+    def get(module: Any, attr: str) -> Any:
+        return module.__dict__[attr]
 
-    def move_last(self) -> None:
-        for handle in (self.pre, self.post):
-            hooks = handle.hooks_dict_ref()
-            if hooks is not None and handle.id in hooks:
-                hooks.move_to_end(handle.id)
+    @staticmethod
+    def put(module: Any, attr: str, hooks: Any) -> None:
+        object.__setattr__(module, attr, hooks)
 
-    def remove(self) -> None:
-        self.pre.remove()
-        self.post.remove()
+    @staticmethod
+    def new_id() -> int:
+        # torch's own counter: ids never collide with natively registered hooks
+        key: int = RemovableHandle.next_id
+        RemovableHandle.next_id += 1
+        return key
 
 
 class TorchAutograd:
@@ -81,11 +86,9 @@ class TorchAutograd:
 
     @staticmethod
     def add_dispatchers(module: Any, pre: Any, post: Any) -> Dispatchers:
-        return _TorchDispatchers(
-            module.register_forward_pre_hook(pre),
-            module.register_forward_hook(post, always_call=True),
-        )
-
+        hooks = (("_forward_pre_hooks", pre), ("_forward_hooks", post))
+        always = "_forward_hooks_always_called"
+        return Pinned.install(module, hooks, always, _TorchDispatchers.new_id, _TorchDispatchers)
 
 _AUTOGRAD = TorchAutograd()
 

@@ -1,0 +1,345 @@
+"""The frameworks' own hooks beside unihook's (issue 11, class 3), on every backend.
+
+Oracle: the same registrations on torch with torch's native hooks only (its own full backward
+hooks included, on a model without in-place ops). Each scenario registers native forward hooks
+(replacing args or the output, prepend, with_kwargs, always_call) and unihook hooks in every
+order, removes them in either order, and compares what every hook saw, the input and parameter
+gradients, and the residue: no per-call state left, native handles working, and once unihook's
+hooks are gone the module's hook containers are the very objects, holding exactly the entries,
+that native registration alone gives.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections import OrderedDict
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from conftest import kit
+
+import unihook
+from unihook._module_backward import _states
+
+W = [[1.0, 2.0, 3.0], [-4.0, -5.0, -6.0]]
+B = [1.0, 2.0]
+X = [[1.0, -1.0, 2.0]]
+
+NATIVE_PRE = ("replace", "kwargs", "prepend")
+NATIVE_POST = ("replace", "always", "prepend")
+UNIHOOK = (("full_backward",), ("full_backward_pre",), ("full_backward", "forward"))
+ORDERS = ("native_first", "unihook_first", "interleaved")
+REMOVALS = ("native_first", "unihook_first")
+
+
+class Run:
+    """One scenario on one framework: `native` registers the unihook hooks with torch's own
+    functions instead (the oracle)."""
+
+    def __init__(self, k: Any, native: bool = False) -> None:
+        self.k = k
+        self.native = native
+        self.events: list[tuple[Any, ...]] = []
+        self.module = k.linear(3, 2, W, B)
+
+    def val(self, t: Any) -> Any:
+        return None if t is None else np.round(self.k.numpy(t), 4).tolist()
+
+    def rec(self, name: str, *tensors: Any) -> None:
+        self.events.append((name, *[self.val(t) for t in tensors]))
+
+    # -- the native hooks --
+    def native_pre(self, variant: str) -> Callable[[], None]:
+        def pre(m: Any, args: Any) -> Any:
+            self.rec("native_pre", args[0])
+            return (args[0] * 2,)
+
+        def pre_kwargs(m: Any, args: Any, kwargs: Any) -> Any:
+            self.rec("native_pre_kwargs", args[0])
+            return ((args[0] * 2,), kwargs)
+
+        if variant == "kwargs":
+            return self.k.native_hook(self.module, "forward_pre", pre_kwargs, with_kwargs=True)
+        return self.k.native_hook(self.module, "forward_pre", pre, prepend=variant == "prepend")
+
+    def native_post(self, variant: str) -> Callable[[], None]:
+        def post(m: Any, args: Any, out: Any) -> Any:
+            self.rec("native_post", args[0], out)
+            return out * 3
+
+        options = {"always_call": variant == "always", "prepend": variant == "prepend"}
+        return self.k.native_hook(self.module, "forward", post, **options)
+
+    # -- unihook's hooks (or torch's own, for the oracle) --
+    def unihook(self, kind: str) -> list[Callable[[], None]]:
+        m = self.module
+        if kind == "full_backward":
+
+            def bw(mod: Any, gi: Any, go: Any) -> None:
+                self.rec("full_backward", gi[0], go[0])
+
+            if self.native:
+                return [m.register_full_backward_hook(bw).remove]
+            return [unihook.register_full_backward_hook(m, bw).remove]
+        if kind == "full_backward_pre":
+
+            def bw_pre(mod: Any, go: Any) -> None:
+                self.rec("full_backward_pre", go[0])
+
+            if self.native:
+                return [m.register_full_backward_pre_hook(bw_pre).remove]
+            return [unihook.register_full_backward_pre_hook(m, bw_pre).remove]
+
+        def pre(mod: Any, args: Any) -> None:
+            self.rec("unihook_pre", args[0])
+
+        def post(mod: Any, args: Any, out: Any) -> None:
+            self.rec("unihook_post", args[0], out)
+
+        if self.native:
+            return [m.register_forward_pre_hook(pre).remove, m.register_forward_hook(post).remove]
+        return [
+            unihook.register_forward_pre_hook(m, pre).remove,
+            unihook.register_forward_hook(m, post).remove,
+        ]
+
+    def step(self, label: str) -> None:
+        k = self.k
+        x = k.tensor(X, requires_grad=True)
+        k.backward(k.relu(self.module(x)).sum())  # relu: one output slot gets no gradient
+        self.rec(f"{label}: x.grad", x.grad)
+        for p in k.parameters(self.module):  # paddle's Linear weight is torch's transposed
+            g = k.grad(p)
+            self.events.append((f"{label}: param grad", g.T.tolist() if k.name == "paddle" else g.tolist()))
+        if not self.native:
+            state = _states.get(self.module)
+            assert state is None or state._stack() == [], f"{label}: per-call state left"
+
+
+def scenario(run: Run, pre: str | None, post: str | None, kinds: tuple[str, ...], order: str, removal: str) -> None:
+    def natives() -> list[Callable[[], None]]:
+        removers = []
+        if pre is not None:
+            removers.append(run.native_pre(pre))
+        if post is not None:
+            removers.append(run.native_post(post))
+        return removers
+
+    def unihooks(part: tuple[str, ...]) -> list[Callable[[], None]]:
+        return [r for kind in part for r in run.unihook(kind)]
+
+    if order == "native_first":
+        native, ours = natives(), unihooks(kinds)
+    elif order == "unihook_first":
+        ours = unihooks(kinds)
+        native = natives()
+    else:
+        ours = unihooks(kinds[:1])
+        native = natives()
+        ours += unihooks(kinds[1:])
+    run.step("all")
+    run.step("all again")
+    first, second = (native, ours) if removal == "native_first" else (ours, native)
+    for remove in first:
+        remove()
+    run.step("half removed")
+    for remove in first:
+        remove()  # idempotent
+    for remove in second:
+        remove()
+    run.step("all removed")
+
+
+def native_only_twin(k: Any, pre: str | None, post: str | None) -> Any:
+    """The module with the same native hooks and nothing else."""
+    twin = Run(k)
+    removers = []
+    if pre is not None:
+        removers.append(twin.native_pre(pre))
+    if post is not None:
+        removers.append(twin.native_post(post))
+    return twin, removers
+
+
+COMBOS = list(itertools.product((None, *NATIVE_PRE), (None, *NATIVE_POST), UNIHOOK, ORDERS, REMOVALS))
+
+
+@pytest.mark.parametrize(
+    "pre,post,kinds,order,removal",
+    COMBOS,
+    ids=["-".join([str(p), str(q), "+".join(u), o, r]) for p, q, u, o, r in COMBOS],
+)
+def test_native_hooks_beside_unihook(
+    backend: Any, pre: str | None, post: str | None, kinds: tuple[str, ...], order: str, removal: str
+) -> None:
+    oracle = Run(kit("torch"), native=True)
+    scenario(oracle, pre, post, kinds, order, removal)
+    run = Run(backend)
+    before = backend.hook_dicts(run.module)
+    scenario(run, pre, post, kinds, order, removal)
+    assert run.events == oracle.events
+    # nothing left: the very containers native registration gave, and empty
+    assert run.module not in _states
+    after = backend.hook_dicts(run.module)
+    assert all(after[name] is before[name] for name in before)
+    assert all(type(d) is OrderedDict and not d for d in after.values())
+
+
+@pytest.mark.parametrize("pre,post", [("replace", "always"), ("kwargs", "prepend")])
+def test_removing_unihook_leaves_what_native_registration_gives(
+    backend: Any, pre: str, post: str
+) -> None:
+    run = Run(backend)
+    before = backend.hook_dicts(run.module)
+    native = [run.native_pre(pre)]
+    ours = run.unihook("full_backward") + run.unihook("forward")
+    native.append(run.native_post(post))
+    run.step("all")
+    for remove in ours:
+        remove()
+    twin, _ = native_only_twin(backend, pre, post)
+    dicts, twin_dicts = backend.hook_dicts(run.module), backend.hook_dicts(twin.module)
+    for name, d in dicts.items():
+        assert d is before[name] and type(d) is OrderedDict, name
+        assert [v if v is True else v.__qualname__ for v in d.values()] == [
+            v if v is True else v.__qualname__ for v in twin_dicts[name].values()
+        ], name
+    for remove in native:  # the native handles still work
+        remove()
+    assert not any(backend.hook_counts(run.module).values())
+
+
+@pytest.mark.parametrize("unihook_first", [True, False])
+def test_native_handle_from_before_unihook_removes_its_hook(backend: Any, unihook_first: bool) -> None:
+    run = Run(backend)
+    if unihook_first:
+        ours = run.unihook("full_backward")
+        remove_native = run.native_pre("replace")
+    else:
+        remove_native = run.native_pre("replace")
+        ours = run.unihook("full_backward")
+    later = run.native_post("replace")  # registered while unihook's hooks are in place
+    remove_native()
+    run.step("native pre removed")
+    assert not any(e[0] == "native_pre" for e in run.events)
+    for remove in ours:
+        remove()
+    later()  # its handle outlives unihook's dicts
+    run.events.clear()
+    run.step("all removed")
+    assert [e[0] for e in run.events] == ["all removed: x.grad"] + ["all removed: param grad"] * 2
+    assert not any(backend.hook_counts(run.module).values())
+
+
+def registering_run(k: Any, native: bool) -> Run:
+    """A native pre-hook that, during the call, registers a native post-hook and removes itself:
+    torch applies both from the next call (paddle would raise "mutated during iteration")."""
+    run = Run(k, native=native)
+    removers: list[Callable[[], None]] = []
+
+    def late(m: Any, args: Any, out: Any) -> None:
+        run.rec("late", out)
+
+    def pre(m: Any, args: Any) -> None:
+        run.rec("registering pre", args[0])
+        removers.append(k.native_hook(m, "forward", late))
+        removers[0]()
+
+    removers.append(k.native_hook(run.module, "forward_pre", pre))
+    ours = run.unihook("full_backward")
+    run.step("first")
+    run.step("second")
+    for remove in ours + removers:
+        remove()
+    return run
+
+
+def test_native_hook_registering_mid_call(backend: Any) -> None:
+    assert registering_run(backend, False).events == registering_run(kit("torch"), True).events
+
+
+def global_run(k: Any, native: bool, pre_first: bool) -> Run:
+    run = Run(k, native=native)
+
+    def bw(m: Any, gi: Any, go: Any) -> None:
+        run.rec("global full_backward", gi[0], go[0])
+
+    remove_pre = run.native_pre("replace") if pre_first else None
+    if native:
+        import torch
+
+        remove_global = torch.nn.modules.module.register_module_full_backward_hook(bw).remove
+    else:
+        remove_global = unihook.register_module_full_backward_hook(bw, backend=k.name).remove
+    if remove_pre is None:
+        remove_pre = run.native_pre("replace")
+    remove_post = run.native_post("replace")
+    run.step("global")
+    remove_global()
+    run.step("global removed")
+    remove_pre()
+    remove_post()
+    return run
+
+
+@pytest.mark.parametrize("pre_first", [True, False])
+def test_global_backward_hook_beside_native_hooks(backend: Any, pre_first: bool) -> None:
+    native_state = backend.native_state()
+    events = global_run(backend, False, pre_first).events
+    assert events == global_run(kit("torch"), True, pre_first).events
+    assert backend.native_state() == native_state
+
+
+def test_torch_native_global_pre_hook_beside_unihook_backward() -> None:
+    torch = pytest.importorskip("torch")
+    k = kit("torch")
+
+    def go(native: bool) -> list[Any]:
+        run = Run(k, native=native)
+
+        def pre(m: Any, args: Any) -> Any:
+            return (args[0] * 2,)
+
+        remove_pre = torch.nn.modules.module.register_module_forward_pre_hook(pre).remove
+        for kind in ("full_backward", "forward"):
+            removers = run.unihook(kind)
+            run.step(kind)
+            for remove in removers:
+                remove()
+        remove_pre()
+        return run.events
+
+    assert go(False) == go(True)
+
+
+def test_deepcopy_keeps_hooks_and_handles_remove_from_the_original_only(backend: Any) -> None:
+    def go(k: Any, native: bool) -> list[Any]:
+        run = Run(k, native=native)
+        remove_pre = run.native_pre("replace")
+        ours = run.unihook("full_backward") + run.unihook("full_backward_pre")
+        original = run.module
+        run.module = copy.deepcopy(original)
+        run.step("copy")
+        for remove in ours + [remove_pre]:
+            remove()
+        run.step("copy, handles removed")
+        run.module = original
+        run.step("original, handles removed")
+        return run.events
+
+    assert go(backend, False) == go(kit("torch"), True)
+
+
+def test_state_dict_roundtrip_keeps_hooks(backend: Any) -> None:
+    def go(k: Any, native: bool) -> list[Any]:
+        run = Run(k, native=native)
+        removers = [run.native_post("replace"), *run.unihook("full_backward")]
+        k.state_dict_roundtrip(run.module)
+        run.step("round trip")
+        for remove in removers:
+            remove()
+        return run.events
+
+    assert go(backend, False) == go(kit("torch"), True)

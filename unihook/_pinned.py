@@ -1,0 +1,263 @@
+"""A module's forward hook dicts while unihook has hooks in them.
+
+torch and paddle register a forward (pre-)hook by inserting into the module's hook OrderedDict
+(``move_to_end(last=False)`` for prepend), and their removal handles hold a weak reference to
+that dict object. unihook's backward dispatchers must run after every other hook, whoever
+registers after them. So while unihook has a key in a hook dict, the module holds a `HookDict`:
+
+- insertion and ``move_to_end`` keep the pinned keys (the dispatchers) last;
+- ``items()`` returns a snapshot: paddle iterates the live dict, so a hook that registers or
+  removes a hook mid-call would raise "OrderedDict mutated during iteration";
+- every change is mirrored into the dict it replaced (the origin), and a key an older native
+  handle deletes from the origin is dropped at the next call: native handles keep working;
+- when unihook's last key leaves, the origin object itself goes back, holding exactly what
+  native registration alone would hold. The HookDict lives on beside it (`_retired`), so the
+  handles created meanwhile (a weakref to it) still remove their hook.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Protocol
+
+__all__ = ["Access", "HookDict", "Pinned", "pin", "unpin"]
+
+
+class Access(Protocol):
+    """How a backend reads and replaces a module's own hook dict (paddle's global hooks swap
+    merged dicts in while a layer runs)."""
+
+    def get(self, owner: Any, attr: str) -> OrderedDict[int, Any]: ...
+
+    def put(self, owner: Any, attr: str, hooks: OrderedDict[int, Any]) -> None: ...
+
+
+class HookDict(OrderedDict[int, Any]):
+    def __init__(self) -> None:
+        super().__init__()
+        self._origin: OrderedDict[int, Any] | None = None  # strong while installed
+        self._origin_ref: weakref.ref[OrderedDict[int, Any]] | None = None
+        self._owner: weakref.ref[Any] | None = None
+        self.pinned: list[int] = []  # kept last, in this order
+        self.owned: set[int] = set()  # unihook's keys, the pinned ones included
+
+    def _install(self, origin: OrderedDict[int, Any], owner: Any) -> None:
+        self._origin = origin
+        self._origin_ref = weakref.ref(origin)
+        self._owner = weakref.ref(owner)
+        self.pinned = []
+        self.owned = set()
+        super().clear()
+        for key, value in origin.items():
+            super().__setitem__(key, value)
+
+    def origin(self) -> OrderedDict[int, Any] | None:
+        if self._origin is not None:
+            return self._origin
+        return None if self._origin_ref is None else self._origin_ref()
+
+    def _repin(self) -> None:
+        for key in self.pinned:
+            super().move_to_end(key)
+
+    def __setitem__(self, key: int, value: Any) -> None:
+        new = key not in self
+        super().__setitem__(key, value)
+        if key in self.pinned:
+            return
+        origin = self.origin()
+        if origin is not None:
+            origin[key] = value
+        if new and self.pinned:
+            self._repin()
+
+    def __delitem__(self, key: int) -> None:
+        super().__delitem__(key)
+        origin = self.origin()
+        if origin is not None:
+            origin.pop(key, None)
+        self.owned.discard(key)
+        if key in self.pinned:
+            self.pinned.remove(key)
+
+    # OrderedDict's C pop and popitem bypass __delitem__ even in a subclass.
+    def pop(self, key: int, *default: Any) -> Any:
+        if key not in self:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        value = self[key]
+        del self[key]
+        return value
+
+    def popitem(self, last: bool = True) -> tuple[int, Any]:
+        if not self:
+            raise KeyError("dictionary is empty")
+        key = next(reversed(self)) if last else next(iter(self))
+        return key, self.pop(key)
+
+    def move_to_end(self, key: int, last: bool = True) -> None:
+        super().move_to_end(key, last)
+        if key in self.pinned:
+            self._repin()
+            return
+        origin = self.origin()
+        if origin is not None and key in origin:
+            origin.move_to_end(key, last)
+        if last:
+            self._repin()
+
+    def clear(self) -> None:
+        # Clearing forward hooks leaves the backward hooks' dispatchers in place (as torch's
+        # own backward hooks do not live in the forward hook dicts).
+        kept = [(key, self[key]) for key in self.pinned]
+        super().clear()
+        origin = self.origin()
+        if origin is not None:
+            origin.clear()
+        self.owned.intersection_update(self.pinned)
+        for key, value in kept:
+            super().__setitem__(key, value)
+
+    def items(self) -> Any:  # type: ignore[override]
+        origin = self._origin
+        if origin is not None and len(origin) + len(self.pinned) != len(self):
+            # a native handle created before this dict was installed removed its hook
+            for key in [k for k in self if k not in origin and k not in self.pinned]:
+                super().__delitem__(key)
+                self.owned.discard(key)
+        return list(super().items())
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> OrderedDict[int, Any]:
+        """A copied module keeps its hooks, as torch's copy does, its backward hooks too: the
+        copy gets its own backward state (`_copy_state`) behind the copied dispatchers."""
+        from copy import deepcopy
+
+        owner = None if self._owner is None else self._owner()
+        copied = memo.get(id(owner), owner)
+        new = HookDict()
+        memo[id(self)] = new
+        origin: OrderedDict[int, Any] = OrderedDict()
+        new._install(origin, copied)
+        for key, value in self.items():
+            state = getattr(value, "__self__", None) if key in self.pinned else None
+            if state is not None and id(state) not in memo and copied is not owner:
+                memo[id(state)] = _copy_state(state, copied)
+            value = deepcopy(value, memo)
+            OrderedDict.__setitem__(new, key, value)
+            if key not in self.pinned:
+                origin[key] = value
+        new.pinned = list(self.pinned)
+        new.owned = set(self.owned)
+        return new
+
+
+def _copy_state(state: Any, owner: Any) -> Any:
+    from ._module_backward import ModuleBackward, _states
+
+    new = ModuleBackward(state.autograd, state.is_global)
+    new.pre_hooks = dict(state.pre_hooks)
+    new.full_hooks = dict(state.full_hooks)
+    new.dispatchers = state.dispatchers.rebound(owner)
+    _states[owner] = new
+    return new
+
+
+# id(origin) -> (weakref to the origin, its retired HookDict): the HookDict lives as long as
+# the origin, without keeping it alive.
+_retired: dict[int, tuple[weakref.ref[Any], HookDict]] = {}
+
+
+def pin(
+    owner: Any, attr: str, key: int, hook: Any, access: Access, *, last: bool, prepend: bool
+) -> None:
+    """Insert unihook's hook `key` into `owner`'s hook dict `attr`: pinned last (`last`), or
+    first (`prepend`), or before the pinned ones."""
+    current = access.get(owner, attr)
+    hooks = current if isinstance(current, HookDict) else None
+    if hooks is None:
+        entry = _retired.pop(id(current), None)
+        hooks = entry[1] if entry is not None and entry[0]() is current else HookDict()
+        hooks._install(current, owner)
+        access.put(owner, attr, hooks)
+    hooks.owned.add(key)
+    if last:
+        hooks.pinned.append(key)
+    hooks[key] = hook
+    if prepend:
+        hooks.move_to_end(key, last=False)
+
+
+def unpin(owner: Any, attr: str, key: int, access: Access) -> None:
+    """Remove unihook's hook `key`; the last one out puts the origin back."""
+    hooks = access.get(owner, attr)
+    if not isinstance(hooks, HookDict):
+        return
+    hooks.pop(key, None)
+    if hooks.owned or hooks._origin is None:
+        return
+    origin = hooks._origin
+    hooks._origin = None
+    # the origin already holds every native hook in order (mirrored); only its type differs
+    ident = id(origin)
+
+    def forget(ref: weakref.ref[Any], retired: dict[int, Any] = _retired) -> None:
+        # (`retired` bound now: at interpreter exit the module's globals are gone first)
+        if retired.get(ident, (None,))[0] is ref:
+            del retired[ident]
+
+    _retired[ident] = (weakref.ref(origin, forget), hooks)
+    access.put(owner, attr, origin)
+
+
+class Pinned:
+    """A module's backward dispatchers, pinned last in its forward pre- and post-hook dicts
+    (``unihook._module_backward.Dispatchers``); the post one is always called."""
+
+    __slots__ = ("owner", "pre", "post", "always", "access")
+
+    def __init__(
+        self,
+        owner: Any,
+        pre: tuple[str, int],
+        post: tuple[str, int],
+        always: str,
+        access: Access,
+    ) -> None:
+        self.owner = weakref.ref(owner)
+        self.pre = pre
+        self.post = post
+        self.always = always
+        self.access = access
+
+    @classmethod
+    def install(
+        cls,
+        owner: Any,
+        hooks: tuple[tuple[str, Any], tuple[str, Any]],
+        always: str,
+        new_id: Callable[[], int],
+        access: Access,
+    ) -> Pinned:
+        (pre_attr, pre), (post_attr, post) = hooks
+        pre_key, post_key = new_id(), new_id()
+        access.get(owner, always)[post_key] = True
+        pin(owner, pre_attr, pre_key, pre, access, last=True, prepend=False)
+        pin(owner, post_attr, post_key, post, access, last=True, prepend=False)
+        return cls(owner, (pre_attr, pre_key), (post_attr, post_key), always, access)
+
+    def rebound(self, owner: Any) -> Pinned:
+        """The same dispatchers in a deep copy `owner` of the module."""
+        return Pinned(owner, self.pre, self.post, self.always, self.access)
+
+    def move_last(self) -> None:
+        return None  # the HookDicts keep them last on every insertion
+
+    def remove(self) -> None:
+        owner = self.owner()
+        if owner is None:
+            return
+        for attr, key in (self.pre, self.post):
+            unpin(owner, attr, key, self.access)
+        self.access.get(owner, self.always).pop(self.post[1], None)
