@@ -1,15 +1,109 @@
-"""Capture activations (and gradients) of many modules for the length of a scope."""
+"""Capture activations (and gradients) of many modules for the length of a scope.
+
+A captured value is what the module returned (its args, its grad_output), even when a later
+in-place op (``ReLU(inplace=True)``, ``out += identity``, ``x.add_(...)``) overwrites that
+tensor. Copying every output costs about 1.15x a forward, so capture learns, per module and
+kind of value, whether the framework's tensors get modified in place after being recorded. It
+reads their version counters, which every in-place op bumps on a tensor, its detached aliases
+and its views:
+
+- not learned yet: keep a copy, and a detached alias with its version; when the next forward
+  of the model starts or the capture is removed, a changed version marks the module "copy",
+  an unchanged one "alias";
+- "copy": keep a copy;
+- "alias": keep the alias and its version; every read checks the version, and a changed one
+  raises `StaleCaptureError` (and marks the module "copy" from the next forward on).
+
+What is learned outlives the capture (weakly keyed by module), so later captures of the model
+copy only what in-place ops touch. Writes that bypass the version counter (torch's
+``t.data.add_()``, paddle's ``copy_`` and ``set_value``) are not seen.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator
+from weakref import WeakKeyDictionary
 
 from . import api
 from .compose import HookGroup, Where, select
+from .errors import UnihookError
 from .handles import Removable
-from .ops import ops_for
+from .ops import Ops, ops_for
 
-__all__ = ["Capture", "capture"]
+__all__ = ["Capture", "StaleCaptureError", "capture"]
+
+_WHAT = {"output": "output", "inputs": "positional args", "grads": "grad_output"}
+
+# module -> {what: modified in place after capture?}; a missing key: not learned yet
+_learned: WeakKeyDictionary[Any, dict[str, bool]] = WeakKeyDictionary()
+
+
+class StaleCaptureError(UnihookError, RuntimeError):
+    """A captured tensor was modified in place after capture recorded it."""
+
+
+class _Site:
+    """One module and the kind of value kept of it ("output", "inputs", "grads")."""
+
+    __slots__ = ("name", "what", "flags", "backend")
+
+    def __init__(self, name: str, what: str, flags: dict[str, bool], backend: str) -> None:
+        self.name, self.what, self.flags, self.backend = name, what, flags, backend
+
+
+class _Kept:
+    """A recorded value. `aliases` share the version counters of the framework's tensors,
+    whose versions were `versions` when recorded. When `copied`, `value` is a copy and the
+    aliases are watched only to learn."""
+
+    __slots__ = ("value", "aliases", "versions", "site", "copied")
+
+    def __init__(
+        self,
+        value: Any,
+        aliases: tuple[Any, ...],
+        versions: tuple[Any, ...],
+        site: _Site,
+        copied: bool,
+    ) -> None:
+        self.value, self.aliases, self.versions = value, aliases, versions
+        self.site, self.copied = site, copied
+
+
+def _read(kept: _Kept, version: Callable[[Any], Any]) -> Any:
+    for alias, before in zip(kept.aliases, kept.versions):
+        now = version(alias)
+        if now == before:
+            continue
+        site = kept.site
+        site.flags[site.what] = True
+        if kept.copied:
+            kept.aliases = ()
+            break
+        raise StaleCaptureError(
+            f"unihook.capture: the {_WHAT[site.what]} of module {site.name!r} ({site.backend}) "
+            f"was modified in place after capture recorded it (version {before} -> {now}), so "
+            "the recorded tensor no longer holds the value the module returned. capture copies "
+            f"this module's {_WHAT[site.what]} from the next forward on: run it again."
+        )
+    return kept.value
+
+
+class _Checked(Mapping[str, Any]):
+    """`Capture.inputs` / `Capture.grads`: name -> the last value, checked on every read."""
+
+    def __init__(self, records: dict[str, _Kept], version: Callable[[Any], Any]) -> None:
+        self._records, self._version = records, version
+
+    def __getitem__(self, name: str) -> Any:
+        return _read(self._records[name], self._version)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
 
 
 class Capture(Removable):
@@ -38,39 +132,35 @@ class Capture(Removable):
         grads: bool = False,
         reuse: bool = False,
     ) -> None:
-        self._outputs: dict[str, list[Any]] = {}
+        self._outputs: dict[str, list[_Kept]] = {}
         self._forwards = 0  # forwards of `model` seen (reuse: which buffers are current)
         self._filled: dict[str, list[int]] = {}  # reuse: name -> [forward, calls in it]
-        self.inputs: dict[str, Any] = {}
-        self.grads: dict[str, Any] = {}
+        self._learning: list[_Kept] = []  # copies whose aliases tell what gets modified
+        self._ops: Ops = ops_for(model)
+        self._version = self._ops.version
+        self._inputs: dict[str, _Kept] = {}
+        self._grads: dict[str, _Kept] = {}
+        self.inputs: Mapping[str, Any] = _Checked(self._inputs, self._version)
+        self.grads: Mapping[str, Any] = _Checked(self._grads, self._version)
         self._group = HookGroup()
-        ops = ops_for(model)
-        detach, is_tensor = ops.detach, ops.is_tensor
-        self._copy_into = ops.copy_into
-
-        def detached(value: Any) -> Any:
-            if is_tensor(value):
-                return detach(value)
-            if isinstance(value, (tuple, list)):
-                return type(value)(detached(v) for v in value)
-            if isinstance(value, dict):
-                return {k: detached(v) for k, v in value.items()}
-            return value
-
         selected = select(model, where)
         self.names = [name for name, _ in selected]
         try:
-            if reuse:
-                self._group.add("", api.register_forward_pre_hook(model, self._next_forward))
+            start = api.register_forward_pre_hook(model, self._next_forward)
+            self._group.add("", start)
             for name, module in selected:
+                flags = _learned.setdefault(module, {})
+                site = {w: _Site(name, w, flags, start.backend) for w in _WHAT}
+                inputs_site = site["inputs"] if inputs else None
                 if reuse and outputs:
-                    hook = self._reusing_hook(name, inputs, detached, is_tensor)
+                    hook = self._reusing_hook(name, site["output"], inputs_site)
                     self._group.add(name, api.register_forward_hook(module, hook, name=name))
                 elif outputs or inputs:
-                    hook = self._forward_hook(name, outputs, inputs, detached)
+                    output_site = site["output"] if outputs else None
+                    hook = self._forward_hook(name, output_site, inputs_site)
                     self._group.add(name, api.register_forward_hook(module, hook, name=name))
                 if grads:
-                    hook = self._grad_hook(name, detached)
+                    hook = self._grad_hook(name, site["grads"])
                     self._group.add(
                         name, api.register_full_backward_pre_hook(module, hook, name=name)
                     )
@@ -78,69 +168,120 @@ class Capture(Removable):
             self._group.remove()
             raise
 
+    def _keep(self, site: _Site, value: Any) -> _Kept:
+        """`value` as recorded now: an alias when the module is known to be left alone, else a
+        copy (see the module docstring)."""
+        ops = self._ops
+        tensor = ops.is_tensor(value)
+        if tensor:
+            alias = ops.detach(value)
+            aliases: tuple[Any, ...] = (alias,)
+            versions: tuple[Any, ...] = (ops.version(alias),)
+        else:
+            found: list[Any] = []
+
+            def watch(t: Any) -> Any:
+                found.append(ops.detach(t))
+                return found[-1]
+
+            alias = ops.map_tensors(watch, value)
+            aliases = tuple(found)
+            versions = tuple(ops.version(a) for a in found)
+        mutated = site.flags.get(site.what)
+        unversioned = None in versions  # e.g. torch inference tensors: copy, nothing to learn
+        if mutated is False and not unversioned:
+            return _Kept(alias, aliases, versions, site, False)
+        copy = ops.clone(alias) if tensor else ops.map_tensors(ops.clone, alias)
+        if mutated is not None or unversioned:
+            return _Kept(copy, (), (), site, True)
+        kept = _Kept(copy, aliases, versions, site, True)
+        self._learning.append(kept)
+        return kept
+
+    def _settle(self) -> None:
+        """Learn from the copies kept so far whether their modules' tensors got modified."""
+        version = self._version
+        for kept in self._learning:
+            flags, what = kept.site.flags, kept.site.what
+            if any(version(a) != v for a, v in zip(kept.aliases, kept.versions)):
+                flags[what] = True
+            else:
+                flags.setdefault(what, False)
+            kept.aliases = ()
+        self._learning.clear()
+
     def _forward_hook(
-        self, name: str, outputs: bool, inputs: bool, detached: Callable[[Any], Any]
+        self, name: str, output_site: _Site | None, inputs_site: _Site | None
     ) -> Callable[..., None]:
         calls = self._outputs.setdefault(name, [])
-        store_inputs = self.inputs
+        store_inputs = self._inputs
+        keep = self._keep
 
-        if outputs and not inputs:
+        if inputs_site is None:
+            assert output_site is not None
 
             def hook(module: Any, args: Any, output: Any) -> None:
-                calls.append(detached(output))
+                calls.append(keep(output_site, output))
 
         else:
 
             def hook(module: Any, args: Any, output: Any) -> None:
-                if outputs:
-                    calls.append(detached(output))
-                store_inputs[name] = detached(args)
+                if output_site is not None:
+                    calls.append(keep(output_site, output))
+                store_inputs[name] = keep(inputs_site, args)
 
         return hook
 
     def _next_forward(self, module: Any, args: Any) -> None:
         self._forwards += 1
+        if self._learning:
+            self._settle()
 
     def _reusing_hook(
-        self,
-        name: str,
-        inputs: bool,
-        detached: Callable[[Any], Any],
-        is_tensor: Callable[[Any], bool],
+        self, name: str, output_site: _Site, inputs_site: _Site | None
     ) -> Callable[..., None]:
         buffers = self._outputs.setdefault(name, [])
         filled = self._filled.setdefault(name, [0, 0])
-        copy_into = self._copy_into
-        store_inputs = self.inputs
+        ops = self._ops
+        is_tensor, copy_into, clone, map_tensors = (
+            ops.is_tensor, ops.copy_into, ops.clone, ops.map_tensors
+        )
+        store_inputs = self._inputs
+        keep = self._keep
 
         def hook(module: Any, args: Any, output: Any) -> None:
             if filled[0] != self._forwards:
                 filled[0], filled[1] = self._forwards, 0
             i = filled[1]
             filled[1] = i + 1
-            if not is_tensor(output):
-                value = detached(output)
-            else:
-                value = copy_into(buffers[i] if i < len(buffers) else None, output)
+            # copies, refilled in place for a tensor: nothing to watch
             if i < len(buffers):
-                buffers[i] = value
+                kept = buffers[i]
+                buffer = kept.value if is_tensor(kept.value) else None
             else:
-                buffers.append(value)
-            if inputs:
-                store_inputs[name] = detached(args)
+                kept = _Kept(None, (), (), output_site, True)
+                buffers.append(kept)
+                buffer = None
+            if is_tensor(output):
+                kept.value = copy_into(buffer, output)
+            else:
+                kept.value = map_tensors(clone, output)
+            if inputs_site is not None:
+                store_inputs[name] = keep(inputs_site, args)
 
         return hook
 
-    def _current(self, name: str) -> list[Any]:
+    def _current(self, name: str) -> list[_Kept]:
         calls = self._outputs[name]
         filled = self._filled.get(name)
         return calls if filled is None else calls[: filled[1]]
 
-    def _grad_hook(self, name: str, detached: Callable[[Any], Any]) -> Callable[..., None]:
-        grads = self.grads
+    def _grad_hook(self, name: str, site: _Site) -> Callable[..., None]:
+        grads = self._grads
+        keep = self._keep
 
         def hook(module: Any, grad_output: Any) -> None:
-            grads[name] = detached(grad_output[0] if len(grad_output) == 1 else grad_output)
+            grads[name] = keep(site, grad_output[0] if len(grad_output) == 1 else grad_output)
 
         return hook
 
@@ -148,7 +289,7 @@ class Capture(Removable):
         calls = self._current(name) if name in self._outputs else None
         if not calls:
             raise KeyError(self._missing(name))
-        return calls[-1]
+        return _read(calls[-1], self._version)
 
     def __contains__(self, name: object) -> bool:
         return name in self._outputs and bool(self._current(name))  # type: ignore[arg-type]
@@ -156,7 +297,7 @@ class Capture(Removable):
     def calls(self, name: str) -> list[Any]:
         if name not in self._outputs:
             raise KeyError(self._missing(name))
-        return list(self._current(name))
+        return [_read(kept, self._version) for kept in self._current(name)]
 
     def keys(self) -> list[str]:
         return [n for n in self.names if n in self]
@@ -169,6 +310,8 @@ class Capture(Removable):
     def remove(self) -> None:
         """Remove every hook this capture placed (idempotent)."""
         self._group.remove()
+        if self._learning:
+            self._settle()
 
 
 def capture(

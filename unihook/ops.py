@@ -8,7 +8,7 @@ anything else, convert with `to_numpy` or use the framework.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, Union
+from typing import Any, Callable, Protocol, Sequence, Union
 
 from ._describe import type_name
 from ._plugins import plugin_manager
@@ -66,6 +66,12 @@ class Ops(Protocol):
     def leaf(self, t: Any) -> Any: ...
     def grad_of(self, t: Any) -> Any: ...
     def copy_into(self, buffer: Any, t: Any) -> Any: ...
+    # The in-place version counter `t` shares with its aliases and views (bumped by every
+    # in-place op on any of them), or None when the framework keeps none for `t`.
+    def version(self, t: Any) -> int | None: ...
+    # `value` rebuilt as its own type (namedtuple, return type, dict, list, dataclass, nested)
+    # with `fn` applied to every tensor in it, through the framework's tree utilities.
+    def map_tensors(self, fn: Callable[[Any], Any], value: Any) -> Any: ...
 
 
 _cache: dict[type, Ops] = {}

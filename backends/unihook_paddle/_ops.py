@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+import copy
+import dataclasses
+from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 import paddle
@@ -96,3 +98,21 @@ class PaddleOps:
         # Tensor.copy_ of a detached source builds no graph: 1.3 us against paddle.assign's 9.5.
         buffer.copy_(t.detach(), True)
         return buffer
+
+    def version(self, t: Any) -> int | None:
+        return t.inplace_version
+
+    def map_tensors(self, fn: Callable[[Any], Any], value: Any) -> Any:
+        def leaf(obj: Any) -> Any:
+            if isinstance(obj, paddle.Tensor):
+                return fn(obj)
+            # paddle.utils keeps a dataclass whole
+            if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+                rebuilt = copy.copy(obj)
+                for field in dataclasses.fields(obj):
+                    mapped = self.map_tensors(fn, getattr(obj, field.name))
+                    object.__setattr__(rebuilt, field.name, mapped)  # frozen ones too
+                return rebuilt
+            return obj
+
+        return paddle.utils.map_structure(leaf, value)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+import copy
+import dataclasses
+from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 
 Axis = Union[None, int, Sequence[int]]
 
@@ -89,3 +92,24 @@ class TorchOps:
             return t.detach().clone()
         # a detached source builds no graph: no no_grad() context (2.5 us) needed
         return buffer.copy_(t.detach())
+
+    def version(self, t: Any) -> int | None:
+        try:
+            return t._version
+        except RuntimeError:  # inference tensors keep no version counter
+            return None
+
+    def map_tensors(self, fn: Callable[[Any], Any], value: Any) -> Any:
+        def leaf(obj: Any) -> Any:
+            if isinstance(obj, torch.Tensor):
+                return fn(obj)
+            # pytree keeps an unregistered dataclass whole; registering user types is global
+            if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+                rebuilt = copy.copy(obj)
+                for field in dataclasses.fields(obj):
+                    mapped = self.map_tensors(fn, getattr(obj, field.name))
+                    object.__setattr__(rebuilt, field.name, mapped)  # frozen ones too
+                return rebuilt
+            return obj
+
+        return pytree.tree_map(leaf, value)

@@ -1,0 +1,368 @@
+"""capture() beside in-place ops and with structured outputs, on every backend.
+
+A captured value is the module's output as it was returned (its args, its grad_output as they
+were handed over), whatever in-place op runs later; where capture cannot know (a module learned
+as left alone and then modified), reading raises `StaleCaptureError`, never a stale value.
+Structured outputs come back as the type they were. The oracle is the frameworks' own forward
+hooks storing a numpy copy of each output as it is returned.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import unihook
+from unihook.capture import StaleCaptureError
+
+Pair = collections.namedtuple("Pair", "first second")
+
+
+@dataclasses.dataclass
+class Out:
+    hidden: Any
+    extra: Any
+    label: str = "out"
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    hidden: Any
+
+
+def row(kit: Any, *values: float) -> Any:
+    return kit.tensor(np.asarray([values], dtype="float32"))
+
+
+def linear(kit: Any) -> Any:
+    """Linear(2, 2) with outputs of both signs on `row(kit, 1, -2)`."""
+    return kit.linear(2, 2, weight=[[1.0, 2.0], [-1.0, 1.0]], bias=[0.5, -0.5])
+
+
+def identity(kit: Any) -> Any:
+    return kit.module(lambda self, x: x)
+
+
+def add_inplace(kit: Any, value: float) -> Any:
+    """A module modifying its input in place and returning it (paddle has no `+=` in place)."""
+    return kit.module(lambda self, x: kit.add_(x, value))
+
+
+def native_copies(kit: Any, model: Any) -> tuple[dict[str, list[Any]], Callable[[], None]]:
+    """The oracle: native forward hooks keeping a numpy copy of every module's output."""
+    seen: dict[str, list[Any]] = collections.defaultdict(list)
+    handles = []
+    for name, module in kit.named_modules(model):
+
+        def hook(module: Any, args: Any, output: Any, name: str = name) -> None:
+            seen[name].append(kit.numpy(output))
+
+        handles.append(module.register_forward_hook(hook))
+    return seen, lambda: [h.remove() for h in handles]
+
+
+def assert_matches(kit: Any, cache: Any, seen: dict[str, list[Any]]) -> None:
+    assert sorted(cache.keys()) == sorted(seen)
+    for name, expected in seen.items():
+        got = [kit.numpy(t) for t in cache.calls(name)]
+        assert len(got) == len(expected), name
+        for g, e in zip(got, expected):
+            np.testing.assert_array_equal(g, e, err_msg=name)
+
+
+# -- in-place after the module returned ------------------------------------------------------
+
+
+def test_inplace_by_the_following_module(backend) -> None:  # type: ignore[no-untyped-def]
+    model = backend.sequential(linear(backend), backend.relu_module(inplace=True))
+    expected = [[-2.5, -3.5]]
+    for _ in range(3):  # the first capture learns, later ones copy only what is modified
+        with unihook.capture(model) as cache:
+            model(row(backend, 1.0, -2.0))
+            model(row(backend, 1.0, -2.0))
+        for value in cache.calls("0"):
+            np.testing.assert_array_equal(backend.numpy(value), expected)
+        np.testing.assert_array_equal(backend.numpy(cache["1"]), [[0.0, 0.0]])
+
+
+def test_inplace_in_the_parents_forward(backend) -> None:  # type: ignore[no-untyped-def]
+    def forward(self: Any, x: Any) -> Any:
+        h = self.lin(x)
+        h += 1.0  # in place in torch, a new tensor in paddle 3.3.1
+        backend.add_(h, 10.0)
+        return self.act(h)
+
+    model = backend.module(
+        forward, {"lin": linear(backend), "act": backend.relu_module(inplace=True)}
+    )
+    for _ in range(3):
+        with unihook.capture(model, grads=True) as cache:
+            model(row(backend, 1.0, -2.0))
+        np.testing.assert_array_equal(backend.numpy(cache["lin"]), [[-2.5, -3.5]])
+        np.testing.assert_array_equal(backend.numpy(cache["act"]), [[8.5, 7.5]])
+
+
+def test_inplace_on_a_returned_input(backend) -> None:  # type: ignore[no-untyped-def]
+    def forward(self: Any, x: Any) -> Any:
+        return self.bump(self.same(x))
+
+    model = backend.module(forward, {"same": identity(backend), "bump": add_inplace(backend, 1.0)})
+    for _ in range(3):
+        x = row(backend, 1.0, -2.0)
+        with unihook.capture(model, inputs=True) as cache:
+            model(x)
+        np.testing.assert_array_equal(backend.numpy(cache["same"]), [[1.0, -2.0]])
+        np.testing.assert_array_equal(backend.numpy(cache.inputs["same"][0]), [[1.0, -2.0]])
+        np.testing.assert_array_equal(backend.numpy(cache[""]), [[2.0, -1.0]])
+        np.testing.assert_array_equal(backend.numpy(x), [[2.0, -1.0]])  # the caller's x moved
+
+
+def test_a_module_called_twice(backend) -> None:  # type: ignore[no-untyped-def]
+    def forward(self: Any, x: Any) -> Any:
+        h = self.inner(x)
+        backend.add_(h, -1.0)
+        return self.inner(h)
+
+    model = backend.module(forward, {"inner": backend.relu_module(inplace=True)})
+    for _ in range(3):
+        with unihook.capture(model) as cache:
+            model(row(backend, 3.0, -1.0))
+        calls = [backend.numpy(t).tolist() for t in cache.calls("inner")]
+        assert calls == [[[3.0, 0.0]], [[2.0, 0.0]]]
+
+
+def test_reuse_and_inputs(backend) -> None:  # type: ignore[no-untyped-def]
+    model = backend.sequential(
+        linear(backend), backend.relu_module(inplace=True), add_inplace(backend, 1.0)
+    )
+    with unihook.capture(model, reuse=True, inputs=True) as cache:
+        for scale in (1.0, 2.0, 3.0):
+            model(row(backend, scale, -2.0 * scale))
+            lin = np.asarray([[-3 * scale + 0.5, -3 * scale - 0.5]])
+            np.testing.assert_allclose(backend.numpy(cache["0"]), lin)
+            np.testing.assert_allclose(backend.numpy(cache.inputs["0"][0]), [[scale, -2 * scale]])
+            # the ReLU's input as its forward hook saw it: already rectified in place
+            np.testing.assert_allclose(backend.numpy(cache.inputs["1"][0]), np.maximum(lin, 0))
+            np.testing.assert_allclose(backend.numpy(cache["2"]), np.maximum(lin, 0) + 1)
+
+
+def test_grads_beside_inplace(backend) -> None:  # type: ignore[no-untyped-def]
+    model = backend.sequential(linear(backend), backend.relu_module(inplace=True))
+    for _ in range(2):
+        x = backend.tensor([[1.0, 1.0]], requires_grad=True)
+        with unihook.capture(model, grads=True) as cache:
+            backend.backward(model(x).sum())
+        np.testing.assert_array_equal(backend.numpy(cache["0"]), [[3.5, -0.5]])
+        np.testing.assert_array_equal(backend.numpy(cache.grads["0"]), [[1.0, 0.0]])
+        np.testing.assert_array_equal(backend.numpy(cache.grads["1"]), [[1.0, 1.0]])
+        assert set(cache.grads) == {"", "0", "1"} and len(cache.grads) == 3
+
+
+def test_a_learned_module_modified_later_raises(backend) -> None:  # type: ignore[no-untyped-def]
+    model = backend.sequential(linear(backend))
+    for _ in range(2):  # learned: nothing modifies its output
+        with unihook.capture(model) as cache:
+            out = model(row(backend, 1.0, -2.0))
+        assert cache._outputs["0"][0].copied is (_ == 0)
+    backend.add_(out, 1.0)
+    with pytest.raises(StaleCaptureError, match=rf"output of module '0' \({backend.name}\)"):
+        cache["0"]
+    with pytest.raises(unihook.UnihookError, match="modified in place"):
+        cache.calls("")  # every read raises, not only the first
+    with unihook.capture(model) as cache:  # copies from now on
+        out = model(row(backend, 1.0, -2.0))
+    backend.add_(out, 1.0)
+    np.testing.assert_array_equal(backend.numpy(cache["0"]), [[-2.5, -3.5]])
+
+
+def test_inputs_learned_then_modified_raise(backend) -> None:  # type: ignore[no-untyped-def]
+    model = backend.sequential(linear(backend))
+    x = row(backend, 1.0, -2.0)
+    with unihook.capture(model, inputs=True):
+        model(x)
+    with unihook.capture(model, inputs=True) as cache:
+        model(x)
+    backend.add_(x, 1.0)
+    with pytest.raises(StaleCaptureError, match="positional args of module '0'"):
+        cache.inputs["0"]
+
+
+# -- structured outputs ----------------------------------------------------------------------
+
+
+def _structure(value: Any) -> Any:
+    """Types and non-tensor leaves, tensors replaced by their values: what must survive."""
+    if dataclasses.is_dataclass(value):
+        fields = dataclasses.fields(value)
+        return (type(value), [(f.name, _structure(getattr(value, f.name))) for f in fields])
+    if isinstance(value, dict):
+        return (type(value), [(k, _structure(v)) for k, v in value.items()])
+    if isinstance(value, (list, tuple)):
+        return (type(value), [_structure(v) for v in value])
+    if hasattr(value, "shape"):
+        return np.asarray(value).tolist()
+    return value
+
+
+STRUCTURED: dict[str, Callable[[Any], Any]] = {
+    "namedtuple": lambda h: Pair(h, h * 2),
+    "dict": lambda h: {"b": h, "a": [h * 2, None, 3]},
+    "ordered": lambda h: collections.OrderedDict(z=h, y=(h * 2,)),
+    "list": lambda h: [h, (h * 2, "tag")],
+    "dataclass": lambda h: Out(h, Pair(h * 2, {"k": h})),
+    "frozen": lambda h: Frozen([h]),
+}
+
+
+# torch's (and paddle's) backward hooks skip dict / list / dataclass outputs, with this warning
+@pytest.mark.filterwarnings("ignore:For backward hooks to be called")
+@pytest.mark.parametrize("kind", list(STRUCTURED))
+@pytest.mark.parametrize("mode", ["keep", "reuse", "grads"])
+def test_structured_outputs_keep_their_type(backend: Any, kind: str, mode: str) -> None:
+    make = STRUCTURED[kind]
+
+    def forward(self: Any, x: Any) -> Any:
+        return make(self.act(self.lin(x)))
+
+    def parent(self: Any, x: Any) -> Any:
+        out = self.inner(x)
+        backend.add_(self.inner.act.last, 100.0)  # modify the returned tensors in place
+        return out
+
+    def act(self: Any, h: Any) -> Any:
+        self.last = h
+        return h
+
+    inner = backend.module(forward, {"lin": linear(backend), "act": backend.module(act)})
+    model = backend.module(parent, {"inner": inner})
+    plain = make(row(backend, -2.5, -3.5))
+    expected = _structure(_numpy_tree(backend, plain))
+    for _ in range(2):
+        x = backend.tensor([[1.0, -2.0]], requires_grad=mode == "grads")
+        with unihook.capture(model, reuse=mode == "reuse", grads=mode == "grads") as cache:
+            out = model(x)
+            if mode == "grads":
+                backend.backward(_first_tensor(backend, out).sum())
+            if mode == "reuse":
+                model(x)
+        value = cache["inner"]
+        assert type(value) is type(plain)
+        assert _structure(_numpy_tree(backend, value)) == expected
+    with unihook.capture(model, inputs=True) as cache:
+        model(backend.tensor([[1.0, -2.0]]))
+    assert type(cache.inputs["inner"]) is tuple
+
+
+def test_torch_return_types() -> None:
+    torch = pytest.importorskip("torch")
+
+    class Max(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            return torch.max(x, 1)
+
+    model = torch.nn.Sequential(Max())
+    x = torch.tensor([[1.0, -2.0], [0.5, 3.0]], requires_grad=True)
+    for reuse in (False, True):
+        with unihook.capture(model, reuse=reuse, grads=True) as cache:
+            out = model[0](x)
+            out.values.add_(1.0)  # modify the returned values in place
+        assert type(cache["0"]) is torch.return_types.max
+        assert cache["0"].values.tolist() == [1.0, 3.0] and cache["0"].indices.tolist() == [0, 1]
+
+
+def _numpy_tree(kit: Any, value: Any) -> Any:
+    if kit.is_tensor(value):
+        return kit.numpy(value)
+    if dataclasses.is_dataclass(value):
+        fields = dataclasses.fields(value)
+        return dataclasses.replace(
+            value, **{f.name: _numpy_tree(kit, getattr(value, f.name)) for f in fields}
+        )
+    if isinstance(value, Pair):
+        return Pair(*(_numpy_tree(kit, v) for v in value))
+    if isinstance(value, dict):
+        return type(value)((k, _numpy_tree(kit, v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_numpy_tree(kit, v) for v in value)
+    return value
+
+
+def _first_tensor(kit: Any, value: Any) -> Any:
+    if kit.is_tensor(value):
+        return value
+    if dataclasses.is_dataclass(value):
+        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    items = value.values() if isinstance(value, dict) else value
+    return next(_first_tensor(kit, v) for v in items if _has_tensor(kit, v))
+
+
+def _has_tensor(kit: Any, value: Any) -> bool:
+    if kit.is_tensor(value):
+        return True
+    if dataclasses.is_dataclass(value):
+        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return isinstance(value, (list, tuple)) and any(_has_tensor(kit, v) for v in value)
+
+
+# -- generated models: capture against native hooks that copy --------------------------------
+
+LAYERS = ("linear", "relu", "relu_inplace", "add_inplace", "identity", "scale")
+
+
+def build(kit: Any, plan: list[tuple[str, bool]]) -> Any:
+    """A Sequential of layers; `wrapped` ones sit in a parent whose forward then modifies the
+    child's output in place (``out += 1`` in torchvision style: `add_` for paddle)."""
+
+    def layer(kind: str) -> Any:
+        if kind == "linear":
+            return kit.linear(3, 3)
+        if kind == "relu":
+            return kit.relu_module()
+        if kind == "relu_inplace":
+            return kit.relu_module(inplace=True)
+        if kind == "add_inplace":
+            return add_inplace(kit, -0.5)
+        if kind == "identity":
+            return identity(kit)
+        return kit.module(lambda self, x: x * 2)
+
+    def bumped(self: Any, x: Any) -> Any:
+        out = self.child(x)
+        kit.add_(out, 1.0)
+        return out
+
+    kit.seed(0)
+    layers = [kit.module(bumped, {"child": layer(k)}) if w else layer(k) for k, w in plan]
+    return kit.sequential(*layers)
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    plan=st.lists(st.tuples(st.sampled_from(LAYERS), st.booleans()), min_size=1, max_size=6),
+    forwards=st.integers(1, 2),
+    seed=st.integers(0, 2**16),
+)
+def test_generated_models_match_native_copies(
+    backend: Any, plan: list[tuple[str, bool]], forwards: int, seed: int
+) -> None:
+    model = build(backend, plan)
+    rng = np.random.default_rng(seed)
+    for _ in range(3):  # learning, then learned
+        seen, remove = native_copies(backend, model)
+        try:
+            with unihook.capture(model) as cache:
+                for _ in range(forwards):
+                    model(backend.tensor(rng.standard_normal((2, 3))))
+        finally:
+            remove()
+        assert_matches(backend, cache, seen)
