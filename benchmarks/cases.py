@@ -3,6 +3,7 @@ removed in its cleanup, so every variant starts a sample from the same, unhooked
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable
 
 import models
@@ -16,6 +17,7 @@ import unihook
 PER_HOOK_TARGET = Target(0.15, "<= 0.15 us")
 REUSE_TARGET = Target(1.10, "< 1.10x")
 SAME_AS_HANDWRITTEN = Target(1.02, "<= 1.02x")
+CAPTURE_TARGET = Target(1.05, "<= 1.05x")
 NO_WORSE = Target(1.0, "<= 1.00")
 
 
@@ -285,6 +287,94 @@ def _check_capture_complete(model: Any, forward: Body, n_modules: int) -> None:
     with unihook.capture(model) as cache:
         forward()
     assert len(cache.keys()) == n_modules, (len(cache.keys()), n_modules)
+
+
+# -- 2a'. forward capture beside in-place ops: the CNN with ReLU(inplace=True) --
+
+
+def capture_inplace(fw: Framework, model: Any, x: Any) -> Case:
+    """Every BatchNorm output is overwritten by the in-place ReLU after it: native hooks that
+    keep detached aliases record wrong values there. The exact hand-written equivalents copy
+    every output, or only the outputs an in-place op will touch (picked by hand: BatchNorm);
+    capture learns the latter from its first forward (``unihook first capture``: that forward
+    copies everything)."""
+    fw.set_training(model, False)
+    named = fw.named_modules(model)
+    overwritten = {n for n, m in named if "BatchNorm" in type(m).__name__}
+
+    def forward() -> None:
+        with fw.no_grad():
+            model(x)
+
+    def recorders(copied: set[str]) -> Callable[[], list[Remover]]:
+        def register() -> list[Remover]:
+            record: dict[str, Any] = {}
+
+            def recorder(name: str) -> Callable[..., None]:
+                if name in copied:
+
+                    def hook(module: Any, args: Any, output: Any) -> None:
+                        record[name] = output.detach().clone()
+
+                else:
+
+                    def hook(module: Any, args: Any, output: Any) -> None:
+                        record[name] = output.detach()
+
+                return hook
+
+            return [fw.native_post_hook(m, recorder(n)) for n, m in named]
+
+        return register
+
+    def keep() -> list[Remover]:
+        return [unihook.capture(model).remove]
+
+    def first() -> list[Remover]:
+        # what capture learned about this model (private: a benchmark-only reset)
+        learned = importlib.import_module("unihook.capture")._learned
+        for _, module in named:
+            learned.pop(module, None)
+        return keep()
+
+    _check_capture_exact(fw, model, forward, overwritten)
+    return Case(
+        f"capture_inplace/cnn/{fw.name}",
+        f"{fw.name}: cnn with in-place ReLU, forward (eval, no_grad), every module's output "
+        f"({len(named)} modules, {len(overwritten)} overwritten in place)",
+        "ms",
+        1e3,
+        [
+            Variant("plain", unhooked(forward)),
+            Variant("native dict (stale)", hooked(forward, recorders(set()))),
+            Variant("native copy all", hooked(forward, recorders({n for n, _ in named}))),
+            Variant("native copy picked", hooked(forward, recorders(overwritten))),
+            Variant("unihook capture", hooked(forward, keep)),
+            Variant("unihook first capture", hooked(forward, first)),
+        ],
+        [
+            ratio("native dict (stale)", "plain"),
+            ratio("native copy all", "plain"),
+            ratio("native copy picked", "plain"),
+            ratio("unihook capture", "plain"),
+            ratio("unihook capture", "native copy picked", CAPTURE_TARGET),
+            ratio("unihook capture", "native copy all"),
+            ratio("unihook capture", "native dict (stale)"),
+            ratio("unihook first capture", "native copy all"),
+        ],
+        "one forward per sample, a fresh capture / dict each (registered untimed); `unihook "
+        "capture` has learned the model in an earlier sample, `unihook first capture` forgets "
+        "it first; `native dict (stale)` holds wrong BatchNorm outputs",
+    )
+
+
+def _check_capture_exact(fw: Framework, model: Any, forward: Body, overwritten: set[str]) -> None:
+    """capture keeps the BatchNorm outputs as returned, not as the in-place ReLU left them."""
+    for _ in range(2):  # learning, then learned
+        with unihook.capture(model) as cache:
+            forward()
+        for name in overwritten:
+            assert unihook.ops.to_numpy(cache[name]).min() < 0, name
 
 
 # -- 2b. forward + backward with a no-op full backward hook on every leaf module --

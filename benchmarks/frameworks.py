@@ -27,6 +27,7 @@ class Torch:
         self.LayerNorm, self.GELU = nn.LayerNorm, nn.GELU
         # Non-inplace: torch's native full backward hook raises on an in-place op after a module.
         self.ReLU = lambda: nn.ReLU(inplace=False)
+        self.ReLUInplace = lambda: nn.ReLU(inplace=True)
 
     def seed(self, seed: int) -> None:
         self.t.manual_seed(seed)
@@ -105,6 +106,12 @@ class Paddle:
         self.Sequential, self.Linear, self.Conv2d = nn.Sequential, nn.Linear, nn.Conv2D
         self.BatchNorm2d, self.MaxPool2d, self.Flatten = nn.BatchNorm2D, nn.MaxPool2D, nn.Flatten
         self.LayerNorm, self.GELU, self.ReLU = nn.LayerNorm, nn.GELU, nn.ReLU
+
+        class ReLUInplace(nn.Layer):  # paddle's ReLU layer has no inplace flag
+            def forward(self, x: Any) -> Any:
+                return paddle.nn.functional.relu_(x)
+
+        self.ReLUInplace = ReLUInplace
 
     def seed(self, seed: int) -> None:
         self.p.seed(seed)

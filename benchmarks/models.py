@@ -1,8 +1,9 @@
 """The benchmark models, defined once and built identically in either framework.
 
 Same architecture, shapes and module tree in torch and paddle (only default initialisation
-differs, which does not change timing). No in-place op anywhere: torch's native full backward
-hook, one of the compared variants, raises on an in-place op after a hooked module.
+differs, which does not change timing). No in-place op anywhere (torch's native full backward
+hook, one of the compared variants, raises on an in-place op after a hooked module), except in
+``cnn(inplace=True)``, which only the forward capture case `capture_inplace` runs.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ class Sizes:
         )
 
 
-def cnn(fw: Framework, s: Sizes) -> Any:
-    """4 x (conv 3x3 - BN - ReLU - maxpool 2) + flatten + linear, on batch x 3 x image x image."""
+def cnn(fw: Framework, s: Sizes, inplace: bool = False) -> Any:
+    """4 x (conv 3x3 - BN - ReLU - maxpool 2) + flatten + linear, on batch x 3 x image x image.
+    `inplace`: the ReLUs overwrite the BatchNorm outputs (torchvision style)."""
     stages = []
     c_in = 3
     for i in range(4):
@@ -54,7 +56,7 @@ def cnn(fw: Framework, s: Sizes) -> Any:
             fw.Sequential(
                 fw.Conv2d(c_in, c_out, 3, padding=1),
                 fw.BatchNorm2d(c_out),
-                fw.ReLU(),
+                fw.ReLUInplace() if inplace else fw.ReLU(),
                 fw.MaxPool2d(2),
             )
         )

@@ -1,6 +1,6 @@
 """unihook against native hooks (and optional peers), every variant in this one process.
 
-    python benchmarks/run.py [--quick | --smoke] [--out PATH]
+    python benchmarks/run.py [--quick | --smoke] [--out PATH] [--cases GLOB]
 
 See benchmarks/README.md for what is measured and how.
 """
@@ -14,6 +14,7 @@ import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, Callable
 
@@ -67,6 +68,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     speed.add_argument("--quick", action="store_true", help="fewer rounds (under 2 minutes)")
     speed.add_argument("--smoke", action="store_true", help="tiny sizes, 2 rounds (tests)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON record path")
+    parser.add_argument(
+        "--cases", metavar="GLOB", help="only the cases whose id matches, e.g. 'capture*'"
+    )
     return parser.parse_args(argv)
 
 
@@ -101,6 +105,10 @@ def build_cases(fws: list[frameworks.Framework], mode: Mode) -> list[tuple[Case,
                 (cases.capture(fw, label, build(fw, s), make_input(fw, s)), mode.forward)
             )
         planned.append((cases.backward(fws, label, build, make_input, s), mode.backward))
+    for fw in fws:
+        fw.seed(0)
+        model = models.cnn(fw, s, inplace=True)
+        planned.append((cases.capture_inplace(fw, model, models.cnn_input(fw, s)), mode.forward))
     for register_in_timed in (False, True):
         planned.append((cases.tensor_hooks(fws, s, register_in_timed), mode.forward))
     return planned
@@ -143,6 +151,8 @@ def main(argv: list[str]) -> int:
     peer, peer_status = peer_case(fws, mode)
     if peer is not None:
         planned.append((peer, mode.forward))
+    if args.cases:
+        planned = [(case, plan) for case, plan in planned if fnmatch(case.id, args.cases)]
     # Everything built so far lives for the whole run: keep it out of each sample's gc.collect.
     gc.collect()
     gc.freeze()

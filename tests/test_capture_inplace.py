@@ -54,26 +54,34 @@ def add_inplace(kit: Any, value: float) -> Any:
     return kit.module(lambda self, x: kit.add_(x, value))
 
 
-def native_copies(kit: Any, model: Any) -> tuple[dict[str, list[Any]], Callable[[], None]]:
-    """The oracle: native forward hooks keeping a numpy copy of every module's output."""
-    seen: dict[str, list[Any]] = collections.defaultdict(list)
+Seen = dict[str, list[tuple[Any, Any]]]
+
+
+def native_copies(kit: Any, model: Any) -> tuple[Seen, Callable[[], None]]:
+    """The oracle: native forward hooks keeping numpy copies of every module call's first
+    positional arg and output."""
+    seen: Seen = collections.defaultdict(list)
     handles = []
     for name, module in kit.named_modules(model):
 
         def hook(module: Any, args: Any, output: Any, name: str = name) -> None:
-            seen[name].append(kit.numpy(output))
+            seen[name].append((kit.numpy(args[0]), kit.numpy(output)))
 
         handles.append(module.register_forward_hook(hook))
     return seen, lambda: [h.remove() for h in handles]
 
 
-def assert_matches(kit: Any, cache: Any, seen: dict[str, list[Any]]) -> None:
+def assert_matches(kit: Any, cache: Any, seen: Seen, forwards: int, reuse: bool) -> None:
+    """`cache` holds what `seen` does: every call (reuse: the last forward's) and the last
+    call's args."""
     assert sorted(cache.keys()) == sorted(seen)
-    for name, expected in seen.items():
+    for name, calls in seen.items():
+        expected = calls[-len(calls) // forwards :] if reuse else calls
         got = [kit.numpy(t) for t in cache.calls(name)]
         assert len(got) == len(expected), name
-        for g, e in zip(got, expected):
+        for g, (_, e) in zip(got, expected):
             np.testing.assert_array_equal(g, e, err_msg=name)
+        np.testing.assert_array_equal(kit.numpy(cache.inputs[name][0]), calls[-1][0])
 
 
 # -- in-place after the module returned ------------------------------------------------------
@@ -179,6 +187,32 @@ def test_a_learned_module_modified_later_raises(backend) -> None:  # type: ignor
         out = model(row(backend, 1.0, -2.0))
     backend.add_(out, 1.0)
     np.testing.assert_array_equal(backend.numpy(cache["0"]), [[-2.5, -3.5]])
+
+
+def test_training_mode_is_learned_apart(backend) -> None:  # type: ignore[no-untyped-def]
+    def forward(self: Any, x: Any) -> Any:
+        h = self.lin(x)
+        if self.training:  # as Dropout(inplace=True) does
+            backend.add_(h, 1.0)
+        return h
+
+    model = backend.module(forward, {"lin": linear(backend)})
+    for training in (False, False, True, True, False):
+        backend.set_training(model, training)
+        with unihook.capture(model) as cache:
+            model(row(backend, 1.0, -2.0))
+        np.testing.assert_array_equal(backend.numpy(cache["lin"]), [[-2.5, -3.5]])
+
+
+def test_inference_mode_copies() -> None:
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(inplace=True))
+    for _ in range(2):
+        with torch.inference_mode(), unihook.capture(model) as cache:
+            model(torch.tensor([[1.0, -2.0]]))
+            model(torch.tensor([[-1.0, 2.0]]))
+        expected = [model[0](torch.tensor(x)).detach() for x in ([[1.0, -2.0]], [[-1.0, 2.0]])]
+        assert all(torch.equal(a, b) for a, b in zip(cache.calls("0"), expected))
 
 
 def test_inputs_learned_then_modified_raise(backend) -> None:  # type: ignore[no-untyped-def]
@@ -314,7 +348,7 @@ def _has_tensor(kit: Any, value: Any) -> bool:
 
 # -- generated models: capture against native hooks that copy --------------------------------
 
-LAYERS = ("linear", "relu", "relu_inplace", "add_inplace", "identity", "scale")
+LAYERS = ("linear", "relu", "relu_inplace", "add_inplace", "identity", "scale", "twice")
 
 
 def build(kit: Any, plan: list[tuple[str, bool]]) -> Any:
@@ -332,6 +366,11 @@ def build(kit: Any, plan: list[tuple[str, bool]]) -> Any:
             return add_inplace(kit, -0.5)
         if kind == "identity":
             return identity(kit)
+        if kind == "twice":  # one module called twice, its first output modified in place
+            return kit.module(
+                lambda self, x: self.act(kit.add_(self.act(x), -0.25)),
+                {"act": kit.relu_module(inplace=True)},
+            )
         return kit.module(lambda self, x: x * 2)
 
     def bumped(self: Any, x: Any) -> Any:
@@ -350,19 +389,20 @@ def build(kit: Any, plan: list[tuple[str, bool]]) -> Any:
 @given(
     plan=st.lists(st.tuples(st.sampled_from(LAYERS), st.booleans()), min_size=1, max_size=6),
     forwards=st.integers(1, 2),
+    reuse=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_generated_models_match_native_copies(
-    backend: Any, plan: list[tuple[str, bool]], forwards: int, seed: int
+    backend: Any, plan: list[tuple[str, bool]], forwards: int, reuse: bool, seed: int
 ) -> None:
     model = build(backend, plan)
     rng = np.random.default_rng(seed)
     for _ in range(3):  # learning, then learned
         seen, remove = native_copies(backend, model)
         try:
-            with unihook.capture(model) as cache:
+            with unihook.capture(model, inputs=True, reuse=reuse) as cache:
                 for _ in range(forwards):
                     model(backend.tensor(rng.standard_normal((2, 3))))
         finally:
             remove()
-        assert_matches(backend, cache, seen)
+        assert_matches(backend, cache, seen, forwards, reuse)

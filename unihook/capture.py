@@ -35,8 +35,9 @@ __all__ = ["Capture", "StaleCaptureError", "capture"]
 
 _WHAT = {"output": "output", "inputs": "positional args", "grads": "grad_output"}
 
-# module -> {what: modified in place after capture?}; a missing key: not learned yet
-_learned: WeakKeyDictionary[Any, dict[str, bool]] = WeakKeyDictionary()
+# module -> {(what, training): modified in place after capture?}; a missing key: not learned
+# yet. Keyed by training mode too: in-place ops often differ (Dropout(inplace=True)).
+_learned: WeakKeyDictionary[Any, dict[tuple[str, bool], bool]] = WeakKeyDictionary()
 
 
 class StaleCaptureError(UnihookError, RuntimeError):
@@ -44,12 +45,30 @@ class StaleCaptureError(UnihookError, RuntimeError):
 
 
 class _Site:
-    """One module and the kind of value kept of it ("output", "inputs", "grads")."""
+    """One module, the kind of value kept of it ("output", "inputs", "grads") and its mode."""
 
-    __slots__ = ("name", "what", "flags", "backend")
+    __slots__ = ("name", "what", "key", "flags", "backend")
 
-    def __init__(self, name: str, what: str, flags: dict[str, bool], backend: str) -> None:
-        self.name, self.what, self.flags, self.backend = name, what, flags, backend
+    def __init__(
+        self, name: str, what: str, training: bool, flags: dict[Any, bool], backend: str
+    ) -> None:
+        self.name, self.what, self.key = name, what, (what, training)
+        self.flags, self.backend = flags, backend
+
+
+Sites = tuple[_Site, _Site]  # indexed by `module.training`
+
+
+def _sites(name: str, what: str, flags: dict[Any, bool], backend: str) -> Sites:
+    """A module's sites in eval and in training mode."""
+    return (_Site(name, what, False, flags, backend), _Site(name, what, True, flags, backend))
+
+
+def _flags(module: Any) -> dict[Any, bool]:
+    try:
+        return _learned.setdefault(module, {})
+    except TypeError:  # unhashable (a dataclass module with eq=True): learn for this capture
+        return {}
 
 
 class _Kept:
@@ -77,7 +96,7 @@ def _read(kept: _Kept, version: Callable[[Any], Any]) -> Any:
         if now == before:
             continue
         site = kept.site
-        site.flags[site.what] = True
+        site.flags[site.key] = True
         if kept.copied:
             kept.aliases = ()
             break
@@ -109,11 +128,14 @@ class _Checked(Mapping[str, Any]):
 class Capture(Removable):
     """What `capture` records, by qualified module name.
 
-    ``cache[name]``: the detached output of the module's last call; ``cache.calls(name)``: every
-    call's, in order; ``cache.inputs[name]``: the last call's positional args (inputs=True);
-    ``cache.grads[name]``: the last grad_output (grads=True; a tensor for a single-output
-    module, else a tuple). `names` lists the modules hooked. The hooks go away when the scope
-    exits (or on `remove()`); the recorded tensors then live only as long as this object.
+    ``cache[name]``: the detached output of the module's last call, as it was returned (a
+    namedtuple, dict, dataclass... stays one); ``cache.calls(name)``: every call's, in order;
+    ``cache.inputs[name]``: the last call's positional args (inputs=True); ``cache.grads[name]``:
+    the last grad_output (grads=True; a tensor for a single-output module, else a tuple). A
+    read raises `StaleCaptureError` where an in-place op changed a value capture could not know
+    to copy (see the module docstring). `names` lists the modules hooked. The hooks go away
+    when the scope exits (or on `remove()`); the recorded tensors then live only as long as
+    this object.
 
     ``reuse=True`` is for repeated forwards: each forward of `model` copies every output into
     the buffers the previous forward filled (one per module call) instead of keeping the
@@ -149,8 +171,8 @@ class Capture(Removable):
             start = api.register_forward_pre_hook(model, self._next_forward)
             self._group.add("", start)
             for name, module in selected:
-                flags = _learned.setdefault(module, {})
-                site = {w: _Site(name, w, flags, start.backend) for w in _WHAT}
+                flags = _flags(module)
+                site = {w: _sites(name, w, flags, start.backend) for w in _WHAT}
                 inputs_site = site["inputs"] if inputs else None
                 if reuse and outputs:
                     hook = self._reusing_hook(name, site["output"], inputs_site)
@@ -168,7 +190,7 @@ class Capture(Removable):
             self._group.remove()
             raise
 
-    def _keep(self, site: _Site, value: Any) -> _Kept:
+    def _keep(self, sites: Sites, module: Any, value: Any) -> _Kept:
         """`value` as recorded now: an alias when the module is known to be left alone, else a
         copy (see the module docstring)."""
         ops = self._ops
@@ -187,7 +209,8 @@ class Capture(Removable):
             alias = ops.map_tensors(watch, value)
             aliases = tuple(found)
             versions = tuple(ops.version(a) for a in found)
-        mutated = site.flags.get(site.what)
+        site = sites[module.training]
+        mutated = site.flags.get(site.key)
         unversioned = None in versions  # e.g. torch inference tensors: copy, nothing to learn
         if mutated is False and not unversioned:
             return _Kept(alias, aliases, versions, site, False)
@@ -202,16 +225,16 @@ class Capture(Removable):
         """Learn from the copies kept so far whether their modules' tensors got modified."""
         version = self._version
         for kept in self._learning:
-            flags, what = kept.site.flags, kept.site.what
+            flags, key = kept.site.flags, kept.site.key
             if any(version(a) != v for a, v in zip(kept.aliases, kept.versions)):
-                flags[what] = True
+                flags[key] = True
             else:
-                flags.setdefault(what, False)
+                flags.setdefault(key, False)
             kept.aliases = ()
         self._learning.clear()
 
     def _forward_hook(
-        self, name: str, output_site: _Site | None, inputs_site: _Site | None
+        self, name: str, output_site: Sites | None, inputs_site: Sites | None
     ) -> Callable[..., None]:
         calls = self._outputs.setdefault(name, [])
         store_inputs = self._inputs
@@ -221,14 +244,14 @@ class Capture(Removable):
             assert output_site is not None
 
             def hook(module: Any, args: Any, output: Any) -> None:
-                calls.append(keep(output_site, output))
+                calls.append(keep(output_site, module, output))
 
         else:
 
             def hook(module: Any, args: Any, output: Any) -> None:
                 if output_site is not None:
-                    calls.append(keep(output_site, output))
-                store_inputs[name] = keep(inputs_site, args)
+                    calls.append(keep(output_site, module, output))
+                store_inputs[name] = keep(inputs_site, module, args)
 
         return hook
 
@@ -238,7 +261,7 @@ class Capture(Removable):
             self._settle()
 
     def _reusing_hook(
-        self, name: str, output_site: _Site, inputs_site: _Site | None
+        self, name: str, output_site: Sites, inputs_site: Sites | None
     ) -> Callable[..., None]:
         buffers = self._outputs.setdefault(name, [])
         filled = self._filled.setdefault(name, [0, 0])
@@ -259,7 +282,7 @@ class Capture(Removable):
                 kept = buffers[i]
                 buffer = kept.value if is_tensor(kept.value) else None
             else:
-                kept = _Kept(None, (), (), output_site, True)
+                kept = _Kept(None, (), (), output_site[0], True)
                 buffers.append(kept)
                 buffer = None
             if is_tensor(output):
@@ -267,7 +290,7 @@ class Capture(Removable):
             else:
                 kept.value = map_tensors(clone, output)
             if inputs_site is not None:
-                store_inputs[name] = keep(inputs_site, args)
+                store_inputs[name] = keep(inputs_site, module, args)
 
         return hook
 
@@ -276,12 +299,13 @@ class Capture(Removable):
         filled = self._filled.get(name)
         return calls if filled is None else calls[: filled[1]]
 
-    def _grad_hook(self, name: str, site: _Site) -> Callable[..., None]:
+    def _grad_hook(self, name: str, site: Sites) -> Callable[..., None]:
         grads = self._grads
         keep = self._keep
 
         def hook(module: Any, grad_output: Any) -> None:
-            grads[name] = keep(site, grad_output[0] if len(grad_output) == 1 else grad_output)
+            value = grad_output[0] if len(grad_output) == 1 else grad_output
+            grads[name] = keep(site, module, value)
 
         return hook
 
