@@ -112,13 +112,16 @@ class Run:
         self.rec(f"{label}: x.grad", x.grad)
         for p in k.parameters(self.module):  # paddle's Linear weight is torch's transposed
             g = k.grad(p)
-            self.events.append((f"{label}: param grad", g.T.tolist() if k.name == "paddle" else g.tolist()))
+            g = g.T if k.name == "paddle" else g
+            self.events.append((f"{label}: param grad", g.tolist()))
         if not self.native:
             state = _states.get(self.module)
             assert state is None or state._stack() == [], f"{label}: per-call state left"
 
 
-def scenario(run: Run, pre: str | None, post: str | None, kinds: tuple[str, ...], order: str, removal: str) -> None:
+def scenario(
+    run: Run, pre: str | None, post: str | None, kinds: tuple[str, ...], order: str, removal: str
+) -> None:
     def natives() -> list[Callable[[], None]]:
         removers = []
         if pre is not None:
@@ -152,18 +155,17 @@ def scenario(run: Run, pre: str | None, post: str | None, kinds: tuple[str, ...]
     run.step("all removed")
 
 
-def native_only_twin(k: Any, pre: str | None, post: str | None) -> Any:
+def native_only_twin(k: Any, pre: str, post: str) -> Run:
     """The module with the same native hooks and nothing else."""
     twin = Run(k)
-    removers = []
-    if pre is not None:
-        removers.append(twin.native_pre(pre))
-    if post is not None:
-        removers.append(twin.native_post(post))
-    return twin, removers
+    twin.native_pre(pre)
+    twin.native_post(post)
+    return twin
 
 
-COMBOS = list(itertools.product((None, *NATIVE_PRE), (None, *NATIVE_POST), UNIHOOK, ORDERS, REMOVALS))
+COMBOS = list(
+    itertools.product((None, *NATIVE_PRE), (None, *NATIVE_POST), UNIHOOK, ORDERS, REMOVALS)
+)
 
 
 @pytest.mark.parametrize(
@@ -172,7 +174,12 @@ COMBOS = list(itertools.product((None, *NATIVE_PRE), (None, *NATIVE_POST), UNIHO
     ids=["-".join([str(p), str(q), "+".join(u), o, r]) for p, q, u, o, r in COMBOS],
 )
 def test_native_hooks_beside_unihook(
-    backend: Any, pre: str | None, post: str | None, kinds: tuple[str, ...], order: str, removal: str
+    backend: Any,
+    pre: str | None,
+    post: str | None,
+    kinds: tuple[str, ...],
+    order: str,
+    removal: str,
 ) -> None:
     oracle = Run(kit("torch"), native=True)
     scenario(oracle, pre, post, kinds, order, removal)
@@ -199,7 +206,7 @@ def test_removing_unihook_leaves_what_native_registration_gives(
     run.step("all")
     for remove in ours:
         remove()
-    twin, _ = native_only_twin(backend, pre, post)
+    twin = native_only_twin(backend, pre, post)
     dicts, twin_dicts = backend.hook_dicts(run.module), backend.hook_dicts(twin.module)
     for name, d in dicts.items():
         assert d is before[name] and type(d) is OrderedDict, name
@@ -212,7 +219,9 @@ def test_removing_unihook_leaves_what_native_registration_gives(
 
 
 @pytest.mark.parametrize("unihook_first", [True, False])
-def test_native_handle_from_before_unihook_removes_its_hook(backend: Any, unihook_first: bool) -> None:
+def test_native_handle_from_before_unihook_removes_its_hook(
+    backend: Any, unihook_first: bool
+) -> None:
     run = Run(backend)
     if unihook_first:
         ours = run.unihook("full_backward")
@@ -340,6 +349,110 @@ def test_state_dict_roundtrip_keeps_hooks(backend: Any) -> None:
         run.step("round trip")
         for remove in removers:
             remove()
+        return run.events
+
+    assert go(backend, False) == go(kit("torch"), True)
+
+
+def global_forward_run(k: Any, native: bool, mid_call: bool) -> Run:
+    """Global forward pre- and post-hooks beside per-module native hooks and a backward hook;
+    with `mid_call`, a native pre-hook registers a native post-hook and a unihook forward hook
+    while the layer runs under the global hooks."""
+    run = Run(k, native=native)
+
+    def g_pre(m: Any, args: Any) -> None:
+        run.rec("global pre", args[0])
+
+    def g_post(m: Any, args: Any, out: Any) -> None:
+        run.rec("global post", args[0], out)
+
+    if native:
+        import torch
+
+        mm = torch.nn.modules.module
+        removers = [
+            mm.register_module_forward_pre_hook(g_pre).remove,
+            mm.register_module_forward_hook(g_post).remove,
+        ]
+    else:
+        removers = [
+            unihook.register_module_forward_pre_hook(g_pre, backend=k.name).remove,
+            unihook.register_module_forward_hook(g_post, backend=k.name).remove,
+        ]
+    removers.append(run.native_pre("replace"))
+    removers += run.unihook("full_backward")
+    if mid_call:
+
+        def late(m: Any, args: Any, out: Any) -> None:
+            run.rec("late native post", out)
+
+        def registering(m: Any, args: Any) -> None:
+            if len(removers) < 8:
+                removers.append(k.native_hook(m, "forward", late))
+                removers.extend(run.unihook("forward"))
+
+        removers.append(k.native_hook(run.module, "forward_pre", registering))
+    removers.append(run.native_post("replace"))
+    run.step("first")
+    run.step("second")
+    for remove in removers:
+        remove()
+    run.step("all removed")
+    return run
+
+
+@pytest.mark.parametrize("mid_call", [False, True])
+def test_global_forward_hooks_beside_native_hooks(backend: Any, mid_call: bool) -> None:
+    native_state = backend.native_state()
+    run = global_forward_run(backend, False, mid_call)
+    assert run.events == global_forward_run(kit("torch"), True, mid_call).events
+    assert backend.native_state() == native_state
+    assert run.module not in _states
+    assert all(type(d) is OrderedDict and not d for d in backend.hook_dicts(run.module).values())
+
+
+def test_torch_native_global_pre_hook_beside_unihook_global_backward() -> None:
+    torch = pytest.importorskip("torch")
+    k = kit("torch")
+
+    def go(native: bool) -> list[Any]:
+        run = Run(k, native=native)
+
+        def pre(m: Any, args: Any) -> Any:
+            return (args[0] * 2,)
+
+        def bw(m: Any, gi: Any, go: Any) -> None:
+            run.rec("global full_backward", gi[0], go[0])
+
+        mm = torch.nn.modules.module
+        remove_pre = mm.register_module_forward_pre_hook(pre).remove
+        if native:
+            remove_bw = mm.register_module_full_backward_hook(bw).remove
+        else:
+            remove_bw = unihook.register_module_full_backward_hook(bw, backend="torch").remove
+        run.step("global")
+        remove_bw()
+        run.step("global backward removed")
+        remove_pre()
+        assert all(type(d) is OrderedDict and not d for d in k.hook_dicts(run.module).values())
+        return run.events
+
+    assert go(False) == go(True)
+
+
+def test_a_library_clearing_the_forward_hook_dicts_leaves_backward_hooks(backend: Any) -> None:
+    """torch keeps module backward hooks apart from forward hooks: clearing a module's forward
+    hook containers (as some libraries do) leaves them firing."""
+
+    def go(k: Any, native: bool) -> list[Any]:
+        run = Run(k, native=native)
+        removers = [run.native_pre("replace"), *run.unihook("full_backward")]
+        for d in k.hook_dicts(run.module).values():
+            d.clear()
+        run.step("cleared")
+        for remove in removers:
+            remove()
+        run.step("removed")
         return run.events
 
     assert go(backend, False) == go(kit("torch"), True)

@@ -17,6 +17,7 @@ registers after them. So while unihook has a key in a hook dict, the module hold
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Protocol
@@ -142,6 +143,8 @@ class HookDict(OrderedDict[int, Any]):
         new._install(origin, copied)
         for key, value in self.items():
             state = getattr(value, "__self__", None) if key in self.pinned else None
+            if getattr(state, "is_global", False):
+                continue  # the global dispatchers: the copy gets them where it needs them
             if state is not None and id(state) not in memo and copied is not owner:
                 memo[id(state)] = _copy_state(state, copied)
             value = deepcopy(value, memo)
@@ -167,6 +170,7 @@ def _copy_state(state: Any, owner: Any) -> Any:
 # id(origin) -> (weakref to the origin, its retired HookDict): the HookDict lives as long as
 # the origin, without keeping it alive.
 _retired: dict[int, tuple[weakref.ref[Any], HookDict]] = {}
+_lock = threading.RLock()  # registrations from several threads
 
 
 def pin(
@@ -174,41 +178,43 @@ def pin(
 ) -> None:
     """Insert unihook's hook `key` into `owner`'s hook dict `attr`: pinned last (`last`), or
     first (`prepend`), or before the pinned ones."""
-    current = access.get(owner, attr)
-    hooks = current if isinstance(current, HookDict) else None
-    if hooks is None:
-        entry = _retired.pop(id(current), None)
-        hooks = entry[1] if entry is not None and entry[0]() is current else HookDict()
-        hooks._install(current, owner)
-        access.put(owner, attr, hooks)
-    hooks.owned.add(key)
-    if last:
-        hooks.pinned.append(key)
-    hooks[key] = hook
-    if prepend:
-        hooks.move_to_end(key, last=False)
+    with _lock:
+        current = access.get(owner, attr)
+        hooks = current if isinstance(current, HookDict) else None
+        if hooks is None:
+            entry = _retired.pop(id(current), None)
+            hooks = entry[1] if entry is not None and entry[0]() is current else HookDict()
+            hooks._install(current, owner)
+            access.put(owner, attr, hooks)
+        hooks.owned.add(key)
+        if last:
+            hooks.pinned.append(key)
+        hooks[key] = hook
+        if prepend:
+            hooks.move_to_end(key, last=False)
 
 
 def unpin(owner: Any, attr: str, key: int, access: Access) -> None:
     """Remove unihook's hook `key`; the last one out puts the origin back."""
-    hooks = access.get(owner, attr)
-    if not isinstance(hooks, HookDict):
-        return
-    hooks.pop(key, None)
-    if hooks.owned or hooks._origin is None:
-        return
-    origin = hooks._origin
-    hooks._origin = None
-    # the origin already holds every native hook in order (mirrored); only its type differs
-    ident = id(origin)
+    with _lock:
+        hooks = access.get(owner, attr)
+        if not isinstance(hooks, HookDict):
+            return
+        hooks.pop(key, None)
+        if hooks.owned or hooks._origin is None:
+            return
+        origin = hooks._origin
+        hooks._origin = None
+        # the origin already holds every native hook in order (mirrored); only its type differs
+        ident = id(origin)
 
-    def forget(ref: weakref.ref[Any], retired: dict[int, Any] = _retired) -> None:
-        # (`retired` bound now: at interpreter exit the module's globals are gone first)
-        if retired.get(ident, (None,))[0] is ref:
-            del retired[ident]
+        def forget(ref: weakref.ref[Any], retired: dict[int, Any] = _retired) -> None:
+            # (`retired` bound now: at interpreter exit the module's globals are gone first)
+            if retired.get(ident, (None,))[0] is ref:
+                del retired[ident]
 
-    _retired[ident] = (weakref.ref(origin, forget), hooks)
-    access.put(owner, attr, origin)
+        _retired[ident] = (weakref.ref(origin, forget), hooks)
+        access.put(owner, attr, origin)
 
 
 class Pinned:

@@ -46,19 +46,25 @@ class Access:
 
     @staticmethod
     def get(layer: Any, attr: str) -> OrderedDict[int, Any]:
-        saved = _global.running.get(id(layer))
-        if saved is not None:
-            return saved[_global._ATTRS.index(attr)]
+        entry = _global.running.get(id(layer))
+        if entry is not None:
+            return entry[0][_global._ATTRS.index(attr)]
         hooks: OrderedDict[int, Any] = layer.__dict__[attr]
         return hooks
 
     @staticmethod
     def put(layer: Any, attr: str, hooks: OrderedDict[int, Any]) -> None:
-        saved = _global.running.get(id(layer))
-        if saved is not None:
-            saved[_global._ATTRS.index(attr)] = hooks
+        entry = _global.running.get(id(layer))
+        if entry is not None:
+            entry[0][_global._ATTRS.index(attr)] = hooks
         else:
             object.__setattr__(layer, attr, hooks)
+
+
+def _changed(layer: Any, *attrs: str) -> None:
+    if id(layer) in _global.running:
+        for attr in attrs:
+            _global.remerge(layer, attr)
 
 
 def add_hook(
@@ -79,6 +85,7 @@ def add_hook(
         if always_call:
             Access.get(layer, always_attr[0])[hook_id] = True
         pin(layer, hooks_attr, hook_id, hook, Access, last=False, prepend=prepend)
+        _changed(layer, hooks_attr, kwargs_attr, *always_attr)
     return hook_id
 
 
@@ -88,6 +95,7 @@ def remove_hook(layer: Any, hook_id: int, *, pre: bool) -> None:
         unpin(layer, hooks_attr, hook_id, Access)
         for attr in flag_attrs:
             Access.get(layer, attr).pop(hook_id, None)
+        _changed(layer, hooks_attr, *flag_attrs)
 
 
 def add_dispatchers(layer: Any, pre: Callable[..., Any], post: Callable[..., Any]) -> Pinned:

@@ -6,7 +6,11 @@ own, so it is replaced by one that always goes through ``_dygraph_call_func``, w
 to run with the global hooks merged in front of the layer's own (torch's order: G-pre, L-pre,
 forward, G-fwd, L-fwd) and the global backward dispatchers at the very end (after every
 forward hook, as torch's BackwardHook). The merged dicts are swapped in for the call and the
-layer's own ones put back after it, keeping any hook registered meanwhile.
+layer's own ones put back after it, keeping any hook registered meanwhile. While it runs, the
+layer's own dicts wait in `running`: unihook registers there and `remerge`s (the running
+call's later hook loops see the change, as torch's do); a hook paddle's own register_* wrote
+into a merged dict is copied back, and its handle (a weakref to the merged dict) keeps
+working (`Merged`).
 
 Registration kinds: paddle registers in four places that do not call each other
 (``__setattr__``, ``add_parameter`` (which ``register_parameter`` calls), ``register_buffer``,
@@ -17,6 +21,7 @@ non-persistable buffer in paddle: it fires the buffer hook.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -53,7 +58,9 @@ _registration: dict[str, dict[int, Hook]] = {
     "module_registration": {},
 }
 _originals: dict[str, Any] = {}
-running: dict[int, list[OrderedDict[int, Any]]] = {}  # id(layer) -> its own dicts, mid-call
+# id(layer) -> (its own dicts, the first hook id of the call, the merged dicts `remerge`
+# replaced) while it runs
+running: dict[int, tuple[list[OrderedDict[int, Any]], int, list[tuple[str, Merged]]]] = {}
 # (head dicts, tail dicts, every global id), rebuilt on each change
 _merge_parts: tuple[
     tuple[OrderedDict[int, Any], ...],
@@ -67,6 +74,55 @@ def _next_id() -> int:
     hook_id = HookRemoveHelper.next_hook_id
     HookRemoveHelper.next_hook_id += 1
     return hook_id
+
+
+class Merged(OrderedDict[int, Any]):
+    """A layer's hook dict merged with the global hooks, for one call. Paddle's own register_*
+    during the call writes here; after the call the new hook is copied into the layer's own dict
+    (`own`), where a removal through its handle (a weakref to this dict) is forwarded."""
+
+    own: OrderedDict[int, Any] | None = None
+
+    def __delitem__(self, key: int) -> None:
+        super().__delitem__(key)
+        if self.own is not None:
+            self.own.pop(key, None)
+
+
+# id(a layer's own dict) -> (a weakref to it, the merged dicts forwarding removals to it)
+_forwarding: dict[int, tuple[weakref.ref[Any], list[Merged]]] = {}
+
+
+def _copy_new(now: Any, own: OrderedDict[int, Any], first_new: int, ids: frozenset[int]) -> bool:
+    """Copy the hooks paddle's own register_* wrote into `now`, a merged dict of the running
+    call, into the layer's `own` dict, in registration order. True if there were some."""
+    new = [k for k in now if k >= first_new and k not in ids]
+    for k in new:
+        if k not in own:
+            own[k] = now[k]
+    if new:
+        for k in sorted(k for k in own if k >= first_new):
+            own.move_to_end(k)
+    return bool(new)
+
+
+def _keep_handles(now: Merged, own: OrderedDict[int, Any], first_new: int, shared: bool) -> None:
+    """After the call: the handles of those hooks (a weakref to `now`) remove them from `own`.
+    `now` lives as long as `own`, holding only them (a shared dict is rebuilt, not stripped)."""
+    if not shared:
+        for k in [k for k in now if k < first_new]:
+            OrderedDict.__delitem__(now, k)
+    now.own = own
+    key = id(own)
+    entry = _forwarding.get(key)
+    if entry is None or entry[0]() is not own:
+
+        def forget(ref: weakref.ref[Any], forwarding: dict[int, Any] = _forwarding) -> None:
+            if forwarding.get(key, (None,))[0] is ref:
+                del forwarding[key]
+
+        entry = _forwarding[key] = (weakref.ref(own, forget), [])
+    entry[1].append(now)
 
 
 def _rebuild() -> None:
@@ -88,7 +144,7 @@ def _rebuild() -> None:
     )
     ids = frozenset([*pre, *post, *_tail["pre"], *_tail["post"]])
     # What a layer without hooks of its own (most layers) runs with: built once, shared.
-    shared = tuple(OrderedDict([*h.items(), *t.items()]) for h, t in zip(head, tail))
+    shared = tuple(Merged([*h.items(), *t.items()]) for h, t in zip(head, tail))
     _merge_parts = (head, tail, ids, shared)
 
 
@@ -113,12 +169,13 @@ def _dygraph_call_func(self: Any, *inputs: Any, **kwargs: Any) -> Any:
     saved = [own[attr] for attr in _ATTRS]
     key = id(self)
     outer = running.get(key)  # a recursive call of the same layer
-    running[key] = saved
     first_new = HookRemoveHelper.next_hook_id
+    replaced: list[tuple[str, Merged]] = []
+    running[key] = (saved, first_new, replaced)
     merged = []
     for attr, h, s, t, common in zip(_ATTRS, head, saved, tail, shared):
         if s:
-            m = OrderedDict(h)
+            m = Merged(h)
             m.update(s.items())  # items(): a HookDict drops hooks removed by older handles
             m.update(t)
         else:
@@ -135,16 +192,31 @@ def _dygraph_call_func(self: Any, *inputs: Any, **kwargs: Any) -> Any:
         polluted = False
         for attr, before, (m, size) in zip(_ATTRS, saved, merged):
             now = own[attr]
-            if now is not m or len(now) != size:
-                # paddle's own register_* wrote into the merged dict: keep the new hooks
-                for k, v in list(now.items()):
-                    if k >= first_new and k not in ids and k not in before:
-                        before[k] = v
+            if now is not m or len(now) != size or replaced:
+                for d in (*[r for a, r in replaced if a == attr], now):
+                    if isinstance(d, Merged) and _copy_new(d, before, first_new, ids):
+                        _keep_handles(d, before, first_new, any(d is c for c in shared))
                 polluted |= now is m
             own[attr] = before
         if polluted:  # paddle's own register_* mutated a shared dict in place: build anew
             with _lock:
                 _rebuild()
+
+
+def remerge(layer: Any, attr: str) -> None:
+    """unihook changed the running layer's own dict `attr`: the call sees the change from its
+    next hook loop on, as torch's loops read the module's dicts when they start."""
+    head, tail, ids, _ = _merge_parts
+    saved, first_new, replaced = running[id(layer)]
+    i = _ATTRS.index(attr)
+    own = layer.__dict__
+    now = own[attr]
+    _copy_new(now, saved[i], first_new, ids)
+    replaced.append((attr, now))
+    merged = Merged(head[i])
+    merged.update(saved[i].items())
+    merged.update(tail[i])
+    own[attr] = merged
 
 
 def _fire(kind: str, layer: Any, name: str, value: Any) -> Any:

@@ -14,6 +14,7 @@ backward dispatchers. Removing the last such hook puts torch's function back.
 from __future__ import annotations
 
 import threading
+import weakref
 from itertools import count
 from typing import Any, Callable
 
@@ -22,6 +23,7 @@ import torch.nn.modules.module as torch_module
 from unihook._checks import check_pre_kwargs_result
 from unihook._describe import Site
 from unihook._module_backward import ModuleBackward, _states
+from unihook._pinned import Pinned
 
 from . import NAME
 
@@ -33,10 +35,31 @@ _pre_hooks: dict[int, tuple[Hook, bool]] = {}
 _pre_snapshot: tuple[tuple[Hook, bool], ...] = ()
 _original_call_impl: Callable[..., Any] | None = None
 _backward: ModuleBackward | None = None  # the global backward hooks, when there are some
+_pinned_in: weakref.WeakKeyDictionary[Any, Pinned] = weakref.WeakKeyDictionary()
+
+
+def _pin_dispatchers(module: Any) -> Any:
+    """torch's BackwardHook sees the args after every forward pre-hook: a module with some (its
+    own or torch's global ones) gets the global dispatchers pinned last in its own hook dicts
+    (``unihook._pinned``) until the global backward hooks are gone."""
+    if module not in _pinned_in and module not in _states:
+        from ._backward import _TorchDispatchers as access
+
+        with _lock:
+            if _backward is not None and module not in _pinned_in:
+                hooks = (
+                    ("_forward_pre_hooks", _backward.pre_dispatch),
+                    ("_forward_hooks", _backward.post_dispatch),
+                )
+                always = "_forward_hooks_always_called"
+                _pinned_in[module] = Pinned.install(module, hooks, always, access.new_id, access)
+    return module._forward_pre_hooks
 
 
 def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
     own = self._forward_pre_hooks
+    if _backward is not None and (own or torch_module._global_forward_pre_hooks):
+        own = _pin_dispatchers(self)
     keys = tuple(own)
     for hook, with_kwargs in _pre_snapshot:
         if with_kwargs:
@@ -49,7 +72,7 @@ def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
             if result is not None:
                 args = result if isinstance(result, tuple) else (result,)
     backward = _backward
-    if backward is None or self in _states:
+    if backward is None or self in _states or (own and self in _pinned_in):
         return _call_original(self, own, keys, args, kwargs)
     replaced = backward.pre_dispatch(self, args)
     if replaced is not None:
@@ -137,6 +160,9 @@ class _BackwardDispatch:
         global _backward
         with _lock:
             _backward = None
+            for pinned in list(_pinned_in.values()):
+                pinned.remove()
+            _pinned_in.clear()
             _sync_patch()
 
 
