@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from conftest import kit as kit_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -308,6 +309,17 @@ def test_torch_return_types() -> None:
             out.values.add_(1.0)  # modify the returned values in place
         assert type(cache["0"]) is torch.return_types.max
         assert cache["0"].values.tolist() == [1.0, 3.0] and cache["0"].indices.tolist() == [0, 1]
+
+
+def test_paddle_structures_map_structure_cannot_rebuild() -> None:
+    paddle = pytest.importorskip("paddle")
+    h = paddle.ones([1])
+    model = paddle.nn.Sequential(identity(kit_of("paddle")))
+    for value in (collections.defaultdict(list, a=h), {1: h, "b": h}):
+        with unihook.capture(model) as cache:
+            with pytest.raises(unihook.HookTargetError, match="map_structure cannot rebuild"):
+                model(value)
+        assert "0" not in cache
 
 
 def _numpy_tree(kit: Any, value: Any) -> Any:

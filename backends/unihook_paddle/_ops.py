@@ -8,6 +8,8 @@ from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 import paddle
+
+from unihook.errors import HookTargetError
 import paddle.nn.functional as F
 
 Axis = Union[None, int, Sequence[int]]
@@ -115,4 +117,10 @@ class PaddleOps:
                 return rebuilt
             return obj
 
-        return paddle.utils.map_structure(leaf, value)
+        try:
+            return paddle.utils.map_structure(leaf, value)
+        except TypeError as e:  # a defaultdict, a dict with keys that do not sort
+            raise HookTargetError(
+                f"unihook (paddle): paddle.utils.map_structure cannot rebuild this "
+                f"{type(value).__name__} as its own type: {e}"
+            ) from e
