@@ -456,3 +456,140 @@ def test_a_library_clearing_the_forward_hook_dicts_leaves_backward_hooks(backend
         return run.events
 
     assert go(backend, False) == go(kit("torch"), True)
+
+
+@pytest.mark.parametrize("where", ["pre", "forward", "post"])
+def test_raising_neighbours_leave_no_call_state(backend: Any, where: str) -> None:
+    """A native pre-hook, forward or native post-hook raises after unihook's backward hook was
+    registered: always_call hooks run as torch runs them, no per-call state is left, and the
+    next call fires the backward hook once."""
+
+    def go(k: Any, native: bool) -> list[Any]:
+        run = Run(k, native=native)
+        boom = [True]
+
+        def pre(m: Any, args: Any) -> Any:
+            if boom[0] and where == "pre":
+                raise KeyError("pre")
+            if boom[0] and where == "forward":
+                return (args[0], "one argument too many")  # forward raises a TypeError
+            return None
+
+        def post(m: Any, args: Any, out: Any) -> None:
+            if boom[0] and where == "post":
+                raise KeyError("post")
+
+        def always(m: Any, args: Any, out: Any) -> None:
+            run.rec("always", out)
+
+        removers = run.unihook("full_backward")
+        removers.append(k.native_hook(run.module, "forward_pre", pre))
+        removers.append(k.native_hook(run.module, "forward", post))
+        removers.append(k.native_hook(run.module, "forward", always, always_call=True))
+        with pytest.raises((KeyError, TypeError)):
+            run.module(k.tensor(X, requires_grad=True))
+        boom[0] = False
+        run.step("next call")
+        for remove in removers:
+            remove()
+        return run.events
+
+    assert go(backend, False) == go(kit("torch"), True)
+
+
+def _module_forward_hook(m: Any, args: Any, out: Any) -> None:
+    return None
+
+
+def _module_backward_hook(m: Any, gi: Any, go: Any) -> None:
+    return None
+
+
+def test_pickling_hooked_modules(backend: Any) -> None:
+    """A whole module pickles (torch.save) with unihook's forward hooks in plain dicts; with
+    backward hooks it raises a clear error instead of pickling a thread-local."""
+    import pickle
+
+    m = backend.linear(3, 2, W, B)
+    h = unihook.register_forward_hook(m, _module_forward_hook)
+    copied = pickle.loads(pickle.dumps(m))
+    assert all(type(d) is OrderedDict for d in backend.hook_dicts(copied).values())
+    assert backend.hook_counts(copied) == backend.hook_counts(m)
+    hb = unihook.register_full_backward_hook(m, _module_backward_hook)
+    with pytest.raises(TypeError, match="unihook backward hooks"):
+        pickle.dumps(m)
+    hb.remove()
+    h.remove()
+    assert not any(backend.hook_counts(m).values())
+
+
+def test_threads_registering_beside_native_hooks(backend: Any) -> None:
+    """Threads register and remove unihook and native hooks on one shared module while they
+    run it: no error, gradients as without hooks, nothing left behind."""
+    import threading
+
+    m = backend.linear(3, 2, W, B)
+    before = backend.hook_dicts(m)
+    x0 = backend.tensor(X, requires_grad=True)
+    backend.backward(backend.relu(m(x0)).sum())
+    want = backend.grad(x0)
+    errors: list[BaseException] = []
+
+    def churn() -> None:
+        try:
+            for i in range(15):
+                removers = [
+                    backend.native_hook(m, "forward_pre", lambda mod, a: None),
+                    unihook.register_full_backward_hook(m, lambda mod, gi, go: None).remove,
+                    backend.native_hook(m, "forward", lambda mod, a, o: None, always_call=True),
+                    unihook.register_forward_hook(m, lambda mod, a, o: None).remove,
+                ]
+                x = backend.tensor(X, requires_grad=True)
+                backend.backward(backend.relu(m(x)).sum())
+                np.testing.assert_allclose(backend.grad(x), want)
+                for remove in removers[::-1] if i % 2 else removers:
+                    remove()
+        except BaseException as error:  # noqa: BLE001 - collected for the assertion
+            errors.append(error)
+
+    threads = [threading.Thread(target=churn) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert m not in _states
+    after = backend.hook_dicts(m)
+    assert all(after[n] is before[n] and type(after[n]) is OrderedDict for n in before)
+    assert not any(backend.hook_counts(m).values())
+
+
+def test_global_pre_hook_registering_backward_hook_mid_call(backend: Any) -> None:
+    """A global pre-hook registers a module backward hook during the call (torch: it fires from
+    the next call), then a native pre-hook replacing args is added: the backward hook still
+    sees the args after it."""
+
+    def go(k: Any, native: bool) -> list[Any]:
+        run = Run(k, native=native)
+        removers: list[Callable[[], None]] = []
+
+        def g_pre(m: Any, args: Any) -> None:
+            if m is run.module and not removers:
+                removers.extend(run.unihook("full_backward"))
+
+        if native:
+            import torch
+
+            remove_g = torch.nn.modules.module.register_module_forward_pre_hook(g_pre).remove
+        else:
+            remove_g = unihook.register_module_forward_pre_hook(g_pre, backend=k.name).remove
+        run.step("registering")
+        removers.append(run.native_pre("replace"))
+        run.step("registered")
+        remove_g()
+        for remove in removers:
+            remove()
+        run.step("removed")
+        return run.events
+
+    assert go(backend, False) == go(kit("torch"), True)

@@ -60,7 +60,8 @@ class HookDict(OrderedDict[int, Any]):
 
     def _repin(self) -> None:
         for key in self.pinned:
-            super().move_to_end(key)
+            if key in self:  # (absent while torch's global wrapper hides it for a call)
+                super().move_to_end(key)
 
     def __setitem__(self, key: int, value: Any) -> None:
         new = key not in self
@@ -112,7 +113,7 @@ class HookDict(OrderedDict[int, Any]):
     def clear(self) -> None:
         # Clearing forward hooks leaves the backward hooks' dispatchers in place (as torch's
         # own backward hooks do not live in the forward hook dicts).
-        kept = [(key, self[key]) for key in self.pinned]
+        kept = [(key, self[key]) for key in self.pinned if key in self]
         super().clear()
         origin = self.origin()
         if origin is not None:
@@ -129,6 +130,16 @@ class HookDict(OrderedDict[int, Any]):
                 super().__delitem__(key)
                 self.owned.discard(key)
         return list(super().items())
+
+    def __reduce__(self) -> Any:
+        """Pickled (torch.save of a whole module), the dict is a plain one with its forward
+        hooks; backward hooks' per-call state does not pickle: say so plainly."""
+        if self.pinned:
+            raise TypeError(
+                "unihook: cannot pickle a module with unihook backward hooks; remove them "
+                "first, or use copy.deepcopy (which keeps them)"
+            )
+        return (OrderedDict, (), None, None, iter(OrderedDict.items(self)))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> OrderedDict[int, Any]:
         """A copied module keeps its hooks, as torch's copy does, its backward hooks too: the

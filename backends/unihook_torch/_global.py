@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import OrderedDict
 from itertools import count
 from typing import Any, Callable
 
@@ -71,6 +72,7 @@ def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
             result = hook(self, args)
             if result is not None:
                 args = result if isinstance(result, tuple) else (result,)
+    own = self._forward_pre_hooks  # a global pre-hook may have had unihook install a HookDict
     backward = _backward
     if backward is None or self in _states or (own and self in _pinned_in):
         return _call_original(self, own, keys, args, kwargs)
@@ -101,7 +103,8 @@ def _call_hiding_new_pre_hooks(
     """A global pre-hook registered a pre-hook on this module: torch iterates a snapshot
     taken before any pre-hook runs, so the new one waits for the next call."""
     order = list(own)
-    hidden = {k: own.pop(k) for k in order if k not in keys}
+    # (OrderedDict's own pop: a HookDict's would unpin a dispatcher, ``unihook._pinned``)
+    hidden = {k: OrderedDict.pop(own, k) for k in order if k not in keys}
     try:
         assert _original_call_impl is not None
         return _original_call_impl(self, *args, **kwargs)
