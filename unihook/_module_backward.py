@@ -58,6 +58,17 @@ class Autograd(Protocol):
         errors the framework raises about the node."""
         ...
 
+    def version(self, tensor: Any) -> int:
+        """The tensor's in-place version counter (an identity output shares its input's)."""
+        ...
+
+    def rebase(self, original: Any, alias: Any) -> Any:
+        """Forward changed `alias` (an identity output standing for `original`, same memory)
+        in place: give `original` the history of `alias`, as if those in-place ops had applied
+        to it, without moving data; raise the framework's own error where it forbids that
+        (a leaf that requires grad). Returns `original`."""
+        ...
+
     def add_dispatchers(self, module: Any, pre: Hook, post: Hook) -> Dispatchers:
         """Install `pre` as the module's last forward pre-hook and `post` as its last forward
         hook (always called, also when forward raises)."""
@@ -121,8 +132,8 @@ class ModuleBackward:
         if not ag.grad_enabled():
             self._stack().append((args, None))
             return None
-        call = _Call(module, self, len(args))
-        idx = [i for i, a in enumerate(args) if ag.is_tensor(a)]
+        call = _Call(module, self, args)
+        idx = call.tensor_idx = [i for i, a in enumerate(args) if ag.is_tensor(a)]
         # Only full hooks need the input side: with pre-hooks alone, one identity per call.
         if call.full_hooks and any(ag.requires_grad(args[i]) for i in idx):
             call.input_idx = idx
@@ -131,6 +142,8 @@ class ModuleBackward:
             for i, t in zip(idx, new):
                 replaced[i] = t
             args = tuple(replaced)
+        # An in-place op of forward on an input shows in its version (see post_dispatch).
+        call.versions = [ag.version(args[i]) for i in idx]
         self._stack().append((args, call))
         return args if call.input_idx is not None else None
 
@@ -140,34 +153,87 @@ class ModuleBackward:
         if not stack or stack[-1][0] is not args:
             return None
         call = stack.pop()[1]
-        if output is None:
-            return None
         ag = self.autograd
+        if call is None:
+            if not (output is None or isinstance(output, tuple) or ag.is_tensor(output)):
+                _warn_not_tensors(output)
+            return None
+        originals, call.originals = call.originals, ()  # the call's state outlives forward
+        if output is None:
+            # forward raised: the inputs it changed in place still carry that change
+            self._rebase_inputs(call, args, originals, {})
+            return None
         # As torch: a tuple output is traversed, anything else (list, dict) is one value.
         is_tuple = isinstance(output, tuple)
         if not is_tuple and not ag.is_tensor(output):
-            warnings.warn(
-                "For backward hooks to be called, module output should be a Tensor or a tuple "
-                f"of Tensors but received {type(output)}",
-                UserWarning,
-                stacklevel=2,
-            )
-            return None
-        if call is None:
+            _warn_not_tensors(output)
+            self._rebase_inputs(call, args, originals, {})
             return None
         items = output if is_tuple else (output,)
         idx = [i for i, o in enumerate(items) if ag.is_tensor(o)]
-        if not any(ag.requires_grad(items[i]) for i in idx):
-            return None
-        call.n_outputs = len(items)
-        call.output_idx = idx
-        new = ag.identity([items[i] for i in idx], call.on_output_grads, False, call.site)
         replaced = list(items)
-        for i, t in zip(idx, new):
-            replaced[i] = t
+        if any(ag.requires_grad(items[i]) for i in idx):
+            call.n_outputs = len(items)
+            call.output_idx = idx
+            new = ag.identity([items[i] for i in idx], call.on_output_grads, False, call.site)
+            for i, t in zip(idx, new):
+                replaced[i] = t
+        # An input that forward changed in place and returned (an in-place activation) goes
+        # back as the caller's own tensor, with the module's history, as without hooks: the
+        # caller's later uses of it are uses of the output. (An input returned unchanged,
+        # nn.Identity, stays an alias: its hooks see the gradient of the output, as torch's.)
+        returned: dict[int, Any] = {}
+        for j in idx:
+            for i, a in enumerate(args):
+                if items[j] is a and i not in returned:
+                    returned[i] = replaced[j] = self._returned(call, i, a, replaced[j], originals)
+                    break
+        self._rebase_inputs(call, args, originals, returned)
+        if all(r is o for r, o in zip(replaced, items)):
+            return None
         if not is_tuple:
             return replaced[0]
-        return type(output)(*replaced) if hasattr(output, "_fields") else tuple(replaced)
+        return _rebuild(output, replaced)
+
+    def _returned(self, call: _Call, i: int, arg: Any, new: Any, originals: tuple[Any, ...]) -> Any:
+        """What the caller gets for output `new` that is argument `i` of the call (`arg`)."""
+        original = originals[i]
+        if original is new:
+            return new
+        if self.autograd.version(arg) != call.versions[call.tensor_idx.index(i)]:
+            return self.autograd.rebase(original, new)
+        # an alias that no identity replaced needs no history: the tensor itself
+        return original if new is arg else new
+
+    def _rebase_inputs(
+        self, call: _Call, args: tuple[Any, ...], originals: tuple[Any, ...], done: dict[int, Any]
+    ) -> None:
+        """Forward changed an input in place through its identity alias: the caller's tensor
+        takes the alias's history, as it would have had without the identity."""
+        version = self.autograd.version
+        for i, v in zip(call.tensor_idx, call.versions):
+            if i not in done and args[i] is not originals[i] and version(args[i]) != v:
+                self.autograd.rebase(originals[i], args[i])
+
+
+def _warn_not_tensors(output: Any) -> None:
+    warnings.warn(
+        "For backward hooks to be called, module output should be a Tensor or a tuple "
+        f"of Tensors but received {type(output)}",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+def _rebuild(like: tuple[Any, ...], items: list[Any]) -> tuple[Any, ...]:
+    """A tuple of `like`'s type holding `items`: namedtuples, torch.return_types (structseq)
+    and other tuple subclasses keep their type."""
+    kind = type(like)
+    if kind is tuple:
+        return tuple(items)
+    if hasattr(like, "_fields"):
+        return kind(*items)  # namedtuple
+    return kind(items)  # structseq and plain tuple subclasses take one iterable
 
 
 class _Call:
@@ -175,6 +241,9 @@ class _Call:
 
     __slots__ = (
         "module",
+        "originals",
+        "tensor_idx",
+        "versions",
         "pre_hooks",
         "full_hooks",
         "n_inputs",
@@ -186,8 +255,11 @@ class _Call:
         "site",
     )
 
-    def __init__(self, module: Any, owner: ModuleBackward, n_inputs: int) -> None:
+    def __init__(self, module: Any, owner: ModuleBackward, args: tuple[Any, ...]) -> None:
         self.module = module
+        self.originals = args  # the caller's arguments, until forward returns
+        self.tensor_idx: list[int] = []
+        self.versions: list[int] = []  # of the tensor args forward got, at its start
         # Snapshots, as torch: hooks registered or removed after forward leave this call alone.
         # Global hooks first, as torch runs them before the module's own.
         shared = None if owner.is_global else _globals.get(owner.autograd.backend)
@@ -197,7 +269,7 @@ class _Call:
         else:
             self.pre_hooks = [*shared.pre_hooks.values(), *owner.pre_hooks.values()]
             self.full_hooks = [*shared.full_hooks.values(), *owner.full_hooks.values()]
-        self.n_inputs = n_inputs
+        self.n_inputs = len(args)
         self.input_idx: list[int] | None = None
         self.n_outputs = 0
         self.output_idx: list[int] = []

@@ -1,0 +1,175 @@
+"""In-place ops on a hooked module's inputs and on its returned inputs (issue 11, class 1).
+
+Module backward hooks hand forward an alias of each input; whatever forward or the caller then
+does in place must reach the caller's tensor as it would without hooks: the gradients with
+hooks equal the gradients without, and what the framework rejects without hooks it rejects
+with them. Each case runs with every kind of module backward hook.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+import unihook
+
+KINDS = ["full_backward", "full_backward_pre", "module_full_backward"]
+
+
+def _hook(kind: str, module: Any, calls: list[str]) -> unihook.Handle:
+    if kind == "full_backward":
+        return unihook.register_full_backward_hook(module, lambda m, gi, go: calls.append(kind))
+    if kind == "full_backward_pre":
+        return unihook.register_full_backward_pre_hook(module, lambda m, go: calls.append(kind))
+    return unihook.register_module_full_backward_hook(lambda m, gi, go: calls.append(kind))
+
+
+def _grads(
+    backend: Any, build: Callable[[Any], tuple[Any, Any]], kind: str | None
+) -> tuple[np.ndarray, int]:
+    """x.grad after `loss(x)` from `build(kit) -> (hooked module, loss)`, and the hook calls."""
+    module, loss = build(backend)
+    calls: list[str] = []
+    handle = _hook(kind, module, calls) if kind else None
+    try:
+        x = backend.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
+        backend.backward(unihook.ops.sum(loss(x)))
+        return backend.grad(x), len(calls)
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def _inplace_act_then_reuse(kit: Any) -> tuple[Any, Any]:
+    # the issue's repro: the block keeps using its input after an in-place submodule
+    act = kit.relu_module(inplace=True)
+    block = kit.module(lambda self, h: (self.act(h), h * 2)[1], {"act": act})
+    return act, lambda x: block(x * 1)
+
+
+def _forward_modifies_input(kit: Any) -> tuple[Any, Any]:
+    m = kit.module(lambda self, h: kit.add_(h, 1.0) * 3)
+    return m, lambda x: (lambda h: m(h) + h * 5)(x * 1)
+
+
+def _returned_input_then_inplace_act(kit: Any) -> tuple[Any, Any]:
+    # nn.Identity / eval Dropout, then an in-place ReLU on what it returned
+    ident = kit.module(lambda self, h: h)
+    relu = kit.relu_module(inplace=True)
+    return ident, lambda x: relu(ident(x * 1)) * 3
+
+
+def _inplace_act_returned_then_reused(kit: Any) -> tuple[Any, Any]:
+    # an in-place activation returns its (changed) input; the caller reads the input again
+    act = kit.relu_module(inplace=True)
+
+    def loss(x: Any) -> Any:
+        h = x * 1
+        return act(h) * 2 + h * 3
+
+    return act, loss
+
+
+def _inplace_act_output_used(kit: Any) -> tuple[Any, Any]:
+    # the torchvision pattern: Linear -> ReLU(inplace) with the ReLU hooked, output used
+    act = kit.relu_module(inplace=True)
+    return act, lambda x: act(x * 2) * 3
+
+
+def _saved_before_returned(kit: Any) -> tuple[Any, Any]:
+    # a tensor saved before the call stays valid when the module returns it unchanged
+    ident = kit.module(lambda self, h: h)
+    return ident, lambda x: (lambda h: h * h + ident(h) * 2)(x * 1)
+
+
+CASES = {
+    "inplace_act_then_reuse": _inplace_act_then_reuse,
+    "forward_modifies_input": _forward_modifies_input,
+    "returned_input_then_inplace_act": _returned_input_then_inplace_act,
+    "inplace_act_returned_then_reused": _inplace_act_returned_then_reused,
+    "inplace_act_output_used": _inplace_act_output_used,
+    "saved_before_returned": _saved_before_returned,
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_gradients_equal_without_hooks(backend: Any, case: str, kind: str) -> None:
+    expected, _ = _grads(backend, CASES[case], None)
+    got, calls = _grads(backend, CASES[case], kind)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=0)
+    assert calls >= 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_leaf_modified_in_forward_raises_as_without_hooks(backend: Any, kind: str) -> None:
+    act = backend.relu_module(inplace=True)
+    x = backend.tensor([-1.0, 2.0], requires_grad=True)
+    with pytest.raises(Exception) as native:  # torch: RuntimeError, paddle: ValueError
+        act(x)
+    handle = _hook(kind, act, [])
+    try:
+        with pytest.raises(native.type):
+            act(backend.tensor([-1.0, 2.0], requires_grad=True))
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_saved_then_modified_raises_as_without_hooks(backend: Any, kind: str) -> None:
+    """A tensor saved before forward modifies it in place: backward refuses, hooks or not."""
+    act = backend.relu_module(inplace=True)
+
+    def run() -> None:
+        x = backend.tensor([-1.0, 2.0], requires_grad=True)
+        h = x * 1
+        saved = h * h
+        out = act(h)
+        backend.backward(unihook.ops.sum(saved + out))
+
+    with pytest.raises(RuntimeError):
+        run()
+    handle = _hook(kind, act, [])
+    try:
+        with pytest.raises(RuntimeError):
+            run()
+    finally:
+        handle.remove()
+
+
+def test_hook_sees_the_inplace_modules_gradients(backend: Any) -> None:
+    """grad_input / grad_output of an in-place ReLU equal those of an out-of-place one."""
+    seen: dict[bool, Any] = {}
+    for inplace in (False, True):
+        act = backend.relu_module(inplace=inplace)
+        got: list[Any] = []
+        handle = unihook.register_full_backward_hook(
+            act, lambda m, gi, go: got.append((backend.numpy(gi[0]), backend.numpy(go[0])))
+        )
+        x = backend.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
+        backend.backward(unihook.ops.sum(act(x * 1) * 3))
+        handle.remove()
+        seen[inplace] = (got, backend.grad(x))
+    ((gi0, go0),) = seen[False][0]
+    ((gi1, go1),) = seen[True][0]
+    np.testing.assert_array_equal(gi0, gi1)
+    np.testing.assert_array_equal(go0, go1)
+    np.testing.assert_array_equal(seen[False][1], seen[True][1])
+
+
+def test_identity_hooks_see_only_their_output_gradient(backend: Any) -> None:
+    """A module returning its input unchanged hands back an alias, as torch's BackwardHook:
+    a later use of the input itself is not a use of the output (the residual's `x`)."""
+    ident = backend.module(lambda self, h: h)
+    seen: list[Any] = []
+    handle = unihook.register_full_backward_hook(
+        ident, lambda m, gi, go: seen.append(backend.numpy(go[0]))
+    )
+    x = backend.tensor([1.0, 2.0], requires_grad=True)
+    h = x * 1
+    backend.backward(unihook.ops.sum(ident(h) * 2 + h * 3))
+    handle.remove()
+    np.testing.assert_array_equal(seen[0], [2.0, 2.0])
+    np.testing.assert_array_equal(backend.grad(x), [5.0, 5.0])
