@@ -216,6 +216,20 @@ def test_inference_mode_copies() -> None:
         assert all(torch.equal(a, b) for a, b in zip(cache.calls("0"), expected))
 
 
+def test_torch_compile_copies() -> None:
+    """Traced tensors' version counters say nothing about the compiled run: capture copies
+    (with inductor, learning from them raised StaleCaptureError on the second capture)."""
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(inplace=True))
+    compiled = torch.compile(model, backend="inductor")
+    x = torch.tensor([[1.0, -2.0], [-1.0, 2.0]])
+    expected = model[0](x).detach()
+    for _ in range(3):
+        with unihook.capture(model) as cache:
+            compiled(x)
+        assert torch.allclose(cache["0"], expected)
+
+
 def test_inputs_learned_then_modified_raise(backend) -> None:  # type: ignore[no-untyped-def]
     model = backend.sequential(linear(backend))
     x = row(backend, 1.0, -2.0)

@@ -37,6 +37,9 @@ def _module(obj: object, kind: str, name: str | None) -> Any:
         raise Site.of(kind, NAME, obj, name).error(
             HookTargetError, "a torch.nn.Module", f"{type_name(obj)}"
         )
+    from ._compile import watch_hooks
+
+    watch_hooks()  # torch.compile: a hook added after compiling recompiles
     return obj
 
 
@@ -189,9 +192,19 @@ def unihook_register_global_hook(
     from unihook._imports import install_when_imported
 
     def install() -> Callable[[], None]:
+        from ._compile import forget_compiled, watch_hooks
         from ._global import add
 
-        return add(kind, hook, with_kwargs, always_call)
+        # torch.compile: no guard sees a global hook come or go (native or unihook's)
+        watch_hooks()
+        forget_compiled()
+        remove = add(kind, hook, with_kwargs, always_call)
+
+        def remover() -> None:
+            remove()
+            forget_compiled()
+
+        return remover
 
     return Handle(NAME, global_label(kind), install_when_imported("torch", install))
 

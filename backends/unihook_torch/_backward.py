@@ -25,6 +25,7 @@ from unihook._pinned import Pinned
 from unihook.handles import Handle
 
 from . import NAME
+from ._compile import EagerUnderCompile
 
 Grads = Sequence[Any]
 
@@ -86,6 +87,8 @@ class TorchAutograd:
 
     @staticmethod
     def add_dispatchers(module: Any, pre: Any, post: Any) -> Dispatchers:
+        # torch.compile: the dispatchers run outside dynamo (see ._compile)
+        pre, post = EagerUnderCompile(pre), EagerUnderCompile(post)
         hooks = (("_forward_pre_hooks", pre), ("_forward_hooks", post))
         always = "_forward_hooks_always_called"
         return Pinned.install(module, hooks, always, _TorchDispatchers.new_id, _TorchDispatchers)

@@ -94,6 +94,8 @@ class TorchOps:
         return buffer.copy_(t.detach())
 
     def version(self, t: Any) -> int | None:
+        if torch.compiler.is_compiling():  # a traced tensor's counter says nothing of the run's
+            return None
         try:
             return t._version
         except RuntimeError:  # inference tensors keep no version counter
