@@ -35,6 +35,8 @@ class Access(Protocol):
 
 
 class HookDict(OrderedDict[int, Any]):
+    """A module's hook dict while unihook has keys in it (see the module docstring)."""
+
     def __init__(self) -> None:
         super().__init__()
         self._origin: OrderedDict[int, Any] | None = None  # strong while installed
