@@ -55,6 +55,7 @@ from unihook.handles import Handle
 from . import NAME
 from . import _autograd_guard as guard
 from ._forward import add_dispatchers
+from ._static import EagerUnderSOT
 from ._ops import _is_tensor
 
 Grads = Sequence[Any]
@@ -221,6 +222,8 @@ class PaddleAutograd:
 
     @staticmethod
     def add_dispatchers(layer: Any, pre: Any, post: Any) -> Dispatchers:
+        # paddle.jit.to_static: the dispatchers run outside SOT (see ._static)
+        pre, post = EagerUnderSOT(pre), EagerUnderSOT(post)
         # pinned last in the layer's own hook dicts (``_forward``), whoever registers after them
         dispatchers = add_dispatchers(layer, pre, post)
         guard.hold(pre)
@@ -244,7 +247,8 @@ class _GlobalDispatchers:
     def __init__(self, state: ModuleBackward) -> None:
         from ._global import add_dispatchers
 
-        self.remove = add_dispatchers(state.pre_dispatch, state.post_dispatch)
+        pre, post = EagerUnderSOT(state.pre_dispatch), EagerUnderSOT(state.post_dispatch)
+        self.remove = add_dispatchers(pre, post)
 
     def move_last(self) -> None:
         return None  # ``_global`` merges them after every layer's own hooks at each call

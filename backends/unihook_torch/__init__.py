@@ -192,16 +192,18 @@ def unihook_register_global_hook(
     from unihook._imports import install_when_imported
 
     def install() -> Callable[[], None]:
-        from ._compile import forget_compiled, watch_hooks
+        from ._compile import forget_compiled, watch_call_impl, watch_hooks
         from ._global import add
 
         # torch.compile: no guard sees a global hook come or go (native or unihook's)
         watch_hooks()
         forget_compiled()
+        cancel = watch_call_impl()
         remove = add(kind, hook, with_kwargs, always_call)
 
         def remover() -> None:
             remove()
+            cancel()
             forget_compiled()
 
         return remover

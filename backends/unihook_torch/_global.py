@@ -27,6 +27,7 @@ from unihook._module_backward import ModuleBackward, _states
 from unihook._pinned import Pinned
 
 from . import NAME
+from ._compile import EagerUnderCompile
 
 Hook = Callable[..., Any]
 
@@ -36,6 +37,7 @@ _pre_hooks: dict[int, tuple[Hook, bool]] = {}
 _pre_snapshot: tuple[tuple[Hook, bool], ...] = ()
 _original_call_impl: Callable[..., Any] | None = None
 _backward: ModuleBackward | None = None  # the global backward hooks, when there are some
+_dispatch: tuple[EagerUnderCompile, EagerUnderCompile] | None = None  # _backward's dispatchers
 _pinned_in: weakref.WeakKeyDictionary[Any, Pinned] = weakref.WeakKeyDictionary()
 
 
@@ -47,19 +49,18 @@ def _pin_dispatchers(module: Any) -> Any:
         from ._backward import _TorchDispatchers as access
 
         with _lock:
-            if _backward is not None and module not in _pinned_in:
-                hooks = (
-                    ("_forward_pre_hooks", _backward.pre_dispatch),
-                    ("_forward_hooks", _backward.post_dispatch),
-                )
+            if _dispatch is not None and module not in _pinned_in:
+                hooks = (("_forward_pre_hooks", _dispatch[0]), ("_forward_hooks", _dispatch[1]))
                 always = "_forward_hooks_always_called"
                 _pinned_in[module] = Pinned.install(module, hooks, always, access.new_id, access)
     return module._forward_pre_hooks
 
 
 def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
+    if _original_call_impl is None:  # bound while installed (``Module.compile()``), now gone
+        return torch_module.Module._call_impl(self, *args, **kwargs)
     own = self._forward_pre_hooks
-    if _backward is not None and (own or torch_module._global_forward_pre_hooks):
+    if _dispatch is not None and (own or torch_module._global_forward_pre_hooks):
         own = _pin_dispatchers(self)
     keys = tuple(own)
     for hook, with_kwargs in _pre_snapshot:
@@ -73,18 +74,19 @@ def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
             if result is not None:
                 args = result if isinstance(result, tuple) else (result,)
     own = self._forward_pre_hooks  # a global pre-hook may have had unihook install a HookDict
-    backward = _backward
-    if backward is None or self in _states or (own and self in _pinned_in):
+    dispatch = _dispatch
+    if dispatch is None or self in _states or (own and self in _pinned_in):
         return _call_original(self, own, keys, args, kwargs)
-    replaced = backward.pre_dispatch(self, args)
+    pre_dispatch, post_dispatch = dispatch
+    replaced = pre_dispatch(self, args)
     if replaced is not None:
         args = replaced
     try:
         result = _call_original(self, own, keys, args, kwargs)
     except BaseException:
-        backward.post_dispatch(self, args, None)
+        post_dispatch(self, args, None)
         raise
-    output = backward.post_dispatch(self, args, result)
+    output = post_dispatch(self, args, result)
     return result if output is None else output
 
 
@@ -151,18 +153,23 @@ class _BackwardDispatch:
     """The global backward dispatchers' place in the wrapper (see the module docstring)."""
 
     def __init__(self, state: ModuleBackward) -> None:
-        global _backward
+        global _backward, _dispatch
         with _lock:
             _backward = state
+            # torch.compile: they run outside dynamo (see ._compile)
+            _dispatch = (
+                EagerUnderCompile(state.pre_dispatch),
+                EagerUnderCompile(state.post_dispatch),
+            )
             _sync_patch()
 
     def move_last(self) -> None:
         return None  # the wrapper runs them after every forward hook already
 
     def remove(self) -> None:
-        global _backward
+        global _backward, _dispatch
         with _lock:
-            _backward = None
+            _backward = _dispatch = None
             for pinned in list(_pinned_in.values()):
                 pinned.remove()
             _pinned_in.clear()

@@ -1,0 +1,74 @@
+"""unihook's emulated paddle hooks under ``paddle.jit.to_static``.
+
+- SOT (``full_graph=False``, the default) simulates the bytecode of every function a converted
+  layer calls, the backward dispatchers (``unihook._module_backward``) included, and crashes in
+  their autograd guard (``UnboundLocalError ... ___graph_fn_saved_orig_1``). `EagerUnderSOT`
+  calls a dispatcher through a function marked ``paddle.jit.marker.force_dynamic``: SOT breaks
+  the graph there and runs it in dygraph, so the hooks see eager's arguments and gradients.
+- ``full_graph=True`` runs Python only while it builds the static program, with symbolic
+  values, and the program has no place for a Python hook: a dispatcher called then raises
+  `UnsupportedHookError` instead of being silently left out of the program.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import paddle
+from paddle.jit.sot.utils import no_eval_frame
+
+from unihook._describe import Site
+from unihook.errors import UnsupportedHookError
+
+__all__ = ["EagerUnderSOT"]
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+# SOT translates every frame that runs while a converted function does, except frames of
+# paddle's own files: `no_eval_frame`'s wrapper is one, and it turns SOT's frame evaluation off
+# for the call. Marked force_dynamic, a call to it is a graph break, not a simulated call.
+_outside_sot = paddle.jit.marker.force_dynamic(no_eval_frame(_call))
+
+
+def _sot_builds_subgraph() -> bool:
+    """SOT builds each subgraph as a static program too, calling the paddle layers it
+    recorded; the global dispatchers see those calls (grad is off: they do nothing) and run
+    again, in dygraph, when the layer's caller breaks the graph at them. Static-mode calls
+    happen at build time only: walking the stack then costs nothing per step."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename == _SOT_INTERPRETER:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_SOT_INTERPRETER = sys.modules["paddle.jit.sot.symbolic.interpreter"].__file__
+
+
+class EagerUnderSOT:
+    """A dispatcher that SOT does not simulate. `__self__` is the dispatcher's owner, as for
+    the bound method it wraps (a deep copy of the layer re-binds it)."""
+
+    __slots__ = ("fn", "__weakref__")  # the autograd guard holds dispatchers weakly
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    @property
+    def __self__(self) -> Any:
+        return getattr(self.fn, "__self__", None)
+
+    def __call__(self, layer: Any, *args: Any) -> Any:
+        if not paddle.in_dynamic_mode() and not _sot_builds_subgraph():
+            raise Site.of("full_backward", "paddle", layer).error(
+                UnsupportedHookError,
+                "dygraph or paddle.jit.to_static(full_graph=False) (SOT): module backward "
+                "hooks, and global ones, run Python during backward",
+                "a call while paddle.jit.to_static(full_graph=True) builds a static program",
+            )
+        return _outside_sot(self.fn, layer, *args)
