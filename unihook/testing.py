@@ -44,6 +44,18 @@ class Kit(Protocol):
     def autograd_grad(
         self, outputs: Sequence[Any], inputs: Sequence[Any], create_graph: bool = False
     ) -> list[Any]: ...
+    def grad_wrt(
+        self,
+        outputs: Sequence[Any],
+        inputs: Sequence[Any],
+        retain_graph: bool = False,
+        create_graph: bool = False,
+        allow_unused: bool = False,
+    ) -> list[Any]:
+        """``autograd.grad`` / ``paddle.grad`` with these options (default retain_graph: the
+        framework's, i.e. create_graph)."""
+        ...
+
     def no_grad(self) -> AbstractContextManager[Any]: ...
 
     # modules (weights in torch layout, as numpy)

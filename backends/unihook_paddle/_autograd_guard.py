@@ -15,7 +15,8 @@ call) are wrapped so that:
   fire are applied, in registration order, to the gradient returned for it;
 - module backward hooks' PyLayer nodes know whether Tensor.backward or paddle.grad runs them,
   and a paddle.grad that would reach a node Tensor.backward already ran raises
-  BackendStateError instead of segfaulting (trap 7, see the end of this file).
+  BackendStateError instead of segfaulting (trap 7, see the end of this file);
+- those nodes learn which of their input slots a paddle.grad cuts (``pruned``).
 
 The wrappers go away when the last hook does (a weak reference to each hook function), restoring
 paddle's functions exactly.
@@ -43,6 +44,8 @@ __all__ = [
     "in_tensor_backward",
     "node_ptr",
     "spend",
+    "several_slots",
+    "pruned",
 ]
 
 
@@ -55,6 +58,8 @@ class _State(threading.local):
     fired_tokens: set[int] | None = None
     # id of the tensor whose hooks run right now (paddle runs one tensor's hooks in a row)
     firing: int | None = None
+    # the input slots the innermost running paddle.grad cuts, by node_ptr (see `pruned`)
+    cuts: dict[int, frozenset[int]] = {}
 
     def __init__(self) -> None:
         self.deferred: list[Callable[[], object]] = []
@@ -189,16 +194,24 @@ def _run_partial_grad(*args: Any, **kwargs: Any) -> Any:
     # (outputs, inputs, grad_outputs, retain_graph, create_graph, ...)
     create_graph = bool(args[4] if len(args) > 4 else kwargs.get("create_graph", False))
     inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
-    _check_spent(args[0] if args else kwargs.get("outputs"))
-    return _entry(True, lambda: _guarded(_originals[1], create_graph, args, kwargs, inputs))  # type: ignore[index]
+    roots = args[0] if args else kwargs.get("outputs")
+    _check_spent(roots)
+    cuts = _cut_slots(roots, inputs) if _several else _NO_CUTS
+    return _entry(True, lambda: _guarded(_originals[1], create_graph, args, kwargs, inputs, cuts))  # type: ignore[index]
 
 
 def _guarded(
-    run: Callable[..., Any], create_graph: bool, args: Any, kwargs: Any, inputs: Any = None
+    run: Callable[..., Any],
+    create_graph: bool,
+    args: Any,
+    kwargs: Any,
+    inputs: Any = None,
+    cuts: dict[int, frozenset[int]] = {},  # noqa: B006 (never mutated)
 ) -> Any:
     state = _state
-    outer_graph, outer_fired = state.create_graph, state.fired_tokens
+    outer_graph, outer_fired, outer_cuts = state.create_graph, state.fired_tokens, state.cuts
     state.create_graph = create_graph
+    state.cuts = cuts
     state.fired_tokens = set()
     outer_firing, state.firing = state.firing, None
     state.depth += 1
@@ -215,7 +228,7 @@ def _guarded(
         return grads
     finally:
         state.depth -= 1
-        state.create_graph, state.fired_tokens = outer_graph, outer_fired
+        state.create_graph, state.fired_tokens, state.cuts = outer_graph, outer_fired, outer_cuts
         state.firing = outer_firing
         if state.depth == 0:
             state.pending = None
@@ -325,3 +338,75 @@ def _check_spent(roots: Any) -> None:
         if error is not None:
             raise error()
         stack.extend(n for n in node.next_functions if n is not None)
+
+
+# -- the input slots paddle.grad cuts ----------------------------------------------------------
+# paddle.grad (GeneralGrad::ModifyBackwardGraph) clears the edges from a node with several
+# input slots to nodes from which none of its inputs can be reached, then requires that node's
+# backward to return None there ("should return None at 1 position"); a PyLayer's backward
+# cannot see which. One walk of the graph per paddle.grad, only while an identity with several
+# input slots lives, predicts them by paddle's rule. (no_grad_vars' edges are cut too; they are
+# not predicted: paddle then raises its error, it never runs wrongly.)
+
+_NO_CUTS: dict[int, frozenset[int]] = {}
+_NONE: frozenset[int] = frozenset()
+# node_ptr() of a live identity node with several input slots -> its keeper (alive with it)
+_several: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def several_slots(ptr: int, keeper: object) -> None:
+    """Register the identity node at `ptr`, which has several input slots; `keeper` lives
+    exactly as long as the node."""
+    if ptr:
+        _several[ptr] = keeper
+
+
+def pruned(ptr: int) -> frozenset[int]:
+    """The input slots of the node at `ptr` that the running paddle.grad cut: its backward must
+    return None there."""
+    return _state.cuts.get(ptr, _NONE)
+
+
+def _cut_slots(roots: Any, inputs: Any) -> dict[int, frozenset[int]]:
+    if roots is None or inputs is None:
+        return _NO_CUTS
+    if not isinstance(roots, (list, tuple)):
+        roots = [roots]
+    if not isinstance(inputs, (list, tuple)):
+        inputs = [inputs]
+    parents: dict[int, list[int]] = {}
+    slots: dict[int, list[int]] = {}  # the child of each slot of the identities met (0: none)
+    stack = [node for node in map(_grad_node, roots) if node is not None]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        ptr = node.node_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        children = []
+        for child in node.next_functions:
+            child_ptr = 0 if child is None else child.node_ptr()
+            children.append(child_ptr)
+            if child_ptr:
+                parents.setdefault(child_ptr, []).append(ptr)
+                stack.append(child)
+        if ptr in _several:
+            slots[ptr] = children
+    if not slots:
+        return _NO_CUTS
+    # paddle's needed nodes: the inputs' nodes and every node from which one can be reached
+    needed: set[int] = set()
+    todo = [node.node_ptr() for node in map(_grad_node, inputs) if node is not None]
+    while todo:
+        ptr = todo.pop()
+        if ptr not in needed:
+            needed.add(ptr)
+            todo.extend(parents.get(ptr, ()))
+    cuts = {}
+    for ptr, children in slots.items():
+        if ptr in needed:
+            cut = frozenset(i for i, c in enumerate(children) if c and c not in needed)
+            if cut:
+                cuts[ptr] = cut
+    return cuts or _NO_CUTS

@@ -10,7 +10,8 @@ Each paddle trap is handled where it bites (numbers from ../shared/SEMANTICS.md 
    ``ctx.non_differentiable``, a cycle through C++ that leaks the graph of a call whose
    backward never runs; they bypass the PyLayer instead, their gradient is zeros (inputs) or
    None (outputs), as torch's;
-3. returning None for a differentiable input segfaults the next grad node: zeros instead;
+3. returning None for a differentiable input segfaults the next grad node: zeros instead
+   (so what only an unused output reaches gets a zero gradient, where torch's is None);
 5. a user ``register_hook`` on a PyLayer output has its return value ignored: one more
    ``view`` after the PyLayer;
 6. an exception inside PyLayer.backward surfaces as OSError: stashed for the autograd guard.
@@ -27,9 +28,9 @@ and traps not listed there:
 - paddle accumulates gradients in place into the first tensor a node received
   (``GradTensorHolder``), so a gradient handed to a hook would change under the hook's feet
   after it ran: what goes back to paddle after the hooks saw it is a copy;
-- ``paddle.grad`` with respect to some of the inputs prunes the node's other input slots and
-  then requires None there ("should return None at 1 position"), which a Python backward cannot
-  know: every input goes in one list, one slot, which paddle never prunes;
+- ``paddle.grad`` with respect to some of the inputs cuts a node's input slots that lead to none
+  of them, then requires None there ("should return None at 1 position"), which a PyLayer's
+  backward cannot see: the autograd guard predicts the cut slots (``guard.pruned``);
 - ``view`` refuses a tensor of 0 elements (``_alias``).
 """
 
@@ -118,10 +119,9 @@ class _Identity(PyLayer):
         on_backward: Callable[[Grads], Grads],
         materialize: bool,
         node: _Node,
-        xs: list[Any],
+        *xs: Any,
     ) -> Any:
         # Every input needs grad (the others bypass the node, see PaddleAutograd.identity).
-        # `xs` is one list: one input slot, never pruned by paddle.grad.
         node.on_backward = on_backward
         node.shapes = [(x.shape, x.dtype) for x in xs]
         ctx.node = weakref.ref(node)
@@ -140,13 +140,21 @@ class _Identity(PyLayer):
         # Paddle accumulates a later gradient for the same tensor in place into the first one
         # it received: a gradient a hook saw (and may keep, as torch allows) goes back as a copy.
         exposed = results is not grads
+        # A constant zero for a double backward makes paddle's double-grad nodes behind it
+        # (a Linear's) fail with "MetaTensor is not initialized": a zero in the graph does not.
+        constant = not guard.building_graph()
+        pruned = guard.pruned(node.ptr)
         out = []
-        for result, (shape, dtype) in zip(results, node.shapes):
-            if result is None:
-                out.append(paddle.zeros(shape, dtype))
+        for i, (result, (shape, dtype)) in enumerate(zip(results, node.shapes)):
+            if i in pruned:
+                out.append(None)
+            elif result is None:
+                zeros = paddle.zeros(shape, dtype)
+                zeros.stop_gradient = constant
+                out.append(zeros)
             else:
                 out.append(result.clone() if exposed else result)
-        return out  # a list: the gradients of the one input slot
+        return tuple(out)
 
 
 class _Bypass:
@@ -209,10 +217,12 @@ class PaddleAutograd:
         live = [i for i, t in enumerate(tensors) if not t.stop_gradient]
         if len(live) < len(tensors):
             on_backward = _Bypass(on_backward, tensors, live, materialize)
-        outs = _Identity.apply(on_backward, materialize, node, [tensors[i] for i in live])
+        outs = _Identity.apply(on_backward, materialize, node, *[tensors[i] for i in live])
         if not isinstance(outs, (tuple, list)):
             outs = (outs,)
         node.ptr = guard.node_ptr(outs[0])
+        if len(live) > 1:
+            guard.several_slots(node.ptr, node)
         outs[0]._register_grad_hook(node)
         guard.hold(node)  # the guard must outlive the node: it protects it from trap 7
         result = list(tensors)

@@ -57,6 +57,24 @@ class TorchKit:
     ) -> list[Any]:
         return list(torch.autograd.grad(list(outputs), list(inputs), create_graph=create_graph))
 
+    def grad_wrt(
+        self,
+        outputs: Sequence[Any],
+        inputs: Sequence[Any],
+        retain_graph: bool = False,
+        create_graph: bool = False,
+        allow_unused: bool = False,
+    ) -> list[Any]:
+        return list(
+            torch.autograd.grad(
+                list(outputs),
+                list(inputs),
+                retain_graph=retain_graph or None,
+                create_graph=create_graph,
+                allow_unused=allow_unused,
+            )
+        )
+
     def no_grad(self) -> Any:
         return torch.no_grad()
 

@@ -1,0 +1,557 @@
+"""Conformance: autograd edges of tensor and module backward hooks (issue 11, class 7).
+
+Torch's numbers are the rule (measured with torch's native hooks). Paddle 3.3.1 broke the first
+four before unihook absorbed them: a leaf hook's kept gradient changed with ``x.grad``,
+``paddle.grad`` with respect to some inputs of a hooked layer raised, a 0-element batch raised,
+a retry after a raising hook raised an OSError. The others attack the neighbourhood (graph
+situations, hooks keeping what they saw); the hypothesis test compares unihook's hooks on each
+backend with torch's native hooks on the same weights.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import warnings
+import weakref
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import kit as backend_kit
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import unihook
+
+
+def arrays(kit: Any, grads: Any) -> tuple[Any, ...]:
+    return tuple(None if g is None else kit.numpy(g) for g in grads)
+
+
+def close(actual: Any, expected: Any) -> None:
+    assert len(actual) == len(expected), (actual, expected)
+    for a, e in zip(actual, expected):
+        if e is None:
+            assert a is None, (actual, expected)
+        else:
+            assert a is not None, (actual, expected)
+            np.testing.assert_allclose(a, np.asarray(e, dtype="float32"), rtol=1e-6, atol=1e-6)
+
+
+class Log:
+    """Every module backward hook call as (kind, grad_input, grad_output), in numpy."""
+
+    def __init__(self, kit: Any, module: Any) -> None:
+        self.kit = kit
+        self.calls: list[tuple[str, Any, Any]] = []
+        unihook.register_full_backward_pre_hook(module, self.pre)
+        unihook.register_full_backward_hook(module, self.full)
+
+    def pre(self, module: Any, grad_output: Any) -> None:
+        self.calls.append(("pre", None, arrays(self.kit, grad_output)))
+
+    def full(self, module: Any, grad_input: Any, grad_output: Any) -> None:
+        self.calls.append(("full", arrays(self.kit, grad_input), arrays(self.kit, grad_output)))
+
+
+def isolated(function: str, backend: str) -> None:
+    """Run `function(kit)` of this file in a fresh interpreter: what could segfault paddle must
+    not take pytest down with it."""
+    code = (
+        f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); "
+        "import conftest, test_autograd_edges as t; "
+        f"t.{function}(conftest.kit({backend!r})); print('done')"
+    )
+    env = dict(os.environ, GLOG_minloglevel="2")
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert result.stdout.endswith("done\n"), result.stdout[-3000:]
+
+
+# -- a. a leaf hook's gradient is its own --------------------------------------------------------
+
+
+@pytest.mark.parametrize("returns", ["none", "grad", "new"])
+def test_leaf_hook_gradient_is_not_x_grad(backend: Any, returns: str) -> None:
+    """A gradient a leaf's hook kept (or returned and kept) keeps its value when x.grad
+    accumulates the next backward: torch copies a gradient referenced elsewhere."""
+    kit = backend
+    x = kit.tensor([1.0, 2.0], requires_grad=True)
+    kept: list[Any] = []
+
+    def hook(grad: Any) -> Any:
+        if returns == "new":
+            grad = grad * 2
+        kept.append(grad)
+        return None if returns == "none" else grad
+
+    unihook.register_tensor_hook(x, hook)
+    kit.backward((x * 3).sum())
+    kit.backward((x * 5).sum())
+    factor = 2 if returns == "new" else 1
+    close(arrays(kit, kept), [[3 * factor] * 2, [5 * factor] * 2])
+    np.testing.assert_allclose(kit.grad(x), [8 * factor] * 2)
+
+
+def test_parameter_hook_gradients_survive_optimizer_steps(backend: Any) -> None:
+    """Gradient logging on parameters across training steps: what the hook kept at step 1 is
+    step 1's gradient after the optimizer stepped and cleared (paddle zeroes x.grad in place)."""
+    kit = backend
+    lin = kit.linear(2, 1, [[1.0, 2.0]], [0.0])
+    kept: list[tuple[Any, Any]] = []
+    for p in kit.parameters(lin):
+        unihook.register_tensor_hook(p, lambda g: kept.append((g, kit.numpy(g))))
+    step = kit.sgd(lin, 0.5)
+    for data in ([[1.0, 3.0]], [[2.0, -1.0]], [[0.5, 0.5]]):
+        step((lin(kit.tensor(data)) ** 2).sum())
+    assert len(kept) == 6
+    for grad, seen in kept:
+        np.testing.assert_array_equal(kit.numpy(grad), seen)
+
+
+# -- b. autograd.grad / paddle.grad with respect to a subset -------------------------------------
+
+
+def _two_in_two_out(kit: Any) -> Any:
+    return kit.module(lambda self, u, v: (u * v, v * 2))
+
+
+# The tests below make paddle.grad cut some input slots of unihook's identity nodes, which
+# then return None there (_autograd_guard predicts the cuts): a wrong prediction can segfault.
+
+
+def test_grad_wrt_some_inputs_of_a_hooked_module(backend: Any) -> None:
+    """paddle raised "should return None at 1 position"; torch's hooks see every input's
+    gradient the module's backward computed (and zeros for one no gradient reached)."""
+    isolated("some_inputs", backend.name)
+
+
+def some_inputs(kit: Any) -> None:
+    m = _two_in_two_out(kit)
+    log = Log(kit, m)
+    u = kit.tensor([1.0, 2.0], requires_grad=True)
+    v = kit.tensor([3.0, 4.0], requires_grad=True)
+    a, b = m(u, v)
+    cases = [
+        ([a.sum() + b.sum()], [u], [[3, 4]], ([3, 4], [3, 4]), ([1, 1], [1, 1])),
+        ([a.sum()], [u], [[3, 4]], ([3, 4], [1, 2]), ([1, 1], None)),
+        ([b.sum()], [v], [[2, 2]], ([0, 0], [2, 2]), (None, [1, 1])),
+        ([b.sum()], [u], [[0, 0]], ([0, 0], [2, 2]), (None, [1, 1])),
+        ([a.sum()], [v, u], [[1, 2], [3, 4]], ([3, 4], [1, 2]), ([1, 1], None)),
+    ]
+    for outputs, inputs, grads, grad_input, grad_output in cases:
+        log.calls.clear()
+        result = kit.grad_wrt(outputs, inputs, retain_graph=True, allow_unused=True)
+        close(arrays(kit, result), grads)
+        assert [c[0] for c in log.calls] == ["pre", "full"]
+        close(log.calls[1][1], grad_input)
+        close(log.calls[1][2], grad_output)
+        close(log.calls[0][2], grad_output)
+    assert kit.grad(u) is None and kit.grad(v) is None
+
+
+def test_grad_wrt_inputs_with_a_stop_gradient_input_between(backend: Any) -> None:
+    isolated("stop_gradient_between", backend.name)
+
+
+def stop_gradient_between(kit: Any) -> None:
+    m = kit.module(lambda self, u, v, w: u * v + w)
+    log = Log(kit, m)
+    u = kit.tensor([1.0, 2.0], requires_grad=True)
+    v = kit.tensor([3.0, 4.0])
+    w = kit.tensor([5.0, 6.0], requires_grad=True)
+    out = m(u, v, w).sum()
+    close(arrays(kit, kit.grad_wrt([out], [u], retain_graph=True)), [[3, 4]])
+    close(log.calls[1][1], ([3, 4], [0, 0], [1, 1]))
+    close(arrays(kit, kit.grad_wrt([out], [w])), [[1, 1]])
+    close(log.calls[3][1], ([3, 4], [0, 0], [1, 1]))
+
+
+def test_grad_wrt_some_inputs_with_create_graph(backend: Any) -> None:
+    """Double backward through the subset's gradient."""
+    isolated("some_inputs_create_graph", backend.name)
+
+
+def some_inputs_create_graph(kit: Any) -> None:
+    m = _two_in_two_out(kit)
+    log = Log(kit, m)
+    u = kit.tensor([1.0, 2.0], requires_grad=True)
+    v = kit.tensor([3.0, 4.0], requires_grad=True)
+    a, _ = m(u, v)
+    [du] = kit.grad_wrt([(a * a).sum()], [u], create_graph=True)
+    close(arrays(kit, [du]), [[18, 64]])  # 2 * u * v * v
+    close(log.calls[1][1], ([18, 64], [6, 32]))
+    kit.backward(du.sum())
+    np.testing.assert_allclose(kit.grad(v), [12, 32])  # 4 * u * v
+    np.testing.assert_allclose(kit.grad(u), [18, 32])  # 2 * v * v
+
+
+# -- c. empty batches and 0-d tensors --------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["backward", "autograd_grad"])
+def test_empty_batch_through_a_hooked_module(backend: Any, how: str) -> None:
+    kit = backend
+    lin = kit.linear(3, 2)
+    log = Log(kit, lin)
+    x = kit.tensor(np.zeros((0, 3)), requires_grad=True)
+    y = lin(x)
+    assert tuple(y.shape) == (0, 2)
+    if how == "backward":
+        kit.backward(y.sum())
+        assert tuple(kit.grad(x).shape) == (0, 3)
+    else:
+        [gx] = kit.grad_wrt([y.sum()], [x])
+        assert tuple(gx.shape) == (0, 3)
+    assert [c[0] for c in log.calls] == ["pre", "full"]
+    assert [g.shape for g in log.calls[1][1]] == [(0, 3)]
+    assert [g.shape for g in log.calls[1][2]] == [(0, 2)]
+
+
+def test_empty_and_full_inputs_together(backend: Any) -> None:
+    kit = backend
+    m = kit.module(lambda self, x, e: (x * 2, e * 3))
+    log = Log(kit, m)
+    x = kit.tensor([1.0, 2.0], requires_grad=True)
+    e = kit.tensor(np.zeros((0,)), requires_grad=True)
+    a, b = m(x, e)
+    kit.backward(a.sum() + b.sum())
+    close(log.calls[1][1], ([2, 2], np.zeros((0,))))
+    assert kit.grad(e).shape == (0,)
+
+
+def test_zero_dim_tensors(backend: Any) -> None:
+    kit = backend
+    m = kit.module(lambda self, x: x * 3)
+    log = Log(kit, m)
+    x = kit.tensor(2.0, requires_grad=True)
+    out = m(x)
+    assert tuple(out.shape) == ()
+    kit.backward(out)
+    assert log.calls == [("pre", None, (np.float32(1),)), ("full", (np.float32(3),), (1.0,))]
+    assert [g.shape for g in log.calls[1][1]] == [()]
+    np.testing.assert_allclose(kit.grad(x), 3.0)
+
+
+# -- d. a retry after a hook raised ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["full_backward_pre", "full_backward"])
+def test_retry_after_a_hook_raised_runs_the_hooks_again(backend: Any, kind: str) -> None:
+    kit = backend
+    lin = kit.linear(2, 1, [[1.0, 2.0]], [0.0])
+    seen: list[Any] = []
+
+    def hook(module: Any, *grads: Any) -> None:
+        seen.append(arrays(kit, grads[0]))
+        if len(seen) == 1:
+            raise ValueError("first pass")
+
+    register = getattr(unihook, f"register_{kind}_hook")
+    register(lin, hook)
+    x = kit.tensor([[1.0, 3.0]], requires_grad=True)
+    y = lin(x).sum()
+    with pytest.raises(ValueError, match="first pass"):
+        kit.grad_wrt([y], [x], retain_graph=True)
+    close(arrays(kit, kit.grad_wrt([y], [x], retain_graph=True)), [[[1, 2]]])
+    assert len(seen) == 2
+    close(seen[1], seen[0])
+
+
+def test_a_retried_call_leaks_nothing(backend: Any) -> None:
+    kit = backend
+    lin = kit.linear(2, 1)
+    alive = weakref.ref(lin)
+    calls = [0]
+
+    def hook(module: Any, grad_input: Any, grad_output: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise KeyError("first")
+
+    unihook.register_full_backward_hook(lin, hook)
+    x = kit.tensor([[1.0, 3.0]], requires_grad=True)
+    y = lin(x).sum()
+    with pytest.raises(KeyError):
+        kit.grad_wrt([y], [x], retain_graph=True)
+    kit.grad_wrt([y], [x])
+    assert calls[0] == 2
+    del lin, y
+    gc.collect()
+    assert alive() is None
+
+
+_RETRY_BACKWARD_SCRIPT = """
+import warnings
+warnings.filterwarnings("ignore")
+import unihook
+from unihook._plugins import plugin_manager
+
+kit = [k for k in plugin_manager().hook.unihook_conformance_kit() if k and k.name == {name!r}][0]
+lin = kit.linear(2, 1, [[1, 2]], [0])
+calls = []
+def hook(m, gi, go):
+    calls.append(kit.numpy(gi[0]).tolist())
+    if len(calls) == 1:
+        raise ValueError("first")
+unihook.register_full_backward_hook(lin, hook)
+x = kit.tensor([[1.0, 1.0]], requires_grad=True)
+y = lin(x).sum()
+try:
+    kit.backward(y, retain_graph=True)
+except ValueError:
+    print("raised", flush=True)
+try:
+    kit.backward(y)
+    print("retry ok", calls, kit.grad(x).tolist(), flush=True)
+except unihook.BackendStateError:
+    print("BackendStateError", flush=True)
+kit.backward(lin(x).sum())
+print("fresh ok", len(calls), flush=True)
+"""
+
+
+def test_retry_of_tensor_backward_after_a_hook_raised(backend: Any) -> None:
+    """torch runs the hooks again; paddle cannot (its PyLayer nodes that did run are freed,
+    and a second pass segfaults): a clear BackendStateError, and the next forward works."""
+    script = _RETRY_BACKWARD_SCRIPT.format(name=backend.name)
+    env = dict(os.environ, GLOG_minloglevel="2")
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == "raised"
+    retried = "retry ok [[[1.0, 2.0]], [[1.0, 2.0]]] [[1.0, 2.0]]"
+    assert lines[1] == ("BackendStateError" if backend.name == "paddle" else retried)
+    assert lines[2].startswith("fresh ok")
+
+
+# -- the neighbourhood -----------------------------------------------------------------------
+
+
+def test_integer_input_gets_an_integer_zero(backend: Any) -> None:
+    kit = backend
+    m = kit.module(lambda self, x, idx: x[idx] * 2)
+    log = Log(kit, m)
+    x = kit.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    idx = kit.tensor([2, 0], dtype="int64")
+    kit.backward(m(x, idx).sum())
+    grad_x, grad_idx = log.calls[1][1]
+    np.testing.assert_allclose(grad_x, [2, 0, 2])
+    assert grad_idx.tolist() == [0, 0] and grad_idx.dtype.kind == "i"
+    np.testing.assert_allclose(kit.grad(x), [2, 0, 2])
+
+
+def test_integer_output_gets_none(backend: Any) -> None:
+    kit = backend
+    m = kit.module(lambda self, x: (x * 2, x.argmax()))
+    log = Log(kit, m)
+    x = kit.tensor([1.0, 5.0, 3.0], requires_grad=True)
+    a, b = m(x)
+    assert b.dtype == kit.tensor([1], dtype="int64").dtype
+    kit.backward(a.sum())
+    close(log.calls[0][2], ([1, 1, 1], None))
+    close(log.calls[1][1], ([2, 2, 2],))
+
+
+def test_shared_submodule_fires_per_call(backend: Any) -> None:
+    kit = backend
+    lin = kit.linear(2, 2, [[1.0, 2.0], [3.0, 4.0]], [0.0, 0.0])
+    log = Log(kit, lin)
+    outer = kit.module(lambda self, x: self.b(self.a(x)), {"a": lin, "b": lin})
+    x = kit.tensor([[1.0, -1.0]], requires_grad=True)
+    kit.backward((outer(x) * kit.tensor([[1.0, 2.0]])).sum())
+    full = [c for c in log.calls if c[0] == "full"]
+    close(full[0][1], [[[7, 10]]])
+    close(full[0][2], [[[1, 2]]])
+    close(full[1][1], [[[37, 54]]])
+    close(full[1][2], [[[7, 10]]])
+    np.testing.assert_allclose(kit.grad(x), [[37, 54]])
+
+
+def test_module_hook_gradients_kept_across_backwards(backend: Any) -> None:
+    """Tensors a module hook kept are unchanged after later backwards accumulate x.grad."""
+    kit = backend
+    m = kit.module(lambda self, x, y: x * y)
+    kept: list[tuple[Any, list[Any]]] = []
+
+    def full(module: Any, grad_input: Any, grad_output: Any) -> None:
+        for grads in (grad_input, grad_output):
+            kept.append((grads, [kit.numpy(g) for g in grads]))
+
+    unihook.register_full_backward_hook(m, full)
+    x = kit.tensor([1.0, 2.0], requires_grad=True)
+    y = kit.tensor([3.0, 4.0], requires_grad=True)
+    for scale in (1.0, 2.0, 3.0):
+        kit.backward((m(x, y) * scale).sum())
+    assert len(kept) == 6
+    for grads, seen in kept:
+        close(arrays(kit, grads), seen)
+    np.testing.assert_allclose(kit.grad(x), [18, 24])
+
+
+# -- differential: unihook on each backend against torch's native hooks ----------------------
+
+
+def _run(kit: Any, native: bool, plan: dict[str, Any]) -> dict[str, Any]:
+    """Build the plan's model with its weights, hook it (torch's native hooks when `native`),
+    run forward, autograd_grad and (create_graph) a second backward; everything as numpy."""
+    rng = np.random.default_rng(plan["seed"])
+    w = [rng.normal(0, 1, (2, 2)).round(2) for _ in range(2)]
+    b = [rng.normal(0, 1, (2,)).round(2) for _ in range(2)]
+    data = [rng.normal(0, 1, (1, 2)).round(2) for _ in range(plan["n"])]
+    coef = [rng.normal(0, 1, (1, 2)).round(2) for _ in range(2)]
+    lin_a, lin_b = kit.linear(2, 2, w[0], b[0]), kit.linear(2, 2, w[1], b[1])
+
+    def forward(self: Any, *xs: Any) -> Any:
+        s = xs[0]
+        for x in xs[1:]:
+            s = s * x
+        return kit.relu(self.a(s)), self.b(s * xs[0])
+
+    m = kit.module(forward, {"a": lin_a, "b": lin_b})
+    calls: list[tuple[str, Any, Any]] = []  # tensors kept as given, read at the end
+    kept: list[Any] = []
+
+    def pre(module: Any, grad_output: Any) -> None:
+        calls.append(("pre", None, grad_output))
+
+    def full(module: Any, grad_input: Any, grad_output: Any) -> None:
+        calls.append(("full", grad_input, grad_output))
+
+    xs = [kit.tensor(d, requires_grad=r) for d, r in zip(data, plan["needs"])]
+    if native:
+        m.register_full_backward_pre_hook(pre)
+        m.register_full_backward_hook(full)
+        if plan["needs"][0]:
+            xs[0].register_hook(kept.append)
+    else:
+        unihook.register_full_backward_pre_hook(m, pre)
+        unihook.register_full_backward_hook(m, full)
+        if plan["needs"][0]:
+            unihook.register_tensor_hook(xs[0], kept.append)
+    named = {f"x{i}": x for i, x in enumerate(xs)}
+    named.update(b0=lin_a.bias, b1=lin_b.bias)
+    out = m(*xs)
+    if plan["twice"]:
+        out = m(out[0], *xs[1:])
+    loss = sum(
+        ((o * kit.tensor(c)).sum() for o, c, used in zip(out, coef, plan["used"]) if used),
+        kit.tensor(0.0),
+    )
+    grads = kit.grad_wrt(
+        [loss],
+        [named[name] for name in plan["asked"]],
+        create_graph=plan["create_graph"],
+        allow_unused=True,
+    )
+    result: dict[str, Any] = {"grads": arrays(kit, grads)}
+    first_pass, first_kept = len(calls), len(kept)
+    if plan["create_graph"]:
+        second = [g for g in grads if g is not None and kit.requires_grad(g)]
+        if second:
+            kit.backward(sum((g.sum() for g in second), kit.tensor(0.0)))
+        leaves = {**named, "w0": lin_a.weight, "w1": lin_b.weight}
+        result["leaf grads"] = {k: kit.grad(t) for k, t in leaves.items()}
+        if kit.name == "paddle":  # paddle's Linear weight is [in, out]
+            for k in ("w0", "w1"):
+                g = result["leaf grads"][k]
+                result["leaf grads"][k] = None if g is None else g.T
+    seen = [(kind, gi and arrays(kit, gi), arrays(kit, go)) for kind, gi, go in calls]
+    result["calls"], result["second pass calls"] = seen[:first_pass], seen[first_pass:]
+    result["kept"], result["second pass kept"] = (
+        arrays(kit, kept[:first_kept]),
+        arrays(kit, kept[first_kept:]),
+    )
+    return result
+
+
+def _same(
+    a: Any, b: Any, where: str, zeros_for_none: bool = False, lenient: tuple[str, ...] = ()
+) -> None:
+    """`b` is `a`; with `zeros_for_none` (under the keys in `lenient`), zeros stand for None."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _same(a[k], b[k], f"{where}.{k}", zeros_for_none or k in lenient)
+    elif isinstance(a, (tuple, list)):
+        assert isinstance(b, (tuple, list)) and len(a) == len(b), (where, a, b)
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]", zeros_for_none)
+    elif a is None and zeros_for_none and b is not None:
+        assert not np.any(b), (where, a, b)
+    elif a is None or b is None or isinstance(a, str):
+        assert a is b, (where, a, b)
+    else:
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5, err_msg=where)
+
+
+def _all_zero(grads: Any) -> bool:
+    return grads is not None and not any(np.any(g) for g in grads if g is not None)
+
+
+@st.composite
+def _plans(draw: Any) -> dict[str, Any]:
+    n = draw(st.integers(1, 3))
+    needs = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    candidates = [f"x{i}" for i in range(n) if needs[i]] + ["b0", "b1"]
+    return {
+        "n": n,
+        "needs": needs,
+        "asked": draw(st.lists(st.sampled_from(candidates), min_size=1, unique=True)),
+        "used": draw(st.sampled_from([(True, True), (True, False), (False, True)])),
+        "twice": draw(st.booleans()),
+        "create_graph": draw(st.booleans()),
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+def test_autograd_grad_subsets_match_torch_native_hooks() -> None:
+    """Which inputs need grad, which of them and of the parameters autograd_grad asks for, which
+    outputs the loss uses, a module called twice, create_graph and a second backward: unihook's
+    hooks on every backend see what torch's native hooks see, and the gradients are torch's."""
+    backend_kit("torch")
+    backend_kit("paddle")
+    isolated("subsets_match_torch", "torch")
+
+
+def subsets_match_torch(_: Any) -> None:
+    _subsets_match_torch()
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(plan=_plans())
+def _subsets_match_torch(plan: dict[str, Any]) -> None:
+    torch_kit = backend_kit("torch")
+    with warnings.catch_warnings():
+        # "Full backward hook is firing ... since no inputs require gradients": both warn
+        warnings.simplefilter("ignore")
+        oracle = _run(torch_kit, True, plan)
+        _same(oracle, _run(torch_kit, False, plan), "torch")
+        # Known gap: paddle's emulation hands an unused output's producer zeros (returning
+        # None segfaults paddle, trap 3), so what only that output reaches gets a zero
+        # gradient where torch's is None. The hooks see torch's values exactly.
+        # Known gap 2: the two frameworks' double-grad formulas have different structural
+        # zero edges (paddle's product sends a zero back to its forward input, torch's ReLU
+        # does), so in a second pass either may fire a hook whose grad_output or grad_input is
+        # all zeros where the other does not (torch then shows the first pass's grad_output),
+        # and a leaf's tensor hook may see a zero gradient.
+        paddle = _run(backend_kit("paddle"), False, plan)
+        for result in (oracle, paddle):
+            result["second pass calls"] = [
+                c for c in result["second pass calls"] if not any(map(_all_zero, c[1:]))
+            ]
+            result["second pass kept"] = [g for g in result["second pass kept"] if np.any(g)]
+        _same(oracle, paddle, "paddle", lenient=("grads", "leaf grads"))
