@@ -297,5 +297,33 @@ def test_paddle_to_static(mode: str, kind: str, when: str) -> None:
     assert _same(got["grads"], expected["grads"])
 
 
+SOT_BREAKING_HOOK = """
+import warnings; warnings.filterwarnings("ignore")
+import paddle, unihook
+paddle.seed(0)
+m = paddle.nn.Sequential(paddle.nn.Linear(3, 4), paddle.nn.ReLU(), paddle.nn.Linear(4, 2))
+seen = []
+# float() of a tensor breaks SOT's graph: SOT then also calls the layers while it builds the
+# static subgraph, with symbolic values, which global hooks must not see
+hook = lambda layer, args, out: seen.append((type(layer).__name__, round(float(out.sum()), 4)))
+unihook.register_module_forward_hook(hook, backend="paddle")
+m(paddle.ones([2, 3])); print(seen)
+static = paddle.jit.to_static(m)
+for _ in range(2):
+    seen.clear(); static(paddle.ones([2, 3])); print(seen)
+"""
+
+
+def test_paddle_sot_global_hook_that_breaks_the_graph() -> None:
+    pytest.importorskip("paddle")
+    env = dict(os.environ, GLOG_minloglevel="2")
+    proc = subprocess.run(
+        [sys.executable, "-c", SOT_BREAKING_HOOK], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    eager, *compiled = proc.stdout.splitlines()[-3:]
+    assert compiled == [eager, eager]
+
+
 if __name__ == "__main__":
     _child(sys.argv[1], sys.argv[2])

@@ -34,6 +34,7 @@ from unihook._checks import check_pre_kwargs_result
 from unihook._describe import Site
 
 from . import NAME
+from ._static import sot_builds_subgraph
 
 Hook = Callable[..., Any]
 
@@ -163,6 +164,9 @@ def _call(self: Any, *inputs: Any, **kwargs: Any) -> Any:
 
 
 def _dygraph_call_func(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+    if not paddle.in_dynamic_mode() and sot_builds_subgraph():
+        # to_static SOT: a build-time call with symbolic values; the hooks run in dygraph
+        return _originals["_dygraph_call_func"](self, *inputs, **kwargs)
     head, tail, ids, shared = _merge_parts
     own = self.__dict__
     # the layer's own dicts while it runs: unihook's ``_forward`` registers into them here

@@ -21,7 +21,7 @@ from paddle.jit.sot.utils import no_eval_frame
 from unihook._describe import Site
 from unihook.errors import UnsupportedHookError
 
-__all__ = ["EagerUnderSOT"]
+__all__ = ["EagerUnderSOT", "sot_builds_subgraph"]
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -34,12 +34,13 @@ def _call(fn: Callable[..., Any], *args: Any) -> Any:
 _outside_sot = paddle.jit.marker.force_dynamic(no_eval_frame(_call))
 
 
-def _sot_builds_subgraph() -> bool:
+def sot_builds_subgraph() -> bool:
     """SOT builds each subgraph as a static program too, calling the paddle layers it
-    recorded; the global dispatchers see those calls (grad is off: they do nothing) and run
-    again, in dygraph, when the layer's caller breaks the graph at them. Static-mode calls
-    happen at build time only: walking the stack then costs nothing per step."""
-    frame = sys._getframe(2)
+    recorded, with symbolic values: global hooks must not see those calls, and the global
+    backward dispatchers do nothing then (grad is off). The layers' real calls run in dygraph
+    where the caller breaks the graph. Static-mode calls happen at build time only: walking
+    the stack then costs nothing per step."""
+    frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_filename == _SOT_INTERPRETER:
             return True
@@ -64,7 +65,7 @@ class EagerUnderSOT:
         return getattr(self.fn, "__self__", None)
 
     def __call__(self, layer: Any, *args: Any) -> Any:
-        if not paddle.in_dynamic_mode() and not _sot_builds_subgraph():
+        if not paddle.in_dynamic_mode() and not sot_builds_subgraph():
             raise Site.of("full_backward", "paddle", layer).error(
                 UnsupportedHookError,
                 "dygraph or paddle.jit.to_static(full_graph=False) (SOT): module backward "
