@@ -157,6 +157,19 @@ class _Identity(PyLayer):
         return tuple(out)
 
 
+class _Rebase(PyLayer):
+    """`original` takes `alias`'s history: a PyLayer that returns its input is paddle's
+    in-place form; no data moves (they share memory) and the gradient goes to `alias`."""
+
+    @staticmethod
+    def forward(ctx: Any, original: Any, alias: Any) -> Any:  # type: ignore[override]
+        return original
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+        return None, grad
+
+
 class _Bypass:
     """`on_backward` for an identity that only some of the tensors go through: the others get
     zeros (`materialize`) or None, and only the live ones' results go back."""
@@ -229,6 +242,30 @@ class PaddleAutograd:
         for i, o in zip(live, outs):
             result[i] = _alias(o)
         return result
+
+    @staticmethod
+    def version(tensor: Any) -> int:
+        return int(tensor.inplace_version)
+
+    @staticmethod
+    def rebase(original: Any, alias: Any) -> Any:
+        if alias.stop_gradient:
+            return original  # same memory and version counter (a view): nothing to carry
+        if original.is_leaf and not original.stop_gradient:
+            # paddle's own error for it is a ValueError ("Leaf Var ... can't use inplace")
+            raise ValueError(
+                "a leaf Tensor that requires grad was modified in place in forward: paddle "
+                "forbids in-place ops on it (the module hooked by unihook saw an alias)"
+            )
+        # The in-place node bumps the version counter, which `original` shares with `alias`,
+        # and paddle cannot set it back: tensors forward saved from `alias` (relu_'s output)
+        # would fail their check. `original` moves to a counter of its own first (same memory;
+        # tensors saved from it before this call keep the old one).
+        fresh = paddle.empty(original.shape, original.dtype)
+        alias._share_buffer_to(fresh)
+        original._set_impl(fresh)
+        _Rebase.apply(original, alias)
+        return original
 
     @staticmethod
     def add_dispatchers(layer: Any, pre: Any, post: Any) -> Dispatchers:

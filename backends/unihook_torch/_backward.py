@@ -46,6 +46,23 @@ class _Identity(torch.autograd.Function):
         return (None, None, *ctx.on_backward(grads))
 
 
+class _Rebase(torch.autograd.Function):
+    """`original` takes `alias`'s history: an in-place node that moves no data (they share
+    storage) and sends the whole gradient to `alias`."""
+
+    @staticmethod
+    def forward(ctx: Any, original: Any, alias: Any) -> Any:  # type: ignore[override]
+        ctx.mark_dirty(original)
+        return original
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+        return None, grad
+
+
+_set_version = torch._C._autograd._unsafe_set_version_counter
+
+
 class _TorchDispatchers:
     """Where the dispatchers live: pinned last in the module's own hook dicts
     (``unihook._pinned``), so a native hook registered after them, even one replacing args or
@@ -86,12 +103,29 @@ class TorchAutograd:
         return _Identity.apply(on_backward, materialize, *tensors)
 
     @staticmethod
+    def version(tensor: Any) -> int:
+        return int(tensor._version)
+
+    @staticmethod
+    def rebase(original: Any, alias: Any) -> Any:
+        if not alias.requires_grad:
+            return original  # same storage, same version counter (detach): nothing to carry
+        # A leaf that requires grad raises torch's own "a leaf Variable that requires grad
+        # is being used in an in-place operation" here, as it would have without hooks.
+        version = original._version
+        _Rebase.apply(original, alias)
+        # the data did not change: tensors saved before (at this version) stay valid
+        _set_version((original,), (version,))
+        return original
+
+    @staticmethod
     def add_dispatchers(module: Any, pre: Any, post: Any) -> Dispatchers:
         # torch.compile: the dispatchers run outside dynamo (see ._compile)
         pre, post = EagerUnderCompile(pre), EagerUnderCompile(post)
         hooks = (("_forward_pre_hooks", pre), ("_forward_hooks", post))
         always = "_forward_hooks_always_called"
         return Pinned.install(module, hooks, always, _TorchDispatchers.new_id, _TorchDispatchers)
+
 
 _AUTOGRAD = TorchAutograd()
 
