@@ -2,9 +2,10 @@
 
 - SOT (``full_graph=False``, the default) simulates the bytecode of every function a converted
   layer calls, the backward dispatchers (``unihook._module_backward``) included, and crashes in
-  their autograd guard (``UnboundLocalError ... ___graph_fn_saved_orig_1``). `EagerUnderSOT`
-  calls a dispatcher through a function marked ``paddle.jit.marker.force_dynamic``: SOT breaks
-  the graph there and runs it in dygraph, so the hooks see eager's arguments and gradients.
+  their autograd guard (``UnboundLocalError ... ___graph_fn_saved_orig_1``). While SOT
+  simulates it, `EagerUnderSOT` calls a dispatcher through a function marked
+  ``paddle.jit.marker.force_dynamic``: SOT breaks the graph there and runs it in dygraph, so
+  the hooks see eager's arguments and gradients. Run normally, it costs two flag checks.
 - ``full_graph=True`` runs Python only while it builds the static program, with symbolic
   values, and the program has no place for a Python hook: a dispatcher called then raises
   `UnsupportedHookError` instead of being silently left out of the program.
@@ -16,6 +17,8 @@ import sys
 from typing import Any, Callable
 
 import paddle
+from paddle.base.dygraph.base import in_sot_simulation_mode
+from paddle.jit.sot.symbolic import interpreter as sot_interpreter
 from paddle.jit.sot.utils import no_eval_frame
 
 from unihook._describe import Site
@@ -48,7 +51,7 @@ def sot_builds_subgraph() -> bool:
     return False
 
 
-_SOT_INTERPRETER = sys.modules["paddle.jit.sot.symbolic.interpreter"].__file__
+_SOT_INTERPRETER = sot_interpreter.__file__
 
 
 class EagerUnderSOT:
@@ -65,6 +68,9 @@ class EagerUnderSOT:
         return getattr(self.fn, "__self__", None)
 
     def __call__(self, layer: Any, *args: Any) -> Any:
+        # False when run, True while SOT simulates this code (it folds the call)
+        if in_sot_simulation_mode():
+            return _outside_sot(self.fn, layer, *args)
         if not paddle.in_dynamic_mode() and not sot_builds_subgraph():
             raise Site.of("full_backward", "paddle", layer).error(
                 UnsupportedHookError,
@@ -72,4 +78,4 @@ class EagerUnderSOT:
                 "hooks, and global ones, run Python during backward",
                 "a call while paddle.jit.to_static(full_graph=True) builds a static program",
             )
-        return _outside_sot(self.fn, layer, *args)
+        return self.fn(layer, *args)
