@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import unihook
-from unihook.capture import StaleCaptureError
+from unihook import StaleCaptureError
 
 Pair = collections.namedtuple("Pair", "first second")
 

@@ -24,6 +24,7 @@ from .errors import (
     HookReturnError,
     HookTargetError,
     NoBackendError,
+    StaleCaptureError,
     UnihookError,
     UnsupportedHookError,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "HookReturnError",
     "HookTargetError",
     "NoBackendError",
+    "StaleCaptureError",
     "UnihookError",
     "UnsupportedHookError",
     "backend_of",

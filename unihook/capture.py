@@ -27,7 +27,7 @@ from weakref import WeakKeyDictionary
 
 from . import api
 from .compose import HookGroup, Where, select
-from .errors import UnihookError
+from .errors import StaleCaptureError
 from .handles import Removable
 from .ops import Ops, ops_for
 
@@ -38,10 +38,6 @@ _WHAT = {"output": "output", "inputs": "positional args", "grads": "grad_output"
 # module -> {(what, training): modified in place after capture?}; a missing key: not learned
 # yet. Keyed by training mode too: in-place ops often differ (Dropout(inplace=True)).
 _learned: WeakKeyDictionary[Any, dict[tuple[str, bool], bool]] = WeakKeyDictionary()
-
-
-class StaleCaptureError(UnihookError, RuntimeError):
-    """A captured tensor was modified in place after capture recorded it."""
 
 
 class _Site:

@@ -13,6 +13,7 @@ __all__ = [
     "HookReturnError",
     "UnsupportedHookError",
     "BackendStateError",
+    "StaleCaptureError",
 ]
 
 
@@ -39,3 +40,7 @@ class UnsupportedHookError(UnihookError, NotImplementedError):
 
 class BackendStateError(UnihookError, RuntimeError):
     """The framework is in a state in which the hook cannot run safely (it would crash)."""
+
+
+class StaleCaptureError(UnihookError, RuntimeError):
+    """A captured tensor was modified in place after capture recorded it (see `capture`)."""
