@@ -173,3 +173,26 @@ def test_identity_hooks_see_only_their_output_gradient(backend: Any) -> None:
     handle.remove()
     np.testing.assert_array_equal(seen[0], [2.0, 2.0])
     np.testing.assert_array_equal(backend.grad(x), [5.0, 5.0])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_later_inplace_on_a_returned_input_is_checked(backend: Any, kind: str) -> None:
+    """The caller changes the tensor an in-place activation returned, after the activation
+    saved it: backward refuses, hooks or not (the version counter stays shared)."""
+    act = backend.relu_module(inplace=True)
+
+    def run() -> None:
+        x = backend.tensor([-1.0, 2.0], requires_grad=True)
+        h = x * 1
+        out = act(h)
+        backend.add_(h, 1.0)
+        backend.backward(unihook.ops.sum(out * 1))
+
+    with pytest.raises(Exception) as native:
+        run()
+    handle = _hook(kind, act, [])
+    try:
+        with pytest.raises(native.type, match="inplace|in-place"):
+            run()
+    finally:
+        handle.remove()

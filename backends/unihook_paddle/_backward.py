@@ -257,14 +257,20 @@ class PaddleAutograd:
                 "a leaf Tensor that requires grad was modified in place in forward: paddle "
                 "forbids in-place ops on it (the module hooked by unihook saw an alias)"
             )
-        # The in-place node bumps the version counter, which `original` shares with `alias`,
-        # and paddle cannot set it back: tensors forward saved from `alias` (relu_'s output)
-        # would fail their check. `original` moves to a counter of its own first (same memory;
-        # tensors saved from it before this call keep the old one).
+        # The in-place node bumps the version counter, which `original` shares with `alias` and
+        # every other alias of it, and paddle cannot set a counter back: tensors forward saved
+        # from `alias` (relu_'s output) would fail their check. So the node runs while
+        # `original` stands on a tensor of its own (same memory, its own counter), then
+        # `original` goes back to its own tensor, history kept (it lives outside the tensor).
+        own = paddle.Tensor()
+        own._set_impl(original)
         fresh = paddle.empty(original.shape, original.dtype)
         alias._share_buffer_to(fresh)
         original._set_impl(fresh)
-        _Rebase.apply(original, alias)
+        try:
+            _Rebase.apply(original, alias)
+        finally:
+            original._set_impl(own)
         return original
 
     @staticmethod
