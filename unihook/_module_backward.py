@@ -26,7 +26,6 @@ __all__ = [
     "Dispatchers",
     "ModuleBackward",
     "add_global_backward_hook",
-    "keep_dispatchers_last",
     "register_backward_hook",
 ]
 
@@ -77,10 +76,6 @@ class Autograd(Protocol):
 
 class Dispatchers(Protocol):
     """The two forward hooks that drive a module's backward hooks."""
-
-    def move_last(self) -> None:
-        """Put both back at the end of their hook order (after a forward hook was added)."""
-        ...
 
     def remove(self) -> None: ...
 
@@ -391,13 +386,6 @@ def register_backward_hook(
                 state.dispatchers.remove()
 
     return Handle(autograd.backend, kind, remove)
-
-
-def keep_dispatchers_last(module: Any) -> None:
-    """Called by adapters after a forward hook is added: the dispatchers move back to the end."""
-    state = _states.get(module)
-    if state is not None and state.dispatchers is not None:
-        state.dispatchers.move_last()
 
 
 def add_global_backward_hook(

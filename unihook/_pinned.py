@@ -270,9 +270,6 @@ class Pinned:
         """The same dispatchers in a deep copy `owner` of the module."""
         return Pinned(owner, self.pre, self.post, self.always, self.access)
 
-    def move_last(self) -> None:
-        return None  # the HookDicts keep them last on every insertion
-
     def remove(self) -> None:
         owner = self.owner()
         if owner is None:

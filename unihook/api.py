@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, Callable, Union
 
 from ._describe import type_name
-from ._module_backward import keep_dispatchers_last
 from ._plugins import call_owner, plugin_manager
 from .errors import NoBackendError, UnsupportedHookError
 from .handles import Handle
@@ -131,8 +130,6 @@ def _register(kind: str, target: object, **options: Any) -> Handle:
         **options,
     )
     if handle is not None:
-        if kind in ("forward_pre", "forward"):
-            keep_dispatchers_last(target)
         return handle
     backend = plugin_manager().hook.unihook_backend_of(obj=target)
     if backend is None:

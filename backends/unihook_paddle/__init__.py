@@ -2,7 +2,7 @@
 
 Claims an object only when ``paddle`` is already in ``sys.modules`` and the object is a
 ``paddle.nn.Layer`` or ``paddle.Tensor``; paddle is never imported here at module level.
-Forward hooks are paddle's own (registered copy-on-write, see ``_forward``); tensor hooks get a
+Forward hooks are paddle's own (in snapshot-iterating dicts, see ``_forward``); tensor hooks get a
 thin wrapper that absorbs paddle's failure modes (see ``unihook_register_tensor_hook``); module
 backward hooks, which paddle 3.3.1 lacks, are emulated (``_backward``).
 """

@@ -303,9 +303,6 @@ class _GlobalDispatchers:
         pre, post = EagerUnderSOT(state.pre_dispatch), EagerUnderSOT(state.post_dispatch)
         self.remove = add_dispatchers(pre, post)
 
-    def move_last(self) -> None:
-        return None  # ``_global`` merges them after every layer's own hooks at each call
-
 
 def add_global(kind: str, hook: Callable[..., Any]) -> Callable[[], None]:
     return add_global_backward_hook(_AUTOGRAD, kind, hook, _GlobalDispatchers)

@@ -163,9 +163,6 @@ class _BackwardDispatch:
             )
             _sync_patch()
 
-    def move_last(self) -> None:
-        return None  # the wrapper runs them after every forward hook already
-
     def remove(self) -> None:
         global _backward, _dispatch
         with _lock:
