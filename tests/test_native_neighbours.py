@@ -593,3 +593,56 @@ def test_global_pre_hook_registering_backward_hook_mid_call(backend: Any) -> Non
         return run.events
 
     assert go(backend, False) == go(kit("torch"), True)
+
+
+# -- torch's own backward hooks beside unihook's ------------------------------------------------
+
+
+@pytest.mark.parametrize("native_first", [False, True], ids=["native_after", "native_before"])
+@pytest.mark.parametrize("native", ["module", "module_pre", "global"])
+@pytest.mark.parametrize("ours", ["full_backward", "full_backward_pre"])
+def test_torch_native_backward_hooks_beside_ours(
+    native: str, native_first: bool, ours: str
+) -> None:
+    """torch's BackwardHook replaces the args after every pre-hook: ours still fire, see what
+    torch's native hook sees, and leave no per-call state behind."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.modules.module as torch_module
+
+    torch.manual_seed(0)
+    m = torch.nn.Linear(3, 2)
+    seen: dict[str, list[Any]] = {"ours": [], "native": []}
+
+    def record(key: str) -> Any:
+        if (native == "module_pre") if key == "native" else (ours == "full_backward_pre"):
+            return lambda mod, go: seen[key].append(go[0].clone()) if mod is m else None
+        return lambda mod, gi, go: seen[key].append(gi[0].clone()) if mod is m else None
+
+    def register_native() -> Any:
+        if native == "global":
+            return torch_module.register_module_full_backward_hook(record("native"))
+        if native == "module_pre":
+            return m.register_full_backward_pre_hook(record("native"))
+        return m.register_full_backward_hook(record("native"))
+
+    def register_ours() -> unihook.Handle:
+        if ours == "full_backward_pre":
+            return unihook.register_full_backward_pre_hook(m, record("ours"))
+        return unihook.register_full_backward_hook(m, record("ours"))
+
+    first, second = (
+        (register_native, register_ours) if native_first else (register_ours, register_native)
+    )
+    handles = [first(), second()]
+    try:
+        for _ in range(3):
+            x = torch.randn(4, 3, requires_grad=True)
+            (m(x) * torch.arange(2.0)).sum().backward()
+        assert len(seen["ours"]) == 3 and len(seen["native"]) == 3
+        if (native == "module_pre") == (ours == "full_backward_pre"):
+            for a, b in zip(seen["ours"], seen["native"]):
+                assert torch.equal(a, b)
+        assert _states[m]._stack() == []
+    finally:
+        for h in handles:
+            h.remove()

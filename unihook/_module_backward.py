@@ -112,8 +112,9 @@ class ModuleBackward:
         self.full_hooks.pop(key, None)
         return not (self.pre_hooks or self.full_hooks)
 
-    def _stack(self) -> list[tuple[Any, _Call | None]]:
-        stack: list[tuple[Any, _Call | None]] | None = getattr(self.local, "stack", None)
+    def _stack(self) -> list[tuple[Any, Any, _Call | None]]:
+        """This thread's calls in flight: (args forward got, module, call or None)."""
+        stack: list[tuple[Any, Any, _Call | None]] | None = getattr(self.local, "stack", None)
         if stack is None:
             stack = self.local.stack = []
         return stack
@@ -125,7 +126,7 @@ class ModuleBackward:
             return None  # the module's own dispatchers run the global hooks too
         ag = self.autograd
         if not ag.grad_enabled():
-            self._stack().append((args, None))
+            self._stack().append((args, module, None))
             return None
         call = _Call(module, self, args)
         idx = call.tensor_idx = [i for i, a in enumerate(args) if ag.is_tensor(a)]
@@ -139,15 +140,18 @@ class ModuleBackward:
             args = tuple(replaced)
         # An in-place op of forward on an input shows in its version (see post_dispatch).
         call.versions = [ag.version(args[i]) for i in idx]
-        self._stack().append((args, call))
+        self._stack().append((args, module, call))
         return args if call.input_idx is not None else None
 
     def post_dispatch(self, module: Any, args: tuple[Any, ...], output: Any) -> Any:
         stack = self._stack()
-        # A forward pre-hook that raised before ours ran pushed nothing: match by args identity.
-        if not stack or stack[-1][0] is not args:
+        # A forward pre-hook that raised before ours ran pushed nothing: the top entry is then
+        # another module's (a global state's parent) or none. torch's own BackwardHook (a native
+        # backward hook beside ours) replaces the args after every pre-hook ran: the entry's
+        # args, the ones forward got from us, are the ones to read.
+        if not stack or (stack[-1][0] is not args and stack[-1][1] is not module):
             return None
-        call = stack.pop()[1]
+        args, _, call = stack.pop()
         ag = self.autograd
         if call is None:
             if not (output is None or isinstance(output, tuple) or ag.is_tensor(output)):
