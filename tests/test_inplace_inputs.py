@@ -196,3 +196,38 @@ def test_later_inplace_on_a_returned_input_is_checked(backend: Any, kind: str) -
             run()
     finally:
         handle.remove()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("op", ["unsqueeze_", "squeeze_", "t_"])
+@pytest.mark.parametrize("needs_grad", [True, False], ids=["grad", "no_grad_input"])
+def test_shape_changed_in_place_in_forward(
+    backend: Any, kind: str, op: str, needs_grad: bool
+) -> None:
+    """`x.squeeze_()` inside forward changes the caller's tensor's shape, hooks or not."""
+    if op == "t_" and backend.name == "paddle":
+        pytest.skip("paddle has no Tensor.t_")
+    change = {
+        "unsqueeze_": lambda t: t.unsqueeze_(0),
+        "squeeze_": lambda t: t.squeeze_(),
+        "t_": lambda t: t.t_(),
+    }[op]
+    m = backend.module(lambda self, a, w: (change(a), a * w)[1])
+
+    def run(hooked: bool) -> tuple[tuple[int, ...], Any]:
+        handle = _hook(kind, m, []) if hooked else None
+        try:
+            w = backend.tensor([[2.0, 3.0]], requires_grad=True)
+            x = backend.tensor([[1.0, -2.0]], requires_grad=needs_grad)
+            h = x * 1
+            out = m(h, w)
+            shape = tuple(h.shape)
+            backend.backward(unihook.ops.sum(out) + unihook.ops.sum(h * h))
+            return shape, backend.grad(w)
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    (shape, grad), (hooked_shape, hooked_grad) = run(False), run(True)
+    assert hooked_shape == shape
+    np.testing.assert_array_equal(hooked_grad, grad)

@@ -56,8 +56,8 @@ from unihook.handles import Handle
 from . import NAME
 from . import _autograd_guard as guard
 from ._forward import add_dispatchers
-from ._static import EagerUnderSOT
 from ._ops import _is_tensor
+from ._static import EagerUnderSOT
 
 Grads = Sequence[Any]
 
@@ -250,7 +250,10 @@ class PaddleAutograd:
     @staticmethod
     def rebase(original: Any, alias: Any) -> Any:
         if alias.stop_gradient:
-            return original  # same memory and version counter (a view): nothing to carry
+            # same memory and version counter (a view): only a new shape to carry (`squeeze_`)
+            if original.shape != alias.shape:
+                original._set_impl(alias)
+            return original
         if original.is_leaf and not original.stop_gradient:
             # paddle's own error for it is a ValueError ("Leaf Var ... can't use inplace")
             raise ValueError(
@@ -264,13 +267,16 @@ class PaddleAutograd:
         # `original` goes back to its own tensor, history kept (it lives outside the tensor).
         own = paddle.Tensor()
         own._set_impl(original)
-        fresh = paddle.empty(original.shape, original.dtype)
+        fresh = paddle.empty(alias.shape, alias.dtype)
         alias._share_buffer_to(fresh)
         original._set_impl(fresh)
         try:
             _Rebase.apply(original, alias)
         finally:
-            original._set_impl(own)
+            # a shape forward changed in place (`squeeze_`) stays: `original` then keeps a
+            # counter of its own (paddle cannot reshape in place without bumping one)
+            if own.shape == alias.shape:
+                original._set_impl(own)
         return original
 
     @staticmethod

@@ -8,9 +8,9 @@ from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 import paddle
+import paddle.nn.functional as F
 
 from unihook.errors import HookTargetError
-import paddle.nn.functional as F
 
 Axis = Union[None, int, Sequence[int]]
 

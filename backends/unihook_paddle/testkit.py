@@ -133,7 +133,11 @@ class PaddleKit:
     def native_hook(
         self, module: Any, kind: str, hook: Callable[..., Any], **options: Any
     ) -> Callable[[], None]:
-        register = module.register_forward_pre_hook if kind == "forward_pre" else module.register_forward_post_hook
+        register = (
+            module.register_forward_pre_hook
+            if kind == "forward_pre"
+            else module.register_forward_post_hook
+        )
         return register(hook, **options).remove  # type: ignore[no-any-return]
 
     def state_dict_roundtrip(self, module: Any) -> None:

@@ -52,6 +52,7 @@ class _Rebase(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, original: Any, alias: Any) -> Any:  # type: ignore[override]
+        _reshape_like(original, alias)
         ctx.mark_dirty(original)
         return original
 
@@ -61,6 +62,12 @@ class _Rebase(torch.autograd.Function):
 
 
 _set_version = torch._C._autograd._unsafe_set_version_counter
+
+
+def _reshape_like(original: Any, alias: Any) -> None:
+    """Forward changed the alias's shape in place (`squeeze_`, `t_`): so does `original`."""
+    if original.size() != alias.size() or original.stride() != alias.stride():
+        original.as_strided_(alias.size(), alias.stride(), alias.storage_offset())
 
 
 class _TorchDispatchers:
@@ -108,12 +115,13 @@ class TorchAutograd:
 
     @staticmethod
     def rebase(original: Any, alias: Any) -> Any:
-        if not alias.requires_grad:
-            return original  # same storage, same version counter (detach): nothing to carry
         # A leaf that requires grad raises torch's own "a leaf Variable that requires grad
         # is being used in an in-place operation" here, as it would have without hooks.
         version = original._version
-        _Rebase.apply(original, alias)
+        if alias.requires_grad:
+            _Rebase.apply(original, alias)
+        else:  # same storage, same version counter (detach): only a new shape to carry
+            _reshape_like(original, alias)
         # the data did not change: tensors saved before (at this version) stay valid
         _set_version((original,), (version,))
         return original
