@@ -262,7 +262,8 @@ def _structure(value: Any) -> Any:
     """Types and non-tensor leaves, tensors replaced by their values: what must survive."""
     if dataclasses.is_dataclass(value):
         fields = dataclasses.fields(value)
-        return (type(value), [(f.name, _structure(getattr(value, f.name))) for f in fields])
+        items = [(k, _structure(v)) for k, v in value.items()] if isinstance(value, dict) else []
+        return (type(value), [(f.name, _structure(getattr(value, f.name))) for f in fields], items)
     if isinstance(value, dict):
         return (type(value), [(k, _structure(v)) for k, v in value.items()])
     if isinstance(value, (list, tuple)):
@@ -272,7 +273,22 @@ def _structure(value: Any) -> Any:
     return value
 
 
+class _ModelOutput(collections.OrderedDict):  # type: ignore[type-arg]
+    """transformers' ModelOutput in short: a dataclass whose fields are also its items."""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):  # type: ignore[arg-type]
+            dict.__setitem__(self, field.name, getattr(self, field.name))
+
+
+@dataclasses.dataclass
+class LMOut(_ModelOutput):
+    logits: Any = None
+    hidden: Any = None
+
+
 STRUCTURED: dict[str, Callable[[Any], Any]] = {
+    "model_output": lambda h: LMOut(h * 2, h),
     "namedtuple": lambda h: Pair(h, h * 2),
     "dict": lambda h: {"b": h, "a": [h * 2, None, 3]},
     "ordered": lambda h: collections.OrderedDict(z=h, y=(h * 2,)),

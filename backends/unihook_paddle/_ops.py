@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Any, Callable, Sequence, Union
 
@@ -10,6 +9,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from unihook._structures import map_dataclass
 from unihook.errors import HookTargetError
 
 Axis = Union[None, int, Sequence[int]]
@@ -110,13 +110,13 @@ class PaddleOps:
                 return fn(obj)
             # paddle.utils keeps a dataclass whole
             if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-                rebuilt = copy.copy(obj)
-                for field in dataclasses.fields(obj):
-                    mapped = self.map_tensors(fn, getattr(obj, field.name))
-                    object.__setattr__(rebuilt, field.name, mapped)  # frozen ones too
-                return rebuilt
+                return map_dataclass(obj, lambda v: self.map_tensors(fn, v))
             return obj
 
+        if isinstance(value, dict) and dataclasses.is_dataclass(value):
+            # map_structure rebuilds a dict subclass as type(value)(items): wrong for a
+            # dataclass that is also a dict (transformers' ModelOutput)
+            return leaf(value)
         try:
             return paddle.utils.map_structure(leaf, value)
         except TypeError as e:  # a defaultdict, a dict with keys that do not sort

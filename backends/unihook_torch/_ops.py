@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Any, Callable, Sequence, Union
 
@@ -10,6 +9,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
+
+from unihook._structures import map_dataclass
 
 Axis = Union[None, int, Sequence[int]]
 
@@ -107,11 +108,7 @@ class TorchOps:
                 return fn(obj)
             # pytree keeps an unregistered dataclass whole; registering user types is global
             if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-                rebuilt = copy.copy(obj)
-                for field in dataclasses.fields(obj):
-                    mapped = self.map_tensors(fn, getattr(obj, field.name))
-                    object.__setattr__(rebuilt, field.name, mapped)  # frozen ones too
-                return rebuilt
+                return map_dataclass(obj, lambda v: self.map_tensors(fn, v))
             return obj
 
         return pytree.tree_map(leaf, value)
