@@ -44,8 +44,10 @@ class HookDict(OrderedDict[int, Any]):
         self._owner: weakref.ref[Any] | None = None
         self.pinned: list[int] = []  # kept last, in this order
         self.owned: set[int] = set()  # unihook's keys, the pinned ones included
+        self._snap: tuple[tuple[int, Any], ...] | None = None  # items() until a change
 
     def _install(self, origin: OrderedDict[int, Any], owner: Any) -> None:
+        self._snap = None
         self._origin = origin
         self._origin_ref = weakref.ref(origin)
         self._owner = weakref.ref(owner)
@@ -61,11 +63,13 @@ class HookDict(OrderedDict[int, Any]):
         return None if self._origin_ref is None else self._origin_ref()
 
     def _repin(self) -> None:
+        self._snap = None
         for key in self.pinned:
             if key in self:  # (absent while torch's global wrapper hides it for a call)
                 super().move_to_end(key)
 
     def __setitem__(self, key: int, value: Any) -> None:
+        self._snap = None
         new = key not in self
         super().__setitem__(key, value)
         if key in self.pinned:
@@ -77,6 +81,7 @@ class HookDict(OrderedDict[int, Any]):
             self._repin()
 
     def __delitem__(self, key: int) -> None:
+        self._snap = None
         super().__delitem__(key)
         origin = self.origin()
         if origin is not None:
@@ -102,6 +107,7 @@ class HookDict(OrderedDict[int, Any]):
         return key, self.pop(key)
 
     def move_to_end(self, key: int, last: bool = True) -> None:
+        self._snap = None
         super().move_to_end(key, last)
         if key in self.pinned:
             self._repin()
@@ -116,6 +122,7 @@ class HookDict(OrderedDict[int, Any]):
         # Clearing forward hooks leaves the backward hooks' dispatchers in place (as torch's
         # own backward hooks do not live in the forward hook dicts).
         kept = [(key, self[key]) for key in self.pinned if key in self]
+        self._snap = None
         super().clear()
         origin = self.origin()
         if origin is not None:
@@ -125,13 +132,19 @@ class HookDict(OrderedDict[int, Any]):
             super().__setitem__(key, value)
 
     def items(self) -> Any:  # type: ignore[override]
+        # once per hooked module call (twice with pre-hooks): a cached snapshot until a change
         origin = self._origin
-        if origin is not None and len(origin) + len(self.pinned) != len(self):
+        size = len(self)
+        if origin is not None and len(origin) + len(self.pinned) != size:
             # a native handle created before this dict was installed removed its hook
             for key in [k for k in self if k not in origin and k not in self.pinned]:
                 super().__delitem__(key)
                 self.owned.discard(key)
-        return list(super().items())
+            self._snap = None
+        snap = self._snap
+        if snap is None or len(snap) != size:
+            snap = self._snap = tuple(super().items())
+        return snap
 
     def __reduce__(self) -> Any:
         """Pickled (torch.save of a whole module), the dict is a plain one with its forward
