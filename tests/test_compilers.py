@@ -20,17 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-KINDS = [
-    "forward_pre",
-    "forward",
-    "tensor",
-    "full_backward_pre",
-    "full_backward",
-    "module_forward_pre",
-    "module_forward",
-    "module_full_backward_pre",
-    "module_full_backward",
-]
+from unihook.info import KINDS as ALL_KINDS
+
+# every hook kind but the registration ones (no compiler is involved in those)
+KINDS = [kind for kind in ALL_KINDS if not kind.endswith("_registration")]
 # Registering after compiling is dynamo's business (guards, recompiles), the same for every
 # backend: tried on "eager". Inductor compiles take seconds each here: one case per kind.
 TORCH_MODES = {"eager": ("before", "after"), "aot_eager": ("before",), "inductor": ("before",)}

@@ -28,7 +28,7 @@ import ctypes
 import sys
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from paddle.base import core
 
@@ -324,6 +324,14 @@ def _check_spent(roots: Any) -> None:
     of the graph."""
     if not _spent or roots is None:
         return
+    for ptr, _ in _walk(roots):
+        error = _spent.get(ptr)
+        if error is not None:
+            raise error()
+
+
+def _walk(roots: Any) -> Iterator[tuple[int, Any]]:
+    """(node_ptr, node) of every grad node reachable from `roots` (a tensor or a list), once."""
     if not isinstance(roots, (list, tuple)):
         roots = [roots]
     stack = [node for node in map(_grad_node, roots) if node is not None]
@@ -334,9 +342,7 @@ def _check_spent(roots: Any) -> None:
         if ptr in seen:
             continue
         seen.add(ptr)
-        error = _spent.get(ptr)
-        if error is not None:
-            raise error()
+        yield ptr, node
         stack.extend(n for n in node.next_functions if n is not None)
 
 
@@ -370,27 +376,15 @@ def pruned(ptr: int) -> frozenset[int]:
 def _cut_slots(roots: Any, inputs: Any) -> dict[int, frozenset[int]]:
     if roots is None or inputs is None:
         return _NO_CUTS
-    if not isinstance(roots, (list, tuple)):
-        roots = [roots]
     if not isinstance(inputs, (list, tuple)):
         inputs = [inputs]
     parents: dict[int, list[int]] = {}
     slots: dict[int, list[int]] = {}  # the child of each slot of the identities met (0: none)
-    stack = [node for node in map(_grad_node, roots) if node is not None]
-    seen: set[int] = set()
-    while stack:
-        node = stack.pop()
-        ptr = node.node_ptr()
-        if ptr in seen:
-            continue
-        seen.add(ptr)
-        children = []
-        for child in node.next_functions:
-            child_ptr = 0 if child is None else child.node_ptr()
-            children.append(child_ptr)
+    for ptr, node in _walk(roots):
+        children = [0 if child is None else child.node_ptr() for child in node.next_functions]
+        for child_ptr in children:
             if child_ptr:
                 parents.setdefault(child_ptr, []).append(ptr)
-                stack.append(child)
         if ptr in _several:
             slots[ptr] = children
     if not slots:
