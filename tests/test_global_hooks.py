@@ -231,6 +231,40 @@ def test_parameter_registration_replacement(backend) -> None:  # type: ignore[no
     assert any(p is replacement for p in backend.parameters(holder))
 
 
+@pytest.mark.parametrize("path", ["setattr", "register_parameter", "constructor"])
+def test_parameter_registration_returning_a_plain_tensor(backend, path: str) -> None:  # type: ignore[no-untyped-def]
+    """torch registers the tensor a hook returns for a parameter; so must paddle (which would
+    otherwise file it under buffers and lose the parameter)."""
+    with unihook.register_module_parameter_registration_hook(
+        lambda mod, name, value: value * 2, backend=backend.name
+    ):
+        if path == "constructor":
+            holder = backend.linear(1, 1, weight=[[3.0]], bias=[1.0])
+            names = ["weight", "bias"]
+        else:
+            holder = backend.module(lambda self, x: x)
+            if path == "setattr":
+                holder.p = backend.parameter([1.5])
+            else:
+                backend.register_parameter(holder, "p", backend.parameter([1.5]))
+            names = ["p"]
+    params = dict(zip(names, backend.parameters(holder)))
+    assert len(backend.parameters(holder)) == len(names)
+    if path != "constructor":
+        assert backend.numpy(params["p"]).tolist() == [3.0]
+        assert backend.requires_grad(params["p"])
+
+
+def test_module_registration_returning_a_non_module_paddle() -> None:
+    """paddle registers only Layers (its own check is a bare assert): a clear error instead."""
+    kit_ = next((k for k in KITS if k.name == "paddle"), None)
+    if kit_ is None:
+        pytest.skip("paddle is not installed")
+    with unihook.register_module_module_registration_hook(lambda mod, name, v: 5, backend="paddle"):
+        with pytest.raises(unihook.HookReturnError, match=r"paddle.*Layer. Received: int"):
+            kit_.sequential(kit_.relu_module())
+
+
 def test_buffer_registration_on_every_path(backend) -> None:  # type: ignore[no-untyped-def]
     seen: list[str] = []
     with unihook.register_module_buffer_registration_hook(

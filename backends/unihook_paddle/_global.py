@@ -32,6 +32,7 @@ from paddle.nn.layer.layers import HookRemoveHelper
 
 from unihook._checks import check_pre_kwargs_result
 from unihook._describe import Site
+from unihook.errors import HookReturnError
 
 from . import NAME
 from ._static import sot_builds_subgraph
@@ -227,7 +228,21 @@ def _fire(kind: str, layer: Any, name: str, value: Any) -> Any:
     for hook in tuple(_registration[kind].values()):
         result = hook(layer, name, value)
         if result is not None:
-            value = result
+            value = _registrable(kind, layer, name, result)
+    return value
+
+
+def _registrable(kind: str, layer: Any, name: str, value: Any) -> Any:
+    """What a registration hook returned, as paddle can register it where torch would."""
+    if kind == "parameter_registration" and type(value) is paddle.Tensor:
+        # torch registers the tensor returned for a parameter; paddle would file a plain
+        # tensor under buffers and the layer would lose the parameter
+        return EagerParamBase.from_tensor(value, trainable=not value.stop_gradient)
+    if kind == "module_registration" and not isinstance(value, Layer):
+        # paddle's own check is a bare assert
+        raise Site.of(kind, NAME, layer, name).error(
+            HookReturnError, "None or a paddle.nn.Layer", type(value).__name__
+        )
     return value
 
 
