@@ -336,6 +336,25 @@ def test_intermediate_hook_removing_itself_and_another(backend: Any) -> None:
     assert backend.grad(x) == 12.0
 
 
+def test_hook_removing_a_later_hook_of_the_same_tensor(backend: Any) -> None:
+    """torch snapshots a tensor's hooks when they start to run: a hook that removes a later
+    hook of the same tensor does not skip it in this backward, only in the next one."""
+    x = scalar(backend, 1.0)
+    handles: dict[str, Any] = {}
+
+    def first(g: Any) -> Any:
+        handles["second"].remove()
+        return g * 2
+
+    y = x * 3
+    handles["first"] = unihook.register_tensor_hook(y, first)
+    handles["second"] = unihook.register_tensor_hook(y, lambda g: g + 1)
+    backend.backward(y, retain_graph=True)
+    assert backend.grad(x) == 9.0  # (1 * 2 + 1) * 3: the removed hook still ran
+    backend.backward(y)
+    assert backend.grad(x) == 9.0 + 6.0  # (1 * 2) * 3: from this backward on it is gone
+
+
 def test_hook_removing_itself_during_autograd_grad(backend: Any) -> None:
     x = scalar(backend, 1.0)
     z = x * 2

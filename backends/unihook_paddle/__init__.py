@@ -220,7 +220,13 @@ def unihook_register_tensor_hook(
             owner._remove_grad_hook(hook_id)
 
     def remove() -> None:
-        live[0] = False
+        owner = tensor_ref()
+        if owner is not None and guard.firing(owner):
+            # torch snapshots a tensor's hooks when they start to run: one removed by a hook
+            # of the same tensor still runs in this backward
+            guard.after_backward(lambda: live.__setitem__(0, False))
+        else:
+            live[0] = False
         guard.untrack(tensor_ref, token)
         # Removing a tensor hook while backward runs segfaults paddle: wait for it to end.
         guard.after_backward(native_remove)
