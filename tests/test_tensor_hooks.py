@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import KITS
 
 import unihook
 
@@ -403,3 +404,15 @@ def test_hook_registering_hooks_during_backward(backend: Any) -> None:
     backend.backward(o)
     assert seen == ["adder", "x-new", "adder", "z-new", "x-new"]
     assert backend.grad(x) == 6.0 + 60.0
+
+
+def test_other_frameworks_tensor_names_both_frameworks() -> None:
+    """Returning the other framework's tensor: the message says which framework is which."""
+    if len(KITS) < 2:
+        pytest.skip("needs two backends")
+    for ours, theirs in (KITS, KITS[::-1]):
+        x = ours.tensor([1.0, 2.0], requires_grad=True)
+        unihook.register_tensor_hook(x, lambda g, theirs=theirs: theirs.tensor([1.0, 1.0]))
+        expected = rf"expected None or a {ours.name}\.Tensor .* Received: {theirs.name}\.Tensor"
+        with pytest.raises(unihook.HookReturnError, match=expected):
+            ours.backward(unihook.ops.sum(x * 2))

@@ -39,7 +39,7 @@ def check_grad(result: object, grad: Any, is_tensor: Callable[[object], bool], s
         return None
     if not is_tensor(result):
         raise site.error(
-            HookReturnError, f"None or a {type_name(grad)} like the gradient", _show(result)
+            HookReturnError, f"None or a {_qualified(grad)} like the gradient", _show(result)
         )
     if shape_of(result) != shape_of(grad):
         raise site.error(
@@ -77,11 +77,17 @@ def check_grad_tuple(
     return tuple(result)
 
 
+def _qualified(value: object) -> str:
+    """`torch.Tensor`, `paddle.Tensor`, `float`: the type with its framework (users mix them)."""
+    package = type(value).__module__.split(".")[0]
+    return type_name(value) if package == "builtins" else f"{package}.{type_name(value)}"
+
+
 def _show(value: object) -> str:
     text = repr(value)
     if len(text) > 60:
         text = text[:57] + "..."
-    return f"{type_name(value)} {text}"
+    return f"{_qualified(value)} {text}"
 
 
 def checked_kwargs_pre_hook(
