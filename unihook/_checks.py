@@ -25,11 +25,16 @@ def shape_of(tensor: Any) -> tuple[int, ...]:
 def check_pre_kwargs_result(result: object, site: Site) -> Any:
     """A with_kwargs forward pre-hook returns None or `(args, kwargs)`."""
     if result is None or (
-        type(result) is tuple and len(result) == 2 and isinstance(result[1], dict)
+        type(result) is tuple
+        and len(result) == 2
+        and isinstance(result[0], (tuple, list))
+        and isinstance(result[1], dict)
     ):
         return result
     raise site.error(
-        HookReturnError, "None or a tuple (new_args, new_kwargs) with kwargs a dict", _show(result)
+        HookReturnError,
+        "None or a tuple (new_args, new_kwargs) with args a tuple and kwargs a dict",
+        _show(result),
     )
 
 
