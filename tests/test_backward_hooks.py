@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -859,3 +860,26 @@ def test_an_exception_in_a_backward_hook_leaks_nothing(backend) -> None:  # type
     del layer, handle
     gc.collect()
     assert alive() is None
+
+
+@pytest.mark.xfail(strict=True, reason="issue 12, class 4: open")
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
+def test_base_exception_in_forward_frees_the_model(backend: Any, raised: type) -> None:
+    """torch runs always_call hooks only for an Exception: a BaseException raised in forward
+    of a module with backward hooks must not leave per-call state holding the model."""
+    import gc
+    import weakref
+
+    def forward(self: Any, x: Any) -> Any:
+        raise raised
+
+    m = backend.module(forward, {"lin": backend.linear(2, 2)})
+    handle = unihook.register_full_backward_hook(m, lambda *a: None)
+    with pytest.raises(raised):
+        m(backend.tensor([[1.0, 2.0]], requires_grad=True))
+    ref = weakref.ref(m)
+    del m
+    gc.collect()
+    alive = ref() is not None
+    handle.remove()
+    assert not alive
