@@ -23,22 +23,9 @@ import pytest
 from conftest import kit as backend_kit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_backward_hooks import arrays, close
 
 import unihook
-
-
-def arrays(kit: Any, grads: Any) -> tuple[Any, ...]:
-    return tuple(None if g is None else kit.numpy(g) for g in grads)
-
-
-def close(actual: Any, expected: Any) -> None:
-    assert len(actual) == len(expected), (actual, expected)
-    for a, e in zip(actual, expected):
-        if e is None:
-            assert a is None, (actual, expected)
-        else:
-            assert a is not None, (actual, expected)
-            np.testing.assert_allclose(a, np.asarray(e, dtype="float32"), rtol=1e-6, atol=1e-6)
 
 
 class Log:
