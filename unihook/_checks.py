@@ -1,11 +1,13 @@
-"""Return-value rules shared by every adapter. Each raises HookReturnError naming the site."""
+"""Return-value rules shared by every adapter. Each raises HookReturnError naming the site:
+HookReturnTypeError (also a TypeError) for a value of the wrong type, where torch raises
+TypeError; plain HookReturnError (a RuntimeError) for a wrong length, shape or dtype, as torch."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
 from ._describe import Site, type_name
-from .errors import HookReturnError
+from .errors import HookReturnError, HookReturnTypeError
 
 __all__ = [
     "check_grad",
@@ -24,18 +26,15 @@ def shape_of(tensor: Any) -> tuple[int, ...]:
 
 def check_pre_kwargs_result(result: object, site: Site) -> Any:
     """A with_kwargs forward pre-hook returns None or `(args, kwargs)`."""
-    if result is None or (
-        type(result) is tuple
-        and len(result) == 2
-        and isinstance(result[0], (tuple, list))
-        and isinstance(result[1], dict)
-    ):
-        return result
-    raise site.error(
-        HookReturnError,
-        "None or a tuple (new_args, new_kwargs) with args a tuple and kwargs a dict",
-        _show(result),
-    )
+    if result is None:
+        return None
+    expected = "None or a tuple (new_args, new_kwargs) with args a tuple and kwargs a dict"
+    # torch: RuntimeError unless a 2-tuple, then TypeError from forward(*args, **kwargs)
+    if not isinstance(result, tuple) or _length(result) != 2:
+        raise site.error(HookReturnError, expected, _show(result))
+    if not isinstance(result[0], (tuple, list)) or not isinstance(result[1], dict):
+        raise site.error(HookReturnTypeError, expected, _show(result))
+    return result
 
 
 def check_grad(result: object, grad: Any, is_tensor: Callable[[object], bool], site: Site) -> Any:
@@ -44,7 +43,7 @@ def check_grad(result: object, grad: Any, is_tensor: Callable[[object], bool], s
         return None
     if not is_tensor(result):
         raise site.error(
-            HookReturnError, f"None or a {_qualified(grad)} like the gradient", _show(result)
+            HookReturnTypeError, f"None or a {_qualified(grad)} like the gradient", _show(result)
         )
     if shape_of(result) != shape_of(grad):
         raise site.error(
@@ -67,19 +66,21 @@ def check_grad_tuple(
     """A backward hook returns None or a tuple/list replacing `what` (grad_input/grad_output)."""
     if result is None:
         return None
+    wanted = f"None or a tuple of {expected} gradients replacing {what}"
     if not isinstance(result, (tuple, list)):
-        raise site.error(
-            HookReturnError,
-            f"None or a tuple of {expected} gradients replacing {what}",
-            _show(result),
-        )
-    if len(result) != expected:
-        raise site.error(
-            HookReturnError,
-            f"None or a tuple of {expected} gradients replacing {what}",
-            f"a {type_name(result)} of length {len(result)}",
-        )
+        raise site.error(HookReturnTypeError, wanted, _show(result))
+    length = _length(result)
+    if length != expected:
+        raise site.error(HookReturnError, wanted, f"a {type_name(result)} of length {length}")
     return tuple(result)
+
+
+def _length(value: Any) -> int | str:
+    """len(value), or why there is none (a subclass whose __len__ raises)."""
+    try:
+        return len(value)
+    except Exception as error:  # noqa: BLE001 (reported in the message instead)
+        return f"unknown ({type_name(error)} from __len__)"
 
 
 def _qualified(value: object) -> str:
@@ -89,7 +90,10 @@ def _qualified(value: object) -> str:
 
 
 def _show(value: object) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception as error:  # noqa: BLE001 (the error about the value must not fail)
+        text = f"<repr raised {type_name(error)}>"
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{_qualified(value)} {text}"

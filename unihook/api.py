@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Union
 
-from ._describe import type_name
+from ._describe import Site, type_name
 from ._plugins import call_owner, plugin_manager
-from .errors import NoBackendError, UnsupportedHookError
+from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
 from .handles import Handle
 from .info import BackendInfo
 
@@ -59,7 +59,7 @@ def register_forward_pre_hook(
     return _register(
         "forward_pre",
         module,
-        hook=_guarded(hook, when),
+        hook=_guarded("forward_pre", module, name, hook, when),
         prepend=prepend,
         with_kwargs=with_kwargs,
         name=name,
@@ -82,7 +82,7 @@ def register_forward_hook(
     return _register(
         "forward",
         module,
-        hook=_guarded(hook, when),
+        hook=_guarded("forward", module, name, hook, when),
         prepend=prepend,
         with_kwargs=with_kwargs,
         always_call=always_call,
@@ -97,7 +97,7 @@ register_forward_post_hook = register_forward_hook
 def register_tensor_hook(tensor: Any, hook: Hook, *, name: str | None = None) -> Handle:
     """Run ``hook(grad)`` when the gradient of `tensor` is computed; a returned tensor (same
     shape and dtype) replaces the gradient."""
-    return _register("tensor", tensor, hook=hook, name=name)
+    return _register("tensor", tensor, hook=_callable("tensor", tensor, name, hook), name=name)
 
 
 def register_full_backward_pre_hook(
@@ -105,9 +105,8 @@ def register_full_backward_pre_hook(
 ) -> Handle:
     """Run ``hook(module, grad_output)`` once per module call when the gradient reaches the
     module's outputs; a returned tuple (same length) replaces grad_output."""
-    return _register(
-        "full_backward_pre", module, hook=_guarded(hook, when), prepend=prepend, name=name
-    )
+    hook = _guarded("full_backward_pre", module, name, hook, when)
+    return _register("full_backward_pre", module, hook=hook, prepend=prepend, name=name)
 
 
 def register_full_backward_hook(
@@ -115,14 +114,11 @@ def register_full_backward_hook(
 ) -> Handle:
     """Run ``hook(module, grad_input, grad_output)`` once per module call after every input
     gradient exists; a returned tuple (one slot per positional argument) replaces grad_input."""
-    return _register("full_backward", module, hook=_guarded(hook, when), prepend=prepend, name=name)
+    hook = _guarded("full_backward", module, name, hook, when)
+    return _register("full_backward", module, hook=hook, prepend=prepend, name=name)
 
 
 def _register(kind: str, target: object, **options: Any) -> Handle:
-    if not callable(options["hook"]):
-        raise TypeError(
-            f"`hook` must be callable. Received: hook={options['hook']!r} for a {kind} hook"
-        )
     handle: Handle | None = call_owner(
         f"unihook_register_{kind}_hook",
         target,
@@ -134,9 +130,10 @@ def _register(kind: str, target: object, **options: Any) -> Handle:
     backend = plugin_manager().hook.unihook_backend_of(obj=target)
     if backend is None:
         raise _no_backend(f"register_{kind}_hook", target)
-    raise UnsupportedHookError(
-        f"{kind} hook on {type_name(target)} [backend {backend}]: backend {backend!r} does not "
-        f"implement {kind} hooks. See unihook.backends() for what each backend supports."
+    raise Site.of(kind, backend, target, options.get("name")).error(
+        UnsupportedHookError,
+        f"a backend that implements {kind} hooks (see unihook.backends())",
+        f"backend {backend!r}, which does not",
     )
 
 
@@ -150,15 +147,33 @@ def _no_backend(what: str, obj: object) -> NoBackendError:
 
 
 def _short(obj: object) -> str:
-    text = repr(obj)
+    try:
+        text = repr(obj)
+    except Exception as error:  # noqa: BLE001 (the error about the value must not fail)
+        text = f"<{type_name(obj)}: repr raised {type_name(error)}>"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _guarded(hook: Hook, when: When) -> Hook:
+def _site(kind: str, target: object, name: str | None) -> Site:
+    """Where a hook would sit, for errors raised before a backend took it."""
+    backend = plugin_manager().hook.unihook_backend_of(obj=target)
+    return Site.of(kind, backend or "none", target, name)
+
+
+def _callable(kind: str, target: object, name: str | None, hook: Hook) -> Hook:
+    if not callable(hook):
+        # torch and paddle accept it and raise TypeError at the first call: raise it now
+        site = _site(kind, target, name)
+        raise HookArgumentError(f"{site}: `hook` must be callable. Received: hook={_short(hook)}.")
+    return hook
+
+
+def _guarded(kind: str, module: object, name: str | None, hook: Hook, when: When) -> Hook:
     """`hook` itself, or a wrapper running it only while `when` holds for the module.
 
     "train" and "eval" cost one attribute check per call; a callable costs one call.
     """
+    _callable(kind, module, name, hook)
     if when is None:
         return hook
     if when == "train":
@@ -178,9 +193,9 @@ def _guarded(hook: Hook, when: When) -> Hook:
             return hook(module, *rest) if test(module) else None
 
     else:
-        raise ValueError(
-            f"`when` must be one of {{None, 'train', 'eval'}} or a callable(module) -> bool. "
-            f"Received: when={when!r}"
+        raise HookArgumentError(
+            f"{_site(kind, module, name)}: `when` must be one of {{None, 'train', 'eval'}} or a "
+            f"callable(module) -> bool. Received: when={_short(when)}."
         )
     guarded.__wrapped__ = hook  # type: ignore[attr-defined]
     return guarded

@@ -11,6 +11,8 @@ import functools
 from typing import Any, Callable, Iterator, Sequence, Union
 
 from . import api
+from ._describe import type_name
+from .errors import HookArgumentError
 from .handles import Handle, Removable
 from .ops import named_modules
 
@@ -71,6 +73,15 @@ def select(model: Any, where: Where = None) -> list[tuple[str, Any]]:
     a list of globs, or ``callable(name, module) -> bool``. A glob that matches nothing raises
     ValueError listing the nearest names.
     """
+    return _select(model, where, "select")
+
+
+def _label(what: str, model: Any) -> str:
+    """`forward hooks by attach on ResNet [backend torch]`: errors name the call and model."""
+    return f"{what} on {type_name(model)} [backend {api.backend_of(model)}]"
+
+
+def _select(model: Any, where: Where, what: str) -> list[tuple[str, Any]]:
     modules = named_modules(model)
     if where is None:
         return modules
@@ -80,9 +91,9 @@ def select(model: Any, where: Where = None) -> list[tuple[str, Any]]:
 
     patterns = [where] if isinstance(where, str) else list(where)
     if not all(isinstance(p, str) for p in patterns):
-        raise ValueError(
-            "`where` must be one of {None, a glob string, a list of globs, "
-            f"callable(name, module) -> bool}}. Received: where={where!r}"
+        raise HookArgumentError(
+            f"{_label(what, model)}: `where` must be one of {{None, a glob string, a list of "
+            f"globs, callable(name, module) -> bool}}. Received: where={api._short(where)}."
         )
     names = [n for n, _ in modules]
     for pattern in patterns:
@@ -90,9 +101,10 @@ def select(model: Any, where: Where = None) -> list[tuple[str, Any]]:
             import difflib
 
             near = difflib.get_close_matches(pattern, names, n=5, cutoff=0.4) or names[:5]
-            raise ValueError(
-                f"`where` pattern {pattern!r} matches no module of {type(model).__name__}. "
-                f"Nearest names: {', '.join(repr(n) for n in near)}"
+            raise HookArgumentError(
+                f"{_label(what, model)}: `where` must match a module's qualified name. "
+                f"Received: pattern {pattern!r}, which matches no module. Nearest names: "
+                f"{', '.join(repr(n) for n in near)}"
             )
     return [(n, m) for n, m in modules if any(fnmatchcase(n, p) for p in patterns)]
 
@@ -112,20 +124,24 @@ def attach(
     "train", "eval" or ``callable(module) -> bool``, checked at every call; `options`:
     prepend / with_kwargs / always_call as the per-module function of that kind takes them.
     """
+    what = f"{kind} hooks by attach"
     if kind not in KINDS:
         allowed = ", ".join(map(repr, KINDS))
-        raise ValueError(f"`kind` must be one of {{{allowed}}}. Received: kind={kind!r}")
+        raise HookArgumentError(
+            f"{_label(what, model)}: `kind` must be one of {{{allowed}}}. "
+            f"Received: kind={api._short(kind)}."
+        )
     unknown = set(options) - _OPTIONS[kind]
     if unknown:
-        raise ValueError(
-            f"options for kind={kind!r} must be among {sorted(_OPTIONS[kind])}. "
-            f"Received: {sorted(unknown)}"
+        raise HookArgumentError(
+            f"{_label(what, model)}: options for kind={kind!r} must be among "
+            f"{sorted(_OPTIONS[kind])}. Received: {sorted(unknown)}."
         )
     register = KINDS[kind]
     wants_name = _takes_name(hook)
     group = HookGroup()
     try:
-        for name, module in select(model, where):
+        for name, module in _select(model, where, what):
             bound = functools.partial(hook, name=name) if wants_name else hook
             group.add(name, register(module, bound, when=when, name=name, **options))
     except BaseException:

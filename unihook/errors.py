@@ -1,7 +1,8 @@
 """unihook's exception tree.
 
 Every error names the hook kind, the target (qualified name where known, else its type), the
-backend, what was expected and what was received.
+backend, what was expected and what was received. Each also derives from the builtin type that
+torch and paddle raise for the same misuse, so code written for either framework still catches it.
 """
 
 from __future__ import annotations
@@ -9,8 +10,12 @@ from __future__ import annotations
 __all__ = [
     "UnihookError",
     "NoBackendError",
+    "HookArgumentError",
     "HookTargetError",
+    "TargetKindError",
+    "NoGradError",
     "HookReturnError",
+    "HookReturnTypeError",
     "UnsupportedHookError",
     "BackendStateError",
     "StaleCaptureError",
@@ -25,13 +30,29 @@ class NoBackendError(UnihookError, TypeError):
     """No installed backend owns the object (not a module or tensor of a known framework)."""
 
 
+class HookArgumentError(UnihookError, TypeError, ValueError):
+    """An argument of a register function is invalid: a hook that is not callable, an unknown
+    `when`, `kind`, `backend`, `where` or option (TypeError or ValueError, as numpy's AxisError)."""
+
+
 class HookTargetError(UnihookError, TypeError):
-    """A backend owns the object, but it cannot take this hook (a tensor where a module is
-    expected, a tensor that needs no gradient, ...)."""
+    """A backend owns the object, but it cannot take this hook."""
+
+
+class TargetKindError(HookTargetError, AttributeError):
+    """A module hook on a tensor, or a tensor hook on a module (the frameworks: AttributeError)."""
+
+
+class NoGradError(HookTargetError, RuntimeError):
+    """A tensor hook on a tensor that needs no gradient (the frameworks: RuntimeError)."""
 
 
 class HookReturnError(UnihookError, RuntimeError):
-    """A hook returned a value that the spec forbids for its kind."""
+    """A hook returned a value its kind forbids: wrong length, shape or dtype (as torch)."""
+
+
+class HookReturnTypeError(HookReturnError, TypeError):
+    """A hook returned a value of the wrong type: not a tensor, not a tuple (torch: TypeError)."""
 
 
 class UnsupportedHookError(UnihookError, NotImplementedError):

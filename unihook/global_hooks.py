@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._describe import global_label
+from ._describe import Site, global_label
 from ._plugins import plugin_manager
-from .api import Hook, backends
-from .errors import UnsupportedHookError
+from .api import Hook, _short, backends
+from .errors import HookArgumentError, UnsupportedHookError
 from .handles import Handle
 
 __all__ = [
@@ -75,24 +75,24 @@ def _register(
     with_kwargs: bool = False,
     always_call: bool = False,
 ) -> Handle:
-    if not callable(hook):
-        raise TypeError(
-            f"`hook` must be callable. Received: hook={hook!r} for a global {kind} hook"
-        )
     installed = [info.name for info in backends() if info.installed]
+    site = Site(global_label(kind), backend or ",".join(installed), "every module")
+    if not callable(hook):
+        raise HookArgumentError(f"{site}: `hook` must be callable. Received: hook={_short(hook)}.")
     if backend is not None and backend not in installed:
-        raise ValueError(
-            f"`backend` must be one of {{None, {', '.join(map(repr, installed))}}}. "
-            f"Received: backend={backend!r}"
+        raise HookArgumentError(
+            f"{site}: `backend` must be one of {{None, {', '.join(map(repr, installed))}}}. "
+            f"Received: backend={_short(backend)}."
         )
     results = plugin_manager().hook.unihook_register_global_hook(
         kind=kind, hook=hook, with_kwargs=with_kwargs, always_call=always_call, backend=backend
     )
     handles: list[Handle] = [h for h in results if h is not None]
     if backend is not None and not handles:
-        raise UnsupportedHookError(
-            f"global {kind} hook [backend {backend}]: backend {backend!r} does not implement "
-            f"global {kind} hooks."
+        raise site.error(
+            UnsupportedHookError,
+            f"a backend that implements global {kind} hooks (see unihook.backends())",
+            f"backend {backend!r}, which does not",
         )
     handles.sort(key=lambda h: h.backend)
 

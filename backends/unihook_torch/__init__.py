@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from unihook._checks import check_grad, checked_kwargs_pre_hook, kwargs_post_hook
 from unihook._describe import Site, global_label, type_name
-from unihook.errors import HookTargetError
+from unihook.errors import NoGradError, TargetKindError
 from unihook.handles import Handle
 from unihook.info import BackendInfo, installed_version
 from unihook.spec import hookimpl
@@ -35,7 +35,7 @@ def _module(obj: object, kind: str, name: str | None) -> Any:
         return None
     if not isinstance(obj, _torch().nn.Module):
         raise Site.of(kind, NAME, obj, name).error(
-            HookTargetError, "a torch.nn.Module", f"{type_name(obj)}"
+            TargetKindError, "a torch.nn.Module", type_name(obj)
         )
     from ._compile import watch_hooks
 
@@ -140,10 +140,10 @@ def unihook_register_tensor_hook(
     torch = _torch()
     site = Site.of("tensor", NAME, tensor, name)
     if not isinstance(tensor, torch.Tensor):
-        raise site.error(HookTargetError, "a torch.Tensor", type_name(tensor))
+        raise site.error(TargetKindError, "a torch.Tensor", type_name(tensor))
     if not tensor.requires_grad:
         raise site.error(
-            HookTargetError, "a tensor that requires grad", "a tensor with requires_grad=False"
+            NoGradError, "a tensor that requires grad", "a tensor with requires_grad=False"
         )
     is_tensor = torch.is_tensor
 
