@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from unihook._checks import check_grad, checked_kwargs_pre_hook, kwargs_post_hook
 from unihook._describe import Site, global_label, type_name
-from unihook.errors import HookTargetError
+from unihook.errors import NoGradError, TargetKindError
 from unihook.handles import Handle
 from unihook.info import BackendInfo, installed_version
 from unihook.spec import hookimpl
@@ -49,7 +49,7 @@ def _layer(obj: object, kind: str, name: str | None) -> Any:
         return None
     if not isinstance(obj, _paddle().nn.Layer):
         raise Site.of(kind, NAME, obj, name).error(
-            HookTargetError, "a paddle.nn.Layer", type_name(obj)
+            TargetKindError, "a paddle.nn.Layer", type_name(obj)
         )
     return obj
 
@@ -158,10 +158,10 @@ def unihook_register_tensor_hook(
     paddle = _paddle()
     site = Site.of("tensor", NAME, tensor, name)
     if not isinstance(tensor, paddle.Tensor):
-        raise site.error(HookTargetError, "a paddle.Tensor", type_name(tensor))
+        raise site.error(TargetKindError, "a paddle.Tensor", type_name(tensor))
     if tensor.stop_gradient:
         raise site.error(
-            HookTargetError, "a tensor that requires grad", "a tensor with stop_gradient=True"
+            NoGradError, "a tensor that requires grad", "a tensor with stop_gradient=True"
         )
     from . import _autograd_guard as guard
     from ._ops import _is_tensor as is_tensor
