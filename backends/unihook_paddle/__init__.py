@@ -174,9 +174,8 @@ def unihook_register_tensor_hook(
     tensor_id = id(tensor)
     # torch snapshots a tensor's hooks when they start to run: one registered by a hook of the
     # same tensor runs from the next backward. Paddle would run it at once: skip it until then.
-    waiting = [guard.firing(tensor)]
-    if waiting[0]:
-        guard.after_backward(lambda: waiting.__setitem__(0, False))
+    waiting = [True]
+    guard.after_firing(tensor, lambda: waiting.__setitem__(0, False))
 
     def tensor_hook(grad: Any) -> Any:
         if not live[0] or waiting[0]:
@@ -221,15 +220,16 @@ def unihook_register_tensor_hook(
 
     def remove() -> None:
         owner = tensor_ref()
-        if owner is not None and guard.firing(owner):
-            # torch snapshots a tensor's hooks when they start to run: one removed by a hook
-            # of the same tensor still runs in this backward
-            guard.after_backward(lambda: live.__setitem__(0, False))
-        else:
+        if owner is None:
             live[0] = False
+        else:
+            # torch snapshots a tensor's hooks when they start to run: one removed while they
+            # run (by one of them, or by another thread) still runs in this backward
+            guard.after_firing(owner, lambda: live.__setitem__(0, False))
         guard.untrack(tensor_ref, token)
-        # Removing a tensor hook while backward runs segfaults paddle: wait for it to end.
-        guard.after_backward(native_remove)
+        # Removing a tensor hook while a backward runs, in any thread, segfaults paddle:
+        # wait until none runs (the hook is already silent).
+        guard.after_all_backwards(native_remove)
 
     return Handle(NAME, "tensor", remove)
 

@@ -7,7 +7,8 @@ call) are wrapped so that:
 - an exception raised in a hook comes out with its own type: paddle's C++ turns it into
   ``OSError "(External) ..."``, so the hook wrapper stashes the original and we re-raise it;
 - a hook removed while backward runs is removed when backward returns: removing a tensor hook
-  during backward segfaults paddle 3.3.1;
+  during backward segfaults paddle 3.3.1, also from another thread while one backward runs, so
+  paddle's removal waits until no backward runs in any thread (`after_all_backwards`);
 - hooks know whether the backward builds a graph (``paddle.grad(create_graph=True)``);
 - ``paddle.grad`` runs the hooks of its input tensors: paddle 3.3.1 skips leaf-tensor hooks
   there (torch runs them on the captured gradient and returns their result). Hooks record that
@@ -35,7 +36,8 @@ from paddle.base import core
 __all__ = [
     "hold",
     "stash",
-    "after_backward",
+    "after_firing",
+    "after_all_backwards",
     "building_graph",
     "installed",
     "track",
@@ -56,13 +58,22 @@ class _State(threading.local):
     partial = False  # the innermost running entry point is run_partial_grad (paddle.grad)
     # tokens of the hooks that fired during the innermost running backward (None: none runs)
     fired_tokens: set[int] | None = None
-    # id of the tensor whose hooks run right now (paddle runs one tensor's hooks in a row)
-    firing: int | None = None
     # the input slots the innermost running paddle.grad cuts, by node_ptr (see `pruned`)
     cuts: dict[int, frozenset[int]] = {}
 
     def __init__(self) -> None:
-        self.deferred: list[Callable[[], object]] = []
+        self.shared = _Shared()
+
+
+class _Shared:
+    """The part of a thread's state other threads read (`after_firing`)."""
+
+    __slots__ = ("firing", "deferred")
+
+    def __init__(self) -> None:
+        # id of the tensor whose hooks run right now (paddle runs one tensor's hooks in a row)
+        self.firing: int | None = None
+        self.deferred: list[Callable[[], object]] = []  # run when the outermost backward ends
 
 
 _state = _State()
@@ -75,6 +86,8 @@ _originals: tuple[Callable[..., Any], Callable[..., Any]] | None = None
 # registration order. Weak both ways: paddle holds the hook functions as long as they can fire,
 # and a hook whose closure holds its tensor must not make the tensor immortal through us.
 _tracked: dict[int, tuple[weakref.ref[Any], dict[int, weakref.ref[Callable[[Any], Any]]]]] = {}
+_active: dict[int, _Shared] = {}  # thread ident -> its state, while a backward runs there
+_after_all: list[Callable[[], object]] = []  # actions waiting for `_active` to empty
 
 
 def installed() -> bool:
@@ -135,15 +148,10 @@ def untrack(tensor_ref: weakref.ref[Any], token: int) -> None:
 def fired(token: int, tensor_id: int) -> None:
     """Called by a hook function when it runs: record it for the running backward."""
     state = _state
-    state.firing = tensor_id
+    state.shared.firing = tensor_id
     tokens = state.fired_tokens
     if tokens is not None:
         tokens.add(token)
-
-
-def firing(tensor: Any) -> bool:
-    """Whether the hooks of `tensor` are running now (in this thread's backward)."""
-    return _state.depth > 0 and _state.firing == id(tensor)
 
 
 def _run_unfired(inputs: Any, grads: Any) -> Any:
@@ -176,12 +184,51 @@ def building_graph() -> bool:
     return _state.create_graph
 
 
-def after_backward(action: Callable[[], object]) -> None:
-    """Run `action` now, or when the running backward returns."""
-    if _state.depth > 0:
-        _state.deferred.append(action)
-    else:
-        action()
+def after_firing(tensor: Any, action: Callable[[], object]) -> None:
+    """Run `action` now, or, while the hooks of `tensor` run (in any thread), once each
+    backward running them has returned: torch snapshots a tensor's hooks when they start."""
+    key = id(tensor)
+    with _lock:
+        states = [state for state in _active.values() if state.firing == key]
+        if not states:
+            action()
+            return
+        left = [len(states)]
+
+        def one() -> None:
+            left[0] -= 1
+            if not left[0]:
+                action()
+
+        for state in states:
+            state.deferred.append(one)
+
+
+def after_all_backwards(action: Callable[[], object]) -> None:
+    """Run `action` now, or when no backward runs in any thread any more. It runs under the
+    lock a backward takes to start: no backward can begin while it runs."""
+    with _lock:
+        if _active:
+            _after_all.append(action)
+        else:
+            action()
+
+
+def _enter(state: _Shared) -> None:
+    with _lock:
+        _active[threading.get_ident()] = state
+
+
+def _leave(state: _Shared) -> None:
+    """This thread's outermost backward returned: run what waited for it."""
+    with _lock:
+        del _active[threading.get_ident()]
+        deferred, state.deferred = state.deferred, []
+        for action in deferred:
+            action()
+        if not _active:
+            while _after_all:
+                _after_all.pop(0)()
 
 
 def _run_backward(*args: Any, **kwargs: Any) -> Any:
@@ -213,8 +260,11 @@ def _guarded(
     state.create_graph = create_graph
     state.cuts = cuts
     state.fired_tokens = set()
-    outer_firing, state.firing = state.firing, None
+    shared = state.shared
+    outer_firing, shared.firing = shared.firing, None
     state.depth += 1
+    if state.depth == 1:
+        _enter(shared)
     try:
         try:
             grads = run(*args, **kwargs)
@@ -229,12 +279,10 @@ def _guarded(
     finally:
         state.depth -= 1
         state.create_graph, state.fired_tokens, state.cuts = outer_graph, outer_fired, outer_cuts
-        state.firing = outer_firing
+        shared.firing = outer_firing
         if state.depth == 0:
             state.pending = None
-            deferred, state.deferred = state.deferred, []
-            for action in deferred:
-                action()
+            _leave(shared)
 
 
 # -- PyLayer nodes that Tensor.backward already ran (SEMANTICS trap 7) -------------------------

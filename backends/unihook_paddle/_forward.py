@@ -20,8 +20,6 @@ from paddle.nn.layer.layers import HookRemoveHelper
 
 from unihook._pinned import Pinned, pin, unpin
 
-from . import _global
-
 __all__ = ["Access", "add_dispatchers", "add_hook", "remove_hook"]
 
 _PRE = ("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs_flag",))
@@ -40,31 +38,16 @@ def _next_id() -> int:
 
 
 class Access:
-    """The layer's own hook dicts. While the layer runs under global hooks, its attributes hold
-    merged dicts and its own ones wait in ``_global.running``: a change goes there, so the
-    running call keeps its hooks and the next call has the change."""
+    """The layer's own hook dicts: its attributes."""
 
     @staticmethod
     def get(layer: Any, attr: str) -> OrderedDict[int, Any]:
-        entry = _global.running.get(id(layer))
-        if entry is not None:
-            return entry[0][_global._ATTRS.index(attr)]
         hooks: OrderedDict[int, Any] = layer.__dict__[attr]
         return hooks
 
     @staticmethod
     def put(layer: Any, attr: str, hooks: OrderedDict[int, Any]) -> None:
-        entry = _global.running.get(id(layer))
-        if entry is not None:
-            entry[0][_global._ATTRS.index(attr)] = hooks
-        else:
-            object.__setattr__(layer, attr, hooks)
-
-
-def _changed(layer: Any, *attrs: str) -> None:
-    if id(layer) in _global.running:
-        for attr in attrs:
-            _global.remerge(layer, attr)
+        object.__setattr__(layer, attr, hooks)
 
 
 def add_hook(
@@ -85,7 +68,6 @@ def add_hook(
         if always_call:
             Access.get(layer, always_attr[0])[hook_id] = True
         pin(layer, hooks_attr, hook_id, hook, Access, last=False, prepend=prepend)
-        _changed(layer, hooks_attr, kwargs_attr, *always_attr)
     return hook_id
 
 
@@ -95,7 +77,6 @@ def remove_hook(layer: Any, hook_id: int, *, pre: bool) -> None:
         unpin(layer, hooks_attr, hook_id, Access)
         for attr in flag_attrs:
             Access.get(layer, attr).pop(hook_id, None)
-        _changed(layer, hooks_attr, *flag_attrs)
 
 
 def add_dispatchers(layer: Any, pre: Callable[..., Any], post: Callable[..., Any]) -> Pinned:

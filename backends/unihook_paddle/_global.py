@@ -2,15 +2,12 @@
 one is registered, and removing the last one puts back the exact original functions.
 
 Forward kinds: ``Layer.__call__`` skips straight to ``forward`` when a layer has no hooks of its
-own, so it is replaced by one that always goes through ``_dygraph_call_func``, which is wrapped
-to run with the global hooks merged in front of the layer's own (torch's order: G-pre, L-pre,
-forward, G-fwd, L-fwd) and the global backward dispatchers at the very end (after every
-forward hook, as torch's BackwardHook). The merged dicts are swapped in for the call and the
-layer's own ones put back after it, keeping any hook registered meanwhile. While it runs, the
-layer's own dicts wait in `running`: unihook registers there and `remerge`s (the running
-call's later hook loops see the change, as torch's do); a hook paddle's own register_* wrote
-into a merged dict is copied back, and its handle (a weakref to the merged dict) keeps
-working (`Merged`).
+own, so it is replaced by one that always goes through ``_dygraph_call_func``, which is replaced
+by a copy of paddle's that runs the global hooks around the layer's own, in torch's order:
+G-pre, L-pre, forward, G-fwd, L-fwd, and the global backward dispatchers at the very end (after
+every forward hook, as torch's BackwardHook). Like torch's ``_call_impl``, each loop iterates a
+snapshot of the global hooks and of the layer's own dict taken when it starts. Nothing is
+stored on the layer per call, so one layer runs on several threads, and recursively, at once.
 
 Registration kinds: paddle registers in four places that do not call each other
 (``__setattr__``, ``add_parameter`` (which ``register_parameter`` calls), ``register_buffer``,
@@ -21,13 +18,13 @@ non-persistable buffer in paddle: it fires the buffer hook.
 from __future__ import annotations
 
 import threading
-import weakref
-from collections import OrderedDict
-from typing import Any, Callable
+import warnings
+from typing import Any, Callable, NamedTuple
 
 import paddle
 from paddle.base.framework import EagerParamBase
 from paddle.nn import Layer
+from paddle.nn.layer import layers as paddle_layers
 from paddle.nn.layer.layers import HookRemoveHelper
 
 from unihook._checks import check_pre_kwargs_result
@@ -39,19 +36,12 @@ from ._static import sot_builds_subgraph
 
 Hook = Callable[..., Any]
 
-_ATTRS = (
-    "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs_flag",
-    "_forward_post_hooks",
-    "_forward_post_hooks_with_kwargs_flag",
-    "_forward_post_hooks_always_called",
-)
 _FORWARD_METHODS = ("__call__", "_dygraph_call_func")
 _REGISTRATION_METHODS = ("__setattr__", "add_parameter", "register_buffer", "add_sublayer")
 
 _lock = threading.RLock()
 # kind -> {id: (hook, with_kwargs, always_call)}; ids come from paddle's own counter, so they
-# never collide with a layer's own hook ids in the merged dicts.
+# never collide with a layer's own hook ids.
 _forward: dict[str, dict[int, tuple[Hook, bool, bool]]] = {"pre": {}, "post": {}}
 _tail: dict[str, dict[int, Hook]] = {"pre": {}, "post": {}}  # backward dispatchers: last
 _registration: dict[str, dict[int, Hook]] = {
@@ -60,16 +50,20 @@ _registration: dict[str, dict[int, Hook]] = {
     "module_registration": {},
 }
 _originals: dict[str, Any] = {}
-# id(layer) -> (its own dicts, the first hook id of the call, the merged dicts `remerge`
-# replaced) while it runs
-running: dict[int, tuple[list[OrderedDict[int, Any]], int, list[tuple[str, Merged]]]] = {}
-# (head dicts, tail dicts, every global id), rebuilt on each change
-_merge_parts: tuple[
-    tuple[OrderedDict[int, Any], ...],
-    tuple[OrderedDict[int, Any], ...],
-    frozenset[int],
-    tuple[OrderedDict[int, Any], ...],
-]
+
+
+class _Hooks(NamedTuple):
+    """The global forward hooks as a call reads them: immutable, rebuilt on each change."""
+
+    pre: tuple[tuple[int, Hook], ...]
+    tail_pre: tuple[tuple[int, Hook], ...]
+    post: tuple[tuple[int, Hook], ...]
+    tail_post: tuple[tuple[int, Hook], ...]
+    with_kwargs: frozenset[int]
+    always: frozenset[int]  # always called, also when forward raises (the tail post too)
+
+
+_hooks = _Hooks((), (), (), (), frozenset(), frozenset())
 
 
 def _next_id() -> int:
@@ -78,76 +72,17 @@ def _next_id() -> int:
     return hook_id
 
 
-class Merged(OrderedDict[int, Any]):
-    """A layer's hook dict merged with the global hooks, for one call. Paddle's own register_*
-    during the call writes here; after the call the new hook is copied into the layer's own dict
-    (`own`), where a removal through its handle (a weakref to this dict) is forwarded."""
-
-    own: OrderedDict[int, Any] | None = None
-
-    def __delitem__(self, key: int) -> None:
-        super().__delitem__(key)
-        if self.own is not None:
-            self.own.pop(key, None)
-
-
-# id(a layer's own dict) -> (a weakref to it, the merged dicts forwarding removals to it)
-_forwarding: dict[int, tuple[weakref.ref[Any], list[Merged]]] = {}
-
-
-def _copy_new(now: Any, own: OrderedDict[int, Any], first_new: int, ids: frozenset[int]) -> bool:
-    """Copy the hooks paddle's own register_* wrote into `now`, a merged dict of the running
-    call, into the layer's `own` dict, in registration order. True if there were some."""
-    new = [k for k in now if k >= first_new and k not in ids]
-    for k in new:
-        if k not in own:
-            own[k] = now[k]
-    if new:
-        for k in sorted(k for k in own if k >= first_new):
-            own.move_to_end(k)
-    return bool(new)
-
-
-def _keep_handles(now: Merged, own: OrderedDict[int, Any], first_new: int, shared: bool) -> None:
-    """After the call: the handles of those hooks (a weakref to `now`) remove them from `own`.
-    `now` lives as long as `own`, holding only them (a shared dict is rebuilt, not stripped)."""
-    if not shared:
-        for k in [k for k in now if k < first_new]:
-            OrderedDict.__delitem__(now, k)
-    now.own = own
-    key = id(own)
-    entry = _forwarding.get(key)
-    if entry is None or entry[0]() is not own:
-
-        def forget(ref: weakref.ref[Any], forwarding: dict[int, Any] = _forwarding) -> None:
-            if forwarding.get(key, (None,))[0] is ref:
-                del forwarding[key]
-
-        entry = _forwarding[key] = (weakref.ref(own, forget), [])
-    entry[1].append(now)
-
-
 def _rebuild() -> None:
-    global _merge_parts
+    global _hooks
     pre, post = _forward["pre"], _forward["post"]
-    head = (
-        OrderedDict((k, _checked_pre(h) if kw else h) for k, (h, kw, _) in pre.items()),
-        OrderedDict((k, True) for k, (_, kw, _) in pre.items() if kw),
-        OrderedDict((k, h) for k, (h, _, _) in post.items()),
-        OrderedDict((k, True) for k, (_, kw, _) in post.items() if kw),
-        OrderedDict((k, True) for k, (_, _, always) in post.items() if always),
+    _hooks = _Hooks(
+        tuple((k, _checked_pre(h) if kw else h) for k, (h, kw, _) in pre.items()),
+        tuple(_tail["pre"].items()),
+        tuple((k, h) for k, (h, _, _) in post.items()),
+        tuple(_tail["post"].items()),
+        frozenset(k for table in (pre, post) for k, (_, kw, _) in table.items() if kw),
+        frozenset([*(k for k, (_, _, always) in post.items() if always), *_tail["post"]]),
     )
-    tail = (
-        OrderedDict(_tail["pre"]),
-        OrderedDict(),
-        OrderedDict(_tail["post"]),
-        OrderedDict(),
-        OrderedDict((k, True) for k in _tail["post"]),
-    )
-    ids = frozenset([*pre, *post, *_tail["pre"], *_tail["post"]])
-    # What a layer without hooks of its own (most layers) runs with: built once, shared.
-    shared = tuple(Merged([*h.items(), *t.items()]) for h, t in zip(head, tail))
-    _merge_parts = (head, tail, ids, shared)
 
 
 def _checked_pre(hook: Hook) -> Hook:
@@ -165,63 +100,77 @@ def _call(self: Any, *inputs: Any, **kwargs: Any) -> Any:
 
 
 def _dygraph_call_func(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+    """paddle 3.3.1's ``Layer._dygraph_call_func`` with the global hooks merged in."""
     if not paddle.in_dynamic_mode() and sot_builds_subgraph():
         # to_static SOT: a build-time call with symbolic values; the hooks run in dygraph
         return _originals["_dygraph_call_func"](self, *inputs, **kwargs)
-    head, tail, ids, shared = _merge_parts
-    own = self.__dict__
-    # the layer's own dicts while it runs: unihook's ``_forward`` registers into them here
-    saved = [own[attr] for attr in _ATTRS]
-    key = id(self)
-    outer = running.get(key)  # a recursive call of the same layer
-    first_new = HookRemoveHelper.next_hook_id
-    replaced: list[tuple[str, Merged]] = []
-    running[key] = (saved, first_new, replaced)
-    merged = []
-    for attr, h, s, t, common in zip(_ATTRS, head, saved, tail, shared):
-        if s:
-            m = Merged(h)
-            m.update(s.items())  # items(): a HookDict drops hooks removed by older handles
-            m.update(t)
-        else:
-            m = common
-        own[attr] = m
-        merged.append((m, len(m)))
+    hooks = _hooks
+    outputs = None
+    called: set[int] = set()  # the always-called post hooks that ran
     try:
-        return _originals["_dygraph_call_func"](self, *inputs, **kwargs)
-    finally:
-        if outer is None:
-            del running[key]
-        else:
-            running[key] = outer
-        polluted = False
-        for attr, before, (m, size) in zip(_ATTRS, saved, merged):
-            now = own[attr]
-            if now is not m or len(now) != size or replaced:
-                for d in (*[r for a, r in replaced if a == attr], now):
-                    if isinstance(d, Merged) and _copy_new(d, before, first_new, ids):
-                        _keep_handles(d, before, first_new, any(d is c for c in shared))
-                polluted |= now is m
-            own[attr] = before
-        if polluted:  # paddle's own register_* mutated a shared dict in place: build anew
-            with _lock:
-                _rebuild()
+        own_kwargs = self._forward_pre_hooks_with_kwargs_flag
+        for key, hook in (*hooks.pre, *self._forward_pre_hooks.items(), *hooks.tail_pre):
+            # (the layer's flags are read when its hook is reached, as paddle does)
+            if key in hooks.with_kwargs or key in own_kwargs:
+                result = hook(self, inputs, kwargs)
+                if result is not None:
+                    if not (isinstance(result, tuple) and len(result) == 2):
+                        raise RuntimeError(  # paddle's own words for a layer's own hook
+                            "forward pre-hook must return None or a tuple "
+                            f"of (new_args, new_kwargs), but got {result}."
+                        )
+                    inputs, kwargs = result
+            else:
+                result = hook(self, inputs)
+                if result is not None:
+                    inputs = result if isinstance(result, tuple) else (result,)
+        if not self._built:
+            self._build_once(*inputs, **kwargs)
+            self._built = True
+        outputs = _run_forward(self, inputs, kwargs)
+        own_kwargs = self._forward_post_hooks_with_kwargs_flag
+        own_always = self._forward_post_hooks_always_called
+        for key, hook in (*hooks.post, *self._forward_post_hooks.items(), *hooks.tail_post):
+            if key in hooks.always or key in own_always:
+                called.add(key)
+            if key in hooks.with_kwargs or key in own_kwargs:
+                result = hook(self, inputs, kwargs, outputs)
+            else:
+                result = hook(self, inputs, outputs)
+            if result is not None:
+                outputs = result
+        return outputs
+    except Exception:
+        hooks = _hooks
+        own_kwargs = self._forward_post_hooks_with_kwargs_flag
+        own_always = self._forward_post_hooks_always_called
+        for key, hook in (*hooks.post, *self._forward_post_hooks.items(), *hooks.tail_post):
+            if key in called or not (key in hooks.always or key in own_always):
+                continue
+            try:
+                if key in hooks.with_kwargs or key in own_kwargs:
+                    result = hook(self, inputs, kwargs, outputs)
+                else:
+                    result = hook(self, inputs, outputs)
+                if result is not None:
+                    outputs = result
+            except Exception as e:
+                warnings.warn(
+                    "forward hook with ``always_call=True`` raised an exception "
+                    f"that was silenced as another error was raised in forward: {e!s}",
+                    stacklevel=2,
+                )
+        raise
 
 
-def remerge(layer: Any, attr: str) -> None:
-    """unihook changed the running layer's own dict `attr`: the call sees the change from its
-    next hook loop on, as torch's loops read the module's dicts when they start."""
-    head, tail, ids, _ = _merge_parts
-    saved, first_new, replaced = running[id(layer)]
-    i = _ATTRS.index(attr)
-    own = layer.__dict__
-    now = own[attr]
-    _copy_new(now, saved[i], first_new, ids)
-    replaced.append((attr, now))
-    merged = Merged(head[i])
-    merged.update(saved[i].items())
-    merged.update(tail[i])
-    own[attr] = merged
+def _run_forward(self: Any, inputs: Any, kwargs: Any) -> Any:
+    if paddle_layers.in_profiler_mode():
+        with paddle_layers.profiler.RecordEvent(
+            self.__class__.__name__, paddle_layers.profiler.TracerEventType.Forward
+        ):
+            return self.forward(*inputs, **kwargs)
+    with paddle_layers.name_struct(self.__class__.__name__):
+        return self.forward(*inputs, **kwargs)
 
 
 def _fire(kind: str, layer: Any, name: str, value: Any) -> Any:
@@ -351,6 +300,3 @@ def add(kind: str, hook: Hook, with_kwargs: bool, always_call: bool) -> Callable
 
         return add_global(kind, hook)
     return _add(_registration[kind], hook)
-
-
-_rebuild()

@@ -1,0 +1,309 @@
+"""Threads (issue 12): forward + backward on shared and on separate models while other threads
+register and remove hooks of every kind. No crash, no lost call, no wrong gradient, no deadlock.
+
+Each backend's scenarios run in one subprocess (a crash is an exit code, a deadlock a timeout),
+which reports a verdict per scenario; the tests read them. Counts and iterations are fixed, so
+every run does the same amount of work (a few seconds per backend).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+from collections import Counter
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+import unihook
+
+WORKERS = 4
+ITERATIONS = 25
+CHURNERS = 2
+TIMEOUT = 240  # seconds for all scenarios of one backend: a deadlock fails, it does not hang
+
+SCENARIOS = ("shared_model", "separate_models", "remove_tensor_hook_mid_backward")
+
+
+# -- the scenarios (run in the subprocess) ----------------------------------------------------
+
+
+class _Calls:
+    """Hook calls counted per (hook, thread)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.counts: Counter[tuple[str, int]] = Counter()
+
+    def hook(self, name: str, result: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        def hook(*args: Any) -> Any:
+            with self.lock:
+                self.counts[name, threading.get_ident()] += 1
+            return None if result is None else result(*args)
+
+        return hook
+
+    def of(self, thread: int) -> dict[str, int]:
+        return {name: n for (name, t), n in self.counts.items() if t == thread}
+
+
+def _model(kit: Any, seed: int) -> Any:
+    kit.seed(seed)
+    return kit.sequential(kit.linear(4, 8), kit.relu_module(), kit.linear(8, 3))
+
+
+def _double(module: Any, grad_input: Any, grad_output: Any) -> Any:
+    return tuple(None if g is None else g * 2 for g in grad_input)
+
+
+def _stable_hooks(kit: Any, model: Any, calls: _Calls, globals_too: bool) -> list[Any]:
+    """Hooks that stay for the whole run; the doubling one makes a lost call a wrong gradient."""
+    first, _, last = (m for _, m in kit.named_modules(model)[1:])
+    handles = [
+        unihook.register_forward_pre_hook(first, calls.hook("forward_pre")),
+        unihook.register_forward_hook(last, calls.hook("forward")),
+        unihook.register_full_backward_pre_hook(first, calls.hook("full_backward_pre")),
+        unihook.register_full_backward_hook(last, calls.hook("full_backward", _double)),
+    ]
+    if globals_too:
+        backend = kit.name
+        handles += [
+            unihook.register_module_forward_pre_hook(calls.hook("g_forward_pre"), backend=backend),
+            unihook.register_module_forward_hook(calls.hook("g_forward"), backend=backend),
+            unihook.register_module_full_backward_hook(
+                calls.hook("g_full_backward", _double), backend=backend
+            ),
+        ]
+    return handles
+
+
+def _step(kit: Any, model: Any, data: np.ndarray, calls: _Calls) -> np.ndarray:
+    x = kit.tensor(data, requires_grad=True)
+    handle = unihook.register_tensor_hook(x, calls.hook("tensor", lambda g: g * 3))
+    kit.backward((model(x) * kit.tensor([[1.0, -2.0, 0.5]])).sum())
+    handle.remove()
+    return np.asarray(kit.grad(x))
+
+
+def _churn(
+    kit: Any, models: list[Any], stop: threading.Event, seed: int, errors: list[str]
+) -> None:
+    """Register and remove no-op hooks of every kind until `stop`."""
+    rng = random.Random(seed)
+    backend = kit.name
+    noop: Callable[..., Any] = lambda *args: None  # noqa: E731
+    kinds: list[Callable[[Any], Any]] = [
+        lambda m: unihook.register_forward_pre_hook(m, noop),
+        lambda m: unihook.register_forward_hook(m, noop, always_call=True),
+        lambda m: unihook.register_forward_pre_hook(m, noop, with_kwargs=True, prepend=True),
+        lambda m: unihook.register_full_backward_pre_hook(m, noop),
+        lambda m: unihook.register_full_backward_hook(m, noop),
+        lambda m: unihook.register_tensor_hook(kit.parameters(m)[0], noop),
+        lambda m: unihook.register_module_forward_pre_hook(noop, backend=backend),
+        lambda m: unihook.register_module_forward_hook(noop, backend=backend),
+        lambda m: unihook.register_module_full_backward_pre_hook(noop, backend=backend),
+        lambda m: unihook.register_module_full_backward_hook(noop, backend=backend),
+        lambda m: unihook.register_module_parameter_registration_hook(noop, backend=backend),
+        lambda m: unihook.register_module_buffer_registration_hook(noop, backend=backend),
+        lambda m: unihook.register_module_module_registration_hook(noop, backend=backend),
+    ]
+    held: list[Any] = []
+    try:
+        while not stop.is_set():
+            model = rng.choice(models)
+            linears = [m for _, m in kit.named_modules(model) if kit.parameters(m)][1:]
+            held.append(rng.choice(kinds)(rng.choice(linears)))
+            if rng.random() < 0.3:  # registration hooks fire here, beside the running calls
+                kit.register_buffer(linears[0], f"b{rng.randrange(3)}", kit.tensor([1.0]))
+            while len(held) > rng.randrange(4):
+                held.pop(rng.randrange(len(held))).remove()
+    except Exception as error:  # reported, not raised: the thread's verdict
+        errors.append(f"churn: {type(error).__name__}: {error}")
+    finally:
+        for handle in held:
+            handle.remove()
+
+
+def _run_workers(
+    kit: Any, models: list[Any], inputs: list[np.ndarray], expected: list[np.ndarray]
+) -> tuple[list[str], _Calls, list[int]]:
+    """Each worker i runs ITERATIONS steps on models[i % len(models)], churners meanwhile."""
+    calls = _Calls()
+    errors: list[str] = []
+    idents: list[int] = []
+    stop = threading.Event()
+
+    def work(i: int) -> None:
+        idents.append(threading.get_ident())
+        model = models[i % len(models)]
+        try:
+            for j in range(ITERATIONS):
+                k = (i + j) % len(inputs)
+                got = _step(kit, model, inputs[k], calls)
+                if not np.allclose(got, expected[k], rtol=1e-5, atol=1e-6):
+                    errors.append(f"worker {i} step {j}: x.grad {got} != {expected[k]}")
+        except Exception as error:
+            errors.append(f"worker {i}: {type(error).__name__}: {error}")
+
+    churners = [
+        threading.Thread(target=_churn, args=(kit, models, stop, seed, errors))
+        for seed in range(CHURNERS)
+    ]
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(WORKERS)]
+    for t in churners + workers:
+        t.start()
+    for t in workers:
+        t.join()
+    stop.set()
+    for t in churners:
+        t.join()
+    return errors, calls, idents
+
+
+def _expected(kit: Any, model: Any, inputs: list[np.ndarray], globals_too: bool) -> Any:
+    """x.grad for each input and the hook calls of one step, run alone on this thread."""
+    calls = _Calls()
+    handles = _stable_hooks(kit, model, calls, globals_too)
+    grads = [_step(kit, model, data, calls) for data in inputs]
+    for handle in handles:
+        handle.remove()
+    per_step = {name: n // len(inputs) for name, n in calls.of(threading.get_ident()).items()}
+    return grads, per_step
+
+
+def _check_counts(calls: _Calls, idents: list[int], per_step: dict[str, int]) -> list[str]:
+    want = {name: n * ITERATIONS for name, n in per_step.items()}
+    return [
+        f"thread {t}: hook calls {calls.of(t)} != {want}" for t in idents if calls.of(t) != want
+    ]
+
+
+def _shared_or_separate(kit: Any, n_models: int) -> list[str]:
+    models = [_model(kit, seed=0) for _ in range(n_models)]
+    rng = np.random.default_rng(0)
+    inputs = [rng.normal(size=(2, 4)).astype("float32") for _ in range(5)]
+    errors: list[str] = []
+    for globals_too in (False, True):
+        expected, per_step = _expected(kit, models[0], inputs, globals_too)
+        stable = _Calls()
+        handles = [h for m in models for h in _stable_hooks(kit, m, stable, False)]
+        if globals_too:  # once, not once per model
+            backend = kit.name
+            handles += [
+                unihook.register_module_forward_pre_hook(
+                    stable.hook("g_forward_pre"), backend=backend
+                ),
+                unihook.register_module_forward_hook(stable.hook("g_forward"), backend=backend),
+                unihook.register_module_full_backward_hook(
+                    stable.hook("g_full_backward", _double), backend=backend
+                ),
+            ]
+        found, calls, idents = _run_workers(kit, models, inputs, expected)
+        for handle in handles:
+            handle.remove()
+        merged = _Calls()
+        merged.counts = stable.counts + calls.counts
+        errors += found + _check_counts(merged, idents, per_step)
+    return errors
+
+
+def _shared_model(kit: Any) -> list[str]:
+    return _shared_or_separate(kit, 1)
+
+
+def _separate_models(kit: Any) -> list[str]:
+    return _shared_or_separate(kit, WORKERS)
+
+
+def _remove_tensor_hook_mid_backward(kit: Any) -> list[str]:
+    """Another thread removes a tensor's hooks while backward runs inside one of them: as in
+    torch (which snapshots a tensor's hooks when they start), both still run in that backward,
+    none in the next; removal never crashes (paddle segfaulted)."""
+    errors: list[str] = []
+    x = kit.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    for step in range(40):
+        inside, resume = threading.Event(), threading.Event()
+
+        def hold(g: Any) -> Any:
+            inside.set()
+            resume.wait(10)
+            return g * 2
+
+        y = x * 3
+        first = unihook.register_tensor_hook(y, hold)
+        second = unihook.register_tensor_hook(y, lambda g: g + 1)
+
+        def remove(first: Any = first, second: Any = second) -> None:
+            inside.wait(10)
+            if step % 2:
+                first.remove()
+            second.remove()
+            resume.set()
+
+        remover = threading.Thread(target=remove)
+        remover.start()
+        before = np.zeros(3) if kit.grad(x) is None else np.asarray(kit.grad(x))
+        kit.backward(y.sum(), retain_graph=True)
+        remover.join()
+        during = np.asarray(kit.grad(x)) - before
+        kit.backward(y.sum())
+        after = np.asarray(kit.grad(x)) - before - during
+        kept = 3.0 if step % 2 else 6.0  # the doubling hook stays on even steps
+        if not (np.allclose(during, 9.0) and np.allclose(after, kept)):
+            errors.append(f"step {step}: gradients {during}, {after}; expected 9, {kept}")
+    return errors
+
+
+def _main(backend: str) -> None:
+    from unihook._plugins import plugin_manager
+
+    kits = [k for k in plugin_manager().hook.unihook_conformance_kit() if k is not None]
+    kit = next(k for k in kits if k.name == backend)
+    verdicts = {}
+    for name in SCENARIOS:
+        verdicts[name] = globals()[f"_{name}"](kit)[:5]
+        sys.stdout.write(json.dumps({name: verdicts[name]}) + "\n")
+        sys.stdout.flush()
+
+
+# -- the tests ---------------------------------------------------------------------------------
+
+_results: dict[str, dict[str, list[str]]] = {}
+
+
+def _verdicts(backend: str) -> dict[str, list[str]]:
+    if backend not in _results:
+        env = {**os.environ, "GLOG_minloglevel": "2"}
+        proc = subprocess.run(
+            [sys.executable, __file__, backend],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            env=env,
+        )
+        verdicts: dict[str, list[str]] = {}
+        for line in proc.stdout.splitlines():
+            if line.startswith("{"):
+                verdicts.update(json.loads(line))
+        for name in SCENARIOS:
+            if name not in verdicts:  # the process died in (or before) this scenario
+                verdicts[name] = [f"exit code {proc.returncode}: {proc.stderr[-2000:]}"]
+                break
+        _results[backend] = verdicts
+    return _results[backend]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_threads(backend: Any, scenario: str) -> None:
+    verdicts = _verdicts(backend.name)
+    assert scenario in verdicts, f"not reached: an earlier scenario crashed: {verdicts}"
+    assert verdicts[scenario] == []
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])
