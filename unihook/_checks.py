@@ -11,11 +11,13 @@ from .errors import HookReturnError, HookReturnTypeError
 
 __all__ = [
     "check_grad",
+    "check_grad_like",
     "check_grad_tuple",
     "check_pre_kwargs_result",
     "checked_kwargs_pre_hook",
     "kwargs_post_hook",
     "shape_of",
+    "show_value",
 ]
 
 
@@ -30,31 +32,43 @@ def check_pre_kwargs_result(result: object, site: Site) -> Any:
         return None
     expected = "None or a tuple (new_args, new_kwargs) with args a tuple and kwargs a dict"
     # torch: RuntimeError unless a 2-tuple, then TypeError from forward(*args, **kwargs)
-    if not isinstance(result, tuple) or _length(result) != 2:
-        raise site.error(HookReturnError, expected, _show(result))
+    # (a __len__ that raises propagates, as in torch: it is the hook's own error)
+    if not isinstance(result, tuple) or len(result) != 2:
+        raise site.error(HookReturnError, expected, show_value(result))
     if not isinstance(result[0], (tuple, list)) or not isinstance(result[1], dict):
-        raise site.error(HookReturnTypeError, expected, _show(result))
+        raise site.error(HookReturnTypeError, expected, show_value(result))
     return result
 
 
 def check_grad(result: object, grad: Any, is_tensor: Callable[[object], bool], site: Site) -> Any:
     """A gradient a hook returned in place of `grad`: None, or a tensor of its shape and dtype."""
+    return check_grad_like(result, shape_of(grad), grad.dtype, _qualified(grad), is_tensor, site)
+
+
+def check_grad_like(
+    result: object,
+    shape: tuple[int, ...],
+    dtype: Any,
+    tensor_type: str,
+    is_tensor: Callable[[object], bool],
+    site: Site,
+) -> Any:
+    """`check_grad` for a slot whose gradient is None: against its tensor's shape and dtype."""
     if result is None:
         return None
     if not is_tensor(result):
-        raise site.error(
-            HookReturnTypeError, f"None or a {_qualified(grad)} like the gradient", _show(result)
-        )
-    if shape_of(result) != shape_of(grad):
+        wanted = f"None or a {tensor_type} like the gradient"
+        raise site.error(HookReturnTypeError, wanted, show_value(result))
+    if shape_of(result) != tuple(shape):
         raise site.error(
             HookReturnError,
-            f"a gradient of shape {list(shape_of(grad))}",
+            f"a gradient of shape {list(shape)}",
             f"shape {list(shape_of(result))}",
         )
-    if result.dtype != grad.dtype:  # type: ignore[attr-defined]
+    if result.dtype != dtype:  # type: ignore[attr-defined]
         raise site.error(
             HookReturnError,
-            f"a gradient of dtype {grad.dtype}",
+            f"a gradient of dtype {dtype}",
             f"dtype {result.dtype}",  # type: ignore[attr-defined]
         )
     return result
@@ -68,19 +82,10 @@ def check_grad_tuple(
         return None
     wanted = f"None or a tuple of {expected} gradients replacing {what}"
     if not isinstance(result, (tuple, list)):
-        raise site.error(HookReturnTypeError, wanted, _show(result))
-    length = _length(result)
-    if length != expected:
-        raise site.error(HookReturnError, wanted, f"a {type_name(result)} of length {length}")
+        raise site.error(HookReturnTypeError, wanted, show_value(result))
+    if len(result) != expected:
+        raise site.error(HookReturnError, wanted, f"a {type_name(result)} of length {len(result)}")
     return tuple(result)
-
-
-def _length(value: Any) -> int | str:
-    """len(value), or why there is none (a subclass whose __len__ raises)."""
-    try:
-        return len(value)
-    except Exception as error:  # noqa: BLE001 (reported in the message instead)
-        return f"unknown ({type_name(error)} from __len__)"
 
 
 def _qualified(value: object) -> str:
@@ -89,7 +94,8 @@ def _qualified(value: object) -> str:
     return type_name(value) if package == "builtins" else f"{package}.{type_name(value)}"
 
 
-def _show(value: object) -> str:
+def show_value(value: object) -> str:
+    """What a message says a hook returned: `float 1.5`, `torch.Tensor tensor([...`."""
     try:
         text = repr(value)
     except Exception as error:  # noqa: BLE001 (the error about the value must not fail)

@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence
 import paddle
 from paddle.autograd import PyLayer
 
+from unihook._checks import check_grad_like
 from unihook._describe import Site
 from unihook._module_backward import (
     Dispatchers,
@@ -50,7 +51,7 @@ from unihook._module_backward import (
     add_global_backward_hook,
     register_backward_hook,
 )
-from unihook.errors import BackendStateError
+from unihook.errors import BackendStateError, HookReturnError
 from unihook.handles import Handle
 
 from . import NAME
@@ -75,9 +76,10 @@ class _Node:
     hook on the node, so it lives exactly as long as the node; the context holds it weakly, as
     paddle leaks the context of a backward that raised (trap 6)."""
 
-    __slots__ = ("site", "ptr", "spent", "on_backward", "shapes", "__weakref__")
-    on_backward: Callable[[Grads], Grads]  # these two are set by _Identity.forward
+    __slots__ = ("site", "ptr", "spent", "on_backward", "shapes", "materialize", "__weakref__")
+    on_backward: Callable[[Grads], Grads]  # these three are set by _Identity.forward
     shapes: list[tuple[Any, Any]]
+    materialize: bool
 
     def __init__(self, site: Site) -> None:
         self.site = site
@@ -124,6 +126,7 @@ class _Identity(PyLayer):
         # Every input needs grad (the others bypass the node, see PaddleAutograd.identity).
         node.on_backward = on_backward
         node.shapes = [(x.shape, x.dtype) for x in xs]
+        node.materialize = materialize
         ctx.node = weakref.ref(node)
         ctx.set_materialize_grads(materialize)
         return tuple(_alias(x) for x in xs)
@@ -146,6 +149,8 @@ class _Identity(PyLayer):
         pruned = guard.pruned(node.ptr)
         out = []
         for i, (result, (shape, dtype)) in enumerate(zip(results, node.shapes)):
+            if exposed and grads[i] is None and result is not None:
+                _check_slot(result, shape, dtype, node)
             if i in pruned:
                 out.append(None)
             elif result is None:
@@ -155,6 +160,18 @@ class _Identity(PyLayer):
             else:
                 out.append(result.clone() if exposed else result)
         return tuple(out)
+
+
+def _check_slot(result: Any, shape: Any, dtype: Any, node: _Node) -> None:
+    """A hook's value for a slot whose gradient was None (an unused output) is checked only
+    here: paddle would take a wrong dtype silently, and give a float an OSError."""
+    # the output side (materialize=False) carries the pre-hooks' values
+    site = node.site._replace(kind="full_backward" if node.materialize else "full_backward_pre")
+    try:
+        check_grad_like(result, tuple(shape), dtype, "paddle.Tensor", _is_tensor, site)
+    except HookReturnError as error:
+        guard.stash(error)  # paddle turns it into OSError (trap 6): re-raised as it is
+        raise
 
 
 class _Rebase(PyLayer):

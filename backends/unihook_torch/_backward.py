@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from unihook._checks import check_grad_like
 from unihook._describe import Site
 from unihook._module_backward import (
     Dispatchers,
@@ -33,9 +34,12 @@ Grads = Sequence[Any]
 class _Identity(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, on_backward: Callable[[Grads], Grads], materialize: bool, *xs: Any
+        ctx: Any, on_backward: Callable[[Grads], Grads], materialize: bool, site: Site, *xs: Any
     ) -> Any:
         ctx.on_backward = on_backward
+        # the output side (materialize=False) carries the pre-hooks' values
+        ctx.site = site._replace(kind="full_backward" if materialize else "full_backward_pre")
+        ctx.shapes = [(tuple(x.shape), x.dtype) for x in xs]
         ctx.set_materialize_grads(materialize)
         outs = tuple(x.detach() for x in xs)
         ctx.mark_non_differentiable(*[o for x, o in zip(xs, outs) if not x.requires_grad])
@@ -43,7 +47,19 @@ class _Identity(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
-        return (None, None, *ctx.on_backward(grads))
+        results = ctx.on_backward(grads)
+        if results is not grads:
+            _check_slots(results, grads, ctx)
+        return (None, None, None, *results)
+
+
+def _check_slots(results: Grads, grads: Grads, ctx: Any) -> None:
+    """A hook's value for a slot whose gradient was None (an unused output) is checked only
+    here: torch would cast a wrong dtype silently and raise RuntimeError for a float."""
+    site = ctx.site
+    for result, grad, (shape, dtype) in zip(results, grads, ctx.shapes):
+        if grad is None and result is not None:
+            check_grad_like(result, shape, dtype, "torch.Tensor", torch.is_tensor, site)
 
 
 class _Rebase(torch.autograd.Function):
@@ -107,7 +123,7 @@ class TorchAutograd:
         materialize: bool,
         site: Site,
     ) -> Sequence[Any]:
-        return _Identity.apply(on_backward, materialize, *tensors)
+        return _Identity.apply(on_backward, materialize, site, *tensors)
 
     @staticmethod
     def version(tensor: Any) -> int:

@@ -19,12 +19,14 @@ from collections import OrderedDict
 from itertools import count
 from typing import Any, Callable
 
+import torch
 import torch.nn.modules.module as torch_module
 
-from unihook._checks import check_pre_kwargs_result
-from unihook._describe import Site
+from unihook._checks import check_pre_kwargs_result, show_value
+from unihook._describe import Site, global_label
 from unihook._module_backward import ModuleBackward, _states
 from unihook._pinned import Pinned
+from unihook.errors import HookReturnTypeError
 
 from . import NAME
 from ._compile import EagerUnderCompile
@@ -194,5 +196,29 @@ def add(kind: str, hook: Hook, with_kwargs: bool, always_call: bool) -> Callable
         return add_global(kind, hook)
     else:
         register = getattr(torch_module, f"register_module_{kind}_hook")
-        native = register(hook)
+        native = register(_checked_registration(kind, hook))
     return native.remove
+
+
+_REGISTRABLE = {
+    "parameter_registration": (torch.Tensor, "a torch.nn.Parameter (or torch.Tensor)"),
+    "buffer_registration": (torch.Tensor, "a torch.Tensor"),
+    "module_registration": (torch.nn.Module, "a torch.nn.Module"),
+}
+
+
+def _checked_registration(kind: str, hook: Hook) -> Hook:
+    """torch registers whatever a registration hook returns (an int as a parameter), where its
+    own register_parameter / register_buffer / add_module raise TypeError: so does this."""
+    wanted, what = _REGISTRABLE[kind]
+
+    def registration_hook(module: Any, name: str, value: Any) -> Any:
+        result = hook(module, name, value)
+        if result is None or isinstance(result, wanted):
+            return result
+        raise Site.of(global_label(kind), NAME, module).error(
+            HookReturnTypeError, f"None or {what} to register as {name!r}", show_value(result)
+        )
+
+    registration_hook.__wrapped__ = hook  # type: ignore[attr-defined]
+    return registration_hook
