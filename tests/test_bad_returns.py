@@ -208,20 +208,8 @@ def _close(a: Any, b: Any) -> bool:
     return a == b or abs(a - b) <= 1e-4 * max(1.0, abs(a)) or (a != a and b != b)
 
 
-# Paddle registration hooks returning a non-tensor: the parameter vanishes from the layer, a
-# buffer gets paddle's own TypeError (the fix lies in backends/unihook_paddle/_global.py, which
-# another change is rewriting: see _registrable there).
-PADDLE_REGISTRATION = pytest.mark.xfail(
-    strict=True, reason="paddle _global._registrable does not check parameter/buffer returns"
-)
-
-
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_bad_returns(
-    outcomes: dict[str, list[Any]], kind: str, backend: Any, request: pytest.FixtureRequest
-) -> None:
-    if backend.name == "paddle" and kind in ("parameter_registration", "buffer_registration"):
-        request.applymarker(PADDLE_REGISTRATION)
+def test_bad_returns(outcomes: dict[str, list[Any]], kind: str, backend: Any) -> None:
     cases = outcomes[kind]
     assert cases
     failures = [

@@ -267,15 +267,7 @@ def test_full_hook_returns_without_grad_inputs(backend: Any) -> None:
     _names(error, "full_backward", f"'{NAME}'", backend.name, "expected None (no input")
 
 
-def test_module_registration_returns_non_module(backend: Any, request: Any) -> None:
-    if backend.name == "paddle":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="backends/unihook_paddle/_global.py _registrable raises HookReturnError "
-                "(not a TypeError, which torch's add_module raises); another change owns it",
-            )
-        )
+def test_module_registration_returns_non_module(backend: Any) -> None:
     handle = unihook.register_module_module_registration_hook(
         lambda mod, name, sub: 5, backend=backend.name
     )

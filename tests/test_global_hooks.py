@@ -261,7 +261,7 @@ def test_module_registration_returning_a_non_module_paddle() -> None:
     if kit_ is None:
         pytest.skip("paddle is not installed")
     with unihook.register_module_module_registration_hook(lambda mod, name, v: 5, backend="paddle"):
-        with pytest.raises(unihook.HookReturnError, match=r"paddle.*Layer. Received: int"):
+        with pytest.raises(unihook.HookReturnTypeError, match=r"paddle.*Layer to register as '0'"):
             kit_.sequential(kit_.relu_module())
 
 

@@ -27,9 +27,9 @@ from paddle.nn import Layer
 from paddle.nn.layer import layers as paddle_layers
 from paddle.nn.layer.layers import HookRemoveHelper
 
-from unihook._checks import check_pre_kwargs_result
-from unihook._describe import Site
-from unihook.errors import HookReturnError
+from unihook._checks import check_pre_kwargs_result, show_value
+from unihook._describe import Site, global_label
+from unihook.errors import HookReturnTypeError
 
 from . import NAME
 from ._static import sot_builds_subgraph
@@ -181,18 +181,28 @@ def _fire(kind: str, layer: Any, name: str, value: Any) -> Any:
     return value
 
 
+_REGISTRABLE = {
+    "parameter_registration": "a paddle.Tensor (a parameter, or a tensor made one)",
+    "buffer_registration": "a paddle.Tensor",
+    "module_registration": "a paddle.nn.Layer",
+}
+
+
 def _registrable(kind: str, layer: Any, name: str, value: Any) -> Any:
     """What a registration hook returned, as paddle can register it where torch would."""
-    if kind == "parameter_registration" and type(value) is paddle.Tensor:
-        # torch registers the tensor returned for a parameter; paddle would file a plain
-        # tensor under buffers and the layer would lose the parameter
-        return EagerParamBase.from_tensor(value, trainable=not value.stop_gradient)
-    if kind == "module_registration" and not isinstance(value, Layer):
-        # paddle's own check is a bare assert
-        raise Site.of(kind, NAME, layer, name).error(
-            HookReturnError, "None or a paddle.nn.Layer", type(value).__name__
-        )
-    return value
+    if isinstance(value, Layer if kind == "module_registration" else paddle.Tensor):
+        if kind == "parameter_registration" and not isinstance(value, EagerParamBase):
+            # torch registers the tensor returned for a parameter; paddle would file a plain
+            # tensor under buffers and the layer would lose the parameter
+            return EagerParamBase.from_tensor(value, trainable=not value.stop_gradient)
+        return value
+    # paddle would drop a parameter silently, or raise a bare TypeError / AssertionError:
+    # a TypeError as torch's register_parameter / register_buffer / add_module raise
+    raise Site.of(global_label(kind), NAME, layer).error(
+        HookReturnTypeError,
+        f"None or {_REGISTRABLE[kind]} to register as {name!r}",
+        show_value(value),
+    )
 
 
 def _setattr(self: Any, name: str, value: Any) -> None:
