@@ -181,7 +181,7 @@ def test_grad_cam_targets(backend) -> None:  # type: ignore[no-untyped-def]
     assert list(cam.target_classes) == list(backend.numpy(cam.model(images(backend))).argmax(1))
     other = cam(images(backend), target=[(c + 1) % 3 for c in cam.target_classes])
     assert not np.allclose(top, other)
-    with pytest.raises(ValueError, match="`target_layer` must name one module"):
+    with pytest.raises(ValueError, match="`target_layers` must be a module of `model`"):
         GradCAM(cam.model, "layer*")
     cam.remove()
 

@@ -11,6 +11,7 @@ import paddle.nn.functional as F
 
 from unihook._structures import map_dataclass
 from unihook.errors import HookTargetError
+from unihook.ops import Moments, drop_block_rate
 
 Axis = Union[None, int, Sequence[int]]
 
@@ -57,6 +58,24 @@ class PaddleOps:
     def norm(self, t: Any, p: float) -> Any:
         return paddle.linalg.norm(t.flatten(), p=p)
 
+    def sum_squares(self, t: Any) -> float:
+        return float(t.detach().astype("float64").square().sum())
+
+    def moments(self, t: Any) -> Moments:
+        x = t.detach().astype("float64")
+        finite = paddle.isfinite(x)
+        count = int(finite.astype("int64").sum())
+        size = int(x.numel())
+        if count < size:  # rare: mask the non-finite values out
+            x = paddle.masked_select(x, finite)
+        if not count:
+            return 0, 0.0, 0.0, 0.0, 0.0, 0, size
+        mean = x.mean()
+        m2 = (x - mean).square().sum()
+        zeros = (x == 0).astype(x.dtype).sum()
+        stats = paddle.stack([mean, m2, x.min(), x.max(), zeros]).tolist()
+        return count, stats[0], stats[1], stats[2], stats[3], int(stats[4]), size - count
+
     def abs(self, t: Any) -> Any:
         return t.abs()
 
@@ -72,11 +91,14 @@ class PaddleOps:
     def drop_block(self, t: Any, p: float, block_size: int, training: bool) -> Any:
         if not training or p <= 0:
             return t
-        _, _, h, w = t.shape
+        n, c, h, w = t.shape
         size = min(block_size, h, w)
-        gamma = p * h * w / (size**2 * (h - size + 1) * (w - size + 1))
-        seeds = (paddle.rand(t.shape) < gamma).astype(t.dtype)
-        blocks = F.max_pool2d(seeds, size, stride=1, padding=size // 2)[:, :, :h, :w]
+        gamma = drop_block_rate(h, w, size, p)
+        # seeds only where a whole block fits; a size x size max pool over them padded by
+        # size - 1 spreads each seed over its block
+        seeds = (paddle.rand([n, c, h - size + 1, w - size + 1]) < gamma).astype(t.dtype)
+        padded = F.pad(seeds, [size - 1] * 4)  # separable: O(size), not O(size**2), per point
+        blocks = F.max_pool2d(F.max_pool2d(padded, (size, 1), stride=1), (1, size), stride=1)
         keep = 1 - blocks
         return t * keep * (keep.numel().astype(t.dtype) / keep.sum().clip(min=1))
 

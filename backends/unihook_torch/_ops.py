@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 from unihook._structures import map_dataclass
+from unihook.ops import Moments, drop_block_rate
 
 Axis = Union[None, int, Sequence[int]]
 
@@ -53,6 +54,22 @@ class TorchOps:
     def norm(self, t: Any, p: float) -> Any:
         return torch.linalg.vector_norm(t, ord=p)
 
+    def sum_squares(self, t: Any) -> float:
+        return float(t.detach().to(torch.float64).square().sum())
+
+    def moments(self, t: Any) -> Moments:
+        x = t.detach().to(torch.float64)
+        finite = torch.isfinite(x)
+        count = int(finite.sum())
+        if count < x.numel():  # rare: mask the non-finite values out (three more passes)
+            x = x[finite]
+        if not count:
+            return 0, 0.0, 0.0, 0.0, 0.0, 0, t.numel()
+        mean = x.mean()
+        m2 = (x - mean).square().sum()
+        stats = torch.stack([mean, m2, x.amin(), x.amax(), (x == 0).sum().to(x.dtype)]).tolist()
+        return count, stats[0], stats[1], stats[2], stats[3], int(stats[4]), t.numel() - count
+
     def abs(self, t: Any) -> Any:
         return t.abs()
 
@@ -68,11 +85,15 @@ class TorchOps:
     def drop_block(self, t: Any, p: float, block_size: int, training: bool) -> Any:
         if not training or p <= 0:
             return t
-        _, _, h, w = t.shape
+        n, c, h, w = t.shape
         size = min(block_size, h, w)
-        gamma = p * h * w / (size**2 * (h - size + 1) * (w - size + 1))
-        seeds = (torch.rand(t.shape, device=t.device) < gamma).to(t.dtype)
-        blocks = F.max_pool2d(seeds, size, stride=1, padding=size // 2)[..., :h, :w]
+        gamma = drop_block_rate(h, w, size, p)
+        # seeds only where a whole block fits; a size x size max pool over them padded by
+        # size - 1 spreads each seed over its block
+        shape = (n, c, h - size + 1, w - size + 1)
+        seeds = (torch.rand(shape, device=t.device) < gamma).to(t.dtype)
+        padded = F.pad(seeds, [size - 1] * 4)  # separable: O(size), not O(size**2), per point
+        blocks = F.max_pool2d(F.max_pool2d(padded, (size, 1), stride=1), (1, size), stride=1)
         keep = 1 - blocks
         return t * keep * (keep.numel() / keep.sum().clamp(min=1))
 

@@ -1,9 +1,21 @@
-"""The shared shape of a recipe: it owns a HookGroup and is a context manager."""
+"""What every recipe shares: it owns a HookGroup and is a context manager; it takes its targets
+as modules, qualified names or lists of either; `every=N` hooks one forward in N."""
 
 from __future__ import annotations
 
-from unihook import HookGroup
+import difflib
+from typing import Any, Callable, Sequence, Union
+
+from unihook import HookArgumentError, HookGroup, Where, backend_of, ops, register_forward_hook
+from unihook._describe import type_name
 from unihook.handles import Removable
+
+__all__ = ["Recipe", "Targets", "check_every", "resolve", "where_of"]
+
+#: A module of the model, its qualified name, or a list of either.
+Targets = Union[str, Any, Sequence[Any]]
+
+_EXPECTED = "a module of `model`, its qualified name, or a list of either"
 
 
 class Recipe(Removable):
@@ -11,6 +23,113 @@ class Recipe(Removable):
 
     def __init__(self) -> None:
         self._hooks = HookGroup()
+        self._every = 1
+        self._forwards = 0
+        self._build: Callable[[], HookGroup] | None = None
+        self._active = HookGroup()
+
+    def _schedule(self, model: Any, every: int, build: Callable[[], HookGroup]) -> None:
+        """Place the hooks `build` makes for forwards 0, N, 2N... of `model` (and their
+        backward) only. Between them the recipe costs one hook call per forward of `model`:
+        a counter that removes the hooks after a logged forward (a backward hook removed after
+        the forward still fires in that forward's backward) and puts them back before the next.
+        """
+        self._every = every
+        self._active = build()
+        if every == 1:
+            return
+        self._build = build
+        self._hooks.add("", register_forward_hook(model, self._count, always_call=True))
+
+    def _count(self, module: Any, args: Any, output: Any) -> None:
+        self._forwards += 1
+        self._active.remove()  # the module's own hooks run from a snapshot: this call is done
+        if self._forwards % self._every == 0 and self._build is not None:
+            self._active = self._build()
 
     def remove(self) -> None:
+        self._build = None
         self._hooks.remove()
+        self._active.remove()
+
+
+def check_every(every: int) -> int:
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise HookArgumentError(f"`every` must be a positive int. Received: every={every!r}")
+    return every
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (str, int, float, type(None))):
+        return repr(value)
+    return type_name(value)
+
+
+def _bad(what: str, value: Any, why: str = "") -> HookArgumentError:
+    return HookArgumentError(f"`{what}` must be {_EXPECTED}. Received: {_describe(value)}{why}.")
+
+
+def resolve(model: Any, targets: Targets, what: str) -> list[tuple[str, Any]]:
+    """(qualified name, module) for each of `targets`: a module of `model`, an exact qualified
+    name, or a list of either (a shared module gets its first name, as named_modules)."""
+    modules = ops.named_modules(model)
+    by_name = dict(modules)
+    by_id: dict[int, str] = {}
+    for name, module in modules:
+        by_id.setdefault(id(module), name)
+    items = list(targets) if isinstance(targets, (list, tuple)) else [targets]
+    if not items:
+        raise _bad(what, targets, " (an empty list)")
+    found = []
+    for item in items:
+        if isinstance(item, str):
+            if item not in by_name:
+                near = difflib.get_close_matches(item, list(by_name), n=5, cutoff=0.4)
+                hint = f"; nearest names: {', '.join(map(repr, near or list(by_name)[:5]))}"
+                raise _bad(what, item, f", which matches no module{hint}")
+            found.append((item, by_name[item]))
+        elif id(item) in by_id:
+            found.append((by_id[id(item)], item))
+        else:
+            raise _bad(what, item, " (not a submodule of the model)" if _owned(item) else "")
+    return found
+
+
+def _owned(obj: Any) -> bool:
+    try:
+        backend_of(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def where_of(model: Any, where: Any) -> Where:
+    """`where` as `attach` takes it: None, a glob or a list of globs, ``callable(name, module)
+    -> bool``, or modules of `model` (alone or in a list, with names or globs), which become
+    their qualified names. A module is callable: it is told from a predicate by identity."""
+    if where is None or isinstance(where, str):
+        return where
+    items = list(where) if isinstance(where, (list, tuple)) else [where]
+    if all(isinstance(item, str) for item in items) and items:
+        return items
+    modules = {id(m): n for n, m in reversed(ops.named_modules(model))}
+    if id(where) not in modules and callable(where) and not _owned(where):
+        return where  # a predicate
+    names = []
+    for item in items:
+        if isinstance(item, str):
+            names.append(item)
+        elif id(item) in modules:
+            names.append(_escape(modules[id(item)]))
+        else:
+            why = " (not a submodule of the model)" if _owned(item) else ""
+            raise HookArgumentError(
+                f"`where` must be None, a glob, a list of globs, callable(name, module) -> "
+                f"bool, or {_EXPECTED}. Received: {_describe(item)}{why}."
+            )
+    return names
+
+
+def _escape(name: str) -> str:
+    """`name` as a glob matching only itself."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)

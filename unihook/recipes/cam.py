@@ -11,14 +11,16 @@ from typing import Any, Sequence, Union
 import numpy as np
 
 from unihook import (
+    HookArgumentError,
+    NoGradError,
     ops,
     register_forward_hook,
     register_full_backward_hook,
-    register_full_backward_pre_hook,
+    register_tensor_hook,
     select,
 )
 
-from ._scope import Recipe
+from ._scope import Recipe, Targets, resolve
 
 __all__ = ["GradCAM", "GuidedBackprop"]
 
@@ -58,44 +60,96 @@ def _resize_bilinear(maps: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 class GradCAM(Recipe):
-    """``GradCAM(model, "layer4")(x, target=None)``: class activation maps (N, H, W) in [0, 1],
-    upsampled to the input's size. `target`: None (each sample's top class), a class index, or
-    one index per sample. `model` maps NCHW images to (N, classes) logits.
+    """``GradCAM(model, model.layer4)(x, target=None)``: class activation maps (N, H, W) in
+    [0, 1], upsampled to the input's size. `model` maps NCHW images to (N, classes) logits.
+
+    `target_layers`: a module of `model`, its qualified name (``"layer4"``), or a list of
+    either; with several, the map is the mean of their normalised maps, normalised again. A
+    layer with a tuple or namedtuple output contributes its first tensor.
+
+    `call`: which call of a layer that runs more than once per forward (torchvision's
+    BasicBlock calls one ``relu`` twice) the map uses, as a list index: each call's output is
+    paired with the gradient of that same output. The default, -1 (the last call), is
+    captum's (its LayerGradCam keeps the last output its forward hook saw);
+    pytorch-grad-cam 1.5 uses the first, ``call=0``.
+
+    `target` (per call): None (each sample's top class), a class index, or one per sample.
     """
 
-    def __init__(self, model: Any, target_layer: str) -> None:
+    def __init__(self, model: Any, target_layers: Targets, *, call: int = -1) -> None:
+        if isinstance(call, bool) or not isinstance(call, int):
+            raise HookArgumentError(f"`call` must be an int (a list index). Received: {call!r}")
+        layers = resolve(model, target_layers, "target_layers")
         super().__init__()
         self.model = model
-        (name, layer), *_ = select(model, target_layer) + [(None, None)]
-        if name != target_layer:
-            raise ValueError(f"`target_layer` must name one module. Received: {target_layer!r}")
-        self._activation: Any = None
-        self._gradient: Any = None
-        self._hooks.add(name, register_forward_hook(layer, self._keep_activation, name=name))
-        self._hooks.add(
-            name, register_full_backward_pre_hook(layer, self._keep_gradient, name=name)
-        )
+        self.call = call
+        self.layers = [name for name, _ in layers]
+        # per layer, per call: [the output as returned, the gradient of that output]
+        self._calls: list[list[list[Any]]] = [[] for _ in layers]
+        for index, (name, layer) in enumerate(layers):
+            self._hooks.add(
+                name, register_forward_hook(layer, self._keeper(self._calls[index]), name=name)
+            )
         self.target_classes: np.ndarray | None = None
 
-    def _keep_activation(self, module: Any, args: Any, output: Any) -> None:
-        self._activation = ops.to_numpy(output)
+    @staticmethod
+    def _keeper(calls: list[list[Any]]) -> Any:
+        def keep(module: Any, args: Any, output: Any) -> None:
+            tensors = ops.tensors_in(output, like=module)
+            if not tensors:
+                return
+            # a copy: an in-place op after the layer (ReLU(inplace=True), `out += x`) would
+            # change the output; the tensor hook still gets this value's gradient
+            record = [ops.clone(tensors[0]), None]
+            calls.append(record)
 
-    def _keep_gradient(self, module: Any, grad_output: Any) -> None:
-        self._gradient = ops.to_numpy(grad_output[0])
+            def keep_gradient(grad: Any) -> None:
+                record[1] = ops.clone(grad)  # paddle accumulates into it later
+
+            try:
+                register_tensor_hook(tensors[0], keep_gradient)
+            except NoGradError:
+                pass  # under no_grad: __call__ reports the missing gradient
+
+        return keep
 
     def __call__(self, x: Any, target: Target = None) -> np.ndarray:
         if not self._hooks:
             raise RuntimeError("this GradCAM was removed: create a new one")
-        score, self.target_classes = _score(self.model(x), target)
-        score.backward()
-        activation, gradient = self._activation, self._gradient
-        self._activation = self._gradient = None
-        weights = gradient.astype(np.float64).mean(axis=(2, 3))
-        cams = np.maximum((weights[:, :, None, None] * activation).sum(axis=1), 0)
-        cams = _resize_bilinear(cams, *ops.to_numpy(x).shape[2:])
-        low = cams.min(axis=(1, 2), keepdims=True)
-        span = cams.max(axis=(1, 2), keepdims=True) - low
-        return ((cams - low) / np.where(span > 0, span, 1.0)).astype(np.float32)
+        for calls in self._calls:
+            calls.clear()
+        try:
+            score, self.target_classes = _score(self.model(x), target)
+            score.backward()
+            size = ops.to_numpy(x).shape[2:]
+            maps = [self._map(name, calls, size) for name, calls in zip(self.layers, self._calls)]
+        finally:
+            for calls in self._calls:
+                calls.clear()
+        return _normalise(np.mean(maps, axis=0)) if len(maps) > 1 else maps[0]
+
+    def _map(self, name: str, calls: list[list[Any]], size: tuple[int, ...]) -> np.ndarray:
+        if not -len(calls) <= self.call < len(calls):
+            raise HookArgumentError(
+                f"`call` must index the calls of {name!r}, which ran {len(calls)} time(s) in "
+                f"this forward. Received: call={self.call}"
+            )
+        activation, gradient = calls[self.call]
+        if gradient is None:
+            raise RuntimeError(
+                f"GradCAM: no gradient reached the output of {name!r} (call {self.call}): "
+                f"run it with gradients enabled, on a layer the target class depends on"
+            )
+        weights = ops.to_numpy(gradient).astype(np.float64).mean(axis=(2, 3))
+        cams = np.maximum((weights[:, :, None, None] * ops.to_numpy(activation)).sum(axis=1), 0)
+        return _normalise(_resize_bilinear(cams, *size))
+
+
+def _normalise(cams: np.ndarray) -> np.ndarray:
+    """Each map min-max scaled to [0, 1] (a constant map to 0)."""
+    low = cams.min(axis=(1, 2), keepdims=True)
+    span = cams.max(axis=(1, 2), keepdims=True) - low
+    return ((cams - low) / np.where(span > 0, span, 1.0)).astype(np.float32)
 
 
 class GuidedBackprop(Recipe):

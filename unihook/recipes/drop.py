@@ -4,13 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from unihook import (
-    ops,
-    register_forward_hook,
-    select,
-)
+from unihook import HookArgumentError, ops, register_forward_hook
 
-from ._scope import Recipe
+from ._scope import Recipe, Targets, resolve
 
 __all__ = ["DropHook"]
 
@@ -19,15 +15,24 @@ _MODES = ("dropout", "dropblock")
 
 class DropHook(Recipe):
     """Inject dropout (``mode="dropout"``) or DropBlock (``mode="dropblock"``, NCHW outputs) on
-    the outputs of the named modules, ``targets={"layer3": 0.1, "layer4": 0.3}``, while the
-    model is in training mode; an identity in eval mode. The model trains as usual with its
-    optimizer: nothing is wrapped or subclassed. Removable, and a context manager.
+    the outputs of target modules while the model is in training mode; an identity in eval
+    mode. The model trains as usual with its optimizer: nothing is wrapped or subclassed.
+    Removable, and a context manager.
+
+    `targets`: ``{"layer3": 0.1, model.layer4: 0.3}`` (modules or qualified names to drop
+    probabilities), or a module, a name or a list of either with one probability `p`.
+
+    DropBlock follows Ghiasi et al. 2018: seeds only where a whole block fits, the block
+    clamped to the map (``min(block_size, H, W)``), the output rescaled by the kept fraction;
+    its seed rate is solved so that a fraction `p` of the map is dropped in expectation, for
+    any map and block size (the paper's closed form drops less once blocks overlap).
     """
 
     def __init__(
         self,
         model: Any,
-        targets: Mapping[str, float],
+        targets: Mapping[Any, float] | Targets,
+        p: float | None = None,
         *,
         mode: str = "dropout",
         block_size: int = 7,
@@ -36,17 +41,32 @@ class DropHook(Recipe):
             raise ValueError(
                 f"`mode` must be one of {{'dropout', 'dropblock'}}. Received: mode={mode!r}"
             )
-        for name, p in targets.items():
-            if not 0.0 <= p < 1.0:
-                raise ValueError(f"drop probability for {name!r} must be in [0, 1). Received: {p}")
-        super().__init__()
-        modules = dict(select(model, list(targets)))
-        try:
-            for name, p in targets.items():
-                hook = self._dropout(p) if mode == "dropout" else self._drop_block(p, block_size)
-                self._hooks.add(
-                    name, register_forward_hook(modules[name], hook, when="train", name=name)
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise HookArgumentError(
+                f"`block_size` must be a positive int. Received: block_size={block_size!r}"
+            )
+        if isinstance(targets, Mapping):
+            if p is not None:
+                raise HookArgumentError(
+                    f"`p` must be None when `targets` maps modules to probabilities. "
+                    f"Received: p={p!r}"
                 )
+            chosen = [(resolve(model, key, "targets")[0], q) for key, q in targets.items()]
+        else:
+            if p is None:
+                raise HookArgumentError(
+                    "`p` must be a probability when `targets` is a module, a name or a list. "
+                    "Received: p=None"
+                )
+            chosen = [(found, p) for found in resolve(model, targets, "targets")]
+        for (name, _), q in chosen:
+            if not 0.0 <= q < 1.0:
+                raise ValueError(f"drop probability for {name!r} must be in [0, 1). Received: {q}")
+        super().__init__()
+        try:
+            for (name, module), q in chosen:
+                hook = self._dropout(q) if mode == "dropout" else self._drop_block(q, block_size)
+                self._hooks.add(name, register_forward_hook(module, hook, when="train", name=name))
         except BaseException:
             self.remove()
             raise

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from unihook import HookGroup, attach, ops
 
-from unihook import Where, attach, ops
-
-from ._scope import Recipe
+from ._scope import Recipe, check_every, where_of
 
 __all__ = ["ActivationStats"]
 
@@ -18,73 +17,84 @@ __all__ = ["ActivationStats"]
 class _Running:
     calls: int = 0
     count: int = 0
-    total: float = 0.0
-    squares: float = 0.0
+    total: float = 0.0  # the mean is total / count: exact, whatever the order of calls
+    m2: float = 0.0  # the sum of squared deviations from the mean, merged by Chan's formula
     low: float = float("inf")
     high: float = float("-inf")
     zeros: int = 0
     nonfinite: int = 0
     order: int = 0
 
+    def merge(self, moments: ops.Moments) -> None:
+        count, mean, m2, low, high, zeros, nonfinite = moments
+        self.nonfinite += nonfinite
+        if not count:
+            return
+        if self.count:  # Chan et al.: m2 of the union from both parts' means and m2s
+            delta = mean - self.total / self.count
+            m2 += self.m2 + delta * delta * self.count * count / (self.count + count)
+        self.count += count
+        self.total += mean * count
+        self.m2 = m2
+        self.low, self.high = min(self.low, low), max(self.high, high)
+        self.zeros += zeros
+
 
 class ActivationStats(Recipe):
     """Running statistics of every selected module's output over forward calls: calls, mean,
     std, min, max, fraction of zeros, and the count of non-finite values (mean, std, min and max
-    are over the finite values). Tuple outputs count every tensor in them.
+    are over the finite values). Tuple, namedtuple, dict and nested outputs count every tensor
+    in them. Each output is reduced on its device, in float64 (the two-pass variance per call,
+    Chan's formula across calls): only seven numbers per tensor reach the host.
+
+    `where`: None (every module), a glob or a list of globs, ``callable(name, module) -> bool``,
+    or modules of `model` (alone or in a list, with names). `every=N`: record forwards 0, N,
+    2N... of `model` only; between them the hooks are removed (one counter hook remains).
 
     ``stats.rows()``: one dict per module, in the order modules first ran; ``stats.report()``:
     a readable table. Use as a context manager or call `remove()`.
     """
 
-    def __init__(self, model: Any, where: Where = None) -> None:
+    def __init__(self, model: Any, where: Any = None, *, every: int = 1) -> None:
+        every = check_every(every)
+        where = where_of(model, where)
         super().__init__()
         self._stats: dict[str, _Running] = {}
-        # A pre-hook fixes each module's place at its first call: rows come in call order
-        # (a container before its children), not in order of completion.
-        self._hooks = attach(model, self._started, kind="forward_pre", where=where)
-        self._hooks.extend(attach(model, self._record, where=where))
+
+        def hooks() -> HookGroup:
+            # A pre-hook fixes each module's place at its first call: rows come in call order
+            # (a container before its children), not in order of completion.
+            group = attach(model, self._started, kind="forward_pre", where=where)
+            group.extend(attach(model, self._record, where=where))
+            return group
+
+        self._schedule(model, every, hooks)
 
     def _started(self, module: Any, args: Any, *, name: str) -> None:
         if name not in self._stats:
             self._stats[name] = _Running(order=len(self._stats))
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
-        tensors = (
-            [output]
-            if ops.is_tensor(output)
-            else [
-                o for o in (output if isinstance(output, (tuple, list)) else ()) if ops.is_tensor(o)
-            ]
-        )
+        tensors = ops.tensors_in(output, like=module)
         if not tensors:
             return
         running = self._stats[name]
         running.calls += 1
         for tensor in tensors:
-            values = ops.to_numpy(tensor).astype(np.float64).ravel()
-            finite = values[np.isfinite(values)]
-            running.nonfinite += values.size - finite.size
-            running.count += finite.size
-            running.total += float(finite.sum())
-            running.squares += float(np.square(finite).sum())
-            running.zeros += int((finite == 0).sum())
-            if finite.size:
-                running.low = min(running.low, float(finite.min()))
-                running.high = max(running.high, float(finite.max()))
+            running.merge(ops.moments(tensor))
 
     def rows(self) -> list[dict[str, Any]]:
         rows = []
         for name, r in sorted(self._stats.items(), key=lambda item: item[1].order):
-            mean = r.total / r.count if r.count else float("nan")
-            var = r.squares / r.count - mean * mean if r.count else float("nan")
             if not r.calls:
                 continue
+            mean = r.total / r.count if r.count else float("nan")
             rows.append(
                 {
                     "name": name,
                     "calls": r.calls,
                     "mean": mean,
-                    "std": float(np.sqrt(max(var, 0.0))) if r.count else float("nan"),
+                    "std": math.sqrt(r.m2 / r.count) if r.count else float("nan"),
                     "min": r.low if r.count else float("nan"),
                     "max": r.high if r.count else float("nan"),
                     "zeros": r.zeros / (r.count + r.nonfinite),
