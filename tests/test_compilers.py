@@ -318,5 +318,34 @@ def test_paddle_sot_global_hook_that_breaks_the_graph() -> None:
     assert compiled == [eager, eager]
 
 
+DYNAMO_SETTING_RESTORED = """
+import torch, torch._dynamo, unihook
+config = torch._dynamo.config
+m = torch.nn.Linear(2, 2)
+before = config.skip_nnmodule_hook_guards
+handles = [
+    unihook.register_forward_hook(m, lambda *a: None),
+    unihook.register_full_backward_pre_hook(m, lambda *a: None),
+    unihook.register_module_forward_pre_hook(lambda *a: None, backend="torch"),
+]
+during = config.skip_nnmodule_hook_guards
+for handle in handles[::-1]:
+    handle.remove()
+    handle.remove()
+print(before, during, config.skip_nnmodule_hook_guards)
+"""
+
+
+def test_torch_dynamo_setting_restored_after_the_last_hook() -> None:
+    """unihook turns dynamo's hook guards on while it has a torch hook (a hook added after
+    compiling must recompile); removing the last one puts torch's default back: no residue."""
+    pytest.importorskip("torch")
+    proc = subprocess.run(
+        [sys.executable, "-c", DYNAMO_SETTING_RESTORED], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["True", "False", "True"]
+
+
 if __name__ == "__main__":
     _child(sys.argv[1], sys.argv[2])

@@ -37,10 +37,21 @@ def _module(obj: object, kind: str, name: str | None) -> Any:
         raise Site.of(kind, NAME, obj, name).error(
             TargetKindError, "a torch.nn.Module", type_name(obj)
         )
+    return obj
+
+
+def _watched(kind: str, remove: Callable[[], object]) -> Handle:
+    """The handle of a module hook: while it lives, dynamo guards on hook dicts (torch.compile:
+    a hook added after compiling recompiles)."""
     from ._compile import watch_hooks
 
-    watch_hooks()  # torch.compile: a hook added after compiling recompiles
-    return obj
+    release = watch_hooks()
+
+    def remover() -> None:
+        remove()
+        release()
+
+    return Handle(NAME, kind, remover)
 
 
 @hookimpl
@@ -92,12 +103,12 @@ def unihook_register_forward_pre_hook(
         return None
     if not with_kwargs:
         native = m.register_forward_pre_hook(hook, prepend=prepend)
-        return Handle(NAME, "forward_pre", native.remove)
+        return _watched("forward_pre", native.remove)
     # torch raises a bare RuntimeError for a bad (args, kwargs) return: check it ourselves.
     dead = [False]
     hook = checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, m, name), dead)
     native = m.register_forward_pre_hook(hook, prepend=prepend, with_kwargs=True)
-    return Handle(NAME, "forward_pre", _killing(dead, native.remove))
+    return _watched("forward_pre", _killing(dead, native.remove))
 
 
 @hookimpl
@@ -114,13 +125,13 @@ def unihook_register_forward_hook(
         return None
     if not with_kwargs:
         native = m.register_forward_hook(hook, prepend=prepend, always_call=always_call)
-        return Handle(NAME, "forward", native.remove)
+        return _watched("forward", native.remove)
     # Removed mid-call, torch would call it without kwargs (a TypeError): see kwargs_post_hook.
     dead = [False]
     native = m.register_forward_hook(
         kwargs_post_hook(hook, dead), prepend=prepend, with_kwargs=True, always_call=always_call
     )
-    return Handle(NAME, "forward", _killing(dead, native.remove))
+    return _watched("forward", _killing(dead, native.remove))
 
 
 def _killing(dead: list[bool], remove: Callable[[], object]) -> Callable[[], None]:
@@ -164,7 +175,9 @@ def unihook_register_full_backward_pre_hook(
         return None
     from ._backward import register
 
-    return register(m, "full_backward_pre", hook, prepend, name)
+    return _watched(
+        "full_backward_pre", register(m, "full_backward_pre", hook, prepend, name).remove
+    )
 
 
 @hookimpl
@@ -176,7 +189,7 @@ def unihook_register_full_backward_hook(
         return None
     from ._backward import register
 
-    return register(m, "full_backward", hook, prepend, name)
+    return _watched("full_backward", register(m, "full_backward", hook, prepend, name).remove)
 
 
 @hookimpl
@@ -196,7 +209,7 @@ def unihook_register_global_hook(
         from ._global import add
 
         # torch.compile: no guard sees a global hook come or go (native or unihook's)
-        watch_hooks()
+        release = watch_hooks()
         forget_compiled()
         cancel = watch_call_impl()
         remove = add(kind, hook, with_kwargs, always_call)
@@ -205,6 +218,7 @@ def unihook_register_global_hook(
             remove()
             cancel()
             forget_compiled()
+            release()
 
         return remover
 

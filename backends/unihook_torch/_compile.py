@@ -10,9 +10,10 @@ Three dynamo behaviours would silently skip them:
 2. Dynamo does not guard on an empty hook dict (``skip_nnmodule_hook_guards``, True by
    default): a hook added after compiling is ignored, native hooks included (one removed is
    seen). `watch_hooks` turns that guard on when unihook registers a torch hook, so adding one
-   recompiles the frames that saw the module. Code compiled before the switch, and all
-   compiled code when a global hook (native or unihook's ``Module._call_impl`` wrapper, which
-   no guard watches) comes or goes, is dropped (`forget_compiled`): the next call recompiles.
+   recompiles the frames that saw the module; removing unihook's last hook turns it back off.
+   Code compiled before the switch, and all compiled code when a global hook (native or
+   unihook's ``Module._call_impl`` wrapper, which no guard watches) comes or goes, is dropped
+   (`forget_compiled`): the next call recompiles.
 3. Dynamo recognises torch's own ``Module._call_impl`` by identity, taken when dynamo is
    imported: `watch_call_impl` corrects it if unihook's wrapper was installed by then.
 """
@@ -20,6 +21,7 @@ Three dynamo behaviours would silently skip them:
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any, Callable
 
 import torch
@@ -60,14 +62,40 @@ class EagerUnderCompile:
         return self.fn(*args)
 
 
-def watch_hooks() -> None:
-    """Make dynamo guard on empty module hook dicts (called at every torch hook registration).
-    Before dynamo is imported nothing is compiled, and a hook dict that is not empty when
-    dynamo compiles is guarded anyway: dynamo is never imported for this."""
-    dynamo = sys.modules.get("torch._dynamo")
-    if dynamo is not None and dynamo.config.skip_nnmodule_hook_guards:
-        dynamo.config.skip_nnmodule_hook_guards = False
-        forget_compiled()  # compiled without the guards: blind to hooks added since
+_lock = threading.Lock()
+_watching = 0  # unihook torch hooks alive
+_switched = False  # unihook turned the guards on: it turns them off again
+
+
+def watch_hooks() -> Callable[[], None]:
+    """Make dynamo guard on empty module hook dicts while unihook has a torch hook (called at
+    every registration; returns the release, for the handle). Before dynamo is imported nothing
+    is compiled, and a hook dict that is not empty when dynamo compiles is guarded anyway:
+    dynamo is never imported for this."""
+    global _watching, _switched
+    with _lock:
+        _watching += 1
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is not None and dynamo.config.skip_nnmodule_hook_guards:
+            dynamo.config.skip_nnmodule_hook_guards = False
+            _switched = True
+            forget_compiled()  # compiled without the guards: blind to hooks added since
+    released = [False]
+
+    def release() -> None:
+        global _watching, _switched
+        with _lock:
+            if released[0]:
+                return
+            released[0] = True
+            _watching -= 1
+            dynamo = sys.modules.get("torch._dynamo")
+            if not _watching and _switched and dynamo is not None:
+                # torch's default back: code compiled meanwhile keeps its (now extra) guards
+                dynamo.config.skip_nnmodule_hook_guards = True
+                _switched = False
+
+    return release
 
 
 def watch_call_impl() -> Callable[[], None]:
