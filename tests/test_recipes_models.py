@@ -1,0 +1,302 @@
+"""The recipes on the reference architectures (issue 14): torch and paddle twins with the same
+weights, against references computed here with torch's native hooks and numpy."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import numpy as np
+import paddle
+import pytest
+import torch
+from conftest import kit
+from models_ref import ARCHS, build
+
+from unihook import HookArgumentError, ops
+from unihook.recipes import ActivationStats, DropHook, GradCAM, GradientMonitor
+from unihook.recipes.cam import _resize_bilinear
+from unihook.testing import classifier, images
+
+RESNET = ARCHS["resnet18"]
+
+
+@pytest.fixture(scope="module")
+def resnet() -> tuple[torch.nn.Module, paddle.nn.Layer]:
+    model, _, twin = build(RESNET)
+    return model, twin
+
+
+def batch(shape: tuple[int, ...] = (2, 3, 64, 64)) -> np.ndarray:
+    return np.random.default_rng(7).normal(0, 1, shape).astype(np.float32)
+
+
+def reference_cams(model: torch.nn.Module, layer: str, x: np.ndarray) -> list[np.ndarray]:
+    """One Grad-CAM per call of `layer`, each call's output with that output's gradient
+    (torch's native forward hook and tensor hooks, as pytorch-grad-cam records them)."""
+    records: list[list[Any]] = []
+
+    def hook(module: Any, args: Any, output: torch.Tensor) -> None:
+        record = [output.detach().clone(), None]
+        records.append(record)
+        output.register_hook(lambda g: record.__setitem__(1, g.detach().clone()))
+
+    handle = dict(model.named_modules())[layer].register_forward_hook(hook)
+    try:
+        logits = model(torch.tensor(x))
+        logits.gather(1, logits.argmax(1, keepdim=True)).sum().backward()
+    finally:
+        handle.remove()
+    maps = []
+    for activation, grad in records:
+        weights = grad.double().mean((2, 3), keepdim=True)
+        cam = np.maximum((weights * activation.double()).sum(1).numpy(), 0)
+        cam = _resize_bilinear(cam, *x.shape[2:])
+        low, high = cam.min((1, 2), keepdims=True), cam.max((1, 2), keepdims=True)
+        maps.append((cam - low) / np.where(high > low, high - low, 1))
+    return maps
+
+
+def test_grad_cam_pairs_each_call_with_its_gradient(resnet: Any) -> None:
+    """layer4.1.relu runs twice per forward (torchvision's BasicBlock): call=0 and call=-1 give
+    the first and last call's map; both frameworks match the native-hook reference."""
+    model, twin = resnet
+    x = batch()
+    first, last = reference_cams(model, "layer4.1.relu", x)
+    assert np.abs(first - last).max() > 0.3  # the choice matters
+    for net, tensor in ((model, torch.tensor(x)), (twin, paddle.to_tensor(x))):
+        for call, want in ((0, first), (1, last), (-1, last), (-2, first)):
+            with GradCAM(net, "layer4.1.relu", call=call) as cam:
+                got = cam(tensor)
+            np.testing.assert_allclose(got, want, atol=2e-4, err_msg=f"{type(net)} {call}")
+    with GradCAM(model, "layer4.1.relu", call=2) as cam:
+        with pytest.raises(HookArgumentError, match="ran 2 time"):
+            cam(torch.tensor(x))
+
+
+def test_grad_cam_modules_names_and_lists(resnet: Any) -> None:
+    model, twin = resnet
+    x = batch()
+    (want,) = reference_cams(model, "layer4", x)
+    (third,) = reference_cams(model, "layer3", x)
+    both = (want + third) / 2
+    both = (both - both.min((1, 2), keepdims=True)) / np.ptp(both, (1, 2), keepdims=True)
+    for net, tensor in ((model, torch.tensor(x)), (twin, paddle.to_tensor(x))):
+        for target in (net.layer4, "layer4", [net.layer4]):
+            with GradCAM(net, target) as cam:
+                np.testing.assert_allclose(cam(tensor), want, atol=2e-4)
+        with GradCAM(net, [net.layer3, "layer4"]) as cam:
+            np.testing.assert_allclose(cam(tensor), both, atol=2e-4)
+        assert no_hooks(net)
+
+
+def no_hooks(net: Any) -> bool:
+    k = kit("torch" if isinstance(net, torch.nn.Module) else "paddle")
+    return all(sum(k.hook_counts(m).values()) == 0 for _, m in k.named_modules(net))
+
+
+def test_targets_rejected_with_a_clear_error(resnet: Any) -> None:
+    model, twin = resnet
+    stranger = torch.nn.Linear(2, 2)
+    for make, what in (
+        (lambda t: GradCAM(model, t), "target_layers"),
+        (lambda t: DropHook(model, t, 0.1), "targets"),
+    ):
+        with pytest.raises(HookArgumentError, match=f"`{what}` must be a module of `model`.*3"):
+            make(3)
+        with pytest.raises(HookArgumentError, match="Received: Linear .not a submodule"):
+            make(stranger)
+        with pytest.raises(HookArgumentError, match="'layer9', which matches no module"):
+            make(["layer4", "layer9"])
+        with pytest.raises(HookArgumentError, match="Received: BasicBlock"):
+            make(twin.layer4[0])  # a module of the paddle twin, not of this model
+    for make in (ActivationStats, GradientMonitor):
+        with pytest.raises(HookArgumentError, match="`where` must be None, a glob.*Received: 3"):
+            make(model, [model.layer4, 3])
+        with pytest.raises(HookArgumentError, match="not a submodule"):
+            make(model, stranger)
+    assert no_hooks(model)
+
+
+def test_where_takes_modules(resnet: Any) -> None:
+    model, _ = resnet
+    x = torch.tensor(batch())
+    with ActivationStats(model, model.layer4) as stats:
+        with torch.no_grad():  # a forward-only recipe works without gradients
+            model(x)
+    assert [r["name"] for r in stats.rows()] == ["layer4"]
+    with ActivationStats(model, [model.layer4[1].relu, "fc"]) as stats:
+        model(x)
+    assert [(r["name"], r["calls"]) for r in stats.rows()] == [("layer4.1.relu", 2), ("fc", 1)]
+    with GradientMonitor(model, model.fc) as monitor:
+        model(x).sum().backward()
+    assert [list(step) for step in monitor.history] == [["fc"]]
+    model.zero_grad()
+
+
+def native_stats(model: torch.nn.Module, x: np.ndarray) -> dict[str, dict[str, float]]:
+    """Every module's outputs as returned (before later in-place ops), stats in numpy float64."""
+    seen: dict[str, list[np.ndarray]] = collections.defaultdict(list)
+    handles = [
+        m.register_forward_hook(
+            lambda m, a, out, name=name: seen[name].append(out.detach().double().numpy().copy())
+        )
+        for name, m in model.named_modules()
+    ]
+    with torch.no_grad():
+        model(torch.tensor(x))
+    for h in handles:
+        h.remove()
+    out = {}
+    for name, arrays in seen.items():
+        v = np.concatenate([a.ravel() for a in arrays])
+        out[name] = {"calls": len(arrays), "mean": v.mean(), "std": v.std(), "min": v.min()}
+        out[name].update(max=v.max(), zeros=(v == 0).mean())
+    return out
+
+
+def test_activation_stats_on_resnet(resnet: Any) -> None:
+    """In-place ReLUs called twice, `out += identity`: each call counted as returned, the same
+    rows on both frameworks and as numpy's float64 on the outputs."""
+    model, twin = resnet
+    x = batch()
+    want = native_stats(model, x)
+    rows = {}
+    for net, tensor in ((model, torch.tensor(x)), (twin, paddle.to_tensor(x))):
+        with ActivationStats(net) as stats:
+            net(tensor)
+        rows["torch" if net is model else "paddle"] = {r["name"]: r for r in stats.rows()}
+    assert rows["torch"]["layer1.0.relu"]["calls"] == 2
+    for name, ref in want.items():
+        for side in ("torch", "paddle"):
+            if name not in rows[side]:
+                continue  # paddle names a few wrapper layers differently
+            got = rows[side][name]
+            for key, value in ref.items():
+                assert np.isclose(got[key], value, rtol=2e-5, atol=1e-5), (side, name, key)
+    assert len(set(rows["torch"]) & set(rows["paddle"])) >= 40
+
+
+def test_activation_stats_stable_variance(backend) -> None:  # type: ignore[no-untyped-def]
+    """float64 activations of 1e5 +- 1e-3 over two calls: the std of the values (E[x^2] -
+    mean^2 gives 0), the exact mean; a namedtuple output counts both its tensors."""
+    pair = collections.namedtuple("pair", "a b")
+    layer = backend.module(lambda self, x: pair(x, x + 0.0))
+    rng = np.random.default_rng(0)
+    chunks = [1e5 + rng.uniform(-1e-3, 1e-3, (3, 500)) for _ in range(2)]
+    with ActivationStats(layer) as stats:
+        for chunk in chunks:
+            layer(backend.tensor(chunk, dtype="float64"))
+    (row,) = stats.rows()
+    values = np.concatenate([c.ravel() for c in chunks] * 2)
+    assert row["calls"] == 2
+    assert row["mean"] == pytest.approx(values.mean(), rel=1e-15)
+    assert row["std"] == pytest.approx(values.std(), rel=1e-6)
+    assert (row["min"], row["max"]) == (values.min(), values.max())
+
+
+def test_gradient_monitor_norms_agree_across_frameworks() -> None:
+    """conv1's grad_output has 4 * 64 * 56 * 56 = 802,816 elements, where float32 norms differ
+    by 1e-4 between the frameworks; the float64 ones agree to 1e-5 and with numpy's. Eval mode:
+    in train mode the twins' gradients themselves differ by 3e-5 (batch statistics)."""
+    model, _, twin = build(RESNET)
+    model.eval()
+    twin.eval()
+    x = batch((4, 3, 112, 112))
+    grads = {}
+    h = model.conv1.register_full_backward_hook(
+        lambda m, gi, go: grads.__setitem__("conv1", go[0].double().numpy().copy())
+    )
+    histories = []
+    for net, tensor in ((model, torch.tensor(x)), (twin, paddle.to_tensor(x))):
+        with GradientMonitor(net) as monitor:
+            out = net(tensor)
+            (out * out).sum().backward()
+        histories.append(monitor.history[-1])
+    h.remove()
+    torch_norms, paddle_norms = histories
+    assert grads["conv1"].size == 802_816
+    assert torch_norms["conv1"] == pytest.approx(np.linalg.norm(grads["conv1"]), rel=1e-12)
+    common = [n for n in torch_norms if n in paddle_norms]
+    assert len(common) >= 40
+    worst = max(abs(torch_norms[n] / paddle_norms[n] - 1) for n in common)
+    assert worst < 1e-5, worst
+
+
+def test_gradient_monitor_sums_the_calls_of_a_module(backend) -> None:  # type: ignore[no-untyped-def]
+    relu = backend.relu_module()
+    model = backend.module(lambda self, x: self.relu(self.relu(x) * 2), {"relu": relu})
+    x = backend.tensor([[1.0, -1.0, 2.0]], requires_grad=True)
+    with GradientMonitor(model) as monitor:
+        backend.backward((model(x) * 3).sum())
+    # grad_output of the second call is 3 on every element, of the first 3 * 2 where kept
+    assert monitor.history[-1]["relu"] == pytest.approx(np.sqrt(3 * 9 + 2 * 36))
+
+
+def test_every_n_and_bounded_history(backend) -> None:  # type: ignore[no-untyped-def]
+    """every=3: forwards 0, 3, 6 recorded; between them no hook of the recipe but the model's
+    counter. max_history keeps the last backwards."""
+    model = classifier(backend)
+    x = images(backend)
+    leaves = [m for name, m in backend.named_modules(model) if name]
+
+    def hooks_on_children() -> int:
+        return sum(sum(backend.hook_counts(m).values()) for m in leaves)
+
+    with ActivationStats(model, every=3) as stats:
+        counts = []
+        for _ in range(7):
+            counts.append(hooks_on_children())
+            model(x)
+    assert counts == [counts[0], 0, 0, counts[0], 0, 0, counts[0]] and counts[0] > 0
+    assert {r["calls"] for r in stats.rows()} == {3}
+    assert hooks_on_children() == 0
+
+    every_step = GradientMonitor(model)
+    with GradientMonitor(model, every=2, max_history=2) as monitor:
+        for _ in range(6):
+            backend.backward(model(x).sum())
+    every_step.remove()
+    assert len(every_step.history) == 6 and len(monitor.history) == 2  # steps 2 and 4
+    assert list(monitor.history) == [every_step.history[2], every_step.history[4]]
+    with pytest.raises(HookArgumentError, match="`every` must be a positive int"):
+        GradientMonitor(model, every=0)
+    with pytest.raises(HookArgumentError, match="`max_history` must be"):
+        GradientMonitor(model, max_history=0)
+    assert all(sum(backend.hook_counts(m).values()) == 0 for m in [model, *leaves])
+
+
+@pytest.mark.parametrize("size", [7, 14, 28, 56])
+def test_drop_block_drops_p(backend, size: int) -> None:  # type: ignore[no-untyped-def]
+    """The measured dropped fraction is p +- 0.03 for every map and block size up to the map
+    (a block larger than the map is clamped to it); kept values are rescaled."""
+    layer = backend.relu_module()
+    backend.set_training(layer, True)
+    for block in sorted({1, 3, 7, size, size + 5}):
+        # a block as large as the map drops whole channels: more of them for the same error
+        channels = 4096 if size - min(block, size) < 2 else 256
+        ones = backend.tensor(np.ones((16, channels // 16, size, size)))
+        for p in (0.1, 0.3):
+            with DropHook(layer, [layer], p, mode="dropblock", block_size=block):
+                out = backend.numpy(layer(ones))
+            dropped = (out == 0).mean()
+            assert abs(dropped - p) < 0.03, (size, block, p, dropped)
+            assert np.allclose(out[out != 0], 1 / (1 - dropped))
+
+
+def test_drop_block_unchanged_shape_and_gradient_flow(backend) -> None:  # type: ignore[no-untyped-def]
+    x = backend.tensor(np.ones((2, 3, 5, 9)), requires_grad=True)
+    out = ops.drop_block(x, 0.3, 7, training=True)  # block clamped to 5 on a 5 x 9 map
+    assert backend.numpy(out).shape == (2, 3, 5, 9)
+    backend.backward(out.sum())
+    assert np.isfinite(backend.grad(x)).all()
+
+
+def test_recipes_names_resolved_once(backend) -> None:  # type: ignore[no-untyped-def]
+    model = classifier(backend)
+    with DropHook(model, {"layer1": 0.2, model.layer4: 0.3}) as drop:
+        assert drop._hooks.names == ["layer1", "layer4"]
+    with pytest.raises(HookArgumentError, match="`p` must be None"):
+        DropHook(model, {"layer1": 0.2}, 0.1)
+    with pytest.raises(HookArgumentError, match="`p` must be a probability"):
+        DropHook(model, "layer1")
