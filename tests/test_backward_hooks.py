@@ -862,7 +862,6 @@ def test_an_exception_in_a_backward_hook_leaks_nothing(backend) -> None:  # type
     assert alive() is None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12, class 4: open")
 @pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
 def test_base_exception_in_forward_frees_the_model(backend: Any, raised: type) -> None:
     """torch runs always_call hooks only for an Exception: a BaseException raised in forward

@@ -112,9 +112,9 @@ class ModuleBackward:
         self.full_hooks.pop(key, None)
         return not (self.pre_hooks or self.full_hooks)
 
-    def _stack(self) -> list[tuple[Any, Any, _Call | None]]:
-        """This thread's calls in flight: (args forward got, module, call or None)."""
-        stack: list[tuple[Any, Any, _Call | None]] | None = getattr(self.local, "stack", None)
+    def _stack(self) -> list[_Entry]:
+        """This thread's calls in flight (see `_Entry`)."""
+        stack: list[_Entry] | None = getattr(self.local, "stack", None)
         if stack is None:
             stack = self.local.stack = []
         return stack
@@ -126,10 +126,11 @@ class ModuleBackward:
             return None  # the module's own dispatchers run the global hooks too
         ag = self.autograd
         if not ag.grad_enabled():
-            self._stack().append((args, module, None))
+            self._stack().append((id(args), weakref.ref(module), None))
             return None
-        call = _Call(module, self, args)
+        call = _Call(module, self, len(args))
         idx = call.tensor_idx = [i for i, a in enumerate(args) if ag.is_tensor(a)]
+        call.originals = call.inputs = [weakref.ref(args[i]) for i in idx]
         # Only full hooks need the input side: with pre-hooks alone, one identity per call.
         if call.full_hooks and any(ag.requires_grad(args[i]) for i in idx):
             call.input_idx = idx
@@ -138,26 +139,39 @@ class ModuleBackward:
             for i, t in zip(idx, new):
                 replaced[i] = t
             args = tuple(replaced)
+            call.inputs = [weakref.ref(t) for t in new]
         # An in-place op of forward on an input shows in its version (see post_dispatch).
         call.versions = [ag.version(args[i]) for i in idx]
-        self._stack().append((args, module, call))
+        self._stack().append((id(args), weakref.ref(module), call))
         return args if call.input_idx is not None else None
 
     def post_dispatch(self, module: Any, args: tuple[Any, ...], output: Any) -> Any:
+        if self.is_global and module in _states:
+            return None  # as in pre_dispatch
         stack = self._stack()
-        # A forward pre-hook that raised before ours ran pushed nothing: the top entry is then
-        # another module's (a global state's parent) or none. torch's own BackwardHook (a native
-        # backward hook beside ours) replaces the args after every pre-hook ran: the entry's
-        # args, the ones forward got from us, are the ones to read.
-        if not stack or (stack[-1][0] is not args and stack[-1][1] is not module):
-            return None
-        args, _, call = stack.pop()
+        top = len(stack) - 1
+        if top >= 0 and stack[top][0] == id(args) and _got(stack[top][2], args):
+            k = top
+        else:
+            k = _find(stack, module, args)
+            if k < 0:
+                return None
+        key, _, call = stack[k]
+        # Calls nest per thread: the entries above this call's are stale, their post_dispatch
+        # skipped by a BaseException (frameworks run always-call hooks only for an Exception).
+        del stack[k:]
         ag = self.autograd
         if call is None:
             if not (output is None or isinstance(output, tuple) or ag.is_tensor(output)):
                 _warn_not_tensors(output)
             return None
-        originals, call.originals = call.originals, ()  # the call's state outlives forward
+        call.module = module  # from now on held by the graph, as torch's BackwardHook holds it
+        if key != id(args):
+            # torch's own BackwardHook (a native backward hook beside ours) replaced the args
+            # after every pre-hook ran: the ones to read are those forward got from us.
+            args = call.args_got()
+        originals = [r() for r in call.originals]
+        call.originals = call.inputs = ()  # the call's state outlives forward
         if output is None:
             # forward raised: the inputs it changed in place still carry that change
             self._rebase_inputs(call, args, originals, {})
@@ -183,9 +197,11 @@ class ModuleBackward:
         # nn.Identity, stays an alias: its hooks see the gradient of the output, as torch's.)
         returned: dict[int, Any] = {}
         for j in idx:
-            for i, a in enumerate(args):
-                if items[j] is a and i not in returned:
-                    returned[i] = replaced[j] = self._returned(call, i, a, replaced[j], originals)
+            for k, i in enumerate(call.tensor_idx):
+                if items[j] is args[i] and k not in returned:
+                    returned[k] = replaced[j] = self._returned(
+                        call, k, args[i], replaced[j], originals[k]
+                    )
                     break
         self._rebase_inputs(call, args, originals, returned)
         if all(r is o for r, o in zip(replaced, items)):
@@ -194,25 +210,64 @@ class ModuleBackward:
             return replaced[0]
         return _rebuild(output, replaced)
 
-    def _returned(self, call: _Call, i: int, arg: Any, new: Any, originals: tuple[Any, ...]) -> Any:
-        """What the caller gets for output `new` that is argument `i` of the call (`arg`)."""
-        original = originals[i]
-        if original is new:
-            return new
-        if self.autograd.version(arg) != call.versions[call.tensor_idx.index(i)]:
+    def _returned(self, call: _Call, k: int, arg: Any, new: Any, original: Any) -> Any:
+        """What the caller gets for output `new` that is the call's `k`-th tensor argument
+        (`arg` as forward got it, `original` as the caller passed it)."""
+        if original is None or original is new:
+            return new  # (None: nobody holds the caller's tensor any more)
+        if self.autograd.version(arg) != call.versions[k]:
             return self.autograd.rebase(original, new)
         # an alias that no identity replaced needs no history: the tensor itself
         return original if new is arg else new
 
     def _rebase_inputs(
-        self, call: _Call, args: tuple[Any, ...], originals: tuple[Any, ...], done: dict[int, Any]
+        self, call: _Call, args: Sequence[Any], originals: list[Any], done: dict[int, Any]
     ) -> None:
         """Forward changed an input in place through its identity alias: the caller's tensor
         takes the alias's history, as it would have had without the identity."""
         version = self.autograd.version
-        for i, v in zip(call.tensor_idx, call.versions):
-            if i not in done and args[i] is not originals[i] and version(args[i]) != v:
-                self.autograd.rebase(originals[i], args[i])
+        for k, (i, v) in enumerate(zip(call.tensor_idx, call.versions)):
+            arg, original = args[i], originals[k]
+            if k in done or original is None or arg is None or arg is original:
+                continue
+            if version(arg) != v:
+                self.autograd.rebase(original, arg)
+
+
+# One call in flight on a thread: (id of the args post_dispatch will get, the module, the call,
+# None while grad is disabled). Only the call is held strongly, and it holds its module and
+# tensors weakly until post_dispatch: the running forward holds them. So an entry whose
+# post_dispatch a BaseException skipped keeps nothing alive, and the next post_dispatch of a call
+# below it drops it. The ids are sound: an entry above a live call's was pushed while that
+# call's args were alive, so its id is another object's.
+_Entry = tuple[int, "weakref.ref[Any]", "_Call | None"]
+
+
+def _got(call: _Call | None, args: tuple[Any, ...]) -> bool:
+    """Whether `args` hold the tensors `call` gave forward (a stale entry's args may have died
+    and their id gone to these)."""
+    if call is None:
+        return True
+    if len(args) != call.n_inputs:
+        return False
+    for i, ref in zip(call.tensor_idx, call.inputs):
+        if args[i] is not ref():
+            return False
+    return True
+
+
+def _find(stack: list[_Entry], module: Any, args: tuple[Any, ...]) -> int:
+    """The index of the entry of this call, -1 if its pre_dispatch pushed none (a forward
+    pre-hook before it raised). By the args it returned, else by module (torch's own
+    BackwardHook replaced the args)."""
+    key = id(args)
+    for k in range(len(stack) - 1, -1, -1):
+        if stack[k][0] == key and _got(stack[k][2], args):
+            return k
+    for k in range(len(stack) - 1, -1, -1):
+        if stack[k][1]() is module:
+            return k
+    return -1
 
 
 def _warn_not_tensors(output: Any) -> None:
@@ -241,6 +296,7 @@ class _Call:
     __slots__ = (
         "module",
         "originals",
+        "inputs",
         "tensor_idx",
         "versions",
         "pre_hooks",
@@ -254,10 +310,13 @@ class _Call:
         "site",
     )
 
-    def __init__(self, module: Any, owner: ModuleBackward, args: tuple[Any, ...]) -> None:
-        self.module = module
-        self.originals = args  # the caller's arguments, until forward returns
-        self.tensor_idx: list[int] = []
+    def __init__(self, module: Any, owner: ModuleBackward, n_inputs: int) -> None:
+        self.module: Any = None  # set by post_dispatch, before any hook can run
+        self.tensor_idx: list[int] = []  # where the tensor arguments are
+        # Until forward returns, weakly (the running forward holds them): the tensor arguments
+        # as the caller passed them, and as forward got them.
+        self.originals: Sequence[weakref.ref[Any]] = ()
+        self.inputs: Sequence[weakref.ref[Any]] = ()
         self.versions: list[int] = []  # of the tensor args forward got, at its start
         # Snapshots, as torch: hooks registered or removed after forward leave this call alone.
         # Global hooks first, as torch runs them before the module's own.
@@ -268,7 +327,7 @@ class _Call:
         else:
             self.pre_hooks = [*shared.pre_hooks.values(), *owner.pre_hooks.values()]
             self.full_hooks = [*shared.full_hooks.values(), *owner.full_hooks.values()]
-        self.n_inputs = len(args)
+        self.n_inputs = n_inputs
         self.input_idx: list[int] | None = None
         self.n_outputs = 0
         self.output_idx: list[int] = []
@@ -278,6 +337,13 @@ class _Call:
         hooks = self.full_hooks or self.pre_hooks
         site = hooks[0][1] if hooks else None
         self.site = site or Site.of("full_backward", owner.autograd.backend, module)
+
+    def args_got(self) -> list[Any]:
+        """The arguments forward got: its tensors, None for the rest."""
+        args: list[Any] = [None] * self.n_inputs
+        for i, ref in zip(self.tensor_idx, self.inputs):
+            args[i] = ref()
+        return args
 
     def _site(self, site: Site | None, kind: str) -> Site:
         """A hook's site; a global hook's names the module of this call."""
