@@ -239,6 +239,11 @@ def unpin(owner: Any, attr: str, key: int, access: Access) -> None:
             if retired.get(ident, (None,))[0] is ref:
                 del retired[ident]
 
+        # Retired, it only forwards its handles' removals (by key): holding the hooks from this
+        # global table would keep them, and the module they often refer to, alive.
+        hooks._snap = None
+        for k in list(hooks):
+            OrderedDict.__setitem__(hooks, k, None)
         _retired[ident] = (weakref.ref(origin, forget), hooks)
         access.put(owner, attr, origin)
 
