@@ -272,9 +272,10 @@ def test_drop_block_drops_p(backend, size: int) -> None:  # type: ignore[no-unty
     (a block larger than the map is clamped to it); kept values are rescaled."""
     layer = backend.relu_module()
     backend.set_training(layer, True)
+    backend.seed(size)  # deterministic; the sampling error is ~0.01 at most below
     for block in sorted({1, 3, 7, size, size + 5}):
         # a block as large as the map drops whole channels: more of them for the same error
-        channels = 4096 if size - min(block, size) < 2 else 256
+        channels = 2048 if size - min(block, size) < 2 else 256
         ones = backend.tensor(np.ones((16, channels // 16, size, size)))
         for p in (0.1, 0.3):
             with DropHook(layer, [layer], p, mode="dropblock", block_size=block):
