@@ -1,5 +1,5 @@
-"""`python -m unihook demo`: the same hook functions on the same model in every installed
-framework, side by side, then the backend capability table.
+"""`unihook demo`: the same hook functions on the same model in every installed framework, side
+by side, then the backend capability table.
 
 The models are built through each backend's conformance kit, so this module stays free of
 framework imports like the rest of the package.
@@ -16,7 +16,7 @@ from . import api
 from ._plugins import plugin_manager
 from .info import KINDS
 
-# The seed model of ../shared/SEMANTICS.md §4 (torch layout: Linear weight is [out, in]).
+# The seed model of docs/SEMANTICS.md §4 (torch layout: Linear weight is [out, in]).
 W1 = [[1, 2, 3], [-4, -5, -6], [7, 8, 9], [-10, -11, -12]]
 B1 = [1, 2, 3, 4]
 W2 = [[1, 2, 3, 4]]
@@ -82,7 +82,9 @@ def _torch_layout(name: str, grad: Any, kit: Any) -> Any:
     return grad.T if kit.name == "paddle" and name.endswith("weight") else grad
 
 
-def main() -> int:
+def main(out: str) -> int:
+    """Run the demo; write the Grad-CAM picture into directory `out`. 0 when every installed
+    framework showed the same numbers."""
     os.environ.setdefault("GLOG_minloglevel", "2")
     warnings.filterwarnings("ignore", message="No ccache found")
     kits = sorted(
@@ -96,26 +98,34 @@ def main() -> int:
     events = [event for event, _ in runs[0]]
     width = max(len(e) for e in events)
     col = max(len(v) for run in runs for _, v in run)
+    compare = len(kits) > 1
     print("Seed model Linear(3,4) -> ReLU -> Linear(4,1), identical weights, the same hooks:\n")
-    print(f"{'event':<{width}}  " + "  ".join(f"{k.name:<{col}}" for k in kits) + "  same")
+    header = f"{'event':<{width}}  " + "  ".join(f"{k.name:<{col}}" for k in kits)
+    print(header + ("  same" if compare else ""))
     all_same = True
     for i, event in enumerate(events):
         values = [run[i][1] if i < len(run) else "-" for run in runs]
         same = all(v == values[0] for v in values)
         all_same &= same
-        print(
-            f"{event:<{width}}  "
-            + "  ".join(f"{v:<{col}}" for v in values)
-            + ("  yes" if same else "  NO")
-        )
+        mark = ("  yes" if same else "  NO") if compare else ""
+        print(f"{event:<{width}}  " + "  ".join(f"{v:<{col}}" for v in values) + mark)
     print()
-    print("Identical in every framework." if all_same else "The frameworks DIFFER (see NO rows).")
+    ran = " and ".join(k.name for k in kits)
+    missing = [i.name for i in api.backends() if not i.installed]
+    if not compare:
+        # one framework: nothing was compared, say so instead of claiming agreement
+        others = f" ({', '.join(missing)} not installed)" if missing else ""
+        print(f"Ran with {ran} only{others}: nothing to compare.")
+    elif all_same:
+        print(f"Identical in every framework ({ran}).")
+    else:
+        print(f"The frameworks DIFFER ({ran}; see NO rows).")
     print()
     _print_backends()
     print()
-    picture = write_gradcam(kits, os.path.join("demo-out", "gradcam.png"))
+    picture = write_gradcam(kits, os.path.join(out, "gradcam.png"))
     if picture:
-        print(f"Grad-CAM computed with {' and '.join(k.name for k in kits)}: {picture}")
+        print(f"Grad-CAM computed with {ran}: {picture}")
     return 0 if all_same else 1
 
 
@@ -143,7 +153,7 @@ def write_gradcam(kits: list[Any], path: str) -> str | None:
         import matplotlib.pyplot as plt
         import numpy as np
     except ImportError:
-        print("matplotlib is not installed: pip install 'unihook[demo]' for demo-out/gradcam.png")
+        print(f"matplotlib is not installed: pip install 'unihook[demo]' for {path}")
         return None
     from .recipes import GradCAM
     from .testing import classifier
@@ -154,8 +164,8 @@ def write_gradcam(kits: list[Any], path: str) -> str | None:
         with GradCAM(classifier(kit, seed=3, width=8), "layer4") as cam:
             maps[kit.name] = cam(kit.tensor(image))[0]
     names = list(maps)
-    diff = float(np.abs(maps[names[0]] - maps[names[-1]]).max())
-    panels = 2 + len(names)
+    compare = len(names) > 1  # the difference panel only when there is something to compare
+    panels = 1 + len(names) + compare
     fig, axes = plt.subplots(1, panels, figsize=(3.2 * panels, 3.6))
     picture = np.clip(image[0].transpose(1, 2, 0), 0, 1)
     axes[0].imshow(picture)
@@ -164,13 +174,16 @@ def write_gradcam(kits: list[Any], path: str) -> str | None:
         ax.imshow(picture)
         ax.imshow(maps[name], cmap="jet", alpha=0.5, vmin=0, vmax=1)
         ax.set_title(f"Grad-CAM, {name}")
-    axes[-1].imshow(np.abs(maps[names[0]] - maps[names[-1]]), cmap="gray", vmin=0, vmax=1)
-    axes[-1].set_title(f"|{names[0]} - {names[-1]}|, max {diff:.1e}")
+    if compare:
+        diff = np.abs(maps[names[0]] - maps[names[-1]])
+        axes[-1].imshow(diff, cmap="gray", vmin=0, vmax=1)
+        axes[-1].set_title(f"|{names[0]} - {names[-1]}|, max {float(diff.max()):.1e}")
     for ax in axes:
         ax.axis("off")
-    fig.suptitle("unihook.recipes.GradCAM(model, 'layer4'): one recipe, identical weights")
+    same = ", identical weights" if compare else ""
+    fig.suptitle(f"unihook.recipes.GradCAM(model, 'layer4'): one recipe{same}")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
