@@ -42,12 +42,38 @@ from .global_hooks import (
     register_module_parameter_registration_hook,
 )
 from .handles import Handle
-from .info import BackendInfo
+from .hooktypes import (
+    BackwardHook,
+    BackwardPreHook,
+    ForwardHook,
+    ForwardHookWithKwargs,
+    ForwardPreHook,
+    ForwardPreHookWithKwargs,
+    ModuleKind,
+    RegistrationHook,
+    TensorHook,
+    When,
+)
+from .info import BackendInfo, HookKind, Support
 
+# The one place the version is written: pyproject.toml reads it ([tool.setuptools.dynamic]),
+# and `import unihook` stays free of importlib.metadata.
 __version__ = "0.1.0"
 
 __all__ = [
     "BackendInfo",
+    "BackwardHook",
+    "BackwardPreHook",
+    "ForwardHook",
+    "ForwardHookWithKwargs",
+    "ForwardPreHook",
+    "ForwardPreHookWithKwargs",
+    "HookKind",
+    "ModuleKind",
+    "RegistrationHook",
+    "Support",
+    "TensorHook",
+    "When",
     "Capture",
     "HookGroup",
     "Where",

@@ -5,7 +5,10 @@ from __future__ import annotations
 import sys
 import threading
 from types import ModuleType
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader
 
 __all__ = ["install_when_imported", "when_imported"]
 
@@ -85,7 +88,8 @@ class _Finder:
             _searching.discard(fullname)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _Loader(fullname, spec.loader)
+        # duck-typed: importlib.abc costs an import on `import unihook`
+        spec.loader = cast("Loader", _Loader(fullname, spec.loader))
         return spec
 
 

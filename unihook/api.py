@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Union
+from types import MappingProxyType
+from typing import Any, Callable, Literal, overload
 
 from ._describe import Site, type_name
 from ._plugins import call_owner, plugin_manager
 from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
 from .handles import Handle
+from .hooktypes import (
+    BackwardHook,
+    BackwardPreHook,
+    ForwardHook,
+    ForwardHookWithKwargs,
+    ForwardPreHook,
+    ForwardPreHookWithKwargs,
+    TensorHook,
+    When,
+)
 from .info import BackendInfo
 
 __all__ = [
@@ -23,28 +34,64 @@ __all__ = [
     "register_full_backward_hook",
 ]
 
+#: A hook of any kind, as the backends receive it (the public functions take the Protocols).
 Hook = Callable[..., Any]
-When = Union[None, str, Callable[[Any], bool]]
-WHEN_VALUES = ("train", "eval")
 
 
 def backends() -> list[BackendInfo]:
     """Every registered backend: name, framework version (None when not installed), and per
-    hook kind whether it is native, emulated or unsupported."""
-    return sorted(plugin_manager().hook.unihook_backend_info(), key=lambda info: info.name)
+    hook kind whether it is native, emulated or unsupported (every kind is unsupported when
+    the framework is not installed)."""
+    infos: list[BackendInfo] = plugin_manager().hook.unihook_backend_info()
+    # A backend declares its kinds whether or not its framework is there: without the
+    # framework it runs none of them.
+    infos = [i if i.installed else i._replace(kinds=MappingProxyType({})) for i in infos]
+    return sorted(infos, key=lambda info: info.name)
 
 
 def backend_of(obj: object) -> str:
     """The name of the backend that owns `obj` ("torch", "paddle", ...)."""
-    name = plugin_manager().hook.unihook_backend_of(obj=obj)
+    name: str | None = plugin_manager().hook.unihook_backend_of(obj=obj)
     if name is None:
         raise _no_backend("backend_of", obj)
     return name
 
 
+# The overloads tie the hook's signature to `with_kwargs`, so a type checker flags a hook of
+# the wrong arity; the last one takes a `with_kwargs` only known at run time.
+@overload
 def register_forward_pre_hook(
     module: Any,
-    hook: Hook,
+    hook: ForwardPreHook,
+    *,
+    prepend: bool = ...,
+    with_kwargs: Literal[False] = ...,
+    when: When = ...,
+    name: str | None = ...,
+) -> Handle: ...
+@overload
+def register_forward_pre_hook(
+    module: Any,
+    hook: ForwardPreHookWithKwargs,
+    *,
+    prepend: bool = ...,
+    with_kwargs: Literal[True],
+    when: When = ...,
+    name: str | None = ...,
+) -> Handle: ...
+@overload
+def register_forward_pre_hook(
+    module: Any,
+    hook: ForwardPreHook | ForwardPreHookWithKwargs,
+    *,
+    prepend: bool = ...,
+    with_kwargs: bool,
+    when: When = ...,
+    name: str | None = ...,
+) -> Handle: ...
+def register_forward_pre_hook(
+    module: Any,
+    hook: ForwardPreHook | ForwardPreHookWithKwargs,
     *,
     prepend: bool = False,
     with_kwargs: bool = False,
@@ -66,9 +113,42 @@ def register_forward_pre_hook(
     )
 
 
+@overload
 def register_forward_hook(
     module: Any,
-    hook: Hook,
+    hook: ForwardHook,
+    *,
+    prepend: bool = ...,
+    with_kwargs: Literal[False] = ...,
+    always_call: bool = ...,
+    when: When = ...,
+    name: str | None = ...,
+) -> Handle: ...
+@overload
+def register_forward_hook(
+    module: Any,
+    hook: ForwardHookWithKwargs,
+    *,
+    prepend: bool = ...,
+    with_kwargs: Literal[True],
+    always_call: bool = ...,
+    when: When = ...,
+    name: str | None = ...,
+) -> Handle: ...
+@overload
+def register_forward_hook(
+    module: Any,
+    hook: ForwardHook | ForwardHookWithKwargs,
+    *,
+    prepend: bool = ...,
+    with_kwargs: bool,
+    always_call: bool = ...,
+    when: When = ...,
+    name: str | None = ...,
+) -> Handle: ...
+def register_forward_hook(
+    module: Any,
+    hook: ForwardHook | ForwardHookWithKwargs,
     *,
     prepend: bool = False,
     with_kwargs: bool = False,
@@ -94,28 +174,38 @@ def register_forward_hook(
 register_forward_post_hook = register_forward_hook
 
 
-def register_tensor_hook(tensor: Any, hook: Hook, *, name: str | None = None) -> Handle:
+def register_tensor_hook(tensor: Any, hook: TensorHook, *, name: str | None = None) -> Handle:
     """Run ``hook(grad)`` when the gradient of `tensor` is computed; a returned tensor (same
     shape and dtype) replaces the gradient."""
     return _register("tensor", tensor, hook=_callable("tensor", tensor, name, hook), name=name)
 
 
 def register_full_backward_pre_hook(
-    module: Any, hook: Hook, *, prepend: bool = False, when: When = None, name: str | None = None
+    module: Any,
+    hook: BackwardPreHook,
+    *,
+    prepend: bool = False,
+    when: When = None,
+    name: str | None = None,
 ) -> Handle:
     """Run ``hook(module, grad_output)`` once per module call when the gradient reaches the
     module's outputs; a returned tuple (same length) replaces grad_output."""
-    hook = _guarded("full_backward_pre", module, name, hook, when)
-    return _register("full_backward_pre", module, hook=hook, prepend=prepend, name=name)
+    guarded = _guarded("full_backward_pre", module, name, hook, when)
+    return _register("full_backward_pre", module, hook=guarded, prepend=prepend, name=name)
 
 
 def register_full_backward_hook(
-    module: Any, hook: Hook, *, prepend: bool = False, when: When = None, name: str | None = None
+    module: Any,
+    hook: BackwardHook,
+    *,
+    prepend: bool = False,
+    when: When = None,
+    name: str | None = None,
 ) -> Handle:
     """Run ``hook(module, grad_input, grad_output)`` once per module call after every input
     gradient exists; a returned tuple (one slot per positional argument) replaces grad_input."""
-    hook = _guarded("full_backward", module, name, hook, when)
-    return _register("full_backward", module, hook=hook, prepend=prepend, name=name)
+    guarded = _guarded("full_backward", module, name, hook, when)
+    return _register("full_backward", module, hook=guarded, prepend=prepend, name=name)
 
 
 def _register(kind: str, target: object, **options: Any) -> Handle:
@@ -160,7 +250,7 @@ def _site(kind: str, target: object, name: str | None) -> Site:
     return Site.of(kind, backend or "none", target, name)
 
 
-def _callable(kind: str, target: object, name: str | None, hook: Hook) -> Hook:
+def _callable(kind: str, target: object, name: str | None, hook: object) -> Hook:
     if not callable(hook):
         # torch and paddle accept it and raise TypeError at the first call: raise it now
         site = _site(kind, target, name)
@@ -168,34 +258,34 @@ def _callable(kind: str, target: object, name: str | None, hook: Hook) -> Hook:
     return hook
 
 
-def _guarded(kind: str, module: object, name: str | None, hook: Hook, when: When) -> Hook:
+def _guarded(kind: str, module: object, name: str | None, hook: object, when: When) -> Hook:
     """`hook` itself, or a wrapper running it only while `when` holds for the module.
 
     "train" and "eval" cost one attribute check per call; a callable costs one call.
     """
-    _callable(kind, module, name, hook)
+    checked = _callable(kind, module, name, hook)
     if when is None:
-        return hook
+        return checked
     if when == "train":
 
         def guarded(module: Any, *rest: Any) -> Any:
-            return hook(module, *rest) if module.training else None
+            return checked(module, *rest) if module.training else None
 
     elif when == "eval":
 
         def guarded(module: Any, *rest: Any) -> Any:
-            return None if module.training else hook(module, *rest)
+            return None if module.training else checked(module, *rest)
 
     elif callable(when):
         test = when
 
         def guarded(module: Any, *rest: Any) -> Any:
-            return hook(module, *rest) if test(module) else None
+            return checked(module, *rest) if test(module) else None
 
     else:
         raise HookArgumentError(
             f"{_site(kind, module, name)}: `when` must be one of {{None, 'train', 'eval'}} or a "
             f"callable(module) -> bool. Received: when={_short(when)}."
         )
-    guarded.__wrapped__ = hook  # type: ignore[attr-defined]
+    guarded.__wrapped__ = checked  # type: ignore[attr-defined]
     return guarded

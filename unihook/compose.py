@@ -14,6 +14,7 @@ from . import api
 from ._describe import type_name
 from .errors import HookArgumentError
 from .handles import Handle, Removable
+from .hooktypes import ModuleKind, When
 from .ops import named_modules
 
 __all__ = ["HookGroup", "attach", "select", "KINDS"]
@@ -21,7 +22,7 @@ __all__ = ["HookGroup", "attach", "select", "KINDS"]
 Where = Union[None, str, Sequence[str], Callable[[str, Any], bool]]
 
 #: attach's kinds, and the per-module function each uses.
-KINDS: dict[str, Callable[..., Handle]] = {
+KINDS: dict[ModuleKind, Callable[..., Handle]] = {
     "forward_pre": api.register_forward_pre_hook,
     "forward": api.register_forward_hook,
     "full_backward_pre": api.register_full_backward_pre_hook,
@@ -41,6 +42,7 @@ class HookGroup(Removable):
 
     def __init__(self) -> None:
         self._handles: list[Handle] = []
+        #: The qualified names hooked, in model order.
         self.names: list[str] = []
 
     def add(self, name: str, handle: Handle) -> None:
@@ -113,9 +115,9 @@ def attach(
     model: Any,
     hook: Callable[..., Any],
     *,
-    kind: str = "forward",
+    kind: ModuleKind = "forward",
     where: Where = None,
-    when: api.When = None,
+    when: When = None,
     **options: Any,
 ) -> HookGroup:
     """Register `hook` of `kind` on every module of `model` that `where` selects.

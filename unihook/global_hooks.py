@@ -6,13 +6,22 @@ yet gets it when it is); ``backend="paddle"`` in one. The handle removes it ever
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 from ._describe import Site, global_label
 from ._plugins import plugin_manager
-from .api import Hook, _short, backends
+from .api import _short, backends
 from .errors import HookArgumentError, UnsupportedHookError
 from .handles import Handle
+from .hooktypes import (
+    BackwardHook,
+    BackwardPreHook,
+    ForwardHook,
+    ForwardHookWithKwargs,
+    ForwardPreHook,
+    ForwardPreHookWithKwargs,
+    RegistrationHook,
+)
 
 __all__ = [
     "register_module_forward_pre_hook",
@@ -25,51 +34,104 @@ __all__ = [
 ]
 
 
+# As in api: the overloads tie the hook's signature to `with_kwargs`.
+@overload
 def register_module_forward_pre_hook(
-    hook: Hook, *, backend: str | None = None, with_kwargs: bool = False
+    hook: ForwardPreHook, *, backend: str | None = ..., with_kwargs: Literal[False] = ...
+) -> Handle: ...
+@overload
+def register_module_forward_pre_hook(
+    hook: ForwardPreHookWithKwargs, *, backend: str | None = ..., with_kwargs: Literal[True]
+) -> Handle: ...
+@overload
+def register_module_forward_pre_hook(
+    hook: ForwardPreHook | ForwardPreHookWithKwargs,
+    *,
+    backend: str | None = ...,
+    with_kwargs: bool,
+) -> Handle: ...
+def register_module_forward_pre_hook(
+    hook: ForwardPreHook | ForwardPreHookWithKwargs,
+    *,
+    backend: str | None = None,
+    with_kwargs: bool = False,
 ) -> Handle:
     """``hook(module, args)`` before every module's forward, before the module's own pre-hooks."""
     return _register("forward_pre", hook, backend, with_kwargs=with_kwargs)
 
 
+@overload
 def register_module_forward_hook(
-    hook: Hook, *, backend: str | None = None, with_kwargs: bool = False, always_call: bool = False
+    hook: ForwardHook,
+    *,
+    backend: str | None = ...,
+    with_kwargs: Literal[False] = ...,
+    always_call: bool = ...,
+) -> Handle: ...
+@overload
+def register_module_forward_hook(
+    hook: ForwardHookWithKwargs,
+    *,
+    backend: str | None = ...,
+    with_kwargs: Literal[True],
+    always_call: bool = ...,
+) -> Handle: ...
+@overload
+def register_module_forward_hook(
+    hook: ForwardHook | ForwardHookWithKwargs,
+    *,
+    backend: str | None = ...,
+    with_kwargs: bool,
+    always_call: bool = ...,
+) -> Handle: ...
+def register_module_forward_hook(
+    hook: ForwardHook | ForwardHookWithKwargs,
+    *,
+    backend: str | None = None,
+    with_kwargs: bool = False,
+    always_call: bool = False,
 ) -> Handle:
     """``hook(module, args, output)`` after every module's forward, before its own hooks."""
     return _register("forward", hook, backend, with_kwargs=with_kwargs, always_call=always_call)
 
 
-def register_module_full_backward_pre_hook(hook: Hook, *, backend: str | None = None) -> Handle:
+def register_module_full_backward_pre_hook(
+    hook: BackwardPreHook, *, backend: str | None = None
+) -> Handle:
     """``hook(module, grad_output)`` for every module call, before the module's own."""
     return _register("full_backward_pre", hook, backend)
 
 
-def register_module_full_backward_hook(hook: Hook, *, backend: str | None = None) -> Handle:
+def register_module_full_backward_hook(hook: BackwardHook, *, backend: str | None = None) -> Handle:
     """``hook(module, grad_input, grad_output)`` for every module call, before the module's own."""
     return _register("full_backward", hook, backend)
 
 
 def register_module_parameter_registration_hook(
-    hook: Hook, *, backend: str | None = None
+    hook: RegistrationHook, *, backend: str | None = None
 ) -> Handle:
     """``hook(module, name, param) -> None | replacement`` on every parameter registration."""
     return _register("parameter_registration", hook, backend)
 
 
-def register_module_buffer_registration_hook(hook: Hook, *, backend: str | None = None) -> Handle:
+def register_module_buffer_registration_hook(
+    hook: RegistrationHook, *, backend: str | None = None
+) -> Handle:
     """``hook(module, name, buffer) -> None | replacement`` on every buffer registration (on
     paddle, assigning a plain tensor attribute registers a non-persistable buffer)."""
     return _register("buffer_registration", hook, backend)
 
 
-def register_module_module_registration_hook(hook: Hook, *, backend: str | None = None) -> Handle:
+def register_module_module_registration_hook(
+    hook: RegistrationHook, *, backend: str | None = None
+) -> Handle:
     """``hook(module, name, submodule) -> None | replacement`` on every submodule registration."""
     return _register("module_registration", hook, backend)
 
 
 def _register(
     kind: str,
-    hook: Hook,
+    hook: object,
     backend: str | None,
     *,
     with_kwargs: bool = False,

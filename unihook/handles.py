@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Callable, TypeVar
+from typing import Callable, TypeVar, cast
+
+from .info import KINDS, HookKind
 
 _R = TypeVar("_R", bound="Removable")
 
 __all__ = ["Handle", "Removable"]
+
+_KINDS = frozenset(KINDS)
 
 
 class Removable:
@@ -16,6 +20,7 @@ class Removable:
     __slots__ = ()
 
     def remove(self) -> None:
+        """Remove every hook this object placed."""
         raise NotImplementedError
 
     def __enter__(self: _R) -> _R:
@@ -40,16 +45,25 @@ class Handle(Removable):
 
     __slots__ = ("backend", "kind", "_remover", "__weakref__")
 
+    #: The backend(s) the hook lives in: "torch", "paddle"; a global hook's: "paddle,torch".
+    backend: str
+    #: The kind of hook: "forward_pre", ..., "module_forward", "buffer_registration", ...
+    kind: HookKind
+
     def __init__(self, backend: str, kind: str, remover: Callable[[], object]) -> None:
+        if kind not in _KINDS:
+            raise ValueError(f"`kind` must be one of {KINDS}. Received: kind={kind!r}.")
         self.backend = backend
-        self.kind = kind
+        self.kind = cast(HookKind, kind)  # checked above; backends pass plain strings
         self._remover: Callable[[], object] | None = remover
 
     @property
     def removed(self) -> bool:
+        """Whether `remove()` has run."""
         return self._remover is None
 
     def remove(self) -> None:
+        """Remove the hook; later calls do nothing."""
         remover, self._remover = self._remover, None
         if remover is not None:
             remover()

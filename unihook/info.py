@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Literal, Mapping, NamedTuple
+from typing import Literal, Mapping, NamedTuple, get_args
 
-__all__ = ["BackendInfo", "Support", "KINDS", "installed_version"]
+__all__ = ["BackendInfo", "HookKind", "Support", "KINDS", "installed_version"]
 
 Support = Literal["native", "emulated", "unsupported"]
 
-#: Every hook kind of the spec, in the order tables list them: per object, then global.
-KINDS: tuple[str, ...] = (
+#: Every hook kind of the spec (a Handle's `kind`): per object, then global.
+HookKind = Literal[
     "forward_pre",
     "forward",
     "tensor",
@@ -23,7 +23,10 @@ KINDS: tuple[str, ...] = (
     "parameter_registration",
     "buffer_registration",
     "module_registration",
-)
+]
+
+#: The kinds in the order tables list them.
+KINDS: tuple[HookKind, ...] = get_args(HookKind)
 
 
 class BackendInfo(NamedTuple):
@@ -32,13 +35,15 @@ class BackendInfo(NamedTuple):
     name: str
     framework: str
     version: str | None
-    kinds: Mapping[str, Support] = MappingProxyType({})
+    kinds: Mapping[HookKind, Support] = MappingProxyType({})
 
     @property
     def installed(self) -> bool:
+        """Whether the framework is installed (its version is known)."""
         return self.version is not None
 
-    def support(self, kind: str) -> Support:
+    def support(self, kind: HookKind) -> Support:
+        """How this backend runs hooks of `kind`."""
         return self.kinds.get(kind, "unsupported")
 
 

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from .info import BackendInfo
     from .ops import Ops
 
-hookspec = pluggy.HookspecMarker("unihook")
-hookimpl = pluggy.HookimplMarker("unihook")
+hookspec: pluggy.HookspecMarker = pluggy.HookspecMarker("unihook")
+hookimpl: pluggy.HookimplMarker = pluggy.HookimplMarker("unihook")
 
 Hook = Callable[..., Any]
 
@@ -46,6 +46,7 @@ def unihook_backend_info() -> BackendInfo:
     """Describe this backend: its name, framework, the framework's installed version (None when
     it is not installed) and, per hook kind, whether it is native, emulated or unsupported.
     Must not import the framework."""
+    ...  # a hookspec has no body; `...` tells type checkers so
 
 
 @hookspec(firstresult=True)

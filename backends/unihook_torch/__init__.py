@@ -144,7 +144,7 @@ def _killing(dead: list[bool], remove: Callable[[], object]) -> Callable[[], Non
 
 @hookimpl
 def unihook_register_tensor_hook(
-    tensor: object, hook: Callable[..., Any], name: str | None
+    tensor: Any, hook: Callable[..., Any], name: str | None
 ) -> Handle | None:
     if not _owns(tensor):
         return None

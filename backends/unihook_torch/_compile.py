@@ -31,7 +31,7 @@ from unihook._imports import when_imported
 __all__ = ["EagerUnderCompile", "forget_compiled", "watch_call_impl", "watch_hooks"]
 
 
-@torch._disable_dynamo
+@torch._disable_dynamo  # pyright: ignore[reportPrivateImportUsage] (the lazy one, see below)
 def _outside_dynamo(fn: Callable[..., Any], *args: Any) -> Any:
     # torch._disable_dynamo imports dynamo (2 s) only when first called, that is while
     # dynamo traces; torch.compiler.disable would import it here.

@@ -4,7 +4,7 @@ as modules, qualified names or lists of either; `every=N` hooks one forward in N
 from __future__ import annotations
 
 import difflib
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Sequence, Union, cast
 
 from unihook import HookArgumentError, HookGroup, Where, backend_of, ops, register_forward_hook
 from unihook._describe import type_name
@@ -114,7 +114,7 @@ def where_of(model: Any, where: Any) -> Where:
         return items
     modules = {id(m): n for n, m in reversed(ops.named_modules(model))}
     if id(where) not in modules and callable(where) and not _owned(where):
-        return where  # a predicate
+        return cast(Callable[[str, Any], bool], where)  # a predicate
     names = []
     for item in items:
         if isinstance(item, str):

@@ -83,7 +83,7 @@ class GradCAM(Recipe):
         super().__init__()
         self.model = model
         self.call = call
-        self.layers = [name for name, _ in layers]
+        self.layers: list[str] = [name for name, _ in layers]
         # per layer, per call: [the output as returned, the gradient of that output]
         self._calls: list[list[list[Any]]] = [[] for _ in layers]
         for index, (name, layer) in enumerate(layers):
