@@ -32,8 +32,13 @@ def torch_net() -> Any:
     nn = torch.nn
     # [2,3,8,8] -> conv [2,4,6,6] -> max [2,4,3,3] -> avg [2,4,2,2] -> flatten 16 -> 5
     net = nn.Sequential(
-        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
-        nn.AvgPool2d(2, stride=1), nn.Flatten(), nn.Linear(16, 5),
+        nn.Conv2d(3, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.AvgPool2d(2, stride=1),
+        nn.Flatten(),
+        nn.Linear(16, 5),
     )
     with torch.no_grad():
         net[0].weight.copy_(torch.from_numpy(CONV_W))
@@ -51,8 +56,13 @@ def torch_net() -> Any:
 def paddle_net() -> Any:
     nn = paddle.nn
     net = nn.Sequential(
-        nn.Conv2D(3, 4, 3), nn.BatchNorm2D(4), nn.ReLU(), nn.MaxPool2D(2),
-        nn.AvgPool2D(2, stride=1), nn.Flatten(), nn.Linear(16, 5),
+        nn.Conv2D(3, 4, 3),
+        nn.BatchNorm2D(4),
+        nn.ReLU(),
+        nn.MaxPool2D(2),
+        nn.AvgPool2D(2, stride=1),
+        nn.Flatten(),
+        nn.Linear(16, 5),
     )
     net[0].weight.set_value(CONV_W)
     net[0].bias.set_value(CONV_B)
@@ -79,8 +89,9 @@ def hooked_run(net: Any, named: list[tuple[str, Any]], x: Any) -> tuple[list[Any
 
     def post(name: str) -> Any:
         def hook(module: Any, args: Any, out: Any) -> Any:
-            record.append(("post", name, tuple(int(d) for d in out.shape),
-                           float(out.detach().sum())))
+            record.append(
+                ("post", name, tuple(int(d) for d in out.shape), float(out.detach().sum()))
+            )
             return out + 1
 
         return hook
@@ -105,9 +116,7 @@ def test_same_outputs_and_hook_sequences() -> None:
     px = paddle.to_tensor(X, stop_gradient=False)
 
     # without hooks the two nets agree
-    np.testing.assert_allclose(
-        tnet(tx).detach().numpy(), pnet(px).numpy(), rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(tnet(tx).detach().numpy(), pnet(px).numpy(), rtol=1e-5, atol=1e-5)
 
     t_named = list(tnet.named_modules())
     p_named = list(pnet.named_sublayers(include_self=True))
@@ -139,9 +148,7 @@ def test_same_outputs_and_hook_sequences() -> None:
     assert np.abs(tx.grad.numpy()).sum() > 0
 
     # hooks removed: back to the unhooked outputs, no residue on either side
-    np.testing.assert_allclose(
-        tnet(tx).detach().numpy(), pnet(px).numpy(), rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(tnet(tx).detach().numpy(), pnet(px).numpy(), rtol=1e-5, atol=1e-5)
     for (_, tm), (_, pm) in zip(t_named, p_named):
         assert not tm._forward_pre_hooks and not tm._forward_hooks
         assert not pm._forward_pre_hooks and not pm._forward_post_hooks

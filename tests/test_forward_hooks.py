@@ -105,8 +105,11 @@ def test_pre_hook_with_kwargs_none_keeps(backend: Any) -> None:
     assert calls[0] == ((1,), {"k": 2})
 
 
-@pytest.mark.parametrize("bad", ["tensor", (1, 2, 3), ((1,), [("k", 1)]), (None, {})],
-                         ids=["tensor", "3-tuple", "kwargs-not-dict", "args-none"])
+@pytest.mark.parametrize(
+    "bad",
+    ["tensor", (1, 2, 3), ((1,), [("k", 1)]), (None, {})],
+    ids=["tensor", "3-tuple", "kwargs-not-dict", "args-none"],
+)
 def test_pre_hook_with_kwargs_bad_return(backend: Any, bad: Any) -> None:
     m, calls = recorder(backend)
     value = backend.tensor([1.0]) if bad == "tensor" else bad
@@ -270,8 +273,9 @@ def test_always_call_runs_when_forward_raises(backend: Any) -> None:
 
     m = backend.module(forward)
     seen = []
-    unihook.register_forward_hook(m, lambda mod, args, out: seen.append(("always", args, out)),
-                                  always_call=True)
+    unihook.register_forward_hook(
+        m, lambda mod, args, out: seen.append(("always", args, out)), always_call=True
+    )
     unihook.register_forward_hook(m, lambda mod, args, out: seen.append(("plain", args, out)))
     with pytest.raises(ZeroDivisionError, match="forward failed"):
         m(3)
@@ -287,8 +291,10 @@ def test_always_call_runs_when_pre_hook_raises(backend: Any) -> None:
 
     unihook.register_forward_pre_hook(m, bad)
     unihook.register_forward_hook(
-        m, lambda mod, args, kwargs, out: seen.append((args, kwargs, out)),
-        always_call=True, with_kwargs=True,
+        m,
+        lambda mod, args, kwargs, out: seen.append((args, kwargs, out)),
+        always_call=True,
+        with_kwargs=True,
     )
     with pytest.raises(HookFailure, match="pre failed"):
         m(3, k=1)
@@ -443,8 +449,9 @@ def test_no_residue_after_removing_every_hook(backend: Any) -> None:
     no_residue(backend, lin)
     handles = [
         unihook.register_forward_pre_hook(lin, lambda m, a: (a[0] * 3,)),
-        unihook.register_forward_pre_hook(lin, lambda m, a, k: None, with_kwargs=True,
-                                          prepend=True),
+        unihook.register_forward_pre_hook(
+            lin, lambda m, a, k: None, with_kwargs=True, prepend=True
+        ),
         unihook.register_forward_hook(lin, lambda m, a, o: o + 1),
         unihook.register_forward_hook(lin, lambda m, a, k, o: None, with_kwargs=True),
         unihook.register_forward_hook(lin, lambda m, a, o: None, always_call=True),

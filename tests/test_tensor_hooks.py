@@ -165,7 +165,9 @@ def test_leaf_hook_fires_during_autograd_grad(backend: Any) -> None:
     seen.clear()
     gx, gw = backend.autograd_grad([x * w], [x, w])
     assert seen == [("x1", 5.0), ("x2", 50.0), ("w", 2.0)] or seen == [
-        ("w", 2.0), ("x1", 5.0), ("x2", 50.0)
+        ("w", 2.0),
+        ("x1", 5.0),
+        ("x2", 50.0),
     ]
     assert val(backend, gx) == 50.0 and val(backend, gw) == 2.0
 

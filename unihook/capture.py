@@ -162,7 +162,7 @@ class Capture(Removable):
         self.grads: Mapping[str, Any] = _Checked(self._grads, self._version)
         self._group = HookGroup()
         selected = select(model, where)
-        self.names = [name for name, _ in selected]
+        self.names: list[str] = [name for name, _ in selected]
         try:
             start = api.register_forward_pre_hook(model, self._next_forward)
             self._group.add("", start)
@@ -263,7 +263,10 @@ class Capture(Removable):
         filled = self._filled.setdefault(name, [0, 0])
         ops = self._ops
         is_tensor, copy_into, clone, map_tensors = (
-            ops.is_tensor, ops.copy_into, ops.clone, ops.map_tensors
+            ops.is_tensor,
+            ops.copy_into,
+            ops.clone,
+            ops.map_tensors,
         )
         store_inputs = self._inputs
         keep = self._keep
