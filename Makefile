@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export GLOG_minloglevel := 2
 
-.PHONY: demo test bench bench-peers clean
+.PHONY: demo test lint test-min bench bench-peers clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -15,10 +15,36 @@ $(STAMP): pyproject.toml requirements-dev.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m unihook demo
+	$(PY) -m unihook demo --out demo-out
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# ruff, and pyright in standard mode on unihook/ and backends/ ([tool.pyright] in pyproject.toml)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check unihook backends tests benchmarks
+	$(VENV)/bin/ruff format --check unihook backends tests benchmarks
+	$(VENV)/bin/pyright
+	PYTHONPATH=. $(VENV)/bin/pyright --verifytypes unihook --ignoreexternal > /dev/null \
+		|| { echo "pyright --verifytypes unihook: the public API is not fully typed"; exit 1; }
+
+# The suite on the lowest versions pyproject.toml declares (README "Supported versions"), in a
+# throwaway venv. Not in CI: torch from PyPI is a CUDA build (~3 GB with its libraries);
+# `make test-min TORCH_INDEX=https://download.pytorch.org/whl/cpu` takes the CPU build.
+# pytest 8.0 is the last one that runs with pluggy 1.3. tests/test_package.py checks that
+# these pins are pyproject.toml's lower bounds.
+MIN_VENV ?= /tmp/unihook-venv-min
+MIN_PINS := torch==2.8.0 paddlepaddle==3.3.0 numpy==1.24.4 pluggy==1.3.0
+MIN_TOOLS := pytest==8.0.2 hypothesis==6.170.15 "matplotlib<3.10" build==1.6.1 setuptools==84.2.1
+
+test-min:
+	rm -rf $(MIN_VENV)
+	$(PYTHON) -m venv $(MIN_VENV)
+	$(MIN_VENV)/bin/pip install --quiet $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),) \
+		$(MIN_PINS) $(MIN_TOOLS)
+	$(MIN_VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
+	$(MIN_VENV)/bin/python -c "import torch, paddle; print(torch.__version__, paddle.__version__)"
+	$(MIN_VENV)/bin/python -m pytest -q
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py $(if $(QUICK),--quick,)

@@ -1,0 +1,284 @@
+"""What a user gets from `pip install`: the built wheel and sdist, installed into fresh venvs that
+hold one framework each, without this repository on the path.
+
+Each venv sees only the distributions the wheel's metadata asks for (``unihook[torch]`` or
+``unihook[paddle]`` and their requirements, followed through the dev venv's metadata): they are
+symlinked from the dev venv's site-packages into a directory that a .pth file adds to the path.
+A dependency the wheel forgets to declare is missing there, and the other framework cannot be
+imported at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import textwrap
+import venv
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+import unihook
+
+ROOT = Path(__file__).resolve().parent.parent
+FRAMEWORKS = {"torch": "torch", "paddle": "paddlepaddle"}  # extra -> distribution
+# what the sdist holds besides the packages: enough to run its own `make test`
+SDIST_TOP = {
+    "CHANGELOG.md",
+    "LICENSE",
+    "MANIFEST.in",
+    "Makefile",
+    "PKG-INFO",
+    "README.md",
+    "pyproject.toml",
+    "requirements-dev.txt",
+    "setup.cfg",
+}
+SDIST_DIRS = {"backends", "benchmarks", "docs", "tests", "unihook", "unihook.egg-info"}
+
+
+def package_files() -> dict[str, str]:
+    """Every .py and py.typed of the packages: path in the wheel -> path in the source tree."""
+    roots = {"unihook": ROOT / "unihook"}
+    roots.update({d.name: d for d in (ROOT / "backends").iterdir() if (d / "__init__.py").exists()})
+    files = {}
+    for package, root in roots.items():
+        for path in root.rglob("*"):
+            if path.suffix == ".py" or path.name == "py.typed":
+                rel = path.relative_to(root).as_posix()
+                files[f"{package}/{rel}"] = path.relative_to(ROOT).as_posix()
+    return files
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("dist")
+    # sdist, then the wheel built from the unpacked sdist: the wheel proves the sdist complete
+    subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = out.glob("*.whl")
+    (sdist,) = out.glob("*.tar.gz")
+    return {"wheel": wheel, "sdist": sdist}
+
+
+def test_wheel_holds_exactly_the_packages(dists: dict[str, Path]) -> None:
+    with zipfile.ZipFile(dists["wheel"]) as wheel:
+        names = wheel.namelist()
+        info = f"unihook-{unihook.__version__}.dist-info"
+        meta = wheel.read(f"{info}/METADATA").decode()
+        entry_points = wheel.read(f"{info}/entry_points.txt").decode()
+    assert {n for n in names if not n.startswith(info + "/")} == set(package_files())
+    assert {n for n in names if n.startswith(info + "/")} == {
+        f"{info}/{n}" for n in ("METADATA", "WHEEL", "RECORD", "entry_points.txt", "top_level.txt")
+    } | {f"{info}/licenses/LICENSE"}
+    assert f"Version: {unihook.__version__}\n" in meta
+    assert "License-Expression: Apache-2.0\n" in meta
+    assert "unihook = unihook.__main__:main" in entry_points
+    assert "torch = unihook_torch" in entry_points and "paddle = unihook_paddle" in entry_points
+
+
+def test_sdist_holds_the_packages_and_what_its_tests_need(dists: dict[str, Path]) -> None:
+    with tarfile.open(dists["sdist"]) as sdist:
+        prefix = f"unihook-{unihook.__version__}/"
+        names = {m.name.removeprefix(prefix) for m in sdist.getmembers() if m.isfile()}
+    stray = [
+        n
+        for n in names
+        if "__pycache__" in n
+        or n.endswith((".pyc", ".pyo"))
+        or n.startswith("benchmarks/results/")
+        or ("/" in n and n.split("/")[0] not in SDIST_DIRS)
+        or ("/" not in n and n not in SDIST_TOP)
+    ]
+    assert not stray
+    assert set(package_files().values()) <= names
+    # the sources there are exactly the packages' sources: nothing left out, nothing extra
+    sources = {n for n in names if n.startswith(("unihook/", "backends/"))}
+    assert sources == set(package_files().values())
+    tests = {p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("*.py")}
+    assert tests <= names and "tests/conftest.py" in names
+    assert {"docs/SEMANTICS.md", "benchmarks/run.py"} <= names
+    assert SDIST_TOP - {"setup.cfg"} <= names
+
+
+def _closure(requirements: list[Requirement], extra: str) -> list[metadata.Distribution]:
+    """The dev venv's distributions that `requirements` (a wheel's, with `extra`) pull in."""
+    found: dict[str, metadata.Distribution] = {}
+    todo = [(r, {extra}) for r in requirements]
+    while todo:
+        req, extras = todo.pop()
+        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in extras):
+            continue
+        name = canonicalize_name(req.name)
+        if name in found:
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            pytest.fail(f"{req} is required but not in the dev venv (requirements-dev.txt)")
+        found[name] = dist
+        todo += [(Requirement(r), set(req.extras) or {""}) for r in dist.requires or []]
+    return list(found.values())
+
+
+def _top_level(dist: metadata.Distribution) -> set[str]:
+    """The names that `dist` installed directly into site-packages (packages, modules, its
+    .dist-info, bundled libraries)."""
+    names = set()
+    for file in dist.files or []:
+        first = file.parts[0]
+        if first not in ("..", "__pycache__") and not first.endswith(".pth"):
+            names.add(first)
+    return names
+
+
+@pytest.fixture(scope="module")
+def envs(dists: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """framework -> the python of a fresh venv with the wheel and only that framework."""
+    with zipfile.ZipFile(dists["wheel"]) as wheel:
+        meta = wheel.read(f"unihook-{unihook.__version__}.dist-info/METADATA").decode()
+    requires = [Requirement(line[len("Requires-Dist: ") :]) for line in meta.splitlines()
+                if line.startswith("Requires-Dist: ")]  # fmt: skip
+    pythons = {}
+    for framework in FRAMEWORKS:
+        base = tmp_path_factory.mktemp(f"env-{framework}")
+        venv.create(base / "venv", with_pip=False, symlinks=True)
+        python = base / "venv" / "bin" / "python"
+        deps = base / "site"
+        deps.mkdir()
+        # a venv of Python < 3.12 comes with setuptools, and paddle imports it undeclared there
+        baseline = [Requirement("setuptools")] if sys.version_info < (3, 12) else []
+        for dist in _closure([*requires, *baseline], framework):
+            site = Path(str(dist.locate_file("")))
+            for name in _top_level(dist):
+                (deps / name).symlink_to(site / name)
+        purelib = _run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+        Path(purelib.stdout.strip(), "unihook-deps.pth").write_text(f"{deps}\n")
+        install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet"]
+        subprocess.run(
+            [*install, "--no-deps", "--no-index", str(dists["wheel"])],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        pythons[framework] = python
+    return pythons
+
+
+def _run(python: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "UNIHOOK"))}
+    env["GLOG_minloglevel"] = "2"
+    return subprocess.run(
+        [str(python), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd or python.parent,
+        env=env,
+    )
+
+
+def quickstart(framework: str) -> str:
+    """The README's quickstart with the other framework's paragraph left out."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Quickstart") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    other = next(f for f in FRAMEWORKS if f != framework)
+    paragraphs = code.group(1).split("\n\n")
+    assert any(p.startswith(f"import {framework}\n") for p in paragraphs)
+    return "\n\n".join(p for p in paragraphs if not p.startswith(f"import {other}\n"))
+
+
+PROBE = """
+import json, sys
+from importlib.util import find_spec
+import unihook, unihook.recipes
+from unihook import ops
+import {module}
+t = {module}.ones([2, 3])
+print("PROBE", json.dumps({{
+    "unihook": unihook.__file__,
+    "path": sys.path,
+    "importable": {{name: find_spec(name) is not None for name in ("torch", "paddle")}},
+    "backends": {{i.name: [i.version, sorted(set(i.kinds.values()))] for i in unihook.backends()}},
+    "to_numpy": ops.to_numpy(t).tolist(),
+}}))
+"""
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_quickstart_from_the_wheel_with_one_framework(
+    framework: str, envs: dict[str, Path]
+) -> None:
+    python = envs[framework]
+    other = next(f for f in FRAMEWORKS if f != framework)
+    code = quickstart(framework) + textwrap.dedent(PROBE.format(module=framework))
+    done = _run(python, "-c", code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("Linear [2, 4]") == 1
+    probe = json.loads(done.stdout.split("PROBE ", 1)[1])
+    assert probe["unihook"].startswith(str(python.parent.parent))  # the wheel, not the repo
+    assert not any(Path(p).resolve() == ROOT for p in probe["path"] if p)
+    assert probe["importable"] == {framework: True, other: False}
+    assert probe["backends"][framework][0] == metadata.version(FRAMEWORKS[framework])
+    assert "native" in probe["backends"][framework][1]
+    assert probe["backends"][other] == [None, []]  # nothing claimed for a missing framework
+    assert probe["to_numpy"] == [[1.0] * 3] * 2
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_cli_from_the_wheel_with_one_framework(
+    framework: str, envs: dict[str, Path], tmp_path: Path
+) -> None:
+    python = envs[framework]
+    script = python.parent / "unihook"
+    version = _run(script, "--version")
+    assert (version.returncode, version.stdout) == (0, f"unihook {unihook.__version__}\n")
+    for args in ([str(script), "--help"], [str(python), "-m", "unihook", "--help"]):
+        done = _run(Path(args[0]), *args[1:])
+        assert done.returncode == 0 and done.stderr == ""
+        assert done.stdout.startswith("usage: unihook") and "demo" in done.stdout
+    demo_help = _run(script, "demo", "--help")
+    assert demo_help.returncode == 0 and "--out DIR" in demo_help.stdout
+    assert "Seed model" not in demo_help.stdout  # help, not the demo
+
+    other = next(f for f in FRAMEWORKS if f != framework)
+    demo = _run(python, "-m", "unihook", "demo", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert f"Ran with {framework} only ({other} not installed): nothing to compare." in demo.stdout
+    assert "Identical" not in demo.stdout and "  same" not in demo.stdout
+    assert "[[89.0]]" in demo.stdout  # the seed model's output (docs/SEMANTICS.md §4)
+    # matplotlib is not a dependency: the demo says how to get the picture, and where it goes
+    assert f"unihook[demo]' for {tmp_path / 'out' / 'gradcam.png'}" in demo.stdout
+    assert list(tmp_path.iterdir()) == []  # nothing written into the working directory
+
+
+def test_make_test_min_pins_the_declared_lower_bounds() -> None:
+    """`make test-min` installs exactly the lower bounds that pyproject.toml declares."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared: dict[str, Version] = {}
+    for spec in [*project["dependencies"], *project["optional-dependencies"]["torch"],
+                 *project["optional-dependencies"]["paddle"]]:  # fmt: skip
+        req = Requirement(spec)
+        (bound,) = [s.version for s in req.specifier if s.operator == ">="]
+        declared[canonicalize_name(req.name)] = Version(bound)
+    makefile = (ROOT / "Makefile").read_text()
+    line = re.search(r"^MIN_PINS := (.*)$", makefile, re.M)
+    assert line is not None
+    pins = dict(pin.split("==") for pin in line.group(1).split())
+    assert {canonicalize_name(k): Version(v) for k, v in pins.items()} == declared
