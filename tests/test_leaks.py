@@ -112,13 +112,15 @@ def _install(backend: Any, model: Any, installed: tuple[str, str], calls: list[s
 
 def _arm(backend: Any, model: Any, arm: Arm, scope: str) -> list[Any]:
     """The hooks that raise (the forward and tensor points raise from the model itself)."""
-    target = model if arm.target == "outer" else model.inner
-    kind = {"forward_hook": "forward"}.get(arm.point, arm.point)
     if arm.point in ("forward", "tensor"):
         return []
+    target = model if arm.target == "outer" else model.inner
+    kind = {"forward_hook": "forward"}.get(arm.point, arm.point)
+
+    target_ref = weakref.ref(target)  # (a global hook holding the model would keep it alive)
 
     def raiser(m: Any, *rest: Any) -> None:
-        if m is target:
+        if m is target_ref():
             arm.fire(arm.point, arm.target)
 
     if scope == "global":
@@ -142,8 +144,12 @@ def _expected_calls(installed: tuple[str, str]) -> list[str]:
     return sorted(f"{s} {k}" for s, k in pairs for _ in range(2 if s == "module" else 3))
 
 
-def _interrupt(backend: Any, arm: Arm, installed: tuple[str, str], scope: str) -> list[Any]:
-    """Raise `arm.raised` in a call, check the model afterwards; weakrefs to what must die."""
+def _interrupt(
+    backend: Any, arm: Arm, installed: tuple[str, str], scope: str, keep_hooks: bool
+) -> tuple[list[tuple[str, weakref.ref[Any]]], list[Any]]:
+    """Raise `arm.raised` in a call of a new model. `keep_hooks`: drop the model with its hooks
+    still registered; else check that it keeps working and that removing the hooks restores
+    it. Returns weakrefs to what must die, and the handles still registered."""
     calls: list[str] = []
     model = _model(backend, arm)
     handles = _install(backend, model, installed, calls)
@@ -163,6 +169,9 @@ def _interrupt(backend: Any, arm: Arm, installed: tuple[str, str], scope: str) -
     refs += [("input", weakref.ref(x))] + [("a tensor forward made", r) for r in arm.made]
     del x
     label = f"{arm.raised.__name__} at {arm.target} {arm.point} ({scope}), installed {installed}"
+    label += ", hooks kept" if keep_hooks else ""
+    if keep_hooks:
+        return [(f"{name}: {label}", r) for name, r in refs], handles
 
     # the model keeps working: hooks fire once per module, the results are those without hooks
     arm.raised, arm.made = None, []
@@ -178,7 +187,7 @@ def _interrupt(backend: Any, arm: Arm, installed: tuple[str, str], scope: str) -
         assert not any(backend.hook_counts(m).values()), label
         assert m not in _states, label
     assert backend.name not in _globals, label
-    return [(f"{name}: {label}", r) for name, r in refs]
+    return [(f"{name}: {label}", r) for name, r in refs], []
 
 
 @pytest.mark.parametrize(("point", "scope"), POINTS, ids=["-".join(p) for p in POINTS])
@@ -189,13 +198,22 @@ def test_base_exception_leaves_nothing_behind(
     gc.collect()
     native = backend.native_state()
     refs = []
-    # every exception type and every set of installed hooks; one collection for all of them
-    for raised, installed in itertools.product(RAISED, INSTALLED):
-        refs += _interrupt(backend, Arm(point, target, raised), installed, scope)
+    kept = []
+    # every exception type and every set of installed hooks, with the model dropped after its
+    # hooks are removed, and while they are still registered (torch frees it then too)
+    for keep_hooks, raised, installed in itertools.product((False, True), RAISED, INSTALLED):
+        arm = Arm(point, target, raised)
+        found, handles = _interrupt(backend, arm, installed, scope, keep_hooks)
+        refs += found
+        kept += handles
     gc.collect()
     alive = sorted({label for label, r in refs if r() is not None})
+    for h in kept:
+        h.remove()
     assert not alive, f"still alive after gc: {alive}"
+    gc.collect()
     assert backend.native_state() == native
+    assert backend.name not in _globals
 
 
 # -- register/remove cycles, in a subprocess of their own: an RSS measure no test disturbs --
