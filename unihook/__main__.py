@@ -25,7 +25,7 @@ def parser() -> argparse.ArgumentParser:
         description=(
             "Build a small model with identical weights in every installed framework, register "
             "the same hooks through unihook, print side by side what each saw, then the backend "
-            "table; write a Grad-CAM picture (needs matplotlib) to OUT/gradcam.png."
+            "table; write a Grad-CAM picture (needs matplotlib) to DIR/gradcam.png."
         ),
     )
     demo.add_argument(

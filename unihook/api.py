@@ -58,7 +58,7 @@ def backend_of(obj: object) -> str:
 
 
 # The overloads tie the hook's signature to `with_kwargs`, so a type checker flags a hook of
-# the wrong arity; the last one takes a `with_kwargs` only known at run time.
+# the wrong arity (a `with_kwargs` known only at run time needs a hook that fits both).
 @overload
 def register_forward_pre_hook(
     module: Any,
@@ -76,16 +76,6 @@ def register_forward_pre_hook(
     *,
     prepend: bool = ...,
     with_kwargs: Literal[True],
-    when: When = ...,
-    name: str | None = ...,
-) -> Handle: ...
-@overload
-def register_forward_pre_hook(
-    module: Any,
-    hook: ForwardPreHook | ForwardPreHookWithKwargs,
-    *,
-    prepend: bool = ...,
-    with_kwargs: bool,
     when: When = ...,
     name: str | None = ...,
 ) -> Handle: ...
@@ -131,17 +121,6 @@ def register_forward_hook(
     *,
     prepend: bool = ...,
     with_kwargs: Literal[True],
-    always_call: bool = ...,
-    when: When = ...,
-    name: str | None = ...,
-) -> Handle: ...
-@overload
-def register_forward_hook(
-    module: Any,
-    hook: ForwardHook | ForwardHookWithKwargs,
-    *,
-    prepend: bool = ...,
-    with_kwargs: bool,
     always_call: bool = ...,
     when: When = ...,
     name: str | None = ...,

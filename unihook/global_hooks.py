@@ -43,13 +43,6 @@ def register_module_forward_pre_hook(
 def register_module_forward_pre_hook(
     hook: ForwardPreHookWithKwargs, *, backend: str | None = ..., with_kwargs: Literal[True]
 ) -> Handle: ...
-@overload
-def register_module_forward_pre_hook(
-    hook: ForwardPreHook | ForwardPreHookWithKwargs,
-    *,
-    backend: str | None = ...,
-    with_kwargs: bool,
-) -> Handle: ...
 def register_module_forward_pre_hook(
     hook: ForwardPreHook | ForwardPreHookWithKwargs,
     *,
@@ -74,14 +67,6 @@ def register_module_forward_hook(
     *,
     backend: str | None = ...,
     with_kwargs: Literal[True],
-    always_call: bool = ...,
-) -> Handle: ...
-@overload
-def register_module_forward_hook(
-    hook: ForwardHook | ForwardHookWithKwargs,
-    *,
-    backend: str | None = ...,
-    with_kwargs: bool,
     always_call: bool = ...,
 ) -> Handle: ...
 def register_module_forward_hook(
