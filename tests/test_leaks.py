@@ -431,3 +431,27 @@ def test_handle_removal_after_the_model_died_is_a_no_op(backend: Any, kind: str)
     assert alive == []
     assert backend.native_state() == native
     assert backend.name not in _globals
+
+
+def _referring(model: Any, seen: list[Any]) -> Callable[..., None]:
+    def hook(*args: Any) -> None:
+        seen.append(model)
+
+    return hook
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if not k.startswith("global")])
+def test_a_hook_referring_to_its_model_does_not_keep_it_alive(backend: Any, kind: str) -> None:
+    """torch frees a module whose hook closes over it (a plain reference cycle) even while
+    the user keeps the handle: so must unihook's state, whichever kind holds the hook."""
+    target = Target(backend)
+    seen: list[Any] = []
+    handle = KINDS[kind](target, _referring(target.model, seen), backend.name)
+    target.trigger()
+    assert seen
+    refs = [weakref.ref(target.model), weakref.ref(target.x)]
+    seen.clear()
+    del target
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
+    handle.remove()

@@ -96,14 +96,14 @@ class ModuleBackward:
         self.dispatchers: Dispatchers | None = None
 
     def add(self, kind: str, hook: Hook, site: Site | None, prepend: bool) -> int:
-        hooks = self.pre_hooks if kind == "full_backward_pre" else self.full_hooks
+        """Add a hook (callers hold the registration lock). A call starting meanwhile on
+        another thread copies the dict: it must never see it half changed."""
+        attr = "pre_hooks" if kind == "full_backward_pre" else "full_hooks"
         key = next(_ids)
-        hooks[key] = (hook, site)
         if prepend:
-            # Rebuild instead of mutating: a call in flight keeps its snapshot either way.
-            items = list(hooks.items())
-            hooks.clear()
-            hooks.update([items[-1], *items[:-1]])
+            setattr(self, attr, {key: (hook, site), **getattr(self, attr)})
+        else:
+            getattr(self, attr)[key] = (hook, site)
         return key
 
     def discard(self, key: int) -> bool:
@@ -424,7 +424,37 @@ def _replace(
     return new
 
 
-_states: weakref.WeakKeyDictionary[Any, ModuleBackward] = weakref.WeakKeyDictionary()
+class _States:
+    """module -> its backward hooks, holding neither. The module holds its state (the
+    dispatchers in its hook dicts); held here too, a hook referring to its module (a closure
+    over the model) would make the model immortal, where torch frees it with the cycle."""
+
+    def __init__(self) -> None:
+        self._refs: weakref.WeakKeyDictionary[Any, weakref.ref[ModuleBackward]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(self, module: Any) -> ModuleBackward | None:
+        ref = self._refs.get(module)
+        return None if ref is None else ref()
+
+    def __contains__(self, module: Any) -> bool:
+        return self.get(module) is not None
+
+    def __getitem__(self, module: Any) -> ModuleBackward:
+        state = self.get(module)
+        if state is None:
+            raise KeyError(module)
+        return state
+
+    def __setitem__(self, module: Any, state: ModuleBackward) -> None:
+        self._refs[module] = weakref.ref(state)
+
+    def __delitem__(self, module: Any) -> None:
+        del self._refs[module]
+
+
+_states = _States()
 _globals: dict[str, ModuleBackward] = {}  # backend -> its global backward hooks
 _lock = threading.Lock()
 
@@ -444,11 +474,13 @@ def register_backward_hook(
             )
         key = state.add(kind, hook, site, prepend)
     module_ref = weakref.ref(module)
+    state_ref = weakref.ref(state)  # (the handle must not keep the model alive either)
+    del state
 
     def remove() -> None:
         with _lock:
-            m = module_ref()
-            if m is None or _states.get(m) is not state:
+            m, state = module_ref(), state_ref()
+            if m is None or state is None or _states.get(m) is not state:
                 return
             if state.discard(key):
                 del _states[m]

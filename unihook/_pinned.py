@@ -20,14 +20,14 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
+from itertools import count
 from typing import Any, Callable, Protocol
 
 __all__ = ["Access", "HookDict", "Pinned", "pin", "unpin"]
 
 
 class Access(Protocol):
-    """How a backend reads and replaces a module's own hook dict (paddle's global hooks swap
-    merged dicts in while a layer runs)."""
+    """How a backend reads and replaces a module's own hook dict."""
 
     def get(self, owner: Any, attr: str) -> OrderedDict[int, Any]: ...
 
@@ -44,10 +44,16 @@ class HookDict(OrderedDict[int, Any]):
         self._owner: weakref.ref[Any] | None = None
         self.pinned: list[int] = []  # kept last, in this order
         self.owned: set[int] = set()  # unihook's keys, the pinned ones included
-        self._snap: tuple[tuple[int, Any], ...] | None = None  # items() until a change
+        # items(), tagged with the version it was taken at. A version is unique (a global
+        # counter) and set after each change: a snapshot a reader took while another thread
+        # changed the dict carries an older tag, so it is never reused.
+        self._version = next(_versions)
+        self._snap: tuple[int, tuple[tuple[int, Any], ...]] | None = None
+
+    def _changed(self) -> None:
+        self._version = next(_versions)
 
     def _install(self, origin: OrderedDict[int, Any], owner: Any) -> None:
-        self._snap = None
         self._origin = origin
         self._origin_ref = weakref.ref(origin)
         self._owner = weakref.ref(owner)
@@ -56,6 +62,7 @@ class HookDict(OrderedDict[int, Any]):
         super().clear()
         for key, value in origin.items():
             super().__setitem__(key, value)
+        self._changed()
 
     def origin(self) -> OrderedDict[int, Any] | None:
         if self._origin is not None:
@@ -63,15 +70,15 @@ class HookDict(OrderedDict[int, Any]):
         return None if self._origin_ref is None else self._origin_ref()
 
     def _repin(self) -> None:
-        self._snap = None
         for key in self.pinned:
             if key in self:  # (absent while torch's global wrapper hides it for a call)
                 super().move_to_end(key)
+        self._changed()
 
     def __setitem__(self, key: int, value: Any) -> None:
-        self._snap = None
         new = key not in self
         super().__setitem__(key, value)
+        self._changed()
         if key in self.pinned:
             return
         origin = self.origin()
@@ -81,8 +88,8 @@ class HookDict(OrderedDict[int, Any]):
             self._repin()
 
     def __delitem__(self, key: int) -> None:
-        self._snap = None
         super().__delitem__(key)
+        self._changed()
         origin = self.origin()
         if origin is not None:
             origin.pop(key, None)
@@ -107,8 +114,8 @@ class HookDict(OrderedDict[int, Any]):
         return key, self.pop(key)
 
     def move_to_end(self, key: int, last: bool = True) -> None:
-        self._snap = None
         super().move_to_end(key, last)
+        self._changed()
         if key in self.pinned:
             self._repin()
             return
@@ -122,7 +129,6 @@ class HookDict(OrderedDict[int, Any]):
         # Clearing forward hooks leaves the backward hooks' dispatchers in place (as torch's
         # own backward hooks do not live in the forward hook dicts).
         kept = [(key, self[key]) for key in self.pinned if key in self]
-        self._snap = None
         super().clear()
         origin = self.origin()
         if origin is not None:
@@ -130,6 +136,7 @@ class HookDict(OrderedDict[int, Any]):
         self.owned.intersection_update(self.pinned)
         for key, value in kept:
             super().__setitem__(key, value)
+        self._changed()
 
     def items(self) -> Any:  # type: ignore[override]
         # once per hooked module call (twice with pre-hooks): a cached snapshot until a change
@@ -140,11 +147,14 @@ class HookDict(OrderedDict[int, Any]):
             for key in [k for k in self if k not in origin and k not in self.pinned]:
                 super().__delitem__(key)
                 self.owned.discard(key)
-            self._snap = None
+            self._changed()
+            size = len(self)
+        version = self._version  # read before the copy: a change during it retags
         snap = self._snap
-        if snap is None or len(snap) != size:
-            snap = self._snap = tuple(super().items())
-        return snap
+        # (the size: torch's global wrapper pops a key with OrderedDict.pop for one call)
+        if snap is None or snap[0] != version or len(snap[1]) != size:
+            snap = self._snap = (version, tuple(super().items()))
+        return snap[1]
 
     def __reduce__(self) -> Any:
         """Pickled (torch.save of a whole module), the dict is a plain one with its forward
@@ -197,6 +207,7 @@ def _copy_state(state: Any, owner: Any) -> Any:
 # the origin, without keeping it alive.
 _retired: dict[int, tuple[weakref.ref[Any], HookDict]] = {}
 _lock = threading.RLock()  # registrations from several threads
+_versions = count()  # HookDict versions
 
 
 def pin(
