@@ -226,10 +226,6 @@ OBJECTS_BOUND = 200
 _CYCLES_SCRIPT = """
 import gc, json, sys
 import numpy as np
-import functools, importlib.metadata
-# A global registration reads installed packages' metadata, several ms a call: cached, so the
-# cycles measure memory, not metadata parsing.
-importlib.metadata.version = functools.cache(importlib.metadata.version)
 import unihook
 from unihook._plugins import plugin_manager
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from types import TracebackType
 from typing import Callable, TypeVar, cast
 
@@ -12,6 +13,7 @@ _R = TypeVar("_R", bound="Removable")
 __all__ = ["Handle", "Removable"]
 
 _KINDS = frozenset(KINDS)
+_removing = threading.Lock()  # two threads removing one handle: only one runs its remover
 
 
 class Removable:
@@ -64,7 +66,8 @@ class Handle(Removable):
 
     def remove(self) -> None:
         """Remove the hook; later calls do nothing."""
-        remover, self._remover = self._remover, None
+        with _removing:
+            remover, self._remover = self._remover, None
         if remover is not None:
             remover()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from types import MappingProxyType
 from typing import Literal, Mapping, NamedTuple, get_args
 
@@ -47,8 +48,10 @@ class BackendInfo(NamedTuple):
         return self.kinds.get(kind, "unsupported")
 
 
+@functools.cache  # metadata parsing costs milliseconds: global registrations ask every time
 def installed_version(distribution: str) -> str | None:
-    """The installed version of a distribution, read from its metadata (no import)."""
+    """The installed version of a distribution, read from its metadata (no import), once per
+    process."""
     import importlib.metadata  # lazily: it costs more than the rest of `import unihook`
 
     try:
