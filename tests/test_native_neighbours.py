@@ -516,8 +516,10 @@ def test_pickling_hooked_modules(backend: Any) -> None:
     assert all(type(d) is OrderedDict for d in backend.hook_dicts(copied).values())
     assert backend.hook_counts(copied) == backend.hook_counts(m)
     hb = unihook.register_full_backward_hook(m, _module_backward_hook)
-    with pytest.raises(TypeError, match="unihook backward hooks"):
+    with pytest.raises(unihook.HookTargetError, match="unihook backward hooks") as error:
         pickle.dumps(m)
+    assert isinstance(error.value, TypeError)  # what pickle raises for what it cannot pickle
+    assert f"full_backward hook on {type(m).__name__} [backend {backend.name}]" in str(error.value)
     hb.remove()
     h.remove()
     assert not any(backend.hook_counts(m).values())

@@ -160,11 +160,23 @@ class HookDict(OrderedDict[int, Any]):
         """Pickled (torch.save of a whole module), the dict is a plain one with its forward
         hooks; backward hooks' per-call state does not pickle: say so plainly."""
         if self.pinned:
-            raise TypeError(
-                "unihook: cannot pickle a module with unihook backward hooks; remove them "
-                "first, or use copy.deepcopy (which keeps them)"
-            )
+            raise self._pickling_error()
         return (OrderedDict, (), None, None, iter(OrderedDict.items(self)))
+
+    def _pickling_error(self) -> Exception:
+        from ._describe import Site
+        from .errors import HookTargetError
+
+        owner = None if self._owner is None else self._owner()
+        state = getattr(self.get(self.pinned[0]), "__self__", None)
+        backend = getattr(getattr(state, "autograd", None), "backend", "?")
+        kind = "module_full_backward" if getattr(state, "is_global", False) else "full_backward"
+        return Site.of(kind, backend, owner).error(
+            HookTargetError,  # a TypeError, as pickle's own for what it cannot pickle
+            "a module without unihook backward hooks to pickle (remove them first, or use "
+            "copy.deepcopy, which keeps them)",
+            "a module with backward hooks",
+        )
 
     def __deepcopy__(self, memo: dict[int, Any]) -> OrderedDict[int, Any]:
         """A copied module keeps its hooks, as torch's copy does, its backward hooks too: the
