@@ -34,7 +34,7 @@ lint: $(STAMP)
 # pytest 8.0 is the last one that runs with pluggy 1.3. tests/test_package.py checks that
 # these pins are pyproject.toml's lower bounds.
 MIN_VENV ?= /tmp/unihook-venv-min
-MIN_PINS := torch==2.8.0 paddlepaddle==3.3.0 numpy==1.24.4 pluggy==1.3.0
+MIN_PINS := torch==2.13.0 paddlepaddle==3.3.0 numpy==1.24.4 pluggy==1.3.0
 MIN_TOOLS := pytest==8.0.2 hypothesis==6.170.15 "matplotlib<3.10" build==1.6.1 setuptools==84.2.1
 
 test-min:
