@@ -1,0 +1,263 @@
+"""unihook backend for MindSpore (PyNative mode): a prototype (issue 16).
+
+Claims an object only when ``mindspore`` is already in ``sys.modules`` and the object is a
+``mindspore.nn.Cell`` or ``mindspore.Tensor``; MindSpore is never imported here at module level.
+Forward hooks are MindSpore's own (in snapshot-iterating dicts, see ``_forward``); tensor hooks
+get a thin wrapper absorbing MindSpore's failure modes; module backward hooks run the core's
+emulation (``_backward``: MindSpore's native ones differ from torch's contract); global and
+registration hooks patch ``mindspore.nn.Cell`` while needed (``_global``).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from typing import Any, Callable
+
+from unihook._checks import check_grad, checked_kwargs_pre_hook, kwargs_post_hook
+from unihook._describe import Site, global_label, type_name
+from unihook.errors import NoGradError, TargetKindError
+from unihook.handles import Handle
+from unihook.info import BackendInfo, installed_version
+from unihook.spec import hookimpl
+
+NAME = "mindspore"
+
+
+def _types() -> tuple[type, type] | None:
+    nn = sys.modules.get("mindspore.nn")
+    ms = sys.modules.get("mindspore")
+    if nn is None or ms is None:
+        return None
+    return nn.Cell, ms.Tensor
+
+
+def _owns(obj: object) -> bool:
+    types = _types()
+    return types is not None and isinstance(obj, types)
+
+
+def _cell(obj: object, kind: str, name: str | None) -> Any:
+    """`obj` if it is a Cell; None if MindSpore does not own it; raises for a MindSpore object
+    that is not a Cell."""
+    types = _types()
+    if types is None or not isinstance(obj, types):
+        return None
+    if not isinstance(obj, types[0]):
+        raise Site.of(kind, NAME, obj, name).error(
+            TargetKindError, "a mindspore.nn.Cell", type_name(obj)
+        )
+    return obj
+
+
+@hookimpl
+def unihook_backend_info() -> BackendInfo:
+    return BackendInfo(
+        NAME,
+        "mindspore",
+        installed_version("mindspore"),
+        {
+            "forward_pre": "native",
+            "forward": "native",
+            "tensor": "native",
+            # native Cell backward hooks exist but differ from torch's contract (see _backward)
+            "full_backward_pre": "emulated",
+            "full_backward": "emulated",
+            "module_forward_pre": "emulated",
+            "module_forward": "emulated",
+            "module_full_backward_pre": "emulated",
+            "module_full_backward": "emulated",
+            "parameter_registration": "emulated",
+            "buffer_registration": "native",
+            "module_registration": "emulated",
+        },
+    )
+
+
+@hookimpl
+def unihook_backend_of(obj: object) -> str | None:
+    return NAME if _owns(obj) else None
+
+
+@hookimpl
+def unihook_conformance_kit() -> object | None:
+    if installed_version("mindspore") is None:
+        return None
+    from .testkit import MindSporeKit
+
+    return MindSporeKit()
+
+
+def _forward_handle(cell: Any, kind: str, hook_id: int, dead: list[bool]) -> Handle:
+    from ._forward import remove_hook
+
+    cell_ref = weakref.ref(cell)
+
+    def remove() -> None:
+        dead[0] = True
+        live = cell_ref()
+        if live is not None:
+            remove_hook(live, hook_id, pre=kind == "forward_pre")
+
+    return Handle(NAME, kind, remove)
+
+
+@hookimpl
+def unihook_register_forward_pre_hook(
+    module: object, hook: Callable[..., Any], prepend: bool, with_kwargs: bool, name: str | None
+) -> Handle | None:
+    cell = _cell(module, "forward_pre", name)
+    if cell is None:
+        return None
+    from ._forward import add_hook
+
+    dead = [False]
+    if with_kwargs:
+        # MindSpore raises a bare RuntimeError for a bad (args, kwargs) return
+        hook = checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, cell, name), dead)
+    hook_id = add_hook(cell, hook, pre=True, prepend=prepend, with_kwargs=with_kwargs)
+    return _forward_handle(cell, "forward_pre", hook_id, dead)
+
+
+@hookimpl
+def unihook_register_forward_hook(
+    module: object,
+    hook: Callable[..., Any],
+    prepend: bool,
+    with_kwargs: bool,
+    always_call: bool,
+    name: str | None,
+) -> Handle | None:
+    cell = _cell(module, "forward", name)
+    if cell is None:
+        return None
+    from ._forward import add_hook
+
+    dead = [False]
+    if with_kwargs:
+        hook = kwargs_post_hook(hook, dead)  # flags are read live: see kwargs_post_hook
+    hook_id = add_hook(
+        cell, hook, pre=False, prepend=prepend, with_kwargs=with_kwargs, always_call=always_call
+    )
+    return _forward_handle(cell, "forward", hook_id, dead)
+
+
+# Removing a tensor hook while a backward runs segfaults MindSpore 2.10 (a hook removing
+# itself): while any unihook tensor hook runs, removals wait until none does.
+_running = threading.local()
+_deferred: list[Callable[[], None]] = []
+_deferred_lock = threading.Lock()
+
+
+def _depth() -> int:
+    return getattr(_running, "depth", 0)
+
+
+@hookimpl
+def unihook_register_tensor_hook(
+    tensor: object, hook: Callable[..., Any], name: str | None
+) -> Handle | None:
+    if not _owns(tensor):
+        return None
+    ms = sys.modules["mindspore"]
+    site = Site.of("tensor", NAME, tensor, name)
+    if not isinstance(tensor, ms.Tensor):
+        raise site.error(TargetKindError, "a mindspore.Tensor", type_name(tensor))
+    # MindSpore accepts a hook on any tensor (it never fires); torch raises. A tensor needs
+    # grad when it is a Parameter or was recorded under a grad session.
+    if not tensor._requires_grad:
+        raise site.error(
+            NoGradError, "a tensor that requires grad", "a tensor recorded by no grad session"
+        )
+    Tensor = ms.Tensor
+
+    def is_tensor(obj: object) -> bool:
+        return isinstance(obj, Tensor)
+
+    live = [True]
+
+    def tensor_hook(grad: Any) -> Any:
+        if not live[0]:
+            return None
+        _running.depth = _depth() + 1
+        try:
+            result = hook(grad)
+            # MindSpore takes a wrong shape or dtype silently: checked here
+            result = check_grad(result, grad, is_tensor, site)
+            # an in-place edit of `grad` with no return is ignored by MindSpore (torch keeps
+            # it): hand the edited tensor back
+            return grad if result is None else result
+        finally:
+            _running.depth -= 1
+            if not _running.depth and _deferred:
+                with _deferred_lock:
+                    pending = _deferred[:]
+                    del _deferred[:]
+                for remove_later in pending:
+                    remove_later()
+
+    native = tensor.register_hook(tensor_hook)
+
+    def remove() -> None:
+        live[0] = False
+        if _depth():
+            with _deferred_lock:
+                _deferred.append(native.remove)
+        else:
+            native.remove()
+
+    return Handle(NAME, "tensor", remove)
+
+
+@hookimpl
+def unihook_register_full_backward_pre_hook(
+    module: object, hook: Callable[..., Any], prepend: bool, name: str | None
+) -> Handle | None:
+    cell = _cell(module, "full_backward_pre", name)
+    if cell is None:
+        return None
+    from ._backward import register
+
+    return register(cell, "full_backward_pre", hook, prepend, name)
+
+
+@hookimpl
+def unihook_register_full_backward_hook(
+    module: object, hook: Callable[..., Any], prepend: bool, name: str | None
+) -> Handle | None:
+    cell = _cell(module, "full_backward", name)
+    if cell is None:
+        return None
+    from ._backward import register
+
+    return register(cell, "full_backward", hook, prepend, name)
+
+
+@hookimpl
+def unihook_register_global_hook(
+    kind: str,
+    hook: Callable[..., Any],
+    with_kwargs: bool,
+    always_call: bool,
+    backend: str | None,
+) -> Handle | None:
+    if backend not in (None, NAME) or installed_version("mindspore") is None:
+        return None
+    from unihook._imports import install_when_imported
+
+    def install() -> Callable[[], None]:
+        from ._global import add
+
+        return add(kind, hook, with_kwargs, always_call)
+
+    return Handle(NAME, global_label(kind), install_when_imported("mindspore", install))
+
+
+@hookimpl
+def unihook_ops(obj: object) -> object | None:
+    if not _owns(obj):
+        return None
+    from ._ops import MindSporeOps
+
+    return MindSporeOps()

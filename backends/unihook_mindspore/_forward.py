@@ -1,0 +1,82 @@
+"""Forward hooks on a MindSpore Cell, in the cell's own dicts made torch-like by
+``unihook._pinned``.
+
+MindSpore 2.10's ``Cell._run_forward_pre_hook`` / ``_run_forward_hook`` iterate the cell's live
+OrderedDicts: a hook registered by a hook while hooks run joins the running call (torch runs it
+from the next call), one removed mid-call raises ``OrderedDict mutated during iteration``. While
+unihook has a hook on the cell, its dicts are `HookDict`s, which iterate over a snapshot. The
+dicts live in ``_lazy_*`` attributes behind read-only properties that create them on first read.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Callable
+
+from mindspore.common.hook_handle import HookHandle
+
+from unihook._pinned import Pinned, pin, unpin
+
+__all__ = ["Access", "add_dispatchers", "add_hook", "remove_hook", "new_id"]
+
+# (hook dict, its flag dicts), by the names of Cell's properties
+_PRE = ("_forward_pre_hook", ("_forward_pre_hook_with_kwargs",))
+_POST = ("_forward_hook", ("_forward_hook_with_kwargs", "_forward_hook_always_called"))
+_lock = threading.Lock()
+
+
+def new_id() -> int:
+    # MindSpore's own counter: ids never collide with natively registered hooks
+    hook_id: int = HookHandle.unique_id
+    HookHandle.unique_id += 1
+    return hook_id
+
+
+class Access:
+    """A cell's hook dicts: read through Cell's lazy properties, replaced in the ``_lazy_``
+    attribute behind them (Cell.__setattr__ would file an OrderedDict as a plain attribute)."""
+
+    @staticmethod
+    def get(cell: Any, attr: str) -> OrderedDict[int, Any]:
+        hooks: OrderedDict[int, Any] = getattr(cell, attr)
+        return hooks
+
+    @staticmethod
+    def put(cell: Any, attr: str, hooks: OrderedDict[int, Any]) -> None:
+        object.__setattr__(cell, "_lazy" + attr, hooks)
+
+
+def add_hook(
+    cell: Any,
+    hook: Callable[..., Any],
+    *,
+    pre: bool,
+    prepend: bool = False,
+    with_kwargs: bool = False,
+    always_call: bool = False,
+) -> int:
+    hooks_attr, (kwargs_attr, *always_attr) = _PRE if pre else _POST
+    hook_id = new_id()
+    with _lock:
+        # MindSpore reads the flags live: set before the hook can run
+        if with_kwargs:
+            Access.get(cell, kwargs_attr)[hook_id] = True
+        if always_call:
+            Access.get(cell, always_attr[0])[hook_id] = True
+        pin(cell, hooks_attr, hook_id, hook, Access, last=False, prepend=prepend)
+    return hook_id
+
+
+def remove_hook(cell: Any, hook_id: int, *, pre: bool) -> None:
+    hooks_attr, flag_attrs = _PRE if pre else _POST
+    with _lock:
+        unpin(cell, hooks_attr, hook_id, Access)
+        for attr in flag_attrs:
+            Access.get(cell, attr).pop(hook_id, None)
+
+
+def add_dispatchers(cell: Any, pre: Callable[..., Any], post: Callable[..., Any]) -> Pinned:
+    hooks = ((_PRE[0], pre), (_POST[0], post))
+    with _lock:
+        return Pinned.install(cell, hooks, _POST[1][1], new_id, Access)

@@ -1,0 +1,268 @@
+"""Global hooks for MindSpore 2.10, which has one (buffer registration) and no global forward
+or backward hooks.
+
+While a global forward or backward hook exists, ``Cell.__call__`` is wrapped: before each call
+it makes sure the cell holds unihook's global dispatchers in its own hook dicts, the forward
+ones first (torch runs global hooks before the module's own), the backward ones last (as a
+module's own backward dispatchers). A cell with no hook takes MindSpore's no-hook path, so the
+dispatchers must live in its dicts, not around the call. Removing the last global hook takes
+them out of every cell and puts ``Cell.__call__`` back.
+
+Registration: ``Cell.__setattr__`` files Parameters through ``insert_param_to_cell`` and cells
+through ``insert_child_to_cell``, the public paths too: both are wrapped while a hook exists.
+Buffers: MindSpore's own ``register_cell_buffer_registration_hook``.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from itertools import count
+from typing import Any, Callable
+
+import mindspore
+import mindspore.nn.cell as cell_module
+from mindspore import nn
+
+from unihook._checks import check_pre_kwargs_result, show_value
+from unihook._describe import Site, global_label
+from unihook._module_backward import _states
+from unihook._pinned import Pinned, pin, unpin
+from unihook.errors import HookReturnTypeError
+
+from . import NAME
+from ._forward import Access, new_id
+
+Hook = Callable[..., Any]
+Cell = nn.Cell
+
+_lock = threading.RLock()
+_ids = count()
+_pre: dict[int, tuple[Hook, bool]] = {}
+_post: dict[int, tuple[Hook, bool, bool]] = {}  # hook, with_kwargs, always_call
+_backward: tuple[Hook, Hook] | None = None
+# cell -> (pre key, post key, backward Pinned or None)
+_installed: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+_original_call: Callable[..., Any] | None = None
+
+
+def _run_pre(cell: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    changed = False
+    for hook, with_kwargs in tuple(_pre.values()):
+        if with_kwargs:
+            result = hook(cell, args, kwargs)
+            if result is not None:
+                args, kwargs = check_pre_kwargs_result(
+                    result, Site.of("module_forward_pre", NAME, cell)
+                )
+                changed = True
+        else:
+            result = hook(cell, args)
+            if result is not None:
+                args = result if isinstance(result, tuple) else (result,)
+                changed = True
+    return (args, kwargs) if changed else None
+
+
+def _run_post(cell: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+    changed = False
+    for hook, with_kwargs, _always in tuple(_post.values()):
+        result = hook(cell, args, kwargs, output) if with_kwargs else hook(cell, args, output)
+        if result is not None:
+            output = result
+            changed = True
+    return output if changed else None
+
+
+def _ensure(cell: Any) -> None:
+    """Give `cell` the global dispatchers it lacks; keep the forward ones first."""
+    entry = _installed.get(cell)
+    if entry is None:
+        with _lock:
+            entry = _installed.get(cell)
+            if entry is None:
+                entry = _installed[cell] = [None, None, None]
+    if _pre and entry[0] is None:
+        entry[0] = key = new_id()
+        Access.get(cell, "_forward_pre_hook_with_kwargs")[key] = True
+        pin(cell, "_forward_pre_hook", key, _run_pre, Access, last=False, prepend=True)
+    if _post and entry[1] is None:
+        entry[1] = key = new_id()
+        Access.get(cell, "_forward_hook_with_kwargs")[key] = True
+        Access.get(cell, "_forward_hook_always_called")[key] = True
+        pin(cell, "_forward_hook", key, _run_post, Access, last=False, prepend=True)
+    for slot, attr in ((0, "_forward_pre_hook"), (1, "_forward_hook")):
+        key = entry[slot]
+        hooks = Access.get(cell, attr) if key is not None else None
+        if hooks and next(iter(hooks)) != key:  # a hook prepended since: globals go first
+            hooks.move_to_end(key, last=False)
+    if _backward is not None and entry[2] is None and cell not in _states:
+        entry[2] = Pinned.install(
+            cell,
+            (("_forward_pre_hook", _backward[0]), ("_forward_hook", _backward[1])),
+            "_forward_hook_always_called",
+            new_id,
+            Access,
+        )
+
+
+def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    _ensure(self)
+    assert _original_call is not None
+    return _original_call(self, *args, **kwargs)
+
+
+def _strip(which: int) -> None:
+    """Take dispatcher slot `which` (0 pre, 1 post, 2 backward) out of every cell."""
+    for cell, entry in list(_installed.items()):
+        key = entry[which]
+        if key is None:
+            continue
+        entry[which] = None
+        if which == 2:
+            key.remove()
+            continue
+        attr, flags = (
+            ("_forward_pre_hook", ("_forward_pre_hook_with_kwargs",))
+            if which == 0
+            else ("_forward_hook", ("_forward_hook_with_kwargs", "_forward_hook_always_called"))
+        )
+        unpin(cell, attr, key, Access)
+        for flag in flags:
+            Access.get(cell, flag).pop(key, None)
+
+
+def _sync() -> None:
+    global _original_call
+    if not _pre:
+        _strip(0)
+    if not _post:
+        _strip(1)
+    if _backward is None:
+        _strip(2)
+    wanted = bool(_pre or _post or _backward is not None)
+    if wanted and _original_call is None:
+        _original_call = Cell.__call__
+        Cell.__call__ = _call
+    elif not wanted and _original_call is not None:
+        Cell.__call__ = _original_call  # type: ignore[method-assign]
+        _original_call = None
+        _installed.clear()
+
+
+def add_backward_dispatchers(pre: Hook, post: Hook) -> Callable[[], None]:
+    global _backward
+    with _lock:
+        _backward = (pre, post)
+        _sync()
+
+    def remove() -> None:
+        global _backward
+        with _lock:
+            _backward = None
+            _sync()
+
+    return remove
+
+
+def _add_forward(table: dict[int, Any], value: Any) -> Callable[[], None]:
+    key = next(_ids)
+    with _lock:
+        table[key] = value
+        _sync()
+
+    def remove() -> None:
+        with _lock:
+            if table.pop(key, None) is not None:
+                _sync()
+
+    return remove
+
+
+# -- registration hooks --
+
+_registration: dict[str, dict[int, Hook]] = {"parameter": {}, "module": {}}
+_originals: dict[str, Callable[..., Any]] = {}
+
+
+def _insert_param(self: Any, param_name: str, param: Any, *args: Any, **kwargs: Any) -> Any:
+    if param is not None:
+        for hook in tuple(_registration["parameter"].values()):
+            result = hook(self, param_name, param)
+            if result is not None:
+                param = result
+    return _originals["parameter"](self, param_name, param, *args, **kwargs)
+
+
+def _insert_child(self: Any, child_name: str, child: Any) -> Any:
+    if child is not None:
+        for hook in tuple(_registration["module"].values()):
+            result = hook(self, child_name, child)
+            if result is not None:
+                child = result
+    return _originals["module"](self, child_name, child)
+
+
+_PATCHES = {
+    "parameter": ("insert_param_to_cell", _insert_param),
+    "module": ("insert_child_to_cell", _insert_child),
+}
+
+_REGISTRABLE = {
+    "parameter_registration": (mindspore.Parameter, "a mindspore.Parameter"),
+    "buffer_registration": (mindspore.Tensor, "a mindspore.Tensor"),
+    "module_registration": (Cell, "a mindspore.nn.Cell"),
+}
+
+
+def _checked(kind: str, hook: Hook) -> Hook:
+    """MindSpore would file whatever a registration hook returns: raise TypeError as torch's
+    own registration paths do."""
+    wanted, what = _REGISTRABLE[kind]
+
+    def registration_hook(cell: Any, name: str, value: Any) -> Any:
+        result = hook(cell, name, value)
+        if result is None or isinstance(result, wanted):
+            return result
+        raise Site.of(global_label(kind), NAME, cell).error(
+            HookReturnTypeError, f"None or {what} to register as {name!r}", show_value(result)
+        )
+
+    return registration_hook
+
+
+def _add_registration(kind: str, hook: Hook) -> Callable[[], None]:
+    checked = _checked(kind, hook)
+    if kind == "buffer_registration":
+        native = cell_module.register_cell_buffer_registration_hook(checked)
+        return native.remove  # type: ignore[no-any-return]
+    what = kind.split("_")[0]
+    method, patched = _PATCHES[what]
+    key = next(_ids)
+    with _lock:
+        if not _registration[what]:
+            _originals[what] = getattr(Cell, method)
+            setattr(Cell, method, patched)
+        _registration[what][key] = checked
+
+    def remove() -> None:
+        with _lock:
+            if _registration[what].pop(key, None) is None:
+                return
+            if not _registration[what]:
+                setattr(Cell, method, _originals.pop(what))
+
+    return remove
+
+
+def add(kind: str, hook: Hook, with_kwargs: bool, always_call: bool) -> Callable[[], None]:
+    """Install a global hook of `kind`; return its remover."""
+    if kind == "forward_pre":
+        return _add_forward(_pre, (hook, with_kwargs))
+    if kind == "forward":
+        return _add_forward(_post, (hook, with_kwargs, always_call))
+    if kind in ("full_backward_pre", "full_backward"):
+        from ._backward import add_global
+
+        return add_global(kind, hook)
+    return _add_registration(kind, hook)

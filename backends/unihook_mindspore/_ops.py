@@ -1,0 +1,134 @@
+"""``unihook.ops`` for MindSpore."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence, Union
+
+import mindspore
+import numpy as np
+from mindspore import mint, ops
+
+from unihook._structures import map_dataclass
+from unihook.ops import Moments, drop_block_rate
+
+Axis = Union[None, int, Sequence[int]]
+Tensor = mindspore.Tensor
+
+
+def _axes(axis: Axis) -> Any:
+    return tuple(axis) if isinstance(axis, Sequence) else axis
+
+
+def _is_tensor(obj: object) -> bool:
+    return isinstance(obj, Tensor)
+
+
+class MindSporeOps:
+    is_tensor = staticmethod(_is_tensor)
+
+    def to_numpy(self, t: Any) -> Any:
+        return np.array(ops.stop_gradient(t).asnumpy())
+
+    def detach(self, t: Any) -> Any:
+        return ops.stop_gradient(t)
+
+    def clone(self, t: Any) -> Any:
+        return ops.stop_gradient(t).copy()
+
+    def zeros_like(self, t: Any) -> Any:
+        return ops.zeros_like(t)
+
+    def sum(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        return t.sum(axis=_axes(axis), keepdims=keepdim)
+
+    def mean(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        return t.mean(axis=_axes(axis), keep_dims=keepdim)
+
+    def std(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        return ops.std(t, axis=_axes(axis) or (), ddof=0, keepdims=keepdim)
+
+    def max(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        return ops.amax(t, axis=_axes(axis) if axis is not None else (), keepdims=keepdim)
+
+    def min(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        return ops.amin(t, axis=_axes(axis) if axis is not None else (), keepdims=keepdim)
+
+    def norm(self, t: Any, p: float) -> Any:
+        return ops.norm(t.reshape(-1), ord=p)
+
+    def sum_squares(self, t: Any) -> float:
+        return float(self.to_numpy(t).astype(np.float64).__pow__(2).sum())
+
+    def moments(self, t: Any) -> Moments:
+        # (on the host: MindSpore's CPU reductions in float64 cost more than the copy)
+        x = self.to_numpy(t).astype(np.float64).ravel()
+        finite = np.isfinite(x)
+        count = int(finite.sum())
+        if count < x.size:
+            x = x[finite]
+        if not count:
+            return 0, 0.0, 0.0, 0.0, 0.0, 0, int(t.size)
+        mean = float(x.mean())
+        m2 = float(np.square(x - mean).sum())
+        zeros = int((x == 0).sum())
+        return count, mean, m2, float(x.min()), float(x.max()), zeros, int(t.size) - count
+
+    def abs(self, t: Any) -> Any:
+        return t.abs()
+
+    def clamp(self, t: Any, min: float | None, max: float | None) -> Any:  # noqa: A002
+        return ops.clamp(t, min=min, max=max)
+
+    def all_finite(self, t: Any) -> bool:
+        return bool(ops.isfinite(t).all())
+
+    def dropout(self, t: Any, p: float, training: bool) -> Any:
+        return mint.nn.functional.dropout(t, p, training=training)
+
+    def drop_block(self, t: Any, p: float, block_size: int, training: bool) -> Any:
+        if not training or p <= 0:
+            return t
+        n, c, h, w = t.shape
+        size = min(block_size, h, w)
+        gamma = drop_block_rate(h, w, size, p)
+        seeds = (ops.rand((n, c, h - size + 1, w - size + 1)) < gamma).astype(t.dtype)
+        padded = ops.pad(seeds, [size - 1] * 4)
+        pool = mint.nn.functional.max_pool2d
+        blocks = pool(pool(padded, (size, 1), stride=1), (1, size), stride=1)
+        keep = 1 - blocks
+        return t * keep * (keep.size / ops.clamp(keep.sum(), min=1))
+
+    def named_modules(self, module: Any) -> list[tuple[str, Any]]:
+        return list(module.cells_and_names())
+
+    def as_tensor(self, array: Any, like: Any) -> Any:
+        return Tensor(np.asarray(array), dtype=like.dtype)
+
+    def leaf(self, t: Any) -> Any:
+        # MindSpore tracks gradients of Parameters (and of a grad session's inputs) only
+        return mindspore.Parameter(ops.stop_gradient(t).copy(), requires_grad=True)
+
+    def grad_of(self, t: Any) -> Any:
+        return t.grad if hasattr(t, "grad") else None
+
+    def copy_into(self, buffer: Any, t: Any) -> Any:
+        if buffer is None or buffer.shape != t.shape or buffer.dtype != t.dtype:
+            return ops.stop_gradient(t).copy()
+        return buffer.copy_(ops.stop_gradient(t))
+
+    def version(self, t: Any) -> int | None:
+        return None  # no in-place version counter in MindSpore 2.10
+
+    def map_tensors(self, fn: Callable[[Any], Any], value: Any) -> Any:
+        if isinstance(value, Tensor):
+            return fn(value)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return map_dataclass(value, lambda v: self.map_tensors(fn, v))
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return type(value)(*[self.map_tensors(fn, v) for v in value])
+        if isinstance(value, (tuple, list)):
+            return type(value)(self.map_tensors(fn, v) for v in value)
+        if isinstance(value, dict):
+            return type(value)((k, self.map_tensors(fn, v)) for k, v in value.items())
+        return value

@@ -1,0 +1,123 @@
+"""Imperative backward for MindSpore's functional autograd: what the conformance kit needs.
+
+MindSpore 2.10 has no ``Tensor.backward`` and no ``.grad``: gradients come from
+``mindspore.grad(fn, ...)`` which runs `fn` inside a recording session ("top graph"). The tape
+keeps one session open at all times (``_pynative_executor.new_graph`` on a key object); a
+backward closes it (``end_graph``), asks for the gradients with respect to every live leaf
+(``grad(..., weights=leaves)``: only Parameters can be differentiated by identity, so a leaf
+that requires grad is a Parameter), stores them and opens the next session. Tensors computed in
+an earlier session are constants in the next: one backward per forward (no retain_graph).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Sequence
+
+import mindspore
+import numpy as np
+from mindspore.graph.api import _pynative_executor as executor
+from mindspore.ops.composite import GradOperation
+
+__all__ = ["backward", "grad", "grad_wrt", "leaf", "set_grad", "start", "track"]
+
+
+class _Session:
+    """The key MindSpore files a recording session under (it must be hashable)."""
+
+
+_lock = threading.RLock()
+_session: _Session | None = None
+_leaves: dict[int, weakref.ref[Any]] = {}
+_grads: dict[int, tuple[weakref.ref[Any], Any]] = {}  # id(leaf) -> (leaf, numpy gradient)
+_counter = [0]
+_op = GradOperation(get_by_list=True)
+
+
+def start() -> None:
+    """Open the recording session if none is open."""
+    global _session
+    with _lock:
+        if _session is None:
+            executor.set_grad_flag(True)
+            _session = _Session()
+            executor.new_graph(_session)
+
+
+def track(tensor: Any) -> Any:
+    """Remember `tensor` (a Parameter) as a leaf whose gradient a backward computes."""
+    with _lock:
+        _leaves[id(tensor)] = weakref.ref(tensor)
+    return tensor
+
+
+def leaf(array: Any, dtype: Any = None) -> Any:
+    """A new leaf that requires grad, holding `array`."""
+    _counter[0] += 1
+    tensor = mindspore.Tensor(np.asarray(array), dtype=dtype)
+    return track(mindspore.Parameter(tensor, name=f"unihook_leaf_{_counter[0]}"))
+
+
+def _live_leaves() -> list[Any]:
+    live = []
+    for key, ref in list(_leaves.items()):
+        t = ref()
+        if t is None:
+            del _leaves[key]
+        elif t.requires_grad:
+            live.append(t)
+    return live
+
+
+def _run(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
+    """Close the session at `outputs` (their gradients are ones: summed), differentiate with
+    respect to `inputs`, open the next session."""
+    global _session
+    with _lock:
+        start()
+        session = _session
+        _session = None
+        out = outputs[0] if len(outputs) == 1 else tuple(outputs)
+        try:
+            executor.end_graph(session, out)
+            grads = executor.grad(session, _op, list(inputs), None, False) if inputs else ()
+        finally:
+            start()
+    if not isinstance(grads, (tuple, list)):
+        grads = (grads,)
+    return list(grads)
+
+
+def backward(tensor: Any) -> None:
+    """``tensor.backward()``: gradients of every live leaf, accumulated into `grad`."""
+    leaves = _live_leaves()
+    grads = _run([tensor], leaves)
+    with _lock:
+        for t, g in zip(leaves, grads):
+            value = g.asnumpy().copy()
+            old = _grads.get(id(t))
+            if old is not None and old[0]() is t:
+                value = old[1] + value
+            _grads[id(t)] = (weakref.ref(t), value)
+
+
+def grad_wrt(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
+    """``autograd.grad``: gradients of `outputs` with respect to leaves `inputs`."""
+    return _run(list(outputs), list(inputs))
+
+
+def grad(tensor: Any) -> Any:
+    """The accumulated gradient of a leaf, as numpy, or None."""
+    entry = _grads.get(id(tensor))
+    if entry is None or entry[0]() is not tensor:
+        return None
+    return entry[1].copy()
+
+
+def set_grad(tensor: Any, value: Any) -> None:
+    with _lock:
+        if value is None:
+            _grads.pop(id(tensor), None)
+        else:
+            _grads[id(tensor)] = (weakref.ref(tensor), value)

@@ -1,0 +1,207 @@
+"""The conformance kit for MindSpore (``unihook.testing.Kit``): used only by the test suite.
+
+MindSpore's autograd is functional; the kit's imperative backward runs on ``_tape`` (one
+recording session open at all times). A tensor that requires grad is a Parameter (see there).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import mindspore
+import numpy as np
+from mindspore import nn, ops
+
+from . import _tape
+
+mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
+
+
+class _Cell(nn.Cell):
+    def __init__(self, forward: Callable[..., Any], children: dict[str, Any] | None) -> None:
+        super().__init__()
+        self._fn = forward
+        for name, child in (children or {}).items():
+            self.insert_child_to_cell(name, child)
+
+    def construct(self, *args: Any, **kwargs: Any) -> Any:
+        return self._fn(self, *args, **kwargs)
+
+
+class _InplaceReLU(nn.Cell):
+    def construct(self, x: Any) -> Any:
+        return ops.relu_(x) if hasattr(ops, "relu_") else x.copy_(ops.relu(x))
+
+
+# framework-neutral class names (the kit's `type_name`)
+_NEUTRAL = {"dense": "linear", "sequentialcell": "sequential", "_inplacerelu": "relu"}
+
+
+def _f32(data: Any) -> Any:
+    return mindspore.Tensor(np.asarray(data, dtype="float32"))
+
+
+class MindSporeKit:
+    name = "mindspore"
+
+    def __init__(self) -> None:
+        _tape.start()
+
+    def _track(self, cell: Any) -> Any:
+        for p in cell.get_parameters():
+            _tape.track(p)
+        return cell
+
+    def tensor(self, data: Any, requires_grad: bool = False, dtype: str = "float32") -> Any:
+        array = np.asarray(data, dtype=dtype)
+        if requires_grad:
+            return _tape.leaf(array)
+        return mindspore.Tensor(array)
+
+    def numpy(self, tensor: Any) -> Any:
+        return np.array(ops.stop_gradient(tensor).asnumpy())
+
+    def grad(self, tensor: Any) -> Any:
+        return _tape.grad(tensor)
+
+    def requires_grad(self, tensor: Any) -> bool:
+        return bool(tensor._requires_grad)
+
+    def add_(self, tensor: Any, value: float) -> Any:
+        return tensor.add_(value)
+
+    def relu(self, tensor: Any) -> Any:
+        return ops.relu(tensor)
+
+    def cat(self, tensors: Sequence[Any], axis: int) -> Any:
+        return ops.cat(list(tensors), axis=axis)
+
+    def zeros_like(self, tensor: Any) -> Any:
+        return ops.zeros_like(tensor)
+
+    def is_tensor(self, obj: object) -> bool:
+        return isinstance(obj, mindspore.Tensor)
+
+    def backward(self, tensor: Any, retain_graph: bool = False) -> None:
+        _tape.backward(tensor)
+
+    def autograd_grad(
+        self, outputs: Sequence[Any], inputs: Sequence[Any], create_graph: bool = False
+    ) -> list[Any]:
+        return _tape.grad_wrt(outputs, inputs)
+
+    def grad_wrt(
+        self,
+        outputs: Sequence[Any],
+        inputs: Sequence[Any],
+        retain_graph: bool = False,
+        create_graph: bool = False,
+        allow_unused: bool = False,
+    ) -> list[Any]:
+        return _tape.grad_wrt(outputs, inputs)
+
+    def no_grad(self) -> Any:
+        return mindspore._no_grad()
+
+    def linear(self, n_in: int, n_out: int, weight: Any = None, bias: Any = None) -> Any:
+        m = nn.Dense(n_in, n_out)  # weight [out, in], as torch's
+        if weight is not None:
+            m.weight.set_data(_f32(weight))
+        if bias is not None:
+            m.bias.set_data(_f32(bias))
+        return self._track(m)
+
+    def relu_module(self, inplace: bool = False) -> Any:
+        return _InplaceReLU() if inplace else nn.ReLU()
+
+    def sequential(self, *modules: Any) -> Any:
+        return nn.SequentialCell(*modules)
+
+    def conv2d(self, c_in: int, c_out: int, k: int, padding: int = 0) -> Any:
+        pad_mode = "pad" if padding else "valid"
+        return self._track(
+            nn.Conv2d(c_in, c_out, k, pad_mode=pad_mode, padding=padding, has_bias=True)
+        )
+
+    def batchnorm2d(self, c: int) -> Any:
+        return self._track(nn.BatchNorm2d(c))
+
+    def module(self, forward: Callable[..., Any], children: dict[str, Any] | None = None) -> Any:
+        return _Cell(forward, children)
+
+    def parameters(self, module: Any) -> list[Any]:
+        return [_tape.track(p) for p in module.get_parameters()]
+
+    def named_modules(self, module: Any) -> list[tuple[str, Any]]:
+        return list(module.cells_and_names())
+
+    def set_training(self, module: Any, training: bool) -> None:
+        module.set_train(training)
+
+    def seed(self, seed: int) -> None:
+        mindspore.set_seed(seed)
+
+    def hook_counts(self, module: Any) -> dict[str, int]:
+        # Cell.__call__ takes its no-hook path when these dicts are empty
+        names = (
+            "_forward_pre_hook",
+            "_forward_pre_hook_with_kwargs",
+            "_forward_hook",
+            "_forward_hook_with_kwargs",
+            "_forward_hook_always_called",
+        )
+        return {name: len(getattr(module, name)) for name in names}
+
+    def hook_dicts(self, module: Any) -> dict[str, Any]:
+        return {name: getattr(module, name) for name in self.hook_counts(module)}
+
+    def native_hook(
+        self, module: Any, kind: str, hook: Callable[..., Any], **options: Any
+    ) -> Callable[[], None]:
+        register = (
+            module.register_forward_pre_hook
+            if kind == "forward_pre"
+            else module.register_forward_hook
+        )
+        return register(hook, **options).remove  # type: ignore[no-any-return]
+
+    def state_dict_roundtrip(self, module: Any) -> None:
+        mindspore.load_param_into_net(module, module.parameters_dict())
+
+    def native_state(self) -> object:
+        import mindspore.nn.cell as cell_module
+
+        methods = {k: v for k, v in vars(nn.Cell).items() if callable(v)}
+        return (methods, dict(cell_module._global_buffer_registration_hooks))
+
+    def parameter(self, data: Any) -> Any:
+        return _tape.leaf(np.asarray(data, dtype="float32"))
+
+    def register_parameter(self, module: Any, name: str, param: Any) -> None:
+        module.insert_param_to_cell(name, param)
+
+    def register_buffer(self, module: Any, name: str, tensor: Any) -> None:
+        module.register_buffer(name, tensor)
+
+    def add_module(self, module: Any, name: str, child: Any) -> None:
+        module.insert_child_to_cell(name, child)
+
+    def type_name(self, module: Any) -> str:
+        name = type(module).__name__.lower()
+        return _NEUTRAL.get(name, name)
+
+    def set_value(self, tensor: Any, data: Any) -> None:
+        tensor.set_data(_f32(data))
+
+    def sgd(self, module: Any, lr: float) -> Callable[[Any], None]:
+        params = [_tape.track(p) for p in module.trainable_params()]
+
+        def step(loss: Any) -> None:
+            _tape.backward(loss)
+            for p in params:
+                g = _tape.grad(p)
+                if g is not None:
+                    p.set_data(_f32(p.asnumpy() - lr * g))
+                    _tape.set_grad(p, None)
+
+        return step
