@@ -11,7 +11,10 @@ and a wrong return raises a bare TypeError. The emulation gives torch's contract
 MindSpore quirks handled here:
 - every tensor recorded under a grad session has ``_requires_grad`` True (MindSpore has no
   per-tensor requires_grad outside a session; Parameters always have it);
-- ``_Function.forward`` must not return its input: ``view(shape)`` (shares memory);
+- an in-place op on a ``_Function`` output that is its input, a ``view`` or a ``reshape`` of
+  it raises "A view of base is being inplace modified ... custom bprop" (a conv followed by an
+  in-place ReLU): the output is ``ops.stop_gradient(x)``, which shares memory and is no view
+  (torch's BackwardHook has the same trap; unihook's torch identity returns ``detach()``);
 - there is no in-place version counter (``Tensor._version`` stays 0 after ``add_``): forward's
   in-place ops on an input alias are not rebased onto the caller's tensor.
 """
@@ -23,6 +26,7 @@ from typing import Any, Callable, Sequence
 import mindspore
 from mindspore.common._grad_function import _Function
 from mindspore.graph.api import _pynative_executor
+from mindspore.ops import stop_gradient, zeros
 
 from unihook._checks import check_grad_like
 from unihook._describe import Site
@@ -54,16 +58,28 @@ class _Identity(_Function):
         ctx.site = site._replace(kind="full_backward" if materialize else "full_backward_pre")
         ctx.shapes = [(tuple(x.shape), x.dtype) for x in xs]
         ctx.set_materialize_grads(materialize)
-        # returning an input unchanged would make it its own output: a view shares memory
-        return tuple(x.view(x.shape) for x in xs)
+        ctx.materialize = materialize  # (the native flag is write-only)
+        # MindSpore sends a gradient to an input that needs none (a plain tensor recorded in a
+        # grad session); torch's identity marks it non-differentiable: zeros, or None
+        ctx.dead = [i for i, x in enumerate(xs) if not x._requires_grad]
+        # shares memory and is no view: in-place ops after the module work (module docstring)
+        return tuple(stop_gradient(x) for x in xs)
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
+        if ctx.dead:
+            grads = list(grads)
+            for i in ctx.dead:
+                shape, dtype = ctx.shapes[i]
+                grads[i] = zeros(shape, dtype) if ctx.materialize else None
+            grads = tuple(grads)
         results = ctx.on_backward(grads)
         if results is not grads:
             for result, grad, (shape, dtype) in zip(results, grads, ctx.shapes):
                 if grad is None and result is not None:
                     check_grad_like(result, shape, dtype, "mindspore.Tensor", _is_tensor, ctx.site)
+        if ctx.dead:
+            results = [None if i in ctx.dead else r for i, r in enumerate(results)]
         return (None, None, None, *results)
 
 

@@ -7,7 +7,7 @@ from typing import Any, Callable, Sequence, Union
 
 import mindspore
 import numpy as np
-from mindspore import mint, ops
+from mindspore import ops
 
 from unihook._structures import map_dataclass
 from unihook.ops import Moments, drop_block_rate
@@ -84,7 +84,8 @@ class MindSporeOps:
         return bool(ops.isfinite(t).all())
 
     def dropout(self, t: Any, p: float, training: bool) -> Any:
-        return mint.nn.functional.dropout(t, p, training=training)
+        # mint's dropout raises "The kernel DropoutExt unregistered" on CPU
+        return ops.dropout(t, p=p, training=training)
 
     def drop_block(self, t: Any, p: float, block_size: int, training: bool) -> Any:
         if not training or p <= 0:
@@ -94,7 +95,7 @@ class MindSporeOps:
         gamma = drop_block_rate(h, w, size, p)
         seeds = (ops.rand((n, c, h - size + 1, w - size + 1)) < gamma).astype(t.dtype)
         padded = ops.pad(seeds, [size - 1] * 4)
-        pool = mint.nn.functional.max_pool2d
+        pool = ops.max_pool2d  # (mint's max_pool2d has no CPU kernel either)
         blocks = pool(pool(padded, (size, 1), stride=1), (1, size), stride=1)
         keep = 1 - blocks
         return t * keep * (keep.size / ops.clamp(keep.sum(), min=1))
@@ -115,7 +116,8 @@ class MindSporeOps:
     def copy_into(self, buffer: Any, t: Any) -> Any:
         if buffer is None or buffer.shape != t.shape or buffer.dtype != t.dtype:
             return ops.stop_gradient(t).copy()
-        return buffer.copy_(ops.stop_gradient(t))
+        buffer.copy_(ops.stop_gradient(t))  # returns a new Tensor object, not `buffer`
+        return buffer
 
     def version(self, t: Any) -> int | None:
         return None  # no in-place version counter in MindSpore 2.10

@@ -29,8 +29,10 @@ class _Cell(nn.Cell):
 
 
 class _InplaceReLU(nn.Cell):
+    # nn.ReLU has no inplace flag, and mint's functional relu_ raises "The kernel InplaceReLU
+    # unregistered" on CPU: copy_ is an in-place op autograd records
     def construct(self, x: Any) -> Any:
-        return ops.relu_(x) if hasattr(ops, "relu_") else x.copy_(ops.relu(x))
+        return x.copy_(ops.relu(x))
 
 
 # framework-neutral class names (the kit's `type_name`)
@@ -50,6 +52,8 @@ class MindSporeKit:
     def _track(self, cell: Any) -> Any:
         for p in cell.get_parameters():
             _tape.track(p)
+        # a Cell starts in inference mode, a torch Module in training mode: as torch
+        cell.set_train(True)
         return cell
 
     def tensor(self, data: Any, requires_grad: bool = False, dtype: str = "float32") -> Any:
@@ -112,10 +116,10 @@ class MindSporeKit:
         return self._track(m)
 
     def relu_module(self, inplace: bool = False) -> Any:
-        return _InplaceReLU() if inplace else nn.ReLU()
+        return self._track(_InplaceReLU() if inplace else nn.ReLU())
 
     def sequential(self, *modules: Any) -> Any:
-        return nn.SequentialCell(*modules)
+        return self._track(nn.SequentialCell(*modules))
 
     def conv2d(self, c_in: int, c_out: int, k: int, padding: int = 0) -> Any:
         pad_mode = "pad" if padding else "valid"
@@ -127,7 +131,7 @@ class MindSporeKit:
         return self._track(nn.BatchNorm2d(c))
 
     def module(self, forward: Callable[..., Any], children: dict[str, Any] | None = None) -> Any:
-        return _Cell(forward, children)
+        return self._track(_Cell(forward, children))
 
     def parameters(self, module: Any) -> list[Any]:
         return [_tape.track(p) for p in module.get_parameters()]
