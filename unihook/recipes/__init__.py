@@ -5,6 +5,7 @@ and on the same paddle model with the same numbers. This package imports no fram
 from __future__ import annotations
 
 from .cam import GradCAM, GuidedBackprop
+from .compare import Report, compare, compare_dumps, copy_weights, dump
 from .drop import DropHook
 from .monitor import GradientMonitor, NonFiniteGradientError
 from .stats import ActivationStats
@@ -16,4 +17,9 @@ __all__ = [
     "GradientMonitor",
     "GuidedBackprop",
     "NonFiniteGradientError",
+    "Report",
+    "compare",
+    "compare_dumps",
+    "copy_weights",
+    "dump",
 ]

@@ -1,0 +1,547 @@
+"""unihook.recipes.compare (issue 15): a model and its port, torch and paddle, module by module.
+
+Two architectures are ported: the reference ResNet-18 (torchvision's layout against
+``paddle.vision.models.resnet18``: in-place ReLUs called twice per block, ``out += identity``)
+and a Transformer-style model written here in both frameworks (pre-norm blocks with
+multi-head attention, whose packed q/k/v weights copy_weights splits). An identical port is
+``ok``; each deliberate mistake is named first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import paddle
+import pytest
+import torch
+from models_ref import ARCHS, build
+from torch import nn
+
+from unihook.recipes import compare, copy_weights, dump
+from unihook.recipes.compare import RTOL
+
+pnn = paddle.nn
+RESNET_INPUT = ARCHS["resnet18"].input_shape  # (4, 3, 48, 48): BatchNorm over enough values
+TRANSFORMER_INPUT = (2, 6, 8)  # batch, sequence, features
+
+
+def batch(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# -- custom autograd functions: the same ReLU, and one whose backward forgets the mask ---------
+
+
+class TorchReLUFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.clamp(min=0)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * (x > 0).to(grad.dtype)
+
+
+class PaddleReLUFn(paddle.autograd.PyLayer):
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:
+        ctx.save_for_backward(x)
+        return paddle.clip(x, min=0)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        (x,) = ctx.saved_tensor()
+        return grad * (x > 0).astype(grad.dtype)
+
+
+class PaddleWrongReLUFn(PaddleReLUFn):
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        return grad  # the mistake: a straight-through gradient, the mask forgotten
+
+
+class TorchCustomReLU(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return TorchReLUFn.apply(x)  # type: ignore[no-any-return]
+
+
+class PaddleCustomReLU(pnn.Layer):
+    def __init__(self, fn: type = PaddleReLUFn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: Any) -> Any:
+        return self.fn.apply(x)
+
+
+# -- the Transformer-style model in both frameworks --------------------------------------------
+
+D, HEADS, CLASSES = 16, 4, 5
+
+
+class TorchBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(D)
+        self.attn = nn.MultiheadAttention(D, HEADS, batch_first=True)
+        self.norm2 = nn.LayerNorm(D)
+        self.fc1 = nn.Linear(D, 2 * D)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(2 * D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]  # a (tensor, None) tuple output
+        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+
+
+class TorchTransformer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(TRANSFORMER_INPUT[-1], D)
+        self.blocks = nn.ModuleList([TorchBlock() for _ in range(2)])
+        self.norm = nn.LayerNorm(D)
+        self.head = nn.Linear(D, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h))
+
+
+class PaddleBlock(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1 = pnn.LayerNorm(D)
+        self.attn = pnn.MultiHeadAttention(D, HEADS)
+        self.norm2 = pnn.LayerNorm(D)
+        self.fc1 = pnn.Linear(D, 2 * D)
+        self.act = pnn.GELU()
+        self.fc2 = pnn.Linear(2 * D, D)
+
+    def forward(self, x: Any) -> Any:
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h)
+        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+
+
+class PaddleTransformer(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = pnn.Linear(TRANSFORMER_INPUT[-1], D)
+        self.blocks = pnn.LayerList([PaddleBlock() for _ in range(2)])
+        self.norm = pnn.LayerNorm(D)
+        self.head = pnn.Linear(D, CLASSES)
+
+    def forward(self, x: Any) -> Any:
+        h = self.embed(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h))
+
+
+def transformer_pair(seed: int = 0) -> tuple[TorchTransformer, PaddleTransformer]:
+    torch.manual_seed(seed)
+    model = TorchTransformer()
+    with torch.no_grad():  # LayerNorm affine away from 1/0, else a wrong copy could go unseen
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0, 0.1)
+    twin = PaddleTransformer()
+    copy_weights(model, twin)
+    return model, twin
+
+
+def resnet_pair(seed: int = 0) -> tuple[nn.Module, pnn.Layer]:
+    model, _, twin = build(ARCHS["resnet18"], seed)  # train mode: BatchNorm batch statistics
+    return model, twin
+
+
+PAIRS: dict[str, tuple[Callable[[], tuple[Any, Any]], tuple[int, ...]]] = {
+    "resnet": (resnet_pair, RESNET_INPUT),
+    "transformer": (transformer_pair, TRANSFORMER_INPUT),
+}
+
+
+# -- the deliberate mistakes: each edits the port and names what compare must report first -----
+
+
+def _set(param: Any, value: np.ndarray) -> None:
+    param.set_value(np.ascontiguousarray(value))
+
+
+def resnet_epsilon(model: Any, twin: Any) -> tuple[str | None, str | None]:
+    twin.layer2[0].bn1._epsilon = 1e-3  # torch's default is 1e-5 (Keras' 1e-3 carried over)
+    return "layer2.0.bn1", None
+
+
+def resnet_activation(model: Any, twin: Any) -> tuple[str | None, str | None]:
+    twin.layer3[1].relu = pnn.LeakyReLU(0.1)
+    return "layer3.1.relu", None
+
+
+def resnet_transposed(model: Any, twin: Any) -> tuple[str | None, str | None]:
+    w = twin.layer3[0].conv1.weight  # a 3x3 kernel copied with its spatial axes swapped
+    _set(w, w.numpy().transpose(0, 1, 3, 2))
+    return "layer3.0.conv1", None
+
+
+def resnet_custom_backward(model: Any, twin: Any) -> tuple[str | None, str | None]:
+    model.layer2[1].relu = TorchCustomReLU()  # called twice per forward, as torchvision's
+    twin.layer2[1].relu = PaddleCustomReLU(PaddleWrongReLUFn)
+    return None, "layer2.1.relu"
+
+
+def transformer_epsilon(model: Any, twin: Any) -> tuple[str | None, str | None]:
+    twin.blocks[1].norm2._epsilon = 1e-3
+    return "blocks.1.norm2", None
+
+
+def transformer_activation(model: Any, twin: Any) -> tuple[str | None, str | None]:
+    twin.blocks[0].act = pnn.GELU(approximate=True)  # tanh approximation for the exact GELU
+    return "blocks.0.act", None
+
+
+def transformer_transposed(model: Any, twin: Any) -> tuple[str | None, str | None]:
+    w = twin.blocks[1].attn.out_proj.weight  # a square Linear weight copied untransposed
+    _set(w, w.numpy().T)
+    return "blocks.1.attn", None  # torch runs out_proj inside MultiheadAttention's forward
+
+
+def transformer_custom_backward(model: Any, twin: Any) -> tuple[str | None, str | None]:
+    model.blocks[1].act = TorchCustomReLU()
+    twin.blocks[1].act = PaddleCustomReLU(PaddleWrongReLUFn)
+    return None, "blocks.1.act"
+
+
+MISTAKES = {
+    "resnet": [resnet_epsilon, resnet_activation, resnet_transposed, resnet_custom_backward],
+    "transformer": [
+        transformer_epsilon,
+        transformer_activation,
+        transformer_transposed,
+        transformer_custom_backward,
+    ],
+}
+
+
+# -- identical ports, mistakes --------------------------------------------------------------
+
+
+def _worst(report: Any) -> tuple[float, float]:
+    rows = report.rows()
+    grads = [max(r["grad_output_rel"] or 0, r["grad_input_rel"] or 0) for r in rows]
+    return max(r["output_rel"] for r in rows), max(grads)
+
+
+@pytest.mark.parametrize("arch", list(PAIRS))
+def test_identical_port_is_ok(arch: str) -> None:
+    make, shape = PAIRS[arch]
+    model, twin = make()
+    report = compare(model, twin, batch(shape))
+    assert report.ok, str(report)
+    assert (report.first_forward, report.first_backward, report.first_parameter) == (None,) * 3
+    assert report.rule == "name" and report.step is None
+    # the default tolerance sits well above what these correct float32 ports reach
+    out, grad = _worst(report)
+    assert 0 < out < RTOL / 3 and 0 < grad < RTOL / 3, (out, grad)
+    rows = report.rows()
+    assert {r["verdict"] for r in rows} == {"ok"}
+    assert all(r["grad_output_abs"] is not None for r in rows)
+    names = [r["name_a"] for r in rows]
+    if arch == "resnet":  # BasicBlock's one in-place ReLU runs twice: a row per call
+        assert [r["call"] for r in rows if r["name_a"] == "layer1.0.relu"] == [0, 1]
+        assert (len(names), len(set(names)), names[-1]) == (76, 68, "")  # 68 modules
+    else:  # paddle's q/k/v projections have no torch module: listed, not compared
+        assert report.unpaired_b[:3] == ["blocks.0.attn.q_proj", "blocks.0.attn.k_proj",
+                                         "blocks.0.attn.v_proj"]  # fmt: skip
+    assert str(report).startswith("compare torch (a) vs paddle (b): OK\n")
+
+
+MISTAKE_CASES = [(arch, m) for arch, ms in MISTAKES.items() for m in ms]
+
+
+@pytest.mark.parametrize(
+    ("arch", "mistake"), MISTAKE_CASES, ids=[m.__name__ for _, m in MISTAKE_CASES]
+)
+def test_mistake_is_named_first(arch: str, mistake: Callable[..., Any]) -> None:
+    make, shape = PAIRS[arch]
+    model, twin = make()
+    first_forward, first_backward = mistake(model, twin)
+    report = compare(model, twin, batch(shape))
+    assert not report.ok
+    tree = str(report)
+    if first_forward is not None:
+        assert report.first_forward == first_forward, tree
+        line = next(s for s in tree.splitlines() if "<- first forward divergence" in s)
+        assert line.split("─ ")[1].startswith(first_forward.rsplit(".", 1)[-1] + " (")
+    else:  # forward identical, backward not: the custom function's module, forward clean
+        assert report.first_forward is None, tree
+        assert report.first_backward == first_backward, tree
+        # its grad_output agrees, its grad_input does not (the ResNet's ReLU: at its last call)
+        first = next(r for r in report.backward_order if r.verdict != "ok")
+        assert (first.name_a, first.verdict) == (first_backward, "grad_input differs")
+        assert all(r["output_rel"] < RTOL for r in report.rows() if r["name_a"] == first.name_a)
+    # a weight copied wrong differs before the first step already (step -1)
+    assert report.step == (-1 if mistake.__name__.endswith("transposed") else 0)
+
+
+def test_custom_function_with_the_right_backward_is_ok() -> None:
+    model, twin = transformer_pair()
+    model.blocks[1].act = TorchCustomReLU()
+    twin.blocks[1].act = PaddleCustomReLU(PaddleReLUFn)
+    assert compare(model, twin, batch(TRANSFORMER_INPUT)).ok
+
+
+def test_transposed_weight_is_also_the_first_parameter() -> None:
+    model, twin = transformer_pair()
+    transformer_transposed(model, twin)
+    report = compare(model, twin, torch.tensor(batch(TRANSFORMER_INPUT)))  # a torch input
+    assert report.first_parameter == "blocks.1.attn.out_proj.weight"
+    assert report.params[0].stage == "initial" and report.step == -1
+    assert "first parameter divergence: blocks.1.attn.out_proj.weight (initial" in str(report)
+
+
+# -- dump in one process, compare_dumps in another -----------------------------------------
+
+CHILD = """
+import json, sys
+sys.modules["torch"] = sys.modules["paddle"] = None  # compare_dumps needs neither framework
+from unihook.recipes import compare_dumps
+report = compare_dumps(sys.argv[1], sys.argv[2])
+print(json.dumps({"firsts": [report.first_forward, report.first_backward,
+                             report.first_parameter, report.step],
+                  "rows": report.rows(), "tree": str(report)}))
+"""
+
+
+def test_dump_then_compare_dumps_in_another_process(tmp_path: Path) -> None:
+    model, twin = transformer_pair()
+    transformer_epsilon(model, twin)
+    x = batch(TRANSFORMER_INPUT)
+    expected = compare(model, twin, x)
+    dump(model, x, tmp_path / "torch.dump")
+    dump(twin, x, tmp_path / "paddle.dump")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "torch.dump"), str(tmp_path / "paddle.dump")],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout)
+    firsts = [expected.first_forward, expected.first_backward, expected.first_parameter, 0]
+    assert got["firsts"] == firsts and firsts[0] == "blocks.1.norm2"
+    assert got["rows"] == json.loads(json.dumps(expected.rows()))
+    assert got["tree"] == str(expected)
+
+
+# -- copy_weights ------------------------------------------------------------------------------
+
+
+def _state(model: Any) -> dict[str, np.ndarray]:
+    return {k: np.array(v.detach().numpy()) for k, v in model.state_dict().items()}
+
+
+ROUND_TRIPS: dict[str, tuple[Callable[[], nn.Module], Callable[[], pnn.Layer], tuple[str, str]]] = {
+    "resnet": (
+        ARCHS["resnet18"].torch_model,
+        ARCHS["resnet18"].paddle_model,
+        ("layer1.0.bn1.running_var", "layer1.0.bn1._variance"),
+    ),
+    "transformer": (
+        TorchTransformer,
+        PaddleTransformer,
+        (
+            "blocks.0.attn.in_proj_weight",
+            "blocks.0.attn.q_proj.weight+blocks.0.attn.k_proj.weight+blocks.0.attn.v_proj.weight",
+        ),
+    ),
+    "lstm": (
+        ARCHS["lstm"].torch_model,
+        ARCHS["lstm"].paddle_model,
+        ("lstm.weight_hh_l1", "lstm.weight_hh_l1"),
+    ),
+}
+
+
+@pytest.mark.parametrize("arch", list(ROUND_TRIPS))
+def test_copy_weights_round_trip_is_bit_identical(arch: str) -> None:
+    make_torch, make_paddle, pair = ROUND_TRIPS[arch]
+    torch.manual_seed(1)
+    src = make_torch()
+    with torch.no_grad():  # every entry random, running statistics included
+        for value in src.state_dict().values():
+            if value.is_floating_point():
+                value.copy_(torch.randn(value.shape))
+    back, mid = make_torch(), make_paddle()
+    there = copy_weights(src, mid)
+    again = copy_weights(mid, back)
+    assert pair in there
+    assert [(a, b) for a, b in there] == [(b, a) for a, b in again]
+    before, after = _state(src), _state(back)
+    assert before.keys() == after.keys()
+    for key, value in before.items():
+        if key.endswith("num_batches_tracked"):
+            continue  # torch's step counter: no paddle counterpart, not copied
+        assert value.dtype == after[key].dtype and np.array_equal(value, after[key]), key
+
+
+def test_copy_weights_lists_every_problem_and_copies_nothing() -> None:
+    src = TorchTransformer()
+    dst = PaddleTransformer()
+    dst.head = pnn.Linear(D, CLASSES + 1)  # mis-shaped
+    dst.extra = pnn.LayerNorm(D)  # no counterpart
+    before = _state(dst)
+    with pytest.raises(ValueError) as info:
+        copy_weights(src, dst)
+    message = str(info.value)
+    for expected in ("head.weight: shape [5, 16] vs [6, 16]", "head.bias: shape [5] vs [6]",
+                     "only in the second: extra.weight [16]", "nothing was copied"):  # fmt: skip
+        assert expected in message, message
+    after = _state(dst)
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+
+
+# -- alignment by call order, layer_map ---------------------------------------------------------
+
+
+class PaddleFlat(pnn.Layer):  # a port's own flatten: no class of that name on the torch side
+    def forward(self, x: Any) -> Any:
+        return x.flatten(1)
+
+
+class PaddleStem(pnn.Layer):  # a wrapper the torch model does not have
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = pnn.Conv2D(3, 8, 3, padding=1)
+        self.norm = pnn.BatchNorm2D(8)
+        self.act = pnn.ReLU()
+
+    def forward(self, x: Any) -> Any:
+        return self.act(self.norm(self.conv(x)))
+
+
+class PaddleRenamed(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = PaddleStem()
+        self.pool = pnn.AdaptiveAvgPool2D(2)
+        self.flat = PaddleFlat()
+        self.classifier = pnn.Linear(32, CLASSES)
+
+    def forward(self, x: Any) -> Any:
+        return self.classifier(self.flat(self.pool(self.stem(x))))
+
+
+def renamed_pair() -> tuple[nn.Module, pnn.Layer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(), nn.Linear(32, CLASSES),
+    ).eval()  # fmt: skip
+    twin = PaddleRenamed()
+    twin.eval()
+    pairs = copy_weights(model, twin)  # no shared names: paired by order, shapes checked
+    assert pairs[0] == ("0.weight", "stem.conv.weight")
+    assert pairs[-1] == ("5.bias", "classifier.bias")
+    return model, twin
+
+
+def test_alignment_by_call_order_skips_wrappers_and_takes_a_layer_map() -> None:
+    model, twin = renamed_pair()
+    x = batch((2, 3, 8, 8))
+    report = compare(model, twin, x)
+    assert report.ok and report.rule == "order", str(report)
+    assert report.pairs == [("0", "stem.conv"), ("1", "stem.norm"), ("2", "stem.act"),
+                            ("3", "pool"), ("5", "classifier"), ("", "")]  # fmt: skip
+    assert report.unpaired_a == ["4"] and report.unpaired_b == ["stem", "flat"]
+    report = compare(model, twin, x, layer_map={"4": "flat"})
+    assert report.ok and ("4", "flat") in report.pairs and report.unpaired_b == ["stem"]
+    twin.stem.norm._epsilon = 1e-2
+    report = compare(model, twin, x)
+    assert report.first_forward == "1" and "b:stem.norm" in str(report)
+    with pytest.raises(ValueError, match="`layer_map` names modules that did not run"):
+        compare(model, twin, x, layer_map={"9": "flat"})
+
+
+# -- several steps, no_grad, tuple outputs, plots --------------------------------------------
+
+
+def test_steps_compare_parameters_after_each_optimizer_step() -> None:
+    def run(lr_b: float) -> Any:
+        model, twin = transformer_pair()
+        opt_a = torch.optim.SGD(model.parameters(), lr=0.1)
+        opt_b = paddle.optimizer.SGD(learning_rate=lr_b, parameters=twin.parameters())
+        optimizers = (lambda: (opt_a.step(), opt_a.zero_grad()),
+                      lambda: (opt_b.step(), opt_b.clear_grad()))  # fmt: skip
+        return compare(model, twin, batch(TRANSFORMER_INPUT), steps=3, optimizers=optimizers)
+
+    report = run(0.1)
+    assert report.ok, str(report)
+    assert {r["step"] for r in report.rows()} == {0, 1, 2}
+    updated = [p for p in report.params if p.stage == "updated"]
+    assert len(updated) == 3 * len([p for p in report.params if p.stage == "initial"])
+    report = run(0.2)  # the port's learning rate differs: the parameters after step 0 do
+    assert report.first_parameter == "embed.weight" and report.step == 0
+    first = next(p for p in report.params if p.diff.failed)
+    assert (first.stage, first.step) == ("updated", 0)
+    assert report.first_forward is not None  # step 1 runs on different weights
+    assert {r.step for r in report.table if r.output.failed} == {1, 2}
+
+
+class TorchFrozen(nn.Module):
+    """A frozen branch run under no_grad beside a trained one; an LSTM's nested tuple output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = nn.Linear(8, 8)
+        self.lstm = nn.LSTM(8, 8, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            teacher = self.frozen(x)
+        out, (h, c) = self.lstm(x)
+        return out + teacher + (h * c)[-1][:, None]
+
+
+class PaddleFrozen(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = pnn.Linear(8, 8)
+        self.lstm = pnn.LSTM(8, 8)
+
+    def forward(self, x: Any) -> Any:
+        with paddle.no_grad():
+            teacher = self.frozen(x)
+        out, (h, c) = self.lstm(x)
+        return out + teacher + (h * c)[-1][:, None]
+
+
+def test_no_grad_branch_and_nested_tuple_outputs() -> None:
+    torch.manual_seed(0)
+    model, twin = TorchFrozen(), PaddleFrozen()
+    copy_weights(model, twin)
+    report = compare(model, twin, batch((2, 4, 8)))
+    assert report.ok, str(report)
+    rows = {r["name_a"]: r for r in report.rows()}
+    assert rows["frozen"]["grad_output_abs"] is None  # no backward ran through it, on either side
+    assert [len(s) for s in rows["lstm"]["shapes"]] == [3, 3, 3]  # out, h, c
+    assert rows["lstm"]["grad_input_rel"] is not None
+
+
+def test_plot_writes_an_image(tmp_path: Path) -> None:
+    model, twin = transformer_pair()
+    transformer_custom_backward(model, twin)
+    report = compare(model, twin, batch(TRANSFORMER_INPUT))
+    report.plot(tmp_path / "compare.png")
+    assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

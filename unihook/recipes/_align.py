@@ -1,0 +1,68 @@
+"""Which module of one model stands for which module of its port.
+
+By qualified name when the two models share names (most hand ports and PaConvert's keep them);
+else by call order and module type: the called modules of each side, in order of completion,
+are matched as a longest common subsequence of their type names (``Conv2d`` and paddle's
+``Conv2D`` are one type), so a wrapper with no counterpart on the other side is skipped. The
+models themselves ("") always pair. `layer_map` pairs modules by hand before either rule.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Mapping, Sequence
+
+__all__ = ["align", "type_key"]
+
+
+def type_key(type_name: str) -> str:
+    """A class name as both frameworks spell it: torch's ``BatchNorm2d`` is paddle's
+    ``BatchNorm2D``, ``MultiheadAttention`` is ``MultiHeadAttention``."""
+    return type_name.lower()
+
+
+def _check(names: Sequence[str], wanted: list[str], side: str) -> None:
+    known = set(names)
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise ValueError(
+            f"`layer_map` names modules that did not run in the {side} model: "
+            f"{', '.join(map(repr, unknown))}; modules that ran: "
+            f"{', '.join(map(repr, list(names)[:12]))}..."
+        )
+
+
+def align(
+    called_a: Sequence[tuple[str, str]],
+    called_b: Sequence[tuple[str, str]],
+    layer_map: Mapping[str, str] | None = None,
+) -> tuple[list[tuple[str, str]], str]:
+    """(name in a, name in b) pairs, in a's order, and the rule used ("name" or "order").
+    `called_a` / `called_b`: (qualified name, class name) of each module that ran, in order of
+    its first completion."""
+    manual = dict(layer_map or {})
+    _check([n for n, _ in called_a], list(manual), "first")
+    _check([n for n, _ in called_b], list(manual.values()), "second")
+    rest_a = [(n, t) for n, t in called_a if n not in manual]
+    taken_b = set(manual.values())
+    rest_b = [(n, t) for n, t in called_b if n not in taken_b]
+    names_b = {n for n, _ in rest_b}
+    shared = [n for n, _ in rest_a if n in names_b]
+    pairs = dict(manual)
+    if len(shared) * 2 >= min(len(rest_a), len(rest_b)):
+        rule = "name"
+        pairs.update((n, n) for n in shared)
+    else:
+        rule = "order"
+        if "" in names_b and any(n == "" for n, _ in rest_a):
+            pairs[""] = ""
+            rest_a = [(n, t) for n, t in rest_a if n]
+            rest_b = [(n, t) for n, t in rest_b if n]
+        keys_a = [type_key(t) for _, t in rest_a]
+        keys_b = [type_key(t) for _, t in rest_b]
+        matcher = difflib.SequenceMatcher(None, keys_a, keys_b, autojunk=False)
+        for block in matcher.get_matching_blocks():
+            for k in range(block.size):
+                pairs[rest_a[block.a + k][0]] = rest_b[block.b + k][0]
+    order = {n: i for i, (n, _) in enumerate(called_a)}
+    return sorted(pairs.items(), key=lambda p: order[p[0]]), rule

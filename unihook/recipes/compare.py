@@ -1,0 +1,397 @@
+"""Find the first module where a model and its port (torch <-> paddle, or within one framework)
+give different numbers, forward and backward.
+
+``compare(model_a, model_b, x)`` hooks every module of both models, runs each on the same
+inputs (and a backward), aligns their modules (`_align`), and compares every module call's
+output, grad_output and grad_input, and the parameters' gradients. ``dump`` writes one model's
+run to a file; ``compare_dumps`` compares two such files, from other processes or machines,
+into the same `Report`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence, Union
+
+import numpy as np
+
+from ._align import align
+from ._trace import Arrays, Inputs, Loss, Trace, load, run, save
+from ._weights import copy_weights, match
+
+__all__ = ["ATOL", "RTOL", "Report", "compare", "compare_dumps", "copy_weights", "dump"]
+
+# A value passes when max|a - b| <= ATOL + RTOL * max|a| over each tensor. Measured on correct
+# float32 CPU ports, torch 2.13 against paddle 3.3.1 (tests/test_compare.py::test_tolerances):
+# the worst relative error of any output or gradient was 1.6e-6 on the ResNet-style model in
+# train mode (BatchNorm batch statistics) and 6.0e-7 on the Transformer-style one; RTOL is about
+# 6x that. A wrong port is off by 1e-3 or more (an epsilon of 1e-3 instead of 1e-5 in one norm
+# layer: 1e-3 relative). ATOL only keeps all-zero tensors from failing on rounding noise.
+ATOL = 1e-10
+RTOL = 5e-5
+
+LossArg = Union[Loss, tuple[Loss, Loss], None]
+Optimizers = Union[tuple[Callable[[], Any], Callable[[], Any]], None]
+
+
+@dataclass
+class Diff:
+    """The worst disagreement over a list of tensors: max|a - b|, that over max|a|, whether it
+    exceeds the tolerance, and why when it is not a number (missing tensor, shapes)."""
+
+    abs: float = 0.0
+    rel: float = 0.0
+    failed: bool = False
+    note: str = ""
+
+    def add(self, other: Diff) -> None:
+        self.abs, self.rel = max(self.abs, other.abs), max(self.rel, other.rel)
+        self.failed = self.failed or other.failed
+        self.note = self.note or other.note
+
+
+def _diff(a: Arrays, b: Arrays, atol: float, rtol: float, scale: float = 0.0) -> Diff:
+    """`scale`: a floor under each tensor's max|a| (see `_compare_params`)."""
+    out = Diff()
+    if len(a) != len(b) and any(v is not None for v in (a[len(b) :] or b[len(a) :])):
+        out.note = f"{len(a)} vs {len(b)} tensors"  # compared over the common ones
+    for x, y in zip(a, b):
+        if x is None and y is None:
+            continue
+        if x is None or y is None:
+            out.add(Diff(np.inf, np.inf, True, "a tensor on one side only"))
+            continue
+        if x.shape != y.shape:
+            out.add(Diff(np.inf, np.inf, True, f"shape {list(x.shape)} vs {list(y.shape)}"))
+            continue
+        worst, ref = _gap(x, y)
+        ref = max(ref, scale)
+        rel = worst / ref if ref > 0 else (0.0 if worst == 0 else np.inf)
+        out.add(Diff(worst, rel, worst > atol + rtol * ref))
+    return out
+
+
+def _gap(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(max|x - y|, max|x| over finite x); NaN against NaN and inf against inf agree."""
+    if x.size == 0:
+        return 0.0, 0.0
+    if x.dtype.kind not in "fc":
+        x, y = x.astype(np.float64), y.astype(np.float64)
+    worst, ref = float(np.abs(x - y).max()), float(np.abs(x).max())
+    if np.isfinite(worst) and np.isfinite(ref):  # the fast path: no NaN or inf anywhere
+        return worst, ref
+    same = (x == y) | (np.isnan(x) & np.isnan(y))
+    gap = np.where(same, 0.0, np.abs(x.astype(np.float64) - y))
+    finite = np.abs(x[np.isfinite(x)])
+    return float(np.nan_to_num(gap, nan=np.inf).max()), float(finite.max(initial=0.0))
+
+
+def _scale(values: Arrays) -> float:
+    """The largest finite magnitude in `values`."""
+    return max((_gap(v, v)[1] for v in values if v is not None), default=0.0)
+
+
+@dataclass
+class Row:
+    """One call of an aligned module pair (`call`: its index among the module's calls)."""
+
+    step: int
+    name_a: str
+    name_b: str
+    call: int
+    type_a: str
+    type_b: str
+    shapes: list[list[int]]
+    output: Diff
+    grad_output: Diff | None = None
+    grad_input: Diff | None = None
+
+    @property
+    def verdict(self) -> str:
+        if self.output.failed:
+            return "output differs"
+        if self.grad_output is not None and self.grad_output.failed:
+            return "grad_output differs"
+        if self.grad_input is not None and self.grad_input.failed:
+            return "grad_input differs"
+        return "ok"
+
+
+@dataclass
+class ParamRow:
+    step: int  # -1: before the first step
+    stage: str  # "initial", "grad" (after the backward), "updated" (after the optimizer)
+    name_a: str
+    name_b: str
+    diff: Diff
+
+
+@dataclass
+class Report:
+    """What `compare` found. `ok`: nothing beyond tolerance. `first_forward`: the qualified
+    name (in model a) of the first module, in order of completion, whose output disagrees;
+    `first_backward`: the first in backward order whose grad_output, then grad_input,
+    disagrees; `first_parameter`: the first parameter (torch-style name) whose value or
+    gradient disagrees; `step`: the step of the first divergence (-1: the parameters before
+    the first step). `rows()`: one dict per call
+    of an aligned module; ``str(report)``: the model as a tree with the divergences marked;
+    `plot(path)`: the per-module error along the model."""
+
+    backends: tuple[str, str]
+    rule: str  # how modules were aligned: "name" or "order"
+    atol: float
+    rtol: float
+    types_a: dict[str, str]
+    types_b: dict[str, str]
+    pairs: list[tuple[str, str]]
+    unpaired_a: list[str]  # modules that ran in a with no counterpart in b
+    unpaired_b: list[str]
+    table: list[Row] = field(default_factory=list)
+    backward_order: list[Row] = field(default_factory=list)  # rows in backward order
+    params: list[ParamRow] = field(default_factory=list)
+    first_forward: str | None = None
+    first_backward: str | None = None
+    first_parameter: str | None = None
+    step: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.first_forward is None
+            and self.first_backward is None
+            and self.first_parameter is None
+        )
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Per call of each aligned module, in order of completion: names and types in both
+        models, output shapes, max abs / rel difference of the output, grad_output and
+        grad_input (None without backward), and the verdict."""
+        out = []
+        for r in self.table:
+            row: dict[str, Any] = {
+                "step": r.step,
+                "name_a": r.name_a,
+                "name_b": r.name_b,
+                "call": r.call,
+                "type_a": r.type_a,
+                "type_b": r.type_b,
+                "shapes": r.shapes,
+            }
+            for what in ("output", "grad_output", "grad_input"):
+                d = getattr(r, what)
+                row[f"{what}_abs"] = None if d is None else d.abs
+                row[f"{what}_rel"] = None if d is None else d.rel
+            row["verdict"] = r.verdict
+            out.append(row)
+        return out
+
+    def __str__(self) -> str:
+        return self.tree()
+
+    def tree(self, depth: int = 1) -> str:
+        """The model (a's names) as a tree: per module the worst relative output and gradient
+        error over its calls, and its counterpart in b where the name differs. Subtrees deeper
+        than `depth` are folded unless they hold a divergence."""
+        from ._report import render
+
+        return render(self, depth)
+
+    def plot(self, path: str | os.PathLike[str]) -> None:
+        """Per-module relative error along the model, forward (order of completion) and
+        backward (backward order), with the tolerance: a PNG (or any format matplotlib
+        infers from `path`). Needs matplotlib."""
+        from ._report import plot
+
+        plot(self, path)
+
+
+def _first_completions(trace: Trace) -> list[tuple[str, str]]:
+    names = dict.fromkeys(trace.steps[0].forward) if trace.steps else {}
+    return [(n, trace.types.get(n, "?")) for n in names]
+
+
+def _occurrences(names: Sequence[str]) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        found.setdefault(name, []).append(i)
+    return found
+
+
+def _backward_calls(names: Sequence[str]) -> list[tuple[str, int, int]]:
+    """(name, k, index) for each backward: the module's k-th backward in backward order."""
+    seen: dict[str, int] = {}
+    out = []
+    for i, name in enumerate(names):
+        seen[name] = seen.get(name, -1) + 1
+        out.append((name, seen[name], i))
+    return out
+
+
+def _diverged(report: Report, step: int) -> None:
+    report.step = step if report.step is None else min(report.step, step)
+
+
+def _report(a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any) -> Report:
+    pairs, rule = align(_first_completions(a), _first_completions(b), layer_map)
+    paired_b = {nb for _, nb in pairs}
+    report = Report(
+        (a.backend, b.backend),
+        rule,
+        atol,
+        rtol,
+        a.types,
+        b.types,
+        pairs,
+        [n for n, _ in _first_completions(a) if n not in dict(pairs)],
+        [n for n, _ in _first_completions(b) if n not in paired_b],
+    )
+    to_b = dict(pairs)
+    for s, (sa, sb) in enumerate(zip(a.steps, b.steps)):
+        rows: dict[tuple[str, int], Row] = {}
+        calls_a, calls_b = _occurrences(sa.forward), _occurrences(sb.forward)
+        seen: dict[str, int] = {}
+        for i, name in enumerate(sa.forward):
+            k = seen[name] = seen.get(name, -1) + 1
+            if name not in to_b:
+                continue
+            name_b = to_b[name]
+            j = calls_b.get(name_b, [])
+            if k < len(j):
+                diff = _diff(sa.outputs[i], sb.outputs[j[k]], atol, rtol)
+            else:
+                diff = Diff(np.inf, np.inf, True, f"call {k} did not happen in b")
+            shapes = [list(v.shape) for v in sa.outputs[i] if v is not None]
+            row = Row(s, name, name_b, k, a.types[name], b.types[name_b], shapes, diff)
+            rows[(name, k)] = row
+            report.table.append(row)
+            if diff.failed and report.first_forward is None:
+                report.first_forward = name
+                _diverged(report, s)
+        # a module's k-th backward (in backward order) answers its (n-1-k)-th call
+        order: list[Row] = []
+        back_a, back_b = _occurrences(sa.backward), _occurrences(sb.backward)
+        for name, k, i in _backward_calls(sa.backward):
+            row = rows.get((name, len(calls_a.get(name, [])) - 1 - k))
+            if row is None:
+                continue
+            others = back_b.get(row.name_b, [])
+            if k < len(others):
+                j = others[k]
+                # Measured against the largest gradient reaching the module: a slot whose
+                # gradient cancels (attention's key, through softmax) is noise of that size.
+                grad_output = sa.grad_outputs[i]
+                scale = _scale(grad_output)
+                row.grad_output = _diff(grad_output, sb.grad_outputs[j], atol, rtol, scale)
+                row.grad_input = _diff(sa.grad_inputs[i], sb.grad_inputs[j], atol, rtol, scale)
+            else:
+                row.grad_output = Diff(np.inf, np.inf, True, "no backward in b")
+            order.append(row)
+        for name, name_b in pairs:  # backwards in b with none in a (gradient on one side)
+            for k in range(len(back_a.get(name, [])), len(back_b.get(name_b, []))):
+                row = rows.get((name, len(calls_a.get(name, [])) - 1 - k))
+                if row is not None:
+                    row.grad_output = Diff(np.inf, np.inf, True, "no backward in a")
+                    order.append(row)
+        report.backward_order.extend(order)
+        for row in order:
+            if report.first_backward is None and row.verdict.startswith("grad"):
+                report.first_backward = row.name_a
+                _diverged(report, s)
+    _compare_params(report, a, b)
+    return report
+
+
+def _compare_params(report: Report, a: Trace, b: Trace) -> None:
+    shapes_a = [(n, shape) for n, _, shape in a.params]
+    shapes_b = [(n, shape) for n, _, shape in b.params]
+    pairs, _ = match(shapes_a, shapes_b)  # the unmatched ones have no counterpart to compare
+
+    def stage(step: int, what: str, values_a: Arrays, values_b: Arrays) -> None:
+        if not values_a or not values_b:
+            return
+        # A gradient that is zero in exact arithmetic (a bias before a train-mode BatchNorm)
+        # is rounding noise of its own size: gradients are measured against the largest
+        # parameter gradient of the model instead of their own.
+        scale = _scale(values_a) if what == "grad" else 0.0
+        for i, j in pairs:
+            diff = _diff([values_a[i]], [values_b[j]], report.atol, report.rtol, scale)
+            row = ParamRow(step, what, a.params[i][0], b.params[j][0], diff)
+            report.params.append(row)
+            if diff.failed and report.first_parameter is None:
+                report.first_parameter = row.name_a
+                _diverged(report, step)
+
+    stage(-1, "initial", a.initial, b.initial)
+    for s, (sa, sb) in enumerate(zip(a.steps, b.steps)):
+        stage(s, "grad", sa.param_grads, sb.param_grads)
+        stage(s, "updated", sa.updated, sb.updated)
+
+
+def compare(
+    model_a: Any,
+    model_b: Any,
+    inputs_a: Inputs,
+    inputs_b: Inputs = None,
+    *,
+    loss: LossArg = None,
+    atol: float = ATOL,
+    rtol: float = RTOL,
+    layer_map: Mapping[str, str] | None = None,
+    backward: bool = True,
+    steps: int = 1,
+    optimizers: Optimizers = None,
+) -> Report:
+    """Run `model_a` on `inputs_a` and `model_b` on `inputs_b` (None: the same values) with
+    hooks on every module, then compare them module by module (see `Report`).
+
+    `inputs`: numpy arrays (converted to each model's parameter dtype) or tensors (a tensor of
+    the other framework is converted through numpy); one value, a tuple or list of positional
+    arguments, or a dict of keyword arguments. Floating tensors become fresh leaves that
+    require grad, so every module has an input gradient. `loss`: None backpropagates the sum
+    of the output's floating tensors; a callable gets the output and returns a scalar tensor
+    (or a pair of callables, one per model). `layer_map`: {name in a: name in b} for modules
+    to pair by hand. `steps` > 1 with `optimizers` (a callable per model that takes an
+    optimizer step and clears the gradients) also compares the parameters after each step.
+    Run dropout in eval mode (or with p=0): its random masks differ between the models.
+    """
+    loss_a, loss_b = loss if isinstance(loss, tuple) else (loss, loss)
+    opt_a, opt_b = optimizers if optimizers is not None else (None, None)
+    if steps < 1 or (steps > 1 and optimizers is None):
+        raise ValueError(
+            f"`steps` must be 1, or more with `optimizers` (one callable per model). "
+            f"Received: steps={steps!r}, optimizers={optimizers!r}"
+        )
+    b_inputs = inputs_a if inputs_b is None else inputs_b
+    trace_a = run(model_a, inputs_a, loss=loss_a, backward=backward, steps=steps, optimizer=opt_a)
+    trace_b = run(model_b, b_inputs, loss=loss_b, backward=backward, steps=steps, optimizer=opt_b)
+    return _report(trace_a, trace_b, atol, rtol, layer_map)
+
+
+def dump(
+    model: Any,
+    inputs: Inputs,
+    path: str | os.PathLike[str],
+    *,
+    loss: Loss | None = None,
+    backward: bool = True,
+    steps: int = 1,
+    optimizer: Callable[[], Any] | None = None,
+) -> None:
+    """Run `model` as `compare` would and write everything it compares to `path` (one .npz
+    file, numpy arrays and JSON: no framework is needed to read it)."""
+    if steps < 1 or (steps > 1 and optimizer is None):
+        raise ValueError(f"`steps` must be 1, or more with an `optimizer`. Received: {steps!r}")
+    save(run(model, inputs, loss=loss, backward=backward, steps=steps, optimizer=optimizer), path)
+
+
+def compare_dumps(
+    path_a: str | os.PathLike[str],
+    path_b: str | os.PathLike[str],
+    *,
+    atol: float = ATOL,
+    rtol: float = RTOL,
+    layer_map: Mapping[str, str] | None = None,
+) -> Report:
+    """The `Report` of two `dump` files, as `compare` would give for the two runs."""
+    return _report(load(path_a), load(path_b), atol, rtol, layer_map)
