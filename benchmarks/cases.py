@@ -523,3 +523,83 @@ def _bwd_only(
         return (lambda: fw.backward(out)), cleanup
 
     return setup
+
+
+# -- 3. recipes in a training loop: forward + backward + SGD step on the CNN --
+
+STATS_TARGET = Target(1.10, "<= 1.10x")
+MONITOR_TARGET = Target(1.05, "<= 1.05x")
+OFF_STEP_TARGET = Target(1.01, "<= 1.01x")
+EVERY = 10
+
+
+def recipes(fws: list[Framework], sizes: Sizes) -> Case:
+    """ActivationStats and GradientMonitor on every module of the CNN against the bare step,
+    logging every step, and on the steps `every=10` skips. Each sample creates the recipe and
+    runs one untimed step (the logged forward 0) first: the timed step is a steady-state logged
+    step (every=1) or an off-step (every=10); `plain` also runs its untimed step first."""
+    from unihook.recipes import ActivationStats, GradientMonitor
+
+    variants: list[Variant] = []
+    metrics: list[Metric] = []
+    for fw in fws:
+        fw.seed(0)
+        model, x = models.cnn(fw, sizes), models.cnn_input(fw, sizes)
+        fw.set_training(model, True)
+        update = fw.sgd(model, 1e-4)
+
+        def step(fw: Framework = fw, model: Any = model, x: Any = x, update: Any = update) -> None:
+            fw.backward(model(x))
+            update()
+
+        def clear(fw: Framework = fw, model: Any = model) -> None:
+            fw.clear_grads(model)
+
+        def with_recipe(
+            make: Callable[[], Any] | None, step: Body = step, clear: Cleanup = clear
+        ) -> Setup:
+            def setup() -> tuple[Body, Cleanup]:
+                recipe = make() if make is not None else None
+                step()  # every variant, plain too, times a step right after an untimed one
+                clear()
+
+                def cleanup() -> None:
+                    if recipe is not None:
+                        recipe.remove()
+                    clear()
+
+                return step, cleanup
+
+            return setup
+
+        p = fw.name
+        variants += [
+            Variant(f"{p} plain", with_recipe(None)),
+            Variant(f"{p} stats", with_recipe(lambda m=model: ActivationStats(m))),
+            Variant(f"{p} monitor", with_recipe(lambda m=model: GradientMonitor(m))),
+            Variant(
+                f"{p} stats off-step",
+                with_recipe(lambda m=model: ActivationStats(m, every=EVERY)),
+            ),
+            Variant(
+                f"{p} monitor off-step",
+                with_recipe(lambda m=model: GradientMonitor(m, every=EVERY)),
+            ),
+        ]
+        metrics += [
+            ratio(f"{p} stats", f"{p} plain", STATS_TARGET),
+            ratio(f"{p} monitor", f"{p} plain", MONITOR_TARGET),
+            ratio(f"{p} stats off-step", f"{p} plain", OFF_STEP_TARGET),
+            ratio(f"{p} monitor off-step", f"{p} plain", OFF_STEP_TARGET),
+        ]
+    n_modules = len(fws[0].named_modules(models.cnn(fws[0], sizes))) if fws else 0
+    return Case(
+        "recipes/cnn",
+        f"cnn training step (forward + backward + SGD), recipes on all {n_modules} modules",
+        "ms",
+        1e3,
+        variants,
+        metrics,
+        f"loss = output.sum(), SGD lr 1e-4; the recipe is created (untimed) and one untimed step "
+        f"runs before the timed one; off-step: every={EVERY}, the timed step is not recorded",
+    )

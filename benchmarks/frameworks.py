@@ -67,6 +67,10 @@ class Torch:
     def backward(self, out: Any) -> None:
         out.sum().backward()
 
+    def sgd(self, model: Any, lr: float) -> Callable[[], None]:
+        """One plain SGD update of `model`'s parameters from their gradients."""
+        return self.t.optim.SGD(model.parameters(), lr=lr).step
+
     def copy_(self, buffer: Any, t: Any) -> None:
         # detach(): no graph even when grad is enabled, at a fraction of no_grad()'s cost.
         buffer.copy_(t.detach())
@@ -153,6 +157,10 @@ class Paddle:
 
     def backward(self, out: Any) -> None:
         out.sum().backward()
+
+    def sgd(self, model: Any, lr: float) -> Callable[[], None]:
+        """One plain SGD update of `model`'s parameters from their gradients."""
+        return self.p.optimizer.SGD(learning_rate=lr, parameters=model.parameters()).step
 
     def copy_(self, buffer: Any, t: Any) -> None:
         # Tensor.copy_ rather than paddle.assign: same result, a sixth of the per-call cost.

@@ -23,6 +23,7 @@ for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_variable] = "1"
 
 import cases  # noqa: E402
+import compare_bench  # noqa: E402
 import frameworks  # noqa: E402
 import import_time  # noqa: E402
 import models  # noqa: E402
@@ -111,6 +112,10 @@ def build_cases(fws: list[frameworks.Framework], mode: Mode) -> list[tuple[Case,
         planned.append((cases.capture_inplace(fw, model, models.cnn_input(fw, s)), mode.forward))
     for register_in_timed in (False, True):
         planned.append((cases.tensor_hooks(fws, s, register_in_timed), mode.forward))
+    compare_case = compare_bench.case(fws, s)  # None unless both frameworks are loaded
+    if compare_case is not None:
+        planned.append((compare_case, compare_bench.rounds(mode.name)))
+    planned.append((cases.recipes(fws, s), mode.backward))
     return planned
 
 

@@ -23,6 +23,8 @@ __all__ = [
     "clamp",
     "clone",
     "copy_into",
+    "cpu_moments",
+    "cpu_sum_squares",
     "detach",
     "drop_block",
     "drop_block_rate",
@@ -41,6 +43,7 @@ __all__ = [
     "sum_squares",
     "tensors_in",
     "to_numpy",
+    "version",
     "zeros_like",
 ]
 
@@ -169,6 +172,61 @@ def moments(t: Any) -> Moments:
     return ops_for(t).moments(t)
 
 
+def cpu_moments(array: Any) -> Moments:
+    """`moments` of a numpy array (a zero-copy view of a CPU tensor): numpy's float reductions
+    are vectorised and summed pairwise, several times faster on one CPU thread than the
+    frameworks' elementwise kernels (paddle's float64 ones most of all)."""
+    import numpy as np  # lazily: `import unihook` stays light
+
+    a = np.asarray(array).reshape(-1)
+    if a.dtype not in (np.float32, np.float64):
+        a = a.astype(np.float32 if a.dtype.kind == "f" else np.float64)
+    if not a.size:
+        return 0, 0.0, 0.0, 0.0, 0.0, 0, 0
+    low, high = a.min(), a.max()  # NaN propagates: finite bounds mean finite values
+    if np.isfinite(low) and np.isfinite(high):
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow: the float64 path
+            mean = a.sum() / a.dtype.type(a.size)
+            deviations = a - mean
+            np.multiply(deviations, deviations, out=deviations)
+            m2 = float(deviations.sum())
+        if np.isfinite(m2):
+            zeros = a.size - int(np.count_nonzero(a))
+            return a.size, float(mean), m2, float(low), float(high), zeros, 0
+    # rare: NaN or Inf among the values (or a float32 sum overflowed): float64, finite values
+    a = a.astype(np.float64)
+    finite = a[np.isfinite(a)]
+    nonfinite = a.size - finite.size
+    if not finite.size:
+        return 0, 0.0, 0.0, 0.0, 0.0, 0, nonfinite
+    mean = finite.mean()
+    m2 = float(np.square(finite - mean).sum())
+    zeros = finite.size - int(np.count_nonzero(finite))
+    return finite.size, float(mean), m2, float(finite.min()), float(finite.max()), zeros, nonfinite
+
+
+def cpu_sum_squares(array: Any) -> float:
+    """`sum_squares` of a numpy array: a float32 square is exact in float64, so the float64 dot
+    products' summation is the only rounding (numpy's `linalg.norm` computes the same dots).
+    Cast in blocks into a buffer that stays in cache: 2 to 3x faster than one float64 copy."""
+    import numpy as np
+
+    a = np.asarray(array).reshape(-1)
+    if a.dtype == np.float64:
+        return float(np.dot(a, a))
+    block = np.empty(_BLOCK)  # this module's `min` is ops.min: slices clip instead
+    total = 0.0
+    for start in range(0, a.size, _BLOCK):
+        chunk = a[start : start + _BLOCK]
+        part = block[: chunk.size]
+        part[...] = chunk
+        total += float(np.dot(part, part))
+    return total
+
+
+_BLOCK = 8192  # float64 elements: 64 KB, within a core's L2 cache
+
+
 def abs(t: Any) -> Any:  # noqa: A001
     return ops_for(t).abs(t)
 
@@ -252,6 +310,12 @@ def leaf(t: Any) -> Any:
 def grad_of(t: Any) -> Any:
     """The gradient accumulated on leaf `t` (``.grad``), or None."""
     return ops_for(t).grad_of(t)
+
+
+def version(t: Any) -> int | None:
+    """`t`'s in-place version counter (bumped by every in-place op on it or its aliases), or
+    None where the framework keeps none: equal versions of one tensor mean equal values."""
+    return ops_for(t).version(t)
 
 
 def copy_into(buffer: Any, t: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Sequence, Union
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 from unihook._structures import map_dataclass
-from unihook.ops import Moments, drop_block_rate
+from unihook.ops import Moments, cpu_moments, cpu_sum_squares, drop_block_rate
 
 Axis = Union[None, int, Sequence[int]]
 
@@ -19,6 +20,15 @@ Axis = Union[None, int, Sequence[int]]
 def _dims(axis: Axis) -> Any:
     # torch spells "every axis" as dim=() for amax/amin but dim=None for sum/mean.
     return tuple(axis) if isinstance(axis, Sequence) else axis
+
+
+# dtypes numpy views without a copy; the rest (bfloat16, complex...) go through torch
+_NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32)
+
+
+def _on_cpu(t: Any) -> bool:
+    """A CPU tensor numpy can view in place (no copy)."""
+    return t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES and t.layout == torch.strided
 
 
 class TorchOps:
@@ -55,20 +65,49 @@ class TorchOps:
         return torch.linalg.vector_norm(t, ord=p)
 
     def sum_squares(self, t: Any) -> float:
-        return float(t.detach().to(torch.float64).square().sum())
+        if _on_cpu(t):
+            return cpu_sum_squares(t.detach().numpy())
+        # a float32 square is exact in float64: the cast makes the float64 sum the only rounding
+        return float(torch.linalg.vector_norm(t.detach(), dtype=torch.float64)) ** 2
 
     def moments(self, t: Any) -> Moments:
-        x = t.detach().to(torch.float64)
+        if _on_cpu(t):
+            return cpu_moments(t.detach().numpy())
+        x = t.detach()
+        if x.dtype not in (torch.float32, torch.float64):
+            x = x.to(torch.float32 if x.is_floating_point() else torch.float64)
+        size = x.numel()
+        if not size:
+            return 0, 0.0, 0.0, 0.0, 0.0, 0, 0
+        # Five vectorised passes in the tensor's own dtype: sums are cascaded (pairwise), so
+        # float32 keeps about 1e-7 relative; the deviations are summed after the mean is known.
+        low, high = torch.aminmax(x)
+        mean = x.sum() / size
+        deviations = (x - mean).square_()
+        m2 = deviations.sum()
+        # |sign| counts the non-zeros branch-free (count_nonzero is 10x slower on ReLU outputs)
+        nonzero = torch.sign(x, out=deviations).abs_().sum(dtype=torch.float64)
+        stats = torch.stack([mean.double(), m2.double(), low.double(), high.double(), nonzero])
+        mean_, m2_, low_, high_, nonzero_ = stats.tolist()  # one transfer to the host
+        if math.isfinite(low_) and math.isfinite(high_) and math.isfinite(m2_):
+            return size, mean_, m2_, low_, high_, size - int(nonzero_), 0
+        return self._masked_moments(x)
+
+    @staticmethod
+    def _masked_moments(x: Any) -> Moments:
+        """Rare: a NaN or Inf among the values (or a float32 sum overflowed). float64, over the
+        finite values only."""
+        x = x.to(torch.float64)
         finite = torch.isfinite(x)
         count = int(finite.sum())
-        if count < x.numel():  # rare: mask the non-finite values out (three more passes)
-            x = x[finite]
+        nonfinite = x.numel() - count
         if not count:
-            return 0, 0.0, 0.0, 0.0, 0.0, 0, t.numel()
+            return 0, 0.0, 0.0, 0.0, 0.0, 0, nonfinite
+        x = x[finite]
         mean = x.mean()
         m2 = (x - mean).square().sum()
         stats = torch.stack([mean, m2, x.amin(), x.amax(), (x == 0).sum().to(x.dtype)]).tolist()
-        return count, stats[0], stats[1], stats[2], stats[3], int(stats[4]), t.numel() - count
+        return count, stats[0], stats[1], stats[2], stats[3], int(stats[4]), nonfinite
 
     def abs(self, t: Any) -> Any:
         return t.abs()

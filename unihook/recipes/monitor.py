@@ -1,7 +1,9 @@
-"""GradientMonitor: grad_output norms per module per backward; stop at the first NaN/Inf."""
+"""GradientMonitor: the norm of the gradient at each module's output per backward; stop at the
+first NaN/Inf."""
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections import deque
@@ -10,10 +12,13 @@ from typing import Any
 from unihook import (
     HookArgumentError,
     HookGroup,
+    NoGradError,
     UnihookError,
     attach,
     ops,
-    register_full_backward_pre_hook,
+    register_forward_hook,
+    register_forward_pre_hook,
+    register_tensor_hook,
 )
 
 from ._scope import Recipe, check_every, where_of
@@ -34,13 +39,28 @@ class NonFiniteGradientError(UnihookError, FloatingPointError):
         )
 
 
+class _Step:
+    """One forward of the model: its outputs' gradients fill `norms` during its backward."""
+
+    __slots__ = ("norms", "squares", "logged", "flagged")
+
+    def __init__(self) -> None:
+        self.norms: dict[str, float] = {}
+        self.squares: dict[str, float] = {}
+        self.logged = False  # in `history` once its first gradient arrived
+        self.flagged = False
+
+
 class GradientMonitor(Recipe):
     """Records ``{module name: grad_output norm}`` for each backward in `history` (one dict per
-    backward, modules in backward order). A NaN or Inf in a grad_output raises
-    NonFiniteGradientError naming the first module where it appeared (`on_nonfinite="raise"`),
-    warns (`"warn"`) or is only recorded (`"ignore"`).
+    forward of `model` whose gradients were computed, modules in backward order). A NaN or Inf
+    in a grad_output raises NonFiniteGradientError naming the first module where it appeared
+    (`on_nonfinite="raise"`), warns (`"warn"`) or is only recorded (`"ignore"`).
 
-    Norms are accumulated in float64 on the device (torch and paddle agree to the gradients'
+    Each module's forward hook puts a gradient hook on its output tensors (a tuple's or
+    namedtuple's each): no module backward hook, which paddle can only emulate at a cost. A
+    container returning its last child's output (same tensor, same version) shares its hook.
+    Norms are sums of squares accumulated in float64 (torch and paddle agree to the gradients'
     own precision); a module called several times reports the norm over all its calls'
     grad_outputs. `where`: as ActivationStats'. `every=N`: record the backward of forwards
     0, N, 2N... of `model` only (wandb.watch's `log_freq`); between them the hooks are removed
@@ -73,35 +93,60 @@ class GradientMonitor(Recipe):
         super().__init__()
         self.on_nonfinite = on_nonfinite
         self.history: deque[dict[str, float]] = deque(maxlen=max_history)
-        self._flagged = False
+        self._step = _Step()
+        # the last output hooked: (tensor, its version, the names sharing its gradient hook)
+        self._last: tuple[Any, Any, list[str]] | None = None
 
         def hooks() -> HookGroup:
-            # The outermost module's pre-hook fires first in every backward: it opens a step.
             group = HookGroup()
-            group.add("", register_full_backward_pre_hook(model, self._new_step, prepend=True))
-            group.extend(attach(model, self._record, kind="full_backward_pre", where=where))
+            group.add("", register_forward_pre_hook(model, self._new_step))
+            group.extend(attach(model, self._record, where=where))
+            # drops the last output once the forward is done (registered after attach's hooks)
+            group.add("", register_forward_hook(model, self._forget, always_call=True))
             return group
 
         self._schedule(model, every, hooks)
 
-    def _new_step(self, module: Any, grad_output: Any) -> None:
-        self.history.append({})
-        self._flagged = False
+    def _new_step(self, module: Any, args: Any) -> None:
+        self._step = _Step()
 
-    def _record(self, module: Any, grad_output: Any, *, name: str) -> None:
-        grads = [g for g in grad_output if g is not None]
-        if not grads:
-            return
-        if not self.history:
-            self.history.append({})
-        step = self.history[-1]
-        squares = sum(ops.sum_squares(g) for g in grads) + step.get(name, 0.0) ** 2
-        step[name] = math.sqrt(squares)
+    def _forget(self, module: Any, args: Any, output: Any) -> None:
+        self._last = None
+
+    def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
+        for tensor in ops.tensors_in(output, like=module):
+            version = ops.version(tensor)
+            last = self._last
+            if (
+                last is not None
+                and last[0] is tensor
+                and version is not None
+                and version == last[1]
+            ):
+                last[2].insert(0, name)  # a container's output: outermost first, as backward
+                continue
+            names = [name]
+            try:
+                register_tensor_hook(tensor, functools.partial(self._gradient, self._step, names))
+            except NoGradError:
+                continue  # no gradient will come (no_grad, or a constant output)
+            self._last = (tensor, version, names)
+
+    def _gradient(self, step: _Step, names: list[str], grad: Any) -> None:
+        if not step.logged:
+            step.logged = True
+            self.history.append(step.norms)
+        squares = ops.sum_squares(grad)
+        for name in names:
+            total = step.squares.get(name, 0.0) + squares
+            step.squares[name] = total
+            step.norms[name] = math.sqrt(total)
         # a finite sum of squares has finite terms; an infinite one may be float64 overflow
-        if math.isfinite(squares) or all(ops.all_finite(g) for g in grads) or self._flagged:
+        if math.isfinite(squares) or step.flagged or ops.all_finite(grad):
             return
-        self._flagged = True
+        step.flagged = True
+        error = NonFiniteGradientError(names[0], step.norms)
         if self.on_nonfinite == "raise":
-            raise NonFiniteGradientError(name, step)
+            raise error
         if self.on_nonfinite == "warn":
-            warnings.warn(str(NonFiniteGradientError(name, step)), RuntimeWarning, stacklevel=2)
+            warnings.warn(str(error), RuntimeWarning, stacklevel=2)

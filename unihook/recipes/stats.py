@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from unihook import HookGroup, attach, ops
+from unihook import HookGroup, attach, ops, register_forward_hook
 
 from ._scope import Recipe, check_every, where_of
 
@@ -44,8 +44,11 @@ class ActivationStats(Recipe):
     """Running statistics of every selected module's output over forward calls: calls, mean,
     std, min, max, fraction of zeros, and the count of non-finite values (mean, std, min and max
     are over the finite values). Tuple, namedtuple, dict and nested outputs count every tensor
-    in them. Each output is reduced on its device, in float64 (the two-pass variance per call,
-    Chan's formula across calls): only seven numbers per tensor reach the host.
+    in them. Each output is reduced where it lives (a CPU tensor through a zero-copy numpy view,
+    numpy's pairwise sums being the fastest there; another device's with the framework's ops)
+    with the two-pass variance per call and Chan's formula across calls: only seven numbers per
+    tensor reach the host. A container returning its last child's output (the same tensor,
+    unchanged) reuses the child's numbers.
 
     `where`: None (every module), a glob or a list of globs, ``callable(name, module) -> bool``,
     or modules of `model` (alone or in a list, with names). `every=N`: record forwards 0, N,
@@ -60,12 +63,16 @@ class ActivationStats(Recipe):
         where = where_of(model, where)
         super().__init__()
         self._stats: dict[str, _Running] = {}
+        # the last output reduced: (tensor, its version, its moments), which a container
+        # returning its last child's output reuses
+        self._last: tuple[Any, Any, ops.Moments] | None = None
 
         def hooks() -> HookGroup:
             # A pre-hook fixes each module's place at its first call: rows come in call order
             # (a container before its children), not in order of completion.
             group = attach(model, self._started, kind="forward_pre", where=where)
             group.extend(attach(model, self._record, where=where))
+            group.add("", register_forward_hook(model, self._forget, always_call=True))
             return group
 
         self._schedule(model, every, hooks)
@@ -81,7 +88,21 @@ class ActivationStats(Recipe):
         running = self._stats[name]
         running.calls += 1
         for tensor in tensors:
-            running.merge(ops.moments(tensor))
+            version, last = ops.version(tensor), self._last
+            if (
+                last is not None
+                and last[0] is tensor
+                and version is not None
+                and version == last[1]
+            ):
+                running.merge(last[2])
+                continue
+            moments = ops.moments(tensor)
+            self._last = (tensor, version, moments)
+            running.merge(moments)
+
+    def _forget(self, module: Any, args: Any, output: Any) -> None:
+        self._last = None
 
     def rows(self) -> list[dict[str, Any]]:
         rows = []
