@@ -4,7 +4,7 @@ and on the same paddle model with the same numbers. This package imports no fram
 
 from __future__ import annotations
 
-from .cam import GradCAM, GuidedBackprop
+from .cam import ClassifierOutputTarget, GradCAM, GradCAMPlusPlus, GuidedBackprop, token_maps
 from .compare import Report, compare, compare_dumps, copy_weights, dump
 from .drop import DropHook
 from .monitor import GradientMonitor, NonFiniteGradientError
@@ -12,8 +12,10 @@ from .stats import ActivationStats
 
 __all__ = [
     "ActivationStats",
+    "ClassifierOutputTarget",
     "DropHook",
     "GradCAM",
+    "GradCAMPlusPlus",
     "GradientMonitor",
     "GuidedBackprop",
     "NonFiniteGradientError",
@@ -22,4 +24,5 @@ __all__ = [
     "compare_dumps",
     "copy_weights",
     "dump",
+    "token_maps",
 ]

@@ -6,7 +6,7 @@ backward: clear them before an optimizer step). The maps are numpy arrays.
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 
@@ -22,28 +22,104 @@ from unihook import (
 
 from ._scope import Recipe, Targets, resolve
 
-__all__ = ["GradCAM", "GuidedBackprop"]
+__all__ = [
+    "ClassifierOutputTarget",
+    "GradCAM",
+    "GradCAMPlusPlus",
+    "GuidedBackprop",
+    "token_maps",
+]
 
-Target = Union[None, int, Sequence[int]]
+#: What the map explains, per sample: a class index, or ``callable(output_row) -> scalar``
+#: (pytorch-grad-cam's targets, e.g. ClassifierOutputTarget).
+SampleTarget = Union[int, Callable[[Any], Any]]
+#: None (each sample's top class), one SampleTarget for every sample, or one per sample.
+Target = Union[None, SampleTarget, Sequence[SampleTarget]]
+ReshapeTransform = Callable[[Any], Any]
+
+CONVENTIONS = ("unihook", "pytorch-grad-cam")
+
+
+class ClassifierOutputTarget:
+    """The logit of class `category` in one sample's output row (pytorch-grad-cam's class of
+    the same name, for either framework)."""
+
+    def __init__(self, category: int) -> None:
+        self.category = category
+
+    def __call__(self, model_output: Any) -> Any:
+        if len(model_output.shape) == 1:
+            return model_output[self.category]
+        return model_output[:, self.category]
 
 
 def _score(output: Any, target: Target) -> tuple[Any, np.ndarray]:
-    """The sum over the batch of each sample's target logit (argmax when None)."""
+    """The sum over the batch of each sample's target score, and the class indices (-1 where a
+    callable target has no `category`)."""
     logits = ops.to_numpy(output)
-    n, classes = logits.shape
+    n = logits.shape[0]
     if target is None:
-        chosen = logits.argmax(axis=1)
-    elif isinstance(target, int):
-        chosen = np.full(n, target)
-    else:
-        chosen = np.asarray(target)
-    mask = np.zeros((n, classes), dtype=logits.dtype)
-    mask[np.arange(n), chosen] = 1.0
-    return (output * ops.as_tensor(mask, like=output)).sum(), chosen
+        target = [int(c) for c in logits.reshape(n, -1).argmax(axis=1)]
+    elif isinstance(target, (int, np.integer)) or callable(target):
+        target = [target] * n
+    targets = list(target)  # type: ignore[arg-type]
+    if len(targets) != n:
+        raise HookArgumentError(
+            f"`target` must be None, a class index, a callable, or one per sample ({n}). "
+            f"Received: {len(targets)} targets"
+        )
+    classes = np.array([_category(t) for t in targets])
+    if all(isinstance(t, (int, np.integer)) for t in targets):
+        mask = np.zeros(logits.shape, dtype=logits.dtype)
+        mask[np.arange(n), classes] = 1.0
+        return (output * ops.as_tensor(mask, like=output)).sum(), classes
+    score = None
+    for i, t in enumerate(targets):
+        part = (ClassifierOutputTarget(int(t)) if isinstance(t, (int, np.integer)) else t)(
+            output[i]
+        )
+        score = part.sum() if score is None else score + part.sum()
+    return score, classes
+
+
+def _category(target: SampleTarget) -> int:
+    if isinstance(target, (int, np.integer)) and not isinstance(target, bool):
+        return int(target)
+    if callable(target):
+        return int(getattr(target, "category", -1))
+    raise HookArgumentError(
+        f"a target must be a class index or callable(output_row) -> score. Received: {target!r}"
+    )
+
+
+def token_maps(
+    height: int | None = None, width: int | None = None, skip: int = 1
+) -> ReshapeTransform:
+    """A `reshape_transform` for token outputs: (N, tokens, C) -> (N, C, height, width), after
+    dropping the first `skip` tokens (ViT's class token; 0 for Swin's (N, h*w, C)). Without a
+    size, the grid is square. A 4-d (N, h, w, C) output (Swin stages) is moved to NCHW."""
+
+    def transform(tensor: Any) -> np.ndarray:
+        array = ops.to_numpy(tensor)
+        if array.ndim == 4:
+            return array.transpose(0, 3, 1, 2)
+        n, tokens, channels = array.shape
+        grid = tokens - skip
+        h = height or (grid // width if width else int(round(grid**0.5)))
+        w = width or grid // h
+        if h * w != grid:
+            raise HookArgumentError(
+                f"token_maps: {grid} tokens (after skipping {skip}) do not make a "
+                f"{h} x {w} grid: pass height= and width="
+            )
+        return array[:, skip:].reshape(n, h, w, channels).transpose(0, 3, 1, 2)
+
+    return transform
 
 
 def _resize_bilinear(maps: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Bilinear resize of (N, h, w) maps with half-pixel centres (align_corners=False)."""
+    """Bilinear resize of (N, h, w) maps with half-pixel centres (align_corners=False, as
+    torch's interpolate and OpenCV's INTER_LINEAR when upsampling)."""
     _, h, w = maps.shape
 
     def axis(out: int, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -61,11 +137,15 @@ def _resize_bilinear(maps: np.ndarray, height: int, width: int) -> np.ndarray:
 
 class GradCAM(Recipe):
     """``GradCAM(model, model.layer4)(x, target=None)``: class activation maps (N, H, W) in
-    [0, 1], upsampled to the input's size. `model` maps NCHW images to (N, classes) logits.
+    [0, 1], upsampled to the input's size (Selvaraju et al. 2017). `model` maps NCHW images to
+    (N, classes) scores; the map of each layer is ReLU(sum over channels of weight x
+    activation), the weight being the mean of the gradient over the map.
 
     `target_layers`: a module of `model`, its qualified name (``"layer4"``), or a list of
-    either; with several, the map is the mean of their normalised maps, normalised again. A
-    layer with a tuple or namedtuple output contributes its first tensor.
+    either; with several, the maps are averaged. A layer with a tuple or namedtuple output
+    contributes its first tensor. `reshape_transform`: maps a layer's output and its gradient
+    to NCHW (``token_maps()`` for ViT / Swin token outputs (N, tokens, C)); it receives the
+    framework's tensor and may return a tensor or a numpy array.
 
     `call`: which call of a layer that runs more than once per forward (torchvision's
     BasicBlock calls one ``relu`` twice) the map uses, as a list index: each call's output is
@@ -73,16 +153,46 @@ class GradCAM(Recipe):
     captum's (its LayerGradCam keeps the last output its forward hook saw);
     pytorch-grad-cam 1.5 uses the first, ``call=0``.
 
-    `target` (per call): None (each sample's top class), a class index, or one per sample.
+    `convention`: how maps are scaled to [0, 1].
+    ``"unihook"`` (default): each layer's map is resized to the input, then min-max scaled (a
+    constant map becomes 0); several layers' maps are averaged and scaled again.
+    ``"pytorch-grad-cam"``: as pytorch-grad-cam 1.5 (``scale_cam_image``): each layer's map is
+    scaled at its own size as ``(m - min) / (max - min + 1e-7)``, then resized; the mean over
+    layers (of one layer too) is scaled the same way at the input's size. Bilinear upsampling
+    does not keep a map's extremes, so the two differ by up to a few percent near the peaks.
+
+    `target` (per call): None (each sample's top class), a class index, a callable scoring
+    one sample's output row (``ClassifierOutputTarget(3)``, pytorch-grad-cam's targets), or a
+    list with one of those per sample. ``target_classes`` holds the indices used (-1 for a
+    callable without a `category`).
     """
 
-    def __init__(self, model: Any, target_layers: Targets, *, call: int = -1) -> None:
+    def __init__(
+        self,
+        model: Any,
+        target_layers: Targets,
+        *,
+        call: int = -1,
+        reshape_transform: ReshapeTransform | None = None,
+        convention: str = "unihook",
+    ) -> None:
         if isinstance(call, bool) or not isinstance(call, int):
             raise HookArgumentError(f"`call` must be an int (a list index). Received: {call!r}")
+        if convention not in CONVENTIONS:
+            raise HookArgumentError(
+                f"`convention` must be one of {CONVENTIONS}. Received: {convention!r}"
+            )
+        if reshape_transform is not None and not callable(reshape_transform):
+            raise HookArgumentError(
+                f"`reshape_transform` must be callable(tensor) -> NCHW tensor or array. "
+                f"Received: {reshape_transform!r}"
+            )
         layers = resolve(model, target_layers, "target_layers")
         super().__init__()
         self.model = model
         self.call = call
+        self.convention = convention
+        self.reshape_transform = reshape_transform
         self.layers: list[str] = [name for name, _ in layers]
         # per layer, per call: [the output as returned, the gradient of that output]
         self._calls: list[list[list[Any]]] = [[] for _ in layers]
@@ -126,7 +236,9 @@ class GradCAM(Recipe):
         finally:
             for calls in self._calls:
                 calls.clear()
-        return _normalise(np.mean(maps, axis=0)) if len(maps) > 1 else maps[0]
+        if self.convention == "pytorch-grad-cam":  # its aggregate_multi_layers, even for one
+            return _scale_pgc(np.maximum(np.mean(maps, axis=0), 0)).astype(np.float32)
+        return maps[0] if len(maps) == 1 else _normalise(np.mean(maps, axis=0))
 
     def _map(self, name: str, calls: list[list[Any]], size: tuple[int, ...]) -> np.ndarray:
         if not -len(calls) <= self.call < len(calls):
@@ -140,9 +252,42 @@ class GradCAM(Recipe):
                 f"GradCAM: no gradient reached the output of {name!r} (call {self.call}): "
                 f"run it with gradients enabled, on a layer the target class depends on"
             )
-        weights = ops.to_numpy(gradient).astype(np.float64).mean(axis=(2, 3))
-        cams = np.maximum((weights[:, :, None, None] * ops.to_numpy(activation)).sum(axis=1), 0)
+        activation, gradient = self._nchw(activation, name), self._nchw(gradient, name)
+        weights = self._weights(activation, gradient)
+        cams = np.maximum((weights[:, :, None, None] * activation).sum(axis=1), 0)
+        if self.convention == "pytorch-grad-cam":
+            return _resize_bilinear(_scale_pgc(cams), *size)
         return _normalise(_resize_bilinear(cams, *size))
+
+    def _nchw(self, tensor: Any, name: str) -> np.ndarray:
+        value = tensor if self.reshape_transform is None else self.reshape_transform(tensor)
+        array = np.asarray(ops.to_numpy(value) if ops.is_tensor(value) else value, np.float64)
+        if array.ndim != 4:
+            raise HookArgumentError(
+                f"GradCAM: the output of {name!r} is {array.ndim}-d {array.shape}, not NCHW: "
+                f"pass reshape_transform= (token_maps() for (N, tokens, C) outputs)"
+            )
+        return array
+
+    @staticmethod
+    def _weights(activation: np.ndarray, gradient: np.ndarray) -> np.ndarray:
+        """One weight per (sample, channel): the gradient's mean over the map."""
+        return gradient.mean(axis=(2, 3))
+
+
+class GradCAMPlusPlus(GradCAM):
+    """Grad-CAM++ (Chattopadhay et al. 2018): each channel's weight is the sum over the map of
+    ReLU(gradient) x alpha, alpha = g^2 / (2 g^2 + sum(A) g^3 + 1e-6) (0 where g = 0), the
+    closed form for an exponential score of equation 19, as pytorch-grad-cam 1.5 computes it.
+    Everything else as GradCAM."""
+
+    @staticmethod
+    def _weights(activation: np.ndarray, gradient: np.ndarray) -> np.ndarray:
+        squared = gradient**2
+        total = activation.sum(axis=(2, 3))[:, :, None, None]
+        alpha = squared / (2 * squared + total * squared * gradient + 1e-6)
+        alpha = np.where(gradient != 0, alpha, 0)
+        return (np.maximum(gradient, 0) * alpha).sum(axis=(2, 3))
 
 
 def _normalise(cams: np.ndarray) -> np.ndarray:
@@ -150,6 +295,12 @@ def _normalise(cams: np.ndarray) -> np.ndarray:
     low = cams.min(axis=(1, 2), keepdims=True)
     span = cams.max(axis=(1, 2), keepdims=True) - low
     return ((cams - low) / np.where(span > 0, span, 1.0)).astype(np.float32)
+
+
+def _scale_pgc(cams: np.ndarray) -> np.ndarray:
+    """pytorch-grad-cam's scale_cam_image without its resize: (m - min) / (max - min + 1e-7)."""
+    shifted = cams - cams.min(axis=(1, 2), keepdims=True)
+    return shifted / (1e-7 + shifted.max(axis=(1, 2), keepdims=True))
 
 
 class GuidedBackprop(Recipe):
