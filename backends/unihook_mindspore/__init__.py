@@ -144,10 +144,8 @@ def unihook_register_forward_hook(
 
 
 # Removing a tensor hook while a backward runs segfaults MindSpore 2.10 (a hook removing
-# itself): while any unihook tensor hook runs, removals wait until none does.
+# itself): a removal from inside a unihook tensor hook waits for the backward's end.
 _running = threading.local()
-_deferred: list[Callable[[], None]] = []
-_deferred_lock = threading.Lock()
 
 
 def _depth() -> int:
@@ -183,27 +181,22 @@ def unihook_register_tensor_hook(
         _running.depth = _depth() + 1
         try:
             result = hook(grad)
-            # MindSpore takes a wrong shape or dtype silently: checked here
-            result = check_grad(result, grad, is_tensor, site)
-            # an in-place edit of `grad` with no return is ignored by MindSpore (torch keeps
-            # it): hand the edited tensor back
-            return grad if result is None else result
         finally:
             _running.depth -= 1
-            if not _running.depth and _deferred:
-                with _deferred_lock:
-                    pending = _deferred[:]
-                    del _deferred[:]
-                for remove_later in pending:
-                    remove_later()
+        # MindSpore takes a wrong shape or dtype silently: checked here
+        result = check_grad(result, grad, is_tensor, site)
+        # an in-place edit of `grad` with no return is ignored by MindSpore (torch keeps it):
+        # hand the edited tensor back
+        return grad if result is None else result
 
     native = tensor.register_hook(tensor_hook)
 
     def remove() -> None:
-        live[0] = False
+        live[0] = False  # silent at once, as torch's
         if _depth():
-            with _deferred_lock:
-                _deferred.append(native.remove)
+            from mindspore.graph.api import _pynative_executor
+
+            _pynative_executor.queue_backward_final_callback(native.remove)
         else:
             native.remove()
 

@@ -40,6 +40,7 @@ def _run(kit: Kit, model: Any, x_data: Any) -> dict[str, list[Any]]:
 
     def rec(key: str, *values: Any) -> None:
         log[key].append([a for v in values for a in _arrays(kit, v)])
+        log["order"].append([key])  # (a list of one name: compared for equality below)
 
     handles = []
     for name, m in kit.named_modules(model):
@@ -92,8 +93,12 @@ def _compare(a: dict[str, list[Any]], b: dict[str, list[Any]]) -> dict[str, floa
             assert len(ca) == len(cb), (key, len(ca), len(cb))
             for xa, xb in zip(ca, cb):
                 assert (xa is None) == (xb is None), key
-                if xa is not None:
+                if isinstance(xa, str):
+                    assert xa == xb, (key, xa, xb)
+                elif xa is not None:
                     worst = max(worst, float(np.max(np.abs(xa - xb), initial=0.0)))
+        if key == "order":
+            continue
         kind = key.split(" ")[0]
         diffs[kind] = max(diffs.get(kind, 0.0), worst)
         diffs[f"calls {kind}"] = diffs.get(f"calls {kind}", 0) + len(a[key])
@@ -115,6 +120,7 @@ def main() -> None:
         logs = [_run(kit, build(kit), x_data) for kit in kits]
         print(f"{title}: torch vs mindspore, max |difference| (calls)")
         diffs = _compare(*logs)
+        print(f"  hook order identical: {len(logs[0]['order'])} calls")
         for kind in sorted(k for k in diffs if not k.startswith("calls")):
             print(f"  {kind:12} {diffs[kind]:.3g} ({int(diffs['calls ' + kind])})")
 

@@ -15,6 +15,7 @@ Buffers: MindSpore's own ``register_cell_buffer_registration_hook``.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from itertools import count
@@ -66,7 +67,12 @@ def _run_pre(cell: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 def _run_post(cell: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
     changed = False
-    for hook, with_kwargs, _always in tuple(_post.values()):
+    # MindSpore calls an always_call hook from inside its `except Exception:` around construct:
+    # then only the global always_call hooks run
+    raising = output is None and sys.exc_info()[0] is not None
+    for hook, with_kwargs, always in tuple(_post.values()):
+        if raising and not always:
+            continue
         result = hook(cell, args, kwargs, output) if with_kwargs else hook(cell, args, output)
         if result is not None:
             output = result
@@ -191,6 +197,10 @@ def _insert_param(self: Any, param_name: str, param: Any, *args: Any, **kwargs: 
             result = hook(self, param_name, param)
             if result is not None:
                 param = result
+        if not isinstance(param, mindspore.Parameter):
+            # torch registers the plain tensor a hook returns; insert_param_to_cell takes only
+            # Parameters (TypeError): wrap it, trainable as torch's nn.Parameter would be
+            param = mindspore.Parameter(param, name=param_name)
     return _originals["parameter"](self, param_name, param, *args, **kwargs)
 
 
@@ -209,7 +219,7 @@ _PATCHES = {
 }
 
 _REGISTRABLE = {
-    "parameter_registration": (mindspore.Parameter, "a mindspore.Parameter"),
+    "parameter_registration": (mindspore.Tensor, "a mindspore.Parameter (or mindspore.Tensor)"),
     "buffer_registration": (mindspore.Tensor, "a mindspore.Tensor"),
     "module_registration": (Cell, "a mindspore.nn.Cell"),
 }

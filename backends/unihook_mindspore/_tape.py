@@ -5,8 +5,9 @@ MindSpore 2.10 has no ``Tensor.backward`` and no ``.grad``: gradients come from
 keeps one session open at all times (``_pynative_executor.new_graph`` on a key object); a
 backward closes it (``end_graph``), asks for the gradients with respect to every live leaf
 (``grad(..., weights=leaves)``: only Parameters can be differentiated by identity, so a leaf
-that requires grad is a Parameter), stores them and opens the next session. Tensors computed in
-an earlier session are constants in the next: one backward per forward (no retain_graph).
+that requires grad is a Parameter), accumulates them into each leaf's ``.grad`` and opens the
+next session. Tensors computed in an earlier session are constants in the next: one backward
+per forward (no retain_graph).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ class _Session:
 _lock = threading.RLock()
 _session: _Session | None = None
 _leaves: dict[int, weakref.ref[Any]] = {}
-_grads: dict[int, tuple[weakref.ref[Any], Any]] = {}  # id(leaf) -> (leaf, numpy gradient)
 _counter = [0]
 _op = GradOperation(get_by_list=True)
 
@@ -90,16 +90,14 @@ def _run(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
 
 
 def backward(tensor: Any) -> None:
-    """``tensor.backward()``: gradients of every live leaf, accumulated into `grad`."""
+    """``tensor.backward()``: gradients of every live leaf, accumulated into its ``.grad``
+    (an attribute the tape gives Parameters, as torch's and paddle's tensors have)."""
     leaves = _live_leaves()
     grads = _run([tensor], leaves)
     with _lock:
         for t, g in zip(leaves, grads):
-            value = g.asnumpy().copy()
-            old = _grads.get(id(t))
-            if old is not None and old[0]() is t:
-                value = old[1] + value
-            _grads[id(t)] = (weakref.ref(t), value)
+            old = getattr(t, "grad", None)
+            t.grad = g if old is None else old + g
 
 
 def grad_wrt(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
@@ -109,15 +107,9 @@ def grad_wrt(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
 
 def grad(tensor: Any) -> Any:
     """The accumulated gradient of a leaf, as numpy, or None."""
-    entry = _grads.get(id(tensor))
-    if entry is None or entry[0]() is not tensor:
-        return None
-    return entry[1].copy()
+    value = getattr(tensor, "grad", None)
+    return None if value is None else value.asnumpy().copy()
 
 
 def set_grad(tensor: Any, value: Any) -> None:
-    with _lock:
-        if value is None:
-            _grads.pop(id(tensor), None)
-        else:
-            _grads[id(tensor)] = (weakref.ref(tensor), value)
+    tensor.grad = value

@@ -206,6 +206,6 @@ class MindSporeKit:
                 g = _tape.grad(p)
                 if g is not None:
                     p.set_data(_f32(p.asnumpy() - lr * g))
-                    _tape.set_grad(p, None)
+                    p.grad = None
 
         return step
