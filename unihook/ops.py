@@ -38,6 +38,7 @@ __all__ = [
     "moments",
     "named_modules",
     "norm",
+    "own_parameters",
     "std",
     "sum",
     "sum_squares",
@@ -75,6 +76,7 @@ class Ops(Protocol):
     def dropout(self, t: Any, p: float, training: bool) -> Any: ...
     def drop_block(self, t: Any, p: float, block_size: int, training: bool) -> Any: ...
     def named_modules(self, module: Any) -> list[tuple[str, Any]]: ...
+    def own_parameters(self, module: Any) -> list[tuple[Any, int, bool]]: ...
     def as_tensor(self, array: Any, like: Any) -> Any: ...
     def leaf(self, t: Any) -> Any: ...
     def grad_of(self, t: Any) -> Any: ...
@@ -282,6 +284,13 @@ def _drop_block_rate(height: int, width: int, size: int, p: float) -> float:
 def named_modules(module: Any) -> list[tuple[str, Any]]:
     """(qualified name, module) for `module` ("") and every submodule, depth first."""
     return ops_for(module).named_modules(module)
+
+
+def own_parameters(module: Any) -> list[tuple[Any, int, bool]]:
+    """(parameter, element count, trainable) for each parameter `module` holds itself (not its
+    submodules'). BatchNorm running statistics are not parameters on any backend (paddle keeps
+    them as non-trainable parameters, torch as buffers)."""
+    return ops_for(module).own_parameters(module)
 
 
 def tensors_in(value: Any, like: Any) -> list[Any]:

@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence, Union
 import numpy as np
 import paddle
 import paddle.nn.functional as F
+from paddle.nn.layer.norm import _BatchNormBase
 
 from unihook._structures import map_dataclass
 from unihook.errors import HookTargetError
@@ -121,6 +122,14 @@ class PaddleOps:
 
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
         return list(module.named_sublayers(include_self=True))
+
+    def own_parameters(self, module: Any) -> list[tuple[Any, int, bool]]:
+        stats = isinstance(module, _BatchNormBase)  # running statistics, buffers in torch
+        return [
+            (p, int(p.size), not p.stop_gradient)
+            for name, p in module.named_parameters(include_sublayers=False)
+            if not (stats and name in ("_mean", "_variance"))
+        ]
 
     def as_tensor(self, array: Any, like: Any) -> Any:
         return paddle.to_tensor(np.asarray(array), dtype=like.dtype, place=like.place)

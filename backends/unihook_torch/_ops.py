@@ -139,6 +139,9 @@ class TorchOps:
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
         return list(module.named_modules())
 
+    def own_parameters(self, module: Any) -> list[tuple[Any, int, bool]]:
+        return [(p, p.numel(), p.requires_grad) for p in module.parameters(recurse=False)]
+
     def as_tensor(self, array: Any, like: Any) -> Any:
         return torch.as_tensor(np.asarray(array), dtype=like.dtype, device=like.device)
 

@@ -9,6 +9,7 @@ from .compare import Report, compare, compare_dumps, copy_weights, dump
 from .drop import DropHook
 from .monitor import GradientMonitor, NonFiniteGradientError
 from .stats import ActivationStats
+from .summary import Summary, SummaryRow, summary
 
 __all__ = [
     "ActivationStats",
@@ -20,9 +21,12 @@ __all__ = [
     "GuidedBackprop",
     "NonFiniteGradientError",
     "Report",
+    "Summary",
+    "SummaryRow",
     "compare",
     "compare_dumps",
     "copy_weights",
     "dump",
+    "summary",
     "token_maps",
 ]
