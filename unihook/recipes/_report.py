@@ -49,13 +49,18 @@ def _header(report: Report) -> list[str]:
         f"tolerance |a - b| <= {report.atol:g} + {report.rtol:g} * max|a|; modules aligned by "
         f"{report.rule} ({len(report.pairs)} pairs)",
     ]
-    firsts = [("forward", report.first_forward, "output"), ("backward", report.first_backward, "")]
-    for what, name, field in firsts:
+    firsts = [
+        ("forward", report.first_forward, report.table, lambda r: r.output.failed),
+        ("backward", report.first_backward, report.backward_order, lambda r: r.grad_failed),
+    ]
+    for what, name, rows, failed in firsts:
         if name is None:
             lines.append(f"first {what} divergence: none")
             continue
-        row = next(r for r in report.table if r.name_a == name and r.verdict != "ok")
-        field = field or ("grad_output" if row.verdict == "grad_output differs" else "grad_input")
+        row = next(r for r in rows if r.name_a == name and failed(r))
+        field = "output" if what == "forward" else "grad_input"
+        if what == "backward" and row.grad_output is not None and row.grad_output.failed:
+            field = "grad_output"
         diff = getattr(row, field)
         lines.append(
             f"first {what} divergence: {name or '(model)'} ({row.type_a}, call {row.call}, "
@@ -82,14 +87,13 @@ def render(report: Report, depth: int) -> str:
     for what, name in (("forward", report.first_forward), ("backward", report.first_backward)):
         if name is not None:
             marks.setdefault(name, []).append(f"<- first {what} divergence")
-    hot = set()  # failing modules and their ancestors: never folded
-    for name, rows in by_name.items():
-        if any(r.verdict != "ok" for r in rows):
-            while True:
-                hot.add(name)
-                if not name:
-                    break
-                name = _parent(name)
+    hot = set()  # the first divergences and their ancestors: never folded
+    for name in marks:
+        while True:
+            hot.add(name)
+            if not name:
+                break
+            name = _parent(name)
     to_b = dict(report.pairs)
     unpaired = set(report.unpaired_a)
 
@@ -121,7 +125,7 @@ def render(report: Report, depth: int) -> str:
     def walk(name: str, prefix: str, level: int) -> None:
         kids = children.get(name, [])
         if level >= depth and name not in hot and kids:
-            lines[-1] += f"  [{count(name)} submodules folded]"
+            lines[-1] += f"  [{count(name)} submodules]"
             return
         for i, kid in enumerate(kids):
             last = i == len(kids) - 1
