@@ -26,10 +26,18 @@ def _grad_rel(row: Row) -> float | None:
     return max(found) if found else None
 
 
-def _worst(rows: list[Row]) -> tuple[float, float | None, bool]:
+def _worst(rows: list[Row]) -> tuple[float, float | None, str]:
     out = max(r.output.rel for r in rows)
     grads = [g for g in map(_grad_rel, rows) if g is not None]
-    return out, (max(grads) if grads else None), any(r.verdict != "ok" for r in rows)
+    bad = [
+        what
+        for what, failed in (
+            ("out", any(r.output.failed for r in rows)),
+            ("grad", any(r.grad_failed for r in rows)),
+        )
+        if failed
+    ]
+    return out, (max(grads) if grads else None), f"DIFF {'+'.join(bad)}" if bad else "ok"
 
 
 def _parent(name: str) -> str:
@@ -112,9 +120,9 @@ def render(report: Report, depth: int) -> str:
         text = f"{label} ({kind})"
         rows = by_name.get(name)
         if rows:
-            out, grad, bad = _worst(rows)
+            out, grad, verdict = _worst(rows)
             calls = f" x{len(rows)}" if len(rows) > 1 else ""
-            text += f"{calls}  out {_num(out)}  grad {_num(grad)}  {'DIFF' if bad else 'ok'}"
+            text += f"{calls}  out {_num(out)}  grad {_num(grad)}  {verdict}"
         else:
             text += "  no counterpart in b" if name in unpaired else "  not run"
         return " ".join([text, *marks.get(name, [])])
