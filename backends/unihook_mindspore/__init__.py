@@ -144,12 +144,27 @@ def unihook_register_forward_hook(
 
 
 # Removing a tensor hook while a backward runs segfaults MindSpore 2.10 (a hook removing
-# itself): a removal from inside a unihook tensor hook waits for the backward's end.
+# itself). A removal from inside a unihook tensor hook silences the hook at once and leaves the
+# native removal to the next registration or removal outside a hook (or the tape's next
+# backward). (Queueing it with `_pynative_executor.queue_backward_final_callback` aborted the
+# process after earlier backwards had raised.)
 _running = threading.local()
+_deferred: list[Callable[[], None]] = []
+_deferred_lock = threading.Lock()
 
 
 def _depth() -> int:
     return getattr(_running, "depth", 0)
+
+
+def flush_removals() -> None:
+    """Run the native removals deferred by `remove` during a backward (none may run now)."""
+    if _deferred and not _depth():
+        with _deferred_lock:
+            pending = _deferred[:]
+            del _deferred[:]
+        for native_remove in pending:
+            native_remove()
 
 
 @hookimpl
@@ -189,16 +204,17 @@ def unihook_register_tensor_hook(
         # hand the edited tensor back
         return grad if result is None else result
 
+    flush_removals()
     native = tensor.register_hook(tensor_hook)
 
     def remove() -> None:
         live[0] = False  # silent at once, as torch's
         if _depth():
-            from mindspore.graph.api import _pynative_executor
-
-            _pynative_executor.queue_backward_final_callback(native.remove)
+            with _deferred_lock:
+                _deferred.append(native.remove)
         else:
             native.remove()
+            flush_removals()
 
     return Handle(NAME, "tensor", remove)
 

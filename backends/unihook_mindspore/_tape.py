@@ -30,6 +30,7 @@ class _Session:
 
 _lock = threading.RLock()
 _session: _Session | None = None
+_keys: list[_Session] = []
 _leaves: dict[int, weakref.ref[Any]] = {}
 _counter = [0]
 _op = GradOperation(get_by_list=True)
@@ -42,6 +43,10 @@ def start() -> None:
         if _session is None:
             executor.set_grad_flag(True)
             _session = _Session()
+            # MindSpore files a recording under the key's id: a new key at a dead key's address
+            # (CPython reuses it at once) resumes the old graph, the hooks of earlier backwards
+            # included. Keys are tiny: every one stays alive.
+            _keys.append(_session)
             executor.new_graph(_session)
 
 
@@ -49,6 +54,8 @@ def track(tensor: Any) -> Any:
     """Remember `tensor` (a Parameter) as a leaf whose gradient a backward computes."""
     with _lock:
         _leaves[id(tensor)] = weakref.ref(tensor)
+        if not hasattr(tensor, "grad"):
+            tensor.grad = None  # as a torch leaf before its first backward
     return tensor
 
 
@@ -74,6 +81,9 @@ def _run(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
     """Close the session at `outputs` (their gradients are ones: summed), differentiate with
     respect to `inputs`, open the next session."""
     global _session
+    from . import flush_removals
+
+    flush_removals()  # outside any backward: the tensor hooks' deferred native removals
     with _lock:
         start()
         session = _session
@@ -82,6 +92,9 @@ def _run(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
         try:
             executor.end_graph(session, out)
             grads = executor.grad(session, _op, list(inputs), None, False) if inputs else ()
+            # the backward runs asynchronously: an error a hook raised would surface at the
+            # next backward (another test's); wait for it here
+            executor.sync()
         finally:
             start()
     if not isinstance(grads, (tuple, list)):
@@ -89,10 +102,33 @@ def _run(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
     return list(grads)
 
 
+def _reachable(outputs: Sequence[Any]) -> set[int]:
+    """The ids of the leaf nodes the outputs' graph reaches (``_grad_node.next_functions``,
+    as torch's ``grad_fn``). MindSpore runs the hooks of every Parameter it is asked to
+    differentiate, with a zero gradient for one outside the graph (torch runs none): only the
+    reached leaves are asked for."""
+    todo = [t._grad_node for t in outputs if isinstance(t, mindspore.Tensor)]
+    seen: set[int] = set()
+    leaves: set[int] = set()
+    while todo:
+        node = todo.pop()
+        if node is None:
+            continue
+        key = node._unique_id()
+        if key in seen:
+            continue
+        seen.add(key)
+        if node.is_leaf():
+            leaves.add(key)
+        todo.extend(edge[0] for edge in node.next_functions)
+    return leaves
+
+
 def backward(tensor: Any) -> None:
-    """``tensor.backward()``: gradients of every live leaf, accumulated into its ``.grad``
-    (an attribute the tape gives Parameters, as torch's and paddle's tensors have)."""
-    leaves = _live_leaves()
+    """``tensor.backward()``: gradients of every leaf the graph reaches, accumulated into its
+    ``.grad`` (an attribute the tape gives Parameters, as torch's and paddle's tensors have)."""
+    reached = _reachable([tensor])
+    leaves = [t for t in _live_leaves() if t._grad_node._unique_id() in reached]
     grads = _run([tensor], leaves)
     with _lock:
         for t, g in zip(leaves, grads):
