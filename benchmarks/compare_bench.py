@@ -25,7 +25,7 @@ from frameworks import Framework
 from harness import Body, Case, Cleanup, Rounds, Setup, Variant, ratio
 from models import Sizes
 
-ROUNDS = {"full": Rounds(8, 1), "quick": Rounds(3, 1), "smoke": Rounds(1, 1)}
+ROUNDS = {"full": Rounds(10, 1, repeats=3), "quick": Rounds(4, 1, repeats=2), "smoke": Rounds(1, 1)}
 
 
 def rounds(mode: str) -> Rounds:

@@ -301,6 +301,10 @@ def test_custom_function_with_the_right_backward_is_ok() -> None:
     model.blocks[1].act = TorchCustomReLU()
     twin.blocks[1].act = PaddleCustomReLU(PaddleReLUFn)
     assert compare(model, twin, batch(TRANSFORMER_INPUT)).ok
+    twin.blocks[1].act = PaddleCustomReLU(PaddleWrongReLUFn)
+    forward_only = compare(model, twin, batch(TRANSFORMER_INPUT), backward=False)
+    assert forward_only.ok and not forward_only.backward_order  # the wrong backward never ran
+    assert all(r["grad_input_abs"] is None for r in forward_only.rows())
 
 
 def test_transposed_weight_is_also_the_first_parameter() -> None:

@@ -203,7 +203,7 @@ class Report:
     def tree(self, depth: int = 1) -> str:
         """The model (a's names) as a tree: per module the worst relative output and gradient
         error over its calls, and its counterpart in b where the name differs. Subtrees deeper
-        than `depth` are folded unless they hold a divergence."""
+        than `depth` are folded except along the path to a first divergence."""
         from ._report import render
 
         return render(self, depth)
