@@ -8,6 +8,8 @@ from .cam import ClassifierOutputTarget, GradCAM, GradCAMPlusPlus, GuidedBackpro
 from .compare import Report, compare, compare_dumps, copy_weights, dump
 from .drop import DropHook
 from .monitor import GradientMonitor, NonFiniteGradientError
+from .plots import plot
+from .sinks import summary_writer
 from .stats import ActivationStats
 from .summary import Summary, SummaryRow, summary
 
@@ -27,6 +29,8 @@ __all__ = [
     "compare_dumps",
     "copy_weights",
     "dump",
+    "plot",
     "summary",
+    "summary_writer",
     "token_maps",
 ]

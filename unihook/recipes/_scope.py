@@ -10,7 +10,7 @@ from unihook import HookArgumentError, HookGroup, Where, backend_of, ops, regist
 from unihook._describe import type_name
 from unihook.handles import Removable
 
-__all__ = ["Recipe", "Targets", "check_every", "resolve", "where_of"]
+__all__ = ["Recipe", "Targets", "check_every", "check_history", "resolve", "where_of"]
 
 #: A module of the model, its qualified name, or a list of either.
 Targets = Union[str, Any, Sequence[Any]]
@@ -57,6 +57,15 @@ def check_every(every: int) -> int:
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise HookArgumentError(f"`every` must be a positive int. Received: every={every!r}")
     return every
+
+
+def check_history(max_history: int | None) -> None:
+    if max_history is not None and (
+        isinstance(max_history, bool) or not isinstance(max_history, int) or max_history < 1
+    ):
+        raise HookArgumentError(
+            f"`max_history` must be a positive int or None. Received: {max_history!r}"
+        )
 
 
 def _describe(value: Any) -> str:

@@ -10,7 +10,6 @@ from collections import deque
 from typing import Any
 
 from unihook import (
-    HookArgumentError,
     HookGroup,
     NoGradError,
     UnihookError,
@@ -21,7 +20,8 @@ from unihook import (
     register_tensor_hook,
 )
 
-from ._scope import Recipe, check_every, where_of
+from ._scope import Recipe, check_every, check_history, where_of
+from .sinks import Writer, write_records
 
 __all__ = ["GradientMonitor", "NonFiniteGradientError"]
 
@@ -65,7 +65,8 @@ class GradientMonitor(Recipe):
     grad_outputs. `where`: as ActivationStats'. `every=N`: record the backward of forwards
     0, N, 2N... of `model` only (wandb.watch's `log_freq`); between them the hooks are removed
     (one counter hook remains). `history` keeps the last `max_history` backwards (a ring
-    buffer; None keeps every one).
+    buffer; None keeps every one). ``monitor.write(writer, step)`` sends the last backward's
+    norms to TensorBoard, ``monitor.plot()`` draws them over steps.
     """
 
     def __init__(
@@ -82,18 +83,14 @@ class GradientMonitor(Recipe):
                 f"`on_nonfinite` must be one of {{'raise', 'warn', 'ignore'}}. "
                 f"Received: on_nonfinite={on_nonfinite!r}"
             )
-        if max_history is not None and (
-            isinstance(max_history, bool) or not isinstance(max_history, int) or max_history < 1
-        ):
-            raise HookArgumentError(
-                f"`max_history` must be a positive int or None. Received: {max_history!r}"
-            )
+        check_history(max_history)
         every = check_every(every)
         where = where_of(model, where)
         super().__init__()
         self.on_nonfinite = on_nonfinite
         self.history: deque[dict[str, float]] = deque(maxlen=max_history)
         self._step = _Step()
+        self._written: object = None
         # the last output hooked: (tensor, its version, the names sharing its gradient hook)
         self._last: tuple[Any, Any, list[str]] | None = None
 
@@ -150,3 +147,22 @@ class GradientMonitor(Recipe):
             raise error
         if self.on_nonfinite == "warn":
             warnings.warn(str(error), RuntimeWarning, stacklevel=2)
+
+    def write(self, writer: Writer, step: int) -> bool:
+        """Send the last recorded backward's norms to `writer` (a tensorboardX or torch
+        SummaryWriter, see `summary_writer`): scalars ``gradients/<module>/norm`` and, across
+        modules, the histogram ``gradients/norm``. False (nothing written) when no backward was
+        recorded since the last write (an off-step of `every`)."""
+        if not self.history or self.history[-1] is self._written:
+            return False
+        self._written = last = self.history[-1]
+        rows = [{"name": name, "norm": norm} for name, norm in last.items()]
+        write_records(writer, "gradients", rows, ("norm",), step)
+        return True
+
+    def plot(self, path: str | None = None) -> Any:
+        """Per-module gradient norms over the recorded backwards, log scale (matplotlib Figure;
+        saved to `path` when given)."""
+        from .plots import plot
+
+        return plot(monitor=self, path=path)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from unihook import HookGroup, attach, ops, register_forward_hook
+from unihook import HookGroup, attach, ops, register_forward_hook, register_forward_pre_hook
 
-from ._scope import Recipe, check_every, where_of
+from ._scope import Recipe, check_every, check_history, where_of
+from .sinks import Writer, write_records
 
 __all__ = ["ActivationStats"]
 
@@ -54,15 +56,24 @@ class ActivationStats(Recipe):
     or modules of `model` (alone or in a list, with names). `every=N`: record forwards 0, N,
     2N... of `model` only; between them the hooks are removed (one counter hook remains).
 
-    ``stats.rows()``: one dict per module, in the order modules first ran; ``stats.report()``:
-    a readable table. Use as a context manager or call `remove()`.
+    ``stats.rows()``: one dict per module over every recorded call, in the order modules first
+    ran; ``stats.report()``: a readable table. ``stats.history``: per recorded forward of
+    `model`, ``{module name: row}`` of that forward alone (the last `max_history` forwards;
+    None keeps all), which ``stats.write(writer, step)`` sends to TensorBoard and
+    ``stats.plot()`` draws over steps. Use as a context manager or call `remove()`.
     """
 
-    def __init__(self, model: Any, where: Any = None, *, every: int = 1) -> None:
+    def __init__(
+        self, model: Any, where: Any = None, *, every: int = 1, max_history: int | None = 1000
+    ) -> None:
         every = check_every(every)
+        check_history(max_history)
         where = where_of(model, where)
         super().__init__()
         self._stats: dict[str, _Running] = {}
+        self._step: dict[str, _Running] = {}  # this forward's, merged into `history` at its end
+        self._history: deque[dict[str, _Running]] = deque(maxlen=max_history)
+        self._written: object = None
         # the last output reduced: (tensor, its version, its moments), which a container
         # returning its last child's output reuses
         self._last: tuple[Any, Any, ops.Moments] | None = None
@@ -70,9 +81,11 @@ class ActivationStats(Recipe):
         def hooks() -> HookGroup:
             # A pre-hook fixes each module's place at its first call: rows come in call order
             # (a container before its children), not in order of completion.
-            group = attach(model, self._started, kind="forward_pre", where=where)
+            group = HookGroup()
+            group.add("", register_forward_pre_hook(model, self._open))
+            group.extend(attach(model, self._started, kind="forward_pre", where=where))
             group.extend(attach(model, self._record, where=where))
-            group.add("", register_forward_hook(model, self._forget, always_call=True))
+            group.add("", register_forward_hook(model, self._close, always_call=True))
             return group
 
         self._schedule(model, every, hooks)
@@ -86,7 +99,9 @@ class ActivationStats(Recipe):
         if not tensors:
             return
         running = self._stats[name]
+        step = self._step.setdefault(name, _Running(order=running.order))
         running.calls += 1
+        step.calls += 1
         for tensor in tensors:
             version, last = ops.version(tensor), self._last
             if (
@@ -95,34 +110,46 @@ class ActivationStats(Recipe):
                 and version is not None
                 and version == last[1]
             ):
-                running.merge(last[2])
-                continue
-            moments = ops.moments(tensor)
-            self._last = (tensor, version, moments)
+                moments = last[2]
+            else:
+                moments = ops.moments(tensor)
+                self._last = (tensor, version, moments)
             running.merge(moments)
+            step.merge(moments)
 
-    def _forget(self, module: Any, args: Any, output: Any) -> None:
+    def _open(self, module: Any, args: Any) -> None:
+        self._step = {}
+
+    def _close(self, module: Any, args: Any, output: Any) -> None:
         self._last = None
+        if self._step:
+            self._history.append(self._step)
+            self._step = {}
+
+    @property
+    def history(self) -> list[dict[str, dict[str, Any]]]:
+        return [{r["name"]: r for r in _rows(step)} for step in self._history]
+
+    def write(self, writer: Writer, step: int) -> bool:
+        """Send the last recorded forward's rows to `writer` (a tensorboardX or torch
+        SummaryWriter, see `summary_writer`): scalars ``activations/<module>/<stat>`` and, across
+        modules, histograms ``activations/mean`` and ``activations/std``. False (nothing
+        written) when no forward was recorded since the last write (an off-step of `every`)."""
+        if not self._history or self._history[-1] is self._written:
+            return False
+        self._written = self._history[-1]
+        write_records(writer, "activations", _rows(self._history[-1]), STATS, step)
+        return True
+
+    def plot(self, path: str | None = None) -> Any:
+        """Per-module mean, std and fraction of zeros over the recorded forwards (matplotlib
+        Figure; saved to `path` when given)."""
+        from .plots import plot
+
+        return plot(stats=self, path=path)
 
     def rows(self) -> list[dict[str, Any]]:
-        rows = []
-        for name, r in sorted(self._stats.items(), key=lambda item: item[1].order):
-            if not r.calls:
-                continue
-            mean = r.total / r.count if r.count else float("nan")
-            rows.append(
-                {
-                    "name": name,
-                    "calls": r.calls,
-                    "mean": mean,
-                    "std": math.sqrt(r.m2 / r.count) if r.count else float("nan"),
-                    "min": r.low if r.count else float("nan"),
-                    "max": r.high if r.count else float("nan"),
-                    "zeros": r.zeros / (r.count + r.nonfinite),
-                    "nonfinite": r.nonfinite,
-                }
-            )
-        return rows
+        return _rows(self._stats)
 
     def report(self) -> str:
         rows = self.rows()
@@ -139,3 +166,27 @@ class ActivationStats(Recipe):
                 f"{r['zeros']:>6.1%}  {r['nonfinite']:>9}"
             )
         return "\n".join(lines)
+
+
+STATS = ("mean", "std", "min", "max", "zeros")
+
+
+def _rows(stats: dict[str, _Running]) -> list[dict[str, Any]]:
+    rows = []
+    for name, r in sorted(stats.items(), key=lambda item: item[1].order):
+        if not r.calls:
+            continue
+        mean = r.total / r.count if r.count else float("nan")
+        rows.append(
+            {
+                "name": name,
+                "calls": r.calls,
+                "mean": mean,
+                "std": math.sqrt(r.m2 / r.count) if r.count else float("nan"),
+                "min": r.low if r.count else float("nan"),
+                "max": r.high if r.count else float("nan"),
+                "zeros": r.zeros / (r.count + r.nonfinite),
+                "nonfinite": r.nonfinite,
+            }
+        )
+    return rows
