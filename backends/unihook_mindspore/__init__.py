@@ -199,10 +199,7 @@ def unihook_register_tensor_hook(
         finally:
             _running.depth -= 1
         # MindSpore takes a wrong shape or dtype silently: checked here
-        result = check_grad(result, grad, is_tensor, site)
-        # an in-place edit of `grad` with no return is ignored by MindSpore (torch keeps it):
-        # hand the edited tensor back
-        return grad if result is None else result
+        return check_grad(result, grad, is_tensor, site)
 
     flush_removals()
     native = tensor.register_hook(tensor_hook)

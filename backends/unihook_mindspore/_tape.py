@@ -43,9 +43,8 @@ def start() -> None:
         if _session is None:
             executor.set_grad_flag(True)
             _session = _Session()
-            # MindSpore files a recording under the key's id: a new key at a dead key's address
-            # (CPython reuses it at once) resumes the old graph, the hooks of earlier backwards
-            # included. Keys are tiny: every one stays alive.
+            # MindSpore files a recording under its key object: keys stay alive so that a new
+            # one never takes a finished one's id (a precaution; keys are tiny)
             _keys.append(_session)
             executor.new_graph(_session)
 
@@ -92,8 +91,7 @@ def _run(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
         try:
             executor.end_graph(session, out)
             grads = executor.grad(session, _op, list(inputs), None, False) if inputs else ()
-            # the backward runs asynchronously: an error a hook raised would surface at the
-            # next backward (another test's); wait for it here
+            # MindSpore may run kernels asynchronously: the backward is complete on return
             executor.sync()
         finally:
             start()

@@ -72,7 +72,9 @@ class MindSporeKit:
         return bool(tensor._requires_grad)
 
     def add_(self, tensor: Any, value: float) -> Any:
-        return tensor.add_(value)
+        # Tensor.add_ leaves the tensor unchanged on CPU (it returns a new one): copy_ is in place
+        tensor.copy_(tensor + value)
+        return tensor
 
     def relu(self, tensor: Any) -> Any:
         return ops.relu(tensor)
