@@ -35,6 +35,13 @@ def test_demo_shows_identical_numbers(tmp_path: Path) -> None:
     picture = tmp_path / "pictures" / "gradcam.png"
     assert "pictures/gradcam.png" in done.stdout
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the recipes' plot over training steps, next to it (issue 14)
+    training = tmp_path / "pictures" / "training.png"
+    assert "pictures/training.png" in done.stdout
+    assert training.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if len(KITS) > 1:  # the frameworks' gradient norms over 30 SGD steps agree
+        within = done.stdout.split("norms within ")[1].split(" relative")[0]
+        assert float(within) < 1e-3
     assert "INFO" not in done.stdout + done.stderr
 
 

@@ -126,6 +126,8 @@ def main(out: str) -> int:
     picture = write_gradcam(kits, os.path.join(out, "gradcam.png"))
     if picture:
         print(f"Grad-CAM computed with {ran}: {picture}")
+        training, title = write_training(kits, os.path.join(out, "training.png"))
+        print(f"{title}: {training}")
     return 0 if all_same else 1
 
 
@@ -187,6 +189,46 @@ def write_gradcam(kits: list[Any], path: str) -> str | None:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def write_training(kits: list[Any], path: str, steps: int = 30) -> tuple[str, str]:
+    """The same classifier trained `steps` SGD steps in every framework under ActivationStats
+    and GradientMonitor; the first framework's histories drawn by `unihook.recipes.plot`, and
+    how far the other frameworks' numbers are from them in the title. Needs matplotlib."""
+    import numpy as np
+
+    from .recipes import ActivationStats, GradientMonitor, plot
+    from .testing import classifier
+
+    image = demo_image()
+    rng = np.random.default_rng(0)
+    batch = np.concatenate([image, image[..., ::-1], image[..., ::-1, :], image[..., ::-1, ::-1]])
+    batch = (batch + rng.normal(0, 0.05, batch.shape)).astype("float32")
+    target = np.eye(3, dtype="float32")[[0, 1, 2, 0]]
+    runs = []
+    for kit in kits:
+        model = classifier(kit, seed=3, width=8)
+        step = kit.sgd(model, 0.05)
+        x, y = kit.tensor(batch), kit.tensor(target)
+        with ActivationStats(model) as stats, GradientMonitor(model) as monitor:
+            for _ in range(steps):
+                step(((model(x) - y) ** 2).mean())
+        runs.append((kit.name, stats, monitor))
+    name, stats, monitor = runs[0]
+    first = np.array([list(h.values()) for h in monitor.history])
+    worst = (
+        max(
+            (float(np.max(np.abs(np.array([list(h.values()) for h in m.history]) / first - 1))))
+            for _, _, m in runs[1:]
+        )
+        if len(runs) > 1
+        else None
+    )
+    agree = f"; {runs[-1][0]}'s norms within {worst:.1e} relative" if worst is not None else ""
+    title = f"ActivationStats + GradientMonitor, {steps} SGD steps, {name}{agree}"
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    plot(stats=stats, monitor=monitor, path=path, title=title)
+    return path, title
 
 
 def _print_backends() -> None:
