@@ -105,6 +105,26 @@ def _compare(a: dict[str, list[Any]], b: dict[str, list[Any]]) -> dict[str, floa
     return diffs
 
 
+def _grad_cam(kit: Kit) -> Any:
+    """Grad-CAM and Grad-CAM++ maps of the CNN's layer4. The recipes call ``score.backward()``,
+    which MindSpore lacks: the tape stands in for it while they run."""
+    from unihook.recipes import GradCAM, GradCAMPlusPlus
+
+    patched = kit.name == "mindspore"
+    if patched:
+        import mindspore
+
+        from . import _tape
+
+        mindspore.Tensor.backward = _tape.backward  # type: ignore[attr-defined]
+    try:
+        model = classifier(kit)
+        return [recipe(model, "layer4")(images(kit)) for recipe in (GradCAM, GradCAMPlusPlus)]
+    finally:
+        if patched:
+            del mindspore.Tensor.backward  # type: ignore[attr-defined]
+
+
 def main() -> None:
     from unihook_torch.testkit import TorchKit
 
@@ -123,6 +143,9 @@ def main() -> None:
         print(f"  hook order identical: {len(logs[0]['order'])} calls")
         for kind in sorted(k for k in diffs if not k.startswith("calls")):
             print(f"  {kind:12} {diffs[kind]:.3g} ({int(diffs['calls ' + kind])})")
+    cams = [_grad_cam(kit) for kit in kits]
+    for name, a, b in zip(("GradCAM", "GradCAM++"), *cams):
+        print(f"{name} maps {a.shape}: max |difference| {float(np.max(np.abs(a - b))):.3g}")
 
 
 if __name__ == "__main__":
