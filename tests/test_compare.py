@@ -9,6 +9,7 @@ multi-head attention, whose packed q/k/v weights copy_weights splits). An identi
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -503,19 +504,40 @@ def test_steps_compare_parameters_after_each_optimizer_step() -> None:
     assert {r.step for r in report.table if r.output.failed} == {1, 2}
 
 
+Halves = collections.namedtuple("Halves", ["positive", "negative"])
+
+
+class TorchSplit(nn.Module):
+    def forward(self, x: torch.Tensor) -> Halves:
+        return Halves(x.clamp(min=0), x.clamp(max=0))
+
+
+class PaddleSplit(pnn.Layer):
+    def forward(self, x: Any) -> Halves:
+        return Halves(x.clip(min=0), x.clip(max=0))
+
+
+class PaddleLeakySplit(pnn.Layer):  # a mistake in the second field only
+    def forward(self, x: Any) -> Halves:
+        return Halves(x.clip(min=0), x.clip(max=0) * 0.5)
+
+
 class TorchFrozen(nn.Module):
-    """A frozen branch run under no_grad beside a trained one; an LSTM's nested tuple output."""
+    """A frozen branch run under no_grad beside a trained one; an LSTM's nested tuple output;
+    a namedtuple output."""
 
     def __init__(self) -> None:
         super().__init__()
         self.frozen = nn.Linear(8, 8)
         self.lstm = nn.LSTM(8, 8, batch_first=True)
+        self.split = TorchSplit()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             teacher = self.frozen(x)
         out, (h, c) = self.lstm(x)
-        return out + teacher + (h * c)[-1][:, None]
+        halves = self.split(out + teacher + (h * c)[-1][:, None])
+        return halves.positive * 2 + halves.negative
 
 
 class PaddleFrozen(pnn.Layer):
@@ -523,12 +545,14 @@ class PaddleFrozen(pnn.Layer):
         super().__init__()
         self.frozen = pnn.Linear(8, 8)
         self.lstm = pnn.LSTM(8, 8)
+        self.split = PaddleSplit()
 
     def forward(self, x: Any) -> Any:
         with paddle.no_grad():
             teacher = self.frozen(x)
         out, (h, c) = self.lstm(x)
-        return out + teacher + (h * c)[-1][:, None]
+        halves = self.split(out + teacher + (h * c)[-1][:, None])
+        return halves.positive * 2 + halves.negative
 
 
 def test_no_grad_branch_and_nested_tuple_outputs() -> None:
@@ -541,6 +565,11 @@ def test_no_grad_branch_and_nested_tuple_outputs() -> None:
     assert rows["frozen"]["grad_output_abs"] is None  # no backward ran through it, on either side
     assert [len(s) for s in rows["lstm"]["shapes"]] == [3, 3, 3]  # out, h, c
     assert rows["lstm"]["grad_input_rel"] is not None
+    assert rows["split"]["shapes"] == [[2, 4, 8], [2, 4, 8]]  # both fields of the namedtuple
+    assert rows["split"]["grad_output_rel"] is not None
+    twin.split = PaddleLeakySplit()
+    report = compare(model, twin, batch((2, 4, 8)))
+    assert report.first_forward == "split", str(report)
 
 
 def test_plot_writes_an_image(tmp_path: Path) -> None:
