@@ -34,7 +34,7 @@ def resnet() -> tuple[torch.nn.Module, paddle.nn.Layer]:
     return model, twin
 
 
-def batch(shape: tuple[int, ...] = (3, 3, 64, 64)) -> np.ndarray:
+def batch(shape: tuple[int, ...] = (2, 3, 48, 48)) -> np.ndarray:
     return np.random.default_rng(11).normal(0, 1, shape).astype(np.float32)
 
 
@@ -127,13 +127,13 @@ def test_same_maps_as_pytorch_grad_cam(resnet: Any, method: Any, weights: Any, l
     model, twin = resnet
     x = batch()
     modules = dict(model.named_modules())
-    targets = [ClassifierOutputTarget(c) for c in (1, 4, 7)]
+    targets = [ClassifierOutputTarget(c) for c in (1, 7)]
     want = pgc_reference(model, [modules[n] for n in layers], x, targets, weights)
     for net, tensor, tol in torch_and_paddle(model, twin, x):
         with method(net, layers, call=0, convention="pytorch-grad-cam") as cam:
             got = cam(tensor, targets)
         np.testing.assert_allclose(got, want, atol=tol, err_msg=f"{type(net).__name__}")
-        assert list(cam.target_classes) == [1, 4, 7]
+        assert list(cam.target_classes) == [1, 7]
 
 
 def test_top_class_default_matches_pytorch_grad_cam(resnet: Any) -> None:
@@ -150,7 +150,7 @@ def test_same_maps_as_captum(resnet: Any) -> None:
     default convention within 1e-5, on torch and on the paddle twin."""
     model, twin = resnet
     x = batch()
-    classes = [2, 0, 9]
+    classes = [2, 9]
     for layer in ("layer4", "layer3"):
         attribution = captum_attr.LayerGradCam(model, dict(model.named_modules())[layer]).attribute(
             torch.tensor(x), target=classes, relu_attributions=True
@@ -176,18 +176,19 @@ def test_target_forms_agree(resnet: Any) -> None:
     model, _ = resnet
     tensor = torch.tensor(batch())
     with GradCAMPlusPlus(model, "layer4") as cam:
-        per_sample = cam(tensor, [3, 3, 3])
-        assert list(cam.target_classes) == [3, 3, 3]
+        per_sample = cam(tensor, [3, 3])
+        assert list(cam.target_classes) == [3, 3]
         np.testing.assert_array_equal(cam(tensor, 3), per_sample)
         np.testing.assert_allclose(cam(tensor, ClassifierOutputTarget(3)), per_sample, atol=1e-6)
         np.testing.assert_allclose(
-            cam(tensor, [3, ClassifierOutputTarget(3), lambda row: row[3]]), per_sample, atol=1e-6
+            cam(tensor, [ClassifierOutputTarget(3), lambda row: row[3]]), per_sample, atol=1e-6
         )
-        assert list(cam.target_classes) == [3, 3, -1]
-        with pytest.raises(HookArgumentError, match="one per sample \\(3\\)"):
-            cam(tensor, [1, 2])
+        assert list(cam.target_classes) == [3, -1]
+        np.testing.assert_allclose(cam(tensor, [3, lambda row: row[3]]), per_sample, atol=1e-6)
+        with pytest.raises(HookArgumentError, match="one per sample \\(2\\)"):
+            cam(tensor, [1, 2, 3])
         with pytest.raises(HookArgumentError, match="class index or callable"):
-            cam(tensor, ["cat", 1, 2])
+            cam(tensor, ["cat", 1])
     with pytest.raises(HookArgumentError, match="`convention` must be one of"):
         GradCAM(model, "layer4", convention="opencv")
 

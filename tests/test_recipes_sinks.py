@@ -121,3 +121,25 @@ class _Null:
 
     def add_histogram(self, *args: Any) -> None:
         pass
+
+
+def test_monitor_and_stats_on_tuple_outputs_and_under_no_grad(backend: Any) -> None:  # type: ignore[no-untyped-def]
+    """A namedtuple output: both tensors' gradients count in the module's norm. Under no_grad
+    the monitor records nothing and raises nothing; ActivationStats still records."""
+    import collections
+
+    pair = collections.namedtuple("pair", "a b")
+    inner = backend.module(lambda self, x: pair(x * 2, x * 3))
+    model = backend.module(lambda self, x: sum(self.inner(x)), {"inner": inner})
+    x = backend.tensor([[1.0, -2.0]], requires_grad=True)
+    with GradientMonitor(model) as monitor, ActivationStats(model) as stats:
+        backend.backward(model(x).sum())
+        with backend.no_grad():
+            model(x)
+    assert len(monitor.history) == 1
+    # the output's gradient is 1 everywhere; each of the two outputs gets 1 per element
+    assert monitor.history[0]["inner"] == pytest.approx(np.sqrt(4.0))
+    assert monitor.history[0][""] == pytest.approx(np.sqrt(2.0))
+    rows = {r["name"]: r for r in stats.rows()}
+    assert rows["inner"]["calls"] == 2 and len(stats.history) == 2
+    assert rows["inner"]["mean"] == pytest.approx(np.mean([2, -4, 3, -6]))
