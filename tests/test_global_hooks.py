@@ -521,3 +521,39 @@ def test_global_backward_matches_torch_native() -> None:
         )
         assert ours == oracle, kit.name
     assert torch is not None
+
+
+@pytest.mark.parametrize("where", ["forward_pre", "forward"])
+def test_backward_hook_registered_during_the_call_leaves_it_to_the_global_hooks(
+    backend, where: str
+) -> None:  # type: ignore[no-untyped-def]
+    """A forward (pre-)hook that registers a backward hook on its own module (lazy set-up):
+    as torch takes a call's backward hooks when it starts, the global hooks fire for that call
+    (and the gradient they scale is right), the new hook from the next call on."""
+    lin = backend.linear(2, 2, [[1.0, 2.0], [3.0, 4.0]], [0.0, 0.0])
+    calls: list[str] = []
+
+    def scale(module, grad_input, grad_output):  # type: ignore[no-untyped-def]
+        calls.append("global")
+        return tuple(None if g is None else g * 10 for g in grad_input)
+
+    handles: list[Any] = []
+
+    def lazy(module, *args):  # type: ignore[no-untyped-def]
+        if not handles:
+            handles.append(
+                unihook.register_full_backward_hook(module, lambda *a: calls.append("own"))
+            )
+
+    register = getattr(unihook, f"register_{where}_hook")
+    with (
+        unihook.register_module_full_backward_hook(scale, backend=backend.name),
+        register(lin, lazy),
+    ):
+        for expected in (["global"], ["global", "own"]):
+            calls.clear()
+            x = backend.tensor([[1.0, 1.0]], requires_grad=True)
+            backend.backward(lin(x).sum())
+            assert calls == expected
+            np.testing.assert_allclose(backend.grad(x), [[40.0, 60.0]])
+    handles[0].remove()

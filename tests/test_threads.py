@@ -14,6 +14,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from typing import Any, Callable
 
@@ -27,7 +28,15 @@ ITERATIONS = 25
 CHURNERS = 2
 TIMEOUT = 240  # seconds for all scenarios of one backend: a deadlock fails, it does not hang
 
-SCENARIOS = ("shared_model", "separate_models", "remove_tensor_hook_mid_backward")
+SCENARIOS = (
+    "shared_model",
+    "separate_models",
+    "remove_tensor_hook_mid_backward",
+    "own_backward_hooks_come_and_go_beside_global_ones",
+    "global_hooks_come_and_go_during_calls",
+    "registration_hooks_come_and_go_while_layers_are_built",
+    "grad_api_on_threads",
+)
 
 
 # -- the scenarios (run in the subprocess) ----------------------------------------------------
@@ -258,6 +267,161 @@ def _remove_tensor_hook_mid_backward(kit: Any) -> list[str]:
         kept = 3.0 if step % 2 else 6.0  # the doubling hook stays on even steps
         if not (np.allclose(during, 9.0) and np.allclose(after, kept)):
             errors.append(f"step {step}: gradients {during}, {after}; expected 9, {kept}")
+    return errors
+
+
+def _in_background(work: Callable[[threading.Event], None]) -> Any:
+    """Run `work(stop)` on a thread until the returned stopper is called; its exception (if
+    any) is returned by the stopper."""
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def run() -> None:
+        try:
+            work(stop)
+        except Exception as error:
+            errors.append(f"background: {type(error).__name__}: {error}")
+
+    thread = threading.Thread(target=run)
+    thread.start()
+
+    def stopper() -> list[str]:
+        stop.set()
+        thread.join()
+        return errors
+
+    return stopper
+
+
+def _own_backward_hooks_come_and_go_beside_global_ones(kit: Any) -> list[str]:
+    """A global backward hook scales every module's grad_input while another thread registers
+    and removes per-module backward hooks: no call of the global hook may be lost or doubled
+    (a call whose own dispatchers come or go mid-call is the global dispatchers' or theirs)."""
+    model = _model(kit, seed=0)
+    modules = [m for _, m in kit.named_modules(model)]
+    counts: Counter[str] = Counter()
+    noop: Callable[..., Any] = lambda *args: None  # noqa: E731
+
+    def scale(module: Any, grad_input: Any, grad_output: Any) -> Any:
+        counts[type(module).__name__] += 1
+        return tuple(None if g is None else g * 1.5 for g in grad_input)
+
+    def churn(stop: threading.Event) -> None:
+        rng = random.Random(0)
+        held: list[Any] = []
+        kinds = (unihook.register_full_backward_hook, unihook.register_full_backward_pre_hook)
+        while not stop.is_set():
+            held.append(rng.choice(kinds)(rng.choice(modules), noop, prepend=rng.random() < 0.5))
+            while len(held) > rng.randrange(3):
+                held.pop(rng.randrange(len(held))).remove()
+        for handle in held:
+            handle.remove()
+
+    data = np.ones((2, 4), "float32")
+    errors: list[str] = []
+    with unihook.register_module_full_backward_hook(scale, backend=kit.name):
+        expected = _plain_grad(kit, model, data)
+        counts.clear()
+        stopper = _in_background(churn)
+        for step in range(ITERATIONS * 8):
+            got = _plain_grad(kit, model, data)
+            if not np.allclose(got, expected, rtol=1e-5, atol=1e-6):
+                errors.append(f"step {step}: x.grad {got} != {expected}")
+        errors += stopper()
+    want = {
+        name: n * ITERATIONS * 8 for name, n in Counter(type(m).__name__ for m in modules).items()
+    }
+    if dict(counts) != want:
+        errors.append(f"global hook calls {dict(counts)} != {want}")
+    return errors
+
+
+def _plain_grad(kit: Any, model: Any, data: np.ndarray) -> np.ndarray:
+    x = kit.tensor(data, requires_grad=True)
+    kit.backward(model(x).sum())
+    return np.asarray(kit.grad(x))
+
+
+def _global_hooks_come_and_go_during_calls(kit: Any) -> list[str]:
+    """Removing the last global hook while another thread is inside a module call (in the
+    wrapper unihook installs for them) must not break that call (torch: AssertionError)."""
+    model = _model(kit, seed=0)
+    unihook.register_forward_pre_hook(kit.named_modules(model)[1][1], lambda *args: None)
+    data = np.ones((2, 4), "float32")
+    expected = _plain_grad(kit, model, data)
+
+    def calls(stop: threading.Event) -> None:
+        while not stop.is_set():
+            got = _plain_grad(kit, model, data)
+            assert np.allclose(got, expected), (got, expected)
+
+    stopper = _in_background(calls)
+    slow: Callable[..., Any] = lambda *args: time.sleep(1e-5)  # noqa: E731
+    for i in range(300):
+        register = (
+            unihook.register_module_forward_pre_hook,
+            unihook.register_module_full_backward_pre_hook,
+            unihook.register_module_forward_hook,
+        )[i % 3]
+        register(slow, backend=kit.name).remove()
+    return stopper()
+
+
+def _registration_hooks_come_and_go_while_layers_are_built(kit: Any) -> list[str]:
+    """Removing the last registration hook while another thread builds layers must not break
+    the construction (paddle: KeyError from the patched ``__setattr__``)."""
+
+    def build(stop: threading.Event) -> None:
+        while not stop.is_set():
+            layer = kit.linear(2, 2)
+            assert len(kit.parameters(layer)) == 2
+
+    stopper = _in_background(build)
+    noop: Callable[..., Any] = lambda *args: None  # noqa: E731
+    for i in range(600):
+        register = (
+            unihook.register_module_parameter_registration_hook,
+            unihook.register_module_buffer_registration_hook,
+            unihook.register_module_module_registration_hook,
+        )[i % 3]
+        register(noop, backend=kit.name).remove()
+    return stopper()
+
+
+def _grad_api_on_threads(kit: Any) -> list[str]:
+    """torch.autograd.grad / paddle.grad on four threads while a unihook hook lives (paddle
+    3.3.1 alone crashes or reports inputs missing from the graph: unihook runs them one at a
+    time while its hooks live)."""
+    model = _model(kit, seed=0)
+    rng = np.random.default_rng(0)
+    inputs = [rng.normal(size=(2, 4)).astype("float32") for _ in range(4)]
+    probe = kit.tensor([1.0], requires_grad=True) * 1
+    handle = unihook.register_tensor_hook(probe, lambda g: None)  # keeps unihook's guard on
+
+    def grad_of(data: np.ndarray) -> np.ndarray:
+        x = kit.tensor(data, requires_grad=True)
+        (g,) = kit.autograd_grad([model(x).sum()], [x])
+        return np.asarray(kit.numpy(g))
+
+    expected = [grad_of(d) for d in inputs]
+    errors: list[str] = []
+
+    def work(i: int) -> None:
+        try:
+            for j in range(ITERATIONS * 2):
+                k = (i + j) % len(inputs)
+                got = grad_of(inputs[k]) if (i + j) % 2 else _plain_grad(kit, model, inputs[k])
+                if not np.allclose(got, expected[k], rtol=1e-5, atol=1e-6):
+                    errors.append(f"worker {i} step {j}: {got} != {expected[k]}")
+        except Exception as error:
+            errors.append(f"worker {i}: {type(error).__name__}: {error}")
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(WORKERS)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    handle.remove()
     return errors
 
 

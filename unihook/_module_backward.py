@@ -94,6 +94,9 @@ class ModuleBackward:
         self.full_hooks: dict[int, tuple[Hook, Site | None]] = {}
         self.local = threading.local()
         self.dispatchers: Dispatchers | None = None
+        # Its last hook is gone: a call that started before still runs its pre-dispatcher
+        # (the framework iterates a snapshot), but its post-dispatcher may be gone.
+        self.removed = False
 
     def add(self, kind: str, hook: Hook, site: Site | None, prepend: bool) -> int:
         """Add a hook (callers hold the registration lock). A call starting meanwhile on
@@ -121,14 +124,54 @@ class ModuleBackward:
 
     # -- the two dispatchers, installed as the module's last forward pre- and post-hook --
 
+    def dispatching(self, module: Any, args: tuple[Any, ...]) -> bool:
+        """Whether this state's pre_dispatch already took this call (`args`: what it passed
+        on) on this thread."""
+        stack: list[_Entry] | None = getattr(self.local, "stack", None)
+        if not stack:
+            return False
+        key, ref, _ = stack[-1]
+        return key == id(args) and ref() is module
+
+    def around(self, module: Any) -> Any:
+        """A global state's dispatchers run around `module`'s whole call (torch's wrapper of
+        ``Module._call_impl``): own dispatchers that start inside it leave the global hooks to
+        them. Returns what `end_around` restores (calls nest)."""
+        outer = getattr(self.local, "around", None)
+        self.local.around = module
+        return outer
+
+    def end_around(self, outer: Any) -> None:
+        self.local.around = outer
+
+    def inside(self, module: Any) -> bool:
+        """Whether this thread runs inside a call of `module` that `around` marked."""
+        return getattr(self.local, "around", None) is module
+
     def pre_dispatch(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        if self.is_global and module in _states:
-            return None  # the module's own dispatchers run the global hooks too
+        # The global hooks run once per call: whichever of the module's own dispatchers and the
+        # global ones comes first in this call takes them (the order differs by backend; own
+        # dispatchers registered during the call, by a forward pre-hook or another thread, are
+        # not in the running call's hooks, as torch's are taken when the call starts).
+        with_globals = not self.is_global
+        if self.is_global:
+            own = _states.dispatching(module, args)
+            if own is not None:
+                self._stack().append((id(args), weakref.ref(module), _Own(own)))
+                return None
+        elif self.removed:
+            return None  # (removed by another thread or a pre-hook of this call) the global
+            # dispatchers, after these in every module with own ones, take the call
+        else:
+            shared = _globals.get(self.autograd.backend)
+            with_globals = not (
+                shared is None or shared.dispatching(module, args) or shared.inside(module)
+            )
         ag = self.autograd
         if not ag.grad_enabled():
             self._stack().append((id(args), weakref.ref(module), None))
             return None
-        call = _Call(module, self, len(args))
+        call = _Call(module, self, len(args), with_globals)
         idx = call.tensor_idx = [i for i, a in enumerate(args) if ag.is_tensor(a)]
         call.originals = call.inputs = [weakref.ref(args[i]) for i in idx]
         # Only full hooks need the input side: with pre-hooks alone, one identity per call.
@@ -146,8 +189,6 @@ class ModuleBackward:
         return args if call.input_idx is not None else None
 
     def post_dispatch(self, module: Any, args: tuple[Any, ...], output: Any) -> Any:
-        if self.is_global and module in _states:
-            return None  # as in pre_dispatch
         stack = self._stack()
         top = len(stack) - 1
         if top >= 0 and stack[top][0] == id(args) and _got(stack[top][2], args):
@@ -160,6 +201,13 @@ class ModuleBackward:
         # Calls nest per thread: the entries above this call's are stale, their post_dispatch
         # skipped by a BaseException (frameworks run always-call hooks only for an Exception).
         del stack[k:]
+        if isinstance(call, _Own):
+            # The module's own dispatchers took the global hooks. Removed during this call (by
+            # another thread), its post-dispatcher did not run: this one ends the call for it.
+            own = call.state
+            if own.dispatching(module, args):
+                return own.post_dispatch(module, args, output)
+            return None
         ag = self.autograd
         if call is None:
             if not (output is None or isinstance(output, tuple) or ag.is_tensor(output)):
@@ -235,18 +283,30 @@ class ModuleBackward:
 
 
 # One call in flight on a thread: (id of the args post_dispatch will get, the module, the call,
-# None while grad is disabled). Only the call is held strongly, and it holds its module and
+# None while grad is disabled, an _Own in a global state when the module's own dispatchers
+# took the call). Only the call is held strongly, and it holds its module and
 # tensors weakly until post_dispatch: the running forward holds them. So an entry whose
 # post_dispatch a BaseException skipped keeps nothing alive, and the next post_dispatch of a call
 # below it drops it. The ids are sound: an entry above a live call's was pushed while that
 # call's args were alive, so its id is another object's.
-_Entry = tuple[int, "weakref.ref[Any]", "_Call | None"]
+_Entry = tuple[int, "weakref.ref[Any]", "_Call | _Own | None"]
 
 
-def _got(call: _Call | None, args: tuple[Any, ...]) -> bool:
+class _Own:
+    """A global state's entry for a call whose module's own dispatchers (`state`) took the
+    global hooks. Held strongly: removed meanwhile, nothing else may hold the state (the
+    framework drops its pre-hook snapshot when the loop ends), and it must end the call."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: ModuleBackward) -> None:
+        self.state = state
+
+
+def _got(call: _Call | _Own | None, args: tuple[Any, ...]) -> bool:
     """Whether `args` hold the tensors `call` gave forward (a stale entry's args may have died
     and their id gone to these)."""
-    if call is None:
+    if not isinstance(call, _Call):
         return True
     if len(args) != call.n_inputs:
         return False
@@ -310,7 +370,9 @@ class _Call:
         "site",
     )
 
-    def __init__(self, module: Any, owner: ModuleBackward, n_inputs: int) -> None:
+    def __init__(
+        self, module: Any, owner: ModuleBackward, n_inputs: int, with_globals: bool
+    ) -> None:
         self.module: Any = None  # set by post_dispatch, before any hook can run
         self.tensor_idx: list[int] = []  # where the tensor arguments are
         # Until forward returns, weakly (the running forward holds them): the tensor arguments
@@ -320,7 +382,7 @@ class _Call:
         self.versions: list[int] = []  # of the tensor args forward got, at its start
         # Snapshots, as torch: hooks registered or removed after forward leave this call alone.
         # Global hooks first, as torch runs them before the module's own.
-        shared = None if owner.is_global else _globals.get(owner.autograd.backend)
+        shared = _globals.get(owner.autograd.backend) if with_globals else None
         if shared is None:
             self.pre_hooks = list(owner.pre_hooks.values())
             self.full_hooks = list(owner.full_hooks.values())
@@ -433,6 +495,10 @@ class _States:
         self._refs: weakref.WeakKeyDictionary[Any, weakref.ref[ModuleBackward]] = (
             weakref.WeakKeyDictionary()
         )
+        # the last removed state of a module: a call that started before may still be its
+        self._retired: weakref.WeakKeyDictionary[Any, weakref.ref[ModuleBackward]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def get(self, module: Any) -> ModuleBackward | None:
         ref = self._refs.get(module)
@@ -451,7 +517,16 @@ class _States:
         self._refs[module] = weakref.ref(state)
 
     def __delitem__(self, module: Any) -> None:
-        del self._refs[module]
+        self._retired[module] = self._refs.pop(module)
+
+    def dispatching(self, module: Any, args: tuple[Any, ...]) -> ModuleBackward | None:
+        """The module's own state, current or just removed, if it took this call."""
+        for refs in (self._refs, self._retired):
+            ref = refs.get(module)
+            state = None if ref is None else ref()
+            if state is not None and state.dispatching(module, args):
+                return state
+        return None
 
 
 _states = _States()
@@ -483,6 +558,7 @@ def register_backward_hook(
             if m is None or state is None or _states.get(m) is not state:
                 return
             if state.discard(key):
+                state.removed = True
                 del _states[m]
                 assert state.dispatchers is not None
                 state.dispatchers.remove()

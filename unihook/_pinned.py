@@ -43,6 +43,7 @@ class HookDict(OrderedDict[int, Any]):
         self._origin_ref: weakref.ref[OrderedDict[int, Any]] | None = None
         self._owner: weakref.ref[Any] | None = None
         self.pinned: list[int] = []  # kept last, in this order
+        self.tail: set[int] = set()  # pinned keys kept after the other pinned ones
         self.owned: set[int] = set()  # unihook's keys, the pinned ones included
         # items(), tagged with the version it was taken at. A version is unique (a global
         # counter) and set after each change: a snapshot a reader took while another thread
@@ -58,6 +59,7 @@ class HookDict(OrderedDict[int, Any]):
         self._origin_ref = weakref.ref(origin)
         self._owner = weakref.ref(owner)
         self.pinned = []
+        self.tail = set()
         self.owned = set()
         super().clear()
         for key, value in origin.items():
@@ -80,6 +82,8 @@ class HookDict(OrderedDict[int, Any]):
         super().__setitem__(key, value)
         self._changed()
         if key in self.pinned:
+            if new:  # (in its place among the pinned: before the tail ones)
+                self._repin()
             return
         origin = self.origin()
         if origin is not None:
@@ -96,6 +100,7 @@ class HookDict(OrderedDict[int, Any]):
         self.owned.discard(key)
         if key in self.pinned:
             self.pinned.remove(key)
+            self.tail.discard(key)
 
     # OrderedDict's C pop and popitem bypass __delitem__ even in a subclass.
     def pop(self, key: int, *default: Any) -> Any:
@@ -200,6 +205,7 @@ class HookDict(OrderedDict[int, Any]):
             if key not in self.pinned:
                 origin[key] = value
         new.pinned = list(self.pinned)
+        new.tail = set(self.tail)
         new.owned = set(self.owned)
         return new
 
@@ -223,10 +229,19 @@ _versions = count()  # HookDict versions
 
 
 def pin(
-    owner: Any, attr: str, key: int, hook: Any, access: Access, *, last: bool, prepend: bool
+    owner: Any,
+    attr: str,
+    key: int,
+    hook: Any,
+    access: Access,
+    *,
+    last: bool,
+    prepend: bool,
+    tail: bool = False,
 ) -> None:
-    """Insert unihook's hook `key` into `owner`'s hook dict `attr`: pinned last (`last`), or
-    first (`prepend`), or before the pinned ones."""
+    """Insert unihook's hook `key` into `owner`'s hook dict `attr`: pinned last (`last`; with
+    `tail`, after the other pinned ones, whenever they come), or first (`prepend`), or before
+    the pinned ones."""
     with _lock:
         current = access.get(owner, attr)
         hooks = current if isinstance(current, HookDict) else None
@@ -236,8 +251,12 @@ def pin(
             hooks._install(current, owner)
             access.put(owner, attr, hooks)
         hooks.owned.add(key)
-        if last:
+        if tail:
+            hooks.tail.add(key)
             hooks.pinned.append(key)
+        elif last:
+            first_tail = [i for i, k in enumerate(hooks.pinned) if k in hooks.tail]
+            hooks.pinned.insert(first_tail[0] if first_tail else len(hooks.pinned), key)
         hooks[key] = hook
         if prepend:
             hooks.move_to_end(key, last=False)
@@ -262,13 +281,31 @@ def unpin(owner: Any, attr: str, key: int, access: Access) -> None:
             if retired.get(ident, (None,))[0] is ref:
                 del retired[ident]
 
-        # Retired, it only forwards its handles' removals (by key): holding the hooks from this
-        # global table would keep them, and the module they often refer to, alive.
-        hooks._snap = None
-        for k in list(hooks):
-            OrderedDict.__setitem__(hooks, k, None)
-        _retired[ident] = (weakref.ref(origin, forget), hooks)
+        origin_ref = weakref.ref(origin, forget)
         access.put(owner, attr, origin)
+        # Retired, it only forwards its handles' removals (by key): holding the hooks from this
+        # global table would keep them, and the module they often refer to, alive. A call on
+        # another thread that read the dict just before may still iterate it: each value runs
+        # the origin's hook of that key, if there is one still.
+        for k in list(hooks):
+            OrderedDict.__setitem__(hooks, k, _Forwarding(origin_ref, k))
+        hooks._changed()
+        _retired[ident] = (origin_ref, hooks)
+
+
+class _Forwarding:
+    """A retired HookDict's value: the hook now in the origin under the same key, if any."""
+
+    __slots__ = ("origin", "key")
+
+    def __init__(self, origin: weakref.ref[OrderedDict[int, Any]], key: int) -> None:
+        self.origin = origin
+        self.key = key
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        origin = self.origin()
+        hook = None if origin is None else origin.get(self.key)
+        return None if hook is None else hook(*args, **kwargs)
 
 
 class Pinned:
@@ -299,12 +336,15 @@ class Pinned:
         always: str,
         new_id: Callable[[], int],
         access: Access,
+        tail: bool = False,
     ) -> Pinned:
+        """Pin `hooks` (pre, post) last in `owner`'s dicts; `tail` ones stay after the others
+        (a backend's global dispatchers after a module's own)."""
         (pre_attr, pre), (post_attr, post) = hooks
         pre_key, post_key = new_id(), new_id()
         access.get(owner, always)[post_key] = True
-        pin(owner, pre_attr, pre_key, pre, access, last=True, prepend=False)
-        pin(owner, post_attr, post_key, post, access, last=True, prepend=False)
+        pin(owner, pre_attr, pre_key, pre, access, last=True, prepend=False, tail=tail)
+        pin(owner, post_attr, post_key, post, access, last=True, prepend=False, tail=tail)
         return cls(owner, (pre_attr, pre_key), (post_attr, post_key), always, access)
 
     def rebound(self, owner: Any) -> Pinned:

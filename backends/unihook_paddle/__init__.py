@@ -171,7 +171,7 @@ def unihook_register_tensor_hook(
     getrefcount = sys.getrefcount
     live = [True]
     token = next(_tokens)
-    tensor_id = id(tensor)
+    tensor_serial = guard.serial(tensor)
     # torch snapshots a tensor's hooks when they start to run: one registered by a hook of the
     # same tensor runs from the next backward. Paddle would run it at once: skip it until then.
     waiting = [True]
@@ -180,7 +180,7 @@ def unihook_register_tensor_hook(
     def tensor_hook(grad: Any) -> Any:
         if not live[0] or waiting[0]:
             return None
-        guard.fired(token, tensor_id)
+        guard.fired(token, tensor_serial)
         try:
             refs = getrefcount(grad)
             if guard.building_graph():

@@ -17,7 +17,9 @@ call) are wrapped so that:
 - module backward hooks' PyLayer nodes know whether Tensor.backward or paddle.grad runs them,
   and a paddle.grad that would reach a node Tensor.backward already ran raises
   BackendStateError instead of segfaulting (trap 7, see the end of this file);
-- those nodes learn which of their input slots a paddle.grad cuts (``pruned``).
+- those nodes learn which of their input slots a paddle.grad cuts (``pruned``);
+- ``paddle.grad`` has the graph alone (no other backward on another thread): paddle 3.3.1
+  crashes otherwise.
 
 The wrappers go away when the last hook does (a weak reference to each hook function), restoring
 paddle's functions exactly.
@@ -26,6 +28,7 @@ paddle's functions exactly.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import sys
 import threading
 import weakref
@@ -58,6 +61,7 @@ class _State(threading.local):
     partial = False  # the innermost running entry point is run_partial_grad (paddle.grad)
     # tokens of the hooks that fired during the innermost running backward (None: none runs)
     fired_tokens: set[int] | None = None
+    reading = 0  # Tensor.backward calls of this thread sharing the graph (see `_beside_others`)
     # the input slots the innermost running paddle.grad cuts, by node_ptr (see `pruned`)
     cuts: dict[int, frozenset[int]] = {}
 
@@ -71,7 +75,7 @@ class _Shared:
     __slots__ = ("firing", "deferred")
 
     def __init__(self) -> None:
-        # id of the tensor whose hooks run right now (paddle runs one tensor's hooks in a row)
+        # `serial` of the tensor whose hooks run now (paddle runs one tensor's hooks in a row)
         self.firing: int | None = None
         self.deferred: list[Callable[[], object]] = []  # run when the outermost backward ends
 
@@ -81,25 +85,34 @@ _state = _State()
 # garbage collection or a reference dropped there.
 _lock = threading.RLock()
 _holders: set[weakref.ref[Any]] = set()  # one per live hook function: the guard stays while any
-_originals: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+# paddle's own entry points, as found when the guard goes in; kept after it goes out: a thread
+# entering a wrapper while another drops the last hook still calls them
+_originals: tuple[Callable[..., Any], Callable[..., Any]] = (
+    core.eager.run_backward,
+    core.eager.run_partial_grad,
+)
+_installed = False
 # id(tensor) -> (weak reference to it, {token: weak reference to a hook function}) in
 # registration order. Weak both ways: paddle holds the hook functions as long as they can fire,
 # and a hook whose closure holds its tensor must not make the tensor immortal through us.
 _tracked: dict[int, tuple[weakref.ref[Any], dict[int, weakref.ref[Callable[[Any], Any]]]]] = {}
+_serials: dict[int, tuple[weakref.ref[Any], int]] = {}  # id(tensor) -> (it, its `serial`)
+_numbers = itertools.count()
 _active: dict[int, _Shared] = {}  # thread ident -> its state, while a backward runs there
 _after_all: list[Callable[[], object]] = []  # actions waiting for `_active` to empty
 
 
 def installed() -> bool:
-    return _originals is not None
+    return _installed
 
 
 def hold(hook_function: Callable[..., Any]) -> None:
     """Keep the guard installed while `hook_function` (held by paddle's graph) is alive."""
-    global _originals
+    global _originals, _installed
     with _lock:
-        if _originals is None:
+        if not _installed:
             _originals = (core.eager.run_backward, core.eager.run_partial_grad)
+            _installed = True
             core.eager.run_backward = _run_backward
             core.eager.run_partial_grad = _run_partial_grad
         # A weak reference with a callback: a fifth of weakref.finalize's cost, and this runs
@@ -108,12 +121,12 @@ def hold(hook_function: Callable[..., Any]) -> None:
 
 
 def _release(holder: weakref.ref[Any]) -> None:
-    global _originals
+    global _installed
     with _lock:
         _holders.discard(holder)
-        if not _holders and _originals is not None:
+        if not _holders and _installed:
             core.eager.run_backward, core.eager.run_partial_grad = _originals
-            _originals = None
+            _installed = False
 
 
 def track(tensor: Any, token: int, hook_function: Callable[[Any], Any]) -> None:
@@ -145,10 +158,29 @@ def untrack(tensor_ref: weakref.ref[Any], token: int) -> None:
                 del _tracked[id(tensor)]
 
 
-def fired(token: int, tensor_id: int) -> None:
+def serial(tensor: Any) -> int:
+    """A number for `tensor` that no other tensor gets, ever (its id() comes back as soon as
+    it dies: a dead activation's id must not make a new tensor look as if its hooks ran)."""
+    key = id(tensor)
+    with _lock:
+        entry = _serials.get(key)
+        if entry is not None and entry[0]() is tensor:
+            return entry[1]
+
+        def forget(ref: weakref.ref[Any], key: int = key) -> None:
+            with _lock:
+                if key in _serials and _serials[key][0] is ref:
+                    del _serials[key]
+
+        number = next(_numbers)
+        _serials[key] = (weakref.ref(tensor, forget), number)
+        return number
+
+
+def fired(token: int, tensor_serial: int) -> None:
     """Called by a hook function when it runs: record it for the running backward."""
     state = _state
-    state.shared.firing = tensor_id
+    state.shared.firing = tensor_serial
     tokens = state.fired_tokens
     if tokens is not None:
         tokens.add(token)
@@ -187,7 +219,7 @@ def building_graph() -> bool:
 def after_firing(tensor: Any, action: Callable[[], object]) -> None:
     """Run `action` now, or, while the hooks of `tensor` run (in any thread), once each
     backward running them has returned: torch snapshots a tensor's hooks when they start."""
-    key = id(tensor)
+    key = serial(tensor)
     with _lock:
         states = [state for state in _active.values() if state.firing == key]
         if not states:
@@ -232,19 +264,64 @@ def _leave(state: _Shared) -> None:
 
 
 def _run_backward(*args: Any, **kwargs: Any) -> Any:
-    assert _originals is not None
-    return _entry(False, lambda: _guarded(_originals[0], False, args, kwargs))  # type: ignore[index]
+    return _entry(False, lambda: _guarded(_beside_others, False, args, kwargs))
 
 
 def _run_partial_grad(*args: Any, **kwargs: Any) -> Any:
-    assert _originals is not None
     # (outputs, inputs, grad_outputs, retain_graph, create_graph, ...)
     create_graph = bool(args[4] if len(args) > 4 else kwargs.get("create_graph", False))
     inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
     roots = args[0] if args else kwargs.get("outputs")
     _check_spent(roots)
     cuts = _cut_slots(roots, inputs) if _several else _NO_CUTS
-    return _entry(True, lambda: _guarded(_originals[1], create_graph, args, kwargs, inputs, cuts))  # type: ignore[index]
+    return _entry(True, lambda: _guarded(_one_at_a_time, create_graph, args, kwargs, inputs, cuts))
+
+
+# paddle 3.3.1's paddle.grad is not thread-safe: beside another paddle.grad or a Tensor.backward
+# on another thread (no hook needed) it segfaults copying the graph, corrupts the heap or
+# reports inputs missing from it. Tensor.backward beside Tensor.backward holds. So, while
+# unihook's hooks live: backwards share the graph, a paddle.grad has it alone.
+_graph = threading.Condition(threading.Lock())
+_readers = 0  # Tensor.backward calls running (in any thread)
+_writer: int | None = None  # the thread running paddle.grad alone
+
+
+def _beside_others(*args: Any, **kwargs: Any) -> Any:
+    global _readers
+    me = threading.get_ident()
+    if _writer == me:  # a Tensor.backward inside a hook of this thread's paddle.grad
+        return _originals[0](*args, **kwargs)
+    with _graph:
+        while _writer is not None:
+            _graph.wait()
+        _readers += 1
+    _state.reading += 1
+    try:
+        return _originals[0](*args, **kwargs)
+    finally:
+        _state.reading -= 1
+        with _graph:
+            _readers -= 1
+            _graph.notify_all()
+
+
+def _one_at_a_time(*args: Any, **kwargs: Any) -> Any:
+    global _writer
+    me = threading.get_ident()
+    if _writer == me or _state.reading:
+        # inside a hook of this thread's own backward: waiting for it would never end; paddle
+        # runs it as it would without unihook
+        return _originals[1](*args, **kwargs)
+    with _graph:
+        while _writer is not None or _readers:
+            _graph.wait()
+        _writer = me
+    try:
+        return _originals[1](*args, **kwargs)
+    finally:
+        with _graph:
+            _writer = None
+            _graph.notify_all()
 
 
 def _guarded(

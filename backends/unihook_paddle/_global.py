@@ -49,7 +49,10 @@ _registration: dict[str, dict[int, Hook]] = {
     "buffer_registration": {},
     "module_registration": {},
 }
+# paddle's own functions, as found when patched; kept after the patch goes: a thread inside a
+# patched one while another removes the last hook still calls them
 _originals: dict[str, Any] = {}
+_patched: set[str] = set()
 
 
 class _Hooks(NamedTuple):
@@ -259,15 +262,17 @@ def _sync_patches() -> None:
     registration = any(_registration.values())
     wanted = (_FORWARD_METHODS if forward else ()) + (_REGISTRATION_METHODS if registration else ())
     for method in (*_FORWARD_METHODS, *_REGISTRATION_METHODS):
-        if method in wanted and method not in _originals:
+        if method in wanted and method not in _patched:
             _originals[method] = Layer.__dict__[method]
+            _patched.add(method)
             setattr(Layer, method, _PATCHES[method])
-        elif method not in wanted and method in _originals:
-            setattr(Layer, method, _originals.pop(method))
+        elif method not in wanted and method in _patched:
+            setattr(Layer, method, _originals[method])
+            _patched.discard(method)
 
 
 def patched_methods() -> tuple[str, ...]:
-    return tuple(_originals)
+    return tuple(_patched)
 
 
 def _add(table: dict[int, Any], entry: Any) -> Callable[[], None]:

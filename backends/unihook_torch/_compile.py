@@ -105,14 +105,15 @@ def watch_call_impl() -> Callable[[], None]:
 
 
 def _unpatched_for_dynamo(dynamo: Any) -> None:
-    from ._global import _original_call_impl
+    from ._global import original_call_impl
 
-    if _original_call_impl is not None:
+    original = original_call_impl()
+    if original is not None:
         # Dynamo takes ``Module._call_impl`` as it is when dynamo is imported for torch's own,
         # and traces only ``forward`` of a module without hooks that calls torch's own: had
         # unihook's wrapper been installed then, dynamo would skip it for every inner module.
-        dynamo.utils.unpatched_nn_module_call_impl = _original_call_impl
-        dynamo.variables.nn_module.unpatched_nn_module_call_impl = _original_call_impl
+        dynamo.utils.unpatched_nn_module_call_impl = original
+        dynamo.variables.nn_module.unpatched_nn_module_call_impl = original
 
 
 def forget_compiled() -> None:

@@ -24,7 +24,7 @@ import torch.nn.modules.module as torch_module
 
 from unihook._checks import check_pre_kwargs_result, show_value
 from unihook._describe import Site, global_label
-from unihook._module_backward import ModuleBackward, _states
+from unihook._module_backward import ModuleBackward
 from unihook._pinned import Pinned
 from unihook.errors import HookReturnTypeError
 
@@ -37,7 +37,10 @@ _lock = threading.Lock()
 _ids = count()
 _pre_hooks: dict[int, tuple[Hook, bool]] = {}
 _pre_snapshot: tuple[tuple[Hook, bool], ...] = ()
-_original_call_impl: Callable[..., Any] | None = None
+# torch's own (as found when the wrapper goes in), kept after it goes out: a thread inside the
+# wrapper while another removes the last hook still calls it
+_torch_call_impl: Callable[..., Any] = torch_module.Module._call_impl
+_installed = False
 _backward: ModuleBackward | None = None  # the global backward hooks, when there are some
 _dispatch: tuple[EagerUnderCompile, EagerUnderCompile] | None = None  # _backward's dispatchers
 _pinned_in: weakref.WeakKeyDictionary[Any, Pinned] = weakref.WeakKeyDictionary()
@@ -45,22 +48,26 @@ _pinned_in: weakref.WeakKeyDictionary[Any, Pinned] = weakref.WeakKeyDictionary()
 
 def _pin_dispatchers(module: Any) -> Any:
     """torch's BackwardHook sees the args after every forward pre-hook: a module with some (its
-    own or torch's global ones) gets the global dispatchers pinned last in its own hook dicts
-    (``unihook._pinned``) until the global backward hooks are gone."""
-    if module not in _pinned_in and module not in _states:
+    own, torch's global ones, or its own backward dispatchers) gets the global dispatchers
+    pinned last in its own hook dicts (``unihook._pinned``) until the global backward hooks
+    are gone. Beside a module's own dispatchers, whichever runs first in a call takes the
+    global hooks (``unihook._module_backward``)."""
+    if module not in _pinned_in:
         from ._backward import _TorchDispatchers as access
 
         with _lock:
             if _dispatch is not None and module not in _pinned_in:
                 hooks = (("_forward_pre_hooks", _dispatch[0]), ("_forward_hooks", _dispatch[1]))
                 always = "_forward_hooks_always_called"
-                _pinned_in[module] = Pinned.install(module, hooks, always, access.new_id, access)
+                _pinned_in[module] = Pinned.install(
+                    module, hooks, always, access.new_id, access, tail=True
+                )
     return module._forward_pre_hooks
 
 
 def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
-    if _original_call_impl is None:  # bound while installed (``Module.compile()``), now gone
-        return torch_module.Module._call_impl(self, *args, **kwargs)
+    if not _installed:  # bound while installed (``Module.compile()``), now gone
+        return _torch_call_impl(self, *args, **kwargs)
     own = self._forward_pre_hooks
     if _dispatch is not None and (own or torch_module._global_forward_pre_hooks):
         own = _pin_dispatchers(self)
@@ -77,17 +84,29 @@ def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
                 args = result if isinstance(result, tuple) else (result,)
     own = self._forward_pre_hooks  # a global pre-hook may have had unihook install a HookDict
     dispatch = _dispatch
-    if dispatch is None or self in _states or (own and self in _pinned_in):
-        return _call_original(self, own, keys, args, kwargs)
+    state = _backward
+    if dispatch is None or (own and self in _pinned_in):
+        if state is None or not state.inside(self):
+            return _call_original(self, own, keys, args, kwargs)
+        outer = state.around(None)  # a call of this module inside its own: not around it
+        try:
+            return _call_original(self, own, keys, args, kwargs)
+        finally:
+            state.end_around(outer)
     pre_dispatch, post_dispatch = dispatch
     replaced = pre_dispatch(self, args)
     if replaced is not None:
         args = replaced
+    # (own dispatchers registered meanwhile get a repacked args tuple: tell them by module)
+    outer = None if state is None else state.around(self)
     try:
         result = _call_original(self, own, keys, args, kwargs)
     except BaseException:
         post_dispatch(self, args, None)
         raise
+    finally:
+        if state is not None:
+            state.end_around(outer)
     output = post_dispatch(self, args, result)
     return result if output is None else output
 
@@ -95,9 +114,8 @@ def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
 def _call_original(
     self: Any, own: dict[int, Hook], keys: tuple[int, ...], args: Any, kwargs: Any
 ) -> Any:
-    assert _original_call_impl is not None
     if tuple(own) == keys:
-        return _original_call_impl(self, *args, **kwargs)
+        return _torch_call_impl(self, *args, **kwargs)
     return _call_hiding_new_pre_hooks(self, own, keys, args, kwargs)
 
 
@@ -110,8 +128,7 @@ def _call_hiding_new_pre_hooks(
     # (OrderedDict's own pop: a HookDict's would unpin a dispatcher, ``unihook._pinned``)
     hidden = {k: OrderedDict.pop(own, k) for k in order if k not in keys}
     try:
-        assert _original_call_impl is not None
-        return _original_call_impl(self, *args, **kwargs)
+        return _torch_call_impl(self, *args, **kwargs)
     finally:
         now = dict(own)
         now.update(hidden)
@@ -120,16 +137,22 @@ def _call_hiding_new_pre_hooks(
         own.update(now)
 
 
+def original_call_impl() -> Callable[..., Any] | None:
+    """torch's own ``Module._call_impl`` while the wrapper replaces it, else None."""
+    return _torch_call_impl if _installed else None
+
+
 def _sync_patch() -> None:
     """Wrap ``Module._call_impl`` exactly while a global pre-hook or backward hook exists."""
-    global _original_call_impl
+    global _installed, _torch_call_impl
     wanted = bool(_pre_hooks) or _backward is not None
-    if wanted and _original_call_impl is None:
-        _original_call_impl = torch_module.Module._call_impl
+    if wanted and not _installed:
+        _torch_call_impl = torch_module.Module._call_impl
+        _installed = True
         torch_module.Module._call_impl = _call_impl
-    elif not wanted and _original_call_impl is not None:
-        torch_module.Module._call_impl = _original_call_impl
-        _original_call_impl = None
+    elif not wanted and _installed:
+        torch_module.Module._call_impl = _torch_call_impl
+        _installed = False
 
 
 def add_forward_pre(hook: Hook, with_kwargs: bool) -> Callable[[], None]:
