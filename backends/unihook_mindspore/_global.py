@@ -102,7 +102,13 @@ def _ensure(cell: Any) -> None:
         hooks = Access.get(cell, attr) if key is not None else None
         if hooks and next(iter(hooks)) != key:  # a hook prepended since: globals go first
             hooks.move_to_end(key, last=False)
-    if _backward is not None and entry[2] is None and cell not in _states:
+    own = cell in _states
+    if own and entry[2] is not None:
+        # the cell's own backward dispatchers (since a hook registered them) run the global
+        # backward hooks too, first, as torch runs global hooks before the module's own
+        entry[2].remove()
+        entry[2] = None
+    if _backward is not None and entry[2] is None and not own:
         entry[2] = Pinned.install(
             cell,
             (("_forward_pre_hook", _backward[0]), ("_forward_hook", _backward[1])),
