@@ -289,6 +289,7 @@ def unpin(owner: Any, attr: str, key: int, access: Access) -> None:
         # the origin's hook of that key, if there is one still.
         for k in list(hooks):
             OrderedDict.__setitem__(hooks, k, _Forwarding(origin_ref, k))
+        hooks._snap = None  # (it held the hooks too)
         hooks._changed()
         _retired[ident] = (origin_ref, hooks)
 
