@@ -61,7 +61,6 @@ class _State(threading.local):
     partial = False  # the innermost running entry point is run_partial_grad (paddle.grad)
     # tokens of the hooks that fired during the innermost running backward (None: none runs)
     fired_tokens: set[int] | None = None
-    reading = 0  # Tensor.backward calls of this thread sharing the graph (see `_beside_others`)
     # the input slots the innermost running paddle.grad cuts, by node_ptr (see `pruned`)
     cuts: dict[int, frozenset[int]] = {}
 
@@ -282,46 +281,68 @@ def _run_partial_grad(*args: Any, **kwargs: Any) -> Any:
 # reports inputs missing from it. Tensor.backward beside Tensor.backward holds. So, while
 # unihook's hooks live: backwards share the graph, a paddle.grad has it alone.
 _graph = threading.Condition(threading.Lock())
-_readers = 0  # Tensor.backward calls running (in any thread)
+# thread ident -> its Tensor.backward calls sharing the graph. Per thread, and restored by the
+# thread from what it saw before: a KeyboardInterrupt between two statements here cannot leave
+# a count behind for others to wait on forever.
+_readers: dict[int, int] = {}
 _writer: int | None = None  # the thread running paddle.grad alone
 
 
+def _heal(me: int) -> None:
+    """This thread's outermost backward starts: a count or a writer left to it is stale (a
+    KeyboardInterrupt inside the `finally` below): let the other threads go."""
+    global _writer
+    if _state.depth == 1 and (_writer == me or me in _readers):
+        with _graph:
+            if _writer == me:
+                _writer = None
+            _readers.pop(me, None)
+            _graph.notify_all()
+
+
 def _beside_others(*args: Any, **kwargs: Any) -> Any:
-    global _readers
     me = threading.get_ident()
+    _heal(me)
     if _writer == me:  # a Tensor.backward inside a hook of this thread's paddle.grad
         return _originals[0](*args, **kwargs)
-    with _graph:
-        while _writer is not None:
-            _graph.wait()
-        _readers += 1
-    _state.reading += 1
+    before: int | None = None
     try:
+        with _graph:
+            while _writer is not None:
+                _graph.wait()
+            before = _readers.get(me, 0)
+            _readers[me] = before + 1
         return _originals[0](*args, **kwargs)
     finally:
-        _state.reading -= 1
-        with _graph:
-            _readers -= 1
-            _graph.notify_all()
+        if before is not None:
+            with _graph:
+                if before:
+                    _readers[me] = before
+                else:
+                    _readers.pop(me, None)
+                _graph.notify_all()
 
 
 def _one_at_a_time(*args: Any, **kwargs: Any) -> Any:
     global _writer
     me = threading.get_ident()
-    if _writer == me or _state.reading:
+    _heal(me)
+    if _writer == me or _readers.get(me):
         # inside a hook of this thread's own backward: waiting for it would never end; paddle
-        # runs it as it would without unihook
+        # runs it as it would without unihook. (A hook that waits for paddle.grad on another
+        # thread deadlocks: README.)
         return _originals[1](*args, **kwargs)
-    with _graph:
-        while _writer is not None or _readers:
-            _graph.wait()
-        _writer = me
     try:
+        with _graph:
+            while _writer is not None or any(t != me for t in _readers):
+                _graph.wait()
+            _writer = me
         return _originals[1](*args, **kwargs)
     finally:
-        with _graph:
-            _writer = None
-            _graph.notify_all()
+        if _writer == me:
+            with _graph:
+                _writer = None
+                _graph.notify_all()
 
 
 def _guarded(
