@@ -33,13 +33,31 @@ PADDLE_MODES = {"sot": ("before", "after"), "full_graph": ("before", "after")}
 # -- the child process ---------------------------------------------------------------------------
 
 
+def _register(
+    kind: str, backend: str, model: Any, hook: Any, calls: list[Any], handles: list[Any]
+) -> None:
+    """Register one hook of `kind` on the model's first layer (or globally): a tensor hook goes
+    on that layer's output, from a forward hook."""
+    import unihook
+
+    if kind == "tensor":
+
+        def on_output(module: Any, args: Any, output: Any) -> None:
+            record = lambda g: calls.append(("t", _clone(g)))  # noqa: E731
+            handles.append(unihook.register_tensor_hook(output, record))
+
+        handles.append(unihook.register_forward_hook(model[0], on_output))
+    elif kind.startswith("module_"):
+        handles.append(getattr(unihook, f"register_{kind}_hook")(hook, backend=backend))
+    else:
+        handles.append(getattr(unihook, f"register_{kind}_hook")(model[0], hook))
+
+
 def _torch_case(kind: str, mode: str, when: str) -> dict[str, Any]:
     """Hooks on a sub-module of a small model (or global hooks), registered before or after
     the first compiled call; the calls, their tensors and the input and weight gradients."""
     import torch
     import torch._dynamo
-
-    import unihook
 
     # a fresh dynamo per case: no cache entry, and no recompile limit reached (past it dynamo
     # would run eagerly and the case would pass without compiling)
@@ -60,17 +78,7 @@ def _torch_case(kind: str, mode: str, when: str) -> dict[str, Any]:
     handles: list[Any] = []
 
     def register() -> None:
-        if kind == "tensor":
-
-            def on_output(module: Any, args: Any, output: Any) -> None:
-                record = lambda g: calls.append(("t", _clone(g)))  # noqa: E731
-                handles.append(unihook.register_tensor_hook(output, record))
-
-            handles.append(unihook.register_forward_hook(model[0], on_output))
-        elif kind.startswith("module_"):
-            handles.append(getattr(unihook, f"register_{kind}_hook")(hook, backend="torch"))
-        else:
-            handles.append(getattr(unihook, f"register_{kind}_hook")(model[0], hook))
+        _register(kind, "torch", model, hook, calls, handles)
 
     run = model if mode == "none" else torch.compile(model, backend=mode)
     x = torch.tensor([[1.0, 2.0, 3.0], [-1.0, 0.5, 2.0]], requires_grad=True)
@@ -96,8 +104,6 @@ def _paddle_case(kind: str, mode: str, when: str) -> dict[str, Any]:
     """The same on paddle, under paddle.jit.to_static (mode "sot" or "full_graph")."""
     import paddle
 
-    import unihook
-
     paddle.seed(0)
     model = paddle.nn.Sequential(paddle.nn.Linear(3, 4), paddle.nn.ReLU(), paddle.nn.Linear(4, 2))
     names = {id(m): n for n, m in model.named_sublayers(include_self=True)}
@@ -109,17 +115,7 @@ def _paddle_case(kind: str, mode: str, when: str) -> dict[str, Any]:
     handles: list[Any] = []
 
     def register() -> None:
-        if kind == "tensor":
-
-            def on_output(layer: Any, args: Any, output: Any) -> None:
-                record = lambda g: calls.append(("t", _clone(g)))  # noqa: E731
-                handles.append(unihook.register_tensor_hook(output, record))
-
-            handles.append(unihook.register_forward_hook(model[0], on_output))
-        elif kind.startswith("module_"):
-            handles.append(getattr(unihook, f"register_{kind}_hook")(hook, backend="paddle"))
-        else:
-            handles.append(getattr(unihook, f"register_{kind}_hook")(model[0], hook))
+        _register(kind, "paddle", model, hook, calls, handles)
 
     run = model
     if mode != "none":

@@ -50,7 +50,12 @@ SDIST_DIRS = {"backends", "benchmarks", "docs", "tests", "unihook", "unihook.egg
 def package_files() -> dict[str, str]:
     """Every .py and py.typed of the packages: path in the wheel -> path in the source tree."""
     roots = {"unihook": ROOT / "unihook"}
-    roots.update({d.name: d for d in (ROOT / "backends").iterdir() if (d / "__init__.py").exists()})
+    import tomllib  # (3.11+, as the Makefile's set-up)
+
+    # the backends the package registers (an unregistered one in backends/ is not shipped)
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        registered = tomllib.load(f)["project"]["entry-points"]["unihook"].values()
+    roots.update({name: ROOT / "backends" / name for name in registered})
     files = {}
     for package, root in roots.items():
         for path in root.rglob("*"):
