@@ -24,7 +24,7 @@ import torch
 from models_ref import ARCHS, build
 from torch import nn
 
-from unihook.recipes import compare, copy_weights, dump
+from unihook.recipes import compare, compare_dumps, copy_weights, dump
 from unihook.recipes.compare import RTOL
 
 pnn = paddle.nn
@@ -578,3 +578,234 @@ def test_plot_writes_an_image(tmp_path: Path) -> None:
     report = compare(model, twin, batch(TRANSFORMER_INPUT))
     report.plot(tmp_path / "compare.png")
     assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- the attack on issue 15: correct ports reported as diverging, mismatches passing ----------
+
+
+def _both_ways(model: Any, twin: Any, x: Any, **kwargs: Any) -> list[Any]:
+    """compare(torch, paddle) and compare(paddle, torch): each framework as model a."""
+    return [compare(model, twin, x, **kwargs), compare(twin, model, x, **kwargs)]
+
+
+class TorchDictHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        y = self.fc(x)
+        return {"logits": self.head(y), "aux": y * 3}  # insertion order, not sorted
+
+
+class PaddleDictHead(pnn.Layer):
+    def __init__(self, aux: float = 3.0) -> None:
+        super().__init__()
+        self.fc = pnn.Linear(4, 4)
+        self.head = pnn.Linear(4, 3)
+        self.aux = aux
+
+    def forward(self, x: Any) -> dict[str, Any]:
+        y = self.fc(x)
+        return {"logits": self.head(y), "aux": y * self.aux}
+
+
+def test_dict_outputs_pair_by_key() -> None:
+    # paddle's flatten sorts dict keys, torch keeps insertion order: leaves pair by key
+    torch.manual_seed(0)
+    model, twin = TorchDictHead(), PaddleDictHead()
+    copy_weights(model, twin)
+    for report in _both_ways(model, twin, batch((2, 4))):
+        assert report.ok, str(report)
+        assert next(r for r in report.table if r.name_a == "").shapes == [[2, 4], [2, 3]]
+    twin.aux = 2.0  # the mistake in one key only
+    report = compare(model, twin, batch((2, 4)))
+    assert report.first_forward == "" and report.first_backward == "fc", str(report)
+
+
+class TorchTwoBranches(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.shared = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shared(self.a(x)) + 3 * self.shared(self.b(x))
+
+
+class PaddleTwoBranches(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.shared = pnn.Linear(4, 4), pnn.Linear(4, 4), pnn.Linear(4, 4)
+
+    def forward(self, x: Any) -> Any:
+        return self.shared(self.a(x)) + 3 * self.shared(self.b(x))
+
+
+def test_module_called_on_two_branches_pairs_backward_by_call() -> None:
+    # the frameworks run the backwards of independent calls in different orders
+    torch.manual_seed(0)
+    model, twin = TorchTwoBranches(), PaddleTwoBranches()
+    copy_weights(model, twin)
+    for report in _both_ways(model, twin, batch((2, 4))):
+        assert report.ok, str(report)
+        rows = [r for r in report.backward_order if r.name_a == "shared"]
+        assert sorted(r.call for r in rows) == [0, 1]
+        assert all(r.grad_output is not None and r.grad_output.rel < RTOL for r in rows)
+
+
+def batchnorm_pair(epsilon: float = 1e-5, momentum: float = 0.9) -> tuple[nn.Module, pnn.Layer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 4))
+    twin = pnn.Sequential(
+        pnn.Linear(6, 8), pnn.BatchNorm1D(8, epsilon=epsilon, momentum=momentum), pnn.Linear(8, 4)
+    )
+    copy_weights(model, twin)
+    return model, twin  # train mode: batch statistics
+
+
+def test_train_mode_batchnorm_with_the_default_loss_is_ok() -> None:
+    # a sum of a normalized output has a zero gradient: the default loss projects instead
+    model, twin = batchnorm_pair()
+    x = batch((5, 6))
+    before = _state(model)
+    for report in _both_ways(model, twin, x):  # the second starts where the first did
+        assert report.ok, str(report)
+    after = _state(model)  # compare put the running statistics back
+    assert all(np.array_equal(before[k], after[k]) for k in before if "num_batches" not in k)
+    model, twin = batchnorm_pair(epsilon=1e-2)
+    report = compare(model, twin, x)
+    assert report.first_forward == "1", str(report)
+
+
+def test_train_mode_batchnorm_steps_report_running_var_without_failing() -> None:
+    # torch's running_var takes the unbiased batch variance, paddle's the biased one
+    def run(momentum: float) -> Any:
+        model, twin = batchnorm_pair(momentum=momentum)
+        opt_a = torch.optim.SGD(model.parameters(), lr=0.01)
+        opt_b = paddle.optimizer.SGD(learning_rate=0.01, parameters=twin.parameters())
+        optimizers = (lambda: (opt_a.step(), opt_a.zero_grad()),
+                      lambda: (opt_b.step(), opt_b.clear_grad()))  # fmt: skip
+        return compare(model, twin, batch((5, 6)), steps=2, optimizers=optimizers)
+
+    report = run(0.9)
+    assert report.ok, str(report)
+    var = [p for p in report.params if p.stage == "updated" and p.name_a == "1.running_var"]
+    assert len(var) == 2 and all(p.diff.rel > RTOL and not p.diff.failed for p in var)
+    assert "unbiased" in var[0].diff.note
+    report = run(0.8)  # the port's momentum is wrong: running_mean says so
+    assert (report.first_parameter, report.step) == ("1.running_mean", 0), str(report)
+
+
+class TorchTwoOutputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (self.fc(x),)
+
+
+class PaddleTwoOutputs(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = pnn.Linear(4, 4)
+
+    def forward(self, x: Any) -> tuple[Any, ...]:
+        y = self.fc(x)
+        return (y, y * 100)  # an extra output
+
+
+def test_an_extra_output_tensor_is_a_divergence() -> None:
+    torch.manual_seed(0)
+    model, twin = TorchTwoOutputs(), PaddleTwoOutputs()
+    copy_weights(model, twin)
+    first = (lambda out: out[0].sum(), lambda out: out[0].sum())
+    report = compare(model, twin, batch((2, 4)), loss=first)
+    assert not report.ok and report.first_forward == "", str(report)
+    assert "first forward divergence: (model) (TorchTwoOutputs, call 0, step 0): output 1 vs 2 " \
+        "tensors" in str(report)  # fmt: skip
+
+
+def test_compare_dumps_checks_steps_and_files(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model, twin = nn.Linear(4, 2), pnn.Linear(4, 2)
+    copy_weights(model, twin)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = batch((2, 4))
+    dump(model, x, tmp_path / "a.npz", steps=3, optimizer=lambda: (opt.step(), opt.zero_grad()))
+    dump(twin, x, tmp_path / "b.npz")
+    with pytest.raises(ValueError, match=r"same number of steps. Received: 3 in .*a.npz'?, 1 in"):
+        compare_dumps(tmp_path / "a.npz", tmp_path / "b.npz")
+    with pytest.raises(FileNotFoundError, match="must name an existing file. Received: .*none.npz"):
+        compare_dumps(tmp_path / "none.npz", tmp_path / "b.npz")
+    (tmp_path / "text.npz").write_text("not numpy")
+    np.savez(tmp_path / "plain.npz", x=x)
+    for bad in ("text.npz", "plain.npz"):
+        with pytest.raises(ValueError, match=f"written by unihook.recipes.dump. Received: .*{bad}"):
+            compare_dumps(tmp_path / "b.npz", tmp_path / bad)
+
+
+class TorchShortcut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.down = nn.Linear(6, 6), nn.Linear(6, 6), nn.Linear(6, 6)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x))) + self.down(x)
+
+
+class PaddleShortcut(pnn.Layer):  # torch's `down` renamed `shortcut`, the rest as in torch
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.shortcut = pnn.Linear(6, 6), pnn.Linear(6, 6), pnn.Linear(6, 6)
+        self.act = pnn.ReLU()
+
+    def forward(self, x: Any) -> Any:
+        return self.fc2(self.act(self.fc1(x))) + self.shortcut(x)
+
+
+def test_modules_a_port_renamed_pair_by_order_among_shared_names() -> None:
+    torch.manual_seed(0)
+    model, twin = TorchShortcut(), PaddleShortcut()
+    copy_weights(model, twin)
+    x = batch((4, 6))
+    report = compare(model, twin, x)
+    assert report.ok and report.rule == "name" and ("down", "shortcut") in report.pairs
+    assert report.unpaired_a == [] and report.unpaired_b == []
+    twin.shortcut.bias.set_value(twin.shortcut.bias.numpy() + 0.01)
+    assert compare(model, twin, x).first_forward == "down"
+
+
+def test_layer_map_pairs_each_module_of_b_once() -> None:
+    model, twin = renamed_pair()
+    with pytest.raises(ValueError, match=r"at most once. Received: \['4', '5'\] -> 'flat'"):
+        compare(model, twin, batch((2, 3, 8, 8)), layer_map={"4": "flat", "5": "flat"})
+
+
+class TorchPairInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, xs: list[torch.Tensor], extra: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.fc(xs[0] * xs[1]) + extra["bias"]
+
+
+class PaddlePairInput(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = pnn.Linear(4, 4)
+
+    def forward(self, xs: list[Any], extra: dict[str, Any]) -> Any:
+        return self.fc(xs[0] * xs[1]) + extra["bias"]
+
+
+def test_nested_numpy_inputs_are_converted() -> None:
+    torch.manual_seed(0)
+    model, twin = TorchPairInput(), PaddlePairInput()
+    copy_weights(model, twin)
+    inputs = ([batch((2, 4), 0), batch((2, 4), 1)], {"bias": batch((4,), 2)})
+    for report in _both_ways(model, twin, inputs):
+        assert report.ok, str(report)

@@ -1,10 +1,11 @@
 """Which module of one model stands for which module of its port.
 
-By qualified name when the two models share names (most hand ports and PaConvert's keep them);
-else by call order and module type: the called modules of each side, in order of completion,
-are matched as a longest common subsequence of their type names (``Conv2d`` and paddle's
-``Conv2D`` are one type), so a wrapper with no counterpart on the other side is skipped. The
-models themselves ("") always pair. `layer_map` pairs modules by hand before either rule.
+By qualified name when the two models share names (most hand ports and PaConvert's keep them),
+then the modules left on both sides by order; else all by call order and module type: the
+called modules of each side, in order of completion, are matched as a longest common
+subsequence of their type names (``Conv2d`` and paddle's ``Conv2D`` are one type), so a wrapper
+with no counterpart on the other side is skipped. The models themselves ("") always pair.
+`layer_map` pairs modules by hand before either rule.
 """
 
 from __future__ import annotations
@@ -43,26 +44,35 @@ def align(
     manual = dict(layer_map or {})
     _check([n for n, _ in called_a], list(manual), "first")
     _check([n for n, _ in called_b], list(manual.values()), "second")
+    twice = sorted({n for n in manual.values() if list(manual.values()).count(n) > 1})
+    if twice:
+        raise ValueError(
+            "`layer_map` must pair each module of the second model at most once. Received: "
+            + ", ".join(f"{[a for a, b in manual.items() if b == n]} -> {n!r}" for n in twice)
+        )
     rest_a = [(n, t) for n, t in called_a if n not in manual]
     taken_b = set(manual.values())
     rest_b = [(n, t) for n, t in called_b if n not in taken_b]
     names_b = {n for n, _ in rest_b}
-    shared = [n for n, _ in rest_a if n in names_b]
+    shared = {n for n, _ in rest_a if n in names_b}
     pairs = dict(manual)
     if len(shared) * 2 >= min(len(rest_a), len(rest_b)):
         rule = "name"
         pairs.update((n, n) for n in shared)
+        # the modules a port renamed (torch's `downsample` as `shortcut`) by order and type
+        rest_a = [(n, t) for n, t in rest_a if n not in shared]
+        rest_b = [(n, t) for n, t in rest_b if n not in shared]
     else:
         rule = "order"
         if "" in names_b and any(n == "" for n, _ in rest_a):
             pairs[""] = ""
             rest_a = [(n, t) for n, t in rest_a if n]
             rest_b = [(n, t) for n, t in rest_b if n]
-        keys_a = [type_key(t) for _, t in rest_a]
-        keys_b = [type_key(t) for _, t in rest_b]
-        matcher = difflib.SequenceMatcher(None, keys_a, keys_b, autojunk=False)
-        for block in matcher.get_matching_blocks():
-            for k in range(block.size):
-                pairs[rest_a[block.a + k][0]] = rest_b[block.b + k][0]
+    keys_a = [type_key(t) for _, t in rest_a]
+    keys_b = [type_key(t) for _, t in rest_b]
+    matcher = difflib.SequenceMatcher(None, keys_a, keys_b, autojunk=False)
+    for block in matcher.get_matching_blocks():
+        for k in range(block.size):
+            pairs[rest_a[block.a + k][0]] = rest_b[block.b + k][0]
     order = {n: i for i, (n, _) in enumerate(called_a)}
     return sorted(pairs.items(), key=lambda p: order[p[0]]), rule

@@ -1,19 +1,31 @@
 """Run one model with hooks on every module and keep, as numpy, what `compare` needs: each
 module call's output (in order of completion), each module call's grad_output and grad_input
-(in backward order), the parameters in torch's layout, their gradients and their values after
-each optimizer step. A `Trace` is what `dump` writes and `compare_dumps` reads."""
+(in backward order, with the call each answers), the parameters in torch's layout, their
+gradients and their values after each optimizer step. A `Trace` is what `dump` writes and
+`compare_dumps` reads."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from unihook import HookGroup, attach, backend_of, capture, ops
+from unihook import (
+    Handle,
+    HookGroup,
+    NoGradError,
+    attach,
+    backend_of,
+    capture,
+    ops,
+    register_tensor_hook,
+)
 
 from ._weights import entries
 
@@ -33,6 +45,7 @@ class Step:
     forward: list[str] = field(default_factory=list)  # a module name per call, by completion
     outputs: list[Arrays] = field(default_factory=list)  # the tensors each call returned
     backward: list[str] = field(default_factory=list)  # a name per backward, in backward order
+    backward_calls: list[int] = field(default_factory=list)  # the forward call each answers
     grad_outputs: list[Arrays] = field(default_factory=list)
     grad_inputs: list[Arrays] = field(default_factory=list)
     param_grads: Arrays = field(default_factory=list)  # per parameter entry (torch layout)
@@ -64,7 +77,13 @@ def _float_like(model: Any) -> Any:
 
 def _convert(value: Any, model: Any, backend: str, grad: bool) -> Any:
     """`value` as an input of `model`: a tensor of its framework (a fresh leaf requiring grad
-    when floating and `grad`, so every module sees an input gradient)."""
+    when floating and `grad`, so every module sees an input gradient); lists, tuples and dicts
+    of them converted item by item."""
+    if isinstance(value, Mapping):
+        return {k: _convert(v, model, backend, grad) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_convert(v, model, backend, grad) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     if ops.is_tensor(value) and backend_of(value) == backend:
         return ops.leaf(value) if grad and _is_float(value) else value
     if ops.is_tensor(value):
@@ -92,24 +111,105 @@ def _call_args(inputs: Inputs, model: Any, grad: bool) -> tuple[tuple[Any, ...],
     return args, {k: _convert(v, model, backend, grad) for k, v in kwargs.items()}
 
 
+def leaves(value: Any) -> list[Any]:
+    """The tensors in `value` (a tensor, or a tuple, namedtuple, list, dict, dataclass or nested
+    container of them) in an order both frameworks share: dict keys sorted (paddle's flatten
+    sorts them where torch keeps insertion order)."""
+    if ops.is_tensor(value):
+        return [value]
+    if isinstance(value, Mapping):
+        items = [value[k] for k in sorted(value, key=str)]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    else:
+        return []
+    return [t for item in items for t in leaves(item)]
+
+
 def _arrays(values: Sequence[Any]) -> Arrays:
     return [None if v is None else ops.to_numpy(v) for v in values]
 
 
-def _objective(output: Any, model: Any, loss: Loss | None) -> Any:
+# The default loss projects every floating output tensor on a fixed random tensor (PaDiff's
+# choice): its gradient is a generic direction, where `output.sum()` gives gradients that
+# vanish in exact arithmetic behind a train-mode BatchNorm (a normalized output sums to a
+# constant), leaving rounding noise to compare. Seeded, so both models get the same one.
+PROJECTION_SEED = 0
+
+
+def _objective(output: Any, loss: Loss | None) -> Any:
     if loss is not None:
         return loss(output)
-    sums = [t.sum() for t in ops.tensors_in(output, like=model) if _is_float(t)]
-    if not sums:
+    rng = np.random.default_rng(PROJECTION_SEED)
+    terms = [
+        (t * ops.as_tensor(rng.standard_normal(tuple(t.shape)).astype(np.float32), like=t)).sum()
+        for t in leaves(output)
+        if _is_float(t)
+    ]
+    if not terms:
         raise TypeError("compare: the model returned no floating-point tensor to backpropagate")
-    return functools.reduce(lambda x, y: x + y, sums)
+    return functools.reduce(lambda x, y: x + y, terms)
+
+
+def _calls_answered(
+    step: Step, counts: dict[str, int], seen: dict[tuple[str, int], Arrays]
+) -> list[int]:
+    """The forward call each backward of `step` answers. A module called several times has its
+    backwards in an order the framework chooses (independent branches run in any order): each
+    answers the call whose output gradient (`seen`, from a tensor hook per call) equals its
+    grad_output; without such a match, the k-th backward answers the (n-1-k)-th call."""
+    taken: dict[str, set[int]] = {}
+    backwards: dict[str, int] = {}
+    out = []
+    for name, grads in zip(step.backward, step.grad_outputs):
+        k = backwards[name] = backwards.get(name, -1) + 1
+        n = counts.get(name, 0)
+        used = taken.setdefault(name, set())
+        free = [c for c in range(n) if c not in used]
+        same = [c for c in free if _same(seen.get((name, c)), grads)]
+        pool = same or free
+        default = n - 1 - k
+        call = default if default in pool or not pool else pool[-1]
+        used.add(call)
+        out.append(call)
+    return out
+
+
+def _same(recorded: Arrays | None, grads: Arrays) -> bool:
+    if not recorded or len(recorded) > len(grads) or all(r is None for r in recorded):
+        return False
+    return all(
+        r is None or (g is not None and np.array_equal(r, g)) for r, g in zip(recorded, grads)
+    )
 
 
 def _step(model: Any, inputs: Inputs, loss: Loss | None, backward: bool) -> Step:
     step = Step()
+    counts: dict[str, int] = {}
+    seen: dict[tuple[str, int], Arrays] = {}  # (module, call) -> gradient of each output
+    watches: list[Handle] = []
+
+    def on_grad(name: str, call: int, slot: int, n: int, grad: Any) -> None:
+        if counts[name] > 1:  # only a module called several times needs its calls told apart
+            found = seen.setdefault((name, call), [None] * n)
+            found[slot] = ops.to_numpy(grad)
 
     def on_forward(module: Any, args: Any, output: Any, *, name: str) -> None:
+        call = counts[name] = counts.get(name, 0) + 1
         step.forward.append(name)
+        if not backward:
+            return
+        # the slots of the module backward hook's grad_output: a tuple's items, or the tensor
+        items = output if isinstance(output, tuple) else (output,)
+        for slot, t in enumerate(items):
+            if ops.is_tensor(t):
+                hook = functools.partial(on_grad, name, call - 1, slot, len(items))
+                try:
+                    watches.append(register_tensor_hook(t, hook))
+                except NoGradError:
+                    pass  # no gradient flows into this output
 
     def on_backward(module: Any, grad_input: Any, grad_output: Any, *, name: str) -> None:
         # as numpy now: paddle accumulates into gradient tensors in place later in backward
@@ -128,13 +228,18 @@ def _step(model: Any, inputs: Inputs, loss: Loss | None, backward: bool) -> Step
             if backward:
                 hooks.extend(attach(model, on_backward, kind="full_backward"))
             output = model(*args, **kwargs)
-            calls = {name: cache.calls(name) for name in dict.fromkeys(step.forward)}
-            seen: dict[str, int] = {}
+            calls = {name: cache.calls(name) for name in counts}
+            done: dict[str, int] = {}
             for name in step.forward:
-                k = seen[name] = seen.get(name, -1) + 1
-                step.outputs.append(_arrays(ops.tensors_in(calls[name][k], like=model)))
+                k = done[name] = done.get(name, -1) + 1
+                step.outputs.append(_arrays(leaves(calls[name][k])))
             if backward:
-                _objective(output, model, loss).backward()
+                try:
+                    _objective(output, loss).backward()
+                finally:
+                    for handle in watches:
+                        handle.remove()
+                step.backward_calls = _calls_answered(step, counts, seen)
     return step
 
 
@@ -148,7 +253,8 @@ def run(
     optimizer: Callable[[], Any] | None = None,
 ) -> Trace:
     """Trace `steps` forward (and backward) passes of `model`, calling `optimizer()` after each
-    backward (it steps and clears the gradients)."""
+    backward (it steps and clears the gradients). Without `optimizer`, parameters and buffers
+    are restored afterwards; the gradients the backward added stay in ``.grad``."""
     params = entries(model)
     trace = Trace(
         backend_of(model),
@@ -169,12 +275,18 @@ def run(
             optimizer()
             step.updated = [e.read() for e in params]
         trace.steps.append(step)
+    if optimizer is None:
+        # Without an optimizer the parameters did not move, but a train-mode BatchNorm's running
+        # statistics did: put them back, so that the next compare starts where this one did.
+        for entry, value in zip(params, trace.initial):
+            entry.write(value)
     return trace
 
 
 # -- on disk: one .npz, the arrays under generated keys, the rest as JSON --------------------
 
 _LISTS = ("outputs", "grad_outputs", "grad_inputs")
+VERSION = 2  # 2: each backward records the forward call it answers
 
 
 def save(trace: Trace, path: Any) -> None:
@@ -191,14 +303,18 @@ def save(trace: Trace, path: Any) -> None:
 
     steps = []
     for step in trace.steps:
-        record: dict[str, Any] = {"forward": step.forward, "backward": step.backward}
+        record: dict[str, Any] = {
+            "forward": step.forward,
+            "backward": step.backward,
+            "backward_calls": step.backward_calls,
+        }
         for what in _LISTS:
             record[what] = [keys(v) for v in getattr(step, what)]
         record["param_grads"] = keys(step.param_grads)
         record["updated"] = keys(step.updated)
         steps.append(record)
     meta = {
-        "version": 1,
+        "version": VERSION,
         "backend": trace.backend,
         "types": list(trace.types.items()),
         "params": [[n, native, list(shape)] for n, native, shape in trace.params],
@@ -211,8 +327,25 @@ def save(trace: Trace, path: Any) -> None:
 
 
 def load(path: Any) -> Trace:
-    with np.load(path, allow_pickle=False) as data:
+    """The `Trace` in a file `save` wrote; a clear error for any other file."""
+    try:
+        data = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"compare_dumps: `path` must name an existing file. Received: {os.fspath(path)!r}"
+        ) from None
+    except (OSError, ValueError) as error:  # not a numpy file, or a pickle
+        raise ValueError(_not_a_dump(path, f"not an .npz archive ({error})")) from None
+    if not isinstance(data, np.lib.npyio.NpzFile):  # a bare .npy array
+        raise ValueError(_not_a_dump(path, "a single array, not an .npz archive"))
+    with data:
+        if "__meta__" not in data.files:
+            raise ValueError(_not_a_dump(path, "no unihook metadata in it"))
         meta = json.loads(str(data["__meta__"]))
+        if meta.get("version") != VERSION:
+            raise ValueError(
+                _not_a_dump(path, f"format version {meta.get('version')!r}, this reads {VERSION}")
+            )
 
         def values(keys: list[str | None]) -> Arrays:
             return [None if k is None else data[k] for k in keys]
@@ -225,9 +358,17 @@ def load(path: Any) -> Trace:
         )
         for record in meta["steps"]:
             step = Step(record["forward"], backward=record["backward"])
+            step.backward_calls = record["backward_calls"]
             for what in _LISTS:
                 setattr(step, what, [values(k) for k in record[what]])
             step.param_grads = values(record["param_grads"])
             step.updated = values(record["updated"])
             trace.steps.append(step)
     return trace
+
+
+def _not_a_dump(path: Any, why: str) -> str:
+    return (
+        f"compare_dumps: `path` must be a file written by unihook.recipes.dump. Received: "
+        f"{os.fspath(path)!r}: {why}"
+    )
