@@ -27,7 +27,7 @@ __all__ = ["ATOL", "RTOL", "Report", "compare", "compare_dumps", "copy_weights",
 # suite's reference twins): the worst relative error of any module output or gradient is
 # 1.3e-5 on ResNet-18 in train mode (BatchNorm batch statistics), 1.3e-6 in eval mode, 5e-7 on
 # a Transformer encoder layer; RTOL is ~4x the first. MobileNetV2 in train mode (~50 BatchNorms
-# in a row) reaches 1.1e-4: deep train-mode stacks need a larger rtol or eval mode. A wrong port
+# in a row) reaches 5.8e-5: deep train-mode stacks need a larger rtol or eval mode. A wrong port
 # is off by 1.4e-4 (tanh-approximated GELU) to 1 (a transposed weight). ATOL only keeps
 # all-zero tensors from failing on denormal noise.
 ATOL = 1e-10
@@ -363,12 +363,15 @@ def compare(
 
     `inputs`: numpy arrays (converted to each model's parameter dtype) or tensors (a tensor of
     the other framework is converted through numpy); one value, a tuple or list of positional
-    arguments, or a dict of keyword arguments. Floating tensors become fresh leaves that
-    require grad, so every module has an input gradient. `loss`: None backpropagates the sum
-    of the output's floating tensors; a callable gets the output and returns a scalar tensor
-    (or a pair of callables, one per model). `layer_map`: {name in a: name in b} for modules
-    to pair by hand. `steps` > 1 with `optimizers` (a callable per model that takes an
-    optimizer step and clears the gradients) also compares the parameters after each step.
+    arguments (lists, tuples and dicts in them converted too), or a dict of keyword arguments.
+    Floating tensors become fresh leaves that require grad, so every module has an input
+    gradient. `loss`: None backpropagates ``sum(t * r)`` over the output's floating tensors,
+    `r` a fixed random tensor (seeded, the same for both models); a callable gets the output
+    and returns a scalar tensor (or a pair of callables, one per model). `layer_map`: {name in
+    a: name in b} for modules to pair by hand. `steps` > 1 with `optimizers` (a callable per
+    model that takes an optimizer step and clears the gradients) also compares the parameters
+    after each step; without `optimizers` the parameters and buffers (BatchNorm's running
+    statistics) are restored afterwards. The gradients the backward adds stay in ``.grad``.
     Run dropout in eval mode (or with p=0): its random masks differ between the models.
     """
     loss_a, loss_b = loss if isinstance(loss, tuple) else (loss, loss)
@@ -409,7 +412,9 @@ def compare_dumps(
     rtol: float = RTOL,
     layer_map: Mapping[str, str] | None = None,
 ) -> Report:
-    """The `Report` of two `dump` files, as `compare` would give for the two runs."""
+    """The `Report` of two `dump` files, as `compare` would give for the two runs. Raises
+    ValueError when they hold different numbers of steps or a file is not a `dump`,
+    FileNotFoundError when one is missing."""
     a, b = load(path_a), load(path_b)
     if len(a.steps) != len(b.steps):
         raise ValueError(
