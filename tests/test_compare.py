@@ -624,34 +624,41 @@ def test_dict_outputs_pair_by_key() -> None:
     assert report.first_forward == "" and report.first_backward == "fc", str(report)
 
 
-class TorchTwoBranches(nn.Module):
+class TorchBranches(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.a, self.b, self.shared = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+        self.shared = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.shared(self.a(x)) + 3 * self.shared(self.b(x))
+        # calls 0 and 2 get the same gradient (a sum), call 1 three times it
+        return self.shared(self.a(x)) + 3 * self.shared(self.b(x)) + self.shared(self.c(x))
 
 
-class PaddleTwoBranches(pnn.Layer):
+class PaddleBranches(pnn.Layer):
     def __init__(self) -> None:
         super().__init__()
-        self.a, self.b, self.shared = pnn.Linear(4, 4), pnn.Linear(4, 4), pnn.Linear(4, 4)
+        self.a, self.b, self.c = pnn.Linear(4, 4), pnn.Linear(4, 4), pnn.Linear(4, 4)
+        self.shared = pnn.Sequential(pnn.Linear(4, 4), pnn.Tanh())
 
     def forward(self, x: Any) -> Any:
-        return self.shared(self.a(x)) + 3 * self.shared(self.b(x))
+        return self.shared(self.a(x)) + 3 * self.shared(self.b(x)) + self.shared(self.c(x))
 
 
-def test_module_called_on_two_branches_pairs_backward_by_call() -> None:
-    # the frameworks run the backwards of independent calls in different orders
+def test_module_called_on_independent_branches_pairs_backward_by_call() -> None:
+    # the frameworks run the backwards of independent calls in different orders (torch the
+    # last call first, paddle the first)
     torch.manual_seed(0)
-    model, twin = TorchTwoBranches(), PaddleTwoBranches()
+    model, twin = TorchBranches(), PaddleBranches()
     copy_weights(model, twin)
     for report in _both_ways(model, twin, batch((2, 4))):
         assert report.ok, str(report)
-        rows = [r for r in report.backward_order if r.name_a == "shared"]
-        assert sorted(r.call for r in rows) == [0, 1]
-        assert all(r.grad_output is not None and r.grad_output.rel < RTOL for r in rows)
+        for name in ("shared", "shared.0", "shared.1"):
+            rows = [r for r in report.backward_order if r.name_a == name]
+            assert sorted(r.call for r in rows) == [0, 1, 2]
+            assert all(r.grad_input is not None and r.grad_input.rel < RTOL for r in rows)
+    twin.shared[1] = pnn.Sigmoid()  # a mistake: named, forward first
+    assert compare(model, twin, batch((2, 4))).first_forward == "shared.1"
 
 
 def batchnorm_pair(epsilon: float = 1e-5, momentum: float = 0.9) -> tuple[nn.Module, pnn.Layer]:

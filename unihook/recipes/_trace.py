@@ -34,6 +34,8 @@ __all__ = ["Step", "Trace", "load", "run", "save"]
 Arrays = list[Any]  # numpy arrays, None where a gradient slot is empty
 Loss = Callable[[Any], Any]
 Inputs = Any  # a tensor or array, a tuple/list of them (positional), or a dict (keywords)
+# (module, call, "out" or "in") -> the gradient each output or positional argument received
+Seen = dict[tuple[str, int, str], Arrays]
 
 # Warnings of module backward hooks that say nothing about the port: an integer input (token
 # ids) needs no gradient; a module returning a non-tensor has no backward.
@@ -153,23 +155,23 @@ def _objective(output: Any, loss: Loss | None) -> Any:
     return functools.reduce(lambda x, y: x + y, terms)
 
 
-def _calls_answered(
-    step: Step, counts: dict[str, int], seen: dict[tuple[str, int], Arrays]
-) -> list[int]:
+def _calls_answered(step: Step, counts: dict[str, int], seen: Seen) -> list[int]:
     """The forward call each backward of `step` answers. A module called several times has its
     backwards in an order the framework chooses (independent branches run in any order): each
-    answers the call whose output gradient (`seen`, from a tensor hook per call) equals its
-    grad_output; without such a match, the k-th backward answers the (n-1-k)-th call."""
+    answers the call whose output gradients (`seen`, from tensor hooks on each call's outputs)
+    equal its grad_output, and among calls whose output gradients tie (two branches summed),
+    whose input gradients equal its grad_input; without a match, the k-th backward answers
+    the (n-1-k)-th call. Calls still tied have the same gradients: either is right."""
     taken: dict[str, set[int]] = {}
     backwards: dict[str, int] = {}
     out = []
-    for name, grads in zip(step.backward, step.grad_outputs):
+    for name, grad_output, grad_input in zip(step.backward, step.grad_outputs, step.grad_inputs):
         k = backwards[name] = backwards.get(name, -1) + 1
         n = counts.get(name, 0)
         used = taken.setdefault(name, set())
-        free = [c for c in range(n) if c not in used]
-        same = [c for c in free if _same(seen.get((name, c)), grads)]
-        pool = same or free
+        pool = [c for c in range(n) if c not in used]
+        pool = [c for c in pool if _same(seen.get((name, c, "out")), grad_output)] or pool
+        pool = [c for c in pool if _same(seen.get((name, c, "in")), grad_input)] or pool
         default = n - 1 - k
         call = default if default in pool or not pool else pool[-1]
         used.add(call)
@@ -188,28 +190,31 @@ def _same(recorded: Arrays | None, grads: Arrays) -> bool:
 def _step(model: Any, inputs: Inputs, loss: Loss | None, backward: bool) -> Step:
     step = Step()
     counts: dict[str, int] = {}
-    seen: dict[tuple[str, int], Arrays] = {}  # (module, call) -> gradient of each output
+    seen: Seen = {}
     watches: list[Handle] = []
 
-    def on_grad(name: str, call: int, slot: int, n: int, grad: Any) -> None:
-        if counts[name] > 1:  # only a module called several times needs its calls told apart
-            found = seen.setdefault((name, call), [None] * n)
-            found[slot] = ops.to_numpy(grad)
+    def on_grad(key: tuple[str, int, str], slot: int, n: int, grad: Any) -> None:
+        if counts[key[0]] > 1:  # only a module called several times needs its calls told apart
+            seen.setdefault(key, [None] * n)[slot] = ops.to_numpy(grad)
+
+    def watch(key: tuple[str, int, str], items: Sequence[Any]) -> None:
+        for slot, t in enumerate(items):
+            if ops.is_tensor(t):
+                try:
+                    watches.append(
+                        register_tensor_hook(t, functools.partial(on_grad, key, slot, len(items)))
+                    )
+                except NoGradError:
+                    pass  # no gradient flows through this one
 
     def on_forward(module: Any, args: Any, output: Any, *, name: str) -> None:
         call = counts[name] = counts.get(name, 0) + 1
         step.forward.append(name)
-        if not backward:
-            return
-        # the slots of the module backward hook's grad_output: a tuple's items, or the tensor
-        items = output if isinstance(output, tuple) else (output,)
-        for slot, t in enumerate(items):
-            if ops.is_tensor(t):
-                hook = functools.partial(on_grad, name, call - 1, slot, len(items))
-                try:
-                    watches.append(register_tensor_hook(t, hook))
-                except NoGradError:
-                    pass  # no gradient flows into this output
+        if backward:
+            # the slots of the module backward hook: a tuple output's items (or the tensor),
+            # the positional arguments (as the module got them: the backward hook's own)
+            watch((name, call - 1, "out"), output if isinstance(output, tuple) else (output,))
+            watch((name, call - 1, "in"), args)
 
     def on_backward(module: Any, grad_input: Any, grad_output: Any, *, name: str) -> None:
         # as numpy now: paddle accumulates into gradient tensors in place later in backward
