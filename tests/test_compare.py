@@ -747,8 +747,11 @@ def test_compare_dumps_checks_steps_and_files(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="must name an existing file. Received: .*none.npz"):
         compare_dumps(tmp_path / "none.npz", tmp_path / "b.npz")
     (tmp_path / "text.npz").write_text("not numpy")
+    (tmp_path / "empty.npz").write_bytes(b"")
+    whole = (tmp_path / "b.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(whole[: len(whole) // 2])
     np.savez(tmp_path / "plain.npz", x=x)
-    for bad in ("text.npz", "plain.npz"):
+    for bad in ("text.npz", "empty.npz", "cut.npz", "plain.npz"):
         with pytest.raises(ValueError, match=f"written by unihook.recipes.dump. Received: .*{bad}"):
             compare_dumps(tmp_path / "b.npz", tmp_path / bad)
 

@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import warnings
+import zipfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -339,36 +340,45 @@ def load(path: Any) -> Trace:
         raise FileNotFoundError(
             f"compare_dumps: `path` must name an existing file. Received: {os.fspath(path)!r}"
         ) from None
-    except (OSError, ValueError) as error:  # not a numpy file, or a pickle
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:  # not numpy, a pickle
         raise ValueError(_not_a_dump(path, f"not an .npz archive ({error})")) from None
     if not isinstance(data, np.lib.npyio.NpzFile):  # a bare .npy array
         raise ValueError(_not_a_dump(path, "a single array, not an .npz archive"))
     with data:
         if "__meta__" not in data.files:
             raise ValueError(_not_a_dump(path, "no unihook metadata in it"))
-        meta = json.loads(str(data["__meta__"]))
-        if meta.get("version") != VERSION:
-            raise ValueError(
-                _not_a_dump(path, f"format version {meta.get('version')!r}, this reads {VERSION}")
-            )
+        try:
+            meta = json.loads(str(data["__meta__"]))
+            version = meta.get("version") if isinstance(meta, dict) else None
+        except ValueError as error:  # an object array, or not JSON
+            raise ValueError(_not_a_dump(path, f"unreadable metadata ({error})")) from None
+        if version != VERSION:
+            raise ValueError(_not_a_dump(path, f"format version {version!r}, this reads {VERSION}"))
+        try:
+            return _trace(meta, data)
+        except (KeyError, TypeError, ValueError, OSError, zipfile.BadZipFile) as error:
+            # damaged (a bad CRC) or edited by hand
+            raise ValueError(_not_a_dump(path, f"{type(error).__name__}: {error}")) from None
 
-        def values(keys: list[str | None]) -> Arrays:
-            return [None if k is None else data[k] for k in keys]
 
-        trace = Trace(
-            meta["backend"],
-            dict((n, t) for n, t in meta["types"]),
-            [(n, native, tuple(shape)) for n, native, shape in meta["params"]],
-            values(meta["initial"]),
-        )
-        for record in meta["steps"]:
-            step = Step(record["forward"], backward=record["backward"])
-            step.backward_calls = record["backward_calls"]
-            for what in _LISTS:
-                setattr(step, what, [values(k) for k in record[what]])
-            step.param_grads = values(record["param_grads"])
-            step.updated = values(record["updated"])
-            trace.steps.append(step)
+def _trace(meta: dict[str, Any], data: Any) -> Trace:
+    def values(keys: list[str | None]) -> Arrays:
+        return [None if k is None else data[k] for k in keys]
+
+    trace = Trace(
+        meta["backend"],
+        dict((n, t) for n, t in meta["types"]),
+        [(n, native, tuple(shape)) for n, native, shape in meta["params"]],
+        values(meta["initial"]),
+    )
+    for record in meta["steps"]:
+        step = Step(record["forward"], backward=record["backward"])
+        step.backward_calls = record["backward_calls"]
+        for what in _LISTS:
+            setattr(step, what, [values(k) for k in record[what]])
+        step.param_grads = values(record["param_grads"])
+        step.updated = values(record["updated"])
+        trace.steps.append(step)
     return trace
 
 
