@@ -18,7 +18,6 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from unihook import (
-    Handle,
     HookGroup,
     NoGradError,
     attach,
@@ -114,7 +113,7 @@ def _call_args(inputs: Inputs, model: Any, grad: bool) -> tuple[tuple[Any, ...],
     return args, {k: _convert(v, model, backend, grad) for k, v in kwargs.items()}
 
 
-def leaves(value: Any) -> list[Any]:
+def _leaves(value: Any) -> list[Any]:
     """The tensors in `value` (a tensor, or a tuple, namedtuple, list, dict, dataclass or nested
     container of them) in an order both frameworks share: dict keys sorted (paddle's flatten
     sorts them where torch keeps insertion order)."""
@@ -128,7 +127,7 @@ def leaves(value: Any) -> list[Any]:
         items = [getattr(value, f.name) for f in dataclasses.fields(value)]
     else:
         return []
-    return [t for item in items for t in leaves(item)]
+    return [t for item in items for t in _leaves(item)]
 
 
 def _arrays(values: Sequence[Any]) -> Arrays:
@@ -148,7 +147,7 @@ def _objective(output: Any, loss: Loss | None) -> Any:
     rng = np.random.default_rng(PROJECTION_SEED)
     terms = [
         (t * ops.as_tensor(rng.standard_normal(tuple(t.shape)).astype(np.float32), like=t)).sum()
-        for t in leaves(output)
+        for t in _leaves(output)
         if _is_float(t)
     ]
     if not terms:
@@ -192,7 +191,7 @@ def _step(model: Any, inputs: Inputs, loss: Loss | None, backward: bool) -> Step
     step = Step()
     counts: dict[str, int] = {}
     seen: Seen = {}
-    watches: list[Handle] = []
+    hooks = HookGroup()  # removed on leaving the block below, the tensor hooks too
 
     def on_grad(key: tuple[str, int, str], slot: int, n: int, grad: Any) -> None:
         if counts[key[0]] > 1:  # only a module called several times needs its calls told apart
@@ -202,9 +201,8 @@ def _step(model: Any, inputs: Inputs, loss: Loss | None, backward: bool) -> Step
         for slot, t in enumerate(items):
             if ops.is_tensor(t):
                 try:
-                    watches.append(
-                        register_tensor_hook(t, functools.partial(on_grad, key, slot, len(items)))
-                    )
+                    hook = functools.partial(on_grad, key, slot, len(items))
+                    hooks.add(key[0], register_tensor_hook(t, hook))
                 except NoGradError:
                     pass  # no gradient flows through this one
 
@@ -224,7 +222,6 @@ def _step(model: Any, inputs: Inputs, loss: Loss | None, backward: bool) -> Step
         step.grad_inputs.append(_arrays(grad_input))
 
     args, kwargs = _call_args(inputs, model, backward)
-    hooks = HookGroup()
     with warnings.catch_warnings():
         for message in _QUIET:
             warnings.filterwarnings("ignore", message=message, category=UserWarning)
@@ -238,13 +235,9 @@ def _step(model: Any, inputs: Inputs, loss: Loss | None, backward: bool) -> Step
             done: dict[str, int] = {}
             for name in step.forward:
                 k = done[name] = done.get(name, -1) + 1
-                step.outputs.append(_arrays(leaves(calls[name][k])))
+                step.outputs.append(_arrays(_leaves(calls[name][k])))
             if backward:
-                try:
-                    _objective(output, loss).backward()
-                finally:
-                    for handle in watches:
-                        handle.remove()
+                _objective(output, loss).backward()
                 step.backward_calls = _calls_answered(step, counts, seen)
     return step
 
@@ -268,24 +261,26 @@ def run(
         [(e.name, e.native, e.shape) for e in params],
         [e.read() for e in params],
     )
-    for _ in range(steps):
-        # the gradients this backward adds: parameters may hold some from earlier backwards
-        before = [e.grad() for e in params] if backward else []
-        step = _step(model, inputs, loss, backward)
-        if backward:
-            after = [e.grad() for e in params]
-            step.param_grads = [
-                g if g is None or b is None else g - b for g, b in zip(after, before)
-            ]
-        if optimizer is not None:
-            optimizer()
-            step.updated = [e.read() for e in params]
-        trace.steps.append(step)
-    if optimizer is None:
-        # Without an optimizer the parameters did not move, but a train-mode BatchNorm's running
-        # statistics did: put them back, so that the next compare starts where this one did.
-        for entry, value in zip(params, trace.initial):
-            entry.write(value)
+    try:
+        for _ in range(steps):
+            # the gradients this backward adds: parameters may hold some from earlier backwards
+            before = [e.grad() for e in params] if backward else []
+            step = _step(model, inputs, loss, backward)
+            if backward:
+                after = [e.grad() for e in params]
+                step.param_grads = [
+                    g if g is None or b is None else g - b for g, b in zip(after, before)
+                ]
+            if optimizer is not None:
+                optimizer()
+                step.updated = [e.read() for e in params]
+            trace.steps.append(step)
+    finally:
+        if optimizer is None:
+            # Without an optimizer the parameters did not move, but a train-mode BatchNorm's
+            # running statistics did: put them back, so the next compare starts where this did.
+            for entry, value in zip(params, trace.initial):
+                entry.write(value)
     return trace
 
 
