@@ -788,6 +788,38 @@ def test_modules_a_port_renamed_pair_by_order_among_shared_names() -> None:
     assert compare(model, twin, x).first_forward == "down"
 
 
+class PaddleBranch(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.shortcut = pnn.Linear(6, 6)
+
+    def forward(self, x: Any) -> Any:
+        return self.shortcut(x)
+
+
+class PaddleWrappedShortcut(pnn.Layer):  # torch's `down` as `branch.shortcut`, in a wrapper
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.branch = pnn.Linear(6, 6), pnn.Linear(6, 6), PaddleBranch()
+        self.act = pnn.ReLU()
+
+    def forward(self, x: Any) -> Any:
+        return self.fc2(self.act(self.fc1(x))) + self.branch(x)
+
+
+def test_renamed_modules_pair_only_under_paired_parents() -> None:
+    # elsewhere in the model a module of the same type is not taken for its counterpart
+    torch.manual_seed(0)
+    model, twin = TorchShortcut(), PaddleWrappedShortcut()
+    copy_weights(model, twin)
+    x = batch((4, 6))
+    report = compare(model, twin, x)
+    assert report.ok and report.unpaired_a == ["down"], str(report)
+    assert report.unpaired_b == ["branch.shortcut", "branch"]
+    report = compare(model, twin, x, layer_map={"down": "branch.shortcut"})
+    assert report.ok and ("down", "branch.shortcut") in report.pairs
+
+
 def test_layer_map_pairs_each_module_of_b_once() -> None:
     model, twin = renamed_pair()
     with pytest.raises(ValueError, match=r"at most once. Received: \['4', '5'\] -> 'flat'"):

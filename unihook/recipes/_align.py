@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 from typing import Mapping, Sequence
 
-__all__ = ["align", "type_key"]
+__all__ = ["align", "parent", "type_key"]
 
 
 def type_key(type_name: str) -> str:
@@ -59,20 +59,50 @@ def align(
     if len(shared) * 2 >= min(len(rest_a), len(rest_b)):
         rule = "name"
         pairs.update((n, n) for n in shared)
-        # the modules a port renamed (torch's `downsample` as `shortcut`) by order and type
-        rest_a = [(n, t) for n, t in rest_a if n not in shared]
-        rest_b = [(n, t) for n, t in rest_b if n not in shared]
+        _renamed(
+            [(n, t) for n, t in rest_a if n not in shared],
+            [(n, t) for n, t in rest_b if n not in shared],
+            pairs,
+        )
     else:
         rule = "order"
         if "" in names_b and any(n == "" for n, _ in rest_a):
             pairs[""] = ""
             rest_a = [(n, t) for n, t in rest_a if n]
             rest_b = [(n, t) for n, t in rest_b if n]
-    keys_a = [type_key(t) for _, t in rest_a]
-    keys_b = [type_key(t) for _, t in rest_b]
+        _by_order(rest_a, rest_b, pairs)
+    order = {n: i for i, (n, _) in enumerate(called_a)}
+    return sorted(pairs.items(), key=lambda p: order[p[0]]), rule
+
+
+Called = Sequence[tuple[str, str]]
+
+
+def _by_order(called_a: Called, called_b: Called, pairs: dict[str, str]) -> None:
+    """Pair the longest common subsequence of the two lists' type names."""
+    keys_a = [type_key(t) for _, t in called_a]
+    keys_b = [type_key(t) for _, t in called_b]
     matcher = difflib.SequenceMatcher(None, keys_a, keys_b, autojunk=False)
     for block in matcher.get_matching_blocks():
         for k in range(block.size):
-            pairs[rest_a[block.a + k][0]] = rest_b[block.b + k][0]
-    order = {n: i for i, (n, _) in enumerate(called_a)}
-    return sorted(pairs.items(), key=lambda p: order[p[0]]), rule
+            pairs[called_a[block.a + k][0]] = called_b[block.b + k][0]
+
+
+def parent(name: str) -> str:
+    """The qualified name of the module holding `name` ("" for the model's children)."""
+    return name.rsplit(".", 1)[0] if "." in name else ""
+
+
+def _renamed(rest_a: Called, rest_b: Called, pairs: dict[str, str]) -> None:
+    """The modules a port renamed (torch's `downsample` as `shortcut`), by order and type among
+    the children of paired parents only (shallowest first, so a renamed module's children
+    follow it): a module with no counterpart elsewhere in the model stays unpaired."""
+    kids_a: dict[str, list[tuple[str, str]]] = {}
+    kids_b: dict[str, list[tuple[str, str]]] = {}
+    for name, kind in rest_a:
+        kids_a.setdefault(parent(name), []).append((name, kind))
+    for name, kind in rest_b:
+        kids_b.setdefault(parent(name), []).append((name, kind))
+    for holder in sorted(kids_a, key=lambda n: n.count(".") + bool(n)):
+        if holder in pairs:
+            _by_order(kids_a[holder], kids_b.get(pairs[holder], []), pairs)

@@ -7,7 +7,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
-from ._align import type_key
+from ._align import parent, type_key
 
 if TYPE_CHECKING:
     from .compare import Diff, Report, Row
@@ -38,10 +38,6 @@ def _worst(rows: list[Row]) -> tuple[float, float | None, str]:
         if failed
     ]
     return out, (max(grads) if grads else None), f"DIFF {'+'.join(bad)}" if bad else "ok"
-
-
-def _parent(name: str) -> str:
-    return name.rsplit(".", 1)[0] if "." in name else ""
 
 
 def _describe(d: Diff) -> str:
@@ -90,7 +86,7 @@ def render(report: Report, depth: int) -> str:
     names = list(report.types_a)
     children: dict[str, list[str]] = {}
     for name in names[1:] if names and names[0] == "" else names:
-        children.setdefault(_parent(name), []).append(name)
+        children.setdefault(parent(name), []).append(name)
     marks: dict[str, list[str]] = {}
     for what, name in (("forward", report.first_forward), ("backward", report.first_backward)):
         if name is not None:
@@ -101,7 +97,7 @@ def render(report: Report, depth: int) -> str:
             hot.add(name)
             if not name:
                 break
-            name = _parent(name)
+            name = parent(name)
     to_b = dict(report.pairs)
     unpaired = set(report.unpaired_a)
 
