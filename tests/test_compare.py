@@ -844,6 +844,33 @@ class PaddlePairInput(pnn.Layer):
         return self.fc(xs[0] * xs[1]) + extra["bias"]
 
 
+class TorchScalar(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x).tanh().mean()
+
+
+class PaddleScalar(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = pnn.Linear(4, 4)
+
+    def forward(self, x: Any) -> Any:
+        return self.fc(x).tanh().mean()
+
+
+def test_a_scalar_output_is_compared() -> None:
+    torch.manual_seed(0)
+    model, twin = TorchScalar(), PaddleScalar()
+    copy_weights(model, twin)
+    for report in _both_ways(model, twin, batch((2, 4))):
+        assert report.ok, str(report)
+        assert next(r for r in report.table if r.name_a == "").shapes == [[]]
+
+
 def test_nested_numpy_inputs_are_converted() -> None:
     torch.manual_seed(0)
     model, twin = TorchPairInput(), PaddlePairInput()

@@ -91,6 +91,7 @@ def _gap(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """(max|x - y|, max|x| over finite x); NaN against NaN and inf against inf agree."""
     if x.size == 0:
         return 0.0, 0.0
+    x, y = np.atleast_1d(x), np.atleast_1d(y)  # 0-d arrays (a scalar output) give no array
     if x.dtype.kind not in "fc":
         x, y = x.astype(np.float64), y.astype(np.float64)
     gap = np.subtract(x, y)
