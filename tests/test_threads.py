@@ -36,6 +36,7 @@ SCENARIOS = (
     "global_hooks_come_and_go_during_calls",
     "registration_hooks_come_and_go_while_layers_are_built",
     "grad_api_on_threads",
+    "last_backward_hook_removed_mid_call",
 )
 
 
@@ -386,6 +387,69 @@ def _registration_hooks_come_and_go_while_layers_are_built(kit: Any) -> list[str
         )[i % 3]
         register(noop, backend=kit.name).remove()
     return stopper()
+
+
+def _last_backward_hook_removed_mid_call(kit: Any) -> list[str]:
+    """A module's last backward hook removed while its call runs (by a forward pre-hook,
+    inside forward, or by another thread), while forward changes its input in place: as torch,
+    the running call keeps the hooks it started with (the hook fires once), the caller's
+    tensor keeps the in-place history (gradient as without hooks), and once the call is over
+    the module holds nothing of unihook's."""
+    data = [-1.0, 2.0, -3.0, 4.0]
+    errors: list[str] = []
+
+    def step(model: Any) -> np.ndarray:
+        x0 = kit.tensor(data, requires_grad=True)
+        x = x0 * 1
+        kit.backward((model(x) * 2).sum() + (x * x).sum())  # the caller reads x again
+        return np.asarray(kit.grad(x0))
+
+    for remover in ("pre_hook", "forward", "thread"):
+        inside, removed = threading.Event(), threading.Event()
+        held: dict[str, Any] = {}
+
+        def forward(module: Any, x: Any, remover: str = remover) -> Any:
+            if remover == "forward" and "handle" in held:
+                held.pop("handle").remove()
+            elif remover == "thread" and "handle" in held:
+                inside.set()
+                removed.wait(10)
+            act(x)  # in place on the input
+            return x * 1
+
+        act = kit.relu_module(inplace=True)
+        model = kit.module(forward, {"act": act})
+        expected = step(model)
+        before = kit.hook_counts(model)
+        calls: list[int] = []
+        held["handle"] = unihook.register_full_backward_hook(model, lambda *args: calls.append(1))
+        if remover == "pre_hook":
+            pre = unihook.register_forward_pre_hook(
+                model, lambda *args: held.pop("handle").remove()
+            )
+        elif remover == "thread":
+            thread = threading.Thread(
+                target=lambda: (inside.wait(10), held.pop("handle").remove(), removed.set())
+            )
+            thread.start()
+        got = step(model)
+        if remover == "pre_hook":
+            pre.remove()
+        elif remover == "thread":
+            thread.join()
+        if not np.allclose(got, expected):
+            errors.append(f"{remover}: x.grad {got} != {expected} without hooks")
+        # (removed by a forward pre-hook, the hook is already gone for the running call, where
+        # torch's fires once: README, Hooks)
+        once = [] if remover == "pre_hook" else [1]
+        if calls != once:
+            errors.append(f"{remover}: the hook fired {len(calls)} times for its call")
+        if kit.hook_counts(model) != before:
+            errors.append(f"{remover}: residue {kit.hook_counts(model)} != {before}")
+        step(model)
+        if calls != once:
+            errors.append(f"{remover}: the removed hook fired in the next call")
+    return errors
 
 
 def _grad_api_on_threads(kit: Any) -> list[str]:

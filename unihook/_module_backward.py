@@ -10,10 +10,12 @@ decides how its identity avoids the in-place trap (torch: a detached alias, not 
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 import weakref
 from itertools import count
+from types import CodeType, FrameType
 from typing import Any, Callable, Protocol, Sequence
 
 from ._checks import check_grad, check_grad_tuple
@@ -37,6 +39,10 @@ class Autograd(Protocol):
     """What a framework adapter provides to run module backward hooks."""
 
     backend: str
+    # The code of the framework functions that run one module call (torch's
+    # ``Module._call_impl``), the module their local `self`: a module's backward dispatchers
+    # stay until the calls that started before its last hook was removed are over.
+    call_codes: frozenset[CodeType]
 
     def is_tensor(self, obj: object) -> bool: ...
 
@@ -94,8 +100,9 @@ class ModuleBackward:
         self.full_hooks: dict[int, tuple[Hook, Site | None]] = {}
         self.local = threading.local()
         self.dispatchers: Dispatchers | None = None
-        # Its last hook is gone: a call that started before still runs its pre-dispatcher
-        # (the framework iterates a snapshot), but its post-dispatcher may be gone.
+        # Its last hook is gone. The dispatchers stay until no call is in flight on any
+        # thread: a call that started before must still end in post_dispatch (its hooks were
+        # taken at its start, as torch's; an input it changed in place needs its history).
         self.removed = False
 
     def add(self, kind: str, hook: Hook, site: Site | None, prepend: bool) -> int:
@@ -122,6 +129,22 @@ class ModuleBackward:
             stack = self.local.stack = []
         return stack
 
+    def retire(self, module: Any, ending: bool = False) -> None:
+        """Removed: take the dispatchers out once no call of `module` runs on any thread
+        (`ending`: but the one that calls this). Callers hold `_lock`."""
+        if self.dispatchers is None:
+            return
+        codes = self.autograd.call_codes
+        running = sum(_calls_of(module, frame, codes) for frame in _frames()) - ending
+        if running <= 0:
+            self.dispatchers.remove()
+            self.dispatchers = None
+
+    def _ended(self, module: Any) -> None:
+        """A call of a removed state ends: the last one out takes the dispatchers."""
+        with _lock:
+            self.retire(module, ending=True)
+
     # -- the two dispatchers, installed as the module's last forward pre- and post-hook --
 
     def dispatching(self, module: Any, args: tuple[Any, ...]) -> bool:
@@ -130,8 +153,8 @@ class ModuleBackward:
         stack: list[_Entry] | None = getattr(self.local, "stack", None)
         if not stack:
             return False
-        key, ref, _ = stack[-1]
-        return key == id(args) and ref() is module
+        key, ref, call = stack[-1]
+        return key == id(args) and ref() is module and call is not _PASSED
 
     def around(self, module: Any) -> Any:
         """A global state's dispatchers run around `module`'s whole call (torch's wrapper of
@@ -160,8 +183,10 @@ class ModuleBackward:
                 self._stack().append((id(args), weakref.ref(module), _Own(own)))
                 return None
         elif self.removed:
-            return None  # (removed by another thread or a pre-hook of this call) the global
-            # dispatchers, after these in every module with own ones, take the call
+            # (removed while another call was in flight) the call passes; the global
+            # dispatchers, after these in every module with own ones, take it
+            self._stack().append((id(args), weakref.ref(module), _PASSED))
+            return None
         else:
             shared = _globals.get(self.autograd.backend)
             with_globals = not (
@@ -196,11 +221,17 @@ class ModuleBackward:
         else:
             k = _find(stack, module, args)
             if k < 0:
+                if self.removed:
+                    self._ended(module)
                 return None
         key, _, call = stack[k]
         # Calls nest per thread: the entries above this call's are stale, their post_dispatch
         # skipped by a BaseException (frameworks run always-call hooks only for an Exception).
         del stack[k:]
+        if self.removed:
+            self._ended(module)  # (this call's snapshot of the dispatchers still holds them)
+        if call is _PASSED:
+            return None
         if isinstance(call, _Own):
             # The module's own dispatchers took the global hooks. Removed during this call (by
             # another thread), its post-dispatcher did not run: this one ends the call for it.
@@ -289,7 +320,25 @@ class ModuleBackward:
 # post_dispatch a BaseException skipped keeps nothing alive, and the next post_dispatch of a call
 # below it drops it. The ids are sound: an entry above a live call's was pushed while that
 # call's args were alive, so its id is another object's.
-_Entry = tuple[int, "weakref.ref[Any]", "_Call | _Own | None"]
+_Entry = tuple[int, "weakref.ref[Any]", "_Call | _Own | object | None"]
+_PASSED = object()  # the entry of a call that started after its state was removed
+
+
+def _frames() -> list[FrameType]:
+    """Every thread's innermost frame."""
+    return list(sys._current_frames().values())
+
+
+def _calls_of(module: Any, frame: FrameType | None, codes: frozenset[CodeType]) -> int:
+    """How many calls of `module` run in the thread whose innermost frame is `frame`: frames
+    of the framework's call function whose `self` is it. (Entries on the stacks cannot tell:
+    a BaseException leaves entries of calls that are over.)"""
+    n = 0
+    while frame is not None:
+        if frame.f_code in codes and frame.f_locals.get("self") is module:
+            n += 1
+        frame = frame.f_back
+    return n
 
 
 class _Own:
@@ -303,7 +352,7 @@ class _Own:
         self.state = state
 
 
-def _got(call: _Call | _Own | None, args: tuple[Any, ...]) -> bool:
+def _got(call: object, args: tuple[Any, ...]) -> bool:
     """Whether `args` hold the tensors `call` gave forward (a stale entry's args may have died
     and their id gone to these)."""
     if not isinstance(call, _Call):
@@ -495,8 +544,9 @@ class _States:
         self._refs: weakref.WeakKeyDictionary[Any, weakref.ref[ModuleBackward]] = (
             weakref.WeakKeyDictionary()
         )
-        # the last removed state of a module: a call that started before may still be its
-        self._retired: weakref.WeakKeyDictionary[Any, weakref.ref[ModuleBackward]] = (
+        # a module's removed states whose dispatchers are still pinned: a call that started
+        # before may still be theirs
+        self._retired: weakref.WeakKeyDictionary[Any, list[weakref.ref[ModuleBackward]]] = (
             weakref.WeakKeyDictionary()
         )
 
@@ -517,16 +567,24 @@ class _States:
         self._refs[module] = weakref.ref(state)
 
     def __delitem__(self, module: Any) -> None:
-        self._retired[module] = self._refs.pop(module)
+        retired = [r for r in self._retired.get(module, ()) if _pinned(r())]
+        self._retired[module] = [*retired, self._refs.pop(module)]
 
     def dispatching(self, module: Any, args: tuple[Any, ...]) -> ModuleBackward | None:
-        """The module's own state, current or just removed, if it took this call."""
-        for refs in (self._refs, self._retired):
-            ref = refs.get(module)
-            state = None if ref is None else ref()
+        """The module's own state, current or removed, if it took this call."""
+        ref = self._refs.get(module)
+        state = None if ref is None else ref()
+        if state is not None and state.dispatching(module, args):
+            return state
+        for ref in self._retired.get(module, ()):
+            state = ref()
             if state is not None and state.dispatching(module, args):
                 return state
         return None
+
+
+def _pinned(state: ModuleBackward | None) -> bool:
+    return state is not None and state.dispatchers is not None
 
 
 _states = _States()
@@ -560,8 +618,7 @@ def register_backward_hook(
             if state.discard(key):
                 state.removed = True
                 del _states[m]
-                assert state.dispatchers is not None
-                state.dispatchers.remove()
+                state.retire(m)
 
     return Handle(autograd.backend, kind, remove)
 

@@ -196,8 +196,10 @@ class HookDict(OrderedDict[int, Any]):
         new._install(origin, copied)
         for key, value in self.items():
             state = getattr(value, "__self__", None) if key in self.pinned else None
-            if getattr(state, "is_global", False):
-                continue  # the global dispatchers: the copy gets them where it needs them
+            if getattr(state, "is_global", False) or getattr(state, "removed", False):
+                # the global dispatchers: the copy gets them where it needs them; removed
+                # ones only wait for this module's calls in flight
+                continue
             if state is not None and id(state) not in memo and copied is not owner:
                 memo[id(state)] = _copy_state(state, copied)
             value = deepcopy(value, memo)

@@ -109,6 +109,8 @@ class _TorchDispatchers:
 
 class TorchAutograd:
     backend = NAME
+    # (taken before unihook's global wrapper can replace it: that one calls this)
+    call_codes = frozenset({torch.nn.Module._call_impl.__code__})
     is_tensor = staticmethod(torch.is_tensor)
     grad_enabled = staticmethod(torch.is_grad_enabled)
 
