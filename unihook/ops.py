@@ -9,6 +9,7 @@ anything else, convert with `to_numpy` or use the framework.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Callable, Protocol, Sequence, Union
 
 from ._describe import type_name
@@ -175,26 +176,37 @@ def moments(t: Any) -> Moments:
 
 
 def cpu_moments(array: Any) -> Moments:
-    """`moments` of a numpy array (a zero-copy view of a CPU tensor): numpy's float reductions
-    are vectorised and summed pairwise, several times faster on one CPU thread than the
-    frameworks' elementwise kernels (paddle's float64 ones most of all)."""
+    """`moments` of a numpy array (a zero-copy view of a CPU tensor), in few vectorised passes
+    without temporaries: min, max, then the sum and the sum of squares as BLAS dot products
+    over rows of 256 values (32 partial sums a row, so float32 keeps about 1e-7 relative),
+    added in float64. m2 = sum of squares - sum * mean when that cancels at most two bits
+    (mean² <= 3 variances: ReLU, BatchNorm, most activations), the two-pass sum of squared
+    deviations from the mean otherwise (1e5 +- 1e-3 takes it): never E[x²] - mean²'s
+    cancellation. Zeros are counted only when min <= 0 <= max."""
     import numpy as np  # lazily: `import unihook` stays light
 
     a = np.asarray(array).reshape(-1)
     if a.dtype not in (np.float32, np.float64):
         a = a.astype(np.float32 if a.dtype.kind == "f" else np.float64)
-    if not a.size:
+    n = a.size
+    if not n:
         return 0, 0.0, 0.0, 0.0, 0.0, 0, 0
-    low, high = a.min(), a.max()  # NaN propagates: finite bounds mean finite values
-    if np.isfinite(low) and np.isfinite(high):
+    low, high = float(a.min()), float(a.max())  # NaN propagates: finite bounds, finite values
+    if -_INF < low and high < _INF:
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow: the float64 path
-            mean = a.sum() / a.dtype.type(a.size)
-            deviations = a - mean
-            np.multiply(deviations, deviations, out=deviations)
-            m2 = float(deviations.sum())
-        if np.isfinite(m2):
-            zeros = a.size - int(np.count_nonzero(a))
-            return a.size, float(mean), m2, float(low), float(high), zeros, 0
+            total = _dot_rows(np, a, None)
+            squares = _dot_rows(np, a, a)
+            mean = total / n
+            m2 = squares - total * mean
+            if not m2 >= 0.25 * squares:  # more than two bits would cancel: two-pass
+                deviations = _scratch(np, a.dtype, n)
+                np.subtract(a, a.dtype.type(mean), out=deviations)
+                m2 = _dot_rows(np, deviations, deviations)
+        if -_INF < m2 < _INF and -_INF < mean < _INF:
+            zeros = 0
+            if low <= 0.0 <= high:
+                zeros = int(np.count_nonzero(np.equal(a, 0, out=_scratch(np, np.bool_, n))))
+            return n, mean, m2, low, high, zeros, 0
     # rare: NaN or Inf among the values (or a float32 sum overflowed): float64, finite values
     a = a.astype(np.float64)
     finite = a[np.isfinite(a)]
@@ -210,12 +222,62 @@ def cpu_moments(array: Any) -> Moments:
 def cpu_sum_squares(array: Any) -> float:
     """`sum_squares` of a numpy array: a float32 square is exact in float64, so the float64 dot
     product's summation is the only rounding (numpy's `linalg.norm` computes the same dot).
-    One float64 copy then BLAS: measured 2x faster than casting in cache-sized blocks, 3x
-    faster than torch's float64 `vector_norm`, on one CPU thread."""
+    The float64 copy goes to a per-thread buffer reused across calls, in blocks of 512k
+    values: a fresh 4 MB array per call page-faults (1.9 ms against 0.12 ms per 2 MB tensor,
+    on one CPU thread)."""
     import numpy as np
 
-    a = np.asarray(array).reshape(-1).astype(np.float64, copy=False)
-    return float(np.dot(a, a))
+    a = np.asarray(array).reshape(-1)
+    if a.dtype == np.float64:
+        return float(np.dot(a, a))
+    total = 0.0
+    for start in range(0, a.size, _BLOCK):
+        part = a[start : start + _BLOCK]
+        wide = _scratch(np, np.float64, part.size)
+        np.copyto(wide, part, casting="unsafe")
+        total += float(np.dot(wide, wide))
+    return total
+
+
+_INF = float("inf")
+_ROW = 256  # values per row of `_dot_rows`
+_BLOCK = 1 << 19  # values per block of `cpu_sum_squares`: its buffer stays at 4 MB
+_buffers = threading.local()  # per thread: hooks may run in several threads at once
+_ones: dict[Any, Any] = {}
+
+
+def _scratch(np: Any, dtype: Any, size: int) -> Any:
+    """A per-thread buffer of `size` values of `dtype`, reused across calls (grown as needed)."""
+    key = np.dtype(dtype).char
+    buffer = _buffers.__dict__.get(key)
+    if buffer is None or buffer.size < size:
+        buffer = _buffers.__dict__[key] = np.empty(size, dtype)
+    return buffer[:size]
+
+
+def _dot_rows(np: Any, a: Any, b: Any) -> float:
+    """sum(a * b) (b None: sum(a)) as a dot product per row of 256 values (BLAS), the rows'
+    results added in float64: a float32 sum or sum of squares to about 1e-7 relative, as fast
+    as one pass (numpy's pairwise float32 sum is 3x slower)."""
+    n = a.size
+    body = n - n % _ROW
+    total = 0.0
+    if body:
+        rows = a[:body].reshape(-1, _ROW)
+        if b is None:  # a matrix-vector product with ones (BLAS gemv)
+            ones = _ones.get(a.dtype)
+            if ones is None:
+                ones = _ones[a.dtype] = np.ones(_ROW, a.dtype)
+            per_row = np.dot(rows, ones)
+        elif hasattr(np, "vecdot"):  # numpy >= 2: a BLAS dot per row
+            per_row = np.vecdot(rows, b[:body].reshape(-1, _ROW))
+        else:
+            per_row = np.einsum("ij,ij->i", rows, b[:body].reshape(-1, _ROW))
+        total = float(per_row.sum(dtype=np.float64))
+    if body < n:
+        tail = a[body:].astype(np.float64)
+        total += float(tail.sum() if b is None else np.dot(tail, b[body:].astype(np.float64)))
+    return total
 
 
 def abs(t: Any) -> Any:  # noqa: A001

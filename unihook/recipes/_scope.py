@@ -10,7 +10,15 @@ from unihook import HookArgumentError, HookGroup, Where, backend_of, ops, regist
 from unihook._describe import type_name
 from unihook.handles import Removable
 
-__all__ = ["Recipe", "Targets", "check_every", "check_history", "resolve", "where_of"]
+__all__ = [
+    "Recipe",
+    "Targets",
+    "check_every",
+    "check_history",
+    "resolve",
+    "tensors_of",
+    "where_of",
+]
 
 #: A module of the model, its qualified name, or a list of either.
 Targets = Union[str, Any, Sequence[Any]]
@@ -51,6 +59,20 @@ class Recipe(Removable):
         self._build = None
         self._hooks.remove()
         self._active.remove()
+
+
+_TENSOR_TYPES: set[type] = set()  # the types `tensors_of` has seen returned as a bare tensor
+
+
+def tensors_of(output: Any, module: Any) -> Sequence[Any]:
+    """The tensors in a module's `output`, as `ops.tensors_in`; a bare tensor of a type seen
+    before without the framework's tree walk (a few microseconds per module call)."""
+    if type(output) in _TENSOR_TYPES:
+        return (output,)
+    found = ops.tensors_in(output, like=module)
+    if len(found) == 1 and found[0] is output:
+        _TENSOR_TYPES.add(type(output))
+    return found
 
 
 def check_every(every: int) -> int:

@@ -20,7 +20,7 @@ from unihook import (
     register_tensor_hook,
 )
 
-from ._scope import Recipe, check_every, check_history, where_of
+from ._scope import Recipe, check_every, check_history, tensors_of, where_of
 from .sinks import Writer, write_records
 
 __all__ = ["GradientMonitor", "NonFiniteGradientError"]
@@ -111,7 +111,7 @@ class GradientMonitor(Recipe):
         self._last = None
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
-        for tensor in ops.tensors_in(output, like=module):
+        for tensor in tensors_of(output, module):
             version = ops.version(tensor)
             last = self._last
             if (

@@ -9,7 +9,7 @@ from typing import Any
 
 from unihook import HookGroup, attach, ops, register_forward_hook, register_forward_pre_hook
 
-from ._scope import Recipe, check_every, check_history, where_of
+from ._scope import Recipe, check_every, check_history, tensors_of, where_of
 from .sinks import Writer, write_records
 
 __all__ = ["ActivationStats"]
@@ -95,7 +95,7 @@ class ActivationStats(Recipe):
             self._stats[name] = _Running(order=len(self._stats))
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
-        tensors = ops.tensors_in(output, like=module)
+        tensors = tensors_of(output, module)
         if not tensors:
             return
         running = self._stats[name]
