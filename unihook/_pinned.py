@@ -50,6 +50,9 @@ class HookDict(OrderedDict[int, Any]):
         # changed the dict carries an older tag, so it is never reused.
         self._version = next(_versions)
         self._snap: tuple[int, tuple[tuple[int, Any], ...]] | None = None
+        # a backend's check of the calling context, run before each call's hooks (paddle:
+        # raise under a to_static program build, where hooks would see symbolic values)
+        self.guard: Callable[[HookDict], None] | None = None
 
     def _changed(self) -> None:
         self._version = next(_versions)
@@ -65,6 +68,10 @@ class HookDict(OrderedDict[int, Any]):
         for key, value in origin.items():
             super().__setitem__(key, value)
         self._changed()
+
+    def owner(self) -> Any:
+        """The module whose hook dict this is, None once it died."""
+        return None if self._owner is None else self._owner()
 
     def origin(self) -> OrderedDict[int, Any] | None:
         if self._origin is not None:
@@ -145,6 +152,8 @@ class HookDict(OrderedDict[int, Any]):
 
     def items(self) -> Any:  # type: ignore[override]
         # once per hooked module call (twice with pre-hooks): a cached snapshot until a change
+        if self.guard is not None:
+            self.guard(self)
         origin = self._origin
         size = len(self)
         if origin is not None and len(origin) + len(self.pinned) != size:

@@ -153,9 +153,14 @@ def unihook_register_forward_hook(
 def unihook_register_tensor_hook(
     tensor: object, hook: Callable[..., Any], name: str | None
 ) -> Handle | None:
+    paddle = _paddle()
+    if paddle is not None and isinstance(tensor, paddle.pir.Value):
+        # a symbolic value of paddle.jit.to_static(full_graph=True)'s program build
+        from ._static import full_graph_error
+
+        raise full_graph_error("tensor", tensor)
     if not _owns(tensor):
         return None
-    paddle = _paddle()
     site = Site.of("tensor", NAME, tensor, name)
     if not isinstance(tensor, paddle.Tensor):
         raise site.error(TargetKindError, "a paddle.Tensor", type_name(tensor))

@@ -18,7 +18,9 @@ from typing import Any, Callable
 
 from paddle.nn.layer.layers import HookRemoveHelper
 
-from unihook._pinned import Pinned, pin, unpin
+from unihook._pinned import HookDict, Pinned, pin, unpin
+
+from ._static import forget_programs, guard_forward, guard_forward_pre
 
 __all__ = ["Access", "add_dispatchers", "add_hook", "remove_hook"]
 
@@ -47,6 +49,10 @@ class Access:
 
     @staticmethod
     def put(layer: Any, attr: str, hooks: OrderedDict[int, Any]) -> None:
+        if isinstance(hooks, HookDict):
+            # paddle.jit.to_static(full_graph=True): see ._static
+            hooks.guard = guard_forward_pre if attr == _PRE[0] else guard_forward
+            forget_programs(layer)
         object.__setattr__(layer, attr, hooks)
 
 

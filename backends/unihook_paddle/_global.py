@@ -32,7 +32,7 @@ from unihook._describe import Site, global_label
 from unihook.errors import HookReturnTypeError
 
 from . import NAME
-from ._static import sot_builds_subgraph
+from ._static import builds_full_graph, forget_programs, full_graph_error, sot_builds_subgraph
 
 Hook = Callable[..., Any]
 
@@ -104,10 +104,14 @@ def _call(self: Any, *inputs: Any, **kwargs: Any) -> Any:
 
 def _dygraph_call_func(self: Any, *inputs: Any, **kwargs: Any) -> Any:
     """paddle 3.3.1's ``Layer._dygraph_call_func`` with the global hooks merged in."""
-    if not paddle.in_dynamic_mode() and sot_builds_subgraph():
-        # to_static SOT: a build-time call with symbolic values; the hooks run in dygraph
-        return _originals["_dygraph_call_func"](self, *inputs, **kwargs)
     hooks = _hooks
+    if not paddle.in_dynamic_mode():
+        if sot_builds_subgraph():
+            # to_static SOT: a build-time call with symbolic values; the hooks run in dygraph
+            return _originals["_dygraph_call_func"](self, *inputs, **kwargs)
+        if builds_full_graph():
+            kind = "forward_pre" if hooks.pre else "forward" if hooks.post else "full_backward"
+            raise full_graph_error(f"module_{kind}", self)
     outputs = None
     called: set[int] = set()  # the always-called post hooks that ran
     try:
@@ -296,6 +300,7 @@ def add_dispatchers(pre: Hook, post: Hook) -> Callable[[], None]:
     forward hook of every layer."""
     remove_pre = _add(_tail["pre"], pre)
     remove_post = _add(_tail["post"], post)
+    forget_programs(None)  # see ._static
 
     def remove() -> None:
         remove_pre()
@@ -306,6 +311,8 @@ def add_dispatchers(pre: Hook, post: Hook) -> Callable[[], None]:
 
 def add(kind: str, hook: Hook, with_kwargs: bool, always_call: bool) -> Callable[[], None]:
     """Install a global hook of `kind`; return its remover."""
+    if kind in ("forward_pre", "forward"):
+        forget_programs(None)  # see ._static
     if kind == "forward_pre":
         return _add(_forward["pre"], (hook, with_kwargs, False))
     if kind == "forward":

@@ -7,24 +7,40 @@
   ``paddle.jit.marker.force_dynamic``: SOT breaks the graph there and runs it in dygraph, so
   the hooks see eager's arguments and gradients. Run normally, it costs two flag checks.
 - ``full_graph=True`` runs Python only while it builds the static program, with symbolic
-  values, and the program has no place for a Python hook: a dispatcher called then raises
-  `UnsupportedHookError` instead of being silently left out of the program.
+  values, and the program has no place for a Python hook: a layer with unihook hooks (or any
+  layer, while global hooks live) called then raises `UnsupportedHookError` instead of being
+  silently left out of the program or seeing symbolic values. A program built before a layer
+  in it got unihook hooks would leave them out: registering drops it (`forget_programs`), so
+  the next call builds again and raises.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
+import weakref
 from typing import Any, Callable
 
 import paddle
 from paddle.base.dygraph.base import in_sot_simulation_mode
+from paddle.base.framework import global_var
+from paddle.jit.dy2static.program_translator import ASTStaticFunction
 from paddle.jit.sot.symbolic import interpreter as sot_interpreter
 from paddle.jit.sot.utils import no_eval_frame
 
 from unihook._describe import Site
+from unihook._pinned import HookDict
 from unihook.errors import UnsupportedHookError
 
-__all__ = ["EagerUnderSOT", "sot_builds_subgraph"]
+__all__ = [
+    "EagerUnderSOT",
+    "builds_full_graph",
+    "forget_programs",
+    "full_graph_error",
+    "guard_forward",
+    "guard_forward_pre",
+    "sot_builds_subgraph",
+]
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
@@ -54,6 +70,75 @@ def sot_builds_subgraph() -> bool:
 _SOT_INTERPRETER = sot_interpreter.__file__
 
 
+def builds_full_graph() -> bool:
+    """Whether this call runs while paddle.jit.to_static(full_graph=True) builds a program
+    (not in dygraph, not while SOT simulates or builds a subgraph). One flag check when run."""
+    return not (paddle.in_dynamic_mode() or in_sot_simulation_mode() or sot_builds_subgraph())
+
+
+def full_graph_error(kind: str, layer: Any) -> UnsupportedHookError:
+    return Site.of(kind, "paddle", layer).error(
+        UnsupportedHookError,
+        "dygraph or paddle.jit.to_static(full_graph=False) (SOT, the default): unihook's "
+        "hooks run Python on every call",
+        "a call while paddle.jit.to_static(full_graph=True) builds a static program, which "
+        "runs Python once, with symbolic values",
+    )
+
+
+def _guard(hooks: HookDict, kind: str) -> None:
+    if builds_full_graph():
+        if hooks.owned.issubset(hooks.pinned):  # only the backward dispatchers
+            kind = "full_backward"
+        raise full_graph_error(kind, hooks.owner())
+
+
+# `HookDict.guard`s, once per hooked call: in dygraph, one attribute read (paddle's own
+# in_dynamic_mode() without the call)
+def guard_forward_pre(hooks: HookDict) -> None:
+    if global_var._dygraph_tracer_ is None:
+        _guard(hooks, "forward_pre")
+
+
+def guard_forward(hooks: HookDict) -> None:
+    if global_var._dygraph_tracer_ is None:
+        _guard(hooks, "forward")
+
+
+# paddle keeps no registry of its converted functions: found in the heap, again only when an
+# instance was made or freed since (an instance holds a reference to its class)
+_found: list[weakref.ref[Any]] = []
+_found_at = -1
+
+
+def _full_graph_functions() -> list[Any]:
+    global _found_at
+    if sys.getrefcount(ASTStaticFunction) != _found_at:
+        referrers = gc.get_referrers(ASTStaticFunction)
+        _found[:] = [weakref.ref(f) for f in referrers if isinstance(f, ASTStaticFunction)]
+        del referrers
+        _found_at = sys.getrefcount(ASTStaticFunction)
+    return [f for f in (ref() for ref in _found) if f is not None]
+
+
+def forget_programs(layer: Any) -> None:
+    """unihook hooks come to `layer` (None: global hooks, every layer): drop the programs
+    paddle.jit.to_static(full_graph=True) built with it, so that its next call builds again
+    and meets the hooks (which raise then) instead of running a program without them."""
+    for function in _full_graph_functions():
+        cache = function._program_cache
+        if not cache._caches:
+            continue
+        owner = function._class_instance() if function._class_instance is not None else None
+        if (
+            layer is None
+            or owner is None  # a converted function: its program may call any layer
+            or owner is layer
+            or any(sub is layer for sub in owner.sublayers())
+        ):
+            cache.clear()
+
+
 class EagerUnderSOT:
     """A dispatcher that SOT does not simulate. `__self__` is the dispatcher's owner, as for
     the bound method it wraps (a deep copy of the layer re-binds it)."""
@@ -72,10 +157,5 @@ class EagerUnderSOT:
         if in_sot_simulation_mode():
             return _outside_sot(self.fn, layer, *args)
         if not paddle.in_dynamic_mode() and not sot_builds_subgraph():
-            raise Site.of("full_backward", "paddle", layer).error(
-                UnsupportedHookError,
-                "dygraph or paddle.jit.to_static(full_graph=False) (SOT): module backward "
-                "hooks, and global ones, run Python during backward",
-                "a call while paddle.jit.to_static(full_graph=True) builds a static program",
-            )
+            raise full_graph_error("full_backward", layer)
         return self.fn(layer, *args)
