@@ -157,6 +157,13 @@ class TorchOps:
         # a detached source builds no graph: no no_grad() context (2.5 us) needed
         return buffer.copy_(t.detach())
 
+    def on_grad(self, t: Any, fn: Callable[[Any], None]) -> bool:
+        # `unihook.ops.on_grad`: torch's own hook; an exception `fn` raises keeps its type
+        if not t.requires_grad:
+            return False
+        t.register_hook(fn)
+        return True
+
     def version(self, t: Any) -> int | None:
         if torch.compiler.is_compiling():  # a traced tensor's counter says nothing of the run's
             return None

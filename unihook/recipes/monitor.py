@@ -11,13 +11,11 @@ from typing import Any
 
 from unihook import (
     HookGroup,
-    NoGradError,
     UnihookError,
     attach,
     ops,
     register_forward_hook,
     register_forward_pre_hook,
-    register_tensor_hook,
 )
 
 from ._scope import Recipe, check_every, check_history, tensors_of, where_of
@@ -58,15 +56,16 @@ class GradientMonitor(Recipe):
     (`on_nonfinite="raise"`), warns (`"warn"`) or is only recorded (`"ignore"`).
 
     Each module's forward hook puts a gradient hook on its output tensors (a tuple's or
-    namedtuple's each): no module backward hook, which paddle can only emulate at a cost. A
-    container returning its last child's output (same tensor, same version) shares its hook.
-    Norms are sums of squares accumulated in float64 (torch and paddle agree to the gradients'
-    own precision); a module called several times reports the norm over all its calls'
-    grad_outputs. `where`: as ActivationStats'. `every=N`: record the backward of forwards
-    0, N, 2N... of `model` only (wandb.watch's `log_freq`); between them the hooks are removed
-    (one counter hook remains). `history` keeps the last `max_history` backwards (a ring
-    buffer; None keeps every one). ``monitor.write(writer, step)`` sends the last backward's
-    norms to TensorBoard, ``monitor.plot()`` draws them over steps.
+    namedtuple's each; `ops.on_grad`, torch's own hook on torch): no module backward hook,
+    which paddle can only emulate at a cost. A container returning its last child's output
+    (same tensor, same version) shares its hook. Norms are sums of squares accumulated in
+    float64 (torch and paddle agree to the gradients' own precision); a module called several
+    times reports the norm over all its calls' grad_outputs. `where`: as ActivationStats'.
+    `every=N`: record the backward of forwards 0, N, 2N... of `model` only (wandb.watch's
+    `log_freq`); between them the hooks are removed (one counter hook remains). `history`
+    keeps the last `max_history` backwards (a ring buffer; None keeps every one).
+    ``monitor.write(writer, step)`` sends the last backward's norms to TensorBoard,
+    ``monitor.plot()`` draws them over steps.
     """
 
     def __init__(
@@ -123,9 +122,7 @@ class GradientMonitor(Recipe):
                 last[2].insert(0, name)  # a container's output: outermost first, as backward
                 continue
             names = [name]
-            try:
-                register_tensor_hook(tensor, functools.partial(self._gradient, self._step, names))
-            except NoGradError:
+            if not ops.on_grad(tensor, functools.partial(self._gradient, self._step, names)):
                 continue  # no gradient will come (no_grad, or a constant output)
             self._last = (tensor, version, names)
 
