@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
+
+_E = TypeVar("_E", bound=Exception)
 
 __all__ = ["Site", "global_label", "type_name"]
 
@@ -37,6 +39,6 @@ class Site(NamedTuple):
         target = f"'{self.name}' ({self.target_type})" if self.name else self.target_type
         return f"{self.kind} hook on {target} [backend {self.backend}]"
 
-    def error(self, cls: type[Exception], expected: str, received: str) -> Exception:
+    def error(self, cls: type[_E], expected: str, received: str) -> _E:
         """`cls` with the standard message: site, what was expected, what was received."""
         return cls(f"{self}: expected {expected}. Received: {received}.")

@@ -44,9 +44,10 @@ class Autograd(Protocol):
     # stay until the calls that started before its last hook was removed are over.
     call_codes: frozenset[CodeType]
 
-    def is_tensor(self, obj: object) -> bool: ...
+    # (positional-only: each backend names the parameters its own way)
+    def is_tensor(self, obj: object, /) -> bool: ...
 
-    def requires_grad(self, tensor: Any) -> bool: ...
+    def requires_grad(self, tensor: Any, /) -> bool: ...
 
     def grad_enabled(self) -> bool: ...
 
@@ -56,6 +57,7 @@ class Autograd(Protocol):
         on_backward: Callable[[Grads], Grads],
         materialize: bool,
         site: Site,
+        /,
     ) -> Sequence[Any]:
         """Pass `tensors` through one identity node whose backward calls `on_backward` with
         every output's gradient (None for an unused output unless `materialize`, zeros for a
@@ -63,18 +65,18 @@ class Autograd(Protocol):
         errors the framework raises about the node."""
         ...
 
-    def version(self, tensor: Any) -> int:
+    def version(self, tensor: Any, /) -> int:
         """The tensor's in-place version counter (an identity output shares its input's)."""
         ...
 
-    def rebase(self, original: Any, alias: Any) -> Any:
+    def rebase(self, original: Any, alias: Any, /) -> Any:
         """Forward changed `alias` (an identity output standing for `original`, same memory)
         in place: give `original` the history of `alias`, as if those in-place ops had applied
         to it, without moving data; raise the framework's own error where it forbids that
         (a leaf that requires grad). Returns `original`."""
         ...
 
-    def add_dispatchers(self, module: Any, pre: Hook, post: Hook) -> Dispatchers:
+    def add_dispatchers(self, module: Any, pre: Hook, post: Hook, /) -> Dispatchers:
         """Install `pre` as the module's last forward pre-hook and `post` as its last forward
         hook (always called, also when forward raises)."""
         ...
@@ -154,7 +156,7 @@ class ModuleBackward:
         if not stack:
             return False
         key, ref, call = stack[-1]
-        return key == id(args) and ref() is module and call is not _PASSED
+        return key == id(args) and ref() is module and not isinstance(call, _Passed)
 
     def around(self, module: Any) -> Any:
         """A global state's dispatchers run around `module`'s whole call (torch's wrapper of
@@ -230,7 +232,7 @@ class ModuleBackward:
         del stack[k:]
         if self.removed:
             self._ended(module)  # (this call's snapshot of the dispatchers still holds them)
-        if call is _PASSED:
+        if isinstance(call, _Passed):
             return None
         if isinstance(call, _Own):
             # The module's own dispatchers took the global hooks. Removed during this call (by
@@ -248,7 +250,7 @@ class ModuleBackward:
         if key != id(args):
             # torch's own BackwardHook (a native backward hook beside ours) replaced the args
             # after every pre-hook ran: the ones to read are those forward got from us.
-            args = call.args_got()
+            args = tuple(call.args_got())
         originals = [r() for r in call.originals]
         call.originals = call.inputs = ()  # the call's state outlives forward
         if output is None:
@@ -320,8 +322,16 @@ class ModuleBackward:
 # post_dispatch a BaseException skipped keeps nothing alive, and the next post_dispatch of a call
 # below it drops it. The ids are sound: an entry above a live call's was pushed while that
 # call's args were alive, so its id is another object's.
-_Entry = tuple[int, "weakref.ref[Any]", "_Call | _Own | object | None"]
-_PASSED = object()  # the entry of a call that started after its state was removed
+_Entry = tuple[int, "weakref.ref[Any]", "_Call | _Own | _Passed | None"]
+
+
+class _Passed:
+    """The entry of a call that started after its state was removed."""
+
+    __slots__ = ()
+
+
+_PASSED = _Passed()
 
 
 def _frames() -> list[FrameType]:
@@ -352,7 +362,7 @@ class _Own:
         self.state = state
 
 
-def _got(call: object, args: tuple[Any, ...]) -> bool:
+def _got(call: _Call | _Own | _Passed | None, args: tuple[Any, ...]) -> bool:
     """Whether `args` hold the tensors `call` gave forward (a stale entry's args may have died
     and their id gone to these)."""
     if not isinstance(call, _Call):

@@ -29,9 +29,9 @@ __all__ = ["Access", "HookDict", "Pinned", "pin", "unpin"]
 class Access(Protocol):
     """How a backend reads and replaces a module's own hook dict."""
 
-    def get(self, owner: Any, attr: str) -> OrderedDict[int, Any]: ...
+    def get(self, owner: Any, attr: str, /) -> OrderedDict[int, Any]: ...
 
-    def put(self, owner: Any, attr: str, hooks: OrderedDict[int, Any]) -> None: ...
+    def put(self, owner: Any, attr: str, hooks: OrderedDict[int, Any], /) -> None: ...
 
 
 class HookDict(OrderedDict[int, Any]):
@@ -110,7 +110,7 @@ class HookDict(OrderedDict[int, Any]):
             self.tail.discard(key)
 
     # OrderedDict's C pop and popitem bypass __delitem__ even in a subclass.
-    def pop(self, key: int, *default: Any) -> Any:
+    def pop(self, key: int, *default: Any) -> Any:  # type: ignore[override]
         if key not in self:
             if default:
                 return default[0]

@@ -151,7 +151,7 @@ def unihook_register_forward_hook(
 
 @hookimpl
 def unihook_register_tensor_hook(
-    tensor: object, hook: Callable[..., Any], name: str | None
+    tensor: Any, hook: Callable[..., Any], name: str | None
 ) -> Handle | None:
     paddle = _paddle()
     if paddle is not None and isinstance(tensor, paddle.pir.Value):
@@ -159,7 +159,7 @@ def unihook_register_tensor_hook(
         from ._static import full_graph_error
 
         raise full_graph_error("tensor", tensor)
-    if not _owns(tensor):
+    if paddle is None or not _owns(tensor):
         return None
     site = Site.of("tensor", NAME, tensor, name)
     if not isinstance(tensor, paddle.Tensor):

@@ -104,9 +104,10 @@ class _Node:
 
 
 def _spent_error(site: Site) -> BackendStateError:
-    return site.error(  # type: ignore[return-value]
+    version = getattr(paddle, "__version__", "")
+    return site.error(
         BackendStateError,
-        f"one Tensor.backward per forward through a hooked module: paddle {paddle.__version__} "
+        f"one Tensor.backward per forward through a hooked module: paddle {version} "
         "frees a PyLayer's context after Tensor.backward, even with retain_graph=True, and "
         "segfaults on the next pass reaching it",
         "another backward or paddle.grad through a module call that Tensor.backward already "
@@ -321,13 +322,16 @@ def register(
 class _GlobalDispatchers:
     """The global backward dispatchers: the last forward hooks of every layer (``_global``)."""
 
-    __slots__ = ("remove",)
+    __slots__ = ("_remove",)
 
     def __init__(self, state: ModuleBackward) -> None:
         from ._global import add_dispatchers
 
         pre, post = EagerUnderSOT(state.pre_dispatch), EagerUnderSOT(state.post_dispatch)
-        self.remove = add_dispatchers(pre, post)
+        self._remove = add_dispatchers(pre, post)
+
+    def remove(self) -> None:
+        self._remove()
 
 
 def add_global(kind: str, hook: Callable[..., Any]) -> Callable[[], None]:

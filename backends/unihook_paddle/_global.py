@@ -22,10 +22,11 @@ import warnings
 from typing import Any, Callable, NamedTuple
 
 import paddle
-from paddle.base.framework import EagerParamBase
+from paddle.base.framework import EagerParamBase, name_struct
 from paddle.nn import Layer
-from paddle.nn.layer import layers as paddle_layers
 from paddle.nn.layer.layers import HookRemoveHelper
+from paddle.profiler import TracerEventType  # pyright: ignore[reportPrivateImportUsage]
+from paddle.profiler.utils import RecordEvent, in_profiler_mode
 
 from unihook._checks import check_pre_kwargs_result, show_value
 from unihook._describe import Site, global_label
@@ -171,12 +172,10 @@ def _dygraph_call_func(self: Any, *inputs: Any, **kwargs: Any) -> Any:
 
 
 def _run_forward(self: Any, inputs: Any, kwargs: Any) -> Any:
-    if paddle_layers.in_profiler_mode():
-        with paddle_layers.profiler.RecordEvent(
-            self.__class__.__name__, paddle_layers.profiler.TracerEventType.Forward
-        ):
+    if in_profiler_mode():
+        with RecordEvent(self.__class__.__name__, TracerEventType.Forward):
             return self.forward(*inputs, **kwargs)
-    with paddle_layers.name_struct(self.__class__.__name__):
+    with name_struct(self.__class__.__name__):
         return self.forward(*inputs, **kwargs)
 
 

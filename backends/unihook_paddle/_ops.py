@@ -9,6 +9,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle.nn.layer.norm import _BatchNormBase
+from paddle.utils.layers_utils import map_structure
 
 from unihook._structures import map_dataclass
 from unihook.errors import HookTargetError
@@ -91,7 +92,8 @@ class PaddleOps:
         mean = x.mean()
         m2 = (x - mean).square().sum()
         zeros = (x == 0).astype(x.dtype).sum()
-        stats = paddle.stack([mean, m2, x.min(), x.max(), zeros]).tolist()
+        stacked = paddle.stack([mean, m2, x.min(), x.max(), zeros])
+        stats: list[float] = stacked.tolist()  # type: ignore[assignment]
         return count, stats[0], stats[1], stats[2], stats[3], int(stats[4]), size - count
 
     def abs(self, t: Any) -> Any:
@@ -166,7 +168,7 @@ class PaddleOps:
             # dataclass that is also a dict (transformers' ModelOutput)
             return leaf(value)
         try:
-            return paddle.utils.map_structure(leaf, value)
+            return map_structure(leaf, value)
         except TypeError as e:  # a defaultdict, a dict with keys that do not sort
             raise HookTargetError(
                 f"unihook (paddle): paddle.utils.map_structure cannot rebuild this "

@@ -26,7 +26,7 @@ from paddle.base.dygraph.base import in_sot_simulation_mode
 from paddle.base.framework import global_var
 from paddle.jit.dy2static.program_translator import ASTStaticFunction
 from paddle.jit.sot.symbolic import interpreter as sot_interpreter
-from paddle.jit.sot.utils import no_eval_frame
+from paddle.jit.sot.utils.utils import no_eval_frame
 
 from unihook._describe import Site
 from unihook._pinned import HookDict

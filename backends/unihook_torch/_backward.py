@@ -77,7 +77,7 @@ class _Rebase(torch.autograd.Function):
         return None, grad
 
 
-_set_version = torch._C._autograd._unsafe_set_version_counter
+_set_version = torch._C._autograd._unsafe_set_version_counter  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def _reshape_like(original: Any, alias: Any) -> None:

@@ -112,7 +112,7 @@ def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _call_original(
-    self: Any, own: dict[int, Hook], keys: tuple[int, ...], args: Any, kwargs: Any
+    self: Any, own: OrderedDict[int, Hook], keys: tuple[int, ...], args: Any, kwargs: Any
 ) -> Any:
     if tuple(own) == keys:
         return _torch_call_impl(self, *args, **kwargs)
@@ -120,7 +120,7 @@ def _call_original(
 
 
 def _call_hiding_new_pre_hooks(
-    self: Any, own: dict[int, Hook], keys: tuple[int, ...], args: Any, kwargs: Any
+    self: Any, own: OrderedDict[int, Hook], keys: tuple[int, ...], args: Any, kwargs: Any
 ) -> Any:
     """A global pre-hook registered a pre-hook on this module: torch iterates a snapshot
     taken before any pre-hook runs, so the new one waits for the next call."""
