@@ -418,3 +418,20 @@ def test_other_frameworks_tensor_names_both_frameworks() -> None:
         expected = rf"expected None or a {ours.name}\.Tensor .* Received: {theirs.name}\.Tensor"
         with pytest.raises(unihook.HookReturnError, match=expected):
             ours.backward(unihook.ops.sum(x * 2))
+
+
+def test_unused_output_of_a_node_with_several() -> None:
+    """torch calls the hooks of an output of a multi-output node that nothing used with None
+    (GRU's `h`, MultiheadAttention's weights): the hook gets None, as torch's own; replacing it
+    raises as torch does (paddle hands zeros there instead)."""
+    torch = pytest.importorskip("torch")
+    x = torch.randn(4, 6, requires_grad=True)
+    seen: list[Any] = []
+    a, b = x.split(3, dim=1)
+    unihook.register_tensor_hook(b, seen.append)
+    a.sum().backward()
+    assert seen == [None]
+    a, b = x.split(3, dim=1)
+    unihook.register_tensor_hook(b, lambda g: torch.ones(4, 3))
+    with pytest.raises(unihook.HookReturnError, match="the gradient is None"):
+        a.sum().backward()

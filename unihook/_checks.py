@@ -42,6 +42,16 @@ def check_pre_kwargs_result(result: object, site: Site) -> Any:
 
 def check_grad(result: object, grad: Any, is_tensor: Callable[[object], bool], site: Site) -> Any:
     """A gradient a hook returned in place of `grad`: None, or a tensor of its shape and dtype."""
+    if grad is None:
+        # torch calls a tensor's hooks with None for an output of its node that nothing used
+        if result is None:
+            return None
+        raise site.error(
+            HookReturnError,
+            "None, as the gradient is None (nothing used this output of its node; torch "
+            "cannot replace a None gradient)",
+            show_value(result),
+        )
     return check_grad_like(result, shape_of(grad), grad.dtype, _qualified(grad), is_tensor, site)
 
 
