@@ -6,17 +6,12 @@ from typing import NamedTuple, TypeVar
 
 _E = TypeVar("_E", bound=Exception)
 
-__all__ = ["Site", "global_label", "type_name"]
+__all__ = ["Site", "type_name"]
 
 
 def type_name(obj: object) -> str:
     """`Linear`, `Tensor`, `float`: the short type name users recognise."""
     return type(obj).__name__
-
-
-def global_label(kind: str) -> str:
-    """The handle kind of a global hook: "module_forward", "buffer_registration", ..."""
-    return kind if kind.endswith("_registration") else f"module_{kind}"
 
 
 class Site(NamedTuple):

@@ -100,7 +100,7 @@ class ModuleBackward:
         self.is_global = is_global
         self.pre_hooks: dict[int, tuple[Hook, Site | None]] = {}
         self.full_hooks: dict[int, tuple[Hook, Site | None]] = {}
-        self.local = threading.local()
+        self.local: threading.local = threading.local()
         self.dispatchers: Dispatchers | None = None
         # Its last hook is gone. The dispatchers stay until no call is in flight on any
         # thread: a call that started before must still end in post_dispatch (its hooks were

@@ -334,11 +334,11 @@ class Pinned:
         always: str,
         access: Access,
     ) -> None:
-        self.owner = weakref.ref(owner)
-        self.pre = pre
-        self.post = post
-        self.always = always
-        self.access = access
+        self.owner: weakref.ref[Any] = weakref.ref(owner)
+        self.pre: tuple[str, int] = pre
+        self.post: tuple[str, int] = post
+        self.always: str = always
+        self.access: Access = access
 
     @classmethod
     def install(

@@ -20,6 +20,7 @@ from .hooktypes import (
     When,
 )
 from .info import BackendInfo
+from .kinds import KIND_INFO, HookKind
 
 __all__ = [
     "Hook",
@@ -187,11 +188,11 @@ def register_full_backward_hook(
     return _register("full_backward", module, hook=guarded, prepend=prepend, name=name)
 
 
-def _register(kind: str, target: object, **options: Any) -> Handle:
+def _register(kind: HookKind, target: object, **options: Any) -> Handle:
     handle: Handle | None = call_owner(
         f"unihook_register_{kind}_hook",
         target,
-        **{"tensor" if kind == "tensor" else "module": target},
+        **{KIND_INFO[kind].target: target},
         **options,
     )
     if handle is not None:

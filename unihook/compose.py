@@ -15,6 +15,7 @@ from ._describe import type_name
 from .errors import HookArgumentError
 from .handles import Handle, Removable
 from .hooktypes import ModuleKind, When
+from .kinds import KIND_INFO
 from .ops import named_modules
 
 __all__ = ["HookGroup", "attach", "select", "KINDS"]
@@ -27,12 +28,6 @@ KINDS: dict[ModuleKind, Callable[..., Handle]] = {
     "forward": api.register_forward_hook,
     "full_backward_pre": api.register_full_backward_pre_hook,
     "full_backward": api.register_full_backward_hook,
-}
-_OPTIONS = {
-    "forward_pre": {"prepend", "with_kwargs"},
-    "forward": {"prepend", "with_kwargs", "always_call"},
-    "full_backward_pre": {"prepend"},
-    "full_backward": {"prepend"},
 }
 
 
@@ -133,11 +128,12 @@ def attach(
             f"{_label(what, model)}: `kind` must be one of {{{allowed}}}. "
             f"Received: kind={api._short(kind)}."
         )
-    unknown = set(options) - _OPTIONS[kind]
+    allowed_options = KIND_INFO[kind].options
+    unknown = set(options) - allowed_options
     if unknown:
         raise HookArgumentError(
             f"{_label(what, model)}: options for kind={kind!r} must be among "
-            f"{sorted(_OPTIONS[kind])}. Received: {sorted(unknown)}."
+            f"{sorted(allowed_options)}. Received: {sorted(unknown)}."
         )
     register = KINDS[kind]
     wants_name = _takes_name(hook)

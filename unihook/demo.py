@@ -14,7 +14,7 @@ from typing import Any
 
 from . import api
 from ._plugins import plugin_manager
-from .info import KINDS
+from .kinds import KINDS
 
 # The seed model of docs/SEMANTICS.md §4 (torch layout: Linear weight is [out, in]).
 W1 = [[1, 2, 3], [-4, -5, -6], [7, 8, 9], [-10, -11, -12]]

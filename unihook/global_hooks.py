@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, overload
 
-from ._describe import Site, global_label
+from ._describe import Site
 from ._plugins import plugin_manager
 from .api import _short, backends
 from .errors import HookArgumentError, UnsupportedHookError
@@ -22,6 +22,7 @@ from .hooktypes import (
     ForwardPreHookWithKwargs,
     RegistrationHook,
 )
+from .kinds import GlobalKind, global_label
 
 __all__ = [
     "register_module_forward_pre_hook",
@@ -115,7 +116,7 @@ def register_module_module_registration_hook(
 
 
 def _register(
-    kind: str,
+    kind: GlobalKind,
     hook: object,
     backend: str | None,
     *,

@@ -6,7 +6,7 @@ import threading
 from types import TracebackType
 from typing import Callable, TypeVar, cast
 
-from .info import KINDS, HookKind
+from .kinds import KINDS, HookKind
 
 _R = TypeVar("_R", bound="Removable")
 

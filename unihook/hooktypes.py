@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal, Protocol, Union
 
-from .info import HookKind
+from .kinds import HookKind, ModuleKind
 
 __all__ = [
     "BackwardHook",
@@ -25,9 +25,6 @@ __all__ = [
     "TensorHook",
     "When",
 ]
-
-#: The per-module hook kinds `attach` takes.
-ModuleKind = Literal["forward_pre", "forward", "full_backward_pre", "full_backward"]
 
 #: Checked at every call: None (always), "train" / "eval" (the module's mode), or a predicate.
 When = Union[Literal["train", "eval"], Callable[[Any], bool], None]

@@ -4,30 +4,13 @@ from __future__ import annotations
 
 import functools
 from types import MappingProxyType
-from typing import Literal, Mapping, NamedTuple, get_args
+from typing import Literal, Mapping, NamedTuple
+
+from .kinds import KINDS, HookKind
 
 __all__ = ["BackendInfo", "HookKind", "Support", "KINDS", "installed_version"]
 
 Support = Literal["native", "emulated", "unsupported"]
-
-#: Every hook kind of the spec (a Handle's `kind`): per object, then global.
-HookKind = Literal[
-    "forward_pre",
-    "forward",
-    "tensor",
-    "full_backward_pre",
-    "full_backward",
-    "module_forward_pre",
-    "module_forward",
-    "module_full_backward_pre",
-    "module_full_backward",
-    "parameter_registration",
-    "buffer_registration",
-    "module_registration",
-]
-
-#: The kinds in the order tables list them.
-KINDS: tuple[HookKind, ...] = get_args(HookKind)
 
 
 class BackendInfo(NamedTuple):

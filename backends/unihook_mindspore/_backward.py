@@ -28,12 +28,12 @@ from mindspore.common._grad_function import _Function
 from mindspore.graph.api import _pynative_executor
 from mindspore.ops import stop_gradient, zeros
 
-from unihook._checks import check_grad_like
-from unihook._describe import Site
-from unihook._module_backward import (
+from unihook.backend import (
     Dispatchers,
     ModuleBackward,
+    Site,
     add_global_backward_hook,
+    check_grad_like,
     register_backward_hook,
 )
 from unihook.handles import Handle

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from mindspore.common.hook_handle import HookHandle
 
-from unihook._pinned import Pinned, pin, unpin
+from unihook.backend import Pinned, pin, unpin
 
 __all__ = ["Access", "add_dispatchers", "add_hook", "remove_hook", "new_id"]
 

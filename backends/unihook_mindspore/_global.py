@@ -25,10 +25,16 @@ import mindspore
 import mindspore.nn.cell as cell_module
 from mindspore import nn
 
-from unihook._checks import check_pre_kwargs_result, show_value
-from unihook._describe import Site, global_label
-from unihook._module_backward import _states
-from unihook._pinned import Pinned, pin, unpin
+from unihook.backend import (
+    Pinned,
+    Site,
+    check_pre_kwargs_result,
+    global_label,
+    has_module_backward,
+    pin,
+    show_value,
+    unpin,
+)
 from unihook.errors import HookReturnTypeError
 
 from . import NAME
@@ -102,7 +108,7 @@ def _ensure(cell: Any) -> None:
         hooks = Access.get(cell, attr) if key is not None else None
         if hooks and next(iter(hooks)) != key:  # a hook prepended since: globals go first
             hooks.move_to_end(key, last=False)
-    own = cell in _states
+    own = has_module_backward(cell)
     if own and entry[2] is not None:
         # the cell's own backward dispatchers (since a hook registered them) run the global
         # backward hooks too, first, as torch runs global hooks before the module's own

@@ -9,7 +9,7 @@ import mindspore
 import numpy as np
 from mindspore import ops
 
-from unihook._structures import map_dataclass
+from unihook.backend import map_dataclass
 from unihook.ops import Moments, drop_block_rate
 
 Axis = Union[None, int, Sequence[int]]

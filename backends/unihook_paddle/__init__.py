@@ -14,8 +14,15 @@ import sys
 import weakref
 from typing import Any, Callable
 
-from unihook._checks import check_grad, checked_kwargs_pre_hook, kwargs_post_hook
-from unihook._describe import Site, global_label, type_name
+from unihook.backend import (
+    Site,
+    check_grad,
+    checked_kwargs_pre_hook,
+    global_label,
+    install_when_imported,
+    kwargs_post_hook,
+    type_name,
+)
 from unihook.errors import NoGradError, TargetKindError
 from unihook.handles import Handle
 from unihook.info import BackendInfo, installed_version
@@ -273,7 +280,6 @@ def unihook_register_global_hook(
 ) -> Handle | None:
     if backend not in (None, NAME) or unihook_backend_info().version is None:
         return None
-    from unihook._imports import install_when_imported
 
     def install() -> Callable[[], None]:
         from ._global import add

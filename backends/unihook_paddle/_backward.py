@@ -43,12 +43,12 @@ from typing import Any, Callable, Sequence
 import paddle
 from paddle.autograd import PyLayer
 
-from unihook._checks import check_grad_like
-from unihook._describe import Site
-from unihook._module_backward import (
+from unihook.backend import (
     Dispatchers,
     ModuleBackward,
+    Site,
     add_global_backward_hook,
+    check_grad_like,
     register_backward_hook,
 )
 from unihook.errors import BackendStateError, HookReturnError

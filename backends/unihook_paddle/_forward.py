@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from paddle.nn.layer.layers import HookRemoveHelper
 
-from unihook._pinned import HookDict, Pinned, pin, unpin
+from unihook.backend import HookDict, Pinned, pin, unpin
 
 from ._static import forget_programs, guard_forward, guard_forward_pre
 

@@ -28,8 +28,7 @@ from paddle.nn.layer.layers import HookRemoveHelper
 from paddle.profiler import TracerEventType  # pyright: ignore[reportPrivateImportUsage]
 from paddle.profiler.utils import RecordEvent, in_profiler_mode
 
-from unihook._checks import check_pre_kwargs_result, show_value
-from unihook._describe import Site, global_label
+from unihook.backend import Site, check_pre_kwargs_result, global_label, show_value
 from unihook.errors import HookReturnTypeError
 
 from . import NAME

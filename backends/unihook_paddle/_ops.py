@@ -11,7 +11,7 @@ import paddle.nn.functional as F
 from paddle.nn.layer.norm import _BatchNormBase
 from paddle.utils.layers_utils import map_structure
 
-from unihook._structures import map_dataclass
+from unihook.backend import map_dataclass
 from unihook.errors import HookTargetError
 from unihook.ops import Moments, cpu_moments, cpu_sum_squares, drop_block_rate
 

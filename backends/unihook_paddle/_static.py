@@ -28,8 +28,7 @@ from paddle.jit.dy2static.program_translator import ASTStaticFunction
 from paddle.jit.sot.symbolic import interpreter as sot_interpreter
 from paddle.jit.sot.utils.utils import no_eval_frame
 
-from unihook._describe import Site
-from unihook._pinned import HookDict
+from unihook.backend import HookDict, Site
 from unihook.errors import UnsupportedHookError
 
 __all__ = [

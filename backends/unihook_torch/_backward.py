@@ -15,14 +15,14 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from unihook._checks import check_grad_like
-from unihook._describe import Site
-from unihook._module_backward import (
+from unihook.backend import (
     Dispatchers,
+    Pinned,
+    Site,
     add_global_backward_hook,
+    check_grad_like,
     register_backward_hook,
 )
-from unihook._pinned import Pinned
 from unihook.handles import Handle
 
 from . import NAME

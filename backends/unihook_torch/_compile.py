@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from unihook._imports import when_imported
+from unihook.backend import when_imported
 
 __all__ = ["EagerUnderCompile", "forget_compiled", "watch_call_impl", "watch_hooks"]
 

@@ -22,10 +22,14 @@ from typing import Any, Callable
 import torch
 import torch.nn.modules.module as torch_module
 
-from unihook._checks import check_pre_kwargs_result, show_value
-from unihook._describe import Site, global_label
-from unihook._module_backward import ModuleBackward
-from unihook._pinned import Pinned
+from unihook.backend import (
+    ModuleBackward,
+    Pinned,
+    Site,
+    check_pre_kwargs_result,
+    global_label,
+    show_value,
+)
 from unihook.errors import HookReturnTypeError
 
 from . import NAME

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
-from unihook._structures import map_dataclass
+from unihook.backend import map_dataclass
 from unihook.ops import Moments, cpu_moments, cpu_sum_squares, drop_block_rate
 
 Axis = Union[None, int, Sequence[int]]

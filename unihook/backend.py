@@ -1,0 +1,83 @@
+"""The backend SDK: what a backend plugin imports from unihook besides the public API.
+
+A backend implements the hookspecs of `unihook.spec` (its registration functions return
+`unihook.Handle`) and builds on the helpers below; the modules they come from are private and
+may change, this module's names are the contract. ARCHITECTURE.md shows how the built-in
+backends use them.
+
+- **Module backward hooks** with torch's semantics on any autograd: implement `Autograd` (an
+  identity node, version counters, installing two forward hooks as `Dispatchers`), then
+  `register_backward_hook` per module and `add_global_backward_hook` for global ones.
+  `ModuleBackward` is the state those dispatchers run; `has_module_backward` tells whether a
+  module has its own.
+- **Pinned hook dicts**: `pin` / `unpin` keep unihook's dispatchers last in a module's forward
+  hook dict (`HookDict`), `Pinned` installs a pair of them as `Dispatchers`; `Access` is how a
+  backend reads and replaces its framework's hook dicts.
+- **Error sites**: `Site` names a hook in messages (`Site.error` builds the exception),
+  `global_label` maps a global hookspec kind to its handle kind, `type_name` the short type.
+- **Return-value checks**: `check_grad` / `check_grad_like` for gradients a hook returns,
+  `checked_kwargs_pre_hook` / `kwargs_post_hook` / `check_pre_kwargs_result` for with_kwargs
+  forward hooks, `show_value` for what a message says was received.
+- **Laziness**: `when_imported` / `install_when_imported` run code when the framework gets
+  imported, without importing it (a global hook registered before the framework).
+- **Ops helpers**: `map_dataclass` maps the fields of a dataclass output (``tensors_in``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._checks import (
+    check_grad,
+    check_grad_like,
+    check_pre_kwargs_result,
+    checked_kwargs_pre_hook,
+    kwargs_post_hook,
+    show_value,
+)
+from ._describe import Site, type_name
+from ._imports import install_when_imported, when_imported
+from ._module_backward import (
+    Autograd,
+    Dispatchers,
+    ModuleBackward,
+    _states,
+    add_global_backward_hook,
+    register_backward_hook,
+)
+from ._pinned import Access, HookDict, Pinned, pin, unpin
+from ._structures import map_dataclass
+from .kinds import global_label
+
+__all__ = [
+    "Access",
+    "Autograd",
+    "Dispatchers",
+    "HookDict",
+    "ModuleBackward",
+    "Pinned",
+    "Site",
+    "add_global_backward_hook",
+    "check_grad",
+    "check_grad_like",
+    "check_pre_kwargs_result",
+    "checked_kwargs_pre_hook",
+    "global_label",
+    "has_module_backward",
+    "install_when_imported",
+    "kwargs_post_hook",
+    "map_dataclass",
+    "pin",
+    "register_backward_hook",
+    "show_value",
+    "type_name",
+    "unpin",
+    "when_imported",
+]
+
+
+def has_module_backward(module: Any) -> bool:
+    """Whether `module` has backward hooks of its own registered (through
+    `register_backward_hook`): its own dispatchers then run the backend's global backward
+    hooks too, so the global dispatchers must not be pinned on it as well."""
+    return module in _states
