@@ -193,21 +193,13 @@ def cpu_moments(array: Any) -> Moments:
     if not n:
         return 0, 0.0, 0.0, 0.0, 0.0, 0, 0
     low, high = float(a.min()), float(a.max())  # NaN propagates: finite bounds, finite values
+    if -_BOUND < low and high < _BOUND:  # no sum below can overflow, even in float32
+        return _bounded_moments(np, a, low, high)
     if -_INF < low and high < _INF:
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow: the float64 path
-            total = _dot_rows(np, a, None)
-            squares = _dot_rows(np, a, a)
-            mean = total / n
-            m2 = squares - total * mean
-            if not m2 >= 0.25 * squares:  # more than two bits would cancel: two-pass
-                deviations = _scratch(np, a.dtype, n)
-                np.subtract(a, a.dtype.type(mean), out=deviations)
-                m2 = _dot_rows(np, deviations, deviations)
-        if -_INF < m2 < _INF and -_INF < mean < _INF:
-            zeros = 0
-            if low <= 0.0 <= high:
-                zeros = int(np.count_nonzero(np.equal(a, 0, out=_scratch(np, np.bool_, n))))
-            return n, mean, m2, low, high, zeros, 0
+            found = _bounded_moments(np, a, low, high)
+        if -_INF < found[2] < _INF and -_INF < found[1] < _INF:
+            return found
     # rare: NaN or Inf among the values (or a float32 sum overflowed): float64, finite values
     a = a.astype(np.float64)
     finite = a[np.isfinite(a)]
@@ -218,6 +210,22 @@ def cpu_moments(array: Any) -> Moments:
     m2 = float(np.square(finite - mean).sum())
     zeros = finite.size - int(np.count_nonzero(finite))
     return finite.size, float(mean), m2, float(finite.min()), float(finite.max()), zeros, nonfinite
+
+
+def _bounded_moments(np: Any, a: Any, low: float, high: float) -> Moments:
+    n = a.size
+    total = _dot_rows(np, a, None)
+    squares = _dot_rows(np, a, a)
+    mean = total / n
+    m2 = squares - total * mean
+    if not m2 >= 0.25 * squares:  # more than two bits would cancel: two-pass
+        deviations = _scratch(np, a.dtype, n)
+        np.subtract(a, a.dtype.type(mean), out=deviations)
+        m2 = _dot_rows(np, deviations, deviations)
+    zeros = 0
+    if low <= 0.0 <= high:
+        zeros = int(np.count_nonzero(np.equal(a, 0, out=_scratch(np, np.bool_, n))))
+    return n, mean, m2, low, high, zeros, 0
 
 
 def cpu_sum_squares(array: Any) -> float:
@@ -241,6 +249,9 @@ def cpu_sum_squares(array: Any) -> float:
 
 
 _INF = float("inf")
+# |values| under this: a row of 256 squares of twice it (the two-pass deviations) stays under
+# float32's max (3.4e38), so the sums need no overflow check
+_BOUND = 5e17
 _ROW = 256  # values per row of `_dot_rows`
 _BLOCK = 1 << 19  # values per block of `cpu_sum_squares`: its buffer stays at 4 MB
 _buffers = threading.local()  # per thread: hooks may run in several threads at once

@@ -99,7 +99,9 @@ class ActivationStats(Recipe):
         if not tensors:
             return
         running = self._stats[name]
-        step = self._step.setdefault(name, _Running(order=running.order))
+        step = self._step.get(name)
+        if step is None:
+            step = self._step[name] = _Running(order=running.order)
         running.calls += 1
         step.calls += 1
         for tensor in tensors:
