@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FRAMEWORKS = {"torch": "torch", "paddle": "paddlepaddle"}  # extra -> distribution
 # what the sdist holds besides the packages: enough to run its own `make test`
 SDIST_TOP = {
+    "ARCHITECTURE.md",
     "CHANGELOG.md",
     "LICENSE",
     "MANIFEST.in",
