@@ -29,7 +29,7 @@ from unihook import (
 
 from ._weights import entries
 
-__all__ = ["Step", "Trace", "load", "run", "save"]
+__all__ = ["Runner", "Step", "Trace", "load", "run", "save"]
 
 Arrays = list[Any]  # numpy arrays, None where a gradient slot is empty
 Loss = Callable[[Any], Any]
@@ -46,12 +46,18 @@ _QUIET = ("Full backward hook is firing", "For backward hooks to be called")
 class Step:
     forward: list[str] = field(default_factory=list)  # a module name per call, by completion
     outputs: list[Arrays] = field(default_factory=list)  # the tensors each call returned
+    # per call, the largest finite magnitude among its floating inputs: the scale of the
+    # rounding noise its output can carry (0.0 where unknown, dumps of format 2)
+    input_scales: list[float] = field(default_factory=list)
     backward: list[str] = field(default_factory=list)  # a name per backward, in backward order
     backward_calls: list[int] = field(default_factory=list)  # the forward call each answers
     grad_outputs: list[Arrays] = field(default_factory=list)
     grad_inputs: list[Arrays] = field(default_factory=list)
     param_grads: Arrays = field(default_factory=list)  # per parameter entry (torch layout)
-    updated: Arrays = field(default_factory=list)  # parameters after the optimizer step
+    updated: Arrays = field(default_factory=list)  # parameters and buffers after the step
+    # parameters and buffers before the step: None where they are the previous step's
+    # `updated` (or `initial`), as in every dump; set by `compare` after it re-synced b to a
+    start: Arrays | None = None
 
 
 @dataclass
@@ -61,6 +67,9 @@ class Trace:
     params: list[tuple[str, str, tuple[int, ...]]]  # (torch-style name, native name, shape)
     initial: Arrays  # parameter values before the first step
     steps: list[Step] = field(default_factory=list)
+    backward: bool = True  # whether the run had a backward
+    # parameters whose .grad was nonzero before a run with an optimizer (it consumed it too)
+    stale: list[str] = field(default_factory=list)
 
 
 def _is_float(t: Any) -> bool:
@@ -187,6 +196,37 @@ def _same(recorded: Arrays | None, grads: Arrays) -> bool:
     )
 
 
+def _input_scale(args: Any) -> float:
+    """The largest finite magnitude among the floating tensors in `args` (0.0: none)."""
+    scale = 0.0
+    for t in _leaves(args):
+        if _is_float(t) and int(np.prod(t.shape)) > 0:
+            value = np.abs(ops.to_numpy(t))
+            finite = value[np.isfinite(value)]
+            scale = max(scale, float(finite.max(initial=0.0)))
+    return scale
+
+
+def _backward(objective: Any, model: Any) -> None:
+    try:
+        objective.backward()
+    except RuntimeError as error:
+        if backend_of(model) != "paddle" or "holds no memory" not in str(error):
+            raise
+        rnns = [n or "(model)" for n, m in ops.named_modules(model) if _is_rnn(m)]
+        raise RuntimeError(
+            "compare: paddle could not run the backward of this model ("
+            + str(error).split("\n")[0].strip()
+            + "). Paddle's RNN layers keep no state for a backward in eval mode"
+            + (f" ({', '.join(rnns[:4])} here)" if rnns else "")
+            + ": compare forward only (backward=False), or in train mode (with dropout off)"
+        ) from error
+
+
+def _is_rnn(module: Any) -> bool:
+    return any(c.__name__ in ("RNNBase", "RNN", "BiRNN") for c in type(module).__mro__)
+
+
 def _step(model: Any, inputs: Inputs, loss: Loss | None, backward: bool) -> Step:
     step = Step()
     counts: dict[str, int] = {}
@@ -209,6 +249,7 @@ def _step(model: Any, inputs: Inputs, loss: Loss | None, backward: bool) -> Step
     def on_forward(module: Any, args: Any, output: Any, *, name: str) -> None:
         call = counts[name] = counts.get(name, 0) + 1
         step.forward.append(name)
+        step.input_scales.append(_input_scale(args))
         if backward:
             # the slots of the module backward hook: a tuple output's items (or the tensor),
             # the positional arguments (as the module got them: the backward hook's own)
@@ -237,9 +278,76 @@ def _step(model: Any, inputs: Inputs, loss: Loss | None, backward: bool) -> Step
                 k = done[name] = done.get(name, -1) + 1
                 step.outputs.append(_arrays(_leaves(calls[name][k])))
             if backward:
-                _objective(output, loss).backward()
+                _backward(_objective(output, loss), model)
                 step.backward_calls = _calls_answered(step, counts, seen)
     return step
+
+
+class Runner:
+    """Trace a model step by step (`step()`), as `run` does at once: `compare` interleaves the
+    two models' steps to re-sync b's parameters to a's between them."""
+
+    def __init__(
+        self,
+        model: Any,
+        inputs: Inputs,
+        *,
+        loss: Loss | None = None,
+        backward: bool = True,
+        optimizer: Callable[[], Any] | None = None,
+    ) -> None:
+        self.model, self.inputs, self.loss = model, inputs, loss
+        self.backward, self.optimizer = backward, optimizer
+        self.params = entries(model)
+        self.trace = Trace(
+            backend_of(model),
+            {name: type(m).__name__ for name, m in ops.named_modules(model)},
+            [(e.name, e.native, e.shape) for e in self.params],
+            [e.read() for e in self.params],
+            backward=backward,
+        )
+        if optimizer is not None and backward:
+            self.trace.stale = self.stale()
+
+    def stale(self) -> list[str]:
+        """The parameters that hold a nonzero gradient already: an optimizer would consume it
+        with the next backward's."""
+        found = []
+        for e in self.params:
+            g = e.grad()
+            if g is not None and np.any(g != 0):
+                found.append(e.native)
+        return found
+
+    def step(self, start: Arrays | None = None) -> Step:
+        """One forward (and backward, and optimizer step); `start`: the values the parameters
+        were set to since the last step (None: they are where the last step left them)."""
+        params = self.params
+        # the gradients this backward adds: parameters may hold some from earlier backwards
+        before = [e.grad() for e in params] if self.backward else []
+        step = _step(self.model, self.inputs, self.loss, self.backward)
+        step.start = start
+        if self.backward:
+            after = [e.grad() for e in params]
+            # with an optimizer, the whole .grad it steps on (with what earlier backwards left
+            # there); without, what this backward added
+            step.param_grads = [
+                g if g is None or b is None or self.optimizer is not None else g - b
+                for g, b in zip(after, before)
+            ]
+        if self.optimizer is not None:
+            self.optimizer()
+        # with or without an optimizer: the forward moved the buffers (running statistics)
+        step.updated = [e.read() for e in params]
+        self.trace.steps.append(step)
+        return step
+
+    def restore(self) -> None:
+        """Without an optimizer the parameters did not move, but a train-mode BatchNorm's
+        running statistics did: put them back, so the next run starts where this one did."""
+        if self.optimizer is None:
+            for entry, value in zip(self.params, self.trace.initial):
+                entry.write(value)
 
 
 def run(
@@ -254,34 +362,13 @@ def run(
     """Trace `steps` forward (and backward) passes of `model`, calling `optimizer()` after each
     backward (it steps and clears the gradients). Without `optimizer`, parameters and buffers
     are restored afterwards; the gradients the backward added stay in ``.grad``."""
-    params = entries(model)
-    trace = Trace(
-        backend_of(model),
-        {name: type(m).__name__ for name, m in ops.named_modules(model)},
-        [(e.name, e.native, e.shape) for e in params],
-        [e.read() for e in params],
-    )
+    runner = Runner(model, inputs, loss=loss, backward=backward, optimizer=optimizer)
     try:
         for _ in range(steps):
-            # the gradients this backward adds: parameters may hold some from earlier backwards
-            before = [e.grad() for e in params] if backward else []
-            step = _step(model, inputs, loss, backward)
-            if backward:
-                after = [e.grad() for e in params]
-                step.param_grads = [
-                    g if g is None or b is None else g - b for g, b in zip(after, before)
-                ]
-            if optimizer is not None:
-                optimizer()
-                step.updated = [e.read() for e in params]
-            trace.steps.append(step)
+            runner.step()
     finally:
-        if optimizer is None:
-            # Without an optimizer the parameters did not move, but a train-mode BatchNorm's
-            # running statistics did: put them back, so the next compare starts where this did.
-            for entry, value in zip(params, trace.initial):
-                entry.write(value)
-    return trace
+        runner.restore()
+    return runner.trace
 
 
 # -- on disk: one .npz, the arrays under generated keys, the rest as JSON --------------------
@@ -311,8 +398,11 @@ def save(trace: Trace, path: Any) -> None:
         }
         for what in _LISTS:
             record[what] = [keys(v) for v in getattr(step, what)]
+        record["input_scales"] = step.input_scales
         record["param_grads"] = keys(step.param_grads)
         record["updated"] = keys(step.updated)
+        if step.start is not None:
+            record["start"] = keys(step.start)
         steps.append(record)
     meta = {
         "version": VERSION,
@@ -320,6 +410,8 @@ def save(trace: Trace, path: Any) -> None:
         "types": list(trace.types.items()),
         "params": [[n, native, list(shape)] for n, native, shape in trace.params],
         "initial": keys(trace.initial),
+        "backward": trace.backward,
+        "stale": trace.stale,
         "steps": steps,
     }
     with open(path, "wb") as f:  # exactly `path`: np.savez would append ".npz" to a name
@@ -365,15 +457,23 @@ def _trace(meta: dict[str, Any], data: Any) -> Trace:
         dict((n, t) for n, t in meta["types"]),
         [(n, native, tuple(shape)) for n, native, shape in meta["params"]],
         values(meta["initial"]),
+        backward=bool(meta.get("backward", True)),
+        stale=list(meta.get("stale", [])),
     )
     for record in meta["steps"]:
         step = Step(record["forward"], backward=record["backward"])
         step.backward_calls = record["backward_calls"]
         for what in _LISTS:
             setattr(step, what, [values(k) for k in record[what]])
+        scales = record.get("input_scales") or [0.0] * len(step.forward)
+        step.input_scales = [float(v) for v in scales]
         step.param_grads = values(record["param_grads"])
+        if "start" in record:
+            step.start = values(record["start"])
         step.updated = values(record["updated"])
         trace.steps.append(step)
+    if "backward" not in meta:  # format 2 before it said so
+        trace.backward = any(step.backward or step.param_grads for step in trace.steps)
     return trace
 
 
