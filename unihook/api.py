@@ -192,7 +192,7 @@ def _register(kind: HookKind, target: object, **options: Any) -> Handle:
     handle: Handle | None = call_owner(
         f"unihook_register_{kind}_hook",
         target,
-        **{KIND_INFO[kind].target: target},
+        **{KIND_INFO[kind].target: target},  # the hookspec's "module" or "tensor" argument
         **options,
     )
     if handle is not None:
