@@ -387,10 +387,10 @@ def grad_of(t: Any) -> Any:
 def on_grad(t: Any, fn: Callable[[Any], None]) -> bool:
     """Call ``fn(grad)`` when the gradient of `t` is computed, for a hook that only reads it
     (returns None, keeps no reference): the framework's own tensor hook where the backend
-    offers one that keeps an exception's type (torch: about 2x cheaper than
-    `register_tensor_hook`, whose checks and wrapper are for hooks that replace gradients),
-    `register_tensor_hook` otherwise. Not removable: it goes with `t`. False, with nothing
-    registered, when `t` gets no gradient (no_grad, a constant)."""
+    offers one that keeps an exception's type (torch and paddle: 2x and 3x to 7x cheaper per
+    tensor than `register_tensor_hook`, whose checks, emulation and wrapper are for hooks that
+    replace gradients), `register_tensor_hook` otherwise. Not removable: it goes with `t`.
+    False, with nothing registered, when `t` gets no gradient (no_grad, a constant)."""
     native = getattr(ops_for(t), "on_grad", None)
     if native is not None:
         return bool(native(t, fn))

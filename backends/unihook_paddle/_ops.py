@@ -151,6 +151,25 @@ class PaddleOps:
         buffer.copy_(t.detach(), True)
         return buffer
 
+    def on_grad(self, t: Any, fn: Callable[[Any], None]) -> bool:
+        # `unihook.ops.on_grad`: paddle's own hook, without register_tensor_hook's emulation
+        # (no_grad, returned-gradient checks, leaf copies, removal): `fn` only reads. The guard
+        # keeps an exception's type (paddle's C++ would turn it into OSError).
+        if t.stop_gradient:
+            return False
+        from . import _autograd_guard as guard
+
+        def hook(grad: Any) -> None:
+            try:
+                fn(grad)
+            except BaseException as error:
+                guard.stash(error)
+                raise
+
+        t._register_grad_hook(hook)
+        guard.hold(hook)
+        return True
+
     def version(self, t: Any) -> int | None:
         return t.inplace_version
 
