@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._align import parent, type_key
 
@@ -146,6 +146,33 @@ def render(report: Report, depth: int) -> str:
     return "\n".join(lines)
 
 
+Panel = tuple[list["Row"], list[float], list[bool], str, "str | None"]
+
+
+def _panels(report: Report, step: int) -> list[Panel]:
+    """The plot's two panels: rows, relative errors, failed or not, title, first divergence.
+    Each panel is coloured by its own verdict: a module whose backward alone differs is red in
+    the backward panel only."""
+    forward = [r for r in report.table if r.step == step]
+    backward = [r for r in report.backward_order if r.step == step]
+    return [
+        (
+            forward,
+            [r.output.rel for r in forward],
+            [r.output.failed for r in forward],
+            "forward",
+            report.first_forward,
+        ),
+        (
+            backward,
+            [_grad_rel(r) or 0.0 for r in backward],
+            [r.grad_failed for r in backward],
+            "backward",
+            report.first_backward,
+        ),
+    ]
+
+
 def plot(report: Report, path: str | os.PathLike[str]) -> None:
     import matplotlib
 
@@ -153,23 +180,11 @@ def plot(report: Report, path: str | os.PathLike[str]) -> None:
     import matplotlib.pyplot as plt
 
     step = report.step if report.step is not None and report.step >= 0 else 0
-    forward = [r for r in report.table if r.step == step]
-    backward = [r for r in report.backward_order if r.step == step]
     floor = 1e-12  # exact agreement, drawn on the axis' floor
     fig, axes = plt.subplots(2, 1, figsize=(11, 6.5))
-    panels: list[tuple[Any, list[Row], list[float], str, str | None]] = [
-        (axes[0], forward, [r.output.rel for r in forward], "forward", report.first_forward),
-        (
-            axes[1],
-            backward,
-            [_grad_rel(r) or 0.0 for r in backward],
-            "backward",
-            report.first_backward,
-        ),
-    ]
-    for ax, rows, values, what, first in panels:
+    for ax, (rows, values, failed, what, first) in zip(axes, _panels(report, step)):
         shown = [min(max(v, floor), 1e3) for v in values]
-        colors = ["tab:red" if r.verdict != "ok" else "tab:blue" for r in rows]
+        colors = ["tab:red" if bad else "tab:blue" for bad in failed]
         ax.scatter(range(len(rows)), shown, c=colors, s=10)
         ax.plot(range(len(rows)), shown, lw=0.5, color="gray")
         ax.axhline(report.rtol, color="tab:orange", ls="--", lw=1, label=f"rtol {report.rtol:g}")

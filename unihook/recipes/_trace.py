@@ -46,8 +46,11 @@ _QUIET = ("Full backward hook is firing", "For backward hooks to be called")
 class Step:
     forward: list[str] = field(default_factory=list)  # a module name per call, by completion
     outputs: list[Arrays] = field(default_factory=list)  # the tensors each call returned
-    # per call, the largest finite magnitude among its floating inputs: the scale of the
-    # rounding noise its output can carry (0.0 where unknown, dumps of format 2)
+    # per call: the calls (indices into `forward`) whose outputs it took as inputs, and the
+    # largest finite magnitude among its floating inputs no module produced (the model's
+    # inputs): from both, `compare` follows how large the values are that reach each module,
+    # the scale of the rounding noise its output (and gradients) can carry
+    sources: list[list[int]] = field(default_factory=list)
     input_scales: list[float] = field(default_factory=list)
     backward: list[str] = field(default_factory=list)  # a name per backward, in backward order
     backward_calls: list[int] = field(default_factory=list)  # the forward call each answers
@@ -139,6 +142,27 @@ def _leaves(value: Any) -> list[Any]:
     return [t for item in items for t in _leaves(item)]
 
 
+# Modules whose two ports return different structures for the same values. Paddle's RNN cells
+# return (h, states): LSTMCell (h, (h, c)), GRUCell and SimpleRNNCell (h, h); torch's return
+# the states only, (h, c) or h. MultiheadAttention: torch returns (output, averaged weights)
+# unless need_weights=False, paddle the output alone unless need_weights=True (then per-head
+# weights): only the output is compared, and backpropagated by the default loss.
+PADDLE_CELLS = {"lstmcell", "grucell", "simplernncell"}
+FIRST_ONLY = {"multiheadattention"}
+
+
+def adapt_leaves(backend: str, type_name: str, values: list[Any]) -> list[Any]:
+    """A module's output tensors (`_leaves`) as the other framework's port returns them."""
+    key = type_name.lower()
+    if key in FIRST_ONLY:
+        return values[:1]
+    if backend == "paddle" and key in PADDLE_CELLS and len(values) > 1:
+        # the leading h kept: paddle's backward hook sees the gradient of the tuple's items,
+        # not of the tensors nested in the states
+        return values[:1] + values[2:]
+    return values
+
+
 def _arrays(values: Sequence[Any]) -> Arrays:
     return [None if v is None else ops.to_numpy(v) for v in values]
 
@@ -150,13 +174,14 @@ def _arrays(values: Sequence[Any]) -> Arrays:
 PROJECTION_SEED = 0
 
 
-def _objective(output: Any, loss: Loss | None) -> Any:
+def _objective(output: Any, loss: Loss | None, model: Any) -> Any:
     if loss is not None:
         return loss(output)
     rng = np.random.default_rng(PROJECTION_SEED)
+    leaves = adapt_leaves(backend_of(model), type(model).__name__, _leaves(output))
     terms = [
         (t * ops.as_tensor(rng.standard_normal(tuple(t.shape)).astype(np.float32), like=t)).sum()
-        for t in _leaves(output)
+        for t in leaves
         if _is_float(t)
     ]
     if not terms:
@@ -196,10 +221,19 @@ def _same(recorded: Arrays | None, grads: Arrays) -> bool:
     )
 
 
-def _input_scale(args: Any) -> float:
-    """The largest finite magnitude among the floating tensors in `args` (0.0: none)."""
+def _where(t: Any) -> Any:
+    """A tensor's memory and shape: the same for the tensor a module returned and the one the
+    next module receives, though hooks (torch's backward hooks) hand it on as a new object."""
+    try:
+        return (int(t.data_ptr()), tuple(t.shape), str(t.dtype))
+    except (AttributeError, RuntimeError, ValueError):
+        return id(t)
+
+
+def _input_scale(tensors: list[Any]) -> float:
+    """The largest finite magnitude among the floating `tensors` (0.0: none)."""
     scale = 0.0
-    for t in _leaves(args):
+    for t in tensors:
         if _is_float(t) and int(np.prod(t.shape)) > 0:
             value = np.abs(ops.to_numpy(t))
             finite = value[np.isfinite(value)]
@@ -231,6 +265,7 @@ def _step(model: Any, inputs: Inputs, loss: Loss | None, backward: bool) -> Step
     step = Step()
     counts: dict[str, int] = {}
     seen: Seen = {}
+    produced: dict[Any, tuple[Any, int]] = {}  # _where(tensor) -> (tensor, the call returning it)
     hooks = HookGroup()  # removed on leaving the block below, the tensor hooks too
 
     def on_grad(key: tuple[str, int, str], slot: int, n: int, grad: Any) -> None:
@@ -249,7 +284,19 @@ def _step(model: Any, inputs: Inputs, loss: Loss | None, backward: bool) -> Step
     def on_forward(module: Any, args: Any, output: Any, *, name: str) -> None:
         call = counts[name] = counts.get(name, 0) + 1
         step.forward.append(name)
-        step.input_scales.append(_input_scale(args))
+        index = len(step.forward) - 1
+        found, free = [], []
+        for t in _leaves(args):
+            source = produced.get(_where(t))
+            if source is not None:
+                found.append(source[1])
+            else:
+                free.append(t)
+        step.sources.append(sorted(set(found)))
+        step.input_scales.append(_input_scale(free))
+        for t in _leaves(output):
+            # the tensor held, so its memory is not reused for another meanwhile
+            produced[_where(t)] = (t, index)
         if backward:
             # the slots of the module backward hook: a tuple output's items (or the tensor),
             # the positional arguments (as the module got them: the backward hook's own)
@@ -278,7 +325,7 @@ def _step(model: Any, inputs: Inputs, loss: Loss | None, backward: bool) -> Step
                 k = done[name] = done.get(name, -1) + 1
                 step.outputs.append(_arrays(_leaves(calls[name][k])))
             if backward:
-                _backward(_objective(output, loss), model)
+                _backward(_objective(output, loss, model), model)
                 step.backward_calls = _calls_answered(step, counts, seen)
     return step
 
@@ -399,6 +446,7 @@ def save(trace: Trace, path: Any) -> None:
         for what in _LISTS:
             record[what] = [keys(v) for v in getattr(step, what)]
         record["input_scales"] = step.input_scales
+        record["sources"] = step.sources
         record["param_grads"] = keys(step.param_grads)
         record["updated"] = keys(step.updated)
         if step.start is not None:
@@ -467,6 +515,7 @@ def _trace(meta: dict[str, Any], data: Any) -> Trace:
             setattr(step, what, [values(k) for k in record[what]])
         scales = record.get("input_scales") or [0.0] * len(step.forward)
         step.input_scales = [float(v) for v in scales]
+        step.sources = [[int(i) for i in v] for v in record.get("sources") or []]
         step.param_grads = values(record["param_grads"])
         if "start" in record:
             step.start = values(record["start"])

@@ -11,7 +11,7 @@ else (Conv, Embedding, LayerNorm, LSTM...) has the same names and layout in both
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -39,6 +39,8 @@ class Entry:
     read: Callable[[], np.ndarray]
     write: Callable[[np.ndarray], None]
     grad: Callable[[], np.ndarray | None]
+    # why its memory cannot be read or written (None: it can)
+    unusable: Callable[[], str | None] = lambda: None
 
 
 def _family(module: Any) -> str:
@@ -71,7 +73,23 @@ def _tensor_entry(name: str, native: str, t: Any, transpose: bool) -> Entry:
         return value.T if transpose else value
 
     shape = tuple(int(n) for n in t.shape)
-    return Entry(name, native, shape[::-1] if transpose else shape, read, write, grad)
+    return Entry(
+        name, native, shape[::-1] if transpose else shape, read, write, grad, lambda: _unusable(t)
+    )
+
+
+def _unusable(t: Any) -> str | None:
+    """Why a tensor's values cannot be read or copied into (torch's meta device, an expanded
+    tensor whose elements share memory, an inference tensor), or None."""
+    if backend_of(t) != "torch":
+        return None
+    if getattr(t, "is_meta", False):
+        return "on the meta device (no values to read or write)"
+    if any(step == 0 and size > 1 for step, size in zip(t.stride(), t.shape)):
+        return "expanded: several elements share one memory location (not writable)"
+    if t.is_inference():
+        return "an inference-mode tensor (not writable outside torch.inference_mode)"
+    return None
 
 
 def _packed_entry(name: str, natives: list[str], tensors: list[Any], transpose: bool) -> Entry:
@@ -87,6 +105,9 @@ def _packed_entry(name: str, natives: list[str], tensors: list[Any], transpose: 
         grads = [p.grad() for p in parts]
         return None if any(g is None for g in grads) else np.concatenate(grads)  # type: ignore[arg-type]
 
+    def unusable() -> str | None:
+        return next((why for why in (p.unusable() for p in parts) if why), None)
+
     shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
     return Entry(
         name,
@@ -95,6 +116,7 @@ def _packed_entry(name: str, natives: list[str], tensors: list[Any], transpose: 
         lambda: np.concatenate([p.read() for p in parts]),
         write,
         grad,
+        unusable,
     )
 
 
@@ -151,19 +173,42 @@ def entries(model: Any) -> list[Entry]:
 Shapes = list[tuple[str, tuple[int, ...]]]
 
 
-def match(a: Shapes, b: Shapes) -> tuple[list[tuple[int, int]], list[str]]:
-    """Pairs of indices of `a` and `b` (torch-style names and shapes): by name, then the
-    entries left on both sides by order when their counts and shapes agree (ports that renamed
-    modules). Returns the pairs and a description of every entry left unmatched or
-    mis-shaped."""
+def _renamed(name: str, renames: Mapping[str, str]) -> str:
+    """`name` with its longest module prefix found in `renames` replaced."""
+    parts = name.split(".")
+    for k in range(len(parts) - 1, -1, -1):
+        prefix = ".".join(parts[:k])
+        if prefix in renames:
+            return _join(renames[prefix], ".".join(parts[k:]))
+    return name
+
+
+def _substitution(a: str, b: str) -> tuple[str, str]:
+    """What a rename changed: the two names without their longest common dotted tail."""
+    pa, pb = a.split("."), b.split(".")
+    k = 0
+    while k < min(len(pa), len(pb)) and pa[-1 - k] == pb[-1 - k]:
+        k += 1
+    return ".".join(pa[: len(pa) - k]), ".".join(pb[: len(pb) - k])
+
+
+def match(
+    a: Shapes, b: Shapes, renames: Mapping[str, str] | None = None
+) -> tuple[list[tuple[int, int]], list[str]]:
+    """Pairs of indices of `a` and `b` (torch-style names and shapes): by name (a's module
+    prefixes renamed by `renames` first), then the entries left on both sides by order when
+    their counts and shapes agree (ports that renamed modules). Returns the pairs and a
+    description of every entry left unmatched or mis-shaped, and of every order pairing that
+    is ambiguous: entries of one shape renamed in different ways (torch's q, k against a
+    port's key, query declared in another order), which order alone cannot tell apart."""
     index_b = {name: j for j, (name, _) in enumerate(b)}
     pairs: list[tuple[int, int]] = []
     problems: list[str] = []
     left_a: list[int] = []
     used: set[int] = set()
     for i, (name, shape) in enumerate(a):
-        j = index_b.get(name)
-        if j is None:
+        j = index_b.get(_renamed(name, renames) if renames else name)
+        if j is None or j in used:
             left_a.append(i)
             continue
         used.add(j)
@@ -173,6 +218,22 @@ def match(a: Shapes, b: Shapes) -> tuple[list[tuple[int, int]], list[str]]:
             pairs.append((i, j))
     left_b = [j for j in range(len(b)) if j not in used]
     if len(left_a) == len(left_b) and all(a[i][1] == b[j][1] for i, j in zip(left_a, left_b)):
+        # a rename (module prefix in a -> in b) and its entries; two renamed modules with the
+        # same entries (names after the prefix, shapes) could be swapped: order alone decides
+        renamed: dict[tuple[str, str], list[tuple[int, int]]] = {}
+        for i, j in zip(left_a, left_b):
+            renamed.setdefault(_substitution(a[i][0], b[j][0]), []).append((i, j))
+        alike: dict[tuple[Any, ...], list[tuple[str, str]]] = {}
+        for (pa, pb), found in renamed.items():
+            key = tuple((a[i][0][len(pa) :], a[i][1]) for i, _ in found)
+            alike.setdefault(key, []).append((pa, pb))
+        for rules in alike.values():
+            if len(rules) > 1:
+                shown = ", ".join(f"{x or '(model)'} -> {y or '(model)'}" for x, y in rules)
+                problems.append(
+                    f"ambiguous: renamed modules with the same parameters pair only by order "
+                    f"({shown}): pass layer_map={{name in the first: name in the second}}"
+                )
         pairs.extend(zip(left_a, left_b))
         pairs.sort()
     else:
@@ -181,26 +242,48 @@ def match(a: Shapes, b: Shapes) -> tuple[list[tuple[int, int]], list[str]]:
     return pairs, problems
 
 
-def copy_weights(src: Any, dst: Any) -> list[tuple[str, str]]:
+def copy_weights(
+    src: Any, dst: Any, *, layer_map: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
     """Copy every parameter and persistent buffer of `src` into `dst` (torch -> paddle, paddle
     -> torch, or within one framework), converting layouts (Linear [out, in] <-> [in, out],
     BatchNorm running statistics <-> ``_mean`` / ``_variance``, torch's packed attention
     ``in_proj`` <-> paddle's q/k/v projections). Entries pair by name, or by order where the
-    port renamed modules (same count, same shapes).
+    port renamed modules (same count, same shapes); `layer_map` ({module name in src: module
+    name in dst}) pairs renamed modules by hand, and is needed where order is ambiguous
+    (same-shaped entries of modules renamed in different ways).
 
-    Returns the (src name, dst name) pairs copied. Raises ValueError listing every unmatched
-    or mis-shaped entry before copying anything: never a partial copy.
+    Returns the (src name, dst name) pairs copied. Raises ValueError listing every unmatched,
+    mis-shaped or unusable entry (torch's meta device, an expanded or inference tensor) before
+    copying anything; a write that fails anyway puts back the entries written before it:
+    never a partial copy.
     """
     found_src, found_dst = entries(src), entries(dst)
     pairs, problems = match(
-        [(e.name, e.shape) for e in found_src], [(e.name, e.shape) for e in found_dst]
+        [(e.name, e.shape) for e in found_src],
+        [(e.name, e.shape) for e in found_dst],
+        dict(layer_map or {}),
     )
+    for side, found, index in (("source", found_src, 0), ("destination", found_dst, 1)):
+        for pair in pairs:
+            entry = found[pair[index]]
+            why = entry.unusable()
+            if why:
+                problems.append(f"{entry.native} ({side}): {why}")
     if problems:
         raise ValueError(
-            f"copy_weights: {len(problems)} entries do not match (nothing was copied; names "
-            "in torch's layout):\n  " + "\n  ".join(problems)
+            f"copy_weights: {len(problems)} entries do not match or cannot be copied (nothing "
+            "was copied; names in torch's layout):\n  " + "\n  ".join(problems)
         )
     values = [(found_dst[j], found_src[i].read()) for i, j in pairs]  # read all, then write
-    for entry, value in values:
-        entry.write(value)
+    backup = [entry.read() for entry, _ in values]
+    done = 0
+    try:
+        for entry, value in values:
+            entry.write(value)
+            done += 1
+    except BaseException:  # a write failed for a reason not checked above: undo the others
+        for (entry, _), value in zip(values[:done], backup):
+            entry.write(value)
+        raise
     return [(found_src[i].native, found_dst[j].native) for i, j in pairs]

@@ -10,6 +10,7 @@ into the same `Report`.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -18,7 +19,20 @@ from typing import Any, Callable, Mapping, Sequence, Union
 import numpy as np
 
 from ._align import align, type_key
-from ._trace import Arrays, Inputs, Loss, Runner, Step, Trace, load, run, save
+from ._trace import (
+    FIRST_ONLY,
+    PADDLE_CELLS,
+    Arrays,
+    Inputs,
+    Loss,
+    Runner,
+    Step,
+    Trace,
+    adapt_leaves,
+    load,
+    run,
+    save,
+)
 from ._weights import copy_weights, match
 
 __all__ = ["ATOL", "RTOL", "Report", "compare", "compare_dumps", "copy_weights", "dump"]
@@ -229,22 +243,23 @@ class Report:
         plot(self, path)
 
 
-# Modules whose two ports return different structures for the same values: each side's
-# output tensors (and output gradients) as the other framework's would be.
-# Paddle's RNN cells return (h, states): LSTMCell (h, (h, c)), GRUCell and SimpleRNNCell
-# (h, h); torch's return the states only, (h, c) or h: the leading h is dropped.
-_PADDLE_CELLS = {"lstmcell", "grucell", "simplernncell"}
-# MultiheadAttention: torch returns (output, averaged weights) unless need_weights=False,
-# paddle the output alone unless need_weights=True (then per-head weights): only the output.
-_FIRST_ONLY = {"multiheadattention"}
-
-
-def _adapt(trace: Trace, name: str, values: Arrays) -> Arrays:
-    kind = type_key(trace.types.get(name, ""))
-    if kind in _FIRST_ONLY:
+def _adapt(trace: Trace, name: str, values: Arrays, other: Trace | None = None) -> Arrays:
+    """A module's output tensors as the other framework's port returns them (`adapt_leaves`);
+    with `other`, its output gradients: paddle's RNN cells see the gradient of their leading
+    `h` and of their states apart (GRUCell's two, added up as torch's one; LSTMCell's states
+    as one empty slot: its output gradients are not compared with torch's)."""
+    kind = trace.types.get(name, "")
+    if other is None:
+        return adapt_leaves(trace.backend, kind, values)
+    key = type_key(kind)
+    if key in FIRST_ONLY:
         return values[:1]
-    if trace.backend == "paddle" and kind in _PADDLE_CELLS and len(values) > 1:
-        return values[1:]
+    cross = {trace.backend, other.backend} == {"torch", "paddle"}
+    if key == "lstmcell" and cross:
+        return []
+    if trace.backend == "paddle" and key in PADDLE_CELLS and len(values) > 1:
+        found = [v for v in values if v is not None]
+        return [functools.reduce(np.add, found)] if found else [None]
     return values
 
 
@@ -262,6 +277,43 @@ def _occurrences(names: Sequence[str]) -> dict[str, list[int]]:
 
 def _diverged(report: Report, step: int) -> None:
     report.step = step if report.step is None else min(report.step, step)
+
+
+def _floors(trace: Trace, step: Step) -> tuple[list[float], dict[tuple[str, int], float]]:
+    """The scale of the rounding noise reaching each module call, forward and backward.
+
+    Forward, per call (index into ``step.forward``): the largest magnitude among its inputs
+    and, recursively, among the inputs of the modules that produced them: a value that cancels
+    to zero (an average after a normalization, and everything after it) carries the noise of
+    the values it came from. Backward, per (module, call): the largest gradient reaching its
+    output and, recursively, the outputs of the modules that consumed it."""
+    n = len(step.forward)
+    sources = step.sources if len(step.sources) == n else [[] for _ in range(n)]
+    free = step.input_scales if len(step.input_scales) == n else [0.0] * n
+    floor_in, floor_out = [0.0] * n, [0.0] * n
+    for i in range(n):
+        floor_in[i] = max([free[i]] + [floor_out[j] for j in sources[i] if j < i])
+        floor_out[i] = max(floor_in[i], _scale(step.outputs[i]))
+    keys: list[tuple[str, int]] = []
+    seen: dict[str, int] = {}
+    for name in step.forward:
+        seen[name] = seen.get(name, -1) + 1
+        keys.append((name, seen[name]))
+    index = {key: i for i, key in enumerate(keys)}
+    own = [0.0] * n
+    for name, call, grads in zip(step.backward, step.backward_calls, step.grad_outputs):
+        i = index.get((name, call))
+        if i is not None:
+            own[i] = max(own[i], _scale(_adapt(trace, name, grads, trace)))
+    consumers: list[list[int]] = [[] for _ in range(n)]
+    for i, found in enumerate(sources):
+        for j in found:
+            if j < i:
+                consumers[j].append(i)
+    floor_grad = [0.0] * n
+    for i in reversed(range(n)):
+        floor_grad[i] = max([own[i]] + [floor_grad[c] for c in consumers[i]])
+    return floor_in, {key: floor_grad[i] for i, key in enumerate(keys)}
 
 
 def _report(a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any) -> Report:
@@ -282,6 +334,7 @@ def _report(a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any) -> Rep
     for s, (sa, sb) in enumerate(zip(a.steps, b.steps)):
         rows: dict[tuple[str, int], Row] = {}
         calls_b = _occurrences(sb.forward)
+        floor_in, floor_grad = _floors(a, sa)
         seen: dict[str, int] = {}
         for i, name in enumerate(sa.forward):
             k = seen[name] = seen.get(name, -1) + 1
@@ -293,7 +346,7 @@ def _report(a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any) -> Rep
                 # Measured against the largest input reaching the module as well as the
                 # output: an output that cancels to zero (a mean after a normalization) is
                 # rounding noise of its inputs' size (as gradients are measured below).
-                scale = sa.input_scales[i] if i < len(sa.input_scales) else 0.0
+                scale = floor_in[i]
                 diff = _diff(
                     _adapt(a, name, sa.outputs[i]),
                     _adapt(b, name_b, sb.outputs[j[k]]),
@@ -321,11 +374,12 @@ def _report(a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any) -> Rep
             j = events_b.get((row.name_b, call))
             if j is not None:
                 answered_b.add(j)
-                # Measured against the largest gradient reaching the module: a slot whose
-                # gradient cancels (attention's key, through softmax) is noise of that size.
-                grad_output = _adapt(a, name, sa.grad_outputs[i])
-                scale = _scale(grad_output)
-                grad_b = _adapt(b, row.name_b, sb.grad_outputs[j])
+                # Measured against the largest gradient reaching the module (and the modules
+                # downstream): a slot whose gradient cancels (attention's key, through
+                # softmax; a BatchNorm's input for a per-channel constant) is noise of that size.
+                grad_output = _adapt(a, name, sa.grad_outputs[i], b)
+                scale = max(_scale(grad_output), floor_grad.get((name, call), 0.0))
+                grad_b = _adapt(b, row.name_b, sb.grad_outputs[j], a)
                 row.grad_output = _diff(grad_output, grad_b, atol, rtol, scale)
                 row.grad_input = _diff(sa.grad_inputs[i], sb.grad_inputs[j], atol, rtol, scale)
             else:
@@ -376,7 +430,8 @@ def _delta(after: Any, before: Any) -> Any:
 def _compare_params(report: Report, a: Trace, b: Trace) -> None:
     shapes_a = [(n, shape) for n, _, shape in a.params]
     shapes_b = [(n, shape) for n, _, shape in b.params]
-    pairs, _ = match(shapes_a, shapes_b)  # the unmatched ones have no counterpart to compare
+    # the unmatched ones have no counterpart to compare; renamed modules as aligned
+    pairs, _ = match(shapes_a, shapes_b, _renames(report.pairs))
     cross = {a.backend, b.backend} == {"torch", "paddle"}
     atol, rtol = report.atol, report.rtol
 
@@ -554,24 +609,32 @@ def compare(
     # Between steps, b's parameters and buffers are set to a's (steps with optimizers): each
     # step compares one update from the same weights, and rounding noise (amplified by Adam
     # where a gradient is zero in exact arithmetic) does not compound into later forwards.
-    resync, _ = match(
-        [(e.name, e.shape) for e in runner_a.params], [(e.name, e.shape) for e in runner_b.params]
-    )
     start: Arrays | None = None
     try:
         for s in range(steps):
             runner_a.step()
             runner_b.step(start)
             if s < steps - 1 and optimizers is not None:
-                start = _resync(runner_a, runner_b, resync)
+                start = _resync(runner_a, runner_b, layer_map)
     finally:
         runner_a.restore()
         runner_b.restore()
     return _report(runner_a.trace, runner_b.trace, atol, rtol, layer_map)
 
 
-def _resync(a: Runner, b: Runner, pairs: list[tuple[int, int]]) -> Arrays:
-    """Write a's parameters and buffers into b (as `copy_weights`); b's values after."""
+def _renames(pairs: list[tuple[str, str]]) -> dict[str, str]:
+    return {a: b for a, b in pairs if a != b}
+
+
+def _resync(a: Runner, b: Runner, layer_map: Mapping[str, str] | None) -> Arrays:
+    """Write a's parameters and buffers into b (as `copy_weights`, modules paired as
+    `compare` aligns them); b's values after."""
+    modules, _ = align(_first_completions(a.trace), _first_completions(b.trace), layer_map)
+    pairs, _ = match(
+        [(e.name, e.shape) for e in a.params],
+        [(e.name, e.shape) for e in b.params],
+        _renames(modules),
+    )
     for i, j in pairs:
         b.params[j].write(a.params[i].read())
     return [e.read() for e in b.params]
