@@ -881,3 +881,368 @@ def test_nested_numpy_inputs_are_converted() -> None:
     inputs = ([batch((2, 4), 0), batch((2, 4), 1)], {"bias": batch((4,), 2)})
     for report in _both_ways(model, twin, inputs):
         assert report.ok, str(report)
+
+
+# -- the second attack on issue 15 ----------------------------------------------------------
+
+
+def _optimizers(model: Any, twin: Any, kind: str, lr: float = 1e-2) -> tuple[Any, Any]:
+    """(torch's, paddle's) optimizer callables for `kind`, each stepping and clearing."""
+    torch_params = list(model.parameters())
+    if kind == "adam":
+        opt_a: Any = torch.optim.Adam(torch_params, lr)
+        opt_b: Any = paddle.optimizer.Adam(lr, parameters=twin.parameters())
+    elif kind == "adamw":
+        opt_a = torch.optim.AdamW(torch_params, lr, weight_decay=0.01)
+        opt_b = paddle.optimizer.AdamW(lr, parameters=twin.parameters(), weight_decay=0.01)
+    else:
+        opt_a = torch.optim.SGD(torch_params, lr)
+        opt_b = paddle.optimizer.SGD(lr, parameters=twin.parameters())
+    return (lambda: (opt_a.step(), opt_a.zero_grad()),
+            lambda: (opt_b.step(), opt_b.clear_grad()))  # fmt: skip
+
+
+class TorchGRUHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(4, 5, batch_first=True)
+        self.head = nn.Linear(5, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.gru(x)  # the final state unused: its gradient is None in torch
+        return self.head(out)  # type: ignore[no-any-return]
+
+
+class PaddleGRUHead(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = pnn.GRU(4, 5)
+        self.head = pnn.Linear(5, 2)
+
+    def forward(self, x: Any) -> Any:
+        out, _ = self.gru(x)
+        return self.head(out)
+
+
+class TorchAttentionHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.out = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.attn(x, x, x)[0])  # type: ignore[no-any-return]
+
+
+class PaddleAttentionHead(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = pnn.MultiHeadAttention(8, 2)
+        self.out = pnn.Linear(8, 2)
+
+    def forward(self, x: Any) -> Any:
+        return self.out(self.attn(x, x, x))  # paddle returns the output alone
+
+
+@pytest.mark.parametrize(
+    ("make", "shape"),
+    [
+        ((TorchGRUHead, PaddleGRUHead), (3, 6, 4)),
+        ((TorchAttentionHead, PaddleAttentionHead), (2, 5, 8)),
+    ],  # fmt: skip
+    ids=["gru", "attention"],
+)
+def test_gru_with_an_unused_state_and_attention_weights_are_ok(
+    make: tuple[Any, Any], shape: tuple[int, ...], tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    model, twin = make[0](), make[1]()
+    copy_weights(model, twin)
+    x = batch(shape)
+    for report in _both_ways(model, twin, x):
+        assert report.ok, str(report)
+        assert all(r.grad_output is not None for r in report.table)
+    dump(model, x, tmp_path / "a.npz")
+    dump(twin, x, tmp_path / "b.npz")
+    assert compare_dumps(tmp_path / "a.npz", tmp_path / "b.npz").ok
+    wrong = make[1]()  # not copied: different weights, named
+    assert not compare(model, wrong, x).ok
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_adam_noise_on_zero_gradients_is_reported_not_failed(kind: str) -> None:
+    # attention's key bias has a gradient that is zero in exact arithmetic (softmax is
+    # shift-invariant): Adam turns each framework's rounding noise into updates of ~lr
+    for flip in (False, True):
+        model, twin = transformer_pair()
+        opt_a, opt_b = _optimizers(model, twin, kind)
+        a, b, optimizers = (twin, model, (opt_b, opt_a)) if flip else (model, twin, (opt_a, opt_b))
+        report = compare(a, b, batch(TRANSFORMER_INPUT), steps=3, optimizers=optimizers)
+        assert report.ok, str(report)
+        noted = [p for p in report.params if "noise amplified by the optimizer" in p.diff.note]
+        assert {p.name_a for p in noted} >= {"blocks.0.attn.in_proj_bias"}, report.params
+        assert all(p.stage == "updated" and not p.diff.failed for p in noted)
+    model, twin = transformer_pair()  # a real difference in the update is still named
+    opt_a, _ = _optimizers(model, twin, kind)
+    _, opt_b = _optimizers(model, twin, kind, lr=2e-2)
+    report = compare(model, twin, batch(TRANSFORMER_INPUT), steps=2, optimizers=(opt_a, opt_b))
+    first = next(p for p in report.params if p.diff.failed)
+    assert (first.stage, first.step) == ("updated", 0), str(report)
+
+
+def _zero_shift_pair() -> tuple[nn.Module, pnn.Layer]:
+    # bias 1 has a zero gradient (a train-mode BatchNorm follows), running_mean of 3 the mean
+    # of a normalized batch: both zero in exact arithmetic after an SGD step
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8),
+                          nn.Conv2d(8, 8, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(8 * 36, 3))  # fmt: skip
+    twin = pnn.Sequential(pnn.Conv2D(3, 8, 3, bias_attr=False), pnn.BatchNorm2D(8),
+                          pnn.Conv2D(8, 8, 1, bias_attr=False), pnn.BatchNorm2D(8), pnn.ReLU(),
+                          pnn.Flatten(), pnn.Linear(8 * 36, 3))  # fmt: skip
+    copy_weights(model, twin)
+    return model, twin
+
+
+def test_updates_are_measured_against_the_largest_update() -> None:
+    for flip in (False, True):
+        model, twin = _zero_shift_pair()
+        opt_a, opt_b = _optimizers(model, twin, "sgd", lr=0.1)
+        a, b, optimizers = (twin, model, (opt_b, opt_a)) if flip else (model, twin, (opt_a, opt_b))
+        report = compare(a, b, batch((4, 3, 8, 8)), steps=2, optimizers=optimizers)
+        assert report.ok, str(report)
+        rows = {(p.step, p.stage, p.name_a): p for p in report.params}
+        assert (0, "updated", "1.bias") in rows and (0, "updated", "3.running_mean") in rows
+
+
+def test_steps_compare_the_gradient_the_optimizer_consumes(tmp_path: Path) -> None:
+    def run(before_a: int, before_b: int, zero: bool = False) -> Any:
+        model, twin = batchnorm_pair()
+        model.eval(), twin.eval()
+        x = batch((5, 6))
+        for _ in range(before_a):
+            dump(model, x, tmp_path / "a.npz")  # each leaves its gradient in .grad
+        for _ in range(before_b):
+            dump(twin, x, tmp_path / "b.npz")
+        if zero:
+            model.zero_grad(), twin.clear_gradients()
+        opt_a, opt_b = _optimizers(model, twin, "sgd")
+        return compare(model, twin, x, steps=2, optimizers=(opt_a, opt_b))
+
+    assert run(0, 0).ok and run(1, 1).ok  # the same stale gradient on both sides
+    report = run(3, 2)  # the optimizers consume 4 g and 3 g: not what one backward gives
+    first = next(p for p in report.params if p.diff.failed)
+    assert (first.stage, first.step) == ("grad", 0), str(report)
+    assert ".grad held a gradient before the run" in first.diff.note
+    assert "(in a and b)" in first.diff.note
+    assert run(3, 2, zero=True).ok
+
+
+def test_buffers_are_compared_after_a_forward_without_optimizer() -> None:
+    for momentum, ok in ((0.9, True), (0.8, False)):  # paddle's 0.8 is torch's 0.2
+        model, twin = batchnorm_pair(momentum=momentum)
+        before = _state(model)
+        for report in _both_ways(model, twin, batch((5, 6))):
+            assert report.ok == ok, str(report)
+            if not ok:
+                assert report.first_forward is None and report.first_backward is None
+                first = next(p for p in report.params if p.diff.failed)
+                assert (first.name_a, first.stage, first.step) == ("1.running_mean", "updated", 0)
+        after = _state(model)  # still put back afterwards
+        assert all(np.array_equal(before[k], after[k]) for k in before if "num_batches" not in k)
+
+
+@pytest.mark.parametrize("kind", ["LSTMCell", "GRUCell", "SimpleRNNCell"])
+def test_paddle_rnn_cells_are_adapted_to_torch_cells(kind: str) -> None:
+    torch.manual_seed(0)
+    torch_kind = "RNNCell" if kind == "SimpleRNNCell" else kind
+    model, twin = getattr(nn, torch_kind)(4, 6), getattr(pnn, kind)(4, 6)
+    copy_weights(model, twin)
+    for report in _both_ways(model, twin, batch((3, 4))):
+        assert report.ok, str(report)
+    wrong = getattr(pnn, kind)(4, 6)  # other weights: named
+    assert compare(model, wrong, batch((3, 4))).first_forward == ""
+
+
+def test_outputs_that_cancel_to_zero_carry_their_inputs_noise() -> None:
+    # batch 1 through a train-mode BatchNorm: every channel has mean 0, so the average pool
+    # (and the flatten after it) give rounding noise, and so do the gradients behind them
+    def pair(pool: Any = None) -> tuple[nn.Module, pnn.Layer]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.AdaptiveAvgPool2d(1),
+                              nn.Flatten(), nn.Linear(4, 2))  # fmt: skip
+        twin = pnn.Sequential(pnn.Conv2D(3, 4, 3), pnn.BatchNorm2D(4),
+                              pool or pnn.AdaptiveAvgPool2D(1), pnn.Flatten(),
+                              pnn.Linear(4, 2))  # fmt: skip
+        copy_weights(model, twin)
+        return model, twin
+
+    x = batch((1, 3, 8, 8))
+    for report in _both_ways(*pair(), x):
+        assert report.ok, str(report)
+    report = compare(*pair(pnn.AdaptiveMaxPool2D(1)), x)  # a mistake there is still named
+    assert report.first_forward == "2", str(report)
+
+
+def test_layernorm_on_offset_inputs_names_no_module() -> None:
+    # x + 1000: LayerNorm's x - mean cancels, its output carries noise of the input's size
+    # (~1e-4): neither it nor the Linear after it is named (its weight gradient may be)
+    for seed in range(6):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 2))
+        twin = pnn.Sequential(pnn.LayerNorm(32), pnn.Linear(32, 2))
+        copy_weights(model, twin)
+        for report in _both_ways(model, twin, batch((4, 32), seed) + 1000):
+            assert (report.first_forward, report.first_backward) == (None, None), str(report)
+
+
+def test_paddle_rnn_backward_in_eval_mode_says_what_to_do() -> None:
+    torch.manual_seed(0)
+    model, twin = nn.LSTM(4, 5, batch_first=True), pnn.LSTM(4, 5)
+    copy_weights(model, twin)
+    model.eval(), twin.eval()
+    said = r"eval mode \(\(model\), 0 here\): compare forward only \(backward=False\), or in train"
+    with pytest.raises(RuntimeError, match=said) as info:
+        compare(model, twin, batch((3, 6, 4)))
+    assert info.value.__cause__ is not None and "holds no memory" in str(info.value.__cause__)
+    assert compare(model, twin, batch((3, 6, 4)), backward=False).ok
+
+
+def test_arguments_are_checked() -> None:
+    model, twin = nn.Linear(4, 2), pnn.Linear(4, 2)
+    x = batch((3, 4))
+    for name, value in (("rtol", float("nan")), ("atol", float("nan")), ("atol", -1e-3),
+                        ("rtol", float("inf")), ("rtol", "1e-3")):  # fmt: skip
+        with pytest.raises(ValueError, match=rf"`{name}` must be a finite number >= 0. "
+                                             rf"Received: {name}="):  # fmt: skip
+            compare(model, twin, x, **{name: value})
+    with pytest.raises(ValueError, match="`atol` must be a finite number >= 0. Received: atol=nan"):
+        compare_dumps("a.npz", "b.npz", atol=float("nan"))
+    f = lambda out: out.sum()  # noqa: E731
+    with pytest.raises(ValueError, match="`loss` must be None, a callable, or a pair"):
+        compare(model, twin, x, loss=(f, f, f))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`loss` must be None, a callable"):
+        compare(model, twin, x, loss="mse")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`optimizers\[1\]` must be a callable"):
+        compare(model, twin, x, steps=2, optimizers=(lambda: None, "sgd"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`optimizers` must be a pair of callables"):
+        compare(model, twin, x, optimizers=lambda: None)  # type: ignore[arg-type]
+    for steps in (2.5, 0, True, "2"):
+        with pytest.raises(ValueError, match=r"`steps` must be an integer >= 1. Received: steps="):
+            compare(model, twin, x, steps=steps)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"`steps` must be an integer >= 1"):
+            dump(model, x, os.devnull, steps=steps)  # type: ignore[arg-type]
+
+
+def test_compare_dumps_with_and_without_backward_says_which(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model, twin = nn.Linear(4, 2), pnn.Linear(4, 2)
+    copy_weights(model, twin)
+    dump(model, batch((3, 4)), tmp_path / "with.npz")
+    dump(twin, batch((3, 4)), tmp_path / "without.npz", backward=False)
+    for a, b in (("with", "without"), ("without", "with")):
+        with pytest.raises(ValueError, match=r"'.*without.npz' was dumped with backward=False"):
+            compare_dumps(tmp_path / f"{a}.npz", tmp_path / f"{b}.npz")
+    dump(model, batch((3, 4)), tmp_path / "also_without.npz", backward=False)
+    assert compare_dumps(tmp_path / "also_without.npz", tmp_path / "without.npz").ok
+
+
+def test_plot_panels_are_coloured_by_their_own_verdict() -> None:
+    from unihook.recipes._report import _panels
+
+    model, twin = transformer_pair()
+    transformer_custom_backward(model, twin)  # forward identical, backward not
+    report = compare(model, twin, batch(TRANSFORMER_INPUT))
+    (rows_f, _, failed_f, _, _), (rows_b, _, failed_b, _, _) = _panels(report, 0)
+    assert not any(failed_f) and len(rows_f) == len(failed_f)
+    assert any(failed_b)
+    # a module whose backward alone differs is red in the backward panel only
+    bad = {r.name_a for r in report.table if r.verdict != "ok"}
+    assert bad and all(not f for r, f in zip(rows_f, failed_f) if r.name_a in bad)
+
+
+class TorchExpanded(nn.Module):
+    def __init__(self, expanded: bool = False) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+        self.register_buffer("z", torch.zeros(1).expand(4) if expanded else torch.ones(4))
+
+
+def test_copy_weights_checks_every_entry_before_writing() -> None:
+    torch.manual_seed(0)
+    src, dst = TorchExpanded(), TorchExpanded(expanded=True)  # fc first, then the bad buffer
+    before = _state(dst)
+    with pytest.raises(ValueError, match=r"z \(destination\): expanded"):
+        copy_weights(src, dst)
+    after = _state(dst)
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+    with torch.device("meta"):
+        meta = TorchExpanded()
+    with pytest.raises(ValueError, match=r"fc.weight \(destination\): on the meta device"):
+        copy_weights(TorchExpanded(), meta)
+    with pytest.raises(ValueError, match=r"fc.weight \(source\): on the meta device"):
+        copy_weights(meta, TorchExpanded())
+
+
+def test_copy_weights_undoes_a_write_that_fails() -> None:
+    from unihook.recipes import _weights
+
+    torch.manual_seed(0)
+    src, dst = (
+        nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3)),
+        pnn.Sequential(pnn.Linear(3, 3), pnn.Linear(3, 3)),
+    )
+    before = {k: v.numpy().copy() for k, v in dst.state_dict().items()}
+    real = _weights.entries
+
+    def failing(model: Any) -> list[Any]:
+        found = real(model)
+        if model is dst:
+
+            def boom(value: np.ndarray) -> None:
+                raise OSError("disk on fire")
+
+            found[-1].write = boom
+        return found
+
+    _weights.entries = failing  # type: ignore[assignment]
+    try:
+        with pytest.raises(OSError, match="disk on fire"):
+            copy_weights(src, dst)
+    finally:
+        _weights.entries = real
+    after = {k: v.numpy() for k, v in dst.state_dict().items()}
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+
+
+class TorchQK(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(4, 4)
+        self.k = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.q(x) * self.k(x).tanh()  # type: ignore[no-any-return]
+
+
+class PaddleQK(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.key = pnn.Linear(4, 4)  # declared in the other order
+        self.query = pnn.Linear(4, 4)
+
+    def forward(self, x: Any) -> Any:
+        return self.query(x) * self.key(x).tanh()
+
+
+def test_ambiguous_renames_need_a_layer_map() -> None:
+    torch.manual_seed(0)
+    model, twin = TorchQK(), PaddleQK()
+    with pytest.raises(ValueError, match=r"ambiguous: .*\(q -> key, k -> query\): pass layer_map"):
+        copy_weights(model, twin)
+    pairs = copy_weights(model, twin, layer_map={"q": "query", "k": "key"})
+    assert ("q.weight", "query.weight") in pairs and ("k.bias", "key.bias") in pairs
+    assert np.array_equal(model.q.weight.detach().numpy().T, twin.query.weight.numpy())
+    # compare pairs the modules by call order, and their parameters with them
+    for report in _both_ways(model, twin, batch((3, 4))):
+        assert report.ok, str(report)
