@@ -37,22 +37,37 @@ from ._weights import copy_weights, match
 
 __all__ = ["ATOL", "RTOL", "Report", "compare", "compare_dumps", "copy_weights", "dump"]
 
-# A value passes when max|a - b| <= ATOL + RTOL * max|a| over each tensor. Measured on correct
-# float32 CPU ports, torch 2.13 against paddle 3.3.1 (benchmarks/compare_tolerances.py, the test
-# suite's reference twins): the worst relative error of any module output or gradient is
-# 1.3e-5 on ResNet-18 in train mode (BatchNorm batch statistics), 1.3e-6 in eval mode, 5e-7 on
-# a Transformer encoder layer; RTOL is ~4x the first. MobileNetV2 in train mode (~50 BatchNorms
-# in a row) reaches 5.8e-5: deep train-mode stacks need a larger rtol or eval mode. A wrong port
-# is off by 1.4e-4 (tanh-approximated GELU) to 1 (a transposed weight). ATOL only keeps
-# all-zero tensors from failing on denormal noise.
+# A value passes when max|a - b| <= ATOL + RTOL * max|a| over each tensor (max|a| floored by
+# the noise the values reaching the module carry: INPUT_SHARE below, gradients likewise).
+# Measured on correct float32 CPU ports, torch 2.13 against paddle 3.3.1
+# (benchmarks/compare_tolerances.py, the test suite's reference twins, 5 seeds): the worst
+# relative error of any module output or gradient is 6.3e-5 on MobileNetV2 in train mode
+# (~50 BatchNorms on batch statistics in a row), 5.5e-6 on ResNet-18 in train mode, ~1e-6 in
+# eval mode, 5e-7 on a Transformer encoder layer, leaving aside a ReLU input within rounding
+# of 0 flipped in one framework (1 element; about one seed in five on the train-mode nets),
+# which no tolerance separates from a bug. A wrong port is off by 1.4e-4 (tanh-approximated
+# GELU) to 1 (a transposed weight). ATOL only keeps all-zero tensors from failing on denormal
+# noise.
 ATOL = 1e-10
-RTOL = 5e-5
+RTOL = 1e-4
+# A module's output is measured against a tenth of the largest value reaching it as well as
+# its own max: an output that cancels to zero in exact arithmetic (an average after a
+# normalization, LayerNorm's x - mean on inputs with a large offset) is rounding noise of the
+# size of its inputs, which are the outputs of earlier modules (followed by memory, with their
+# own floors); a tenth keeps an activation whose output is smaller than its input (GELU's
+# negative side) measured against its output.
+INPUT_SHARE = 0.1
 
 # A train-mode BatchNorm updates its running variance with the batch variance: unbiased in
 # torch (n / (n - 1) times the biased one), biased in paddle. A correct port's running_var
 # after an optimizer step differs by that factor, so between torch and paddle it is reported,
 # not failed; the batch statistics a train-mode forward uses, and running_mean, are compared.
 RUNNING_VAR_NOTE = "running_var: torch's is unbiased, paddle's biased (not a divergence)"
+
+# A failure in a few elements of a large tensor: most often an input within rounding of a kink
+# (ReLU's 0, max-pool's tie) landed on the other side in one framework; the gradients behind
+# it then differ over whole channels. Not excused: said.
+KINK_NOTE = "a few elements: often a kink (ReLU, max) flipped by rounding"
 
 LossArg = Union[Loss, tuple[Loss, Loss], None]
 Optimizers = Union[tuple[Callable[[], Any], Callable[[], Any]], None]
@@ -98,6 +113,8 @@ def _diff(a: Arrays, b: Arrays, atol: float, rtol: float, scale: float = 0.0) ->
         if worst > limit:  # a few elements only: often a kink (ReLU, max) flipped by rounding
             bad = int(np.count_nonzero(~(np.abs(x.astype(np.float64) - y) <= limit)))
             note = f"max abs {worst:.1e}, rel {rel:.1e} in {bad} of {x.size} elements"
+            if x.size >= 100 and bad <= max(2, x.size // 1000):
+                note += f" ({KINK_NOTE})"
         out.add(Diff(worst, rel, worst > limit, note))
     return out
 
@@ -346,7 +363,7 @@ def _report(a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any) -> Rep
                 # Measured against the largest input reaching the module as well as the
                 # output: an output that cancels to zero (a mean after a normalization) is
                 # rounding noise of its inputs' size (as gradients are measured below).
-                scale = floor_in[i]
+                scale = INPUT_SHARE * floor_in[i]
                 diff = _diff(
                     _adapt(a, name, sa.outputs[i]),
                     _adapt(b, name_b, sb.outputs[j[k]]),
