@@ -175,7 +175,9 @@ class Row:
 @dataclass
 class ParamRow:
     step: int  # -1: before the first step
-    stage: str  # "initial", "grad" (after the backward), "updated" (after the optimizer)
+    # "initial", "grad" (after the backward), "updated" (what the step changed: the
+    # optimizer's update, the forward's running statistics; measured as updated - before)
+    stage: str
     name_a: str
     name_b: str
     diff: Diff
@@ -596,11 +598,17 @@ def compare(
     gradient. `loss`: None backpropagates ``sum(t * r)`` over the output's floating tensors,
     `r` a fixed random tensor (seeded, the same for both models); a callable gets the output
     and returns a scalar tensor (or a pair of callables, one per model). `layer_map`: {name in
-    a: name in b} for modules to pair by hand. `steps` > 1 with `optimizers` (a callable per
-    model that takes an optimizer step and clears the gradients) also compares the parameters
-    after each step; without `optimizers` the parameters and buffers (BatchNorm's running
-    statistics) are restored afterwards. The gradients the backward adds stay in ``.grad``.
-    Run dropout in eval mode (or with p=0): its random masks differ between the models.
+    a: name in b} for modules to pair by hand. `steps` with `optimizers` (a callable per
+    model that takes an optimizer step and clears the gradients) runs the models step by
+    step, compares the whole ``.grad`` each optimizer consumes and what each step changed, and
+    sets b's parameters and buffers to a's between steps (each step compares one update from
+    the same weights). Without `optimizers` the buffers a train-mode forward moved (running
+    statistics) are compared, then the parameters and buffers restored. The gradients the
+    backward adds stay in ``.grad``. Run dropout in eval mode (or with p=0): its random masks
+    differ between the models.
+
+    Raises ValueError for a tolerance that is not a finite number >= 0, `steps` not an
+    integer >= 1 (or > 1 without optimizers), a `loss` or `optimizers` of the wrong kind.
     """
     atol, rtol = _check_tolerance("atol", atol), _check_tolerance("rtol", rtol)
     steps = _check_steps(steps)
