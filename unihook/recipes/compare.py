@@ -137,9 +137,22 @@ def _gap(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(np.nan_to_num(gap, nan=np.inf).max()), float(finite.max(initial=0.0))
 
 
+def _magnitude(x: np.ndarray) -> float:
+    """The largest finite magnitude in `x` (two passes, no temporary when all are finite)."""
+    if x.size == 0:
+        return 0.0
+    x = np.atleast_1d(x)
+    if x.dtype.kind not in "fc":
+        x = x.astype(np.float64)
+    found = max(float(x.max()), -float(x.min()))
+    if np.isfinite(found):
+        return found
+    return float(np.abs(x[np.isfinite(x)]).max(initial=0.0))
+
+
 def _scale(values: Arrays) -> float:
     """The largest finite magnitude in `values`."""
-    return max((_gap(v, v)[1] for v in values if v is not None), default=0.0)
+    return max((_magnitude(v) for v in values if v is not None), default=0.0)
 
 
 @dataclass
