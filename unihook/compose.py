@@ -8,19 +8,37 @@ once, at attach time (``functools.partial``, no Python frame per call).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterator, Literal, Sequence, Union, overload
 
 from . import api
 from ._describe import type_name
 from .errors import HookArgumentError
 from .handles import Handle, Removable
-from .hooktypes import ModuleKind, When
+from .hooktypes import (
+    BackwardHook,
+    BackwardPreHook,
+    ForwardHook,
+    ForwardHookWithKwargs,
+    ForwardPreHook,
+    ForwardPreHookWithKwargs,
+    ModuleKind,
+    NamedBackwardHook,
+    NamedBackwardPreHook,
+    NamedForwardHook,
+    NamedForwardHookWithKwargs,
+    NamedForwardPreHook,
+    NamedForwardPreHookWithKwargs,
+    When,
+)
 from .kinds import KIND_INFO
 from .ops import named_modules
 
 __all__ = ["HookGroup", "attach", "select", "KINDS"]
 
 Where = Union[None, str, Sequence[str], Callable[[str, Any], bool]]
+
+#: The default of attach's options: an option not given is not passed on.
+_UNSET: Any = object()
 
 #: attach's kinds, and the per-module function each uses.
 KINDS: dict[ModuleKind, Callable[..., Handle]] = {
@@ -106,6 +124,76 @@ def _select(model: Any, where: Where, what: str) -> list[tuple[str, Any]]:
     return [(n, m) for n, m in modules if any(fnmatchcase(n, p) for p in patterns)]
 
 
+# The overloads tie the hook's signature to `kind` (and to `with_kwargs`), and list the options
+# each kind takes (unihook.kinds.KIND_INFO), so a type checker flags a hook of the wrong arity
+# and a misspelled or inapplicable option. A hook may also take the module's qualified name
+# as a keyword parameter `name` (the Named* Protocols).
+@overload
+def attach(
+    model: Any,
+    hook: ForwardHook | NamedForwardHook,
+    *,
+    kind: Literal["forward"] = ...,
+    where: Where = ...,
+    when: When = ...,
+    prepend: bool = ...,
+    with_kwargs: Literal[False] = ...,
+    always_call: bool = ...,
+) -> HookGroup: ...
+@overload
+def attach(
+    model: Any,
+    hook: ForwardHookWithKwargs | NamedForwardHookWithKwargs,
+    *,
+    kind: Literal["forward"] = ...,
+    where: Where = ...,
+    when: When = ...,
+    prepend: bool = ...,
+    with_kwargs: Literal[True],
+    always_call: bool = ...,
+) -> HookGroup: ...
+@overload
+def attach(
+    model: Any,
+    hook: ForwardPreHook | NamedForwardPreHook,
+    *,
+    kind: Literal["forward_pre"],
+    where: Where = ...,
+    when: When = ...,
+    prepend: bool = ...,
+    with_kwargs: Literal[False] = ...,
+) -> HookGroup: ...
+@overload
+def attach(
+    model: Any,
+    hook: ForwardPreHookWithKwargs | NamedForwardPreHookWithKwargs,
+    *,
+    kind: Literal["forward_pre"],
+    where: Where = ...,
+    when: When = ...,
+    prepend: bool = ...,
+    with_kwargs: Literal[True],
+) -> HookGroup: ...
+@overload
+def attach(
+    model: Any,
+    hook: BackwardPreHook | NamedBackwardPreHook,
+    *,
+    kind: Literal["full_backward_pre"],
+    where: Where = ...,
+    when: When = ...,
+    prepend: bool = ...,
+) -> HookGroup: ...
+@overload
+def attach(
+    model: Any,
+    hook: BackwardHook | NamedBackwardHook,
+    *,
+    kind: Literal["full_backward"],
+    where: Where = ...,
+    when: When = ...,
+    prepend: bool = ...,
+) -> HookGroup: ...
 def attach(
     model: Any,
     hook: Callable[..., Any],
@@ -113,14 +201,24 @@ def attach(
     kind: ModuleKind = "forward",
     where: Where = None,
     when: When = None,
-    **options: Any,
+    prepend: bool = _UNSET,
+    with_kwargs: bool = _UNSET,
+    always_call: bool = _UNSET,
+    **unknown: Any,
 ) -> HookGroup:
     """Register `hook` of `kind` on every module of `model` that `where` selects.
 
     `kind`: "forward_pre", "forward", "full_backward_pre" or "full_backward"; `when`: None,
-    "train", "eval" or ``callable(module) -> bool``, checked at every call; `options`:
-    prepend / with_kwargs / always_call as the per-module function of that kind takes them.
+    "train", "eval" or ``callable(module) -> bool``, checked at every call; `prepend`,
+    `with_kwargs`, `always_call`: as the per-module function of that kind takes them (forward:
+    all three; forward_pre: prepend and with_kwargs; the backward kinds: prepend).
     """
+    # Only the options given reach the per-module function; an option the kind does not take,
+    # or an unknown keyword, is a HookArgumentError naming the kind (at run time as before the
+    # options were spelled out; a type checker flags both at the call).
+    given = {"prepend": prepend, "with_kwargs": with_kwargs, "always_call": always_call}
+    options = {k: v for k, v in given.items() if v is not _UNSET}
+    options.update(unknown)
     what = f"{kind} hooks by attach"
     if kind not in KINDS:
         allowed = ", ".join(map(repr, KINDS))
@@ -129,11 +227,11 @@ def attach(
             f"Received: kind={api._short(kind)}."
         )
     allowed_options = KIND_INFO[kind].options
-    unknown = set(options) - allowed_options
-    if unknown:
+    unknown_names = set(options) - allowed_options
+    if unknown_names:
         raise HookArgumentError(
             f"{_label(what, model)}: options for kind={kind!r} must be among "
-            f"{sorted(allowed_options)}. Received: {sorted(unknown)}."
+            f"{sorted(allowed_options)}. Received: {sorted(unknown_names)}."
         )
     register = KINDS[kind]
     wants_name = _takes_name(hook)

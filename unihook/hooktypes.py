@@ -21,6 +21,12 @@ __all__ = [
     "ForwardPreHookWithKwargs",
     "HookKind",
     "ModuleKind",
+    "NamedBackwardHook",
+    "NamedBackwardPreHook",
+    "NamedForwardHook",
+    "NamedForwardHookWithKwargs",
+    "NamedForwardPreHook",
+    "NamedForwardPreHookWithKwargs",
     "RegistrationHook",
     "TensorHook",
     "When",
@@ -73,6 +79,68 @@ class BackwardHook(Protocol):
 
     def __call__(
         self, module: Any, grad_input: tuple[Any, ...], grad_output: tuple[Any, ...], /
+    ) -> object: ...
+
+
+# `attach` passes the module's qualified name to a hook that takes a keyword parameter `name`
+# (``def hook(module, args, output, *, name): ...``): these are the hooks above with it.
+
+
+class NamedForwardPreHook(Protocol):
+    """`ForwardPreHook` taking the qualified name: ``hook(module, args, *, name)`` (attach)."""
+
+    def __call__(self, module: Any, args: tuple[Any, ...], /, *, name: str) -> object: ...
+
+
+class NamedForwardPreHookWithKwargs(Protocol):
+    """`ForwardPreHookWithKwargs` taking the qualified name (attach, ``with_kwargs=True``)."""
+
+    def __call__(
+        self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], /, *, name: str
+    ) -> object: ...
+
+
+class NamedForwardHook(Protocol):
+    """`ForwardHook` taking the qualified name: ``hook(module, args, output, *, name)``."""
+
+    def __call__(
+        self, module: Any, args: tuple[Any, ...], output: Any, /, *, name: str
+    ) -> object: ...
+
+
+class NamedForwardHookWithKwargs(Protocol):
+    """`ForwardHookWithKwargs` taking the qualified name (attach, ``with_kwargs=True``)."""
+
+    def __call__(
+        self,
+        module: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+        /,
+        *,
+        name: str,
+    ) -> object: ...
+
+
+class NamedBackwardPreHook(Protocol):
+    """`BackwardPreHook` taking the qualified name: ``hook(module, grad_output, *, name)``."""
+
+    def __call__(self, module: Any, grad_output: tuple[Any, ...], /, *, name: str) -> object: ...
+
+
+class NamedBackwardHook(Protocol):
+    """`BackwardHook` taking the qualified name: ``hook(module, grad_input, grad_output, *,
+    name)``."""
+
+    def __call__(
+        self,
+        module: Any,
+        grad_input: tuple[Any, ...],
+        grad_output: tuple[Any, ...],
+        /,
+        *,
+        name: str,
     ) -> object: ...
 
 
