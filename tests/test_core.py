@@ -221,3 +221,80 @@ def test_backends_table_is_truthful(backend) -> None:  # type: ignore[no-untyped
         )
         with function(lambda *a: None, backend=backend.name) as handle:
             assert handle.backend == backend.name and info.support(kind) != "unsupported"
+
+
+# -- the frameworks' versions (issue 13) ------------------------------------------------------
+
+
+def _declared_lower_bound(distribution: str) -> str:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    for spec in [*extras["torch"], *extras["paddle"]]:
+        name, _, bound = spec.partition(">=")
+        if name.strip() == distribution:
+            return bound.strip()
+    raise AssertionError(f"pyproject.toml declares no {distribution}>= bound")
+
+
+def test_backends_check_the_lower_bounds_pyproject_declares() -> None:
+    import unihook_paddle
+    import unihook_torch
+
+    assert unihook_torch.MIN_VERSION == _declared_lower_bound("torch")
+    assert unihook_paddle.MIN_VERSION == _declared_lower_bound("paddlepaddle")
+
+
+def test_torch_older_than_the_lower_bound_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import unihook_torch
+    from conftest import kit
+
+    backend = kit("torch")
+    import torch
+
+    monkeypatch.setattr(torch, "__version__", "2.12.1+cu121")
+    monkeypatch.setattr(unihook_torch, "_version_checked", False)
+    module = backend.linear(2, 2)
+    with pytest.warns(RuntimeWarning) as caught:
+        unihook.register_forward_hook(module, lambda *a: None).remove()
+    (warning,) = caught
+    message = str(warning.message)
+    assert "expects torch>=2.13" in message and "Received: torch 2.12.1+cu121" in message
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        unihook.register_forward_hook(module, lambda *a: None).remove()
+    # a release at the bound, or a source build, claims silently
+    for version in ("2.13.0+cpu", "2.14.0.dev20260101", "0.0.0"):
+        monkeypatch.setattr(torch, "__version__", version)
+        monkeypatch.setattr(unihook_torch, "_version_checked", False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            unihook.register_forward_hook(module, lambda *a: None).remove()
+
+
+def test_paddle_older_than_the_lower_bound_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import unihook_paddle
+    from conftest import kit
+
+    backend = kit("paddle")
+    import paddle
+
+    layer = backend.linear(2, 2)
+    monkeypatch.setattr(paddle, "__version__", "3.2.0")
+    monkeypatch.setattr(unihook_paddle, "_version_checked", False)
+    for register in (
+        lambda: unihook.register_forward_hook(layer, lambda *a: None, always_call=True),
+        lambda: unihook.backend_of(layer),  # every claim, until paddle is upgraded
+    ):
+        with pytest.raises(unihook.BackendStateError) as info:
+            register()
+        message = str(info.value)
+        assert "expected paddlepaddle>=3.3" in message and "Received: paddle 3.2.0" in message
+    assert sum(backend.hook_counts(layer).values()) == 0
+    for version in ("3.3.0", "3.3.1.post2", "0.0.0"):  # 0.0.0: a develop build
+        monkeypatch.setattr(paddle, "__version__", version)
+        monkeypatch.setattr(unihook_paddle, "_version_checked", False)
+        assert unihook.backend_of(layer) == "paddle"

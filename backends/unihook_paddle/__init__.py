@@ -10,6 +10,7 @@ backward hooks, which paddle 3.3.1 lacks, are emulated (``_backward``).
 from __future__ import annotations
 
 import itertools
+import re
 import sys
 import weakref
 from typing import Any, Callable
@@ -23,7 +24,7 @@ from unihook.backend import (
     kwargs_post_hook,
     type_name,
 )
-from unihook.errors import NoGradError, TargetKindError
+from unihook.errors import BackendStateError, NoGradError, TargetKindError
 from unihook.handles import Handle
 from unihook.info import BackendInfo, installed_version
 from unihook.spec import hookimpl
@@ -44,9 +45,43 @@ def _paddle() -> Any:
     return sys.modules.get("paddle")
 
 
+#: The lowest paddle the suite has passed on: pyproject.toml's ``paddlepaddle>=`` bound (a test
+#: checks that they agree). Older paddle is an error: 3.0-3.2 lack `always_call` and
+#: `with_kwargs` on forward post-hooks and fail about half the suite (README "Supported
+#: versions"), in the middle of a forward.
+MIN_VERSION = "3.3"
+_version_checked = False
+
+
 def _owns(obj: object) -> bool:
     paddle = _paddle()
-    return paddle is not None and isinstance(obj, (paddle.nn.Layer, paddle.Tensor))
+    if paddle is None or not isinstance(obj, (paddle.nn.Layer, paddle.Tensor)):
+        return False
+    if not _version_checked:
+        _check_version(str(getattr(paddle, "__version__", "")))
+    return True
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    """(3, 3, 1) for "3.3.1" or "3.3.1.post1"; None when it has no number."""
+    found = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in found.group().split(".")) if found else None
+
+
+def _check_version(installed: str) -> None:
+    """Raise, at every claim until paddle is upgraded, if it is older than MIN_VERSION."""
+    global _version_checked
+    release = _release(installed)
+    minimum = _release(MIN_VERSION)
+    # a source build of paddle's develop branch says 0.0.0: let it through
+    if release is not None and minimum is not None and release < minimum and any(release):
+        raise BackendStateError(
+            f"paddle backend: expected paddlepaddle>={MIN_VERSION}, the lowest version unihook's "
+            f"tests pass on (3.0-3.2 lack always_call and with_kwargs on forward post-hooks). "
+            f"Received: paddle {installed}. Upgrade paddle: pip install "
+            f"'paddlepaddle>={MIN_VERSION}' (or paddlepaddle-gpu, your CUDA build)."
+        )
+    _version_checked = True
 
 
 def _layer(obj: object, kind: str, name: str | None) -> Any:

@@ -6,7 +6,9 @@ Claims an object only when ``torch`` is already in ``sys.modules`` and the objec
 
 from __future__ import annotations
 
+import re
 import sys
+import warnings
 from typing import Any, Callable
 
 from unihook.backend import (
@@ -24,6 +26,11 @@ from unihook.info import BackendInfo, installed_version
 from unihook.spec import hookimpl
 
 NAME = "torch"
+#: The lowest torch the whole suite has passed on: pyproject.toml's ``torch>=`` bound (a test
+#: checks that they agree). Older torch gets a warning, not an error: 2.8 passed all but the
+#: torch.compile tests and one thread test (README "Supported versions").
+MIN_VERSION = "2.13"
+_version_checked = False
 
 
 def _torch() -> Any:
@@ -32,7 +39,35 @@ def _torch() -> Any:
 
 def _owns(obj: object) -> bool:
     torch = _torch()
-    return torch is not None and isinstance(obj, (torch.nn.Module, torch.Tensor))
+    if torch is None or not isinstance(obj, (torch.nn.Module, torch.Tensor)):
+        return False
+    if not _version_checked:
+        _check_version(str(getattr(torch, "__version__", "")))
+    return True
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    """(2, 13, 0) for "2.13.0+cpu" or "2.13.0.dev20260101"; None when it has no number."""
+    found = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in found.group().split(".")) if found else None
+
+
+def _check_version(installed: str) -> None:
+    """Warn once, when torch first owns an object, if it is older than MIN_VERSION."""
+    global _version_checked
+    _version_checked = True
+    release = _release(installed)
+    minimum = _release(MIN_VERSION)
+    # a source build may say 0.0.0 or 0+unknown: let it through
+    if release is not None and minimum is not None and release < minimum and any(release):
+        warnings.warn(
+            f"unihook's torch backend expects torch>={MIN_VERSION}, the lowest version its "
+            f"tests pass on. Received: torch {installed}. Hooks may fail inside torch "
+            f"(torch.compile support needs {MIN_VERSION}): upgrade torch (your CUDA build of "
+            f"it, or pip install 'torch>={MIN_VERSION}').",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def _module(obj: object, kind: str, name: str | None) -> Any:
