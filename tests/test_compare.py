@@ -1264,3 +1264,40 @@ def test_mobilenet_reference_in_train_mode_is_ok(seed: int) -> None:
     x = np.random.default_rng(seed).standard_normal(spec.input_shape).astype(np.float32)
     report = compare(model, twin, x)
     assert report.ok, str(report)
+
+
+class TorchCellStates(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.LSTMCell(4, 6)
+        self.out = nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, c = self.cell(x)
+        return self.out(h + c)  # type: ignore[no-any-return]
+
+
+class PaddleCellStates(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = pnn.LSTMCell(4, 6)
+        self.out = pnn.Linear(6, 2)
+
+    def forward(self, x: Any) -> Any:
+        _, (h, c) = self.cell(x)  # the states, nested: paddle's cell hook sees no gradient
+        return self.out(h + c)
+
+
+def test_paddle_lstm_cell_whose_states_are_used_is_ok() -> None:
+    torch.manual_seed(0)
+    model, twin = TorchCellStates(), PaddleCellStates()
+    copy_weights(model, twin)
+    for report in _both_ways(model, twin, batch((3, 4))):
+        assert report.ok, str(report)
+        cell = next(r for r in report.table if r.name_a == "cell")
+        assert (
+            cell.grad_output is not None
+            and "sees no gradient of its states" in cell.grad_output.note
+        )
+    twin.cell.weight_hh.set_value(np.zeros((24, 6), np.float32))  # a mistake: still named
+    assert compare(model, twin, batch((3, 4))).first_parameter == "cell.weight_hh"
