@@ -298,3 +298,75 @@ def test_paddle_older_than_the_lower_bound_is_an_error(monkeypatch: pytest.Monke
         monkeypatch.setattr(paddle, "__version__", version)
         monkeypatch.setattr(unihook_paddle, "_version_checked", False)
         assert unihook.backend_of(layer) == "paddle"
+
+
+# -- nothing to take the object or the hook (issue 13) ----------------------------------------
+
+
+def test_no_backend_says_what_unihook_disable_left_out() -> None:
+    out = run_python(
+        """
+        import unihook
+        for call in (lambda: unihook.backend_of(object()),
+                     lambda: unihook.register_forward_hook(object(), lambda *a: None)):
+            try:
+                call()
+            except unihook.NoBackendError as error:
+                print(error)
+        """,
+        env={"UNIHOOK_DISABLE": "torch,paddle"},
+    )
+    first, second = out.splitlines()
+    assert first.startswith(
+        "backend_of: expected a module or tensor of an installed backend (none)"
+    )
+    assert second.startswith("register_forward_hook: expected a module or tensor")
+    for message in (first, second):
+        assert "Disabled by UNIHOOK_DISABLE=torch,paddle: unset it to use them." in message
+        assert "No framework is installed" not in message  # they are, only disabled
+
+
+def test_no_backend_says_how_to_install_a_framework(monkeypatch: pytest.MonkeyPatch) -> None:
+    from unihook import api
+    from unihook.info import BackendInfo
+
+    monkeypatch.delenv("UNIHOOK_DISABLE", raising=False)
+    missing = [BackendInfo("paddle", "paddle", None), BackendInfo("torch", "torch", None)]
+    monkeypatch.setattr(api, "backends", lambda: missing)
+    with pytest.raises(unihook.NoBackendError) as info:
+        unihook.backend_of(object())
+    message = str(info.value)
+    assert message.startswith("backend_of: expected a module or tensor of an installed backend")
+    assert "No framework is installed (paddle, torch): pip install 'unihook[torch]'" in message
+    assert "UNIHOOK_DISABLE" not in message
+
+
+GLOBAL_WITH_NOTHING = """
+import unihook
+for register in (unihook.register_module_forward_hook,
+                 unihook.register_module_full_backward_hook,
+                 unihook.register_module_buffer_registration_hook):
+    try:
+        handle = register(lambda *a: None)
+        print("handle", handle)
+    except unihook.UnihookError as error:
+        print(type(error).__name__, error)
+"""
+
+
+def test_a_global_hook_nothing_takes_is_an_error() -> None:
+    """No backend installed (here: all disabled): no handle that would never fire."""
+    out = run_python(GLOBAL_WITH_NOTHING, env={"UNIHOOK_DISABLE": "torch,paddle"})
+    lines = out.splitlines()
+    assert len(lines) == 3 and all(line.startswith("NoBackendError ") for line in lines), out
+    for line, kind in zip(lines, ["module_forward", "module_full_backward", "buffer_registration"]):
+        assert f"{kind} hook on every module [backend none]: expected an installed backend" in line
+        assert "Disabled by UNIHOOK_DISABLE=torch,paddle" in line
+
+
+def test_a_global_hook_no_installed_backend_implements_is_unsupported(toy_backend: Path) -> None:
+    out = run_python(GLOBAL_WITH_NOTHING, env={"UNIHOOK_DISABLE": "torch,paddle"}, path=toy_backend)
+    lines = out.splitlines()
+    assert len(lines) == 3 and all(line.startswith("UnsupportedHookError ") for line in lines)
+    assert "module_forward hook on every module [backend toy]" in lines[0]
+    assert "installed backends 'toy', none of which does" in lines[0]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import KITS
 
 import unihook
@@ -45,9 +46,16 @@ def test_demo_shows_identical_numbers(tmp_path: Path) -> None:
     assert "INFO" not in done.stdout + done.stderr
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "unihook", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "unihook", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
 
 
@@ -65,3 +73,58 @@ def test_help_and_version_go_to_stdout() -> None:
     assert "Seed model" not in demo.stdout
     version = _cli("--version")
     assert (version.returncode, version.stdout) == (0, f"unihook {unihook.__version__}\n")
+
+
+def test_no_framework_is_an_error_on_stderr_that_names_unihook_disable(tmp_path: Path) -> None:
+    done = _cli("demo", "--out", "out", env={"UNIHOOK_DISABLE": "torch,paddle"}, cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (
+        "No framework to run the demo on: torch, paddle disabled by UNIHOOK_DISABLE; "
+        "unset UNIHOOK_DISABLE to use the disabled ones.\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_that_cannot_be_a_directory_is_a_usage_error(tmp_path: Path) -> None:
+    """Checked before the demo runs: one line on stderr, exit 2, no traceback."""
+    file = tmp_path / "picture.png"
+    file.write_text("not a directory")
+    for out, problem in [
+        (file, "exists and is not a directory"),
+        (file / "sub" / "dir", f"cannot be created: {file} is not a directory"),
+    ]:
+        done = _cli("demo", "--out", str(out), cwd=tmp_path)
+        assert (done.returncode, done.stdout) == (2, "")
+        assert done.stderr == f"unihook demo: error: --out {out}: {problem}\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["picture.png"]
+
+
+def test_out_check_creates_nothing_and_asks_the_file_system(tmp_path: Path) -> None:
+    from unihook.__main__ import out_dir_problem
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    assert out_dir_problem(str(locked / "a" / "b")) is None  # nothing created to find out
+    assert list(locked.iterdir()) == []
+    problem = out_dir_problem("/proc/unihook-demo")  # no directory can be made in /proc
+    if os.path.isdir("/proc/self"):
+        assert problem is not None and problem.startswith("cannot be created in /proc: ")
+
+
+def test_backend_table_says_not_installed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from unihook import api, demo
+    from unihook.info import BackendInfo
+
+    infos = [
+        BackendInfo("paddle", "paddle", None),  # as unihook.backends() reports a missing one
+        BackendInfo("torch", "torch", "2.13.0", {"forward": "native"}),
+    ]
+    monkeypatch.setattr(api, "backends", lambda: infos)
+    demo._print_backends()
+    rows = capsys.readouterr().out.splitlines()
+    forward = next(r for r in rows if r.split()[0] == "forward")
+    assert forward.split() == ["forward", "not", "installed", "native"]
+    tensor = next(r for r in rows if r.split()[0] == "tensor")
+    assert tensor.split() == ["tensor", "not", "installed", "unsupported"]

@@ -288,3 +288,21 @@ def test_make_test_min_pins_the_declared_lower_bounds() -> None:
     assert line is not None
     pins = dict(pin.split("==") for pin in line.group(1).split())
     assert {canonicalize_name(k): Version(v) for k, v in pins.items()} == declared
+
+
+def test_documents_point_at_files_of_the_repository() -> None:
+    """Relative links and path mentions in the shipped documents resolve inside the repository
+    (the sdist holds them): none reaches a directory beside it."""
+    documents = [ROOT / n for n in ("README.md", "ARCHITECTURE.md", "CHANGELOG.md")]
+    documents += sorted((ROOT / "docs").glob("*.md"))
+    broken = []
+    for document in documents:
+        text = document.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:|#", target):
+                continue  # a URL or an anchor
+            resolved = (document.parent / target.split("#")[0]).resolve()
+            if not resolved.exists() or ROOT not in resolved.parents:
+                broken.append(f"{document.name}: ]({target})")
+        broken += [f"{document.name}: {m}" for m in re.findall(r"\.\./[\w./-]+", text)]
+    assert broken == []

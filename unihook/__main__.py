@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 
 from . import __version__
@@ -37,9 +39,35 @@ def parser() -> argparse.ArgumentParser:
     return cli
 
 
+def out_dir_problem(out: str) -> str | None:
+    """Why `out` cannot be the demo's output directory (None if it can), found leaving nothing
+    behind: the demo makes the directory only when it has a picture to write."""
+    path = os.path.abspath(out)
+    if os.path.exists(path) and not os.path.isdir(path):
+        return "exists and is not a directory"
+    existing = path
+    while not os.path.exists(existing):  # the nearest existing ancestor: the demo makes the rest
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"cannot be created: {existing} is not a directory"
+    try:  # os.access says yes to root on a read-only file system: try it
+        os.rmdir(tempfile.mkdtemp(prefix=".unihook-probe-", dir=existing))
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        where = "cannot write into" if existing == path else "cannot be created in"
+        return f"{where} {existing}: {reason}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    # the only command; argparse has already rejected anything else
+    cli = parser()
+    args = cli.parse_args(argv)
+    # the only command; argparse has already rejected anything else.
+    # --out is checked before the demo runs (a minute of work), as argparse checks arguments:
+    # one line on stderr, exit 2.
+    problem = out_dir_problem(args.out)
+    if problem is not None:
+        cli.exit(2, f"{cli.prog} demo: error: --out {args.out}: {problem}\n")
     from .demo import main as demo
 
     return demo(args.out)

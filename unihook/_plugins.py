@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pluggy
 
-__all__ = ["DISABLE_ENV", "call_owner", "plugin_manager"]
+__all__ = ["DISABLE_ENV", "call_owner", "disabled_backends", "plugin_manager"]
 
 #: Comma-separated backend names (entry-point names) that unihook must not load.
 DISABLE_ENV = "UNIHOOK_DISABLE"
@@ -37,13 +37,17 @@ def _build() -> pluggy.PluginManager:
     global _pm
     pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
     pm.add_hookspecs(spec)
-    for name in os.environ.get(DISABLE_ENV, "").split(","):
-        if name.strip():
-            pm.set_blocked(name.strip())
+    for name in disabled_backends():
+        pm.set_blocked(name)
     pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
     pm.check_pending()
     _pm = pm
     return pm
+
+
+def disabled_backends() -> list[str]:
+    """The backend names that UNIHOOK_DISABLE lists (what messages say was left out)."""
+    return [name.strip() for name in os.environ.get(DISABLE_ENV, "").split(",") if name.strip()]
 
 
 # (hook name, type of target) -> the hookimpl that answered for it

@@ -6,7 +6,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Literal, overload
 
 from ._describe import Site, type_name
-from ._plugins import call_owner, plugin_manager
+from ._plugins import DISABLE_ENV, call_owner, disabled_backends, plugin_manager
 from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
 from .handles import Handle
 from .hooktypes import (
@@ -208,12 +208,29 @@ def _register(kind: HookKind, target: object, **options: Any) -> Handle:
 
 
 def _no_backend(what: str, obj: object) -> NoBackendError:
-    installed = [info for info in backends() if info.installed]
+    infos = backends()
+    installed = [info for info in infos if info.installed]
     listing = ", ".join(f"{i.name} ({i.framework} {i.version})" for i in installed) or "none"
     return NoBackendError(
         f"{what}: expected a module or tensor of an installed backend ({listing}). "
-        f"Received: {type_name(obj)} {_short(obj)}."
+        f"Received: {type_name(obj)} {_short(obj)}.{_no_backend_hint(infos)}"
     )
+
+
+def _no_backend_hint(infos: list[BackendInfo]) -> str:
+    """What to do about a missing backend (`infos`: unihook.backends()): the backends
+    UNIHOOK_DISABLE leaves out, and how to install a framework when none is."""
+    hint = ""
+    disabled = disabled_backends()
+    if disabled:
+        hint += f" Disabled by {DISABLE_ENV}={','.join(disabled)}: unset it to use them."
+    missing = [info.framework for info in infos if not info.installed]
+    if missing and not any(info.installed for info in infos):
+        hint += (
+            f" No framework is installed ({', '.join(missing)}): pip install 'unihook[torch]' "
+            "or 'unihook[paddle]', or your own build of the framework (e.g. a CUDA one)."
+        )
+    return hint
 
 
 def _short(obj: object) -> str:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 from typing import Any
 
 from . import api
-from ._plugins import plugin_manager
+from ._plugins import DISABLE_ENV, disabled_backends, plugin_manager
 from .kinds import KINDS
 
 # The seed model of docs/SEMANTICS.md §4 (torch layout: Linear weight is [out, in]).
@@ -92,7 +93,7 @@ def main(out: str) -> int:
         key=lambda k: k.name != "torch",
     )
     if not kits:
-        print("No framework installed: install unihook[torch] or unihook[paddle].")
+        print(f"No framework to run the demo on: {_left_out()}.", file=sys.stderr)
         return 1
     runs = [run_one(kit) for kit in kits]
     events = [event for event, _ in runs[0]]
@@ -111,10 +112,10 @@ def main(out: str) -> int:
         print(f"{event:<{width}}  " + "  ".join(f"{v:<{col}}" for v in values) + mark)
     print()
     ran = " and ".join(k.name for k in kits)
-    missing = [i.name for i in api.backends() if not i.installed]
     if not compare:
         # one framework: nothing was compared, say so instead of claiming agreement
-        others = f" ({', '.join(missing)} not installed)" if missing else ""
+        left_out = _left_out()
+        others = f" ({left_out})" if left_out else ""
         print(f"Ran with {ran} only{others}: nothing to compare.")
     elif all_same:
         print(f"Identical in every framework ({ran}).")
@@ -231,10 +232,30 @@ def write_training(kits: list[Any], path: str, steps: int = 30) -> tuple[str, st
     return path, title
 
 
+def _left_out() -> str:
+    """The backends the demo cannot run and why: "paddle not installed", "torch disabled by
+    UNIHOOK_DISABLE"; with the way out when no framework is there at all."""
+    infos = api.backends()
+    missing = [i.name for i in infos if not i.installed]
+    disabled = disabled_backends()
+    parts = []
+    if disabled:
+        parts.append(f"{', '.join(disabled)} disabled by {DISABLE_ENV}")
+    if missing:
+        parts.append(f"{', '.join(missing)} not installed")
+    if not any(i.installed for i in infos):
+        if missing:
+            parts.append("pip install 'unihook[torch]' or 'unihook[paddle]'")
+        if disabled:
+            parts.append(f"unset {DISABLE_ENV} to use the disabled ones")
+    return "; ".join(parts)
+
+
 def _print_backends() -> None:
     infos = api.backends()
     print("Backends (unihook.backends()):")
-    print(f"  {'hook kind':<26}" + "".join(f"{i.name:<12}" for i in infos))
-    print(f"  {'framework version':<26}" + "".join(f"{i.version or '-':<12}" for i in infos))
+    print(f"  {'hook kind':<26}" + "".join(f"{i.name:<14}" for i in infos))
+    print(f"  {'framework version':<26}" + "".join(f"{i.version or '-':<14}" for i in infos))
     for kind in KINDS:
-        print(f"  {kind:<26}" + "".join(f"{i.support(kind):<12}" for i in infos))
+        row = (i.support(kind) if i.installed else "not installed" for i in infos)
+        print(f"  {kind:<26}" + "".join(f"{cell:<14}" for cell in row))

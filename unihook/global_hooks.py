@@ -10,8 +10,8 @@ from typing import Any, Literal, overload
 
 from ._describe import Site
 from ._plugins import plugin_manager
-from .api import _short, backends
-from .errors import HookArgumentError, UnsupportedHookError
+from .api import _no_backend_hint, _short, backends
+from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
 from .handles import Handle
 from .hooktypes import (
     BackwardHook,
@@ -123,8 +123,9 @@ def _register(
     with_kwargs: bool = False,
     always_call: bool = False,
 ) -> Handle:
-    installed = [info.name for info in backends() if info.installed]
-    site = Site(global_label(kind), backend or ",".join(installed), "every module")
+    infos = backends()
+    installed = [info.name for info in infos if info.installed]
+    site = Site(global_label(kind), backend or ",".join(installed) or "none", "every module")
     if not callable(hook):
         raise HookArgumentError(f"{site}: `hook` must be callable. Received: hook={_short(hook)}.")
     if backend is not None and backend not in installed:
@@ -141,6 +142,18 @@ def _register(
             UnsupportedHookError,
             f"a backend that implements global {kind} hooks (see unihook.backends())",
             f"backend {backend!r}, which does not",
+        )
+    if not handles:
+        # a handle that never fires would hide it: say why nothing takes the hook
+        if not installed:
+            raise NoBackendError(
+                f"{site}: expected an installed backend to take the hook. Received: none "
+                f"installed.{_no_backend_hint(infos)}"
+            )
+        raise site.error(
+            UnsupportedHookError,
+            f"a backend that implements global {kind} hooks (see unihook.backends())",
+            f"installed backends {', '.join(map(repr, installed))}, none of which does",
         )
     handles.sort(key=lambda h: h.backend)
 
