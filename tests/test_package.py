@@ -23,12 +23,16 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 import unihook
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the test extra brings tomli
+    import tomli as tomllib  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMEWORKS = {"torch": "torch", "paddle": "paddlepaddle"}  # extra -> distribution
@@ -51,8 +55,6 @@ SDIST_DIRS = {"backends", "benchmarks", "docs", "tests", "unihook", "unihook.egg
 def package_files() -> dict[str, str]:
     """Every .py and py.typed of the packages: path in the wheel -> path in the source tree."""
     roots = {"unihook": ROOT / "unihook"}
-    import tomllib  # (3.11+, as the Makefile's set-up)
-
     # the backends the package registers (an unregistered one in backends/ is not shipped)
     with open(ROOT / "pyproject.toml", "rb") as f:
         registered = tomllib.load(f)["project"]["entry-points"]["unihook"].values()
@@ -66,16 +68,61 @@ def package_files() -> dict[str, str]:
     return files
 
 
+def _checked(command: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run `command`; a failure shows its exit status, stderr and stdout (check=True shows
+    neither stream)."""
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:  # (not `assert`: pytest would indent the streams)
+        raise AssertionError(
+            f"{' '.join(command)} exited with {done.returncode}\n"
+            f"--- stderr ---\n{done.stderr}\n--- stdout ---\n{done.stdout}"
+        )
+    return done
+
+
+def test_a_failing_step_shows_its_stderr() -> None:
+    with pytest.raises(AssertionError) as info:
+        _checked([sys.executable, "-c", "import sys; print('out'); sys.exit('the reason')"])
+    assert "exited with 1" in str(info.value)
+    assert "--- stderr ---\nthe reason\n" in str(info.value) and "out" in str(info.value)
+
+
+def _requirements_dev() -> dict[str, str]:
+    """requirements-dev.txt: distribution -> its requirement (pin), comments dropped."""
+    lines = (ROOT / "requirements-dev.txt").read_text().splitlines()
+    specs = [line.split("#")[0].strip() for line in lines]
+    return {canonicalize_name(Requirement(s).name): s for s in specs if s}
+
+
+def test_the_test_extra_holds_what_the_tests_need_and_agrees_with_the_dev_pins() -> None:
+    """`pip install unihook[test]` runs the sdist's tests: tests/test_package.py builds with
+    build and setuptools (no isolation), and the dev venv's pins satisfy the extra."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extra = [Requirement(r) for r in pyproject["project"]["optional-dependencies"]["test"]]
+    names = {canonicalize_name(r.name): r for r in extra}
+    assert {"pytest", "hypothesis", "build", "setuptools"} <= set(names)
+    (backend,) = [Requirement(r) for r in pyproject["build-system"]["requires"]]
+    assert names["setuptools"].specifier == backend.specifier  # what building needs
+    dev = _requirements_dev()
+    for name, requirement in names.items():
+        if requirement.marker is not None and not requirement.marker.evaluate():
+            continue
+        assert name in dev, f"{requirement} (test extra) is not in requirements-dev.txt"
+        pins = [s.version for s in Requirement(dev[name]).specifier if s.operator == "=="]
+        for pin in pins:
+            assert requirement.specifier.contains(pin), f"{dev[name]} against {requirement}"
+    # tests/test_package.py imports packaging: build depends on it
+    build_requires = {
+        canonicalize_name(Requirement(r).name) for r in metadata.requires("build") or []
+    }
+    assert "packaging" in build_requires or "packaging" in names
+
+
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("dist")
     # sdist, then the wheel built from the unpacked sdist: the wheel proves the sdist complete
-    subprocess.run(
-        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    _checked([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)])
     (wheel,) = out.glob("*.whl")
     (sdist,) = out.glob("*.tar.gz")
     return {"wheel": wheel, "sdist": sdist}
@@ -175,19 +222,19 @@ def envs(dists: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> di
         purelib = _run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])")
         Path(purelib.stdout.strip(), "unihook-deps.pth").write_text(f"{deps}\n")
         install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet"]
-        subprocess.run(
-            [*install, "--no-deps", "--no-index", str(dists["wheel"])],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        _checked([*install, "--no-deps", "--no-index", str(dists["wheel"])])
         pythons[framework] = python
     return pythons
 
 
-def _run(python: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "UNIHOOK"))}
-    env["GLOG_minloglevel"] = "2"
+def _run(
+    python: Path, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "UNIHOOK"))},
+        "GLOG_minloglevel": "2",
+        **(env or {}),
+    }
     return subprocess.run(
         [str(python), *args],
         capture_output=True,
@@ -272,6 +319,23 @@ def test_cli_from_the_wheel_with_one_framework(
     # matplotlib is not a dependency: the demo says how to get the picture, and where it goes
     assert f"unihook[demo]' for {tmp_path / 'out' / 'gradcam.png'}" in demo.stdout
     assert list(tmp_path.iterdir()) == []  # nothing written into the working directory
+    # the backend table: the other framework's kinds are "not installed", not "unsupported"
+    table = demo.stdout.split("Backends (unihook.backends()):")[1]
+    row = next(line.split() for line in table.splitlines() if line.split()[:1] == ["tensor"])
+    expected = ["tensor"]
+    for name in sorted(FRAMEWORKS):  # unihook.backends() is sorted by name
+        expected += ["not", "installed"] if name == other else ["native"]
+    assert row == expected
+    # the installed framework disabled: nothing to run, said on stderr, and why
+    disabled = _run(
+        python, "-m", "unihook", "demo", "--out", str(tmp_path / "out"),
+        cwd=tmp_path, env={"UNIHOOK_DISABLE": framework},
+    )  # fmt: skip
+    assert (disabled.returncode, disabled.stdout) == (1, ""), disabled.stderr
+    assert disabled.stderr.startswith(
+        f"No framework to run the demo on: {framework} disabled by UNIHOOK_DISABLE; "
+        f"{other} not installed; pip install 'unihook[torch]' or 'unihook[paddle]'"
+    ), disabled.stderr
 
 
 def test_make_test_min_pins_the_declared_lower_bounds() -> None:
