@@ -8,6 +8,8 @@ every run does the same amount of work (a few seconds per backend).
 
 from __future__ import annotations
 
+import copy
+import gc
 import json
 import os
 import random
@@ -37,6 +39,8 @@ SCENARIOS = (
     "registration_hooks_come_and_go_while_layers_are_built",
     "grad_api_on_threads",
     "last_backward_hook_removed_mid_call",
+    "global_backward_hook_removed_mid_call",
+    "handles_removed_by_finalizers",
 )
 
 
@@ -411,6 +415,11 @@ def _last_backward_hook_removed_mid_call(kit: Any) -> list[str]:
         def forward(module: Any, x: Any, remover: str = remover) -> Any:
             if remover == "forward" and "handle" in held:
                 held.pop("handle").remove()
+                # a copy taken now holds nothing of unihook's (the dispatchers wait for this
+                # call only)
+                copied = copy.deepcopy(module)
+                if any(kit.hook_counts(copied).values()):
+                    errors.append(f"a copy taken mid-call: {kit.hook_counts(copied)}")
             elif remover == "thread" and "handle" in held:
                 inside.set()
                 removed.wait(10)
@@ -450,6 +459,101 @@ def _last_backward_hook_removed_mid_call(kit: Any) -> list[str]:
         if calls != once:
             errors.append(f"{remover}: the removed hook fired in the next call")
     return errors
+
+
+def _global_backward_hook_removed_mid_call(kit: Any) -> list[str]:
+    """The last global backward hook removed inside the forward of a module that has a forward
+    pre-hook (where torch's global dispatchers are pinned in the module's own dicts), forward
+    changing its input in place: the gradient is the one without hooks, and nothing stays."""
+    errors: list[str] = []
+    held: dict[str, Any] = {}
+
+    def forward(module: Any, x: Any) -> Any:
+        if "handle" in held:
+            held.pop("handle").remove()
+        module.act(x)  # in place on the input
+        return x * 1
+
+    model = kit.module(forward, {"act": kit.relu_module(inplace=True)})
+    data = [-1.0, 2.0, -3.0, 4.0]
+
+    def step() -> np.ndarray:
+        x0 = kit.tensor(data, requires_grad=True)
+        x = x0 * 1
+        kit.backward((model(x) * 2).sum() + (x * x).sum())
+        return np.asarray(kit.grad(x0))
+
+    expected = step()
+    before = kit.hook_counts(model)
+    pre = unihook.register_forward_pre_hook(model, lambda *args: None)
+    calls: list[int] = []
+    held["handle"] = unihook.register_module_full_backward_hook(
+        lambda *args: calls.append(1), backend=kit.name
+    )
+    got = step()
+    pre.remove()
+    if not np.allclose(got, expected):
+        errors.append(f"x.grad {got} != {expected} without hooks")
+    if not calls:
+        errors.append("the global hook did not fire for the call it was removed in")
+    if kit.hook_counts(model) != before:
+        errors.append(f"residue {kit.hook_counts(model)} != {before}")
+    return errors
+
+
+class _Owner:
+    """Removes its handle when collected; a reference cycle, so only the collector frees it."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.me = self
+
+    def __del__(self) -> None:
+        self.handle.remove()
+
+
+def _handles_removed_by_finalizers(kit: Any) -> list[str]:
+    """A finalizer removing a handle runs whenever the collector does, also while unihook
+    holds its registration lock on the same thread (inside a registration, a removal, or the
+    end of a call whose hook was removed mid-call): no deadlock (the scenario's timeout), and
+    every hook goes."""
+    rng = random.Random(0)
+    noop: Callable[..., Any] = lambda *args: None  # noqa: E731
+    modules = [kit.linear(2, 2) for _ in range(16)]
+    held: dict[str, Any] = {}
+
+    def forward(module: Any, x: Any) -> Any:
+        held.pop("handle").remove()
+        _Owner(unihook.register_full_backward_hook(modules[0], noop))
+        return module.lin(x)
+
+    block = kit.module(forward, {"lin": kit.linear(2, 2)})
+    x = kit.tensor([[1.0, 2.0]], requires_grad=True)
+    threshold = gc.get_threshold()
+    try:
+        for i in range(400):
+            gc.set_threshold(rng.randint(1, 40))
+            a, b = modules[(2 * i) % 16], modules[(2 * i + 1) % 16]
+            kept = [
+                unihook.register_full_backward_hook(b, noop),
+                unihook.register_forward_pre_hook(b, noop),
+                unihook.register_module_forward_pre_hook(noop, backend=kit.name),
+            ]
+            _Owner(unihook.register_full_backward_hook(a, noop))
+            if kit.name != "torch":
+                # (torch's forward hooks are its own: its RemovableHandle, collected in a cycle,
+                # finds its weak reference cleared and removes nothing, hooks or not)
+                _Owner(unihook.register_forward_hook(a, noop))
+            _Owner(unihook.register_module_full_backward_hook(noop, backend=kit.name))
+            for handle in kept:
+                handle.remove()
+            held["handle"] = unihook.register_full_backward_hook(block, noop)
+            block(x)
+    finally:
+        gc.set_threshold(*threshold)
+    gc.collect()
+    left = [m for m in [*modules, block] if any(kit.hook_counts(m).values())]
+    return [f"{len(left)} modules keep unihook's dispatchers"] if left else []
 
 
 def _grad_api_on_threads(kit: Any) -> list[str]:

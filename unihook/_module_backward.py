@@ -20,6 +20,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from ._checks import check_grad, check_grad_tuple
 from ._describe import Site
+from ._locks import RegistryLock
 from .errors import HookReturnError
 from .handles import Handle
 
@@ -101,6 +102,8 @@ class ModuleBackward:
         self.pre_hooks: dict[int, tuple[Hook, Site | None]] = {}
         self.full_hooks: dict[int, tuple[Hook, Site | None]] = {}
         self.local: threading.local = threading.local()
+        # every thread's `_stack`, weakly (a thread's goes with it)
+        self.stacks: set[weakref.ref[_Stack]] = set()
         self.dispatchers: Dispatchers | None = None
         # Its last hook is gone. The dispatchers stay until no call is in flight on any
         # thread: a call that started before must still end in post_dispatch (its hooks were
@@ -124,28 +127,39 @@ class ModuleBackward:
         self.full_hooks.pop(key, None)
         return not (self.pre_hooks or self.full_hooks)
 
-    def _stack(self) -> list[_Entry]:
+    def _stack(self) -> _Stack:
         """This thread's calls in flight (see `_Entry`)."""
-        stack: list[_Entry] | None = getattr(self.local, "stack", None)
+        stack: _Stack | None = getattr(self.local, "stack", None)
         if stack is None:
-            stack = self.local.stack = []
+            stack = self.local.stack = _Stack()
+            self.stacks.add(weakref.ref(stack, self.stacks.discard))
         return stack
 
-    def retire(self, module: Any, ending: bool = False) -> None:
-        """Removed: take the dispatchers out once no call of `module` runs on any thread
-        (`ending`: but the one that calls this). Callers hold `_lock`."""
+    def retire(self) -> None:
+        """Removed: take the dispatchers out once no call that started before runs on any
+        thread (callers hold `_lock`). Entries on the stacks are those calls, but for those
+        a BaseException ended (their post_dispatch skipped): an entry counts while its thread
+        still runs a call of its module (a frame of the framework's call function)."""
         if self.dispatchers is None:
             return
-        codes = self.autograd.call_codes
-        running = sum(_calls_of(module, frame, codes) for frame in _frames()) - ending
-        if running <= 0:
-            self.dispatchers.remove()
-            self.dispatchers = None
+        # (list() of a set: one C call, safe beside a thread adding to it)
+        stacks = [stack for stack in (ref() for ref in list(self.stacks)) if stack]
+        if stacks:
+            frames = sys._current_frames()
+            codes = self.autograd.call_codes
+            for stack in stacks:
+                frame = frames.get(stack.thread)
+                if any(_in_call(ref(), frame, codes) for _, ref, _ in list(stack)):
+                    return
+        self.dispatchers.remove()
+        self.dispatchers = None
 
-    def _ended(self, module: Any) -> None:
+    def _ended(self) -> None:
         """A call of a removed state ends: the last one out takes the dispatchers."""
+        if _lock.deferred(self._ended):
+            return
         with _lock:
-            self.retire(module, ending=True)
+            self.retire()
 
     # -- the two dispatchers, installed as the module's last forward pre- and post-hook --
 
@@ -178,17 +192,17 @@ class ModuleBackward:
         # global ones comes first in this call takes them (the order differs by backend; own
         # dispatchers registered during the call, by a forward pre-hook or another thread, are
         # not in the running call's hooks, as torch's are taken when the call starts).
+        if self.removed:
+            # (removed while another call was in flight) the call passes; the global
+            # dispatchers, after these in every module with own ones, take it
+            self._stack().append((id(args), weakref.ref(module), _PASSED))
+            return None
         with_globals = not self.is_global
         if self.is_global:
             own = _states.dispatching(module, args)
             if own is not None:
                 self._stack().append((id(args), weakref.ref(module), _Own(own)))
                 return None
-        elif self.removed:
-            # (removed while another call was in flight) the call passes; the global
-            # dispatchers, after these in every module with own ones, take it
-            self._stack().append((id(args), weakref.ref(module), _PASSED))
-            return None
         else:
             shared = _globals.get(self.autograd.backend)
             with_globals = not (
@@ -224,14 +238,14 @@ class ModuleBackward:
             k = _find(stack, module, args)
             if k < 0:
                 if self.removed:
-                    self._ended(module)
+                    self._ended()
                 return None
         key, _, call = stack[k]
         # Calls nest per thread: the entries above this call's are stale, their post_dispatch
         # skipped by a BaseException (frameworks run always-call hooks only for an Exception).
         del stack[k:]
         if self.removed:
-            self._ended(module)  # (this call's snapshot of the dispatchers still holds them)
+            self._ended()  # (this call's snapshot of the dispatchers still holds them)
         if isinstance(call, _Passed):
             return None
         if isinstance(call, _Own):
@@ -325,6 +339,20 @@ class ModuleBackward:
 _Entry = tuple[int, "weakref.ref[Any]", "_Call | _Own | _Passed | None"]
 
 
+class _Stack(list[_Entry]):
+    """One thread's entries: weakly referable, and hashed and compared by identity (a weak
+    reference hashes and compares as its referent)."""
+
+    __slots__ = ("thread", "__weakref__")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    __hash__ = object.__hash__  # type: ignore[assignment]
+    __eq__ = object.__eq__  # type: ignore[assignment]
+
+
 class _Passed:
     """The entry of a call that started after its state was removed."""
 
@@ -334,21 +362,16 @@ class _Passed:
 _PASSED = _Passed()
 
 
-def _frames() -> list[FrameType]:
-    """Every thread's innermost frame."""
-    return list(sys._current_frames().values())
-
-
-def _calls_of(module: Any, frame: FrameType | None, codes: frozenset[CodeType]) -> int:
-    """How many calls of `module` run in the thread whose innermost frame is `frame`: frames
-    of the framework's call function whose `self` is it. (Entries on the stacks cannot tell:
-    a BaseException leaves entries of calls that are over.)"""
-    n = 0
+def _in_call(module: Any, frame: FrameType | None, codes: frozenset[CodeType]) -> bool:
+    """Whether the thread whose innermost frame is `frame` runs a call of `module`: a frame of
+    the framework's call function whose `self` it is."""
+    if module is None:
+        return False
     while frame is not None:
         if frame.f_code in codes and frame.f_locals.get("self") is module:
-            n += 1
+            return True
         frame = frame.f_back
-    return n
+    return False
 
 
 class _Own:
@@ -599,7 +622,7 @@ def _pinned(state: ModuleBackward | None) -> bool:
 
 _states = _States()
 _globals: dict[str, ModuleBackward] = {}  # backend -> its global backward hooks
-_lock = threading.Lock()
+_lock = RegistryLock()
 
 
 def register_backward_hook(
@@ -621,6 +644,8 @@ def register_backward_hook(
     del state
 
     def remove() -> None:
+        if _lock.deferred(remove):
+            return
         with _lock:
             m, state = module_ref(), state_ref()
             if m is None or state is None or _states.get(m) is not state:
@@ -628,7 +653,7 @@ def register_backward_hook(
             if state.discard(key):
                 state.removed = True
                 del _states[m]
-                state.retire(m)
+                state.retire()
 
     return Handle(autograd.backend, kind, remove)
 
@@ -652,11 +677,13 @@ def add_global_backward_hook(
         key = state.add(kind, hook, None, prepend=False)
 
     def remove() -> None:
+        if _lock.deferred(remove):
+            return
         with _lock:
             if _globals.get(backend) is not state or not state.discard(key):
                 return
             del _globals[backend]
-            assert state.dispatchers is not None
-            state.dispatchers.remove()
+            state.removed = True
+            state.retire()
 
     return remove

@@ -17,11 +17,12 @@ registers after them. So while unihook has a key in a hook dict, the module hold
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections import OrderedDict
 from itertools import count
 from typing import Any, Callable, Protocol
+
+from ._locks import RegistryLock
 
 __all__ = ["Access", "HookDict", "Pinned", "pin", "unpin"]
 
@@ -98,7 +99,22 @@ class HookDict(OrderedDict[int, Any]):
         if new and self.pinned:
             self._repin()
 
+    def __contains__(self, key: object) -> bool:
+        if super().__contains__(key):
+            return True
+        # Retired: a native handle made just before the swap back (a finalizer the garbage
+        # collector ran between torch's `RemovableHandle(...)` and its insertion) refers to
+        # this dict while its hook went into the origin.
+        origin = None if self._origin is not None else self.origin()
+        return origin is not None and key in origin
+
     def __delitem__(self, key: int) -> None:
+        if not super().__contains__(key):
+            origin = None if self._origin is not None else self.origin()
+            if origin is None or key not in origin:
+                raise KeyError(key)
+            del origin[key]  # (retired: see __contains__)
+            return
         super().__delitem__(key)
         self._changed()
         origin = self.origin()
@@ -172,10 +188,21 @@ class HookDict(OrderedDict[int, Any]):
 
     def __reduce__(self) -> Any:
         """Pickled (torch.save of a whole module), the dict is a plain one with its forward
-        hooks; backward hooks' per-call state does not pickle: say so plainly."""
-        if self.pinned:
+        hooks; backward hooks' per-call state does not pickle: say so plainly. (The
+        dispatchers of removed backward hooks, kept for a call in flight, are left out.)"""
+        waiting = self._removed_keys()
+        if any(key not in waiting for key in self.pinned):
             raise self._pickling_error()
-        return (OrderedDict, (), None, None, iter(OrderedDict.items(self)))
+        items = [(k, v) for k, v in OrderedDict.items(self) if k not in waiting]
+        return (OrderedDict, (), None, None, iter(items))
+
+    def _removed_keys(self) -> set[int]:
+        """The pinned keys of dispatchers whose backward hooks are all removed."""
+        return {
+            key
+            for key in self.pinned
+            if getattr(getattr(self.get(key), "__self__", None), "removed", False)
+        }
 
     def _pickling_error(self) -> Exception:
         from ._describe import Site
@@ -208,6 +235,7 @@ class HookDict(OrderedDict[int, Any]):
             if getattr(state, "is_global", False) or getattr(state, "removed", False):
                 # the global dispatchers: the copy gets them where it needs them; removed
                 # ones only wait for this module's calls in flight
+                _leave_out(state, owner, memo)
                 continue
             if state is not None and id(state) not in memo and copied is not owner:
                 memo[id(state)] = _copy_state(state, copied)
@@ -215,10 +243,23 @@ class HookDict(OrderedDict[int, Any]):
             OrderedDict.__setitem__(new, key, value)
             if key not in self.pinned:
                 origin[key] = value
-        new.pinned = list(self.pinned)
-        new.tail = set(self.tail)
-        new.owned = set(self.owned)
+        new.pinned = [key for key in self.pinned if key in new]
+        new.tail = {key for key in self.tail if key in new}
+        new.owned = {key for key in self.owned if key in new}
+        if not new.owned:  # (only removed or global dispatchers were here)
+            memo[id(self)] = origin
+            return origin
         return new
+
+
+def _leave_out(state: Any, owner: Any, memo: dict[int, Any]) -> None:
+    """Dispatchers a copy of `owner` goes without: nor their always-called flag."""
+    from copy import deepcopy
+
+    pinned = getattr(state, "dispatchers", None)
+    if isinstance(pinned, Pinned) and owner is not None:
+        flags = pinned.access.get(owner, pinned.always)
+        deepcopy(flags, memo).pop(pinned.post[1], None)  # (the copy the module's copy gets)
 
 
 def _copy_state(state: Any, owner: Any) -> Any:
@@ -235,7 +276,7 @@ def _copy_state(state: Any, owner: Any) -> Any:
 # id(origin) -> (weakref to the origin, its retired HookDict): the HookDict lives as long as
 # the origin, without keeping it alive.
 _retired: dict[int, tuple[weakref.ref[Any], HookDict]] = {}
-_lock = threading.RLock()  # registrations from several threads
+_lock = RegistryLock()  # registrations from several threads
 _versions = count()  # HookDict versions
 
 
@@ -253,6 +294,10 @@ def pin(
     """Insert unihook's hook `key` into `owner`'s hook dict `attr`: pinned last (`last`; with
     `tail`, after the other pinned ones, whenever they come), or first (`prepend`), or before
     the pinned ones."""
+    if _lock.deferred(
+        lambda: pin(owner, attr, key, hook, access, last=last, prepend=prepend, tail=tail)
+    ):
+        return
     with _lock:
         current = access.get(owner, attr)
         hooks = current if isinstance(current, HookDict) else None
@@ -275,6 +320,8 @@ def pin(
 
 def unpin(owner: Any, attr: str, key: int, access: Access) -> None:
     """Remove unihook's hook `key`; the last one out puts the origin back."""
+    if _lock.deferred(lambda: unpin(owner, attr, key, access)):
+        return
     with _lock:
         hooks = access.get(owner, attr)
         if not isinstance(hooks, HookDict):

@@ -18,6 +18,8 @@ backends use them.
 - **Return-value checks**: `check_grad` / `check_grad_like` for gradients a hook returns,
   `checked_kwargs_pre_hook` / `kwargs_post_hook` / `check_pre_kwargs_result` for with_kwargs
   forward hooks, `show_value` for what a message says was received.
+- **Locks**: `RegistryLock` for a backend's registry, so a removal a finalizer asks for while
+  the thread holds it (the garbage collector runs anywhere) waits instead of deadlocking.
 - **Laziness**: `when_imported` / `install_when_imported` run code when the framework gets
   imported, without importing it (a global hook registered before the framework).
 - **Ops helpers**: `map_dataclass` maps the fields of a dataclass output (``tensors_in``).
@@ -37,6 +39,7 @@ from ._checks import (
 )
 from ._describe import Site, type_name
 from ._imports import install_when_imported, when_imported
+from ._locks import RegistryLock
 from ._module_backward import (
     Autograd,
     Dispatchers,
@@ -56,6 +59,7 @@ __all__ = [
     "HookDict",
     "ModuleBackward",
     "Pinned",
+    "RegistryLock",
     "Site",
     "add_global_backward_hook",
     "check_grad",

@@ -12,13 +12,12 @@ empty dicts keep ``Layer.__call__``'s no-hook fast path.
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
 from paddle.nn.layer.layers import HookRemoveHelper
 
-from unihook.backend import HookDict, Pinned, pin, unpin
+from unihook.backend import HookDict, Pinned, RegistryLock, pin, unpin
 
 from ._static import forget_programs, guard_forward, guard_forward_pre
 
@@ -29,7 +28,7 @@ _POST = (
     "_forward_post_hooks",
     ("_forward_post_hooks_with_kwargs_flag", "_forward_post_hooks_always_called"),
 )
-_lock = threading.Lock()
+_lock = RegistryLock()
 
 
 def _next_id() -> int:
@@ -78,6 +77,8 @@ def add_hook(
 
 
 def remove_hook(layer: Any, hook_id: int, *, pre: bool) -> None:
+    if _lock.deferred(lambda: remove_hook(layer, hook_id, pre=pre)):
+        return
     hooks_attr, flag_attrs = _PRE if pre else _POST
     with _lock:
         unpin(layer, hooks_attr, hook_id, Access)

@@ -26,7 +26,7 @@ from unihook.backend import (
 from unihook.handles import Handle
 
 from . import NAME
-from ._compile import EagerUnderCompile
+from ._compile import EagerUnderCompile, outside_dynamo
 
 Grads = Sequence[Any]
 
@@ -159,10 +159,13 @@ _AUTOGRAD = TorchAutograd()
 def register(
     module: Any, kind: str, hook: Callable[..., Any], prepend: bool, name: str | None
 ) -> Handle:
-    return register_backward_hook(_AUTOGRAD, module, kind, hook, prepend, name)
+    handle = register_backward_hook(_AUTOGRAD, module, kind, hook, prepend, name)
+    # torch.compile: removed inside a compiled forward, the removal runs outside dynamo (it
+    # reads the threads' frames)
+    return Handle(handle.backend, handle.kind, outside_dynamo(handle.remove))
 
 
 def add_global(kind: str, hook: Callable[..., Any]) -> Callable[[], None]:
     from ._global import _BackwardDispatch
 
-    return add_global_backward_hook(_AUTOGRAD, kind, hook, _BackwardDispatch)
+    return outside_dynamo(add_global_backward_hook(_AUTOGRAD, kind, hook, _BackwardDispatch))

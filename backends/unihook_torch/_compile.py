@@ -21,14 +21,19 @@ Three dynamo behaviours would silently skip them:
 from __future__ import annotations
 
 import sys
-import threading
 from typing import Any, Callable
 
 import torch
 
-from unihook.backend import when_imported
+from unihook.backend import RegistryLock, when_imported
 
-__all__ = ["EagerUnderCompile", "forget_compiled", "watch_call_impl", "watch_hooks"]
+__all__ = [
+    "EagerUnderCompile",
+    "forget_compiled",
+    "outside_dynamo",
+    "watch_call_impl",
+    "watch_hooks",
+]
 
 
 @torch._disable_dynamo  # pyright: ignore[reportPrivateImportUsage] (the lazy one, see below)
@@ -36,6 +41,20 @@ def _outside_dynamo(fn: Callable[..., Any], *args: Any) -> Any:
     # torch._disable_dynamo imports dynamo (2 s) only when first called, that is while
     # dynamo traces; torch.compiler.disable would import it here.
     return fn(*args)
+
+
+def outside_dynamo(fn: Callable[[], None]) -> Callable[[], None]:
+    """`fn` run with dynamo off, also when called from compiled code (a hook's removal inside
+    a compiled forward: dynamo would compile the frames it runs, which read other frames).
+    Without dynamo imported nothing is compiled: `fn` runs as it is (no 2 s import)."""
+
+    def run() -> None:
+        if "torch._dynamo" in sys.modules:
+            _outside_dynamo(fn)
+        else:
+            fn()
+
+    return run
 
 
 _dynamo_compiling = torch.compiler.is_dynamo_compiling  # a plain `return False` when run
@@ -62,7 +81,7 @@ class EagerUnderCompile:
         return self.fn(*args)
 
 
-_lock = threading.Lock()
+_lock = RegistryLock()
 _watching = 0  # unihook torch hooks alive
 _switched = False  # unihook turned the guards on: it turns them off again
 
@@ -84,6 +103,8 @@ def watch_hooks() -> Callable[[], None]:
 
     def release() -> None:
         global _watching, _switched
+        if _lock.deferred(release):
+            return
         with _lock:
             if released[0]:
                 return

@@ -13,7 +13,6 @@ backward dispatchers. Removing the last such hook puts torch's function back.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections import OrderedDict
 from itertools import count
@@ -25,6 +24,7 @@ import torch.nn.modules.module as torch_module
 from unihook.backend import (
     ModuleBackward,
     Pinned,
+    RegistryLock,
     Site,
     check_pre_kwargs_result,
     global_label,
@@ -37,7 +37,7 @@ from ._compile import EagerUnderCompile
 
 Hook = Callable[..., Any]
 
-_lock = threading.Lock()
+_lock = RegistryLock()  # (a finalizer removing a hook meanwhile waits for it)
 _ids = count()
 _pre_hooks: dict[int, tuple[Hook, bool]] = {}
 _pre_snapshot: tuple[tuple[Hook, bool], ...] = ()
@@ -47,6 +47,7 @@ _torch_call_impl: Callable[..., Any] = torch_module.Module._call_impl
 _installed = False
 _backward: ModuleBackward | None = None  # the global backward hooks, when there are some
 _dispatch: tuple[EagerUnderCompile, EagerUnderCompile] | None = None  # _backward's dispatchers
+# where _backward's dispatchers are pinned (a removed state's stay pinned until its calls end)
 _pinned_in: weakref.WeakKeyDictionary[Any, Pinned] = weakref.WeakKeyDictionary()
 
 
@@ -169,6 +170,8 @@ def add_forward_pre(hook: Hook, with_kwargs: bool) -> Callable[[], None]:
 
     def remove() -> None:
         global _pre_snapshot
+        if _lock.deferred(remove):
+            return
         with _lock:
             if _pre_hooks.pop(key, None) is None:
                 return
@@ -182,9 +185,11 @@ class _BackwardDispatch:
     """The global backward dispatchers' place in the wrapper (see the module docstring)."""
 
     def __init__(self, state: ModuleBackward) -> None:
-        global _backward, _dispatch
+        global _backward, _dispatch, _pinned_in
+        self.state = state
         with _lock:
             _backward = state
+            _pinned_in = self.pinned_in = weakref.WeakKeyDictionary()
             # torch.compile: they run outside dynamo (see ._compile)
             _dispatch = (
                 EagerUnderCompile(state.pre_dispatch),
@@ -193,13 +198,17 @@ class _BackwardDispatch:
             _sync_patch()
 
     def remove(self) -> None:
-        global _backward, _dispatch
+        global _backward, _dispatch, _pinned_in
+        if _lock.deferred(self.remove):
+            return
         with _lock:
-            _backward = _dispatch = None
-            for pinned in list(_pinned_in.values()):
+            for pinned in list(self.pinned_in.values()):
                 pinned.remove()
-            _pinned_in.clear()
-            _sync_patch()
+            self.pinned_in.clear()
+            if _backward is self.state:  # (else newer global hooks came meanwhile)
+                _backward = _dispatch = None
+                _pinned_in = weakref.WeakKeyDictionary()
+                _sync_patch()
 
 
 def add(kind: str, hook: Hook, with_kwargs: bool, always_call: bool) -> Callable[[], None]:
