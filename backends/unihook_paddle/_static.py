@@ -11,7 +11,9 @@
   layer, while global hooks live) called then raises `UnsupportedHookError` instead of being
   silently left out of the program or seeing symbolic values. A program built before a layer
   in it got unihook hooks would leave them out: registering drops it (`forget_programs`), so
-  the next call builds again and raises.
+  the next call builds again and raises. To find those programs, this module records every
+  converted function paddle makes (``ASTStaticFunction.__init__`` wrapped, for as long as the
+  process runs: paddle keeps no registry of them).
 """
 
 from __future__ import annotations
@@ -104,20 +106,37 @@ def guard_forward(hooks: HookDict) -> None:
         _guard(hooks, "forward")
 
 
-# paddle keeps no registry of its converted functions: found in the heap, again only when an
-# instance was made or freed since (an instance holds a reference to its class)
-_found: list[weakref.ref[Any]] = []
-_found_at = -1
+# paddle keeps no registry of its converted functions: those made before this module was
+# imported are found in the heap (once), later ones are recorded as they are made. (Counting
+# instances through the class's reference count misses one made while another is freed.)
+_functions: dict[int, weakref.ref[Any]] = {}
+
+
+def _record(function: Any) -> None:
+    key = id(function)
+    _functions[key] = weakref.ref(function, lambda _: _functions.pop(key, None))
+
+
+def _record_existing() -> None:
+    for function in gc.get_referrers(ASTStaticFunction):
+        if isinstance(function, ASTStaticFunction):
+            _record(function)
+
+
+_record_existing()
+_paddle_init = ASTStaticFunction.__init__
+
+
+def _recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    _paddle_init(self, *args, **kwargs)
+    _record(self)
+
+
+ASTStaticFunction.__init__ = _recording_init  # type: ignore[method-assign]
 
 
 def _full_graph_functions() -> list[Any]:
-    global _found_at
-    if sys.getrefcount(ASTStaticFunction) != _found_at:
-        referrers = gc.get_referrers(ASTStaticFunction)
-        _found[:] = [weakref.ref(f) for f in referrers if isinstance(f, ASTStaticFunction)]
-        del referrers
-        _found_at = sys.getrefcount(ASTStaticFunction)
-    return [f for f in (ref() for ref in _found) if f is not None]
+    return [f for f in (ref() for ref in list(_functions.values())) if f is not None]
 
 
 def forget_programs(layer: Any) -> None:
