@@ -15,7 +15,9 @@ import unihook
 
 @pytest.fixture(autouse=True)
 def pristine(backend):  # type: ignore[no-untyped-def]
-    """Every test leaves the framework exactly as it found it."""
+    """Every test leaves the framework exactly as it found it (hooks an earlier test left to
+    the collector, and the guard they keep installed, are collected first)."""
+    gc.collect()
     before = backend.native_state()
     yield
     gc.collect()
