@@ -1301,3 +1301,128 @@ def test_paddle_lstm_cell_whose_states_are_used_is_ok() -> None:
         )
     twin.cell.weight_hh.set_value(np.zeros((24, 6), np.float32))  # a mistake: still named
     assert compare(model, twin, batch((3, 4))).first_parameter == "cell.weight_hh"
+
+
+# -- the third attack on issue 15: noise floors that hid real mistakes -------------------------
+
+
+def _vgg_pair() -> tuple[nn.Module, pnn.Layer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 8 * 8, 6))  # fmt: skip
+    twin = pnn.Sequential(pnn.Conv2D(3, 8, 3, padding=1), pnn.BatchNorm2D(8), pnn.ReLU(),
+                          pnn.MaxPool2D(2), pnn.Flatten(), pnn.Linear(8 * 8 * 8, 6))  # fmt: skip
+    copy_weights(model, twin)
+    return model, twin
+
+
+@pytest.mark.parametrize("mistake", ["weight_decay", "lr"])
+def test_train_mode_batchnorm_running_stats_do_not_hide_adam_mistakes(mistake: str) -> None:
+    # the running statistics move by ~0.1-1 per step, Adam's updates by ~lr: parameters are
+    # measured against parameters
+    def run(wrong: bool, flip: bool) -> Any:
+        model, twin = _vgg_pair()
+        opt_a: Any = torch.optim.AdamW(model.parameters(), 1e-4, weight_decay=0.01)
+        wd, lr = (0.0 if wrong and mistake == "weight_decay" else 0.01), 1e-4
+        lr = 1.1e-4 if wrong and mistake == "lr" else lr
+        opt_b: Any = paddle.optimizer.AdamW(lr, parameters=twin.parameters(), weight_decay=wd)
+        step_a = lambda: (opt_a.step(), opt_a.zero_grad())  # noqa: E731
+        step_b = lambda: (opt_b.step(), opt_b.clear_grad())  # noqa: E731
+        pair = (twin, model, (step_b, step_a)) if flip else (model, twin, (step_a, step_b))
+        return compare(pair[0], pair[1], 3 * batch((4, 3, 16, 16)), steps=2, optimizers=pair[2])
+
+    for flip in (False, True):
+        assert run(False, flip).ok, str(run(False, flip))
+        report = run(True, flip)
+        first = next(p for p in report.params if p.diff.failed)
+        assert (first.step, first.stage) == (0, "updated"), str(report)
+
+
+class TorchLayerScale(nn.Module):
+    def __init__(self, gamma: float) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((16,), gamma))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class PaddleLayerScale(pnn.Layer):
+    def __init__(self, gamma: float) -> None:
+        super().__init__()
+        init = paddle.nn.initializer.Constant(gamma)
+        self.gamma = self.create_parameter([16], default_initializer=init)
+
+    def forward(self, x: Any) -> Any:
+        return x * self.gamma
+
+
+class TorchLayerScaleBlock(nn.Module):
+    def __init__(self, gamma: float) -> None:
+        super().__init__()
+        self.stem, self.fc1, self.act = nn.Linear(8, 16), nn.Linear(16, 32), TorchCustomReLU()
+        self.fc2, self.ls, self.head = nn.Linear(32, 16), TorchLayerScale(gamma), nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        return self.head(h + self.ls(self.fc2(self.act(self.fc1(h)))))  # type: ignore[no-any-return]
+
+
+class PaddleLayerScaleBlock(pnn.Layer):
+    def __init__(self, gamma: float, fn: type = PaddleReLUFn) -> None:
+        super().__init__()
+        self.stem, self.fc1, self.fc2 = pnn.Linear(8, 16), pnn.Linear(16, 32), pnn.Linear(32, 16)
+        self.act, self.ls = PaddleCustomReLU(fn), PaddleLayerScale(gamma)
+        self.head = pnn.Linear(16, 3)
+
+    def forward(self, x: Any) -> Any:
+        h = self.stem(x)
+        return self.head(h + self.ls(self.fc2(self.act(self.fc1(h)))))
+
+
+def _layer_scale_pair(gamma: float, fn: type = PaddleReLUFn) -> tuple[nn.Module, pnn.Layer]:
+    torch.manual_seed(0)
+    model, twin = TorchLayerScaleBlock(gamma), PaddleLayerScaleBlock(gamma, fn)
+    copy_weights(model, twin)
+    return model, twin
+
+
+@pytest.mark.parametrize("mistake", ["lr", "weight_decay"])
+def test_adam_noise_excuse_does_not_cover_small_but_agreeing_gradients(mistake: str) -> None:
+    # behind a LayerScale of 1e-6 the branch's gradients are ~1e-6 of the others', yet the two
+    # frameworks compute them alike: a wrong learning rate or weight decay there is named
+    def branch(m: Any) -> list[Any]:
+        return [m.fc1.weight, m.fc1.bias, m.fc2.weight, m.fc2.bias]
+
+    def run(wrong: bool, flip: bool) -> Any:
+        model, twin = _layer_scale_pair(1e-6)
+        opt_a: Any = torch.optim.AdamW(model.parameters(), 1e-3, weight_decay=0.05)
+        ids = {id(p) for p in branch(twin)}
+        others = [p for p in twin.parameters() if id(p) not in ids]
+        group = {"params": branch(twin), "weight_decay": 0.05}
+        if wrong:
+            group.update({"learning_rate": 10.0} if mistake == "lr" else {"weight_decay": 0.0})
+        opt_b: Any = paddle.optimizer.AdamW(
+            1e-3, parameters=[{"params": others, "weight_decay": 0.05}, group], weight_decay=0.05
+        )
+        step_a = lambda: (opt_a.step(), opt_a.zero_grad())  # noqa: E731
+        step_b = lambda: (opt_b.step(), opt_b.clear_grad())  # noqa: E731
+        pair = (twin, model, (step_b, step_a)) if flip else (model, twin, (step_a, step_b))
+        return compare(pair[0], pair[1], batch((16, 8)), steps=1, optimizers=pair[2])
+
+    for flip in (False, True):
+        assert run(False, flip).ok, str(run(False, flip))
+        report = run(True, flip)
+        assert not report.ok
+        failed = {p.name_a for p in report.params if p.diff.failed}
+        assert failed and failed <= {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}, failed
+
+
+def test_wrong_backward_behind_a_small_layer_scale_is_named() -> None:
+    # the branch's gradients are 1e-5 of the residual stream's: measured against their own size
+    model, twin = _layer_scale_pair(1e-5)
+    for report in _both_ways(model, twin, batch((16, 8))):
+        assert report.ok, str(report)
+    model, twin = _layer_scale_pair(1e-5, PaddleWrongReLUFn)
+    for report in _both_ways(model, twin, batch((16, 8))):
+        assert report.first_forward is None and report.first_backward == "act", str(report)

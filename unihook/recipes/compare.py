@@ -57,6 +57,14 @@ RTOL = 1e-4
 # own floors); a tenth keeps an activation whose output is smaller than its input (GELU's
 # negative side) measured against its output.
 INPUT_SHARE = 0.1
+# Backward, a module's gradients are measured against their own max and this share of the
+# largest gradient downstream of it: a gradient that cancels to zero (attention's key through
+# softmax, a BatchNorm's input) is rounding noise ~1e-7 of that; a branch behind a small
+# LayerScale (gamma 1e-5) has genuinely small gradients, compared against their own size.
+GRAD_SHARE = 1e-2
+# An update (updated - before) is measured against this many ulps of the parameter's size as
+# well: the two models round the updated parameter each their own way.
+ULP_SHARE = 4.0
 
 # A train-mode BatchNorm updates its running variance with the batch variance: unbiased in
 # torch (n / (n - 1) times the biased one), biased in paddle. A correct port's running_var
@@ -329,8 +337,9 @@ def _floors(trace: Trace, step: Step) -> tuple[list[float], dict[tuple[str, int]
     Forward, per call (index into ``step.forward``): the largest magnitude among its inputs
     and, recursively, among the inputs of the modules that produced them: a value that cancels
     to zero (an average after a normalization, and everything after it) carries the noise of
-    the values it came from. Backward, per (module, call): the largest gradient reaching its
-    output and, recursively, the outputs of the modules that consumed it."""
+    the values it came from. Backward, per (module, call): its own largest gradient, or
+    GRAD_SHARE of the largest gradient reaching its output and, recursively, the outputs of
+    the modules that consumed it, when larger."""
     n = len(step.forward)
     sources = step.sources if len(step.sources) == n else [[] for _ in range(n)]
     free = step.input_scales if len(step.input_scales) == n else [0.0] * n
@@ -354,9 +363,13 @@ def _floors(trace: Trace, step: Step) -> tuple[list[float], dict[tuple[str, int]
         for j in found:
             if j < i:
                 consumers[j].append(i)
-    floor_grad = [0.0] * n
+    # `reach`: the largest gradient downstream; a module's floor is its own gradient's scale,
+    # or a share of what reaches it when that is larger (a gradient that cancels is noise of
+    # its consumers' size, but a genuinely small one, behind a LayerScale, is its own scale)
+    reach = [0.0] * n
     for i in reversed(range(n)):
-        floor_grad[i] = max([own[i]] + [floor_grad[c] for c in consumers[i]])
+        reach[i] = max([own[i]] + [reach[c] for c in consumers[i]])
+    floor_grad = [max(own[i], GRAD_SHARE * reach[i]) for i in range(n)]
     return floor_in, {key: floor_grad[i] for i, key in enumerate(keys)}
 
 
@@ -503,17 +516,24 @@ def _compare_params(report: Report, a: Trace, b: Trace) -> None:
 
     def updated(s: int, sa: Step, sb: Step, start_a: Arrays, start_b: Arrays) -> None:
         # What each step changed (the optimizer's update, the forward's running statistics),
-        # measured against the largest change in the model: a value that stays zero in exact
+        # measured against the largest change of its kind: a value that stays zero in exact
         # arithmetic (a bias whose gradient is zero) moves by rounding noise.
         if not sa.updated or not sb.updated:
             return
+        # Parameters (a gradient in either model) against parameters, the rest (running
+        # statistics, which move by ~0.1-1) against the rest: Adam's updates are ~lr.
         moved_a = [_delta(v, w) for v, w in zip(sa.updated, start_a)]
         moved_b = [_delta(v, w) for v, w in zip(sb.updated, start_b)]
-        scale = _scale(moved_a)
         grads_a, grads_b = sa.param_grads, sb.param_grads
+        trained = {i for i, j in pairs if _trained(grads_a, i) or _trained(grads_b, j)}
+        scales = (
+            _scale([v for i, v in enumerate(moved_a) if i not in trained]),
+            _scale([v for i, v in enumerate(moved_a) if i in trained]),
+        )
         floor = atol + rtol * _scale(grads_a) if grads_a else -1.0
         for i, j in pairs:
             x, y = moved_a[i], moved_b[j]
+            scale = max(scales[i in trained], _ulp_floor(start_a[i], rtol))
             diff = _diff([x], [y], atol, rtol, scale)
             if diff.failed and floor >= 0 and i < len(grads_a) and j < len(grads_b):
                 diff = _excuse_noise(x, y, grads_a[i], grads_b[j], floor, atol, rtol, scale, diff)
@@ -525,6 +545,19 @@ def _compare_params(report: Report, a: Trace, b: Trace) -> None:
     for s, (sa, sb, start_a, start_b) in enumerate(zip(a.steps, b.steps, _starts(a), _starts(b))):
         stage(s, "grad", sa.param_grads, sb.param_grads)
         updated(s, sa, sb, start_a, start_b)
+
+
+def _ulp_floor(before: Any, rtol: float) -> float:
+    """The scale under which a change of `before` (updated - before) is its rounding: the
+    two models round the updated value differently by an ulp or two of its size, whatever the
+    update (Adam's ~1e-4 on weights of ~0.3 is ~1e-4 relative in float32)."""
+    if before is None or rtol <= 0 or before.dtype.kind != "f":
+        return 0.0
+    return ULP_SHARE * float(np.finfo(before.dtype).eps) * _magnitude(before) / rtol
+
+
+def _trained(grads: Arrays, i: int) -> bool:
+    return i < len(grads) and grads[i] is not None
 
 
 def _excuse_noise(
@@ -546,7 +579,16 @@ def _excuse_noise(
         return diff
     if not (x.shape == y.shape == grad_a.shape == grad_b.shape):
         return diff
+    # Noise only where the tensor's own gradient is: a tensor whose two gradients disagree
+    # beyond the tolerance of its own size (zero in exact arithmetic: rounding noise in both),
+    # or elements within that tolerance of zero. A tensor whose gradients are all small
+    # (behind a LayerScale) but computed alike in both models is an update to compare.
+    worst, own = _gap(grad_a, grad_b)
+    own_floor = atol + rtol * own
+    small = (np.abs(grad_a) <= own_floor) & (np.abs(grad_b) <= own_floor)
     noise = (np.abs(grad_a) <= floor) & (np.abs(grad_b) <= floor)
+    if not worst > own_floor:
+        noise &= small
     if not noise.any():
         return diff
     rest = _diff([np.where(noise, 0, x)], [np.where(noise, 0, y)], atol, rtol, scale)
