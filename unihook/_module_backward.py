@@ -137,20 +137,21 @@ class ModuleBackward:
 
     def retire(self) -> None:
         """Removed: take the dispatchers out once no call that started before runs on any
-        thread (callers hold `_lock`). Entries on the stacks are those calls, but for those
-        a BaseException ended (their post_dispatch skipped): an entry counts while its thread
-        still runs a call of its module (a frame of the framework's call function)."""
+        thread (callers hold `_lock`): the stacks hold those calls' entries. A thread's entries
+        that a BaseException left (their post_dispatch skipped) are dropped when that thread
+        runs no module call (a frame of the framework's call function) at a removal; another
+        thread's frames are not read (on CPython 3.11 that is not safe)."""
         if self.dispatchers is None:
             return
+        here = threading.get_ident()
         # (list() of a set: one C call, safe beside a thread adding to it)
-        stacks = [stack for stack in (ref() for ref in list(self.stacks)) if stack]
-        if stacks:
-            frames = sys._current_frames()
-            codes = self.autograd.call_codes
-            for stack in stacks:
-                frame = frames.get(stack.thread)
-                if any(_in_call(ref(), frame, codes) for _, ref, _ in list(stack)):
-                    return
+        for stack in [ref() for ref in list(self.stacks)]:
+            if not stack:
+                continue
+            if stack.thread == here and not _in_call(sys._getframe(), self.autograd.call_codes):
+                stack.clear()
+            else:
+                return
         self.dispatchers.remove()
         self.dispatchers = None
 
@@ -192,16 +193,21 @@ class ModuleBackward:
         # global ones comes first in this call takes them (the order differs by backend; own
         # dispatchers registered during the call, by a forward pre-hook or another thread, are
         # not in the running call's hooks, as torch's are taken when the call starts).
+        # The entry first: a removal from now on (a finalizer the collector runs below, another
+        # thread) sees this call in flight and leaves the dispatchers for its post_dispatch.
+        stack = self._stack()
+        ref = weakref.ref(module)
+        stack.append((id(args), ref, _PASSED))
+        pos = len(stack) - 1
         if self.removed:
             # (removed while another call was in flight) the call passes; the global
             # dispatchers, after these in every module with own ones, take it
-            self._stack().append((id(args), weakref.ref(module), _PASSED))
             return None
         with_globals = not self.is_global
         if self.is_global:
             own = _states.dispatching(module, args)
             if own is not None:
-                self._stack().append((id(args), weakref.ref(module), _Own(own)))
+                stack[pos] = (id(args), ref, _Own(own))
                 return None
         else:
             shared = _globals.get(self.autograd.backend)
@@ -210,7 +216,7 @@ class ModuleBackward:
             )
         ag = self.autograd
         if not ag.grad_enabled():
-            self._stack().append((id(args), weakref.ref(module), None))
+            stack[pos] = (id(args), ref, None)
             return None
         call = _Call(module, self, len(args), with_globals)
         idx = call.tensor_idx = [i for i, a in enumerate(args) if ag.is_tensor(a)]
@@ -226,7 +232,7 @@ class ModuleBackward:
             call.inputs = [weakref.ref(t) for t in new]
         # An in-place op of forward on an input shows in its version (see post_dispatch).
         call.versions = [ag.version(args[i]) for i in idx]
-        self._stack().append((id(args), weakref.ref(module), call))
+        stack[pos] = (id(args), ref, call)
         return args if call.input_idx is not None else None
 
     def post_dispatch(self, module: Any, args: tuple[Any, ...], output: Any) -> Any:
@@ -362,13 +368,11 @@ class _Passed:
 _PASSED = _Passed()
 
 
-def _in_call(module: Any, frame: FrameType | None, codes: frozenset[CodeType]) -> bool:
-    """Whether the thread whose innermost frame is `frame` runs a call of `module`: a frame of
-    the framework's call function whose `self` it is."""
-    if module is None:
-        return False
+def _in_call(frame: FrameType | None, codes: frozenset[CodeType]) -> bool:
+    """Whether this thread, whose innermost frame is `frame`, runs a module call (a frame of
+    the framework's call function)."""
     while frame is not None:
-        if frame.f_code in codes and frame.f_locals.get("self") is module:
+        if frame.f_code in codes:
             return True
         frame = frame.f_back
     return False

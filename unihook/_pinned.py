@@ -183,8 +183,17 @@ class HookDict(OrderedDict[int, Any]):
         snap = self._snap
         # (the size: torch's global wrapper pops a key with OrderedDict.pop for one call)
         if snap is None or snap[0] != version or len(snap[1]) != size:
-            snap = self._snap = (version, tuple(super().items()))
+            snap = self._snap = (version, self._copy())
         return snap[1]
+
+    def _copy(self) -> tuple[tuple[int, Any], ...]:
+        # A finalizer the collector runs during the copy (it allocates), or a thread that
+        # takes over meanwhile, may change the dict: "mutated during iteration", copy again.
+        while True:
+            try:
+                return tuple(super().items())
+            except RuntimeError:
+                continue
 
     def __reduce__(self) -> Any:
         """Pickled (torch.save of a whole module), the dict is a plain one with its forward
