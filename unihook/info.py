@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import functools
+import re
 from types import MappingProxyType
 from typing import Literal, Mapping, NamedTuple
 
 from .kinds import KINDS, HookKind
 
-__all__ = ["BackendInfo", "HookKind", "Support", "KINDS", "installed_version"]
+__all__ = ["BackendInfo", "HookKind", "Support", "KINDS", "installed_version", "release"]
 
 Support = Literal["native", "emulated", "unsupported"]
 
@@ -29,6 +30,13 @@ class BackendInfo(NamedTuple):
     def support(self, kind: HookKind) -> Support:
         """How this backend runs hooks of `kind`."""
         return self.kinds.get(kind, "unsupported")
+
+
+def release(version: str) -> tuple[int, ...] | None:
+    """The release numbers of a version string: (2, 13, 0) for "2.13.0+cpu", "2.13.0.dev1" or
+    "2.13.0.post1"; None when it starts with no number."""
+    found = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in found.group().split(".")) if found else None
 
 
 @functools.cache  # metadata parsing costs milliseconds: global registrations ask every time

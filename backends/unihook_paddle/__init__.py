@@ -10,7 +10,6 @@ backward hooks, which paddle 3.3.1 lacks, are emulated (``_backward``).
 from __future__ import annotations
 
 import itertools
-import re
 import sys
 import weakref
 from typing import Any, Callable
@@ -26,7 +25,7 @@ from unihook.backend import (
 )
 from unihook.errors import BackendStateError, NoGradError, TargetKindError
 from unihook.handles import Handle
-from unihook.info import BackendInfo, installed_version
+from unihook.info import BackendInfo, installed_version, release
 from unihook.spec import hookimpl
 
 NAME = "paddle"
@@ -62,19 +61,13 @@ def _owns(obj: object) -> bool:
     return True
 
 
-def _release(version: str) -> tuple[int, ...] | None:
-    """(3, 3, 1) for "3.3.1" or "3.3.1.post1"; None when it has no number."""
-    found = re.match(r"\d+(?:\.\d+)*", version)
-    return tuple(int(part) for part in found.group().split(".")) if found else None
-
-
 def _check_version(installed: str) -> None:
     """Raise, at every claim until paddle is upgraded, if it is older than MIN_VERSION."""
     global _version_checked
-    release = _release(installed)
-    minimum = _release(MIN_VERSION)
+    current = release(installed)
+    minimum = release(MIN_VERSION)
     # a source build of paddle's develop branch says 0.0.0: let it through
-    if release is not None and minimum is not None and release < minimum and any(release):
+    if current is not None and minimum is not None and current < minimum and any(current):
         raise BackendStateError(
             f"paddle backend: expected paddlepaddle>={MIN_VERSION}, the lowest version unihook's "
             f"tests pass on (3.0-3.2 lack always_call and with_kwargs on forward post-hooks). "

@@ -6,7 +6,6 @@ Claims an object only when ``torch`` is already in ``sys.modules`` and the objec
 
 from __future__ import annotations
 
-import re
 import sys
 import warnings
 from typing import Any, Callable
@@ -22,7 +21,7 @@ from unihook.backend import (
 )
 from unihook.errors import NoGradError, TargetKindError
 from unihook.handles import Handle
-from unihook.info import BackendInfo, installed_version
+from unihook.info import BackendInfo, installed_version, release
 from unihook.spec import hookimpl
 
 NAME = "torch"
@@ -46,20 +45,14 @@ def _owns(obj: object) -> bool:
     return True
 
 
-def _release(version: str) -> tuple[int, ...] | None:
-    """(2, 13, 0) for "2.13.0+cpu" or "2.13.0.dev20260101"; None when it has no number."""
-    found = re.match(r"\d+(?:\.\d+)*", version)
-    return tuple(int(part) for part in found.group().split(".")) if found else None
-
-
 def _check_version(installed: str) -> None:
     """Warn once, when torch first owns an object, if it is older than MIN_VERSION."""
     global _version_checked
     _version_checked = True
-    release = _release(installed)
-    minimum = _release(MIN_VERSION)
+    current = release(installed)
+    minimum = release(MIN_VERSION)
     # a source build may say 0.0.0 or 0+unknown: let it through
-    if release is not None and minimum is not None and release < minimum and any(release):
+    if current is not None and minimum is not None and current < minimum and any(current):
         warnings.warn(
             f"unihook's torch backend expects torch>={MIN_VERSION}, the lowest version its "
             f"tests pass on. Received: torch {installed}. Hooks may fail inside torch "
