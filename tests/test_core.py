@@ -373,3 +373,22 @@ def test_a_global_hook_no_installed_backend_implements_is_unsupported(toy_backen
     assert len(lines) == 3 and all(line.startswith("UnsupportedHookError ") for line in lines)
     assert "module_forward hook on every module [backend toy]" in lines[0]
     assert "installed backends 'toy', none of which does" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("installed", "expected"),
+    [
+        ("2.12.1+cpu", True),
+        ("2.13.0+cpu", False),
+        ("2.13.0.dev20260101", False),
+        ("3.2.0.post1", True),
+        ("0.0.0", False),
+        ("unknown", False),
+        ("10.0", False),
+    ],
+)
+def test_older_than_reads_release_numbers(installed: str, expected: bool) -> None:
+    from unihook.info import older_than
+
+    minimum = "3.3" if installed.startswith("3.") else "2.13"
+    assert older_than(installed, minimum) is expected

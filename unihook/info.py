@@ -9,7 +9,7 @@ from typing import Literal, Mapping, NamedTuple
 
 from .kinds import KINDS, HookKind
 
-__all__ = ["BackendInfo", "HookKind", "Support", "KINDS", "installed_version", "release"]
+__all__ = ["BackendInfo", "HookKind", "Support", "KINDS", "installed_version", "older_than"]
 
 Support = Literal["native", "emulated", "unsupported"]
 
@@ -32,11 +32,16 @@ class BackendInfo(NamedTuple):
         return self.kinds.get(kind, "unsupported")
 
 
-def release(version: str) -> tuple[int, ...] | None:
-    """The release numbers of a version string: (2, 13, 0) for "2.13.0+cpu", "2.13.0.dev1" or
-    "2.13.0.post1"; None when it starts with no number."""
-    found = re.match(r"\d+(?:\.\d+)*", version)
-    return tuple(int(part) for part in found.group().split(".")) if found else None
+def older_than(installed: str, minimum: str) -> bool:
+    """Whether version `installed` ("2.12.1+cpu", "3.2.0.post1") is below `minimum`; False when
+    either has no release number or `installed` is a source build's 0.0.0."""
+    found, least = _release(installed), _release(minimum)
+    return found is not None and least is not None and any(found) and found < least
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in match.group().split(".")) if match else None
 
 
 @functools.cache  # metadata parsing costs milliseconds: global registrations ask every time

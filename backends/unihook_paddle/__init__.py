@@ -25,7 +25,7 @@ from unihook.backend import (
 )
 from unihook.errors import BackendStateError, NoGradError, TargetKindError
 from unihook.handles import Handle
-from unihook.info import BackendInfo, installed_version, release
+from unihook.info import BackendInfo, installed_version, older_than
 from unihook.spec import hookimpl
 
 NAME = "paddle"
@@ -64,10 +64,8 @@ def _owns(obj: object) -> bool:
 def _check_version(installed: str) -> None:
     """Raise, at every claim until paddle is upgraded, if it is older than MIN_VERSION."""
     global _version_checked
-    current = release(installed)
-    minimum = release(MIN_VERSION)
     # a source build of paddle's develop branch says 0.0.0: let it through
-    if current is not None and minimum is not None and current < minimum and any(current):
+    if older_than(installed, MIN_VERSION):
         raise BackendStateError(
             f"paddle backend: expected paddlepaddle>={MIN_VERSION}, the lowest version unihook's "
             f"tests pass on (3.0-3.2 lack always_call and with_kwargs on forward post-hooks). "

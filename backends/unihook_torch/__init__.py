@@ -21,7 +21,7 @@ from unihook.backend import (
 )
 from unihook.errors import NoGradError, TargetKindError
 from unihook.handles import Handle
-from unihook.info import BackendInfo, installed_version, release
+from unihook.info import BackendInfo, installed_version, older_than
 from unihook.spec import hookimpl
 
 NAME = "torch"
@@ -49,10 +49,8 @@ def _check_version(installed: str) -> None:
     """Warn once, when torch first owns an object, if it is older than MIN_VERSION."""
     global _version_checked
     _version_checked = True
-    current = release(installed)
-    minimum = release(MIN_VERSION)
     # a source build may say 0.0.0 or 0+unknown: let it through
-    if current is not None and minimum is not None and current < minimum and any(current):
+    if older_than(installed, MIN_VERSION):
         warnings.warn(
             f"unihook's torch backend expects torch>={MIN_VERSION}, the lowest version its "
             f"tests pass on. Received: torch {installed}. Hooks may fail inside torch "
