@@ -41,6 +41,7 @@ SCENARIOS = (
     "last_backward_hook_removed_mid_call",
     "global_backward_hook_removed_mid_call",
     "handles_removed_by_finalizers",
+    "global_hooks_removed_by_finalizers_in_registration",
 )
 
 
@@ -529,6 +530,7 @@ def _handles_removed_by_finalizers(kit: Any) -> list[str]:
 
     block = kit.module(forward, {"lin": kit.linear(2, 2)})
     x = kit.tensor([[1.0, 2.0]], requires_grad=True)
+    native = kit.native_state()
     threshold = gc.get_threshold()
     try:
         for i in range(400):
@@ -538,8 +540,10 @@ def _handles_removed_by_finalizers(kit: Any) -> list[str]:
                 unihook.register_full_backward_hook(b, noop),
                 unihook.register_forward_pre_hook(b, noop),
                 unihook.register_module_forward_pre_hook(noop, backend=kit.name),
+                unihook.register_module_forward_hook(noop, backend=kit.name),
             ]
             _Owner(unihook.register_full_backward_hook(a, noop))
+            _Owner(unihook.register_module_forward_hook(noop, backend=kit.name))
             if kit.name != "torch":
                 # (torch's forward hooks are its own: its RemovableHandle, collected in a cycle,
                 # finds its weak reference cleared and removes nothing, hooks or not)
@@ -553,7 +557,49 @@ def _handles_removed_by_finalizers(kit: Any) -> list[str]:
         gc.set_threshold(*threshold)
     gc.collect()
     left = [m for m in [*modules, block] if any(kit.hook_counts(m).values())]
-    return [f"{len(left)} modules keep unihook's dispatchers"] if left else []
+    errors = [f"{len(left)} modules keep unihook's dispatchers"] if left else []
+    if kit.native_state() != native:
+        errors.append("global hooks left behind (the framework is not restored)")
+    return errors
+
+
+def _global_hooks_removed_by_finalizers_in_registration(kit: Any) -> list[str]:
+    """A finalizer removing a global hook, run by the collector at each point of another
+    global hook's registration in turn (unihook rebuilds its tables there): the registration
+    succeeds, and both hooks go when their handles do."""
+    noop: Callable[..., Any] = lambda *args: None  # noqa: E731
+    fired: list[int] = []
+    layer = kit.linear(2, 2)
+    native = kit.native_state()
+    others = [unihook.register_module_forward_hook(noop, backend=kit.name) for _ in range(5)]
+    errors: list[str] = []
+    threshold = gc.get_threshold()
+    try:
+        for step in range(120):
+            _Owner(unihook.register_module_forward_pre_hook(noop, backend=kit.name))
+            gc.set_threshold(gc.get_count()[0] + step)
+            try:
+                handle = unihook.register_module_forward_hook(
+                    lambda *args, step=step: fired.append(step), backend=kit.name
+                )
+            except Exception as error:
+                errors.append(f"registration {step}: {type(error).__name__}: {error}")
+                continue
+            finally:
+                gc.set_threshold(*threshold)
+            gc.collect()
+            handle.remove()
+    finally:
+        gc.set_threshold(*threshold)
+    gc.collect()
+    layer(kit.tensor([[1.0, 2.0]]))
+    if fired:
+        errors.append(f"removed hooks still fire: {sorted(set(fired))}")
+    for handle in others:
+        handle.remove()
+    if kit.native_state() != native:
+        errors.append("global hooks left behind (the framework is not restored)")
+    return errors
 
 
 def _grad_api_on_threads(kit: Any) -> list[str]:

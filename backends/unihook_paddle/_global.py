@@ -17,7 +17,6 @@ non-persistable buffer in paddle: it fires the buffer hook.
 
 from __future__ import annotations
 
-import threading
 import warnings
 from typing import Any, Callable, NamedTuple
 
@@ -28,7 +27,13 @@ from paddle.nn.layer.layers import HookRemoveHelper
 from paddle.profiler import TracerEventType  # pyright: ignore[reportPrivateImportUsage]
 from paddle.profiler.utils import RecordEvent, in_profiler_mode
 
-from unihook.backend import Site, check_pre_kwargs_result, global_label, show_value
+from unihook.backend import (
+    RegistryLock,
+    Site,
+    check_pre_kwargs_result,
+    global_label,
+    show_value,
+)
 from unihook.errors import HookReturnTypeError
 
 from . import NAME
@@ -39,7 +44,7 @@ Hook = Callable[..., Any]
 _FORWARD_METHODS = ("__call__", "_dygraph_call_func")
 _REGISTRATION_METHODS = ("__setattr__", "add_parameter", "register_buffer", "add_sublayer")
 
-_lock = threading.RLock()
+_lock = RegistryLock()  # (a finalizer removing a hook meanwhile waits for it)
 # kind -> {id: (hook, with_kwargs, always_call)}; ids come from paddle's own counter, so they
 # never collide with a layer's own hook ids.
 _forward: dict[str, dict[int, tuple[Hook, bool, bool]]] = {"pre": {}, "post": {}}
@@ -285,6 +290,8 @@ def _add(table: dict[int, Any], entry: Any) -> Callable[[], None]:
         _sync_patches()
 
     def remove() -> None:
+        if _lock.deferred(remove):
+            return
         with _lock:
             if table.pop(key, None) is not None:
                 _rebuild()
