@@ -278,10 +278,6 @@ def _sync_patches() -> None:
             _patched.discard(method)
 
 
-def patched_methods() -> tuple[str, ...]:
-    return tuple(_patched)
-
-
 def _add(table: dict[int, Any], entry: Any) -> Callable[[], None]:
     key = _next_id()
     with _lock:
