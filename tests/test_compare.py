@@ -1426,3 +1426,69 @@ def test_wrong_backward_behind_a_small_layer_scale_is_named() -> None:
     model, twin = _layer_scale_pair(1e-5, PaddleWrongReLUFn)
     for report in _both_ways(model, twin, batch((16, 8))):
         assert report.first_forward is None and report.first_backward == "act", str(report)
+
+
+class TorchAffine(nn.Module):
+    def __init__(self, scale: float, offset: np.ndarray) -> None:
+        super().__init__()
+        self.scale, self.offset = scale, offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + torch.from_numpy(self.offset)
+
+
+class PaddleAffine(pnn.Layer):
+    def __init__(self, scale: float, offset: np.ndarray) -> None:
+        super().__init__()
+        self.scale, self.offset = scale, offset
+
+    def forward(self, x: Any) -> Any:
+        return x * self.scale + paddle.to_tensor(self.offset)
+
+
+def _spike(at: slice, value: float) -> np.ndarray:
+    offset = np.zeros(8, np.float32)
+    offset[at] = value
+    return offset
+
+
+# a module that sees a large value, then one that brings the values back to ~1, then a mistake
+LARGE_UPSTREAM = {
+    # raw 0..255 pixels through a Normalize module
+    "pixels": (1 / 58, np.full(8, -127.5 / 58, np.float32), None, lambda x: x * 255),
+    # one massive activation (an LLM's attention-sink dimension), then a LayerNorm
+    "massive": (1.0, _spike(slice(3, 4), 300.0), "norm", lambda x: x),
+    # a BERT-style additive mask of finfo.min, then a softmax
+    "mask": (1.0, _spike(slice(5, 8), float(np.finfo(np.float32).min)), "softmax", lambda x: x),
+}
+
+
+def _large_upstream_pair(case: str, tanh_gelu: bool) -> tuple[nn.Module, pnn.Layer]:
+    scale, offset, then, raw = LARGE_UPSTREAM[case]
+    torch.manual_seed(0)
+    after = {
+        "norm": (nn.LayerNorm(8), pnn.LayerNorm(8)),
+        "softmax": (nn.Softmax(-1), pnn.Softmax(-1)),
+    }
+    t_then, p_then = after[then] if then else (nn.Identity(), pnn.Identity())
+    model = nn.Sequential(TorchAffine(scale, offset), t_then, nn.Linear(8, 16), nn.GELU(),
+                          nn.Linear(16, 4))  # fmt: skip
+    twin = pnn.Sequential(PaddleAffine(scale, offset), p_then, pnn.Linear(8, 16),
+                          pnn.GELU(approximate=tanh_gelu), pnn.Linear(16, 4))  # fmt: skip
+    if then == "softmax":  # probabilities in: GELU's inputs where tanh's approximation is off
+        with torch.no_grad():
+            model[2].weight.mul_(6)
+    copy_weights(model, twin)
+    return model, twin
+
+
+@pytest.mark.parametrize("case", sorted(LARGE_UPSTREAM))
+def test_a_large_value_upstream_loosens_only_the_modules_it_reaches(case: str) -> None:
+    # the forward floor follows a value only while it dominates the noise: past a module that
+    # both models agree on to its own size, a mistake of ~1e-4 (tanh-approximated GELU) shows
+    x = LARGE_UPSTREAM[case][3](np.abs(batch((6, 8))) / 3)
+    for report in _both_ways(*_large_upstream_pair(case, False), x):
+        assert report.ok, str(report)
+    for backward in (True, False):
+        report = compare(*_large_upstream_pair(case, True), x, backward=backward)
+        assert report.first_forward == "3", str(report)

@@ -41,9 +41,9 @@ __all__ = ["ATOL", "RTOL", "Report", "compare", "compare_dumps", "copy_weights",
 # the noise the values reaching the module carry: INPUT_SHARE below, gradients likewise).
 # Measured on correct float32 CPU ports, torch 2.13 against paddle 3.3.1
 # (benchmarks/compare_tolerances.py, the test suite's reference twins, 5 seeds): the worst
-# relative error of any module output or gradient is 6.3e-5 on MobileNetV2 in train mode
-# (~50 BatchNorms on batch statistics in a row), 5.5e-6 on ResNet-18 in train mode, ~1e-6 in
-# eval mode, 5e-7 on a Transformer encoder layer, leaving aside a ReLU input within rounding
+# relative error of any module output or gradient is 6.4e-5 on MobileNetV2 in train mode
+# (~50 BatchNorms on batch statistics in a row), 1.3e-5 on ResNet-18 in train mode, up to
+# 5e-6 in eval mode, 5e-7 on a Transformer encoder layer, leaving aside a ReLU input within rounding
 # of 0 flipped in one framework (1 element; about one seed in five on the train-mode nets),
 # which no tolerance separates from a bug. A wrong port is off by 1.4e-4 (tanh-approximated
 # GELU) to 1 (a transposed weight). ATOL only keeps all-zero tensors from failing on denormal
@@ -53,9 +53,9 @@ RTOL = 1e-4
 # A module's output is measured against a tenth of the largest value reaching it as well as
 # its own max: an output that cancels to zero in exact arithmetic (an average after a
 # normalization, LayerNorm's x - mean on inputs with a large offset) is rounding noise of the
-# size of its inputs, which are the outputs of earlier modules (followed by memory, with their
-# own floors); a tenth keeps an activation whose output is smaller than its input (GELU's
-# negative side) measured against its output.
+# size of its inputs, which are the outputs of earlier modules, or their noise where those
+# cancelled too (`_ForwardFloors`); a tenth keeps an activation whose output is smaller than
+# its input (GELU's negative side) measured against its output.
 INPUT_SHARE = 0.1
 # Backward, a module's gradients are measured against their own max and this share of the
 # largest gradient downstream of it: a gradient that cancels to zero (attention's key through
@@ -331,22 +331,41 @@ def _diverged(report: Report, step: int) -> None:
     report.step = step if report.step is None else min(report.step, step)
 
 
-def _floors(trace: Trace, step: Step) -> tuple[list[float], dict[tuple[str, int], float]]:
-    """The scale of the rounding noise reaching each module call, forward and backward.
+class _ForwardFloors:
+    """The scale of the rounding noise reaching each module call of one step, forward.
 
-    Forward, per call (index into ``step.forward``): the largest magnitude among its inputs
-    and, recursively, among the inputs of the modules that produced them: a value that cancels
-    to zero (an average after a normalization, and everything after it) carries the noise of
-    the values it came from. Backward, per (module, call): its own largest gradient, or
-    GRAD_SHARE of the largest gradient reaching its output and, recursively, the outputs of
-    the modules that consumed it, when larger."""
+    Per call (index into ``step.forward``): the largest magnitude among its inputs and,
+    recursively, among the inputs of the modules that produced them, as long as those are
+    noise-dominated: a value that cancels to zero (an average after a normalization, and
+    everything after it) carries the noise of the values it came from. A module whose output
+    both models agree on to `rtol` of its own size carries only that size onwards: a large
+    value upstream (raw 0..255 pixels before a Normalize, one massive activation, a finfo.min
+    attention mask) loosens the modules that see it, not every module after them."""
+
+    def __init__(self, step: Step) -> None:
+        n = len(step.forward)
+        self._step = step
+        self._sources = step.sources if len(step.sources) == n else [[] for _ in range(n)]
+        self._free = step.input_scales if len(step.input_scales) == n else [0.0] * n
+        self._out = [0.0] * n
+
+    def reaching(self, i: int) -> float:
+        """The floor under call `i`'s inputs (the calls before it have been `settle`d)."""
+        return max([self._free[i]] + [self._out[j] for j in self._sources[i] if j < i])
+
+    def settle(self, i: int, diff: Diff | None, atol: float, rtol: float) -> None:
+        """Record what call `i` passes on, given how its outputs compared (None: unpaired)."""
+        own = _scale(self._step.outputs[i])
+        clean = diff is not None and not diff.note and diff.abs <= atol + rtol * own
+        self._out[i] = own if clean else max(self.reaching(i), own)
+
+
+def _grad_floors(trace: Trace, step: Step) -> dict[tuple[str, int], float]:
+    """The scale of the rounding noise in each module call's gradients, per (module, call):
+    its own largest gradient, or GRAD_SHARE of the largest gradient reaching its output and,
+    recursively, the outputs of the modules that consumed it, when larger."""
     n = len(step.forward)
     sources = step.sources if len(step.sources) == n else [[] for _ in range(n)]
-    free = step.input_scales if len(step.input_scales) == n else [0.0] * n
-    floor_in, floor_out = [0.0] * n, [0.0] * n
-    for i in range(n):
-        floor_in[i] = max([free[i]] + [floor_out[j] for j in sources[i] if j < i])
-        floor_out[i] = max(floor_in[i], _scale(step.outputs[i]))
     keys: list[tuple[str, int]] = []
     seen: dict[str, int] = {}
     for name in step.forward:
@@ -369,8 +388,7 @@ def _floors(trace: Trace, step: Step) -> tuple[list[float], dict[tuple[str, int]
     reach = [0.0] * n
     for i in reversed(range(n)):
         reach[i] = max([own[i]] + [reach[c] for c in consumers[i]])
-    floor_grad = [max(own[i], GRAD_SHARE * reach[i]) for i in range(n)]
-    return floor_in, {key: floor_grad[i] for i, key in enumerate(keys)}
+    return {key: max(own[i], GRAD_SHARE * reach[i]) for i, key in enumerate(keys)}
 
 
 def _report(a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any) -> Report:
@@ -391,11 +409,12 @@ def _report(a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any) -> Rep
     for s, (sa, sb) in enumerate(zip(a.steps, b.steps)):
         rows: dict[tuple[str, int], Row] = {}
         calls_b = _occurrences(sb.forward)
-        floor_in, floor_grad = _floors(a, sa)
+        floors, floor_grad = _ForwardFloors(sa), _grad_floors(a, sa)
         seen: dict[str, int] = {}
         for i, name in enumerate(sa.forward):
             k = seen[name] = seen.get(name, -1) + 1
             if name not in to_b:
+                floors.settle(i, None, atol, rtol)
                 continue
             name_b = to_b[name]
             j = calls_b.get(name_b, [])
@@ -403,16 +422,17 @@ def _report(a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any) -> Rep
                 # Measured against the largest input reaching the module as well as the
                 # output: an output that cancels to zero (a mean after a normalization) is
                 # rounding noise of its inputs' size (as gradients are measured below).
-                scale = INPUT_SHARE * floor_in[i]
                 diff = _diff(
                     _adapt(a, name, sa.outputs[i]),
                     _adapt(b, name_b, sb.outputs[j[k]]),
                     atol,
                     rtol,
-                    scale,
+                    INPUT_SHARE * floors.reaching(i),
                 )
+                floors.settle(i, diff, atol, rtol)
             else:
                 diff = Diff(np.inf, np.inf, True, f"call {k} did not happen in b")
+                floors.settle(i, None, atol, rtol)
             shapes = [list(v.shape) for v in sa.outputs[i] if v is not None]
             row = Row(s, name, name_b, k, a.types[name], b.types[name_b], shapes, diff)
             rows[(name, k)] = row
