@@ -19,7 +19,9 @@ from .errors import NoBackendError, NoGradError
 __all__ = [
     "Ops",
     "abs",
+    "after_backward",
     "all_finite",
+    "all_gather",
     "as_tensor",
     "clamp",
     "clone",
@@ -46,7 +48,9 @@ __all__ = [
     "sum_squares",
     "tensors_in",
     "to_numpy",
+    "unwrap",
     "version",
+    "world",
     "zeros_like",
 ]
 
@@ -89,6 +93,12 @@ class Ops(Protocol):
     # `value` rebuilt as its own type (namedtuple, return type, dict, list, dataclass, nested)
     # with `fn` applied to every tensor in it, through the framework's tree utilities.
     def map_tensors(self, fn: Callable[[Any], Any], value: Any) -> Any: ...
+    # Data parallelism (optional: a backend without them runs as one process). See `unwrap`,
+    # `world`, `all_gather` and `after_backward` below.
+    def unwrap(self, module: Any) -> Any: ...
+    def world(self, like: Any) -> tuple[int, int] | None: ...
+    def all_gather(self, vector: Any, like: Any) -> Any: ...
+    def after_backward(self, t: Any, fn: Callable[[], None]) -> None: ...
 
 
 _cache: dict[type, Ops] = {}
@@ -413,3 +423,38 @@ def copy_into(buffer: Any, t: Any) -> Any:
     """`t`'s values in `buffer` when it has `t`'s shape and dtype (no allocation), else in a new
     detached copy; returns the tensor holding them."""
     return ops_for(t).copy_into(buffer, t)
+
+
+# -- data parallelism: the framework's own process group and collectives, nothing of ours --
+
+
+def unwrap(module: Any) -> Any:
+    """The model inside a data-parallel wrapper (torch's DistributedDataParallel, DataParallel
+    and FullyShardedDataParallel ``.module``, paddle's DataParallel ``._layers``), or `module`
+    itself: its qualified names are the model's, without the wrapper's prefix."""
+    found = getattr(ops_for(module), "unwrap", None)
+    return module if found is None else found(module)
+
+
+def world(like: Any) -> tuple[int, int] | None:
+    """``(rank, world size)`` of the default process group of `like`'s framework (a tensor or a
+    module names it) when one is initialised, else None. Never initialises one, nor imports
+    the framework's distributed package."""
+    found = getattr(ops_for(like), "world", None)
+    return None if found is None else found(like)
+
+
+def all_gather(vector: Any, like: Any) -> Any:
+    """Every rank's 1-D float64 numpy `vector` as a ``(world size, len(vector))`` numpy array,
+    rows in rank order: one ``all_gather`` of `like`'s framework over its default process group
+    (`world` must be non-None; every rank must call it with a vector of the same length, or
+    the ranks wait for each other until the group's timeout)."""
+    return ops_for(like).all_gather(vector, like)
+
+
+def after_backward(t: Any, fn: Callable[[], None]) -> None:
+    """Called from a gradient hook of `t` (`on_grad`, `register_tensor_hook`): run ``fn()``
+    once the running backward pass is over, after the framework's own end-of-backward work
+    (DistributedDataParallel's gradient all-reduce) and before ``backward()`` returns. An
+    exception `fn` raises comes out of ``backward()`` with its own type."""
+    ops_for(t).after_backward(t, fn)

@@ -41,6 +41,7 @@ __all__ = [
     "stash",
     "after_firing",
     "after_all_backwards",
+    "at_backward_end",
     "building_graph",
     "installed",
     "track",
@@ -63,6 +64,8 @@ class _State(threading.local):
     fired_tokens: set[int] | None = None
     # the input slots the innermost running paddle.grad cuts, by node_ptr (see `pruned`)
     cuts: dict[int, frozenset[int]] = {}
+    # actions for the end of the innermost running backward (None: none runs under the guard)
+    ends: list[Callable[[], object]] | None = None
 
     def __init__(self) -> None:
         self.shared = _Shared()
@@ -245,6 +248,30 @@ def after_all_backwards(action: Callable[[], object]) -> None:
             action()
 
 
+def at_backward_end(action: Callable[[], object]) -> None:
+    """Run `action` when the innermost backward running on this thread is over (paddle's own
+    end-of-backward work, DataParallel's all-reduce included, done), before it returns to its
+    caller; an exception `action` raises comes out of it with its own type, after the other
+    actions ran. A backward the guard does not wrap (it started before the guard went in) runs
+    it as paddle's own final hook."""
+    ends = _state.ends
+    if ends is None:
+        core.eager._add_backward_final_hook(action)
+        return
+    ends.append(action)
+
+
+def _run_ends(actions: list[Callable[[], object]]) -> None:
+    error: Exception | None = None
+    for action in actions:
+        try:
+            action()
+        except Exception as e:  # the others still run: each may be a collective every rank runs
+            error = error or e
+    if error is not None:
+        raise error
+
+
 def _enter(state: _Shared) -> None:
     with _lock:
         _active[threading.get_ident()] = state
@@ -355,6 +382,7 @@ def _guarded(
 ) -> Any:
     state = _state
     outer_graph, outer_fired, outer_cuts = state.create_graph, state.fired_tokens, state.cuts
+    outer_ends, state.ends = state.ends, []
     state.create_graph = create_graph
     state.cuts = cuts
     state.fired_tokens = set()
@@ -373,10 +401,13 @@ def _guarded(
             raise
         if inputs is not None and _tracked:
             grads = _run_unfired(inputs, grads)
+        if state.ends:
+            _run_ends(state.ends)
         return grads
     finally:
         state.depth -= 1
         state.create_graph, state.fired_tokens, state.cuts = outer_graph, outer_fired, outer_cuts
+        state.ends = outer_ends
         shared.firing = outer_firing
         if state.depth == 0:
             state.pending = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Callable, Sequence, Union
 
 import numpy as np
@@ -193,3 +194,27 @@ class PaddleOps:
                 f"unihook (paddle): paddle.utils.map_structure cannot rebuild this "
                 f"{type(value).__name__} as its own type: {e}"
             ) from e
+
+    def unwrap(self, module: Any) -> Any:
+        while isinstance(module, paddle.DataParallel):
+            module = module._layers
+        return module
+
+    def world(self, like: Any) -> tuple[int, int] | None:
+        dist = sys.modules.get("paddle.distributed")
+        if dist is None or not dist.is_initialized():
+            return None
+        return dist.get_rank(), dist.get_world_size()
+
+    def all_gather(self, vector: Any, like: Any) -> Any:
+        import paddle.distributed as dist
+
+        parts: list[Any] = []
+        # on the default place: the CPU for gloo, the group's GPU for NCCL
+        dist.all_gather(parts, paddle.to_tensor(np.asarray(vector, dtype=np.float64)))
+        return np.stack([part.numpy() for part in parts])
+
+    def after_backward(self, t: Any, fn: Callable[[], None]) -> None:
+        from . import _autograd_guard as guard
+
+        guard.at_backward_end(fn)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any, Callable, Sequence, Union
 
 import numpy as np
@@ -24,6 +25,16 @@ def _dims(axis: Axis) -> Any:
 
 # dtypes numpy views without a copy; the rest (bfloat16, complex...) go through torch
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32)
+
+
+def _wrapper_types() -> tuple[type, ...]:
+    """The data-parallel wrappers that hold the model as ``.module``. FSDP only when its package
+    was imported (an FSDP object cannot exist otherwise; importing it costs 0.3 s)."""
+    found: list[type] = [torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel]
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is not None:
+        found.append(fsdp.FullyShardedDataParallel)
+    return tuple(found)
 
 
 def _on_cpu(t: Any) -> bool:
@@ -182,3 +193,33 @@ class TorchOps:
             return obj
 
         return pytree.tree_map(leaf, value)
+
+    def unwrap(self, module: Any) -> Any:
+        wrappers = _wrapper_types()
+        while isinstance(module, wrappers):
+            module = module.module
+        return module
+
+    def world(self, like: Any) -> tuple[int, int] | None:
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        return dist.get_rank(), dist.get_world_size()
+
+    def all_gather(self, vector: Any, like: Any) -> Any:
+        import torch.distributed as dist
+
+        # NCCL moves only CUDA tensors; gloo (and "cpu:gloo,cuda:nccl") takes CPU ones
+        on_cuda = dist.get_backend() == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if on_cuda else None
+        local = torch.as_tensor(np.asarray(vector, dtype=np.float64), device=device)
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, local)
+        return torch.stack(parts).cpu().numpy()
+
+    def after_backward(self, t: Any, fn: Callable[[], None]) -> None:
+        engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+        # A callback queued by a callback runs after every callback queued before it: after
+        # DistributedDataParallel's, which waits for its gradient all-reduce (it queues it when
+        # its last bucket is ready, after this hook ran).
+        engine.queue_callback(lambda: engine.queue_callback(fn))

@@ -55,6 +55,12 @@ class Recipe(Removable):
         if self._forwards % self._every == 0 and self._build is not None:
             self._active = self._build()
 
+    def _writes(self, model: Any, all_ranks: bool) -> bool:
+        """Whether this process writes a sink or a file: all of them with `all_ranks`, else
+        rank 0 of an initialised default process group, or the one process there is."""
+        found = ops.world(model)
+        return all_ranks or found is None or found[0] == 0
+
     def remove(self) -> None:
         self._build = None
         self._hooks.remove()

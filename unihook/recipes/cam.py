@@ -187,7 +187,7 @@ class GradCAM(Recipe):
                 f"`reshape_transform` must be callable(tensor) -> NCHW tensor or array. "
                 f"Received: {reshape_transform!r}"
             )
-        layers = resolve(model, target_layers, "target_layers")
+        layers = resolve(ops.unwrap(model), target_layers, "target_layers")
         super().__init__()
         self.model = model
         self.call = call

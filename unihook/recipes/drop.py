@@ -51,14 +51,15 @@ class DropHook(Recipe):
                     f"`p` must be None when `targets` maps modules to probabilities. "
                     f"Received: p={p!r}"
                 )
-            chosen = [(resolve(model, key, "targets")[0], q) for key, q in targets.items()]
+            inner = ops.unwrap(model)
+            chosen = [(resolve(inner, key, "targets")[0], q) for key, q in targets.items()]
         else:
             if p is None:
                 raise HookArgumentError(
                     "`p` must be a probability when `targets` is a module, a name or a list. "
                     "Received: p=None"
                 )
-            chosen = [(found, p) for found in resolve(model, targets, "targets")]
+            chosen = [(found, p) for found in resolve(ops.unwrap(model), targets, "targets")]
         for (name, _), q in chosen:
             if not 0.0 <= q < 1.0:
                 raise ValueError(f"drop probability for {name!r} must be in [0, 1). Received: {q}")

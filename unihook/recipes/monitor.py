@@ -27,26 +27,37 @@ _POLICIES = ("raise", "warn", "ignore")
 
 
 class NonFiniteGradientError(UnihookError, FloatingPointError):
-    """A gradient with NaN or Inf reached a module's output (the first one in backward order)."""
+    """A gradient with NaN or Inf reached a module's output (the first one in backward order).
+    Across ranks, `rank` is the lowest rank where one appeared and `ranks` all of them (every
+    rank raises the same error); None and () in a single process."""
 
-    def __init__(self, module: str, norms: dict[str, float]) -> None:
+    def __init__(
+        self, module: str, norms: dict[str, float], rank: int | None = None, ranks: Any = ()
+    ) -> None:
         self.module = module
+        self.rank = rank
+        self.ranks: tuple[int, ...] = tuple(ranks)
+        where = "" if rank is None else f" on rank {rank}"
+        others = f"; non-finite on ranks {list(self.ranks)}" if len(self.ranks) > 1 else ""
         super().__init__(
-            f"non-finite gradient at the output of {module or '(model)'!r} "
-            f"(the first module in backward order where it appeared)"
+            f"non-finite gradient at the output of {module or '(model)'!r}{where} "
+            f"(the first module in backward order where it appeared{others})"
         )
 
 
 class _Step:
     """One forward of the model: its outputs' gradients fill `norms` during its backward."""
 
-    __slots__ = ("norms", "squares", "logged", "flagged")
+    __slots__ = ("norms", "squares", "logged", "flagged", "first_bad", "world", "pending")
 
-    def __init__(self) -> None:
+    def __init__(self, world: tuple[int, int] | None) -> None:
         self.norms: dict[str, float] = {}
-        self.squares: dict[str, float] = {}
+        self.squares: dict[str, float] = {}  # this rank's, over every backward of the forward
         self.logged = False  # in `history` once its first gradient arrived
         self.flagged = False
+        self.first_bad: str | None = None  # across ranks: reported at the end of backward
+        self.world = world  # (rank, size) when the ranks' numbers are merged, else None
+        self.pending = False  # a merge waits for the end of the running backward
 
 
 class GradientMonitor(Recipe):
@@ -66,6 +77,13 @@ class GradientMonitor(Recipe):
     keeps the last `max_history` backwards (a ring buffer; None keeps every one).
     ``monitor.write(writer, step)`` sends the last backward's norms to TensorBoard,
     ``monitor.plot()`` draws them over steps.
+
+    Data parallel: `model` may be a DistributedDataParallel / paddle.DataParallel wrapper
+    (names are the inner model's). With `sync` (the default) and an initialised default
+    process group, each backward ends with one all_gather of every rank's sums of squares:
+    every rank then records the norms of the global batch's grad_outputs, and a NaN or Inf
+    on any rank raises (warns) the same NonFiniteGradientError on every rank, at the end of
+    that backward. `sync=False` keeps each rank's own numbers.
     """
 
     def __init__(
@@ -76,6 +94,7 @@ class GradientMonitor(Recipe):
         on_nonfinite: str = "raise",
         every: int = 1,
         max_history: int | None = 1000,
+        sync: bool = True,
     ) -> None:
         if on_nonfinite not in _POLICIES:
             raise ValueError(
@@ -84,11 +103,15 @@ class GradientMonitor(Recipe):
             )
         check_history(max_history)
         every = check_every(every)
-        where = where_of(model, where)
+        inner = ops.unwrap(model)
+        where = where_of(inner, where)
         super().__init__()
         self.on_nonfinite = on_nonfinite
+        self.sync = sync
         self.history: deque[dict[str, float]] = deque(maxlen=max_history)
-        self._step = _Step()
+        self._model = model
+        self._step = _Step(None)
+        self._names: list[str] = []  # the modules hooked: the layout of the ranks' vectors
         self._written: object = None
         # the last output hooked: (tensor, its version, the names sharing its gradient hook)
         self._last: tuple[Any, Any, list[str]] | None = None
@@ -96,7 +119,9 @@ class GradientMonitor(Recipe):
         def hooks() -> HookGroup:
             group = HookGroup()
             group.add("", register_forward_pre_hook(model, self._new_step))
-            group.extend(attach(model, self._record, where=where))
+            attached = attach(inner, self._record, where=where)
+            self._names = attached.names
+            group.extend(attached)
             # drops the last output once the forward is done (registered after attach's hooks)
             group.add("", register_forward_hook(model, self._forget, always_call=True))
             return group
@@ -104,7 +129,7 @@ class GradientMonitor(Recipe):
         self._schedule(model, every, hooks)
 
     def _new_step(self, module: Any, args: Any) -> None:
-        self._step = _Step()
+        self._step = _Step(ops.world(module) if self.sync else None)
 
     def _forget(self, module: Any, args: Any, output: Any) -> None:
         self._last = None
@@ -130,6 +155,9 @@ class GradientMonitor(Recipe):
         if not step.logged:
             step.logged = True
             self.history.append(step.norms)
+        if step.world is not None and not step.pending:
+            step.pending = True
+            ops.after_backward(grad, functools.partial(self._merge, step))
         squares = ops.sum_squares(grad)
         for name in names:
             total = step.squares.get(name, 0.0) + squares
@@ -139,17 +167,55 @@ class GradientMonitor(Recipe):
         if math.isfinite(squares) or step.flagged or ops.all_finite(grad):
             return
         step.flagged = True
-        error = NonFiniteGradientError(names[0], step.norms)
+        if step.world is not None:  # every rank learns of it at the end of backward
+            step.first_bad = names[0]
+            return
+        self._report(NonFiniteGradientError(names[0], step.norms))
+
+    def _report(self, error: NonFiniteGradientError) -> None:
         if self.on_nonfinite == "raise":
             raise error
         if self.on_nonfinite == "warn":
-            warnings.warn(str(error), RuntimeWarning, stacklevel=2)
+            warnings.warn(str(error), RuntimeWarning, stacklevel=3)
 
-    def write(self, writer: Writer, step: int) -> bool:
+    def _merge(self, step: _Step) -> None:
+        """The end of a backward with several ranks: one all_gather of every rank's vector
+        [has a gradient per module, sum of squares per module, first non-finite module], then
+        the global norms in place of this rank's, the same on every rank."""
+        import numpy as np
+
+        step.pending = False
+        names = self._names
+        index = {name: i for i, name in enumerate(names)}
+        count = len(names)
+        local = np.zeros(2 * count + 1)
+        for name, squares in step.squares.items():
+            local[index[name]] = 1.0
+            local[count + index[name]] = squares
+        local[-1] = -1.0 if step.first_bad is None else index[step.first_bad]
+        ranks = ops.all_gather(local, like=self._model)
+        present = ranks[:, :count].any(axis=0)
+        totals = ranks[:, count : 2 * count].sum(axis=0)  # in rank order: equal on every rank
+        # this rank's backward order first, then the modules only other ranks reached
+        order = [*step.norms, *(n for n in reversed(names) if n not in step.norms)]
+        step.norms.clear()
+        for name in order:
+            if present[index[name]]:
+                step.norms[name] = math.sqrt(totals[index[name]])
+        bad = [rank for rank, first in enumerate(ranks[:, -1]) if first >= 0]
+        if bad:
+            step.first_bad = None  # reported once, not again after a further backward
+            module = names[int(ranks[bad[0], -1])]
+            self._report(NonFiniteGradientError(module, step.norms, rank=bad[0], ranks=bad))
+
+    def write(self, writer: Writer, step: int, *, all_ranks: bool = False) -> bool:
         """Send the last recorded backward's norms to `writer` (a tensorboardX or torch
         SummaryWriter, see `summary_writer`): scalars ``gradients/<module>/norm`` and, across
         modules, the histogram ``gradients/norm``. False (nothing written) when no backward was
-        recorded since the last write (an off-step of `every`)."""
+        recorded since the last write (an off-step of `every`), and on every rank but 0 of an
+        initialised process group unless `all_ranks`."""
+        if not self._writes(self._model, all_ranks):
+            return False
         if not self.history or self.history[-1] is self._written:
             return False
         self._written = last = self.history[-1]
@@ -157,9 +223,9 @@ class GradientMonitor(Recipe):
         write_records(writer, "gradients", rows, ("norm",), step)
         return True
 
-    def plot(self, path: str | None = None) -> Any:
+    def plot(self, path: str | None = None, *, all_ranks: bool = False) -> Any:
         """Per-module gradient norms over the recorded backwards, log scale (matplotlib Figure;
-        saved to `path` when given)."""
+        saved to `path` when given, by rank 0 only unless `all_ranks`)."""
         from .plots import plot
 
-        return plot(monitor=self, path=path)
+        return plot(monitor=self, path=path, all_ranks=all_ranks)

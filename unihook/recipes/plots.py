@@ -19,11 +19,17 @@ def plot(
     monitor: GradientMonitor | None = None,
     path: str | None = None,
     title: str | None = None,
+    *,
+    all_ranks: bool = False,
 ) -> Any:
     """One figure: the activation mean, std and fraction of zeros per module over the forwards
     `stats` recorded, and the gradient norm per module over the backwards `monitor` recorded
-    (either may be None). Saved to `path` when given (the format from its suffix); returns the
-    matplotlib Figure. Steps are counted in recorded forwards (with ``every=N``, one per N)."""
+    (either may be None). Saved to `path` when given (the format from its suffix), under an
+    initialised process group by rank 0 only unless `all_ranks`; returns the matplotlib
+    Figure. Steps are counted in recorded forwards (with ``every=N``, one per N)."""
+    recipe = stats if stats is not None else monitor
+    if path is not None and recipe is not None and not recipe._writes(recipe._model, all_ranks):
+        path = None
     try:
         import matplotlib
 

@@ -41,6 +41,18 @@ class _Running:
         self.low, self.high = min(self.low, low), max(self.high, high)
         self.zeros += zeros
 
+    def add(self, other: _Running) -> None:
+        """Merge another part's numbers (another rank's, another forward's) into these."""
+        self.calls += other.calls
+        self.merge(other.moments())
+
+    def moments(self) -> ops.Moments:
+        mean = self.total / self.count if self.count else 0.0
+        return self.count, mean, self.m2, self.low, self.high, self.zeros, self.nonfinite
+
+
+_FIELDS = 8  # per module in the ranks' vectors: calls, then `moments`
+
 
 class ActivationStats(Recipe):
     """Running statistics of every selected module's output over forward calls: calls, mean,
@@ -61,15 +73,34 @@ class ActivationStats(Recipe):
     `model`, ``{module name: row}`` of that forward alone (the last `max_history` forwards;
     None keeps all), which ``stats.write(writer, step)`` sends to TensorBoard and
     ``stats.plot()`` draws over steps. Use as a context manager or call `remove()`.
+
+    Data parallel: `model` may be a DistributedDataParallel / paddle.DataParallel wrapper
+    (names are the inner model's). With `sync` (the default) and an initialised default
+    process group, each recorded forward of `model` ends with one all_gather of every rank's
+    numbers, merged by Chan's formula in rank order: every rank records the statistics of
+    the global batch (calls: the most any rank made), and `rows()` covers the forwards of
+    `model` only (a submodule called on its own is left out). `sync=False` keeps each rank's
+    own numbers.
     """
 
     def __init__(
-        self, model: Any, where: Any = None, *, every: int = 1, max_history: int | None = 1000
+        self,
+        model: Any,
+        where: Any = None,
+        *,
+        every: int = 1,
+        max_history: int | None = 1000,
+        sync: bool = True,
     ) -> None:
         every = check_every(every)
         check_history(max_history)
-        where = where_of(model, where)
+        inner = ops.unwrap(model)
+        where = where_of(inner, where)
         super().__init__()
+        self.sync = sync
+        self._model = model
+        self._world: tuple[int, int] | None = None  # this forward's ranks, when merged
+        self._names: list[str] = []  # the modules hooked: the layout of the ranks' vectors
         self._stats: dict[str, _Running] = {}
         self._step: dict[str, _Running] = {}  # this forward's, merged into `history` at its end
         self._history: deque[dict[str, _Running]] = deque(maxlen=max_history)
@@ -83,8 +114,10 @@ class ActivationStats(Recipe):
             # (a container before its children), not in order of completion.
             group = HookGroup()
             group.add("", register_forward_pre_hook(model, self._open))
-            group.extend(attach(model, self._started, kind="forward_pre", where=where))
-            group.extend(attach(model, self._record, where=where))
+            group.extend(attach(inner, self._started, kind="forward_pre", where=where))
+            attached = attach(inner, self._record, where=where)
+            self._names = attached.names
+            group.extend(attached)
             group.add("", register_forward_hook(model, self._close, always_call=True))
             return group
 
@@ -98,11 +131,13 @@ class ActivationStats(Recipe):
         tensors = tensors_of(output, module)
         if not tensors:
             return
+        merged = self._world is not None  # the running numbers come from the merged steps
         running = self._stats[name]
         step = self._step.get(name)
         if step is None:
             step = self._step[name] = _Running(order=running.order)
-        running.calls += 1
+        if not merged:
+            running.calls += 1
         step.calls += 1
         for tensor in tensors:
             version, last = ops.version(tensor), self._last
@@ -116,39 +151,76 @@ class ActivationStats(Recipe):
             else:
                 moments = ops.moments(tensor)
                 self._last = (tensor, version, moments)
-            running.merge(moments)
+            if not merged:
+                running.merge(moments)
             step.merge(moments)
 
     def _open(self, module: Any, args: Any) -> None:
         self._step = {}
+        self._world = ops.world(module) if self.sync else None
 
     def _close(self, module: Any, args: Any, output: Any) -> None:
         self._last = None
+        if self._world is not None:
+            self._step = self._merge(self._step)
+            for name, step in self._step.items():
+                self._stats[name].add(step)
         if self._step:
             self._history.append(self._step)
             self._step = {}
+
+    def _merge(self, step: dict[str, _Running]) -> dict[str, _Running]:
+        """The end of a forward with several ranks: one all_gather of every rank's vector (per
+        module: calls, count, mean, m2, min, max, zeros, non-finite), merged in rank order
+        (Chan's formula), the same on every rank."""
+        import numpy as np
+
+        names = self._names
+        local = np.zeros((len(names), _FIELDS))
+        local[:, 4], local[:, 5] = np.inf, -np.inf  # min and max of nothing
+        for i, name in enumerate(names):
+            part = step.get(name)
+            if part is not None:
+                local[i] = (part.calls, *part.moments())
+        ranks = ops.all_gather(local.reshape(-1), like=self._model).reshape(-1, len(names), _FIELDS)
+        merged: dict[str, _Running] = {}
+        for i, name in enumerate(names):
+            calls = ranks[:, i, 0]
+            if not calls.any():
+                continue
+            if name not in self._stats:  # it ran on another rank only
+                self._stats[name] = _Running(order=len(self._stats))
+            total = merged[name] = _Running(order=self._stats[name].order)
+            for row in ranks[:, i]:
+                count, mean, m2, low, high, zeros, nonfinite = row[1:].tolist()
+                total.merge((int(count), mean, m2, low, high, int(zeros), int(nonfinite)))
+            total.calls = int(calls.max())  # each rank runs the model once per global batch
+        return merged
 
     @property
     def history(self) -> list[dict[str, dict[str, Any]]]:
         return [{r["name"]: r for r in _rows(step)} for step in self._history]
 
-    def write(self, writer: Writer, step: int) -> bool:
+    def write(self, writer: Writer, step: int, *, all_ranks: bool = False) -> bool:
         """Send the last recorded forward's rows to `writer` (a tensorboardX or torch
         SummaryWriter, see `summary_writer`): scalars ``activations/<module>/<stat>`` and, across
         modules, histograms ``activations/mean`` and ``activations/std``. False (nothing
-        written) when no forward was recorded since the last write (an off-step of `every`)."""
+        written) when no forward was recorded since the last write (an off-step of `every`),
+        and on every rank but 0 of an initialised process group unless `all_ranks`."""
+        if not self._writes(self._model, all_ranks):
+            return False
         if not self._history or self._history[-1] is self._written:
             return False
         self._written = self._history[-1]
         write_records(writer, "activations", _rows(self._history[-1]), STATS, step)
         return True
 
-    def plot(self, path: str | None = None) -> Any:
+    def plot(self, path: str | None = None, *, all_ranks: bool = False) -> Any:
         """Per-module mean, std and fraction of zeros over the recorded forwards (matplotlib
-        Figure; saved to `path` when given)."""
+        Figure; saved to `path` when given, by rank 0 only unless `all_ranks`)."""
         from .plots import plot
 
-        return plot(stats=self, path=path)
+        return plot(stats=self, path=path, all_ranks=all_ranks)
 
     def rows(self) -> list[dict[str, Any]]:
         return _rows(self._stats)

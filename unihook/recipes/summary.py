@@ -87,8 +87,10 @@ def summary(model: Any, *inputs: Any, **kwargs: Any) -> Summary:
     shapes, parameter count (the module's and its submodules', each parameter counted once;
     BatchNorm running statistics are buffers, not parameters, on every backend) and whether
     they are trainable. A module called several times gets a row per call. Gradients are not
-    needed: run it under no_grad to save memory. The hooks are removed before it returns."""
-    modules = ops.named_modules(model)
+    needed: run it under no_grad to save memory. The hooks are removed before it returns.
+    A data-parallel wrapper is called as given; its rows are the inner model's."""
+    inner = ops.unwrap(model)
+    modules = ops.named_modules(inner)
     depth = {id(m): (name.count(".") + 1 if name else 0) for name, m in reversed(modules)}
     counts = _parameter_counts(modules)
     rows: list[SummaryRow] = []
@@ -108,8 +110,8 @@ def summary(model: Any, *inputs: Any, **kwargs: Any) -> Summary:
 
     group = HookGroup()
     try:
-        group.extend(attach(model, started, kind="forward_pre"))
-        group.extend(attach(model, finished))
+        group.extend(attach(inner, started, kind="forward_pre"))
+        group.extend(attach(inner, finished))
         model(*inputs, **kwargs)
     finally:
         group.remove()

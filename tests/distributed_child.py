@@ -1,0 +1,305 @@
+"""Two CPU ranks (gloo) of torch DistributedDataParallel or paddle.DataParallel running unihook's
+hooks and recipes, for tests/test_distributed.py; also the single-process scenarios it compares
+them with.
+
+    python tests/distributed_child.py {torch|paddle} OUTDIR [fail]
+
+Each rank pickles what it saw to OUTDIR/rank<r>.pkl. `fail`: rank 1 raises before the recipes'
+first collective (the launcher must end both ranks promptly).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import sys
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import unihook
+from unihook import ops
+from unihook.recipes import ActivationStats, GradientMonitor, NonFiniteGradientError
+
+WORLD = 2
+BATCH = 8  # global batch; each rank takes BATCH // WORLD rows
+LR = 0.1
+STEPS = 2
+# the model: Linear(6, 8), ReLU, Sequential(Linear(8, 8), Tanh), Linear(8, 3)
+SHAPES = [(8, 6), (8,), (8, 8), (8,), (3, 8), (3,)]  # torch layout (out, in)
+TIMEOUT = timedelta(seconds=40)  # a rank waiting for a dead peer gives up after this
+
+
+def weights() -> list[np.ndarray]:
+    rng = np.random.default_rng(17)
+    return [rng.normal(0, 0.5, shape).astype(np.float32) for shape in SHAPES]
+
+
+def batch() -> tuple[np.ndarray, np.ndarray]:
+    """The global batch and the loss coefficients: loss = sum(output * coefficients)."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 1, (BATCH, 6)).astype(np.float32)
+    return x, rng.normal(0, 1, (BATCH, 3)).astype(np.float32)
+
+
+def rows(rank: int | None) -> slice:
+    if rank is None:
+        return slice(0, BATCH)
+    part = BATCH // WORLD
+    return slice(rank * part, (rank + 1) * part)
+
+
+class Framework:
+    """The few calls the scenarios make, per framework."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        if name == "torch":
+            import torch
+
+            self.t = torch
+        else:
+            import paddle
+
+            self.p = paddle
+
+    def model(self, values: list[np.ndarray]) -> Any:
+        if self.name == "torch":
+            nn = self.t.nn
+            model = nn.Sequential(
+                nn.Linear(6, 8),
+                nn.ReLU(),
+                nn.Sequential(nn.Linear(8, 8), nn.Tanh()),
+                nn.Linear(8, 3),
+            )
+            with self.t.no_grad():
+                for param, value in zip(model.parameters(), values):
+                    param.copy_(self.t.from_numpy(value))
+            return model
+        nn = self.p.nn
+        model = nn.Sequential(
+            nn.Linear(6, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.Tanh()), nn.Linear(8, 3)
+        )
+        for param, value in zip(model.parameters(), values):
+            param.set_value(value.T if value.ndim == 2 else value)  # paddle's weight is [in, out]
+        return model
+
+    def tensor(self, array: np.ndarray, grad: bool = False) -> Any:
+        if self.name == "torch":
+            return self.t.tensor(array, requires_grad=grad)
+        t = self.p.to_tensor(array)
+        t.stop_gradient = not grad
+        return t
+
+    def optimizer(self, model: Any, lr: float) -> Any:
+        if self.name == "torch":
+            return self.t.optim.SGD(model.parameters(), lr=lr)
+        return self.p.optimizer.SGD(learning_rate=lr, parameters=model.parameters())
+
+    def zero_grad(self, optimizer: Any) -> None:
+        if self.name == "torch":
+            optimizer.zero_grad()
+        else:
+            optimizer.clear_grad()
+
+    def grads(self, model: Any) -> list[np.ndarray]:
+        """The parameters' gradients in torch's layout."""
+        found = []
+        for param in model.parameters():
+            grad = ops.to_numpy(param.grad)
+            found.append(grad.T if self.name == "paddle" and grad.ndim == 2 else grad)
+        return found
+
+    def wrap(self, model: Any) -> Any:
+        if self.name == "torch":
+            return self.t.nn.parallel.DistributedDataParallel(model)
+        return self.p.DataParallel(model)
+
+
+def _array(value: Any) -> Any:
+    return None if value is None else ops.to_numpy(value)
+
+
+def hook_scenario(fw: Framework, model: Any, rank: int | None) -> dict[str, Any]:
+    """One forward and backward of `model` (a wrapper or the bare model) on the rank's rows with
+    every hook kind on the inner model's modules, the global hooks, and (wrapped) hooks on the
+    wrapper. Returns the hook calls in order and the parameters' gradients."""
+    inner = ops.unwrap(model)
+    names = {id(m): name for name, m in ops.named_modules(inner)}
+    calls: list[tuple[str, str, list[Any]]] = []
+
+    def label(module: Any) -> str:
+        return names.get(id(module), "<wrapper>")
+
+    def pre(module: Any, args: Any) -> None:
+        calls.append(("forward_pre", label(module), [_array(args[0])]))
+
+    def post(module: Any, args: Any, output: Any) -> None:
+        calls.append(("forward", label(module), [_array(output)]))
+        where = label(module)
+        unihook.register_tensor_hook(output, lambda g: calls.append(("tensor", where, [_array(g)])))
+
+    def backward_pre(module: Any, grad_output: Any) -> None:
+        calls.append(("full_backward_pre", label(module), [_array(grad_output[0])]))
+
+    def backward(module: Any, grad_input: Any, grad_output: Any) -> None:
+        calls.append(
+            ("full_backward", label(module), [_array(grad_input[0]), _array(grad_output[0])])
+        )
+
+    def global_post(module: Any, args: Any, output: Any) -> None:
+        calls.append(("global_forward", label(module), [_array(output)]))
+
+    def global_backward(module: Any, grad_input: Any, grad_output: Any) -> None:
+        calls.append(("global_full_backward", label(module), [_array(grad_output[0])]))
+
+    group = unihook.HookGroup()
+    for name, module in ops.named_modules(inner):
+        group.add(name, unihook.register_forward_pre_hook(module, pre))
+        group.add(name, unihook.register_forward_hook(module, post))
+        group.add(name, unihook.register_full_backward_pre_hook(module, backward_pre))
+        group.add(name, unihook.register_full_backward_hook(module, backward))
+    if model is not inner:  # on the wrapper too
+        group.add("<wrapper>", unihook.register_forward_hook(model, post))
+        group.add("<wrapper>", unihook.register_full_backward_hook(model, backward))
+    group.add("", unihook.register_module_forward_hook(global_post))
+    group.add("", unihook.register_module_full_backward_hook(global_backward))
+    x, coefficients = batch()
+    with group:
+        out = model(fw.tensor(x[rows(rank)], grad=True))
+        (out * fw.tensor(coefficients[rows(rank)])).sum().backward()
+    return {"calls": calls, "grads": fw.grads(inner)}
+
+
+class Writer:
+    """A SummaryWriter that only counts what it is given."""
+
+    def __init__(self) -> None:
+        self.scalars = 0
+
+    def add_scalar(self, tag: str, scalar_value: Any, global_step: int | None = None) -> None:
+        self.scalars += 1
+
+    def add_histogram(self, tag: str, values: Any, global_step: int | None = None) -> None:
+        pass
+
+
+def recipe_scenario(
+    fw: Framework, model: Any, rank: int | None, lr: float, inner: bool = False
+) -> dict[str, Any]:
+    """`STEPS` SGD steps of `model` on the rank's rows with ActivationStats and GradientMonitor,
+    merged across ranks (`sync`, the default) and per rank (`sync=False`), given `model` or
+    (`inner`) the model inside its wrapper."""
+    x, coefficients = batch()
+    x, coefficients = fw.tensor(x[rows(rank)]), fw.tensor(coefficients[rows(rank)])
+    optimizer = fw.optimizer(model, lr)
+    watched = ops.unwrap(model) if inner else model
+    with (
+        ActivationStats(watched) as stats,
+        GradientMonitor(watched) as monitor,
+        ActivationStats(watched, sync=False) as local_stats,
+        GradientMonitor(watched, sync=False) as local_monitor,
+    ):
+        for _ in range(STEPS):
+            (model(x) * coefficients).sum().backward()
+            optimizer.step()
+            fw.zero_grad(optimizer)
+        writer, every_rank = Writer(), Writer()
+        written = (stats.write(writer, 0), monitor.write(writer, 0))
+        stats.write(every_rank, 0, all_ranks=True)
+        monitor.write(every_rank, 0, all_ranks=True)
+        return {
+            "stats": stats.history,
+            "rows": stats.rows(),
+            "monitor": list(monitor.history),
+            "local_stats": local_stats.history,
+            "local_monitor": list(local_monitor.history),
+            "written": written,
+            "scalars": (writer.scalars, every_rank.scalars),
+        }
+
+
+def nonfinite_scenario(fw: Framework, model: Any, rank: int) -> dict[str, Any]:
+    """A NaN in the loss coefficients of rank 1 only: every rank must raise the same error at
+    the end of backward (rank 0 saw only finite gradients) and then train on."""
+    x, coefficients = batch()
+    bad = coefficients[rows(rank)].copy()
+    if rank == 1:
+        bad[1, 2] = np.nan
+    messages = []
+    with GradientMonitor(model) as monitor:
+        for c in (bad, coefficients[rows(rank)]):
+            try:
+                (model(fw.tensor(x[rows(rank)])) * fw.tensor(c)).sum().backward()
+            except NonFiniteGradientError as e:
+                messages.append((str(e), e.module, e.rank, e.ranks))
+        return {"errors": messages, "after": dict(monitor.history[-1])}
+
+
+def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> None:
+    os.environ.setdefault("GLOG_minloglevel", "2")
+    warnings.filterwarnings("ignore")
+    fw = Framework(framework)
+    if framework == "torch":
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=WORLD,
+            timeout=TIMEOUT,
+        )
+    else:
+        import paddle.distributed as pdist
+
+        pdist.init_parallel_env()
+    assert ops.world(fw.tensor(np.zeros(1, np.float32))) == (rank, WORLD)
+    result: dict[str, Any] = {"rank": rank}
+    if fail:
+        if rank == 1:
+            raise RuntimeError("rank 1 fails on purpose")
+        recipe_scenario(fw, fw.wrap(fw.model(weights())), rank, LR)  # waits for rank 1
+    result["hooks"] = hook_scenario(fw, fw.wrap(fw.model(weights())), rank)
+    result["recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights())), rank, LR)
+    result["nonfinite"] = nonfinite_scenario(fw, fw.wrap(fw.model(weights())), rank)
+    result["inner_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights())), rank, LR, True)
+    with open(Path(out) / f"rank{rank}.pkl", "wb") as f:
+        pickle.dump(result, f)
+    if framework == "torch":
+        dist.barrier()  # no rank closes its connections while the other still uses them
+        dist.destroy_process_group()
+
+
+def _paddle_rank(framework: str, out: str, port: int, fail: bool) -> None:
+    import paddle.distributed as pdist
+
+    rank_main(pdist.get_rank(), framework, out, port, fail)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv: list[str]) -> None:
+    framework, out = argv[0], argv[1]
+    fail = argv[2:] == ["fail"]
+    if framework == "torch":
+        import torch.multiprocessing as mp
+
+        # a rank that raises makes spawn terminate the others and raise here
+        mp.spawn(rank_main, args=(framework, out, free_port(), fail), nprocs=WORLD)
+    else:
+        import paddle.distributed as pdist
+
+        pdist.spawn(_paddle_rank, args=(framework, out, 0, fail), nprocs=WORLD, backend="gloo")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,213 @@
+"""Data parallel (issue 17): unihook's hooks and recipes on 2 CPU ranks (gloo) of torch's
+DistributedDataParallel and paddle.DataParallel, against single-process runs in this process
+(no process group here). Each framework's ranks run once (tests/distributed_child.py, in a
+subprocess of their own, bounded in time); the tests read what the ranks saw."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import distributed_child as child
+import numpy as np
+import pytest
+
+CHILD = Path(__file__).with_name("distributed_child.py")
+TIMEOUT = 150  # seconds for the whole 2-rank run of one framework (about 15 s here)
+FRAMEWORKS = ["torch", "paddle"]
+
+
+def run_ranks(framework: str, out: Path, *extra: str, timeout: float = TIMEOUT) -> Any:
+    """Run the child in its own session; on timeout kill the whole session (the ranks too).
+    Returns the exit code, the output and the session id."""
+    env = {**os.environ, "GLOG_minloglevel": "2", "PYTHONPATH": str(CHILD.parent.parent)}
+    process = subprocess.Popen(
+        [sys.executable, str(CHILD), framework, str(out), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail(f"{framework}: the ranks did not finish within {timeout} s")
+    return process.returncode, output, process.pid
+
+
+def _session_alive(pid: int, grace: float = 10.0) -> bool:
+    """Whether any process of session `pid` is still running after `grace` seconds (a rank
+    that outlived the launcher; one exiting takes a moment)."""
+    deadline = time.monotonic() + grace
+    while _session_members(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _session_members(pid)
+
+
+def _session_members(pid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == pid and fields[0] != "Z":  # field 6: the session id
+                return True
+    return False
+
+
+@pytest.fixture(scope="module", params=FRAMEWORKS)
+def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    framework = request.param
+    pytest.importorskip(framework)
+    out = tmp_path_factory.mktemp(f"dist-{framework}")
+    code, output, _ = run_ranks(framework, out)
+    assert code == 0, output[-4000:]
+    found = []
+    for rank in range(child.WORLD):
+        with open(out / f"rank{rank}.pkl", "rb") as f:
+            found.append(pickle.load(f))
+    return framework, found
+
+
+def close(a: Any, b: Any, what: str) -> None:
+    if a is None or b is None:
+        assert a is None and b is None, what
+        return
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=what)
+
+
+def test_hooks_per_rank_as_one_process_on_its_rows(ranks: Any) -> None:
+    """Every hook kind, on the inner modules, globally and on the wrapper: per rank the calls a
+    single process makes on that rank's rows, in the same order, with the same values (backward
+    hooks see the rank's own gradients); the parameters' gradients are the ranks' mean."""
+    framework, results = ranks
+    fw = child.Framework(framework)
+    reference_grads = []
+    for rank, result in enumerate(results):
+        reference = child.hook_scenario(fw, fw.model(child.weights()), rank)
+        reference_grads.append(reference["grads"])
+        seen = result["hooks"]["calls"]
+        # the wrapper's own calls: its forward hook (and the tensor hook that puts on the
+        # output), its backward hook, the global hooks on it
+        wrapper = [call for call in seen if call[1] == "<wrapper>"]
+        inner = [call for call in seen if call[1] != "<wrapper>"]
+        kinds = sorted(kind for kind, _, _ in wrapper)
+        assert kinds == [
+            "forward", "full_backward", "global_forward", "global_full_backward", "tensor"
+        ]  # fmt: skip
+        assert [c[:2] for c in inner] == [c[:2] for c in reference["calls"]]
+        for (kind, name, values), (_, _, expected) in zip(inner, reference["calls"]):
+            for value, want in zip(values, expected):
+                close(value, want, f"rank {rank}: {kind} hook of {name!r}")
+        model_out = next(v for k, n, v in reference["calls"] if (k, n) == ("forward", ""))
+        model_grad = next(v for k, n, v in reference["calls"] if (k, n) == ("full_backward", ""))
+        for kind, _, values in wrapper:
+            if kind == "forward":
+                close(values[0], model_out[0], f"rank {rank}: the wrapper's output")
+            if kind == "full_backward":
+                close(values[1], model_grad[1], f"rank {rank}: the wrapper's grad_output")
+            if kind == "tensor":
+                close(values[0], model_grad[1], f"rank {rank}: the wrapper's output gradient")
+    mean = [np.mean(parts, axis=0) for parts in zip(*reference_grads)]
+    for result in results:
+        for got, want in zip(result["hooks"]["grads"], mean):
+            close(got, want, "DDP's all-reduced gradient")
+
+
+def _global_reference(fw: child.Framework) -> dict[str, Any]:
+    # A loss summed over the rows: DDP averages the ranks' gradients, so the same updates on the
+    # global batch take the learning rate over the world size.
+    return child.recipe_scenario(fw, fw.model(child.weights()), None, child.LR / child.WORLD)
+
+
+def _same_stats(got: dict[str, Any], want: dict[str, Any], what: str) -> None:
+    assert list(got) == list(want), what
+    for name in want:
+        for key in ("calls", "nonfinite"):
+            assert got[name][key] == want[name][key], f"{what}: {key} of {name!r}"
+        for key in ("mean", "std", "min", "max", "zeros"):
+            close(got[name][key], want[name][key], f"{what}: {key} of {name!r}")
+
+
+def _same_norms(got: dict[str, float], want: dict[str, float], what: str) -> None:
+    assert sorted(got) == sorted(want), what
+    for name in want:
+        close(got[name], want[name], f"{what}: norm of {name!r}")
+
+
+@pytest.mark.parametrize("wrapped", [True, False], ids=["wrapper", "inner"])
+def test_recipes_report_the_global_batch(ranks: Any, wrapped: bool) -> None:
+    """ActivationStats and GradientMonitor over 2 SGD steps: every rank reports what one process
+    reports on the global batch (inner names, no `module.` / `_layers.`), given the wrapper or
+    the model inside it."""
+    framework, results = ranks
+    want = _global_reference(child.Framework(framework))
+    key = "recipes" if wrapped else "inner_recipes"
+    for rank, result in enumerate(results):
+        got = result[key]
+        assert len(got["stats"]) == len(got["monitor"]) == child.STEPS
+        for step in range(child.STEPS):
+            what = f"rank {rank}, step {step}"
+            _same_stats(got["stats"][step], want["stats"][step], f"{what}, ActivationStats")
+            _same_norms(got["monitor"][step], want["monitor"][step], f"{what}, GradientMonitor")
+        rows = {row["name"]: row for row in got["rows"]}
+        _same_stats(rows, {row["name"]: row for row in want["rows"]}, f"rank {rank}, rows()")
+
+
+def test_sync_false_keeps_each_ranks_numbers(ranks: Any) -> None:
+    """`sync=False`: the first step's numbers are a single process's on the rank's rows."""
+    framework, results = ranks
+    fw = child.Framework(framework)
+    for rank, result in enumerate(results):
+        want = child.recipe_scenario(fw, fw.model(child.weights()), rank, child.LR)
+        got = result["recipes"]
+        what = f"rank {rank}, sync=False"
+        _same_stats(got["local_stats"][0], want["stats"][0], what)
+        _same_norms(got["local_monitor"][0], want["monitor"][0], what)
+        assert got["local_stats"][0]["0"]["mean"] != got["stats"][0]["0"]["mean"]
+
+
+def test_sinks_write_on_rank_zero_only(ranks: Any) -> None:
+    _, results = ranks
+    first, second = (result["recipes"] for result in results)
+    assert first["written"] == (True, True) and second["written"] == (False, False)
+    assert first["scalars"][0] > 0 and second["scalars"][0] == 0
+    assert second["scalars"][1] == first["scalars"][0]  # all_ranks=True writes everywhere
+
+
+def test_nonfinite_raises_the_same_error_on_every_rank(ranks: Any) -> None:
+    """A NaN gradient on rank 1 only: both ranks raise the same NonFiniteGradientError naming
+    rank 1 and the first module in backward order, then keep training (no rank waits)."""
+    _, results = ranks
+    errors = [result["nonfinite"]["errors"] for result in results]
+    assert errors[0] == errors[1]
+    ((message, module, rank, flagged),) = errors[0]
+    # the model returns the last Linear's output: the model is outermost, first in backward
+    assert (module, rank, flagged) == ("", 1, (1,))
+    assert "'(model)' on rank 1" in message
+    for result in results:
+        after = result["nonfinite"]["after"]
+        assert after and all(np.isfinite(v) for v in after.values())
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_failing_rank_ends_the_run(framework: str, tmp_path: Path) -> None:
+    """Rank 1 raises while rank 0 waits in the recipes' collective: the launcher ends both
+    ranks promptly, with the error, and leaves no process behind."""
+    pytest.importorskip(framework)
+    start = time.monotonic()
+    code, output, session = run_ranks(framework, tmp_path, "fail", timeout=90)
+    assert code != 0 and "rank 1 fails on purpose" in output
+    assert time.monotonic() - start < 60
+    assert not list(tmp_path.glob("rank*.pkl"))
+    assert not _session_alive(session)
