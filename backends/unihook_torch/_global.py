@@ -128,18 +128,21 @@ def _call_hiding_new_pre_hooks(
     self: Any, own: OrderedDict[int, Hook], keys: tuple[int, ...], args: Any, kwargs: Any
 ) -> Any:
     """A global pre-hook registered a pre-hook on this module: torch iterates a snapshot
-    taken before any pre-hook runs, so the new one waits for the next call."""
-    order = list(own)
-    # (OrderedDict's own pop: a HookDict's would unpin a dispatcher, ``unihook._pinned``)
-    hidden = {k: OrderedDict.pop(own, k) for k in order if k not in keys}
+    taken before any pre-hook runs, so the new one waits for the next call. It stays in the
+    dict as a no-op for this call: its handle, removing it meanwhile, removes it for good."""
+    hidden = {k: own[k] for k in own if k not in keys}
+    for k in hidden:
+        own[k] = _skipped
     try:
         return _torch_call_impl(self, *args, **kwargs)
     finally:
-        now = dict(own)
-        now.update(hidden)
-        own.clear()
-        own.update((k, now.pop(k)) for k in order if k in now)
-        own.update(now)
+        for k, hook in hidden.items():
+            if own.get(k) is _skipped:
+                own[k] = hook
+
+
+def _skipped(*args: Any) -> None:
+    """Stands for a pre-hook registered during the call (either signature)."""
 
 
 def original_call_impl() -> Callable[..., Any] | None:
