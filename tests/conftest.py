@@ -1,7 +1,6 @@
-"""The conformance matrix: every test that takes `backend` runs once per installed backend.
-
-`backend` is that backend's conformance kit (``unihook.testing.Kit``), supplied by the backend
-plugin itself, so the same suite runs against a third-party backend.
+"""The tests here that take `backend` run once per installed backend, as the shipped
+conformance suite (``unihook/conformance``, also on `testpaths`) does; ``--unihook-backend
+NAME`` or ``UNIHOOK_CONFORMANCE_BACKEND=NAME`` selects for both.
 """
 
 from __future__ import annotations
@@ -14,20 +13,10 @@ warnings.filterwarnings("ignore", message="No ccache found")
 
 import pytest  # noqa: E402
 
-from unihook._plugins import plugin_manager  # noqa: E402
+from unihook.conformance import parametrize_backend  # noqa: E402
 
-KITS = [kit for kit in plugin_manager().hook.unihook_conformance_kit() if kit is not None]
-KITS.sort(key=lambda kit: kit.name)
+pytest_plugins: list[str] = ["unihook.conformance.plugin"]  # the option, in a checkout
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "backend" in metafunc.fixturenames:
-        metafunc.parametrize("backend", KITS, ids=[kit.name for kit in KITS])
-
-
-def kit(name: str):  # type: ignore[no-untyped-def]
-    """The kit of one backend, for differential tests (skips when it is not installed)."""
-    for k in KITS:
-        if k.name == name:
-            return k
-    pytest.skip(f"backend {name!r} is not installed")
+    parametrize_backend(metafunc)

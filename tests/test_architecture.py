@@ -1,5 +1,6 @@
-"""The architecture's rules (ARCHITECTURE.md), checked on the source: backends import only
-public unihook modules, no module-level import cycles, hook kinds derived from one table.
+"""The architecture's rules (ARCHITECTURE.md), checked on the source: backends and the shipped
+conformance suite import only public unihook modules, no module-level import cycles, hook
+kinds derived from one table, recipes and the suite import no framework.
 That ``import unihook`` imports no framework is test_core's
 ``test_import_unihook_imports_no_framework`` (it loads every backend, hence unihook.backend)."""
 
@@ -109,6 +110,21 @@ def test_backends_import_only_public_unihook_modules() -> None:
     assert private == []
 
 
+def test_the_conformance_suite_imports_public_unihook_modules_and_no_framework() -> None:
+    """Every test of unihook.conformance runs on any backend through its kit: a framework
+    import (any, function bodies included) or a private unihook module would tie it to one."""
+    suite = [name for name in MODULES if name.startswith("unihook.conformance")]
+    assert {"unihook.conformance.conftest", "unihook.conformance.test_forward_hooks"} <= set(suite)
+    wrong = [
+        f"{MODULES[name].relative_to(ROOT)}:{node.lineno} imports {target}"
+        for name in suite
+        for node in _imports(_tree(name), module_level=False)
+        for target in _targets(name, node)
+        if _is_private(target) or target.split(".")[0] in ("torch", "paddle", "mindspore")
+    ]
+    assert wrong == []
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The import cycles of `graph` (module -> modules it imports), each as a closed path."""
     cycles: list[list[str]] = []
@@ -194,3 +210,17 @@ def test_the_backend_sdk_is_documented() -> None:
     for name in unihook.backend.__all__:
         value = getattr(unihook.backend, name)
         assert inspect.getdoc(value), name
+
+
+def test_recipes_import_no_framework() -> None:
+    for path in (ROOT / "unihook" / "recipes").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            for name in names:
+                assert name.split(".")[0] not in ("torch", "paddle"), f"{path.name} imports {name}"

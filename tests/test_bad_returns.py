@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import KITS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from unihook.conformance import kits
+
 CHILD = Path(__file__).with_name("bad_returns_child.py")
-RUNNERS = ["native", *[kit.name for kit in KITS]]
+RUNNERS = ["native", *[kit.name for kit in kits()]]
 
 # kind -> what the hook's natural return is ("tensor": a gradient, "grads": a tuple of them, ...)
 KINDS = {

@@ -173,56 +173,6 @@ def test_handle_is_idempotent_and_a_context_manager() -> None:
     assert "removed" in repr(handle)
 
 
-def test_hook_must_be_callable(backend) -> None:  # type: ignore[no-untyped-def]
-    m = backend.linear(2, 2)
-    with pytest.raises(TypeError, match="callable"):
-        unihook.register_forward_hook(m, "not a function")  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize("when", ["training", 3])
-def test_when_outside_the_allowed_set(backend, when) -> None:  # type: ignore[no-untyped-def]
-    m = backend.linear(2, 2)
-    with pytest.raises(ValueError, match=r"`when` must be one of \{None, 'train', 'eval'\}"):
-        unihook.register_forward_hook(m, lambda *a: None, when=when)
-
-
-def test_backend_of(backend) -> None:  # type: ignore[no-untyped-def]
-    assert unihook.backend_of(backend.linear(2, 2)) == backend.name
-    assert unihook.backend_of(backend.tensor([1.0])) == backend.name
-
-
-def test_backends_table_is_truthful(backend) -> None:  # type: ignore[no-untyped-def]
-    """Every kind a backend reports as native or emulated registers on its objects."""
-    info = next(i for i in unihook.backends() if i.name == backend.name)
-    module, tensor = backend.linear(2, 2), backend.tensor([1.0], requires_grad=True)
-    registrations = {
-        "forward_pre": lambda: unihook.register_forward_pre_hook(module, lambda *a: None),
-        "forward": lambda: unihook.register_forward_hook(module, lambda *a: None),
-        "tensor": lambda: unihook.register_tensor_hook(tensor, lambda g: None),
-        "full_backward_pre": lambda: unihook.register_full_backward_pre_hook(
-            module, lambda *a: None
-        ),
-        "full_backward": lambda: unihook.register_full_backward_hook(module, lambda *a: None),
-    }
-    for kind, register in registrations.items():
-        if info.support(kind) == "unsupported":
-            with pytest.raises(unihook.UnsupportedHookError):
-                register()
-        else:
-            handle = register()
-            assert (handle.backend, handle.kind) == (backend.name, kind)
-            handle.remove()
-    for kind in KINDS[len(registrations) :]:
-        function = getattr(
-            unihook,
-            f"register_module_{kind}_hook"
-            if kind.endswith("_registration")
-            else f"register_{kind}_hook",
-        )
-        with function(lambda *a: None, backend=backend.name) as handle:
-            assert handle.backend == backend.name and info.support(kind) != "unsupported"
-
-
 # -- the frameworks' versions (issue 13) ------------------------------------------------------
 
 
@@ -251,7 +201,8 @@ def test_backends_check_the_lower_bounds_pyproject_declares() -> None:
 
 def test_torch_older_than_the_lower_bound_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
     import unihook_torch
-    from conftest import kit
+
+    from unihook.conformance import kit
 
     backend = kit("torch")
     import torch
@@ -280,7 +231,8 @@ def test_torch_older_than_the_lower_bound_warns_once(monkeypatch: pytest.MonkeyP
 
 def test_paddle_older_than_the_lower_bound_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import unihook_paddle
-    from conftest import kit
+
+    from unihook.conformance import kit
 
     backend = kit("paddle")
     import paddle

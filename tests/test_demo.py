@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import KITS
 
 import unihook
+from unihook.testing import kits
 
 
 def test_demo_shows_identical_numbers(tmp_path: Path) -> None:
@@ -24,11 +24,11 @@ def test_demo_shows_identical_numbers(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    if len(KITS) > 1:
-        ran = " and ".join(sorted((k.name for k in KITS), key=lambda n: n != "torch"))
+    if len(kits()) > 1:
+        ran = " and ".join(sorted((k.name for k in kits()), key=lambda n: n != "torch"))
         assert f"Identical in every framework ({ran})." in done.stdout
     assert "No ccache found" not in done.stdout + done.stderr
-    for kit in KITS:
+    for kit in kits():
         assert kit.name in done.stdout
     # the seed model's numbers (SEMANTICS.md §4)
     assert "[[89.0]]" in done.stdout and "[[22.0, 26.0, 30.0]]" in done.stdout
@@ -40,7 +40,7 @@ def test_demo_shows_identical_numbers(tmp_path: Path) -> None:
     training = tmp_path / "pictures" / "training.png"
     assert "pictures/training.png" in done.stdout
     assert training.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    if len(KITS) > 1:  # the frameworks' gradient norms over 30 SGD steps agree
+    if len(kits()) > 1:  # the frameworks' gradient norms over 30 SGD steps agree
         within = done.stdout.split("norms within ")[1].split(" relative")[0]
         assert float(within) < 1e-3
     assert "INFO" not in done.stdout + done.stderr

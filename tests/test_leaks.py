@@ -287,11 +287,11 @@ print(json.dumps(result))
 def cycle_runs() -> Iterator[dict[str, subprocess.Popen[str]]]:
     """One subprocess per backend, started with the module's first test: they run beside the
     other tests of this file (their RSS is their own), which keeps the file's wall time low."""
-    from conftest import KITS
+    from unihook.conformance import kits
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOG_minloglevel": "2"}
     runs = {}
-    for kit in KITS:
+    for kit in kits():
         script = f"NAME, CYCLES, WARMUP = {kit.name!r}, {CYCLES}, {WARMUP}\n" + _CYCLES_SCRIPT
         runs[kit.name] = subprocess.Popen(
             [sys.executable, "-c", script],

@@ -18,10 +18,10 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-from conftest import kit
 
 import unihook
 from unihook._module_backward import _states
+from unihook.conformance import kit
 
 W = [[1.0, 2.0, 3.0], [-4.0, -5.0, -6.0]]
 B = [1.0, 2.0]

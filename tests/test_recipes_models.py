@@ -10,10 +10,10 @@ import numpy as np
 import paddle
 import pytest
 import torch
-from conftest import kit
 from models_ref import ARCHS, build
 
 from unihook import HookArgumentError, ops
+from unihook.conformance import kit
 from unihook.recipes import ActivationStats, DropHook, GradCAM, GradientMonitor
 from unihook.recipes.cam import _resize_bilinear
 from unihook.testing import classifier, images

@@ -3,7 +3,8 @@ models and run autograd on its framework without framework-specific code in the 
 
 A backend returns its kit from the ``unihook_conformance_kit`` hook. Arrays cross the boundary
 as numpy arrays; weights use torch's layout (Linear ``[out, in]``), the kit transposes as its
-framework needs. Only the test suite imports this module.
+framework needs. Only the test suites import this module (the shipped one is
+``unihook.conformance``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from . import ops
 
-__all__ = ["Kit", "classifier", "images"]
+__all__ = ["Kit", "classifier", "images", "kits"]
 
 
 class Kit(Protocol):
@@ -119,6 +120,15 @@ class Kit(Protocol):
         """A training step for `module`'s parameters: ``step(loss)`` runs backward, one plain
         SGD update and clears the gradients."""
         ...
+
+
+def kits() -> list[Kit]:
+    """The conformance kit of every installed backend (not disabled by ``UNIHOOK_DISABLE``),
+    sorted by backend name."""
+    from ._plugins import plugin_manager
+
+    found = [k for k in plugin_manager().hook.unihook_conformance_kit() if k is not None]
+    return sorted(found, key=lambda k: k.name)
 
 
 def classifier(kit: Kit, seed: int = 0, classes: int = 3, width: int = 6) -> Any:

@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import pytest
-from conftest import kit as kit_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import unihook
 from unihook import StaleCaptureError
 
-Pair = collections.namedtuple("Pair", "first second")
+
+class Pair(NamedTuple):
+    first: Any
+    second: Any
 
 
 @dataclasses.dataclass
@@ -58,7 +60,7 @@ def add_inplace(kit: Any, value: float) -> Any:
 Seen = dict[str, list[tuple[Any, Any]]]
 
 
-def native_copies(kit: Any, model: Any) -> tuple[Seen, Callable[[], None]]:
+def native_copies(kit: Any, model: Any) -> tuple[Seen, Callable[[], object]]:
     """The oracle: native forward hooks keeping numpy copies of every module call's first
     positional arg and output."""
     seen: Seen = collections.defaultdict(list)
@@ -88,7 +90,7 @@ def assert_matches(kit: Any, cache: Any, seen: Seen, forwards: int, reuse: bool)
 # -- in-place after the module returned ------------------------------------------------------
 
 
-def test_inplace_by_the_following_module(backend) -> None:  # type: ignore[no-untyped-def]
+def test_inplace_by_the_following_module(backend: Any) -> None:
     model = backend.sequential(linear(backend), backend.relu_module(inplace=True))
     expected = [[-2.5, -3.5]]
     for _ in range(3):  # the first capture learns, later ones copy only what is modified
@@ -100,7 +102,7 @@ def test_inplace_by_the_following_module(backend) -> None:  # type: ignore[no-un
         np.testing.assert_array_equal(backend.numpy(cache["1"]), [[0.0, 0.0]])
 
 
-def test_inplace_in_the_parents_forward(backend) -> None:  # type: ignore[no-untyped-def]
+def test_inplace_in_the_parents_forward(backend: Any) -> None:
     def forward(self: Any, x: Any) -> Any:
         h = self.lin(x)
         h += 1.0  # in place in torch, a new tensor in paddle 3.3.1
@@ -117,7 +119,7 @@ def test_inplace_in_the_parents_forward(backend) -> None:  # type: ignore[no-unt
         np.testing.assert_array_equal(backend.numpy(cache["act"]), [[8.5, 7.5]])
 
 
-def test_inplace_on_a_returned_input(backend) -> None:  # type: ignore[no-untyped-def]
+def test_inplace_on_a_returned_input(backend: Any) -> None:
     def forward(self: Any, x: Any) -> Any:
         return self.bump(self.same(x))
 
@@ -132,7 +134,7 @@ def test_inplace_on_a_returned_input(backend) -> None:  # type: ignore[no-untype
         np.testing.assert_array_equal(backend.numpy(x), [[2.0, -1.0]])  # the caller's x moved
 
 
-def test_inplace_on_the_base_of_a_returned_view(backend) -> None:  # type: ignore[no-untyped-def]
+def test_inplace_on_the_base_of_a_returned_view(backend: Any) -> None:
     def forward(self: Any, x: Any) -> Any:
         row0 = self.first(x)
         backend.add_(x, 10.0)  # views share the version counter of their base
@@ -145,7 +147,7 @@ def test_inplace_on_the_base_of_a_returned_view(backend) -> None:  # type: ignor
         np.testing.assert_array_equal(backend.numpy(cache["first"]), [1.0, 2.0])
 
 
-def test_a_module_called_twice(backend) -> None:  # type: ignore[no-untyped-def]
+def test_a_module_called_twice(backend: Any) -> None:
     def forward(self: Any, x: Any) -> Any:
         h = self.inner(x)
         backend.add_(h, -1.0)
@@ -159,7 +161,7 @@ def test_a_module_called_twice(backend) -> None:  # type: ignore[no-untyped-def]
         assert calls == [[[3.0, 0.0]], [[2.0, 0.0]]]
 
 
-def test_reuse_and_inputs(backend) -> None:  # type: ignore[no-untyped-def]
+def test_reuse_and_inputs(backend: Any) -> None:
     model = backend.sequential(
         linear(backend), backend.relu_module(inplace=True), add_inplace(backend, 1.0)
     )
@@ -174,7 +176,7 @@ def test_reuse_and_inputs(backend) -> None:  # type: ignore[no-untyped-def]
             np.testing.assert_allclose(backend.numpy(cache["2"]), np.maximum(lin, 0) + 1)
 
 
-def test_grads_beside_inplace(backend) -> None:  # type: ignore[no-untyped-def]
+def test_grads_beside_inplace(backend: Any) -> None:
     model = backend.sequential(linear(backend), backend.relu_module(inplace=True))
     for _ in range(2):
         x = backend.tensor([[1.0, 1.0]], requires_grad=True)
@@ -186,24 +188,24 @@ def test_grads_beside_inplace(backend) -> None:  # type: ignore[no-untyped-def]
         assert set(cache.grads) == {"", "0", "1"} and len(cache.grads) == 3
 
 
-def test_a_learned_module_modified_later_raises(backend) -> None:  # type: ignore[no-untyped-def]
+def test_a_learned_module_modified_later_raises(backend: Any) -> None:
     model = backend.sequential(linear(backend))
     for _ in range(2):  # learned: nothing modifies its output
         with unihook.capture(model) as cache:
             out = model(row(backend, 1.0, -2.0))
         assert cache._outputs["0"][0].copied is (_ == 0)
-    backend.add_(out, 1.0)
+    backend.add_(out, 1.0)  # pyright: ignore[reportPossiblyUnboundVariable]
     with pytest.raises(StaleCaptureError, match=rf"output of module '0' \({backend.name}\)"):
-        cache["0"]
+        cache["0"]  # pyright: ignore[reportPossiblyUnboundVariable]
     with pytest.raises(unihook.UnihookError, match="modified in place"):
-        cache.calls("")  # every read raises, not only the first
+        cache.calls("")  # pyright: ignore[reportPossiblyUnboundVariable]
     with unihook.capture(model) as cache:  # copies from now on
         out = model(row(backend, 1.0, -2.0))
     backend.add_(out, 1.0)
     np.testing.assert_array_equal(backend.numpy(cache["0"]), [[-2.5, -3.5]])
 
 
-def test_training_mode_is_learned_apart(backend) -> None:  # type: ignore[no-untyped-def]
+def test_training_mode_is_learned_apart(backend: Any) -> None:
     def forward(self: Any, x: Any) -> Any:
         h = self.lin(x)
         if self.training:  # as Dropout(inplace=True) does
@@ -218,32 +220,7 @@ def test_training_mode_is_learned_apart(backend) -> None:  # type: ignore[no-unt
         np.testing.assert_array_equal(backend.numpy(cache["lin"]), [[-2.5, -3.5]])
 
 
-def test_inference_mode_copies() -> None:
-    torch = pytest.importorskip("torch")
-    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(inplace=True))
-    for _ in range(2):
-        with torch.inference_mode(), unihook.capture(model) as cache:
-            model(torch.tensor([[1.0, -2.0]]))
-            model(torch.tensor([[-1.0, 2.0]]))
-        expected = [model[0](torch.tensor(x)).detach() for x in ([[1.0, -2.0]], [[-1.0, 2.0]])]
-        assert all(torch.equal(a, b) for a, b in zip(cache.calls("0"), expected))
-
-
-def test_torch_compile_copies() -> None:
-    """Traced tensors' version counters say nothing about the compiled run: capture copies
-    (with inductor, learning from them raised StaleCaptureError on the second capture)."""
-    torch = pytest.importorskip("torch")
-    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(inplace=True))
-    compiled = torch.compile(model, backend="inductor")
-    x = torch.tensor([[1.0, -2.0], [-1.0, 2.0]])
-    expected = model[0](x).detach()
-    for _ in range(3):
-        with unihook.capture(model) as cache:
-            compiled(x)
-        assert torch.allclose(cache["0"], expected)
-
-
-def test_inputs_learned_then_modified_raise(backend) -> None:  # type: ignore[no-untyped-def]
+def test_inputs_learned_then_modified_raise(backend: Any) -> None:
     model = backend.sequential(linear(backend))
     x = row(backend, 1.0, -2.0)
     with unihook.capture(model, inputs=True):
@@ -273,7 +250,7 @@ def _structure(value: Any) -> Any:
     return value
 
 
-class _ModelOutput(collections.OrderedDict):  # type: ignore[type-arg]
+class _ModelOutput(collections.OrderedDict[str, Any]):
     """transformers' ModelOutput in short: a dataclass whose fields are also its items."""
 
     def __post_init__(self) -> None:
@@ -337,38 +314,10 @@ def test_structured_outputs_keep_their_type(backend: Any, kind: str, mode: str) 
     assert type(cache.inputs["inner"]) is tuple
 
 
-def test_torch_return_types() -> None:
-    torch = pytest.importorskip("torch")
-
-    class Max(torch.nn.Module):
-        def forward(self, x: Any) -> Any:
-            return torch.max(x, 1)
-
-    model = torch.nn.Sequential(Max())
-    x = torch.tensor([[1.0, -2.0], [0.5, 3.0]], requires_grad=True)
-    for reuse in (False, True):
-        with unihook.capture(model, reuse=reuse, grads=True) as cache:
-            out = model[0](x)
-            out.values.add_(1.0)  # modify the returned values in place
-        assert type(cache["0"]) is torch.return_types.max
-        assert cache["0"].values.tolist() == [1.0, 3.0] and cache["0"].indices.tolist() == [0, 1]
-
-
-def test_paddle_structures_map_structure_cannot_rebuild() -> None:
-    paddle = pytest.importorskip("paddle")
-    h = paddle.ones([1])
-    model = paddle.nn.Sequential(identity(kit_of("paddle")))
-    for value in (collections.defaultdict(list, a=h), {1: h, "b": h}):
-        with unihook.capture(model) as cache:
-            with pytest.raises(unihook.HookTargetError, match="map_structure cannot rebuild"):
-                model(value)
-        assert "0" not in cache
-
-
 def _numpy_tree(kit: Any, value: Any) -> Any:
     if kit.is_tensor(value):
         return kit.numpy(value)
-    if dataclasses.is_dataclass(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = dataclasses.fields(value)
         return dataclasses.replace(
             value, **{f.name: _numpy_tree(kit, getattr(value, f.name)) for f in fields}

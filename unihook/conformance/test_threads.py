@@ -444,9 +444,9 @@ def _last_backward_hook_removed_mid_call(kit: Any) -> list[str]:
             thread.start()
         got = step(model)
         if remover == "pre_hook":
-            pre.remove()
+            pre.remove()  # pyright: ignore[reportPossiblyUnboundVariable]
         elif remover == "thread":
-            thread.join()
+            thread.join()  # pyright: ignore[reportPossiblyUnboundVariable]
         if not np.allclose(got, expected):
             errors.append(f"{remover}: x.grad {got} != {expected} without hooks")
         # (removed by a forward pre-hook, the hook is already gone for the running call, where
@@ -640,10 +640,9 @@ def _grad_api_on_threads(kit: Any) -> list[str]:
 
 
 def _main(backend: str) -> None:
-    from unihook._plugins import plugin_manager
+    from unihook.testing import kits
 
-    kits = [k for k in plugin_manager().hook.unihook_conformance_kit() if k is not None]
-    kit = next(k for k in kits if k.name == backend)
+    kit = next(k for k in kits() if k.name == backend)
     verdicts = {}
     for name in SCENARIOS:
         verdicts[name] = globals()[f"_{name}"](kit)[:5]
@@ -660,7 +659,7 @@ def _verdicts(backend: str) -> dict[str, list[str]]:
     if backend not in _results:
         env = {**os.environ, "GLOG_minloglevel": "2"}
         proc = subprocess.run(
-            [sys.executable, __file__, backend],
+            [sys.executable, "-m", "unihook.conformance.test_threads", backend],
             capture_output=True,
             text=True,
             timeout=TIMEOUT,

@@ -343,7 +343,7 @@ def test_when_train_eval(backend: Any) -> None:
     m(1)
     assert seen == ["train", "eval"]
     with pytest.raises(ValueError, match="when"):
-        unihook.register_forward_hook(m, lambda *a: None, when="sometimes")
+        unihook.register_forward_hook(m, lambda *a: None, when="sometimes")  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 from unihook.recipes import ActivationStats, GradientMonitor, plot, summary_writer
 from unihook.testing import classifier, images
 
-event_pb2 = pytest.importorskip("tensorboardX.proto.event_pb2")
+event_pb2: Any = pytest.importorskip("tensorboardX.proto.event_pb2")
 
 
 def read_events(logdir: Path) -> list[Any]:
@@ -45,7 +45,7 @@ def train(backend: Any, steps: int, every: int, writer: Any) -> tuple[Any, Any, 
     return stats, monitor, written
 
 
-def test_tensorboard_event_file(backend: Any, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_tensorboard_event_file(backend: Any, tmp_path: Path) -> None:
     """Scalars per module and step hold the recipes' numbers (TensorBoard stores float32);
     histograms across modules; off-steps of every=2 write nothing."""
     writer = summary_writer(str(tmp_path))
@@ -75,7 +75,7 @@ def test_tensorboard_event_file(backend: Any, tmp_path: Path) -> None:  # type: 
     assert not any(step in (1, 3) for _, step in scalars)
 
 
-def test_history_holds_each_forward_alone(backend: Any) -> None:  # type: ignore[no-untyped-def]
+def test_history_holds_each_forward_alone(backend: Any) -> None:
     model = classifier(backend)
     x = images(backend)
     with ActivationStats(model, max_history=2) as stats:
@@ -92,7 +92,7 @@ def test_history_holds_each_forward_alone(backend: Any) -> None:  # type: ignore
     assert overall["fc"]["calls"] == 3 and stats.history[-1]["fc"]["calls"] == 1
 
 
-def test_plot_renders_to_a_file(backend: Any, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_plot_renders_to_a_file(backend: Any, tmp_path: Path) -> None:
     stats, monitor, _ = train(backend, 5, 1, _Null())
     path = tmp_path / "training.png"
     figure = plot(stats=stats, monitor=monitor, path=str(path))
@@ -123,7 +123,7 @@ class _Null:
         pass
 
 
-def test_monitor_and_stats_on_tuple_outputs_and_under_no_grad(backend: Any) -> None:  # type: ignore[no-untyped-def]
+def test_monitor_and_stats_on_tuple_outputs_and_under_no_grad(backend: Any) -> None:
     """A namedtuple output: both tensors' gradients count in the module's norm. Under no_grad
     the monitor records nothing and raises nothing; ActivationStats still records."""
     import collections

@@ -24,15 +24,15 @@ W2 = [[1, 2, 3, 4]]
 B2 = [1]
 
 
-def seed_model(kit):  # type: ignore[no-untyped-def]
+def seed_model(kit: Any) -> Any:
     return kit.sequential(kit.linear(3, 4, W1, B1), kit.relu_module(), kit.linear(4, 1, W2, B2))
 
 
-def arrays(kit, grads):  # type: ignore[no-untyped-def]
+def arrays(kit: Any, grads: Any) -> Any:
     return tuple(None if g is None else kit.numpy(g) for g in grads)
 
 
-def close(actual, expected) -> None:  # type: ignore[no-untyped-def]
+def close(actual: Any, expected: Any) -> None:
     assert len(actual) == len(expected), (actual, expected)
     for a, e in zip(actual, expected):
         if e is None:
@@ -45,11 +45,11 @@ def close(actual, expected) -> None:  # type: ignore[no-untyped-def]
 class Log:
     """Records every backward hook call as (label, kind, grad_input, grad_output) in numpy."""
 
-    def __init__(self, kit) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, kit: Any) -> None:
         self.kit = kit
-        self.calls: list[tuple[str, str, tuple | None, tuple]] = []
+        self.calls: list[tuple[str, str, tuple[Any, ...] | None, tuple[Any, ...]]] = []
 
-    def full(self, label: str, result=None):  # type: ignore[no-untyped-def]
+    def full(self, label: str, result: Any = None) -> Any:
         def hook(module, grad_input, grad_output):  # type: ignore[no-untyped-def]
             self.calls.append(
                 (label, "full", arrays(self.kit, grad_input), arrays(self.kit, grad_output))
@@ -58,7 +58,7 @@ class Log:
 
         return hook
 
-    def pre(self, label: str, result=None):  # type: ignore[no-untyped-def]
+    def pre(self, label: str, result: Any = None) -> Any:
         def hook(module, grad_output):  # type: ignore[no-untyped-def]
             self.calls.append((label, "pre", None, arrays(self.kit, grad_output)))
             return result(grad_output) if result else None
@@ -69,18 +69,18 @@ class Log:
         return [(label, kind) for label, kind, _, _ in self.calls]
 
 
-def leaf(kit, data, requires_grad=True):  # type: ignore[no-untyped-def]
+def leaf(kit: Any, data: Any, requires_grad: Any = True) -> Any:
     return kit.tensor(data, requires_grad=requires_grad)
 
 
-def hook_residue(kit, module) -> int:  # type: ignore[no-untyped-def]
+def hook_residue(kit: Any, module: Any) -> int:
     return sum(kit.hook_counts(module).values())
 
 
 # -- the seed model: torch's printed numbers -------------------------------------------------
 
 
-def test_seed_model_full_hooks(backend):
+def test_seed_model_full_hooks(backend: Any) -> None:
     kit = backend
     model = seed_model(kit)
     log = Log(kit)
@@ -109,7 +109,7 @@ def test_seed_model_full_hooks(backend):
     np.testing.assert_allclose(kit.grad(x), [[22, 26, 30]])
 
 
-def test_seed_model_pre_hooks_outer_first(backend):
+def test_seed_model_pre_hooks_outer_first(backend: Any) -> None:
     kit = backend
     model = seed_model(kit)
     log = Log(kit)
@@ -133,7 +133,7 @@ def test_seed_model_pre_hooks_outer_first(backend):
 # -- grad_input / grad_output slots ------------------------------------------------------------
 
 
-def _three_args(kit):  # type: ignore[no-untyped-def]
+def _three_args(kit: Any) -> Any:
     def forward(self, a, b, n, scale=None):  # type: ignore[no-untyped-def]
         out = a * b * n
         return out if scale is None else out + scale
@@ -141,7 +141,7 @@ def _three_args(kit):  # type: ignore[no-untyped-def]
     return kit.module(forward)
 
 
-def test_grad_input_one_slot_per_positional_arg(backend):
+def test_grad_input_one_slot_per_positional_arg(backend: Any) -> None:
     kit = backend
     m = _three_args(kit)
     log = Log(kit)
@@ -158,7 +158,7 @@ def test_grad_input_one_slot_per_positional_arg(backend):
     np.testing.assert_allclose(kit.grad(s), [1, 1])
 
 
-def test_fires_once_after_all_input_grads(backend):
+def test_fires_once_after_all_input_grads(backend: Any) -> None:
     kit = backend
 
     def forward(self, a, b):  # type: ignore[no-untyped-def]
@@ -177,7 +177,7 @@ def test_fires_once_after_all_input_grads(backend):
     np.testing.assert_allclose(kit.grad(x), [2 * 5 + 3 * 7])
 
 
-def test_unused_output_gives_none_and_tuple_outputs(backend):
+def test_unused_output_gives_none_and_tuple_outputs(backend: Any) -> None:
     kit = backend
 
     def forward(self, a):  # type: ignore[no-untyped-def]
@@ -206,7 +206,7 @@ def test_unused_output_gives_none_and_tuple_outputs(backend):
 
 
 @pytest.mark.parametrize("container", ["dict", "list"])
-def test_output_not_tensor_or_tuple_warns_and_never_fires(backend, container):
+def test_output_not_tensor_or_tuple_warns_and_never_fires(backend: Any, container: Any) -> None:
     kit = backend
 
     def forward(self, a):  # type: ignore[no-untyped-def]
@@ -224,7 +224,7 @@ def test_output_not_tensor_or_tuple_warns_and_never_fires(backend, container):
     np.testing.assert_allclose(kit.grad(x), [2, 2])
 
 
-def test_module_called_twice_fires_twice(backend):
+def test_module_called_twice_fires_twice(backend: Any) -> None:
     kit = backend
     inner = kit.linear(2, 2, [[1, 0], [0, 1]], [0, 0])
     log = Log(kit)
@@ -239,7 +239,7 @@ def test_module_called_twice_fires_twice(backend):
     np.testing.assert_allclose(kit.grad(x), [[3, 3]])
 
 
-def test_nothing_fires_under_no_grad(backend):
+def test_nothing_fires_under_no_grad(backend: Any) -> None:
     kit = backend
     model = seed_model(kit)
     log = Log(kit)
@@ -257,7 +257,7 @@ def test_nothing_fires_under_no_grad(backend):
     np.testing.assert_allclose(kit.grad(x), [[22, 26, 30]])
 
 
-def test_double_backward_fires_once_per_pass(backend):
+def test_double_backward_fires_once_per_pass(backend: Any) -> None:
     kit = backend
     lin = kit.linear(2, 1, [[1, 2]], [0])
     log = Log(kit)
@@ -278,7 +278,7 @@ def test_double_backward_fires_once_per_pass(backend):
     np.testing.assert_allclose(kit.grad(x), [[6, 12]])
 
 
-def test_grad_wrt_parameter_only(backend):
+def test_grad_wrt_parameter_only(backend: Any) -> None:
     kit = backend
     lin = kit.linear(2, 1, [[1, 2]], [0])
     log = Log(kit)
@@ -297,7 +297,7 @@ def test_grad_wrt_parameter_only(backend):
 # -- returned values -----------------------------------------------------------------------------
 
 
-def test_full_hook_return_replaces_grad_input(backend):
+def test_full_hook_return_replaces_grad_input(backend: Any) -> None:
     kit = backend
     lin = kit.linear(2, 1, [[1, 2]], [0])
     unihook.register_full_backward_hook(lin, lambda m, gi, go: (gi[0] * 2,))
@@ -312,7 +312,7 @@ def test_full_hook_return_replaces_grad_input(backend):
     np.testing.assert_allclose(kit.grad(x), [[3, 6]])
 
 
-def test_pre_hook_return_replaces_grad_output(backend):
+def test_pre_hook_return_replaces_grad_output(backend: Any) -> None:
     kit = backend
     lin = kit.linear(2, 1, [[1, 2]], [0])
     log = Log(kit)
@@ -329,7 +329,7 @@ def test_pre_hook_return_replaces_grad_output(backend):
     np.testing.assert_allclose(grads[1], [3])
 
 
-def test_chaining_prepend_and_pre_before_full(backend):
+def test_chaining_prepend_and_pre_before_full(backend: Any) -> None:
     kit = backend
     lin = kit.linear(2, 1, [[1, 2]], [0])
     seen: list[tuple[str, list]] = []
@@ -367,7 +367,7 @@ def test_chaining_prepend_and_pre_before_full(backend):
 
 
 @pytest.mark.parametrize("kind", ["full_backward", "full_backward_pre"])
-def test_wrong_length_raises_hook_return_error(backend, kind):
+def test_wrong_length_raises_hook_return_error(backend: Any, kind: Any) -> None:
     kit = backend
     lin = kit.linear(2, 1)
     if kind == "full_backward":
@@ -386,7 +386,7 @@ def test_wrong_length_raises_hook_return_error(backend, kind):
 
 
 @pytest.mark.parametrize("kind", ["full_backward", "full_backward_pre"])
-def test_wrong_shape_raises_hook_return_error(backend, kind):
+def test_wrong_shape_raises_hook_return_error(backend: Any, kind: Any) -> None:
     kit = backend
     lin = kit.linear(2, 1)
     bad = kit.tensor([[1.0, 2.0, 3.0]])
@@ -400,7 +400,7 @@ def test_wrong_shape_raises_hook_return_error(backend, kind):
 
 
 @pytest.mark.parametrize("kind", ["full_backward", "full_backward_pre"])
-def test_wrong_dtype_raises_hook_return_error(backend, kind):
+def test_wrong_dtype_raises_hook_return_error(backend: Any, kind: Any) -> None:
     kit = backend
     lin = kit.linear(2, 1)
     if kind == "full_backward":
@@ -415,7 +415,7 @@ def test_wrong_dtype_raises_hook_return_error(backend, kind):
         kit.backward(lin(leaf(kit, [[1.0, 1.0]])).sum())
 
 
-def test_not_a_tuple_raises_hook_return_error(backend):
+def test_not_a_tuple_raises_hook_return_error(backend: Any) -> None:
     kit = backend
     lin = kit.linear(2, 1)
     unihook.register_full_backward_hook(lin, lambda m, gi, go: gi[0])
@@ -423,7 +423,7 @@ def test_not_a_tuple_raises_hook_return_error(backend):
         kit.backward(lin(leaf(kit, [[1.0, 1.0]])).sum())
 
 
-def test_no_input_needs_grad(backend):
+def test_no_input_needs_grad(backend: Any) -> None:
     kit = backend
     lin = kit.linear(2, 1, [[1, 2]], [0])
     log = Log(kit)
@@ -438,7 +438,7 @@ def test_no_input_needs_grad(backend):
     np.testing.assert_allclose(grads[2].reshape(-1), [1, 1])
 
 
-def test_no_input_needs_grad_return_raises(backend):
+def test_no_input_needs_grad_return_raises(backend: Any) -> None:
     kit = backend
     lin = kit.linear(2, 1)
     unihook.register_full_backward_hook(lin, lambda m, gi, go: (go[0],))
@@ -449,7 +449,7 @@ def test_no_input_needs_grad_return_raises(backend):
             kit.backward(lin(x).sum())
 
 
-def test_returning_none_slot_for_differentiable_input(backend):
+def test_returning_none_slot_for_differentiable_input(backend: Any) -> None:
     kit = backend
 
     def forward(self, a, b):  # type: ignore[no-untyped-def]
@@ -469,7 +469,7 @@ def test_returning_none_slot_for_differentiable_input(backend):
 # -- interaction with forward hooks ------------------------------------------------------------
 
 
-def test_forward_hooks_see_the_same_values(backend):
+def test_forward_hooks_see_the_same_values(backend: Any) -> None:
     kit = backend
     x_data = [[1.0, -1.0, 2.0]]
 
@@ -501,7 +501,7 @@ def test_forward_hooks_see_the_same_values(backend):
     np.testing.assert_allclose(hooked_grad, plain_grad)
 
 
-def test_dispatchers_stay_after_forward_hooks(backend):
+def test_dispatchers_stay_after_forward_hooks(backend: Any) -> None:
     """A forward pre-hook replacing args and a forward hook replacing the output, both
     registered after the backward hooks: grad_input and grad_output refer to the replaced
     values (as torch: its BackwardHook wraps args after pre-hooks, the output after hooks)."""
@@ -529,7 +529,7 @@ class HookFailure(Exception):
 
 
 @pytest.mark.parametrize("kind", ["full_backward", "full_backward_pre"])
-def test_exception_keeps_its_type(backend, kind):
+def test_exception_keeps_its_type(backend: Any, kind: Any) -> None:
     kit = backend
     lin = kit.linear(2, 1)
 
@@ -551,7 +551,7 @@ def test_exception_keeps_its_type(backend, kind):
     assert log.order() == [("lin", "full")]
 
 
-def test_remove_restores_module(backend):
+def test_remove_restores_module(backend: Any) -> None:
     kit = backend
     lin = kit.linear(2, 1, [[1, 2]], [0])
     before = kit.hook_counts(lin)
@@ -583,7 +583,7 @@ def test_remove_restores_module(backend):
     assert kit.hook_counts(lin) == before
 
 
-def test_hook_removed_after_forward_still_fires_for_that_call(backend):
+def test_hook_removed_after_forward_still_fires_for_that_call(backend: Any) -> None:
     """As torch: a call snapshots its hooks at forward time."""
     kit = backend
     lin = kit.linear(2, 1)
@@ -595,7 +595,7 @@ def test_hook_removed_after_forward_still_fires_for_that_call(backend):
     assert log.order() == [("lin", "full")]
 
 
-def test_gradients_a_hook_keeps_do_not_change(backend):
+def test_gradients_a_hook_keeps_do_not_change(backend: Any) -> None:
     """As torch: the tensors a hook received stay as they were, also when the framework later
     accumulates another gradient for the same tensor (paddle does that in place)."""
     kit = backend
@@ -631,12 +631,12 @@ def test_gradients_a_hook_keeps_do_not_change(backend):
 
 
 class _Hook:
-    def __call__(self, *args):  # type: ignore[no-untyped-def]
+    def __call__(self, *args: Any) -> Any:
         return None
 
 
 @pytest.mark.parametrize("run", ["forward-only", "backward", "autograd-grad", "no-grad"])
-def test_graph_and_hooks_are_freed(backend, run):
+def test_graph_and_hooks_are_freed(backend: Any, run: Any) -> None:
     """Nothing keeps a module call's graph (and the hooks it snapshots) alive after use."""
     import gc
     import weakref
@@ -677,7 +677,7 @@ def test_graph_and_hooks_are_freed(backend, run):
 # -- in-place safety -----------------------------------------------------------------------------
 
 
-def _residual(kit, inplace: bool):  # type: ignore[no-untyped-def]
+def _residual(kit: Any, inplace: bool) -> Any:
     kit.seed(0)
     conv = kit.conv2d(2, 2, 3, padding=1)
     relu = kit.relu_module(inplace=inplace)
@@ -688,7 +688,7 @@ def _residual(kit, inplace: bool):  # type: ignore[no-untyped-def]
     return kit.module(forward, {"conv": conv, "relu": relu}), conv
 
 
-def _run_block(kit, block, conv, x_data):  # type: ignore[no-untyped-def]
+def _run_block(kit: Any, block: Any, conv: Any, x_data: Any) -> Any:
     log = Log(kit)
     unihook.register_full_backward_pre_hook(conv, log.pre("conv"))
     unihook.register_full_backward_hook(conv, log.full("conv"))
@@ -699,7 +699,7 @@ def _run_block(kit, block, conv, x_data):  # type: ignore[no-untyped-def]
     return log, kit.grad(x), [kit.grad(p) for p in kit.parameters(block)]
 
 
-def test_inplace_relu_after_hooked_conv(backend):
+def test_inplace_relu_after_hooked_conv(backend: Any) -> None:
     kit = backend
     x_data = np.random.default_rng(0).standard_normal((1, 2, 4, 4)).astype("float32")
     plain, plain_conv = _residual(kit, inplace=False)
@@ -728,7 +728,7 @@ def test_inplace_relu_after_hooked_conv(backend):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
 
 
-def test_inplace_add_on_hooked_output(backend):
+def test_inplace_add_on_hooked_output(backend: Any) -> None:
     kit = backend
 
     def run(inplace: bool):  # type: ignore[no-untyped-def]
@@ -761,9 +761,9 @@ import warnings
 warnings.filterwarnings("ignore")
 import numpy as np
 import unihook
-from unihook._plugins import plugin_manager
+from unihook.testing import kits
 
-kit = [k for k in plugin_manager().hook.unihook_conformance_kit() if k and k.name == {name!r}][0]
+kit = next(k for k in kits() if k.name == {name!r})
 lin = kit.linear(2, 1, [[1, 2]], [0])
 calls = []
 unihook.register_full_backward_hook(lin, lambda m, gi, go: calls.append(kit.numpy(gi[0])))
@@ -794,7 +794,7 @@ print("fresh", kit.grad(x).tolist(), flush=True)
     ],
     ids=["backward", "backward-no-retain", "autograd-grad"],
 )
-def test_second_backward_through_hooked_module(backend, second):
+def test_second_backward_through_hooked_module(backend: Any, second: Any) -> None:
     """Natively paddle segfaults on any second backward through a PyLayer after a
     Tensor.backward (SEMANTICS trap 7). It must work (torch) or raise BackendStateError."""
     script = _RETAIN_GRAPH_SCRIPT.format(name=backend.name, second=second)
@@ -817,9 +817,9 @@ _SURVIVES_SCRIPT = """
 import warnings
 warnings.filterwarnings("ignore")
 import unihook
-from unihook._plugins import plugin_manager
+from unihook.testing import kits
 
-kit = [k for k in plugin_manager().hook.unihook_conformance_kit() if k and k.name == {name!r}][0]
+kit = next(k for k in kits() if k.name == {name!r})
 lin = kit.linear(2, 1, [[1, 2]], [0])
 unihook.register_full_backward_hook(lin, lambda m, gi, go: None)
 x = kit.tensor([[1.0, 1.0]], requires_grad=True)
@@ -836,7 +836,7 @@ print("loop ok", kit.grad(x).tolist(), flush=True)
 """
 
 
-def test_paddle_style_usage_does_not_crash(backend):
+def test_paddle_style_usage_does_not_crash(backend: Any) -> None:
     script = _SURVIVES_SCRIPT.format(name=backend.name)
     env = dict(os.environ, GLOG_minloglevel="2")
     result = subprocess.run(
@@ -846,7 +846,7 @@ def test_paddle_style_usage_does_not_crash(backend):
     assert "loop ok [[4.0, 8.0]]" in result.stdout
 
 
-def test_an_exception_in_a_backward_hook_leaks_nothing(backend) -> None:  # type: ignore[no-untyped-def]
+def test_an_exception_in_a_backward_hook_leaks_nothing(backend: Any) -> None:
     """paddle never frees a PyLayer context whose backward raised: ours holds nothing then."""
     import gc
     import weakref
@@ -863,7 +863,9 @@ def test_an_exception_in_a_backward_hook_leaks_nothing(backend) -> None:  # type
 
 
 @pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
-def test_base_exception_in_forward_frees_the_model(backend: Any, raised: type) -> None:
+def test_base_exception_in_forward_frees_the_model(
+    backend: Any, raised: type[BaseException]
+) -> None:
     """torch runs always_call hooks only for an Exception: a BaseException raised in forward
     of a module with backward hooks must not leave per-call state holding the model."""
     import gc

@@ -11,6 +11,7 @@ import pytest
 
 import unihook
 from unihook import ops
+from unihook.conformance import kits
 
 
 def net(kit: Any) -> Any:
@@ -37,7 +38,7 @@ def image(kit: Any) -> Any:
     return kit.tensor(np.linspace(-1, 1, 2 * 2 * 5 * 5).reshape(2, 2, 5, 5), requires_grad=True)
 
 
-def test_attach_by_glob_and_names_in_order(backend) -> None:  # type: ignore[no-untyped-def]
+def test_attach_by_glob_and_names_in_order(backend: Any) -> None:
     model = net(backend)
     seen: list[str] = []
     with unihook.attach(
@@ -51,7 +52,7 @@ def test_attach_by_glob_and_names_in_order(backend) -> None:  # type: ignore[no-
     assert len(seen) == 4  # removed on exit
 
 
-def test_where_forms(backend) -> None:  # type: ignore[no-untyped-def]
+def test_where_forms(backend: Any) -> None:
     model = net(backend)
     everything = unihook.attach(model, lambda *a: None)
     assert everything.names[0] == "" and "layer2.relu" in everything.names
@@ -65,13 +66,13 @@ def test_where_forms(backend) -> None:  # type: ignore[no-untyped-def]
     picked.remove()
 
 
-def test_glob_matching_nothing_lists_near_names(backend) -> None:  # type: ignore[no-untyped-def]
+def test_glob_matching_nothing_lists_near_names(backend: Any) -> None:
     with pytest.raises(ValueError, match=r"matches no module.*'layer1.conv1'"):
         unihook.attach(net(backend), lambda *a: None, where="layer1.conv")
 
 
 @pytest.mark.parametrize("bad", [{"kind": "backward"}, {"when": "training"}])
-def test_kind_and_when_values(backend, bad) -> None:  # type: ignore[no-untyped-def]
+def test_kind_and_when_values(backend: Any, bad: Any) -> None:
     key, value = next(iter(bad.items()))
     with pytest.raises(
         ValueError, match=rf"`{key}` must be one of \{{.*\}}.*Received: {key}='{value}'"
@@ -79,7 +80,7 @@ def test_kind_and_when_values(backend, bad) -> None:  # type: ignore[no-untyped-
         unihook.attach(net(backend), lambda *a: None, **bad)
 
 
-def test_scope_removes_hooks_when_the_body_raises(backend) -> None:  # type: ignore[no-untyped-def]
+def test_scope_removes_hooks_when_the_body_raises(backend: Any) -> None:
     model = net(backend)
     seen: list[str] = []
     with pytest.raises(RuntimeError, match="body failed"):
@@ -93,7 +94,7 @@ def test_scope_removes_hooks_when_the_body_raises(backend) -> None:  # type: ign
     assert sum(sum(backend.hook_counts(m).values()) for _, m in backend.named_modules(model)) == 0
 
 
-def test_when_train_and_eval(backend) -> None:  # type: ignore[no-untyped-def]
+def test_when_train_and_eval(backend: Any) -> None:
     model = net(backend)
     seen: list[str] = []
     train = unihook.attach(model, lambda *a: seen.append("train"), where="head", when="train")
@@ -111,7 +112,7 @@ def test_when_train_and_eval(backend) -> None:  # type: ignore[no-untyped-def]
         h.remove()
 
 
-def test_attach_backward_kinds(backend) -> None:  # type: ignore[no-untyped-def]
+def test_attach_backward_kinds(backend: Any) -> None:
     model = net(backend)
     order: list[str] = []
     with unihook.attach(
@@ -121,7 +122,7 @@ def test_attach_backward_kinds(backend) -> None:  # type: ignore[no-untyped-def]
     assert order == ["layer2", "layer1"]
 
 
-def test_capture_outputs_calls_and_grads(backend) -> None:  # type: ignore[no-untyped-def]
+def test_capture_outputs_calls_and_grads(backend: Any) -> None:
     model = net(backend)
     twice = backend.module(
         lambda self, x: self.inner(self.inner(x)), {"inner": backend.relu_module()}
@@ -143,7 +144,7 @@ def test_capture_outputs_calls_and_grads(backend) -> None:  # type: ignore[no-un
         cache2["nope"]
 
 
-def test_capture_keeps_no_reference(backend) -> None:  # type: ignore[no-untyped-def]
+def test_capture_keeps_no_reference(backend: Any) -> None:
     model = net(backend)
     with unihook.capture(model, where="layer1.conv1") as cache:
         model(image(backend))
@@ -156,12 +157,10 @@ def test_capture_keeps_no_reference(backend) -> None:  # type: ignore[no-untyped
 
 
 def test_capture_of_the_same_cnn_equal_by_name() -> None:
-    from conftest import KITS
-
-    if len(KITS) < 2:
+    if len(kits()) < 2:
         pytest.skip("needs two backends")
     results = []
-    for kit in KITS:
+    for kit in kits():
         model = net(kit)
         weights = [
             np.linspace(-0.5, 0.5, kit.numpy(p).size).reshape(kit.numpy(p).shape)
@@ -182,7 +181,7 @@ def test_capture_of_the_same_cnn_equal_by_name() -> None:
 # -- ops -------------------------------------------------------------------------------------
 
 
-def test_ops(backend) -> None:  # type: ignore[no-untyped-def]
+def test_ops(backend: Any) -> None:
     data = np.arange(24, dtype="float32").reshape(2, 3, 4) - 10
     t = backend.tensor(data)
     n = ops.to_numpy
@@ -205,7 +204,7 @@ def test_ops(backend) -> None:  # type: ignore[no-untyped-def]
     assert ops.named_modules(backend.sequential(backend.relu_module()))[1][0] == "0"
 
 
-def test_ops_dropout_and_drop_block(backend) -> None:  # type: ignore[no-untyped-def]
+def test_ops_dropout_and_drop_block(backend: Any) -> None:
     t = backend.tensor(np.ones((2, 3, 16, 16), dtype="float32"))
     assert np.array_equal(
         ops.to_numpy(ops.dropout(t, 0.5, training=False)), np.ones((2, 3, 16, 16))
@@ -224,7 +223,7 @@ def test_ops_on_a_foreign_object() -> None:
         ops.mean(np.ones(3))
 
 
-def test_capture_reuse_overwrites_its_buffers(backend) -> None:  # type: ignore[no-untyped-def]
+def test_capture_reuse_overwrites_its_buffers(backend: Any) -> None:
     model = net(backend)
     twice = backend.module(
         lambda self, x: self.inner(self.inner(x) - 1), {"inner": backend.relu_module()}

@@ -1,16 +1,14 @@
-"""The recipes: framework-free source, and the same numbers on every backend."""
+"""The recipes on every backend, and the same numbers on each (the check that their source
+imports no framework is in tests/test_architecture.py)."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import pytest
-from conftest import KITS
 
-import unihook
+from unihook.conformance import kits
 from unihook.recipes import (
     ActivationStats,
     DropHook,
@@ -21,34 +19,18 @@ from unihook.recipes import (
 )
 from unihook.testing import classifier, images
 
-RECIPES = Path(unihook.__file__).parent / "recipes"
-
-
-def test_recipes_import_no_framework() -> None:
-    for path in RECIPES.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else [node.module or ""]
-                if isinstance(node, ast.ImportFrom)
-                else []
-            )
-            for name in names:
-                assert name.split(".")[0] not in ("torch", "paddle"), f"{path.name} imports {name}"
-
 
 def on_every_backend(run: Callable[[Any], Any]) -> list[Any]:
-    if len(KITS) < 2:
+    if len(kits()) < 2:
         pytest.skip("needs two backends")
-    return [run(kit) for kit in KITS]
+    return [run(kit) for kit in kits()]
 
 
 def no_hooks_left(kit: Any, model: Any) -> bool:
     return all(sum(kit.hook_counts(m).values()) == 0 for _, m in kit.named_modules(model))
 
 
-def test_activation_stats(backend) -> None:  # type: ignore[no-untyped-def]
+def test_activation_stats(backend: Any) -> None:
     model = classifier(backend)
     with ActivationStats(model) as stats:
         model(images(backend))
@@ -62,7 +44,7 @@ def test_activation_stats(backend) -> None:  # type: ignore[no-untyped-def]
     assert no_hooks_left(backend, model)
 
 
-def test_activation_stats_counts_nonfinite(backend) -> None:  # type: ignore[no-untyped-def]
+def test_activation_stats_counts_nonfinite(backend: Any) -> None:
     layer = backend.relu_module()
     with ActivationStats(layer) as stats:
         layer(backend.tensor([[float("inf"), 1.0]]))
@@ -92,7 +74,7 @@ def test_gradient_monitor_history_equal_on_every_backend() -> None:
             for _ in range(2):
                 kit.backward(model(images(kit)).sum())
         assert no_hooks_left(kit, model)
-        return monitor.history
+        return list(monitor.history)
 
     first, *others = on_every_backend(run)
     assert len(first) == 2 and list(first[0])[:2] == ["", "fc"]
@@ -111,7 +93,7 @@ def sqrt_model(kit: Any) -> Any:
     )
 
 
-def test_gradient_monitor_names_the_first_nonfinite_module(backend) -> None:  # type: ignore[no-untyped-def]
+def test_gradient_monitor_names_the_first_nonfinite_module(backend: Any) -> None:
     model = sqrt_model(backend)
     with GradientMonitor(model) as monitor:
         with pytest.raises(NonFiniteGradientError) as info:
@@ -120,7 +102,7 @@ def test_gradient_monitor_names_the_first_nonfinite_module(backend) -> None:  # 
     assert list(monitor.history[-1]) == ["", "2", "1", "0"]
 
 
-def test_gradient_monitor_warn_and_ignore(backend) -> None:  # type: ignore[no-untyped-def]
+def test_gradient_monitor_warn_and_ignore(backend: Any) -> None:
     model = sqrt_model(backend)
     with GradientMonitor(model, on_nonfinite="warn"):
         with pytest.warns(RuntimeWarning, match="non-finite gradient at the output of '0'"):
@@ -133,7 +115,7 @@ def test_gradient_monitor_warn_and_ignore(backend) -> None:  # type: ignore[no-u
 
 
 @pytest.mark.parametrize("mode", ["dropout", "dropblock"])
-def test_drop_hook(backend, mode) -> None:  # type: ignore[no-untyped-def]
+def test_drop_hook(backend: Any, mode: Any) -> None:
     model = classifier(backend)
     x = images(backend, size=16)
     backend.set_training(model, False)
@@ -151,7 +133,7 @@ def test_drop_hook(backend, mode) -> None:  # type: ignore[no-untyped-def]
     assert no_hooks_left(backend, model)
 
 
-def test_drop_hook_arguments(backend) -> None:  # type: ignore[no-untyped-def]
+def test_drop_hook_arguments(backend: Any) -> None:
     model = classifier(backend)
     with pytest.raises(ValueError, match="`mode` must be one of"):
         DropHook(model, {"layer1": 0.1}, mode="zoneout")
@@ -175,9 +157,10 @@ def test_grad_cam_equal_on_every_backend() -> None:
         np.testing.assert_allclose(other, first, rtol=1e-5, atol=1e-5)
 
 
-def test_grad_cam_targets(backend) -> None:  # type: ignore[no-untyped-def]
+def test_grad_cam_targets(backend: Any) -> None:
     cam = GradCAM(classifier(backend), "layer4")
     top = cam(images(backend))
+    assert cam.target_classes is not None
     assert list(cam.target_classes) == list(backend.numpy(cam.model(images(backend))).argmax(1))
     other = cam(images(backend), target=[(c + 1) % 3 for c in cam.target_classes])
     assert not np.allclose(top, other)

@@ -4,8 +4,8 @@ Torch's numbers are the rule (measured with torch's native hooks). Paddle 3.3.1 
 four before unihook absorbed them: a leaf hook's kept gradient changed with ``x.grad``,
 ``paddle.grad`` with respect to some inputs of a hooked layer raised, a 0-element batch raised,
 a retry after a raising hook raised an OSError. The others attack the neighbourhood (graph
-situations, hooks keeping what they saw); the hypothesis test compares unihook's hooks on each
-backend with torch's native hooks on the same weights.
+situations, hooks keeping what they saw). The hypothesis test comparing unihook's hooks on each
+backend with torch's native hooks on the same weights is tests/test_autograd_edges_native.py.
 """
 
 from __future__ import annotations
@@ -14,18 +14,14 @@ import gc
 import os
 import subprocess
 import sys
-import warnings
 import weakref
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import kit as backend_kit
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from test_backward_hooks import arrays, close
 
 import unihook
+from unihook.conformance.test_backward_hooks import arrays, close
 
 
 class Log:
@@ -44,13 +40,13 @@ class Log:
         self.calls.append(("full", arrays(self.kit, grad_input), arrays(self.kit, grad_output)))
 
 
-def isolated(function: str, backend: str) -> None:
-    """Run `function(kit)` of this file in a fresh interpreter: what could segfault paddle must
+def isolated(function: str, backend: str, module: str = __name__) -> None:
+    """Run `function(kit)` of `module` in a fresh interpreter: what could segfault paddle must
     not take pytest down with it."""
     code = (
-        f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); "
-        "import conftest, test_autograd_edges as t; "
-        f"t.{function}(conftest.kit({backend!r})); print('done')"
+        f"import sys, importlib; sys.path[:0] = {sys.path!r}; "
+        "from unihook.conformance import kit; "
+        f"importlib.import_module({module!r}).{function}(kit({backend!r})); print('done')"
     )
     env = dict(os.environ, GLOG_minloglevel="2")
     result = subprocess.run(
@@ -277,9 +273,9 @@ _RETRY_BACKWARD_SCRIPT = """
 import warnings
 warnings.filterwarnings("ignore")
 import unihook
-from unihook._plugins import plugin_manager
+from unihook.testing import kits
 
-kit = [k for k in plugin_manager().hook.unihook_conformance_kit() if k and k.name == {name!r}][0]
+kit = next(k for k in kits() if k.name == {name!r})
 lin = kit.linear(2, 1, [[1, 2]], [0])
 calls = []
 def hook(m, gi, go):
@@ -381,164 +377,3 @@ def test_module_hook_gradients_kept_across_backwards(backend: Any) -> None:
     for grads, seen in kept:
         close(arrays(kit, grads), seen)
     np.testing.assert_allclose(kit.grad(x), [18, 24])
-
-
-# -- differential: unihook on each backend against torch's native hooks ----------------------
-
-
-def _run(kit: Any, native: bool, plan: dict[str, Any]) -> dict[str, Any]:
-    """Build the plan's model with its weights, hook it (torch's native hooks when `native`),
-    run forward, autograd_grad and (create_graph) a second backward; everything as numpy."""
-    rng = np.random.default_rng(plan["seed"])
-    w = [rng.normal(0, 1, (2, 2)).round(2) for _ in range(2)]
-    b = [rng.normal(0, 1, (2,)).round(2) for _ in range(2)]
-    data = [rng.normal(0, 1, (1, 2)).round(2) for _ in range(plan["n"])]
-    coef = [rng.normal(0, 1, (1, 2)).round(2) for _ in range(2)]
-    lin_a, lin_b = kit.linear(2, 2, w[0], b[0]), kit.linear(2, 2, w[1], b[1])
-
-    def forward(self: Any, *xs: Any) -> Any:
-        s = xs[0]
-        for x in xs[1:]:
-            s = s * x
-        return kit.relu(self.a(s)), self.b(s * xs[0])
-
-    m = kit.module(forward, {"a": lin_a, "b": lin_b})
-    calls: list[tuple[str, Any, Any]] = []  # tensors kept as given, read at the end
-    kept: list[Any] = []
-
-    def pre(module: Any, grad_output: Any) -> None:
-        calls.append(("pre", None, grad_output))
-
-    def full(module: Any, grad_input: Any, grad_output: Any) -> None:
-        calls.append(("full", grad_input, grad_output))
-
-    xs = [kit.tensor(d, requires_grad=r) for d, r in zip(data, plan["needs"])]
-    if native:
-        m.register_full_backward_pre_hook(pre)
-        m.register_full_backward_hook(full)
-        if plan["needs"][0]:
-            xs[0].register_hook(kept.append)
-    else:
-        unihook.register_full_backward_pre_hook(m, pre)
-        unihook.register_full_backward_hook(m, full)
-        if plan["needs"][0]:
-            unihook.register_tensor_hook(xs[0], kept.append)
-    named = {f"x{i}": x for i, x in enumerate(xs)}
-    named.update(b0=lin_a.bias, b1=lin_b.bias)
-    out = m(*xs)
-    if plan["twice"]:
-        out = m(out[0], *xs[1:])
-    loss = sum(
-        ((o * kit.tensor(c)).sum() for o, c, used in zip(out, coef, plan["used"]) if used),
-        kit.tensor(0.0),
-    )
-    grads = kit.grad_wrt(
-        [loss],
-        [named[name] for name in plan["asked"]],
-        create_graph=plan["create_graph"],
-        allow_unused=True,
-    )
-    result: dict[str, Any] = {"grads": arrays(kit, grads)}
-    first_pass, first_kept = len(calls), len(kept)
-    if plan["create_graph"]:
-        second = [g for g in grads if g is not None and kit.requires_grad(g)]
-        if second:
-            kit.backward(sum((g.sum() for g in second), kit.tensor(0.0)))
-        leaves = {**named, "w0": lin_a.weight, "w1": lin_b.weight}
-        result["leaf grads"] = {k: kit.grad(t) for k, t in leaves.items()}
-        if kit.name == "paddle":  # paddle's Linear weight is [in, out]
-            for k in ("w0", "w1"):
-                g = result["leaf grads"][k]
-                result["leaf grads"][k] = None if g is None else g.T
-    seen = [(kind, gi and arrays(kit, gi), arrays(kit, go)) for kind, gi, go in calls]
-    result["calls"], result["second pass calls"] = seen[:first_pass], seen[first_pass:]
-    result["kept"], result["second pass kept"] = (
-        arrays(kit, kept[:first_kept]),
-        arrays(kit, kept[first_kept:]),
-    )
-    return result
-
-
-def _same(
-    a: Any, b: Any, where: str, zeros_for_none: bool = False, lenient: tuple[str, ...] = ()
-) -> None:
-    """`b` is `a`; with `zeros_for_none` (under the keys in `lenient`), zeros stand for None."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            _same(a[k], b[k], f"{where}.{k}", zeros_for_none or k in lenient)
-    elif isinstance(a, (tuple, list)):
-        assert isinstance(b, (tuple, list)) and len(a) == len(b), (where, a, b)
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{where}[{i}]", zeros_for_none)
-    elif a is None and zeros_for_none and b is not None:
-        assert not np.any(b), (where, a, b)
-    elif a is None or b is None or isinstance(a, str):
-        assert a is b, (where, a, b)
-    else:
-        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5, err_msg=where)
-
-
-def _all_zero(grads: Any) -> bool:
-    return grads is not None and not any(np.any(g) for g in grads if g is not None)
-
-
-@st.composite
-def _plans(draw: Any) -> dict[str, Any]:
-    n = draw(st.integers(1, 3))
-    needs = draw(st.lists(st.booleans(), min_size=n, max_size=n))
-    candidates = [f"x{i}" for i in range(n) if needs[i]] + ["b0", "b1"]
-    return {
-        "n": n,
-        "needs": needs,
-        "asked": draw(st.lists(st.sampled_from(candidates), min_size=1, unique=True)),
-        "used": draw(st.sampled_from([(True, True), (True, False), (False, True)])),
-        "twice": draw(st.booleans()),
-        "create_graph": draw(st.booleans()),
-        "seed": draw(st.integers(0, 2**16)),
-    }
-
-
-def test_autograd_grad_subsets_match_torch_native_hooks() -> None:
-    """Which inputs need grad, which of them and of the parameters autograd_grad asks for, which
-    outputs the loss uses, a module called twice, create_graph and a second backward: unihook's
-    hooks on every backend see what torch's native hooks see, and the gradients are torch's."""
-    backend_kit("torch")
-    backend_kit("paddle")
-    isolated("subsets_match_torch", "torch")
-
-
-def subsets_match_torch(_: Any) -> None:
-    _subsets_match_torch()
-
-
-@settings(
-    max_examples=60,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-@given(plan=_plans())
-def _subsets_match_torch(plan: dict[str, Any]) -> None:
-    torch_kit = backend_kit("torch")
-    with warnings.catch_warnings():
-        # "Full backward hook is firing ... since no inputs require gradients": both warn
-        warnings.simplefilter("ignore")
-        oracle = _run(torch_kit, True, plan)
-        _same(oracle, _run(torch_kit, False, plan), "torch")
-        # Known gap: paddle's emulation hands an unused output's producer zeros (returning
-        # None segfaults paddle, trap 3), so what only that output reaches gets a zero
-        # gradient where torch's is None. The hooks see torch's values exactly.
-        # Known gap 2: the two frameworks' double-grad formulas have different structural
-        # zero edges (paddle's product sends a zero back to its forward input, torch's ReLU
-        # does), so in a second pass either may fire a hook whose grad_output or grad_input is
-        # all zeros where the other does not (torch then shows the first pass's grad_output),
-        # and a leaf's tensor hook may see a zero gradient.
-        paddle = _run(backend_kit("paddle"), False, plan)
-        for result in (oracle, paddle):
-            result["second pass calls"] = [
-                c for c in result["second pass calls"] if not any(map(_all_zero, c[1:]))
-            ]
-            result["second pass kept"] = [g for g in result["second pass kept"] if np.any(g)]
-        _same(oracle, paddle, "paddle", lenient=("grads", "leaf grads"))
