@@ -40,6 +40,7 @@ class _Identity(torch.autograd.Function):
         # the output side (materialize=False) carries the pre-hooks' values
         ctx.site = site._replace(kind="full_backward" if materialize else "full_backward_pre")
         ctx.shapes = [(tuple(x.shape), x.dtype) for x in xs]
+        ctx.devices = [x.device for x in xs]
         ctx.set_materialize_grads(materialize)
         outs = tuple(x.detach() for x in xs)
         ctx.mark_non_differentiable(*[o for x, o in zip(xs, outs) if not x.requires_grad])
@@ -50,6 +51,15 @@ class _Identity(torch.autograd.Function):
         results = ctx.on_backward(grads)
         if results is not grads:
             _check_slots(results, grads, ctx)
+            if ctx.site.kind == "full_backward_pre":
+                # torch's BackwardHook node materializes what its pre-hooks return: a gradient
+                # a pre-hook replaced with None sends zeros on (the hooks still see the None)
+                results = [
+                    torch.zeros(shape, dtype=dtype, device=device)
+                    if r is None and g is not None
+                    else r
+                    for r, g, (shape, dtype), device in zip(results, grads, ctx.shapes, ctx.devices)
+                ]
         return (None, None, None, *results)
 
 
