@@ -142,6 +142,10 @@ def test_wheel_holds_exactly_the_packages(dists: dict[str, Path]) -> None:
     assert "License-Expression: Apache-2.0\n" in meta
     assert "unihook = unihook.__main__:main" in entry_points
     assert "torch = unihook_torch" in entry_points and "paddle = unihook_paddle" in entry_points
+    # the conformance suite, runnable as `pytest --pyargs unihook.conformance`, and its option
+    suite = {f"unihook/conformance/{n}" for n in ("__init__.py", "conftest.py", "plugin.py")}
+    assert suite | {"unihook/conformance/test_forward_hooks.py"} <= set(names)
+    assert "unihook.conformance.plugin = unihook.conformance.plugin" in entry_points
 
 
 def test_sdist_holds_the_packages_and_what_its_tests_need(dists: dict[str, Path]) -> None:
