@@ -31,7 +31,9 @@ LR = 0.1
 STEPS = 2
 # the model: Linear(6, 8), ReLU, Sequential(Linear(8, 8), Tanh), Linear(8, 3)
 SHAPES = [(8, 6), (8,), (8, 8), (8,), (3, 8), (3,)]  # torch layout (out, in)
-TIMEOUT = timedelta(seconds=40)  # a rank waiting for a dead peer gives up after this
+# a rank waiting for a dead peer gives up after this: longer than the tests' bound, so that
+# only the launcher can end a run with a failed rank in time
+TIMEOUT = timedelta(seconds=300)
 
 
 def weights() -> list[np.ndarray]:
@@ -98,7 +100,12 @@ class Framework:
     def optimizer(self, model: Any, lr: float) -> Any:
         if self.name == "torch":
             return self.t.optim.SGD(model.parameters(), lr=lr)
-        return self.p.optimizer.SGD(learning_rate=lr, parameters=model.parameters())
+        optimizer = self.p.optimizer.SGD(learning_rate=lr, parameters=model.parameters())
+        if type(model).__name__ == "ShardingParallel":
+            from paddle.distributed import fleet
+
+            return fleet.distributed_optimizer(optimizer)  # each rank updates its shard
+        return optimizer
 
     def zero_grad(self, optimizer: Any) -> None:
         if self.name == "torch":
@@ -114,7 +121,25 @@ class Framework:
             found.append(grad.T if self.name == "paddle" and grad.ndim == 2 else grad)
         return found
 
-    def wrap(self, model: Any) -> Any:
+    def wrap(self, model: Any, how: str = "ddp") -> Any:
+        """`model` in DistributedDataParallel / paddle.DataParallel (`ddp`), or sharded: torch's
+        FSDP (`fsdp1`: one FullyShardedDataParallel unit; `fsdp2`: fully_shard on each Linear
+        and the model), paddle's fleet sharding (`sharding`: sharding_degree 2)."""
+        if how == "fsdp1":
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            return FullyShardedDataParallel(model, device_id=self.t.device("cpu"))
+        if how == "fsdp2":
+            from torch.distributed.fsdp import fully_shard
+
+            for module in model.modules():
+                if isinstance(module, self.t.nn.Linear):
+                    fully_shard(module)
+            return fully_shard(model)
+        if how == "sharding":
+            from paddle.distributed import fleet
+
+            return fleet.distributed_model(model)
         if self.name == "torch":
             return self.t.nn.parallel.DistributedDataParallel(model)
         return self.p.DataParallel(model)
@@ -240,6 +265,33 @@ def nonfinite_scenario(fw: Framework, model: Any, rank: int) -> dict[str, Any]:
         return {"errors": messages, "after": dict(monitor.history[-1])}
 
 
+def sharded_views(fw: Framework, model: Any) -> dict[str, Any]:
+    """What hooks on the first Linear see of its weight under FSDP: per hook kind (and outside
+    any call) the weight's type, its local shape and whether its storage holds values."""
+    linear = dict(ops.named_modules(ops.unwrap(model)))["0"]
+    seen: dict[str, Any] = {}
+
+    def view(where: str) -> None:
+        weight = linear.weight
+        local = weight.to_local() if hasattr(weight, "to_local") else weight
+        seen[where] = (
+            type(weight).__name__,
+            tuple(local.shape),
+            local.untyped_storage().size() > 0,
+        )
+
+    view("outside")
+    x, coefficients = batch()
+    with unihook.HookGroup() as group:
+        group.add("0", unihook.register_forward_pre_hook(linear, lambda m, a: view("forward_pre")))
+        group.add("0", unihook.register_forward_hook(linear, lambda m, a, o: view("forward")))
+        group.add(
+            "0", unihook.register_full_backward_hook(linear, lambda m, i, o: view("backward"))
+        )
+        (model(fw.tensor(x[rows(None)])) * fw.tensor(coefficients)).sum().backward()
+    return seen
+
+
 def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> None:
     os.environ.setdefault("GLOG_minloglevel", "2")
     warnings.filterwarnings("ignore")
@@ -255,9 +307,12 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
             timeout=TIMEOUT,
         )
     else:
-        import paddle.distributed as pdist
+        from paddle.distributed import fleet
 
-        pdist.init_parallel_env()
+        # fleet's groups for the sharding scenario; the default group (DataParallel) is all ranks
+        strategy = fleet.DistributedStrategy()
+        strategy.hybrid_configs = {"dp_degree": 1, "sharding_degree": WORLD}
+        fleet.init(is_collective=True, strategy=strategy)
     assert ops.world(fw.tensor(np.zeros(1, np.float32))) == (rank, WORLD)
     result: dict[str, Any] = {"rank": rank}
     if fail:
@@ -268,6 +323,10 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     result["recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights())), rank, LR)
     result["nonfinite"] = nonfinite_scenario(fw, fw.wrap(fw.model(weights())), rank)
     result["inner_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights())), rank, LR, True)
+    for how in ("fsdp1", "fsdp2") if framework == "torch" else ("sharding",):
+        result[f"{how}_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights()), how), rank, LR)
+        if how.startswith("fsdp"):
+            result[f"{how}_views"] = sharded_views(fw, fw.wrap(fw.model(weights()), how))
     with open(Path(out) / f"rank{rank}.pkl", "wb") as f:
         pickle.dump(result, f)
     if framework == "torch":

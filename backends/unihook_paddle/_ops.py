@@ -196,7 +196,13 @@ class PaddleOps:
             ) from e
 
     def unwrap(self, module: Any) -> Any:
-        while isinstance(module, paddle.DataParallel):
+        wrappers: tuple[type, ...] = (paddle.DataParallel,)
+        # fleet's sharding wrapper (optimizer-state sharding: every rank holds the whole model);
+        # not its tensor or pipeline wrappers, whose ranks hold different modules
+        fleet = sys.modules.get("paddle.distributed.fleet.meta_parallel")
+        if fleet is not None:
+            wrappers += (fleet.ShardingParallel,)
+        while isinstance(module, wrappers):
             module = module._layers
         return module
 
