@@ -1492,3 +1492,23 @@ def test_a_large_value_upstream_loosens_only_the_modules_it_reaches(case: str) -
     for backward in (True, False):
         report = compare(*_large_upstream_pair(case, True), x, backward=backward)
         assert report.first_forward == "3", str(report)
+
+
+@pytest.mark.parametrize("tail", ["gelu", "linear"])
+def test_layernorm_on_offset_inputs_passes_its_noise_on(tail: str) -> None:
+    # LayerNorm on inputs around 1000 agrees to ~4e-5 of its own size, within rtol, but that
+    # is its inputs' noise: the modules after it are measured against it too
+    def pair() -> tuple[nn.Module, pnn.Layer]:
+        t_mid, p_mid = (
+            (nn.GELU(), pnn.GELU()) if tail == "gelu" else (nn.Linear(16, 16), pnn.Linear(16, 16))
+        )
+        model = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 16), t_mid, nn.Linear(16, 4))
+        twin = pnn.Sequential(pnn.LayerNorm(16), pnn.Linear(16, 16), p_mid, pnn.Linear(16, 4))
+        copy_weights(model, twin)
+        return model, twin
+
+    for seed in range(12):
+        torch.manual_seed(seed)
+        model, twin = pair()
+        report = compare(model, twin, batch((16, 16), seed) + 1000, backward=False)
+        assert report.first_forward is None, str(report)
