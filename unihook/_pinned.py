@@ -174,7 +174,7 @@ class HookDict(OrderedDict[int, Any]):
         size = len(self)
         if origin is not None and len(origin) + len(self.pinned) != size:
             # a native handle created before this dict was installed removed its hook
-            for key in [k for k in self if k not in origin and k not in self.pinned]:
+            for key in [k for k, _ in self._copy() if k not in origin and k not in self.pinned]:
                 super().__delitem__(key)
                 self.owned.discard(key)
             self._changed()

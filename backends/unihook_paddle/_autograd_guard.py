@@ -394,10 +394,15 @@ def _guarded(
     try:
         try:
             grads = run(*args, **kwargs)
-        except OSError:
+        except OSError as error:
             pending, state.pending = state.pending, None
             if pending is not None:
                 raise pending from None
+            if "KeyboardInterrupt" in str(error):
+                # a Ctrl-C that landed in a PyLayer's backward outside any hook (unihook's own
+                # code there): paddle wraps it in an OSError, which `except KeyboardInterrupt`
+                # would miss
+                raise KeyboardInterrupt from error
             raise
         if inputs is not None and _tracked:
             grads = _run_unfired(inputs, grads)

@@ -13,6 +13,7 @@ backward dispatchers. Removing the last such hook puts torch's function back.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from itertools import count
@@ -76,7 +77,7 @@ def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
     own = self._forward_pre_hooks
     if _dispatch is not None and (own or torch_module._global_forward_pre_hooks):
         own = _pin_dispatchers(self)
-    keys = tuple(own)
+    keys = _keys(own)
     for hook, with_kwargs in _pre_snapshot:
         if with_kwargs:
             result = hook(self, args, kwargs)
@@ -119,30 +120,68 @@ def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
 def _call_original(
     self: Any, own: OrderedDict[int, Hook], keys: tuple[int, ...], args: Any, kwargs: Any
 ) -> Any:
-    if tuple(own) == keys:
+    if _keys(own) == keys:
         return _torch_call_impl(self, *args, **kwargs)
-    return _call_hiding_new_pre_hooks(self, own, keys, args, kwargs)
+    return _call_skipping_new_pre_hooks(self, own, keys, args, kwargs)
 
 
-def _call_hiding_new_pre_hooks(
+def _keys(hooks: OrderedDict[int, Hook]) -> tuple[int, ...]:
+    while True:
+        try:
+            return tuple(hooks)
+        except RuntimeError:  # changed meanwhile (a finalizer the collector ran): again
+            continue
+
+
+def _call_skipping_new_pre_hooks(
     self: Any, own: OrderedDict[int, Hook], keys: tuple[int, ...], args: Any, kwargs: Any
 ) -> Any:
     """A global pre-hook registered a pre-hook on this module: torch iterates a snapshot
-    taken before any pre-hook runs, so the new one waits for the next call. It stays in the
-    dict as a no-op for this call: its handle, removing it meanwhile, removes it for good."""
-    hidden = {k: own[k] for k in own if k not in keys}
-    for k in hidden:
-        own[k] = _skipped
+    taken before any pre-hook runs, so the new one waits for this thread's next call. It is
+    wrapped in its place to skip that one call: other threads' calls run it, and its handle,
+    removing it meanwhile, removes it for good. (The wrapper stays: putting the hook back
+    could undo a removal another thread makes at that moment.)"""
+    waiting: list[_FromNextCall] = []
+    for k in _keys(own):
+        hook = own.get(k)
+        if k not in keys and hook is not None and not isinstance(hook, _FromNextCall):
+            waiting.append(_FromNextCall(hook))
+            own[k] = waiting[-1]
     try:
         return _torch_call_impl(self, *args, **kwargs)
     finally:
-        for k, hook in hidden.items():
-            if own.get(k) is _skipped:
-                own[k] = hook
+        for wrapper in waiting:
+            wrapper.thread = None  # (torch's loop may not have reached it: an earlier raised)
 
 
-def _skipped(*args: Any) -> None:
-    """Stands for a pre-hook registered during the call (either signature)."""
+class _FromNextCall:
+    """A pre-hook registered during a call of its module on `thread`: skipped once there (that
+    call's hook loop), called everywhere else. `__self__` as the hook's (unihook's pinned
+    dispatchers are told by it)."""
+
+    __slots__ = ("hook", "thread")
+
+    def __init__(self, hook: Hook) -> None:
+        self.hook = hook
+        self.thread: int | None = threading.get_ident()
+
+    @property
+    def __self__(self) -> Any:
+        return getattr(self.hook, "__self__", None)
+
+    def __call__(self, *args: Any) -> Any:
+        if self.thread is not None and self.thread == threading.get_ident():
+            self.thread = None
+            return None
+        return self.hook(*args)
+
+    def __reduce__(self) -> Any:
+        return _unwrapped, (self.hook,)
+
+
+def _unwrapped(hook: Hook) -> Hook:
+    """A pickled `_FromNextCall` loads as its hook."""
+    return hook
 
 
 def original_call_impl() -> Callable[..., Any] | None:
