@@ -187,6 +187,9 @@ def test_recipes_report_the_global_batch(ranks: Any, setup: str) -> None:
     if key not in results[0]:
         pytest.skip(f"{setup} is not a {framework} setup")
     want = _global_reference(child.Framework(framework))
+    first, second = (result[key] for result in results)
+    for part in ("stats", "monitor", "rows"):  # the same merge on every rank: the same bits
+        assert first[part] == second[part], part
     for rank, result in enumerate(results):
         got = result[key]
         assert len(got["stats"]) == len(got["monitor"]) == child.STEPS
