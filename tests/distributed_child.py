@@ -262,7 +262,32 @@ def nonfinite_scenario(fw: Framework, model: Any, rank: int) -> dict[str, Any]:
                 (model(fw.tensor(x[rows(rank)])) * fw.tensor(c)).sum().backward()
             except NonFiniteGradientError as e:
                 messages.append((str(e), e.module, e.rank, e.ranks))
-        return {"errors": messages, "after": dict(monitor.history[-1])}
+        after = dict(monitor.history[-1])
+    with GradientMonitor(model, on_nonfinite="warn"), warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        (model(fw.tensor(x[rows(rank)])) * fw.tensor(bad)).sum().backward()
+    warned = [str(warning.message) for warning in w if warning.category is RuntimeWarning]
+    return {
+        "errors": messages,
+        "after": after,
+        "warned": warned,
+        "stats": nan_stats(fw, model, rank),
+    }
+
+
+def nan_input() -> np.ndarray:
+    """The global batch with a NaN in the first row of rank 1's part."""
+    x = batch()[0].copy()
+    x[rows(1).start, 4] = np.nan
+    return x
+
+
+def nan_stats(fw: Framework, model: Any, rank: int | None) -> dict[str, Any]:
+    """ActivationStats of one forward of `model` on `nan_input`'s rows: the NaN spreads through
+    that sample's activations (counted as non-finite, left out of the other statistics)."""
+    with ActivationStats(model) as stats:
+        model(fw.tensor(nan_input()[rows(rank)]))
+        return stats.history[0]
 
 
 def sharded_views(fw: Framework, model: Any) -> dict[str, Any]:

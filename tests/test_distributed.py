@@ -235,6 +235,20 @@ def test_nonfinite_raises_the_same_error_on_every_rank(ranks: Any) -> None:
     for result in results:
         after = result["nonfinite"]["after"]
         assert after and all(np.isfinite(v) for v in after.values())
+        # on_nonfinite="warn": the same warning on every rank
+        assert result["nonfinite"]["warned"] == [message]
+
+
+def test_nonfinite_activations_merge(ranks: Any) -> None:
+    """A NaN input on rank 1: every rank's ActivationStats counts the non-finite values of the
+    global batch and gives the statistics of its finite values, as one process on it."""
+    framework, results = ranks
+    fw = child.Framework(framework)
+    want = child.nan_stats(fw, fw.model(child.weights()), None)
+    # the sample's 8 outputs of the first Linear (paddle's ReLU then turns NaN into 0)
+    assert want["0"]["nonfinite"] == 8
+    for rank, result in enumerate(results):
+        _same_stats(result["nonfinite"]["stats"], want, f"rank {rank}, NaN input")
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
