@@ -76,3 +76,51 @@ def test_ctrl_c_in_unihook_paddle_backward_is_a_keyboard_interrupt(where: str) -
     finally:
         sys.settrace(None)
         handle.remove()
+
+
+@pytest.mark.parametrize(
+    ("where", "nth"), [("pin", 1), ("pin", 2), ("_changed", 1), ("_changed", 5)]
+)
+def test_ctrl_c_while_torch_pins_the_global_dispatchers(where: str, nth: int) -> None:
+    # a module with a pre-hook gets the global backward dispatchers pinned in its own dicts
+    # during its first call: a Ctrl-C half-way leaves nothing half-installed (the next call
+    # fired the global hook twice for the module, and hooks stayed after every removal)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+    fired: list[str] = []
+
+    def double(module: Any, grad_input: Any, grad_output: Any) -> Any:
+        fired.append(type(module).__name__)
+        return tuple(None if g is None else g * 2 for g in grad_input)
+
+    handles = [
+        unihook.register_forward_pre_hook(model[2], lambda *args: None),
+        unihook.register_module_full_backward_hook(double, backend="torch"),
+    ]
+    x = torch.ones(1, 2, requires_grad=True)
+    entries = [0]
+
+    def interrupt(frame: Any, event: str, arg: Any) -> Any:
+        code = frame.f_code
+        if event == "call" and code.co_name == where and "/unihook/" in code.co_filename:
+            entries[0] += 1
+            if entries[0] == nth:
+                sys.settrace(None)
+                raise KeyboardInterrupt
+        return None
+
+    sys.settrace(interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            model(x).sum().backward()
+    finally:
+        sys.settrace(None)
+    fired.clear()
+    x.grad = None
+    model(x).sum().backward()
+    assert sorted(fired) == ["Linear", "Linear", "ReLU", "Sequential"]
+    for handle in handles:
+        handle.remove()
+    for module in model.modules():
+        assert not (module._forward_pre_hooks or module._forward_hooks)
+        assert not module._forward_hooks_always_called

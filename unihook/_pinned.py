@@ -336,6 +336,11 @@ def unpin(owner: Any, attr: str, key: int, access: Access) -> None:
         if not isinstance(hooks, HookDict):
             return
         hooks.pop(key, None)
+        # (and where `pin` was interrupted before the key went in: a Ctrl-C, see Pinned.install)
+        hooks.owned.discard(key)
+        if key in hooks.pinned:
+            hooks.pinned.remove(key)
+            hooks.tail.discard(key)
         if hooks.owned or hooks._origin is None:
             return
         origin = hooks._origin
@@ -410,9 +415,17 @@ class Pinned:
         (a backend's global dispatchers after a module's own)."""
         (pre_attr, pre), (post_attr, post) = hooks
         pre_key, post_key = new_id(), new_id()
-        access.get(owner, always)[post_key] = True
-        pin(owner, pre_attr, pre_key, pre, access, last=True, prepend=False, tail=tail)
-        pin(owner, post_attr, post_key, post, access, last=True, prepend=False, tail=tail)
+        try:
+            access.get(owner, always)[post_key] = True
+            pin(owner, pre_attr, pre_key, pre, access, last=True, prepend=False, tail=tail)
+            pin(owner, post_attr, post_key, post, access, last=True, prepend=False, tail=tail)
+        except BaseException:
+            # interrupted half-way (a Ctrl-C in a forward that pins lazily): what went in goes,
+            # so that the next call pins once, not twice
+            unpin(owner, pre_attr, pre_key, access)
+            unpin(owner, post_attr, post_key, access)
+            access.get(owner, always).pop(post_key, None)
+            raise
         return cls(owner, (pre_attr, pre_key), (post_attr, post_key), always, access)
 
     def rebound(self, owner: Any) -> Pinned:
