@@ -125,6 +125,20 @@ def test_the_conformance_suite_imports_public_unihook_modules_and_no_framework()
     assert wrong == []
 
 
+def test_recipes_import_no_private_core_module() -> None:
+    """The recipes are ordinary users of the public API (their own private modules aside)."""
+    recipes = [name for name in MODULES if name.startswith("unihook.recipes")]
+    assert "unihook.recipes._scope" in recipes
+    private = [
+        f"{MODULES[name].relative_to(ROOT)}:{node.lineno} imports {target}"
+        for name in recipes
+        for node in _imports(_tree(name), module_level=False)
+        for target in _targets(name, node)
+        if _is_private(target) and not target.startswith("unihook.recipes.")
+    ]
+    assert private == []
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The import cycles of `graph` (module -> modules it imports), each as a closed path."""
     cycles: list[list[str]] = []

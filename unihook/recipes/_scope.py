@@ -7,7 +7,6 @@ import difflib
 from typing import Any, Callable, Sequence, Union, cast
 
 from unihook import HookArgumentError, HookGroup, Where, backend_of, ops, register_forward_hook
-from unihook._describe import type_name
 from unihook.handles import Removable
 
 __all__ = [
@@ -99,7 +98,7 @@ def check_history(max_history: int | None) -> None:
 def _describe(value: Any) -> str:
     if isinstance(value, (str, int, float, type(None))):
         return repr(value)
-    return type_name(value)
+    return type(value).__name__
 
 
 def _bad(what: str, value: Any, why: str = "") -> HookArgumentError:
