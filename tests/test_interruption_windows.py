@@ -4,6 +4,8 @@ a Ctrl-C (delivered at a Python function's entry; simulated with a trace functio
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
 import sys
 from typing import Any
 
@@ -124,3 +126,93 @@ def test_ctrl_c_while_torch_pins_the_global_dispatchers(where: str, nth: int) ->
     for module in model.modules():
         assert not (module._forward_pre_hooks or module._forward_hooks)
         assert not module._forward_hooks_always_called
+
+
+_FIRST_BACKWARD_HOOK_UNDER_A_GLOBAL_PRE_HOOK = """
+import gc, sys
+import unihook
+KIT = sys.argv[1]
+if KIT == "torch":
+    import torch
+    nn, ones = torch.nn, lambda: torch.ones(1, 2, requires_grad=True)
+else:
+    import paddle
+    nn = paddle.nn
+    def ones():
+        x = paddle.ones([1, 2])
+        x.stop_gradient = False
+        return x
+# the process's first backward hook, while a global pre-hook has the framework's call patched
+g = unihook.register_module_forward_pre_hook(lambda *a: None, backend=KIT)
+unihook.register_full_backward_hook(nn.Linear(2, 2), lambda *a: None).remove()
+g.remove()
+raised = []
+for n in range(1, 40):
+    m = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
+    h = unihook.register_full_backward_hook(m[0], lambda *a: None)
+    hf = unihook.register_forward_hook(m, lambda *a: None)
+    seen = [0]
+    def collect(phase, info, n=n, h=h):
+        if phase == "start":
+            seen[0] += 1
+            if seen[0] == n:
+                h.remove()
+    gc.callbacks.append(collect)
+    gc.set_threshold(1, 100000, 100000)
+    try:
+        m(ones()).sum().backward()
+    except Exception as error:
+        raised.append(repr(error)[:200])
+    finally:
+        gc.set_threshold(700, 10, 10)
+        gc.callbacks.remove(collect)
+    h.remove()
+    hf.remove()
+print(raised)
+"""
+
+
+@pytest.mark.parametrize("kit", ["torch", "paddle"])
+def test_backward_hook_removed_mid_call_after_a_global_pre_hook_came_first(kit: str) -> None:
+    # the framework's own call function must count as a module call however the process
+    # started (it had been read from the class attribute, unihook's patch at that moment)
+    pytest.importorskip(kit)
+    proc = subprocess.run(
+        [sys.executable, "-c", _FIRST_BACKWARD_HOOK_UNDER_A_GLOBAL_PRE_HOOK, kit],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "GLOG_minloglevel": "2"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_backward_hook_removed_by_a_finalizer_during_a_registration(backend: Any) -> None:
+    # the removal unpins the dispatchers while the registration re-pins them last
+    for n in range(1, 40):
+        m = backend.linear(2, 2)
+        removed = unihook.register_full_backward_pre_hook(m, lambda *args: None)
+        fired: list[int] = []
+        seen = [0]
+
+        def collect(phase: str, info: Any, n: int = n, handle: Any = removed) -> None:
+            if phase == "start":
+                seen[0] += 1
+                if seen[0] == n:
+                    handle.remove()
+
+        gc.callbacks.append(collect)
+        gc.set_threshold(1, 100000, 100000)
+        try:
+            handle = unihook.register_forward_hook(m, lambda *args: fired.append(1))
+        finally:
+            gc.set_threshold(700, 10, 10)
+            gc.callbacks.remove(collect)
+        removed.remove()
+        m(backend.tensor([[1.0, 2.0]]))
+        handle.remove()
+        assert fired == [1], n
+        assert not any(backend.hook_counts(m).values()), n
+        if seen[0] < n:
+            break

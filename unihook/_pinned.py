@@ -81,21 +81,27 @@ class HookDict(OrderedDict[int, Any]):
 
     def _repin(self) -> None:
         for key in self.pinned:
-            if key in self:  # (absent while torch's global wrapper hides it for a call)
+            try:
                 super().move_to_end(key)
+            except KeyError:  # gone meanwhile (a finalizer the collector ran removed it)
+                continue
         self._changed()
 
     def __setitem__(self, key: int, value: Any) -> None:
         new = key not in self
-        super().__setitem__(key, value)
-        self._changed()
         if key in self.pinned:
+            super().__setitem__(key, value)
+            self._changed()
             if new:  # (in its place among the pinned: before the tail ones)
                 self._repin()
             return
+        # The origin first: a key here and not there is one a native handle removed there,
+        # which `items` drops (so another thread's `items` never drops one half inserted).
         origin = self.origin()
         if origin is not None:
             origin[key] = value
+        super().__setitem__(key, value)
+        self._changed()
         if new and self.pinned:
             self._repin()
 
@@ -175,7 +181,7 @@ class HookDict(OrderedDict[int, Any]):
         if origin is not None and len(origin) + len(self.pinned) != size:
             # a native handle created before this dict was installed removed its hook
             for key in [k for k, _ in self._copy() if k not in origin and k not in self.pinned]:
-                super().__delitem__(key)
+                OrderedDict.pop(self, key, None)  # (another thread may be removing it too)
                 self.owned.discard(key)
             self._changed()
             size = len(self)
@@ -415,6 +421,7 @@ class Pinned:
         (a backend's global dispatchers after a module's own)."""
         (pre_attr, pre), (post_attr, post) = hooks
         pre_key, post_key = new_id(), new_id()
+        pinned = cls(owner, (pre_attr, pre_key), (post_attr, post_key), always, access)
         try:
             access.get(owner, always)[post_key] = True
             pin(owner, pre_attr, pre_key, pre, access, last=True, prepend=False, tail=tail)
@@ -426,7 +433,7 @@ class Pinned:
             unpin(owner, post_attr, post_key, access)
             access.get(owner, always).pop(post_key, None)
             raise
-        return cls(owner, (pre_attr, pre_key), (post_attr, post_key), always, access)
+        return pinned
 
     def rebound(self, owner: Any) -> Pinned:
         """The same dispatchers in a deep copy `owner` of the module."""

@@ -57,6 +57,7 @@ from unihook.handles import Handle
 from . import NAME
 from . import _autograd_guard as guard
 from ._forward import add_dispatchers
+from ._global import PADDLE_CALL_CODE
 from ._global import _dygraph_call_func as global_call
 from ._ops import _is_tensor
 from ._static import EagerUnderSOT
@@ -228,7 +229,8 @@ class _Bypass:
 class PaddleAutograd:
     backend = NAME
     # paddle's own, and the copy that runs while unihook has global hooks
-    call_codes = frozenset({paddle.nn.Layer._dygraph_call_func.__code__, global_call.__code__})
+    # paddle's (the attribute may hold unihook's patch by now) and the patch
+    call_codes = frozenset({PADDLE_CALL_CODE, global_call.__code__})
     is_tensor = staticmethod(_is_tensor)
 
     @staticmethod

@@ -57,6 +57,8 @@ _registration: dict[str, dict[int, Hook]] = {
 # paddle's own functions, as found when patched; kept after the patch goes: a thread inside a
 # patched one while another removes the last hook still calls them
 _originals: dict[str, Any] = {}
+# paddle's, as found when this module is imported (the patches live here: none is in yet)
+PADDLE_CALL_CODE = Layer.__dict__["_dygraph_call_func"].__code__
 _patched: set[str] = set()
 
 

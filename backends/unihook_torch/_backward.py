@@ -27,6 +27,7 @@ from unihook.handles import Handle
 
 from . import NAME
 from ._compile import EagerUnderCompile, outside_dynamo
+from ._global import TORCH_CALL_CODE
 from ._global import _call_impl as global_call
 
 Grads = Sequence[Any]
@@ -120,9 +121,9 @@ class _TorchDispatchers:
 
 class TorchAutograd:
     backend = NAME
-    # torch's (taken before unihook's global wrapper can replace it: that one calls this) and
+    # torch's (`Module._call_impl` may be unihook's wrapper by now: that one calls torch's) and
     # the wrapper, whose global dispatchers may have taken a call before torch's code runs
-    call_codes = frozenset({torch.nn.Module._call_impl.__code__, global_call.__code__})
+    call_codes = frozenset({TORCH_CALL_CODE, global_call.__code__})
     is_tensor = staticmethod(torch.is_tensor)
     grad_enabled = staticmethod(torch.is_grad_enabled)
 

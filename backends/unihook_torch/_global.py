@@ -13,7 +13,7 @@ backward dispatchers. Removing the last such hook puts torch's function back.
 
 from __future__ import annotations
 
-import threading
+import sys
 import weakref
 from collections import OrderedDict
 from itertools import count
@@ -45,6 +45,8 @@ _pre_snapshot: tuple[tuple[Hook, bool], ...] = ()
 # torch's own (as found when the wrapper goes in), kept after it goes out: a thread inside the
 # wrapper while another removes the last hook still calls it
 _torch_call_impl: Callable[..., Any] = torch_module.Module._call_impl
+# torch's, as found when this module is imported (the wrapper lives here: it is not in yet)
+TORCH_CALL_CODE = torch_module.Module._call_impl.__code__
 _installed = False
 _backward: ModuleBackward | None = None  # the global backward hooks, when there are some
 _dispatch: tuple[EagerUnderCompile, EagerUnderCompile] | None = None  # _backward's dispatchers
@@ -65,9 +67,12 @@ def _pin_dispatchers(module: Any) -> Any:
             if _dispatch is not None and module not in _pinned_in:
                 hooks = (("_forward_pre_hooks", _dispatch[0]), ("_forward_hooks", _dispatch[1]))
                 always = "_forward_hooks_always_called"
-                _pinned_in[module] = Pinned.install(
-                    module, hooks, always, access.new_id, access, tail=True
-                )
+                pinned = Pinned.install(module, hooks, always, access.new_id, access, tail=True)
+                try:
+                    _pinned_in[module] = pinned
+                except BaseException:  # (a Ctrl-C: the next call pins again, once)
+                    pinned.remove()
+                    raise
     return module._forward_pre_hooks
 
 
@@ -136,43 +141,55 @@ def _keys(hooks: OrderedDict[int, Hook]) -> tuple[int, ...]:
 def _call_skipping_new_pre_hooks(
     self: Any, own: OrderedDict[int, Hook], keys: tuple[int, ...], args: Any, kwargs: Any
 ) -> Any:
-    """A global pre-hook registered a pre-hook on this module: torch iterates a snapshot
-    taken before any pre-hook runs, so the new one waits for this thread's next call. It is
-    wrapped in its place to skip that one call: other threads' calls run it, and its handle,
+    """A pre-hook came into this module's dict after this call started (a global pre-hook, or
+    another thread, registered it): torch iterates a snapshot taken when the call starts, so
+    this call must not run it. It is wrapped in its place, to skip the calls that started
+    before it (told by their frame here): later calls, on any thread, run it, and its handle,
     removing it meanwhile, removes it for good. (The wrapper stays: putting the hook back
     could undo a removal another thread makes at that moment.)"""
+    here = id(sys._getframe())
     waiting: list[_FromNextCall] = []
     for k in _keys(own):
         hook = own.get(k)
-        if k not in keys and hook is not None and not isinstance(hook, _FromNextCall):
-            waiting.append(_FromNextCall(hook))
-            own[k] = waiting[-1]
+        if k in keys or hook is None:
+            continue
+        if not isinstance(hook, _FromNextCall):
+            hook = own[k] = _FromNextCall(hook)
+        hook.skip.add(here)
+        waiting.append(hook)
     try:
         return _torch_call_impl(self, *args, **kwargs)
     finally:
         for wrapper in waiting:
-            wrapper.thread = None  # (torch's loop may not have reached it: an earlier raised)
+            wrapper.skip.discard(here)
 
 
 class _FromNextCall:
-    """A pre-hook registered during a call of its module on `thread`: skipped once there (that
-    call's hook loop), called everywhere else. `__self__` as the hook's (unihook's pinned
-    dispatchers are told by it)."""
+    """A pre-hook that came during calls of its module: those calls (`skip`: the ids of their
+    `_call_skipping_new_pre_hooks` frames, alive while they run) skip it, every other calls
+    it. `__self__` as the hook's (unihook's pinned dispatchers are told by it)."""
 
-    __slots__ = ("hook", "thread")
+    __slots__ = ("hook", "skip")
 
     def __init__(self, hook: Hook) -> None:
         self.hook = hook
-        self.thread: int | None = threading.get_ident()
+        self.skip: set[int] = set()
 
     @property
     def __self__(self) -> Any:
         return getattr(self.hook, "__self__", None)
 
     def __call__(self, *args: Any) -> Any:
-        if self.thread is not None and self.thread == threading.get_ident():
-            self.thread = None
-            return None
+        if self.skip:
+            # torch's hook loop calls this from `_call_impl` (or a function inside it), which
+            # `_call_skipping_new_pre_hooks` called: a few frames up
+            frame = sys._getframe(1)
+            for _ in range(4):
+                if frame is None:
+                    break
+                if id(frame) in self.skip:
+                    return None
+                frame = frame.f_back
         return self.hook(*args)
 
     def __reduce__(self) -> Any:
