@@ -84,6 +84,18 @@ def test_gradient_monitor_history_equal_on_every_backend() -> None:
             assert np.allclose(list(a.values()), list(b.values()), rtol=1e-5)
 
 
+def test_gradient_monitor_leaves_out_modules_called_outside_the_model(backend: Any) -> None:
+    # a submodule run on its own after a step (an evaluation, GradCAM on a part) adds nothing
+    # to that step's norms, and starts no step
+    model = classifier(backend)
+    with GradientMonitor(model) as monitor:
+        backend.backward(model(images(backend)).sum())
+        recorded = [dict(step) for step in monitor.history]
+        part = backend.named_modules(model)[1][1]
+        backend.backward(part(images(backend)).sum())
+        assert [dict(step) for step in monitor.history] == recorded
+
+
 def sqrt_model(kit: Any) -> Any:
     """a -> sqrt(0 * x) -> c: the gradient at a's output is infinite."""
     return kit.sequential(

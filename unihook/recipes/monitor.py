@@ -115,6 +115,9 @@ class GradientMonitor(Recipe):
         self._written: object = None
         # the last output hooked: (tensor, its version, the names sharing its gradient hook)
         self._last: tuple[Any, Any, list[str]] | None = None
+        # forwards of `model` running: a module called outside them (a submodule on its own,
+        # the inner model of a wrapper, GradCAM's forward) is not part of a recorded step
+        self._running = 0
 
         def hooks() -> HookGroup:
             group = HookGroup()
@@ -129,12 +132,16 @@ class GradientMonitor(Recipe):
         self._schedule(model, every, hooks)
 
     def _new_step(self, module: Any, args: Any) -> None:
+        self._running += 1
         self._step = _Step(ops.world(module) if self.sync else None)
 
     def _forget(self, module: Any, args: Any, output: Any) -> None:
+        self._running = max(0, self._running - 1)
         self._last = None
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
+        if not self._running:
+            return
         for tensor in tensors_of(output, module):
             version = ops.version(tensor)
             last = self._last
