@@ -275,6 +275,21 @@ def nonfinite_scenario(fw: Framework, model: Any, rank: int) -> dict[str, Any]:
     }
 
 
+def dummy_loss_scenario(fw: Framework, model: Any, rank: int) -> dict[str, Any]:
+    """Rank 1 has no samples and backpropagates the usual dummy loss (its parameters times 0),
+    which reaches no module output: GradientMonitor must still take part in the merge."""
+    x, coefficients = batch()
+    with GradientMonitor(model) as monitor, GradientMonitor(model, sync=False) as local:
+        for _ in range(2):
+            out = model(fw.tensor(x[rows(rank)]))
+            if rank == 1:
+                loss = sum(p.sum() for p in ops.unwrap(model).parameters()) * 0
+            else:
+                loss = (out * fw.tensor(coefficients[rows(rank)])).sum()
+            loss.backward()
+        return {"merged": list(monitor.history), "local": list(local.history)}
+
+
 def nan_input() -> np.ndarray:
     """The global batch with a NaN in the first row of rank 1's part."""
     x = batch()[0].copy()
@@ -347,6 +362,7 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     result["hooks"] = hook_scenario(fw, fw.wrap(fw.model(weights())), rank)
     result["recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights())), rank, LR)
     result["nonfinite"] = nonfinite_scenario(fw, fw.wrap(fw.model(weights())), rank)
+    result["dummy_loss"] = dummy_loss_scenario(fw, fw.wrap(fw.model(weights())), rank)
     result["inner_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights())), rank, LR, True)
     for how in ("fsdp1", "fsdp2") if framework == "torch" else ("sharding",):
         result[f"{how}_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights()), how), rank, LR)

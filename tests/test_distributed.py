@@ -239,6 +239,15 @@ def test_nonfinite_raises_the_same_error_on_every_rank(ranks: Any) -> None:
         assert result["nonfinite"]["warned"] == [message]
 
 
+def test_a_rank_whose_loss_reaches_no_module_output_merges_too(ranks: Any) -> None:
+    """Rank 1 backpropagates the dummy loss of an empty batch (its parameters times 0): no
+    rank waits, and both record rank 0's norms, the only gradients there are."""
+    _, results = ranks
+    merged = [result["dummy_loss"]["merged"] for result in results]
+    assert len(merged[0]) == 2 and merged[0] == merged[1]
+    assert merged[0] == results[0]["dummy_loss"]["local"]
+
+
 def test_nonfinite_activations_merge(ranks: Any) -> None:
     """A NaN input on rank 1: every rank's ActivationStats counts the non-finite values of the
     global batch and gives the statistics of its finite values, as one process on it."""

@@ -16,6 +16,7 @@ from unihook import (
     ops,
     register_forward_hook,
     register_forward_pre_hook,
+    register_tensor_hook,
 )
 
 from ._scope import Recipe, check_every, check_history, tensors_of, where_of
@@ -48,7 +49,16 @@ class NonFiniteGradientError(UnihookError, FloatingPointError):
 class _Step:
     """One forward of the model: its outputs' gradients fill `norms` during its backward."""
 
-    __slots__ = ("norms", "squares", "logged", "flagged", "first_bad", "world", "pending")
+    __slots__ = (
+        "norms",
+        "squares",
+        "logged",
+        "flagged",
+        "first_bad",
+        "world",
+        "pending",
+        "merged",
+    )
 
     def __init__(self, world: tuple[int, int] | None) -> None:
         self.norms: dict[str, float] = {}
@@ -58,6 +68,7 @@ class _Step:
         self.first_bad: str | None = None  # across ranks: reported at the end of backward
         self.world = world  # (rank, size) when the ranks' numbers are merged, else None
         self.pending = False  # a merge waits for the end of the running backward
+        self.merged = False  # merged once: a parameter's gradient starts no further merge
 
 
 class GradientMonitor(Recipe):
@@ -125,6 +136,13 @@ class GradientMonitor(Recipe):
             attached = attach(inner, self._record, where=where)
             self._names = attached.names
             group.extend(attached)
+            if sync and ops.world(inner) is not None:
+                # a rank whose backward reaches no watched output (the dummy loss of an empty
+                # batch: parameters times 0) merges too, when a parameter's gradient comes
+                for name, module in ops.named_modules(inner):
+                    for param, _, trained in ops.own_parameters(module):
+                        if trained:
+                            group.add(name, register_tensor_hook(param, self._parameter_grad))
             # drops the last output once the forward is done (registered after attach's hooks)
             group.add("", register_forward_hook(model, self._forget, always_call=True))
             return group
@@ -159,12 +177,7 @@ class GradientMonitor(Recipe):
             self._last = (tensor, version, names)
 
     def _gradient(self, step: _Step, names: list[str], grad: Any) -> None:
-        if not step.logged:
-            step.logged = True
-            self.history.append(step.norms)
-        if step.world is not None and not step.pending:
-            step.pending = True
-            ops.after_backward(grad, functools.partial(self._merge, step))
+        self._merge_at_end(step, grad)
         squares = ops.sum_squares(grad)
         for name in names:
             total = step.squares.get(name, 0.0) + squares
@@ -179,6 +192,21 @@ class GradientMonitor(Recipe):
             return
         self._report(NonFiniteGradientError(names[0], step.norms))
 
+    def _merge_at_end(self, step: _Step, grad: Any) -> None:
+        """`step` has a gradient in the running backward: in `history`, and (ranks) merged at
+        the end of that backward."""
+        if not step.logged:
+            step.logged = True
+            self.history.append(step.norms)
+        if step.world is not None and not step.pending:
+            step.pending = True
+            ops.after_backward(grad, functools.partial(self._merge, step))
+
+    def _parameter_grad(self, grad: Any) -> None:
+        step = self._step
+        if step.world is not None and not step.merged:  # (not a later backward's: no partner)
+            self._merge_at_end(step, grad)
+
     def _report(self, error: NonFiniteGradientError) -> None:
         if self.on_nonfinite == "raise":
             raise error
@@ -192,6 +220,7 @@ class GradientMonitor(Recipe):
         import numpy as np
 
         step.pending = False
+        step.merged = True
         names = self._names
         index = {name: i for i, name in enumerate(names)}
         count = len(names)
