@@ -290,6 +290,17 @@ def dummy_loss_scenario(fw: Framework, model: Any, rank: int) -> dict[str, Any]:
         return {"merged": list(monitor.history), "local": list(local.history)}
 
 
+def evaluation_first_scenario(fw: Framework, model: Any, rank: int) -> list[dict[str, Any]]:
+    """Rank 0 evaluates the inner model on its own before the first training forward: the
+    merged rows count the training forwards only, the same on every rank."""
+    x, coefficients = batch()
+    with ActivationStats(model) as stats:
+        if rank == 0:
+            ops.unwrap(model)(fw.tensor(x[rows(rank)]))
+        (model(fw.tensor(x[rows(rank)])) * fw.tensor(coefficients[rows(rank)])).sum().backward()
+        return stats.rows()
+
+
 def nan_input() -> np.ndarray:
     """The global batch with a NaN in the first row of rank 1's part."""
     x = batch()[0].copy()
@@ -363,6 +374,7 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     result["recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights())), rank, LR)
     result["nonfinite"] = nonfinite_scenario(fw, fw.wrap(fw.model(weights())), rank)
     result["dummy_loss"] = dummy_loss_scenario(fw, fw.wrap(fw.model(weights())), rank)
+    result["evaluation_first"] = evaluation_first_scenario(fw, fw.wrap(fw.model(weights())), rank)
     result["inner_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights())), rank, LR, True)
     for how in ("fsdp1", "fsdp2") if framework == "torch" else ("sharding",):
         result[f"{how}_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights()), how), rank, LR)

@@ -248,6 +248,13 @@ def test_a_rank_whose_loss_reaches_no_module_output_merges_too(ranks: Any) -> No
     assert merged[0] == results[0]["dummy_loss"]["local"]
 
 
+def test_an_evaluation_on_one_rank_before_training_stays_out_of_the_rows(ranks: Any) -> None:
+    _, results = ranks
+    first = [result["evaluation_first"] for result in results]
+    assert first[0] == first[1]
+    assert all(row["calls"] == 1 for row in first[0])
+
+
 def test_nonfinite_activations_merge(ranks: Any) -> None:
     """A NaN input on rank 1: every rank's ActivationStats counts the non-finite values of the
     global batch and gives the statistics of its finite values, as one process on it."""

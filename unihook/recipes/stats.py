@@ -99,7 +99,9 @@ class ActivationStats(Recipe):
         super().__init__()
         self.sync = sync
         self._model = model
-        self._world: tuple[int, int] | None = None  # this forward's ranks, when merged
+        # this forward's ranks, when merged (from the start: a module called on one rank
+        # before the model's first forward is left out of `rows()` as after it)
+        self._world: tuple[int, int] | None = ops.world(inner) if sync else None
         self._names: list[str] = []  # the modules hooked: the layout of the ranks' vectors
         self._stats: dict[str, _Running] = {}
         self._step: dict[str, _Running] = {}  # this forward's, merged into `history` at its end
