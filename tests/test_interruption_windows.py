@@ -3,11 +3,12 @@ a Ctrl-C (delivered at a Python function's entry; simulated with a trace functio
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -53,6 +54,28 @@ def test_global_backward_hook_removed_after_the_call_took_it() -> None:
     assert torch.nn.Module._call_impl is original  # the call over, the wrapper went
 
 
+@contextlib.contextmanager
+def _ctrl_c_at(where: str, path_part: str, nth: int = 1) -> Iterator[None]:
+    """A KeyboardInterrupt at the `nth` entry of a function named `where` in a file whose path
+    holds `path_part` (where CPython delivers a Ctrl-C: a function's entry)."""
+    entries = [0]
+
+    def interrupt(frame: Any, event: str, arg: Any) -> Any:
+        code = frame.f_code
+        if event == "call" and code.co_name == where and path_part in code.co_filename:
+            entries[0] += 1
+            if entries[0] == nth:
+                sys.settrace(None)
+                raise KeyboardInterrupt
+        return None
+
+    sys.settrace(interrupt)
+    try:
+        yield
+    finally:
+        sys.settrace(None)
+
+
 @pytest.mark.parametrize("where", ["backward", "ran", "pruned", "building_graph"])
 def test_ctrl_c_in_unihook_paddle_backward_is_a_keyboard_interrupt(where: str) -> None:
     # paddle wraps what a PyLayer's backward raises in an OSError; in a user's hook the error
@@ -64,19 +87,10 @@ def test_ctrl_c_in_unihook_paddle_backward_is_a_keyboard_interrupt(where: str) -
     handle = unihook.register_full_backward_hook(layer, lambda *args: None)
     out = layer(x).sum()
 
-    def interrupt(frame: Any, event: str, arg: Any) -> Any:
-        code = frame.f_code
-        if event == "call" and code.co_name == where and "unihook_paddle" in code.co_filename:
-            sys.settrace(None)
-            raise KeyboardInterrupt
-        return None
-
-    sys.settrace(interrupt)
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt), _ctrl_c_at(where, "unihook_paddle"):
             out.backward()
     finally:
-        sys.settrace(None)
         handle.remove()
 
 
@@ -100,23 +114,8 @@ def test_ctrl_c_while_torch_pins_the_global_dispatchers(where: str, nth: int) ->
         unihook.register_module_full_backward_hook(double, backend="torch"),
     ]
     x = torch.ones(1, 2, requires_grad=True)
-    entries = [0]
-
-    def interrupt(frame: Any, event: str, arg: Any) -> Any:
-        code = frame.f_code
-        if event == "call" and code.co_name == where and "/unihook/" in code.co_filename:
-            entries[0] += 1
-            if entries[0] == nth:
-                sys.settrace(None)
-                raise KeyboardInterrupt
-        return None
-
-    sys.settrace(interrupt)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            model(x).sum().backward()
-    finally:
-        sys.settrace(None)
+    with pytest.raises(KeyboardInterrupt), _ctrl_c_at(where, "/unihook/", nth):
+        model(x).sum().backward()
     fired.clear()
     x.grad = None
     model(x).sum().backward()
