@@ -18,9 +18,13 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, Callable
 
-# Single-threaded kernels, set before any framework is imported (they read these at load).
-for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_variable] = "1"
+# Single-threaded kernels, set before any framework is imported (they read these at load),
+# unless `--threads default` keeps each framework's own: read here, before the imports.
+_early = argparse.ArgumentParser(add_help=False)
+_early.add_argument("--threads", default="1")
+if _early.parse_known_args()[0].threads == "1":
+    for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_variable] = "1"
 
 import cases  # noqa: E402
 import compare_bench  # noqa: E402
@@ -72,6 +76,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--cases", metavar="GLOB", help="only the cases whose id matches, e.g. 'capture*'"
     )
+    parser.add_argument(
+        "--threads",
+        choices=("1", "default"),
+        default="1",
+        help="1 (the default): every framework on one thread; default: the frameworks' own "
+        "thread counts (where a library's thread pool can contend with theirs)",
+    )
     return parser.parse_args(argv)
 
 
@@ -89,6 +100,18 @@ def single_thread(fws: list[frameworks.Framework]) -> dict[str, Any]:
             if setter is not None:
                 setter(1)
             threads["paddle"] = "set_num_threads(1)" if setter else "OMP_NUM_THREADS only"
+    return threads
+
+
+def own_threads(fws: list[frameworks.Framework]) -> dict[str, Any]:
+    """`--threads default`: each framework keeps its thread count; returns it, for the record."""
+    threads: dict[str, Any] = {}
+    for fw in fws:
+        if isinstance(fw, frameworks.Torch):
+            threads["torch"] = fw.t.get_num_threads()
+        else:
+            getter = getattr(fw.p.base.core, "get_num_threads", None)
+            threads["paddle"] = getter() if getter is not None else "its default"
     return threads
 
 
@@ -148,7 +171,7 @@ def main(argv: list[str]) -> int:
     report.print_import(imports)
 
     fws = frameworks.load()
-    threads = single_thread(fws)
+    threads = single_thread(fws) if args.threads == "1" else own_threads(fws)
     # Both torch's native full backward hook and unihook's warn when no input of a module
     # requires grad (the first layer): same cost on both sides, silenced to keep output clean.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
