@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-import threading
 from typing import Any, Callable, Sequence, Union
 
 import numpy as np
@@ -14,7 +13,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 from unihook.backend import map_dataclass
-from unihook.ops import Moments, cpu_moments, drop_block_rate
+from unihook.ops import Moments, cpu_moments, cpu_sum_squares, drop_block_rate
 
 Axis = Union[None, int, Sequence[int]]
 
@@ -41,29 +40,6 @@ def _wrapper_types() -> tuple[type, ...]:
 def _on_cpu(t: Any) -> bool:
     """A CPU tensor numpy can view in place (no copy)."""
     return t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES and t.layout == torch.strided
-
-
-_BLOCK = 1 << 19  # values per block of `_cpu_sum_squares`: its buffer stays at 4 MB
-_wide = threading.local()  # per thread: hooks may run in several threads at once
-
-
-def _cpu_sum_squares(x: Any) -> float:
-    """A float32 square is exact in float64: the float64 dot's summation is the only rounding.
-    torch's own kernels, not numpy's: they run on torch's intra-op threads (numpy's BLAS has a
-    thread pool of its own, which spins against torch's), and scale with them. The float64
-    copy goes to a per-thread buffer reused across calls (a fresh one page-faults)."""
-    x = x.reshape(-1)
-    if x.dtype == torch.float64:
-        return float(torch.dot(x, x))
-    total = 0.0
-    for start in range(0, x.numel(), _BLOCK):
-        part = x[start : start + _BLOCK]
-        wide = getattr(_wide, "buffer", None)
-        if wide is None:
-            wide = _wide.buffer = torch.empty(_BLOCK, dtype=torch.float64)
-        wide = wide[: part.numel()].copy_(part)
-        total += float(torch.dot(wide, wide))
-    return total
 
 
 class TorchOps:
@@ -103,8 +79,12 @@ class TorchOps:
         t = t.detach()
         if t.is_complex():  # |z|^2 = re^2 + im^2
             t = torch.view_as_real(t.resolve_conj())
-        if t.device.type == "cpu" and t.layout == torch.strided:
-            return _cpu_sum_squares(t)
+        if _on_cpu(t):
+            return cpu_sum_squares(t.numpy())
+        if t.device.type == "cpu" and t.layout == torch.strided:  # bfloat16, bool, int8...
+            return cpu_sum_squares(
+                t.to(torch.float32 if t.is_floating_point() else torch.float64).numpy()
+            )
         # a float32 square is exact in float64: the cast makes the float64 sum the only rounding
         return float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2
 
