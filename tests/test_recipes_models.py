@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import paddle
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import torch
 from models_ref import ARCHS, build
 
 from unihook import HookArgumentError, ops
