@@ -26,7 +26,13 @@ from unihook.info import KINDS as ALL_KINDS
 KINDS = [kind for kind in ALL_KINDS if not kind.endswith("_registration")]
 # Registering after compiling is dynamo's business (guards, recompiles), the same for every
 # backend: tried on "eager". Inductor compiles take seconds each here: one case per kind.
-TORCH_MODES = {"eager": ("before", "after"), "aot_eager": ("before",), "inductor": ("before",)}
+# "eager_in_place": `module.compile(backend="eager")`, which compiles the module's own call.
+TORCH_MODES = {
+    "eager": ("before", "after"),
+    "eager_in_place": ("before", "after"),
+    "aot_eager": ("before",),
+    "inductor": ("before",),
+}
 PADDLE_MODES = {"sot": ("before", "after"), "full_graph": ("before", "after")}
 
 
@@ -80,7 +86,11 @@ def _torch_case(kind: str, mode: str, when: str) -> dict[str, Any]:
     def register() -> None:
         _register(kind, "torch", model, hook, calls, handles)
 
-    run = model if mode == "none" else torch.compile(model, backend=mode)
+    run = model
+    if mode.endswith("_in_place"):  # compiled before any unihook hook exists in this case
+        model.compile(backend=mode.removesuffix("_in_place"))
+    elif mode != "none":
+        run = torch.compile(model, backend=mode)
     x = torch.tensor([[1.0, 2.0, 3.0], [-1.0, 0.5, 2.0]], requires_grad=True)
     if when == "after":
         run(x).sum().backward()
@@ -234,8 +244,10 @@ GRAPH_BREAKS = {
     "full_backward": 3,
     "module_forward_pre": 0,
     "module_forward": 0,
-    "module_full_backward_pre": 14,
-    "module_full_backward": 14,
+    # 4 of them because the wrapper also replaces `Module.__call__` in a process that compiled
+    # (a module compiled in place before the hooks came is reached through it)
+    "module_full_backward_pre": 18,
+    "module_full_backward": 18,
 }
 
 
@@ -407,3 +419,35 @@ def test_torch_hooks_removed_inside_a_compiled_forward() -> None:
 
 if __name__ == "__main__":
     _child(sys.argv[1], sys.argv[2])
+
+
+COMPILED_IN_PLACE = """
+import torch, unihook
+call, call_impl = torch.nn.Module.__call__, torch.nn.Module._call_impl
+model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+model.compile(backend="eager")
+seen = []
+pre = unihook.register_module_forward_pre_hook(lambda m, a: seen.append(type(m).__name__))
+post = unihook.register_module_full_backward_hook(
+    lambda m, gi, go: seen.append("backward " + type(m).__name__)
+)
+model(torch.ones(2, 3, requires_grad=True)).sum().backward()
+pre.remove()
+post.remove()
+print(seen)
+print((torch.nn.Module.__call__, torch.nn.Module._call_impl) == (call, call_impl))
+"""
+
+
+def test_torch_module_compiled_in_place_before_global_hooks() -> None:
+    """`module.compile()` binds torch's own `_call_impl` into the module's compiled call: global
+    pre-hooks and backward hooks registered after it still reach that module, and removing
+    them puts torch's `Module.__call__` and `_call_impl` back."""
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, "-c", COMPILED_IN_PLACE], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-2:] == [
+        "['Sequential', 'Linear', 'ReLU', 'backward ReLU', 'backward Linear', "
+        "'backward Sequential']",
+        "True",
+    ]

@@ -27,8 +27,7 @@ from unihook.handles import Handle
 
 from . import NAME
 from ._compile import EagerUnderCompile, outside_dynamo
-from ._global import TORCH_CALL_CODE
-from ._global import _call_impl as global_call
+from ._global import TORCH_CALL_CODE, WRAPPER_CODES
 
 Grads = Sequence[Any]
 
@@ -123,7 +122,7 @@ class TorchAutograd:
     backend = NAME
     # torch's (`Module._call_impl` may be unihook's wrapper by now: that one calls torch's) and
     # the wrapper, whose global dispatchers may have taken a call before torch's code runs
-    call_codes = frozenset({TORCH_CALL_CODE, global_call.__code__})
+    call_codes = frozenset({TORCH_CALL_CODE, *WRAPPER_CODES})
     is_tensor = staticmethod(torch.is_tensor)
     grad_enabled = staticmethod(torch.is_grad_enabled)
 

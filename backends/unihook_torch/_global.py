@@ -8,7 +8,10 @@ backward hooks are not either: torch's own raise on in-place ops after any modul
 the global pre-hooks first (in registration order, before the module's own pre-hooks, as torch
 runs global ones), and for a module without backward hooks of its own, passes the inputs and
 the final output (after every forward hook, as torch's BackwardHook) through the global
-backward dispatchers. Removing the last such hook puts torch's function back.
+backward dispatchers. In a process that has compiled, ``Module.__call__`` is replaced too, for a
+module compiled in place (``module.compile()``) before the wrapper went in: its compiled call
+bound torch's ``_call_impl``, and runs inside the wrapper. Removing the last such hook puts
+torch's functions back.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ _pre_snapshot: tuple[tuple[Hook, bool], ...] = ()
 # torch's own (as found when the wrapper goes in), kept after it goes out: a thread inside the
 # wrapper while another removes the last hook still calls it
 _torch_call_impl: Callable[..., Any] = torch_module.Module._call_impl
+_torch_call: Callable[..., Any] = torch_module.Module.__call__  # the same, for `_call`
 # torch's, as found when this module is imported (the wrapper lives here: it is not in yet)
 TORCH_CALL_CODE = torch_module.Module._call_impl.__code__
 _installed = False
@@ -79,6 +83,30 @@ def _pin_dispatchers(module: Any) -> Any:
 def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
     if not _installed:  # bound while installed (``Module.compile()``), now gone
         return _torch_call_impl(self, *args, **kwargs)
+    return _run(self, _torch_call_impl, args, kwargs)
+
+
+def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``Module.__call__`` while the wrapper is in: torch's ``_wrapped_call_impl``, but a
+    module compiled in place (``module.compile()``) before the wrapper went in has a compiled
+    call of torch's own ``_call_impl``, bound then: it runs inside the wrapper (the global
+    pre-hooks and backward dispatchers would miss the module otherwise)."""
+    compiled = self._compiled_call_impl
+    if compiled is None:
+        if type(self)._call_impl is _call_impl:  # (one frame less: dynamo breaks per frame)
+            return _run(self, _torch_call_impl, args, kwargs)
+        return self._call_impl(*args, **kwargs)
+    bound = getattr(compiled, "__wrapped__", None)  # what torch.compile compiled
+    if (
+        _installed
+        and getattr(getattr(bound, "__func__", None), "__code__", None) is TORCH_CALL_CODE
+    ):
+        return _run(self, lambda _, *a, **k: compiled(*a, **k), args, kwargs)
+    return compiled(*args, **kwargs)
+
+
+def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """The wrapper around `call`, torch's `_call_impl` (or a compiled one) for `self`."""
     own = self._forward_pre_hooks
     if _dispatch is not None and (own or torch_module._global_forward_pre_hooks):
         own = _pin_dispatchers(self)
@@ -98,10 +126,10 @@ def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
     state = _backward
     if dispatch is None or (own and self in _pinned_in):
         if state is None or not state.inside(self):
-            return _call_original(self, own, keys, args, kwargs)
+            return _call_original(self, call, own, keys, args, kwargs)
         outer = state.around(None)  # a call of this module inside its own: not around it
         try:
-            return _call_original(self, own, keys, args, kwargs)
+            return _call_original(self, call, own, keys, args, kwargs)
         finally:
             state.end_around(outer)
     pre_dispatch, post_dispatch = dispatch
@@ -111,7 +139,7 @@ def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
     # (own dispatchers registered meanwhile get a repacked args tuple: tell them by module)
     outer = None if state is None else state.around(self)
     try:
-        result = _call_original(self, own, keys, args, kwargs)
+        result = _call_original(self, call, own, keys, args, kwargs)
     except BaseException:
         post_dispatch(self, args, None)
         raise
@@ -122,12 +150,21 @@ def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
     return result if output is None else output
 
 
+# the wrapper's frames: a module call on the stack (see `unihook._module_backward._in_call`)
+WRAPPER_CODES = frozenset({_call_impl.__code__, _call.__code__, _run.__code__})
+
+
 def _call_original(
-    self: Any, own: OrderedDict[int, Hook], keys: tuple[int, ...], args: Any, kwargs: Any
+    self: Any,
+    call: Callable[..., Any],
+    own: OrderedDict[int, Hook],
+    keys: tuple[int, ...],
+    args: Any,
+    kwargs: Any,
 ) -> Any:
     if _keys(own) == keys:
-        return _torch_call_impl(self, *args, **kwargs)
-    return _call_skipping_new_pre_hooks(self, own, keys, args, kwargs)
+        return call(self, *args, **kwargs)
+    return _call_skipping_new_pre_hooks(self, call, own, keys, args, kwargs)
 
 
 def _keys(hooks: OrderedDict[int, Hook]) -> tuple[int, ...]:
@@ -139,7 +176,12 @@ def _keys(hooks: OrderedDict[int, Hook]) -> tuple[int, ...]:
 
 
 def _call_skipping_new_pre_hooks(
-    self: Any, own: OrderedDict[int, Hook], keys: tuple[int, ...], args: Any, kwargs: Any
+    self: Any,
+    call: Callable[..., Any],
+    own: OrderedDict[int, Hook],
+    keys: tuple[int, ...],
+    args: Any,
+    kwargs: Any,
 ) -> Any:
     """A pre-hook came into this module's dict after this call started (a global pre-hook, or
     another thread, registered it): torch iterates a snapshot taken when the call starts, so
@@ -158,7 +200,7 @@ def _call_skipping_new_pre_hooks(
         hook.skip.add(here)
         waiting.append(hook)
     try:
-        return _torch_call_impl(self, *args, **kwargs)
+        return call(self, *args, **kwargs)
     finally:
         for wrapper in waiting:
             wrapper.skip.discard(here)
@@ -208,14 +250,23 @@ def original_call_impl() -> Callable[..., Any] | None:
 
 def _sync_patch() -> None:
     """Wrap ``Module._call_impl`` exactly while a global pre-hook or backward hook exists."""
-    global _installed, _torch_call_impl
+    global _installed, _torch_call_impl, _torch_call
     wanted = bool(_pre_hooks) or _backward is not None
     if wanted and not _installed:
         _torch_call_impl = torch_module.Module._call_impl
         _installed = True
         torch_module.Module._call_impl = _call_impl
+        # Only a process that compiled has dynamo, so only there can a module be compiled in
+        # place already (one compiled from now on binds the wrapper). Under torch.compile the
+        # replaced `__call__` costs a graph break per module call with global backward hooks
+        # (dynamo inlines torch's own without one).
+        if "torch._dynamo" in sys.modules:
+            _torch_call = torch_module.Module.__call__
+            torch_module.Module.__call__ = _call
     elif not wanted and _installed:
         torch_module.Module._call_impl = _torch_call_impl
+        if torch_module.Module.__call__ is _call:
+            torch_module.Module.__call__ = _torch_call
         _installed = False
 
 
