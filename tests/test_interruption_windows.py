@@ -215,3 +215,50 @@ def test_backward_hook_removed_by_a_finalizer_during_a_registration(backend: Any
         assert not any(backend.hook_counts(m).values()), n
         if seen[0] < n:
             break
+
+
+FINALIZER_REGISTERING = """
+import gc, sys, unihook
+from unihook.errors import BackendStateError
+import {framework}
+outcomes = {{"registered": 0, "refused": 0}}
+handles = []
+
+def collect(phase, info):
+    # a finalizer registering a hook, run by the collector at every point of a registration
+    if phase != "start":
+        return
+    try:
+        handles.append(unihook.register_module_forward_pre_hook(lambda *a: None, backend="{framework}"))
+        outcomes["registered"] += 1
+    except BackendStateError:  # inside unihook's registration lock: it would wait for itself
+        outcomes["refused"] += 1
+
+gc.callbacks.append(collect)
+gc.set_threshold(1, 100000, 100000)
+for _ in range(30):
+    handles.append(unihook.register_module_full_backward_hook(lambda *a: None, backend="{framework}"))
+gc.set_threshold(700, 10, 10)
+gc.callbacks.remove(collect)
+for handle in handles:
+    handle.remove()
+print(outcomes["registered"] > 0, outcomes["refused"] > 0)
+"""
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_finalizer_registering_inside_a_registration(framework: str) -> None:
+    """A finalizer that registers a hook, run by the collector inside a registration on the
+    same thread: unihook's lock is held, so the registration raises BackendStateError (it used
+    to wait for itself for ever); elsewhere it registers."""
+    pytest.importorskip(framework)
+    env = dict(os.environ, GLOG_minloglevel="2", PYTHONWARNINGS="ignore")
+    proc = subprocess.run(
+        [sys.executable, "-c", FINALIZER_REGISTERING.format(framework=framework)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "True True"

@@ -5,13 +5,17 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
+from .errors import BackendStateError
+
 __all__ = ["RegistryLock"]
 
 
 class RegistryLock:
     """Guards a registry. A change asked for by the thread that holds it (a dropped object's
     finalizer removing its hook, run by the garbage collector inside a registration) waits
-    until it lets go: neither a deadlock nor a change in the middle of another."""
+    until it lets go: neither a deadlock nor a change in the middle of another. A
+    registration asked for by that thread (a finalizer registering a hook) cannot wait for
+    itself: it raises instead of deadlocking."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -19,6 +23,14 @@ class RegistryLock:
         self._deferred: list[Callable[[], None]] = []
 
     def __enter__(self) -> None:
+        if self._owner == threading.get_ident():  # (only this thread sets its own id)
+            raise BackendStateError(
+                "unihook cannot register a hook while it is registering or removing one on "
+                "the same thread: this registration came from code that ran inside that one "
+                "(a finalizer the garbage collector ran there, or a hook it called) and would "
+                "wait for itself for ever. Register from outside it (after the outer call "
+                "returns)."
+            )
         self._lock.acquire()
         self._owner = threading.get_ident()
 
