@@ -223,13 +223,15 @@ from unihook.errors import BackendStateError
 import {framework}
 outcomes = {{"registered": 0, "refused": 0}}
 handles = []
+noop = lambda *args: None
 
 def collect(phase, info):
     # a finalizer registering a hook, run by the collector at every point of a registration
     if phase != "start":
         return
     try:
-        handles.append(unihook.register_module_forward_pre_hook(lambda *a: None, backend="{framework}"))
+        hook = unihook.register_module_forward_pre_hook(noop, backend="{framework}")
+        handles.append(hook)
         outcomes["registered"] += 1
     except BackendStateError:  # inside unihook's registration lock: it would wait for itself
         outcomes["refused"] += 1
@@ -237,7 +239,7 @@ def collect(phase, info):
 gc.callbacks.append(collect)
 gc.set_threshold(1, 100000, 100000)
 for _ in range(30):
-    handles.append(unihook.register_module_full_backward_hook(lambda *a: None, backend="{framework}"))
+    handles.append(unihook.register_module_full_backward_hook(noop, backend="{framework}"))
 gc.set_threshold(700, 10, 10)
 gc.callbacks.remove(collect)
 for handle in handles:
