@@ -389,3 +389,56 @@ def test_moments_of_tiny_values(backend) -> None:  # type: ignore[no-untyped-def
     assert n == 5000
     assert mean == pytest.approx(wide.mean(), rel=1e-7, abs=0)
     assert math.sqrt(m2 / n) == pytest.approx(wide.std(), rel=1e-7, abs=0)
+
+
+def as_tensor(framework: str, values: np.ndarray, dtype: str | None = None) -> Any:
+    t = torch.tensor(values) if framework == "torch" else paddle.to_tensor(values)
+    if dtype is None:
+        return t
+    return t.to(getattr(torch, dtype)) if framework == "torch" else t.astype(dtype)
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_reductions_of_other_dtypes(framework: str) -> None:
+    """What the attack on the reductions found: a complex gradient's norm counts its imaginary
+    part (paddle dropped it); bfloat16 values under float32's range of squares keep their std
+    (torch gave 0); a value of 1e-20 is not a zero (paddle's float64 `==` said it was);
+    `to_numpy` gives bfloat16's values (torch raised, paddle gave the raw bits)."""
+    half = as_tensor(framework, np.array([1.5, -2.25], np.float32), "bfloat16")
+    assert ops.to_numpy(half).tolist() == [1.5, -2.25]
+    z = np.array([3 + 4j, 1 - 2j], np.complex64)
+    assert ops.sum_squares(as_tensor(framework, z)) == pytest.approx(30.0)
+    tiny = np.random.default_rng(0).normal(0, 1e-25, 1000).astype(np.float32)
+    t = as_tensor(framework, tiny, "bfloat16")
+    wide = np.asarray(ops.to_numpy(t), np.float64)
+    n, _, m2, *_ = ops.moments(t)
+    assert math.sqrt(m2 / n) == pytest.approx(wide.std(), rel=1e-6, abs=0)
+    values = np.array([1e-20, 0.0, 0.0, 0.0, 1.0], np.float32)
+    assert ops.moments(as_tensor(framework, values, "bfloat16"))[5] == 3
+
+
+def test_moments_near_constant_float32(backend) -> None:  # type: ignore[no-untyped-def]
+    """Values a few float32 ulps apart: the two-pass deviations from the mean rounded to
+    float32 are corrected by their own mean (the std was 41 % off)."""
+    one = np.float32(1.0)
+    cases = [
+        np.array([one] * 500 + [np.nextafter(one, np.float32(2))] * 500, np.float32),
+        (1 + np.random.default_rng(0).normal(0, 1e-7, 10_000)).astype(np.float32),
+    ]
+    for values in cases:
+        n, mean, m2, *_ = ops.moments(backend.tensor(values))
+        wide = values.astype(np.float64)
+        assert mean == pytest.approx(wide.mean(), rel=1e-12)
+        assert math.sqrt(m2 / n) == pytest.approx(wide.std(), rel=1e-6)
+
+
+def test_torch_reductions_of_views_and_sparse_tensors() -> None:
+    """A tensor with the negative bit (a conjugate's imaginary part) and sparse gradients
+    (`Embedding(sparse=True)`): numbers, not numpy's or vector_norm's errors."""
+    z = torch.tensor([1 + 2j, 3 - 1j]).conj()
+    assert ops.sum_squares(z.imag) == pytest.approx(5.0)
+    assert ops.moments(z.imag)[1] == pytest.approx(-0.5)
+    sparse = torch.sparse_coo_tensor([[0, 1, 1], [2, 0, 2]], [3.0, 4.0, 5.0], (2, 3))
+    assert ops.sum_squares(sparse) == pytest.approx(50.0)
+    assert ops.moments(sparse)[:3] == (6, pytest.approx(2.0), pytest.approx(26.0))
+    assert ops.moments(sparse)[5] == 3

@@ -28,22 +28,33 @@ def _is_tensor(obj: object) -> bool:
     return isinstance(obj, paddle.Tensor)
 
 
-_NUMPY_DTYPES = (paddle.float32, paddle.float64, paddle.float16, paddle.int64, paddle.int32)
+_NUMPY_FLOATS = (paddle.float32, paddle.float64, paddle.float16)
+_NUMPY_DTYPES = (*_NUMPY_FLOATS, paddle.int64, paddle.int32)
 
 
 def _cpu_view(t: Any) -> Any:
-    """A zero-copy numpy view of a CPU tensor (Tensor.numpy() copies: 2 ms per 2 MB), or None
-    for a tensor on another device or of a dtype numpy lacks."""
-    if t.dtype not in _NUMPY_DTYPES or not t.place.is_cpu_place():
+    """A CPU tensor as numpy sees it, or None on another device: a zero-copy view
+    (Tensor.numpy() copies: 2 ms per 2 MB) for numpy's dtypes; a complex one as its real and
+    imaginary parts; else a float32 copy (bfloat16: exact) or a float64 one (bool, int8...)."""
+    if not t.place.is_cpu_place():
         return None
-    return np.from_dlpack(t.detach())
+    x = t.detach()
+    if x.is_complex():
+        x = paddle.as_real(x)  # |z|^2 = re^2 + im^2
+    if x.dtype not in _NUMPY_DTYPES:
+        x = x.astype("float32" if x.is_floating_point() else "float64")
+    return np.from_dlpack(x)
 
 
 class PaddleOps:
     is_tensor = staticmethod(_is_tensor)
 
     def to_numpy(self, t: Any) -> Any:
-        return np.array(t.detach().numpy())
+        x = t.detach()
+        if x.is_floating_point() and x.dtype not in _NUMPY_FLOATS:
+            # paddle's numpy() gives bfloat16's raw bits as uint16 (and float8's as uint8)
+            x = x.astype("float32")
+        return np.array(x.numpy())
 
     def detach(self, t: Any) -> Any:
         return t.detach()
@@ -76,13 +87,17 @@ class PaddleOps:
         view = _cpu_view(t)
         if view is not None:  # paddle's float64 elementwise kernels are 20x slower on a CPU
             return cpu_sum_squares(view)
-        return float(t.detach().astype("float64").square().sum())
+        x = t.detach()
+        if x.is_complex():
+            x = paddle.as_real(x)
+        return float(x.astype("float64").square().sum())
 
     def moments(self, t: Any) -> Moments:
         view = _cpu_view(t)
         if view is not None:
             return cpu_moments(view)
-        x = t.detach().astype("float64")
+        x = t.detach()
+        x = (paddle.as_real(x) if x.is_complex() else x).astype("float64")
         finite = paddle.isfinite(x)
         count = int(finite.astype("int64").sum())
         size = int(x.numel())
@@ -92,10 +107,12 @@ class PaddleOps:
             return 0, 0.0, 0.0, 0.0, 0.0, 0, size
         mean = x.mean()
         m2 = (x - mean).square().sum()
-        zeros = (x == 0).astype(x.dtype).sum()
-        stacked = paddle.stack([mean, m2, x.min(), x.max(), zeros])
+        # |sign| counts the non-zeros (paddle's float64 `x == 0` holds for |x| < 1e-15)
+        nonzero = paddle.sign(x).abs().sum()
+        stacked = paddle.stack([mean, m2, x.min(), x.max(), nonzero])
         stats: list[float] = stacked.tolist()  # type: ignore[assignment]
-        return count, stats[0], stats[1], stats[2], stats[3], int(stats[4]), size - count
+        zeros = count - int(stats[4])
+        return count, stats[0], stats[1], stats[2], stats[3], zeros, size - count
 
     def abs(self, t: Any) -> Any:
         return t.abs()

@@ -37,16 +37,44 @@ def _wrapper_types() -> tuple[type, ...]:
     return tuple(found)
 
 
-def _on_cpu(t: Any) -> bool:
-    """A CPU tensor numpy can view in place (no copy)."""
-    return t.device.type == "cpu" and t.dtype in _NUMPY_DTYPES and t.layout == torch.strided
+def _strided(t: Any, values_only: bool) -> Any:
+    """`t` detached as a real strided tensor: a complex one as its real and imaginary parts
+    (|z|^2 = re^2 + im^2), a sparse one as its stored values (`values_only`: all a sum of
+    squares needs) or dense."""
+    x = t.detach()
+    if x.layout != torch.strided:
+        if values_only and x.layout == torch.sparse_coo:
+            x = x.coalesce().values()
+        elif values_only and x.layout != torch._mkldnn:  # pyright: ignore[reportAttributeAccessIssue]
+            x = x.values()  # compressed layouts (CSR, CSC, BSR, BSC)
+        else:
+            x = x.to_dense()
+    if x.is_complex():
+        x = torch.view_as_real(x.resolve_conj())
+    return x.resolve_neg()  # (numpy cannot view a tensor with the negative bit)
+
+
+def _numpy_view(x: Any) -> Any:
+    """A CPU tensor as numpy sees it: a view (no copy) for numpy's dtypes, else a float32
+    copy (bfloat16: exact) or a float64 one (bool, integers numpy lacks)."""
+    if x.dtype not in _NUMPY_DTYPES:
+        x = x.to(torch.float32 if x.is_floating_point() else torch.float64)
+    return x.numpy()
 
 
 class TorchOps:
     is_tensor = staticmethod(torch.is_tensor)
 
     def to_numpy(self, t: Any) -> Any:
-        return np.array(t.detach().cpu().numpy())
+        x = t.detach().cpu()
+        if x.layout != torch.strided:
+            x = x.to_dense()
+        x = x.resolve_conj().resolve_neg()  # (numpy cannot view the lazy bits)
+        try:
+            return np.array(x.numpy())
+        except TypeError:  # a dtype numpy lacks (bfloat16, float8, complex32): widened
+            wide = torch.complex64 if x.is_complex() else torch.float32
+            return np.array(x.to(wide).numpy())
 
     def detach(self, t: Any) -> Any:
         return t.detach()
@@ -76,21 +104,15 @@ class TorchOps:
         return torch.linalg.vector_norm(t, ord=p)
 
     def sum_squares(self, t: Any) -> float:
-        t = t.detach()
-        if t.is_complex():  # |z|^2 = re^2 + im^2
-            t = torch.view_as_real(t.resolve_conj())
-        if _on_cpu(t):
-            return cpu_sum_squares(t.numpy())
-        if t.device.type == "cpu" and t.layout == torch.strided:  # bfloat16, bool, int8...
-            return cpu_sum_squares(
-                t.to(torch.float32 if t.is_floating_point() else torch.float64).numpy()
-            )
+        x = _strided(t, values_only=True)
+        if x.device.type == "cpu":
+            return cpu_sum_squares(_numpy_view(x))
         # a float32 square is exact in float64: the cast makes the float64 sum the only rounding
-        return float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2
+        return float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
 
     def moments(self, t: Any) -> Moments:
-        if _on_cpu(t):
-            return cpu_moments(t.detach().numpy())
+        if t.device.type == "cpu":
+            return cpu_moments(_numpy_view(_strided(t, values_only=False)))
         x = t.detach()
         if x.dtype not in (torch.float32, torch.float64):
             x = x.to(torch.float32 if x.is_floating_point() else torch.float64)
