@@ -218,41 +218,54 @@ def test_backward_hook_removed_by_a_finalizer_during_a_registration(backend: Any
 
 
 FINALIZER_REGISTERING = """
-import gc, sys, unihook
+import gc, sys, numpy as np, unihook
 from unihook.errors import BackendStateError
-import {framework}
+import {framework} as fw
+x = fw.to_tensor(np.ones((1, 2), np.float32)) if "{framework}" == "paddle" else fw.ones(1, 2)
 outcomes = {{"registered": 0, "refused": 0}}
 handles = []
 noop = lambda *args: None
 
+refused = []
+
 def collect(phase, info):
-    # a finalizer registering a hook, run by the collector at every point of a registration
-    if phase != "start":
+    # a finalizer registering hooks, run by the collector at every point of a registration
+    if phase != "start" or len(refused) > 20:
         return
+    fresh = fw.nn.Linear(2, 2)
     try:
-        hook = unihook.register_module_forward_pre_hook(noop, backend="{framework}")
-        handles.append(hook)
+        handles.append(unihook.register_full_backward_hook(fresh, noop))
+        handles.append(unihook.register_module_forward_pre_hook(noop, backend="{framework}"))
         outcomes["registered"] += 1
     except BackendStateError:  # inside unihook's registration lock: it would wait for itself
         outcomes["refused"] += 1
+        refused.append(fresh)
 
 gc.callbacks.append(collect)
 gc.set_threshold(1, 100000, 100000)
 for _ in range(30):
     handles.append(unihook.register_module_full_backward_hook(noop, backend="{framework}"))
+    handles.append(unihook.register_forward_hook(fw.nn.Linear(2, 2), noop))
 gc.set_threshold(700, 10, 10)
 gc.callbacks.remove(collect)
 for handle in handles:
     handle.remove()
-print(outcomes["registered"] > 0, outcomes["refused"] > 0)
+# a refusal left nothing half-registered: each refused layer's next backward hook fires
+fired = []
+for layer in refused:
+    handle = unihook.register_full_backward_hook(layer, lambda *args: fired.append(1))
+    layer(x).sum().backward()
+    handle.remove()
+print(outcomes["registered"] > 0, outcomes["refused"] > 0, len(fired) == len(refused))
 """
 
 
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
 def test_finalizer_registering_inside_a_registration(framework: str) -> None:
-    """A finalizer that registers a hook, run by the collector inside a registration on the
-    same thread: unihook's lock is held, so the registration raises BackendStateError (it used
-    to wait for itself for ever); elsewhere it registers."""
+    """A finalizer that registers hooks, run by the collector inside a registration on the
+    same thread: unihook's lock is held, so the registration raises BackendStateError before
+    changing anything (it used to wait for itself for ever; raising halfway left a paddle
+    layer whose later backward hooks never fired); elsewhere it registers."""
     pytest.importorskip(framework)
     env = dict(os.environ, GLOG_minloglevel="2", PYTHONWARNINGS="ignore")
     proc = subprocess.run(
@@ -263,4 +276,38 @@ def test_finalizer_registering_inside_a_registration(framework: str) -> None:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == "True True"
+    assert proc.stdout.strip().splitlines()[-1] == "True True True"
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_registration_inside_each_registry_lock_changes_nothing(framework: str) -> None:
+    """What a finalizer run inside each of unihook's registry locks (on this thread) gets
+    when it registers: BackendStateError before any change. Raising at the inner lock instead
+    left half a registration: a paddle layer whose later backward hooks never fired, a torch
+    forward hook with no handle, dynamo's hook guards left on."""
+    from unihook import _locks
+    from unihook.conformance import kit
+    from unihook.errors import BackendStateError
+
+    fw = pytest.importorskip(framework)
+    unihook.register_full_backward_hook(fw.nn.Linear(2, 2), lambda *a: None).remove()  # loads
+    noop = lambda *args: None  # noqa: E731
+    for lock in list(_locks._locks):
+        fresh = fw.nn.Linear(2, 2)
+        attempts = [
+            lambda: unihook.register_full_backward_hook(fresh, noop),
+            lambda: unihook.register_forward_hook(fresh, noop),
+            lambda: unihook.register_module_forward_pre_hook(noop, backend=framework),
+            lambda: unihook.register_module_full_backward_hook(noop, backend=framework),
+        ]
+        with lock:
+            for attempt in attempts:
+                with pytest.raises(BackendStateError, match="finalizer"):
+                    attempt()
+        assert not any(kit(framework).hook_counts(fresh).values()), lock
+        fired: list[int] = []
+        handle = unihook.register_full_backward_hook(fresh, lambda *a: fired.append(1))
+        x = fw.ones([1, 2]) if framework == "paddle" else fw.ones(1, 2)
+        fresh(x).sum().backward()
+        handle.remove()
+        assert fired == [1], lock

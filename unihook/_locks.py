@@ -7,7 +7,9 @@ from typing import Callable
 
 from .errors import BackendStateError
 
-__all__ = ["RegistryLock"]
+__all__ = ["RegistryLock", "held_here", "inside_registration"]
+
+_locks: list[RegistryLock] = []  # every one (a handful, module-level): see `held_here`
 
 
 class RegistryLock:
@@ -21,16 +23,12 @@ class RegistryLock:
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._deferred: list[Callable[[], None]] = []
+        _locks.append(self)
 
     def __enter__(self) -> None:
         if self._owner == threading.get_ident():  # (only this thread sets its own id)
-            raise BackendStateError(
-                "unihook cannot register a hook while it is registering or removing one on "
-                "the same thread: this registration came from code that ran inside that one "
-                "(a finalizer the garbage collector ran there, or a hook it called) and would "
-                "wait for itself for ever. Register from outside it (after the outer call "
-                "returns)."
-            )
+            # a backstop: the registration functions refuse before changing anything
+            raise BackendStateError(_INSIDE.format(what="change its hooks"))
         self._lock.acquire()
         self._owner = threading.get_ident()
 
@@ -48,3 +46,25 @@ class RegistryLock:
             return False
         self._deferred.append(remove)
         return True
+
+
+_INSIDE = (
+    "unihook cannot {what} while it is registering or removing a hook on the same thread: "
+    "this call came from code that ran inside that one (a finalizer the garbage collector "
+    "ran there) and would wait for itself for ever. Make it from outside (after the outer "
+    "call returns)."
+)
+
+
+def held_here() -> bool:
+    """Whether this thread is inside one of unihook's registrations or removals (a finalizer
+    the collector ran there): registering then would wait for the lock this thread holds,
+    and a refusal halfway would leave a partial registration behind, so the registration
+    functions refuse before anything changes (`inside_registration`)."""
+    me = threading.get_ident()
+    return any(lock._owner == me for lock in _locks)
+
+
+def inside_registration(site: object) -> BackendStateError:
+    """The error a registration made where `held_here()` raises."""
+    return BackendStateError(f"{site}: " + _INSIDE.format(what="register a hook"))

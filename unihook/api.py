@@ -6,6 +6,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Literal, overload
 
 from ._describe import Site, type_name
+from ._locks import held_here, inside_registration
 from ._plugins import DISABLE_ENV, call_owner, disabled_backends, plugin_manager
 from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
 from .handles import Handle
@@ -189,6 +190,9 @@ def register_full_backward_hook(
 
 
 def _register(kind: HookKind, target: object, **options: Any) -> Handle:
+    if held_here():  # (a finalizer run inside a registration: refused before any change)
+        backend = plugin_manager().hook.unihook_backend_of(obj=target) or "none"
+        raise inside_registration(Site.of(kind, backend, target, options.get("name")))
     handle: Handle | None = call_owner(
         f"unihook_register_{kind}_hook",
         target,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal, overload
 
 from ._describe import Site
+from ._locks import held_here, inside_registration
 from ._plugins import plugin_manager
 from .api import _no_backend_hint, _short, backends
 from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
@@ -128,6 +129,8 @@ def _register(
     site = Site(global_label(kind), backend or ",".join(installed) or "none", "every module")
     if not callable(hook):
         raise HookArgumentError(f"{site}: `hook` must be callable. Received: hook={_short(hook)}.")
+    if held_here():  # (a finalizer run inside a registration: refused before any change)
+        raise inside_registration(site)
     if backend is not None and backend not in installed:
         raise HookArgumentError(
             f"{site}: `backend` must be one of {{None, {', '.join(map(repr, installed))}}}. "
