@@ -436,18 +436,34 @@ pre.remove()
 post.remove()
 print(seen)
 print((torch.nn.Module.__call__, torch.nn.Module._call_impl) == (call, call_impl))
+# a module compiled in place inside another one compiled in place, both before the hooks
+outer = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3))
+outer[1].compile(backend="eager")
+outer.compile(backend="eager")
+seen = []
+pre = unihook.register_module_forward_pre_hook(lambda m, a: seen.append(m), backend="torch")
+post = unihook.register_module_full_backward_hook(
+    lambda m, gi, go: seen.append(m), backend="torch"
+)
+outer(torch.ones(2, 3, requires_grad=True)).sum().backward()
+pre.remove()
+post.remove()
+names = {m: n or "outer" for n, m in outer.named_modules()}
+print([names[m] for m in seen])
 """
 
 
 def test_torch_module_compiled_in_place_before_global_hooks() -> None:
     """`module.compile()` binds torch's own `_call_impl` into the module's compiled call: global
-    pre-hooks and backward hooks registered after it still reach that module, and removing
-    them puts torch's `Module.__call__` and `_call_impl` back."""
+    pre-hooks and backward hooks registered after it still reach that module (and one compiled
+    in place inside it), and removing them puts torch's `Module.__call__` and `_call_impl`
+    back."""
     pytest.importorskip("torch")
     proc = subprocess.run([sys.executable, "-c", COMPILED_IN_PLACE], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines()[-2:] == [
+    assert proc.stdout.splitlines()[-3:] == [
         "['Sequential', 'Linear', 'ReLU', 'backward ReLU', 'backward Linear', "
         "'backward Sequential']",
         "True",
+        "['outer', '0', '1', '1', '0', 'outer']",
     ]

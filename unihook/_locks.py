@@ -61,8 +61,10 @@ def held_here() -> bool:
     the collector ran there): registering then would wait for the lock this thread holds,
     and a refusal halfway would leave a partial registration behind, so the registration
     functions refuse before anything changes (`inside_registration`)."""
-    me = threading.get_ident()
-    return any(lock._owner == me for lock in _locks)
+    # (no thread id unless some lock is held: a registration inside a compiled forward stays
+    # traceable, where dynamo breaks its graph at `get_ident`)
+    owners = [lock._owner for lock in _locks if lock._owner is not None]
+    return bool(owners) and threading.get_ident() in owners
 
 
 def inside_registration(site: object) -> BackendStateError:

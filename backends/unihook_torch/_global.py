@@ -92,7 +92,10 @@ def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
     call of torch's own ``_call_impl``, bound then: it runs inside the wrapper (the global
     pre-hooks and backward dispatchers would miss the module otherwise)."""
     compiled = self._compiled_call_impl
-    if compiled is None:
+    # While dynamo traces, a nested compiled call is inlined as what it compiled: torch's
+    # `_call_impl` or the wrapper, which runs it (dynamo's test of the code object would not
+    # hold there, and a module compiled in place inside a compiled one missed its hooks).
+    if compiled is None or torch.compiler.is_dynamo_compiling():
         if type(self)._call_impl is _call_impl:  # (one frame less: dynamo breaks per frame)
             return _run(self, _torch_call_impl, args, kwargs)
         return self._call_impl(*args, **kwargs)
