@@ -311,3 +311,65 @@ def test_registration_inside_each_registry_lock_changes_nothing(framework: str) 
         fresh(x).sum().backward()
         handle.remove()
         assert fired == [1], lock
+
+
+@contextlib.contextmanager
+def _sigint_at(line_text: str, code_name: str) -> Iterator[None]:
+    """A real SIGINT (Ctrl-C) raised when a line of a function named `code_name` in unihook
+    that contains `line_text` is about to run, once."""
+    import signal
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_name != code_name or "/unihook/" not in frame.f_code.co_filename:
+            return None
+
+        def line(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and not fired:
+                import linecache
+
+                if line_text in linecache.getline(frame.f_code.co_filename, frame.f_lineno):
+                    fired.append(True)
+                    signal.raise_signal(signal.SIGINT)
+            return line
+
+        return line
+
+    fired: list[bool] = []
+    sys.settrace(trace)
+    try:
+        yield
+    finally:
+        sys.settrace(None)
+    assert fired, f"no line {line_text!r} in {code_name}"
+
+
+@pytest.mark.parametrize(
+    ("line_text", "code_name"),
+    [
+        ("self._owner = threading.get_ident()", "__enter__"),  # the lock taken, no owner yet
+        ("self._owner = None", "__exit__"),  # the owner gone, the lock not yet let go
+    ],
+)
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_ctrl_c_inside_a_registry_lock(framework: str, line_text: str, code_name: str) -> None:
+    """A Ctrl-C between taking a registry lock and letting it go waits for the registration to
+    end, which is then undone, and comes as the KeyboardInterrupt: no lock left held (every
+    later registration waited for ever), no hook without a handle."""
+    from unihook import _locks
+    from unihook.conformance import kit
+
+    fw = pytest.importorskip(framework)
+    layer = fw.nn.Linear(2, 2)
+    native = kit(framework).native_state()
+    registrations = [
+        lambda: unihook.register_full_backward_hook(layer, lambda *a: None),
+        lambda: unihook.register_module_full_backward_hook(lambda *a: None, backend=framework),
+    ]
+    for register in registrations:
+        with pytest.raises(KeyboardInterrupt), _sigint_at(line_text, code_name):
+            register()
+        assert not any(lock._lock.locked() for lock in _locks._locks)
+        assert not any(kit(framework).hook_counts(layer).values())
+        register().remove()  # and the next one goes through
+    gc.collect()  # (the KeyboardInterrupts' tracebacks held the registrations' frames)
+    assert kit(framework).native_state() == native  # the global hooks went too
