@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from ._interrupts import Held, deliver, hold
 from .errors import BackendStateError
 
 __all__ = ["RegistryLock", "held_here", "inside_registration"]
@@ -24,32 +23,21 @@ class RegistryLock:
         self._lock = threading.Lock()
         self._owner: int | None = None
         self._deferred: list[Callable[[], None]] = []
-        self._held: Held | None = None
         _locks.append(self)
 
     def __enter__(self) -> None:
         if self._owner == threading.get_ident():  # (only this thread sets its own id)
             # a backstop: the registration functions refuse before changing anything
             raise BackendStateError(_INSIDE.format(what="change its hooks"))
-        held = hold()  # a Ctrl-C from here to `deliver` waits (see `._interrupts`)
-        try:
-            self._lock.acquire()
-        except BaseException:  # (a second Ctrl-C while another thread holds the lock)
-            deliver(held)
-            raise
+        self._lock.acquire()
         self._owner = threading.get_ident()
-        self._held = held
 
     def __exit__(self, *exc: object) -> None:
         deferred, self._deferred = self._deferred, []
-        held, self._held = self._held, None
         self._owner = None
         self._lock.release()
-        try:
-            for remove in deferred:
-                remove()
-        finally:
-            deliver(held)
+        for remove in deferred:
+            remove()
 
     def deferred(self, remove: Callable[[], None]) -> bool:
         """Whether this thread holds the lock: then `remove` runs once it lets go (a caller

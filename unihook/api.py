@@ -6,7 +6,6 @@ from types import MappingProxyType
 from typing import Any, Callable, Literal, overload
 
 from ._describe import Site, type_name
-from ._interrupts import deliver, hold
 from ._locks import held_here, inside_registration
 from ._plugins import DISABLE_ENV, call_owner, disabled_backends, plugin_manager
 from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
@@ -194,23 +193,12 @@ def _register(kind: HookKind, target: object, **options: Any) -> Handle:
     if held_here():  # (a finalizer run inside a registration: refused before any change)
         backend = plugin_manager().hook.unihook_backend_of(obj=target) or "none"
         raise inside_registration(Site.of(kind, backend, target, options.get("name")))
-    # A Ctrl-C during the registration waits for its end: then the hook goes again and the
-    # KeyboardInterrupt comes (a hook without a handle could never be removed). Not for a
-    # tensor hook, which may be registered inside a compiled forward (a graph break).
-    held = hold() if kind != "tensor" else None
-    try:
-        handle: Handle | None = call_owner(
-            f"unihook_register_{kind}_hook",
-            target,
-            **{KIND_INFO[kind].target: target},  # the hookspec's "module" or "tensor" argument
-            **options,
-        )
-    except BaseException:
-        deliver(held)
-        raise
-    if held is not None and held.caught is not None and handle is not None:
-        handle.remove()
-    deliver(held)
+    handle: Handle | None = call_owner(
+        f"unihook_register_{kind}_hook",
+        target,
+        **{KIND_INFO[kind].target: target},  # the hookspec's "module" or "tensor" argument
+        **options,
+    )
     if handle is not None:
         return handle
     backend = plugin_manager().hook.unihook_backend_of(obj=target)

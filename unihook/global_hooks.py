@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any, Literal, overload
 
 from ._describe import Site
-from ._interrupts import deliver, hold
 from ._locks import held_here, inside_registration
 from ._plugins import plugin_manager
 from .api import _no_backend_hint, _short, backends
@@ -137,19 +136,10 @@ def _register(
             f"{site}: `backend` must be one of {{None, {', '.join(map(repr, installed))}}}. "
             f"Received: backend={_short(backend)}."
         )
-    held = hold()  # a Ctrl-C meanwhile: the hooks go again, then it comes (see api._register)
-    try:
-        results = plugin_manager().hook.unihook_register_global_hook(
-            kind=kind, hook=hook, with_kwargs=with_kwargs, always_call=always_call, backend=backend
-        )
-    except BaseException:
-        deliver(held)
-        raise
+    results = plugin_manager().hook.unihook_register_global_hook(
+        kind=kind, hook=hook, with_kwargs=with_kwargs, always_call=always_call, backend=backend
+    )
     handles: list[Handle] = [h for h in results if h is not None]
-    if held is not None and held.caught is not None:
-        for handle in handles:
-            handle.remove()
-    deliver(held)
     if backend is not None and not handles:
         raise site.error(
             UnsupportedHookError,
