@@ -61,3 +61,39 @@ def test_targets_import_and_peers_are_recorded(record: dict) -> None:
     for row in record["targets"]:
         assert {"case", "metric", "median", "target", "met"} <= set(row)
         assert isinstance(row["met"], bool)
+
+
+@pytest.mark.skipif("torch" not in FRAMEWORKS, reason="torch is not installed")
+def test_frameworks_own_threads(tmp_path: Path) -> None:
+    """`--threads default` leaves each framework its own thread count (where a library's
+    thread pool can contend with it) and records it; the default run pins one thread."""
+    out = tmp_path / "threads.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "run.py"),
+            "--smoke",
+            "--threads",
+            "default",
+            "--cases",
+            "recipes*",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env={**env, "GLOG_minloglevel": "2"},
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    # (the recorded OMP_NUM_THREADS may say 1: importing paddle sets it, after torch read it)
+    threads = json.loads(out.read_text())["machine"]["threads"]
+    own = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert threads["torch"] == int(own.stdout.split()[-1])
