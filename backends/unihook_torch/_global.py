@@ -157,19 +157,6 @@ def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
 WRAPPER_CODES = frozenset({_call_impl.__code__, _call.__code__, _run.__code__})
 
 
-def _call_original(
-    self: Any,
-    call: Callable[..., Any],
-    own: OrderedDict[int, Hook],
-    keys: tuple[int, ...],
-    args: Any,
-    kwargs: Any,
-) -> Any:
-    if _keys(own) == keys:
-        return call(self, *args, **kwargs)
-    return _call_skipping_new_pre_hooks(self, call, own, keys, args, kwargs)
-
-
 def _keys(hooks: OrderedDict[int, Hook]) -> tuple[int, ...]:
     while True:
         try:
@@ -178,7 +165,7 @@ def _keys(hooks: OrderedDict[int, Hook]) -> tuple[int, ...]:
             continue
 
 
-def _call_skipping_new_pre_hooks(
+def _call_original(
     self: Any,
     call: Callable[..., Any],
     own: OrderedDict[int, Hook],
@@ -186,12 +173,15 @@ def _call_skipping_new_pre_hooks(
     args: Any,
     kwargs: Any,
 ) -> Any:
-    """A pre-hook came into this module's dict after this call started (a global pre-hook, or
-    another thread, registered it): torch iterates a snapshot taken when the call starts, so
-    this call must not run it. It is wrapped in its place, to skip the calls that started
-    before it (told by their frame here): later calls, on any thread, run it, and its handle,
-    removing it meanwhile, removes it for good. (The wrapper stays: putting the hook back
-    could undo a removal another thread makes at that moment.)"""
+    """`call` (torch's `_call_impl`) for this call, whose module pre-hooks were `keys` when it
+    started. A pre-hook that came into the dict since (a global pre-hook, or another thread,
+    registered it) must not run: torch iterates a snapshot taken when the call starts. It is
+    wrapped in its place, to skip the calls that started before it (told by their frame
+    here): later calls, on any thread, run it, and its handle, removing it meanwhile, removes
+    it for good. (The wrapper stays: putting the hook back could undo a removal another
+    thread makes at that moment.)"""
+    if _keys(own) == keys:
+        return call(self, *args, **kwargs)
     here = id(sys._getframe())
     waiting: list[_FromNextCall] = []
     for k in _keys(own):
@@ -211,7 +201,7 @@ def _call_skipping_new_pre_hooks(
 
 class _FromNextCall:
     """A pre-hook that came during calls of its module: those calls (`skip`: the ids of their
-    `_call_skipping_new_pre_hooks` frames, alive while they run) skip it, every other calls
+    `_call_original` frames, alive while they run) skip it, every other calls
     it. `__self__` as the hook's (unihook's pinned dispatchers are told by it)."""
 
     __slots__ = ("hook", "skip")
@@ -227,7 +217,7 @@ class _FromNextCall:
     def __call__(self, *args: Any) -> Any:
         if self.skip:
             # torch's hook loop calls this from `_call_impl` (or a function inside it), which
-            # `_call_skipping_new_pre_hooks` called: a few frames up
+            # `_call_original` called: a few frames up
             frame = sys._getframe(1)
             for _ in range(4):
                 if frame is None:
