@@ -23,7 +23,12 @@ import numpy as np
 
 import unihook
 from unihook import ops
-from unihook.recipes import ActivationStats, GradientMonitor, NonFiniteGradientError
+from unihook.recipes import (
+    ActivationStats,
+    GradientMonitor,
+    NonFiniteGradientError,
+    RankMismatchError,
+)
 
 WORLD = 2
 BATCH = 8  # global batch; each rank takes BATCH // WORLD rows
@@ -121,10 +126,29 @@ class Framework:
             found.append(grad.T if self.name == "paddle" and grad.ndim == 2 else grad)
         return found
 
-    def wrap(self, model: Any, how: str = "ddp") -> Any:
-        """`model` in DistributedDataParallel / paddle.DataParallel (`ddp`), or sharded: torch's
-        FSDP (`fsdp1`: one FullyShardedDataParallel unit; `fsdp2`: fully_shard on each Linear
-        and the model), paddle's fleet sharding (`sharding`: sharding_degree 2)."""
+    def extra_module(self, model: Any) -> None:
+        """A module more in `model`'s tree, with no parameters and not called by forward: a
+        tree DistributedDataParallel accepts on one rank only (it compares parameters)."""
+        if self.name == "torch":
+            model.add_module("extra", self.t.nn.ReLU())
+        else:
+            model.add_sublayer("extra", self.p.nn.ReLU())
+
+    def own_groups(self) -> list[Any]:
+        """A process group per rank holding that rank alone (every rank creates every group)."""
+        if self.name == "torch":
+            import torch.distributed as dist
+
+            return [dist.new_group([rank]) for rank in range(WORLD)]
+        import paddle.distributed as pdist
+
+        return [pdist.new_group([rank]) for rank in range(WORLD)]
+
+    def wrap(self, model: Any, how: str = "ddp", group: Any = None) -> Any:
+        """`model` in DistributedDataParallel / paddle.DataParallel (`ddp`, over `group`, the
+        default one when None), or sharded: torch's FSDP (`fsdp1`: one FullyShardedDataParallel
+        unit; `fsdp2`: fully_shard on each Linear and the model), paddle's fleet sharding
+        (`sharding`: sharding_degree 2)."""
         if how == "fsdp1":
             from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -141,8 +165,8 @@ class Framework:
 
             return fleet.distributed_model(model)
         if self.name == "torch":
-            return self.t.nn.parallel.DistributedDataParallel(model)
-        return self.p.DataParallel(model)
+            return self.t.nn.parallel.DistributedDataParallel(model, process_group=group)
+        return self.p.DataParallel(model, group=group)
 
 
 def _array(value: Any) -> Any:
@@ -301,6 +325,40 @@ def evaluation_first_scenario(fw: Framework, model: Any, rank: int) -> list[dict
         return stats.rows()
 
 
+def mismatch_scenario(fw: Framework, rank: int) -> dict[str, str]:
+    """Rank 1's model has a module more (no parameters, so DDP accepts it): each synced recipe
+    must raise RankMismatchError on every rank at its first merge, not hang or abort."""
+    x, coefficients = batch()
+    found = {}
+    for recipe in (ActivationStats, GradientMonitor):
+        model = fw.model(weights())
+        if rank == 1:
+            fw.extra_module(model)
+        wrapped = fw.wrap(model)
+        with recipe(wrapped):
+            try:
+                out = wrapped(fw.tensor(x[rows(rank)]))
+                (out * fw.tensor(coefficients[rows(rank)])).sum().backward()
+            except RankMismatchError as e:
+                found[recipe.__name__] = str(e)
+    return found
+
+
+def own_group_scenario(fw: Framework, rank: int) -> dict[str, Any]:
+    """Each rank's wrapper runs over a group of its own: the recipes merge over that group (so
+    each rank keeps its own numbers, as with sync=False) and each rank, its group's rank 0,
+    writes."""
+    own = fw.own_groups()[rank]
+    if fw.name == "torch":
+        wrapped = fw.wrap(fw.model(weights()), group=own)
+    else:
+        # paddle 3.3.1's DataParallel segfaults building its reducer over a one-rank gloo
+        # group: the wrapper reduces over the default group, and says it runs over `own`
+        wrapped = fw.wrap(fw.model(weights()))
+        wrapped.group = own
+    return {"world": ops.world(wrapped), **recipe_scenario(fw, wrapped, rank, LR)}
+
+
 def nan_input() -> np.ndarray:
     """The global batch with a NaN in the first row of rank 1's part."""
     x = batch()[0].copy()
@@ -376,6 +434,8 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     result["dummy_loss"] = dummy_loss_scenario(fw, fw.wrap(fw.model(weights())), rank)
     result["evaluation_first"] = evaluation_first_scenario(fw, fw.wrap(fw.model(weights())), rank)
     result["inner_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights())), rank, LR, True)
+    result["mismatch"] = mismatch_scenario(fw, rank)
+    result["own_group"] = own_group_scenario(fw, rank)
     for how in ("fsdp1", "fsdp2") if framework == "torch" else ("sharding",):
         result[f"{how}_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights()), how), rank, LR)
         if how.startswith("fsdp"):

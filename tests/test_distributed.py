@@ -267,6 +267,31 @@ def test_nonfinite_activations_merge(ranks: Any) -> None:
         _same_stats(result["nonfinite"]["stats"], want, f"rank {rank}, NaN input")
 
 
+def test_recipes_merge_over_the_wrappers_own_group(ranks: Any) -> None:
+    """A wrapper built over a group of one rank: the recipes merge over that group, not the
+    default one, so each rank reports its own batch's numbers, and writes (its group's rank 0)."""
+    framework, found = ranks
+    for rank, result in enumerate(found):
+        own = result["own_group"]
+        assert own["world"] == (0, 1)
+        assert own["written"] == (True, True), f"rank {rank}"
+        for got, want in zip(own["stats"], own["local_stats"]):
+            _same_stats(got, want, f"{framework} rank {rank}: stats over its own group")
+        for got, want in zip(own["monitor"], own["local_monitor"]):
+            _same_norms(got, want, f"{framework} rank {rank}: norms over its own group")
+
+
+def test_ranks_watching_different_modules_raise_on_every_rank(ranks: Any) -> None:
+    framework, found = ranks
+    for recipe in ("ActivationStats", "GradientMonitor"):
+        messages = [result["mismatch"].get(recipe) for result in found]
+        assert all(messages), f"{framework} {recipe}: {messages}"
+        for message in messages:
+            assert "rank 0: 7 " in message and "rank 1: 8 " in message, message
+            assert f"{recipe} watches different modules" in message, message
+        assert "'extra'" in messages[1] and "'extra'" not in messages[0]
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_failing_rank_ends_the_run(framework: str, runs: dict[tuple[str, bool], Run]) -> None:
     """Rank 1 raises while rank 0 waits in the recipes' collective (gloo would let it wait 300

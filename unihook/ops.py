@@ -473,18 +473,20 @@ def unwrap(module: Any) -> Any:
 
 
 def world(like: Any) -> tuple[int, int] | None:
-    """``(rank, world size)`` of the default process group of `like`'s framework (a tensor or a
-    module names it) when one is initialised, else None. Never initialises one, nor imports
-    the framework's distributed package."""
+    """``(rank, world size)`` in the process group `like` runs over when the framework's default
+    group is initialised, else None: a data-parallel wrapper's own group (torch's
+    DistributedDataParallel / FullyShardedDataParallel ``process_group``, paddle's DataParallel
+    ``group``), the default group for anything else (a tensor or a module names the framework).
+    Never initialises one, nor imports the framework's distributed package."""
     found = getattr(ops_for(like), "world", None)
     return None if found is None else found(like)
 
 
 def all_gather(vector: Any, like: Any) -> Any:
     """Every rank's 1-D float64 numpy `vector` as a ``(world size, len(vector))`` numpy array,
-    rows in rank order: one ``all_gather`` of `like`'s framework over its default process group
-    (`world` must be non-None; every rank must call it with a vector of the same length, or
-    the ranks wait for each other until the group's timeout)."""
+    rows in rank order: one ``all_gather`` of `like`'s framework over the group `world(like)`
+    names (`world` must be non-None; every rank of it must call it with a vector of the same
+    length, or the ranks wait for each other until the group's timeout, or gloo aborts)."""
     return ops_for(like).all_gather(vector, like)
 
 

@@ -33,6 +33,12 @@ _NUMPY_DTYPES = (*_NUMPY_FLOATS, paddle.int64, paddle.int32)
 _COMPLEX = (paddle.complex64, paddle.complex128)
 
 
+def _group(like: Any) -> Any:
+    """The communication group a ``paddle.DataParallel`` `like` runs over (its ``group``),
+    else None: the default group (fleet's wrappers: their data-parallel ranks are all ranks)."""
+    return like.group if isinstance(like, paddle.DataParallel) else None
+
+
 def _cpu_view(t: Any) -> Any:
     """A CPU tensor as numpy sees it, or None on another device: a zero-copy view
     (Tensor.numpy() copies: 2 ms per 2 MB) for numpy's dtypes; a complex one as its real and
@@ -229,14 +235,21 @@ class PaddleOps:
         dist = sys.modules.get("paddle.distributed")
         if dist is None or not dist.is_initialized():
             return None
-        return dist.get_rank(), dist.get_world_size()
+        group = _group(like)
+        if group is not None and group.nranks < 2:  # paddle numbers a one-rank group -1 of -1
+            return 0, 1
+        return dist.get_rank(group), dist.get_world_size(group)
 
     def all_gather(self, vector: Any, like: Any) -> Any:
         import paddle.distributed as dist
 
+        group = _group(like)
+        if group is not None and group.nranks < 2:  # paddle refuses collectives over one rank
+            return np.asarray(vector, dtype=np.float64)[None]
         parts: list[Any] = []
         # on the default place: the CPU for gloo, the group's GPU for NCCL
-        dist.all_gather(parts, paddle.to_tensor(np.asarray(vector, dtype=np.float64)))
+        local = paddle.to_tensor(np.asarray(vector, dtype=np.float64))
+        dist.all_gather(parts, local, group=group)
         return np.stack([part.numpy() for part in parts])
 
     def after_backward(self, t: Any, fn: Callable[[], None]) -> None:

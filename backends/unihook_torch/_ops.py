@@ -37,6 +37,14 @@ def _wrapper_types() -> tuple[type, ...]:
     return tuple(found)
 
 
+def _process_group(like: Any) -> Any:
+    """The process group a DistributedDataParallel / FullyShardedDataParallel `like` runs over
+    (its ``process_group``), else None: the default group."""
+    if isinstance(like, _wrapper_types()):
+        return getattr(like, "process_group", None)  # nn.DataParallel: one process, none
+    return None
+
+
 def _strided(t: Any, values_only: bool) -> Any:
     """`t` detached as a real strided tensor: a complex one as its real and imaginary parts
     (|z|^2 = re^2 + im^2), a sparse one as its stored values (`values_only`: all a sum of
@@ -233,17 +241,19 @@ class TorchOps:
         dist = sys.modules.get("torch.distributed")
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return None
-        return dist.get_rank(), dist.get_world_size()
+        group = _process_group(like)
+        return dist.get_rank(group), dist.get_world_size(group)
 
     def all_gather(self, vector: Any, like: Any) -> Any:
         import torch.distributed as dist
 
+        group = _process_group(like)
         # NCCL moves only CUDA tensors; gloo (and "cpu:gloo,cuda:nccl") takes CPU ones
-        on_cuda = dist.get_backend() == "nccl"
+        on_cuda = dist.get_backend(group) == "nccl"
         device = torch.device("cuda", torch.cuda.current_device()) if on_cuda else None
         local = torch.as_tensor(np.asarray(vector, dtype=np.float64), device=device)
-        parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, local)
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, local, group=group)
         return torch.stack(parts).cpu().numpy()
 
     def after_backward(self, t: Any, fn: Callable[[], None]) -> None:

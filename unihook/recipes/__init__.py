@@ -4,6 +4,7 @@ and on the same paddle model with the same numbers. This package imports no fram
 
 from __future__ import annotations
 
+from ._scope import RankMismatchError
 from .cam import ClassifierOutputTarget, GradCAM, GradCAMPlusPlus, GuidedBackprop, token_maps
 from .compare import Report, compare, compare_dumps, copy_weights, dump
 from .drop import DropHook
@@ -22,6 +23,7 @@ __all__ = [
     "GradientMonitor",
     "GuidedBackprop",
     "NonFiniteGradientError",
+    "RankMismatchError",
     "Report",
     "Summary",
     "SummaryRow",

@@ -4,12 +4,15 @@ as modules, qualified names or lists of either; `every=N` hooks one forward in N
 from __future__ import annotations
 
 import difflib
+import zlib
 from typing import Any, Callable, Sequence, Union, cast
 
 from unihook import HookArgumentError, HookGroup, Where, backend_of, ops, register_forward_hook
+from unihook.errors import UnihookError
 from unihook.handles import Removable
 
 __all__ = [
+    "RankMismatchError",
     "Recipe",
     "Targets",
     "check_every",
@@ -25,10 +28,16 @@ Targets = Union[str, Any, Sequence[Any]]
 _EXPECTED = "a module of `model`, its qualified name, or a list of either"
 
 
+class RankMismatchError(UnihookError, RuntimeError):
+    """The ranks of a process group watch different modules: a recipe cannot merge their numbers
+    (raised on every rank, as DistributedDataParallel raises for different parameters)."""
+
+
 class Recipe(Removable):
     """Removes every hook it placed on `remove()` or when its `with` block exits."""
 
     def __init__(self) -> None:
+        self._layout: list[str] | None = None  # the module names every rank was found to share
         self._hooks = HookGroup()
         self._every = 1
         self._forwards = 0
@@ -56,9 +65,37 @@ class Recipe(Removable):
 
     def _writes(self, model: Any, all_ranks: bool) -> bool:
         """Whether this process writes a sink or a file: all of them with `all_ranks`, else
-        rank 0 of an initialised default process group, or the one process there is."""
+        rank 0 of the process group `model` runs over (`ops.world`), or the one process there
+        is."""
         found = ops.world(model)
         return all_ranks or found is None or found[0] == 0
+
+    def _gather(self, model: Any, vector: Any, names: list[str]) -> Any:
+        """Every rank's `vector` (laid out per module of `names`), rows in rank order: one
+        all_gather over the group `model` runs over. Before the first (and after `names`
+        changed), one all_gather of a fixed size checks that every rank watches the same
+        modules: vectors of different lengths would make the ranks wait for each other, or
+        gloo abort the process; this raises the same RankMismatchError on every rank instead."""
+        import numpy as np
+
+        if names != self._layout:
+            digest = zlib.crc32("\0".join(names).encode())  # exact in a float64
+            ranks = ops.all_gather(np.array([len(names), digest], np.float64), like=model)
+            if (ranks != ranks[0]).any():
+                found = ", ".join(
+                    f"rank {rank}: {int(count)} (digest {int(d):08x})"
+                    for rank, (count, d) in enumerate(ranks)
+                )
+                raise RankMismatchError(
+                    f"unihook ({backend_of(model)}): {type(self).__name__} watches different "
+                    f"modules on the ranks of the process group, so their numbers cannot be "
+                    f"merged; modules per rank: {found}. Every rank must build the same module "
+                    f"tree (as DistributedDataParallel asks), or pass sync=False. This rank "
+                    f"watches {len(names)}: {', '.join(repr(n) for n in names[:8])}"
+                    f"{', ...' if len(names) > 8 else ''}."
+                )
+            self._layout = list(names)
+        return ops.all_gather(vector, like=model)
 
     def remove(self) -> None:
         self._build = None

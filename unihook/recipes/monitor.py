@@ -29,8 +29,9 @@ _POLICIES = ("raise", "warn", "ignore")
 
 class NonFiniteGradientError(UnihookError, FloatingPointError):
     """A gradient with NaN or Inf reached a module's output (the first one in backward order).
-    Across ranks, `rank` is the lowest rank where one appeared and `ranks` all of them (every
-    rank raises the same error); None and () in a single process."""
+    Across ranks, `rank` is the lowest rank (in the default process group) where one appeared
+    and `ranks` all of them (every rank raises the same error); None and () in a single
+    process."""
 
     def __init__(
         self, module: str, norms: dict[str, float], rank: int | None = None, ranks: Any = ()
@@ -224,12 +225,15 @@ class GradientMonitor(Recipe):
         names = self._names
         index = {name: i for i, name in enumerate(names)}
         count = len(names)
-        local = np.zeros(2 * count + 1)
+        local = np.zeros(2 * count + 2)
         for name, squares in step.squares.items():
             local[index[name]] = 1.0
             local[count + index[name]] = squares
+        # this rank in the default group: the wrapper's own group may number its ranks apart
+        world = ops.world(ops.unwrap(self._model))
+        local[-2] = 0.0 if world is None else world[0]
         local[-1] = -1.0 if step.first_bad is None else index[step.first_bad]
-        ranks = ops.all_gather(local, like=self._model)
+        ranks = self._gather(self._model, local, names)
         present = ranks[:, :count].any(axis=0)
         totals = ranks[:, count : 2 * count].sum(axis=0)  # in rank order: equal on every rank
         # this rank's backward order first, then the modules only other ranks reached
@@ -238,18 +242,19 @@ class GradientMonitor(Recipe):
         for name in order:
             if present[index[name]]:
                 step.norms[name] = math.sqrt(totals[index[name]])
-        bad = [rank for rank, first in enumerate(ranks[:, -1]) if first >= 0]
+        bad = [row for row in ranks if row[-1] >= 0]
         if bad:
             step.first_bad = None  # reported once, not again after a further backward
-            module = names[int(ranks[bad[0], -1])]
-            self._report(NonFiniteGradientError(module, step.norms, rank=bad[0], ranks=bad))
+            module = names[int(bad[0][-1])]
+            found = [int(row[-2]) for row in bad]
+            self._report(NonFiniteGradientError(module, step.norms, rank=found[0], ranks=found))
 
     def write(self, writer: Writer, step: int, *, all_ranks: bool = False) -> bool:
         """Send the last recorded backward's norms to `writer` (a tensorboardX or torch
         SummaryWriter, see `summary_writer`): scalars ``gradients/<module>/norm`` and, across
         modules, the histogram ``gradients/norm``. False (nothing written) when no backward was
-        recorded since the last write (an off-step of `every`), and on every rank but 0 of an
-        initialised process group unless `all_ranks`."""
+        recorded since the last write (an off-step of `every`), and on every rank but 0 of the
+        model's process group unless `all_ranks`."""
         if not self._writes(self._model, all_ranks):
             return False
         if not self.history or self.history[-1] is self._written:

@@ -184,7 +184,7 @@ class ActivationStats(Recipe):
             part = step.get(name)
             if part is not None:
                 local[i] = (part.calls, *part.moments())
-        ranks = ops.all_gather(local.reshape(-1), like=self._model).reshape(-1, len(names), _FIELDS)
+        ranks = self._gather(self._model, local.reshape(-1), names).reshape(-1, len(names), _FIELDS)
         merged: dict[str, _Running] = {}
         for i, name in enumerate(names):
             calls = ranks[:, i, 0]
