@@ -26,10 +26,13 @@ from unihook.info import KINDS as ALL_KINDS
 KINDS = [kind for kind in ALL_KINDS if not kind.endswith("_registration")]
 # Registering after compiling is dynamo's business (guards, recompiles), the same for every
 # backend: tried on "eager". Inductor compiles take seconds each here: one case per kind.
-# "eager_in_place": `module.compile(backend="eager")`, which compiles the module's own call.
+# "eager_in_place": `module.compile(backend="eager")`, which compiles the module's own call;
+# "eager_twice": `torch.compile(module)` over that (its OptimizedModule binds torch's own
+# `Module.__call__` when it is built, before unihook's hooks exist).
 TORCH_MODES = {
     "eager": ("before", "after"),
     "eager_in_place": ("before", "after"),
+    "eager_twice": ("before",),
     "aot_eager": ("before",),
     "inductor": ("before",),
 }
@@ -89,6 +92,9 @@ def _torch_case(kind: str, mode: str, when: str) -> dict[str, Any]:
     run = model
     if mode.endswith("_in_place"):  # compiled before any unihook hook exists in this case
         model.compile(backend=mode.removesuffix("_in_place"))
+    elif mode == "eager_twice":
+        model.compile(backend="eager")
+        run = torch.compile(model, backend="eager")
     elif mode != "none":
         run = torch.compile(model, backend=mode)
     x = torch.tensor([[1.0, 2.0, 3.0], [-1.0, 0.5, 2.0]], requires_grad=True)
