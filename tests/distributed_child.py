@@ -102,6 +102,9 @@ class Framework:
         t.stop_gradient = not grad
         return t
 
+    def no_grad(self) -> Any:
+        return self.t.no_grad() if self.name == "torch" else self.p.no_grad()
+
     def optimizer(self, model: Any, lr: float) -> Any:
         if self.name == "torch":
             return self.t.optim.SGD(model.parameters(), lr=lr)
@@ -272,6 +275,35 @@ def recipe_scenario(
         }
 
 
+def evaluation_between_scenario(fw: Framework, model: Any, rank: int) -> dict[str, Any]:
+    """`recipe_scenario`'s steps with rank 0 alone evaluating the wrapper under no_grad before
+    each: the synced recipes must neither record nor count those forwards (nor wait in a
+    collective for the other rank), so they report `recipe_scenario`'s numbers; `every=2`
+    records step 0 only."""
+    x, coefficients = batch()
+    x, coefficients = fw.tensor(x[rows(rank)]), fw.tensor(coefficients[rows(rank)])
+    optimizer = fw.optimizer(model, LR)
+    with (
+        ActivationStats(model) as stats,
+        GradientMonitor(model) as monitor,
+        ActivationStats(model, every=2) as sparse_stats,
+        GradientMonitor(model, every=2) as sparse_monitor,
+    ):
+        for _ in range(STEPS):
+            if rank == 0:
+                with fw.no_grad():
+                    model(x)
+            (model(x) * coefficients).sum().backward()
+            optimizer.step()
+            fw.zero_grad(optimizer)
+        return {
+            "stats": stats.history,
+            "monitor": list(monitor.history),
+            "sparse_stats": sparse_stats.history,
+            "sparse_monitor": list(sparse_monitor.history),
+        }
+
+
 def nonfinite_scenario(fw: Framework, model: Any, rank: int) -> dict[str, Any]:
     """A NaN in the loss coefficients of rank 1 only: every rank must raise the same error at
     the end of backward (rank 0 saw only finite gradients) and then train on."""
@@ -435,6 +467,9 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     result["evaluation_first"] = evaluation_first_scenario(fw, fw.wrap(fw.model(weights())), rank)
     result["inner_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights())), rank, LR, True)
     result["mismatch"] = mismatch_scenario(fw, rank)
+    result["evaluation_between"] = evaluation_between_scenario(
+        fw, fw.wrap(fw.model(weights())), rank
+    )
     result["own_group"] = own_group_scenario(fw, rank)
     for how in ("fsdp1", "fsdp2") if framework == "torch" else ("sharding",):
         result[f"{how}_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights()), how), rank, LR)

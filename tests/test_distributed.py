@@ -31,7 +31,9 @@ class Run:
         self.framework = framework
         self.out = out
         self.log = out / "output.txt"
-        env = {**os.environ, "GLOG_minloglevel": "2", "PYTHONPATH": str(CHILD.parent.parent)}
+        # the checkout first, then the caller's path (a worktree's backends, say)
+        path = os.pathsep.join(filter(None, [str(CHILD.parent.parent), os.getenv("PYTHONPATH")]))
+        env = {**os.environ, "GLOG_minloglevel": "2", "PYTHONPATH": path}
         self.start = time.monotonic()
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
@@ -265,6 +267,23 @@ def test_nonfinite_activations_merge(ranks: Any) -> None:
     assert want["0"]["nonfinite"] == 8
     for rank, result in enumerate(results):
         _same_stats(result["nonfinite"]["stats"], want, f"rank {rank}, NaN input")
+
+
+def test_an_evaluation_on_one_rank_between_steps_is_not_recorded(ranks: Any) -> None:
+    """Rank 0 alone runs the wrapper under no_grad before each training step: the synced
+    recipes leave those forwards out (no rank waits for a partner) and out of `every`'s count,
+    so they report what they report without the evaluations."""
+    framework, found = ranks
+    for rank, result in enumerate(found):
+        got, want = result["evaluation_between"], result["recipes"]
+        assert len(got["stats"]) == len(got["monitor"]) == child.STEPS
+        assert len(got["sparse_stats"]) == len(got["sparse_monitor"]) == 1  # forward 0 only
+        for step in range(child.STEPS):
+            what = f"{framework} rank {rank}, step {step}"
+            _same_stats(got["stats"][step], want["stats"][step], what)
+            _same_norms(got["monitor"][step], want["monitor"][step], what)
+        _same_stats(got["sparse_stats"][0], want["stats"][0], f"{framework}, every=2")
+        _same_norms(got["sparse_monitor"][0], want["monitor"][0], f"{framework}, every=2")
 
 
 def test_recipes_merge_over_the_wrappers_own_group(ranks: Any) -> None:

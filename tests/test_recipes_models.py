@@ -270,6 +270,27 @@ def test_every_n_and_bounded_history(backend) -> None:  # type: ignore[no-untype
     assert all(sum(backend.hook_counts(m).values()) == 0 for m in [model, *leaves])
 
 
+def test_every_n_counts_the_forwards_with_gradients(backend) -> None:  # type: ignore[no-untyped-def]
+    """GradientMonitor's `every` counts the forwards that record gradients: an evaluation under
+    no_grad between training steps does not take a logged slot (it has no gradient to log);
+    a single process's ActivationStats counts and records it (it has activations)."""
+    model = classifier(backend)
+    x = images(backend)
+    every_step = GradientMonitor(model)
+    with (
+        GradientMonitor(model, every=2) as monitor,
+        ActivationStats(model, every=2) as stats,
+    ):
+        for _ in range(5):
+            with backend.no_grad():
+                model(x)
+            backend.backward(model(x).sum())
+    every_step.remove()
+    assert len(every_step.history) == 5
+    assert list(monitor.history) == [every_step.history[i] for i in (0, 2, 4)]
+    assert len(stats.history) == 5  # forwards 0, 2, ..., 8 of 10: the evaluations
+
+
 @pytest.mark.parametrize("size", [7, 14, 28, 56])
 def test_drop_block_drops_p(backend, size: int) -> None:  # type: ignore[no-untyped-def]
     """The measured dropped fraction is p +- 0.03 for every map and block size up to the map

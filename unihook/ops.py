@@ -32,6 +32,7 @@ __all__ = [
     "drop_block",
     "drop_block_rate",
     "dropout",
+    "grad_enabled",
     "grad_of",
     "is_tensor",
     "leaf",
@@ -93,6 +94,8 @@ class Ops(Protocol):
     # `value` rebuilt as its own type (namedtuple, return type, dict, list, dataclass, nested)
     # with `fn` applied to every tensor in it, through the framework's tree utilities.
     def map_tensors(self, fn: Callable[[Any], Any], value: Any) -> Any: ...
+    # Whether the framework records gradients now (optional: True without it).
+    def grad_enabled(self, like: Any) -> bool: ...
     # Data parallelism (optional: a backend without them runs as one process). See `unwrap`,
     # `world`, `all_gather` and `after_backward` below.
     def unwrap(self, module: Any) -> Any: ...
@@ -459,6 +462,13 @@ def copy_into(buffer: Any, t: Any) -> Any:
     """`t`'s values in `buffer` when it has `t`'s shape and dtype (no allocation), else in a new
     detached copy; returns the tensor holding them."""
     return ops_for(t).copy_into(buffer, t)
+
+
+def grad_enabled(like: Any) -> bool:
+    """Whether `like`'s framework (a tensor or a module names it) records gradients now: False
+    under torch's ``no_grad`` / ``inference_mode`` and paddle's ``no_grad``."""
+    found = getattr(ops_for(like), "grad_enabled", None)
+    return True if found is None else bool(found(like))
 
 
 # -- data parallelism: the framework's own process group and collectives, nothing of ours --

@@ -231,6 +231,9 @@ class PaddleOps:
             module = module._layers
         return module
 
+    def grad_enabled(self, like: Any) -> bool:
+        return bool(paddle.is_grad_enabled())
+
     def world(self, like: Any) -> tuple[int, int] | None:
         dist = sys.modules.get("paddle.distributed")
         if dist is None or not dist.is_initialized():

@@ -237,6 +237,9 @@ class TorchOps:
             module = module.module
         return module
 
+    def grad_enabled(self, like: Any) -> bool:
+        return torch.is_grad_enabled()
+
     def world(self, like: Any) -> tuple[int, int] | None:
         dist = sys.modules.get("torch.distributed")
         if dist is None or not dist.is_available() or not dist.is_initialized():

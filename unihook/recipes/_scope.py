@@ -57,7 +57,13 @@ class Recipe(Removable):
         self._build = build
         self._hooks.add("", register_forward_hook(model, self._count, always_call=True))
 
+    def _counted(self, module: Any) -> bool:
+        """Whether the running forward of the model counts towards `every` (and is recorded)."""
+        return True
+
     def _count(self, module: Any, args: Any, output: Any) -> None:
+        if not self._counted(module):
+            return
         self._forwards += 1
         self._active.remove()  # the module's own hooks run from a snapshot: this call is done
         if self._forwards % self._every == 0 and self._build is not None:

@@ -85,8 +85,9 @@ class GradientMonitor(Recipe):
     float64 (torch and paddle agree to the gradients' own precision); a module called several
     times reports the norm over all its calls' grad_outputs. `where`: as ActivationStats'.
     `every=N`: record the backward of forwards 0, N, 2N... of `model` only (wandb.watch's
-    `log_freq`); between them the hooks are removed (one counter hook remains). `history`
-    keeps the last `max_history` backwards (a ring buffer; None keeps every one).
+    `log_freq`), counting the forwards that record gradients (not those under no_grad,
+    which have none to log); between them the hooks are removed (one counter hook remains).
+    `history` keeps the last `max_history` backwards (a ring buffer; None keeps every one).
     ``monitor.write(writer, step)`` sends the last backward's norms to TensorBoard,
     ``monitor.plot()`` draws them over steps.
 
@@ -149,6 +150,11 @@ class GradientMonitor(Recipe):
             return group
 
         self._schedule(model, every, hooks)
+
+    def _counted(self, module: Any) -> bool:
+        # `every` counts the forwards that record gradients: one under no_grad (an evaluation,
+        # which one rank may run alone) has none to log
+        return ops.grad_enabled(module)
 
     def _new_step(self, module: Any, args: Any) -> None:
         self._running += 1

@@ -79,8 +79,9 @@ class ActivationStats(Recipe):
     process group, each recorded forward of `model` ends with one all_gather of every rank's
     numbers, merged by Chan's formula in rank order: every rank records the statistics of
     the global batch (calls: the most any rank made), and `rows()` covers the forwards of
-    `model` only (a submodule called on its own is left out). `sync=False` keeps each rank's
-    own numbers.
+    `model` only (a submodule called on its own is left out). Merging, a forward of `model`
+    under no_grad (an evaluation, which one rank may run alone) is neither recorded nor
+    counted by `every`. `sync=False` keeps each rank's own numbers, and records those too.
     """
 
     def __init__(
@@ -103,6 +104,7 @@ class ActivationStats(Recipe):
         # before the model's first forward is left out of `rows()` as after it)
         self._world: tuple[int, int] | None = ops.world(inner) if sync else None
         self._names: list[str] = []  # the modules hooked: the layout of the ranks' vectors
+        self._skipping = False  # this forward of the model is not recorded (see _counted)
         self._stats: dict[str, _Running] = {}
         self._step: dict[str, _Running] = {}  # this forward's, merged into `history` at its end
         self._history: deque[dict[str, _Running]] = deque(maxlen=max_history)
@@ -125,11 +127,20 @@ class ActivationStats(Recipe):
 
         self._schedule(model, every, hooks)
 
+    def _counted(self, module: Any) -> bool:
+        # Merging ranks, a forward under no_grad (an evaluation, which one rank may run alone)
+        # is neither recorded nor counted: the ranks' collectives stay paired.
+        return not (self.sync and ops.world(module) is not None and not ops.grad_enabled(module))
+
     def _started(self, module: Any, args: Any, *, name: str) -> None:
+        if self._skipping:
+            return
         if name not in self._stats:
             self._stats[name] = _Running(order=len(self._stats))
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
+        if self._skipping:
+            return
         tensors = tensors_of(output, module)
         if not tensors:
             return
@@ -160,9 +171,13 @@ class ActivationStats(Recipe):
     def _open(self, module: Any, args: Any) -> None:
         self._step = {}
         self._world = ops.world(module) if self.sync else None
+        self._skipping = not self._counted(module)
 
     def _close(self, module: Any, args: Any, output: Any) -> None:
         self._last = None
+        if self._skipping:
+            self._skipping = False
+            return
         if self._world is not None:
             self._step = self._merge(self._step)
             for name, step in self._step.items():
