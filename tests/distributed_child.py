@@ -137,6 +137,14 @@ class Framework:
         else:
             model.add_sublayer("extra", self.p.nn.ReLU())
 
+    def swap_activation(self, model: Any) -> None:
+        """`model`'s module "1" a Tanh instead of a ReLU: a tree DDP accepts on one rank only."""
+        nn = self.t.nn if self.name == "torch" else self.p.nn
+        if self.name == "torch":
+            model.add_module("1", nn.Tanh())
+        else:
+            model.add_sublayer("1", nn.Tanh())
+
     def own_groups(self) -> list[Any]:
         """A process group per rank holding that rank alone (every rank creates every group)."""
         if self.name == "torch":
@@ -156,6 +164,17 @@ class Framework:
             from torch.distributed.fsdp import FullyShardedDataParallel
 
             return FullyShardedDataParallel(model, device_id=self.t.device("cpu"))
+        if how == "hsdp1":  # hybrid sharding: shard groups [0] / [1], replicate group [0, 1]
+            from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+            shard = self.own_groups()[int(self.t.distributed.get_rank())]
+            replicate = self.t.distributed.new_group(list(range(WORLD)))
+            return FullyShardedDataParallel(
+                model,
+                process_group=(shard, replicate),
+                sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+                device_id=self.t.device("cpu"),
+            )
         if how == "fsdp2":
             from torch.distributed.fsdp import fully_shard
 
@@ -331,11 +350,15 @@ def nonfinite_scenario(fw: Framework, model: Any, rank: int) -> dict[str, Any]:
     }
 
 
-def dummy_loss_scenario(fw: Framework, model: Any, rank: int) -> dict[str, Any]:
+def dummy_loss_scenario(
+    fw: Framework, model: Any, rank: int, monitor: Any = None
+) -> dict[str, Any]:
     """Rank 1 has no samples and backpropagates the usual dummy loss (its parameters times 0),
-    which reaches no module output: GradientMonitor must still take part in the merge."""
+    which reaches no module output: GradientMonitor must still take part in the merge, also
+    one built (`monitor`, on the model inside `model`) before the process group was."""
     x, coefficients = batch()
-    with GradientMonitor(model) as monitor, GradientMonitor(model, sync=False) as local:
+    monitor = monitor if monitor is not None else GradientMonitor(model)
+    with monitor, GradientMonitor(model, sync=False) as local:
         for _ in range(2):
             out = model(fw.tensor(x[rows(rank)]))
             if rank == 1:
@@ -358,37 +381,67 @@ def evaluation_first_scenario(fw: Framework, model: Any, rank: int) -> list[dict
 
 
 def mismatch_scenario(fw: Framework, rank: int) -> dict[str, str]:
-    """Rank 1's model has a module more (no parameters, so DDP accepts it): each synced recipe
-    must raise RankMismatchError on every rank at its first merge, not hang or abort."""
+    """Rank 1's model has a module more (`extra`), or a Tanh where rank 0's has a ReLU
+    (`types`), both with no parameters, so DDP accepts them; or rank 1 adds a module after the
+    first merge (`late`, every=2 re-hooks the tree): each synced recipe must raise
+    RankMismatchError on every rank, not hang or abort."""
     x, coefficients = batch()
     found = {}
     for recipe in (ActivationStats, GradientMonitor):
-        model = fw.model(weights())
-        if rank == 1:
-            fw.extra_module(model)
-        wrapped = fw.wrap(model)
-        with recipe(wrapped):
-            try:
-                out = wrapped(fw.tensor(x[rows(rank)]))
-                (out * fw.tensor(coefficients[rows(rank)])).sum().backward()
-            except RankMismatchError as e:
-                found[recipe.__name__] = str(e)
+        for case in ("extra", "types", "late"):
+            model = fw.model(weights())
+            if rank == 1 and case == "extra":
+                fw.extra_module(model)
+            if rank == 1 and case == "types":
+                fw.swap_activation(model)
+            wrapped = fw.wrap(model)
+            with recipe(wrapped, every=2 if case == "late" else 1):
+                try:
+                    for step in range(3):
+                        if rank == 1 and case == "late" and step == 1:
+                            fw.extra_module(model)
+                        out = wrapped(fw.tensor(x[rows(rank)]))
+                        (out * fw.tensor(coefficients[rows(rank)])).sum().backward()
+                except RankMismatchError as e:
+                    found[f"{recipe.__name__} {case}"] = str(e)
     return found
 
 
+def empty_where_scenario(fw: Framework, rank: int) -> dict[str, Any]:
+    """Synced recipes watching no module: nothing recorded, as in one process."""
+    x, coefficients = batch()
+    wrapped = fw.wrap(fw.model(weights()))
+    with (
+        ActivationStats(wrapped, where=lambda name, module: False) as stats,
+        GradientMonitor(wrapped, where=lambda name, module: False) as monitor,
+    ):
+        (wrapped(fw.tensor(x[rows(rank)])) * fw.tensor(coefficients[rows(rank)])).sum().backward()
+        return {"rows": stats.rows(), "stats": stats.history, "monitor": list(monitor.history)}
+
+
 def own_group_scenario(fw: Framework, rank: int) -> dict[str, Any]:
-    """Each rank's wrapper runs over a group of its own: the recipes merge over that group (so
-    each rank keeps its own numbers, as with sync=False) and each rank, its group's rank 0,
-    writes."""
+    """Each rank's wrapper runs over a group of its own (torch: compiled, as torch advises for
+    DDP): the recipes merge over that group, that is not at all (so each rank keeps its own
+    numbers, as with sync=False, and a NaN raises at its module as in one process), and each
+    rank, its group's rank 0, writes."""
     own = fw.own_groups()[rank]
     if fw.name == "torch":
-        wrapped = fw.wrap(fw.model(weights()), group=own)
+        wrapped = fw.t.compile(fw.wrap(fw.model(weights()), group=own), backend="eager")
     else:
         # paddle 3.3.1's DataParallel segfaults building its reducer over a one-rank gloo
         # group: the wrapper reduces over the default group, and says it runs over `own`
         wrapped = fw.wrap(fw.model(weights()))
         wrapped.group = own
-    return {"world": ops.world(wrapped), **recipe_scenario(fw, wrapped, rank, LR)}
+    result = {"world": ops.world(wrapped), **recipe_scenario(fw, wrapped, rank, LR)}
+    x, coefficients = batch()
+    bad = coefficients[rows(rank)].copy()
+    bad[0, 0] = np.nan
+    with GradientMonitor(wrapped):
+        try:
+            (wrapped(fw.tensor(x[rows(rank)])) * fw.tensor(bad)).sum().backward()
+        except NonFiniteGradientError as e:
+            result["nan"] = (e.module, e.rank, e.ranks)
+    return result
 
 
 def nan_input() -> np.ndarray:
@@ -437,6 +490,8 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     os.environ.setdefault("GLOG_minloglevel", "2")
     warnings.filterwarnings("ignore")
     fw = Framework(framework)
+    early_model = fw.model(weights())
+    early_monitor = GradientMonitor(early_model)  # before the process group exists
     if framework == "torch":
         import torch.distributed as dist
 
@@ -464,16 +519,18 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     result["recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights())), rank, LR)
     result["nonfinite"] = nonfinite_scenario(fw, fw.wrap(fw.model(weights())), rank)
     result["dummy_loss"] = dummy_loss_scenario(fw, fw.wrap(fw.model(weights())), rank)
+    result["dummy_loss_early"] = dummy_loss_scenario(fw, fw.wrap(early_model), rank, early_monitor)
     result["evaluation_first"] = evaluation_first_scenario(fw, fw.wrap(fw.model(weights())), rank)
     result["inner_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights())), rank, LR, True)
     result["mismatch"] = mismatch_scenario(fw, rank)
+    result["empty_where"] = empty_where_scenario(fw, rank)
     result["evaluation_between"] = evaluation_between_scenario(
         fw, fw.wrap(fw.model(weights())), rank
     )
     result["own_group"] = own_group_scenario(fw, rank)
-    for how in ("fsdp1", "fsdp2") if framework == "torch" else ("sharding",):
+    for how in ("fsdp1", "hsdp1", "fsdp2") if framework == "torch" else ("sharding",):
         result[f"{how}_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights()), how), rank, LR)
-        if how.startswith("fsdp"):
+        if how in ("fsdp1", "fsdp2"):
             result[f"{how}_views"] = sharded_views(fw, fw.wrap(fw.model(weights()), how))
     with open(Path(out) / f"rank{rank}.pkl", "wb") as f:
         pickle.dump(result, f)

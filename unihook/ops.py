@@ -476,27 +476,31 @@ def grad_enabled(like: Any) -> bool:
 
 def unwrap(module: Any) -> Any:
     """The model inside a data-parallel wrapper (torch's DistributedDataParallel, DataParallel
-    and FullyShardedDataParallel ``.module``, paddle's DataParallel ``._layers``), or `module`
-    itself: its qualified names are the model's, without the wrapper's prefix."""
+    and FullyShardedDataParallel ``.module``, also inside ``torch.compile``'s OptimizedModule;
+    paddle's DataParallel ``._layers``), or `module` itself: its qualified names are the
+    model's, without the wrapper's prefix."""
     found = getattr(ops_for(module), "unwrap", None)
     return module if found is None else found(module)
 
 
 def world(like: Any) -> tuple[int, int] | None:
-    """``(rank, world size)`` in the process group `like` runs over when the framework's default
-    group is initialised, else None: a data-parallel wrapper's own group (torch's
-    DistributedDataParallel / FullyShardedDataParallel ``process_group``, paddle's DataParallel
-    ``group``), the default group for anything else (a tensor or a module names the framework).
-    Never initialises one, nor imports the framework's distributed package."""
+    """``(rank, world size)`` among the ranks that split `like`'s batch, when the framework's
+    default process group is initialised, else None: a data-parallel wrapper's own group
+    (torch's DistributedDataParallel / FullyShardedDataParallel ``process_group``, with its
+    replicate group under hybrid sharding, ``fully_shard``'s device mesh, also inside
+    ``torch.compile``; paddle's DataParallel ``group``), the default group for anything else
+    (a tensor or a module names the framework). Never initialises one, nor imports the
+    framework's distributed package."""
     found = getattr(ops_for(like), "world", None)
     return None if found is None else found(like)
 
 
 def all_gather(vector: Any, like: Any) -> Any:
     """Every rank's 1-D float64 numpy `vector` as a ``(world size, len(vector))`` numpy array,
-    rows in rank order: one ``all_gather`` of `like`'s framework over the group `world(like)`
-    names (`world` must be non-None; every rank of it must call it with a vector of the same
-    length, or the ranks wait for each other until the group's timeout, or gloo aborts)."""
+    rows in the order of `world(like)`'s ranks: one ``all_gather`` of `like`'s framework over
+    the group `world(like)` names (one per group for hybrid sharding; `world` must be non-None;
+    every rank of it must call it with a vector of the same length, or the ranks wait for each
+    other until the group's timeout, or gloo aborts)."""
     return ops_for(like).all_gather(vector, like)
 
 

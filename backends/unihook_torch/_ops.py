@@ -37,11 +37,35 @@ def _wrapper_types() -> tuple[type, ...]:
     return tuple(found)
 
 
-def _process_group(like: Any) -> Any:
-    """The process group a DistributedDataParallel / FullyShardedDataParallel `like` runs over
-    (its ``process_group``), else None: the default group."""
+def _compiled(module: Any) -> Any:
+    """The module inside ``torch.compile``'s OptimizedModule (``_orig_mod``), or `module`: torch
+    recommends compiling the DDP wrapper."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    while eval_frame is not None and isinstance(module, eval_frame.OptimizedModule):
+        module = module._orig_mod
+    return module
+
+
+def _data_parallel_groups(like: Any) -> list[Any] | None:
+    """The process groups whose ranks split the batch of `like`, innermost first (their
+    product is the data-parallel world), or None for the default group: DDP's and FSDP's
+    ``process_group``; FSDP's hybrid sharding, its shard group then its replicate group
+    (``_inter_node_pg``); ``fully_shard``'s device mesh, one group per dimension."""
+    like = _compiled(like)
     if isinstance(like, _wrapper_types()):
-        return getattr(like, "process_group", None)  # nn.DataParallel: one process, none
+        group = getattr(like, "process_group", None)  # nn.DataParallel: one process, none
+        if group is None:
+            return None
+        replicate = getattr(like, "_inter_node_pg", None)  # HYBRID_SHARD (FSDP1)
+        return [group] if replicate is None else [group, replicate]
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is not None and isinstance(like, fsdp.FSDPModule):
+        for module in like.modules():  # the root may hold no parameter of its own
+            if isinstance(module, fsdp.FSDPModule):
+                groups = module._get_fsdp_state()._fsdp_param_groups
+                if groups:
+                    mesh = groups[0].mesh_info.mesh  # (replicate, shard) for HSDP: shard first
+                    return [mesh.get_group(dim) for dim in reversed(range(mesh.ndim))]
     return None
 
 
@@ -233,8 +257,9 @@ class TorchOps:
 
     def unwrap(self, module: Any) -> Any:
         wrappers = _wrapper_types()
+        module = _compiled(module)
         while isinstance(module, wrappers):
-            module = module.module
+            module = _compiled(module.module)
         return module
 
     def grad_enabled(self, like: Any) -> bool:
@@ -244,20 +269,32 @@ class TorchOps:
         dist = sys.modules.get("torch.distributed")
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return None
-        group = _process_group(like)
-        return dist.get_rank(group), dist.get_world_size(group)
+        groups = _data_parallel_groups(like)
+        if groups is None:
+            return dist.get_rank(), dist.get_world_size()
+        # the rows `all_gather` returns: innermost group first (mixed radix)
+        rank, size = 0, 1
+        for group in groups:
+            rank += size * dist.get_rank(group)
+            size *= dist.get_world_size(group)
+        return rank, size
 
     def all_gather(self, vector: Any, like: Any) -> Any:
         import torch.distributed as dist
 
-        group = _process_group(like)
-        # NCCL moves only CUDA tensors; gloo (and "cpu:gloo,cuda:nccl") takes CPU ones
-        on_cuda = dist.get_backend(group) == "nccl"
-        device = torch.device("cuda", torch.cuda.current_device()) if on_cuda else None
-        local = torch.as_tensor(np.asarray(vector, dtype=np.float64), device=device)
-        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, local, group=group)
-        return torch.stack(parts).cpu().numpy()
+        local = np.asarray(vector, dtype=np.float64)
+        if not local.size:  # nothing to send: as many empty rows as ranks
+            return np.zeros(((self.world(like) or (0, 1))[1], 0))
+        rows = local[None]
+        for group in _data_parallel_groups(like) or [None]:
+            # NCCL moves only CUDA tensors; gloo (and "cpu:gloo,cuda:nccl") takes CPU ones
+            on_cuda = dist.get_backend(group) == "nccl"
+            device = torch.device("cuda", torch.cuda.current_device()) if on_cuda else None
+            flat = torch.as_tensor(rows.reshape(-1), device=device)
+            parts = [torch.empty_like(flat) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(parts, flat, group=group)
+            rows = torch.stack(parts).cpu().numpy().reshape(-1, local.size)
+        return rows
 
     def after_backward(self, t: Any, fn: Callable[[], None]) -> None:
         engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]

@@ -38,6 +38,7 @@ class Recipe(Removable):
 
     def __init__(self) -> None:
         self._layout: list[str] | None = None  # the module names every rank was found to share
+        self._zeros: Any = None  # a vector of the agreed layout's length (see `_gather`)
         self._hooks = HookGroup()
         self._every = 1
         self._forwards = 0
@@ -69,6 +70,13 @@ class Recipe(Removable):
         if self._forwards % self._every == 0 and self._build is not None:
             self._active = self._build()
 
+    def _merging(self, model: Any, sync: bool) -> tuple[int, int] | None:
+        """``(rank, size)`` when this recipe merges the ranks' numbers for a forward of
+        `model`: `sync`, an initialised process group, and more than one rank splitting the
+        batch (a one-rank group is a single process: its errors come where one process's do)."""
+        found = ops.world(model) if sync else None
+        return found if found is not None and found[1] > 1 else None
+
     def _writes(self, model: Any, all_ranks: bool) -> bool:
         """Whether this process writes a sink or a file: all of them with `all_ranks`, else
         rank 0 of the process group `model` runs over (`ops.world`), or the one process there
@@ -78,30 +86,49 @@ class Recipe(Removable):
 
     def _gather(self, model: Any, vector: Any, names: list[str]) -> Any:
         """Every rank's `vector` (laid out per module of `names`), rows in rank order: one
-        all_gather over the group `model` runs over. Before the first (and after `names`
-        changed), one all_gather of a fixed size checks that every rank watches the same
-        modules: vectors of different lengths would make the ranks wait for each other, or
-        gloo abort the process; this raises the same RankMismatchError on every rank instead."""
+        all_gather over the ranks that split `model`'s batch. Vectors of different lengths
+        would make the ranks wait for each other, or gloo abort the process, so the ranks
+        first agree on the modules: before the first merge one all_gather of a fixed size
+        compares them (`_check_layout`); later, a rank whose modules changed sends a flagged
+        vector of the agreed length instead, and every rank then compares again (a change on
+        every rank is taken, a change on some raises RankMismatchError on every rank)."""
         import numpy as np
 
-        if names != self._layout:
-            digest = zlib.crc32("\0".join(names).encode())  # exact in a float64
-            ranks = ops.all_gather(np.array([len(names), digest], np.float64), like=model)
-            if (ranks != ranks[0]).any():
-                found = ", ".join(
-                    f"rank {rank}: {int(count)} (digest {int(d):08x})"
-                    for rank, (count, d) in enumerate(ranks)
-                )
-                raise RankMismatchError(
-                    f"unihook ({backend_of(model)}): {type(self).__name__} watches different "
-                    f"modules on the ranks of the process group, so their numbers cannot be "
-                    f"merged; modules per rank: {found}. Every rank must build the same module "
-                    f"tree (as DistributedDataParallel asks), or pass sync=False. This rank "
-                    f"watches {len(names)}: {', '.join(repr(n) for n in names[:8])}"
-                    f"{', ...' if len(names) > 8 else ''}."
-                )
-            self._layout = list(names)
-        return ops.all_gather(vector, like=model)
+        if self._layout is None:
+            self._check_layout(model, names)
+        agreed = self._layout == names
+        flagged = np.concatenate(([0.0 if agreed else 1.0], vector if agreed else self._zeros))
+        rows = ops.all_gather(flagged, like=model)
+        if rows[:, 0].any():
+            self._check_layout(model, names)  # raises unless every rank changed the same way
+            rows = ops.all_gather(np.concatenate(([0.0], vector)), like=model)
+        self._zeros = np.zeros(len(vector))
+        return rows[:, 1:]
+
+    def _check_layout(self, model: Any, names: list[str]) -> None:
+        """One all_gather of a fixed size: the same RankMismatchError on every rank unless
+        every rank watches the same modules (names and types: DDP compares only parameters, so
+        a parameterless module may differ, a ReLU here and a Tanh there)."""
+        import numpy as np
+
+        types = {n: type(m).__name__ for n, m in ops.named_modules(ops.unwrap(model))}
+        layout = "\0".join(f"{name}:{types.get(name, '')}" for name in names)
+        digest = zlib.crc32(layout.encode())  # exact in a float64
+        ranks = ops.all_gather(np.array([len(names), digest], np.float64), like=model)
+        if (ranks != ranks[0]).any():
+            found = ", ".join(
+                f"rank {rank}: {int(count)} (digest {int(d):08x})"
+                for rank, (count, d) in enumerate(ranks)
+            )
+            raise RankMismatchError(
+                f"unihook ({backend_of(model)}): {type(self).__name__} watches different "
+                f"modules (names or types) on the ranks that split the batch, so their "
+                f"numbers cannot be merged; modules per rank: {found}. Every rank must "
+                f"build the same module tree, as data-parallel training asks, or pass "
+                f"sync=False. This rank watches {len(names)}: "
+                f"{', '.join(repr(n) for n in names[:8])}{', ...' if len(names) > 8 else ''}."
+            )
+        self._layout = list(names)
 
     def remove(self) -> None:
         self._build = None

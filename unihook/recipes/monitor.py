@@ -59,6 +59,7 @@ class _Step:
         "world",
         "pending",
         "merged",
+        "rank",
     )
 
     def __init__(self, world: tuple[int, int] | None) -> None:
@@ -70,6 +71,7 @@ class _Step:
         self.world = world  # (rank, size) when the ranks' numbers are merged, else None
         self.pending = False  # a merge waits for the end of the running backward
         self.merged = False  # merged once: a parameter's gradient starts no further merge
+        self.rank = 0  # this rank in the default group (errors name it), when merged
 
 
 class GradientMonitor(Recipe):
@@ -92,11 +94,12 @@ class GradientMonitor(Recipe):
     ``monitor.plot()`` draws them over steps.
 
     Data parallel: `model` may be a DistributedDataParallel / paddle.DataParallel wrapper
-    (names are the inner model's). With `sync` (the default) and an initialised default
-    process group, each backward ends with one all_gather of every rank's sums of squares:
-    every rank then records the norms of the global batch's grad_outputs, and a NaN or Inf
-    on any rank raises (warns) the same NonFiniteGradientError on every rank, at the end of
-    that backward. `sync=False` keeps each rank's own numbers.
+    (names are the inner model's), also compiled. With `sync` (the default) and an initialised
+    process group, each backward ends with one all_gather of the sums of squares of every rank
+    that splits the batch (the wrapper's own group; the default group for a model given
+    unwrapped): every rank then records the norms of the global batch's grad_outputs, and a
+    NaN or Inf on any rank raises (warns) the same NonFiniteGradientError on every rank, at
+    the end of that backward. `sync=False` keeps each rank's own numbers.
     """
 
     def __init__(
@@ -131,6 +134,7 @@ class GradientMonitor(Recipe):
         # forwards of `model` running: a module called outside them (a submodule on its own,
         # the inner model of a wrapper, GradCAM's forward) is not part of a recorded step
         self._running = 0
+        self._parameters_in: HookGroup | None = None  # the hooks holding the parameters' ones
 
         def hooks() -> HookGroup:
             group = HookGroup()
@@ -138,13 +142,6 @@ class GradientMonitor(Recipe):
             attached = attach(inner, self._record, where=where)
             self._names = attached.names
             group.extend(attached)
-            if sync and ops.world(inner) is not None:
-                # a rank whose backward reaches no watched output (the dummy loss of an empty
-                # batch: parameters times 0) merges too, when a parameter's gradient comes
-                for name, module in ops.named_modules(inner):
-                    for param, _, trained in ops.own_parameters(module):
-                        if trained:
-                            group.add(name, register_tensor_hook(param, self._parameter_grad))
             # drops the last output once the forward is done (registered after attach's hooks)
             group.add("", register_forward_hook(model, self._forget, always_call=True))
             return group
@@ -158,7 +155,17 @@ class GradientMonitor(Recipe):
 
     def _new_step(self, module: Any, args: Any) -> None:
         self._running += 1
-        self._step = _Step(ops.world(module) if self.sync else None)
+        self._step = _Step(self._merging(module, self.sync))
+        if self._step.world is not None and self._parameters_in is not self._active:
+            # A rank whose backward reaches no watched output (the dummy loss of an empty
+            # batch: parameters times 0) merges too, when a parameter's gradient comes. Hooked
+            # at the first merged forward: the process group may come after the recipe.
+            self._parameters_in = self._active
+            for name, inner in ops.named_modules(ops.unwrap(self._model)):
+                for param, _, trained in ops.own_parameters(inner):
+                    if trained:
+                        hook = register_tensor_hook(param, self._parameter_grad)
+                        self._active.add(name, hook)
 
     def _forget(self, module: Any, args: Any, output: Any) -> None:
         self._running = max(0, self._running - 1)
@@ -207,6 +214,8 @@ class GradientMonitor(Recipe):
             self.history.append(step.norms)
         if step.world is not None and not step.pending:
             step.pending = True
+            # a tensor names the default group: the wrapper's own groups number ranks apart
+            step.rank = (ops.world(grad) or (0, 1))[0]
             ops.after_backward(grad, functools.partial(self._merge, step))
 
     def _parameter_grad(self, grad: Any) -> None:
@@ -235,9 +244,7 @@ class GradientMonitor(Recipe):
         for name, squares in step.squares.items():
             local[index[name]] = 1.0
             local[count + index[name]] = squares
-        # this rank in the default group: the wrapper's own group may number its ranks apart
-        world = ops.world(ops.unwrap(self._model))
-        local[-2] = 0.0 if world is None else world[0]
+        local[-2] = step.rank
         local[-1] = -1.0 if step.first_bad is None else index[step.first_bad]
         ranks = self._gather(self._model, local, names)
         present = ranks[:, :count].any(axis=0)
@@ -248,20 +255,24 @@ class GradientMonitor(Recipe):
         for name in order:
             if present[index[name]]:
                 step.norms[name] = math.sqrt(totals[index[name]])
+        if not step.norms and self.history and self.history[-1] is step.norms:
+            self.history.pop()  # no watched module had a gradient on any rank: as one process
+            step.logged = False
         bad = [row for row in ranks if row[-1] >= 0]
         if bad:
             step.first_bad = None  # reported once, not again after a further backward
             module = names[int(bad[0][-1])]
-            found = [int(row[-2]) for row in bad]
+            found = sorted(int(row[-2]) for row in bad)
             self._report(NonFiniteGradientError(module, step.norms, rank=found[0], ranks=found))
 
-    def write(self, writer: Writer, step: int, *, all_ranks: bool = False) -> bool:
+    def write(self, writer: Writer | None, step: int, *, all_ranks: bool = False) -> bool:
         """Send the last recorded backward's norms to `writer` (a tensorboardX or torch
         SummaryWriter, see `summary_writer`): scalars ``gradients/<module>/norm`` and, across
         modules, the histogram ``gradients/norm``. False (nothing written) when no backward was
         recorded since the last write (an off-step of `every`), and on every rank but 0 of the
-        model's process group unless `all_ranks`."""
-        if not self._writes(self._model, all_ranks):
+        ranks that split the model's batch (`ops.world`) unless `all_ranks`, and with no
+        `writer` (None: a rank that keeps none)."""
+        if writer is None or not self._writes(self._model, all_ranks):
             return False
         if not self.history or self.history[-1] is self._written:
             return False

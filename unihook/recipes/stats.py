@@ -75,13 +75,14 @@ class ActivationStats(Recipe):
     ``stats.plot()`` draws over steps. Use as a context manager or call `remove()`.
 
     Data parallel: `model` may be a DistributedDataParallel / paddle.DataParallel wrapper
-    (names are the inner model's). With `sync` (the default) and an initialised default
-    process group, each recorded forward of `model` ends with one all_gather of every rank's
-    numbers, merged by Chan's formula in rank order: every rank records the statistics of
-    the global batch (calls: the most any rank made), and `rows()` covers the forwards of
-    `model` only (a submodule called on its own is left out). Merging, a forward of `model`
-    under no_grad (an evaluation, which one rank may run alone) is neither recorded nor
-    counted by `every`. `sync=False` keeps each rank's own numbers, and records those too.
+    (names are the inner model's), also compiled. With `sync` (the default) and an initialised
+    process group, each recorded forward of `model` ends with one all_gather of the numbers of
+    every rank that splits the batch (the wrapper's own group; the default group for a model
+    given unwrapped), merged by Chan's formula in rank order: every rank records the
+    statistics of the global batch (calls: the most any rank made), and `rows()` covers the
+    forwards of `model` only (a submodule called on its own is left out). Merging, a forward
+    of `model` under no_grad (an evaluation, which one rank may run alone) is neither recorded
+    nor counted by `every`. `sync=False` keeps each rank's own numbers, and records those too.
     """
 
     def __init__(
@@ -102,7 +103,7 @@ class ActivationStats(Recipe):
         self._model = model
         # this forward's ranks, when merged (from the start: a module called on one rank
         # before the model's first forward is left out of `rows()` as after it)
-        self._world: tuple[int, int] | None = ops.world(inner) if sync else None
+        self._world = self._merging(model, sync)
         self._names: list[str] = []  # the modules hooked: the layout of the ranks' vectors
         self._skipping = False  # this forward of the model is not recorded (see _counted)
         self._stats: dict[str, _Running] = {}
@@ -130,7 +131,7 @@ class ActivationStats(Recipe):
     def _counted(self, module: Any) -> bool:
         # Merging ranks, a forward under no_grad (an evaluation, which one rank may run alone)
         # is neither recorded nor counted: the ranks' collectives stay paired.
-        return not (self.sync and ops.world(module) is not None and not ops.grad_enabled(module))
+        return self._merging(module, self.sync) is None or ops.grad_enabled(module)
 
     def _started(self, module: Any, args: Any, *, name: str) -> None:
         if self._skipping:
@@ -170,7 +171,7 @@ class ActivationStats(Recipe):
 
     def _open(self, module: Any, args: Any) -> None:
         self._step = {}
-        self._world = ops.world(module) if self.sync else None
+        self._world = self._merging(module, self.sync)
         self._skipping = not self._counted(module)
 
     def _close(self, module: Any, args: Any, output: Any) -> None:
@@ -199,7 +200,10 @@ class ActivationStats(Recipe):
             part = step.get(name)
             if part is not None:
                 local[i] = (part.calls, *part.moments())
-        ranks = self._gather(self._model, local.reshape(-1), names).reshape(-1, len(names), _FIELDS)
+        ranks = self._gather(self._model, local.reshape(-1), names)
+        if not names:  # (every rank watches none: the check above said so)
+            return {}
+        ranks = ranks.reshape(-1, len(names), _FIELDS)
         merged: dict[str, _Running] = {}
         for i, name in enumerate(names):
             calls = ranks[:, i, 0]
@@ -218,13 +222,14 @@ class ActivationStats(Recipe):
     def history(self) -> list[dict[str, dict[str, Any]]]:
         return [{r["name"]: r for r in _rows(step)} for step in self._history]
 
-    def write(self, writer: Writer, step: int, *, all_ranks: bool = False) -> bool:
+    def write(self, writer: Writer | None, step: int, *, all_ranks: bool = False) -> bool:
         """Send the last recorded forward's rows to `writer` (a tensorboardX or torch
         SummaryWriter, see `summary_writer`): scalars ``activations/<module>/<stat>`` and, across
         modules, histograms ``activations/mean`` and ``activations/std``. False (nothing
         written) when no forward was recorded since the last write (an off-step of `every`),
-        and on every rank but 0 of an initialised process group unless `all_ranks`."""
-        if not self._writes(self._model, all_ranks):
+        on every rank but 0 of the ranks that split the model's batch (`ops.world`) unless
+        `all_ranks`, and with no `writer` (None: a rank that keeps none)."""
+        if writer is None or not self._writes(self._model, all_ranks):
             return False
         if not self._history or self._history[-1] is self._written:
             return False
