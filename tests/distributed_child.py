@@ -358,7 +358,7 @@ def dummy_loss_scenario(
     one built (`monitor`, on the model inside `model`) before the process group was."""
     x, coefficients = batch()
     monitor = monitor if monitor is not None else GradientMonitor(model)
-    with monitor, GradientMonitor(model, sync=False) as local:
+    with monitor, GradientMonitor(model, sync=False) as local, GradientMonitor(model, every=2):
         for _ in range(2):
             out = model(fw.tensor(x[rows(rank)]))
             if rank == 1:

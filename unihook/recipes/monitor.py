@@ -134,7 +134,7 @@ class GradientMonitor(Recipe):
         # forwards of `model` running: a module called outside them (a submodule on its own,
         # the inner model of a wrapper, GradCAM's forward) is not part of a recorded step
         self._running = 0
-        self._parameters_in: HookGroup | None = None  # the hooks holding the parameters' ones
+        self._parameters_hooked = False  # (see _new_step)
 
         def hooks() -> HookGroup:
             group = HookGroup()
@@ -156,16 +156,17 @@ class GradientMonitor(Recipe):
     def _new_step(self, module: Any, args: Any) -> None:
         self._running += 1
         self._step = _Step(self._merging(module, self.sync))
-        if self._step.world is not None and self._parameters_in is not self._active:
+        if self._step.world is not None and not self._parameters_hooked:
             # A rank whose backward reaches no watched output (the dummy loss of an empty
             # batch: parameters times 0) merges too, when a parameter's gradient comes. Hooked
-            # at the first merged forward: the process group may come after the recipe.
-            self._parameters_in = self._active
+            # at the first merged forward (the process group may come after the recipe), for
+            # the recipe's life: `every` removes the other hooks after a logged forward, and a
+            # parameter's hook removed then would not fire in that forward's backward.
+            self._parameters_hooked = True
             for name, inner in ops.named_modules(ops.unwrap(self._model)):
                 for param, _, trained in ops.own_parameters(inner):
                     if trained:
-                        hook = register_tensor_hook(param, self._parameter_grad)
-                        self._active.add(name, hook)
+                        self._hooks.add(name, register_tensor_hook(param, self._parameter_grad))
 
     def _forget(self, module: Any, args: Any, output: Any) -> None:
         self._running = max(0, self._running - 1)
