@@ -14,6 +14,7 @@ import sys
 import threading
 import warnings
 import weakref
+from functools import partial
 from itertools import count
 from types import CodeType, FrameType
 from typing import Any, Callable, Protocol, Sequence
@@ -21,7 +22,7 @@ from typing import Any, Callable, Protocol, Sequence
 from ._checks import check_grad, check_grad_tuple
 from ._describe import Site
 from ._locks import RegistryLock
-from .errors import HookReturnError
+from .errors import HookReturnError, InPlaceError
 from .handles import Handle
 
 __all__ = [
@@ -69,6 +70,10 @@ class Autograd(Protocol):
     def version(self, tensor: Any, /) -> int:
         """The tensor's in-place version counter (an identity output shares its input's)."""
         ...
+
+    # Optional: `guard(tensor, error, site)`, an alias of `tensor` (one more node in its
+    # history, passing the gradient on) whose backward raises `error()` when the memory it
+    # shares with `tensor` was changed in place after the alias was made. See `_returned`.
 
     def rebase(self, original: Any, alias: Any, /) -> Any:
         """Forward changed `alias` (an identity output standing for `original`, same memory)
@@ -318,8 +323,15 @@ class ModuleBackward:
             return new  # (None: nobody holds the caller's tensor any more)
         if self.autograd.version(arg) != call.versions[k]:
             return self.autograd.rebase(original, new)
-        # an alias that no identity replaced needs no history: the tensor itself
-        return original if new is arg else new
+        if new is arg:  # an alias that no identity replaced needs no history: the tensor itself
+            return original
+        guard = getattr(self.autograd, "guard", None)
+        if guard is not None and _is_leaf(original) and self.autograd.requires_grad(original):
+            # The frameworks refuse an in-place op on a leaf that requires grad. Done on this
+            # alias of one (a module returning it unchanged, nn.Identity), it would change the
+            # leaf's values silently: the backward through the alias raises instead.
+            return guard(new, partial(_leaf_changed, call.site), call.site)
+        return new
 
     def _rebase_inputs(
         self, call: _Call, args: Sequence[Any], originals: list[Any], done: dict[int, Any]
@@ -333,6 +345,20 @@ class ModuleBackward:
                 continue
             if version(arg) != v:
                 self.autograd.rebase(original, arg)
+
+
+def _is_leaf(tensor: Any) -> bool:
+    return bool(getattr(tensor, "is_leaf", False))  # (torch's and paddle's attribute)
+
+
+def _leaf_changed(site: Site) -> InPlaceError:
+    return InPlaceError(
+        f"{site}: the module returned its input, a leaf tensor that requires grad, unchanged, "
+        "and its output was changed in place after the call (or the leaf was, under no_grad, "
+        "before this backward). Without hooks the output is that leaf, and the framework "
+        "raises at such an in-place op; through unihook's alias the change would reach the "
+        "leaf's values silently. Change a copy (`module(x).clone()`), not the leaf"
+    )
 
 
 # One call in flight on a thread: (id of the args post_dispatch will get, the module, the call,

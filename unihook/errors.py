@@ -19,6 +19,7 @@ __all__ = [
     "UnsupportedHookError",
     "BackendStateError",
     "StaleCaptureError",
+    "InPlaceError",
 ]
 
 
@@ -65,3 +66,9 @@ class BackendStateError(UnihookError, RuntimeError):
 
 class StaleCaptureError(UnihookError, RuntimeError):
     """A captured tensor was modified in place after capture recorded it (see `capture`)."""
+
+
+class InPlaceError(UnihookError, RuntimeError, ValueError):
+    """An in-place op the framework forbids without hooks went through a hooked module's alias:
+    a leaf that requires grad, changed through the module's output that is that leaf returned
+    unchanged (torch: RuntimeError, paddle: ValueError)."""

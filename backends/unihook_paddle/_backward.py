@@ -267,6 +267,19 @@ class PaddleAutograd:
         return result
 
     @staticmethod
+    def guard(tensor: Any, error: Callable[[], Exception], site: Site) -> Any:
+        # one more identity node (kept safe from trap 7 as the others), watching a detached
+        # alias: it shares `tensor`'s memory and version counter, not its history (no cycle)
+        watched, version = tensor.detach(), int(tensor.inplace_version)
+
+        def check(grads: Grads) -> Grads:
+            if int(watched.inplace_version) != version:
+                raise error()
+            return grads  # (the same list: no copies)
+
+        return PaddleAutograd.identity([tensor], check, False, site)[0]
+
+    @staticmethod
     def version(tensor: Any) -> int:
         return int(tensor.inplace_version)
 

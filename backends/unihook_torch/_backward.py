@@ -88,6 +88,27 @@ class _Rebase(torch.autograd.Function):
         return None, grad
 
 
+class _Guard(torch.autograd.Function):
+    """An alias of `x` whose backward raises `error()` when the memory it shares with `x` was
+    changed in place after the alias was made: torch's own version check of a saved tensor."""
+
+    @staticmethod
+    def forward(ctx: Any, error: Callable[[], Exception], x: Any) -> Any:  # type: ignore[override]
+        ctx.error = error
+        ctx.save_for_backward(x.detach())  # its version counter, without history: no cycle
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+        try:
+            ctx.saved_tensors  # noqa: B018 - reading it is the check
+        except RuntimeError as e:
+            if "modified by an inplace operation" not in str(e):
+                raise  # (torch's own: a second backward through a freed graph)
+            raise ctx.error() from None
+        return None, grad
+
+
 _set_version = torch._C._autograd._unsafe_set_version_counter  # pyright: ignore[reportAttributeAccessIssue]
 
 
@@ -142,6 +163,10 @@ class TorchAutograd:
     @staticmethod
     def version(tensor: Any) -> int:
         return int(tensor._version)
+
+    @staticmethod
+    def guard(tensor: Any, error: Callable[[], Exception], site: Site) -> Any:
+        return _Guard.apply(error, tensor)
 
     @staticmethod
     def rebase(original: Any, alias: Any) -> Any:

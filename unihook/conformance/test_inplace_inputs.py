@@ -176,6 +176,50 @@ def test_identity_hooks_see_only_their_output_gradient(backend: Any) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("when", ["before_use", "after_use"])
+def test_inplace_on_a_leaf_returned_unchanged_raises(backend: Any, kind: str, when: str) -> None:
+    """nn.Identity returns its input, a leaf that requires grad: an in-place op on the output
+    is one on the leaf, which the framework refuses without hooks. Through unihook's alias it
+    would change the leaf's values silently: the backward raises InPlaceError instead, an
+    error of the framework's own type (torch: RuntimeError, paddle: ValueError)."""
+    ident = backend.module(lambda self, h: h)
+
+    def run() -> None:
+        x = backend.tensor([-1.0, 2.0], requires_grad=True)
+        out = ident(x)
+        if when == "after_use":
+            out = out * 1 + out  # the alias used before the in-place op
+        backend.add_(out if when == "before_use" else ident(x), 1.0)
+        backend.backward(unihook.ops.sum(out * x))
+
+    with pytest.raises(Exception) as native:
+        run()
+    handle = _hook(kind, ident, [])
+    try:
+        with pytest.raises(unihook.InPlaceError, match="leaf tensor that requires grad") as got:
+            run()
+        assert isinstance(got.value, native.type)
+    finally:
+        handle.remove()
+
+
+def test_leaf_returned_unchanged_without_inplace_keeps_its_gradient(backend: Any) -> None:
+    """The guard of a leaf returned unchanged passes its gradient on untouched."""
+    ident = backend.module(lambda self, h: h)
+    seen: list[Any] = []
+    handle = unihook.register_full_backward_hook(
+        ident, lambda m, gi, go: seen.append(backend.numpy(go[0]))
+    )
+    try:
+        x = backend.tensor([1.0, 2.0], requires_grad=True)
+        backend.backward(unihook.ops.sum(ident(x) * 2 + x * 3))
+    finally:
+        handle.remove()
+    np.testing.assert_array_equal(seen[0], [2.0, 2.0])
+    np.testing.assert_array_equal(backend.grad(x), [5.0, 5.0])
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_later_inplace_on_a_returned_input_is_checked(backend: Any, kind: str) -> None:
     """The caller changes the tensor an in-place activation returned, after the activation
     saved it: backward refuses, hooks or not (the version counter stays shared)."""
