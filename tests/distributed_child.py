@@ -294,14 +294,22 @@ def recipe_scenario(
         }
 
 
-def evaluation_between_scenario(fw: Framework, model: Any, rank: int) -> dict[str, Any]:
+def evaluation_between_scenario(
+    fw: Framework, model: Any, rank: int, within: bool = False
+) -> dict[str, Any]:
     """`recipe_scenario`'s steps with rank 0 alone evaluating the wrapper under no_grad before
-    each: the synced recipes must neither record nor count those forwards (nor wait in a
-    collective for the other rank), so they report `recipe_scenario`'s numbers; `every=2`
-    records step 0 only."""
+    each (`within`: between each forward and its backward): the synced recipes must neither
+    record nor count those forwards (nor wait in a collective for the other rank), so they
+    report `recipe_scenario`'s numbers; `every=2` records step 0 only."""
     x, coefficients = batch()
     x, coefficients = fw.tensor(x[rows(rank)]), fw.tensor(coefficients[rows(rank)])
     optimizer = fw.optimizer(model, LR)
+
+    def evaluate() -> None:
+        if rank == 0:
+            with fw.no_grad():
+                model(x)
+
     with (
         ActivationStats(model) as stats,
         GradientMonitor(model) as monitor,
@@ -309,10 +317,12 @@ def evaluation_between_scenario(fw: Framework, model: Any, rank: int) -> dict[st
         GradientMonitor(model, every=2) as sparse_monitor,
     ):
         for _ in range(STEPS):
-            if rank == 0:
-                with fw.no_grad():
-                    model(x)
-            (model(x) * coefficients).sum().backward()
+            if not within:
+                evaluate()
+            out = model(x)
+            if within:
+                evaluate()
+            (out * coefficients).sum().backward()
             optimizer.step()
             fw.zero_grad(optimizer)
         return {
@@ -321,6 +331,21 @@ def evaluation_between_scenario(fw: Framework, model: Any, rank: int) -> dict[st
             "sparse_stats": sparse_stats.history,
             "sparse_monitor": list(sparse_monitor.history),
         }
+
+
+def removed_between_scenario(fw: Framework, model: Any, rank: int) -> list[Any]:
+    """A GradientMonitor removed between a forward and its backward, rank 1 backpropagating
+    the dummy loss of an empty batch: it records and merges nothing (no rank waits)."""
+    x, coefficients = batch()
+    monitor = GradientMonitor(model)
+    out = model(fw.tensor(x[rows(rank)]))
+    monitor.remove()
+    if rank == 1:
+        loss = sum(p.sum() for p in ops.unwrap(model).parameters()) * 0
+    else:
+        loss = (out * fw.tensor(coefficients[rows(rank)])).sum()
+    loss.backward()
+    return list(monitor.history)
 
 
 def nonfinite_scenario(fw: Framework, model: Any, rank: int) -> dict[str, Any]:
@@ -382,24 +407,26 @@ def evaluation_first_scenario(fw: Framework, model: Any, rank: int) -> list[dict
 
 def mismatch_scenario(fw: Framework, rank: int) -> dict[str, str]:
     """Rank 1's model has a module more (`extra`), or a Tanh where rank 0's has a ReLU
-    (`types`), both with no parameters, so DDP accepts them; or rank 1 adds a module after the
-    first merge (`late`, every=2 re-hooks the tree): each synced recipe must raise
-    RankMismatchError on every rank, not hang or abort."""
+    (`types`), both with no parameters, so DDP accepts them; or rank 1 makes either change
+    after the first merge (`late`, `late_types`: every=2 re-hooks the tree): each synced recipe
+    must raise RankMismatchError on every rank, not hang, abort or merge the two."""
     x, coefficients = batch()
     found = {}
     for recipe in (ActivationStats, GradientMonitor):
-        for case in ("extra", "types", "late"):
+        for case in ("extra", "types", "late", "late_types"):
             model = fw.model(weights())
             if rank == 1 and case == "extra":
                 fw.extra_module(model)
             if rank == 1 and case == "types":
                 fw.swap_activation(model)
             wrapped = fw.wrap(model)
-            with recipe(wrapped, every=2 if case == "late" else 1):
+            with recipe(wrapped, every=2 if case.startswith("late") else 1):
                 try:
                     for step in range(3):
                         if rank == 1 and case == "late" and step == 1:
                             fw.extra_module(model)
+                        if rank == 1 and case == "late_types" and step == 1:
+                            fw.swap_activation(model)
                         out = wrapped(fw.tensor(x[rows(rank)]))
                         (out * fw.tensor(coefficients[rows(rank)])).sum().backward()
                 except RankMismatchError as e:
@@ -527,6 +554,10 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     result["evaluation_between"] = evaluation_between_scenario(
         fw, fw.wrap(fw.model(weights())), rank
     )
+    result["evaluation_within"] = evaluation_between_scenario(
+        fw, fw.wrap(fw.model(weights())), rank, within=True
+    )
+    result["removed_between"] = removed_between_scenario(fw, fw.wrap(fw.model(weights())), rank)
     result["own_group"] = own_group_scenario(fw, rank)
     for how in ("fsdp1", "hsdp1", "fsdp2") if framework == "torch" else ("sharding",):
         result[f"{how}_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights()), how), rank, LR)

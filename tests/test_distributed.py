@@ -283,15 +283,20 @@ def test_an_evaluation_on_one_rank_between_steps_is_not_recorded(ranks: Any) -> 
     so they report what they report without the evaluations."""
     framework, found = ranks
     for rank, result in enumerate(found):
-        got, want = result["evaluation_between"], result["recipes"]
-        assert len(got["stats"]) == len(got["monitor"]) == child.STEPS
-        assert len(got["sparse_stats"]) == len(got["sparse_monitor"]) == 1  # forward 0 only
-        for step in range(child.STEPS):
-            what = f"{framework} rank {rank}, step {step}"
-            _same_stats(got["stats"][step], want["stats"][step], what)
-            _same_norms(got["monitor"][step], want["monitor"][step], what)
-        _same_stats(got["sparse_stats"][0], want["stats"][0], f"{framework}, every=2")
-        _same_norms(got["sparse_monitor"][0], want["monitor"][0], f"{framework}, every=2")
+        assert result["removed_between"] == []  # removed before the backward: nothing merged
+        for key in ("evaluation_between", "evaluation_within"):
+            what = f"{framework} rank {rank}, {key}"
+            _same_as_without_evaluations(result[key], result["recipes"], what)
+
+
+def _same_as_without_evaluations(got: dict[str, Any], want: dict[str, Any], what: str) -> None:
+    assert len(got["stats"]) == len(got["monitor"]) == child.STEPS, what
+    assert len(got["sparse_stats"]) == len(got["sparse_monitor"]) == 1, what  # forward 0 only
+    for step in range(child.STEPS):
+        _same_stats(got["stats"][step], want["stats"][step], f"{what}, step {step}")
+        _same_norms(got["monitor"][step], want["monitor"][step], f"{what}, step {step}")
+    _same_stats(got["sparse_stats"][0], want["stats"][0], f"{what}, every=2")
+    _same_norms(got["sparse_monitor"][0], want["monitor"][0], f"{what}, every=2")
 
 
 def test_recipes_merge_over_the_wrappers_own_group(ranks: Any) -> None:
@@ -314,7 +319,7 @@ def test_recipes_merge_over_the_wrappers_own_group(ranks: Any) -> None:
 def test_ranks_watching_different_modules_raise_on_every_rank(ranks: Any) -> None:
     framework, found = ranks
     counts = {"extra": ("rank 0: 7 ", "rank 1: 8 "), "types": ("rank 0: 7 ", "rank 1: 7 ")}
-    counts["late"] = counts["extra"]
+    counts["late"], counts["late_types"] = counts["extra"], counts["types"]
     for recipe in ("ActivationStats", "GradientMonitor"):
         for case, (first, second) in counts.items():
             messages = [result["mismatch"].get(f"{recipe} {case}") for result in found]
@@ -322,8 +327,9 @@ def test_ranks_watching_different_modules_raise_on_every_rank(ranks: Any) -> Non
             for message in messages:
                 assert first in message and second in message, message
                 assert f"{recipe} watches different modules" in message, message
-            assert ("'extra'" in messages[1]) == (case != "types"), messages[1]
-            assert "'extra'" not in messages[0]
+            assert ("'extra:ReLU'" in messages[1]) == (case in ("extra", "late")), messages[1]
+            assert ("'1:Tanh'" in messages[1]) == case.endswith("types"), messages[1]
+            assert "'extra:" not in messages[0] and "'1:ReLU'" in messages[0]
 
 
 def test_recipes_watching_no_module_record_nothing(ranks: Any) -> None:

@@ -39,6 +39,8 @@ class Recipe(Removable):
     def __init__(self) -> None:
         self._layout: list[str] | None = None  # the module names every rank was found to share
         self._zeros: Any = None  # a vector of the agreed layout's length (see `_gather`)
+        # the names last merged (the list the hooks were placed with) and their layout
+        self._watched: tuple[list[str] | None, list[str]] = (None, [])
         self._hooks = HookGroup()
         self._every = 1
         self._forwards = 0
@@ -94,41 +96,42 @@ class Recipe(Removable):
         every rank is taken, a change on some raises RankMismatchError on every rank)."""
         import numpy as np
 
+        if names is not self._watched[0]:  # the hooks were placed anew (`every`): their types
+            self._watched = (names, _layout(model, names))
+        layout = self._watched[1]
         if self._layout is None:
-            self._check_layout(model, names)
-        agreed = self._layout == names
+            self._check_layout(model, layout)
+        agreed = self._layout == layout
         flagged = np.concatenate(([0.0 if agreed else 1.0], vector if agreed else self._zeros))
         rows = ops.all_gather(flagged, like=model)
         if rows[:, 0].any():
-            self._check_layout(model, names)  # raises unless every rank changed the same way
+            self._check_layout(model, layout)  # raises unless every rank changed the same way
             rows = ops.all_gather(np.concatenate(([0.0], vector)), like=model)
         self._zeros = np.zeros(len(vector))
         return rows[:, 1:]
 
-    def _check_layout(self, model: Any, names: list[str]) -> None:
+    def _check_layout(self, model: Any, layout: list[str]) -> None:
         """One all_gather of a fixed size: the same RankMismatchError on every rank unless
-        every rank watches the same modules (names and types: DDP compares only parameters, so
-        a parameterless module may differ, a ReLU here and a Tanh there)."""
+        every rank watches the same modules (`_layout`: names and types)."""
         import numpy as np
 
-        types = {n: type(m).__name__ for n, m in ops.named_modules(ops.unwrap(model))}
-        layout = "\0".join(f"{name}:{types.get(name, '')}" for name in names)
-        digest = zlib.crc32(layout.encode())  # exact in a float64
-        ranks = ops.all_gather(np.array([len(names), digest], np.float64), like=model)
+        digest = zlib.crc32("\0".join(layout).encode())  # exact in a float64
+        ranks = ops.all_gather(np.array([len(layout), digest], np.float64), like=model)
         if (ranks != ranks[0]).any():
             found = ", ".join(
                 f"rank {rank}: {int(count)} (digest {int(d):08x})"
                 for rank, (count, d) in enumerate(ranks)
             )
+            shown = ", ".join(repr(entry) for entry in layout[:8])
             raise RankMismatchError(
                 f"unihook ({backend_of(model)}): {type(self).__name__} watches different "
                 f"modules (names or types) on the ranks that split the batch, so their "
                 f"numbers cannot be merged; modules per rank: {found}. Every rank must "
                 f"build the same module tree, as data-parallel training asks, or pass "
-                f"sync=False. This rank watches {len(names)}: "
-                f"{', '.join(repr(n) for n in names[:8])}{', ...' if len(names) > 8 else ''}."
+                f"sync=False. This rank watches {len(layout)}: "
+                f"{shown}{', ...' if len(layout) > 8 else ''}."
             )
-        self._layout = list(names)
+        self._layout = list(layout)
 
     def remove(self) -> None:
         self._build = None
@@ -137,6 +140,13 @@ class Recipe(Removable):
 
 
 _TENSOR_TYPES: set[type] = set()  # the types `tensors_of` has seen returned as a bare tensor
+
+
+def _layout(model: Any, names: list[str]) -> list[str]:
+    """`name:Type` of each watched module: DDP compares only the parameters, so a parameterless
+    module may differ across ranks (a ReLU here, a Tanh there)."""
+    types = {name: type(m).__name__ for name, m in ops.named_modules(ops.unwrap(model))}
+    return [f"{name}:{types.get(name, '')}" for name in names]
 
 
 def tensors_of(output: Any, module: Any) -> Sequence[Any]:

@@ -135,6 +135,7 @@ class GradientMonitor(Recipe):
         # the inner model of a wrapper, GradCAM's forward) is not part of a recorded step
         self._running = 0
         self._parameters_hooked = False  # (see _new_step)
+        self._removed = False  # removed between a forward and its backward: nothing merges
 
         def hooks() -> HookGroup:
             group = HookGroup()
@@ -155,6 +156,11 @@ class GradientMonitor(Recipe):
 
     def _new_step(self, module: Any, args: Any) -> None:
         self._running += 1
+        if not ops.grad_enabled(module):
+            # no gradient will come: the step of the last forward with gradients stays (an
+            # evaluation between a forward and its backward, on one rank, must not start a
+            # step that its backward's parameter gradients would merge)
+            return
         self._step = _Step(self._merging(module, self.sync))
         if self._step.world is not None and not self._parameters_hooked:
             # A rank whose backward reaches no watched output (the dummy loss of an empty
@@ -192,6 +198,8 @@ class GradientMonitor(Recipe):
             self._last = (tensor, version, names)
 
     def _gradient(self, step: _Step, names: list[str], grad: Any) -> None:
+        if self._removed:  # (a tensor's hook stays; the parameters' went with the recipe)
+            return
         self._merge_at_end(step, grad)
         squares = ops.sum_squares(grad)
         for name in names:
@@ -281,6 +289,10 @@ class GradientMonitor(Recipe):
         rows = [{"name": name, "norm": norm} for name, norm in last.items()]
         write_records(writer, "gradients", rows, ("norm",), step)
         return True
+
+    def remove(self) -> None:
+        self._removed = True
+        super().remove()
 
     def plot(self, path: str | None = None, *, all_ranks: bool = False) -> Any:
         """Per-module gradient norms over the recorded backwards, log scale (matplotlib Figure;
