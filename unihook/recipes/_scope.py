@@ -37,7 +37,7 @@ class Recipe(Removable):
     """Removes every hook it placed on `remove()` or when its `with` block exits."""
 
     def __init__(self) -> None:
-        self._layout: list[str] | None = None  # the module names every rank was found to share
+        self._layout: list[str] | None = None  # `name:Type` of the modules all ranks watch
         self._zeros: Any = None  # a vector of the agreed layout's length (see `_gather`)
         # the names last merged (the list the hooks were placed with) and their layout
         self._watched: tuple[list[str] | None, list[str]] = (None, [])
@@ -107,7 +107,8 @@ class Recipe(Removable):
         if rows[:, 0].any():
             self._check_layout(model, layout)  # raises unless every rank changed the same way
             rows = ops.all_gather(np.concatenate(([0.0], vector)), like=model)
-        self._zeros = np.zeros(len(vector))
+        if self._zeros is None or len(self._zeros) != len(vector):
+            self._zeros = np.zeros(len(vector))
         return rows[:, 1:]
 
     def _check_layout(self, model: Any, layout: list[str]) -> None:
