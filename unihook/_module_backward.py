@@ -71,9 +71,12 @@ class Autograd(Protocol):
         """The tensor's in-place version counter (an identity output shares its input's)."""
         ...
 
-    # Optional: `guard(tensor, error, site)`, an alias of `tensor` (one more node in its
-    # history, passing the gradient on) whose backward raises `error()` when the memory it
-    # shares with `tensor` was changed in place after the alias was made. See `_returned`.
+    # Optional, together: `guard(tensor, error, site)`, an alias of `tensor` (one more node
+    # in its history, passing the gradient on) on which an in-place op raises, at once (the
+    # framework's own error) or in the backward through it (`error()`); and
+    # `refused_like(output, leaf)`, whether the framework would refuse an in-place op on
+    # `output` as on `leaf` (a leaf that requires grad) were it not an identity's alias: it
+    # shares the leaf's memory (torch: views too). See `_guard_leaves`.
 
     def rebase(self, original: Any, alias: Any, /) -> Any:
         """Forward changed `alias` (an identity output standing for `original`, same memory)
@@ -310,6 +313,7 @@ class ModuleBackward:
                     )
                     break
         self._rebase_inputs(call, args, originals, returned)
+        self._guard_leaves(call, items, replaced, originals)
         if all(r is o for r, o in zip(replaced, items)):
             return None
         if not is_tuple:
@@ -323,15 +327,27 @@ class ModuleBackward:
             return new  # (None: nobody holds the caller's tensor any more)
         if self.autograd.version(arg) != call.versions[k]:
             return self.autograd.rebase(original, new)
-        if new is arg:  # an alias that no identity replaced needs no history: the tensor itself
-            return original
-        guard = getattr(self.autograd, "guard", None)
-        if guard is not None and _is_leaf(original) and self.autograd.requires_grad(original):
-            # The frameworks refuse an in-place op on a leaf that requires grad. Done on this
-            # alias of one (a module returning it unchanged, nn.Identity), it would change the
-            # leaf's values silently: the backward through the alias raises instead.
-            return guard(new, partial(_leaf_changed, call.site), call.site)
-        return new
+        # an alias that no identity replaced needs no history: the tensor itself
+        return original if new is arg else new
+
+    def _guard_leaves(
+        self, call: _Call, items: Sequence[Any], replaced: list[Any], originals: list[Any]
+    ) -> None:
+        """The frameworks refuse an in-place op on a leaf that requires grad (torch: and on a
+        view of one). An output that is such a leaf (returned unchanged by nn.Identity, also
+        through nested hooked modules; torch: a view of it) reaches the caller as an
+        identity's alias, on which the op would change the leaf's values silently: it goes
+        through the backend's guard, which refuses it."""
+        ag = self.autograd
+        guard, refused = getattr(ag, "guard", None), getattr(ag, "refused_like", None)
+        if guard is None or refused is None:
+            return
+        leaves = [o for o in originals if o is not None and _is_leaf(o) and ag.requires_grad(o)]
+        if not leaves:
+            return
+        for j, (item, new) in enumerate(zip(items, replaced)):
+            if new is not item and any(refused(item, leaf) for leaf in leaves):
+                replaced[j] = guard(new, partial(_leaf_changed, call.site), call.site)
 
     def _rebase_inputs(
         self, call: _Call, args: Sequence[Any], originals: list[Any], done: dict[int, Any]
@@ -353,11 +369,11 @@ def _is_leaf(tensor: Any) -> bool:
 
 def _leaf_changed(site: Site) -> InPlaceError:
     return InPlaceError(
-        f"{site}: the module returned its input, a leaf tensor that requires grad, unchanged, "
-        "and its output was changed in place after the call (or the leaf was, under no_grad, "
-        "before this backward). Without hooks the output is that leaf, and the framework "
-        "raises at such an in-place op; through unihook's alias the change would reach the "
-        "leaf's values silently. Change a copy (`module(x).clone()`), not the leaf"
+        f"{site}: the module returned its input, a leaf tensor that requires grad (or a view "
+        "of it), and that output was changed in place after the call (or the leaf was, under "
+        "no_grad, before this backward). Without hooks the output is that leaf, and the "
+        "framework raises at such an in-place op; through unihook's alias the change would "
+        "reach the leaf's values silently. Change a copy (`module(x).clone()`), not the leaf"
     )
 
 

@@ -71,4 +71,4 @@ class StaleCaptureError(UnihookError, RuntimeError):
 class InPlaceError(UnihookError, RuntimeError, ValueError):
     """An in-place op the framework forbids without hooks went through a hooked module's alias:
     a leaf that requires grad, changed through the module's output that is that leaf returned
-    unchanged (torch: RuntimeError, paddle: ValueError)."""
+    unchanged (paddle's error for it: ValueError; torch refuses the op itself at once)."""

@@ -280,6 +280,16 @@ class PaddleAutograd:
         return PaddleAutograd.identity([tensor], check, False, site)[0]
 
     @staticmethod
+    def refused_like(output: Any, leaf: Any) -> bool:
+        # paddle refuses an in-place op on the leaf alone, not on a view of it
+        return bool(
+            output._is_shared_buffer_with(leaf)
+            and output.shape == leaf.shape
+            and output.data_ptr() == leaf.data_ptr()
+            and output.strides == leaf.strides
+        )
+
+    @staticmethod
     def version(tensor: Any) -> int:
         return int(tensor.inplace_version)
 

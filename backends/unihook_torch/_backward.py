@@ -89,24 +89,16 @@ class _Rebase(torch.autograd.Function):
 
 
 class _Guard(torch.autograd.Function):
-    """An alias of `x` whose backward raises `error()` when the memory it shares with `x` was
-    changed in place after the alias was made: torch's own version check of a saved tensor."""
+    """`x` returned as it is: torch makes it a view created inside a custom Function, on which
+    it refuses every in-place op at once (its BackwardHook's outputs are the same)."""
 
     @staticmethod
-    def forward(ctx: Any, error: Callable[[], Exception], x: Any) -> Any:  # type: ignore[override]
-        ctx.error = error
-        ctx.save_for_backward(x.detach())  # its version counter, without history: no cycle
-        return x.detach()
+    def forward(ctx: Any, x: Any) -> Any:  # type: ignore[override]
+        return x
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
-        try:
-            ctx.saved_tensors  # noqa: B018 - reading it is the check
-        except RuntimeError as e:
-            if "modified by an inplace operation" not in str(e):
-                raise  # (torch's own: a second backward through a freed graph)
-            raise ctx.error() from None
-        return None, grad
+        return grad
 
 
 _set_version = torch._C._autograd._unsafe_set_version_counter  # pyright: ignore[reportAttributeAccessIssue]
@@ -166,7 +158,16 @@ class TorchAutograd:
 
     @staticmethod
     def guard(tensor: Any, error: Callable[[], Exception], site: Site) -> Any:
-        return _Guard.apply(error, tensor)
+        # torch's own RuntimeError at the in-place op, where it raises without hooks
+        return _Guard.apply(tensor)
+
+    @staticmethod
+    def refused_like(output: Any, leaf: Any) -> bool:
+        # torch refuses an in-place op on the leaf and on any view of it: its storage
+        try:
+            return bool(output.untyped_storage().data_ptr() == leaf.untyped_storage().data_ptr())
+        except (RuntimeError, NotImplementedError):  # no storage (sparse, meta, functorch)
+            return False
 
     @staticmethod
     def rebase(original: Any, alias: Any) -> Any:
