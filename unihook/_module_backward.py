@@ -76,7 +76,10 @@ class Autograd(Protocol):
     # framework's own error) or in the backward through it (`error()`); and
     # `refused_like(output, leaf)`, whether the framework would refuse an in-place op on
     # `output` as on `leaf` (a leaf that requires grad) were it not an identity's alias: it
-    # shares the leaf's memory (torch: views too). See `_guard_leaves`.
+    # shares the leaf's memory (torch: views too); `memory_key(tensor)`, an int equal for two
+    # tensors `refused_like` may match, None for a tensor with no memory; `leaf_of(tensor)`,
+    # the leaf on which the framework refuses the ops it refuses on `tensor` (`tensor` itself
+    # when a leaf; torch: the base of a view), else None. See `_guard_leaves`.
 
     def rebase(self, original: Any, alias: Any, /) -> Any:
         """Forward changed `alias` (an identity output standing for `original`, same memory)
@@ -334,20 +337,35 @@ class ModuleBackward:
         self, call: _Call, items: Sequence[Any], replaced: list[Any], originals: list[Any]
     ) -> None:
         """The frameworks refuse an in-place op on a leaf that requires grad (torch: and on a
-        view of one). An output that is such a leaf (returned unchanged by nn.Identity, also
-        through nested hooked modules; torch: a view of it) reaches the caller as an
-        identity's alias, on which the op would change the leaf's values silently: it goes
-        through the backend's guard, which refuses it."""
+        view of one). An output that is such a leaf (returned unchanged by nn.Identity, a
+        parameter or keyword argument a module returns, the same through outer hooked modules;
+        torch: a view of it) reaches the caller as an identity's alias, on which the op would
+        change the leaf's values silently: it goes through the backend's guard, which refuses
+        it. The leaves seen are remembered by their memory, for the modules around."""
         ag = self.autograd
-        guard, refused = getattr(ag, "guard", None), getattr(ag, "refused_like", None)
-        if guard is None or refused is None:
+        guard = getattr(ag, "guard", None)
+        refused = getattr(ag, "refused_like", None)
+        key_of = getattr(ag, "memory_key", None)
+        leaf_of = getattr(ag, "leaf_of", None)
+        if guard is None or refused is None or key_of is None or leaf_of is None:
             return
-        leaves = [o for o in originals if o is not None and _is_leaf(o) and ag.requires_grad(o)]
-        if not leaves:
-            return
+        for original in originals:
+            if original is not None and _is_leaf(original) and ag.requires_grad(original):
+                _remember(key_of(original), original)
         for j, (item, new) in enumerate(zip(items, replaced)):
-            if new is not item and any(refused(item, leaf) for leaf in leaves):
-                replaced[j] = guard(new, partial(_leaf_changed, call.site), call.site)
+            if new is item:
+                continue  # (no identity: nothing aliases it)
+            leaf = leaf_of(item)
+            if leaf is not None and ag.requires_grad(leaf):
+                _remember(key_of(leaf), leaf)  # the module returned a leaf (torch: a view of one)
+            elif not _leaves:
+                continue
+            else:
+                found = _leaves.get(key_of(item))
+                leaf = None if found is None else found()
+                if leaf is None or not refused(item, leaf):
+                    continue
+            replaced[j] = guard(new, partial(_leaf_changed, call.site), call.site)
 
     def _rebase_inputs(
         self, call: _Call, args: Sequence[Any], originals: list[Any], done: dict[int, Any]
@@ -361,6 +379,25 @@ class ModuleBackward:
                 continue
             if version(arg) != v:
                 self.autograd.rebase(original, arg)
+
+
+# The leaves that require grad a hooked module got or returned, by their memory
+# (`Autograd.memory_key`), held weakly: outputs sharing it are guarded (`_guard_leaves`).
+_leaves: dict[int, weakref.ref[Any]] = {}
+
+
+def _remember(key: int | None, leaf: Any) -> None:
+    if key is None:
+        return
+    found = _leaves.get(key)
+    if found is not None and found() is leaf:
+        return
+
+    def forget(ref: weakref.ref[Any], key: int = key) -> None:
+        if _leaves.get(key) is ref:
+            del _leaves[key]
+
+    _leaves[key] = weakref.ref(leaf, forget)
 
 
 def _is_leaf(tensor: Any) -> bool:

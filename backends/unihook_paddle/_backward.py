@@ -67,10 +67,11 @@ Grads = Sequence[Any]
 
 def _alias(x: Any) -> Any:
     """A new tensor sharing `x`'s memory (traps 1 and 5). ``view`` raises "cannot reshape
-    tensor of 0 elements"; such a tensor has no memory: ``as_strided`` then (it ignores a view's
-    offset, which only matters with elements)."""
+    tensor of 0 elements"; such a tensor has no memory to share: ``scale(x, 1)`` then, whose
+    gradient node keeps no input (``as_strided``'s keeps `x`, and an in-place op on the result,
+    `relu_` after a hooked layer on an empty batch, then failed its version check)."""
     shape = x.shape
-    return x.view(shape) if 0 not in shape else paddle.as_strided(x, shape, x.strides)
+    return x.view(shape) if 0 not in shape else paddle.scale(x, 1.0)
 
 
 class _Node:
@@ -280,10 +281,19 @@ class PaddleAutograd:
         return PaddleAutograd.identity([tensor], check, False, site)[0]
 
     @staticmethod
+    def memory_key(tensor: Any) -> int | None:
+        # where its values start: paddle refuses an in-place op on a leaf alone, not on a view
+        return int(tensor.data_ptr()) if tensor.size else None
+
+    @staticmethod
+    def leaf_of(tensor: Any) -> Any:
+        return tensor if tensor.is_leaf else None  # (paddle allows in-place ops on a view)
+
+    @staticmethod
     def refused_like(output: Any, leaf: Any) -> bool:
-        # paddle refuses an in-place op on the leaf alone, not on a view of it
         return bool(
-            output._is_shared_buffer_with(leaf)
+            output.size
+            and output._is_shared_buffer_with(leaf)
             and output.shape == leaf.shape
             and output.data_ptr() == leaf.data_ptr()
             and output.strides == leaf.strides

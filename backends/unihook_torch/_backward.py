@@ -162,12 +162,26 @@ class TorchAutograd:
         return _Guard.apply(tensor)
 
     @staticmethod
-    def refused_like(output: Any, leaf: Any) -> bool:
-        # torch refuses an in-place op on the leaf and on any view of it: its storage
+    def memory_key(tensor: Any) -> int | None:
+        # the storage: torch refuses an in-place op on a leaf and on any view of it
+        if not tensor.numel():
+            return None  # (every empty tensor's storage is at 0)
         try:
-            return bool(output.untyped_storage().data_ptr() == leaf.untyped_storage().data_ptr())
+            return int(tensor.untyped_storage().data_ptr())
         except (RuntimeError, NotImplementedError):  # no storage (sparse, meta, functorch)
-            return False
+            return None
+
+    @staticmethod
+    def leaf_of(tensor: Any) -> Any:
+        if tensor.is_leaf:
+            return tensor
+        base = tensor._base  # a view's: torch refuses in-place ops on views of a leaf too
+        return base if base is not None and base.is_leaf else None
+
+    @staticmethod
+    def refused_like(output: Any, leaf: Any) -> bool:
+        key = TorchAutograd.memory_key(output)
+        return key is not None and key == TorchAutograd.memory_key(leaf)
 
     @staticmethod
     def rebase(original: Any, alias: Any) -> Any:

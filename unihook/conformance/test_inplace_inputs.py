@@ -176,12 +176,14 @@ def test_identity_hooks_see_only_their_output_gradient(backend: Any) -> None:
 
 
 LEAF_CASES: dict[str, Callable[[Any], tuple[Any, Any]]] = {
-    # (the module whose hook is registered, the model called)
+    # (the module whose hook is registered, a call of the model on the leaf)
     "identity": lambda kit: (lambda m: (m, m))(kit.module(lambda self, h: h)),
     "view": lambda kit: (lambda m: (m, m))(kit.module(lambda self, h: h[0:1])),
     "nested": lambda kit: (
         lambda inner: (inner, kit.module(lambda self, h: self.inner(h), {"inner": inner}))
     )(kit.module(lambda self, h: h)),
+    "keyword": lambda kit: (lambda m: (m, lambda x: m(h=x)))(kit.module(lambda self, h: h)),
+    "in_a_list": lambda kit: (lambda m: (m, lambda x: m([x])))(kit.module(lambda self, hs: hs[0])),
 }
 
 
@@ -223,6 +225,57 @@ def test_inplace_on_a_leaf_returned_unchanged_raises(
     else:
         assert not isinstance(got, Exception), got
         np.testing.assert_array_equal(got, native)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_inplace_on_a_parameter_a_module_returns_raises(backend: Any, kind: str) -> None:
+    """A module returning its own parameter (a leaf that requires grad): an in-place op on the
+    output is refused as on the parameter without hooks, and the parameter keeps its values."""
+
+    def run(hooks: bool) -> tuple[Any, Any]:
+        weight = backend.parameter(np.array([1.0, 2.0], dtype=np.float32))
+        model = backend.module(lambda self: self.weight)
+        backend.register_parameter(model, "weight", weight)
+        handle = _hook(kind, model, []) if hooks else None
+        try:
+            out = model()
+            backend.add_(out, 100.0)
+            backend.backward(unihook.ops.sum(out * 3))
+            return None, backend.numpy(weight)
+        except Exception as error:  # noqa: BLE001 - compared below
+            return error, backend.numpy(weight)
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    (native, kept), (got, values) = run(False), run(True)
+    assert isinstance(native, Exception)
+    assert isinstance(got, type(native)), got
+    if not isinstance(got, unihook.InPlaceError):  # torch: refused at the op, before it ran
+        np.testing.assert_array_equal(values, kept)
+
+
+def test_empty_batch_then_inplace_after_the_hooked_module(backend: Any) -> None:
+    """A hooked module on an empty (0-row) batch, an in-place op on its output: the gradients
+    of the model without hooks (paddle's alias of an empty tensor kept its input for a version
+    check, which the in-place op then failed)."""
+
+    def run(hooks: bool) -> Any:
+        linear = backend.linear(3, 2)
+        handle = None
+        if hooks:
+            handle = unihook.register_full_backward_hook(linear, lambda m, gi, go: None)
+        try:
+            x = backend.tensor(np.zeros((0, 3)), requires_grad=True)
+            out = linear(x * 1)
+            backend.add_(out, 1.0)
+            backend.backward(unihook.ops.sum(backend.relu(out) * 2))
+            return backend.grad(x)
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    np.testing.assert_array_equal(run(True), run(False))
 
 
 def test_leaf_returned_unchanged_without_inplace_keeps_its_gradient(backend: Any) -> None:
