@@ -110,6 +110,12 @@ class ModuleBackward:
     def __init__(self, autograd: Autograd, is_global: bool = False) -> None:
         self.autograd = autograd
         self.is_global = is_global
+        # the backend's optional guard of leaves (see Autograd), looked up once
+        guard, refused = getattr(autograd, "guard", None), getattr(autograd, "refused_like", None)
+        key_of, leaf_of = getattr(autograd, "memory_key", None), getattr(autograd, "leaf_of", None)
+        self.guarding: tuple[Callable[..., Any], ...] | None = None
+        if guard and refused and key_of and leaf_of:
+            self.guarding = (guard, refused, key_of, leaf_of)
         self.pre_hooks: dict[int, tuple[Hook, Site | None]] = {}
         self.full_hooks: dict[int, tuple[Hook, Site | None]] = {}
         self.local: threading.local = threading.local()
@@ -342,21 +348,19 @@ class ModuleBackward:
         torch: a view of it) reaches the caller as an identity's alias, on which the op would
         change the leaf's values silently: it goes through the backend's guard, which refuses
         it. The leaves seen are remembered by their memory, for the modules around."""
-        ag = self.autograd
-        guard = getattr(ag, "guard", None)
-        refused = getattr(ag, "refused_like", None)
-        key_of = getattr(ag, "memory_key", None)
-        leaf_of = getattr(ag, "leaf_of", None)
-        if guard is None or refused is None or key_of is None or leaf_of is None:
+        if self.guarding is None:
             return
+        guard, refused, key_of, leaf_of = self.guarding
+        requires_grad = self.autograd.requires_grad
         for original in originals:
-            if original is not None and _is_leaf(original) and ag.requires_grad(original):
-                _remember(key_of(original), original)
+            leaf = None if original is None else leaf_of(original)
+            if leaf is not None and requires_grad(leaf):
+                _remember(key_of(leaf), leaf)
         for j, (item, new) in enumerate(zip(items, replaced)):
             if new is item:
                 continue  # (no identity: nothing aliases it)
             leaf = leaf_of(item)
-            if leaf is not None and ag.requires_grad(leaf):
+            if leaf is not None and requires_grad(leaf):
                 _remember(key_of(leaf), leaf)  # the module returned a leaf (torch: a view of one)
             elif not _leaves:
                 continue
@@ -400,17 +404,14 @@ def _remember(key: int | None, leaf: Any) -> None:
     _leaves[key] = weakref.ref(leaf, forget)
 
 
-def _is_leaf(tensor: Any) -> bool:
-    return bool(getattr(tensor, "is_leaf", False))  # (torch's and paddle's attribute)
-
-
 def _leaf_changed(site: Site) -> InPlaceError:
     return InPlaceError(
-        f"{site}: the module returned its input, a leaf tensor that requires grad (or a view "
-        "of it), and that output was changed in place after the call (or the leaf was, under "
-        "no_grad, before this backward). Without hooks the output is that leaf, and the "
-        "framework raises at such an in-place op; through unihook's alias the change would "
-        "reach the leaf's values silently. Change a copy (`module(x).clone()`), not the leaf"
+        f"{site}: the module returned a leaf tensor that requires grad (its input unchanged, "
+        "a parameter), and that output was changed in place after the call (or the leaf was, "
+        "under no_grad, before this backward). Without hooks the output is that leaf, and "
+        "the framework raises at such an in-place op; through unihook's alias the change "
+        "would reach the leaf's values silently. Change a copy (`module(x).clone()`), not "
+        "the leaf"
     )
 
 
