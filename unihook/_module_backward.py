@@ -60,11 +60,15 @@ class Autograd(Protocol):
         materialize: bool,
         site: Site,
         /,
+        held_until: Sequence[Any] = (),
     ) -> Sequence[Any]:
         """Pass `tensors` through one identity node whose backward calls `on_backward` with
         every output's gradient (None for an unused output unless `materialize`, zeros for a
         non-differentiable one) and returns what it returns. `site` names the hooked module in
-        errors the framework raises about the node."""
+        errors the framework raises about the node. `held_until` (the output side of a call
+        with full hooks): what the call's input-side identity returned; the call holds what
+        `on_backward` returns until that identity's backward ran (its full hooks see it then),
+        which a backend that copies the gradients hooks saw may use to copy less."""
         ...
 
     def version(self, tensor: Any, /) -> int:
@@ -289,6 +293,13 @@ class ModuleBackward:
             # after every pre-hook ran: the ones to read are those forward got from us.
             args = tuple(call.args_got())
         originals = [r() for r in call.originals]
+        # (what the input side's identity returned: the output side's results are held until
+        # its backward, see on_output_grads)
+        held = (
+            ()
+            if call.input_idx is None
+            else [t for t in (r() for r in call.inputs) if t is not None]
+        )
         call.originals = call.inputs = ()  # the call's state outlives forward
         if output is None:
             # forward raised: the inputs it changed in place still carry that change
@@ -306,7 +317,9 @@ class ModuleBackward:
         if any(ag.requires_grad(items[i]) for i in idx):
             call.n_outputs = len(items)
             call.output_idx = idx
-            new = ag.identity([items[i] for i in idx], call.on_output_grads, False, call.site)
+            new = ag.identity(
+                [items[i] for i in idx], call.on_output_grads, False, call.site, held_until=held
+            )
             for i, t in zip(idx, new):
                 replaced[i] = t
         # An input that forward changed in place and returned (an in-place activation) goes

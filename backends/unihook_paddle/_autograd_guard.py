@@ -19,7 +19,9 @@ call) are wrapped so that:
   BackendStateError instead of segfaulting (trap 7, see the end of this file);
 - those nodes learn which of their input slots a paddle.grad cuts (``pruned``);
 - ``paddle.grad`` has the graph alone (no other backward on another thread): paddle 3.3.1
-  crashes otherwise.
+  crashes otherwise;
+- those nodes learn whether a gradient a hook saw can go on as it is, or must go on as a copy
+  (``passes_on``, see the end of this file).
 
 The wrappers go away when the last hook does (a weak reference to each hook function), restoring
 paddle's functions exactly.
@@ -32,7 +34,7 @@ import itertools
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Container, Iterator
 
 from paddle.base import core
 
@@ -52,6 +54,9 @@ __all__ = [
     "spend",
     "several_slots",
     "pruned",
+    "grad_node",
+    "obliged",
+    "passes_on",
 ]
 
 
@@ -66,6 +71,11 @@ class _State(threading.local):
     cuts: dict[int, frozenset[int]] = {}
     # actions for the end of the innermost running backward (None: none runs under the guard)
     ends: list[Callable[[], object]] | None = None
+    # the innermost running backward's roots, and its graph once a node asked (`passes_on`)
+    roots: Any = None
+    graph: _Graph | None = None
+    # the identity nodes an earlier one passed a gradient to without a copy (`passes_on`)
+    obliged: set[int] | None = None
 
     def __init__(self) -> None:
         self.shared = _Shared()
@@ -290,7 +300,8 @@ def _leave(state: _Shared) -> None:
 
 
 def _run_backward(*args: Any, **kwargs: Any) -> Any:
-    return _entry(False, lambda: _guarded(_beside_others, False, args, kwargs))
+    roots = args[0] if args else kwargs.get("tensors")
+    return _entry(False, lambda: _guarded(_beside_others, False, args, kwargs, roots))
 
 
 def _run_partial_grad(*args: Any, **kwargs: Any) -> Any:
@@ -300,7 +311,9 @@ def _run_partial_grad(*args: Any, **kwargs: Any) -> Any:
     roots = args[0] if args else kwargs.get("outputs")
     _check_spent(roots)
     cuts = _cut_slots(roots, inputs) if _several else _NO_CUTS
-    return _entry(True, lambda: _guarded(_one_at_a_time, create_graph, args, kwargs, inputs, cuts))
+    return _entry(
+        True, lambda: _guarded(_one_at_a_time, create_graph, args, kwargs, roots, inputs, cuts)
+    )
 
 
 # paddle 3.3.1's paddle.grad is not thread-safe: beside another paddle.grad or a Tensor.backward
@@ -377,12 +390,15 @@ def _guarded(
     create_graph: bool,
     args: Any,
     kwargs: Any,
+    roots: Any,
     inputs: Any = None,
     cuts: dict[int, frozenset[int]] = {},  # noqa: B006 (never mutated)
 ) -> Any:
     state = _state
     outer_graph, outer_fired, outer_cuts = state.create_graph, state.fired_tokens, state.cuts
     outer_ends, state.ends = state.ends, []
+    outer_walk = state.roots, state.graph, state.obliged
+    state.roots, state.graph, state.obliged = roots, None, None
     state.create_graph = create_graph
     state.cuts = cuts
     state.fired_tokens = set()
@@ -413,6 +429,7 @@ def _guarded(
         state.depth -= 1
         state.create_graph, state.fired_tokens, state.cuts = outer_graph, outer_fired, outer_cuts
         state.ends = outer_ends
+        state.roots, state.graph, state.obliged = outer_walk
         shared.firing = outer_firing
         if state.depth == 0:
             state.pending = None
@@ -452,6 +469,11 @@ def spend(ptr: int, keeper: object, error: Callable[[], BaseException]) -> None:
     if ptr:
         _spent[ptr] = error
         weakref.finalize(keeper, _spent.pop, ptr, None)
+
+
+def grad_node(tensor: Any) -> Any:
+    """`tensor`'s grad node (None: a leaf, or it cannot be read without leaking it)."""
+    return _grad_node(tensor)
 
 
 def _grad_node(tensor: Any) -> Any:
@@ -586,3 +608,127 @@ def _cut_slots(roots: Any, inputs: Any) -> dict[int, frozenset[int]]:
             if cut:
                 cuts[ptr] = cut
     return cuts or _NO_CUTS
+
+
+# -- gradients passed on without a copy ------------------------------------------------------
+# paddle changes a gradient in place after a node returned it: a node's input buffer adds a
+# later gradient into the first one it received (GradTensorHolder), a leaf's .grad accumulates
+# into the tensor it got, and a grad kernel whose incoming gradient nobody else references
+# writes its result over it (relu_grad and others, "inplace" in paddle's backward.yaml). What a
+# hook saw (the tensor, a view of it) would change after the hook: torch never does that (its
+# input buffer steals only a gradient nothing else references). So a gradient a hook saw goes on
+# as a copy, unless the graph of the running backward shows that nothing can change it:
+# `passes_on`, one walk of the graph per backward, made when the first node asks.
+
+
+class _Graph:
+    """The running backward's graph, from its roots: each node's children and how many edges
+    reach it, its name."""
+
+    __slots__ = ("children", "edges_in", "names", "reach")
+
+    def __init__(self, roots: Any) -> None:
+        self.children: dict[int, list[int]] = {}
+        self.edges_in: dict[int, int] = {}
+        self.names: dict[int, str] = {}
+        self.reach: dict[tuple[int, int], bool] = {}
+        if not isinstance(roots, (list, tuple)):
+            roots = [roots]
+        stack = [node for node in map(_grad_node, roots) if node is not None]
+        while stack:
+            node = stack.pop()
+            ptr = node.node_ptr()
+            if ptr in self.children:
+                continue
+            kids = []
+            for child in node.next_functions:
+                child_ptr = 0 if child is None else child.node_ptr()
+                kids.append(child_ptr)
+                if child_ptr:
+                    self.edges_in[child_ptr] = self.edges_in.get(child_ptr, 0) + 1
+                    stack.append(child)
+            self.children[ptr] = kids
+            self.names[ptr] = node.name()
+
+    def reaches(self, start: int, target: int) -> bool:
+        """Whether the node `target` is `start` or below it."""
+        key = (start, target)
+        found = self.reach.get(key)
+        if found is None:
+            seen: set[int] = set()
+            todo = [start]
+            found = False
+            while todo:
+                ptr = todo.pop()
+                if ptr == target:
+                    found = True
+                    break
+                if ptr not in seen:
+                    seen.add(ptr)
+                    todo.extend(c for c in self.children.get(ptr, ()) if c)
+            self.reach[key] = found
+        return found
+
+
+def obliged(ptr: int) -> bool:
+    """Whether an identity node passed its gradients to the node at `ptr` without a copy, on
+    the condition that this one keeps them safe in turn (`passes_on`)."""
+    marked = _state.obliged
+    return marked is not None and ptr in marked
+
+
+def passes_on(
+    ptr: int,
+    held_until: int,
+    identities: Container[int],
+    fresh: Container[str],
+    views: Container[str],
+) -> bool:
+    """Whether the identity node at `ptr` may return the gradients a hook saw as they are:
+    nothing in the running backward can change them afterwards. Each node they go to must get
+    no other edge (no input buffer adds into them) and be no leaf's accumulation, and be
+    - another identity node (in `identities`), obliged to keep them safe in turn; or
+    - a node passing a view of its gradient on without writing (its name in `views`), whose
+      children are checked by the same rule; or
+    - when the caller holds the gradients until the identity node at `held_until` ran (so no
+      grad kernel finds them unreferenced and writes over them), a node above that one whose
+      kernel writes its results to new memory (its name in `fresh`)."""
+    state = _state
+    if state.roots is None or not ptr:
+        return False
+    graph = state.graph
+    if graph is None:
+        graph = state.graph = _Graph(state.roots)
+    children = graph.children.get(ptr)
+    if children is None:
+        return False
+    mine: list[int] = []
+    kinds = (identities, fresh, views)
+    if not all(_keeps(graph, child, held_until, kinds, mine) for child in children if child):
+        return False
+    if mine:
+        if state.obliged is None:
+            state.obliged = set()
+        state.obliged.update(mine)
+    return True
+
+
+def _keeps(
+    graph: _Graph,
+    ptr: int,
+    held_until: int,
+    kinds: tuple[Container[int], Container[str], Container[str]],
+    mine: list[int],
+) -> bool:
+    """Whether the node at `ptr` leaves a gradient it receives unchanged (see `passes_on`)."""
+    identities, fresh, views = kinds
+    if graph.edges_in.get(ptr) != 1:
+        return False
+    if ptr in identities:
+        mine.append(ptr)
+        return True
+    name = graph.names.get(ptr, "")
+    if name in views:
+        # (a view is a new tensor: the caller's hold does not cover it)
+        return all(_keeps(graph, child, 0, kinds, mine) for child in graph.children[ptr] if child)
+    return bool(held_until) and name in fresh and graph.reaches(ptr, held_until)

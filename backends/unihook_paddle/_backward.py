@@ -25,9 +25,12 @@ Each paddle trap is handled where it bites (numbers from ../shared/SEMANTICS.md 
    copies it (``_Node``);
 8. the dispatchers stay last among the forward hooks (``_forward``: pinned);
 and traps not listed there:
-- paddle accumulates gradients in place into the first tensor a node received
-  (``GradTensorHolder``), so a gradient handed to a hook would change under the hook's feet
-  after it ran: what goes back to paddle after the hooks saw it is a copy;
+- paddle changes gradients in place after a node returned them (an input buffer adds into
+  the first gradient it received, a leaf's .grad accumulates, grad kernels write over an
+  incoming gradient nothing else references), so a gradient handed to a hook would change
+  under the hook's feet after it ran: what goes back to paddle after the hooks saw it is a
+  copy, unless the running backward's graph shows nothing can change it (``guard.passes_on``:
+  on a chain of hooked modules, no copy at all);
 - ``paddle.grad`` with respect to some of the inputs cuts a node's input slots that lead to none
   of them, then requires None there ("should return None at 1 position"), which a PyLayer's
   backward cannot see: the autograd guard predicts the cut slots (``guard.pruned``);
@@ -79,15 +82,27 @@ class _Node:
     hook on the node, so it lives exactly as long as the node; the context holds it weakly, as
     paddle leaks the context of a backward that raised (trap 6)."""
 
-    __slots__ = ("site", "ptr", "spent", "on_backward", "shapes", "materialize", "__weakref__")
+    __slots__ = (
+        "site",
+        "ptr",
+        "spent",
+        "held_until",
+        "on_backward",
+        "shapes",
+        "materialize",
+        "__weakref__",
+    )
     on_backward: Callable[[Grads], Grads]  # these three are set by _Identity.forward
     shapes: list[tuple[Any, Any]]
     materialize: bool
 
-    def __init__(self, site: Site) -> None:
+    def __init__(self, site: Site, held_until: int) -> None:
         self.site = site
         self.ptr = 0
         self.spent = False
+        # the identity node (its node_ptr) until whose backward the caller holds the gradients
+        # this one returns (the core's input side of the same call), 0 for none
+        self.held_until = held_until
 
     def ran(self) -> None:
         """The node's backward ran: under Tensor.backward paddle now frees its context."""
@@ -144,12 +159,16 @@ class _Identity(PyLayer):
             guard.stash(error)
             raise  # paddle keeps the context: a retry runs the hooks again (trap 6)
         node.ran()
-        # Paddle accumulates a later gradient for the same tensor in place into the first one
-        # it received: a gradient a hook saw (and may keep, as torch allows) goes back as a copy.
         exposed = results is not grads
         # A constant zero for a double backward makes paddle's double-grad nodes behind it
         # (a Linear's) fail with "MetaTensor is not initialized": a zero in the graph does not.
         constant = not guard.building_graph()
+        # Paddle may change a gradient in place after it left the node: one a hook saw (and may
+        # keep, as torch allows), here or in an identity node that passed it on uncopied, goes
+        # back as a copy unless nothing in this backward can change it (see the module doc).
+        copy = (exposed or guard.obliged(node.ptr)) and not (
+            constant and guard.passes_on(node.ptr, node.held_until, _identities, FRESH, VIEWS)
+        )
         pruned = guard.pruned(node.ptr)
         out = []
         for i, (result, (shape, dtype)) in enumerate(zip(results, node.shapes)):
@@ -162,8 +181,62 @@ class _Identity(PyLayer):
                 zeros.stop_gradient = constant
                 out.append(zeros)
             else:
-                out.append(result.clone() if exposed else result)
+                out.append(result.clone() if copy else result)
         return tuple(out)
+
+
+# The grad nodes (by name, paddle 3.3.1) whose kernels write every gradient they return to new
+# memory when their incoming gradient is referenced elsewhere (held): none returns a view of it
+# (reshape's, flatten's, transpose's, a cast's to the same dtype do).
+# `tests/test_paddle_copies.py::test_fresh_nodes_return_new_memory` checks each on the installed
+# paddle.
+FRESH = frozenset(
+    {
+        "AddGradNode",
+        "BatchNormGradNode",
+        "ConcatGradNode",
+        "Conv2dGradNodeFinal",
+        "DepthwiseConv2dGradNode",
+        "DivideGradNode",
+        "DropoutGradNode",
+        "ExpGradNode",
+        "GeluGradNode",
+        "HardswishGradNode",
+        "LayerNormGradNode",
+        "LeakyReluGradNode",
+        "MatmulGradNode",
+        "MeanGradNode",
+        "MultiplyGradNode",
+        "Pool2dGradNode",
+        "Relu6GradNode",
+        "ReluGradNode",
+        "ScaleGradNode",
+        "SigmoidGradNode",
+        "SiluGradNode",
+        "SoftmaxGradNode",
+        "SubtractGradNode",
+        "SumGradNode",
+        "TanhGradNode",
+    }
+)
+# The grad nodes that pass a view of their gradient on and write nothing: `_alias`'s.
+VIEWS = frozenset({"ViewShapeGradNode"})
+# node_ptr of each live identity node -> its _Node (which lives exactly as long as the node)
+_identities: weakref.WeakValueDictionary[int, _Node] = weakref.WeakValueDictionary()
+
+
+def _identity_behind(aliases: Sequence[Any]) -> int:
+    """The identity node behind the first of `aliases` (tensors an identity returned: each
+    is `_alias` of an output of the node), 0 when none is found."""
+    for alias in aliases:
+        node = guard.grad_node(alias) if not alias.stop_gradient else None
+        if node is None:
+            continue
+        below = node.next_functions
+        ptr = below[0].node_ptr() if len(below) == 1 and below[0] is not None else 0
+        if ptr in _identities:
+            return ptr
+    return 0
 
 
 def _check_slot(result: Any, shape: Any, dtype: Any, node: _Node) -> None:
@@ -248,8 +321,9 @@ class PaddleAutograd:
         on_backward: Callable[[Grads], Grads],
         materialize: bool,
         site: Site,
+        held_until: Sequence[Any] = (),
     ) -> Sequence[Any]:
-        node = _Node(site)
+        node = _Node(site, _identity_behind(held_until))
         # Some tensor needs grad (the caller checks). Those that don't bypass the node (trap 2).
         live = [i for i, t in enumerate(tensors) if not t.stop_gradient]
         if len(live) < len(tensors):
@@ -258,6 +332,8 @@ class PaddleAutograd:
         if not isinstance(outs, (tuple, list)):
             outs = (outs,)
         node.ptr = guard.node_ptr(outs[0])
+        if node.ptr:
+            _identities[node.ptr] = node
         if len(live) > 1:
             guard.several_slots(node.ptr, node)
         outs[0]._register_grad_hook(node)

@@ -1,0 +1,455 @@
+"""Paddle: gradients a module backward hook saw never change afterwards, with fewer copies.
+
+Paddle changes gradients in place after a node returned them (an input buffer adds a later
+gradient into the first one, a leaf's .grad accumulates, some grad kernels write over an
+incoming gradient nothing else references), where torch never changes a gradient something
+still references. unihook's identity nodes therefore hand paddle a copy of what a hook saw,
+unless the running backward's graph shows nothing can change it (`_autograd_guard.passes_on`).
+These tests attack that decision: generated models mixing fan-out, views of gradients (reshape,
+flatten, transpose), in-place grad kernels (relu), parameters and leaves; hooks on random
+modules keep the gradients they saw, views and detached aliases of them; after two backwards
+(the leaves accumulate) every kept value is what the hook saw, and the gradients are those of
+the model without hooks.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+paddle = pytest.importorskip("paddle")
+hypothesis = pytest.importorskip("hypothesis")
+warnings.filterwarnings("ignore", message="No ccache found")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from paddle.autograd import PyLayer  # noqa: E402
+from unihook_paddle._backward import FRESH, VIEWS  # noqa: E402
+
+import unihook  # noqa: E402
+
+nn = paddle.nn
+F = nn.functional
+D = 4
+
+
+class Fn(nn.Layer):
+    """A layer running `fn`, with optional sublayers."""
+
+    def __init__(self, fn: Callable[..., Any], **children: nn.Layer) -> None:
+        super().__init__()
+        self.fn = fn
+        for name, child in children.items():
+            setattr(self, name, child)
+
+    def forward(self, x: Any) -> Any:
+        return self.fn(self, x)
+
+
+def leaf_block(kind: str) -> nn.Layer:
+    if kind == "linear":
+        return nn.Linear(D, D)
+    if kind == "linear_nobias":
+        return nn.Linear(D, D, bias_attr=False)
+    if kind == "relu":
+        return nn.ReLU()
+    if kind == "gelu":
+        return nn.GELU()
+    if kind == "identity":
+        return nn.Identity()
+    if kind == "flatten":  # (a 2-d input: a no-op reshape, whose grad is a view)
+        return nn.Flatten()
+    if kind == "reshape":
+        return Fn(lambda self, x: x.reshape([-1, D]))
+    if kind == "transpose":
+        return Fn(lambda self, x: x.transpose([1, 0]).transpose([1, 0]))
+    if kind == "scale":
+        return Fn(lambda self, x: x * 2.0)
+    if kind == "twice":  # a tensor used twice inside: an input buffer adds into a gradient
+        return Fn(lambda self, x: (lambda y: y + y * 3.0)(x * 1.0))
+    if kind == "aux":  # the returned tensor also reaches the loss another way (its node: 2 edges)
+        return Fn(lambda self, x: _aux(x * 1.5))
+    if kind == "relu_view":  # the last node passes a view of its gradient to an in-place kernel
+        return Fn(lambda self, x: F.relu(x * 1.0 - 0.1).view([-1, D]))
+    raise AssertionError(kind)
+
+
+AUX: list[Any] = []  # what "aux" blocks add to the loss, per forward
+
+
+def _aux(y: Any) -> Any:
+    AUX.append(F.relu(F.relu(y) * 1.0).sum() * 0.1)
+    return y
+
+
+LEAVES = [
+    "linear",
+    "linear_nobias",
+    "relu",
+    "gelu",
+    "identity",
+    "flatten",
+    "reshape",
+    "transpose",
+    "scale",
+    "twice",
+    "aux",
+    "relu_view",
+]
+
+
+def build(spec: Any) -> nn.Layer:
+    if isinstance(spec, str):
+        return leaf_block(spec)
+    kind, children = spec
+    layers = [build(c) for c in children]
+    if kind == "seq":
+        return nn.Sequential(*layers)
+    body = nn.Sequential(*layers)
+    if kind == "residual":  # the input used twice: by the body and by the add
+        return Fn(lambda self, x: self.body(x) + x, body=body)
+    if kind == "fanout":  # the body's output reaches the loss twice
+        return Fn(lambda self, x: (lambda y: y * 2.0 + F.relu(y))(self.body(x)), body=body)
+    if kind == "late_residual":  # the input's other use is far from the loss: the body's
+        # gradient for it arrives first, and is the one paddle's input buffer adds into
+        return Fn(lambda self, x: self.body(x) + F.relu(F.relu(x * 1.0) * 1.0) * 1.0, body=body)
+    raise AssertionError(kind)
+
+
+specs = st.recursive(
+    st.sampled_from(LEAVES),
+    lambda inner: st.tuples(
+        st.sampled_from(["seq", "residual", "fanout", "late_residual"]),
+        st.lists(inner, min_size=1, max_size=3),
+    ),
+    max_leaves=8,
+)
+
+KEEPS = ["object", "detach", "view", "reshape", "slice"]
+
+
+def keep(g: Any, how: str) -> Any:
+    if how == "object":
+        return g
+    if how == "detach":
+        return g.detach()
+    if how == "view":
+        return g.view(g.shape)
+    if how == "reshape":
+        return g.reshape([-1])
+    return g[:]
+
+
+class Keeper:
+    """Hooks that keep what they saw, as a tensor and as a snapshot of its values."""
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[str, Any, np.ndarray]] = []
+
+    def add(self, where: str, grads: Any, how: str) -> None:
+        for g in grads:
+            if g is not None:
+                self.kept.append((where, keep(g, how), g.numpy().copy()))
+
+    def check(self) -> None:
+        for where, tensor, seen in self.kept:
+            np.testing.assert_array_equal(
+                tensor.numpy().reshape(seen.shape), seen, err_msg=f"kept at {where}"
+            )
+
+
+def run(
+    model: nn.Layer, x0: np.ndarray, w: np.ndarray, grad_api: bool, leaf_input: bool
+) -> list[np.ndarray]:
+    """Two forward + backward passes (the leaves accumulate); the gradients."""
+    model.clear_gradients()
+    x = paddle.to_tensor(x0)
+    x.stop_gradient = False
+    params = [p for p in model.parameters() if not p.stop_gradient]
+    out: list[np.ndarray] = []
+    for step in range(2):
+        AUX.clear()
+        y = model(x if leaf_input else x * 1.0)
+        loss = ((y * paddle.to_tensor(w)).sum() + sum(AUX, paddle.zeros([]))) * (step + 1.0)
+        if grad_api:
+            grads = paddle.grad([loss], [x, *params], allow_unused=True)
+            out += [np.zeros(1) if g is None else g.numpy() for g in grads]
+        else:
+            loss.backward()
+    if not grad_api:
+        out = [x.grad.numpy()] + [np.zeros(1) if p.grad is None else p.grad.numpy() for p in params]
+    return out
+
+
+def hook_all(model: nn.Layer, chosen: list[tuple[int, str, str]], keeper: Keeper) -> list[Any]:
+    layers = [layer for _, layer in model.named_sublayers(include_self=True)]
+    handles = []
+    for index, kind, how in chosen:
+        layer = layers[index % len(layers)]
+        where = f"{type(layer).__name__}#{index % len(layers)}"
+        if kind in ("pre", "both"):
+
+            def pre(m: Any, grad_output: Any, where: str = where, how: str = how) -> None:
+                keeper.add(where + " grad_output (pre)", grad_output, how)
+
+            handles.append(unihook.register_full_backward_pre_hook(layer, pre))
+        if kind in ("full", "both"):
+
+            def full(
+                m: Any, grad_input: Any, grad_output: Any, where: str = where, how: str = how
+            ) -> None:
+                keeper.add(where + " grad_input", grad_input, how)
+                keeper.add(where + " grad_output", grad_output, how)
+
+            handles.append(unihook.register_full_backward_hook(layer, full))
+    return handles
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    spec=specs,
+    chosen=st.lists(
+        st.tuples(
+            st.integers(0, 63), st.sampled_from(["pre", "full", "both"]), st.sampled_from(KEEPS)
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    grad_api=st.booleans(),
+    leaf_input=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_kept_gradients_never_change(
+    spec: Any, chosen: list[tuple[int, str, str]], grad_api: bool, leaf_input: bool, seed: int
+) -> None:
+    paddle.seed(seed)
+    model = build(("seq", [spec]))
+    rng = np.random.default_rng(seed)
+    x0 = rng.standard_normal((2, D)).astype("float32")
+    w = rng.standard_normal((2, D)).astype("float32")
+    want = run(model, x0, w, grad_api, leaf_input)
+    keeper = Keeper()
+    handles = hook_all(model, chosen, keeper)
+    try:
+        got = run(model, x0, w, grad_api, leaf_input)
+    finally:
+        for h in handles:
+            h.remove()
+    keeper.check()
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7, err_msg=f"model {spec}")
+
+
+def test_a_chain_of_hooked_layers_passes_gradients_on_uncopied(monkeypatch: Any) -> None:
+    """Whether a gradient a hook saw goes on as a copy is decided per node: along a chain of
+    hooked layers whose nodes write new memory, none is copied; what goes to the leaf (which
+    accumulates it) is, and so is a Flatten's grad_output (its node passes a view of it on)."""
+    copied: list[tuple[int, ...]] = []
+    original = paddle.Tensor.clone
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        copied.append(tuple(self.shape))
+        return original(self, *args, **kwargs)
+
+    def hooked(*layers: nn.Layer) -> nn.Layer:
+        model = nn.Sequential(*layers)
+        for layer in model.sublayers(include_self=True):
+            unihook.register_full_backward_hook(layer, lambda *a: None)
+        return model
+
+    x = paddle.ones([2, D])
+    x.stop_gradient = False
+    chain = hooked(nn.Linear(D, D), nn.ReLU(), nn.Linear(D, 3))
+    flat = hooked(nn.Linear(D, D), nn.Flatten(), nn.ReLU())
+    monkeypatch.setattr(paddle.Tensor, "clone", counting)
+    chain(x).sum().backward()
+    assert copied == [(2, D)]  # the Sequential's grad_input, for x.grad
+    copied.clear()
+    flat(x).sum().backward()
+    assert sorted(copied) == [(2, D)] * 2  # x.grad's, and the Flatten's grad_output
+
+
+def _keep_all(kept: list[tuple[str, Any, np.ndarray]]) -> tuple[Any, Any]:
+    def pre(m: Any, grad_output: Any) -> None:
+        for g in grad_output:
+            kept.append(("pre", g, g.numpy().copy()))
+            kept.append(("pre view", g.view(g.shape), g.numpy().copy()))
+
+    def full(m: Any, grad_input: Any, grad_output: Any) -> None:
+        for what, grads in (("grad_input", grad_input), ("grad_output", grad_output)):
+            for g in grads:
+                if g is not None:
+                    kept.append((what, g.reshape([-1]), g.numpy().reshape([-1]).copy()))
+
+    return pre, full
+
+
+def _unchanged(kept: list[tuple[str, Any, np.ndarray]]) -> None:
+    assert kept
+    for what, tensor, seen in kept:
+        np.testing.assert_array_equal(tensor.numpy(), seen, err_msg=what)
+
+
+def test_a_view_node_below_the_output_side_gets_a_copy() -> None:
+    """A layer whose last node passes a view of grad_output to relu's grad kernel: the kernel
+    may write over that view (nothing holds it, whatever holds grad_output), so the
+    grad_output the pre-hook kept must go on as a copy."""
+    m = Fn(lambda self, x: F.relu(x * 1.0 - 0.1).view([-1, D]))
+    kept: list[tuple[str, Any, np.ndarray]] = []
+    pre, full = _keep_all(kept)
+    unihook.register_full_backward_pre_hook(m, pre)
+    unihook.register_full_backward_hook(m, full)
+    x = paddle.to_tensor(np.random.default_rng(0).standard_normal((2, D)).astype("float32"))
+    x.stop_gradient = False
+    (m(x * 1.0) * paddle.rand([2, D])).sum().backward()
+    _unchanged(kept)
+
+
+def test_an_identity_node_given_a_gradient_uncopied_keeps_it_safe() -> None:
+    """An identity node that passed a gradient on uncopied because the next node is another
+    identity node obliges that one to keep it safe, also when its own hooks do not fire: here
+    the outer layer's output is not used, its full hooks do not fire, and the leaf it passes
+    the inner layer's grad_input to accumulates it in place at the second backward."""
+    inner = Fn(lambda self, x: x * 2.0)
+    aux: list[Any] = []
+    outer = Fn(lambda self, x: (aux.append(self.inner(x).sum()), x * 0.0)[1], inner=inner)
+    kept: list[tuple[str, Any, np.ndarray]] = []
+    pre, full = _keep_all(kept)
+    unihook.register_full_backward_hook(inner, full)
+    unihook.register_full_backward_hook(outer, lambda *a: None)
+    x = paddle.ones([2, D])
+    x.stop_gradient = False
+    for _ in range(2):
+        aux.clear()
+        outer(x)
+        aux[0].backward()
+    _unchanged(kept)
+    np.testing.assert_array_equal(x.grad.numpy(), np.full((2, D), 4.0))
+
+
+class _Holding(PyLayer):
+    """An identity whose backward keeps the gradient it passes on referenced (as unihook's
+    output side does until the call's full hooks ran) and records it."""
+
+    seen: list[Any] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:  # type: ignore[override]
+        return x.view(x.shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+        _Holding.seen[:] = [grad, grad.numpy().copy()]
+        return grad
+
+
+def _tensor(*shape: int) -> Any:
+    t = paddle.rand(list(shape)) + 0.5
+    t.stop_gradient = False
+    return t
+
+
+# One op per name of FRESH (several where paddle might take a shortcut), on an input of shape:
+_bn = nn.BatchNorm2D(2)
+_bn_eval = nn.BatchNorm2D(2)
+_bn_eval.eval()
+FRESH_CASES: list[tuple[str, tuple[int, ...], Callable[[Any], Any]]] = [
+    ("AddGradNode", (3, 4), lambda t: t + paddle.rand([3, 4])),
+    ("AddGradNode", (3, 4), lambda t: t + paddle.zeros([4])),
+    ("AddGradNode", (3, 4), lambda t: t + t),
+    ("AddGradNode", (1, 2, 4, 4), nn.Conv2D(2, 2, 3, padding=1)),
+    ("AddGradNode", (3, 4), nn.Linear(4, 4)),
+    ("BatchNormGradNode", (2, 2, 4, 4), _bn),
+    ("BatchNormGradNode", (2, 2, 4, 4), _bn_eval),
+    ("ConcatGradNode", (3, 4), lambda t: paddle.concat([t, t * 2])),
+    ("ConcatGradNode", (3, 4), lambda t: paddle.concat([t])),
+    ("Conv2dGradNodeFinal", (1, 2, 4, 4), nn.Conv2D(2, 2, 3, padding=1, bias_attr=False)),
+    ("Conv2dGradNodeFinal", (1, 2, 4, 4), nn.Conv2D(2, 2, 1, bias_attr=False)),
+    (
+        "DepthwiseConv2dGradNode",
+        (1, 2, 4, 4),
+        nn.Conv2D(2, 2, 3, padding=1, groups=2, bias_attr=False),
+    ),
+    ("DivideGradNode", (3, 4), lambda t: t / (paddle.rand([3, 4]) + 1)),
+    ("DropoutGradNode", (3, 4), lambda t: F.dropout(t, 0.5, training=True)),
+    ("DropoutGradNode", (3, 4), lambda t: F.dropout(t, 0.5, training=False)),
+    ("ExpGradNode", (3, 4), paddle.exp),
+    ("GeluGradNode", (3, 4), F.gelu),
+    ("HardswishGradNode", (3, 4), F.hardswish),
+    ("LayerNormGradNode", (3, 4), nn.LayerNorm(4)),
+    ("LeakyReluGradNode", (3, 4), F.leaky_relu),
+    ("MatmulGradNode", (3, 4), lambda t: paddle.matmul(t, paddle.eye(4))),
+    ("MatmulGradNode", (3, 4), nn.Linear(4, 4, bias_attr=False)),
+    ("MeanGradNode", (3, 4), lambda t: t.mean(-1)),
+    ("MeanGradNode", (3, 1), lambda t: t.mean(-1)),
+    ("MultiplyGradNode", (3, 4), lambda t: t * paddle.ones([3, 4])),
+    ("MultiplyGradNode", (3, 4), lambda t: t * t),
+    ("Pool2dGradNode", (1, 2, 4, 4), lambda t: F.max_pool2d(t, 2)),
+    ("Pool2dGradNode", (1, 2, 4, 4), lambda t: F.max_pool2d(t, 1)),
+    ("Pool2dGradNode", (1, 2, 4, 4), lambda t: F.avg_pool2d(t, 1)),
+    ("Pool2dGradNode", (1, 2, 4, 4), lambda t: F.adaptive_avg_pool2d(t, 4)),
+    ("Relu6GradNode", (3, 4), F.relu6),
+    ("ReluGradNode", (3, 4), F.relu),
+    ("ReluGradNode", (3, 4), lambda t: F.relu(t - 10)),
+    ("ScaleGradNode", (3, 4), lambda t: t * 2.0),
+    ("ScaleGradNode", (3, 4), lambda t: t * 1.0),
+    ("ScaleGradNode", (3, 4), lambda t: paddle.scale(t, 1.0, 0.0)),
+    ("ScaleGradNode", (3, 4), lambda t: t + 0),
+    ("SigmoidGradNode", (3, 4), F.sigmoid),
+    ("SiluGradNode", (3, 4), F.silu),
+    ("SoftmaxGradNode", (3, 4), lambda t: F.softmax(t, -1)),
+    ("SoftmaxGradNode", (3, 1), lambda t: F.softmax(t, -1)),
+    ("SubtractGradNode", (3, 4), lambda t: t - paddle.rand([3, 4])),
+    ("SumGradNode", (3, 4), lambda t: t.sum(-1)),
+    ("SumGradNode", (3, 1), lambda t: t.sum(-1)),
+    ("TanhGradNode", (3, 4), paddle.tanh),
+]
+
+
+def test_every_fresh_node_has_cases() -> None:
+    assert {name for name, _, _ in FRESH_CASES} == set(FRESH)
+
+
+@pytest.mark.parametrize(
+    "name,shape,op", FRESH_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(FRESH_CASES)]
+)
+def test_fresh_nodes_return_new_memory(name: str, shape: tuple[int, ...], op: Any) -> None:
+    """The premise of FRESH on the installed paddle: with its incoming gradient referenced, the
+    node leaves it unchanged and returns no gradient sharing its memory."""
+    t = _tensor(*shape)
+    h = t * 1.0  # (its gradient: what the node returned for its input)
+    got: list[Any] = []
+    h.register_hook(lambda g: got.append(g))
+    out = op(h)
+    assert out.grad_fn.name() == name
+    params = list(op.parameters()) if isinstance(op, nn.Layer) else []
+    (_Holding.apply(out) * paddle.rand(out.shape)).sum().backward()
+    grad, values = _Holding.seen
+    np.testing.assert_array_equal(grad.numpy(), values)
+    returned = got + [p.grad for p in params if p.grad is not None]
+    assert returned
+    assert not any(r._is_shared_buffer_with(grad) for r in returned)
+
+
+def test_views_write_nothing() -> None:
+    """The premise of VIEWS: the node passes a view of its gradient on, unchanged."""
+    assert VIEWS == {"ViewShapeGradNode"}
+    h = _tensor(3, 4) * 1.0
+    out = h.view([3, 4])
+    assert out.grad_fn.name() == "ViewShapeGradNode"
+    got: list[Any] = []
+    h.register_hook(lambda g: got.append(g))
+    (_Holding.apply(out) * 3.0).sum().backward()
+    grad, values = _Holding.seen
+    np.testing.assert_array_equal(grad.numpy(), values)
+    np.testing.assert_array_equal(got[0].numpy(), values)
