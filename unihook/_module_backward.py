@@ -243,7 +243,8 @@ class ModuleBackward:
         idx = call.tensor_idx = [i for i, a in enumerate(args) if ag.is_tensor(a)]
         call.originals = call.inputs = [weakref.ref(args[i]) for i in idx]
         # Only full hooks need the input side: with pre-hooks alone, one identity per call.
-        if call.full_hooks and any(ag.requires_grad(args[i]) for i in idx):
+        call.inputs_need_grad = any(ag.requires_grad(args[i]) for i in idx)
+        if call.full_hooks and call.inputs_need_grad:
             call.input_idx = idx
             new = ag.identity([args[i] for i in idx], call.on_input_grads, True, call.site)
             replaced = list(args)
@@ -542,6 +543,7 @@ class _Call:
         "full_hooks",
         "n_inputs",
         "input_idx",
+        "inputs_need_grad",
         "n_outputs",
         "output_idx",
         "grad_outputs",
@@ -570,6 +572,7 @@ class _Call:
             self.full_hooks = [*shared.full_hooks.values(), *owner.full_hooks.values()]
         self.n_inputs = n_inputs
         self.input_idx: list[int] | None = None
+        self.inputs_need_grad = False
         self.n_outputs = 0
         self.output_idx: list[int] = []
         self.grad_outputs: tuple[Any, ...] | None = None
@@ -604,14 +607,17 @@ class _Call:
         return [grad_outputs[i] for i in self.output_idx]
 
     def _fire_without_inputs(self, grad_outputs: tuple[Any, ...]) -> None:
-        if not self.full_hooks:
-            return
+        if self.inputs_need_grad:
+            return  # (pre-hooks alone: no input side)
+        # torch warns also when the module has backward pre-hooks only
         warnings.warn(
             "Full backward hook is firing when gradients are computed with respect to module "
             "outputs since no inputs require gradients.",
             UserWarning,
             stacklevel=2,
         )
+        if not self.full_hooks:
+            return
         grad_inputs = (None,) * self.n_inputs
         for hook, site in self.full_hooks:
             result = hook(self.module, grad_inputs, grad_outputs)

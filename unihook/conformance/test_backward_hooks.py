@@ -438,6 +438,21 @@ def test_no_input_needs_grad(backend: Any) -> None:
     np.testing.assert_allclose(grads[2].reshape(-1), [1, 1])
 
 
+def test_no_input_needs_grad_pre_hooks_only_warn(backend: Any) -> None:
+    """As torch: with backward pre-hooks alone, the warning comes when no input needs grad,
+    and only then."""
+    kit = backend
+    lin = kit.linear(2, 1)
+    log = Log(kit)
+    unihook.register_full_backward_pre_hook(lin, log.pre("lin"))
+    with pytest.warns(UserWarning, match="no inputs require gradients"):
+        kit.backward(lin(leaf(kit, [[1.0, 1.0]], requires_grad=False)).sum())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kit.backward(lin(leaf(kit, [[1.0, 1.0]])).sum())
+    assert [c[0] for c in log.calls] == ["lin", "lin"]
+
+
 def test_no_input_needs_grad_return_raises(backend: Any) -> None:
     kit = backend
     lin = kit.linear(2, 1)
