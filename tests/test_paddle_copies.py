@@ -27,6 +27,7 @@ warnings.filterwarnings("ignore", message="No ccache found")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from paddle.autograd import PyLayer  # noqa: E402
+from unihook_paddle import _autograd_guard, _backward  # noqa: E402
 from unihook_paddle._backward import FRESH, VIEWS  # noqa: E402
 
 import unihook  # noqa: E402
@@ -34,6 +35,17 @@ import unihook  # noqa: E402
 nn = paddle.nn
 F = nn.functional
 D = 4
+
+
+@pytest.fixture(autouse=True)
+def check_every_size() -> Any:
+    """The models here are small: decide for gradients of every size, in every backward
+    (unihook copies small ones without looking, `_CHECK_FROM`, and walks a graph only when
+    the last backward's copies would have cost more, `_VALUES_PER_NODE`)."""
+    saved = _backward._CHECK_FROM, _autograd_guard._VALUES_PER_NODE
+    _backward._CHECK_FROM, _autograd_guard._VALUES_PER_NODE = 0, 0
+    yield
+    _backward._CHECK_FROM, _autograd_guard._VALUES_PER_NODE = saved
 
 
 class Fn(nn.Layer):
@@ -74,7 +86,25 @@ def leaf_block(kind: str) -> nn.Layer:
         return Fn(lambda self, x: _aux(x * 1.5))
     if kind == "relu_view":  # the last node passes a view of its gradient to an in-place kernel
         return Fn(lambda self, x: F.relu(x * 1.0 - 0.1).view([-1, D]))
+    if kind == "retained":  # user code can zero its output's .grad in place afterwards
+        return Fn(lambda self, x: _retained(F.relu(x * 1.0 - 0.1)))
+    if kind == "view_hooked":  # a tensor hook hands relu's kernel a view of the gradient
+        return Fn(lambda self, x: _view_hooked(F.relu(x * 1.0 - 0.1)))
     raise AssertionError(kind)
+
+
+RETAINED: list[Any] = []  # tensors whose .grad is zeroed in place after each backward
+
+
+def _retained(y: Any) -> Any:
+    y.retain_grads()
+    RETAINED.append(y)
+    return y
+
+
+def _view_hooked(y: Any) -> Any:
+    y.register_hook(lambda g: g.view(g.shape))
+    return y
 
 
 AUX: list[Any] = []  # what "aux" blocks add to the loss, per forward
@@ -98,6 +128,8 @@ LEAVES = [
     "twice",
     "aux",
     "relu_view",
+    "retained",
+    "view_hooked",
 ]
 
 
@@ -113,6 +145,8 @@ def build(spec: Any) -> nn.Layer:
         return Fn(lambda self, x: self.body(x) + x, body=body)
     if kind == "fanout":  # the body's output reaches the loss twice
         return Fn(lambda self, x: (lambda y: y * 2.0 + F.relu(y))(self.body(x)), body=body)
+    if kind == "retain_child":  # the child's output (unihook's alias) has its .grad retained
+        return Fn(lambda self, x: _retained(self.body(x)), body=body)
     if kind == "late_residual":  # the input's other use is far from the loss: the body's
         # gradient for it arrives first, and is the one paddle's input buffer adds into
         return Fn(lambda self, x: self.body(x) + F.relu(F.relu(x * 1.0) * 1.0) * 1.0, body=body)
@@ -122,7 +156,7 @@ def build(spec: Any) -> nn.Layer:
 specs = st.recursive(
     st.sampled_from(LEAVES),
     lambda inner: st.tuples(
-        st.sampled_from(["seq", "residual", "fanout", "late_residual"]),
+        st.sampled_from(["seq", "residual", "fanout", "late_residual", "retain_child"]),
         st.lists(inner, min_size=1, max_size=3),
     ),
     max_leaves=8,
@@ -179,6 +213,10 @@ def run(
             out += [np.zeros(1) if g is None else g.numpy() for g in grads]
         else:
             loss.backward()
+        for t in RETAINED:
+            if t.grad is not None:
+                t.clear_gradient()  # (paddle zeroes it in place)
+        RETAINED.clear()
     if not grad_api:
         out = [x.grad.numpy()] + [np.zeros(1) if p.grad is None else p.grad.numpy() for p in params]
     return out
@@ -335,6 +373,101 @@ def test_an_identity_node_given_a_gradient_uncopied_keeps_it_safe() -> None:
         aux[0].backward()
     _unchanged(kept)
     np.testing.assert_array_equal(x.grad.numpy(), np.full((2, D), 4.0))
+
+
+def test_a_tensor_hook_returning_a_view_does_not_reach_what_hooks_saw() -> None:
+    """A tensor hook inside the layer returns a view of its gradient: relu's grad kernel may
+    write over that view, so grad_output goes on as a copy."""
+    m = Fn(lambda self, x: _view_hooked(F.relu(x)))
+    kept: list[tuple[str, Any, np.ndarray]] = []
+    pre, full = _keep_all(kept)
+    unihook.register_full_backward_pre_hook(m, pre)
+    unihook.register_full_backward_hook(m, full)
+    x = paddle.to_tensor([[-1.0, 2.0, -3.0, 4.0]])
+    x.stop_gradient = False
+    (m(x) * paddle.to_tensor([[10.0, 20.0, 30.0, 40.0]])).sum().backward()
+    _unchanged(kept)
+    np.testing.assert_array_equal(x.grad.numpy(), [[0.0, 20.0, 0.0, 40.0]])
+
+
+def test_a_retained_grad_zeroed_in_place_does_not_reach_what_hooks_saw() -> None:
+    """paddle's retained .grad of a non-leaf is the gradient itself (torch's is a copy); user
+    code zeroing it in place (`clear_gradient()`) must not change what a hook saw, on either
+    side of the retained tensor."""
+    a = Fn(lambda self, x: _retained(F.relu(x)))
+    b = nn.Linear(2, 2)
+    kept: list[tuple[str, Any, np.ndarray]] = []
+    pre, full = _keep_all(kept)
+    for layer in (a, b):
+        unihook.register_full_backward_pre_hook(layer, pre)
+        unihook.register_full_backward_hook(layer, full)
+    x = paddle.to_tensor([[1.0, 2.0]])
+    x.stop_gradient = False
+    y = a(x)
+    y.retain_grads()
+    b(y).sum().backward()
+    y.clear_gradient()
+    for t in RETAINED:
+        t.clear_gradient()
+    RETAINED.clear()
+    _unchanged(kept)
+
+
+def test_small_gradients_are_copied_without_looking(monkeypatch: Any) -> None:
+    """Below `_CHECK_FROM` values a copy costs less than the check: a chain of small layers is
+    copied throughout, a chain of large ones is not."""
+    _backward._CHECK_FROM = 1 << 16
+    _autograd_guard._history[:] = [0, 0]
+    copied: list[tuple[int, ...]] = []
+    original = paddle.Tensor.clone
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        copied.append(tuple(self.shape))
+        return original(self, *args, **kwargs)
+
+    for width, copies in ((4, 6), (1 << 16, 1)):
+        model = nn.Sequential(nn.ReLU(), nn.ReLU())
+        for layer in model.sublayers(include_self=True):
+            unihook.register_full_backward_hook(layer, lambda *a: None)
+        x = paddle.ones([1, width])
+        x.stop_gradient = False
+        monkeypatch.setattr(paddle.Tensor, "clone", counting)
+        model(x).sum().backward()
+        monkeypatch.undo()
+        assert len(copied) == copies, (width, copied)  # large: only x.grad's
+        copied.clear()
+
+
+def test_a_graph_is_walked_only_when_the_last_copies_cost_more(monkeypatch: Any) -> None:
+    """The walk (about 4 us a node) is made in a backward when the values asked about in the
+    previous one would have cost more to copy (0.7 ns a value): a deep stack of small layers
+    behind one large one is copied without a walk from its second backward on; a stack of
+    large ones is walked every time."""
+    _backward._CHECK_FROM = 1 << 16
+    _autograd_guard._VALUES_PER_NODE = 6000
+    _autograd_guard._history[:] = [0, 0]
+    walks = []
+    graph = _autograd_guard._Graph
+
+    def counting(roots: Any) -> Any:
+        walks.append(1)
+        return graph(roots)
+
+    monkeypatch.setattr(_autograd_guard, "_Graph", counting)
+    for layers, walked in (
+        ([nn.ReLU(), nn.Linear(1 << 16, 4), *(nn.ReLU() for _ in range(100))], 1),
+        ([nn.ReLU() for _ in range(40)], 3),
+    ):
+        model = nn.Sequential(*layers)
+        for layer in model.sublayers():
+            unihook.register_full_backward_hook(layer, lambda *a: None)
+        x = paddle.ones([1, 1 << 16])
+        x.stop_gradient = False
+        _autograd_guard._history[:] = [0, 0]
+        walks.clear()
+        for _ in range(3):
+            model(x).sum().backward()
+        assert len(walks) == walked, len(layers)
 
 
 class _Holding(PyLayer):

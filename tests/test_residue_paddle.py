@@ -2,8 +2,9 @@
 after every hook is gone, paddle runs exactly as if unihook had never been used.
 
 - ``Layer.__call__`` takes its no-hook fast path again (``_dygraph_call_func`` not called);
-- the autograd guard (``_autograd_guard``) restores ``core.eager.run_backward`` and
-  ``run_partial_grad`` once the last tensor hook is removed and its tensors are dropped.
+- the autograd guard (``_autograd_guard``) restores ``core.eager.run_backward``,
+  ``run_partial_grad``, ``Tensor._register_grad_hook`` and ``Tensor.retain_grads`` once the
+  last tensor hook is removed and its tensors are dropped, and its marks go with the nodes.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ _SCRIPT = textwrap.dedent(
     from unihook_paddle import _autograd_guard as guard
 
     original = (core.eager.run_backward, core.eager.run_partial_grad)
+    methods = (paddle.Tensor._register_grad_hook, paddle.Tensor.retain_grads)
 
     def one_round(remove):
         x = paddle.to_tensor([1.0, 2.0], stop_gradient=False)
@@ -104,7 +106,13 @@ _SCRIPT = textwrap.dedent(
         handles = [unihook.register_tensor_hook(x, lambda g: g * 2),
                    unihook.register_tensor_hook(z, lambda g: g + 1)]
         assert core.eager.run_backward is not original[0]
-        (z * 3).sum().backward()
+        assert paddle.Tensor.retain_grads is not methods[1]
+        lin = paddle.nn.Linear(2, 2)
+        handles.append(unihook.register_full_backward_hook(lin, lambda *a: None))
+        out = lin(z.reshape([1, 2]))  # an identity node lives: a retained grad is marked
+        z.retain_grads()
+        assert guard._seen
+        ((z * 3).sum() + out.sum() * 0).backward()
         assert x.grad.numpy().tolist() == [16.0, 16.0], x.grad
         y = x * x
         (gx,) = paddle.grad([y.sum()], [x])
@@ -119,7 +127,10 @@ _SCRIPT = textwrap.dedent(
         assert not guard.installed(), "guard still installed"
         assert core.eager.run_backward is original[0]
         assert core.eager.run_partial_grad is original[1]
+        assert paddle.Tensor._register_grad_hook is methods[0]
+        assert paddle.Tensor.retain_grads is methods[1]
         assert not guard._tracked, guard._tracked
+        assert not guard._seen and not guard._marks, (guard._seen, guard._marks)
     print("RESTORED")
     """
 )

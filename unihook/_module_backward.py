@@ -60,14 +60,15 @@ class Autograd(Protocol):
         materialize: bool,
         site: Site,
         /,
-        held_until: Sequence[Any] = (),
+        held_until: object = None,
     ) -> Sequence[Any]:
         """Pass `tensors` through one identity node whose backward calls `on_backward` with
         every output's gradient (None for an unused output unless `materialize`, zeros for a
         non-differentiable one) and returns what it returns. `site` names the hooked module in
-        errors the framework raises about the node. `held_until` (the output side of a call
-        with full hooks): what the call's input-side identity returned; the call holds what
-        `on_backward` returns until that identity's backward ran (its full hooks see it then),
+        errors the framework raises about the node. The sequence returned may carry a `node`
+        attribute naming the node (holding no tensor); for the output side of a call with
+        full hooks, `held_until` is that of the call's input side: the call holds what
+        `on_backward` returns until that node's backward ran (its full hooks see it then),
         which a backend that copies the gradients hooks saw may use to copy less."""
         ...
 
@@ -247,6 +248,7 @@ class ModuleBackward:
         if call.full_hooks and call.inputs_need_grad:
             call.input_idx = idx
             new = ag.identity([args[i] for i in idx], call.on_input_grads, True, call.site)
+            call.input_node = getattr(new, "node", None)
             replaced = list(args)
             for i, t in zip(idx, new):
                 replaced[i] = t
@@ -294,13 +296,6 @@ class ModuleBackward:
             # after every pre-hook ran: the ones to read are those forward got from us.
             args = tuple(call.args_got())
         originals = [r() for r in call.originals]
-        # (what the input side's identity returned: the output side's results are held until
-        # its backward, see on_output_grads)
-        held = (
-            ()
-            if call.input_idx is None
-            else [t for t in (r() for r in call.inputs) if t is not None]
-        )
         call.originals = call.inputs = ()  # the call's state outlives forward
         if output is None:
             # forward raised: the inputs it changed in place still carry that change
@@ -319,7 +314,11 @@ class ModuleBackward:
             call.n_outputs = len(items)
             call.output_idx = idx
             new = ag.identity(
-                [items[i] for i in idx], call.on_output_grads, False, call.site, held_until=held
+                [items[i] for i in idx],
+                call.on_output_grads,
+                False,
+                call.site,
+                held_until=call.input_node,  # (see on_output_grads)
             )
             for i, t in zip(idx, new):
                 replaced[i] = t
@@ -543,6 +542,7 @@ class _Call:
         "full_hooks",
         "n_inputs",
         "input_idx",
+        "input_node",
         "inputs_need_grad",
         "n_outputs",
         "output_idx",
@@ -572,6 +572,7 @@ class _Call:
             self.full_hooks = [*shared.full_hooks.values(), *owner.full_hooks.values()]
         self.n_inputs = n_inputs
         self.input_idx: list[int] | None = None
+        self.input_node: object = None  # what the backend names the input side's node by
         self.inputs_need_grad = False
         self.n_outputs = 0
         self.output_idx: list[int] = []

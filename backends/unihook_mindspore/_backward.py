@@ -104,7 +104,7 @@ class MindSporeAutograd:
         on_backward: Callable[[Grads], Grads],
         materialize: bool,
         site: Site,
-        held_until: Sequence[Any] = (),  # unused (the node copies no gradient)
+        held_until: object = None,  # unused (the node copies no gradient)
     ) -> Sequence[Any]:
         outs = _Identity.apply(on_backward, materialize, site, *tensors)
         return outs if isinstance(outs, (tuple, list)) else (outs,)

@@ -34,7 +34,8 @@ import itertools
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Container, Iterator
+from collections import deque
+from typing import Any, Callable, Container, Iterator, NamedTuple
 
 from paddle.base import core
 
@@ -54,9 +55,11 @@ __all__ = [
     "spend",
     "several_slots",
     "pruned",
-    "grad_node",
     "obliged",
     "passes_on",
+    "receives_seen",
+    "register_unseen",
+    "Trust",
 ]
 
 
@@ -76,6 +79,8 @@ class _State(threading.local):
     graph: _Graph | None = None
     # the identity nodes an earlier one passed a gradient to without a copy (`passes_on`)
     obliged: set[int] | None = None
+    asked = 0  # values `passes_on` was asked about in the innermost running backward
+    declined = False  # it decided not to walk that backward's graph
 
     def __init__(self) -> None:
         self.shared = _Shared()
@@ -104,6 +109,14 @@ _originals: tuple[Callable[..., Any], Callable[..., Any]] = (
     core.eager.run_partial_grad,
 )
 _installed = False
+# paddle.Tensor's `_register_grad_hook` (what `register_hook` calls) and `retain_grads`, as
+# found when the guard goes in: while it is in, the nodes whose gradient user code can see are
+# marked (`_seen`)
+_Tensor: Any = core.eager.Tensor  # (its private methods are not in paddle's stubs)
+_tensor_originals: tuple[Callable[..., Any], Callable[..., Any]] = (
+    _Tensor._register_grad_hook,
+    _Tensor.retain_grads,
+)
 # id(tensor) -> (weak reference to it, {token: weak reference to a hook function}) in
 # registration order. Weak both ways: paddle holds the hook functions as long as they can fire,
 # and a hook whose closure holds its tensor must not make the tensor immortal through us.
@@ -118,18 +131,33 @@ def installed() -> bool:
     return _installed
 
 
-def hold(hook_function: Callable[..., Any]) -> None:
-    """Keep the guard installed while `hook_function` (held by paddle's graph) is alive."""
-    global _originals, _installed
+def hold(hook_function: Callable[..., Any], identity: bool = False) -> None:
+    """Keep the guard installed while `hook_function` (held by paddle's graph) is alive;
+    `identity`: it is an identity node's (see `passes_on`), counted while alive."""
+    global _originals, _tensor_originals, _installed, _identity_count
     with _lock:
         if not _installed:
             _originals = (core.eager.run_backward, core.eager.run_partial_grad)
+            _tensor_originals = (_Tensor._register_grad_hook, _Tensor.retain_grads)
             _installed = True
             core.eager.run_backward = _run_backward
             core.eager.run_partial_grad = _run_partial_grad
+            _Tensor._register_grad_hook = _register_grad_hook
+            _Tensor.retain_grads = _retain_grads
         # A weak reference with a callback: a fifth of weakref.finalize's cost, and this runs
         # twice per call of a module with backward hooks.
-        _holders.add(weakref.ref(hook_function, _release))
+        if identity:
+            _identity_count += 1
+            _holders.add(weakref.ref(hook_function, _release_identity))
+        else:
+            _holders.add(weakref.ref(hook_function, _release))
+
+
+def _release_identity(holder: weakref.ref[Any]) -> None:
+    global _identity_count
+    with _lock:
+        _identity_count -= 1
+        _release(holder)
 
 
 def _release(holder: weakref.ref[Any]) -> None:
@@ -138,6 +166,7 @@ def _release(holder: weakref.ref[Any]) -> None:
         _holders.discard(holder)
         if not _holders and _installed:
             core.eager.run_backward, core.eager.run_partial_grad = _originals
+            _Tensor._register_grad_hook, _Tensor.retain_grads = _tensor_originals
             _installed = False
 
 
@@ -397,8 +426,14 @@ def _guarded(
     state = _state
     outer_graph, outer_fired, outer_cuts = state.create_graph, state.fired_tokens, state.cuts
     outer_ends, state.ends = state.ends, []
-    outer_walk = state.roots, state.graph, state.obliged
-    state.roots, state.graph, state.obliged = roots, None, None
+    outer_walk = state.roots, state.graph, state.obliged, state.asked, state.declined
+    state.roots, state.graph, state.obliged, state.asked, state.declined = (
+        roots,
+        None,
+        None,
+        0,
+        False,
+    )
     state.create_graph = create_graph
     state.cuts = cuts
     state.fired_tokens = set()
@@ -429,7 +464,12 @@ def _guarded(
         state.depth -= 1
         state.create_graph, state.fired_tokens, state.cuts = outer_graph, outer_fired, outer_cuts
         state.ends = outer_ends
-        state.roots, state.graph, state.obliged = outer_walk
+        if state.asked:
+            _history[:] = (
+                _history[0] if state.graph is None else len(state.graph.children),
+                state.asked,
+            )
+        state.roots, state.graph, state.obliged, state.asked, state.declined = outer_walk
         shared.firing = outer_firing
         if state.depth == 0:
             state.pending = None
@@ -469,11 +509,6 @@ def spend(ptr: int, keeper: object, error: Callable[[], BaseException]) -> None:
     if ptr:
         _spent[ptr] = error
         weakref.finalize(keeper, _spent.pop, ptr, None)
-
-
-def grad_node(tensor: Any) -> Any:
-    """`tensor`'s grad node (None: a leaf, or it cannot be read without leaking it)."""
-    return _grad_node(tensor)
 
 
 def _grad_node(tensor: Any) -> Any:
@@ -610,6 +645,75 @@ def _cut_slots(roots: Any, inputs: Any) -> dict[int, frozenset[int]]:
     return cuts or _NO_CUTS
 
 
+# -- nodes whose gradient user code sees --------------------------------------------------
+# A tensor hook (which may keep its gradient, or return a view of it that a grad kernel then
+# writes over) and retain_grads (paddle's .grad of a non-leaf is the gradient itself, which user
+# code may change in place: `clear_gradient()` zeroes it; torch's retain_grad stores a copy)
+# let user code reach the gradient a node receives. While the guard is in, registering either
+# marks the tensor's grad node; `passes_on` never passes a gradient a hook saw to such a node.
+# Every node `passes_on` trusts is created while the guard is in (it goes in with the first
+# identity node and stays while one lives), so no mark is missed. The mark lives as long as the
+# node: a no-op hook of ours beside the user's, which paddle drops with the node.
+
+_seen: dict[int, int] = {}  # node_ptr -> how many marks (live _Mark hooks) it has
+_identity_count = 0  # identity nodes alive (`hold`)
+
+
+_marks: set[weakref.ref[Any]] = set()
+
+
+class _Mark:
+    __slots__ = ("ptr", "__weakref__")
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __call__(self, grad: Any) -> None:
+        return None
+
+
+def _unmark(ref: weakref.ref[Any], ptr: int) -> None:
+    with _lock:
+        _marks.discard(ref)
+        left = _seen.get(ptr, 0) - 1
+        if left > 0:
+            _seen[ptr] = left
+        else:
+            _seen.pop(ptr, None)
+
+
+def _mark(tensor: Any) -> None:
+    if not _identity_count:
+        return  # (what `passes_on` trusts is made while an identity node lives)
+    node = _grad_node(tensor)
+    if node is None:
+        return  # a leaf: its accumulation node is never trusted
+    ptr = int(node.node_ptr())
+    mark = _Mark(ptr)
+    _tensor_originals[0](tensor, mark)
+    with _lock:
+        _seen[ptr] = _seen.get(ptr, 0) + 1
+        _marks.add(weakref.ref(mark, lambda ref, ptr=ptr: _unmark(ref, ptr)))
+
+
+def _register_grad_hook(self: Any, hook: Any) -> Any:
+    if not self.stop_gradient:
+        _mark(self)
+    return _tensor_originals[0](self, hook)
+
+
+def _retain_grads(self: Any) -> Any:
+    if not self.stop_gradient:
+        _mark(self)
+    return _tensor_originals[1](self)
+
+
+def register_unseen(tensor: Any, hook: Callable[[Any], Any]) -> int:
+    """Register `hook` on `tensor` without marking its node: for unihook's own hooks that
+    neither keep nor change the gradient (an identity node's)."""
+    return int(_tensor_originals[0](tensor, hook))
+
+
 # -- gradients passed on without a copy ------------------------------------------------------
 # paddle changes a gradient in place after a node returned it: a node's input buffer adds a
 # later gradient into the first one it received (GradTensorHolder), a leaf's .grad accumulates
@@ -625,13 +729,14 @@ class _Graph:
     """The running backward's graph, from its roots: each node's children and how many edges
     reach it, its name."""
 
-    __slots__ = ("children", "edges_in", "names", "reach")
+    __slots__ = ("children", "edges_in", "names", "reach", "tainted")
 
     def __init__(self, roots: Any) -> None:
         self.children: dict[int, list[int]] = {}
         self.edges_in: dict[int, int] = {}
         self.names: dict[int, str] = {}
         self.reach: dict[tuple[int, int], bool] = {}
+        self.tainted: set[int] | None = None  # see `receives_seen`
         if not isinstance(roots, (list, tuple)):
             roots = [roots]
         stack = [node for node in map(_grad_node, roots) if node is not None]
@@ -651,23 +756,61 @@ class _Graph:
             self.names[ptr] = node.name()
 
     def reaches(self, start: int, target: int) -> bool:
-        """Whether the node `target` is `start` or below it."""
+        """Whether the node `target` is `start` or at most `_NEAR` nodes below it (breadth
+        first: a module's last node reaches its input side's in a few steps; a search through
+        a whole graph for every node would cost its size squared)."""
         key = (start, target)
         found = self.reach.get(key)
         if found is None:
-            seen: set[int] = set()
-            todo = [start]
+            seen = {start}
+            todo = deque([start])
             found = False
-            while todo:
-                ptr = todo.pop()
+            while todo and len(seen) <= _NEAR:
+                ptr = todo.popleft()
                 if ptr == target:
                     found = True
                     break
-                if ptr not in seen:
-                    seen.add(ptr)
-                    todo.extend(c for c in self.children.get(ptr, ()) if c)
+                for child in self.children.get(ptr, ()):
+                    if child and child not in seen:
+                        seen.add(child)
+                        todo.append(child)
             self.reach[key] = found
         return found
+
+
+_NEAR = 64
+
+
+def _running_graph() -> _Graph | None:
+    state = _state
+    if state.roots is None:
+        return None
+    if state.graph is None:
+        state.graph = _Graph(state.roots)
+    return state.graph
+
+
+def receives_seen(ptr: int, fresh: Container[str]) -> bool:
+    """Whether the node at `ptr` may receive a gradient sharing memory with one user code can
+    reach (a retained .grad, a tensor hook's argument): a node marked so is above it, with
+    only nodes between that may pass on a view of their gradient (not in `fresh`)."""
+    if not _seen or not ptr:
+        return False
+    graph = _running_graph()
+    if graph is None:
+        return True
+    if graph.tainted is None:  # once per backward: down from the marked nodes
+        tainted: set[int] = set()
+        todo = [m for m in _seen if m in graph.children]
+        while todo:
+            node = todo.pop()
+            for child in graph.children[node]:
+                if child and child not in tainted:
+                    tainted.add(child)
+                    if graph.names.get(child, "") not in fresh:
+                        todo.append(child)
+        graph.tainted = tainted
+    return ptr in graph.tainted
 
 
 def obliged(ptr: int) -> bool:
@@ -677,34 +820,50 @@ def obliged(ptr: int) -> bool:
     return marked is not None and ptr in marked
 
 
-def passes_on(
-    ptr: int,
-    held_until: int,
-    identities: Container[int],
-    fresh: Container[str],
-    views: Container[str],
-) -> bool:
+# The walk of a graph costs about 4 us a node; a copy about 0.7 ns a float32 value. A backward
+# walks its graph only when the values the nodes asked about in the previous backward
+# (`_history`: that graph's size, those values) would have cost more to copy than the walk.
+_VALUES_PER_NODE = 6000
+_history = [0, 0]  # nodes in the last graph walked (0: none yet), values asked last backward
+
+
+class Trust(NamedTuple):
+    """The nodes `passes_on` trusts, by name."""
+
+    identity: str  # unihook's identity nodes
+    fresh: Container[str]  # kernels that write their results to new memory
+    views: Container[str]  # nodes passing a view of their gradient on, writing nothing
+
+
+def passes_on(ptr: int, held_until: int, trust: Trust, values: int) -> bool:
     """Whether the identity node at `ptr` may return the gradients a hook saw as they are:
     nothing in the running backward can change them afterwards. Each node they go to must get
     no other edge (no input buffer adds into them) and be no leaf's accumulation, and be
-    - another identity node (in `identities`), obliged to keep them safe in turn; or
-    - a node passing a view of its gradient on without writing (its name in `views`), whose
+    - another identity node (named `trust.identity`), obliged to keep them safe in turn; or
+    - a node passing a view of its gradient on without writing (`trust.views`), whose
       children are checked by the same rule; or
     - when the caller holds the gradients until the identity node at `held_until` ran (so no
       grad kernel finds them unreferenced and writes over them), a node above that one whose
-      kernel writes its results to new memory (its name in `fresh`)."""
+      kernel writes its results to new memory (`trust.fresh`).
+    `values`: how many values the gradients have (see `_history`)."""
     state = _state
-    if state.roots is None or not ptr:
-        return False
+    state.asked += values
     graph = state.graph
     if graph is None:
-        graph = state.graph = _Graph(state.roots)
+        if state.roots is None or state.declined or not ptr:
+            return False
+        nodes, asked = _history
+        if nodes and asked < nodes * _VALUES_PER_NODE:
+            state.declined = True  # (for this backward: the copies are cheaper)
+            return False
+        graph = _running_graph()
+        if graph is None:
+            return False
     children = graph.children.get(ptr)
     if children is None:
         return False
     mine: list[int] = []
-    kinds = (identities, fresh, views)
-    if not all(_keeps(graph, child, held_until, kinds, mine) for child in children if child):
+    if not all(_keeps(graph, child, held_until, trust, mine) for child in children if child):
         return False
     if mine:
         if state.obliged is None:
@@ -717,18 +876,17 @@ def _keeps(
     graph: _Graph,
     ptr: int,
     held_until: int,
-    kinds: tuple[Container[int], Container[str], Container[str]],
+    trust: Trust,
     mine: list[int],
 ) -> bool:
     """Whether the node at `ptr` leaves a gradient it receives unchanged (see `passes_on`)."""
-    identities, fresh, views = kinds
-    if graph.edges_in.get(ptr) != 1:
+    if graph.edges_in.get(ptr) != 1 or ptr in _seen:
         return False
-    if ptr in identities:
+    name = graph.names.get(ptr, "")
+    if name == trust.identity:
         mine.append(ptr)
         return True
-    name = graph.names.get(ptr, "")
-    if name in views:
+    if name in trust.views:
         # (a view is a new tensor: the caller's hold does not cover it)
-        return all(_keeps(graph, child, 0, kinds, mine) for child in graph.children[ptr] if child)
-    return bool(held_until) and name in fresh and graph.reaches(ptr, held_until)
+        return all(_keeps(graph, child, 0, trust, mine) for child in graph.children[ptr] if child)
+    return bool(held_until) and name in trust.fresh and graph.reaches(ptr, held_until)

@@ -39,6 +39,7 @@ and traps not listed there:
 
 from __future__ import annotations
 
+import math
 import weakref
 from functools import partial
 from typing import Any, Callable, Sequence
@@ -92,7 +93,7 @@ class _Node:
         "materialize",
         "__weakref__",
     )
-    on_backward: Callable[[Grads], Grads]  # these three are set by _Identity.forward
+    on_backward: Callable[[Grads], Grads]  # these three are set by _UnihookIdentity.forward
     shapes: list[tuple[Any, Any]]
     materialize: bool
 
@@ -133,7 +134,7 @@ def _spent_error(site: Site) -> BackendStateError:
     )
 
 
-class _Identity(PyLayer):
+class _UnihookIdentity(PyLayer):  # (paddle names its node after it: see TRUST)
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any,
@@ -153,6 +154,10 @@ class _Identity(PyLayer):
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
         node = ctx.node()  # alive: the node being run holds it
+        if guard.receives_seen(node.ptr, FRESH):
+            # maybe a view of a retained .grad (user code may zero it in place; torch's
+            # retain_grad keeps a copy): the hooks get their own
+            grads = tuple(None if g is None else g.clone() for g in grads)
         try:
             results = node.on_backward(grads)
         except BaseException as error:
@@ -166,9 +171,11 @@ class _Identity(PyLayer):
         # Paddle may change a gradient in place after it left the node: one a hook saw (and may
         # keep, as torch allows), here or in an identity node that passed it on uncopied, goes
         # back as a copy unless nothing in this backward can change it (see the module doc).
-        copy = (exposed or guard.obliged(node.ptr)) and not (
-            constant and guard.passes_on(node.ptr, node.held_until, _identities, FRESH, VIEWS)
-        )
+        copy = exposed or guard.obliged(node.ptr)
+        if copy and constant:
+            values = _values(results)
+            if values >= _CHECK_FROM:
+                copy = not guard.passes_on(node.ptr, node.held_until, TRUST, values)
         pruned = guard.pruned(node.ptr)
         out = []
         for i, (result, (shape, dtype)) in enumerate(zip(results, node.shapes)):
@@ -221,22 +228,24 @@ FRESH = frozenset(
 )
 # The grad nodes that pass a view of their gradient on and write nothing: `_alias`'s.
 VIEWS = frozenset({"ViewShapeGradNode"})
-# node_ptr of each live identity node -> its _Node (which lives exactly as long as the node)
-_identities: weakref.WeakValueDictionary[int, _Node] = weakref.WeakValueDictionary()
+TRUST = guard.Trust(f"GradNodePyLayer_{_UnihookIdentity.__name__}", FRESH, VIEWS)
 
 
-def _identity_behind(aliases: Sequence[Any]) -> int:
-    """The identity node behind the first of `aliases` (tensors an identity returned: each
-    is `_alias` of an output of the node), 0 when none is found."""
-    for alias in aliases:
-        node = guard.grad_node(alias) if not alias.stop_gradient else None
-        if node is None:
-            continue
-        below = node.next_functions
-        ptr = below[0].node_ptr() if len(below) == 1 and below[0] is not None else 0
-        if ptr in _identities:
-            return ptr
-    return 0
+# Whether a gradient can go on uncopied takes a walk of the running backward's graph (once,
+# see `guard.passes_on`) and a look around the node (some us): asked only for gradients whose
+# copy costs more. Small ones are copied without asking.
+_CHECK_FROM = 1 << 16  # values in the node's gradients (256 KB of float32)
+
+
+def _values(results: Grads) -> int:
+    # (a hook's wrong value for a slot is reported below, by _check_slot)
+    return sum(math.prod(r.shape) for r in results if _is_tensor(r))
+
+
+class _Aliases(list):  # type: ignore[type-arg]
+    """What `identity` returns: the tensors, and the node's node_ptr (`held_until`)."""
+
+    __slots__ = ("node",)
 
 
 def _check_slot(result: Any, shape: Any, dtype: Any, node: _Node) -> None:
@@ -321,26 +330,25 @@ class PaddleAutograd:
         on_backward: Callable[[Grads], Grads],
         materialize: bool,
         site: Site,
-        held_until: Sequence[Any] = (),
+        held_until: object = None,
     ) -> Sequence[Any]:
-        node = _Node(site, _identity_behind(held_until))
+        node = _Node(site, held_until if isinstance(held_until, int) else 0)
         # Some tensor needs grad (the caller checks). Those that don't bypass the node (trap 2).
         live = [i for i, t in enumerate(tensors) if not t.stop_gradient]
         if len(live) < len(tensors):
             on_backward = _Bypass(on_backward, tensors, live, materialize)
-        outs = _Identity.apply(on_backward, materialize, node, *[tensors[i] for i in live])
+        outs = _UnihookIdentity.apply(on_backward, materialize, node, *[tensors[i] for i in live])
         if not isinstance(outs, (tuple, list)):
             outs = (outs,)
         node.ptr = guard.node_ptr(outs[0])
-        if node.ptr:
-            _identities[node.ptr] = node
         if len(live) > 1:
             guard.several_slots(node.ptr, node)
-        outs[0]._register_grad_hook(node)
-        guard.hold(node)  # the guard must outlive the node: it protects it from trap 7
-        result = list(tensors)
+        guard.register_unseen(outs[0], node)
+        guard.hold(node, identity=True)  # the guard must outlive the node (trap 7)
+        result = _Aliases(tensors)
         for i, o in zip(live, outs):
             result[i] = _alias(o)
+        result.node = node.ptr
         return result
 
     @staticmethod

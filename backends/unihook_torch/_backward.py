@@ -149,7 +149,7 @@ class TorchAutograd:
         on_backward: Callable[[Grads], Grads],
         materialize: bool,
         site: Site,
-        held_until: Sequence[Any] = (),  # unused: torch never changes a gradient still referenced
+        held_until: object = None,  # unused: torch never changes a gradient still referenced
     ) -> Sequence[Any]:
         return _Identity.apply(on_backward, materialize, site, *tensors)
 
