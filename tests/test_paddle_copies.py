@@ -470,6 +470,58 @@ def test_a_graph_is_walked_only_when_the_last_copies_cost_more(monkeypatch: Any)
         assert len(walks) == walked, len(layers)
 
 
+def test_a_cnn_at_the_default_thresholds(monkeypatch: Any) -> None:
+    """The defaults (`_CHECK_FROM`, `_VALUES_PER_NODE`) on a small CNN whose activations are
+    large enough to be asked about: hooks on every layer keep what they saw (tensors and
+    views), a retained output's .grad is zeroed after each backward, over three backwards;
+    kept values and gradients are those of the model without hooks, and fewer gradients are
+    copied than hooks saw."""
+    _backward._CHECK_FROM = 1 << 16
+    _autograd_guard._VALUES_PER_NODE = 6000
+    _autograd_guard._history[:] = [0, 0]
+    paddle.seed(1)
+    layers: list[nn.Layer] = []
+    for c_in, c_out in ((3, 16), (16, 16)):
+        layers += [nn.Conv2D(c_in, c_out, 3, padding=1), nn.BatchNorm2D(c_out), nn.ReLU()]
+    model = nn.Sequential(*layers, nn.MaxPool2D(2), nn.Flatten(), nn.Linear(16 * 32 * 32, 10))
+    x0 = np.random.default_rng(1).standard_normal((8, 3, 64, 64)).astype("float32")
+
+    def run() -> list[np.ndarray]:
+        model.clear_gradients()
+        x = paddle.to_tensor(x0)
+        x.stop_gradient = False
+        for _ in range(3):
+            out = model(x)
+            out.retain_grads()
+            (out * paddle.arange(10, dtype="float32")).sum().backward()
+            out.clear_gradient()
+        return [x.grad.numpy()] + [
+            p.grad.numpy() for p in model.parameters() if not p.stop_gradient
+        ]
+
+    want = run()
+    kept: list[tuple[str, Any, np.ndarray]] = []
+    pre, full = _keep_all(kept)
+    for layer in model.sublayers(include_self=True):
+        unihook.register_full_backward_pre_hook(layer, pre)
+        unihook.register_full_backward_hook(layer, full)
+    copied: list[int] = []
+    original = paddle.Tensor.clone
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        copied.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(paddle.Tensor, "clone", counting)
+    got = run()
+    monkeypatch.undo()
+    _unchanged(kept)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    exposed = 3 * 2 * len(model.sublayers(include_self=True))  # (each side's hooks saw some)
+    assert 0 < len(copied) < exposed / 2, (len(copied), exposed)
+
+
 class _Holding(PyLayer):
     """An identity whose backward keeps the gradient it passes on referenced (as unihook's
     output side does until the call's full hooks ran) and records it."""
