@@ -14,6 +14,7 @@ the model without hooks.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any, Callable
 
@@ -520,6 +521,67 @@ def test_a_cnn_at_the_default_thresholds(monkeypatch: Any) -> None:
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     exposed = 3 * 2 * len(model.sublayers(include_self=True))  # (each side's hooks saw some)
     assert 0 < len(copied) < exposed / 2, (len(copied), exposed)
+
+
+def test_one_mark_a_node_whatever_is_registered_and_removed() -> None:
+    """Registering and removing a tensor hook again and again on one tensor while an identity
+    node lives leaves one mark on its node (each used to add one: the backward slowed)."""
+    lin = nn.Linear(D, D)
+    unihook.register_full_backward_hook(lin, lambda *a: None)
+    x = paddle.ones([2, D])
+    x.stop_gradient = False
+    t = x * 2.0
+    out = lin(t)  # (an identity node lives)
+    before = len(_autograd_guard._marks)
+    for _ in range(200):
+        t.register_hook(lambda g: None).remove()
+    assert len(_autograd_guard._marks) == before + 1
+    out.sum().backward()
+
+
+def test_marks_coming_and_going_on_another_thread_during_backward() -> None:
+    """One thread creates and drops marked tensors (20,000 marks alive) while this one runs
+    backwards that look at the marks (a retained output): the marks are read consistently."""
+    import threading
+    import time
+
+    model = nn.Sequential(*(nn.Linear(256, 256) for _ in range(2)))
+    for layer in model:
+        unihook.register_full_backward_hook(layer, lambda *a: None)
+    x = paddle.randn([256, 256])
+    x.stop_gradient = False
+    alive = model(x)  # (an identity node lives: registrations mark)
+    base = paddle.ones([4])
+    base.stop_gradient = False
+    held = []
+    for _ in range(20000):
+        t = base * 1.0
+        t.register_hook(lambda g: None)
+        held.append(t)
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            t = base * 1.0
+            t.register_hook(lambda g: None)
+            held.append(t)
+            held.pop(0)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=churn)
+    thread.start()
+    try:
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            y = model(x)
+            y.retain_grads()
+            (y * 1.0).sum().backward()
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(switch)
+    del alive
 
 
 class _Holding(PyLayer):

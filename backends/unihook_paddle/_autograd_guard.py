@@ -655,7 +655,7 @@ def _cut_slots(roots: Any, inputs: Any) -> dict[int, frozenset[int]]:
 # identity node and stays while one lives), so no mark is missed. The mark lives as long as the
 # node: a no-op hook of ours beside the user's, which paddle drops with the node.
 
-_seen: dict[int, int] = {}  # node_ptr -> how many marks (live _Mark hooks) it has
+_seen: dict[int, int] = {}  # node_ptr of each marked node (a live _Mark hook) -> 1
 _identity_count = 0  # identity nodes alive (`hold`)
 
 
@@ -675,11 +675,7 @@ class _Mark:
 def _unmark(ref: weakref.ref[Any], ptr: int) -> None:
     with _lock:
         _marks.discard(ref)
-        left = _seen.get(ptr, 0) - 1
-        if left > 0:
-            _seen[ptr] = left
-        else:
-            _seen.pop(ptr, None)
+        _seen.pop(ptr, None)
 
 
 def _mark(tensor: Any) -> None:
@@ -689,11 +685,13 @@ def _mark(tensor: Any) -> None:
     if node is None:
         return  # a leaf: its accumulation node is never trusted
     ptr = int(node.node_ptr())
-    mark = _Mark(ptr)
-    _tensor_originals[0](tensor, mark)
     with _lock:
-        _seen[ptr] = _seen.get(ptr, 0) + 1
+        if ptr in _seen:
+            return  # (one mark a node: it stays until the node goes, whatever is removed)
+        mark = _Mark(ptr)
+        _seen[ptr] = 1
         _marks.add(weakref.ref(mark, lambda ref, ptr=ptr: _unmark(ref, ptr)))
+    _tensor_originals[0](tensor, mark)
 
 
 def _register_grad_hook(self: Any, hook: Any) -> Any:
@@ -801,7 +799,9 @@ def receives_seen(ptr: int, fresh: Container[str]) -> bool:
         return True
     if graph.tainted is None:  # once per backward: down from the marked nodes
         tainted: set[int] = set()
-        todo = [m for m in _seen if m in graph.children]
+        with _lock:  # (another thread may mark meanwhile)
+            marked = list(_seen)
+        todo = [m for m in marked if m in graph.children]
         while todo:
             node = todo.pop()
             for child in graph.children[node]:

@@ -55,7 +55,7 @@ from unihook.backend import (
     check_grad_like,
     register_backward_hook,
 )
-from unihook.errors import BackendStateError, HookReturnError
+from unihook.errors import BackendStateError
 from unihook.handles import Handle
 
 from . import NAME
@@ -154,42 +154,47 @@ class _UnihookIdentity(PyLayer):  # (paddle names its node after it: see TRUST)
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
         node = ctx.node()  # alive: the node being run holds it
-        if guard.receives_seen(node.ptr, FRESH):
-            # maybe a view of a retained .grad (user code may zero it in place; torch's
-            # retain_grad keeps a copy): the hooks get their own
-            grads = tuple(None if g is None else g.clone() for g in grads)
         try:
-            results = node.on_backward(grads)
+            return _backward(node, grads)
         except BaseException as error:
+            # paddle turns it into OSError (trap 6): the guard re-raises this one
             guard.stash(error)
-            raise  # paddle keeps the context: a retry runs the hooks again (trap 6)
-        node.ran()
-        exposed = results is not grads
-        # A constant zero for a double backward makes paddle's double-grad nodes behind it
-        # (a Linear's) fail with "MetaTensor is not initialized": a zero in the graph does not.
-        constant = not guard.building_graph()
-        # Paddle may change a gradient in place after it left the node: one a hook saw (and may
-        # keep, as torch allows), here or in an identity node that passed it on uncopied, goes
-        # back as a copy unless nothing in this backward can change it (see the module doc).
-        copy = exposed or guard.obliged(node.ptr)
-        if copy and constant:
-            values = _values(results)
-            if values >= _CHECK_FROM:
-                copy = not guard.passes_on(node.ptr, node.held_until, TRUST, values)
-        pruned = guard.pruned(node.ptr)
-        out = []
-        for i, (result, (shape, dtype)) in enumerate(zip(results, node.shapes)):
-            if exposed and grads[i] is None and result is not None:
-                _check_slot(result, shape, dtype, node)
-            if i in pruned:
-                out.append(None)
-            elif result is None:
-                zeros = paddle.zeros(shape, dtype)
-                zeros.stop_gradient = constant
-                out.append(zeros)
-            else:
-                out.append(result.clone() if copy else result)
-        return tuple(out)
+            raise  # paddle keeps the context: a retry runs the hooks again
+
+
+def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
+    if guard.receives_seen(node.ptr, FRESH):
+        # maybe a view of a retained .grad (user code may zero it in place; torch's
+        # retain_grad keeps a copy): the hooks get their own
+        grads = tuple(None if g is None else g.clone() for g in grads)
+    results = node.on_backward(grads)
+    node.ran()
+    exposed = results is not grads
+    # A constant zero for a double backward makes paddle's double-grad nodes behind it
+    # (a Linear's) fail with "MetaTensor is not initialized": a zero in the graph does not.
+    constant = not guard.building_graph()
+    # Paddle may change a gradient in place after it left the node: one a hook saw (and may
+    # keep, as torch allows), here or in an identity node that passed it on uncopied, goes
+    # back as a copy unless nothing in this backward can change it (see the module doc).
+    copy = exposed or guard.obliged(node.ptr)
+    if copy and constant:
+        values = _values(results)
+        if values >= _CHECK_FROM:
+            copy = not guard.passes_on(node.ptr, node.held_until, TRUST, values)
+    pruned = guard.pruned(node.ptr)
+    out = []
+    for i, (result, (shape, dtype)) in enumerate(zip(results, node.shapes)):
+        if exposed and grads[i] is None and result is not None:
+            _check_slot(result, shape, dtype, node)
+        if i in pruned:
+            out.append(None)
+        elif result is None:
+            zeros = paddle.zeros(shape, dtype)
+            zeros.stop_gradient = constant
+            out.append(zeros)
+        else:
+            out.append(result.clone() if copy else result)
+    return tuple(out)
 
 
 # The grad nodes (by name, paddle 3.3.1) whose kernels write every gradient they return to new
@@ -253,11 +258,7 @@ def _check_slot(result: Any, shape: Any, dtype: Any, node: _Node) -> None:
     here: paddle would take a wrong dtype silently, and give a float an OSError."""
     # the output side (materialize=False) carries the pre-hooks' values
     site = node.site._replace(kind="full_backward" if node.materialize else "full_backward_pre")
-    try:
-        check_grad_like(result, tuple(shape), dtype, "paddle.Tensor", _is_tensor, site)
-    except HookReturnError as error:
-        guard.stash(error)  # paddle turns it into OSError (trap 6): re-raised as it is
-        raise
+    check_grad_like(result, tuple(shape), dtype, "paddle.Tensor", _is_tensor, site)
 
 
 class _Rebase(PyLayer):
