@@ -655,18 +655,13 @@ def _cut_slots(roots: Any, inputs: Any) -> dict[int, frozenset[int]]:
 # identity node and stays while one lives), so no mark is missed. The mark lives as long as the
 # node: a no-op hook of ours beside the user's, which paddle drops with the node.
 
-_seen: dict[int, int] = {}  # node_ptr of each marked node (a live _Mark hook) -> 1
+_seen: set[int] = set()  # node_ptr of each marked node (it has a live _Mark hook)
+_marks: set[weakref.ref[Any]] = set()  # the _Mark hooks, weakly (the node holds them)
 _identity_count = 0  # identity nodes alive (`hold`)
 
 
-_marks: set[weakref.ref[Any]] = set()
-
-
 class _Mark:
-    __slots__ = ("ptr", "__weakref__")
-
-    def __init__(self, ptr: int) -> None:
-        self.ptr = ptr
+    __slots__ = ("__weakref__",)
 
     def __call__(self, grad: Any) -> None:
         return None
@@ -675,7 +670,7 @@ class _Mark:
 def _unmark(ref: weakref.ref[Any], ptr: int) -> None:
     with _lock:
         _marks.discard(ref)
-        _seen.pop(ptr, None)
+        _seen.discard(ptr)
 
 
 def _mark(tensor: Any) -> None:
@@ -688,8 +683,8 @@ def _mark(tensor: Any) -> None:
     with _lock:
         if ptr in _seen:
             return  # (one mark a node: it stays until the node goes, whatever is removed)
-        mark = _Mark(ptr)
-        _seen[ptr] = 1
+        mark = _Mark()
+        _seen.add(ptr)
         _marks.add(weakref.ref(mark, lambda ref, ptr=ptr: _unmark(ref, ptr)))
     _tensor_originals[0](tensor, mark)
 
