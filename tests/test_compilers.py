@@ -344,6 +344,75 @@ def test_torch_dynamo_setting_restored_after_the_last_hook() -> None:
     assert proc.stdout.split() == ["True", "False", "True"]
 
 
+FULLGRAPH_BACKWARD = """
+import json, sys, torch, unihook
+kind, first = sys.argv[1], sys.argv[2]
+if first == "dynamo":  # dynamo imported before the hook, or by torch.compile after it
+    import torch._dynamo
+m = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+hook = lambda *args: None
+if kind.startswith("module_"):
+    handle = getattr(unihook, f"register_{kind}_hook")(hook, backend="torch")
+else:
+    handle = getattr(unihook, f"register_{kind}_hook")(m[0], hook)
+x = torch.ones(2, 3, requires_grad=True)
+try:
+    torch.compile(m, backend="eager", fullgraph=True)(x).sum().backward()
+    got = {"error": None}
+except Exception as error:
+    got = {"error": type(error).__name__, "runtime": isinstance(error, RuntimeError),
+           "message": str(error)}
+handle.remove()
+# without the hook fullgraph works again
+torch._dynamo.reset()
+torch.compile(m, backend="eager", fullgraph=True)(x).sum().backward()
+print(json.dumps(got))
+"""
+
+
+@pytest.mark.parametrize("first", ["dynamo", "hook"])
+@pytest.mark.parametrize("kind", ["full_backward", "full_backward_pre", "module_full_backward"])
+def test_torch_fullgraph_backward_hooks_raise_naming_the_reason(kind: str, first: str) -> None:
+    """torch.compile(fullgraph=True) cannot take unihook's module backward hooks (their
+    dispatchers run between graph breaks): dynamo's error (a RuntimeError) says so, naming
+    unihook and fullgraph, whether dynamo was imported before the hook or after it."""
+    pytest.importorskip("torch")
+    proc = subprocess.run(
+        [sys.executable, "-c", FULLGRAPH_BACKWARD, kind, first],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["error"] == "Unsupported" and got["runtime"], got
+    assert "unihook" in got["message"] and "fullgraph=True" in got["message"], got["message"]
+
+
+IMPORT_HOOK_RESTORED = """
+import sys, torch, unihook
+before = list(sys.meta_path)
+m = torch.nn.Linear(2, 2)
+handles = [unihook.register_full_backward_hook(m, lambda *a: None) for _ in range(2)]
+during = len(sys.meta_path) - len(before)
+for handle in handles:
+    handle.remove()
+print(during, sys.meta_path == before, "torch._dynamo" in sys.modules)
+"""
+
+
+def test_torch_waiting_for_dynamo_leaves_no_import_hook() -> None:
+    """While unihook has a torch hook it waits for dynamo's import (to give dynamo the reason
+    of its graph breaks) with one import hook, gone with the last hook; dynamo is not
+    imported for it."""
+    pytest.importorskip("torch")
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORT_HOOK_RESTORED], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["1", "True", "False"]
+
+
 FULL_GRAPH_PROGRAMS = """
 import warnings; warnings.filterwarnings("ignore")
 import numpy as np, paddle, unihook

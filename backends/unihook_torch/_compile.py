@@ -43,6 +43,30 @@ def _outside_dynamo(fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
+# What dynamo says where a dispatcher breaks the graph: with fullgraph=True that is its error.
+FULLGRAPH_REASON = (
+    "unihook runs the dispatchers of module backward hooks (full_backward, full_backward_pre, "
+    "and the global module_full_backward kinds) eagerly, with a graph break before and after "
+    "each hooked module call: torch.compile(fullgraph=True) cannot take them; compile without "
+    "fullgraph, or remove those hooks while compiling"
+)
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+# The dispatchers' way out of dynamo: `_outside_dynamo` until dynamo is imported, then a
+# `torch._dynamo.disable` of its own, which dynamo sees directly (not through torch's lazy
+# wrapper, which it reports as "function marked as skipped") and whose reason it prints.
+_dispatch_outside: Callable[..., Any] = _outside_dynamo
+
+
+def _give_reason(dynamo: Any) -> None:
+    global _dispatch_outside
+    _dispatch_outside = dynamo.disable(_call, reason=FULLGRAPH_REASON)
+
+
 def outside_dynamo(fn: Callable[[], None]) -> Callable[[], None]:
     """`fn` run with dynamo off, also when called from compiled code (a hook's removal inside
     a compiled forward: dynamo would compile the frames it runs, which read other frames).
@@ -77,13 +101,14 @@ class EagerUnderCompile:
         # False when run, True while dynamo traces (it folds the call): the graph holds only
         # the call outside dynamo. About 0.3 us per call in eager, two calls per module call.
         if _dynamo_compiling():
-            return _outside_dynamo(self.fn, *args)
+            return _dispatch_outside(self.fn, *args)
         return self.fn(*args)
 
 
 _lock = RegistryLock()
 _watching = 0  # unihook torch hooks alive
 _switched = False  # unihook turned the guards on: it turns them off again
+_cancel_reason: Callable[[], None] | None = None  # waits for dynamo's import while hooks live
 
 
 def watch_hooks() -> Callable[[], None]:
@@ -91,9 +116,11 @@ def watch_hooks() -> Callable[[], None]:
     every registration; returns the release, for the handle). Before dynamo is imported nothing
     is compiled, and a hook dict that is not empty when dynamo compiles is guarded anyway:
     dynamo is never imported for this."""
-    global _watching, _switched
+    global _watching, _switched, _cancel_reason
     with _lock:
         _watching += 1
+        if _dispatch_outside is _outside_dynamo and _cancel_reason is None:
+            _cancel_reason = when_imported("torch._dynamo", _give_reason)
         dynamo = sys.modules.get("torch._dynamo")
         if dynamo is not None and dynamo.config.skip_nnmodule_hook_guards:
             dynamo.config.skip_nnmodule_hook_guards = False
@@ -102,7 +129,7 @@ def watch_hooks() -> Callable[[], None]:
     released = [False]
 
     def release() -> None:
-        global _watching, _switched
+        global _watching, _switched, _cancel_reason
         if _lock.deferred(release):
             return
         with _lock:
@@ -110,6 +137,9 @@ def watch_hooks() -> Callable[[], None]:
                 return
             released[0] = True
             _watching -= 1
+            if not _watching and _cancel_reason is not None:
+                _cancel_reason()  # (a no-op once it ran) no import hook left behind
+                _cancel_reason = None
             dynamo = sys.modules.get("torch._dynamo")
             if not _watching and _switched and dynamo is not None:
                 # torch's default back: code compiled meanwhile keeps its (now extra) guards
