@@ -196,9 +196,17 @@ def case(fws: list[Framework], sizes: Sizes) -> Case | None:
 
     variants = [
         Variant("compare", variant(lambda: compare(pair[0], pair[1], x))),
+        Variant(
+            "compare, no reference",
+            variant(lambda: compare(pair[0], pair[1], x, reference=False)),
+        ),
         Variant("hand-written", variant(lambda: hand_written(torch_fw, paddle_fw, pair, x))),
     ]
-    metrics = [ratio("compare", "hand-written")]
+    metrics = [
+        ratio("compare", "hand-written"),
+        ratio("compare, no reference", "hand-written"),
+        ratio("compare", "compare, no reference"),
+    ]
     padiff = importlib.util.find_spec("padiff") is not None
     if padiff:
         variants.append(Variant("padiff", variant(lambda: _padiff(torch_fw, paddle_fw, pair, x))))

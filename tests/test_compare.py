@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -1512,3 +1513,177 @@ def test_layernorm_on_offset_inputs_passes_its_noise_on(tail: str) -> None:
         model, twin = pair()
         report = compare(model, twin, batch((16, 16), seed) + 1000, backward=False)
         assert report.first_forward is None, str(report)
+
+
+# -- the float64 reference (compare(reference=True), the default) ------------------------------
+
+
+class _TorchAttention(nn.Module):
+    """timm-style attention: q, k, v and the softmax are modules, the scores functional."""
+
+    def __init__(self, d: int, scale: float | None = None) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.softmax = nn.Softmax(-1)
+        self.scale = d**-0.5 if scale is None else scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.softmax(self.q(x) @ self.k(x).transpose(-1, -2) * self.scale)
+        return w @ self.v(x)
+
+
+class _PaddleAttention(pnn.Layer):
+    def __init__(self, d: int, scale: float | None = None) -> None:
+        super().__init__()
+        self.q, self.k, self.v = pnn.Linear(d, d), pnn.Linear(d, d), pnn.Linear(d, d)
+        self.softmax = pnn.Softmax(-1)
+        self.scale = d**-0.5 if scale is None else scale
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        w = self.softmax(paddle.matmul(self.q(x), self.k(x), transpose_y=True) * self.scale)
+        return paddle.matmul(w, self.v(x))
+
+
+def _attention_pair(seed: int, scale: float | None = None) -> tuple[nn.Module, pnn.Layer]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 16), _TorchAttention(16), nn.LayerNorm(16), nn.Linear(16, 4))
+    twin = pnn.Sequential(
+        pnn.Linear(8, 16), _PaddleAttention(16, scale), pnn.LayerNorm(16), pnn.Linear(16, 4)
+    )
+    copy_weights(model, twin)
+    return model, twin
+
+
+def _close_tokens(seed: int) -> np.ndarray:
+    rs = np.random.RandomState(seed)
+    return (rs.randn(4, 1, 8) + 1e-3 * rs.randn(4, 6, 8)).astype(np.float32)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_reference_excuses_rounding_the_model_amplifies(seed: int) -> None:
+    # Nearly equal tokens: q's and k's gradients cancel to zero in exact arithmetic, and no
+    # module links them to the softmax's gradient, so the noise floors alone name one of them
+    # (README, "Limits of the noise floors"). The float64 run of model a shows that b is as
+    # close to the exact values as a is: a correct port, in both directions.
+    model, twin = _attention_pair(seed)
+    x = _close_tokens(seed)
+    without = compare(model, twin, x, reference=False)
+    assert not without.ok and without.reference == "off (reference=False)"
+    for report in _both_ways(model, twin, x):
+        assert report.ok, str(report)
+        assert report.reference == "float64 copy of model a"
+        excused = [
+            r for r in report.table if r.grad_output and "float64 reference" in r.grad_output.note
+        ]
+        excused += [
+            r for r in report.table if r.grad_input and "float64 reference" in r.grad_input.note
+        ]
+        assert excused, "the rows the floors failed say why they pass"
+    # a mistake in the attention (the scores scaled by 1/d instead of 1/sqrt(d)) still fails
+    model, wrong = _attention_pair(seed, scale=1 / 16)
+    report = compare(model, wrong, x)
+    assert not report.ok and (report.first_forward or report.first_backward or "").startswith("1.")
+
+
+def test_reference_leaves_model_a_as_it_was() -> None:
+    # the float64 run is a copy's: model a's parameters, running statistics and the gradients
+    # its own run leaves in .grad are those of a comparison without it
+    def pair() -> tuple[nn.Module, pnn.Layer]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+        twin = pnn.Sequential(pnn.Linear(4, 8), pnn.BatchNorm1D(8), pnn.ReLU(), pnn.Linear(8, 2))
+        copy_weights(model, twin)
+        return model, twin
+
+    x = batch((6, 4))
+    found = []
+    for reference in (False, True):
+        model, twin = pair()
+        report = compare(model, twin, x, reference=reference)
+        assert report.ok, str(report)
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        grads = [p.grad.detach().clone() for p in model.parameters()]
+        found.append((state, grads, [p.dtype for p in model.parameters()]))
+    (s0, g0, d0), (s1, g1, d1) = found
+    assert d0 == d1 == [torch.float32] * 6
+    assert all(torch.equal(s0[k], s1[k]) for k in s0)
+    assert all(torch.equal(a, b) for a, b in zip(g0, g1))
+
+
+class _Float32Constant(nn.Module):
+    """A float32 tensor kept as a plain attribute: `double()` leaves it, and the float64
+    copy's matmul with it fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.mix = torch.eye(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) @ self.mix
+
+
+def test_reference_that_cannot_run_warns_and_compares_without_it() -> None:
+    torch.manual_seed(0)
+    model = _Float32Constant()
+    twin = _Float32Constant()
+    twin.load_state_dict(model.state_dict())
+    with pytest.warns(RuntimeWarning, match="float64 copy of model a failed"):
+        report = compare(model, twin, batch((3, 4)))
+    assert report.ok and report.reference.startswith("none: the float64 copy of model a failed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        report = compare(model, twin, batch((3, 4)), reference=False)
+    assert report.reference == "off (reference=False)"
+
+
+def test_reference_not_with_optimizers() -> None:
+    torch.manual_seed(0)
+    model, twin = nn.Linear(4, 2), pnn.Linear(4, 2)
+    copy_weights(model, twin)
+    opt_a = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt_b = paddle.optimizer.SGD(learning_rate=0.1, parameters=twin.parameters())
+
+    def step_a() -> None:
+        opt_a.step()
+        opt_a.zero_grad()
+
+    def step_b() -> None:
+        opt_b.step()
+        opt_b.clear_grad()
+
+    report = compare(model, twin, batch((3, 4)), steps=2, optimizers=(step_a, step_b))
+    assert report.ok, str(report)
+    assert report.reference == "none: not with optimizers"
+
+
+def test_reference_goes_with_a_dump(tmp_path: Path) -> None:
+    model, twin = _attention_pair(0)
+    x = _close_tokens(0)
+    dump(model, x, tmp_path / "a.npz")
+    dump(twin, x, tmp_path / "b.npz", reference=False)
+    report = compare_dumps(tmp_path / "a.npz", tmp_path / "b.npz")
+    assert report.ok and report.reference == "float64 copy of model a", str(report)
+    # the reference is model a's: the second file's is not used, and without one the floors
+    # alone name a module, as `compare(reference=False)` does
+    report = compare_dumps(tmp_path / "b.npz", tmp_path / "a.npz")
+    assert not report.ok and report.reference == "off (reference=False)"
+
+
+def test_dumps_of_format_2_still_load(tmp_path: Path) -> None:
+    # format 2 (before the reference run): read as a dump without a reference
+    torch.manual_seed(0)
+    model, twin = nn.Linear(4, 2), pnn.Linear(4, 2)
+    copy_weights(model, twin)
+    for name, m in (("a", model), ("b", twin)):
+        dump(m, batch((3, 4)), tmp_path / f"{name}.npz", reference=False)
+        with np.load(tmp_path / f"{name}.npz") as data:
+            arrays = {k: data[k] for k in data.files}
+        meta = json.loads(str(arrays["__meta__"]))
+        meta["version"] = 2
+        del meta["reference_note"]
+        arrays["__meta__"] = np.array(json.dumps(meta))
+        with open(tmp_path / f"{name}.npz", "wb") as f:
+            np.savez(f, **arrays)
+    report = compare_dumps(tmp_path / "a.npz", tmp_path / "b.npz")
+    assert report.ok and report.reference == "none: not dumped"

@@ -8,9 +8,10 @@ anything else, convert with `to_numpy` or use the framework.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from typing import Any, Callable, Protocol, Sequence, Union
+from typing import Any, Callable, ContextManager, Protocol, Sequence, Union
 
 from ._describe import type_name
 from ._plugins import plugin_manager
@@ -32,6 +33,8 @@ __all__ = [
     "drop_block",
     "drop_block_rate",
     "dropout",
+    "float64_copy",
+    "float64_default",
     "grad_enabled",
     "grad_of",
     "is_tensor",
@@ -96,6 +99,10 @@ class Ops(Protocol):
     def map_tensors(self, fn: Callable[[Any], Any], value: Any) -> Any: ...
     # Whether the framework records gradients now (optional: True without it).
     def grad_enabled(self, like: Any) -> bool: ...
+    # A float64 deep copy of a module (optional: `compare` then runs without its exact
+    # reference). See `float64_copy` below.
+    def float64_copy(self, module: Any) -> Any: ...
+    def float64_default(self, like: Any) -> ContextManager[None]: ...
     # Data parallelism (optional: a backend without them runs as one process). See `unwrap`,
     # `world`, `all_gather` and `after_backward` below.
     def unwrap(self, module: Any) -> Any: ...
@@ -469,6 +476,25 @@ def grad_enabled(like: Any) -> bool:
     under torch's ``no_grad`` / ``inference_mode`` and paddle's ``no_grad``."""
     found = getattr(ops_for(like), "grad_enabled", None)
     return True if found is None else bool(found(like))
+
+
+def float64_copy(module: Any) -> Any | None:
+    """A deep copy of `module` (its hooks included, as the framework's own deep copy keeps
+    them) whose floating parameters and buffers are float64, or None when the backend offers
+    none. `compare` runs it as the exact reference of a float32 (or lower) model: how far each
+    value of the model is from it is the model's own rounding error."""
+    found = getattr(ops_for(module), "float64_copy", None)
+    return None if found is None else found(module)
+
+
+def float64_default(like: Any) -> ContextManager[None]:
+    """A context in which `like`'s framework creates floating tensors as float64 by default
+    (a float64 copy's forward making a tensor with ``zeros(shape)``: an RNN cell's initial
+    state), the default put back on leaving it; a context that changes nothing where the
+    backend offers none. The default is the framework's process-wide setting: other threads
+    see it meanwhile."""
+    found = getattr(ops_for(like), "float64_default", None)
+    return contextlib.nullcontext() if found is None else found(like)
 
 
 # -- data parallelism: the framework's own process group and collectives, nothing of ours --

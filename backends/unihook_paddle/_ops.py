@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy as _copy
 import dataclasses
 import sys
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 import paddle
@@ -166,6 +168,22 @@ class PaddleOps:
         copy = t.detach().clone()
         copy.stop_gradient = False
         return copy
+
+    def float64_copy(self, module: Any) -> Any:
+        # `to(dtype=)` casts the floating parameters (BatchNorm's statistics are parameters
+        # in paddle) and buffers
+        wide = _copy.deepcopy(module)
+        wide.to(dtype="float64")
+        return wide
+
+    @contextlib.contextmanager
+    def float64_default(self, like: Any) -> Iterator[None]:
+        before = paddle.get_default_dtype()
+        paddle.set_default_dtype("float64")
+        try:
+            yield
+        finally:
+            paddle.set_default_dtype(before)
 
     def grad_of(self, t: Any) -> Any:
         return t.grad

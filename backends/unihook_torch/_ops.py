@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import math
 import sys
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 import torch
@@ -219,6 +221,19 @@ class TorchOps:
 
     def leaf(self, t: Any) -> Any:
         return t.detach().clone().requires_grad_(True)
+
+    def float64_copy(self, module: Any) -> Any:
+        # `double()` casts the floating parameters and buffers (their .grad too), nothing else
+        return copy.deepcopy(module).double()
+
+    @contextlib.contextmanager
+    def float64_default(self, like: Any) -> Iterator[None]:
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(before)
 
     def grad_of(self, t: Any) -> Any:
         return t.grad

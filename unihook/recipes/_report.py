@@ -51,7 +51,7 @@ def _header(report: Report) -> list[str]:
     lines = [
         f"compare {a} (a) vs {b} (b): {verdict}",
         f"tolerance |a - b| <= {report.atol:g} + {report.rtol:g} * max|a|; modules aligned by "
-        f"{report.rule} ({len(report.pairs)} pairs)",
+        f"{report.rule} ({len(report.pairs)} pairs); reference: {report.reference}",
     ]
     firsts = [
         ("forward", report.first_forward, report.table, lambda r: r.output.failed),

@@ -29,7 +29,7 @@ from unihook import (
 
 from ._weights import entries
 
-__all__ = ["Runner", "Step", "Trace", "load", "run", "save"]
+__all__ = ["Runner", "Step", "Trace", "load", "run", "save", "widen"]
 
 Arrays = list[Any]  # numpy arrays, None where a gradient slot is empty
 Loss = Callable[[Any], Any]
@@ -73,6 +73,9 @@ class Trace:
     backward: bool = True  # whether the run had a backward
     # parameters whose .grad was nonzero before a run with an optimizer (it consumed it too)
     stale: list[str] = field(default_factory=list)
+    # a dump's float64 run of the same model (`compare`'s reference), or why there is none
+    reference: Trace | None = None
+    reference_note: str = "none: not dumped"
 
 
 def _is_float(t: Any) -> bool:
@@ -111,6 +114,21 @@ def _convert(value: Any, model: Any, backend: str, grad: bool) -> Any:
         )
     tensor = ops.as_tensor(value, like=_float_like(model))
     return ops.leaf(tensor) if grad else tensor
+
+
+def widen(value: Inputs) -> Inputs:
+    """`value` (inputs as `compare` takes them) with every floating tensor or array as a
+    float64 numpy array, which `_convert` makes a tensor of a float64 model's dtype."""
+    if isinstance(value, Mapping):
+        return {k: widen(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [widen(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if ops.is_tensor(value) and _is_float(value):
+        value = ops.to_numpy(value)
+    if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+        return value.astype(np.float64)
+    return value
 
 
 def _call_args(inputs: Inputs, model: Any, grad: bool) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -421,11 +439,23 @@ def run(
 # -- on disk: one .npz, the arrays under generated keys, the rest as JSON --------------------
 
 _LISTS = ("outputs", "grad_outputs", "grad_inputs")
-VERSION = 2  # 2: each backward records the forward call it answers
+VERSION = 3  # 2: each backward records the forward call it answers; 3: the reference run
+READS = (2, 3)
 
 
 def save(trace: Trace, path: Any) -> None:
     arrays: dict[str, Any] = {}
+    meta = _meta(trace, arrays)
+    if trace.reference is not None:
+        meta["reference"] = _meta(trace.reference, arrays)
+    meta["reference_note"] = trace.reference_note
+    with open(path, "wb") as f:  # exactly `path`: np.savez would append ".npz" to a name
+        arrays["__meta__"] = np.array(json.dumps(meta))
+        np.savez(f, **arrays)
+
+
+def _meta(trace: Trace, arrays: dict[str, Any]) -> dict[str, Any]:
+    """`trace` as JSON, its arrays put in `arrays` under generated keys."""
 
     def keys(values: Arrays) -> list[str | None]:
         out: list[str | None] = []
@@ -452,7 +482,7 @@ def save(trace: Trace, path: Any) -> None:
         if step.start is not None:
             record["start"] = keys(step.start)
         steps.append(record)
-    meta = {
+    return {
         "version": VERSION,
         "backend": trace.backend,
         "types": list(trace.types.items()),
@@ -462,9 +492,6 @@ def save(trace: Trace, path: Any) -> None:
         "stale": trace.stale,
         "steps": steps,
     }
-    with open(path, "wb") as f:  # exactly `path`: np.savez would append ".npz" to a name
-        arrays["__meta__"] = np.array(json.dumps(meta))
-        np.savez(f, **arrays)
 
 
 def load(path: Any) -> Trace:
@@ -487,10 +514,16 @@ def load(path: Any) -> Trace:
             version = meta.get("version") if isinstance(meta, dict) else None
         except ValueError as error:  # an object array, or not JSON
             raise ValueError(_not_a_dump(path, f"unreadable metadata ({error})")) from None
-        if version != VERSION:
-            raise ValueError(_not_a_dump(path, f"format version {version!r}, this reads {VERSION}"))
+        if version not in READS:
+            raise ValueError(
+                _not_a_dump(path, f"format version {version!r}, this reads {list(READS)}")
+            )
         try:
-            return _trace(meta, data)
+            trace = _trace(meta, data)
+            if meta.get("reference") is not None:
+                trace.reference = _trace(meta["reference"], data)
+            trace.reference_note = str(meta.get("reference_note", trace.reference_note))
+            return trace
         except (KeyError, TypeError, ValueError, OSError, zipfile.BadZipFile) as error:
             # damaged (a bad CRC) or edited by hand
             raise ValueError(_not_a_dump(path, f"{type(error).__name__}: {error}")) from None

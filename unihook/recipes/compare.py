@@ -13,10 +13,13 @@ from __future__ import annotations
 import functools
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, Union
 
 import numpy as np
+
+from unihook import ops
 
 from ._align import align, type_key
 from ._trace import (
@@ -32,10 +35,20 @@ from ._trace import (
     load,
     run,
     save,
+    widen,
 )
 from ._weights import copy_weights, match
 
 __all__ = ["ATOL", "RTOL", "Report", "compare", "compare_dumps", "copy_weights", "dump"]
+
+# The exact reference (`compare(reference=True)`): a float64 copy of model a runs the same
+# inputs. A check that fails is excused where every element of b is within NOISE_FACTOR times
+# a's own distance from the reference (plus the tolerance): b is as exact as a, and what the
+# two disagree on is float32 rounding that the model amplifies (attention on nearly equal
+# tokens, a BatchNorm over a nearly constant input, a centering between modules). A port's
+# mistake moves b away from the reference, not a.
+NOISE_FACTOR = 8.0
+NOISE_NOTE_REF = "float32 rounding: b is as close to the float64 reference as a"
 
 # A value passes when max|a - b| <= ATOL + RTOL * max|a| over each tensor (max|a| floored by
 # the noise the values reaching the module carry: INPUT_SHARE below, gradients likewise).
@@ -130,6 +143,41 @@ def _diff(a: Arrays, b: Arrays, atol: float, rtol: float, scale: float = 0.0) ->
                 note += f" ({KINK_NOTE})"
         out.add(Diff(worst, rel, worst > limit, note))
     return out
+
+
+def _as_rounding(
+    diff: Diff, a: Arrays, b: Arrays, exact: Arrays | None, atol: float, rtol: float, scale: float
+) -> Diff:
+    """`diff` (a failed check of `a` against `b`) excused when `exact` (the float64
+    reference's values, in a's layout) shows b within NOISE_FACTOR times a's own error of it,
+    element by element, beyond the tolerance `_diff` applied (see NOISE_FACTOR)."""
+    if not diff.failed or exact is None or not diff.note.startswith("max abs"):
+        return diff  # (a structural difference: never rounding)
+    if not (len(a) == len(b) == len(exact)):
+        return diff
+    worst_a = worst_b = 0.0
+    for x, y, r in zip(a, b, exact):
+        if x is None and y is None:
+            continue
+        if x is None or y is None or r is None or not (x.shape == y.shape == r.shape):
+            return diff
+        limit = atol + rtol * max(_magnitude(x), scale)
+        wide = np.complex128 if np.iscomplexobj(x) or np.iscomplexobj(y) else np.float64
+        r = np.asarray(r, dtype=wide)
+        error_a = np.abs(np.asarray(x, dtype=wide) - r)
+        error_b = np.abs(np.asarray(y, dtype=wide) - r)
+        # (NaN anywhere compares False: never excused)
+        if not bool(np.all(error_b <= NOISE_FACTOR * error_a.max(initial=0.0) + limit)):
+            return diff
+        if error_a.size:
+            worst_a = max(worst_a, float(error_a.max()))
+            worst_b = max(worst_b, float(error_b.max()))
+    return Diff(
+        diff.abs,
+        diff.rel,
+        False,
+        f"{NOISE_NOTE_REF} ({diff.note}; max error against it: a {worst_a:.1e}, b {worst_b:.1e})",
+    )
 
 
 def _gap(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -236,6 +284,9 @@ class Report:
     first_backward: str | None = None
     first_parameter: str | None = None
     step: int | None = None
+    # what the verdicts were checked against besides the tolerances: "float64 copy of model
+    # a", or why there was no such reference (see `compare`'s `reference`)
+    reference: str = "none"
 
     @property
     def ok(self) -> bool:
@@ -396,7 +447,18 @@ def _grad_floors(trace: Trace, step: Step) -> dict[tuple[str, int], float]:
     return {key: max(own[i], GRAD_SHARE * reach[i]) for i, key in enumerate(keys)}
 
 
-def _report(a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any) -> Report:
+def _exact_step(exact: Trace | None, s: int, sa: Step) -> Step | None:
+    """The reference's step `s` when it ran the same module calls as a's (it may not, where
+    the model's control flow depends on values that rounding moved)."""
+    if exact is None or s >= len(exact.steps):
+        return None
+    sr = exact.steps[s]
+    return sr if sr.forward == sa.forward else None
+
+
+def _report(
+    a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any, exact: Trace | None = None
+) -> Report:
     pairs, rule = align(_first_completions(a), _first_completions(b), layer_map)
     paired_b = {nb for _, nb in pairs}
     report = Report(
@@ -412,6 +474,7 @@ def _report(a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any) -> Rep
     )
     to_b = dict(pairs)
     for s, (sa, sb) in enumerate(zip(a.steps, b.steps)):
+        sr = _exact_step(exact, s, sa)
         rows: dict[tuple[str, int], Row] = {}
         calls_b = _occurrences(sb.forward)
         floors, floor_grad = _ForwardFloors(sa), _grad_floors(a, sa)
@@ -427,13 +490,13 @@ def _report(a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any) -> Rep
                 # Measured against the largest input reaching the module as well as the
                 # output: an output that cancels to zero (a mean after a normalization) is
                 # rounding noise of its inputs' size (as gradients are measured below).
-                diff = _diff(
-                    _adapt(a, name, sa.outputs[i]),
-                    _adapt(b, name_b, sb.outputs[j[k]]),
-                    atol,
-                    rtol,
-                    INPUT_SHARE * floors.reaching(i),
-                )
+                values_a = _adapt(a, name, sa.outputs[i])
+                values_b = _adapt(b, name_b, sb.outputs[j[k]])
+                floor = INPUT_SHARE * floors.reaching(i)
+                diff = _diff(values_a, values_b, atol, rtol, floor)
+                if sr is not None and exact is not None:
+                    values_r = _adapt(exact, name, sr.outputs[i])
+                    diff = _as_rounding(diff, values_a, values_b, values_r, atol, rtol, floor)
                 floors.settle(i, diff, atol, rtol)
             else:
                 diff = Diff(np.inf, np.inf, True, f"call {k} did not happen in b")
@@ -448,6 +511,11 @@ def _report(a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any) -> Rep
         # each backward answers the forward call the trace found for it (`_calls_answered`)
         order: list[Row] = []
         events_b = {event: j for j, event in enumerate(zip(sb.backward, sb.backward_calls))}
+        events_r = (
+            {}
+            if sr is None
+            else dict((event, j) for j, event in enumerate(zip(sr.backward, sr.backward_calls)))
+        )
         answered_b: set[int] = set()
         for i, (name, call) in enumerate(zip(sa.backward, sa.backward_calls)):
             row = rows.get((name, call))
@@ -464,6 +532,26 @@ def _report(a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any) -> Rep
                 grad_b = _adapt(b, row.name_b, sb.grad_outputs[j], a)
                 row.grad_output = _diff(grad_output, grad_b, atol, rtol, scale)
                 row.grad_input = _diff(sa.grad_inputs[i], sb.grad_inputs[j], atol, rtol, scale)
+                r = events_r.get((name, call))
+                if sr is not None and exact is not None and r is not None:
+                    row.grad_output = _as_rounding(
+                        row.grad_output,
+                        grad_output,
+                        grad_b,
+                        _adapt(exact, name, sr.grad_outputs[r], b),
+                        atol,
+                        rtol,
+                        scale,
+                    )
+                    row.grad_input = _as_rounding(
+                        row.grad_input,
+                        sa.grad_inputs[i],
+                        sb.grad_inputs[j],
+                        sr.grad_inputs[r],
+                        atol,
+                        rtol,
+                        scale,
+                    )
             else:
                 row.grad_output = _no_backward(b, row.name_b, "b")
             order.append(row)
@@ -479,7 +567,7 @@ def _report(a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any) -> Rep
             if report.first_backward is None and row.grad_failed:
                 report.first_backward = row.name_a
                 _diverged(report, s)
-    _compare_params(report, a, b)
+    _compare_params(report, a, b, exact)
     return report
 
 
@@ -509,7 +597,9 @@ def _delta(after: Any, before: Any) -> Any:
     return after - before
 
 
-def _compare_params(report: Report, a: Trace, b: Trace) -> None:
+def _compare_params(report: Report, a: Trace, b: Trace, exact: Trace | None) -> None:
+    if exact is not None and exact.params != a.params:
+        exact = None  # (not a copy of a: never, but its values would not line up)
     shapes_a = [(n, shape) for n, _, shape in a.params]
     shapes_b = [(n, shape) for n, _, shape in b.params]
     # the unmatched ones have no counterpart to compare; renamed modules as aligned
@@ -524,7 +614,9 @@ def _compare_params(report: Report, a: Trace, b: Trace) -> None:
             report.first_parameter = row.name_a
             _diverged(report, step)
 
-    def stage(step: int, what: str, values_a: Arrays, values_b: Arrays) -> None:
+    def stage(
+        step: int, what: str, values_a: Arrays, values_b: Arrays, values_r: Arrays | None = None
+    ) -> None:
         if not values_a or not values_b:
             return
         # A gradient that is zero in exact arithmetic (a bias before a train-mode BatchNorm)
@@ -533,13 +625,18 @@ def _compare_params(report: Report, a: Trace, b: Trace) -> None:
         scale = _scale(values_a) if what == "grad" else 0.0
         for i, j in pairs:
             diff = _diff([values_a[i]], [values_b[j]], atol, rtol, scale)
+            if values_r:
+                exact_i = [values_r[i]]
+                diff = _as_rounding(diff, [values_a[i]], [values_b[j]], exact_i, atol, rtol, scale)
             stale = [w for w, n, t in (("a", a.params[i][1], a), ("b", b.params[j][1], b))
                      if n in t.stale]  # fmt: skip
             if diff.failed and stale:
                 diff.note += f"; {STALE_NOTE} (in {' and '.join(stale)})"
             add(step, what, i, j, diff)
 
-    def updated(s: int, sa: Step, sb: Step, start_a: Arrays, start_b: Arrays) -> None:
+    def updated(
+        s: int, sa: Step, sb: Step, start_a: Arrays, start_b: Arrays, sr: Step | None
+    ) -> None:
         # What each step changed (the optimizer's update, the forward's running statistics),
         # measured against the largest change of its kind: a value that stays zero in exact
         # arithmetic (a bias whose gradient is zero) moves by rounding noise.
@@ -549,6 +646,12 @@ def _compare_params(report: Report, a: Trace, b: Trace) -> None:
         # statistics, which move by ~0.1-1) against the rest: Adam's updates are ~lr.
         moved_a = [_delta(v, w) for v, w in zip(sa.updated, start_a)]
         moved_b = [_delta(v, w) for v, w in zip(sb.updated, start_b)]
+        # (the reference runs no optimizer: only a forward's running statistics move)
+        moved_r = (
+            None
+            if sr is None or exact is None
+            else [_delta(v, w) for v, w in zip(sr.updated, exact.initial)]
+        )
         grads_a, grads_b = sa.param_grads, sb.param_grads
         trained = {i for i, j in pairs if _trained(grads_a, i) or _trained(grads_b, j)}
         scales = (
@@ -560,6 +663,8 @@ def _compare_params(report: Report, a: Trace, b: Trace) -> None:
             x, y = moved_a[i], moved_b[j]
             scale = max(scales[i in trained], _ulp_floor(start_a[i], rtol))
             diff = _diff([x], [y], atol, rtol, scale)
+            if moved_r is not None:
+                diff = _as_rounding(diff, [x], [y], [moved_r[i]], atol, rtol, scale)
             if diff.failed and floor >= 0 and i < len(grads_a) and j < len(grads_b):
                 diff = _excuse_noise(x, y, grads_a[i], grads_b[j], floor, atol, rtol, scale, diff)
             if cross and a.params[i][0].endswith("running_var") and diff.failed:
@@ -568,8 +673,9 @@ def _compare_params(report: Report, a: Trace, b: Trace) -> None:
 
     stage(-1, "initial", a.initial, b.initial)
     for s, (sa, sb, start_a, start_b) in enumerate(zip(a.steps, b.steps, _starts(a), _starts(b))):
-        stage(s, "grad", sa.param_grads, sb.param_grads)
-        updated(s, sa, sb, start_a, start_b)
+        sr = _exact_step(exact, s, sa)
+        stage(s, "grad", sa.param_grads, sb.param_grads, None if sr is None else sr.param_grads)
+        updated(s, sa, sb, start_a, start_b, sr)
 
 
 def _ulp_floor(before: Any, rtol: float) -> float:
@@ -679,6 +785,7 @@ def compare(
     backward: bool = True,
     steps: int = 1,
     optimizers: Optimizers = None,
+    reference: bool = True,
 ) -> Report:
     """Run `model_a` on `inputs_a` and `model_b` on `inputs_b` (None: the same values) with
     hooks on every module, then compare them module by module (see `Report`).
@@ -698,6 +805,13 @@ def compare(
     statistics) are compared, then the parameters and buffers restored. The gradients the
     backward adds stay in ``.grad``. Run dropout in eval mode (or with p=0): its random masks
     differ between the models.
+
+    `reference` (without `optimizers`): also run a float64 deep copy of model a (its hooks
+    included) on the same inputs, and excuse a check that fails where model b is as close to
+    that exact run as model a is itself (NOISE_FACTOR), the float32 rounding a model
+    amplifies; `report.reference` says whether it ran. It costs one more run of model a in
+    float64 and the copy's memory. A model that cannot run in float64 is compared without it,
+    with a RuntimeWarning.
 
     Raises ValueError for a tolerance that is not a finite number >= 0, `steps` not an
     integer >= 1 (or > 1 without optimizers), a `loss` or `optimizers` of the wrong kind.
@@ -721,6 +835,7 @@ def compare(
             f"Received: steps={steps!r}, optimizers={optimizers!r}"
         )
     b_inputs = inputs_a if inputs_b is None else inputs_b
+    wide, why = _float64_copy(model_a, reference, optimizers is not None)
     runner_a = Runner(model_a, inputs_a, loss=loss_a, backward=backward, optimizer=opt_a)
     runner_b = Runner(model_b, b_inputs, loss=loss_b, backward=backward, optimizer=opt_b)
     # Between steps, b's parameters and buffers are set to a's (steps with optimizers): each
@@ -736,7 +851,52 @@ def compare(
     finally:
         runner_a.restore()
         runner_b.restore()
-    return _report(runner_a.trace, runner_b.trace, atol, rtol, layer_map)
+    exact = None
+    if wide is not None:
+        exact, why = _run_reference(wide, inputs_a, loss_a, backward)
+    report = _report(runner_a.trace, runner_b.trace, atol, rtol, layer_map, exact)
+    report.reference = why
+    return report
+
+
+REFERENCE_DONE = "float64 copy of model a"
+
+
+def _float64_copy(model: Any, reference: bool, optimizer: bool) -> tuple[Any, str]:
+    """The reference model (None) and what the report will say of it. Copied before the model
+    runs: a train-mode forward moves its running statistics (restored after the run, but a
+    copy taken before needs no restoring)."""
+    if not reference:
+        return None, "off (reference=False)"
+    if optimizer:
+        return None, "none: not with optimizers"
+    try:
+        wide = ops.float64_copy(model)
+    except Exception as error:  # noqa: BLE001 - optional: the comparison goes on without it
+        return None, _no_reference(f"no float64 copy of model a: {type(error).__name__}: {error}")
+    if wide is None:
+        return None, _no_reference("the backend of model a makes no float64 copy")
+    return wide, REFERENCE_DONE
+
+
+def _run_reference(wide: Any, inputs: Inputs, loss: Loss | None, backward: bool) -> tuple[Any, str]:
+    try:
+        with ops.float64_default(wide):  # (tensors the forward makes: an RNN cell's state)
+            return run(wide, widen(inputs), loss=loss, backward=backward), REFERENCE_DONE
+    except Exception as error:  # noqa: BLE001 - optional: the comparison goes on without it
+        return None, _no_reference(
+            f"the float64 copy of model a failed: {type(error).__name__}: {error}"
+        )
+
+
+def _no_reference(why: str) -> str:
+    warnings.warn(
+        f"compare: {why}; the verdicts rely on the tolerances and noise floors alone "
+        "(reference=False: no such run, no warning)",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+    return f"none: {why}"
 
 
 def _renames(pairs: list[tuple[str, str]]) -> dict[str, str]:
@@ -766,16 +926,24 @@ def dump(
     backward: bool = True,
     steps: int = 1,
     optimizer: Callable[[], Any] | None = None,
+    reference: bool = True,
 ) -> None:
     """Run `model` as `compare` would and write everything it compares to `path` (one .npz
-    file, numpy arrays and JSON: no framework is needed to read it)."""
+    file, numpy arrays and JSON: no framework is needed to read it). `reference` (without
+    `optimizer`): the float64 run `compare` makes of model a, dumped with it, which
+    `compare_dumps` uses when this is its first file."""
     steps = _check_steps(steps)
     if loss is not None and not callable(loss):
         raise ValueError(f"`loss` must be None or a callable. Received: loss={loss!r}")
     _check_optimizer("optimizer", optimizer)
     if steps > 1 and optimizer is None:
         raise ValueError(f"`steps` must be 1, or more with an `optimizer`. Received: {steps!r}")
-    save(run(model, inputs, loss=loss, backward=backward, steps=steps, optimizer=optimizer), path)
+    wide, why = _float64_copy(model, reference, optimizer is not None)
+    trace = run(model, inputs, loss=loss, backward=backward, steps=steps, optimizer=optimizer)
+    if wide is not None:
+        trace.reference, why = _run_reference(wide, inputs, loss, backward)
+    trace.reference_note = why
+    save(trace, path)
 
 
 def compare_dumps(
@@ -786,7 +954,8 @@ def compare_dumps(
     rtol: float = RTOL,
     layer_map: Mapping[str, str] | None = None,
 ) -> Report:
-    """The `Report` of two `dump` files, as `compare` would give for the two runs. Raises
+    """The `Report` of two `dump` files, as `compare` would give for the two runs (with the
+    float64 reference dumped with the first file, if any). Raises
     ValueError when they hold different numbers of steps or a file is not a `dump`,
     FileNotFoundError when one is missing."""
     atol, rtol = _check_tolerance("atol", atol), _check_tolerance("rtol", rtol)
@@ -803,4 +972,6 @@ def compare_dumps(
             "compare_dumps: the two dumps must hold the same number of steps. Received: "
             f"{len(a.steps)} in {os.fspath(path_a)!r}, {len(b.steps)} in {os.fspath(path_b)!r}"
         )
-    return _report(a, b, atol, rtol, layer_map)
+    report = _report(a, b, atol, rtol, layer_map, a.reference)
+    report.reference = a.reference_note
+    return report
