@@ -488,11 +488,11 @@ def float64_copy(module: Any) -> Any | None:
 
 
 def float64_default(like: Any) -> ContextManager[None]:
-    """A context in which `like`'s framework creates floating tensors as float64 by default
-    (a float64 copy's forward making a tensor with ``zeros(shape)``: an RNN cell's initial
-    state), the default put back on leaving it; a context that changes nothing where the
-    backend offers none. The default is the framework's process-wide setting: other threads
-    see it meanwhile."""
+    """A context for a float64 copy's run: `like`'s framework creates floating tensors as
+    float64 by default (a forward making a tensor with ``zeros(shape)``: an RNN cell's
+    initial state), and its random state (CPU) is put back on leaving it, with the default
+    dtype; a context that changes nothing where the backend offers none. The default is the
+    framework's process-wide setting: other threads see it meanwhile."""
     found = getattr(ops_for(like), "float64_default", None)
     return contextlib.nullcontext() if found is None else found(like)
 

@@ -178,12 +178,13 @@ class PaddleOps:
 
     @contextlib.contextmanager
     def float64_default(self, like: Any) -> Iterator[None]:
-        before = paddle.get_default_dtype()
+        before, state = paddle.get_default_dtype(), paddle.get_rng_state()
         paddle.set_default_dtype("float64")
         try:
             yield
         finally:
             paddle.set_default_dtype(before)
+            paddle.set_rng_state(state)
 
     def grad_of(self, t: Any) -> Any:
         return t.grad

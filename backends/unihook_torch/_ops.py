@@ -229,11 +229,12 @@ class TorchOps:
     @contextlib.contextmanager
     def float64_default(self, like: Any) -> Iterator[None]:
         before = torch.get_default_dtype()
-        torch.set_default_dtype(torch.float64)
-        try:
-            yield
-        finally:
-            torch.set_default_dtype(before)
+        with torch.random.fork_rng(devices=[]):  # (the CPU generator; a reference run's own)
+            torch.set_default_dtype(torch.float64)
+            try:
+                yield
+            finally:
+                torch.set_default_dtype(before)
 
     def grad_of(self, t: Any) -> Any:
         return t.grad

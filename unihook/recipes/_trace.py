@@ -520,13 +520,20 @@ def load(path: Any) -> Trace:
             )
         try:
             trace = _trace(meta, data)
-            if meta.get("reference") is not None:
-                trace.reference = _trace(meta["reference"], data)
-            trace.reference_note = str(meta.get("reference_note", trace.reference_note))
-            return trace
         except (KeyError, TypeError, ValueError, OSError, zipfile.BadZipFile) as error:
             # damaged (a bad CRC) or edited by hand
             raise ValueError(_not_a_dump(path, f"{type(error).__name__}: {error}")) from None
+        trace.reference_note = str(meta.get("reference_note", trace.reference_note))
+        if meta.get("reference") is None:
+            if not trace.reference_note.startswith(("none", "off")):
+                trace.reference_note = "none: not in the file"
+            return trace
+        try:
+            trace.reference = _trace(meta["reference"], data)
+        except (KeyError, TypeError, ValueError, OSError, zipfile.BadZipFile) as error:
+            # the run itself is there: it is compared without its reference
+            trace.reference_note = f"none: the reference in the file is unreadable ({error})"
+        return trace
 
 
 def _trace(meta: dict[str, Any], data: Any) -> Trace:
