@@ -1835,3 +1835,65 @@ def test_reference_keeps_the_random_state() -> None:
     assert report.reference == "float64 copies of both models"
     assert torch.equal(torch.rand(3), want[0])
     assert np.array_equal(paddle.rand([3]).numpy(), want[1])
+
+
+class _LowPrecisionLinear(pnn.Linear):
+    """A port that rounds its output to bfloat16 when it runs in float32 (AMP-style code),
+    and not in float64: the same function, in too low a precision."""
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        out = super().forward(x)
+        return out.astype("bfloat16").astype("float32") if out.dtype == paddle.float32 else out
+
+
+def test_reference_does_not_lend_one_rows_rounding_to_a_precision_loss() -> None:
+    # one nearly constant row far from 0: a's LayerNorm amplifies its rounding in that row
+    # only; b's bfloat16 rounding, everywhere, is no rounding of the same kind (the second
+    # attack on the references: b's largest error against a's largest excused it)
+    def pair(low: bool) -> tuple[nn.Module, pnn.Layer]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 16), nn.Tanh())
+        with torch.no_grad():
+            model[1].weight.mul_(10)
+        linear = _LowPrecisionLinear(16, 16) if low else pnn.Linear(16, 16)
+        twin = pnn.Sequential(pnn.LayerNorm(16), linear, pnn.Tanh())
+        copy_weights(model, twin)
+        return model, twin
+
+    x = np.random.RandomState(0).randn(32, 16)
+    x[0] = 300 + 3e-3 * x[0]
+    x = x.astype(np.float32)
+    assert not compare(*pair(False), x, reference=False).ok  # the floors alone: a false alarm
+    assert compare(*pair(False), x).ok
+    assert compare(*pair(True), x).first_forward == "1"
+
+
+def test_reference_agreement_has_floors_of_its_own() -> None:
+    # a standardization without eps on one nearly constant row: noisy in float32, so the
+    # float32 floor follows the values through every later module, but not in float64; b's
+    # LayerNorm eps (1e-3 for 1e-5) differs in exact arithmetic beyond the tolerance there
+    class Std(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            c = x - x.mean(-1, keepdim=True)
+            return c / c.pow(2).mean(-1, keepdim=True).sqrt()
+
+    class PStd(pnn.Layer):
+        def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+            c = x - x.mean(-1, keepdim=True)
+            return c / c.pow(2).mean(-1, keepdim=True).sqrt()
+
+    def pair(eps: float) -> tuple[nn.Module, pnn.Layer]:
+        torch.manual_seed(0)
+        model = nn.Sequential(Std(), nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 4))
+        twin = pnn.Sequential(
+            PStd(), pnn.Linear(16, 16), pnn.LayerNorm(16, epsilon=eps), pnn.Linear(16, 4)
+        )
+        copy_weights(model, twin)
+        return model, twin
+
+    x = np.random.RandomState(0).randn(32, 16)
+    x[0] = 2e3 + 2.5e-3 * x[0]
+    x = x.astype(np.float32)
+    assert compare(*pair(1e-5), x).ok
+    for backward in (True, False):
+        assert compare(*pair(1e-3), x, backward=backward).first_forward == "2"
