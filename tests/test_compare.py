@@ -1839,33 +1839,100 @@ def test_reference_keeps_the_random_state() -> None:
 
 class _LowPrecisionLinear(pnn.Linear):
     """A port that rounds its output to bfloat16 when it runs in float32 (AMP-style code),
-    and not in float64: the same function, in too low a precision."""
+    and not in float64: the same function, in too low a precision; `rows`: in the last rows
+    only."""
+
+    def __init__(self, *args: Any, rows: int | None = None) -> None:
+        super().__init__(*args)
+        self.rows = rows
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         out = super().forward(x)
-        return out.astype("bfloat16").astype("float32") if out.dtype == paddle.float32 else out
+        if out.dtype != paddle.float32:
+            return out
+        low = out.astype("bfloat16").astype("float32")
+        if self.rows is None:
+            return low
+        last = paddle.to_tensor((np.arange(out.shape[0]) >= out.shape[0] - self.rows)[:, None])
+        return paddle.where(last, low, out)
 
 
-def test_reference_does_not_lend_one_rows_rounding_to_a_precision_loss() -> None:
-    # one nearly constant row far from 0: a's LayerNorm amplifies its rounding in that row
-    # only; b's bfloat16 rounding, everywhere, is no rounding of the same kind (the second
-    # attack on the references: b's largest error against a's largest excused it)
-    def pair(low: bool) -> tuple[nn.Module, pnn.Layer]:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 16), nn.Tanh())
-        with torch.no_grad():
-            model[1].weight.mul_(10)
-        linear = _LowPrecisionLinear(16, 16) if low else pnn.Linear(16, 16)
-        twin = pnn.Sequential(pnn.LayerNorm(16), linear, pnn.Tanh())
-        copy_weights(model, twin)
-        return model, twin
+def _lending_pair(low: bool, rows: int | None) -> tuple[nn.Module, pnn.Layer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 16), nn.Tanh())
+    with torch.no_grad():
+        model[1].weight.mul_(10)
+    linear = _LowPrecisionLinear(16, 16, rows=rows) if low else pnn.Linear(16, 16)
+    twin = pnn.Sequential(pnn.LayerNorm(16), linear, pnn.Tanh())
+    copy_weights(model, twin)
+    return model, twin
 
+
+def _rows_far_from_zero(noisy: int) -> np.ndarray:
+    # `noisy` nearly constant rows far from 0: a's LayerNorm amplifies its rounding there only
     x = np.random.RandomState(0).randn(32, 16)
-    x[0] = 300 + 3e-3 * x[0]
-    x = x.astype(np.float32)
-    assert not compare(*pair(False), x, reference=False).ok  # the floors alone: a false alarm
-    assert compare(*pair(False), x).ok
-    assert compare(*pair(True), x).first_forward == "1"
+    x[:noisy] = 300 + 3e-3 * x[:noisy]
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("noisy", [1, 4, 16])
+def test_reference_does_not_lend_some_rows_rounding_to_a_precision_loss(noisy: int) -> None:
+    # b's bfloat16 rounding everywhere is no rounding of the same kind as a's, amplified in
+    # some rows (the second attack on the references: b's largest error against a's largest
+    # excused it)
+    x = _rows_far_from_zero(noisy)
+    if noisy == 1:
+        assert not compare(*_lending_pair(False, None), x, reference=False).ok  # floors: alarm
+        assert compare(*_lending_pair(False, None), x).ok
+    assert compare(*_lending_pair(True, None), x).first_forward == "1"
+
+
+@pytest.mark.xfail(strict=True, reason="known limit: README, The float64 references")
+@pytest.mark.parametrize(("noisy", "rows"), [(1, 1), (4, 3), (17, None)])
+def test_reference_precision_loss_as_wide_as_a_rounding_elsewhere_limit(
+    noisy: int, rows: int | None
+) -> None:
+    # (2) compares how many values are how far off, not where: a precision loss of b over no
+    # more values than a's amplified rounding covers elsewhere in the tensor is taken for
+    # rounding (the third attack). Element by element it would not be, but then b's rounding
+    # where a cancels to exact zeros (attention on nearly equal tokens) fails correct ports.
+    assert compare(*_lending_pair(True, rows), _rows_far_from_zero(noisy)).first_forward == "1"
+
+
+def test_reference_floors_leave_out_what_float32_cannot_hold() -> None:
+    # exp(200) is inf in both float32 runs and 7e86 in float64: the float64 runs' floors
+    # leave it out (float32's do), or it loosens every check after it; b's c = 1.1 for 1 in
+    # c / (1 + exp(-x)) is named where it is
+    class Exp(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.exp(-x)
+
+    class PExp(pnn.Layer):
+        def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+            return paddle.exp(-x)
+
+    class Sigmoid(nn.Module):
+        def forward(self, e: torch.Tensor) -> torch.Tensor:
+            return 1.0 / (1 + e)
+
+    class PSigmoid(pnn.Layer):
+        def __init__(self, c: float) -> None:
+            super().__init__()
+            self.c = c
+
+        def forward(self, e: paddle.Tensor) -> paddle.Tensor:
+            return self.c / (1 + e)
+
+    x = np.random.RandomState(0).randn(8, 16).astype(np.float32)
+    x[0] = -200.0
+    for c in (1.0, 1.1):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Identity(), Exp(), Sigmoid(), nn.Linear(16, 4))
+        twin = pnn.Sequential(pnn.Identity(), PExp(), PSigmoid(c), pnn.Linear(16, 4))
+        copy_weights(model, twin)
+        for backward in (False, True):
+            report = compare(model, twin, x, backward=backward)
+            assert report.first_forward == (None if c == 1.0 else "2"), str(report)
 
 
 def test_reference_agreement_has_floors_of_its_own() -> None:

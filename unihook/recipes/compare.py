@@ -51,8 +51,9 @@ __all__ = ["ATOL", "RTOL", "Report", "compare", "compare_dumps", "copy_weights",
 # (2) and b's float32 run is as close to its float64 run as a's is to its own: at the median,
 #     the 90th and 99th percentiles and the largest of the errors, b's within NOISE_FACTOR
 #     times a's plus the tolerance, every value finite. A port computing the right function
-#     in too low a precision (a float16 rounding) is not excused; nor is a ReLU kink that
-#     rounding flipped in b only (a's errors have no such outliers).
+#     in too low a precision (a bfloat16 rounding) is not excused, nor a ReLU kink rounding
+#     flipped in b only, unless a's own amplified rounding covers as many values of that
+#     tensor (elsewhere: the rule looks at how many values are how far off, not where).
 # The float64 runs' agreement (1) is measured with floors of their own (`_ForwardFloors`,
 # `_grad_floors` over their values): a float32 floor that rounding inflated would loosen it.
 NOISE_FACTOR = 8.0
@@ -188,10 +189,11 @@ def _as_rounding(
             return diff  # a value the float64 run has finite is not (or NaN): not rounding
         if not error_a.size:
             continue
-        # (2), as distributions: b's errors against a's at each of NOISE_QUANTILES, not its
+        # (2), as distributions: b's errors against a's at each of NOISE_QUANTILES, not b's
         # largest against a's largest (one row of amplified rounding in a, a nearly constant
-        # row through a LayerNorm, would excuse b everywhere else) nor element by element (a
-        # lands closer than b by chance in places)
+        # row through a LayerNorm, would excuse a precision loss of b everywhere else). Not
+        # element by element either: where a cancels to exact zeros, b's rounding lands
+        # elsewhere than a's (attention's q and k gradients on nearly equal tokens).
         limit = atol + rtol * max(_magnitude(x), scale)
         quantiles_a = np.quantile(error_a, NOISE_QUANTILES)
         quantiles_b = np.quantile(error_b, NOISE_QUANTILES)
@@ -218,7 +220,7 @@ def _rounding(x: np.ndarray, exact: np.ndarray) -> np.ndarray | None:
     if not bool(np.isfinite(x[~same]).all() and np.isfinite(exact[~same]).all()):
         return None
     with np.errstate(invalid="ignore"):  # (inf - inf where both are the same infinity)
-        return np.abs(np.where(same, 0, x - exact)).reshape(-1)
+        return np.abs(np.where(same, 0, x - exact))
 
 
 def _gap(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -241,22 +243,24 @@ def _gap(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(np.nan_to_num(gap, nan=np.inf).max()), float(finite.max(initial=0.0))
 
 
-def _magnitude(x: np.ndarray) -> float:
-    """The largest finite magnitude in `x` (two passes, no temporary when all are finite)."""
+def _magnitude(x: np.ndarray, cap: float = math.inf) -> float:
+    """The largest finite magnitude in `x` (two passes, no temporary when all are finite),
+    leaving out magnitudes over `cap`."""
     if x.size == 0:
         return 0.0
     x = np.atleast_1d(x)
     if x.dtype.kind not in "fc":
         x = x.astype(np.float64)
     found = max(float(x.max()), -float(x.min()))
-    if np.isfinite(found):
+    if found <= cap and np.isfinite(found):
         return found
-    return float(np.abs(x[np.isfinite(x)]).max(initial=0.0))
+    magnitudes = np.abs(x)
+    return float(magnitudes[np.isfinite(x) & (magnitudes <= cap)].max(initial=0.0))
 
 
-def _scale(values: Arrays) -> float:
-    """The largest finite magnitude in `values`."""
-    return max((_magnitude(v) for v in values if v is not None), default=0.0)
+def _scale(values: Arrays, cap: float = math.inf) -> float:
+    """The largest finite magnitude in `values` (up to `cap`)."""
+    return max((_magnitude(v, cap) for v in values if v is not None), default=0.0)
 
 
 @dataclass
@@ -443,9 +447,9 @@ class _ForwardFloors:
     a large value upstream (raw 0..255 pixels before a Normalize, one massive activation, a
     finfo.min attention mask) loosens the modules that see it, not every module after them."""
 
-    def __init__(self, step: Step) -> None:
+    def __init__(self, step: Step, cap: float = math.inf) -> None:
         n = len(step.forward)
-        self._step = step
+        self._step, self._cap = step, cap
         self._sources = step.sources if len(step.sources) == n else [[] for _ in range(n)]
         self._free = step.input_scales if len(step.input_scales) == n else [0.0] * n
         self._out = [0.0] * n
@@ -456,12 +460,12 @@ class _ForwardFloors:
 
     def settle(self, i: int, diff: Diff | None, atol: float, rtol: float) -> None:
         """Record what call `i` passes on, given how its outputs compared (None: unpaired)."""
-        own = _scale(self._step.outputs[i])
+        own = _scale(self._step.outputs[i], self._cap)
         clean = diff is not None and not diff.note and diff.abs <= atol + CLEAN_SHARE * rtol * own
         self._out[i] = own if clean else max(self.reaching(i), own)
 
 
-def _grad_floors(trace: Trace, step: Step) -> dict[tuple[str, int], float]:
+def _grad_floors(trace: Trace, step: Step, cap: float = math.inf) -> dict[tuple[str, int], float]:
     """The scale of the rounding noise in each module call's gradients, per (module, call):
     its own largest gradient, or GRAD_SHARE of the largest gradient reaching its output and,
     recursively, the outputs of the modules that consumed it, when larger."""
@@ -477,7 +481,7 @@ def _grad_floors(trace: Trace, step: Step) -> dict[tuple[str, int], float]:
     for name, call, grads in zip(step.backward, step.backward_calls, step.grad_outputs):
         i = index.get((name, call))
         if i is not None:
-            own[i] = max(own[i], _scale(_adapt(trace, name, grads, trace)))
+            own[i] = max(own[i], _scale(_adapt(trace, name, grads, trace), cap))
     consumers: list[list[int]] = [[] for _ in range(n)]
     for i, found in enumerate(sources):
         for j in found:
@@ -494,6 +498,15 @@ def _grad_floors(trace: Trace, step: Step) -> dict[tuple[str, int], float]:
 
 # The float64 runs of model a and model b (`compare`'s references)
 Exact = tuple[Trace, Trace]
+
+
+def _largest_of(step: Step) -> float:
+    """The largest finite value of the floating dtype of `step`'s outputs (float32's)."""
+    for values in step.outputs:
+        for v in values:
+            if v is not None and v.dtype.kind == "f":
+                return float(np.finfo(v.dtype).max)
+    return math.inf
 
 
 def _exact_steps(exact: Exact | None, s: int, sa: Step, sb: Step) -> tuple[Step, Step] | None:
@@ -532,9 +545,14 @@ def _report(
         rows: dict[tuple[str, int], Row] = {}
         calls_b = _occurrences(sb.forward)
         floors, floor_grad = _ForwardFloors(sa), _grad_floors(a, sa)
-        # the float64 runs' own floors, for their agreement (see NOISE_FACTOR)
-        floors_r = None if refs is None else _ForwardFloors(refs[0])
-        floor_grad_r = {} if refs is None or exact is None else _grad_floors(exact[0], refs[0])
+        # the float64 runs' own floors, for their agreement (see NOISE_FACTOR), from the
+        # values a's float32 run can hold: one that overflows there (exp(200), inf in both
+        # float32 runs) raises no floor of theirs
+        cap = _largest_of(sa)
+        floors_r = None if refs is None else _ForwardFloors(refs[0], cap)
+        floor_grad_r = {}
+        if refs is not None and exact is not None:
+            floor_grad_r = _grad_floors(exact[0], refs[0], cap)
         seen: dict[str, int] = {}
         for i, name in enumerate(sa.forward):
             k = seen[name] = seen.get(name, -1) + 1
