@@ -1964,3 +1964,30 @@ def test_reference_agreement_has_floors_of_its_own() -> None:
     assert compare(*pair(1e-5), x).ok
     for backward in (True, False):
         assert compare(*pair(1e-3), x, backward=backward).first_forward == "2"
+
+
+@pytest.mark.parametrize("torch_first", [True, False])
+def test_running_var_beyond_the_unbiased_factor_is_named(torch_first: bool) -> None:
+    # torch's running_var takes the unbiased batch variance, paddle's the biased one: their
+    # updates may differ by m * v / (n - 1), and no more. Centred inputs keep running_mean at
+    # 0 whatever the momentum, so only running_var shows a wrong one.
+    def pair(momentum: float) -> tuple[nn.Module, pnn.Layer]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.BatchNorm1d(6), nn.Linear(6, 2))
+        twin = pnn.Sequential(pnn.BatchNorm1D(6, momentum=momentum), pnn.Linear(6, 2))
+        copy_weights(model, twin)
+        return model, twin
+
+    x = batch((8, 6))
+    x = x - x.mean(axis=0)
+    for momentum in (0.9, 0.8):
+        model, twin = pair(momentum)
+        report = compare(model, twin, x) if torch_first else compare(twin, model, x)
+        var = [p for p in report.params if p.stage == "updated" and "running_var" in p.name_a]
+        mean = [p for p in report.params if p.stage == "updated" and "running_mean" in p.name_a]
+        assert len(var) == 1 and not mean[0].diff.failed
+        if momentum == 0.9:
+            assert report.ok and var[0].diff.note.endswith("n = 8"), str(report)
+        else:
+            assert report.first_parameter == "0.running_var", str(report)
+            assert "unbiased" in var[0].diff.note and var[0].diff.failed

@@ -96,9 +96,11 @@ ULP_SHARE = 4.0
 
 # A train-mode BatchNorm updates its running variance with the batch variance: unbiased in
 # torch (n / (n - 1) times the biased one), biased in paddle. A correct port's running_var
-# after an optimizer step differs by that factor, so between torch and paddle it is reported,
-# not failed; the batch statistics a train-mode forward uses, and running_mean, are compared.
+# after a step differs by that factor, so between torch and paddle it is reported, not failed,
+# as long as both updates come from one momentum (`_running_var`); the batch statistics a
+# train-mode forward uses, and running_mean, are compared.
 RUNNING_VAR_NOTE = "running_var: torch's is unbiased, paddle's biased (not a divergence)"
+RUNNING_VAR_SPREAD = 0.02
 
 # A failure in a few elements of a large tensor: most often an input within rounding of a kink
 # (ReLU's 0, max-pool's tie) landed on the other side in one framework; the gradients behind
@@ -780,7 +782,8 @@ def _compare_params(report: Report, a: Trace, b: Trace, exact: Exact | None) -> 
             if diff.failed and floor >= 0 and i < len(grads_a) and j < len(grads_b):
                 diff = _excuse_noise(x, y, grads_a[i], grads_b[j], floor, atol, rtol, scale, diff)
             if cross and a.params[i][0].endswith("running_var") and diff.failed:
-                diff.failed, diff.note = False, RUNNING_VAR_NOTE
+                torch_side = (x, y, start_b[j]) if a.backend == "torch" else (y, x, start_a[i])
+                diff = _running_var(diff, *torch_side, _batch_count(sa, a.params[i][0], x), atol)
             add(s, "updated", i, j, diff)
 
     stage(-1, "initial", a.initial, b.initial)
@@ -789,6 +792,57 @@ def _compare_params(report: Report, a: Trace, b: Trace, exact: Exact | None) -> 
         grads_r = None if refs is None else (refs[0].param_grads, refs[1].param_grads)
         stage(s, "grad", sa.param_grads, sb.param_grads, grads_r)
         updated(s, sa, sb, start_a, start_b, refs)
+
+
+def _batch_count(step: Step, name: str, running_var: Any) -> int | None:
+    """How many values per channel the BatchNorm owning `name` (a running_var) normalized in
+    `step`: its output's size over the channels, when it ran once; else None."""
+    module = name.rpartition(".")[0]
+    calls = [i for i, called in enumerate(step.forward) if called == module]
+    if len(calls) != 1 or running_var is None or not running_var.size:
+        return None
+    outputs = [v for v in step.outputs[calls[0]] if v is not None]
+    if not outputs or outputs[0].size % running_var.size:
+        return None
+    return outputs[0].size // running_var.size
+
+
+def _running_var(
+    diff: Diff, torch_moved: Any, paddle_moved: Any, before: Any, n: int | None, atol: float
+) -> Diff:
+    """A running_var update that failed between torch and paddle. With momentum m, batch
+    variance v (biased) and `before` the value both started from, torch moves it by
+    m * (v * n / (n - 1) - before), paddle by m * (v - before): the two updates give, per
+    channel, m = ((n - 1) * (torch - paddle) - paddle) / before, one momentum in (0, 1] for
+    every channel when the port is right. Channels that need different momenta (a port with
+    another momentum, another variance) are a divergence."""
+    if n is None or n < 2 or torch_moved is None or paddle_moved is None or before is None:
+        return Diff(diff.abs, diff.rel, False, RUNNING_VAR_NOTE)  # (nothing to check it by)
+    if not (np.shape(torch_moved) == np.shape(paddle_moved) == np.shape(before)):
+        return diff
+    kind = np.asarray(before).dtype
+    eps = float(np.finfo(kind).eps) if kind.kind == "f" else 0.0
+    torch_moved, paddle_moved, before = (
+        np.asarray(v, np.float64).reshape(-1) for v in (torch_moved, paddle_moved, before)
+    )
+    known = before > 0
+    if not known.any():
+        return Diff(diff.abs, diff.rel, False, RUNNING_VAR_NOTE)
+    t, p, b = torch_moved[known], paddle_moved[known], before[known]
+    momenta = ((n - 1) * (t - p) - p) / b
+    m = float(np.median(momenta))
+    # RUNNING_VAR_SPREAD of m, and the stored values' rounding (an ulp of each updated value,
+    # times n - 1 in the momentum)
+    rounding = 4 * eps * (n - 1) * (b + np.abs(t) + np.abs(p)) / b
+    if 0 < m <= 1 + RUNNING_VAR_SPREAD and bool(
+        np.all(np.abs(momenta - m) <= RUNNING_VAR_SPREAD * m + rounding + atol)
+    ):
+        return Diff(diff.abs, diff.rel, False, f"{RUNNING_VAR_NOTE}, momentum {m:.3g}, n = {n}")
+    diff.note += (
+        f"; not torch's unbiased against paddle's biased batch variance (n = {n}): the "
+        f"channels' updates need momenta {float(momenta.min()):.3g} to {float(momenta.max()):.3g}"
+    )
+    return diff
 
 
 def _ulp_floor(before: Any, rtol: float) -> float:
