@@ -1988,6 +1988,46 @@ def test_running_var_beyond_the_unbiased_factor_is_named(torch_first: bool) -> N
         assert len(var) == 1 and not mean[0].diff.failed
         if momentum == 0.9:
             assert report.ok and var[0].diff.note.endswith("n = 8"), str(report)
+            assert "momentum 0.1 " in var[0].diff.note
         else:
             assert report.first_parameter == "0.running_var", str(report)
             assert "unbiased" in var[0].diff.note and var[0].diff.failed
+
+
+def test_running_var_of_a_large_batch_variance_passes() -> None:
+    # raw pixels: the batch variance is ~1e4 times the running one, and each framework's
+    # float32 variance rounding, times n - 1, moves the momentum each channel gives by up to
+    # ~0.3: a correct port still passes (the attack on the rule), either way round
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU())
+    twin = pnn.Sequential(pnn.Conv2D(3, 16, 3), pnn.BatchNorm2D(16), pnn.ReLU())
+    copy_weights(model, twin)
+    x = np.random.RandomState(0).randint(0, 256, (4, 3, 32, 32)).astype(np.float32)
+    for report in _both_ways(model, twin, x):
+        assert report.first_parameter is None, str(report)
+
+
+def test_running_var_of_a_batchnorm_called_twice_says_it_is_unchecked() -> None:
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bn, self.fc = nn.BatchNorm1d(6), nn.Linear(6, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.bn(x) + self.bn(2 * x))
+
+    class PTwice(pnn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bn, self.fc = pnn.BatchNorm1D(6), pnn.Linear(6, 2)
+
+        def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+            return self.fc(self.bn(x) + self.bn(2 * x))
+
+    torch.manual_seed(0)
+    model, twin = Twice(), PTwice()
+    copy_weights(model, twin)
+    x = batch((8, 6))
+    report = compare(model, twin, x - x.mean(axis=0))
+    var = [p for p in report.params if p.stage == "updated" and p.name_a == "bn.running_var"]
+    assert report.ok and "not checked" in var[0].diff.note, str(report)
