@@ -2031,3 +2031,29 @@ def test_running_var_of_a_batchnorm_called_twice_says_it_is_unchecked() -> None:
     report = compare(model, twin, x - x.mean(axis=0))
     var = [p for p in report.params if p.stage == "updated" and p.name_a == "bn.running_var"]
     assert report.ok and "not checked" in var[0].diff.note, str(report)
+
+
+def test_float64_default_makes_float64_tensors_and_puts_back_the_state() -> None:
+    # what a float64 copy's forward creates (an RNN cell's zeros state) is float64 too; the
+    # default and the random state are back afterwards, also after an exception
+    from unihook import ops
+
+    for like, zeros, rand, seed in (
+        (torch.zeros(1), lambda: torch.zeros(1), lambda: torch.rand(3).numpy(), torch.manual_seed),
+        (
+            paddle.zeros([1]),
+            lambda: paddle.zeros([1]),
+            lambda: paddle.rand([3]).numpy(),
+            paddle.seed,
+        ),
+    ):
+        seed(3)
+        want = rand()
+        seed(3)
+        with pytest.raises(KeyError):
+            with ops.float64_default(like):
+                assert "float64" in str(zeros().dtype)
+                rand()  # draws inside do not move the generator outside
+                raise KeyError("inside")
+        assert "float32" in str(zeros().dtype)
+        np.testing.assert_array_equal(rand(), want)
