@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export GLOG_minloglevel := 2
 
-.PHONY: demo test lint test-min bench bench-peers clean
+.PHONY: demo test test-mindspore lint test-min bench bench-peers clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -17,8 +17,26 @@ $(STAMP): pyproject.toml requirements-dev.txt
 demo: $(STAMP)
 	$(PY) -m unihook demo --out demo-out
 
+# MindSpore runs in a venv of its own (requirements-mindspore.txt: it needs numpy 1.x): the
+# shipped conformance suite on it, and the differential tests against torch.
+MS_VENV := .venv-mindspore
+MS_PY := $(MS_VENV)/bin/python
+MS_STAMP := $(MS_VENV)/.installed
+
+$(MS_STAMP): pyproject.toml requirements-mindspore.txt
+	test -x $(MS_PY) || $(PYTHON) -m venv $(MS_VENV) || python3 -m venv $(MS_VENV)
+	$(MS_PY) -m pip install --quiet --upgrade pip
+	$(MS_PY) -m pip install --quiet -r requirements-mindspore.txt
+	$(MS_PY) -m pip install --quiet --no-deps -e .
+	touch $(MS_STAMP)
+
 test: $(STAMP)
 	$(PY) -m pytest -q
+	$(MAKE) test-mindspore
+
+test-mindspore: $(MS_STAMP)
+	UNIHOOK_CONFORMANCE_BACKEND=mindspore $(MS_PY) -m pytest -q unihook/conformance \
+		tests/test_differential_kits.py tests/test_mindspore_native.py
 
 # ruff, and pyright in standard mode on unihook/ and backends/ ([tool.pyright] in pyproject.toml)
 lint: $(STAMP)
@@ -66,4 +84,4 @@ bench-peers: $(PEERS_STAMP)
 	$(PEERS_PY) benchmarks/run.py $(if $(QUICK),--quick,)
 
 clean:
-	rm -rf $(VENV) demo-out
+	rm -rf $(VENV) $(MS_VENV) demo-out

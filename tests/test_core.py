@@ -126,7 +126,7 @@ def test_third_party_backend_is_found_through_the_entry_point_group(toy_backend:
 def test_a_backend_can_be_disabled_by_environment(toy_backend: Path) -> None:
     out = run_python(
         "import unihook; print(sorted(b.name for b in unihook.backends()))",
-        env={"UNIHOOK_DISABLE": "toy,paddle"},
+        env={"UNIHOOK_DISABLE": "toy,paddle,mindspore"},
         path=toy_backend,
     )
     assert out == "['torch']"
@@ -270,7 +270,7 @@ def test_no_backend_says_what_unihook_disable_left_out() -> None:
             except unihook.NoBackendError as error:
                 print(error)
         """,
-        env={"UNIHOOK_DISABLE": "torch,paddle"},
+        env={"UNIHOOK_DISABLE": "torch,paddle,mindspore"},
     )
     first, second = out.splitlines()
     assert first.startswith(
@@ -278,7 +278,9 @@ def test_no_backend_says_what_unihook_disable_left_out() -> None:
     )
     assert second.startswith("register_forward_hook: expected a module or tensor")
     for message in (first, second):
-        assert "Disabled by UNIHOOK_DISABLE=torch,paddle: unset it to use them." in message
+        assert (
+            "Disabled by UNIHOOK_DISABLE=torch,paddle,mindspore: unset it to use them." in message
+        )
         assert "No framework is installed" not in message  # they are, only disabled
 
 

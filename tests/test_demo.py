@@ -76,10 +76,11 @@ def test_help_and_version_go_to_stdout() -> None:
 
 
 def test_no_framework_is_an_error_on_stderr_that_names_unihook_disable(tmp_path: Path) -> None:
-    done = _cli("demo", "--out", "out", env={"UNIHOOK_DISABLE": "torch,paddle"}, cwd=tmp_path)
+    env = {"UNIHOOK_DISABLE": "torch,paddle,mindspore"}
+    done = _cli("demo", "--out", "out", env=env, cwd=tmp_path)
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr == (
-        "No framework to run the demo on: torch, paddle disabled by UNIHOOK_DISABLE; "
+        "No framework to run the demo on: torch, paddle, mindspore disabled by UNIHOOK_DISABLE; "
         "unset UNIHOOK_DISABLE to use the disabled ones.\n"
     )
     assert list(tmp_path.iterdir()) == []

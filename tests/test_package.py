@@ -142,6 +142,7 @@ def test_wheel_holds_exactly_the_packages(dists: dict[str, Path]) -> None:
     assert "License-Expression: Apache-2.0\n" in meta
     assert "unihook = unihook.__main__:main" in entry_points
     assert "torch = unihook_torch" in entry_points and "paddle = unihook_paddle" in entry_points
+    assert "mindspore = unihook_mindspore" in entry_points
     # the conformance suite, runnable as `pytest --pyargs unihook.conformance`, and its option
     suite = {f"unihook/conformance/{n}" for n in ("__init__.py", "conftest.py", "plugin.py")}
     assert suite | {"unihook/conformance/test_forward_hooks.py"} <= set(names)
@@ -314,10 +315,10 @@ def test_cli_from_the_wheel_with_one_framework(
     assert demo_help.returncode == 0 and "--out DIR" in demo_help.stdout
     assert "Seed model" not in demo_help.stdout  # help, not the demo
 
-    other = next(f for f in FRAMEWORKS if f != framework)
+    others = ", ".join(sorted({"mindspore", *FRAMEWORKS} - {framework}))
     demo = _run(python, "-m", "unihook", "demo", "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert demo.returncode == 0, demo.stdout + demo.stderr
-    assert f"Ran with {framework} only ({other} not installed): nothing to compare." in demo.stdout
+    assert f"Ran with {framework} only ({others} not installed): nothing to compare." in demo.stdout
     assert "Identical" not in demo.stdout and "  same" not in demo.stdout
     assert "[[89.0]]" in demo.stdout  # the seed model's output (docs/SEMANTICS.md §4)
     # matplotlib is not a dependency: the demo says how to get the picture, and where it goes
@@ -327,8 +328,8 @@ def test_cli_from_the_wheel_with_one_framework(
     table = demo.stdout.split("Backends (unihook.backends()):")[1]
     row = next(line.split() for line in table.splitlines() if line.split()[:1] == ["tensor"])
     expected = ["tensor"]
-    for name in sorted(FRAMEWORKS):  # unihook.backends() is sorted by name
-        expected += ["not", "installed"] if name == other else ["native"]
+    for name in sorted({"mindspore", *FRAMEWORKS}):  # unihook.backends() is sorted by name
+        expected += ["native"] if name == framework else ["not", "installed"]
     assert row == expected
     # the installed framework disabled: nothing to run, said on stderr, and why
     disabled = _run(
@@ -338,7 +339,8 @@ def test_cli_from_the_wheel_with_one_framework(
     assert (disabled.returncode, disabled.stdout) == (1, ""), disabled.stderr
     assert disabled.stderr.startswith(
         f"No framework to run the demo on: {framework} disabled by UNIHOOK_DISABLE; "
-        f"{other} not installed; pip install 'unihook[torch]' or 'unihook[paddle]'"
+        f"{others} not installed; pip install 'unihook[torch]', 'unihook[paddle]' or "
+        "'unihook[mindspore]'"
     ), disabled.stderr
 
 

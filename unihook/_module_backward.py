@@ -121,6 +121,9 @@ class ModuleBackward:
         self.guarding: tuple[Callable[..., Any], ...] | None = None
         if guard and refused and key_of and leaf_of:
             self.guarding = (guard, refused, key_of, leaf_of)
+        # optional too: `same_tensor(a, b)`, for a framework whose in-place ops return another
+        # Python object for the same tensor (MindSpore's `copy_`); `is` without it
+        self.same_tensor: Callable[[Any, Any], bool] | None = getattr(autograd, "same_tensor", None)
         self.pre_hooks: dict[int, tuple[Hook, Site | None]] = {}
         self.full_hooks: dict[int, tuple[Hook, Site | None]] = {}
         self.local: threading.local = threading.local()
@@ -327,9 +330,12 @@ class ModuleBackward:
         # caller's later uses of it are uses of the output. (An input returned unchanged,
         # nn.Identity, stays an alias: its hooks see the gradient of the output, as torch's.)
         returned: dict[int, Any] = {}
+        same = self.same_tensor
         for j in idx:
             for k, i in enumerate(call.tensor_idx):
-                if items[j] is args[i] and k not in returned:
+                if k not in returned and (
+                    items[j] is args[i] or (same is not None and same(items[j], args[i]))
+                ):
                     returned[k] = replaced[j] = self._returned(
                         call, k, args[i], replaced[j], originals[k]
                     )

@@ -231,8 +231,9 @@ def _no_backend_hint(infos: list[BackendInfo]) -> str:
     missing = [info.framework for info in infos if not info.installed]
     if missing and not any(info.installed for info in infos):
         hint += (
-            f" No framework is installed ({', '.join(missing)}): pip install 'unihook[torch]' "
-            "or 'unihook[paddle]', or your own build of the framework (e.g. a CUDA one)."
+            f" No framework is installed ({', '.join(missing)}): pip install 'unihook[torch]', "
+            "'unihook[paddle]' or 'unihook[mindspore]', or your own build of the framework "
+            "(e.g. a CUDA one)."
         )
     return hint
 

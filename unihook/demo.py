@@ -245,7 +245,7 @@ def _left_out() -> str:
         parts.append(f"{', '.join(missing)} not installed")
     if not any(i.installed for i in infos):
         if missing:
-            parts.append("pip install 'unihook[torch]' or 'unihook[paddle]'")
+            parts.append("pip install 'unihook[torch]', 'unihook[paddle]' or 'unihook[mindspore]'")
         if disabled:
             parts.append(f"unset {DISABLE_ENV} to use the disabled ones")
     return "; ".join(parts)

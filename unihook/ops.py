@@ -24,6 +24,7 @@ __all__ = [
     "all_finite",
     "all_gather",
     "as_tensor",
+    "backward",
     "clamp",
     "clone",
     "copy_into",
@@ -45,6 +46,7 @@ __all__ = [
     "moments",
     "named_modules",
     "norm",
+    "object_version",
     "on_grad",
     "own_parameters",
     "std",
@@ -94,9 +96,15 @@ class Ops(Protocol):
     # The in-place version counter `t` shares with its aliases and views (bumped by every
     # in-place op on any of them), or None when the framework keeps none for `t`.
     def version(self, t: Any) -> int | None: ...
+    # The in-place counter of the tensor object `t` itself (optional: `version` without it),
+    # for a framework whose aliases keep counters of their own (MindSpore): see `object_version`.
+    def object_version(self, t: Any) -> int | None: ...
     # `value` rebuilt as its own type (namedtuple, return type, dict, list, dataclass, nested)
     # with `fn` applied to every tensor in it, through the framework's tree utilities.
     def map_tensors(self, fn: Callable[[Any], Any], value: Any) -> Any: ...
+    # Backward from the scalar `t` into the leaves' accumulated gradients (optional:
+    # ``t.backward()`` without it; for a framework whose autograd is functional).
+    def backward(self, t: Any) -> None: ...
     # Whether the framework records gradients now (optional: True without it).
     def grad_enabled(self, like: Any) -> bool: ...
     # A float64 deep copy of a module (optional: `compare` then runs without its exact
@@ -465,10 +473,31 @@ def version(t: Any) -> int | None:
     return ops_for(t).version(t)
 
 
+def object_version(t: Any) -> int | None:
+    """The in-place counter of the tensor object `t` (bumped by in-place ops on it and its
+    views), or None: what the recipes compare when a container returns its child's output
+    object. `version` where the backend has no `object_version`; MindSpore's `version` is None
+    (an identity's alias keeps a counter of its own, so capture copies), its `object_version`
+    the tensor's own counter."""
+    found = ops_for(t)
+    own = getattr(found, "object_version", None)
+    return found.version(t) if own is None else own(t)
+
+
 def copy_into(buffer: Any, t: Any) -> Any:
     """`t`'s values in `buffer` when it has `t`'s shape and dtype (no allocation), else in a new
     detached copy; returns the tensor holding them."""
     return ops_for(t).copy_into(buffer, t)
+
+
+def backward(t: Any) -> None:
+    """``t.backward()`` for a scalar `t`: its hooks fire, the leaves accumulate gradients
+    (``grad_of``). A backend with functional autograd (MindSpore) supplies its own."""
+    found = getattr(ops_for(t), "backward", None)
+    if found is None:
+        t.backward()
+    else:
+        found(t)
 
 
 def grad_enabled(like: Any) -> bool:

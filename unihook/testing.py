@@ -14,10 +14,25 @@ from typing import Any, Callable, Protocol, Sequence
 
 from . import ops
 
-__all__ = ["Kit", "classifier", "images", "kits"]
+__all__ = [
+    "Kit",
+    "classifier",
+    "creates_graph",
+    "grads_non_leaves",
+    "images",
+    "kits",
+    "retains_graph",
+]
 
 
 class Kit(Protocol):
+    """Optional members a test reads with ``getattr`` (torch's and paddle's kits have none):
+    ``module_class``, the framework's module base class as unihook's messages spell it
+    (default: torch.nn.Module, paddle.nn.Layer); ``buffer(data)``, a tensor that attribute
+    assignment files as a buffer (default: ``tensor(data)``); ``retain_graph``,
+    ``create_graph`` and ``grad_non_leaves``, see `retains_graph`, `creates_graph` and
+    `grads_non_leaves`."""
+
     name: str
 
     # tensors
@@ -120,6 +135,29 @@ class Kit(Protocol):
         """A training step for `module`'s parameters: ``step(loss)`` runs backward, one plain
         SGD update and clears the gradients."""
         ...
+
+
+def retains_graph(kit: Kit) -> bool:
+    """Whether `kit`'s framework can differentiate one recorded graph twice (torch's
+    retain_graph, a retry after a hook raised). A kit whose framework cannot (MindSpore 2.10:
+    one backward per forward) sets ``retain_graph = False`` and raises
+    `unihook.BackendStateError` naming retain_graph at the second backward."""
+    return bool(getattr(kit, "retain_graph", True))
+
+
+def creates_graph(kit: Kit) -> bool:
+    """Whether `kit`'s imperative backward can record the backward itself for a further one
+    (torch's create_graph). A kit over a functional autograd (MindSpore 2.10: higher-order
+    gradients nest ``mindspore.grad``) sets ``create_graph = False``; the tests needing it are
+    skipped and the backend's own tests cover double backward the framework's way."""
+    return bool(getattr(kit, "create_graph", True))
+
+
+def grads_non_leaves(kit: Kit) -> bool:
+    """Whether `kit`'s ``autograd_grad`` / ``grad_wrt`` take tensors computed in the graph as
+    inputs (torch does; MindSpore 2.10 differentiates with respect to Parameters and the
+    function's arguments only: ``grad_non_leaves = False``)."""
+    return bool(getattr(kit, "grad_non_leaves", True))
 
 
 def kits() -> list[Kit]:

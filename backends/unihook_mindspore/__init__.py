@@ -29,6 +29,8 @@ from unihook.handles import Handle
 from unihook.info import BackendInfo, installed_version
 from unihook.spec import hookimpl
 
+from ._serial import exclusive
+
 NAME = "mindspore"
 
 
@@ -151,17 +153,22 @@ def unihook_register_forward_hook(
 
 
 # Removing a tensor hook while a backward runs segfaults MindSpore 2.10 (a hook removing
-# itself). A removal from inside a unihook tensor hook silences the hook at once and leaves the
-# native removal to the next registration or removal outside a hook (or the tape's next
-# backward). (Queueing it with `_pynative_executor.queue_backward_final_callback` aborted the
-# process after earlier backwards had raised.)
-_running = threading.local()
+# itself), and MindSpore runs a tensor's native hooks from the live list (a hook added by an
+# earlier one runs in the same pass; torch snapshots them). unihook's hooks of one tensor sit
+# behind one native hook, `_TensorHooks`, which runs a snapshot (torch's) and is removed
+# natively only outside any hook: at the next registration or removal outside a hook, or the
+# tape's next backward. (Queueing the removal with
+# `_pynative_executor.queue_backward_final_callback` aborted the process after earlier
+# backwards had raised.)
+# running unihook tensor hooks, on any thread: a native removal from another thread while a
+# backward runs in one crashes as well (docs §10)
+_running = [0]
 _deferred: list[Callable[[], None]] = []
 _deferred_lock = threading.Lock()
 
 
 def _depth() -> int:
-    return getattr(_running, "depth", 0)
+    return _running[0]
 
 
 def flush_removals() -> None:
@@ -170,8 +177,40 @@ def flush_removals() -> None:
         with _deferred_lock:
             pending = _deferred[:]
             del _deferred[:]
-        for native_remove in pending:
-            native_remove()
+        with exclusive:  # (no native call while another thread's graph runs: docs §10)
+            for native_remove in pending:
+                native_remove()
+
+
+class _TensorHooks:
+    """The native hook of a tensor with unihook hooks: runs them in registration order."""
+
+    __slots__ = ("entries", "native")
+
+    def __init__(self) -> None:
+        self.entries: list[Callable[[Any], Any]] = []
+        self.native: Any = None  # MindSpore's handle, while registered
+
+    def __call__(self, grad: Any) -> Any:
+        changed = False
+        with _deferred_lock:
+            _running[0] += 1
+        try:
+            # a snapshot, taken when this tensor's hooks start: torch's
+            for run in tuple(self.entries):
+                result = run(grad)
+                if result is not None:
+                    grad, changed = result, True  # a later hook sees it (torch chains)
+        finally:
+            with _deferred_lock:
+                _running[0] -= 1
+        return grad if changed else None
+
+    def drop_native(self) -> None:
+        """Remove the native hook if no unihook hook came back since."""
+        if not self.entries and self.native is not None:
+            native, self.native = self.native, None
+            native.remove()
 
 
 @hookimpl
@@ -186,7 +225,9 @@ def unihook_register_tensor_hook(
         raise site.error(TargetKindError, "a mindspore.Tensor", type_name(tensor))
     # MindSpore accepts a hook on any tensor (it never fires); torch raises. A tensor needs
     # grad when it is a Parameter or was recorded under a grad session.
-    if not tensor._requires_grad:
+    with exclusive:  # (reading a Parameter while another thread's backward runs segfaults)
+        needs_grad = tensor._requires_grad
+    if not needs_grad:
         raise site.error(
             NoGradError, "a tensor that requires grad", "a tensor recorded by no grad session"
         )
@@ -195,29 +236,34 @@ def unihook_register_tensor_hook(
     def is_tensor(obj: object) -> bool:
         return isinstance(obj, Tensor)
 
-    live = [True]
-
-    def tensor_hook(grad: Any) -> Any:
-        if not live[0]:
-            return None
-        _running.depth = _depth() + 1
-        try:
-            result = hook(grad)
-        finally:
-            _running.depth -= 1
+    def run(grad: Any) -> Any:
         # MindSpore takes a wrong shape or dtype silently: checked here
-        return check_grad(result, grad, is_tensor, site)
+        return check_grad(hook(grad), grad, is_tensor, site)
 
-    flush_removals()
-    native = tensor.register_hook(tensor_hook)
+    with exclusive:  # (no native call while another thread's graph runs: docs §10)
+        flush_removals()
+        with _deferred_lock:
+            hooks = getattr(tensor, "_unihook_hooks", None)
+            if hooks is None:
+                hooks = tensor._unihook_hooks = _TensorHooks()  # (an attribute: not copied)
+            hooks.entries.append(run)
+            if hooks.native is None:
+                hooks.native = tensor.register_hook(hooks)
 
     def remove() -> None:
-        live[0] = False  # silent at once, as torch's
-        if _depth():
-            with _deferred_lock:
-                _deferred.append(native.remove)
-        else:
-            native.remove()
+        # out of the list at once: a tensor whose hooks have not started runs it no more; one
+        # whose hooks run now still runs it in this pass (its snapshot), as torch
+        with _deferred_lock:
+            if run not in hooks.entries:
+                return
+            hooks.entries.remove(run)
+            if hooks.entries:
+                return
+            if _depth():
+                _deferred.append(hooks.drop_native)
+                return
+        with exclusive:
+            hooks.drop_native()
             flush_removals()
 
     return Handle(NAME, "tensor", remove)

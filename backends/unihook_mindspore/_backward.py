@@ -15,8 +15,14 @@ MindSpore quirks handled here:
   it raises "A view of base is being inplace modified ... custom bprop" (a conv followed by an
   in-place ReLU): the output is ``ops.stop_gradient(x)``, which shares memory and is no view
   (torch's BackwardHook has the same trap; unihook's torch identity returns ``detach()``);
-- there is no in-place version counter (``Tensor._version`` stays 0 after ``add_``): forward's
-  in-place ops on an input alias are not rebased onto the caller's tensor.
+- ``Tensor._version`` counts the in-place ops autograd records (``copy_``; ``Tensor.add_``
+  and ``mul_`` are not recorded and leave it as it is), but MindSpore bumps it in its
+  asynchronous pipeline: it is read after ``_pynative_executor.sync()`` (docs/MINDSPORE.md §10).
+  An identity's output (``stop_gradient``) has a counter of its own: forward's in-place ops on
+  an input alias are rebased onto the caller's tensor (``_Rebase``), which bumps its counter;
+- MindSpore refuses an in-place op on a leaf that requires grad and on a view of one, and on
+  the output of a custom function that is its input (the trap above): ``_Guard`` turns the
+  latter into the former for a leaf an identity would otherwise alias.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from unihook.handles import Handle
 
 from . import NAME
 from ._forward import add_dispatchers
+from ._global import CALL_CODES
 
 Grads = Sequence[Any]
 Tensor = mindspore.Tensor
@@ -83,10 +90,49 @@ class _Identity(_Function):
         return (None, None, None, *results)
 
 
+class _Rebase(_Function):
+    """`original` takes `alias`'s history: an in-place node (``mark_dirty``) that moves no data
+    (they share memory) and sends the whole gradient to `alias`. On a leaf that requires grad
+    MindSpore raises its own "A leaf tensor that need grad is being used in an inplace
+    operator", as it does without hooks."""
+
+    @staticmethod
+    def forward(ctx: Any, original: Any, alias: Any) -> Any:  # type: ignore[override]
+        ctx.mark_dirty(original)
+        return original
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+        return None, grad
+
+
+class _Guard(_Function):
+    """`x` returned as it is: MindSpore refuses every in-place op on it at once, with its own
+    RuntimeError ("A view of base is being inplace modified ... custom bprop")."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:  # type: ignore[override]
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+        return grad
+
+
+def _memory_key(tensor: Any) -> int | None:
+    # the storage: MindSpore refuses an in-place op on a leaf and on any view of it
+    if not tensor.size:
+        return None  # (an empty tensor has no memory to share)
+    try:
+        return int(tensor.untyped_storage().data_ptr())
+    except (RuntimeError, TypeError, AttributeError):  # no device memory yet
+        return None
+
+
 class MindSporeAutograd:
     backend = NAME
-    # not measured yet: a module's dispatchers leave with its last hook, calls in flight or not
-    call_codes: frozenset[Any] = frozenset()
+    # a cell's dispatchers stay until its calls in flight are over (unihook._module_backward)
+    call_codes = CALL_CODES
     is_tensor = staticmethod(_is_tensor)
 
     @staticmethod
@@ -111,11 +157,50 @@ class MindSporeAutograd:
 
     @staticmethod
     def version(tensor: Any) -> int:
-        return 0  # no in-place version counter in MindSpore 2.10 (see the module docstring)
+        _pynative_executor.sync()  # the counter moves in the async pipeline (module docstring)
+        return int(tensor._version)
 
     @staticmethod
     def rebase(original: Any, alias: Any) -> Any:
-        return original  # never called: versions never change
+        if tuple(original.shape) != tuple(alias.shape):
+            raise NotImplementedError("never: MindSpore has no in-place shape change")
+        _Rebase.apply(original, alias)
+        # MindSpore raises its leaf error in the async pipeline: here, as without hooks
+        _pynative_executor.sync()
+        return original
+
+    @staticmethod
+    def same_tensor(a: Any, b: Any) -> bool:
+        # `copy_` returns another Python object for the tensor it changed: same memory, same
+        # node once the pipeline ran (an identity's alias shares the memory, not the node)
+        if a is b:
+            return True
+        if a is None or b is None:  # (an argument the caller no longer holds)
+            return False
+        if a.shape != b.shape or a.dtype != b.dtype or _memory_key(a) != _memory_key(b):
+            return False
+        _pynative_executor.sync()
+        node, other = a._grad_node, b._grad_node
+        return node is not None and other is not None and node._unique_id() == other._unique_id()
+
+    @staticmethod
+    def guard(tensor: Any, error: Callable[[], Exception], site: Site) -> Any:
+        # MindSpore's own RuntimeError at the in-place op, where it raises without hooks
+        return _Guard.apply(tensor)
+
+    memory_key = staticmethod(_memory_key)
+
+    @staticmethod
+    def leaf_of(tensor: Any) -> Any:
+        if isinstance(tensor, mindspore.Parameter):
+            return tensor
+        node = tensor._grad_node
+        return tensor if node is not None and node.is_leaf() else None
+
+    @staticmethod
+    def refused_like(output: Any, leaf: Any) -> bool:
+        key = _memory_key(output)
+        return key is not None and key == _memory_key(leaf)
 
     @staticmethod
     def add_dispatchers(cell: Any, pre: Any, post: Any) -> Dispatchers:

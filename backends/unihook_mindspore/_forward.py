@@ -26,10 +26,16 @@ _POST = ("_forward_hook", ("_forward_hook_with_kwargs", "_forward_hook_always_ca
 _lock = threading.Lock()
 
 
+_ids = threading.Lock()
+
+
 def new_id() -> int:
-    # MindSpore's own counter: ids never collide with natively registered hooks
-    hook_id: int = HookHandle.unique_id
-    HookHandle.unique_id += 1
+    # MindSpore's own counter: ids never collide with natively registered hooks. Under a lock
+    # of its own: the global dispatchers (another thread's cell call) take ids outside `_lock`,
+    # and two equal ids made one dispatcher replace the other (a lost global hook call).
+    with _ids:
+        hook_id: int = HookHandle.unique_id
+        HookHandle.unique_id += 1
     return hook_id
 
 

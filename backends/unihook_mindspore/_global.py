@@ -30,7 +30,6 @@ from unihook.backend import (
     Site,
     check_pre_kwargs_result,
     global_label,
-    has_module_backward,
     pin,
     show_value,
     unpin,
@@ -108,19 +107,18 @@ def _ensure(cell: Any) -> None:
         hooks = Access.get(cell, attr) if key is not None else None
         if hooks and next(iter(hooks)) != key:  # a hook prepended since: globals go first
             hooks.move_to_end(key, last=False)
-    own = has_module_backward(cell)
-    if own and entry[2] is not None:
-        # the cell's own backward dispatchers (since a hook registered them) run the global
-        # backward hooks too, first, as torch runs global hooks before the module's own
-        entry[2].remove()
-        entry[2] = None
-    if _backward is not None and entry[2] is None and not own:
+    # Installed beside the cell's own backward dispatchers too: whichever runs first in a call
+    # takes the global hooks (unihook._module_backward). Taking them out while own ones exist
+    # lost calls: another thread removing the cell's last own hook between this check and the
+    # call's hooks left the call with neither.
+    if _backward is not None and entry[2] is None:
         entry[2] = Pinned.install(
             cell,
             (("_forward_pre_hook", _backward[0]), ("_forward_hook", _backward[1])),
             "_forward_hook_always_called",
             new_id,
             Access,
+            tail=True,  # after the cell's own ones, which take the global hooks when present
         )
 
 
@@ -128,6 +126,11 @@ def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
     _ensure(self)
     assert _original_call is not None
     return _original_call(self, *args, **kwargs)
+
+
+# The code of the functions that run one cell call: MindSpore's `Cell.__call__` (this module is
+# imported before it wraps it) and the wrapper. A frame of either means a call is in flight.
+CALL_CODES = frozenset({Cell.__call__.__code__, _call.__code__})
 
 
 def _strip(which: int) -> None:

@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence, Union
 import mindspore
 import numpy as np
 from mindspore import ops
+from mindspore.graph.api import _pynative_executor
 
 from unihook.backend import map_dataclass
 from unihook.ops import Moments, drop_block_rate
@@ -110,6 +111,21 @@ class MindSporeOps:
         # MindSpore tracks gradients of Parameters (and of a grad session's inputs) only
         return mindspore.Parameter(ops.stop_gradient(t).copy(), requires_grad=True)
 
+    def backward(self, t: Any) -> None:
+        # no Tensor.backward: autograd is functional (docs/MINDSPORE.md §5). The tape's open
+        # recording session stands in (the conformance kit opens it; `_tape.start()`)
+        from unihook.errors import BackendStateError
+
+        from . import _tape
+
+        if _tape._session is None:
+            raise BackendStateError(
+                "unihook.ops.backward [backend mindspore]: expected a tensor recorded by the "
+                "backend's tape (unihook_mindspore._tape.start() before the forward). Received: "
+                "a tensor computed with no tape session open (use mindspore.grad)"
+            )
+        _tape.backward(t)
+
     def grad_of(self, t: Any) -> Any:
         return t.grad if hasattr(t, "grad") else None
 
@@ -119,8 +135,17 @@ class MindSporeOps:
         buffer.copy_(ops.stop_gradient(t))  # returns a new Tensor object, not `buffer`
         return buffer
 
+    def object_version(self, t: Any) -> int | None:
+        # the counter moves in MindSpore's asynchronous pipeline: read once the queued ops ran
+        _pynative_executor.sync()
+        return int(t._version)
+
     def version(self, t: Any) -> int | None:
-        return None  # no in-place version counter in MindSpore 2.10
+        # None: capture copies every value. Tensor._version counts the in-place ops autograd
+        # records (copy_) and views share it, but the alias a module backward hook's identity
+        # hands the caller has a counter of its own (docs/MINDSPORE.md §10): an in-place op
+        # on that alias would leave a captured value's version as it was, stale unseen.
+        return None
 
     def map_tensors(self, fn: Callable[[Any], Any], value: Any) -> Any:
         if isinstance(value, Tensor):

@@ -21,6 +21,8 @@ import numpy as np
 from mindspore.graph.api import _pynative_executor as executor
 from mindspore.ops.composite import GradOperation
 
+from ._serial import exclusive
+
 __all__ = ["backward", "grad", "grad_wrt", "leaf", "set_grad", "start", "track"]
 
 
@@ -30,16 +32,23 @@ class _Session:
 
 _lock = threading.RLock()
 _session: _Session | None = None
+_session_thread: int | None = None  # the thread that opened it (its grad flag is its own)
+_window = threading.local()  # .open: this thread holds `exclusive` until its backward
 _keys: list[_Session] = []
 _leaves: dict[int, weakref.ref[Any]] = {}
 _counter = [0]
 _op = GradOperation(get_by_list=True)
+_NOTHING = mindspore.Tensor(np.float32(0))  # the output a dropped session ends at
 
 
 def start() -> None:
     """Open the recording session if none is open."""
-    global _session
+    global _session, _session_thread
     with _lock:
+        if _session is not None and not executor.requires_grad():
+            # MindSpore drops the recording when an op raises inside it (a refused in-place
+            # op): start another, as torch keeps recording after an error
+            _session = None
         if _session is None:
             executor.set_grad_flag(True)
             _session = _Session()
@@ -47,6 +56,30 @@ def start() -> None:
             # one never takes a finished one's id (a precaution; keys are tiny)
             _keys.append(_session)
             executor.new_graph(_session)
+            _session_thread = threading.get_ident()
+
+
+def _enter() -> None:
+    """Open this thread's recording window: MindSpore records one graph per process, on one
+    thread at a time (docs/MINDSPORE.md §10), so the window holds `exclusive` until this
+    thread's backward. The session another thread left open (idle) is dropped: a grad flag
+    is per thread, the graph being recorded is per process."""
+    global _session
+    if getattr(_window, "open", False):
+        return
+    exclusive.acquire()
+    _window.open = True
+    with _lock:
+        if _session is not None and _session_thread != threading.get_ident():
+            stale, _session = _session, None
+            executor.end_graph(stale, _NOTHING)  # (closed from here: measured to work)
+        start()
+
+
+def _leave() -> None:
+    if getattr(_window, "open", False):
+        _window.open = False
+        exclusive.release()
 
 
 def track(tensor: Any) -> Any:
@@ -60,6 +93,8 @@ def track(tensor: Any) -> Any:
 
 def leaf(array: Any, dtype: Any = None) -> Any:
     """A new leaf that requires grad, holding `array`."""
+    _enter()  # this thread's forward starts here (a leaf is the first thing it records)
+    start()  # (again after an error: see `start`)
     _counter[0] += 1
     tensor = mindspore.Tensor(np.asarray(array), dtype=dtype)
     return track(mindspore.Parameter(tensor, name=f"unihook_leaf_{_counter[0]}"))
@@ -82,7 +117,28 @@ def _run(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
     global _session
     from . import flush_removals
 
-    flush_removals()  # outside any backward: the tensor hooks' deferred native removals
+    if not getattr(_window, "open", False):
+        # no leaf made on this thread since its last backward: its graph is in the session
+        # only if it opened that one (another thread's window dropped it otherwise)
+        exclusive.acquire()
+        _window.open = True
+        if _session is not None and _session_thread != threading.get_ident():
+            _leave()
+            raise RuntimeError(
+                "backward [backend mindspore]: expected a graph recorded in this thread's "
+                "session. Received: one recorded while another thread's was open (MindSpore "
+                "2.10 records one graph per process): make a leaf (kit.tensor(..., "
+                "requires_grad=True)) on this thread before its forward"
+            )
+    try:
+        flush_removals()  # outside any backward: the tensor hooks' deferred native removals
+        return _differentiate(outputs, inputs)
+    finally:
+        _leave()  # the next session (opened on this thread) stays open, idle
+
+
+def _differentiate(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
+    global _session
     with _lock:
         start()
         session = _session
@@ -122,27 +178,51 @@ def _reachable(outputs: Sequence[Any]) -> set[int]:
     return leaves
 
 
+def _consume(outputs: Sequence[Any]) -> None:
+    """MindSpore frees a recorded graph at its first backward, also one a hook raised in, and
+    no API takes retain_graph (docs/MINDSPORE.md §5): a second backward raises "Try to backward
+    the graph twice", "Can not find top cell" or, through a custom function, "ctx has been
+    freed". The outputs are marked: a second backward from them raises BackendStateError."""
+    from unihook.errors import BackendStateError
+
+    if any(getattr(t, "_unihook_differentiated", False) for t in outputs):
+        raise BackendStateError(
+            "backward [backend mindspore]: expected a graph not differentiated yet (MindSpore "
+            "frees it at its first backward, even one a hook raised in, and has no "
+            "retain_graph). Received: a second backward through it; run the forward again"
+        )
+    for t in outputs:
+        if isinstance(t, mindspore.Tensor):
+            t._unihook_differentiated = True
+
+
 def backward(tensor: Any) -> None:
     """``tensor.backward()``: gradients of every leaf the graph reaches, accumulated into its
     ``.grad`` (an attribute the tape gives Parameters, as torch's and paddle's tensors have)."""
-    reached = _reachable([tensor])
-    leaves = [t for t in _live_leaves() if t._grad_node._unique_id() in reached]
-    grads = _run([tensor], leaves)
-    with _lock:
-        for t, g in zip(leaves, grads):
-            old = getattr(t, "grad", None)
-            t.grad = g if old is None else old + g
+    _consume([tensor])
+    with exclusive:  # (reading a Parameter while another thread's backward runs segfaults)
+        reached = _reachable([tensor])
+        leaves = [t for t in _live_leaves() if t._grad_node._unique_id() in reached]
+        grads = _run([tensor], leaves)
+        with _lock:
+            for t, g in zip(leaves, grads):
+                old = getattr(t, "grad", None)
+                t.grad = g if old is None else old + g
 
 
 def grad_wrt(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
     """``autograd.grad``: gradients of `outputs` with respect to leaves `inputs`."""
+    _consume(outputs)
     return _run(list(outputs), list(inputs))
 
 
 def grad(tensor: Any) -> Any:
     """The accumulated gradient of a leaf, as numpy, or None."""
     value = getattr(tensor, "grad", None)
-    return None if value is None else value.asnumpy().copy()
+    if value is None:
+        return None
+    with exclusive:
+        return value.asnumpy().copy()
 
 
 def set_grad(tensor: Any, value: Any) -> None:

@@ -11,8 +11,11 @@ from typing import Any, Callable, Sequence
 import mindspore
 import numpy as np
 from mindspore import nn, ops
+from mindspore.graph.api import _pynative_executor
 
 from . import _tape
+
+_sync = _pynative_executor.sync
 
 mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
 
@@ -32,7 +35,9 @@ class _InplaceReLU(nn.Cell):
     # nn.ReLU has no inplace flag, and mint's functional relu_ raises "The kernel InplaceReLU
     # unregistered" on CPU: copy_ is an in-place op autograd records
     def construct(self, x: Any) -> Any:
-        return x.copy_(ops.relu(x))
+        out = x.copy_(ops.relu(x))
+        _sync()  # (see MindSporeKit.add_)
+        return out
 
 
 # framework-neutral class names (the kit's `type_name`)
@@ -45,6 +50,13 @@ def _f32(data: Any) -> Any:
 
 class MindSporeKit:
     name = "mindspore"
+    module_class = "mindspore.nn.Cell"  # as the backend's TargetKindError spells it
+    retain_graph = False  # one backward per forward: the tape raises BackendStateError (_tape)
+    # MindSpore's higher-order gradients nest mindspore.grad, which an imperative tape cannot
+    # express; it differentiates with respect to Parameters only (tests/test_mindspore_native.py
+    # covers both the framework's way)
+    create_graph = False
+    grad_non_leaves = False
 
     def __init__(self) -> None:
         _tape.start()
@@ -57,6 +69,7 @@ class MindSporeKit:
         return cell
 
     def tensor(self, data: Any, requires_grad: bool = False, dtype: str = "float32") -> Any:
+        _tape.start()  # (again after an error: see _tape.start)
         array = np.asarray(data, dtype=dtype)
         if requires_grad:
             return _tape.leaf(array)
@@ -72,8 +85,11 @@ class MindSporeKit:
         return bool(tensor._requires_grad)
 
     def add_(self, tensor: Any, value: float) -> Any:
-        # Tensor.add_ leaves the tensor unchanged on CPU (it returns a new one): copy_ is in place
+        # Tensor.add_ leaves the tensor unchanged on CPU (it returns a new one): copy_ is in place.
+        # MindSpore raises a refused in-place op (a leaf's) in its async pipeline, at some
+        # later op: the kit waits for it here, so the error comes from the op, as in torch.
         tensor.copy_(tensor + value)
+        _sync()
         return tensor
 
     def relu(self, tensor: Any) -> Any:
@@ -94,7 +110,7 @@ class MindSporeKit:
     def autograd_grad(
         self, outputs: Sequence[Any], inputs: Sequence[Any], create_graph: bool = False
     ) -> list[Any]:
-        return _tape.grad_wrt(outputs, inputs)
+        return self.grad_wrt(outputs, inputs, create_graph=create_graph)
 
     def grad_wrt(
         self,
@@ -104,6 +120,12 @@ class MindSporeKit:
         create_graph: bool = False,
         allow_unused: bool = False,
     ) -> list[Any]:
+        if create_graph:
+            raise NotImplementedError(
+                "create_graph=True: the MindSpore kit cannot record a backward"
+            )
+        if not all(isinstance(t, mindspore.Parameter) for t in inputs):
+            raise NotImplementedError("the MindSpore kit differentiates w.r.t. Parameters only")
         return _tape.grad_wrt(outputs, inputs)
 
     def no_grad(self) -> Any:
@@ -179,6 +201,14 @@ class MindSporeKit:
 
         methods = {k: v for k, v in vars(nn.Cell).items() if callable(v)}
         return (methods, dict(cell_module._global_buffer_registration_hooks))
+
+    def buffer(self, data: Any) -> Any:
+        # assigning a plain Tensor to a buffer's name raises TypeError ("Buffer 'b' already
+        # exists in network") in MindSpore 2.10; a _Buffer (its port of torch.nn.Buffer) is
+        # filed through register_buffer, which runs the registration hooks
+        from mindspore.common.parameter import _Buffer
+
+        return _Buffer(self.tensor(data))
 
     def parameter(self, data: Any) -> Any:
         return _tape.leaf(np.asarray(data, dtype="float32"))

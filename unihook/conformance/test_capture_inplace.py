@@ -188,7 +188,13 @@ def test_grads_beside_inplace(backend: Any) -> None:
         assert set(cache.grads) == {"", "0", "1"} and len(cache.grads) == 3
 
 
+def _needs_versions(backend: Any) -> None:
+    if unihook.ops.version(backend.tensor([1.0])) is None:
+        pytest.skip(f"{backend.name}: no version counter for capture, which copies every value")
+
+
 def test_a_learned_module_modified_later_raises(backend: Any) -> None:
+    _needs_versions(backend)
     model = backend.sequential(linear(backend))
     for _ in range(2):  # learned: nothing modifies its output
         with unihook.capture(model) as cache:
@@ -221,6 +227,7 @@ def test_training_mode_is_learned_apart(backend: Any) -> None:
 
 
 def test_inputs_learned_then_modified_raise(backend: Any) -> None:
+    _needs_versions(backend)
     model = backend.sequential(linear(backend))
     x = row(backend, 1.0, -2.0)
     with unihook.capture(model, inputs=True):

@@ -125,24 +125,34 @@ def test_attach_where_matches_nothing(backend: Any) -> None:
 # -- targets ----------------------------------------------------------------------------------
 
 
+def _module_class(kit: Any) -> str:
+    """The framework's module base class, spelled as in messages (an optional kit attribute,
+    ``module_class``; torch's and paddle's kits predate it)."""
+    known = {"torch": "torch.nn.Module", "paddle": "paddle.nn.Layer"}
+    return getattr(kit, "module_class", None) or known[kit.name]
+
+
 def test_module_hook_on_tensor(backend: Any) -> None:
+    x = _x(backend)
     error = _raises(
-        lambda: unihook.register_forward_hook(_x(backend), lambda *a: None),
+        lambda: unihook.register_forward_hook(x, lambda *a: None),
         unihook.TargetKindError,
         AttributeError,  # what `tensor.register_forward_hook` raises in both frameworks
     )
     assert isinstance(error, unihook.HookTargetError) and isinstance(error, TypeError)
-    module_type = "torch.nn.Module" if backend.name == "torch" else "paddle.nn.Layer"
-    _names(error, "forward", "Tensor", backend.name, f"expected a {module_type}")
+    # the framework's module base class, as the message spells it (torch.nn.Module, ...)
+    _names(error, "forward", type(x).__name__, backend.name, f"expected a {_module_class(backend)}")
 
 
 def test_tensor_hook_on_module(backend: Any) -> None:
+    m = backend.linear(3, 2)
     error = _raises(
-        lambda: unihook.register_tensor_hook(backend.linear(3, 2), lambda g: None),
+        lambda: unihook.register_tensor_hook(m, lambda g: None),
         unihook.TargetKindError,
         AttributeError,
     )
-    _names(error, "tensor", "Linear", backend.name, f"expected a {backend.name}.Tensor")
+    # the class's own name (Linear; MindSpore's is Dense)
+    _names(error, "tensor", type(m).__name__, backend.name, f"expected a {backend.name}.Tensor")
 
 
 def test_tensor_hook_needs_grad(backend: Any) -> None:
@@ -211,7 +221,7 @@ def test_kwargs_pre_hook_returns(
     else:
         register = unihook.register_module_forward_pre_hook
         handle = register(hook, with_kwargs=True, backend=backend.name)
-        where, kind = "Linear", "module_forward_pre"
+        where, kind = type(m).__name__, "module_forward_pre"  # Linear (MindSpore: Dense)
     with handle:
         error = _raises(lambda: m(_x(backend)), cls, builtin)
     _names(error, kind, where, backend.name, "expected None or a tuple (new_args, new_kwargs)")

@@ -8,6 +8,7 @@ with them. Each case runs with every kind of module backward hook.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import numpy as np
@@ -187,6 +188,17 @@ LEAF_CASES: dict[str, Callable[[Any], tuple[Any, Any]]] = {
 }
 
 
+def _views_take_inplace_ops(kit: Any) -> bool:
+    """Whether an in-place op on a view changes its base (MindSpore 2.10 on CPU: a kernel
+    error or no change, docs/MINDSPORE.md)."""
+    base = kit.tensor([1.0, 2.0]) * 1
+    try:
+        kit.add_(base[0:1], 1.0)
+    except RuntimeError:
+        return False
+    return bool(kit.numpy(base)[0] == 2.0)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("when", ["before_use", "after_use"])
 @pytest.mark.parametrize("case", list(LEAF_CASES))
@@ -200,6 +212,9 @@ def test_inplace_on_a_leaf_returned_unchanged_raises(
     at once (its own RuntimeError, as for its BackwardHook's outputs), paddle in the backward
     through the alias (InPlaceError, a ValueError as paddle's); what the framework allows gives
     the same gradient with hooks."""
+
+    if case == "view" and not _views_take_inplace_ops(backend):
+        pytest.skip(f"{backend.name}: an in-place op on a view fails without hooks too")
 
     def run(hooks: bool) -> Any:
         hooked, model = LEAF_CASES[case](backend)
@@ -221,7 +236,10 @@ def test_inplace_on_a_leaf_returned_unchanged_raises(
     native, got = run(False), run(True)
     if isinstance(native, Exception):
         assert isinstance(got, type(native)), got
-        assert isinstance(got, unihook.InPlaceError) or "modified inplace" in str(got), got
+        # (torch: "... modified inplace", MindSpore: "... is being inplace modified")
+        assert isinstance(got, unihook.InPlaceError) or re.search(
+            "modified inplace|inplace modified", str(got)
+        ), got
     else:
         assert not isinstance(got, Exception), got
         np.testing.assert_array_equal(got, native)
@@ -297,22 +315,31 @@ def test_leaf_returned_unchanged_without_inplace_keeps_its_gradient(backend: Any
 @pytest.mark.parametrize("kind", KINDS)
 def test_later_inplace_on_a_returned_input_is_checked(backend: Any, kind: str) -> None:
     """The caller changes the tensor an in-place activation returned, after the activation
-    saved it: backward refuses, hooks or not (the version counter stays shared)."""
+    saved it: backward refuses, hooks or not (the version counter stays shared); where the
+    framework accepts it (MindSpore), the same gradient with hooks."""
     act = backend.relu_module(inplace=True)
 
-    def run() -> None:
+    def run() -> Any:
         x = backend.tensor([-1.0, 2.0], requires_grad=True)
         h = x * 1
         out = act(h)
         backend.add_(h, 1.0)
         backend.backward(unihook.ops.sum(out * 1))
+        return backend.grad(x)
 
-    with pytest.raises(Exception) as native:
-        run()
+    try:
+        native = run()
+    except Exception as error:  # noqa: BLE001 - compared below
+        native = error
+    if backend.name in ("torch", "paddle"):
+        assert isinstance(native, Exception)  # both refuse it without hooks
     handle = _hook(kind, act, [])
     try:
-        with pytest.raises(native.type, match="inplace|in-place"):
-            run()
+        if isinstance(native, Exception):
+            with pytest.raises(type(native), match="inplace|in-place"):
+                run()
+        else:  # MindSpore 2.10 checks no saved tensor here (docs/MINDSPORE.md): as it does
+            np.testing.assert_array_equal(run(), native)
     finally:
         handle.remove()
 
@@ -326,6 +353,8 @@ def test_shape_changed_in_place_in_forward(
     """`x.squeeze_()` inside forward changes the caller's tensor's shape, hooks or not."""
     if op == "t_" and backend.name == "paddle":
         pytest.skip("paddle has no Tensor.t_")
+    if not hasattr(backend.tensor([1.0]), op):  # MindSpore 2.10: none of them
+        pytest.skip(f"{backend.name} has no Tensor.{op}")
     change = {
         "unsqueeze_": lambda t: t.unsqueeze_(0),
         "squeeze_": lambda t: t.squeeze_(),

@@ -14,6 +14,7 @@ import pytest
 
 import unihook
 from unihook.conformance import kits
+from unihook.testing import creates_graph, grads_non_leaves, retains_graph
 
 
 def scalar(kit: Any, value: float) -> Any:
@@ -173,6 +174,8 @@ def test_leaf_hook_fires_during_autograd_grad(backend: Any) -> None:
 
 
 def test_leaf_hook_during_autograd_grad_with_create_graph(backend: Any) -> None:
+    if not creates_graph(backend):
+        pytest.skip(f"{backend.name}: no create_graph in its kit (docs/MINDSPORE.md)")
     x = scalar(backend, 3.0)
     unihook.register_tensor_hook(x, lambda g: g * 2)
     (gx,) = backend.autograd_grad([x * x], [x], create_graph=True)
@@ -210,7 +213,9 @@ def test_wrong_dtype_return(backend: Any) -> None:
     info = _backward_with(backend, lambda g: backend.tensor(backend.numpy(g), dtype="float64"))
     msg = str(info.value)
     _common(backend, msg)
-    assert "expected a gradient of dtype" in msg and "float32" in msg and "float64" in msg
+    # the framework's spelling of the dtype: torch.float32, paddle.float32, MindSpore's Float32
+    lower = msg.lower()
+    assert "expected a gradient of dtype" in msg and "float32" in lower and "float64" in lower
 
 
 @pytest.mark.parametrize("value", [1.5, "grad", [1.0, 2.0]], ids=["float", "str", "list"])
@@ -317,6 +322,17 @@ def test_hook_removing_itself_during_backward(backend: Any) -> None:
     assert seen == [3.0] and backend.grad(x) == 33.0
 
 
+def _second_backward(kit: Any, tensor: Any) -> bool:
+    """Backward through `tensor`'s graph again; False where the framework cannot, after
+    checking its clear error (`retains_graph`)."""
+    if retains_graph(kit):
+        kit.backward(tensor)
+        return True
+    with pytest.raises(unihook.BackendStateError, match="retain_graph"):
+        kit.backward(tensor)
+    return False
+
+
 def test_intermediate_hook_removing_itself_and_another(backend: Any) -> None:
     x = scalar(backend, 1.0)
     z = x * 2
@@ -334,9 +350,10 @@ def test_intermediate_hook_removing_itself_and_another(backend: Any) -> None:
     o = z * 3
     backend.backward(o, retain_graph=True)
     assert seen == ["first"]  # the removed leaf hook did not fire later in the same backward
-    backend.backward(o)
-    assert seen == ["first"]
-    assert backend.grad(x) == 12.0
+    assert backend.grad(x) == 6.0
+    if _second_backward(backend, o):
+        assert seen == ["first"]
+        assert backend.grad(x) == 12.0
 
 
 def test_hook_removing_a_later_hook_of_the_same_tensor(backend: Any) -> None:
@@ -354,11 +371,15 @@ def test_hook_removing_a_later_hook_of_the_same_tensor(backend: Any) -> None:
     handles["second"] = unihook.register_tensor_hook(y, lambda g: g + 1)
     backend.backward(y, retain_graph=True)
     assert backend.grad(x) == 9.0  # (1 * 2 + 1) * 3: the removed hook still ran
-    backend.backward(y)
-    assert backend.grad(x) == 9.0 + 6.0  # (1 * 2) * 3: from this backward on it is gone
+    if _second_backward(backend, y):
+        assert backend.grad(x) == 9.0 + 6.0  # (1 * 2) * 3: from this backward on it is gone
 
 
 def test_hook_removing_itself_during_autograd_grad(backend: Any) -> None:
+    if not grads_non_leaves(backend):
+        pytest.skip(
+            f"{backend.name}: no gradient with respect to a computed tensor (docs/MINDSPORE.md)"
+        )
     x = scalar(backend, 1.0)
     z = x * 2
     seen = []
@@ -403,9 +424,9 @@ def test_hook_registering_hooks_during_backward(backend: Any) -> None:
     backend.backward(o, retain_graph=True)
     assert seen == ["adder", "x-new"]
     assert backend.grad(x) == 6.0
-    backend.backward(o)
-    assert seen == ["adder", "x-new", "adder", "z-new", "x-new"]
-    assert backend.grad(x) == 6.0 + 60.0
+    if _second_backward(backend, o):
+        assert seen == ["adder", "x-new", "adder", "z-new", "x-new"]
+        assert backend.grad(x) == 6.0 + 60.0
 
 
 def test_other_frameworks_tensor_names_both_frameworks() -> None:

@@ -230,7 +230,7 @@ class GradCAM(Recipe):
             calls.clear()
         try:
             score, self.target_classes = _score(self.model(x), target)
-            score.backward()
+            ops.backward(score)
             size = ops.to_numpy(x).shape[2:]
             maps = [self._map(name, calls, size) for name, calls in zip(self.layers, self._calls)]
         finally:
@@ -322,5 +322,5 @@ class GuidedBackprop(Recipe):
     def __call__(self, x: Any, target: Target = None) -> np.ndarray:
         x = ops.leaf(x)
         score, _ = _score(self.model(x), target)
-        score.backward()
+        ops.backward(score)
         return ops.to_numpy(ops.grad_of(x))

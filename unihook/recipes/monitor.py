@@ -182,7 +182,7 @@ class GradientMonitor(Recipe):
         if not self._running:
             return
         for tensor in tensors_of(output, module):
-            version = ops.version(tensor)
+            version = ops.object_version(tensor)
             last = self._last
             if (
                 last is not None

@@ -154,7 +154,7 @@ class ActivationStats(Recipe):
             running.calls += 1
         step.calls += 1
         for tensor in tensors:
-            version, last = ops.version(tensor), self._last
+            version, last = ops.object_version(tensor), self._last
             if (
                 last is not None
                 and last[0] is tensor
