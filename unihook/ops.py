@@ -480,8 +480,15 @@ def object_version(t: Any) -> int | None:
     (an identity's alias keeps a counter of its own, so capture copies), its `object_version`
     the tensor's own counter."""
     found = ops_for(t)
-    own = getattr(found, "object_version", None)
-    return found.version(t) if own is None else own(t)
+    read = _object_versions.get(type(found))
+    if read is None:  # once per backend: the recipes call this per output and forward
+        read = _object_versions[type(found)] = getattr(type(found), "object_version", None) or (
+            type(found).version
+        )
+    return read(found, t)
+
+
+_object_versions: dict[type, Callable[[Any, Any], int | None]] = {}
 
 
 def copy_into(buffer: Any, t: Any) -> Any:

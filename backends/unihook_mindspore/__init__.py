@@ -1,4 +1,4 @@
-"""unihook backend for MindSpore (PyNative mode): a prototype (issue 16).
+"""unihook backend for MindSpore (PyNative mode).
 
 Claims an object only when ``mindspore`` is already in ``sys.modules`` and the object is a
 ``mindspore.nn.Cell`` or ``mindspore.Tensor``; MindSpore is never imported here at module level.
