@@ -75,3 +75,25 @@ def test_tensor_hook_under_nested_grad_sees_each_pass() -> None:
     (gx,) = torch.autograd.grad(u * u, [x], create_graph=True)
     (gg,) = torch.autograd.grad(gx, [x])
     assert (got, seen) == (float(gg), want) == (8.0, [6.0, 4.0])
+
+
+@pytest.mark.parametrize(
+    "register",
+    [
+        lambda cell, x: unihook.register_forward_hook(cell, lambda *a: None),
+        lambda cell, x: unihook.register_full_backward_hook(cell, lambda *a: None),
+        lambda cell, x: unihook.register_tensor_hook(x, lambda g: None),
+    ],
+    ids=["forward", "full_backward", "tensor"],
+)
+def test_graph_mode_is_refused_at_registration(register: Any) -> None:
+    """GRAPH_MODE compiles cells and skips Python hooks silently (or fails in MindSpore's graph
+    parser): a clear error naming PyNative mode instead."""
+    cell, x = _dense(), ms.Parameter(ms.Tensor(np.ones(2, np.float32)), name="x")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        with pytest.raises(unihook.BackendStateError, match="PYNATIVE_MODE.*GRAPH_MODE"):
+            register(cell, x)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    register(cell, x).remove()  # (PyNative again: accepted)

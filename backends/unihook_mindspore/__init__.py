@@ -24,7 +24,7 @@ from unihook.backend import (
     kwargs_post_hook,
     type_name,
 )
-from unihook.errors import NoGradError, TargetKindError
+from unihook.errors import BackendStateError, NoGradError, TargetKindError
 from unihook.handles import Handle
 from unihook.info import BackendInfo, installed_version
 from unihook.spec import hookimpl
@@ -57,7 +57,23 @@ def _cell(obj: object, kind: str, name: str | None) -> Any:
         raise Site.of(kind, NAME, obj, name).error(
             TargetKindError, "a mindspore.nn.Cell", type_name(obj)
         )
+    _check_pynative(kind, obj, name)
     return obj
+
+
+def _check_pynative(kind: str, obj: object, name: str | None) -> None:
+    """Hooks are Python calls: GRAPH_MODE compiles the cells and skips them silently (MindSpore's
+    own hooks too), or fails in its graph parser (docs/MINDSPORE.md). Refused here instead.
+    (A function under ``@mindspore.jit`` in PyNative mode is compiled the same way: not seen
+    at registration; README, MindSpore.)"""
+    ms = sys.modules["mindspore"]
+    if ms.get_context("mode") != ms.PYNATIVE_MODE:
+        raise Site.of(kind, NAME, obj, name).error(
+            BackendStateError,
+            "PyNative mode (mindspore.set_context(mode=mindspore.PYNATIVE_MODE)), where "
+            "MindSpore runs Python hooks",
+            "GRAPH_MODE, which compiles the cell and skips every Python hook",
+        )
 
 
 @hookimpl
@@ -223,6 +239,7 @@ def unihook_register_tensor_hook(
     site = Site.of("tensor", NAME, tensor, name)
     if not isinstance(tensor, ms.Tensor):
         raise site.error(TargetKindError, "a mindspore.Tensor", type_name(tensor))
+    _check_pynative("tensor", tensor, name)
     # MindSpore accepts a hook on any tensor (it never fires); torch raises. A tensor needs
     # grad when it is a Parameter or was recorded under a grad session.
     with exclusive:  # (reading a Parameter while another thread's backward runs segfaults)

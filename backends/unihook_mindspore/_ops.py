@@ -120,9 +120,11 @@ class MindSporeOps:
 
         if _tape._session is None:
             raise BackendStateError(
-                "unihook.ops.backward [backend mindspore]: expected a tensor recorded by the "
-                "backend's tape (unihook_mindspore._tape.start() before the forward). Received: "
-                "a tensor computed with no tape session open (use mindspore.grad)"
+                "unihook.ops.backward [backend mindspore]: expected a forward recorded for an "
+                "imperative backward (MindSpore has none: only the conformance kit records "
+                "one). Received: a tensor of an unrecorded forward. The recipes that run their "
+                "own backward (GradCAM, GradCAMPlusPlus, GuidedBackprop) do not run on "
+                "MindSpore outside the kit yet; the hooks themselves work under mindspore.grad"
             )
         _tape.backward(t)
 
