@@ -41,6 +41,7 @@ from ._forward import Access, new_id
 
 Hook = Callable[..., Any]
 Cell = nn.Cell
+_CELL_CALL: Callable[..., Any] = Cell.__call__  # (this module wraps it only later)
 
 _lock = threading.RLock()
 _ids = count()
@@ -124,13 +125,14 @@ def _ensure(cell: Any) -> None:
 
 def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
     _ensure(self)
-    assert _original_call is not None
-    return _original_call(self, *args, **kwargs)
+    # MindSpore's own, read at import: another thread may have put it back (and cleared
+    # `_original_call`) since this call entered the wrapper
+    return _CELL_CALL(self, *args, **kwargs)
 
 
 # The code of the functions that run one cell call: MindSpore's `Cell.__call__` (this module is
 # imported before it wraps it) and the wrapper. A frame of either means a call is in flight.
-CALL_CODES = frozenset({Cell.__call__.__code__, _call.__code__})
+CALL_CODES = frozenset({_CELL_CALL.__code__, _call.__code__})
 
 
 def _strip(which: int) -> None:
