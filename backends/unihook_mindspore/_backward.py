@@ -162,8 +162,8 @@ class MindSporeAutograd:
 
     @staticmethod
     def rebase(original: Any, alias: Any) -> Any:
-        if tuple(original.shape) != tuple(alias.shape):
-            raise NotImplementedError("never: MindSpore has no in-place shape change")
+        # (no shape to carry over, unlike torch's: MindSpore 2.10 has no in-place shape change,
+        # no squeeze_ / unsqueeze_ / t_)
         _Rebase.apply(original, alias)
         # MindSpore raises its leaf error in the async pipeline: here, as without hooks
         _pynative_executor.sync()
