@@ -14,12 +14,10 @@ $(STAMP): pyproject.toml requirements-dev.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
-demo: $(STAMP)
-	$(PY) -m unihook demo --out demo-out
-
-# MindSpore runs in a venv of its own (requirements-mindspore.txt: it needs numpy 1.x): the
-# shipped conformance suite on it, and the differential tests against torch. Not in `make test`
-# yet: a clean-clone run failed one test intermittently (docs/MINDSPORE.md section 9).
+# MindSpore runs in a venv of its own (requirements-mindspore.txt: it needs numpy 1.x), with
+# torch and paddle: the shipped conformance suite on MindSpore, the differential tests of the
+# three frameworks, the demo's three columns. Not in `make test` yet: a clean-clone run failed
+# one test intermittently (docs/MINDSPORE.md section 9).
 MS_VENV := .venv-mindspore
 MS_PY := $(MS_VENV)/bin/python
 MS_STAMP := $(MS_VENV)/.installed
@@ -31,12 +29,16 @@ $(MS_STAMP): pyproject.toml requirements-mindspore.txt
 	$(MS_PY) -m pip install --quiet --no-deps -e .
 	touch $(MS_STAMP)
 
+# The demo in the venv that has the three frameworks (above)
+demo: $(MS_STAMP)
+	$(MS_PY) -m unihook demo --out demo-out
+
 test: $(STAMP)
 	$(PY) -m pytest -q
 
 test-mindspore: $(MS_STAMP)
 	UNIHOOK_CONFORMANCE_BACKEND=mindspore $(MS_PY) -m pytest -q unihook/conformance \
-		tests/test_differential_kits.py tests/test_mindspore_native.py
+		tests/test_differential_kits.py tests/test_mindspore_native.py tests/test_demo.py
 
 # ruff, and pyright in standard mode on unihook/ and backends/ ([tool.pyright] in pyproject.toml)
 lint: $(STAMP)

@@ -25,7 +25,8 @@ def test_demo_shows_identical_numbers(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     if len(kits()) > 1:
-        ran = " and ".join(sorted((k.name for k in kits()), key=lambda n: n != "torch"))
+        names = sorted((k.name for k in kits()), key=lambda n: n != "torch")
+        ran = f"{', '.join(names[:-1])} and {names[-1]}"  # "torch and paddle", "a, b and c"
         assert f"Identical in every framework ({ran})." in done.stdout
     assert "No ccache found" not in done.stdout + done.stderr
     for kit in kits():

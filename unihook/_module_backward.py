@@ -124,6 +124,17 @@ class ModuleBackward:
         # optional too: `same_tensor(a, b)`, for a framework whose in-place ops return another
         # Python object for the same tensor (MindSpore's `copy_`); `is` without it
         self.same_tensor: Callable[[Any, Any], bool] | None = getattr(autograd, "same_tensor", None)
+        # optional, together: for a framework that records the arguments of a differentiated
+        # function as requiring grad and leaves the input side of a call out of the backward
+        # when it does not differentiate them (MindSpore's `grad(fn, None, weights)`):
+        # `data_only(tensors)`, whether `tensors` are such arguments (torch's would need no
+        # grad), and `after_backward(callback)`, running `callback` once the running backward
+        # is over (see `_Call._input_side_skipped`)
+        data_only = getattr(autograd, "data_only", None)
+        after_backward = getattr(autograd, "after_backward", None)
+        self.deferring: tuple[Callable[..., bool], Callable[..., None]] | None = None
+        if data_only and after_backward:
+            self.deferring = (data_only, after_backward)
         self.pre_hooks: dict[int, tuple[Hook, Site | None]] = {}
         self.full_hooks: dict[int, tuple[Hook, Site | None]] = {}
         self.local: threading.local = threading.local()
@@ -252,6 +263,9 @@ class ModuleBackward:
             call.input_idx = idx
             new = ag.identity([args[i] for i in idx], call.on_input_grads, True, call.site)
             call.input_node = getattr(new, "node", None)
+            deferring = self.deferring
+            if deferring is not None and deferring[0]([args[i] for i in idx]):
+                call.after_backward = deferring[1]
             replaced = list(args)
             for i, t in zip(idx, new):
                 replaced[i] = t
@@ -555,6 +569,8 @@ class _Call:
         "grad_outputs",
         "is_tensor",
         "site",
+        "after_backward",
+        "__weakref__",  # (a backend may hold `_input_side_skipped` weakly)
     )
 
     def __init__(
@@ -584,6 +600,7 @@ class _Call:
         self.output_idx: list[int] = []
         self.grad_outputs: tuple[Any, ...] | None = None
         self.is_tensor = owner.autograd.is_tensor
+        self.after_backward: Callable[[Callable[[], None]], None] | None = None
         # What errors about this call's graph name: a full hook's site, else a pre-hook's.
         hooks = self.full_hooks or self.pre_hooks
         site = hooks[0][1] if hooks else None
@@ -611,10 +628,21 @@ class _Call:
             self._fire_without_inputs(grad_outputs)
         else:
             self.grad_outputs = grad_outputs
+            if self.after_backward is not None:
+                self.after_backward(self._input_side_skipped)
         return [grad_outputs[i] for i in self.output_idx]
 
-    def _fire_without_inputs(self, grad_outputs: tuple[Any, ...]) -> None:
-        if self.inputs_need_grad:
+    def _input_side_skipped(self) -> None:
+        """The backward is over and this call's input side never ran: the framework
+        differentiated none of its inputs, arguments of the differentiated function
+        (`ModuleBackward.deferring`). The full hooks fire as torch's do for inputs that need
+        no grad (after the rest of the backward, not before it)."""
+        grad_outputs, self.grad_outputs = self.grad_outputs, None
+        if grad_outputs is not None:
+            self._fire_without_inputs(grad_outputs, skipped=True)
+
+    def _fire_without_inputs(self, grad_outputs: tuple[Any, ...], skipped: bool = False) -> None:
+        if self.inputs_need_grad and not skipped:
             return  # (pre-hooks alone: no input side)
         # torch warns also when the module has backward pre-hooks only
         warnings.warn(

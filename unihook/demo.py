@@ -73,8 +73,12 @@ def run_one(kit: Any) -> list[tuple[str, str]]:
             handle.remove()
     seen.append(("output", _fmt(out, kit)))
     seen.append(("x.grad", str(kit.grad(x).tolist())))
-    for name, param in model.named_parameters():
-        seen.append((f"{name}.grad", str(_torch_layout(name, kit.grad(param), kit).tolist())))
+    for name, module in kit.named_modules(model):
+        for attr in ("weight", "bias"):  # (the names the three frameworks' linear layers share)
+            param = getattr(module, attr, None)
+            if param is not None:
+                grad = _torch_layout(attr, kit.grad(param), kit)
+                seen.append((f"{name}.{attr}.grad", str(grad.tolist())))
     return seen
 
 
@@ -111,7 +115,7 @@ def main(out: str) -> int:
         mark = ("  yes" if same else "  NO") if compare else ""
         print(f"{event:<{width}}  " + "  ".join(f"{v:<{col}}" for v in values) + mark)
     print()
-    ran = " and ".join(k.name for k in kits)
+    ran = _names([k.name for k in kits])
     if not compare:
         # one framework: nothing was compared, say so instead of claiming agreement
         left_out = _left_out()
@@ -130,6 +134,11 @@ def main(out: str) -> int:
         training, title = write_training(kits, os.path.join(out, "training.png"))
         print(f"{title}: {training}")
     return 0 if all_same else 1
+
+
+def _names(names: list[str]) -> str:
+    """ "a", "a and b", "a, b and c"."""
+    return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
 
 
 def demo_image(size: int = 64) -> Any:
@@ -178,9 +187,11 @@ def write_gradcam(kits: list[Any], path: str) -> str | None:
         ax.imshow(maps[name], cmap="jet", alpha=0.5, vmin=0, vmax=1)
         ax.set_title(f"Grad-CAM, {name}")
     if compare:
-        diff = np.abs(maps[names[0]] - maps[names[-1]])
+        # the largest difference from the first framework's map, pixel by pixel
+        diff = np.max([np.abs(maps[names[0]] - maps[name]) for name in names[1:]], axis=0)
         axes[-1].imshow(diff, cmap="gray", vmin=0, vmax=1)
-        axes[-1].set_title(f"|{names[0]} - {names[-1]}|, max {float(diff.max()):.1e}")
+        others = "|, |".join(f"{names[0]} - {name}" for name in names[1:])
+        axes[-1].set_title(f"max |{others}|: {float(diff.max()):.1e}", fontsize=9)
     for ax in axes:
         ax.axis("off")
     same = ", identical weights" if compare else ""
@@ -225,7 +236,8 @@ def write_training(kits: list[Any], path: str, steps: int = 30) -> tuple[str, st
         if len(runs) > 1
         else None
     )
-    agree = f"; {runs[-1][0]}'s norms within {worst:.1e} relative" if worst is not None else ""
+    others = _names([f"{other}'s" for other, _, _ in runs[1:]])
+    agree = f"; {others} norms within {worst:.1e} relative" if worst is not None else ""
     title = f"ActivationStats + GradientMonitor, {steps} SGD steps, {name}{agree}"
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     plot(stats=stats, monitor=monitor, path=path, title=title)

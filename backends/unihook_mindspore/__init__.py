@@ -105,7 +105,9 @@ def unihook_backend_of(obj: object) -> str | None:
     return NAME if _owns(obj) else None
 
 
-@hookimpl
+# First: MindSpore 2.10 cannot be imported once paddle 3.3 is (their oneDNN builds clash:
+# "undefined symbol: dnnl_threadpool_interop_stream_create"); the other way round both work
+@hookimpl(tryfirst=True)
 def unihook_conformance_kit() -> object | None:
     if installed_version("mindspore") is None:
         return None

@@ -27,6 +27,7 @@ MindSpore quirks handled here:
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Sequence
 
 import mindspore
@@ -129,6 +130,32 @@ def _memory_key(tensor: Any) -> int | None:
         return None
 
 
+# The callbacks to run at the end of each running backward, by MindSpore's engine id, held
+# weakly: a backward that raised runs no final callback and frees its graph (the calls die).
+_at_end: dict[int, list[weakref.WeakMethod[Callable[[], None]]]] = {}
+
+
+def _after_backward(callback: Callable[[], None]) -> None:
+    """Run `callback` (a bound method) once the running backward is over."""
+    engine = _pynative_executor.get_current_autodiff_engine_id()
+    callbacks = _at_end.get(engine)
+    if callbacks is None:
+        for stale in [key for key, refs in _at_end.items() if not any(r() for r in refs)]:
+            del _at_end[stale]  # (a backward that raised)
+        callbacks = _at_end[engine] = []
+        # A module-level function: MindSpore does not hold a queued callback alive, and a
+        # backward that raises after it was queued segfaulted at a closure (docs/MINDSPORE.md)
+        _pynative_executor.queue_backward_final_callback(_backward_ended)
+    callbacks.append(weakref.WeakMethod(callback))  # type: ignore[arg-type]
+
+
+def _backward_ended() -> None:
+    for ref in _at_end.pop(_pynative_executor.get_current_autodiff_engine_id(), ()):
+        callback = ref()
+        if callback is not None:
+            callback()
+
+
 class MindSporeAutograd:
     backend = NAME
     # a cell's dispatchers stay until its calls in flight are over (unihook._module_backward)
@@ -154,6 +181,22 @@ class MindSporeAutograd:
     ) -> Sequence[Any]:
         outs = _Identity.apply(on_backward, materialize, site, *tensors)
         return outs if isinstance(outs, (tuple, list)) else (outs,)
+
+    # MindSpore records every argument of a differentiated function as requiring grad, and its
+    # backward leaves out the input side of a call whose inputs it does not differentiate
+    # (`grad(fn, None, weights)`, the training idiom): the full hooks fire at its end, as
+    # torch's for data that needs no grad (a Parameter, or a computed tensor, does: not then)
+    after_backward = staticmethod(_after_backward)
+
+    @staticmethod
+    def data_only(tensors: Sequence[Any]) -> bool:
+        for tensor in tensors:
+            if isinstance(tensor, mindspore.Parameter):
+                return False
+            node = tensor._grad_node
+            if node is not None and not node.is_leaf():
+                return False
+        return True
 
     @staticmethod
     def version(tensor: Any) -> int:
