@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export GLOG_minloglevel := 2
 
-.PHONY: demo test test-mindspore lint test-min bench bench-peers clean
+.PHONY: demo test test-dev test-mindspore lint test-min bench bench-peers clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -16,8 +16,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 
 # MindSpore runs in a venv of its own (requirements-mindspore.txt: it needs numpy 1.x), with
 # torch and paddle: the shipped conformance suite on MindSpore, the differential tests of the
-# three frameworks, the demo's three columns. Not in `make test` yet: a clean-clone run failed
-# one test intermittently (docs/MINDSPORE.md section 9).
+# three frameworks, the demo's three columns. `make test` runs it beside the dev suite.
 MS_VENV := .venv-mindspore
 MS_PY := $(MS_VENV)/bin/python
 MS_STAMP := $(MS_VENV)/.installed
@@ -33,7 +32,12 @@ $(MS_STAMP): pyproject.toml requirements-mindspore.txt
 demo: $(MS_STAMP)
 	$(MS_PY) -m unihook demo --out demo-out
 
-test: $(STAMP)
+# The dev suite and the MindSpore step side by side (one process each, on two cores): `make
+# test` takes the longer of the two; each one's output is printed whole when it ends
+test:
+	$(MAKE) -j2 --output-sync=target test-dev test-mindspore
+
+test-dev: $(STAMP)
 	$(PY) -m pytest -q
 
 test-mindspore: $(MS_STAMP)

@@ -85,6 +85,9 @@ class Autograd(Protocol):
     # tensors `refused_like` may match, None for a tensor with no memory; `leaf_of(tensor)`,
     # the leaf on which the framework refuses the ops it refuses on `tensor` (`tensor` itself
     # when a leaf; torch: the base of a view), else None. See `_guard_leaves`.
+    # Optional, together: `data_only(tensors)` and `after_backward(callback)`, for a framework
+    # that leaves a differentiated function's arguments out of the backward although it
+    # records them as requiring grad (see `ModuleBackward.__init__`).
 
     def rebase(self, original: Any, alias: Any, /) -> Any:
         """Forward changed `alias` (an identity output standing for `original`, same memory)

@@ -36,6 +36,12 @@ _session_thread: int | None = None  # the thread that opened it (its grad flag i
 _window = threading.local()  # .open: this thread holds `exclusive` until its backward
 _keys: list[_Session] = []
 _leaves: dict[int, weakref.ref[Any]] = {}
+# The leaves `leaf` made while the session is open, held until it ends, as torch's graph holds
+# its leaves: a MindSpore Parameter is in a cycle with its ParamInfo (``param_info.obj``), so
+# one nobody else holds dies at the collector's next run, and a backward after that left it
+# out (its input side pruned: module full hooks not called; the intermittent failure of
+# docs/MINDSPORE.md section 9)
+_held: list[Any] = []
 _counter = [0]
 _op = GradOperation(get_by_list=True)
 _NOTHING = mindspore.Tensor(np.float32(0))  # the output a dropped session ends at
@@ -49,6 +55,7 @@ def start() -> None:
             # MindSpore drops the recording when an op raises inside it (a refused in-place
             # op): start another, as torch keeps recording after an error
             _session = None
+            _held.clear()
         if _session is None:
             executor.set_grad_flag(True)
             _session = _Session()
@@ -72,6 +79,7 @@ def _enter() -> None:
     with _lock:
         if _session is not None and _session_thread != threading.get_ident():
             stale, _session = _session, None
+            _held.clear()
             executor.end_graph(stale, _NOTHING)  # (closed from here: measured to work)
         start()
 
@@ -97,7 +105,10 @@ def leaf(array: Any, dtype: Any = None) -> Any:
     start()  # (again after an error: see `start`)
     _counter[0] += 1
     tensor = mindspore.Tensor(np.asarray(array), dtype=dtype)
-    return track(mindspore.Parameter(tensor, name=f"unihook_leaf_{_counter[0]}"))
+    param = track(mindspore.Parameter(tensor, name=f"unihook_leaf_{_counter[0]}"))
+    with _lock:
+        _held.append(param)
+    return param
 
 
 def _live_leaves() -> list[Any]:
@@ -150,6 +161,7 @@ def _differentiate(outputs: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
             # MindSpore may run kernels asynchronously: the backward is complete on return
             executor.sync()
         finally:
+            _held.clear()  # (the leaves in `inputs` stay alive until the grads are read)
             start()
     if not isinstance(grads, (tuple, list)):
         grads = (grads,)

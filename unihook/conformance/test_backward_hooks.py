@@ -297,6 +297,21 @@ def test_grad_wrt_parameter_only(backend: Any) -> None:
     close(log.calls[0][3], [[[1]]])
 
 
+def test_full_hook_fires_for_an_input_only_the_graph_holds(backend: Any) -> None:
+    """An input nobody holds after the forward: the graph holds it (torch's does), also through
+    a garbage collection before the backward. (A MindSpore Parameter is in a reference cycle:
+    the collector freed it and the backward left the input side out, intermittently.)"""
+    import gc
+
+    lin = backend.linear(3, 2)
+    calls: list[int] = []
+    unihook.register_full_backward_hook(lin, lambda m, gi, go: calls.append(len(gi)))
+    y = lin(backend.tensor([[1.0, 2.0, 3.0]], requires_grad=True)).sum()
+    gc.collect()
+    backend.backward(y)
+    assert calls == [1]
+
+
 # -- returned values -----------------------------------------------------------------------------
 
 
