@@ -184,6 +184,26 @@ def test_weights_only_grad_fires_the_first_cells_full_hook(wrt: str) -> None:
         np.testing.assert_allclose(mine.asnumpy(), theirs.numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_weights_only_grad_fires_the_first_inner_cells_full_hook() -> None:
+    """The first cell inside a hooked container gets the container's alias of the data: data
+    too, its full hook fires (torch: both, grad_input (None,))."""
+    d1, d2 = ms.nn.Dense(3, 3), ms.nn.Dense(3, 3)
+    seq = ms.nn.SequentialCell([d1, d2])
+    calls: list[Any] = []
+    handles = [
+        unihook.register_full_backward_hook(cell, lambda m, gi, go, n=name: calls.append((n, gi)))
+        for name, cell in (("seq", seq), ("d1", d1))
+    ]
+    step = ms.value_and_grad(lambda x: seq(x).sum(), None, seq.trainable_params())
+    try:
+        with pytest.warns(UserWarning, match="no inputs require gradients"):
+            step(ms.Tensor(np.ones((2, 3), np.float32)))
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert calls == [("seq", (None,)), ("d1", (None,))]
+
+
 def test_weights_only_grad_fires_an_embeddings_full_hook() -> None:
     """Token ids are never differentiated: an Embedding's full hook fires once, grad_input
     (None,), as torch's (whose integer input needs no grad)."""
@@ -253,3 +273,329 @@ def test_weights_only_grad_survives_raising_backwards(tmp_path: Any) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert "deferred hook raised Mine" in done.stdout
     assert "after raising backwards [(None,)]" in done.stdout
+
+
+# -- The recipes that run their own backward, outside the conformance kit ---------------------
+# A user's MindSpore model is a plain Cell with no recording session open: the recipes run the
+# forward and backward through `unihook.ops.forward_backward` (`mindspore.grad`). In this
+# process the conformance kit's tape keeps a session open (`_tape.start`): `user_process`
+# ends it as `_tape` ends a stale one, and opens it again afterwards.
+
+_CAM_RECIPES = ["GradCAM", "GradCAMPlusPlus", "GuidedBackprop"]
+
+
+def _recording() -> tuple[bool, bool]:
+    from mindspore.graph.api import _pynative_executor as executor
+
+    return bool(executor.requires_grad()), bool(executor.grad_flag())
+
+
+@pytest.fixture
+def user_process() -> Any:
+    from mindspore.graph.api import _pynative_executor as executor
+    from unihook_mindspore import _tape
+
+    with _tape._lock:
+        session, _tape._session = _tape._session, None
+        if session is not None:
+            _tape._held.clear()
+            executor.end_graph(session, _tape._NOTHING)
+        executor.set_grad_flag(False)
+    assert _recording() == (False, False)
+    yield
+    if session is not None:
+        _tape.start()
+
+
+class _Classifier(ms.nn.Cell):
+    """`unihook.testing.classifier` as a user writes it: plain MindSpore cells."""
+
+    def __init__(self, classes: int = 3, width: int = 6) -> None:
+        super().__init__()
+
+        def conv(c_in: int, c_out: int) -> Any:
+            return ms.nn.Conv2d(c_in, c_out, 3, pad_mode="pad", padding=1, has_bias=True)
+
+        self.layer1 = ms.nn.SequentialCell(conv(3, 4), ms.nn.ReLU())
+        self.layer4 = ms.nn.SequentialCell(conv(4, width), ms.nn.ReLU())
+        self.fc = ms.nn.Dense(width, classes)
+        self.fail = False
+
+    def construct(self, x: Any) -> Any:
+        if self.fail:
+            raise _UserError("construct")
+        return self.fc(self.layer4(self.layer1(x)).mean(axis=(2, 3)))
+
+
+class _UserError(Exception):
+    pass
+
+
+def _twins(seed: int = 0) -> tuple[Any, Any, Any, Any]:
+    """The same classifier and images in torch (the kit's plain torch modules) and MindSpore
+    (plain cells, torch's weights copied by name)."""
+    from unihook_torch.testkit import TorchKit
+
+    from unihook.testing import classifier, images
+
+    kit = TorchKit()
+    torch_model, torch_x = classifier(kit, seed=seed), images(kit, size=12)
+    model = _Classifier()
+    weights = {k: v.detach().numpy() for k, v in torch_model.state_dict().items()}
+    names = [name for name, _ in model.parameters_and_names()]
+    assert sorted(names) == sorted(weights)
+    for name, param in model.parameters_and_names():
+        param.set_data(ms.Tensor(weights[name]))
+    return torch_model, torch_x, model, ms.Tensor(torch_x.numpy())
+
+
+def _recipe(name: str, model: Any) -> Any:
+    from unihook import recipes
+
+    made = getattr(recipes, name)
+    return made(model) if name == "GuidedBackprop" else made(model, "layer4")
+
+
+def _run_recipe(name: str, model: Any, x: Any, **call: Any) -> Any:
+    with _recipe(name, model) as made:
+        return made(x, **call), getattr(made, "target_classes", None)
+
+
+def _hook_free(model: Any) -> bool:
+    names = ("_forward_pre_hook", "_forward_hook", "_forward_hook_with_kwargs")
+    return all(not getattr(cell, n) for _, cell in model.cells_and_names() for n in names)
+
+
+@pytest.mark.parametrize("name", _CAM_RECIPES)
+@pytest.mark.parametrize("target", [None, 1])
+def test_cam_recipes_equal_torchs_outside_the_kit(
+    user_process: Any, name: str, target: Any
+) -> None:
+    """GradCAM, GradCAMPlusPlus and GuidedBackprop on a plain Cell, no session open: torch's
+    maps (and target classes) on the same weights, and MindSpore left as found: no session
+    or grad flag, no `.grad` on the model's Parameters, no hook."""
+    torch_model, torch_x, model, x = _twins()
+    want, want_classes = _run_recipe(name, torch_model, torch_x, target=target)
+    got, classes = _run_recipe(name, model, x, target=target)
+    assert _recording() == (False, False)
+    assert not any(hasattr(p, "grad") for p in model.get_parameters())
+    assert _hook_free(model)
+    assert got.shape == want.shape == ((2, 3, 12, 12) if name == "GuidedBackprop" else (2, 12, 12))
+    if classes is not None:
+        assert list(classes) == list(want_classes)
+    scale = float(np.abs(want).max())
+    assert scale > 0
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * scale)
+
+
+def test_cam_recipe_keeps_nothing_alive(user_process: Any) -> None:
+    """After the call, nothing of it is held: the model, its input, the layers' outputs
+    (the recorded graph) and the recipe go with the caller's last references."""
+    import gc
+    import weakref
+
+    from unihook.recipes import GradCAM, GuidedBackprop
+
+    _, _, model, x = _twins()
+    outputs: list[Any] = []
+    native = model.layer4.register_forward_hook(
+        lambda cell, args, out: outputs.append(weakref.ref(out))
+    )
+    cam, guided = GradCAM(model, "layer4"), GuidedBackprop(model)
+    cam(x)
+    guided(x)
+    native.remove()
+    refs = [weakref.ref(o) for o in (model, x, cam, guided)]
+    del model, x, cam, guided
+    gc.collect()
+    assert len(outputs) == 2
+    assert [r() is None for r in refs + outputs] == [True] * 6
+
+
+@pytest.mark.parametrize("name", ["GradCAM", "GuidedBackprop"])
+@pytest.mark.parametrize("where", ["construct", "forward_hook", "backward_hook"])
+def test_cam_recipe_user_exception_surfaces(user_process: Any, name: str, where: str) -> None:
+    """A user's exception in the model's forward, a forward hook or a backward hook comes out
+    of the recipe with its own type; MindSpore is left as found and the next call gives the
+    map of a call that never failed."""
+    _, _, model, x = _twins()
+    clean, _ = _run_recipe(name, model, x)
+    fail = [True]
+
+    def raising(*args: Any) -> None:
+        if fail[0]:
+            raise _UserError(where)
+
+    handle = None
+    if where == "construct":
+        model.fail = True
+    elif where == "forward_hook":
+        handle = unihook.register_forward_hook(model.layer4, raising)
+    else:
+        handle = unihook.register_full_backward_hook(model.layer1, raising)
+    with _recipe(name, model) as made:
+        with pytest.raises(_UserError, match=where):
+            made(x)
+        assert _recording() == (False, False)
+        model.fail = fail[0] = False
+        np.testing.assert_array_equal(made(x), clean)
+    if handle is not None:
+        handle.remove()
+    assert _recording() == (False, False)
+    assert _hook_free(model)
+
+
+@pytest.mark.parametrize("name", _CAM_RECIPES)
+def test_cam_recipe_fires_user_hooks_once(user_process: Any, name: str) -> None:
+    """Hooks a user put on the model (MindSpore's own forward hook, unihook forward and
+    module backward hooks, a full backward hook on a ReLU GuidedBackprop clamps) fire once
+    per recipe call, in order, as torch's do on the torch twin. One difference, by design:
+    GradCAM differentiates the input on MindSpore (`forward_backward`), so the first cell's
+    full hook gets its gradient; torch's, whose input needs no grad, gets None and warns."""
+    torch_model, torch_x, model, x = _twins()
+
+    def log_hooks(net: Any, relu: Any, calls: list[str]) -> list[Any]:
+        def first(module: Any, grad_input: Any, grad_output: Any) -> None:
+            calls.append("full" if grad_input[0] is not None else "full(None)")
+
+        return [
+            unihook.register_forward_hook(net.layer4, lambda *a: calls.append("forward")),
+            unihook.register_full_backward_pre_hook(
+                net.layer4, lambda *a: calls.append("backward_pre")
+            ),
+            unihook.register_full_backward_hook(net.layer1, first),
+            unihook.register_full_backward_hook(relu, lambda *a: calls.append("relu")),
+        ]
+
+    got: list[str] = []
+    handles = log_hooks(model, model.layer4[1], got)
+    native = model.fc.register_forward_hook(lambda *a: got.append("native"))
+    want: list[str] = []
+    torch_handles = log_hooks(torch_model, torch_model.layer4[1], want)
+    torch_native = torch_model.fc.register_forward_hook(lambda *a: want.append("native"))
+    try:
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                _run_recipe(name, model, x)
+        with warnings.catch_warnings(record=True) as torch_warned:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                _run_recipe(name, torch_model, torch_x)
+    finally:
+        native.remove()
+        torch_native.remove()
+        for handle in handles + torch_handles:
+            handle.remove()
+    assert sorted(got[: len(got) // 2]) == ["backward_pre", "forward", "full", "native", "relu"]
+    assert not warned
+    if name == "GuidedBackprop":  # (its input is a leaf that requires grad on torch too)
+        assert (got, torch_warned) == (want, [])
+    else:
+        assert got == [call.replace("full(None)", "full") for call in want] != want
+        assert ["no inputs require gradients" in str(w.message) for w in torch_warned] == [True] * 2
+
+
+def test_cam_recipe_in_graph_mode_is_refused(user_process: Any) -> None:
+    """GRAPH_MODE compiles the model and skips every Python hook: the recipe's call raises a
+    unihook error naming it, PyNative mode and GRAPH_MODE; back in PyNative mode it runs."""
+    from unihook.recipes import GradCAM, GuidedBackprop
+
+    _, _, model, x = _twins()
+    plain = _Classifier()  # no ReLU cell to clamp: GuidedBackprop registers nothing
+    plain.layer4 = ms.nn.SequentialCell(plain.layer4[0])
+    cam, guided = GradCAM(model, "layer4"), GuidedBackprop(plain)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        for recipe, label in ((cam, "GradCAM"), (guided, "GuidedBackprop")):
+            with pytest.raises(
+                unihook.BackendStateError,
+                match=rf"^{label} \[backend mindspore\]: expected PyNative mode.*GRAPH_MODE",
+            ):
+                recipe(x)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert _recording() == (False, False)
+    assert cam(x).shape == (2, 12, 12)
+    cam.remove()
+
+
+def test_guided_backprop_inside_the_kit_equals_torchs() -> None:
+    """Inside the conformance kit (its tape records every forward) the recipes take the tape's
+    imperative backward; GuidedBackprop's input leaf is differentiated there too."""
+    from unihook_mindspore.testkit import MindSporeKit
+    from unihook_torch.testkit import TorchKit
+
+    from unihook.recipes import GuidedBackprop
+    from unihook.testing import classifier, images
+
+    maps = []
+    for kit in (TorchKit(), MindSporeKit()):
+        with GuidedBackprop(classifier(kit)) as guided:
+            maps.append(guided(images(kit)))
+    want, got = maps
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * float(np.abs(want).max()))
+
+
+_USER_SCRIPT = """
+import sys
+import numpy as np, mindspore as ms
+from mindspore.graph.api import _pynative_executor as executor
+from unihook.recipes import GradCAM, GradCAMPlusPlus, GuidedBackprop
+
+ms.set_context(mode=ms.PYNATIVE_MODE)
+
+class Net(ms.nn.Cell):
+    def __init__(self):
+        super().__init__()
+        conv = lambda i, o: ms.nn.Conv2d(i, o, 3, pad_mode="pad", padding=1, has_bias=True)
+        self.layer1 = ms.nn.SequentialCell(conv(3, 4), ms.nn.ReLU())
+        self.layer4 = ms.nn.SequentialCell(conv(4, 6), ms.nn.ReLU())
+        self.fc = ms.nn.Dense(6, 3)
+
+    def construct(self, x):
+        return self.fc(self.layer4(self.layer1(x)).mean(axis=(2, 3)))
+
+data = np.load(sys.argv[1])
+model = Net()
+for name, param in model.parameters_and_names():
+    param.set_data(ms.Tensor(data[name]))
+x = ms.Tensor(data["x"])
+maps = {}
+for recipe in (GradCAM, GradCAMPlusPlus):
+    with recipe(model, "layer4") as cam:
+        maps[recipe.__name__] = cam(x)
+with GuidedBackprop(model) as guided:
+    maps["GuidedBackprop"] = guided(x)
+np.savez(sys.argv[2], **maps)
+assert "unihook_mindspore.testkit" not in sys.modules
+assert (executor.requires_grad(), executor.grad_flag()) == (False, False)
+assert not any(hasattr(p, "grad") for p in model.get_parameters())
+print("clean")
+"""
+
+
+def test_cam_recipes_in_a_users_process(tmp_path: Any) -> None:
+    """In a process that never made the conformance kit (a user's): the three maps equal
+    torch's on the same weights and MindSpore is left as found. In a subprocess."""
+    import subprocess
+    import sys
+
+    torch_model, torch_x, _, _ = _twins()
+    weights = {k: v.detach().numpy() for k, v in torch_model.state_dict().items()}
+    np.savez(tmp_path / "in.npz", x=torch_x.numpy(), **weights)
+    script = tmp_path / "user.py"
+    script.write_text(_USER_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "clean" in done.stdout
+    got = np.load(tmp_path / "out.npz")
+    for name in _CAM_RECIPES:
+        want, _ = _run_recipe(name, torch_model, torch_x)
+        scale = float(np.abs(want).max())
+        np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6 * scale, err_msg=name)

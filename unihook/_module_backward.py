@@ -650,7 +650,9 @@ class _Call:
         # torch warns also when the module has backward pre-hooks only
         warnings.warn(
             "Full backward hook is firing when gradients are computed with respect to module "
-            "outputs since no inputs require gradients.",
+            "outputs since no inputs require gradients. See https://docs.pytorch.org/docs/main/"
+            "generated/torch.nn.Module.html#torch.nn.Module.register_full_backward_hook for "
+            "more details.",  # (torch 2.13's words)
             UserWarning,
             stacklevel=2,
         )
@@ -660,7 +662,8 @@ class _Call:
         for hook, site in self.full_hooks:
             result = hook(self.module, grad_inputs, grad_outputs)
             if result is not None and not (
-                isinstance(result, (tuple, list)) and all(r is None for r in result)
+                # (a list raises, as in torch)
+                isinstance(result, tuple) and all(r is None for r in result)
             ):
                 raise self._site(site, "full_backward").error(
                     HookReturnError,

@@ -36,6 +36,7 @@ __all__ = [
     "dropout",
     "float64_copy",
     "float64_default",
+    "forward_backward",
     "grad_enabled",
     "grad_of",
     "is_tensor",
@@ -105,6 +106,13 @@ class Ops(Protocol):
     # Backward from the scalar `t` into the leaves' accumulated gradients (optional:
     # ``t.backward()`` without it; for a framework whose autograd is functional).
     def backward(self, t: Any) -> None: ...
+    # The forward ``fn(x)`` (a scalar) and its backward, returning the gradient with respect
+    # to `x` when `input_grad` (optional: `backward` of ``fn(x)`` and `grad_of(x)` without it;
+    # for a framework that differentiates a function, not a recorded tensor). `caller` names
+    # the recipe or function in its errors.
+    def forward_backward(
+        self, fn: Callable[[Any], Any], x: Any, input_grad: bool, caller: str
+    ) -> Any: ...
     # Whether the framework records gradients now (optional: True without it).
     def grad_enabled(self, like: Any) -> bool: ...
     # A float64 deep copy of a module (optional: `compare` then runs without its exact
@@ -505,6 +513,26 @@ def backward(t: Any) -> None:
         t.backward()
     else:
         found(t)
+
+
+def forward_backward(
+    fn: Callable[[Any], Any],
+    x: Any,
+    like: Any,
+    input_grad: bool = False,
+    caller: str = "unihook.ops.forward_backward",
+) -> Any:
+    """Run the forward ``fn(x)``, which returns a scalar, and the backward from it, in `like`'s
+    framework (a tensor or module names it): hooks fire as in `backward`; the gradient with
+    respect to `x` is returned when `input_grad` (`x` then a `leaf`), else None. For a recipe
+    that runs its own backward: a framework whose autograd differentiates a function
+    (MindSpore: ``mindspore.grad``) runs both there; elsewhere it is ``backward(fn(x))``, the
+    leaves accumulating gradients. `caller` names the recipe in the backend's errors."""
+    found = getattr(ops_for(like), "forward_backward", None)
+    if found is not None:
+        return found(fn, x, input_grad, caller)
+    backward(fn(x))
+    return grad_of(x) if input_grad else None
 
 
 def grad_enabled(like: Any) -> bool:

@@ -28,6 +28,7 @@ MindSpore quirks handled here:
 from __future__ import annotations
 
 import weakref
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import mindspore
@@ -140,8 +141,11 @@ def _after_backward(callback: Callable[[], None]) -> None:
     engine = _pynative_executor.get_current_autodiff_engine_id()
     callbacks = _at_end.get(engine)
     if callbacks is None:
-        for stale in [key for key, refs in _at_end.items() if not any(r() for r in refs)]:
-            del _at_end[stale]  # (a backward that raised)
+        # (a backward that raised: its calls died with its graph; list(): another thread's
+        # backward may add its own meanwhile)
+        for stale, refs in list(_at_end.items()):
+            if not any(r() for r in refs):
+                _at_end.pop(stale, None)
         callbacks = _at_end[engine] = []
         # A module-level function: MindSpore does not hold a queued callback alive, and a
         # backward that raises after it was queued segfaulted at a closure (docs/MINDSPORE.md)
@@ -154,6 +158,29 @@ def _backward_ended() -> None:
         callback = ref()
         if callback is not None:
             callback()
+
+
+# The input side's aliases of data (`MindSporeAutograd.identity`), by id, held weakly
+_data_aliases: dict[int, weakref.ref[Any]] = {}
+
+
+def _forget_alias(key: int, ref: weakref.ref[Any]) -> None:
+    if _data_aliases.get(key) is ref:
+        del _data_aliases[key]
+
+
+def _data_only(tensors: Sequence[Any]) -> bool:
+    """Whether `tensors` are data: the differentiated function's arguments (leaves that are no
+    Parameter) or an identity's aliases of them."""
+    for tensor in tensors:
+        if isinstance(tensor, mindspore.Parameter):
+            return False
+        node = tensor._grad_node
+        if node is not None and not node.is_leaf():
+            alias = _data_aliases.get(id(tensor))
+            if alias is None or alias() is not tensor:
+                return False
+    return True
 
 
 class MindSporeAutograd:
@@ -180,7 +207,13 @@ class MindSporeAutograd:
         held_until: object = None,  # unused (the node copies no gradient)
     ) -> Sequence[Any]:
         outs = _Identity.apply(on_backward, materialize, site, *tensors)
-        return outs if isinstance(outs, (tuple, list)) else (outs,)
+        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+        if materialize and _data_only(tensors):
+            # the input side's aliases of data are data: the first cell inside a hooked
+            # container (or under global hooks) gets them
+            for out in outs:
+                _data_aliases[id(out)] = weakref.ref(out, partial(_forget_alias, id(out)))
+        return outs
 
     # MindSpore records every argument of a differentiated function as requiring grad, and its
     # backward leaves out the input side of a call whose inputs it does not differentiate
@@ -190,13 +223,7 @@ class MindSporeAutograd:
 
     @staticmethod
     def data_only(tensors: Sequence[Any]) -> bool:
-        for tensor in tensors:
-            if isinstance(tensor, mindspore.Parameter):
-                return False
-            node = tensor._grad_node
-            if node is not None and not node.is_leaf():
-                return False
-        return True
+        return _data_only(tensors)
 
     @staticmethod
     def version(tensor: Any) -> int:

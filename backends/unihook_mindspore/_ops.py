@@ -11,7 +11,10 @@ from mindspore import ops
 from mindspore.graph.api import _pynative_executor
 
 from unihook.backend import map_dataclass
+from unihook.errors import BackendStateError
 from unihook.ops import Moments, drop_block_rate
+
+from ._serial import exclusive
 
 Axis = Union[None, int, Sequence[int]]
 Tensor = mindspore.Tensor
@@ -114,19 +117,54 @@ class MindSporeOps:
     def backward(self, t: Any) -> None:
         # no Tensor.backward: autograd is functional (docs/MINDSPORE.md §5). The tape's open
         # recording session stands in (the conformance kit opens it; `_tape.start()`)
-        from unihook.errors import BackendStateError
-
         from . import _tape
 
         if _tape._session is None:
             raise BackendStateError(
                 "unihook.ops.backward [backend mindspore]: expected a forward recorded for an "
                 "imperative backward (MindSpore has none: only the conformance kit records "
-                "one). Received: a tensor of an unrecorded forward. The recipes that run their "
-                "own backward (GradCAM, GradCAMPlusPlus, GuidedBackprop) do not run on "
-                "MindSpore outside the kit yet; the hooks themselves work under mindspore.grad"
+                "one). Received: a tensor of an unrecorded forward. Run the forward and its "
+                "backward through unihook.ops.forward_backward (the recipes do) or "
+                "mindspore.grad, under which the hooks fire"
             )
         _tape.backward(t)
+
+    def forward_backward(
+        self, fn: Callable[[Any], Any], x: Any, input_grad: bool, caller: str
+    ) -> Any:
+        from . import _tape
+
+        if mindspore.get_context("mode") != mindspore.PYNATIVE_MODE:
+            raise BackendStateError(
+                f"{caller} [backend mindspore]: expected PyNative mode (mindspore.set_context("
+                "mode=mindspore.PYNATIVE_MODE)), where MindSpore runs Python hooks. Received: "
+                "GRAPH_MODE, which compiles the model and skips every Python hook"
+            )
+        if _tape._session is not None:
+            # the conformance kit's tape records every forward: its imperative backward
+            if input_grad:
+                _tape.track(x)  # (a `leaf`: a Parameter of ours, given a `.grad`)
+            self.backward(fn(x))
+            return self.grad_of(x) if input_grad else None
+        # mindspore.grad with respect to the input (grad_position 0; GuidedBackprop's map), not
+        # the Parameters: the backward passes every layer between the score and the input
+        # wherever Parameters are, gives none a gradient (no `.grad` left on the user's) and
+        # runs none of their tensor hooks (asked for a Parameter its graph does not reach,
+        # MindSpore runs that one's with zeros: docs/MINDSPORE.md §7)
+        with exclusive:  # (PyNative records on one thread at a time: docs/MINDSPORE.md §10)
+            flag = _pynative_executor.grad_flag()
+            top = not _pynative_executor.requires_grad()
+            try:
+                gradient = mindspore.grad(fn, grad_position=0)(x)
+            except BaseException:
+                if top and _pynative_executor.requires_grad():
+                    # Python code raising in `fn` leaves MindSpore recording (an op's error
+                    # ends it): ended as MindSpore would. Inside a caller's own grad (not
+                    # `top`) MindSpore's behaviour stands: its grad then fails, as without us
+                    _pynative_executor.end_graph(fn, Tensor(np.float32(0)), x)
+                    _pynative_executor.set_grad_flag(flag)
+                raise
+        return gradient if input_grad else None
 
     def grad_of(self, t: Any) -> Any:
         return t.grad if hasattr(t, "grad") else None

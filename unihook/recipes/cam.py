@@ -1,7 +1,9 @@
 """Grad-CAM and guided backpropagation, computed the same way on every backend.
 
 Both run one forward and one backward of `model` (parameter gradients accumulate as in any
-backward: clear them before an optimizer step). The maps are numpy arrays.
+backward: clear them before an optimizer step; on MindSpore, whose autograd is functional,
+the backward differentiates the input and leaves the parameters no gradient). The maps are
+numpy arrays.
 """
 
 from __future__ import annotations
@@ -228,9 +230,14 @@ class GradCAM(Recipe):
             raise RuntimeError("this GradCAM was removed: create a new one")
         for calls in self._calls:
             calls.clear()
+
+        def forward(inputs: Any) -> Any:
+            score, self.target_classes = _score(self.model(inputs), target)
+            return score
+
         try:
-            score, self.target_classes = _score(self.model(x), target)
-            ops.backward(score)
+            # the forward runs inside: a functional autograd (MindSpore) differentiates it
+            ops.forward_backward(forward, x, self.model, caller=type(self).__name__)
             size = ops.to_numpy(x).shape[2:]
             maps = [self._map(name, calls, size) for name, calls in zip(self.layers, self._calls)]
         finally:
@@ -320,7 +327,10 @@ class GuidedBackprop(Recipe):
         return tuple(None if g is None else ops.clamp(g, min=0.0) for g in grad_input)
 
     def __call__(self, x: Any, target: Target = None) -> np.ndarray:
-        x = ops.leaf(x)
-        score, _ = _score(self.model(x), target)
-        ops.backward(score)
-        return ops.to_numpy(ops.grad_of(x))
+        def forward(inputs: Any) -> Any:
+            return _score(self.model(inputs), target)[0]
+
+        gradient = ops.forward_backward(
+            forward, ops.leaf(x), self.model, input_grad=True, caller="GuidedBackprop"
+        )
+        return ops.to_numpy(gradient)
