@@ -85,7 +85,7 @@ class Autograd(Protocol):
     # tensors `refused_like` may match, None for a tensor with no memory; `leaf_of(tensor)`,
     # the leaf on which the framework refuses the ops it refuses on `tensor` (`tensor` itself
     # when a leaf; torch: the base of a view), else None. See `_guard_leaves`.
-    # Optional, together: `data_only(tensors)` and `after_backward(callback)`, for a framework
+    # Optional, together: `data_only(aliases)` and `after_backward(callback)`, for a framework
     # that leaves a differentiated function's arguments out of the backward although it
     # records them as requiring grad (see `ModuleBackward.__init__`).
 
@@ -130,9 +130,9 @@ class ModuleBackward:
         # optional, together: for a framework that records the arguments of a differentiated
         # function as requiring grad and leaves the input side of a call out of the backward
         # when it does not differentiate them (MindSpore's `grad(fn, None, weights)`):
-        # `data_only(tensors)`, whether `tensors` are such arguments (torch's would need no
-        # grad), and `after_backward(callback)`, running `callback` once the running backward
-        # is over (see `_Call._input_side_skipped`)
+        # `data_only(aliases)`, whether the input side's outputs stand for such arguments
+        # (torch's would need no grad), and `after_backward(callback)`, running `callback` once
+        # the running backward is over (see `_Call._input_side_skipped`)
         data_only = getattr(autograd, "data_only", None)
         after_backward = getattr(autograd, "after_backward", None)
         self.deferring: tuple[Callable[..., bool], Callable[..., None]] | None = None
@@ -267,7 +267,7 @@ class ModuleBackward:
             new = ag.identity([args[i] for i in idx], call.on_input_grads, True, call.site)
             call.input_node = getattr(new, "node", None)
             deferring = self.deferring
-            if deferring is not None and deferring[0]([args[i] for i in idx]):
+            if deferring is not None and deferring[0](new):
                 call.after_backward = deferring[1]
             replaced = list(args)
             for i, t in zip(idx, new):

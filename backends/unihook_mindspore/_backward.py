@@ -169,6 +169,11 @@ def _forget_alias(key: int, ref: weakref.ref[Any]) -> None:
         del _data_aliases[key]
 
 
+def _is_alias_of_data(tensor: Any) -> bool:
+    ref = _data_aliases.get(id(tensor))
+    return ref is not None and ref() is tensor
+
+
 def _data_only(tensors: Sequence[Any]) -> bool:
     """Whether `tensors` are data: the differentiated function's arguments (leaves that are no
     Parameter) or an identity's aliases of them."""
@@ -176,10 +181,8 @@ def _data_only(tensors: Sequence[Any]) -> bool:
         if isinstance(tensor, mindspore.Parameter):
             return False
         node = tensor._grad_node
-        if node is not None and not node.is_leaf():
-            alias = _data_aliases.get(id(tensor))
-            if alias is None or alias() is not tensor:
-                return False
+        if node is not None and not node.is_leaf() and not _is_alias_of_data(tensor):
+            return False
     return True
 
 
@@ -222,8 +225,9 @@ class MindSporeAutograd:
     after_backward = staticmethod(_after_backward)
 
     @staticmethod
-    def data_only(tensors: Sequence[Any]) -> bool:
-        return _data_only(tensors)
+    def data_only(aliases: Sequence[Any]) -> bool:
+        # (`identity` marked the input side's aliases of data)
+        return all(_is_alias_of_data(alias) for alias in aliases)
 
     @staticmethod
     def version(tensor: Any) -> int:
