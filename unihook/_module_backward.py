@@ -22,7 +22,7 @@ from typing import Any, Callable, Protocol, Sequence
 from ._checks import check_grad, check_grad_tuple
 from ._describe import Site
 from ._locks import RegistryLock
-from .errors import HookReturnError, InPlaceError
+from .errors import BackendStateError, HookReturnError, InPlaceError
 from .handles import Handle
 
 __all__ = [
@@ -676,6 +676,8 @@ class _Call:
         grad_outputs = self.grad_outputs
         assert self.input_idx is not None
         if grad_outputs is None:
+            if self.module is None:
+                raise self._post_dispatch_lost()
             # The gradient reached the inputs without passing through the outputs (torch
             # does not fire then either).
             return grads
@@ -687,6 +689,20 @@ class _Call:
                 site = self._site(site, "full_backward")
                 grad_inputs = _replace(result, grad_inputs, "grad_input", site, self.is_tensor)
         return [grad_inputs[i] for i in self.input_idx]
+
+    def _post_dispatch_lost(self) -> BackendStateError:
+        """This call's post-dispatcher never ran (it sets `module`): its outputs bypassed the
+        output side, so the full hooks would miss this call silently."""
+        return self.site.error(
+            BackendStateError,
+            "unihook's forward post-hook dispatcher to have run at the end of the module call "
+            "(it passes the outputs on to the backward hooks)",
+            "a backward through the inputs of a call it never ran for: the module's forward "
+            "hook dict was replaced by one without it while the old dict was kept alive (a "
+            "library that saves the hook dicts to put them back later; unihook follows a "
+            "replaced dict the module drops), or forward was cut short by a BaseException. "
+            "Put the saved dict back before calling the module",
+        )
 
 
 def _pack(idx: Sequence[int], values: Grads, n: int) -> tuple[Any, ...]:

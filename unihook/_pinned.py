@@ -12,15 +12,23 @@ registers after them. So while unihook has a key in a hook dict, the module hold
   handle deletes from the origin is dropped at the next call: native handles keep working;
 - when unihook's last key leaves, the origin object itself goes back, holding exactly what
   native registration alone would hold. The HookDict lives on beside it (`_retired`), so the
-  handles created meanwhile (a weakref to it) still remove their hook.
+  handles created meanwhile (a weakref to it) still remove their hook;
+- a library may assign the module a new hook dict (``m._forward_hooks = OrderedDict()``, or a
+  copy of the old one): torch's own backward hooks live elsewhere and survive that, so the
+  pinned keys (the backward dispatchers) follow the module into the new dict, which becomes
+  the origin of a new HookDict. The signal is free: the module held the only reference to
+  the HookDict, which is finalized at the assignment (`HookDict.__del__`, `_follow`); the
+  always-called flag table of the post dispatcher is watched the same way (`Pinned`).
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections import OrderedDict
+from functools import partial
 from itertools import count
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from ._locks import RegistryLock
 
@@ -43,6 +51,8 @@ class HookDict(OrderedDict[int, Any]):
         self._origin: OrderedDict[int, Any] | None = None  # strong while installed
         self._origin_ref: weakref.ref[OrderedDict[int, Any]] | None = None
         self._owner: weakref.ref[Any] | None = None
+        self._attr = ""  # the owner's attribute holding it, read through `_access`
+        self._access: Access | None = None
         self.pinned: list[int] = []  # kept last, in this order
         self.tail: set[int] = set()  # pinned keys kept after the other pinned ones
         self.owned: set[int] = set()  # unihook's keys, the pinned ones included
@@ -58,10 +68,14 @@ class HookDict(OrderedDict[int, Any]):
     def _changed(self) -> None:
         self._version = next(_versions)
 
-    def _install(self, origin: OrderedDict[int, Any], owner: Any) -> None:
+    def _install(
+        self, origin: OrderedDict[int, Any], owner: Any, attr: str, access: Access | None
+    ) -> None:
         self._origin = origin
         self._origin_ref = weakref.ref(origin)
         self._owner = weakref.ref(owner)
+        self._attr = attr
+        self._access = access
         self.pinned = []
         self.tail = set()
         self.owned = set()
@@ -179,11 +193,7 @@ class HookDict(OrderedDict[int, Any]):
         origin = self._origin
         size = len(self)
         if origin is not None and len(origin) + len(self.pinned) != size:
-            # a native handle created before this dict was installed removed its hook
-            for key in [k for k, _ in self._copy() if k not in origin and k not in self.pinned]:
-                OrderedDict.pop(self, key, None)  # (another thread may be removing it too)
-                self.owned.discard(key)
-            self._changed()
+            self._follow_origin(origin)
             size = len(self)
         version = self._version  # read before the copy: a change during it retags
         snap = self._snap
@@ -192,14 +202,50 @@ class HookDict(OrderedDict[int, Any]):
             snap = self._snap = (version, self._copy())
         return snap[1]
 
+    def _follow_origin(self, origin: OrderedDict[int, Any]) -> None:
+        """The origin changed behind this dict: a native handle created before this dict was
+        installed removed its hook there, or the code that assigned the origin to the module
+        (a library replacing its hook dict, see `_follow`) added one to it directly."""
+        for key in [k for k, _ in self._copy() if k not in origin and k not in self.pinned]:
+            OrderedDict.pop(self, key, None)  # (another thread may be removing it too)
+            self.owned.discard(key)
+        native = _snapshot(origin.items)
+        added = [(k, v) for k, v in native if not OrderedDict.__contains__(self, k)]
+        for key, value in added:
+            OrderedDict.__setitem__(self, key, value)
+        if added:  # in the origin's order, then the pinned keys
+            for key, _ in native:
+                try:
+                    OrderedDict.move_to_end(self, key)
+                except KeyError:  # (removed meanwhile by another thread)
+                    continue
+            self._repin()
+        self._changed()
+
     def _copy(self) -> tuple[tuple[int, Any], ...]:
-        # A finalizer the collector runs during the copy (it allocates), or a thread that
-        # takes over meanwhile, may change the dict: "mutated during iteration", copy again.
-        while True:
-            try:
-                return tuple(super().items())
-            except RuntimeError:
-                continue
+        return _snapshot(super().items)
+
+    def copy(self) -> OrderedDict[int, Any]:  # type: ignore[override]
+        """An OrderedDict of the same entries, as ``OrderedDict(self)`` (a library copying the
+        module's hook dict gets a plain one, as without unihook)."""
+        return OrderedDict(self._copy())
+
+    __copy__ = copy
+
+    def __del__(self) -> None:
+        # Dropped by its module while installed: a library assigned the module another
+        # hook dict. The pinned keys follow the module there (see the module docstring).
+        if self._origin is None or not self.pinned or sys.is_finalizing():
+            return
+        owner = self.owner()
+        if owner is None or self._access is None:
+            return  # (the module died)
+        pinned = [
+            (key, OrderedDict.__getitem__(self, key), key in self.tail)
+            for key in self.pinned
+            if OrderedDict.__contains__(self, key)
+        ]
+        _follow(owner, self._attr, self._access, pinned, set(self.owned))
 
     def __reduce__(self) -> Any:
         """Pickled (torch.save of a whole module), the dict is a plain one with its forward
@@ -244,7 +290,7 @@ class HookDict(OrderedDict[int, Any]):
         new = HookDict()
         memo[id(self)] = new
         origin: OrderedDict[int, Any] = OrderedDict()
-        new._install(origin, copied)
+        new._install(origin, copied, self._attr, self._access)
         for key, value in self.items():
             state = getattr(value, "__self__", None) if key in self.pinned else None
             if getattr(state, "is_global", False) or getattr(state, "removed", False):
@@ -253,7 +299,7 @@ class HookDict(OrderedDict[int, Any]):
                 _leave_out(state, owner, memo)
                 continue
             if state is not None and id(state) not in memo and copied is not owner:
-                memo[id(state)] = _copy_state(state, copied)
+                memo[id(state)] = _copy_state(state, copied, owner, memo)
             value = deepcopy(value, memo)
             OrderedDict.__setitem__(new, key, value)
             if key not in self.pinned:
@@ -277,15 +323,29 @@ def _leave_out(state: Any, owner: Any, memo: dict[int, Any]) -> None:
         deepcopy(flags, memo).pop(pinned.post[1], None)  # (the copy the module's copy gets)
 
 
-def _copy_state(state: Any, owner: Any) -> Any:
+def _copy_state(state: Any, owner: Any, original: Any, memo: dict[int, Any]) -> Any:
+    from copy import deepcopy
+
     from ._module_backward import ModuleBackward, _states
 
     new = ModuleBackward(state.autograd, state.is_global)
     new.pre_hooks = dict(state.pre_hooks)
     new.full_hooks = dict(state.full_hooks)
-    new.dispatchers = state.dispatchers.rebound(owner)
+    pinned = state.dispatchers
+    flags = pinned.access.get(original, pinned.always)
+    new.dispatchers = pinned.rebound(owner, deepcopy(flags, memo))  # (the copy's: memo)
     _states[owner] = new
     return new
+
+
+def _snapshot(items: Callable[[], Iterable[tuple[int, Any]]]) -> tuple[tuple[int, Any], ...]:
+    # A finalizer the collector runs during the copy (it allocates), or a thread that takes
+    # over meanwhile, may change the dict: "mutated during iteration", copy again.
+    while True:
+        try:
+            return tuple(items())
+        except RuntimeError:
+            continue
 
 
 # id(origin) -> (weakref to the origin, its retired HookDict): the HookDict lives as long as
@@ -314,23 +374,80 @@ def pin(
     ):
         return
     with _lock:
-        current = access.get(owner, attr)
-        hooks = current if isinstance(current, HookDict) else None
-        if hooks is None:
-            entry = _retired.pop(id(current), None)
-            hooks = entry[1] if entry is not None and entry[0]() is current else HookDict()
-            hooks._install(current, owner)
-            access.put(owner, attr, hooks)
-        hooks.owned.add(key)
-        if tail:
-            hooks.tail.add(key)
-            hooks.pinned.append(key)
-        elif last:
-            first_tail = [i for i, k in enumerate(hooks.pinned) if k in hooks.tail]
-            hooks.pinned.insert(first_tail[0] if first_tail else len(hooks.pinned), key)
-        hooks[key] = hook
-        if prepend:
-            hooks.move_to_end(key, last=False)
+        _pin(owner, attr, key, hook, access, last=last, prepend=prepend, tail=tail)
+
+
+def _pin(
+    owner: Any,
+    attr: str,
+    key: int,
+    hook: Any,
+    access: Access,
+    *,
+    last: bool,
+    prepend: bool,
+    tail: bool,
+) -> HookDict:
+    """`pin`, under `_lock`. Returns the dict it went in."""
+    current = access.get(owner, attr)
+    hooks = current if isinstance(current, HookDict) else None
+    if hooks is None:
+        if not type(current).__weakrefoffset__:
+            # a plain dict a library assigned (`m._forward_hooks = {}`): native handles need
+            # a weak reference to their dict, the origin is an OrderedDict of its entries
+            current = OrderedDict(current)
+        entry = _retired.pop(id(current), None)
+        hooks = entry[1] if entry is not None and entry[0]() is current else HookDict()
+        hooks._install(current, owner, attr, access)
+        access.put(owner, attr, hooks)
+    hooks.owned.add(key)
+    if tail:
+        hooks.tail.add(key)
+        hooks.pinned.append(key)
+    elif last:
+        first_tail = [i for i, k in enumerate(hooks.pinned) if k in hooks.tail]
+        hooks.pinned.insert(first_tail[0] if first_tail else len(hooks.pinned), key)
+    hooks[key] = hook
+    if prepend:
+        hooks.move_to_end(key, last=False)
+    return hooks
+
+
+def _follow(
+    owner: Any,
+    attr: str,
+    access: Access,
+    pinned: list[tuple[int, Any, bool]],
+    owned: set[int],
+) -> None:
+    """`owner` dropped its HookDict `attr` for another dict (a library assigned one): pin
+    there the keys `pinned` (key, hook, tail) of the dropped one, in order, and keep as
+    unihook's the other `owned` keys a copy of the dropped dict brought along."""
+    if _lock.deferred(lambda: _follow(owner, attr, access, pinned, owned)):
+        return
+    with _lock:
+        try:
+            current = access.get(owner, attr)
+        except (AttributeError, KeyError):
+            return  # (deleted: the framework's own call fails on the module then)
+        # (a follow that waited for the lock: dispatchers retired meanwhile stay out)
+        pinned = [entry for entry in pinned if not _retired_dispatcher(entry[1])]
+        if isinstance(current, HookDict) and current._origin is not None:
+            # (put back by whoever dropped it, or a deep copy of it)
+            pinned = [entry for entry in pinned if entry[0] not in current.pinned]
+        else:
+            for key, _, _ in pinned:  # a copy of the dropped dict: they go back pinned
+                current.pop(key, None)
+        for key, hook, tail in pinned:
+            hooks = _pin(owner, attr, key, hook, access, last=True, prepend=False, tail=tail)
+            hooks.owned.update(k for k in owned if OrderedDict.__contains__(hooks, k))
+
+
+def _retired_dispatcher(hook: Any) -> bool:
+    """Whether `hook` is a dispatcher whose backward hooks are all removed and whose calls
+    are over (`ModuleBackward.retire` took it out)."""
+    state = getattr(hook, "__self__", None)
+    return bool(getattr(state, "removed", False)) and getattr(state, "dispatchers", 0) is None
 
 
 def unpin(owner: Any, attr: str, key: int, access: Access) -> None:
@@ -340,6 +457,10 @@ def unpin(owner: Any, attr: str, key: int, access: Access) -> None:
     with _lock:
         hooks = access.get(owner, attr)
         if not isinstance(hooks, HookDict):
+            # a dict a library assigned that unihook's keys did not follow into (it kept the
+            # HookDict it replaced, or that one held no dispatcher): a copy holds the key too
+            if isinstance(hooks, dict):
+                hooks.pop(key, None)
             return
         hooks.pop(key, None)
         # (and where `pin` was interrupted before the key went in: a Ctrl-C, see Pinned.install)
@@ -391,7 +512,7 @@ class Pinned:
     """A module's backward dispatchers, pinned last in its forward pre- and post-hook dicts
     (``unihook._module_backward.Dispatchers``); the post one is always called."""
 
-    __slots__ = ("owner", "pre", "post", "always", "access")
+    __slots__ = ("owner", "pre", "post", "always", "access", "watch", "__weakref__")
 
     def __init__(
         self,
@@ -406,6 +527,16 @@ class Pinned:
         self.post: tuple[str, int] = post
         self.always: str = always
         self.access: Access = access
+        self.watch: weakref.ref[Any] | None = None  # the always-called flag table (`_watch`)
+
+    def _watch(self, flags: Any) -> None:
+        """A library may assign the module a new always-called flag table as it may a hook dict
+        (torch's own backward hooks do not depend on it): when the table holding the post
+        dispatcher's flag is dropped, the flag follows the module to its new one."""
+        try:
+            self.watch = weakref.ref(flags, partial(_flags_dropped, weakref.ref(self)))
+        except TypeError:  # (a plain dict a library assigned cannot be referred to weakly)
+            self.watch = None
 
     @classmethod
     def install(
@@ -423,7 +554,9 @@ class Pinned:
         pre_key, post_key = new_id(), new_id()
         pinned = cls(owner, (pre_attr, pre_key), (post_attr, post_key), always, access)
         try:
-            access.get(owner, always)[post_key] = True
+            flags = access.get(owner, always)
+            flags[post_key] = True
+            pinned._watch(flags)
             pin(owner, pre_attr, pre_key, pre, access, last=True, prepend=False, tail=tail)
             pin(owner, post_attr, post_key, post, access, last=True, prepend=False, tail=tail)
         except BaseException:
@@ -435,14 +568,32 @@ class Pinned:
             raise
         return pinned
 
-    def rebound(self, owner: Any) -> Pinned:
-        """The same dispatchers in a deep copy `owner` of the module."""
-        return Pinned(owner, self.pre, self.post, self.always, self.access)
+    def rebound(self, owner: Any, flags: Any) -> Pinned:
+        """The same dispatchers in a deep copy `owner` of the module, whose always-called flag
+        table is `flags`."""
+        pinned = Pinned(owner, self.pre, self.post, self.always, self.access)
+        pinned._watch(flags)
+        return pinned
 
     def remove(self) -> None:
+        self.watch = None
         owner = self.owner()
         if owner is None:
             return
         for attr, key in (self.pre, self.post):
             unpin(owner, attr, key, self.access)
         self.access.get(owner, self.always).pop(self.post[1], None)
+
+
+def _flags_dropped(pinned_ref: weakref.ref[Pinned], _: object) -> None:
+    """The always-called flag table `Pinned._watch` watched is gone: see there."""
+    pinned = pinned_ref()
+    owner = None if pinned is None else pinned.owner()
+    if pinned is None or owner is None or pinned.watch is None or sys.is_finalizing():
+        return  # (removed, or the module died)
+    try:
+        flags = pinned.access.get(owner, pinned.always)
+    except (AttributeError, KeyError):
+        return  # (deleted: the framework's own call fails on the module then)
+    flags[pinned.post[1]] = True
+    pinned._watch(flags)

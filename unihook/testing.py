@@ -106,6 +106,14 @@ class Kit(Protocol):
         with_kwargs, always_call); return the native handle's remove."""
         ...
 
+    def replace_hook_dict(self, module: Any, which: str, new: Callable[[Any], Any]) -> Any:
+        """Do what a library does that assigns the module a new hook container instead of
+        clearing it (``m._forward_hooks = OrderedDict()``): the container `which` ("forward_pre",
+        "forward", or "always_called", the forward hooks' always_call flag table) becomes
+        ``new(old)``, by the framework's own attribute assignment. Returns the old one (a
+        library that puts it back later keeps it)."""
+        ...
+
     def state_dict_roundtrip(self, module: Any) -> None:
         """Load the module's own state dict back into it."""
         ...

@@ -95,19 +95,19 @@ def _ensure(cell: Any) -> None:
             if entry is None:
                 entry = _installed[cell] = [None, None, None]
     if _pre and entry[0] is None:
-        entry[0] = key = new_id()
-        Access.get(cell, "_forward_pre_hook_with_kwargs")[key] = True
-        pin(cell, "_forward_pre_hook", key, _run_pre, Access, last=False, prepend=True)
+        entry[0] = new_id()
+        _pin_forward(cell, 0, entry[0])
     if _post and entry[1] is None:
-        entry[1] = key = new_id()
-        Access.get(cell, "_forward_hook_with_kwargs")[key] = True
-        Access.get(cell, "_forward_hook_always_called")[key] = True
-        pin(cell, "_forward_hook", key, _run_post, Access, last=False, prepend=True)
+        entry[1] = new_id()
+        _pin_forward(cell, 1, entry[1])
     for slot, attr in ((0, "_forward_pre_hook"), (1, "_forward_hook")):
         key = entry[slot]
         hooks = Access.get(cell, attr) if key is not None else None
-        if hooks and next(iter(hooks)) != key:  # a hook prepended since: globals go first
-            hooks.move_to_end(key, last=False)
+        if hooks is not None and (not hooks or next(iter(hooks)) != key):
+            if key in hooks:  # a hook prepended since: globals go first
+                hooks.move_to_end(key, last=False)
+            else:  # a library assigned the cell a new hook dict: torch's global hooks live
+                _pin_forward(cell, slot, key)  # outside a module's, and survive that
     # Installed beside the cell's own backward dispatchers too: whichever runs first in a call
     # takes the global hooks (unihook._module_backward). Taking them out while own ones exist
     # lost calls: another thread removing the cell's last own hook between this check and the
@@ -121,6 +121,17 @@ def _ensure(cell: Any) -> None:
             Access,
             tail=True,  # after the cell's own ones, which take the global hooks when present
         )
+
+
+def _pin_forward(cell: Any, slot: int, key: int) -> None:
+    """Pin the global forward dispatcher `slot` (0 pre, 1 post) first in `cell`'s dict."""
+    if slot == 0:
+        Access.get(cell, "_forward_pre_hook_with_kwargs")[key] = True
+        pin(cell, "_forward_pre_hook", key, _run_pre, Access, last=False, prepend=True)
+    else:
+        Access.get(cell, "_forward_hook_with_kwargs")[key] = True
+        Access.get(cell, "_forward_hook_always_called")[key] = True
+        pin(cell, "_forward_hook", key, _run_post, Access, last=False, prepend=True)
 
 
 def _call(self: Any, *args: Any, **kwargs: Any) -> Any:

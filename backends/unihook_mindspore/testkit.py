@@ -48,6 +48,14 @@ def _f32(data: Any) -> Any:
     return mindspore.Tensor(np.asarray(data, dtype="float32"))
 
 
+# `replace_hook_dict`'s names: Cell's properties
+_HOOK_DICTS = {
+    "forward_pre": "_forward_pre_hook",
+    "forward": "_forward_hook",
+    "always_called": "_forward_hook_always_called",
+}
+
+
 class MindSporeKit:
     name = "mindspore"
     module_class = "mindspore.nn.Cell"  # as the backend's TargetKindError spells it
@@ -192,6 +200,14 @@ class MindSporeKit:
             else module.register_forward_hook
         )
         return register(hook, **options).remove  # type: ignore[no-any-return]
+
+    def replace_hook_dict(self, module: Any, which: str, new: Callable[[Any], Any]) -> Any:
+        # the dicts live in `_lazy_*` attributes behind Cell's read-only properties (which
+        # create one on first read); Cell.__setattr__ would file an OrderedDict elsewhere
+        name = _HOOK_DICTS[which]
+        old = getattr(module, name)
+        object.__setattr__(module, "_lazy" + name, new(old))
+        return old
 
     def state_dict_roundtrip(self, module: Any) -> None:
         mindspore.load_param_into_net(module, module.parameters_dict())

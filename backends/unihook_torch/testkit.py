@@ -19,6 +19,14 @@ class _Module(torch.nn.Module):
         return self._fn(self, *args, **kwargs)
 
 
+# `replace_hook_dict`'s names
+_HOOK_DICTS = {
+    "forward_pre": "_forward_pre_hooks",
+    "forward": "_forward_hooks",
+    "always_called": "_forward_hooks_always_called",
+}
+
+
 class TorchKit:
     name = "torch"
 
@@ -136,6 +144,12 @@ class TorchKit:
             else module.register_forward_hook
         )
         return register(hook, **options).remove  # type: ignore[no-any-return]
+
+    def replace_hook_dict(self, module: Any, which: str, new: Callable[[Any], Any]) -> Any:
+        name = _HOOK_DICTS[which]
+        old = getattr(module, name)
+        setattr(module, name, new(old))
+        return old
 
     def state_dict_roundtrip(self, module: Any) -> None:
         module.load_state_dict(module.state_dict())
