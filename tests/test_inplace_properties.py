@@ -42,6 +42,9 @@ pnn = paddle.nn
 
 D = 3  # feature width
 RTOL, ATOL = 1e-6, 1e-7
+# paddle against torch: another framework's float32 kernels round differently, and values near
+# zero that cancel O(1) terms differ by a few float32 ulps of those terms
+CROSS_ATOL = 1e-6
 
 # -- blocks (each has `inplace`: False gives the out-of-place twin computing the same function) --
 
@@ -113,6 +116,32 @@ class EditReturnedInput(nn.Module):
         return y * 3
 
 
+class ViewOf(nn.Module):
+    """Returns a view of its input (``nn.Flatten``, ``x[:, :k]``): no in-place op of its own."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, :]
+
+
+class EditThenRead(nn.Module):
+    """Edits what the inner module returned in place, then reads its own input again: with an
+    Identity (or a view) inside, the edit changes that input too (torch only: paddle cannot see
+    the edit through unihook's alias, README "In-place guarantee")."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.inplace = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        if self.inplace:
+            y.mul_(2)
+        else:
+            y = y * 2
+        return y + x * 3
+
+
 # -- strategies ----------------------------------------------------------------------------------
 
 LEAVES = [
@@ -126,15 +155,22 @@ LEAVES = [
     "edit_identity",
     "edit_dropout",
 ]
+# torch only (see EditThenRead)
+TORCH_LEAVES = [*LEAVES, "view", "edit_view", "edit_then_read", "edit_view_then_read"]
 
-specs = st.recursive(
-    st.sampled_from(LEAVES),
-    lambda children: st.one_of(
-        st.tuples(st.just("seq"), st.lists(children, min_size=1, max_size=3)),
-        st.tuples(st.just("residual"), st.lists(children, min_size=1, max_size=3)),
-    ),
-    max_leaves=7,
-)
+
+def _specs(leaves: list[str]) -> Any:
+    return st.recursive(
+        st.sampled_from(leaves),
+        lambda children: st.one_of(
+            st.tuples(st.just("seq"), st.lists(children, min_size=1, max_size=3)),
+            st.tuples(st.just("residual"), st.lists(children, min_size=1, max_size=3)),
+        ),
+        max_leaves=7,
+    )
+
+
+specs, torch_specs = _specs(LEAVES), _specs(TORCH_LEAVES)
 
 
 def build(spec: Any) -> nn.Module:
@@ -152,6 +188,10 @@ def build(spec: Any) -> nn.Module:
         "reuse": Reuse,
         "edit_identity": lambda: EditReturnedInput(nn.Identity()),
         "edit_dropout": lambda: EditReturnedInput(nn.Dropout(0.5)),
+        "view": ViewOf,
+        "edit_view": lambda: EditReturnedInput(ViewOf()),
+        "edit_then_read": lambda: EditThenRead(nn.Identity()),
+        "edit_view_then_read": lambda: EditThenRead(ViewOf()),
     }[spec]()
 
 
@@ -292,19 +332,19 @@ def run(
     return to_np(out), leaf.grad.numpy().copy(), pgrads
 
 
-def same(a: Any, b: Any) -> bool:
+def same(a: Any, b: Any, atol: float = ATOL) -> bool:
     if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(same(a[k], b[k], atol) for k in a)
     if isinstance(a, tuple) or isinstance(b, tuple):
         return (
             isinstance(a, tuple)
             and isinstance(b, tuple)
             and len(a) == len(b)
-            and all(same(x, y) for x, y in zip(a, b))
+            and all(same(x, y, atol) for x, y in zip(a, b))
         )
     if a is None or b is None:
         return a is None and b is None
-    return a.shape == b.shape and np.allclose(a, b, rtol=RTOL, atol=ATOL)
+    return a.shape == b.shape and np.allclose(a, b, rtol=RTOL, atol=atol)
 
 
 def hooks(
@@ -373,9 +413,9 @@ def make_case(spec: Any, placements: list[tuple[str, str]], target: str, seed: i
 
 
 @st.composite
-def cases(draw: Any) -> Case:
-    spec = draw(specs)
-    assume(not _limit(spec))  # test_nested_identity_residual_limit
+def cases(draw: Any, paddle: bool = False) -> Case:
+    spec = draw(specs if paddle else torch_specs)
+    assume(not (paddle and _limit(spec)))  # test_paddle_nested_identity_residual_limit
     seed = draw(st.integers(0, 2**16))
     names = [n for n, _ in make_case(spec, [], "").model.named_modules()]
     chosen = draw(
@@ -447,10 +487,11 @@ def _oracle_valid(
 
 
 # A module returning its input unchanged hands back an alias (as torch's own BackwardHook, so
-# that its hooks see the gradient of the output only); an in-place edit of that alias does not
+# that its hooks see the gradient of the output only); an in-place edit of that alias must
 # reach the caller's original tensor. Here the inner residual's `out += x` edits the alias its
 # Identity body returned, and the outer residual reads x again: x.grad is 3w, 4w without hooks.
-# README, "In-place guarantee", names this limit.
+# torch gets it right (unihook_torch._alias); paddle cannot see the edit (README, "In-place
+# guarantee", names this limit).
 NESTED_IDENTITY = make_case(
     ("residual", [("residual", ["identity"])]), [("0.body.0.body", "full")], "0"
 )
@@ -473,11 +514,18 @@ def _limit(spec: Any, in_residual: bool = False) -> bool:
     return any(_limit(c, in_residual or kind == "residual") for c in children)
 
 
-@pytest.mark.xfail(strict=True, reason="known limit: README, In-place guarantee")
-def test_nested_identity_residual_limit() -> None:
+def test_nested_identity_residual() -> None:
     spec, model, placements, x, w, target = NESTED_IDENTITY
     base = _baseline(model, x, w)
     assert same(run(model, x, w, hooks(placements, [], native=False)), base)
+
+
+@pytest.mark.xfail(strict=True, reason="known limit: README, In-place guarantee")
+def test_paddle_nested_identity_residual_limit() -> None:
+    spec, model, placements, x, w, target = NESTED_IDENTITY
+    base = _baseline(model, x, w)
+    twin, pbase = _paddle_baseline(spec, model, x, w, base)
+    assert same(run_paddle(twin, x, w, hooks(placements, [], native=False)), pbase)
 
 
 @SETTINGS
@@ -578,7 +626,7 @@ def _paddle_baseline(
 
 
 @SETTINGS
-@given(cases())
+@given(cases(paddle=True))
 @known_cases
 def test_paddle_record_hooks_keep_gradients(case: Case) -> None:
     """Paddle: gradients unchanged by unihook's backward hooks; hooks see what torch's native
@@ -602,11 +650,11 @@ def test_paddle_record_hooks_keep_gradients(case: Case) -> None:
             mine = [e[2] for e in events if e[:2] == key]
             theirs = [e[2] for e in want if e[:2] == key]
             for a, b in zip(mine, theirs):
-                assert same(a, b), f"{key}: {a} != oracle {b}; model {spec}"
+                assert same(a, b, CROSS_ATOL), f"{key}: {a} != oracle {b}; model {spec}"
 
 
 @SETTINGS
-@given(cases())
+@given(cases(paddle=True))
 @known_cases
 def test_paddle_doubling_hook_matches_oracle(case: Case) -> None:
     """Paddle: doubling grad_input on one module gives the native torch oracle's gradients."""
@@ -617,6 +665,6 @@ def test_paddle_doubling_hook_matches_oracle(case: Case) -> None:
     twin, _ = _paddle_baseline(spec, model, x, w, base)
     want = run(torch_twin, x, w, hooks([(target, "double")], [], native=True))
     got = run_paddle(twin, x, w, hooks([(target, "double")], [], native=False))
-    assert same(got, want), (
+    assert same(got, want, CROSS_ATOL), (
         f"doubling grad_input of {target!r}: {got[1]} != oracle {want[1]}; model {spec}"
     )

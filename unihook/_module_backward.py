@@ -85,6 +85,9 @@ class Autograd(Protocol):
     # tensors `refused_like` may match, None for a tensor with no memory; `leaf_of(tensor)`,
     # the leaf on which the framework refuses the ops it refuses on `tensor` (`tensor` itself
     # when a leaf; torch: the base of a view), else None. See `_guard_leaves`.
+    # Optional: `moved(alias, original)` and `overlaps(a, b)`, for forward's in-place ops on
+    # arguments that share memory (see `_rebase_inputs`); `watch(alias, output, inputs,
+    # originals, site)`, for outputs that are inputs (see `_watch_aliases`).
     # Optional, together: `data_only(aliases)` and `after_backward(callback)`, for a framework
     # that leaves a differentiated function's arguments out of the backward although it
     # records them as requiring grad (see `ModuleBackward.__init__`).
@@ -127,6 +130,17 @@ class ModuleBackward:
         # optional too: `same_tensor(a, b)`, for a framework whose in-place ops return another
         # Python object for the same tensor (MindSpore's `copy_`); `is` without it
         self.same_tensor: Callable[[Any, Any], bool] | None = getattr(autograd, "same_tensor", None)
+        # optional: `watch(alias, output, inputs, originals, site)`, what the caller gets for
+        # the identity's `alias` of an output that is one of `inputs` returned unchanged or a
+        # view of one (see `_watch_aliases`); `overlaps(a, b)`, whether two tensors share
+        # memory (see `_refuse_shared_inputs`)
+        self.watch: Callable[..., Any] | None = getattr(autograd, "watch", None)
+        self.overlaps: Callable[[Any, Any], bool] | None = getattr(autograd, "overlaps", None)
+        # optional: `moved(alias, original)`, whether forward's in-place ops went through the
+        # input side's `alias` itself (its history or shape changed), not only through another
+        # tensor sharing its memory (another argument, a view); without it, any change of its
+        # version counts
+        self.moved: Callable[[Any, Any], bool] | None = getattr(autograd, "moved", None)
         # optional, together: for a framework that records the arguments of a differentiated
         # function as requiring grad and leaves the input side of a call out of the backward
         # when it does not differentiate them (MindSpore's `grad(fn, None, weights)`):
@@ -330,17 +344,18 @@ class ModuleBackward:
         items = output if is_tuple else (output,)
         idx = [i for i, o in enumerate(items) if ag.is_tensor(o)]
         replaced = list(items)
+        aliases: Sequence[Any] = ()
         if any(ag.requires_grad(items[i]) for i in idx):
             call.n_outputs = len(items)
             call.output_idx = idx
-            new = ag.identity(
+            aliases = ag.identity(
                 [items[i] for i in idx],
                 call.on_output_grads,
                 False,
                 call.site,
                 held_until=call.input_node,  # (see on_output_grads)
             )
-            for i, t in zip(idx, new):
+            for i, t in zip(idx, aliases):
                 replaced[i] = t
         # An input that forward changed in place and returned (an in-place activation) goes
         # back as the caller's own tensor, with the module's history, as without hooks: the
@@ -359,6 +374,8 @@ class ModuleBackward:
                     break
         self._rebase_inputs(call, args, originals, returned)
         self._guard_leaves(call, items, replaced, originals)
+        if self.watch is not None and aliases:
+            self._watch_aliases(call, args, items, idx, aliases, replaced, originals)
         if all(r is o for r, o in zip(replaced, items)):
             return None
         if not is_tuple:
@@ -407,18 +424,64 @@ class ModuleBackward:
                     continue
             replaced[j] = guard(new, partial(_leaf_changed, call.site), call.site)
 
+    def _watch_aliases(
+        self,
+        call: _Call,
+        args: Sequence[Any],
+        items: Sequence[Any],
+        idx: list[int],
+        aliases: Sequence[Any],
+        replaced: list[Any],
+        originals: list[Any],
+    ) -> None:
+        """An output that is an input returned unchanged, or a view of one, reaches the caller
+        as the identity's alias: same memory, another tensor. The backend's `watch` lets an
+        in-place op on one reach the other's history, as without hooks."""
+        assert self.watch is not None
+        got = [args[i] for i in call.tensor_idx]
+        for j, alias in zip(idx, aliases):
+            if replaced[j] is alias:  # (not the caller's own tensor back, not guarded)
+                replaced[j] = self.watch(alias, items[j], got, originals, call.site)
+
     def _rebase_inputs(
         self, call: _Call, args: Sequence[Any], originals: list[Any], done: dict[int, Any]
     ) -> None:
         """Forward changed an input in place through its identity alias: the caller's tensor
         takes the alias's history, as it would have had without the identity."""
-        version = self.autograd.version
-        for k, (i, v) in enumerate(zip(call.tensor_idx, call.versions)):
-            arg, original = args[i], originals[k]
-            if k in done or original is None or arg is None or arg is original:
-                continue
-            if version(arg) != v:
-                self.autograd.rebase(original, arg)
+        version, moved = self.autograd.version, self.moved
+        changed = [
+            k
+            for k, (i, v) in enumerate(zip(call.tensor_idx, call.versions))
+            if k not in done
+            and originals[k] is not None
+            and args[i] is not None
+            and args[i] is not originals[k]
+            and version(args[i]) != v
+            and (moved is None or moved(args[i], originals[k]))
+        ]
+        if changed and len(call.tensor_idx) > 1:
+            self._refuse_shared_inputs(call, changed, originals)
+        for k in changed:
+            self.autograd.rebase(originals[k], args[call.tensor_idx[k]])
+
+    def _refuse_shared_inputs(self, call: _Call, changed: list[int], originals: list[Any]) -> None:
+        """Forward changed an argument in place that shares memory with another (`m(x, x)`,
+        a tensor and a view of it): each got an alias of its own, so the change did not reach
+        the other's history, which forward may have used after it."""
+        overlaps = self.overlaps or (lambda a, b: a is b)
+        for k in changed:
+            for k2, other in enumerate(originals):
+                if k2 != k and other is not None and overlaps(originals[k], other):
+                    i, i2 = call.tensor_idx[k], call.tensor_idx[k2]
+                    raise InPlaceError(
+                        f"{call.site}: forward changed argument {i} in place, and argument "
+                        f"{i2} shares its memory (the same tensor passed twice, `m(x, x)`, or "
+                        "a tensor and a view of it). With backward hooks each argument is an "
+                        "alias of its own (torch's own hook gives each a view, and raises at "
+                        "any in-place op on it): the change would not reach the other's "
+                        "history, and the gradients would be wrong. Pass a copy for one of "
+                        "them (`m(x, x.clone())`)"
+                    )
 
 
 # The leaves that require grad a hooked module got or returned, by their memory

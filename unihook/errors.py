@@ -69,6 +69,8 @@ class StaleCaptureError(UnihookError, RuntimeError):
 
 
 class InPlaceError(UnihookError, RuntimeError, ValueError):
-    """An in-place op the framework forbids without hooks went through a hooked module's alias:
-    a leaf that requires grad, changed through the module's output that is that leaf returned
-    unchanged (paddle's error for it: ValueError; torch refuses the op itself at once)."""
+    """An in-place op went through a hooked module's alias where unihook cannot give the history
+    it has without hooks: a leaf that requires grad changed through the module's output that
+    returned it (paddle's error for it: ValueError; torch refuses the op itself at once), two
+    arguments sharing memory (`m(x, x)`), one changed in forward; torch: an input the module
+    returned unchanged, changed in place before its output was used."""

@@ -310,6 +310,17 @@ class _Bypass:
         return [results[i] for i in self.live]
 
 
+def _span(tensor: Any) -> tuple[int, int]:
+    """The bytes `tensor` covers, first and one past the last (`strides` count elements)."""
+    size = tensor.element_size()
+    low = high = 0
+    for n, stride in zip(tensor.shape, tensor.strides):
+        reach = (n - 1) * stride * size
+        low, high = (low + reach, high) if reach < 0 else (low, high + reach)
+    start = int(tensor.data_ptr())
+    return start + low, start + high + size
+
+
 class PaddleAutograd:
     backend = NAME
     # paddle's own, and the copy that runs while unihook has global hooks
@@ -364,6 +375,15 @@ class PaddleAutograd:
             return grads  # (the same list: no copies)
 
         return PaddleAutograd.identity([tensor], check, False, site)[0]
+
+    @staticmethod
+    def overlaps(a: Any, b: Any) -> bool:
+        if a is b:
+            return True
+        if not (a.size and b.size and a._is_shared_buffer_with(b)):
+            return False
+        (a0, a1), (b0, b1) = _span(a), _span(b)
+        return a0 < b1 and b0 < a1
 
     @staticmethod
     def memory_key(tensor: Any) -> int | None:

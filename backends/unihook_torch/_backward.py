@@ -26,6 +26,7 @@ from unihook.backend import (
 from unihook.handles import Handle
 
 from . import NAME
+from ._alias import changed, span, use, watch
 from ._compile import EagerUnderCompile, outside_dynamo
 from ._global import TORCH_CALL_CODE, WRAPPER_CODES
 
@@ -80,12 +81,15 @@ class _Rebase(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, original: Any, alias: Any) -> Any:  # type: ignore[override]
         _reshape_like(original, alias)
+        ctx.view = original._is_view()
         ctx.mark_dirty(original)
         return original
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
-        return None, grad
+        # `original` a view: torch wraps this node in a CopySlices of its base, which drops
+        # the base's whole gradient (the rest of the base too) when this one is None
+        return (torch.zeros_like(grad) if ctx.view else None), grad
 
 
 class _Guard(torch.autograd.Function):
@@ -101,6 +105,7 @@ class _Guard(torch.autograd.Function):
         return grad
 
 
+_IDENTITY_NODE = _Identity._backward_cls  # pyright: ignore[reportAttributeAccessIssue]
 _set_version = torch._C._autograd._unsafe_set_version_counter  # pyright: ignore[reportAttributeAccessIssue]
 
 
@@ -151,6 +156,7 @@ class TorchAutograd:
         site: Site,
         held_until: object = None,  # unused: torch never changes a gradient still referenced
     ) -> Sequence[Any]:
+        use(tensors)  # (an `InputAlias` whose input changed since: custom Functions skip it)
         return _Identity.apply(on_backward, materialize, site, *tensors)
 
     @staticmethod
@@ -195,7 +201,27 @@ class TorchAutograd:
             _reshape_like(original, alias)
         # the data did not change: tensors saved before (at this version) stay valid
         _set_version((original,), (version,))
+        changed(original)  # (an `InputAlias`: its input takes the change too)
         return original
+
+    watch = staticmethod(watch)
+
+    @staticmethod
+    def moved(alias: Any, original: Any) -> bool:
+        fn = alias.grad_fn
+        if fn is not None and type(fn) is not _IDENTITY_NODE:
+            return True
+        return original.size() != alias.size() or original.stride() != alias.stride()
+
+    @staticmethod
+    def overlaps(a: Any, b: Any) -> bool:
+        if a is b:
+            return True
+        key = TorchAutograd.memory_key(a)
+        if key is None or key != TorchAutograd.memory_key(b):
+            return False
+        (a0, a1), (b0, b1) = span(a), span(b)
+        return a0 < b1 and b0 < a1
 
     @staticmethod
     def add_dispatchers(module: Any, pre: Any, post: Any) -> Dispatchers:

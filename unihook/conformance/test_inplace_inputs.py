@@ -379,3 +379,102 @@ def test_shape_changed_in_place_in_forward(
     (shape, grad), (hooked_shape, hooked_grad) = run(False), run(True)
     assert hooked_shape == shape
     np.testing.assert_array_equal(hooked_grad, grad)
+
+
+def _two_args_grads(
+    backend: Any, kind: str | None, call: Callable[[Any, Any], Any], read_again: bool
+) -> Any:
+    """x.grad of `call(m, h)` plus, if `read_again`, a use of `h` after the call, where
+    `m(a, b)` runs an in-place ReLU on `a` and returns ``a * 2 + b``; or the error raised."""
+    act = backend.relu_module(inplace=True)
+    m = backend.module(lambda self, a, b: (self.act(a), a * 2 + b)[1], {"act": act})
+    handle = _hook(kind, m, []) if kind else None
+    try:
+        x = backend.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
+        h = x * 1
+        loss = unihook.ops.sum(call(m, h))
+        if read_again:
+            loss = loss + unihook.ops.sum(h * 3)
+        backend.backward(loss)
+        return backend.grad(x)
+    except Exception as error:  # noqa: BLE001 - compared by the tests
+        return error
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+SHARED_ARGS: dict[str, Callable[[Any, Any], Any]] = {
+    "same_tensor": lambda m, h: m(h, h),
+    "tensor_and_view": lambda m, h: m(h[0:2], h[0:2] * 0 + h[1:3]),
+    "overlapping_views": lambda m, h: m(h[0:2], h[1:3]),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("case", list(SHARED_ARGS))
+def test_inplace_on_an_argument_sharing_memory_with_another_raises(
+    backend: Any, kind: str, case: str
+) -> None:
+    """`m(x, x)` (or overlapping views) and forward changes one argument in place: each
+    argument is an alias of its own under backward hooks (torch's own hook: a view, on which
+    it refuses any in-place op), so the change would not reach the other's history, which
+    forward reads after it: InPlaceError, a RuntimeError, where the gradient would be wrong.
+    With pre-hooks alone forward gets the caller's tensors: exact, as without hooks."""
+    if case != "same_tensor" and not _views_take_inplace_ops(backend):
+        pytest.skip(f"{backend.name}: an in-place op on a view fails without hooks too")
+    native = _two_args_grads(backend, None, SHARED_ARGS[case], read_again=True)
+    assert not isinstance(native, Exception), native
+    got = _two_args_grads(backend, kind, SHARED_ARGS[case], read_again=True)
+    # (b a copy: no memory shared; pre-hooks alone: forward gets the caller's tensors, no
+    # alias, as without hooks): the gradient without hooks
+    if case == "tensor_and_view" or kind == "full_backward_pre":
+        assert not isinstance(got, Exception), got
+        np.testing.assert_array_equal(got, native)
+        return
+    assert isinstance(got, unihook.InPlaceError), got
+    assert isinstance(got, RuntimeError)
+    assert "share" in str(got) and "m(x, x.clone())" in str(got)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("read_again", [False, True], ids=["once", "read_again"])
+def test_inplace_on_one_of_disjoint_views(backend: Any, kind: str, read_again: bool) -> None:
+    """Two views of one tensor that do not overlap (q and k of a split), forward changes one
+    in place, the caller reads the whole tensor again: the gradients without hooks (the
+    view's base kept the rest of its gradient; the untouched view was not rebased)."""
+    if not _views_take_inplace_ops(backend):
+        pytest.skip(f"{backend.name}: an in-place op on a view fails without hooks too")
+
+    def call(m: Any, h: Any) -> Any:
+        return m(h[0:2], h[2:4])
+
+    native = _two_args_grads(backend, None, call, read_again)
+    got = _two_args_grads(backend, kind, call, read_again)
+    assert not isinstance(native, Exception), native
+    assert not isinstance(got, Exception), got
+    np.testing.assert_array_equal(got, native)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_view_argument_changed_in_place_keeps_its_base_gradient(backend: Any, kind: str) -> None:
+    """A view of the caller's tensor, changed in place by forward: the rest of the base gets
+    its gradient too (torch wraps the rebase of a view in a CopySlices, which dropped the
+    base's whole gradient)."""
+    if not _views_take_inplace_ops(backend):
+        pytest.skip(f"{backend.name}: an in-place op on a view fails without hooks too")
+    act = backend.relu_module(inplace=True)
+    m = backend.module(lambda self, q: (self.act(q), q * 2)[1], {"act": act})
+
+    def run(hooked: bool) -> Any:
+        handle = _hook(kind, m, []) if hooked else None
+        try:
+            x = backend.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
+            h = x * 1
+            backend.backward(unihook.ops.sum(m(h[1:3])) + unihook.ops.sum(h * 3))
+            return backend.grad(x)
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    np.testing.assert_array_equal(run(True), run(False))

@@ -1,0 +1,253 @@
+"""torch: a hooked module's output that is its input returned unchanged, or a view of it.
+
+Without hooks such an output *is* the input (or a view of it): an in-place op on one is one on
+the other. With backward hooks the output is an alias (so that the hooks see its gradient
+alone, as torch's own hook's view); `unihook_torch._alias` carries an in-place op through the
+output to the input's history (gradients as without hooks: the oracle is the same code without
+hooks), and refuses what it cannot carry (torch's own hook refuses all of it).
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import pickle
+import weakref
+from typing import Any, Callable
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import unihook  # noqa: E402
+
+
+class Fn(torch.nn.Module):
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+def _identity() -> torch.nn.Module:
+    return torch.nn.Identity()
+
+
+# name -> (the hooked module, the program: loss(module, h) with h the caller's tensor)
+CASES: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[Any, Any], Any]]] = {
+    # the limit of earlier versions: the output edited in place, then the input read again
+    "relu_then_read_input": (_identity, lambda m, h: (lambda o: (o.relu_(), h * 3 + o)[1])(m(h))),
+    "iadd_then_read_input": (_identity, lambda m, h: (lambda o: (o.add_(h), h * 3 + o)[1])(m(h))),
+    "setitem_then_read_input": (
+        _identity,
+        lambda m, h: (lambda o: (o.__setitem__(0, 7.0), h * 3 + o)[1])(m(h)),
+    ),
+    "functional_inplace": (
+        _identity,
+        lambda m, h: (lambda o: (torch.nn.functional.relu(o, inplace=True), h * 3)[1])(m(h)),
+    ),
+    "shape_changed_in_place": (
+        _identity,
+        lambda m, h: (lambda o: (o.unsqueeze_(0), h * 3 + o)[1])(m(h)),
+    ),
+    "eval_dropout": (
+        lambda: torch.nn.Dropout(0.5).eval(),
+        lambda m, h: (lambda o: (o.relu_(), h + o)[1])(m(h)),
+    ),
+    "slice_of_the_output_edited": (
+        _identity,
+        lambda m, h: (lambda o: (o[1:3].mul_(2), h * 3 + o)[1])(m(h)),
+    ),
+    "module_returns_a_view": (
+        lambda: Fn(lambda h: h[1:3]),
+        lambda m, h: (lambda o: (o.mul_(3), h * 5 + o.sum())[1])(m(h)),
+    ),
+    "module_returns_a_reshaped_view": (
+        lambda: Fn(lambda h: h.view(2, 2)),
+        lambda m, h: (lambda o: (o.mul_(3), h * 5 + o.sum())[1])(m(h)),
+    ),
+    "edited_twice_synced": (
+        _identity,
+        lambda m, h: (lambda o: (o.add_(1), h.mul_(2), o.relu_(), o * 10 + h)[3])(m(h)),
+    ),
+    "input_edited_after_synced": (
+        _identity,
+        lambda m, h: (lambda o: (o.add_(1), h.mul_(2), o * 10 + h)[2])(m(h)),
+    ),
+    "into_an_inplace_module": (
+        _identity,
+        lambda m, h: (lambda o: (torch.nn.ReLU(inplace=True)(o), h * 3 + o)[1])(m(h)),
+    ),
+    "no_inplace_input_read_again": (_identity, lambda m, h: m(h) * 2 + h * 5),
+}
+
+KINDS = ["full_backward", "full_backward_pre", "module_full_backward"]
+
+
+def _register(kind: str, module: Any, calls: list[Any]) -> unihook.Handle:
+    if kind == "full_backward":
+        return unihook.register_full_backward_hook(module, lambda m, gi, go: calls.append(go))
+    if kind == "full_backward_pre":
+        return unihook.register_full_backward_pre_hook(module, lambda m, go: calls.append(go))
+    return unihook.register_module_full_backward_hook(
+        lambda m, gi, go: calls.append(go) if m is module else None, backend="torch"
+    )
+
+
+def _run(case: str, kind: str | None) -> tuple[Any, int]:
+    build, program = CASES[case]
+    module = build()
+    calls: list[Any] = []
+    handle = _register(kind, module, calls) if kind else None
+    try:
+        x = torch.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
+        program(module, x * 1).sum().backward()
+        return x.grad, len(calls)
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_gradients_equal_without_hooks(case: str, kind: str) -> None:
+    expected, _ = _run(case, None)
+    got, calls = _run(case, kind)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert calls == 1
+
+
+def test_nested_hooked_containers() -> None:
+    """The output of an inner hooked Identity, returned on by a hooked container, edited in
+    place by the caller, whose input is read again (the shape generated models found)."""
+
+    def run(hooked: bool) -> Any:
+        inner = torch.nn.Identity()
+        outer = torch.nn.Sequential(inner)
+        handles = [unihook.register_full_backward_hook(m, lambda *a: None) for m in (inner, outer)]
+        if not hooked:
+            for handle in handles:
+                handle.remove()
+        try:
+            x = torch.tensor([-1.0, 2.0, -3.0], requires_grad=True)
+            h = x * 1
+            out = outer(h)
+            out += h
+            (out * 2 + h * 3).sum().backward()
+            return x.grad
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    torch.testing.assert_close(run(True), run(False), rtol=0, atol=0)
+
+
+def test_input_changed_then_output_used_raises() -> None:
+    """The input changed in place after the call (not through the output), then the output
+    used: the alias cannot take that history without leaving out the module's hooks. torch's
+    own hook raises there too; unihook raises InPlaceError (a RuntimeError) naming the module."""
+    native = torch.nn.Identity()
+    native.register_full_backward_hook(lambda *a: None)
+    mine = torch.nn.Identity()
+    unihook.register_full_backward_hook(mine, lambda *a: None, name="body.skip")
+    for module, error in ((native, RuntimeError), (mine, unihook.InPlaceError)):
+        x = torch.tensor([1.0, 2.0], requires_grad=True)
+        h = x * 1
+        out = module(h)
+        h.mul_(2)
+        with pytest.raises(error) as raised:
+            (out * 10).sum().backward()
+    assert isinstance(raised.value, RuntimeError)
+    message = str(raised.value)
+    assert "'body.skip'" in message and "[backend torch]" in message
+    assert "module(x.clone())" in message
+
+
+def test_stale_output_read_without_history_does_not_raise() -> None:
+    """Reading a stale output's values (detach, no_grad, numpy, its shape) records no history:
+    no error; the values are the changed ones, as without hooks."""
+    module = torch.nn.Identity()
+    unihook.register_full_backward_hook(module, lambda *a: None)
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    h = x * 1
+    out = module(h)
+    h.mul_(2)
+    assert out.detach().tolist() == [2.0, 4.0]
+    with torch.no_grad():
+        assert (out * 1).tolist() == [2.0, 4.0]
+    assert out.shape == (2,) and out.numpy(force=True).tolist() == [2.0, 4.0]
+
+
+def test_output_behaves_as_a_plain_tensor() -> None:
+    """The watched output is a torch.Tensor to everything but `type()`: its repr, its pickle,
+    the results of ops on it (views of it stay watched)."""
+    module = torch.nn.Identity()
+    unihook.register_full_backward_hook(module, lambda *a: None)
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    out = module(x * 1)
+    plain = (x * 1).detach().requires_grad_()
+    assert isinstance(out, torch.Tensor)
+    assert repr(out).split(", grad_fn")[0] == repr(plain).split(", requires_grad")[0]
+    assert f"{out}".startswith("tensor([1., 2.]")
+    assert type(out * 2) is torch.Tensor and type(out.sum()) is torch.Tensor
+    assert isinstance(out[0:1], torch.Tensor)
+    buffer = io.BytesIO()
+    torch.save(out.detach(), buffer)
+    torch.save(out, buffer := io.BytesIO())
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)
+    assert type(loaded) is torch.Tensor and loaded.tolist() == [1.0, 2.0]
+    assert b"unihook" not in pickle.dumps(out.detach())
+
+
+def test_output_keeps_nothing_alive() -> None:
+    """The watched output holds the input it stands for, nothing more: the model, the input
+    and the graph go when the caller drops them, after an exception too."""
+    module = torch.nn.Identity()
+    handle = unihook.register_full_backward_hook(module, lambda *a: None)
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    h = x * 1
+    out = module(h)
+    refs = [weakref.ref(t) for t in (h, out)]
+    h.mul_(2)
+    with pytest.raises(unihook.InPlaceError):
+        (out * 1).sum().backward()
+    del h, out
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    handle.remove()
+    model_ref = weakref.ref(module)
+    del module
+    gc.collect()
+    assert model_ref() is None
+
+
+@pytest.mark.parametrize("compiler", ["eager", "aot_eager"])
+def test_compiled_code_editing_the_output(compiler: str) -> None:
+    """A compiled function that edits the output in place and reads the input again: eager's
+    gradients (dynamo runs the watched output's ops in eager where it cannot trace them)."""
+    import torch._dynamo
+
+    def program(module: Any, h: Any) -> Any:
+        o = module(h)
+        o.relu_()
+        return h * 3 + o
+
+    def run(hooked: bool, compiled: bool) -> Any:
+        torch._dynamo.reset()
+        module = torch.nn.Identity()
+        handle = unihook.register_full_backward_hook(module, lambda *a: None) if hooked else None
+        try:
+            fn = torch.compile(program, backend=compiler) if compiled else program
+            x = torch.tensor([-1.0, 2.0, -3.0], requires_grad=True)
+            fn(module, x * 1).sum().backward()
+            return x.grad
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    expected = run(False, False)
+    torch.testing.assert_close(run(True, True), expected, rtol=0, atol=0)
+    torch.testing.assert_close(run(True, False), expected, rtol=0, atol=0)
