@@ -13,7 +13,8 @@
   in it got unihook hooks would leave them out: registering drops it (`forget_programs`), so
   the next call builds again and raises. To find those programs, this module records every
   converted function paddle makes (``ASTStaticFunction.__init__`` wrapped, for as long as the
-  process runs: paddle keeps no registry of them).
+  process runs: paddle keeps no registry of them). Raising from a build leaves paddle a record
+  that crashes a later build unless it goes with the failed program (`_abandon_build`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import weakref
 from typing import Any, Callable
 
 import paddle
-from paddle.base.dygraph.base import in_sot_simulation_mode
+from paddle.base.dygraph.base import in_sot_simulation_mode, in_to_static_mode
 from paddle.base.framework import global_var
+from paddle.jit.dy2static import parameter_recorder
 from paddle.jit.dy2static.program_translator import ASTStaticFunction
 from paddle.jit.sot.symbolic import interpreter as sot_interpreter
 from paddle.jit.sot.utils.utils import no_eval_frame
@@ -78,6 +80,8 @@ def builds_full_graph() -> bool:
 
 
 def full_graph_error(kind: str, layer: Any) -> UnsupportedHookError:
+    """The error to raise from a full_graph build (the build is abandoned: `_abandon_build`)."""
+    _abandon_build()
     return Site.of(kind, "paddle", layer).error(
         UnsupportedHookError,
         "dygraph or paddle.jit.to_static(full_graph=False) (SOT, the default): unihook's "
@@ -85,6 +89,43 @@ def full_graph_error(kind: str, layer: Any) -> UnsupportedHookError:
         "a call while paddle.jit.to_static(full_graph=True) builds a static program, which "
         "runs Python once, with symbolic values",
     )
+
+
+# Paddle 3.3.1 trap (plain paddle crashes the same way, with any exception): while
+# to_static(full_graph=True) builds a program, paddle records the symbolic value it made for each
+# parameter (`parameter_recorder._global_parameter_recorder`; in-place rewrites in
+# `_global_inplace_map`) under id(program), and pops the entry only when the build returns
+# (`graph_tracing_guard` has no `finally`). A build that raises leaves it behind, holding the
+# layer's parameters and values that point into the failed program. Once that program is freed,
+# a program allocated later at its address inherits the entry: its build takes those values as
+# parameters of its own and crashes, SIGSEGV or SIGFPE in `pir::ParameterOp::param_name`
+# (`name_analysis::GetValueFirstName`), or raises std::bad_alloc. When the failed program is
+# freed depends on the collector (the exception's traceback holds it), hence the crash came and
+# went with gc timing. So the entry goes with the program: a finalizer, which runs before the
+# program's memory is freed, so no program can reuse its id first. (Not popped now: a caller
+# that catches the error inside the converted function and goes on building needs it.)
+_abandoned: set[int] = set()  # id(program) of the builds unihook raised from, until freed
+
+
+def _forget_records(key: int) -> None:
+    _abandoned.discard(key)
+    recorder = parameter_recorder._global_parameter_recorder
+    recorder.params_dict.pop(key, None)
+    recorder.tensor2value.pop(key, None)
+    parameter_recorder._global_inplace_map.params_dict.pop(key, None)
+
+
+def _abandon_build() -> None:
+    """The program being built is abandoned (unihook raises from its build): paddle's records
+    of it go when it is freed. See above."""
+    if not in_to_static_mode():
+        return
+    program = paddle.pir.core.default_main_program()
+    key = id(program)
+    if key in _abandoned:
+        return
+    _abandoned.add(key)
+    weakref.finalize(program, _forget_records, key).atexit = False
 
 
 def _guard(hooks: HookDict, kind: str) -> None:
