@@ -27,8 +27,8 @@ class Fn(torch.nn.Module):
         super().__init__()
         self.fn = fn
 
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
 
 
 def _identity() -> torch.nn.Module:
@@ -81,6 +81,39 @@ CASES: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[Any, Any], Any]]
         lambda m, h: (lambda o: (torch.nn.ReLU(inplace=True)(o), h * 3 + o)[1])(m(h)),
     ),
     "no_inplace_input_read_again": (_identity, lambda m, h: m(h) * 2 + h * 5),
+    # (found by the attack on the first version)
+    "two_pass_through_modules": (
+        lambda: torch.nn.Sequential(torch.nn.Identity(), torch.nn.Dropout(0.5).eval()),
+        lambda m, h: (lambda o: (o.mul_(2), h * 3 + o)[1])(m(h)),
+    ),
+    "output_view_as_operand_of_an_inplace_op_on_the_input": (
+        _identity,
+        lambda m, h: (lambda o: (h.__setitem__(0, o[1] * 1), h * 3)[1])(m(h)),
+    ),
+    "transposed_output_edited": (
+        lambda: Fn(lambda h: h.view(2, 2)),
+        lambda m, h: (lambda o: (o.T.mul_(3), h * 2 + o.sum())[1])(m(h)),
+    ),
+    "view_of_the_second_of_two_views": (
+        lambda: Fn(lambda a, b: b[0:1]),
+        lambda m, h: (lambda o: (o.mul_(2), h * 3)[1])(m(h[0:2], h[2:4])),
+    ),
+    "keyword_argument_returned": (
+        lambda: Fn(lambda **kw: kw["x"]),
+        lambda m, h: (lambda o: (o.relu_(), h * 3 + o)[1])(m(x=h)),
+    ),
+    "list_argument_returned": (
+        lambda: Fn(lambda hs: hs[0]),
+        lambda m, h: (lambda o: (o.relu_(), h * 3 + o)[1])(m([h])),
+    ),
+    "input_saved_then_its_shape_given_to_the_output": (
+        _identity,
+        lambda m, h: (lambda o: (o.add_(1), h.unsqueeze_(0), h * h + o * 3)[2])(m(h)),
+    ),
+    "input_shape_changed_after_sync": (
+        lambda: Fn(lambda h: h.view(2, 2)),
+        lambda m, h: (lambda v: (lambda o: (o.add_(1), v.t_(), o * 10 + v)[2])(m(v)))(h.view(2, 2)),
+    ),
 }
 
 KINDS = ["full_backward", "full_backward_pre", "module_full_backward"]
@@ -110,6 +143,8 @@ def _run(case: str, kind: str | None) -> tuple[Any, int]:
             handle.remove()
 
 
+# (keyword arguments have no grad_input slot: torch warns that no input requires grad)
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_gradients_equal_without_hooks(case: str, kind: str) -> None:
@@ -251,3 +286,68 @@ def test_compiled_code_editing_the_output(compiler: str) -> None:
     expected = run(False, False)
     torch.testing.assert_close(run(True, True), expected, rtol=0, atol=0)
     torch.testing.assert_close(run(True, False), expected, rtol=0, atol=0)
+
+
+# the input changed in place first, then the output used (each raises, as torch's own hook)
+STALE: dict[str, Callable[[Any, Any], Any]] = {
+    "op": lambda o, h: o * 10,
+    "setitem": lambda o, h: (o.__setitem__(0, 5.0), o * 1)[1],
+    "transposed": lambda o, h: o.T * 10,
+    "into_a_hooked_module": lambda o, h: _hooked_linear()(o),
+}
+
+
+def _hooked_linear() -> torch.nn.Module:
+    linear = torch.nn.Linear(2, 2)
+    unihook.register_full_backward_hook(linear, lambda *a: None)
+    return linear
+
+
+@pytest.mark.parametrize("use", list(STALE))
+@pytest.mark.parametrize("chain", [False, True], ids=["one", "chain"])
+def test_stale_output_raises(use: str, chain: bool) -> None:
+    module = torch.nn.Sequential(torch.nn.Identity(), torch.nn.Identity()) if chain else _identity()
+    hooked = list(module.modules())
+    handles = [unihook.register_full_backward_hook(m, lambda *a: None) for m in hooked]
+    try:
+        x = torch.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+        h = x * 1
+        out = module(h)
+        h.mul_(2)
+        with pytest.raises(unihook.InPlaceError):
+            STALE[use](out, h).sum().backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def test_detach_in_place_detaches_the_input() -> None:
+    module = _identity()
+    unihook.register_full_backward_hook(module, lambda *a: None)
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    h = x * 1
+    out = module(h)
+    out.detach_()
+    assert not h.requires_grad and h.grad_fn is None
+
+
+DEADLOCK = """
+import torch, unihook
+model = torch.nn.Sequential(torch.nn.Identity(), torch.nn.Flatten(), torch.nn.ReLU(inplace=True))
+unihook.register_module_full_backward_hook(lambda *a: None, backend="torch")
+out = model(torch.randn(2, 3, requires_grad=True) * 1)
+out.sum().backward()
+print("done")
+"""
+
+
+def test_view_of_an_edited_output_into_a_custom_function_does_not_hang() -> None:
+    """torch sets a view's `_backward_hooks` while it holds the lock its `grad_fn` takes: a
+    property set must not read a history (the first version waited for itself there)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", DEADLOCK], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr

@@ -87,7 +87,8 @@ class Autograd(Protocol):
     # when a leaf; torch: the base of a view), else None. See `_guard_leaves`.
     # Optional: `moved(alias, original)` and `overlaps(a, b)`, for forward's in-place ops on
     # arguments that share memory (see `_rebase_inputs`); `watch(alias, output, inputs,
-    # originals, site)`, for outputs that are inputs (see `_watch_aliases`).
+    # originals, site, mark)` with `mark()`, for outputs that are inputs or other tensors that
+    # existed before the call (see `_watch_aliases`).
     # Optional, together: `data_only(aliases)` and `after_backward(callback)`, for a framework
     # that leaves a differentiated function's arguments out of the backward although it
     # records them as requiring grad (see `ModuleBackward.__init__`).
@@ -130,11 +131,15 @@ class ModuleBackward:
         # optional too: `same_tensor(a, b)`, for a framework whose in-place ops return another
         # Python object for the same tensor (MindSpore's `copy_`); `is` without it
         self.same_tensor: Callable[[Any, Any], bool] | None = getattr(autograd, "same_tensor", None)
-        # optional: `watch(alias, output, inputs, originals, site)`, what the caller gets for
-        # the identity's `alias` of an output that is one of `inputs` returned unchanged or a
-        # view of one (see `_watch_aliases`); `overlaps(a, b)`, whether two tensors share
-        # memory (see `_refuse_shared_inputs`)
+        # optional: `watch(alias, output, inputs, originals, site, mark)`, what the caller
+        # gets for the identity's `alias` of an output that is one of `inputs` returned
+        # unchanged, a view of one, or another tensor that existed before the call (see
+        # `_watch_aliases`); `overlaps(a, b)`, whether two tensors share memory (see
+        # `_refuse_shared_inputs`)
         self.watch: Callable[..., Any] | None = getattr(autograd, "watch", None)
+        # ... and with it `mark()`, taken when a call starts and given to `watch` (torch: the
+        # autograd sequence number, which tells the tensors that existed before the call)
+        self.mark: Callable[[], object] | None = getattr(autograd, "mark", None)
         self.overlaps: Callable[[Any, Any], bool] | None = getattr(autograd, "overlaps", None)
         # optional: `moved(alias, original)`, whether forward's in-place ops went through the
         # input side's `alias` itself (its history or shape changed), not only through another
@@ -272,6 +277,8 @@ class ModuleBackward:
             stack[pos] = (id(args), ref, None)
             return None
         call = _Call(module, self, len(args), with_globals)
+        if self.mark is not None:
+            call.mark = self.mark()
         idx = call.tensor_idx = [i for i, a in enumerate(args) if ag.is_tensor(a)]
         call.originals = call.inputs = [weakref.ref(args[i]) for i in idx]
         # Only full hooks need the input side: with pre-hooks alone, one identity per call.
@@ -434,14 +441,15 @@ class ModuleBackward:
         replaced: list[Any],
         originals: list[Any],
     ) -> None:
-        """An output that is an input returned unchanged, or a view of one, reaches the caller
-        as the identity's alias: same memory, another tensor. The backend's `watch` lets an
-        in-place op on one reach the other's history, as without hooks."""
+        """An output that is an input returned unchanged, or a view of one, or another tensor
+        that existed before the call (passed by keyword, in a list, kept by the module),
+        reaches the caller as the identity's alias: same memory, another tensor. The backend's
+        `watch` lets an in-place op on one reach the other's history, as without hooks."""
         assert self.watch is not None
         got = [args[i] for i in call.tensor_idx]
         for j, alias in zip(idx, aliases):
             if replaced[j] is alias:  # (not the caller's own tensor back, not guarded)
-                replaced[j] = self.watch(alias, items[j], got, originals, call.site)
+                replaced[j] = self.watch(alias, items[j], got, originals, call.site, call.mark)
 
     def _rebase_inputs(
         self, call: _Call, args: Sequence[Any], originals: list[Any], done: dict[int, Any]
@@ -474,13 +482,13 @@ class ModuleBackward:
                 if k2 != k and other is not None and overlaps(originals[k], other):
                     i, i2 = call.tensor_idx[k], call.tensor_idx[k2]
                     raise InPlaceError(
-                        f"{call.site}: forward changed argument {i} in place, and argument "
-                        f"{i2} shares its memory (the same tensor passed twice, `m(x, x)`, or "
-                        "a tensor and a view of it). With backward hooks each argument is an "
-                        "alias of its own (torch's own hook gives each a view, and raises at "
-                        "any in-place op on it): the change would not reach the other's "
-                        "history, and the gradients would be wrong. Pass a copy for one of "
-                        "them (`m(x, x.clone())`)"
+                        f"{call.site}: arguments {min(i, i2)} and {max(i, i2)} share memory "
+                        "(the same tensor passed twice, `m(x, x)`, or a tensor and a view of "
+                        "it) and forward changed one of them in place. With backward hooks "
+                        "each argument is an alias of its own (torch's own hook gives each a "
+                        "view, and raises at any in-place op on it): the change would not "
+                        "reach the other's history, and the gradients would be wrong. Pass a "
+                        "copy for one of them (`m(x, x.clone())`)"
                     )
 
 
@@ -636,6 +644,7 @@ class _Call:
         "is_tensor",
         "site",
         "after_backward",
+        "mark",
         "__weakref__",  # (a backend may hold `_input_side_skipped` weakly)
     )
 
@@ -667,6 +676,7 @@ class _Call:
         self.grad_outputs: tuple[Any, ...] | None = None
         self.is_tensor = owner.autograd.is_tensor
         self.after_backward: Callable[[Callable[[], None]], None] | None = None
+        self.mark: object = None  # (see ModuleBackward.mark)
         # What errors about this call's graph name: a full hook's site, else a pre-hook's.
         hooks = self.full_hooks or self.pre_hooks
         site = hooks[0][1] if hooks else None

@@ -30,10 +30,13 @@ import torch
 from unihook.backend import Site
 from unihook.errors import InPlaceError
 
-__all__ = ["InputAlias", "adopt", "changed", "span", "use", "watch"]
+from ._compile import EagerUnderCompile
+
+__all__ = ["InputAlias", "adopt", "changed", "mark", "span", "use", "watch"]
 
 _Disabled = torch._C.DisableTorchFunctionSubclass
 _set_version = torch._C._autograd._unsafe_set_version_counter  # pyright: ignore[reportAttributeAccessIssue]
+_sequence_nr = torch._C._autograd._get_sequence_nr  # pyright: ignore[reportAttributeAccessIssue]
 _STATE = "_unihook_input_alias"
 
 
@@ -96,45 +99,56 @@ def span(tensor: Any) -> tuple[int, int]:
     return _Geometry(tensor).span()
 
 
-def adopt(target: Any, source: Any) -> None:
-    """`target` takes `source`'s history (see `_Adopt`); tensors saved at the current version
-    stay valid: no value changed."""
+def adopt(target: Any, source: Any, shape: bool = False) -> None:
+    """`target` takes `source`'s history (see `_Adopt`), and with `shape` its shape (one changed
+    in place: `unsqueeze_`, `t_`); tensors saved at the current version stay valid: no value
+    changed."""
     version = target._version
+    if shape and (target.size() != source.size() or target.stride() != source.stride()):
+        target.as_strided_(source.size(), source.stride(), source.storage_offset())
     _Adopt.apply(target, source)
     _set_version((target,), (version,))
 
 
 class _State:
-    """What one watched output stands for: `original`, the caller's input (or the tensor the
-    output is a view of), and whether their histories are synced (see the module docstring).
-    Views of the output share it."""
+    """What one watched output stands for: `original`, the tensor the output is without hooks
+    (the caller's input, or the input the output is a view of; itself watched when a hooked
+    module returned it on: a chain), and whether their histories are synced (see the module
+    docstring). Views of the output share it."""
 
-    __slots__ = ("root", "original", "original_fn", "whole", "synced", "site")
+    __slots__ = ("root", "root_fn", "original", "original_fn", "whole", "synced", "site")
 
     def __init__(self, root: Any, original: Any, whole: bool, site: Site) -> None:
         # the output, weakly: it holds this state (a cycle would keep its memory until the
         # collector runs); views of it keep it alive (torch keeps a subclass's Python object
         # as long as its tensor lives)
         self.root = weakref.ref(root)
+        self.root_fn = root.grad_fn
         self.original = original
         self.original_fn = original.grad_fn
-        self.whole = whole  # the input itself, not a view of it
+        self.whole = whole  # the input itself (same shape and place), not a view of it
         self.synced = False
         self.site = site
 
     def refresh(self) -> bool:
-        """The output is about to be used: the input changed in place meanwhile? Synced, the
-        output takes that history; else True: the output is stale (`stale_error`)."""
-        original = self.original
+        """The output is about to be used: bring it up to date with its input. True when it
+        cannot be: the input changed in place before any change of the output (stale)."""
+        root, original = self.root(), self.original
+        if root is None:
+            return False
+        if type(original) is InputAlias and original.__dict__[_STATE].refresh():
+            return True  # (a chain: the input is stale itself)
+        if root.grad_fn is not self.root_fn:
+            # changed where no op of ours saw it: a custom autograd Function that marked it
+            # dirty (torch does not pass Function.apply through __torch_function__)
+            self.after_inplace()
         fn = original.grad_fn
         if fn is self.original_fn:
             return False
         if not self.synced:
             return True
-        root = self.root()
-        if root is not None:
-            adopt(root, original)
-        self.original_fn = fn
+        adopt(root, original, shape=self.whole)  # (`t_()` on the input: the output is it)
+        self.root_fn, self.original_fn = root.grad_fn, fn
         return False
 
     def stale_error(self) -> InPlaceError:
@@ -149,15 +163,19 @@ class _State:
 
     def after_inplace(self) -> None:
         """The output (or a view of it) was changed in place: so was the input, with the same
-        history, as without hooks."""
+        history, as without hooks (and the input's input, along a chain)."""
         original, root = self.original, self.root()
         if root is None:
             return
-        if self.whole and (original.size() != root.size() or original.stride() != root.stride()):
-            # a shape the op changed in place (`unsqueeze_`): the input is the output
-            original.as_strided_(root.size(), root.stride(), root.storage_offset())
-        adopt(original, root)
-        self.original_fn = original.grad_fn
+        if not root.requires_grad:
+            # `detach_()`: without hooks the input is detached too (torch cannot detach a
+            # view in place: only the input itself)
+            if self.whole and not original._is_view():
+                original.detach_()
+        else:
+            adopt(original, root, shape=self.whole)  # (`unsqueeze_()` on the output)
+            changed(original)
+        self.root_fn, self.original_fn = root.grad_fn, original.grad_fn
         self.synced = True
 
 
@@ -171,6 +189,13 @@ def use(tensors: Sequence[Any]) -> None:
                 raise state.stale_error()
 
 
+def changed(tensor: Any) -> None:
+    """`tensor` was changed in place by a custom autograd Function of unihook's (a rebase, an
+    `adopt`), which torch does not pass through ``__torch_function__``."""
+    if type(tensor) is InputAlias:
+        tensor.__dict__[_STATE].after_inplace()
+
+
 def _records(result: Any) -> bool:
     """Whether `result` of an op carries autograd history."""
     if isinstance(result, torch.Tensor):
@@ -180,19 +205,14 @@ def _records(result: Any) -> bool:
     return False
 
 
-def changed(tensor: Any) -> None:
-    """`tensor` was changed in place by a custom autograd Function (unihook's rebase)."""
-    if type(tensor) is InputAlias:
-        tensor.__dict__[_STATE].after_inplace()
-
-
-def _watched(args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
-    found = [a for a in args if type(a) is InputAlias]
-    for a in args:
-        if type(a) in (list, tuple):
-            found += [t for t in a if type(t) is InputAlias]
-    if kwargs:
-        found += [v for v in kwargs.values() if type(v) is InputAlias]
+def _watched(values: Any) -> list[Any]:
+    """The watched tensors among `values` and the lists and tuples in it (one level)."""
+    found = []
+    for v in values:
+        if type(v) is InputAlias:
+            found.append(v)
+        elif type(v) in (list, tuple):
+            found += [t for t in v if type(t) is InputAlias]
     return found
 
 
@@ -202,10 +222,6 @@ class InputAlias(torch.Tensor):
     are watched too), it pickles as a plain tensor."""
 
     @classmethod
-    # dynamo would trace this into its graph: the checks of histories (`grad_fn`) and the
-    # rebase, a custom autograd Function marking a tensor dirty, are eager work; an op on the
-    # output breaks the graph and runs here instead (torch's lazy disable: no dynamo import)
-    @torch._disable_dynamo  # pyright: ignore[reportPrivateImportUsage]
     def __torch_function__(
         cls,
         func: Callable[..., Any],
@@ -213,29 +229,55 @@ class InputAlias(torch.Tensor):
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        kwargs = kwargs or {}
-        with _Disabled():
-            if func in _AS_PLAIN:
-                return _as_plain(func, args, kwargs)
-            if getattr(func, "__name__", None) == "__get__":
-                return func(*args, **kwargs)  # a property (`.shape`, `.grad_fn`): no value read
-            watched = _watched(args, kwargs)
-            states = [w.__dict__[_STATE] for w in watched]
-            stale = [state for state in states if state.refresh()]
-            fns = [w.grad_fn for w in watched]
+        return _DISPATCH(func, args, kwargs or {})
+
+
+def _dispatch(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """An op on watched outputs: brought up to date first, changes carried after."""
+    with _Disabled():
+        if func in _AS_PLAIN:
+            return _as_plain(func, args, kwargs)
+        if func in _METADATA:
+            return func(*args, **kwargs)
+        if getattr(func, "__name__", None) in _PROPERTY:
+            # a property: no history read (torch sets `_backward_hooks` on a view while it
+            # holds the lock its `grad_fn` takes); a view it gives (`.T`) is watched
             result = func(*args, **kwargs)
-            if stale and _records(result):
-                # (a use that records no history, `detach()`, a no_grad op, reads no history)
-                raise stale[0].stale_error()
-            for w, state, fn in zip(watched, states, fns):
-                if w.grad_fn is not fn:
-                    state.after_inplace()
-            if type(result) is torch.Tensor and result._is_view():
-                for state in states:
-                    if result._base is state.root():
-                        _mark(result, state)
-                        break
+            _watch_view(result, args)
             return result
+        watched = _watched((*args, *kwargs.values()))
+        stale = [w for w in watched if w.__dict__[_STATE].refresh()]
+        # the tensors the op may change in place: self, `out=`
+        targets = _watched((args[0], kwargs.get("out"))) if args else []
+        fns = [t.grad_fn for t in targets]
+        result = func(*args, **kwargs)
+        changed_here = [t for t, fn in zip(targets, fns) if t.grad_fn is not fn]
+        if stale and (changed_here or _records(result)):
+            # (a use that records no history, `detach()`, a no_grad op, reads none)
+            raise stale[0].__dict__[_STATE].stale_error()
+        for t in changed_here:
+            t.__dict__[_STATE].after_inplace()
+        _watch_view(result, watched)
+        return result
+
+
+# dynamo would trace `_dispatch` into its graph: the checks of histories (`grad_fn`) and the
+# rebase, a custom autograd Function marking a tensor dirty, are eager work; while dynamo
+# traces, an op on the output breaks the graph and runs here
+_DISPATCH = EagerUnderCompile(_dispatch)
+
+
+def _watch_view(result: Any, watched: Sequence[Any]) -> None:
+    """`result`, a view of a watched output, is watched as it."""
+    if type(result) is not torch.Tensor or not result._is_view():
+        return
+    base = result._base
+    for w in watched:
+        if type(w) is InputAlias:
+            state = w.__dict__[_STATE]
+            if base is state.root():
+                _mark(result, state)
+                return
 
 
 def _as_plain(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
@@ -252,6 +294,21 @@ def _as_plain(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, A
 
 
 _AS_PLAIN = {torch.Tensor.__reduce_ex__, torch.Tensor.__repr__, torch.Tensor.__format__}
+# reads of metadata: no value, no history
+_METADATA = {
+    torch.Tensor.dim,
+    torch.Tensor.size,
+    torch.Tensor.stride,
+    torch.Tensor.numel,
+    torch.Tensor.storage_offset,
+    torch.Tensor.is_contiguous,
+    torch.Tensor.element_size,
+    torch.Tensor.data_ptr,
+    torch.Tensor.untyped_storage,
+    torch.Tensor._is_view,
+    torch.Tensor.__len__,
+}
+_PROPERTY = {"__get__", "__set__", "__delete__"}
 
 
 def _mark(tensor: Any, state: _State) -> None:
@@ -260,31 +317,62 @@ def _mark(tensor: Any, state: _State) -> None:
 
 
 def watch(
-    alias: Any, output: Any, inputs: Sequence[Any], originals: Sequence[Any], site: Site
+    alias: Any,
+    output: Any,
+    inputs: Sequence[Any],
+    originals: Sequence[Any],
+    site: Site,
+    mark: int,
 ) -> Any:
     """What the caller gets for `alias`, the identity's alias of a module's `output`: watched
-    when `output` is one of `inputs` (what forward got) or a view of one, `originals` being
-    the caller's tensors for them (None when dead)."""
+    when without hooks `output` would be a tensor someone else may hold: one of `inputs` (what
+    forward got; `originals`: the caller's tensors for them, None when dead), a view of one, or
+    a tensor older than the call (autograd sequence number below `mark`: a keyword argument, a
+    list's, one the module kept) or a view of one."""
     if type(alias) is not torch.Tensor:
         return alias
+    original, whole = _stands_for(output, inputs, originals, mark)
+    if original is None or original.dtype != alias.dtype:
+        return alias  # (a view as another dtype: nothing differentiable moves through it)
+    _mark(alias, _State(alias, original, whole, site))
+    return alias
+
+
+def mark() -> int:
+    return int(_sequence_nr())
+
+
+def _stands_for(
+    output: Any, inputs: Sequence[Any], originals: Sequence[Any], mark: int
+) -> tuple[Any, bool]:
+    """The tensor `output` is without hooks, and whether it is all of it (not a view)."""
     # (a hooked submodule's watched output, returned on: an alias of the input, not a view)
     shared = type(output) is InputAlias or output._is_view()
+    found, size = None, None
     for k, arg in enumerate(inputs):
-        original = originals[k]
-        if original is None or arg is None:
+        if originals[k] is None or arg is None:
             continue
         if output is arg:
-            whole = True
-        elif shared and _same_memory(output, arg):
-            whole = _Geometry(output).same(_Geometry(arg))
-        else:
-            continue
-        if original.dtype != alias.dtype:
-            return alias  # (a view as another dtype: nothing differentiable moves through it)
-        state = _State(alias, original, whole, site)
-        _mark(alias, state)
-        return alias
-    return alias
+            return originals[k], True
+        if shared and _same_memory(output, arg):
+            # the smallest argument holding the output's memory (views of one tensor passed
+            # as several arguments share its storage)
+            (a0, a1), (o0, o1) = span(arg), span(output)
+            if a0 <= o0 and o1 <= a1 and (size is None or a1 - a0 < size):
+                found, size = k, a1 - a0
+    if found is not None:
+        return originals[found], _Geometry(output).same(_Geometry(inputs[found]))
+    if _older(output, mark):
+        return output, True
+    if output._is_view() and _older(output._base, mark):
+        return output._base, False
+    return None, False
+
+
+def _older(tensor: Any, mark: int) -> bool:
+    """Whether `tensor`'s history started before the call (this thread's counter)."""
+    fn = tensor.grad_fn
+    return fn is not None and fn._sequence_nr() < mark
 
 
 def _same_memory(a: Any, b: Any) -> bool:

@@ -26,7 +26,7 @@ from unihook.backend import (
 from unihook.handles import Handle
 
 from . import NAME
-from ._alias import changed, span, use, watch
+from ._alias import changed, mark, span, use, watch
 from ._compile import EagerUnderCompile, outside_dynamo
 from ._global import TORCH_CALL_CODE, WRAPPER_CODES
 
@@ -205,6 +205,7 @@ class TorchAutograd:
         return original
 
     watch = staticmethod(watch)
+    mark = staticmethod(mark)
 
     @staticmethod
     def moved(alias: Any, original: Any) -> bool:
