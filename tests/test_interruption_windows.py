@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import unihook
+from unihook import _module_backward
 
 
 def test_global_backward_hook_removed_after_the_call_took_it() -> None:
@@ -55,19 +56,27 @@ def test_global_backward_hook_removed_after_the_call_took_it() -> None:
 
 
 @contextlib.contextmanager
-def _ctrl_c_at(where: str, path_part: str, nth: int = 1) -> Iterator[None]:
+def _ctrl_c_at(where: str, path_part: str, nth: int = 1, event: str = "call") -> Iterator[None]:
     """A KeyboardInterrupt at the `nth` entry of a function named `where` in a file whose path
-    holds `path_part` (where CPython delivers a Ctrl-C: a function's entry)."""
+    holds `path_part` (where CPython delivers a Ctrl-C: a function's entry), or with `event`
+    "return" at its return (after a call made from C, when its caller's next instruction
+    checks for signals)."""
     entries = [0]
 
-    def interrupt(frame: Any, event: str, arg: Any) -> Any:
+    def interrupt(frame: Any, event_: str, arg: Any) -> Any:
         code = frame.f_code
-        if event == "call" and code.co_name == where and path_part in code.co_filename:
+        if code.co_name != where or path_part not in code.co_filename:
+            return None
+        if event_ == "call":
             entries[0] += 1
-            if entries[0] == nth:
+            if entries[0] == nth and event == "call":
                 sys.settrace(None)
                 raise KeyboardInterrupt
-        return None
+            return interrupt if entries[0] == nth else None  # (its return event)
+        if event_ == "return":
+            sys.settrace(None)
+            raise KeyboardInterrupt
+        return interrupt
 
     sys.settrace(interrupt)
     try:
@@ -125,6 +134,31 @@ def test_ctrl_c_while_torch_pins_the_global_dispatchers(where: str, nth: int) ->
     for module in model.modules():
         assert not (module._forward_pre_hooks or module._forward_hooks)
         assert not module._forward_hooks_always_called
+
+
+def test_ctrl_c_after_the_global_wrapper_marked_the_call() -> None:
+    # torch: unihook's wrapper marks the module whose whole call the global dispatchers run
+    # around; a Ctrl-C right after the mark left it, and the module's later calls on that
+    # thread were taken for calls inside its own: the global backward hooks skipped them
+    model = torch.nn.Linear(2, 2)
+    fired: list[str] = []
+    handles = [
+        unihook.register_module_forward_pre_hook(lambda *args: None, backend="torch"),
+        unihook.register_module_full_backward_hook(
+            lambda *a: fired.append("hook"), backend="torch"
+        ),
+    ]
+    x = torch.ones(1, 2, requires_grad=True)
+    state = _module_backward._globals["torch"]
+    try:
+        with pytest.raises(KeyboardInterrupt), _ctrl_c_at("around", "/unihook/", 1, "return"):
+            model(x)
+        assert getattr(state.local, "around", None) is None  # (the mark went with the call)
+        model(x).sum().backward()
+        assert fired == ["hook"]
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 _FIRST_BACKWARD_HOOK_UNDER_A_GLOBAL_PRE_HOOK = """

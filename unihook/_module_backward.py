@@ -231,13 +231,16 @@ class ModuleBackward:
         key, ref, call = stack[-1]
         return key == id(args) and ref() is module and not isinstance(call, _Passed)
 
-    def around(self, module: Any) -> Any:
+    def around(self, module: Any) -> None:
         """A global state's dispatchers run around `module`'s whole call (torch's wrapper of
         ``Module._call_impl``): own dispatchers that start inside it leave the global hooks to
-        them. Returns what `end_around` restores (calls nest)."""
-        outer = getattr(self.local, "around", None)
+        them. Calls nest: the caller reads `outer()` first and gives it to `end_around` in a
+        ``finally`` that covers this call (a Ctrl-C right after it must not leave the mark)."""
         self.local.around = module
-        return outer
+
+    def outer(self) -> Any:
+        """The module whose call `around` marked on this thread, if any."""
+        return getattr(self.local, "around", None)
 
     def end_around(self, outer: Any) -> None:
         self.local.around = outer

@@ -130,8 +130,9 @@ def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     if dispatch is None or (own and self in _pinned_in):
         if state is None or not state.inside(self):
             return _call_original(self, call, own, keys, args, kwargs)
-        outer = state.around(None)  # a call of this module inside its own: not around it
+        outer = state.outer()
         try:
+            state.around(None)  # a call of this module inside its own: not around it
             return _call_original(self, call, own, keys, args, kwargs)
         finally:
             state.end_around(outer)
@@ -139,9 +140,12 @@ def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     replaced = pre_dispatch(self, args)
     if replaced is not None:
         args = replaced
-    # (own dispatchers registered meanwhile get a repacked args tuple: tell them by module)
-    outer = None if state is None else state.around(self)
+    outer = None if state is None else state.outer()
     try:
+        if state is not None:
+            # (own dispatchers registered meanwhile get a repacked args tuple: tell them by
+            # module; marked inside the try: a Ctrl-C right after must not leave the mark)
+            state.around(self)
         result = _call_original(self, call, own, keys, args, kwargs)
     except BaseException:
         post_dispatch(self, args, None)
