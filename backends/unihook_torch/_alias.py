@@ -16,7 +16,7 @@ other's history too. torch's own hook refuses every in-place op there; unihook k
   synced, the output takes it.
 
 Seeing the in-place ops needs the output to be a `torch.Tensor` subclass with a
-``__torch_function__`` (`InputAlias`): only such outputs pay for it (about 3 us per op on them),
+``__torch_function__`` (`InputAlias`): only such outputs pay for it (a few us per op on them),
 and views taken of them are watched too.
 """
 
