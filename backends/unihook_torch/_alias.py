@@ -1,5 +1,6 @@
-"""A module output that is its input returned unchanged (``nn.Identity``, eval-mode Dropout) or
-a view of it (``nn.Flatten``, ``x[0]``), on torch.
+"""A module output that is its input returned unchanged (``nn.Identity``, eval-mode Dropout), a
+view of it (``nn.Flatten``, ``x[0]``), or another tensor older than the call (an argument given
+by keyword or in a list, one the module kept), on torch.
 
 Module backward hooks pass a module's outputs through an identity whose outputs are aliases:
 same memory, another tensor, so that the hooks see the gradient of the output alone (in
