@@ -35,6 +35,23 @@ def _identity() -> torch.nn.Module:
     return torch.nn.Identity()
 
 
+class Keep(torch.nn.Module):
+    """Returns the input of its previous call (a delay line)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: Any = None
+
+    def forward(self, x: Any) -> Any:
+        previous, self.kept = self.kept, x
+        return x if previous is None else previous
+
+
+def _no_grad_mean(t: Any) -> Any:
+    with torch.no_grad():
+        return t.mean()
+
+
 # name -> (the hooked module, the program: loss(module, h) with h the caller's tensor)
 CASES: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[Any, Any], Any]]] = {
     # the limit of earlier versions: the output edited in place, then the input read again
@@ -109,6 +126,23 @@ CASES: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[Any, Any], Any]]
     "input_saved_then_its_shape_given_to_the_output": (
         _identity,
         lambda m, h: (lambda o: (o.add_(1), h.unsqueeze_(0), h * h + o * 3)[2])(m(h)),
+    ),
+    # (found by the second attack)
+    "transposed_read_after_the_input_changed_synced": (
+        lambda: Fn(lambda h: h.view(2, 2)),
+        lambda m, h: (lambda o: (o.mul_(2), h.neg_(), o.T * 1)[2])(m(h)),
+    ),
+    "no_grad_read_after_the_input_changed_synced": (
+        _identity,
+        lambda m, h: (lambda o: (o.mul_(2), h.neg_(), _no_grad_mean(o), o * 1)[3])(m(h)),
+    ),
+    "target_by_keyword": (
+        _identity,
+        lambda m, h: (lambda o: (torch.relu_(input=o), h * 3)[1])(m(h)),
+    ),
+    "tuple_of_views": (
+        _identity,
+        lambda m, h: (lambda o: (o.tensor_split(2)[0].mul_(3), h * 1)[1])(m(h)),
     ),
     "input_shape_changed_after_sync": (
         lambda: Fn(lambda h: h.view(2, 2)),
@@ -291,6 +325,7 @@ def test_compiled_code_editing_the_output(compiler: str) -> None:
 # the input changed in place first, then the output used (each raises, as torch's own hook)
 STALE: dict[str, Callable[[Any, Any], Any]] = {
     "op": lambda o, h: o * 10,
+    "as_a_backward_root": lambda o, h: (o.backward(torch.ones_like(o)), h * 0)[1],
     "setitem": lambda o, h: (o.__setitem__(0, 5.0), o * 1)[1],
     "transposed": lambda o, h: o.T * 10,
     "into_a_hooked_module": lambda o, h: _hooked_linear()(o),
@@ -351,3 +386,43 @@ def test_view_of_an_edited_output_into_a_custom_function_does_not_hang() -> None
         [sys.executable, "-c", DEADLOCK], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr
+
+
+def test_outputs_sharing_memory_with_each_other() -> None:
+    """`return y, y`: without hooks one tensor; an in-place op on one output, then the other
+    used, raises (torch's own hook raises at the in-place op); each alone is exact."""
+    module = Fn(lambda h: (lambda y: (y, y))(h * 2))
+    unihook.register_full_backward_hook(module, lambda *a: None)
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    a, b = module(x)
+    a.mul_(3)
+    with pytest.raises(unihook.InPlaceError):
+        (b * 1).sum().backward()
+    x.grad = None
+    a, b = module(x)
+    a.mul_(3)
+    a.sum().backward()
+    assert x.grad.tolist() == [6.0, 6.0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_input_kept_and_returned_by_a_later_call(kind: str) -> None:
+    """A module that returns the input of its previous call: with full hooks what it kept is
+    the input side's alias; the output stands for the caller's tensor behind it."""
+
+    def run(hooked: bool) -> Any:
+        module = Keep()
+        handle = _register(kind, module, []) if hooked else None
+        try:
+            x = torch.tensor([-1.0, 2.0, -3.0], requires_grad=True)
+            h = x * 1
+            module(h)
+            out = module(h * 0)
+            out.mul_(3)
+            (h * 1).sum().backward()
+            return x.grad
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    torch.testing.assert_close(run(True), run(False), rtol=0, atol=0)

@@ -86,7 +86,7 @@ class Autograd(Protocol):
     # the leaf on which the framework refuses the ops it refuses on `tensor` (`tensor` itself
     # when a leaf; torch: the base of a view), else None. See `_guard_leaves`.
     # Optional: `moved(alias, original)` and `overlaps(a, b)`, for forward's in-place ops on
-    # arguments that share memory (see `_rebase_inputs`); `watch(alias, output, inputs,
+    # arguments that share memory (see `_rebase_inputs`); `watch(aliases, outputs, inputs,
     # originals, site, mark)` with `mark()`, for outputs that are inputs or other tensors that
     # existed before the call (see `_watch_aliases`).
     # Optional, together: `data_only(aliases)` and `after_backward(callback)`, for a framework
@@ -131,11 +131,11 @@ class ModuleBackward:
         # optional too: `same_tensor(a, b)`, for a framework whose in-place ops return another
         # Python object for the same tensor (MindSpore's `copy_`); `is` without it
         self.same_tensor: Callable[[Any, Any], bool] | None = getattr(autograd, "same_tensor", None)
-        # optional: `watch(alias, output, inputs, originals, site, mark)`, what the caller
-        # gets for the identity's `alias` of an output that is one of `inputs` returned
-        # unchanged, a view of one, or another tensor that existed before the call (see
-        # `_watch_aliases`); `overlaps(a, b)`, whether two tensors share memory (see
-        # `_refuse_shared_inputs`)
+        # optional: `watch(aliases, outputs, inputs, originals, site, mark)`, what the caller
+        # gets for the identity's `aliases` of outputs that are `inputs` returned unchanged,
+        # views of them, other tensors that existed before the call, or share memory with
+        # each other (see `_watch_aliases`); `overlaps(a, b)`, whether two tensors share
+        # memory (see `_refuse_shared_inputs`)
         self.watch: Callable[..., Any] | None = getattr(autograd, "watch", None)
         # ... and with it `mark()`, taken when a call starts and given to `watch` (torch: the
         # autograd sequence number, which tells the tensors that existed before the call)
@@ -449,10 +449,16 @@ class ModuleBackward:
         reaches the caller as the identity's alias: same memory, another tensor. The backend's
         `watch` lets an in-place op on one reach the other's history, as without hooks."""
         assert self.watch is not None
+        # (not the caller's own tensor back, not guarded)
+        js = [j for j, alias in zip(idx, aliases) if replaced[j] is alias]
+        if not js:
+            return
         got = [args[i] for i in call.tensor_idx]
-        for j, alias in zip(idx, aliases):
-            if replaced[j] is alias:  # (not the caller's own tensor back, not guarded)
-                replaced[j] = self.watch(alias, items[j], got, originals, call.site, call.mark)
+        watched = self.watch(
+            [replaced[j] for j in js], [items[j] for j in js], got, originals, call.site, call.mark
+        )
+        for j, alias in zip(js, watched):
+            replaced[j] = alias
 
     def _rebase_inputs(
         self, call: _Call, args: Sequence[Any], originals: list[Any], done: dict[int, Any]
@@ -480,9 +486,16 @@ class ModuleBackward:
         a tensor and a view of it): each got an alias of its own, so the change did not reach
         the other's history, which forward may have used after it."""
         overlaps = self.overlaps or (lambda a, b: a is b)
+        requires_grad = self.autograd.requires_grad
         for k in changed:
             for k2, other in enumerate(originals):
-                if k2 != k and other is not None and overlaps(originals[k], other):
+                # (one that needs no grad has no history to miss: `m(x, x.detach())`)
+                if (
+                    k2 != k
+                    and other is not None
+                    and requires_grad(other)
+                    and overlaps(originals[k], other)
+                ):
                     i, i2 = call.tensor_idx[k], call.tensor_idx[k2]
                     raise InPlaceError(
                         f"{call.site}: arguments {min(i, i2)} and {max(i, i2)} share memory "

@@ -135,7 +135,8 @@ class _State:
         """The output is about to be used: bring it up to date with its input. True when it
         cannot be: the input changed in place before any change of the output (stale)."""
         root, original = self.root(), self.original
-        if root is None:
+        if root is None or not torch.is_grad_enabled():
+            # (without grad nothing records a history: it waits for a use with grad)
             return False
         if type(original) is InputAlias and original.__dict__[_STATE].refresh():
             return True  # (a chain: the input is stale itself)
@@ -154,12 +155,14 @@ class _State:
 
     def stale_error(self) -> InPlaceError:
         return InPlaceError(
-            f"{self.site}: the module returned its input unchanged (or a view of it), that "
-            "input was then changed in place, and the module's output was used after that. "
-            "Without hooks the output is the input and carries the change; unihook's output is "
-            "an alias of it whose history cannot take the change without leaving out the "
-            "module's backward hooks (torch's own backward hook raises here too). Use the "
-            "output, not the input, after the call, or pass a copy (`module(x.clone())`)"
+            f"{self.site}: without hooks the module's output is a tensor that exists apart "
+            "from it (its input returned unchanged or a view of it, a tensor it kept, or "
+            "another of its outputs); that tensor was changed in place, not through this "
+            "output, and the output was then used. Without hooks the output would carry the "
+            "change; unihook's output is an alias whose history cannot take it without leaving "
+            "out the module's backward hooks (torch's own backward hook raises here too). Use "
+            "the output, not the other tensor, after the call, or pass a copy "
+            "(`module(x.clone())`)"
         )
 
     def after_inplace(self) -> None:
@@ -180,14 +183,17 @@ class _State:
         self.synced = True
 
 
-def use(tensors: Sequence[Any]) -> None:
+def use(tensors: Sequence[Any]) -> bool:
     """`tensors` go into unihook's identity, a custom autograd Function, which torch does not
-    pass through ``__torch_function__``."""
+    pass through ``__torch_function__``. Whether some are watched."""
+    found = False
     for t in tensors:
         if type(t) is InputAlias:
+            found = True
             state = t.__dict__[_STATE]
             if state.refresh():
                 raise state.stale_error()
+    return found
 
 
 def changed(tensor: Any) -> None:
@@ -240,17 +246,18 @@ def _dispatch(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, A
             return _as_plain(func, args, kwargs)
         if func in _METADATA:
             return func(*args, **kwargs)
-        if getattr(func, "__name__", None) in _PROPERTY:
-            # a property: no history read (torch sets `_backward_hooks` on a view while it
-            # holds the lock its `grad_fn` takes); a view it gives (`.T`) is watched
-            result = func(*args, **kwargs)
-            _watch_view(result, args)
-            return result
+        if getattr(func, "__name__", None) in _PROPERTY and _property(func) not in _VIEWS:
+            # a property that gives no view: no history read (torch sets `_backward_hooks` on
+            # a view while it holds the lock its `grad_fn` takes)
+            return func(*args, **kwargs)
         watched = _watched((*args, *kwargs.values()))
         stale = [w for w in watched if w.__dict__[_STATE].refresh()]
-        # the tensors the op may change in place: self, `out=`
-        targets = _watched((args[0], kwargs.get("out"))) if args else []
+        # the tensors the op may change in place: self (by position or keyword), `out=`
+        first = args[0] if args else kwargs.get("input", kwargs.get("self"))
+        targets = _watched((first, kwargs.get("out")))
         fns = [t.grad_fn for t in targets]
+        if stale and func in _BACKWARD:
+            raise stale[0].__dict__[_STATE].stale_error()
         result = func(*args, **kwargs)
         changed_here = [t for t, fn in zip(targets, fns) if t.grad_fn is not fn]
         if stale and (changed_here or _records(result)):
@@ -258,8 +265,15 @@ def _dispatch(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, A
             raise stale[0].__dict__[_STATE].stale_error()
         for t in changed_here:
             t.__dict__[_STATE].after_inplace()
-        _watch_view(result, watched)
+        if watched:
+            for view in result if type(result) in (tuple, list) else (result,):
+                _watch_view(view, watched)
         return result
+
+
+def _property(func: Any) -> str | None:
+    """The name of the property whose getter or setter `func` is (`Tensor.T.__get__`)."""
+    return getattr(getattr(func, "__self__", None), "__name__", None)
 
 
 # dynamo would trace `_dispatch` into its graph: the checks of histories (`grad_fn`) and the
@@ -310,6 +324,15 @@ _METADATA = {
     torch.Tensor.__len__,
 }
 _PROPERTY = {"__get__", "__set__", "__delete__"}
+_VIEWS = {"T", "mT", "H", "mH", "real", "imag"}  # properties that give a view
+# what runs a backward from the tensors it is given: a stale output there records its history
+_BACKWARD = {
+    torch.Tensor.backward,
+    torch.autograd.backward,
+    torch.autograd.grad,
+    torch.Tensor.register_hook,
+    torch.Tensor.retain_grad,
+}
 
 
 def _mark(tensor: Any, state: _State) -> None:
@@ -318,55 +341,98 @@ def _mark(tensor: Any, state: _State) -> None:
 
 
 def watch(
-    alias: Any,
-    output: Any,
+    aliases: Sequence[Any],
+    outputs: Sequence[Any],
     inputs: Sequence[Any],
     originals: Sequence[Any],
     site: Site,
     mark: int,
-) -> Any:
-    """What the caller gets for `alias`, the identity's alias of a module's `output`: watched
-    when without hooks `output` would be a tensor someone else may hold: one of `inputs` (what
-    forward got; `originals`: the caller's tensors for them, None when dead), a view of one, or
-    a tensor older than the call (autograd sequence number below `mark`: a keyword argument, a
-    list's, one the module kept) or a view of one."""
-    if type(alias) is not torch.Tensor:
-        return alias
-    original, whole = _stands_for(output, inputs, originals, mark)
-    if original is None or original.dtype != alias.dtype:
-        return alias  # (a view as another dtype: nothing differentiable moves through it)
-    _mark(alias, _State(alias, original, whole, site))
-    return alias
+) -> list[Any]:
+    """What the caller gets for `aliases`, the identity's aliases of a module's `outputs`: an
+    alias is watched when without hooks its output would be a tensor someone else may hold:
+    one of `inputs` (what forward got; `originals`: the caller's tensors for them, None when
+    dead), a view of one, a tensor older than the call (autograd sequence number below `mark`:
+    a keyword argument, a list's, one the module kept) or a view of one, or a tensor another
+    output shares memory with (`return y, y`)."""
+    keys = _Keys(inputs, originals)
+    shared = _shared_outputs(outputs) if len(outputs) > 1 else ()
+    result = list(aliases)
+    for n, (alias, output) in enumerate(zip(aliases, outputs)):
+        if type(alias) is not torch.Tensor:
+            continue
+        original, whole = _stands_for(output, keys, mark)
+        if original is None and n in shared:
+            base = output._base if output._is_view() else None
+            original, whole = (output, True) if base is None else (base, False)
+        if original is None or original.dtype != alias.dtype or output.is_conj():
+            # (a view as another dtype, `.real`, or a lazily conjugated one: not carried)
+            continue
+        _mark(alias, _State(alias, original, whole, site))
+    return result
+
+
+class _Keys:
+    """The call's tensor arguments, by storage (computed once, when an output needs it)."""
+
+    __slots__ = ("inputs", "originals", "_by_storage")
+
+    def __init__(self, inputs: Sequence[Any], originals: Sequence[Any]) -> None:
+        self.inputs, self.originals = inputs, originals
+        self._by_storage: dict[int, list[int]] | None = None
+
+    def sharing(self, tensor: Any) -> list[int]:
+        """The arguments that share `tensor`'s storage."""
+        if self._by_storage is None:
+            self._by_storage = {}
+            for k, arg in enumerate(self.inputs):
+                key = _storage(arg) if arg is not None and self.originals[k] is not None else None
+                if key is not None:
+                    self._by_storage.setdefault(key, []).append(k)
+        key = _storage(tensor)
+        return [] if key is None else self._by_storage.get(key, [])
+
+
+def _shared_outputs(outputs: Sequence[Any]) -> set[int]:
+    """The outputs that share memory with another output."""
+    seen: dict[int, int] = {}
+    shared: set[int] = set()
+    for n, output in enumerate(outputs):
+        key = _storage(output)
+        if key is None:
+            continue
+        if key in seen:
+            shared |= {seen[key], n}
+        else:
+            seen[key] = n
+    return shared
 
 
 def mark() -> int:
     return int(_sequence_nr())
 
 
-def _stands_for(
-    output: Any, inputs: Sequence[Any], originals: Sequence[Any], mark: int
-) -> tuple[Any, bool]:
+def _stands_for(output: Any, keys: _Keys, mark: int) -> tuple[Any, bool]:
     """The tensor `output` is without hooks, and whether it is all of it (not a view)."""
-    # (a hooked submodule's watched output, returned on: an alias of the input, not a view)
-    shared = type(output) is InputAlias or output._is_view()
-    found, size = None, None
+    inputs, originals = keys.inputs, keys.originals
     for k, arg in enumerate(inputs):
-        if originals[k] is None or arg is None:
-            continue
-        if output is arg:
+        if output is arg and originals[k] is not None:
             return originals[k], True
-        if shared and _same_memory(output, arg):
+    # (a hooked submodule's watched output, returned on: an alias of the input, not a view)
+    if type(output) is InputAlias or output._is_view():
+        found, size = None, None
+        (o0, o1) = span(output)
+        for k in keys.sharing(output):
             # the smallest argument holding the output's memory (views of one tensor passed
             # as several arguments share its storage)
-            (a0, a1), (o0, o1) = span(arg), span(output)
+            a0, a1 = span(inputs[k])
             if a0 <= o0 and o1 <= a1 and (size is None or a1 - a0 < size):
                 found, size = k, a1 - a0
-    if found is not None:
-        return originals[found], _Geometry(output).same(_Geometry(inputs[found]))
+        if found is not None:
+            return originals[found], _Geometry(output).same(_Geometry(inputs[found]))
     if _older(output, mark):
-        return output, True
+        return _caller_tensor(output), True
     if output._is_view() and _older(output._base, mark):
-        return output._base, False
+        return _caller_tensor(output._base), False
     return None, False
 
 
@@ -376,10 +442,22 @@ def _older(tensor: Any, mark: int) -> bool:
     return fn is not None and fn._sequence_nr() < mark
 
 
-def _same_memory(a: Any, b: Any) -> bool:
-    if not (a.numel() and b.numel()):
-        return False
+def _caller_tensor(tensor: Any) -> Any:
+    """`tensor`, or, for an input side's alias an earlier call gave forward (a module that
+    kept its input), the caller's tensor it stood for."""
+    fn = tensor.grad_fn
+    callers = getattr(fn, "callers", None)  # (set on unihook's input-side identity nodes)
+    if callers is not None:
+        caller = callers[tensor.output_nr]()
+        if caller is not None:
+            return caller
+    return tensor
+
+
+def _storage(tensor: Any) -> int | None:
+    if not tensor.numel():
+        return None
     try:
-        return bool(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
+        return int(tensor.untyped_storage().data_ptr())
     except (RuntimeError, NotImplementedError):  # no storage (sparse, meta)
-        return False
+        return None

@@ -10,6 +10,7 @@ same model without in-place ops. The hook semantics are the shared ones of
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Sequence
 
 import torch
@@ -44,6 +45,8 @@ class _Identity(torch.autograd.Function):
         ctx.shapes = [(tuple(x.shape), x.dtype) for x in xs]
         ctx.devices = [x.device for x in xs]
         ctx.set_materialize_grads(materialize)
+        if materialize:  # the input side: a module may keep what forward got (see _alias)
+            ctx.callers = tuple(weakref.ref(x) for x in xs)
         outs = tuple(x.detach() for x in xs)
         ctx.mark_non_differentiable(*[o for x, o in zip(xs, outs) if not x.requires_grad])
         return outs
@@ -105,6 +108,7 @@ class _Guard(torch.autograd.Function):
         return grad
 
 
+_Disabled = torch._C.DisableTorchFunctionSubclass
 _IDENTITY_NODE = _Identity._backward_cls  # pyright: ignore[reportAttributeAccessIssue]
 _set_version = torch._C._autograd._unsafe_set_version_counter  # pyright: ignore[reportAttributeAccessIssue]
 
@@ -156,7 +160,10 @@ class TorchAutograd:
         site: Site,
         held_until: object = None,  # unused: torch never changes a gradient still referenced
     ) -> Sequence[Any]:
-        use(tensors)  # (an `InputAlias` whose input changed since: custom Functions skip it)
+        # (an `InputAlias` whose input changed since: custom Functions skip __torch_function__)
+        if use(tensors):
+            with _Disabled():  # (its reads of shapes and dtypes: plain)
+                return _Identity.apply(on_backward, materialize, site, *tensors)
         return _Identity.apply(on_backward, materialize, site, *tensors)
 
     @staticmethod
