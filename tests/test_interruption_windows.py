@@ -300,7 +300,7 @@ def test_registration_inside_each_registry_lock_changes_nothing(framework: str) 
             lambda: unihook.register_module_forward_pre_hook(noop, backend=framework),
             lambda: unihook.register_module_full_backward_hook(noop, backend=framework),
         ]
-        with lock:
+        with lock, lock.mutex:
             for attempt in attempts:
                 with pytest.raises(BackendStateError, match="finalizer"):
                     attempt()
