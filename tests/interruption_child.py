@@ -1,19 +1,25 @@
 """Child process of tests/test_interruption_windows.py: a KeyboardInterrupt at every position
-of unihook's registrations and removals, on one framework (argv[1]: "torch" or "paddle").
+of unihook's registrations and removals, on one framework.
+
+    python interruption_child.py torch|paddle [KIND,KIND...] [SECONDS]
 
 A position is a call, line or return event of a frame of unihook's own code (``unihook`` and
-the backend packages) while a registration or a removal runs, found by a dry run of it; the
-interruption is a trace function raising KeyboardInterrupt at that event (where CPython
-delivers a Ctrl-C or an asynchronous exception: a function's entry, after a call, a backward
-jump; every line is a superset of those). Not raised at the return of the public function's
-call of unihook's own `_register` (see `_skipped`): no Ctrl-C can land there.
+the backend package) while a registration or a removal runs, found by a dry run of it; the
+interruption is a trace function raising KeyboardInterrupt at that event. CPython delivers a
+Ctrl-C (or an exception from ``PyThreadState_SetAsyncExc``) at a function's entry, after a
+call of anything but a Python function, at a backward jump: the events are a superset, but
+for those `_skipped` leaves out, where no Ctrl-C lands (and an exception raised there would
+break what no Python code can guard).
 
 After each interruption: the KeyboardInterrupt reached the caller as itself; no lock of
 unihook's is held; the target (module or tensor), the framework's global hook tables and
-unihook's module-level state are exactly as before the call (a registration is undone, a
-removal finished); the hook interrupted never fires; the same registration then works (its
-hook fires once) and its removal restores everything again. Prints one JSON line per failure
-(at most `_MAX_FAILURES`), then a summary line: positions per kind.
+what unihook patches, and unihook's module-level state are exactly as before the call (a
+registration is undone, a removal finished; one cut short at its very start left the hook
+whole, its handle active); at every `_FIRE_EVERY`-th position, the hook interrupted never
+fires, and the same registration then works and its removal restores everything again.
+
+Then, for SECONDS (if given), `real_sigint`: real signals. Prints one JSON line per failure
+(the first few of each kind), then a summary line: positions per kind, failures, signals.
 """
 
 from __future__ import annotations
@@ -36,7 +42,9 @@ import unihook  # noqa: E402
 
 FW = sys.argv[1]
 ONLY = sys.argv[2].split(",") if len(sys.argv) > 2 and sys.argv[2] else None
-_MAX_FAILURES = 40
+SIGINT_SECONDS = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+_MAX_FAILURES = int(os.environ.get("INTERRUPTION_MAX_FAILURES", "40"))
+_SHOWN = int(os.environ.get("INTERRUPTION_SHOWN", "3"))  # failures printed per kind and step
 # the hooks fire (the interrupted one must not, one registered afterwards must) at every
 # this many positions; the state is compared at each
 _FIRE_EVERY = int(os.environ.get("INTERRUPTION_FIRE_EVERY", "3"))
@@ -255,9 +263,13 @@ def _beside(register: Register) -> Callable[[Any], Callable[[], None]]:
     return lambda target: register(target, lambda *a: None).remove
 
 
-def _global(name: str, **options: Any) -> Register:
+def _global(name: str, with_kwargs: bool = False) -> Register:
     register = getattr(unihook, f"register_module_{name}_hook")
-    return lambda _, h: register(h, backend=FW, **options)
+    if with_kwargs:
+        return lambda _, h: register(lambda m, a, k: h(), backend=FW, with_kwargs=True)
+    # (no `**`: a call through C is followed by a point where a Ctrl-C lands, in this frame,
+    # where the caller of `real_sigint` would lose the handle)
+    return lambda _, h: register(h, backend=FW)
 
 
 def _forward_pre(m: Any, h: Callable[..., Any]) -> Any:
@@ -413,16 +425,22 @@ def _nops(code: Any) -> frozenset[int]:
 
 
 def _skipped(frame: Any, event: str) -> bool:
-    if frame.f_code.co_name in _CALLBACKS:
-        # its entry, and the `try:` right after it (a NOP: no check between them)
-        return event == "call" or (event == "line" and frame.f_lasti in _nops(frame.f_code))
+    """The events at which no Ctrl-C lands: the entry of a weakref callback (see
+    `_CALLBACKS`); a line that starts with a NOP (``try:``: CPython checks at no NOP, and one
+    landing after the line before belongs to that line, whose handlers may not cover the
+    NOP: the with statement's, where the try begins its body); the return of unihook's
+    `_register` and of the outermost frame (see `_REGISTER_CODES`); the start of a with
+    statement's normal exit (see `_with_exits`)."""
+    if event == "call":
+        return frame.f_code.co_name in _CALLBACKS
     if event == "return":
         # (the outermost: the caller has what it returned)
         caller = frame.f_back
         return frame.f_code in _REGISTER_CODES or not (
             caller is not None and caller.f_code.co_filename.startswith(ROOTS)
         )
-    return event == "line" and frame.f_lasti in _with_exits(frame.f_code)
+    lasti = frame.f_lasti
+    return lasti in _with_exits(frame.f_code) or lasti in _nops(frame.f_code)
 
 
 def _count(fn: Callable[[], Any]) -> tuple[Any, int]:
@@ -490,7 +508,7 @@ def fail(kind: str, what: str, k: int, where: str, detail: str) -> None:
     every position after it)."""
     failures.append({"kind": kind, "what": what, "k": k, "where": where, "detail": detail})
     shown = _shown[kind, what] = _shown.get((kind, what), 0) + 1
-    if shown <= 3 and len(failures) <= _MAX_FAILURES:
+    if shown <= _SHOWN and len(failures) <= _MAX_FAILURES:
         print(json.dumps(failures[-1]), flush=True)
 
 
@@ -578,7 +596,9 @@ def run_kind(
         before = state_before(target)
         ghost.clear()
         result, where = _interrupt_at(k, lambda: register(target, lambda *a: ghost.append(1)))
-        check_after(kind, "register", k, where, result, target, before, ghost, fire, register)
+        if not check_after(kind, "register", k, where, result, target, before, ghost, fire, register):
+            gc.collect()
+            base = snapshot(None)[1:]  # (the residue shows once)
     for k in range(1, n_remove + 1):
         target = fresh()
         before = state_before(target)
@@ -592,12 +612,82 @@ def run_kind(
             if not ok:
                 fail(kind, "remove", k, where, "not removed, changed: " + diff(registered, after))
             handle.remove()
-        check_after(kind, "remove", k, where, result, target, before, ghost, fire, register)
+        if not check_after(kind, "remove", k, where, result, target, before, ghost, fire, register):
+            gc.collect()
+            base = snapshot(None)[1:]
     while neighbours:
         neighbours.pop()()
     if gone is not None:
         gone()
     return counts
+
+
+def real_sigint(seconds: float) -> dict[str, Any]:
+    """Real signals while this thread registers and removes hooks of every kind, on one
+    target per kind, for `seconds`: before each registration and removal, a one-shot
+    ``signal.setitimer`` at a random 0-200 us, its SIGALRM handled as Python handles SIGINT
+    (``signal.default_int_handler``: a KeyboardInterrupt where CPython checks next). After
+    each: the timer disarmed, a signal that came meanwhile landed. At the end every handle it
+    got removed: the targets and unihook's state as before, no hook fires, no lock held."""
+    import random
+    import signal
+    import time
+
+    rng = random.Random(12)
+    landed = {"register": 0, "remove": 0, "after": 0}
+    ghost: list[int] = []
+    kinds = []  # (register, target, its state, fire)
+    for make, register, fire, _ in KINDS.values():
+        target = make()
+        if target is not None:
+            register(target, lambda *a: None).remove()
+        kinds.append((register, target, target_state(target), fire))
+    live: list[Any] = []  # the handles it got
+    gc.collect()
+    base = snapshot(None)[1:]
+    n = 0
+    deadline = time.monotonic() + seconds
+    previous = signal.signal(signal.SIGALRM, signal.default_int_handler)
+    itimer, real = signal.setitimer, signal.ITIMER_REAL
+    while time.monotonic() < deadline:
+        n += 1
+        register, target, _, _ = kinds[n % len(kinds)]
+        handle = None
+        try:
+            itimer(real, rng.uniform(1e-6, 2e-4))
+            handle = register(target, lambda *a: ghost.append(1))
+            live.append(handle)
+            itimer(real, 0)
+            _checkpoint()
+        except KeyboardInterrupt:  # (the one-shot timer went off: no other comes)
+            landed["register" if handle is None else "after"] += 1
+        while live:
+            handle = live[-1]
+            try:
+                itimer(real, rng.uniform(1e-6, 2e-4))
+                handle.remove()
+                itimer(real, 0)
+                _checkpoint()
+            except KeyboardInterrupt:
+                landed["remove"] += 1
+            if handle.removed:
+                live.pop()
+    signal.signal(signal.SIGALRM, previous)
+    problems = []
+    held = locks_free()
+    if held:
+        problems.append(f"locks held: {held}")
+    gc.collect()
+    now = snapshot(None)[1:]
+    if now != base:
+        problems.append("state changed: " + diff((None, *base), (None, *now)))
+    for _, target, state, fire in kinds:
+        if target_state(target) != state:
+            problems.append(f"target changed: {state} -> {target_state(target)}")
+        fire(target)
+    if ghost:
+        problems.append(f"a removed hook fired {len(ghost)} times")
+    return {"iterations": n, "landed": landed, "problems": problems[:5]}
 
 
 def main() -> None:
@@ -612,7 +702,8 @@ def main() -> None:
         if ONLY and kind not in ONLY:
             continue
         summary[kind] = run_kind(kind, make, register, fire, beside)
-    print(json.dumps({"summary": summary, "failures": len(failures)}), flush=True)
+    signals = real_sigint(SIGINT_SECONDS) if SIGINT_SECONDS else None
+    print(json.dumps({"summary": summary, "failures": len(failures), "signals": signals}))
 
 
 if __name__ == "__main__":

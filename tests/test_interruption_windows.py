@@ -1,13 +1,15 @@
 """What lands inside unihook's own code: a finalizer (the garbage collector runs anywhere),
-a Ctrl-C (delivered at a Python function's entry; simulated with a trace function)."""
+a Ctrl-C (simulated with a trace function, or a real signal)."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -311,3 +313,37 @@ def test_registration_inside_each_registry_lock_changes_nothing(framework: str) 
         fresh(x).sum().backward()
         handle.remove()
         assert fired == [1], lock
+
+
+CHILD = Path(__file__).with_name("interruption_child.py")
+SIGINT_SECONDS = "1.5"  # of real signals, after the positions
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_ctrl_c_anywhere_in_a_registration_or_a_removal(framework: str) -> None:
+    """A KeyboardInterrupt at every position of every kind of registration and removal
+    (tests/interruption_child.py: each call, line and return of unihook's frames, by a trace
+    function; then real signals for a while): it reaches the caller as itself, no lock stays
+    held, a registration is undone (its hook never fires) and a removal finished, exactly:
+    the module, the framework's tables and unihook's state as before. Before, a Ctrl-C there
+    could leave the registration lock held (every later registration waited for ever), a
+    hook registered with no handle, or a handle marked removed over a live hook."""
+    pytest.importorskip(framework)
+    proc = subprocess.run(
+        [sys.executable, str(CHILD), framework, "", SIGINT_SECONDS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "GLOG_minloglevel": "2", "INTERRUPTION_TIMEOUT": "500"},
+    )
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    *failures, result = lines
+    assert result["failures"] == 0, failures
+    for kind, positions in result["summary"].items():
+        assert positions["register"] > 20 and positions["remove"] > 3, (kind, positions)
+    assert len(result["summary"]) == 20
+    signals = result["signals"]
+    assert signals["problems"] == [], signals
+    # (most land inside a registration or a removal)
+    assert signals["landed"]["register"] + signals["landed"]["remove"] > 500, signals

@@ -275,6 +275,7 @@ def unihook_register_tensor_hook(
         # Removing a tensor hook while a backward runs, in any thread, segfaults paddle:
         # wait until none runs (the hook is already silent).
         guard.after_all_backwards(native_remove)
+        guard.sweep()
 
     undo_if_unfinished(remove)
     guard.register_hook(tensor, tensor_hook, hook_ids)

@@ -41,6 +41,7 @@ from paddle.base import core
 
 __all__ = [
     "hold",
+    "sweep",
     "stash",
     "after_firing",
     "after_all_backwards",
@@ -176,15 +177,29 @@ def _release(holder: weakref.ref[Any]) -> None:
         raise
 
 
-def _let_go(holder: weakref.ref[Any]) -> None:
-    """`holder`'s hook function is gone: the guard goes out with the last one (idempotent)."""
+def _let_go(holder: weakref.ref[Any] | None, stale_up_to: int = 16) -> None:
+    """`holder`'s hook function is gone: the guard goes out with the last one (idempotent).
+    While at most `stale_up_to` holders are left, those whose function is gone too go as well:
+    a Ctrl-C landing at the entry of their callback, which CPython drops, left them."""
     global _installed
     with _lock:
-        _holders.discard(holder)
+        if holder is not None:
+            _holders.discard(holder)
+        if _installed and 0 < len(_holders) <= stale_up_to:
+            try:
+                _holders.difference_update([ref for ref in list(_holders) if ref() is None])
+            except RuntimeError:  # (changed meanwhile: a callback the collector ran) later
+                pass
         if not _holders and _installed:
             core.eager.run_backward, core.eager.run_partial_grad = _originals
             _Tensor._register_grad_hook, _Tensor.retain_grads = _tensor_originals
             _installed = False
+
+
+def sweep() -> None:
+    """After a removal that let a hook function go: the guard goes out if none is left (see
+    `_let_go`)."""
+    _let_go(None, stale_up_to=len(_holders))
 
 
 def track(tensor: Any, token: int, hook_function: Callable[[Any], Any]) -> None:
