@@ -47,7 +47,7 @@ _MAX_FAILURES = int(os.environ.get("INTERRUPTION_MAX_FAILURES", "40"))
 _SHOWN = int(os.environ.get("INTERRUPTION_SHOWN", "3"))  # failures printed per kind and step
 # the hooks fire (the interrupted one must not, one registered afterwards must) at every
 # this many positions; the state is compared at each
-_FIRE_EVERY = int(os.environ.get("INTERRUPTION_FIRE_EVERY", "3"))
+_FIRE_EVERY = int(os.environ.get("INTERRUPTION_FIRE_EVERY", "4"))
 faulthandler.dump_traceback_later(float(os.environ.get("INTERRUPTION_TIMEOUT", "240")), exit=True)
 
 if FW == "torch":
@@ -359,8 +359,7 @@ KINDS: dict[str, Kind] = {
 }
 
 ROOTS = tuple(
-    os.path.dirname(m.__file__ or "") + os.sep
-    for m in (unihook, __import__(f"unihook_{FW}"))
+    os.path.dirname(m.__file__ or "") + os.sep for m in (unihook, __import__(f"unihook_{FW}"))
 )
 # The public functions call unihook's `_register` and return what it returns: CPython checks
 # for a Ctrl-C neither when a Python function called from Python code returns, nor at a return
@@ -376,8 +375,8 @@ _WITH_EXITS: dict[Any, frozenset[int]] = {}
 
 def _with_exits(code: Any) -> frozenset[int]:
     """Where the normal exits of `code`'s with statements start (a return's included):
-    ``LOAD_CONST None`` three times, then the call of ``__exit__``. No Ctrl-C lands there (no check until that call
-    returns, and the lock's is C: it let go by then), where a line event fires."""
+    ``LOAD_CONST None`` three times, then the call of ``__exit__``. A line event fires there,
+    where no Ctrl-C lands: CPython checks next when that call returns (a C lock's: let go)."""
     exits = _WITH_EXITS.get(code)
     if exits is None:
         ops = [(i.offset, i.opname, i.argval) for i in dis.get_instructions(code)]
@@ -476,7 +475,9 @@ def _interrupt_at(k: int, fn: Callable[[], Any]) -> tuple[Any, str]:
         n[0] += 1
         if n[0] == k:
             sys.settrace(None)
-            where[0] = f"{event} {os.path.basename(code.co_filename)}:{frame.f_lineno} {code.co_name}"
+            where[0] = (
+                f"{event} {os.path.basename(code.co_filename)}:{frame.f_lineno} {code.co_name}"
+            )
             if _in_callback(frame):
                 where[0] += " (in a weakref callback)"
             raise KeyboardInterrupt(f"position {k}")
@@ -512,9 +513,18 @@ def fail(kind: str, what: str, k: int, where: str, detail: str) -> None:
         print(json.dumps(failures[-1]), flush=True)
 
 
-def check_after(kind: str, what: str, k: int, where: str, result: Any, target: Any,
-                before: Any, ghost: list[int], fire: Callable[[Any], None],
-                register: Callable[[Any, Callable[..., Any]], Any]) -> bool:
+def check_after(
+    kind: str,
+    what: str,
+    k: int,
+    where: str,
+    result: Any,
+    target: Any,
+    before: Any,
+    ghost: list[int],
+    fire: Callable[[Any], None],
+    register: Callable[[Any, Callable[..., Any]], Any],
+) -> bool:
     # (raised again by its type, `interrupt_later`, where a weakref callback caught it)
     if where.endswith("(in a weakref callback)"):
         pass  # (dropped by CPython: see _CALLBACKS)
@@ -596,7 +606,9 @@ def run_kind(
         before = state_before(target)
         ghost.clear()
         result, where = _interrupt_at(k, lambda: register(target, lambda *a: ghost.append(1)))
-        if not check_after(kind, "register", k, where, result, target, before, ghost, fire, register):
+        if not check_after(
+            kind, "register", k, where, result, target, before, ghost, fire, register
+        ):
             gc.collect()
             base = snapshot(None)[1:]  # (the residue shows once)
     for k in range(1, n_remove + 1):

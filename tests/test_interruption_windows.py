@@ -316,7 +316,7 @@ def test_registration_inside_each_registry_lock_changes_nothing(framework: str) 
 
 
 CHILD = Path(__file__).with_name("interruption_child.py")
-SIGINT_SECONDS = "1.5"  # of real signals, after the positions
+SIGINT_SECONDS = "1.0"  # of real signals, after the positions
 
 
 @pytest.mark.parametrize("framework", ["torch", "paddle"])

@@ -49,7 +49,7 @@ class RegistryLock:
     __slots__ = ("mutex", "_entered", "_deferred")
 
     def __init__(self) -> None:
-        self.mutex = threading.RLock()
+        self.mutex: threading.RLock = threading.RLock()
         # one item per thread inside (entering or holding): a hint that spares `held_here` its
         # C call, which dynamo cannot trace, while no lock is held (list.append and pop: safe
         # beside other threads)
@@ -137,5 +137,6 @@ def undo(steps: list[Callable[[], object]], error: BaseException) -> None:
         try:
             remover()
         except Exception as failed:  # noqa: BLE001 (the rest still run; `error` goes on)
-            error.add_note(f"unihook could not undo a step of the registration: {failed!r}")
-
+            note = getattr(error, "add_note", None)  # (Python 3.11)
+            if note is not None:
+                note(f"unihook could not undo a step of the registration: {failed!r}")
