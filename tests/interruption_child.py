@@ -154,6 +154,8 @@ def unihook_state() -> dict[str, Any]:
                     callable(value) and attr == getattr(value, "__name__", "")
                 ):
                     continue  # a module's own class or function
+                if type(value).__module__ in ("typing", "__future__"):
+                    continue
                 _WATCHED.append((name, module, attr))
     state = {
         f"{name}.{attr}": _summary(getattr(module, attr, "<missing>"))
@@ -164,17 +166,23 @@ def unihook_state() -> dict[str, Any]:
 
 
 def target_state(target: Any) -> Any:
+    """The hook dicts of the target and its submodules, and unihook's state of them."""
     if target is None:
         return None
-    if FW == "torch" or not isinstance(target, fw.Tensor):
-        picture = {
-            k: _summary(v) for k, v in vars(target).items() if "hook" in k and k != "_hook_dict"
-        }
-    else:
-        picture = {}
     from unihook import _module_backward
 
-    picture["backward state"] = _module_backward._states.get(target) is not None
+    picture: dict[str, Any] = {}
+    if isinstance(target, fw.Tensor):
+        modules = []
+        if FW == "torch":
+            picture["hooks"] = _summary(target._backward_hooks)
+    else:
+        modules = list(target.modules() if FW == "torch" else target.sublayers(include_self=True))
+    for n, module in enumerate(modules):
+        for attr, value in vars(module).items():
+            if "hook" in attr and attr != "_hook_dict":
+                picture[f"{n}.{attr}"] = _summary(value)
+        picture[f"{n} backward state"] = _module_backward._states.get(module) is not None
     if FW == "paddle":
         from unihook_paddle import _autograd_guard
 
@@ -300,6 +308,10 @@ def _full_backward_pre(m: Any, h: Callable[..., Any]) -> Any:
     return unihook.register_full_backward_pre_hook(m, h)
 
 
+def _sequential() -> Any:
+    return fw.nn.Sequential(linear(), fw.nn.ReLU())
+
+
 def _none() -> None:
     return None
 
@@ -326,6 +338,12 @@ KINDS: dict[str, Kind] = {
     "full_backward_pre": (linear, _full_backward_pre, _backward, None),
     "full_backward": (linear, _full_backward, _backward, None),
     "full_backward beside another": (linear, _full_backward, _backward, _beside(_full_backward)),
+    "attach forward to every module": (
+        _sequential,
+        lambda m, h: unihook.attach(m, lambda *a: h()),
+        _forward,
+        None,
+    ),
     "module_forward_pre": (_none, _global("forward_pre"), _on_new(_forward), None),
     "module_forward_pre kwargs": (
         _none,
@@ -513,6 +531,14 @@ def fail(kind: str, what: str, k: int, where: str, detail: str) -> None:
         print(json.dumps(failures[-1]), flush=True)
 
 
+_BEFORE_REMOVING = 4  # positions of a removal that may come before it begins (Handle.remove's)
+
+
+def _removed(handle: Any) -> bool:
+    removed = getattr(handle, "removed", None)
+    return len(handle) == 0 if removed is None else bool(removed)  # (a HookGroup: emptied)
+
+
 def check_after(
     kind: str,
     what: str,
@@ -577,14 +603,18 @@ def run_kind(
         gone, beside = beside(None), None
 
     neighbours: list[Callable[[], None]] = []
+    current: list[Any] = []  # the target, kept while the positions leave it as it was
 
     def fresh() -> Any:
+        if current:
+            return current[0]
         while neighbours:  # (the last target's)
             neighbours.pop()()
         target = make()
         if beside is not None:
             neighbours.append(beside(target))
         register(target, lambda *a: None).remove()  # (what a first registration leaves)
+        current.append(target)
         return target
 
     def state_before(target: Any) -> Any:
@@ -599,6 +629,7 @@ def run_kind(
     ghost: list[int] = []
     while neighbours:
         neighbours.pop()()
+    current.clear()
     gc.collect()
     base = snapshot(None)[1:]
     for k in range(1, n_register + 1):
@@ -609,6 +640,7 @@ def run_kind(
         if not check_after(
             kind, "register", k, where, result, target, before, ghost, fire, register
         ):
+            current.clear()
             gc.collect()
             base = snapshot(None)[1:]  # (the residue shows once)
     for k in range(1, n_remove + 1):
@@ -616,15 +648,22 @@ def run_kind(
         before = state_before(target)
         ghost.clear()
         handle = register(target, lambda *a: ghost.append(1))
-        registered = snapshot(target)
+        # (only its first positions come before the removal begins)
+        registered = snapshot(target) if k <= _BEFORE_REMOVING else None
         result, where = _interrupt_at(k, handle.remove)
-        if not handle.removed:
+        if not _removed(handle):
             # cut short before it began: the hook stays, whole, its handle active
-            ok, after = same(registered, target)
-            if not ok:
-                fail(kind, "remove", k, where, "not removed, changed: " + diff(registered, after))
+            if registered is None:
+                fail(kind, "remove", k, where, "not removed, though the removal began")
+            else:
+                ok, after = same(registered, target)
+                if not ok:
+                    fail(
+                        kind, "remove", k, where, "not removed, changed: " + diff(registered, after)
+                    )
             handle.remove()
         if not check_after(kind, "remove", k, where, result, target, before, ghost, fire, register):
+            current.clear()
             gc.collect()
             base = snapshot(None)[1:]
     while neighbours:
@@ -682,7 +721,7 @@ def real_sigint(seconds: float) -> dict[str, Any]:
                 _checkpoint()
             except KeyboardInterrupt:
                 landed["remove"] += 1
-            if handle.removed:
+            if _removed(handle):
                 live.pop()
     signal.signal(signal.SIGALRM, previous)
     problems = []

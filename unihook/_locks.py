@@ -22,6 +22,7 @@ from typing import Callable
 from .errors import BackendStateError
 
 __all__ = [
+    "Collecting",
     "RegistryLock",
     "held_here",
     "inside_registration",
@@ -116,6 +117,13 @@ def inside_registration(site: object) -> BackendStateError:
 # The removers of the steps the registration running on this thread made so far (`undo`):
 # `registering` is the registration functions' protocol, inlined in each (see there).
 registering = threading.local()
+
+
+class Collecting(list[Callable[[], object]]):
+    """The record of a registration of several hooks (``attach``): each registration made
+    inside it that returns its handle adds the handle's removal, so that the whole is undone
+    if it does not return (a Ctrl-C between a registration's return and the group's record of
+    its handle)."""
 
 
 def undo_if_unfinished(remover: Callable[[], object]) -> None:

@@ -6,7 +6,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Literal, overload
 
 from ._describe import Site, type_name
-from ._locks import held_here, inside_registration, registering, undo
+from ._locks import Collecting, held_here, inside_registration, registering, undo
 from ._plugins import DISABLE_ENV, call_owner, disabled_backends, plugin_manager
 from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
 from .handles import Handle
@@ -209,6 +209,8 @@ def _register(kind: HookKind, target: object, **options: Any) -> Handle:
         if handle is None:
             raise _not_taken(kind, target, options.get("name"))
         registering.steps = outer
+        if isinstance(outer, Collecting):  # (undone with attach's, if that one is)
+            outer.append(handle.remove)
         return handle
     except BaseException as error:
         registering.steps = outer

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Literal, overload
 
 from ._describe import Site
-from ._locks import held_here, inside_registration, registering, undo
+from ._locks import Collecting, held_here, inside_registration, registering, undo
 from ._plugins import plugin_manager
 from .api import _no_backend_hint, _short, backends
 from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
@@ -144,6 +144,8 @@ def _register(
         registering.steps = steps
         handle = _in_backends(kind, hook, backend, with_kwargs, always_call, site, infos)
         registering.steps = outer
+        if isinstance(outer, Collecting):  # (undone with attach's, if that one is)
+            outer.append(handle.remove)
         return handle
     except BaseException as error:
         registering.steps = outer
