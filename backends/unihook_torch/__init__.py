@@ -176,12 +176,21 @@ def unihook_register_forward_hook(
     return _watched("forward", _killing(dead, native.remove))
 
 
-# the hook dict and the flag tables of torch's registration of each kind, as torch 2.13's
-# `Module.register_forward_pre_hook` and `register_forward_hook` fill them
+# kind -> torch's registration method, the hook dict and the flag tables it fills (torch 2.13's
+# `Module.register_forward_pre_hook` and `register_forward_hook`)
 _TABLES = {
-    "forward_pre": ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", None),
-    "forward": ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called"),
+    "forward_pre": (
+        "register_forward_pre_hook",
+        "_forward_pre_hooks",
+        ("_forward_pre_hooks_with_kwargs",),
+    ),
+    "forward": (
+        "register_forward_hook",
+        "_forward_hooks",
+        ("_forward_hooks_with_kwargs", "_forward_hooks_always_called"),
+    ),
 }
+_own_methods: dict[str, Any] = {}  # kind -> torch.nn.Module's registration method
 
 
 def _insert(
@@ -197,16 +206,16 @@ def _insert(
     goes in: undone if the registration is cut short (a Ctrl-C, see unihook._locks), which
     torch's method would leave registered with no handle. A module class that has a method of
     its own is left to it."""
-    torch = _torch()
-    method = f"register_{kind}_hook"
-    if getattr(type(m), method) is not getattr(torch.nn.Module, method):
+    method, hooks, tables = _TABLES[kind]
+    own = _own_methods.get(kind)
+    if own is None:
+        own = _own_methods[kind] = getattr(_torch().nn.Module, method)
+    if getattr(type(m), method) is not own:
         options = {"always_call": always_call} if kind == "forward" else {}
         return getattr(m, method)(hook, prepend=prepend, with_kwargs=with_kwargs, **options)
-    hooks, kwargs_table, always_table = _TABLES[kind]
-    flags = [(getattr(m, kwargs_table), with_kwargs)]
-    if always_table is not None:
-        flags.append((getattr(m, always_table), always_call))
-    return insert(getattr(m, hooks), hook, flags, prepend=prepend)
+    state = m.__dict__
+    flags = list(zip([state[table] for table in tables], (with_kwargs, always_call)))
+    return insert(state[hooks], hook, flags, prepend=prepend)
 
 
 def insert(
