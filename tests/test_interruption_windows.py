@@ -1,13 +1,15 @@
 """What lands inside unihook's own code: a finalizer (the garbage collector runs anywhere),
-a Ctrl-C (delivered at a Python function's entry; simulated with a trace function)."""
+a Ctrl-C (simulated with a trace function, or a real signal)."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -334,7 +336,7 @@ def test_registration_inside_each_registry_lock_changes_nothing(framework: str) 
             lambda: unihook.register_module_forward_pre_hook(noop, backend=framework),
             lambda: unihook.register_module_full_backward_hook(noop, backend=framework),
         ]
-        with lock:
+        with lock, lock.mutex:
             for attempt in attempts:
                 with pytest.raises(BackendStateError, match="finalizer"):
                     attempt()
@@ -345,3 +347,101 @@ def test_registration_inside_each_registry_lock_changes_nothing(framework: str) 
         fresh(x).sum().backward()
         handle.remove()
         assert fired == [1], lock
+
+
+CHILD = Path(__file__).with_name("interruption_child.py")
+SIGINT_SECONDS = "1.0"  # of real signals, after the positions
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_ctrl_c_anywhere_in_a_registration_or_a_removal(framework: str) -> None:
+    """A KeyboardInterrupt at every position of every kind of registration and removal
+    (tests/interruption_child.py: each call, line and return of unihook's frames, by a trace
+    function; then real signals for a while): it reaches the caller as itself, no lock stays
+    held, a registration is undone (its hook never fires) and a removal finished, exactly:
+    the module, the framework's tables and unihook's state as before. Before, a Ctrl-C there
+    could leave the registration lock held (every later registration waited for ever), a
+    hook registered with no handle, or a handle marked removed over a live hook."""
+    pytest.importorskip(framework)
+    proc = subprocess.run(
+        [sys.executable, str(CHILD), framework, "", SIGINT_SECONDS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "GLOG_minloglevel": "2", "INTERRUPTION_TIMEOUT": "500"},
+    )
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    *failures, result = lines
+    assert result["failures"] == 0, failures
+    for kind, positions in result["summary"].items():
+        assert positions["register"] > 20 and positions["remove"] > 3, (kind, positions)
+    assert len(result["summary"]) == 21
+    signals = result["signals"]
+    assert signals["problems"] == [], signals
+    # (most land inside a registration or a removal)
+    assert signals["landed"]["register"] + signals["landed"]["remove"] > 500, signals
+
+
+def _public_registration_functions() -> list[Any]:
+    from unihook import api, global_hooks
+
+    return [
+        getattr(module, name)
+        for module in (api, global_hooks)
+        for name in module.__all__
+        if name.startswith("register_")
+    ]
+
+
+def test_the_public_functions_return_what_register_returns() -> None:
+    """`_register` undoes a registration unless it returns the handle; the public function
+    returns it at once, from a plain call of a Python function: CPython checks for a Ctrl-C
+    neither when that call returns nor at a return (the child leaves that return out)."""
+    import dis
+
+    from unihook import api, global_hooks
+
+    functions = _public_registration_functions()
+    assert len(functions) == 13
+    for function in functions:
+        ops = [i for i in dis.get_instructions(function) if i.opname != "CACHE"]
+        returns = [i for i in ops if i.opname == "RETURN_VALUE"]
+        assert len(returns) == 1 and ops[-1].opname == "RETURN_VALUE", function
+        assert ops[-2].opname == "CALL" and "CALL_FUNCTION_EX" not in {i.opname for i in ops}
+        loads = [i.argval for i in ops if i.opname == "LOAD_GLOBAL"]
+        assert "_register" in loads, function
+    assert {api._register.__name__, global_hooks._register.__name__} == {"_register"}
+
+
+def test_every_registry_lock_is_taken_by_its_mutex() -> None:
+    """A `with` on a RegistryLock takes its C mutex too (``with lock, lock.mutex:``): the
+    Python object alone locks nothing, and a lock taken in Python code could be left held."""
+    import ast
+
+    import unihook_paddle
+    import unihook_torch
+
+    roots = [Path(m.__file__).parent for m in (unihook, unihook_torch, unihook_paddle)]
+    wrong, checked = [], 0
+    for path in sorted(p for root in roots for p in root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        locks = {
+            target.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "id", "") == "RegistryLock"
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.With):
+                continue
+            items = [ast.unparse(item.context_expr) for item in node.items]
+            for n, item in enumerate(items):
+                if item in locks:
+                    checked += 1
+                    if items[n + 1 : n + 2] != [f"{item}.mutex"]:
+                        wrong.append(f"{path.name}:{node.lineno}: with {', '.join(items)}")
+    assert wrong == [] and checked > 10

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import sys
 import threading
+from functools import partial
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, cast
+
+from ._locks import undo_if_unfinished
 
 if TYPE_CHECKING:
     from importlib.abc import Loader
 
-__all__ = ["install_when_imported", "when_imported"]
+__all__ = ["cancel_when_imported", "install_when_imported", "when_imported"]
 
 _callbacks: dict[str, list[Callable[[ModuleType], None]]] = {}
 _lock = threading.RLock()
@@ -19,7 +22,9 @@ _searching: set[str] = set()
 
 def when_imported(name: str, callback: Callable[[ModuleType], None]) -> Callable[[], None]:
     """Call `callback(module)` now if top-level module `name` is imported, else right after it
-    is. Return a function that cancels a callback that has not run yet."""
+    is. Return a function that cancels a callback that has not run yet:
+    ``cancel_when_imported(name, callback)``, which a caller may take before (a Ctrl-C may land
+    between the registration and its return)."""
     module = sys.modules.get(name)
     if module is not None:
         callback(module)
@@ -28,18 +33,20 @@ def when_imported(name: str, callback: Callable[[ModuleType], None]) -> Callable
         _callbacks.setdefault(name, []).append(callback)
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
+    return partial(cancel_when_imported, name, callback)
 
-    def cancel() -> None:
-        with _lock:
-            pending = _callbacks.get(name, [])
-            if callback in pending:
-                pending.remove(callback)
-            if not pending:
-                _callbacks.pop(name, None)
-            if not _callbacks and _FINDER in sys.meta_path:
-                sys.meta_path.remove(_FINDER)
 
-    return cancel
+def cancel_when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:
+    """Cancel `callback` if it waits for `name` (one entry of it); no import hook is left
+    when none waits. Idempotent for a callback given once."""
+    with _lock:
+        pending = _callbacks.get(name, [])
+        if callback in pending:
+            pending.remove(callback)
+        if not pending:
+            _callbacks.pop(name, None)
+        if not _callbacks and _FINDER in sys.meta_path:
+            sys.meta_path.remove(_FINDER)
 
 
 def _nothing() -> None:
@@ -102,11 +109,16 @@ def install_when_imported(
     """Run `install()` (which returns its own remover) now if `name` is imported, else when it
     is; return a remover that undoes it, or cancels it if it has not run yet."""
     removers: list[Callable[[], None]] = []
-    cancel = when_imported(name, lambda _module: removers.append(install()))
+
+    def callback(_module: ModuleType) -> None:
+        removers.append(install())
 
     def remove() -> None:
-        cancel()
+        cancel_when_imported(name, callback)
         while removers:
-            removers.pop()()
+            removers[-1]()  # (run before it leaves the list: a removal cut short runs it again)
+            removers.pop()
 
+    undo_if_unfinished(remove)  # (`install` records its own steps too)
+    when_imported(name, callback)
     return remove

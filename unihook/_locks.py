@@ -1,4 +1,18 @@
-"""The lock that guards a registry of hooks."""
+"""The lock that guards a registry of hooks, and what undoes a registration cut short.
+
+A Ctrl-C (or any exception raised asynchronously: ``PyThreadState_SetAsyncExc``) lands where
+CPython checks for one: a Python function's entry, after a call of anything but a Python
+function, a backward jump. Two rules keep unihook consistent wherever it lands:
+
+- the registry lock is taken and let go by C code alone (`RegistryLock.mutex`, a
+  ``threading.RLock`` entered by the ``with`` statement itself): no point lies between taking
+  it and the protected block, or between the end of the block and letting it go;
+- a registration records how to undo each step before making it (`undo_if_unfinished`,
+  idempotent removers keyed by ids chosen before the step); the public registration function
+  that opened the record (`registering`) runs them if it does not return the handle. A removal
+  that is cut short finishes (`unihook.handles.Handle.remove`): removers are idempotent, and a
+  second run completes what the first left.
+"""
 
 from __future__ import annotations
 
@@ -7,42 +21,71 @@ from typing import Callable
 
 from .errors import BackendStateError
 
-__all__ = ["RegistryLock", "held_here", "inside_registration"]
+__all__ = [
+    "Collecting",
+    "RegistryLock",
+    "held_here",
+    "inside_registration",
+    "undo",
+    "undo_if_unfinished",
+]
 
 _locks: list[RegistryLock] = []  # every one (a handful, module-level): see `held_here`
 
 
 class RegistryLock:
-    """Guards a registry. A change asked for by the thread that holds it (a dropped object's
-    finalizer removing its hook, run by the garbage collector inside a registration) waits
-    until it lets go: neither a deadlock nor a change in the middle of another. A
-    registration asked for by that thread (a finalizer registering a hook) cannot wait for
-    itself: it raises instead of deadlocking."""
+    """Guards a registry; used as ``with lock, lock.mutex:`` (nothing else takes it).
+
+    `mutex` is a C ``threading.RLock``: the ``with`` statement takes and lets go of it in C,
+    where a Ctrl-C cannot land half-way (a lock taken in Python code, a ``__enter__`` written in
+    Python, could be left held by one landing after the acquire). This object, entered first,
+    holds the Python parts: before the mutex, the refusal of a registration from the thread
+    that holds it; after it, the removals deferred meanwhile.
+
+    A change asked for by the thread that holds it (a dropped object's finalizer removing its
+    hook, run by the garbage collector inside a registration) waits until it lets go: neither
+    a deadlock nor a change in the middle of another. A registration asked for by that thread
+    (a finalizer registering a hook) cannot wait for itself: it raises instead of deadlocking."""
+
+    __slots__ = ("mutex", "_entered", "_deferred")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._owner: int | None = None
+        self.mutex: threading.RLock = threading.RLock()
+        # one item per thread inside (entering or holding): a hint that spares `held_here` its
+        # C call, which dynamo cannot trace, while no lock is held (list.append and pop: safe
+        # beside other threads)
+        self._entered: list[None] = []
         self._deferred: list[Callable[[], None]] = []
         _locks.append(self)
 
     def __enter__(self) -> None:
-        if self._owner == threading.get_ident():  # (only this thread sets its own id)
+        if self.mutex._is_owned():  # type: ignore[attr-defined]
             # a backstop: the registration functions refuse before changing anything
             raise BackendStateError(_INSIDE.format(what="change its hooks"))
-        self._lock.acquire()
-        self._owner = threading.get_ident()
+        self._entered.append(None)
 
     def __exit__(self, *exc: object) -> None:
-        deferred, self._deferred = self._deferred, []
-        self._owner = None
-        self._lock.release()
-        for remove in deferred:
+        # (the mutex is let go by now) a Ctrl-C landing here leaves the deferred removals to
+        # the next exit, and the hint set: `held` then asks the mutex
+        try:
+            self._entered.pop()
+        except IndexError:  # (never: each exit follows its entry's append)
+            pass
+        while self._deferred:
+            try:
+                remove = self._deferred.pop(0)
+            except IndexError:  # (another thread ran it)
+                return
             remove()
+
+    def held(self) -> bool:
+        """Whether this thread holds the lock."""
+        return bool(self._entered) and self.mutex._is_owned()  # type: ignore[attr-defined]
 
     def deferred(self, remove: Callable[[], None]) -> bool:
         """Whether this thread holds the lock: then `remove` runs once it lets go (a caller
         that gets True returns at once)."""
-        if self._owner != threading.get_ident():
+        if not self.held():
             return False
         self._deferred.append(remove)
         return True
@@ -61,12 +104,47 @@ def held_here() -> bool:
     the collector ran there): registering then would wait for the lock this thread holds,
     and a refusal halfway would leave a partial registration behind, so the registration
     functions refuse before anything changes (`inside_registration`)."""
-    # (no thread id unless some lock is held: a registration inside a compiled forward stays
-    # traceable, where dynamo breaks its graph at `get_ident`)
-    owners = [lock._owner for lock in _locks if lock._owner is not None]
-    return bool(owners) and threading.get_ident() in owners
+    # (no C call unless some lock is entered: a registration inside a compiled forward stays
+    # traceable, where dynamo breaks its graph at RLock._is_owned)
+    return any(lock._entered and lock.mutex._is_owned() for lock in _locks)  # type: ignore[attr-defined]
 
 
 def inside_registration(site: object) -> BackendStateError:
     """The error a registration made where `held_here()` raises."""
     return BackendStateError(f"{site}: " + _INSIDE.format(what="register a hook"))
+
+
+# The removers of the steps the registration running on this thread made so far (`undo`):
+# `registering` is the registration functions' protocol, inlined in each (see there).
+registering = threading.local()
+
+
+class Collecting(list[Callable[[], object]]):
+    """The record of a registration of several hooks (``attach``): each registration made
+    inside it that returns its handle adds the handle's removal, so that the whole is undone
+    if it does not return (a Ctrl-C between a registration's return and the group's record of
+    its handle)."""
+
+
+def undo_if_unfinished(remover: Callable[[], object]) -> None:
+    """Record `remover`, which undoes the step about to be made, for the registration running
+    on this thread: it runs if that registration does not return its handle (a Ctrl-C landed
+    in it, or it raised). Call it before the step: `remover` must do nothing for a step not
+    made, finish undoing a step made half-way, and may run twice. Outside a registration
+    (a step made at a module call, or when a framework gets imported) it does nothing."""
+    steps: list[Callable[[], object]] | None = getattr(registering, "steps", None)
+    if steps is not None:
+        steps.append(remover)
+
+
+def undo(steps: list[Callable[[], object]], error: BaseException) -> None:
+    """A registration did not return its handle (`error` stops it): undo its `steps`, the
+    last first. An undo that fails is noted on `error`, which the caller re-raises as it is
+    (a KeyboardInterrupt stays one)."""
+    for remover in reversed(steps):
+        try:
+            remover()
+        except Exception as failed:  # noqa: BLE001 (the rest still run; `error` goes on)
+            note = getattr(error, "add_note", None)  # (Python 3.11)
+            if note is not None:
+                note(f"unihook could not undo a step of the registration: {failed!r}")

@@ -21,7 +21,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from ._checks import check_grad, check_grad_tuple
 from ._describe import Site
-from ._locks import RegistryLock
+from ._locks import RegistryLock, undo_if_unfinished
 from .errors import BackendStateError, HookReturnError, InPlaceError
 from .handles import Handle
 
@@ -168,16 +168,25 @@ class ModuleBackward:
         # taken at its start, as torch's; an input it changed in place needs its history).
         self.removed = False
 
-    def add(self, kind: str, hook: Hook, site: Site | None, prepend: bool) -> int:
-        """Add a hook (callers hold the registration lock). A call starting meanwhile on
-        another thread copies the dict: it must never see it half changed."""
+    def add(
+        self, kind: str, hook: Hook, site: Site | None, prepend: bool, key: int | None = None
+    ) -> int:
+        """Add a hook (callers hold the registration lock) under `key` (a new one if None,
+        else one from `new_key`, taken before, so that a removal recorded before knows it).
+        A call starting meanwhile on another thread copies the dict: it must never see it
+        half changed."""
         attr = "pre_hooks" if kind == "full_backward_pre" else "full_hooks"
-        key = next(_ids)
+        if key is None:
+            key = next(_ids)
         if prepend:
             setattr(self, attr, {key: (hook, site), **getattr(self, attr)})
         else:
             getattr(self, attr)[key] = (hook, site)
         return key
+
+    @staticmethod
+    def new_key() -> int:
+        return next(_ids)
 
     def discard(self, key: int) -> bool:
         """Remove hook `key`; True when no hook is left."""
@@ -217,7 +226,7 @@ class ModuleBackward:
         """A call of a removed state ends: the last one out takes the dispatchers."""
         if _lock.deferred(self._ended):
             return
-        with _lock:
+        with _lock, _lock.mutex:
             self.retire()
 
     # -- the two dispatchers, installed as the module's last forward pre- and post-hook --
@@ -849,8 +858,11 @@ class _States:
         self._refs[module] = weakref.ref(state)
 
     def __delitem__(self, module: Any) -> None:
-        retired = [r for r in self._retired.get(module, ()) if _pinned(r())]
-        self._retired[module] = [*retired, self._refs.pop(module)]
+        ref = self._refs[module]
+        retired = [r for r in self._retired.get(module, ()) if _pinned(r()) and r is not ref]
+        # (retired first: a removal cut short between the two still finds the state)
+        self._retired[module] = [*retired, ref]
+        self._refs.pop(module, None)
 
     def dispatching(self, module: Any, args: tuple[Any, ...]) -> ModuleBackward | None:
         """The module's own state, current or removed, if it took this call."""
@@ -880,30 +892,42 @@ def register_backward_hook(
     """Register a full backward (pre-)hook on `module`; the first installs the dispatchers,
     removing the last uninstalls them (the framework's no-hook fast path comes back)."""
     site = Site.of(kind, autograd.backend, module, name)
-    with _lock:
+    key = ModuleBackward.new_key()
+    module_ref = weakref.ref(module)
+    # the state the hook goes in, weakly (the handle must not keep the model alive either)
+    into: list[weakref.ref[ModuleBackward]] = []
+
+    def remove() -> None:
+        # Idempotent, for a registration cut short too (a Ctrl-C: see unihook._locks): a
+        # second run finishes what the first left.
+        if _lock.deferred(remove):
+            return
+        with _lock, _lock.mutex:
+            m, state = module_ref(), into[0]() if into else None
+            if m is None or state is None:
+                return
+            if _states.get(m) is state:
+                if not state.discard(key):
+                    return
+                state.removed = True
+                del _states[m]
+            if state.removed:
+                state.retire()
+
+    undo_if_unfinished(remove)
+    with _lock, _lock.mutex:
         state = _states.get(module)
         if state is None:
-            state = _states[module] = ModuleBackward(autograd)
+            state = ModuleBackward(autograd)
+            into.append(weakref.ref(state))
+            _states[module] = state
+        else:
+            into.append(weakref.ref(state))
+        if state.dispatchers is None:  # (new, or a registration cut short left it without)
             state.dispatchers = autograd.add_dispatchers(
                 module, state.pre_dispatch, state.post_dispatch
             )
-        key = state.add(kind, hook, site, prepend)
-    module_ref = weakref.ref(module)
-    state_ref = weakref.ref(state)  # (the handle must not keep the model alive either)
-    del state
-
-    def remove() -> None:
-        if _lock.deferred(remove):
-            return
-        with _lock:
-            m, state = module_ref(), state_ref()
-            if m is None or state is None or _states.get(m) is not state:
-                return
-            if state.discard(key):
-                state.removed = True
-                del _states[m]
-                state.retire()
-
+        state.add(kind, hook, site, prepend, key)
     return Handle(autograd.backend, kind, remove)
 
 
@@ -917,22 +941,36 @@ def add_global_backward_hook(
     the first one installs the global dispatchers (`install`), removing the last one removes
     them. Returns the remover."""
     backend = autograd.backend
-    with _lock:
+    key = ModuleBackward.new_key()
+    into: list[ModuleBackward] = []  # the state the hook goes in
+
+    def remove() -> None:
+        # idempotent, as register_backward_hook's
+        if _lock.deferred(remove):
+            return
+        with _lock, _lock.mutex:
+            if not into:
+                return
+            state = into[0]
+            if _globals.get(backend) is state:
+                if not state.discard(key):
+                    return
+                state.removed = True
+                del _globals[backend]
+            if state.removed:
+                state.retire()
+
+    undo_if_unfinished(remove)
+    with _lock, _lock.mutex:
         state = _globals.get(backend)
         if state is None:
             state = ModuleBackward(autograd, is_global=True)
-            state.dispatchers = install(state)
+            into.append(state)
             _globals[backend] = state
-        key = state.add(kind, hook, None, prepend=False)
-
-    def remove() -> None:
-        if _lock.deferred(remove):
-            return
-        with _lock:
-            if _globals.get(backend) is not state or not state.discard(key):
-                return
-            del _globals[backend]
-            state.removed = True
-            state.retire()
+        else:
+            into.append(state)
+        if state.dispatchers is None:  # (new, or a registration cut short left it without)
+            state.dispatchers = install(state)
+        state.add(kind, hook, None, False, key)
 
     return remove

@@ -30,7 +30,7 @@ from functools import partial
 from itertools import count
 from typing import Any, Callable, Iterable, Protocol
 
-from ._locks import RegistryLock
+from ._locks import RegistryLock, undo_if_unfinished
 
 __all__ = ["Access", "HookDict", "Pinned", "pin", "unpin"]
 
@@ -102,7 +102,7 @@ class HookDict(OrderedDict[int, Any]):
         self._changed()
 
     def __setitem__(self, key: int, value: Any) -> None:
-        new = key not in self
+        new = not OrderedDict.__contains__(self, key)
         if key in self.pinned:
             super().__setitem__(key, value)
             self._changed()
@@ -122,36 +122,40 @@ class HookDict(OrderedDict[int, Any]):
     def __contains__(self, key: object) -> bool:
         if super().__contains__(key):
             return True
-        # Retired: a native handle made just before the swap back (a finalizer the garbage
-        # collector ran between torch's `RemovableHandle(...)` and its insertion) refers to
-        # this dict while its hook went into the origin.
-        origin = None if self._origin is not None else self.origin()
+        # A key in the origin only: retired, a native handle made just before the swap back
+        # (a finalizer the garbage collector ran between torch's `RemovableHandle(...)` and
+        # its insertion) refers to this dict while its hook went into the origin; installed,
+        # one added to the origin directly (`items` takes it in) or an insertion cut short (a
+        # Ctrl-C: the origin goes first), which its handle's removal must still find.
+        origin = self.origin()
         return origin is not None and key in origin
 
     def __delitem__(self, key: int) -> None:
-        if not super().__contains__(key):
-            origin = None if self._origin is not None else self.origin()
-            if origin is None or key not in origin:
-                raise KeyError(key)
-            del origin[key]  # (retired: see __contains__)
-            return
-        super().__delitem__(key)
-        self._changed()
+        here = super().__contains__(key)
         origin = self.origin()
+        if not here and (origin is None or key not in origin):
+            raise KeyError(key)
+        if here:
+            super().__delitem__(key)
+            self._changed()
         if origin is not None:
             origin.pop(key, None)
         self.owned.discard(key)
         if key in self.pinned:
             self.pinned.remove(key)
-            self.tail.discard(key)
+        self.tail.discard(key)
 
     # OrderedDict's C pop and popitem bypass __delitem__ even in a subclass.
     def pop(self, key: int, *default: Any) -> Any:  # type: ignore[override]
-        if key not in self:
-            if default:
-                return default[0]
-            raise KeyError(key)
-        value = self[key]
+        if super().__contains__(key):
+            value = super().__getitem__(key)
+        else:
+            origin = self.origin()
+            if origin is None or key not in origin:
+                if default:
+                    return default[0]
+                raise KeyError(key)
+            value = origin[key]  # (see __contains__)
         del self[key]
         return value
 
@@ -373,7 +377,7 @@ def pin(
         lambda: pin(owner, attr, key, hook, access, last=last, prepend=prepend, tail=tail)
     ):
         return
-    with _lock:
+    with _lock, _lock.mutex:
         _pin(owner, attr, key, hook, access, last=last, prepend=prepend, tail=tail)
 
 
@@ -396,10 +400,15 @@ def _pin(
             # a plain dict a library assigned (`m._forward_hooks = {}`): native handles need
             # a weak reference to their dict, the origin is an OrderedDict of its entries
             current = OrderedDict(current)
-        entry = _retired.pop(id(current), None)
+        ident = id(current)
+        entry = _retired.get(ident)
         hooks = entry[1] if entry is not None and entry[0]() is current else HookDict()
         hooks._install(current, owner, attr, access)
         access.put(owner, attr, hooks)
+        # (out of `_retired` once installed: it holds its origin strongly. Taken out first, a
+        # Ctrl-C before the swap would drop it, and with it the removals of the native hooks
+        # registered through it; left in, the module's death would not free them.)
+        _retired.pop(ident, None)
     hooks.owned.add(key)
     if tail:
         hooks.tail.add(key)
@@ -425,7 +434,7 @@ def _follow(
     unihook's the other `owned` keys a copy of the dropped dict brought along."""
     if _lock.deferred(lambda: _follow(owner, attr, access, pinned, owned)):
         return
-    with _lock:
+    with _lock, _lock.mutex:
         try:
             current = access.get(owner, attr)
         except (AttributeError, KeyError):
@@ -451,46 +460,64 @@ def _retired_dispatcher(hook: Any) -> bool:
 
 
 def unpin(owner: Any, attr: str, key: int, access: Access) -> None:
-    """Remove unihook's hook `key`; the last one out puts the origin back."""
+    """Remove unihook's hook `key`; the last one out puts the origin back. Idempotent: it
+    undoes a `pin` cut short (a Ctrl-C) and finishes an `unpin` cut short."""
     if _lock.deferred(lambda: unpin(owner, attr, key, access)):
         return
-    with _lock:
+    with _lock, _lock.mutex:
         hooks = access.get(owner, attr)
         if not isinstance(hooks, HookDict):
             # a dict a library assigned that unihook's keys did not follow into (it kept the
             # HookDict it replaced, or that one held no dispatcher): a copy holds the key too
             if isinstance(hooks, dict):
                 hooks.pop(key, None)
+            entry = _retired.get(id(hooks))
+            if entry is not None and entry[1]._origin is hooks:
+                # a `pin` cut short between installing its retired HookDict and the swap: it
+                # would hold the origin, and the hooks, for ever
+                _retire(entry[1], owner, attr, access)
             return
         hooks.pop(key, None)
-        # (and where `pin` was interrupted before the key went in: a Ctrl-C, see Pinned.install)
+        # (and where `pin` was cut short before the key went in)
         hooks.owned.discard(key)
         if key in hooks.pinned:
             hooks.pinned.remove(key)
-            hooks.tail.discard(key)
-        if hooks.owned or hooks._origin is None:
-            return
-        origin = hooks._origin
-        hooks._origin = None
-        # the origin already holds every native hook in order (mirrored); only its type differs
-        ident = id(origin)
+        hooks.tail.discard(key)
+        if not hooks.owned:
+            _retire(hooks, owner, attr, access)
+
+
+def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
+    """unihook's last key left `hooks`, the module's hook dict: the origin goes back in its
+    place, holding every native hook in order (mirrored), and `hooks` lives on in `_retired`,
+    forwarding its handles' removals. The swap comes last, each step before it leaves a dict
+    that works: a run cut short (a Ctrl-C) is finished by the next."""
+    origin = hooks.origin()
+    if origin is None:
+        return
+    ident = id(origin)
+    entry = _retired.get(ident)
+    if entry is None or entry[0]() is not origin or entry[1] is not hooks:
 
         def forget(ref: weakref.ref[Any], retired: dict[int, Any] = _retired) -> None:
             # (`retired` bound now: at interpreter exit the module's globals are gone first)
             if retired.get(ident, (None,))[0] is ref:
                 del retired[ident]
 
-        origin_ref = weakref.ref(origin, forget)
-        access.put(owner, attr, origin)
-        # Retired, it only forwards its handles' removals (by key): holding the hooks from this
-        # global table would keep them, and the module they often refer to, alive. A call on
-        # another thread that read the dict just before may still iterate it: each value runs
-        # the origin's hook of that key, if there is one still.
-        for k in list(hooks):
+        entry = _retired[ident] = (weakref.ref(origin, forget), hooks)
+    origin_ref = entry[0]
+    # Retired, it only forwards its handles' removals (by key): holding the hooks from this
+    # global table would keep them, and the module they often refer to, alive. A call on
+    # another thread that read the dict just before may still iterate it: each value runs
+    # the origin's hook of that key, if there is one still.
+    for k in list(hooks):
+        if not isinstance(OrderedDict.__getitem__(hooks, k), _Forwarding):
             OrderedDict.__setitem__(hooks, k, _Forwarding(origin_ref, k))
-        hooks._snap = None  # (it held the hooks too)
-        hooks._changed()
-        _retired[ident] = (origin_ref, hooks)
+    hooks._snap = None  # (it held the hooks too)
+    hooks._origin = None
+    hooks._changed()
+    if access.get(owner, attr) is hooks:
+        access.put(owner, attr, origin)
 
 
 class _Forwarding:
@@ -553,6 +580,7 @@ class Pinned:
         (pre_attr, pre), (post_attr, post) = hooks
         pre_key, post_key = new_id(), new_id()
         pinned = cls(owner, (pre_attr, pre_key), (post_attr, post_key), always, access)
+        undo_if_unfinished(pinned.remove)  # (inside a registration)
         try:
             flags = access.get(owner, always)
             flags[post_key] = True
@@ -562,9 +590,7 @@ class Pinned:
         except BaseException:
             # interrupted half-way (a Ctrl-C in a forward that pins lazily): what went in goes,
             # so that the next call pins once, not twice
-            unpin(owner, pre_attr, pre_key, access)
-            unpin(owner, post_attr, post_key, access)
-            access.get(owner, always).pop(post_key, None)
+            pinned.remove()
             raise
         return pinned
 
@@ -576,6 +602,7 @@ class Pinned:
         return pinned
 
     def remove(self) -> None:
+        """Unpin both (idempotent: undoes an `install` cut short, finishes a removal too)."""
         self.watch = None
         owner = self.owner()
         if owner is None:

@@ -6,7 +6,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Literal, overload
 
 from ._describe import Site, type_name
-from ._locks import held_here, inside_registration
+from ._locks import Collecting, held_here, inside_registration, registering, undo
 from ._plugins import DISABLE_ENV, call_owner, disabled_backends, plugin_manager
 from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
 from .handles import Handle
@@ -193,18 +193,37 @@ def _register(kind: HookKind, target: object, **options: Any) -> Handle:
     if held_here():  # (a finalizer run inside a registration: refused before any change)
         backend = plugin_manager().hook.unihook_backend_of(obj=target) or "none"
         raise inside_registration(Site.of(kind, backend, target, options.get("name")))
-    handle: Handle | None = call_owner(
-        f"unihook_register_{kind}_hook",
-        target,
-        **{KIND_INFO[kind].target: target},  # the hookspec's "module" or "tensor" argument
-        **options,
-    )
-    if handle is not None:
+    # The backend records how to undo each step before making it: undone unless the handle
+    # is returned (a Ctrl-C anywhere before the return; the public function returns what this
+    # one returns, with no point between where a Ctrl-C can land). See unihook._locks.
+    steps: list[Callable[[], object]] = []
+    outer = getattr(registering, "steps", None)
+    try:
+        registering.steps = steps
+        handle: Handle | None = call_owner(
+            f"unihook_register_{kind}_hook",
+            target,
+            **{KIND_INFO[kind].target: target},  # the hookspec's "module" or "tensor" argument
+            **options,
+        )
+        if handle is None:
+            raise _not_taken(kind, target, options.get("name"))
+        registering.steps = outer
+        if isinstance(outer, Collecting):  # (undone with attach's, if that one is)
+            outer.append(handle.remove)
         return handle
+    except BaseException as error:
+        registering.steps = outer
+        undo(steps, error)
+        raise
+
+
+def _not_taken(kind: HookKind, target: object, name: str | None) -> Exception:
+    """No backend took the hook: the error saying why."""
     backend = plugin_manager().hook.unihook_backend_of(obj=target)
     if backend is None:
-        raise _no_backend(f"register_{kind}_hook", target)
-    raise Site.of(kind, backend, target, options.get("name")).error(
+        return _no_backend(f"register_{kind}_hook", target)
+    return Site.of(kind, backend, target, name).error(
         UnsupportedHookError,
         f"a backend that implements {kind} hooks (see unihook.backends())",
         f"backend {backend!r}, which does not",

@@ -18,10 +18,15 @@ backends use them.
 - **Return-value checks**: `check_grad` / `check_grad_like` for gradients a hook returns,
   `checked_kwargs_pre_hook` / `kwargs_post_hook` / `check_pre_kwargs_result` for with_kwargs
   forward hooks, `show_value` for what a message says was received.
-- **Locks**: `RegistryLock` for a backend's registry, so a removal a finalizer asks for while
-  the thread holds it (the garbage collector runs anywhere) waits instead of deadlocking.
+- **Locks**: `RegistryLock` for a backend's registry (``with lock, lock.mutex:``), so a removal
+  a finalizer asks for while the thread holds it (the garbage collector runs anywhere) waits
+  instead of deadlocking, and a Ctrl-C never leaves it held.
+- **Ctrl-C**: `undo_if_unfinished(remover)` before each step of a registration: a
+  registration cut short (a KeyboardInterrupt anywhere in it) is undone; removers must be
+  idempotent (see ``unihook._locks``).
 - **Laziness**: `when_imported` / `install_when_imported` run code when the framework gets
-  imported, without importing it (a global hook registered before the framework).
+  imported, without importing it (a global hook registered before the framework);
+  `cancel_when_imported` cancels a callback (taken before registering it).
 - **Ops helpers**: `map_dataclass` maps the fields of a dataclass output (``tensors_in``).
 """
 
@@ -38,8 +43,8 @@ from ._checks import (
     show_value,
 )
 from ._describe import Site, type_name
-from ._imports import install_when_imported, when_imported
-from ._locks import RegistryLock
+from ._imports import cancel_when_imported, install_when_imported, when_imported
+from ._locks import RegistryLock, undo_if_unfinished
 from ._module_backward import (
     Autograd,
     Dispatchers,
@@ -62,6 +67,7 @@ __all__ = [
     "RegistryLock",
     "Site",
     "add_global_backward_hook",
+    "cancel_when_imported",
     "check_grad",
     "check_grad_like",
     "check_pre_kwargs_result",
@@ -75,6 +81,7 @@ __all__ = [
     "register_backward_hook",
     "show_value",
     "type_name",
+    "undo_if_unfinished",
     "unpin",
     "when_imported",
 ]

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 from weakref import WeakKeyDictionary
 
 from . import api
+from ._locks import Collecting, registering, undo
 from .compose import HookGroup, Where, select
 from .errors import StaleCaptureError
 from .handles import Removable
@@ -163,7 +164,11 @@ class Capture(Removable):
         self._group = HookGroup()
         selected = select(model, where)
         self.names: list[str] = [name for name, _ in selected]
+        # as attach (unihook.compose): a registration cut short undoes those made so far
+        steps = Collecting()
+        outer = getattr(registering, "steps", None)
         try:
+            registering.steps = steps
             start = api.register_forward_pre_hook(model, self._next_forward)
             self._group.add("", start)
             for name, module in selected:
@@ -182,7 +187,10 @@ class Capture(Removable):
                     self._group.add(
                         name, api.register_full_backward_pre_hook(module, hook, name=name)
                     )
-        except BaseException:
+            registering.steps = outer
+        except BaseException as error:
+            registering.steps = outer
+            undo(steps, error)
             self._group.remove()
             raise
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence, Union, overload
 
 from . import api
 from ._describe import type_name
+from ._locks import Collecting, registering, undo
 from .errors import HookArgumentError
 from .handles import Handle, Removable
 from .hooktypes import (
@@ -68,8 +69,14 @@ class HookGroup(Removable):
 
     def remove(self) -> None:
         handles, self._handles = self._handles, []
-        for handle in reversed(handles):
-            handle.remove()
+        try:
+            for handle in reversed(handles):
+                handle.remove()
+        except BaseException:
+            # cut short (a Ctrl-C): the rest go too (a handle's removal is idempotent)
+            for handle in reversed(handles):
+                handle.remove()
+            raise
 
     def __len__(self) -> int:
         return len(self._handles)
@@ -236,14 +243,22 @@ def attach(
     register = KINDS[kind]
     wants_name = _takes_name(hook)
     group = HookGroup()
+    # Each registration records its removal here (unihook._locks): undone, the registrations
+    # made so far with their handles, which a Ctrl-C could leave outside the group.
+    steps = Collecting()
+    outer = getattr(registering, "steps", None)
     try:
+        registering.steps = steps
         for name, module in _select(model, where, what):
             bound = functools.partial(hook, name=name) if wants_name else hook
             group.add(name, register(module, bound, when=when, name=name, **options))
-    except BaseException:
+        registering.steps = outer
+        return group
+    except BaseException as error:
+        registering.steps = outer
+        undo(steps, error)
         group.remove()
         raise
-    return group
 
 
 def _takes_name(hook: Callable[..., Any]) -> bool:

@@ -6,10 +6,10 @@ yet gets it when it is); ``backend="paddle"`` in one. The handle removes it ever
 
 from __future__ import annotations
 
-from typing import Any, Literal, overload
+from typing import Any, Callable, Literal, overload
 
 from ._describe import Site
-from ._locks import held_here, inside_registration
+from ._locks import Collecting, held_here, inside_registration, registering, undo
 from ._plugins import plugin_manager
 from .api import _no_backend_hint, _short, backends
 from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
@@ -23,6 +23,7 @@ from .hooktypes import (
     ForwardPreHookWithKwargs,
     RegistrationHook,
 )
+from .info import BackendInfo
 from .kinds import GlobalKind, global_label
 
 __all__ = [
@@ -136,6 +137,33 @@ def _register(
             f"{site}: `backend` must be one of {{None, {', '.join(map(repr, installed))}}}. "
             f"Received: backend={_short(backend)}."
         )
+    # As in unihook.api._register: undone unless the handle is returned.
+    steps: list[Callable[[], object]] = []
+    outer = getattr(registering, "steps", None)
+    try:
+        registering.steps = steps
+        handle = _in_backends(kind, hook, backend, with_kwargs, always_call, site, infos)
+        registering.steps = outer
+        if isinstance(outer, Collecting):  # (undone with attach's, if that one is)
+            outer.append(handle.remove)
+        return handle
+    except BaseException as error:
+        registering.steps = outer
+        undo(steps, error)
+        raise
+
+
+def _in_backends(
+    kind: GlobalKind,
+    hook: object,
+    backend: str | None,
+    with_kwargs: bool,
+    always_call: bool,
+    site: Site,
+    infos: list[BackendInfo],
+) -> Handle:
+    """The hook registered in `backend`, or every installed one (`infos`: unihook.backends())."""
+    installed = [info.name for info in infos if info.installed]
     results = plugin_manager().hook.unihook_register_global_hook(
         kind=kind, hook=hook, with_kwargs=with_kwargs, always_call=always_call, backend=backend
     )

@@ -65,11 +65,22 @@ class Handle(Removable):
         return self._remover is None
 
     def remove(self) -> None:
-        """Remove the hook; later calls do nothing."""
-        with _removing:
-            remover, self._remover = self._remover, None
-        if remover is not None:
-            remover()
+        """Remove the hook; later calls do nothing. Cut short (a Ctrl-C), the removal still
+        finishes before the KeyboardInterrupt goes on."""
+        remover = None
+        try:
+            with _removing:
+                remover, self._remover = self._remover, None
+            if remover is not None:
+                remover()
+        except BaseException:
+            if remover is not None:
+                # Removers are idempotent and a second run finishes what the first left. If
+                # that one is cut short too, the handle stays active: remove() again.
+                self._remover = remover
+                remover()
+                self._remover = None
+            raise
 
     def __repr__(self) -> str:
         state = "removed" if self.removed else "active"

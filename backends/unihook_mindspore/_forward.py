@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from functools import partial
 from typing import Any, Callable
 
 from mindspore.common.hook_handle import HookHandle
 
-from unihook.backend import Pinned, pin, unpin
+from unihook.backend import Pinned, pin, undo_if_unfinished, unpin
 
 __all__ = ["Access", "add_dispatchers", "add_hook", "remove_hook", "new_id"]
 
@@ -64,6 +65,8 @@ def add_hook(
 ) -> int:
     hooks_attr, (kwargs_attr, *always_attr) = _PRE if pre else _POST
     hook_id = new_id()
+    # (a registration cut short by a Ctrl-C is undone: see unihook._locks)
+    undo_if_unfinished(partial(remove_hook, cell, hook_id, pre=pre))
     with _lock:
         # MindSpore reads the flags live: set before the hook can run
         if with_kwargs:

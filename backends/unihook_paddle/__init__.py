@@ -22,6 +22,7 @@ from unihook.backend import (
     install_when_imported,
     kwargs_post_hook,
     type_name,
+    undo_if_unfinished,
 )
 from unihook.errors import BackendStateError, NoGradError, TargetKindError
 from unihook.handles import Handle
@@ -125,17 +126,32 @@ def unihook_conformance_kit() -> object | None:
     return PaddleKit()
 
 
-def _forward_handle(layer: Any, kind: str, hook_id: int, dead: list[bool]) -> Handle:
-    from ._forward import remove_hook
+def _add_forward_hook(layer: Any, kind: str, hook: Callable[..., Any], **options: Any) -> Handle:
+    """The hook in `layer`'s own dicts (``_forward``); its removal recorded first."""
+    from ._forward import add_hook, new_id, remove_hook
 
+    pre = kind == "forward_pre"
+    dead = [False]
+    if options["with_kwargs"]:
+        # paddle raises a bare RuntimeError for a bad (args, kwargs) return, and reads the
+        # kwargs flags live: a call in flight may call a removed hook without kwargs.
+        if pre:
+            hook = checked_kwargs_pre_hook(hook, Site.of(kind, NAME, layer, options["name"]), dead)
+        else:
+            hook = kwargs_post_hook(hook, dead)
+    del options["name"]
+    hook_id = new_id()
     layer_ref = weakref.ref(layer)
 
     def remove() -> None:
+        # idempotent: also undoes a registration cut short (a Ctrl-C, see unihook._locks)
         dead[0] = True
         live = layer_ref()
         if live is not None:
-            remove_hook(live, hook_id, pre=kind == "forward_pre")
+            remove_hook(live, hook_id, pre=pre)
 
+    undo_if_unfinished(remove)
+    add_hook(layer, hook_id, hook, pre=pre, **options)
     return Handle(NAME, kind, remove)
 
 
@@ -146,16 +162,9 @@ def unihook_register_forward_pre_hook(
     layer = _layer(module, "forward_pre", name)
     if layer is None:
         return None
-    from ._forward import add_hook
-
-    dead = [False]
-    if with_kwargs:
-        # paddle raises a bare RuntimeError for a bad (args, kwargs) return, and reads the
-        # kwargs flags live: a call in flight may call a removed hook without kwargs.
-        hook = checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, layer, name), dead)
-
-    hook_id = add_hook(layer, hook, pre=True, prepend=prepend, with_kwargs=with_kwargs)
-    return _forward_handle(layer, "forward_pre", hook_id, dead)
+    return _add_forward_hook(
+        layer, "forward_pre", hook, prepend=prepend, with_kwargs=with_kwargs, name=name
+    )
 
 
 @hookimpl
@@ -170,16 +179,15 @@ def unihook_register_forward_hook(
     layer = _layer(module, "forward", name)
     if layer is None:
         return None
-    from ._forward import add_hook
-
-    dead = [False]
-    if with_kwargs:
-        hook = kwargs_post_hook(hook, dead)  # see the pre-hook's comment
-
-    hook_id = add_hook(
-        layer, hook, pre=False, prepend=prepend, with_kwargs=with_kwargs, always_call=always_call
+    return _add_forward_hook(
+        layer,
+        "forward",
+        hook,
+        prepend=prepend,
+        with_kwargs=with_kwargs,
+        always_call=always_call,
+        name=name,
     )
-    return _forward_handle(layer, "forward", hook_id, dead)
 
 
 @hookimpl
@@ -244,19 +252,18 @@ def unihook_register_tensor_hook(
             guard.stash(error)
             raise
 
-    hook_id = tensor._register_grad_hook(tensor_hook)
-    guard.hold(tensor_hook)
-    # paddle.grad skips leaf-tensor hooks: the guard runs them for its inputs.
-    guard.track(tensor, token, tensor_hook)
     # paddle's own TensorHookRemoveHelper holds the tensor strongly: use a weak reference.
     tensor_ref = weakref.ref(tensor)
+    hook_ids: list[int] = []  # paddle's, once registered
 
     def native_remove() -> None:
         owner = tensor_ref()
         if owner is not None:
-            owner._remove_grad_hook(hook_id)
+            for hook_id in hook_ids:
+                owner._remove_grad_hook(hook_id)  # (False for one removed already)
 
     def remove() -> None:
+        # idempotent: also undoes a registration cut short (a Ctrl-C, see unihook._locks)
         owner = tensor_ref()
         if owner is None:
             live[0] = False
@@ -268,7 +275,13 @@ def unihook_register_tensor_hook(
         # Removing a tensor hook while a backward runs, in any thread, segfaults paddle:
         # wait until none runs (the hook is already silent).
         guard.after_all_backwards(native_remove)
+        guard.sweep()
 
+    undo_if_unfinished(remove)
+    guard.register_hook(tensor, tensor_hook, hook_ids)
+    guard.hold(tensor_hook)
+    # paddle.grad skips leaf-tensor hooks: the guard runs them for its inputs.
+    guard.track(tensor, token, tensor_hook)
     return Handle(NAME, "tensor", remove)
 
 

@@ -41,6 +41,7 @@ from paddle.base import core
 
 __all__ = [
     "hold",
+    "sweep",
     "stash",
     "after_firing",
     "after_all_backwards",
@@ -136,6 +137,15 @@ def hold(hook_function: Callable[..., Any], identity: bool = False) -> None:
     `identity`: it is an identity node's (see `passes_on`), counted while alive."""
     global _originals, _tensor_originals, _installed, _identity_count
     with _lock:
+        # The holder first: a Ctrl-C before the guard is in leaves one that takes it out
+        # (`_release`), where the other order could leave the guard in for good.
+        # A weak reference with a callback: a fifth of weakref.finalize's cost, and this runs
+        # twice per call of a module with backward hooks.
+        if identity:
+            _identity_count += 1
+            _holders.add(weakref.ref(hook_function, _release_identity))
+        else:
+            _holders.add(weakref.ref(hook_function, _release))
         if not _installed:
             _originals = (core.eager.run_backward, core.eager.run_partial_grad)
             _tensor_originals = (_Tensor._register_grad_hook, _Tensor.retain_grads)
@@ -144,30 +154,52 @@ def hold(hook_function: Callable[..., Any], identity: bool = False) -> None:
             core.eager.run_partial_grad = _run_partial_grad
             _Tensor._register_grad_hook = _register_grad_hook
             _Tensor.retain_grads = _retain_grads
-        # A weak reference with a callback: a fifth of weakref.finalize's cost, and this runs
-        # twice per call of a module with backward hooks.
-        if identity:
-            _identity_count += 1
-            _holders.add(weakref.ref(hook_function, _release_identity))
-        else:
-            _holders.add(weakref.ref(hook_function, _release))
 
 
 def _release_identity(holder: weakref.ref[Any]) -> None:
     global _identity_count
-    with _lock:
-        _identity_count -= 1
-        _release(holder)
+    try:
+        with _lock:
+            _identity_count -= 1
+            _let_go(holder)
+    except BaseException:
+        _let_go(holder)  # see `_release`
+        raise
 
 
 def _release(holder: weakref.ref[Any]) -> None:
+    try:
+        _let_go(holder)
+    except BaseException:
+        # cut short (a Ctrl-C: CPython prints what a weakref callback raises, and drops it):
+        # finish, or the guard would stay in for good
+        _let_go(holder)
+        raise
+
+
+def _let_go(holder: weakref.ref[Any] | None, stale_up_to: int = 16) -> None:
+    """`holder`'s hook function is gone: the guard goes out with the last one (idempotent).
+    While at most `stale_up_to` holders are left, those whose function is gone too go as well:
+    a Ctrl-C landing at the entry of their callback, which CPython drops, left them."""
     global _installed
     with _lock:
-        _holders.discard(holder)
+        if holder is not None:
+            _holders.discard(holder)
+        if _installed and 0 < len(_holders) <= stale_up_to:
+            try:
+                _holders.difference_update([ref for ref in list(_holders) if ref() is None])
+            except RuntimeError:  # (changed meanwhile: a callback the collector ran) later
+                pass
         if not _holders and _installed:
             core.eager.run_backward, core.eager.run_partial_grad = _originals
             _Tensor._register_grad_hook, _Tensor.retain_grads = _tensor_originals
             _installed = False
+
+
+def sweep() -> None:
+    """After a removal that let a hook function go: the guard goes out if none is left (see
+    `_let_go`)."""
+    _let_go(None, stale_up_to=len(_holders))
 
 
 def track(tensor: Any, token: int, hook_function: Callable[[Any], Any]) -> None:
@@ -699,6 +731,18 @@ def _retain_grads(self: Any) -> Any:
     if not self.stop_gradient:
         _mark(self)
     return _tensor_originals[1](self)
+
+
+def register_hook(tensor: Any, hook: Callable[[Any], Any], hook_ids: list[int]) -> None:
+    """``tensor._register_grad_hook(hook)`` (marking its node while the guard is in), paddle's
+    id appended to `hook_ids` by C code: no point between them where a Ctrl-C can land."""
+    if _installed:
+        if not tensor.stop_gradient:
+            _mark(tensor)
+        register = _tensor_originals[0]
+    else:
+        register = _Tensor._register_grad_hook
+    hook_ids.extend(map(register, (tensor,), (hook,)))
 
 
 def register_unseen(tensor: Any, hook: Callable[[Any], Any]) -> int:

@@ -456,7 +456,13 @@ _AUTOGRAD = PaddleAutograd()
 def register(
     layer: Any, kind: str, hook: Callable[..., Any], prepend: bool, name: str | None
 ) -> Handle:
-    return register_backward_hook(_AUTOGRAD, layer, kind, hook, prepend, name)
+    handle = register_backward_hook(_AUTOGRAD, layer, kind, hook, prepend, name)
+
+    def remove() -> None:
+        handle.remove()
+        guard.sweep()  # (the dispatchers it held the guard for may be gone)
+
+    return Handle(handle.backend, handle.kind, remove)
 
 
 class _GlobalDispatchers:

@@ -21,7 +21,7 @@ from unihook.backend import HookDict, Pinned, RegistryLock, pin, unpin
 
 from ._static import forget_programs, guard_forward, guard_forward_pre
 
-__all__ = ["Access", "add_dispatchers", "add_hook", "remove_hook"]
+__all__ = ["Access", "add_dispatchers", "add_hook", "new_id", "remove_hook"]
 
 _PRE = ("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs_flag",))
 _POST = (
@@ -31,7 +31,7 @@ _POST = (
 _lock = RegistryLock()
 
 
-def _next_id() -> int:
+def new_id() -> int:
     # Share paddle's id counter so ids never collide with natively registered hooks.
     hook_id: int = HookRemoveHelper.next_hook_id
     HookRemoveHelper.next_hook_id += 1
@@ -57,30 +57,32 @@ class Access:
 
 def add_hook(
     layer: Any,
+    hook_id: int,
     hook: Callable[..., Any],
     *,
     pre: bool,
     prepend: bool = False,
     with_kwargs: bool = False,
     always_call: bool = False,
-) -> int:
+) -> None:
+    """Register `hook` under `hook_id` (`new_id`, taken before: `remove_hook` undoes a
+    registration cut short)."""
     hooks_attr, (kwargs_attr, *always_attr) = _PRE if pre else _POST
-    hook_id = _next_id()
-    with _lock:
+    with _lock, _lock.mutex:
         # paddle reads the flags live: set before the hook can run
         if with_kwargs:
             Access.get(layer, kwargs_attr)[hook_id] = True
         if always_call:
             Access.get(layer, always_attr[0])[hook_id] = True
         pin(layer, hooks_attr, hook_id, hook, Access, last=False, prepend=prepend)
-    return hook_id
 
 
 def remove_hook(layer: Any, hook_id: int, *, pre: bool) -> None:
+    """Idempotent: also undoes an `add_hook` cut short."""
     if _lock.deferred(lambda: remove_hook(layer, hook_id, pre=pre)):
         return
     hooks_attr, flag_attrs = _PRE if pre else _POST
-    with _lock:
+    with _lock, _lock.mutex:
         unpin(layer, hooks_attr, hook_id, Access)
         for attr in flag_attrs:
             Access.get(layer, attr).pop(hook_id, None)
@@ -88,5 +90,5 @@ def remove_hook(layer: Any, hook_id: int, *, pre: bool) -> None:
 
 def add_dispatchers(layer: Any, pre: Callable[..., Any], post: Callable[..., Any]) -> Pinned:
     hooks = ((_PRE[0], pre), (_POST[0], post))
-    with _lock:
-        return Pinned.install(layer, hooks, _POST[1][1], _next_id, Access)
+    with _lock, _lock.mutex:
+        return Pinned.install(layer, hooks, _POST[1][1], new_id, Access)

@@ -33,6 +33,7 @@ from unihook.backend import (
     check_pre_kwargs_result,
     global_label,
     show_value,
+    undo_if_unfinished,
 )
 from unihook.errors import HookReturnTypeError
 
@@ -266,35 +267,40 @@ _PATCHES: dict[str, Callable[..., Any]] = {
 
 
 def _sync_patches() -> None:
-    """Patch exactly the methods some registered hook needs; restore the others."""
+    """Patch exactly the methods some registered hook needs; restore the others. Read from
+    the class, not from `_patched`: a run cut short (a Ctrl-C) is finished by the next."""
     forward = any(_forward.values()) or any(_tail.values())
     registration = any(_registration.values())
     wanted = (_FORWARD_METHODS if forward else ()) + (_REGISTRATION_METHODS if registration else ())
     for method in (*_FORWARD_METHODS, *_REGISTRATION_METHODS):
-        if method in wanted and method not in _patched:
+        patched = Layer.__dict__[method] is _PATCHES[method]
+        if method in wanted and not patched:
             _originals[method] = Layer.__dict__[method]
             _patched.add(method)
             setattr(Layer, method, _PATCHES[method])
-        elif method not in wanted and method in _patched:
-            setattr(Layer, method, _originals[method])
+        elif method not in wanted and (patched or method in _patched):
+            if patched:
+                setattr(Layer, method, _originals[method])
             _patched.discard(method)
 
 
 def _add(table: dict[int, Any], entry: Any) -> Callable[[], None]:
     key = _next_id()
-    with _lock:
+
+    def remove() -> None:
+        # idempotent: also undoes a registration cut short (a Ctrl-C, see unihook._locks)
+        if _lock.deferred(remove):
+            return
+        with _lock, _lock.mutex:
+            table.pop(key, None)
+            _rebuild()
+            _sync_patches()
+
+    undo_if_unfinished(remove)
+    with _lock, _lock.mutex:
         table[key] = entry
         _rebuild()
         _sync_patches()
-
-    def remove() -> None:
-        if _lock.deferred(remove):
-            return
-        with _lock:
-            if table.pop(key, None) is not None:
-                _rebuild()
-                _sync_patches()
-
     return remove
 
 

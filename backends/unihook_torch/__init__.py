@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from functools import partial
 from typing import Any, Callable
 
 from unihook.backend import (
@@ -18,6 +19,7 @@ from unihook.backend import (
     install_when_imported,
     kwargs_post_hook,
     type_name,
+    undo_if_unfinished,
 )
 from unihook.errors import NoGradError, TargetKindError
 from unihook.handles import Handle
@@ -135,12 +137,13 @@ def unihook_register_forward_pre_hook(
     if m is None:
         return None
     if not with_kwargs:
-        native = m.register_forward_pre_hook(hook, prepend=prepend)
+        native = _insert(m, "forward_pre", hook, prepend=prepend)
         return _watched("forward_pre", native.remove)
     # torch raises a bare RuntimeError for a bad (args, kwargs) return: check it ourselves.
     dead = [False]
     hook = checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, m, name), dead)
-    native = m.register_forward_pre_hook(hook, prepend=prepend, with_kwargs=True)
+    undo_if_unfinished(partial(dead.__setitem__, 0, True))
+    native = _insert(m, "forward_pre", hook, prepend=prepend, with_kwargs=True)
     return _watched("forward_pre", _killing(dead, native.remove))
 
 
@@ -157,14 +160,81 @@ def unihook_register_forward_hook(
     if m is None:
         return None
     if not with_kwargs:
-        native = m.register_forward_hook(hook, prepend=prepend, always_call=always_call)
+        native = _insert(m, "forward", hook, prepend=prepend, always_call=always_call)
         return _watched("forward", native.remove)
     # Removed mid-call, torch would call it without kwargs (a TypeError): see kwargs_post_hook.
     dead = [False]
-    native = m.register_forward_hook(
-        kwargs_post_hook(hook, dead), prepend=prepend, with_kwargs=True, always_call=always_call
+    undo_if_unfinished(partial(dead.__setitem__, 0, True))
+    native = _insert(
+        m,
+        "forward",
+        kwargs_post_hook(hook, dead),
+        prepend=prepend,
+        with_kwargs=True,
+        always_call=always_call,
     )
     return _watched("forward", _killing(dead, native.remove))
+
+
+# kind -> torch's registration method, the hook dict and the flag tables it fills (torch 2.13's
+# `Module.register_forward_pre_hook` and `register_forward_hook`)
+_TABLES = {
+    "forward_pre": (
+        "register_forward_pre_hook",
+        "_forward_pre_hooks",
+        ("_forward_pre_hooks_with_kwargs",),
+    ),
+    "forward": (
+        "register_forward_hook",
+        "_forward_hooks",
+        ("_forward_hooks_with_kwargs", "_forward_hooks_always_called"),
+    ),
+}
+_own_methods: dict[str, Any] = {}  # kind -> torch.nn.Module's registration method
+
+
+def _insert(
+    m: Any,
+    kind: str,
+    hook: Callable[..., Any],
+    *,
+    prepend: bool,
+    with_kwargs: bool = False,
+    always_call: bool = False,
+) -> Any:
+    """torch's own registration of a forward (pre-)hook, its removal recorded before the hook
+    goes in: undone if the registration is cut short (a Ctrl-C, see unihook._locks), which
+    torch's method would leave registered with no handle. A module class that has a method of
+    its own is left to it."""
+    method, hooks, tables = _TABLES[kind]
+    own = _own_methods.get(kind)
+    if own is None:
+        own = _own_methods[kind] = getattr(_torch().nn.Module, method)
+    if getattr(type(m), method) is not own:
+        options = {"always_call": always_call} if kind == "forward" else {}
+        return getattr(m, method)(hook, prepend=prepend, with_kwargs=with_kwargs, **options)
+    state = m.__dict__
+    flags = list(zip([state[table] for table in tables], (with_kwargs, always_call)))
+    return insert(state[hooks], hook, flags, prepend=prepend)
+
+
+def insert(
+    hooks: Any, hook: Callable[..., Any], flags: list[tuple[Any, bool]], *, prepend: bool = False
+) -> Any:
+    """What torch's registration functions do (a ``RemovableHandle`` that also removes the
+    key from the flag tables, the hook under its id, True in the tables of the flags set,
+    first with `prepend`), the handle's removal recorded first (`undo_if_unfinished`)."""
+    from torch.utils.hooks import RemovableHandle
+
+    native = RemovableHandle(hooks, extra_dict=[table for table, _ in flags])
+    undo_if_unfinished(native.remove)
+    hooks[native.id] = hook
+    for table, on in flags:
+        if on:
+            table[native.id] = True
+    if prepend:
+        hooks.move_to_end(native.id, last=False)
+    return native
 
 
 def _killing(dead: list[bool], remove: Callable[[], object]) -> Callable[[], None]:
@@ -195,8 +265,17 @@ def unihook_register_tensor_hook(
         # torch checks shape and dtype too, but with bare RuntimeError/TypeError.
         return check_grad(hook(grad), grad, is_tensor, site)
 
+    # (torch's registration makes the handle inside: a removal recorded before finds the
+    # hook by what only it is, this registration's function)
+    undo_if_unfinished(partial(_drop_tensor_hook, tensor, tensor_hook))
     native = tensor.register_hook(tensor_hook)
     return Handle(NAME, "tensor", native.remove)
+
+
+def _drop_tensor_hook(tensor: Any, tensor_hook: Callable[..., Any]) -> None:
+    hooks = tensor._backward_hooks
+    for key in [key for key, value in (hooks or {}).items() if value is tensor_hook]:
+        hooks.pop(key, None)
 
 
 @hookimpl

@@ -21,11 +21,18 @@ Three dynamo behaviours would silently skip them:
 from __future__ import annotations
 
 import sys
+from functools import partial
+from itertools import count
 from typing import Any, Callable
 
 import torch
 
-from unihook.backend import RegistryLock, when_imported
+from unihook.backend import (
+    RegistryLock,
+    cancel_when_imported,
+    undo_if_unfinished,
+    when_imported,
+)
 
 __all__ = [
     "EagerUnderCompile",
@@ -106,7 +113,8 @@ class EagerUnderCompile:
 
 
 _lock = RegistryLock()
-_watching = 0  # unihook torch hooks alive
+_watching: set[int] = set()  # the unihook torch hooks alive (a token each)
+_tokens = count()
 _switched = False  # unihook turned the guards on: it turns them off again
 _cancel_reason: Callable[[], None] | None = None  # waits for dynamo's import while hooks live
 
@@ -116,43 +124,51 @@ def watch_hooks() -> Callable[[], None]:
     every registration; returns the release, for the handle). Before dynamo is imported nothing
     is compiled, and a hook dict that is not empty when dynamo compiles is guarded anyway:
     dynamo is never imported for this."""
-    global _watching, _switched, _cancel_reason
-    with _lock:
-        _watching += 1
-        if _dispatch_outside is _outside_dynamo and _cancel_reason is None:
-            _cancel_reason = when_imported("torch._dynamo", _give_reason)
-        dynamo = sys.modules.get("torch._dynamo")
-        if dynamo is not None and dynamo.config.skip_nnmodule_hook_guards:
-            dynamo.config.skip_nnmodule_hook_guards = False
-            _switched = True
-            forget_compiled()  # compiled without the guards: blind to hooks added since
-    released = [False]
+    global _switched, _cancel_reason
+    token = next(_tokens)
 
     def release() -> None:
-        global _watching, _switched, _cancel_reason
+        # idempotent (a registration cut short is undone by it: see unihook._locks)
+        global _switched, _cancel_reason
         if _lock.deferred(release):
             return
-        with _lock:
-            if released[0]:
+        with _lock, _lock.mutex:
+            _watching.discard(token)
+            if _watching:
                 return
-            released[0] = True
-            _watching -= 1
-            if not _watching and _cancel_reason is not None:
-                _cancel_reason()  # (a no-op once it ran) no import hook left behind
+            cancel = _cancel_reason
+            if cancel is not None:
+                cancel()  # (a no-op once it ran) no import hook left behind
                 _cancel_reason = None
             dynamo = sys.modules.get("torch._dynamo")
-            if not _watching and _switched and dynamo is not None:
+            if _switched and dynamo is not None:
                 # torch's default back: code compiled meanwhile keeps its (now extra) guards
                 dynamo.config.skip_nnmodule_hook_guards = True
                 _switched = False
 
+    undo_if_unfinished(release)
+    with _lock, _lock.mutex:
+        _watching.add(token)
+        if _dispatch_outside is _outside_dynamo and _cancel_reason is None:
+            # (the cancel first, then what it cancels)
+            _cancel_reason = partial(cancel_when_imported, "torch._dynamo", _give_reason)
+            when_imported("torch._dynamo", _give_reason)
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is not None and dynamo.config.skip_nnmodule_hook_guards:
+            _switched = True  # (before the switch: `release` turns it back)
+            dynamo.config.skip_nnmodule_hook_guards = False
+            forget_compiled()  # compiled without the guards: blind to hooks added since
     return release
 
 
 def watch_call_impl() -> Callable[[], None]:
     """While a global hook exists: if dynamo gets imported, make it know torch's own
     ``Module._call_impl``. Returns the canceller."""
-    return when_imported("torch._dynamo", _unpatched_for_dynamo)
+    callback = partial(_unpatched_for_dynamo)  # this hook's own: its cancel takes this one
+    cancel = partial(cancel_when_imported, "torch._dynamo", callback)
+    undo_if_unfinished(cancel)
+    when_imported("torch._dynamo", callback)
+    return cancel
 
 
 def _unpatched_for_dynamo(dynamo: Any) -> None:

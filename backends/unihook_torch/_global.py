@@ -33,10 +33,11 @@ from unihook.backend import (
     check_pre_kwargs_result,
     global_label,
     show_value,
+    undo_if_unfinished,
 )
 from unihook.errors import HookReturnTypeError
 
-from . import NAME
+from . import NAME, insert
 from ._compile import EagerUnderCompile
 
 Hook = Callable[..., Any]
@@ -67,7 +68,7 @@ def _pin_dispatchers(module: Any) -> Any:
     if module not in _pinned_in:
         from ._backward import _TorchDispatchers as access
 
-        with _lock:
+        with _lock, _lock.mutex:
             if _dispatch is not None and module not in _pinned_in:
                 hooks = (("_forward_pre_hooks", _dispatch[0]), ("_forward_hooks", _dispatch[1]))
                 always = "_forward_hooks_always_called"
@@ -246,45 +247,52 @@ def original_call_impl() -> Callable[..., Any] | None:
 
 
 def _sync_patch() -> None:
-    """Wrap ``Module._call_impl`` exactly while a global pre-hook or backward hook exists."""
+    """Wrap ``Module._call_impl`` exactly while a global pre-hook or backward hook exists. Read
+    from the class, not from a flag: a run cut short (a Ctrl-C) is finished by the next."""
     global _installed, _torch_call_impl, _torch_call
     wanted = bool(_pre_hooks) or _backward is not None
-    if wanted and not _installed:
-        _torch_call_impl = torch_module.Module._call_impl
+    module = torch_module.Module
+    patched = module._call_impl is _call_impl
+    if wanted and not patched:
+        _torch_call_impl = module._call_impl
         _installed = True
-        torch_module.Module._call_impl = _call_impl
+        module._call_impl = _call_impl
         # Only a process that compiled has dynamo, so only there can a module be compiled in
         # place already (one compiled from now on binds the wrapper). Under torch.compile the
         # replaced `__call__` costs a graph break per module call with global backward hooks
         # (dynamo inlines torch's own without one).
-        if "torch._dynamo" in sys.modules:
-            _torch_call = torch_module.Module.__call__
-            torch_module.Module.__call__ = _call
-    elif not wanted and _installed:
-        torch_module.Module._call_impl = _torch_call_impl
-        if torch_module.Module.__call__ is _call:
-            torch_module.Module.__call__ = _torch_call
+        if "torch._dynamo" in sys.modules and module.__call__ is not _call:
+            _torch_call = module.__call__
+            module.__call__ = _call
+    elif wanted:
+        _installed = True
+    elif patched or _installed or module.__call__ is _call:
+        if patched:
+            module._call_impl = _torch_call_impl
+        if module.__call__ is _call:
+            module.__call__ = _torch_call
         _installed = False
 
 
 def add_forward_pre(hook: Hook, with_kwargs: bool) -> Callable[[], None]:
     global _pre_snapshot
     key = next(_ids)
-    with _lock:
-        _pre_hooks[key] = (hook, with_kwargs)
-        _pre_snapshot = tuple(_pre_hooks.values())
-        _sync_patch()
 
     def remove() -> None:
+        # idempotent: also undoes a registration cut short (a Ctrl-C, see unihook._locks)
         global _pre_snapshot
         if _lock.deferred(remove):
             return
-        with _lock:
-            if _pre_hooks.pop(key, None) is None:
-                return
+        with _lock, _lock.mutex:
+            _pre_hooks.pop(key, None)
             _pre_snapshot = tuple(_pre_hooks.values())
             _sync_patch()
 
+    undo_if_unfinished(remove)
+    with _lock, _lock.mutex:
+        _pre_hooks[key] = (hook, with_kwargs)
+        _pre_snapshot = tuple(_pre_hooks.values())
+        _sync_patch()
     return remove
 
 
@@ -294,9 +302,12 @@ class _BackwardDispatch:
     def __init__(self, state: ModuleBackward) -> None:
         global _backward, _dispatch, _pinned_in
         self.state = state
-        with _lock:
+        # the modules they are pinned in; in `_pinned_in` too, it tells whose they are
+        self.pinned_in: weakref.WeakKeyDictionary[Any, Pinned] = weakref.WeakKeyDictionary()
+        undo_if_unfinished(self.remove)
+        with _lock, _lock.mutex:
+            _pinned_in = self.pinned_in
             _backward = state
-            _pinned_in = self.pinned_in = weakref.WeakKeyDictionary()
             # torch.compile: they run outside dynamo (see ._compile)
             _dispatch = (
                 EagerUnderCompile(state.pre_dispatch),
@@ -305,17 +316,18 @@ class _BackwardDispatch:
             _sync_patch()
 
     def remove(self) -> None:
+        # idempotent: also undoes an installation cut short (a Ctrl-C, see unihook._locks)
         global _backward, _dispatch, _pinned_in
         if _lock.deferred(self.remove):
             return
-        with _lock:
+        with _lock, _lock.mutex:
             for pinned in list(self.pinned_in.values()):
                 pinned.remove()
             self.pinned_in.clear()
-            if _backward is self.state:  # (else newer global hooks came meanwhile)
+            if _pinned_in is self.pinned_in:  # (else newer global hooks came meanwhile)
                 _backward = _dispatch = None
                 _pinned_in = weakref.WeakKeyDictionary()
-                _sync_patch()
+            _sync_patch()
 
 
 def add(kind: str, hook: Hook, with_kwargs: bool, always_call: bool) -> Callable[[], None]:
@@ -323,24 +335,22 @@ def add(kind: str, hook: Hook, with_kwargs: bool, always_call: bool) -> Callable
     if kind == "forward_pre":
         return add_forward_pre(hook, with_kwargs)
     if kind == "forward":
-        native = torch_module.register_module_forward_hook(
-            hook, with_kwargs=with_kwargs, always_call=always_call
-        )
-
-        def remove() -> None:
-            native.remove()
-            # torch's handle forgets its entry in the with_kwargs table: no residue.
-            torch_module._global_forward_hooks_with_kwargs.pop(native.id, None)
-
-        return remove
+        # torch's `register_module_forward_hook`, its removal recorded first (see `insert`);
+        # the handle forgets the with_kwargs entry too (torch's does not: no residue)
+        flags = [
+            (torch_module._global_forward_hooks_with_kwargs, with_kwargs),
+            (torch_module._global_forward_hooks_always_called, always_call),
+        ]
+        native = insert(torch_module._global_forward_hooks, hook, flags)
     elif kind in ("full_backward_pre", "full_backward"):
         from ._backward import add_global
 
         return add_global(kind, hook)
-    else:
-        register = getattr(torch_module, f"register_module_{kind}_hook")
-        native = register(_checked_registration(kind, hook))
-    return native.remove
+    else:  # torch's `register_module_{kind}_hook`
+        hooks = getattr(torch_module, f"_global_{kind}_hooks")
+        native = insert(hooks, _checked_registration(kind, hook), [])
+    remove: Callable[[], None] = native.remove
+    return remove
 
 
 _REGISTRABLE = {
