@@ -28,7 +28,7 @@ X = [[1.0, -1.0, 2.0]]
 GRAD_OUTPUT = [[1.0, 0.0]]
 GRAD_INPUT = [[1.0, 2.0, 3.0]]  # W.T @ grad_output
 
-WHICH = {
+WHICH: dict[str, tuple[str, ...]] = {
     "forward_pre": ("forward_pre",),
     "forward": ("forward",),
     "both": ("forward_pre", "forward"),
@@ -49,11 +49,13 @@ class Run:
     """The model, its hooks' calls as (kind, grad_input, grad_output), and x's gradients."""
 
     def __init__(self, kit: Any, hooks: str) -> None:
-        self.kit = kit
-        self.module = kit.linear(3, 2, W, B)
+        self.kit: Any = kit
+        self.module: Any = kit.linear(3, 2, W, B)
         self.calls: list[tuple[Any, ...]] = []
-        self.native = kit.native_hook(self.module, "forward_pre", lambda m, args: (args[0] * 2,))
-        self.handles = self.register(hooks)
+        self.native: Any = kit.native_hook(
+            self.module, "forward_pre", lambda m, args: (args[0] * 2,)
+        )
+        self.handles: list[Any] = self.register(hooks)
 
     def val(self, t: Any) -> Any:
         return None if t is None else np.round(self.kit.numpy(t), 4).tolist()
