@@ -86,9 +86,9 @@ class Autograd(Protocol):
     # the leaf on which the framework refuses the ops it refuses on `tensor` (`tensor` itself
     # when a leaf; torch: the base of a view), else None. See `_guard_leaves`.
     # Optional: `moved(alias, original)` and `overlaps(a, b)`, for forward's in-place ops on
-    # arguments that share memory (see `_rebase_inputs`); `watch(aliases, outputs, inputs,
-    # originals, site, mark)` with `mark()`, for outputs that are inputs or other tensors that
-    # existed before the call (see `_watch_aliases`).
+    # arguments that share memory (see `_rebase_inputs`); `watch(...)` with `mark()`, for
+    # outputs that are inputs or other tensors that existed before the call (see
+    # `ModuleBackward.__init__`).
     # Optional, together: `data_only(aliases)` and `after_backward(callback)`, for a framework
     # that leaves a differentiated function's arguments out of the backward although it
     # records them as requiring grad (see `ModuleBackward.__init__`).
@@ -131,11 +131,11 @@ class ModuleBackward:
         # optional too: `same_tensor(a, b)`, for a framework whose in-place ops return another
         # Python object for the same tensor (MindSpore's `copy_`); `is` without it
         self.same_tensor: Callable[[Any, Any], bool] | None = getattr(autograd, "same_tensor", None)
-        # optional: `watch(aliases, outputs, inputs, originals, site, mark)`, what the caller
-        # gets for the identity's `aliases` of outputs that are `inputs` returned unchanged,
-        # views of them, other tensors that existed before the call, or share memory with
-        # each other (see `_watch_aliases`); `overlaps(a, b)`, whether two tensors share
-        # memory (see `_refuse_shared_inputs`)
+        # optional: `watch(replaced, aliases, outputs, idx, args, tensor_idx, originals, site,
+        # mark)`, which replaces in `replaced` (the outputs the caller gets) the identity's
+        # `aliases` (of `outputs[idx]`) of outputs that are, without hooks, tensors existing
+        # apart from the call (see `post_dispatch`); `overlaps(a, b)`, whether two tensors
+        # share memory (see `_refuse_shared_inputs`)
         self.watch: Callable[..., Any] | None = getattr(autograd, "watch", None)
         # ... and with it `mark()`, taken when a call starts and given to `watch` (torch: the
         # autograd sequence number, which tells the tensors that existed before the call)
@@ -394,7 +394,22 @@ class ModuleBackward:
         self._rebase_inputs(call, args, originals, returned)
         self._guard_leaves(call, items, replaced, originals)
         if self.watch is not None and aliases:
-            self._watch_aliases(call, args, items, idx, aliases, replaced, originals)
+            # an output that is, without hooks, a tensor that exists apart from the call (an
+            # input returned unchanged or a view of it, a tensor the module kept, another
+            # output) reaches the caller as the identity's alias: same memory, another tensor;
+            # the backend lets an in-place op on one reach the other's history (`replaced` in
+            # place; only the aliases still in it, not guarded nor the caller's own tensor)
+            self.watch(
+                replaced,
+                aliases,
+                items,
+                idx,
+                args,
+                call.tensor_idx,
+                originals,
+                call.site,
+                call.mark,
+            )
         if all(r is o for r, o in zip(replaced, items)):
             return None
         if not is_tuple:
@@ -442,32 +457,6 @@ class ModuleBackward:
                 if leaf is None or not refused(item, leaf):
                     continue
             replaced[j] = guard(new, partial(_leaf_changed, call.site), call.site)
-
-    def _watch_aliases(
-        self,
-        call: _Call,
-        args: Sequence[Any],
-        items: Sequence[Any],
-        idx: list[int],
-        aliases: Sequence[Any],
-        replaced: list[Any],
-        originals: list[Any],
-    ) -> None:
-        """An output that is an input returned unchanged, or a view of one, or another tensor
-        that existed before the call (passed by keyword, in a list, kept by the module),
-        reaches the caller as the identity's alias: same memory, another tensor. The backend's
-        `watch` lets an in-place op on one reach the other's history, as without hooks."""
-        assert self.watch is not None
-        # (not the caller's own tensor back, not guarded)
-        js = [j for j, alias in zip(idx, aliases) if replaced[j] is alias]
-        if not js:
-            return
-        got = [args[i] for i in call.tensor_idx]
-        watched = self.watch(
-            [replaced[j] for j in js], [items[j] for j in js], got, originals, call.site, call.mark
-        )
-        for j, alias in zip(js, watched):
-            replaced[j] = alias
 
     def _rebase_inputs(
         self, call: _Call, args: Sequence[Any], originals: list[Any], done: dict[int, Any]

@@ -37,7 +37,8 @@ __all__ = ["InputAlias", "adopt", "changed", "mark", "span", "use", "watch"]
 
 _Disabled = torch._C.DisableTorchFunctionSubclass
 _set_version = torch._C._autograd._unsafe_set_version_counter  # pyright: ignore[reportAttributeAccessIssue]
-_sequence_nr = torch._C._autograd._get_sequence_nr  # pyright: ignore[reportAttributeAccessIssue]
+# the next autograd node's sequence number on this thread: taken when a hooked call starts
+mark = torch._C._autograd._get_sequence_nr  # pyright: ignore[reportAttributeAccessIssue]
 _STATE = "_unihook_input_alias"
 
 
@@ -183,17 +184,14 @@ class _State:
         self.synced = True
 
 
-def use(tensors: Sequence[Any]) -> bool:
+def use(tensors: Sequence[Any]) -> None:
     """`tensors` go into unihook's identity, a custom autograd Function, which torch does not
-    pass through ``__torch_function__``. Whether some are watched."""
-    found = False
+    pass through ``__torch_function__``."""
     for t in tensors:
         if type(t) is InputAlias:
-            found = True
             state = t.__dict__[_STATE]
             if state.refresh():
                 raise state.stale_error()
-    return found
 
 
 def changed(tensor: Any) -> None:
@@ -341,26 +339,43 @@ def _mark(tensor: Any, state: _State) -> None:
 
 
 def watch(
+    replaced: list[Any],
     aliases: Sequence[Any],
     outputs: Sequence[Any],
-    inputs: Sequence[Any],
+    idx: Sequence[int],
+    args: Sequence[Any],
+    tensor_idx: Sequence[int],
     originals: Sequence[Any],
     site: Site,
     mark: int,
-) -> list[Any]:
-    """What the caller gets for `aliases`, the identity's aliases of a module's `outputs`: an
-    alias is watched when without hooks its output would be a tensor someone else may hold:
-    one of `inputs` (what forward got; `originals`: the caller's tensors for them, None when
-    dead), a view of one, a tensor older than the call (autograd sequence number below `mark`:
-    a keyword argument, a list's, one the module kept) or a view of one, or a tensor another
-    output shares memory with (`return y, y`)."""
-    keys = _Keys(inputs, originals)
-    shared = _shared_outputs(outputs) if len(outputs) > 1 else ()
-    result = list(aliases)
-    for n, (alias, output) in enumerate(zip(aliases, outputs)):
-        if type(alias) is not torch.Tensor:
-            continue
-        original, whole = _stands_for(output, keys, mark)
+) -> None:
+    """Watch, in `replaced` (what the caller gets), the identity's aliases of `outputs[idx]`
+    that without hooks would be a tensor someone else may hold: an argument (`args[tensor_idx]`
+    as forward got them; `originals`: the caller's tensors for them, None when dead), a view
+    of one, a tensor older than the call (autograd sequence number below `mark`: a keyword
+    argument, a list's, one the module kept) or a view of one, or a tensor another output
+    shares memory with (`return y, y`). Runs at every call of a hooked module: a new output
+    costs one look at its history's sequence number."""
+    shared = _shared_outputs([outputs[j] for j in idx]) if len(idx) > 1 else ()
+    keys = None
+    for n, (j, alias) in enumerate(zip(idx, aliases)):
+        if replaced[j] is not alias or type(alias) is not torch.Tensor:
+            continue  # (the caller's own tensor back, guarded, or no alias)
+        output = outputs[j]
+        original, whole = None, True
+        for k, i in enumerate(tensor_idx):
+            if output is args[i]:
+                original = originals[k]
+                break
+        else:
+            if type(output) is InputAlias or output._is_view():
+                if keys is None:
+                    keys = _Keys([args[i] for i in tensor_idx], originals)
+                original, whole = _stands_for(output, keys, mark)
+            else:
+                fn = output.grad_fn
+                if fn is not None and fn._sequence_nr() < mark:
+                    original = _caller_tensor(output)
         if original is None and n in shared:
             base = output._base if output._is_view() else None
             original, whole = (output, True) if base is None else (base, False)
@@ -368,7 +383,6 @@ def watch(
             # (a view as another dtype, `.real`, or a lazily conjugated one: not carried)
             continue
         _mark(alias, _State(alias, original, whole, site))
-    return result
 
 
 class _Keys:
@@ -407,28 +421,20 @@ def _shared_outputs(outputs: Sequence[Any]) -> set[int]:
     return shared
 
 
-def mark() -> int:
-    return int(_sequence_nr())
-
-
 def _stands_for(output: Any, keys: _Keys, mark: int) -> tuple[Any, bool]:
-    """The tensor `output` is without hooks, and whether it is all of it (not a view)."""
+    """The tensor `output` is without hooks, a view of an argument or a hooked submodule's
+    watched output (an alias of the input, not a view), and whether it is all of it."""
     inputs, originals = keys.inputs, keys.originals
-    for k, arg in enumerate(inputs):
-        if output is arg and originals[k] is not None:
-            return originals[k], True
-    # (a hooked submodule's watched output, returned on: an alias of the input, not a view)
-    if type(output) is InputAlias or output._is_view():
-        found, size = None, None
-        (o0, o1) = span(output)
-        for k in keys.sharing(output):
-            # the smallest argument holding the output's memory (views of one tensor passed
-            # as several arguments share its storage)
-            a0, a1 = span(inputs[k])
-            if a0 <= o0 and o1 <= a1 and (size is None or a1 - a0 < size):
-                found, size = k, a1 - a0
-        if found is not None:
-            return originals[found], _Geometry(output).same(_Geometry(inputs[found]))
+    found, size = None, None
+    (o0, o1) = span(output)
+    for k in keys.sharing(output):
+        # the smallest argument holding the output's memory (views of one tensor passed as
+        # several arguments share its storage)
+        a0, a1 = span(inputs[k])
+        if a0 <= o0 and o1 <= a1 and (size is None or a1 - a0 < size):
+            found, size = k, a1 - a0
+    if found is not None:
+        return originals[found], _Geometry(output).same(_Geometry(inputs[found]))
     if _older(output, mark):
         return _caller_tensor(output), True
     if output._is_view() and _older(output._base, mark):

@@ -27,7 +27,7 @@ from unihook.backend import (
 from unihook.handles import Handle
 
 from . import NAME
-from ._alias import changed, mark, span, use, watch
+from ._alias import InputAlias, changed, mark, span, use, watch
 from ._compile import EagerUnderCompile, outside_dynamo
 from ._global import TORCH_CALL_CODE, WRAPPER_CODES
 
@@ -46,7 +46,7 @@ class _Identity(torch.autograd.Function):
         ctx.devices = [x.device for x in xs]
         ctx.set_materialize_grads(materialize)
         if materialize:  # the input side: a module may keep what forward got (see _alias)
-            ctx.callers = tuple(weakref.ref(x) for x in xs)
+            ctx.callers = tuple(map(weakref.ref, xs))
         outs = tuple(x.detach() for x in xs)
         ctx.mark_non_differentiable(*[o for x, o in zip(xs, outs) if not x.requires_grad])
         return outs
@@ -160,10 +160,12 @@ class TorchAutograd:
         site: Site,
         held_until: object = None,  # unused: torch never changes a gradient still referenced
     ) -> Sequence[Any]:
-        # (an `InputAlias` whose input changed since: custom Functions skip __torch_function__)
-        if use(tensors):
-            with _Disabled():  # (its reads of shapes and dtypes: plain)
-                return _Identity.apply(on_backward, materialize, site, *tensors)
+        for t in tensors:
+            if type(t) is InputAlias:
+                # (one whose input changed since: custom Functions skip __torch_function__)
+                use(tensors)
+                with _Disabled():  # (its reads of shapes and dtypes: plain)
+                    return _Identity.apply(on_backward, materialize, site, *tensors)
         return _Identity.apply(on_backward, materialize, site, *tensors)
 
     @staticmethod
