@@ -40,15 +40,16 @@ class _Identity(torch.autograd.Function):
         ctx: Any, on_backward: Callable[[Grads], Grads], materialize: bool, site: Site, *xs: Any
     ) -> Any:
         ctx.on_backward = on_backward
-        # the output side (materialize=False) carries the pre-hooks' values
-        ctx.site = site._replace(kind="full_backward" if materialize else "full_backward_pre")
-        ctx.shapes = [(tuple(x.shape), x.dtype) for x in xs]
-        ctx.devices = [x.device for x in xs]
+        # (the output side, materialize=False, carries the pre-hooks' values: see _check_slots)
+        ctx.site, ctx.input_side = site, materialize
+        ctx.metas = [(tuple(x.shape), x.dtype, x.device) for x in xs]
         ctx.set_materialize_grads(materialize)
         if materialize:  # the input side: a module may keep what forward got (see _alias)
             ctx.callers = tuple(map(weakref.ref, xs))
         outs = tuple(x.detach() for x in xs)
-        ctx.mark_non_differentiable(*[o for x, o in zip(xs, outs) if not x.requires_grad])
+        constant = [o for x, o in zip(xs, outs) if not x.requires_grad]
+        if constant:
+            ctx.mark_non_differentiable(*constant)
         return outs
 
     @staticmethod
@@ -56,14 +57,14 @@ class _Identity(torch.autograd.Function):
         results = ctx.on_backward(grads)
         if results is not grads:
             _check_slots(results, grads, ctx)
-            if ctx.site.kind == "full_backward_pre":
+            if not ctx.input_side:
                 # torch's BackwardHook node materializes what its pre-hooks return: a gradient
                 # a pre-hook replaced with None sends zeros on (the hooks still see the None)
                 results = [
                     torch.zeros(shape, dtype=dtype, device=device)
                     if r is None and g is not None
                     else r
-                    for r, g, (shape, dtype), device in zip(results, grads, ctx.shapes, ctx.devices)
+                    for r, g, (shape, dtype, device) in zip(results, grads, ctx.metas)
                 ]
         return (None, None, None, *results)
 
@@ -71,8 +72,8 @@ class _Identity(torch.autograd.Function):
 def _check_slots(results: Grads, grads: Grads, ctx: Any) -> None:
     """A hook's value for a slot whose gradient was None (an unused output) is checked only
     here: torch would cast a wrong dtype silently and raise RuntimeError for a float."""
-    site = ctx.site
-    for result, grad, (shape, dtype) in zip(results, grads, ctx.shapes):
+    site = ctx.site._replace(kind="full_backward" if ctx.input_side else "full_backward_pre")
+    for result, grad, (shape, dtype, _) in zip(results, grads, ctx.metas):
         if grad is None and result is not None:
             check_grad_like(result, shape, dtype, "torch.Tensor", torch.is_tensor, site)
 
