@@ -180,6 +180,60 @@ def global_per_call(fw: Framework, calls: int) -> Case:
     )
 
 
+# -- 1c. torch: ops on the output of a hooked module that returned its input --
+
+
+def alias_ops(calls: int, ops: int = 10) -> Case:
+    """What watching an output that is the module's input costs on torch (`_alias.InputAlias`,
+    README "Module backward hooks"): an `nn.Identity` with a no-op full backward hook, called
+    alone and followed by `ops` ops on its output; torch's native hook against unihook's."""
+    import torch
+
+    torch.manual_seed(0)
+    identity = torch.nn.Identity()
+    x = torch.randn(8, 8, requires_grad=True) * 1  # (not a leaf: a leaf's alias is guarded)
+
+    def call() -> None:
+        for _ in range(calls):
+            identity(x)
+
+    def call_and_ops() -> None:
+        for _ in range(calls):
+            out = identity(x)
+            for _ in range(ops):
+                out.mul(2)
+
+    def native() -> list[Remover]:
+        return [identity.register_full_backward_hook(noop_backward).remove]
+
+    def ours() -> list[Remover]:
+        return [unihook.register_full_backward_hook(identity, noop_backward).remove]
+
+    variants = [
+        Variant("native call", hooked(call, native)),
+        Variant("unihook call", hooked(call, ours)),
+        Variant(f"native call + {ops} ops", hooked(call_and_ops, native)),
+        Variant(f"unihook call + {ops} ops", hooked(call_and_ops, ours)),
+    ]
+    nat, uni = f"native call + {ops} ops", f"unihook call + {ops} ops"
+    per_op = Metric(
+        f"(({uni}) - (unihook call) - ({nat}) + (native call)) / {ops} ops",
+        lambda t: ((t[uni] - t["unihook call"]) - (t[nat] - t["native call"])) / ops,
+        "us",
+        None,
+        {uni, nat, "unihook call", "native call"},
+    )
+    return Case(
+        "alias_ops/torch",
+        f"torch: nn.Identity with a no-op full backward hook, then {ops} ops on its output",
+        "us/call",
+        1e6 / calls,
+        variants,
+        [added("unihook call", "native call", 1), per_op, ratio(uni, nat)],
+        f"{calls} calls per sample, with grad, no backward; the input is not a leaf",
+    )
+
+
 # -- 2a. forward capture of every module, eval mode, no_grad --
 
 
