@@ -78,6 +78,25 @@ def _check_slots(results: Grads, grads: Grads, ctx: Any) -> None:
             check_grad_like(result, shape, dtype, "torch.Tensor", torch.is_tensor, site)
 
 
+# the largest span of storage `_share_elements` looks at element by element (9 bytes each)
+_EXACT_SPAN = 1 << 22
+
+
+def _share_elements(a: Any, b: Any, start: int, end: int) -> bool:
+    """Whether two tensors over one storage, whose spans `[start, end)` meet, share an element:
+    interleaved views (`x[:, ::2]`, `x[:, 1::2]`) do not. Looked at only when forward changed
+    one of several arguments in place; beyond `_EXACT_SPAN`, or between dtypes of different
+    sizes, taken as shared (an error, never a silent miss)."""
+    if end - start > _EXACT_SPAN or a.element_size() != b.element_size():
+        return True
+    with torch.no_grad():
+        positions = torch.arange(end - start)
+        taken = torch.zeros(end - start, dtype=torch.bool)
+        taken[positions.as_strided(a.size(), a.stride(), a.storage_offset() - start)] = True
+        found = taken[positions.as_strided(b.size(), b.stride(), b.storage_offset() - start)]
+        return bool(found.any())
+
+
 class _Rebase(torch.autograd.Function):
     """`original` takes `alias`'s history: an in-place node that moves no data (they share
     storage) and sends the whole gradient to `alias`."""
@@ -232,7 +251,9 @@ class TorchAutograd:
         if key is None or key != TorchAutograd.memory_key(b):
             return False
         (a0, a1), (b0, b1) = span(a), span(b)
-        return a0 < b1 and b0 < a1
+        if not (a0 < b1 and b0 < a1):
+            return False
+        return _share_elements(a, b, min(a0, b0), max(a1, b1))
 
     @staticmethod
     def add_dispatchers(module: Any, pre: Any, post: Any) -> Dispatchers:
