@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import io
 import pickle
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -479,3 +480,58 @@ def test_interleaved_views_one_changed_in_place(kind: str) -> None:
                 handle.remove()
 
     torch.testing.assert_close(run(True), run(False), rtol=0, atol=0)
+
+
+def _by_keyword(*, x: Any) -> Any:
+    x.mul_(2)
+    return x
+
+
+def _by_keyword_twice(*, x: Any) -> Any:
+    x.mul_(2).add_(1)
+    return x
+
+
+def _in_a_list(xs: list[Any]) -> Any:
+    xs[0].mul_(2)
+    return xs[0]
+
+
+def _by_keyword_as_a_view(*, x: Any) -> Any:
+    x.mul_(2)
+    return x.view(3, 1)
+
+
+CHANGED_OLDER: dict[str, tuple[Callable[..., Any], Callable[[Any, Any], Any]]] = {
+    "keyword": (_by_keyword, lambda m, h: m(x=h)),
+    "keyword_twice": (_by_keyword_twice, lambda m, h: m(x=h)),
+    "list": (_in_a_list, lambda m, h: m([h])),
+    "keyword_view": (_by_keyword_as_a_view, lambda m, h: m(x=h)),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("case", list(CHANGED_OLDER))
+def test_tensor_from_before_the_call_changed_in_place_and_returned(kind: str, case: str) -> None:
+    """A tensor forward gets by keyword or in a list (no alias of unihook's), changed in place
+    by forward and returned: its history now begins in the call, yet the caller holds it: an
+    in-place op on the output reaches it (it did not: a wrong gradient)."""
+    forward, call = CHANGED_OLDER[case]
+
+    def run(hooked: bool) -> Any:
+        module = Fn(forward)
+        handle = _register(kind, module, []) if hooked else None
+        try:
+            x = torch.tensor([-1.0, 2.0, -3.0], requires_grad=True)
+            h = x * 1
+            out = call(module, h)
+            out.relu_()
+            (h * torch.tensor([3.0, 5.0, 7.0])).sum().backward()
+            return x.grad
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch's: no input requires grad)
+        torch.testing.assert_close(run(True), run(False), rtol=0, atol=0)

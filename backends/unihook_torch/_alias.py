@@ -374,7 +374,10 @@ def watch(
                 original, whole = _stands_for(output, keys, mark)
             else:
                 fn = output.grad_fn
-                if fn is not None and fn._sequence_nr() < mark:
+                if fn is not None and (
+                    fn._sequence_nr() < mark
+                    or (output._version and _changed_older(fn, output._version, mark))
+                ):
                     original = _caller_tensor(output)
         if original is None and n in shared:
             base = output._base if output._is_view() else None
@@ -443,9 +446,33 @@ def _stands_for(output: Any, keys: _Keys, mark: int) -> tuple[Any, bool]:
 
 
 def _older(tensor: Any, mark: int) -> bool:
-    """Whether `tensor`'s history started before the call (this thread's counter)."""
+    """Whether `tensor`'s history started before the call (this thread's counter), or it is
+    a tensor from before the call that forward changed in place."""
     fn = tensor.grad_fn
-    return fn is not None and fn._sequence_nr() < mark
+    if fn is None:
+        return False
+    version = tensor._version
+    return fn._sequence_nr() < mark or (version > 0 and _changed_older(fn, version, mark))
+
+
+_IN_PLACE_WALK = 8  # the most in-place nodes `_changed_older` walks back
+
+
+def _changed_older(fn: Any, version: int, mark: int) -> bool:
+    """Whether a tensor whose history `fn` began in the call is one from before it that forward
+    changed in place (passed by keyword: `x.mul_(2); return x`): its last `version` nodes are
+    taken for its in-place ones (an in-place op's first input is the tensor itself), one of
+    them reaching a node older than the call. A tensor made in the call and changed under
+    no_grad can be taken for one: watched as itself, which costs its ops the watch, never a
+    number."""
+    for _ in range(min(version, _IN_PLACE_WALK)):
+        nexts = fn.next_functions
+        if not nexts or nexts[0][0] is None:
+            return False
+        fn = nexts[0][0]
+        if fn._sequence_nr() < mark:
+            return True
+    return False
 
 
 def _caller_tensor(tensor: Any) -> Any:
