@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export GLOG_minloglevel := 2
 
-.PHONY: demo test test-dev test-mindspore lint test-min bench bench-peers clean
+.PHONY: demo test test-dev test-mindspore lint test-min bench bench-mindspore bench-peers clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -42,7 +42,8 @@ test-dev: $(STAMP)
 
 test-mindspore: $(MS_STAMP)
 	UNIHOOK_CONFORMANCE_BACKEND=mindspore $(MS_PY) -m pytest -q unihook/conformance \
-		tests/test_differential_kits.py tests/test_mindspore_native.py tests/test_demo.py
+		tests/test_differential_kits.py tests/test_mindspore_native.py tests/test_demo.py \
+		tests/test_bench_smoke_mindspore.py
 
 # ruff, and pyright in standard mode on unihook/ and backends/ ([tool.pyright] in pyproject.toml)
 lint: $(STAMP)
@@ -72,6 +73,11 @@ test-min:
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py $(if $(QUICK),--quick,)
+
+# The same cases with MindSpore's rows: torch, paddle and MindSpore side by side in one process,
+# in the MindSpore venv (above; it writes the same results/latest.json)
+bench-mindspore: $(MS_STAMP)
+	$(MS_PY) benchmarks/run.py $(if $(QUICK),--quick,)
 
 # Peers (nnsight, transformer-lens) live in their own venv so they never touch .venv's pins.
 # torch==2.13.0 is on the same pip command line as the peers so pip cannot upgrade it.

@@ -70,6 +70,7 @@ def per_call(fw: Framework, calls: int) -> Case:
     fw.seed(0)
     layer, x = fw.Linear(8, 8), fw.randn(1, 8)
 
+    @fw.synced
     def loop() -> None:
         with fw.no_grad():
             for _ in range(calls):
@@ -118,11 +119,12 @@ def per_call(fw: Framework, calls: int) -> Case:
 
 
 def global_per_call(fw: Framework, calls: int) -> Case:
-    """unihook's global hooks against torch's native ones; paddle has none natively, so its
-    reference is a hook registered on the layer itself."""
+    """unihook's global hooks against torch's native ones; paddle and MindSpore have none
+    natively, so their reference is a hook registered on the layer itself."""
     fw.seed(0)
     layer, x = fw.Linear(8, 8), fw.randn(1, 8)
 
+    @fw.synced
     def loop() -> None:
         with fw.no_grad():
             for _ in range(calls):
@@ -175,8 +177,8 @@ def global_per_call(fw: Framework, calls: int) -> Case:
         1e6 / calls,
         variants,
         metrics,
-        f"{calls} calls per sample, under no_grad; paddle has no native global hooks: its "
-        "reference is a hook on the layer itself",
+        f"{calls} calls per sample, under no_grad; paddle and mindspore have no native global "
+        "hooks: their reference is a hook on the layer itself",
     )
 
 
@@ -244,7 +246,7 @@ def _output_recorders(
 
     def recorder(name: str) -> Callable[..., None]:
         def hook(module: Any, args: Any, output: Any) -> None:
-            store()[name] = output.detach()
+            store()[name] = fw.detach(output)
 
         return hook
 
@@ -260,7 +262,7 @@ def _copying_recorders(fw: Framework, model: Any) -> list[Remover]:
         def hook(module: Any, args: Any, output: Any) -> None:
             buffer = buffers.get(name)
             if buffer is None or buffer.shape != output.shape:
-                buffers[name] = output.detach().clone()
+                buffers[name] = fw.clone(output)
             else:
                 fw.copy_(buffer, output)
 
@@ -273,6 +275,7 @@ def capture(fw: Framework, label: str, model: Any, x: Any) -> Case:
     fw.set_training(model, False)
     n_modules = len(fw.named_modules(model))
 
+    @fw.synced
     def forward() -> None:
         with fw.no_grad():
             model(x)
@@ -356,6 +359,7 @@ def capture_inplace(fw: Framework, model: Any, x: Any) -> Case:
     named = fw.named_modules(model)
     overwritten = {n for n, m in named if "BatchNorm" in type(m).__name__}
 
+    @fw.synced
     def forward() -> None:
         with fw.no_grad():
             model(x)
@@ -368,12 +372,12 @@ def capture_inplace(fw: Framework, model: Any, x: Any) -> Case:
                 if name in copied:
 
                     def hook(module: Any, args: Any, output: Any) -> None:
-                        record[name] = output.detach().clone()
+                        record[name] = fw.clone(output)
 
                 else:
 
                     def hook(module: Any, args: Any, output: Any) -> None:
-                        record[name] = output.detach()
+                        record[name] = fw.detach(output)
 
                 return hook
 
@@ -447,9 +451,7 @@ def backward(
         model, x = build(fw, sizes), make_input(fw, sizes)
         fw.set_training(model, True)
         leaves = [m for _, m in models.leaves(fw, model)]
-
-        def step(fw: Framework = fw, model: Any = model, x: Any = x) -> None:
-            fw.backward(model(x))
+        step = fw.train_step(model, model, x)
 
         def clear(fw: Framework = fw, model: Any = model) -> None:
             fw.clear_grads(model)
@@ -470,9 +472,12 @@ def backward(
         ratio("torch native", "torch plain"),
         ratio("torch unihook", "torch plain"),
         ratio("torch unihook", "torch native", SAME_AS_HANDWRITTEN),
-        ratio("paddle unihook", "paddle plain"),
-        _overhead_vs("paddle unihook", "paddle plain", "torch native", "torch plain"),
     ]
+    for p in ("paddle", "mindspore"):  # no native full backward hook to compare with
+        metrics += [
+            ratio(f"{p} unihook", f"{p} plain"),
+            _overhead_vs(f"{p} unihook", f"{p} plain", "torch native", "torch plain"),
+        ]
     return Case(
         f"backward/{label}",
         f"{label} forward+backward (train), no-op full backward hook on every leaf module",
@@ -480,7 +485,8 @@ def backward(
         1e3,
         variants,
         [m for m in metrics if m.needs <= names],
-        "loss = output.sum(); gradients cleared (untimed) after each sample",
+        "loss = output.sum(); gradients cleared (untimed) after each sample; mindspore: "
+        "value_and_grad of the loss with respect to the weights (its training idiom)",
     )
 
 
@@ -498,9 +504,9 @@ def _overhead_vs(ours: str, our_base: str, theirs: str, their_base: str) -> Metr
 # -- 2c. tensor gradient hooks on every activation of an MLP --
 
 
-def _activations(model: Any, x: Any) -> list[Any]:
+def _activations(fw: Framework, model: Any, x: Any) -> list[Any]:
     acts = []
-    for layer in model.children():
+    for layer in fw.children(model):
         x = layer(x)
         acts.append(x)
     return acts
@@ -509,10 +515,14 @@ def _activations(model: Any, x: Any) -> list[Any]:
 def tensor_hooks(fws: list[Framework], sizes: Sizes, register_in_timed: bool) -> Case:
     """No-op gradient hooks on every Linear and ReLU output. `register_in_timed`: the sample is
     forward + registration + backward (tensor hooks are per forward by nature); else the
-    forward and registration are untimed and the sample is the backward alone."""
+    forward and registration are untimed and the sample is the backward alone, which only the
+    imperative frameworks have (MindSpore records the forward inside its `value_and_grad`)."""
     variants: list[Variant] = []
     metrics: list[Metric] = []
+    skipped = [fw.name for fw in fws if not register_in_timed and not hasattr(fw, "backward")]
     for fw in fws:
+        if fw.name in skipped:
+            continue
         fw.seed(0)
         model, x = models.mlp(fw, sizes), models.mlp_input(fw, sizes)
         registrations: dict[str, Callable[[Any], Remover] | None] = {
@@ -530,6 +540,7 @@ def tensor_hooks(fws: list[Framework], sizes: Sizes, register_in_timed: bool) ->
             ratio(f"{p} unihook", f"{p} native"),
         ]
     scope = "forward+register+backward" if register_in_timed else "backward (registered untimed)"
+    skip = f"not run on {', '.join(skipped)}: functional autograd, no backward alone"
     return Case(
         f"tensor_hooks/{'fwd_bwd' if register_in_timed else 'bwd'}",
         f"MLP {sizes.mlp_depth}x(Linear({sizes.mlp_width})+ReLU), batch {sizes.mlp_batch}: "
@@ -538,6 +549,7 @@ def tensor_hooks(fws: list[Framework], sizes: Sizes, register_in_timed: bool) ->
         1e3,
         variants,
         metrics,
+        skip if skipped else "",
     )
 
 
@@ -546,11 +558,13 @@ def _fwd_reg_bwd(
 ) -> Setup:
     removers: list[Remover] = []
 
-    def body() -> None:
-        acts = _activations(model, x)
+    def forward() -> Any:
+        acts = _activations(fw, model, x)
         if register is not None:
             removers.extend(register(a) for a in acts)
-        fw.backward(acts[-1])
+        return acts[-1]
+
+    body = fw.train_step(model, forward)
 
     def cleanup() -> None:
         for remove in removers:
@@ -565,7 +579,7 @@ def _bwd_only(
     fw: Framework, model: Any, x: Any, register: Callable[[Any], Remover] | None
 ) -> Setup:
     def setup() -> tuple[Body, Cleanup]:
-        acts = _activations(model, x)
+        acts = _activations(fw, model, x)
         removers = [register(a) for a in acts] if register is not None else []
         out = acts[-1]
 
@@ -574,7 +588,7 @@ def _bwd_only(
                 remove()
             fw.clear_grads(model)
 
-        return (lambda: fw.backward(out)), cleanup
+        return (lambda: fw.backward(out)), cleanup  # type: ignore[union-attr]
 
     return setup
 
@@ -600,11 +614,7 @@ def recipes(fws: list[Framework], sizes: Sizes) -> Case:
         fw.seed(0)
         model, x = models.cnn(fw, sizes), models.cnn_input(fw, sizes)
         fw.set_training(model, True)
-        update = fw.sgd(model, 1e-4)
-
-        def step(fw: Framework = fw, model: Any = model, x: Any = x, update: Any = update) -> None:
-            fw.backward(model(x))
-            update()
+        step = fw.train_step(model, model, x, lr=1e-4)
 
         def clear(fw: Framework = fw, model: Any = model) -> None:
             fw.clear_grads(model)
@@ -655,5 +665,6 @@ def recipes(fws: list[Framework], sizes: Sizes) -> Case:
         variants,
         metrics,
         f"loss = output.sum(), SGD lr 1e-4; the recipe is created (untimed) and one untimed step "
-        f"runs before the timed one; off-step: every={EVERY}, the timed step is not recorded",
+        f"runs before the timed one; off-step: every={EVERY}, the timed step is not recorded; "
+        "mindspore: value_and_grad with respect to the weights, then nn.SGD",
     )

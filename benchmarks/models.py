@@ -1,9 +1,10 @@
 """The benchmark models, defined once and built identically in either framework.
 
-Same architecture, shapes and module tree in torch and paddle (only default initialisation
-differs, which does not change timing). No in-place op anywhere (torch's native full backward
-hook, one of the compared variants, raises on an in-place op after a hooked module), except in
-``cnn(inplace=True)``, which only the forward capture case `capture_inplace` runs.
+Same architecture, shapes and module tree in torch, paddle and MindSpore (only default
+initialisation differs, which does not change timing). No in-place op anywhere (torch's native
+full backward hook, one of the compared variants, raises on an in-place op after a hooked
+module), except in ``cnn(inplace=True)``, which only the forward capture case `capture_inplace`
+runs.
 """
 
 from __future__ import annotations
@@ -119,4 +120,4 @@ def mlp_input(fw: Framework, s: Sizes) -> Any:
 
 def leaves(fw: Framework, model: Any) -> list[tuple[str, Any]]:
     """The (name, module) pairs of `model` that have no child module."""
-    return [(n, m) for n, m in fw.named_modules(model) if not list(m.children())]
+    return [(n, m) for n, m in fw.named_modules(model) if not list(fw.children(m))]

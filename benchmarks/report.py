@@ -17,7 +17,7 @@ from typing import Any
 from harness import CaseResult, Summary, Target
 from import_time import ImportResult
 
-DISTRIBUTIONS = ("torch", "paddlepaddle", "numpy", "unihook", "pluggy")
+DISTRIBUTIONS = ("torch", "paddlepaddle", "mindspore", "numpy", "unihook", "pluggy")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 

@@ -94,6 +94,12 @@ def single_thread(fws: list[frameworks.Framework]) -> dict[str, Any]:
             fw.t.set_num_threads(1)
             fw.t.set_num_interop_threads(1)
             threads["torch"] = fw.t.get_num_threads()
+        elif isinstance(fw, frameworks.MindSpore):
+            # its kernels on one thread, and ops run on the calling thread: PyNative's
+            # asynchronous pipeline has threads of its own, which contend with everything else
+            fw.ms.device_context.cpu.op_tuning.threads_num(1)
+            fw.ms.runtime.launch_blocking()
+            threads["mindspore"] = "threads_num(1), launch_blocking()"
         else:
             # paddle has no public setter; its private one exists in 3.x, else the env rules.
             setter = getattr(fw.p.base.core, "set_num_threads", None)
@@ -109,6 +115,8 @@ def own_threads(fws: list[frameworks.Framework]) -> dict[str, Any]:
     for fw in fws:
         if isinstance(fw, frameworks.Torch):
             threads["torch"] = fw.t.get_num_threads()
+        elif isinstance(fw, frameworks.MindSpore):
+            threads["mindspore"] = "its default, asynchronous pipeline"
         else:
             getter = getattr(fw.p.base.core, "get_num_threads", None)
             threads["paddle"] = getter() if getter is not None else "its default"
@@ -137,7 +145,7 @@ def build_cases(fws: list[frameworks.Framework], mode: Mode) -> list[tuple[Case,
         planned.append((cases.capture_inplace(fw, model, models.cnn_input(fw, s)), mode.forward))
     for register_in_timed in (False, True):
         planned.append((cases.tensor_hooks(fws, s, register_in_timed), mode.forward))
-    compare_case = compare_bench.case(fws, s)  # None unless both frameworks are loaded
+    compare_case = compare_bench.case(fws, s)  # None unless torch and paddle are loaded
     if compare_case is not None:
         planned.append((compare_case, compare_bench.rounds(mode.name)))
     planned.append((cases.recipes(fws, s), mode.backward))
