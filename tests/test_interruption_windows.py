@@ -414,6 +414,26 @@ def test_the_public_functions_return_what_register_returns() -> None:
     assert {api._register.__name__, global_hooks._register.__name__} == {"_register"}
 
 
+def test_capture_returns_what_its_python_method_returns() -> None:
+    """`capture()` places its hooks in `Capture._start`, which undoes them unless it returns;
+    `capture` returns `_start`'s value at once, from a plain call of a Python method (not from
+    the type's call `Capture(...)`, on whose return CPython checks for a Ctrl-C: one landing
+    there lost a capture whose hooks stayed on the model for good)."""
+    import dis
+    import importlib
+
+    capture = importlib.import_module("unihook.capture")  # (the module, not the function)
+    ops = [i for i in dis.get_instructions(capture.capture) if i.opname != "CACHE"]
+    assert [i.opname for i in ops][-2:] == ["CALL", "RETURN_VALUE"]
+    assert sum(i.opname == "RETURN_VALUE" for i in ops) == 1
+    assert [i.argval for i in ops if i.opname == "LOAD_METHOD"][-1] == "_start"
+    start = [i for i in dis.get_instructions(capture.Capture._start) if i.opname != "CACHE"]
+    returns = [k for k, i in enumerate(start) if i.opname == "RETURN_VALUE"]
+    # (returns self right after letting go of the record: a STORE_ATTR, no check between)
+    assert len(returns) == 1 and start[returns[0] - 1].argval == "self"
+    assert start[returns[0] - 2].opname == "STORE_ATTR"
+
+
 def test_every_registry_lock_is_taken_by_its_mutex() -> None:
     """A `with` on a RegistryLock takes its C mutex too (``with lock, lock.mutex:``): the
     Python object alone locks nothing, and a lock taken in Python code could be left held."""

@@ -238,7 +238,11 @@ class ModuleBackward:
         if not stack:
             return False
         key, ref, call = stack[-1]
-        return key == id(args) and ref() is module and not isinstance(call, _Passed)
+        # Only a `_Call` takes hooks (None: grad disabled, nothing fires; `_Own`: a global state
+        # that ran first and left them to the asker, which had not run: a stale entry misled
+        # it). `_got`: an entry a BaseException left (its post_dispatch skipped) may carry the
+        # id these args got when its own died; its tensors tell.
+        return key == id(args) and type(call) is _Call and ref() is module and _got(call, args)
 
     def around(self, module: Any) -> None:
         """A global state's dispatchers run around `module`'s whole call (torch's wrapper of
@@ -659,6 +663,7 @@ class _Call:
         "site",
         "after_backward",
         "mark",
+        "with_globals",
         "__weakref__",  # (a backend may hold `_input_side_skipped` weakly)
     )
 
@@ -674,6 +679,7 @@ class _Call:
         self.versions: list[int] = []  # of the tensor args forward got, at its start
         # Snapshots, as torch: hooks registered or removed after forward leave this call alone.
         # Global hooks first, as torch runs them before the module's own.
+        self.with_globals = with_globals  # (see _took_globals)
         shared = _globals.get(owner.autograd.backend) if with_globals else None
         if shared is None:
             self.pre_hooks = list(owner.pre_hooks.values())
@@ -857,13 +863,23 @@ class _States:
         """The module's own state, current or removed, if it took this call."""
         ref = self._refs.get(module)
         state = None if ref is None else ref()
-        if state is not None and state.dispatching(module, args):
+        if state is not None and _took_globals(state, module, args):
             return state
         for ref in self._retired.get(module, ()):
             state = ref()
-            if state is not None and state.dispatching(module, args):
+            if state is not None and _took_globals(state, module, args):
                 return state
         return None
+
+
+def _took_globals(state: ModuleBackward, module: Any, args: tuple[Any, ...]) -> bool:
+    """Whether `state` took this call and its global hooks. Had it left them to the global state,
+    whose dispatcher runs after it, it took a stale global entry for the global state's claim on
+    the call (see `dispatching`): the global state takes them."""
+    if not state.dispatching(module, args):
+        return False
+    call = state.local.stack[-1][2]
+    return call.with_globals
 
 
 def _pinned(state: ModuleBackward | None) -> bool:

@@ -151,6 +151,19 @@ class Capture(Removable):
         grads: bool = False,
         reuse: bool = False,
     ) -> None:
+        self._start(model, where, inputs=inputs, outputs=outputs, grads=grads, reuse=reuse)
+
+    def _start(
+        self,
+        model: Any,
+        where: Where,
+        *,
+        inputs: bool,
+        outputs: bool,
+        grads: bool,
+        reuse: bool,
+    ) -> Capture:
+        """Place the hooks; returns this capture."""
         self._outputs: dict[str, list[_Kept]] = {}
         self._forwards = 0  # forwards of `model` seen (reuse: which buffers are current)
         self._filled: dict[str, list[int]] = {}  # reuse: name -> [forward, calls in it]
@@ -188,6 +201,7 @@ class Capture(Removable):
                         name, api.register_full_backward_pre_hook(module, hook, name=name)
                     )
             registering.steps = outer
+            return self
         except BaseException as error:
             registering.steps = outer
             undo(steps, error)
@@ -357,4 +371,7 @@ def capture(
     """Record the outputs (and optionally inputs and grad_outputs) of the modules of `model`
     that `where` selects: ``with unihook.capture(model) as cache: model(x)``. See `Capture`
     for ``reuse=True``."""
-    return Capture(model, where, inputs=inputs, outputs=outputs, grads=grads, reuse=reuse)
+    # (not `Capture(...)`: CPython checks for a Ctrl-C when a type's call returns, which would
+    # lose a capture whose hooks are placed; a Python method returns to its caller unchecked)
+    cache = Capture.__new__(Capture)
+    return cache._start(model, where, inputs=inputs, outputs=outputs, grads=grads, reuse=reuse)
