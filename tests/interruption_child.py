@@ -60,10 +60,16 @@ if FW == "torch":
     def leaf() -> Any:
         return fw.ones(1, 2, requires_grad=True)
 
+    def backward(loss: Any) -> None:
+        loss.backward()
+
     def register_things(m: Any) -> None:
         m.register_parameter("p", fw.nn.Parameter(fw.ones(1)))
         m.register_buffer("b", fw.ones(1))
         m.add_module("s", fw.nn.Identity())
+
+    def lock_marks() -> Any:
+        return None
 
     def framework_state() -> dict[str, Any]:
         state = {
@@ -74,6 +80,42 @@ if FW == "torch":
         # what unihook patches
         state["Module"] = (fw.nn.Module._call_impl, fw.nn.Module.__call__)
         return state
+
+elif FW == "mindspore":
+    import mindspore as fw
+    import mindspore.nn.cell as cell_module
+    import numpy as np
+    from unihook_mindspore._serial import exclusive
+    from unihook_mindspore.testkit import MindSporeKit
+
+    kit = MindSporeKit()  # (its tape: MindSpore's autograd is functional)
+
+    def linear() -> Any:
+        return kit.linear(2, 2)
+
+    def leaf() -> Any:
+        return kit.tensor(np.ones((1, 2)), requires_grad=True)
+
+    def backward(loss: Any) -> None:
+        kit.backward(loss)
+
+    def register_things(m: Any) -> None:
+        kit.register_parameter(m, "p", kit.parameter([1.0]))
+        kit.register_buffer(m, "b", kit.tensor([1.0]))
+        kit.add_module(m, "s", fw.nn.Identity())
+
+    def framework_state() -> dict[str, Any]:
+        # what unihook patches
+        cell = vars(fw.nn.Cell)
+        return {
+            "Cell": tuple(cell[name] for name in _CELL_METHODS),
+            "buffer hooks": _summary(cell_module._global_buffer_registration_hooks),
+        }
+
+    def lock_marks() -> Any:
+        return exclusive._owner, exclusive._count
+
+    _CELL_METHODS = ("__call__", "insert_param_to_cell", "insert_child_to_cell")
 
 else:
     import paddle as fw
@@ -87,10 +129,16 @@ else:
         x.stop_gradient = False
         return x
 
+    def backward(loss: Any) -> None:
+        loss.backward()
+
     def register_things(m: Any) -> None:
         m.add_parameter("p", m.create_parameter([1]))
         m.register_buffer("b", fw.ones([1]))
         m.add_sublayer("s", fw.nn.Identity())
+
+    def lock_marks() -> Any:
+        return None
 
     def framework_state() -> dict[str, Any]:
         # what unihook patches
@@ -135,6 +183,8 @@ _IGNORED = {
     "_active",  # paddle's autograd guard: backwards running (none here)
     "_version_checked",
 }
+# the MindSpore kit's tape: its recording session changes with each forward and backward
+_IGNORED_MODULES = {"unihook_mindspore._tape"}
 
 
 _WATCHED: list[tuple[str, Any, str]] = []  # (module name, module, attribute)
@@ -145,7 +195,7 @@ def unihook_state() -> dict[str, Any]:
     classes and constants), the modules loaded when first called."""
     if not _WATCHED:
         for name, module in list(sys.modules.items()):
-            if not name.startswith("unihook") or module is None:
+            if not name.startswith("unihook") or module is None or name in _IGNORED_MODULES:
                 continue
             for attr, value in vars(module).items():
                 if attr.startswith("__") or attr in _IGNORED or attr.isupper():
@@ -176,11 +226,19 @@ def target_state(target: Any) -> Any:
         modules = []
         if FW == "torch":
             picture["hooks"] = _summary(target._backward_hooks)
+        elif FW == "mindspore":
+            hooks = getattr(target, "_unihook_hooks", None)  # (the native hook runs them)
+            picture["hooks"] = hooks and (len(hooks.entries), len(hooks.native))
+    elif FW == "mindspore":
+        modules = [cell for _, cell in target.cells_and_names()]
     else:
         modules = list(target.modules() if FW == "torch" else target.sublayers(include_self=True))
     for n, module in enumerate(modules):
         for attr, value in vars(module).items():
             if "hook" in attr and attr != "_hook_dict":
+                if FW == "mindspore" and attr.startswith("_lazy"):
+                    attr = attr[len("_lazy") :]  # (Cell's property makes it when first read)
+                    value = getattr(module, attr)
                 picture[f"{n}.{attr}"] = _summary(value)
         picture[f"{n} backward state"] = _module_backward._states.get(module) is not None
     if FW == "paddle":
@@ -191,10 +249,18 @@ def target_state(target: Any) -> Any:
     return picture
 
 
+# what `lock_marks` gave before the call interrupted: a re-entrant lock held across calls
+# (the MindSpore kit's tape holds `exclusive` from a leaf's creation to its backward) is held
+# as many times after it
+_marks: list[Any] = [None]
+
+
 def locks_free() -> list[str]:
     from unihook import _imports, _locks, handles
 
     held = [repr(lock) for lock in _locks._locks if _is_held(lock)]
+    if lock_marks() != _marks[0]:
+        held.append(f"re-entrant lock: {_marks[0]} -> {lock_marks()}")
     if handles._removing.locked():
         held.append("handles._removing")
     if _imports._lock._is_owned():  # type: ignore[attr-defined]
@@ -204,11 +270,22 @@ def locks_free() -> list[str]:
 
         if _autograd_guard._lock._is_owned():  # type: ignore[attr-defined]
             held.append("_autograd_guard._lock")
+    if FW == "mindspore":
+        import unihook_mindspore
+        from unihook_mindspore import _forward
+
+        for name, lock in (
+            ("_deferred_lock", unihook_mindspore._deferred_lock),
+            ("_forward._lock", _forward._lock),
+            ("_forward._ids", _forward._ids),
+        ):
+            if _is_held(lock):
+                held.append(name)
     return held
 
 
 def _is_held(lock: Any) -> bool:
-    inner = getattr(lock, "mutex", None) or getattr(lock, "_lock", None)
+    inner = getattr(lock, "mutex", None) or getattr(lock, "_lock", None) or lock
     if hasattr(inner, "_is_owned"):
         if inner._is_owned():
             return True
@@ -255,11 +332,11 @@ def _forward(m: Any) -> None:
 
 
 def _backward(m: Any) -> None:
-    m(leaf()).sum().backward()
+    backward(m(leaf()).sum())
 
 
 def _tensor_backward(t: Any) -> None:
-    (t * 2).sum().backward()
+    backward((t * 2).sum())
 
 
 Register = Callable[[Any, Callable[..., Any]], Any]
@@ -309,6 +386,8 @@ def _full_backward_pre(m: Any, h: Callable[..., Any]) -> Any:
 
 
 def _sequential() -> Any:
+    if FW == "mindspore":
+        return kit.sequential(linear(), fw.nn.ReLU())
     return fw.nn.Sequential(linear(), fw.nn.ReLU())
 
 
@@ -429,6 +508,11 @@ def _in_callback(frame: Any) -> bool:
     return False
 
 
+# Code no position lies in (README "Left"): MindSpore's `exclusive`, a lock written in Python
+# (it hands over a dead thread's hold, gives up after a while), which a Ctrl-C inside its
+# acquire or release can leave held
+_UNGUARDED = {os.path.join(ROOTS[1], "_serial.py")} if FW == "mindspore" else set()
+
 _NOPS: dict[Any, frozenset[int]] = {}
 
 
@@ -447,7 +531,9 @@ def _skipped(frame: Any, event: str) -> bool:
     landing after the line before belongs to that line, whose handlers may not cover the
     NOP: the with statement's, where the try begins its body); the return of unihook's
     `_register` and of the outermost frame (see `_REGISTER_CODES`); the start of a with
-    statement's normal exit (see `_with_exits`)."""
+    statement's normal exit (see `_with_exits`). (And any in `_UNGUARDED`'s code.)"""
+    if frame.f_code.co_filename in _UNGUARDED:
+        return True
     if event == "call":
         return frame.f_code.co_name in _CALLBACKS
     if event == "return":
@@ -501,6 +587,7 @@ def _interrupt_at(k: int, fn: Callable[[], Any]) -> tuple[Any, str]:
             raise KeyboardInterrupt(f"position {k}")
         return trace
 
+    _marks[0] = lock_marks()
     sys.settrace(trace)
     try:
         result: Any = fn()
@@ -694,6 +781,7 @@ def real_sigint(seconds: float) -> dict[str, Any]:
             register(target, lambda *a: None).remove()
         kinds.append((register, target, target_state(target), fire))
     live: list[Any] = []  # the handles it got
+    _marks[0] = lock_marks()
     gc.collect()
     base = snapshot(None)[1:]
     n = 0

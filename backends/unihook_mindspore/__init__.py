@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
+from functools import partial
 from typing import Any, Callable
 
 from unihook.backend import (
@@ -23,6 +24,7 @@ from unihook.backend import (
     install_when_imported,
     kwargs_post_hook,
     type_name,
+    undo_if_unfinished,
 )
 from unihook.errors import BackendStateError, NoGradError, TargetKindError
 from unihook.handles import Handle
@@ -190,14 +192,14 @@ def _depth() -> int:
 
 
 def flush_removals() -> None:
-    """Run the native removals deferred by `remove` during a backward (none may run now)."""
+    """Run the native removals deferred by `remove` during a backward (none may run now).
+    Each stays listed until it ran: one a Ctrl-C cut short runs again (they are idempotent)."""
     if _deferred and not _depth():
-        with _deferred_lock:
-            pending = _deferred[:]
-            del _deferred[:]
         with exclusive:  # (no native call while another thread's graph runs: docs §10)
-            for native_remove in pending:
+            for native_remove in _deferred[:]:
                 native_remove()
+                with _deferred_lock:
+                    _deferred.remove(native_remove)
 
 
 class _TensorHooks:
@@ -207,7 +209,9 @@ class _TensorHooks:
 
     def __init__(self) -> None:
         self.entries: list[Callable[[Any], Any]] = []
-        self.native: Any = None  # MindSpore's handle, while registered
+        # MindSpore's id of it, while registered: put in and taken out by C code (`add_native`,
+        # `drop_native`), where no Ctrl-C lands between the native change and the record's
+        self.native: list[int] = []
 
     def __call__(self, grad: Any) -> Any:
         changed = False
@@ -224,11 +228,35 @@ class _TensorHooks:
                 _running[0] -= 1
         return grad if changed else None
 
+    def add_native(self, tensor: Any) -> None:
+        """Register this object as `tensor`'s native hook, unless it is."""
+        if not self.native:
+            # (MindSpore's Tensor.register_hook makes its handle after the C call)
+            self.native.extend(map(_native().register_hook, (tensor,), (self,)))
+            _changed()
+
     def drop_native(self) -> None:
-        """Remove the native hook if no unihook hook came back since."""
-        if not self.entries and self.native is not None:
-            native, self.native = self.native, None
-            native.remove()
+        """Remove the native hook if no unihook hook came back since (idempotent: MindSpore
+        ignores an id removed already)."""
+        if not self.entries and self.native:
+            _native().remove_hook(self.native[0])
+            self.native.clear()
+            _changed()
+
+
+def _native() -> Any:
+    """MindSpore's C tensor class, which registers and removes tensor hooks by id."""
+    from mindspore._c_expression import TensorPy
+
+    return TensorPy
+
+
+def _changed() -> None:
+    """What MindSpore's Parameter.register_hook and its handle's removal do after the native
+    call (a graph compiled with the hooks of before is not reused); harmless for a Tensor."""
+    from mindspore.common.hook_handle import _update_hook_version
+
+    _update_hook_version()
 
 
 @hookimpl
@@ -261,31 +289,38 @@ def unihook_register_tensor_hook(
 
     with exclusive:  # (no native call while another thread's graph runs: docs §10)
         flush_removals()
+        hooks = _hooks_of(tensor)
+        remove = partial(_remove_tensor_hook, hooks, run)
+        # (a registration cut short by a Ctrl-C is undone: see unihook._locks)
+        undo_if_unfinished(remove)
         with _deferred_lock:
-            hooks = getattr(tensor, "_unihook_hooks", None)
-            if hooks is None:
-                hooks = tensor._unihook_hooks = _TensorHooks()  # (an attribute: not copied)
             hooks.entries.append(run)
-            if hooks.native is None:
-                hooks.native = tensor.register_hook(hooks)
-
-    def remove() -> None:
-        # out of the list at once: a tensor whose hooks have not started runs it no more; one
-        # whose hooks run now still runs it in this pass (its snapshot), as torch
-        with _deferred_lock:
-            if run not in hooks.entries:
-                return
-            hooks.entries.remove(run)
-            if hooks.entries:
-                return
-            if _depth():
-                _deferred.append(hooks.drop_native)
-                return
-        with exclusive:
-            hooks.drop_native()
-            flush_removals()
-
+            hooks.add_native(tensor)
     return Handle(NAME, "tensor", remove)
+
+
+def _hooks_of(tensor: Any) -> _TensorHooks:
+    hooks: _TensorHooks | None = getattr(tensor, "_unihook_hooks", None)
+    if hooks is None:
+        hooks = tensor._unihook_hooks = _TensorHooks()  # (an attribute: not copied)
+    return hooks
+
+
+def _remove_tensor_hook(hooks: _TensorHooks, run: Callable[[Any], Any]) -> None:
+    """Idempotent: also undoes a registration cut short and finishes a removal cut short."""
+    # out of the list at once: a tensor whose hooks have not started runs it no more; one
+    # whose hooks run now still runs it in this pass (its snapshot), as torch
+    with _deferred_lock:
+        if run in hooks.entries:
+            hooks.entries.remove(run)
+        if hooks.entries or not hooks.native:
+            return
+        if _depth():
+            _deferred.append(hooks.drop_native)
+            return
+    with exclusive:
+        hooks.drop_native()
+        flush_removals()
 
 
 @hookimpl

@@ -16,8 +16,8 @@ Buffers: MindSpore's own ``register_cell_buffer_registration_hook``.
 from __future__ import annotations
 
 import sys
-import threading
 import weakref
+from functools import partial
 from itertools import count
 from typing import Any, Callable
 
@@ -27,11 +27,13 @@ from mindspore import nn
 
 from unihook.backend import (
     Pinned,
+    RegistryLock,
     Site,
     check_pre_kwargs_result,
     global_label,
     pin,
     show_value,
+    undo_if_unfinished,
     unpin,
 )
 from unihook.errors import HookReturnTypeError
@@ -43,14 +45,13 @@ Hook = Callable[..., Any]
 Cell = nn.Cell
 _CELL_CALL: Callable[..., Any] = Cell.__call__  # (this module wraps it only later)
 
-_lock = threading.RLock()
+_lock = RegistryLock()  # (a finalizer removing a hook meanwhile waits for it)
 _ids = count()
 _pre: dict[int, tuple[Hook, bool]] = {}
 _post: dict[int, tuple[Hook, bool, bool]] = {}  # hook, with_kwargs, always_call
 _backward: tuple[Hook, Hook] | None = None
 # cell -> (pre key, post key, backward Pinned or None)
 _installed: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
-_original_call: Callable[..., Any] | None = None
 
 
 def _run_pre(cell: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -90,7 +91,7 @@ def _ensure(cell: Any) -> None:
     """Give `cell` the global dispatchers it lacks; keep the forward ones first."""
     entry = _installed.get(cell)
     if entry is None:
-        with _lock:
+        with _lock, _lock.mutex:
             entry = _installed.get(cell)
             if entry is None:
                 entry = _installed[cell] = [None, None, None]
@@ -136,8 +137,8 @@ def _pin_forward(cell: Any, slot: int, key: int) -> None:
 
 def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
     _ensure(self)
-    # MindSpore's own, read at import: another thread may have put it back (and cleared
-    # `_original_call`) since this call entered the wrapper
+    # MindSpore's own, read at import: another thread may have put it back since this call
+    # entered the wrapper
     return _CELL_CALL(self, *args, **kwargs)
 
 
@@ -147,27 +148,29 @@ CALL_CODES = frozenset({_CELL_CALL.__code__, _call.__code__})
 
 
 def _strip(which: int) -> None:
-    """Take dispatcher slot `which` (0 pre, 1 post, 2 backward) out of every cell."""
+    """Take dispatcher slot `which` (0 pre, 1 post, 2 backward) out of every cell; a slot is
+    forgotten only once out (a run a Ctrl-C cut short is finished by the next)."""
     for cell, entry in list(_installed.items()):
         key = entry[which]
         if key is None:
             continue
-        entry[which] = None
         if which == 2:
             key.remove()
-            continue
-        attr, flags = (
-            ("_forward_pre_hook", ("_forward_pre_hook_with_kwargs",))
-            if which == 0
-            else ("_forward_hook", ("_forward_hook_with_kwargs", "_forward_hook_always_called"))
-        )
-        unpin(cell, attr, key, Access)
-        for flag in flags:
-            Access.get(cell, flag).pop(key, None)
+        else:
+            attr, flags = (
+                ("_forward_pre_hook", ("_forward_pre_hook_with_kwargs",))
+                if which == 0
+                else ("_forward_hook", ("_forward_hook_with_kwargs", "_forward_hook_always_called"))
+            )
+            unpin(cell, attr, key, Access)
+            for flag in flags:
+                Access.get(cell, flag).pop(key, None)
+        entry[which] = None
 
 
 def _sync() -> None:
-    global _original_call
+    """Make the cells and ``Cell.__call__`` match the global hooks. Read from the class: a run
+    a Ctrl-C cut short is finished by the next."""
     if not _pre:
         _strip(0)
     if not _post:
@@ -175,47 +178,59 @@ def _sync() -> None:
     if _backward is None:
         _strip(2)
     wanted = bool(_pre or _post or _backward is not None)
-    if wanted and _original_call is None:
-        _original_call = Cell.__call__
+    patched = Cell.__dict__.get("__call__") is _call
+    if wanted and not patched:
         Cell.__call__ = _call
-    elif not wanted and _original_call is not None:
-        Cell.__call__ = _original_call  # type: ignore[method-assign]
-        _original_call = None
+    elif not wanted:
+        if patched:
+            Cell.__call__ = _CELL_CALL  # type: ignore[method-assign]
         _installed.clear()
 
 
 def add_backward_dispatchers(pre: Hook, post: Hook) -> Callable[[], None]:
     global _backward
-    with _lock:
-        _backward = (pre, post)
-        _sync()
+    dispatchers = (pre, post)
 
     def remove() -> None:
+        # idempotent: also undoes an installation cut short (a Ctrl-C, see unihook._locks)
         global _backward
-        with _lock:
-            _backward = None
+        if _lock.deferred(remove):
+            return
+        with _lock, _lock.mutex:
+            if _backward is dispatchers:  # (else newer global hooks came meanwhile)
+                _backward = None
             _sync()
 
+    undo_if_unfinished(remove)
+    with _lock, _lock.mutex:
+        _backward = dispatchers
+        _sync()
     return remove
 
 
 def _add_forward(table: dict[int, Any], value: Any) -> Callable[[], None]:
     key = next(_ids)
-    with _lock:
-        table[key] = value
-        _sync()
 
     def remove() -> None:
-        with _lock:
-            if table.pop(key, None) is not None:
-                _sync()
+        # idempotent: also undoes a registration cut short (a Ctrl-C, see unihook._locks)
+        if _lock.deferred(remove):
+            return
+        with _lock, _lock.mutex:
+            table.pop(key, None)
+            _sync()
 
+    undo_if_unfinished(remove)
+    with _lock, _lock.mutex:
+        table[key] = value
+        _sync()
     return remove
 
 
 # -- registration hooks --
 
 _registration: dict[str, dict[int, Hook]] = {"parameter": {}, "module": {}}
+# MindSpore's own, as found when patched; kept after the patch goes: a thread inside a patched
+# one while another removes the last hook still calls them
 _originals: dict[str, Callable[..., Any]] = {}
 
 
@@ -272,25 +287,46 @@ def _checked(kind: str, hook: Hook) -> Hook:
 def _add_registration(kind: str, hook: Hook) -> Callable[[], None]:
     checked = _checked(kind, hook)
     if kind == "buffer_registration":
-        native = cell_module.register_cell_buffer_registration_hook(checked)
-        return native.remove  # type: ignore[no-any-return]
+        # MindSpore's registration makes the handle inside: a removal recorded before finds
+        # the hook by what only it is, this registration's function
+        remove = partial(_drop_buffer_hook, checked)
+        undo_if_unfinished(remove)
+        cell_module.register_cell_buffer_registration_hook(checked)
+        return remove
     what = kind.split("_")[0]
-    method, patched = _PATCHES[what]
     key = next(_ids)
-    with _lock:
-        if not _registration[what]:
-            _originals[what] = getattr(Cell, method)
-            setattr(Cell, method, patched)
-        _registration[what][key] = checked
 
     def remove() -> None:
-        with _lock:
-            if _registration[what].pop(key, None) is None:
-                return
-            if not _registration[what]:
-                setattr(Cell, method, _originals.pop(what))
+        # idempotent: also undoes a registration cut short (a Ctrl-C, see unihook._locks)
+        if _lock.deferred(remove):
+            return
+        with _lock, _lock.mutex:
+            _registration[what].pop(key, None)
+            _sync_patch(what)
 
+    undo_if_unfinished(remove)
+    with _lock, _lock.mutex:
+        _registration[what][key] = checked
+        _sync_patch(what)
     return remove
+
+
+def _drop_buffer_hook(checked: Hook) -> None:
+    hooks = cell_module._global_buffer_registration_hooks
+    for key in [key for key, value in hooks.items() if value is checked]:
+        hooks.pop(key, None)
+
+
+def _sync_patch(what: str) -> None:
+    """Patch `what`'s Cell method while a hook of it exists. Read from the class: a run a
+    Ctrl-C cut short is finished by the next."""
+    method, patched = _PATCHES[what]
+    installed = Cell.__dict__.get(method) is patched
+    if _registration[what] and not installed:
+        _originals[what] = getattr(Cell, method)
+        setattr(Cell, method, patched)
+    elif not _registration[what] and installed:
+        setattr(Cell, method, _originals[what])
 
 
 def add(kind: str, hook: Hook, with_kwargs: bool, always_call: bool) -> Callable[[], None]:

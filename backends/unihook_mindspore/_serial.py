@@ -19,7 +19,10 @@ WAIT = 120.0  # seconds before a waiter gives up on a living owner (a deadlock, 
 
 class _Exclusive:
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        # entered as `self._lock`, a C lock the `with` statement takes and lets go of itself:
+        # a Ctrl-C landing in Condition's Python __enter__ left it held (every thread waited)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._owner: int | None = None
         self._count = 0
 
@@ -29,7 +32,7 @@ class _Exclusive:
     def acquire(self) -> None:
         me = threading.get_ident()
         deadline = time.monotonic() + WAIT
-        with self._cond:
+        with self._lock:
             while self._owner not in (None, me):
                 if self._owner not in {t.ident for t in threading.enumerate()}:
                     # its owner ended inside a recording window (never reached its backward)
@@ -46,7 +49,7 @@ class _Exclusive:
             self._count += 1
 
     def release(self) -> None:
-        with self._cond:
+        with self._lock:
             if self._owner != threading.get_ident():
                 return  # taken over (the owner was gone): nothing of ours to give back
             self._count -= 1
