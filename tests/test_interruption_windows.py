@@ -465,3 +465,20 @@ def test_every_registry_lock_is_taken_by_its_mutex() -> None:
                     if items[n + 1 : n + 2] != [f"{item}.mutex"]:
                         wrong.append(f"{path.name}:{node.lineno}: with {', '.join(items)}")
     assert wrong == [] and checked > 10
+
+
+def test_hook_dict_cut_in_its_init_is_freed_quietly() -> None:
+    """A Ctrl-C landing in `HookDict.__init__` (right after the object was made) leaves it
+    without its attributes: freeing it reports nothing (its `__del__` raised AttributeError,
+    which Python printed as an "Exception ignored")."""
+    from unihook._pinned import HookDict
+
+    unraisable: list[Any] = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        cut = HookDict.__new__(HookDict)
+        del cut
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert unraisable == []

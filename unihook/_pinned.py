@@ -239,7 +239,8 @@ class HookDict(OrderedDict[int, Any]):
     def __del__(self) -> None:
         # Dropped by its module while installed: a library assigned the module another
         # hook dict. The pinned keys follow the module there (see the module docstring).
-        if self._origin is None or not self.pinned or sys.is_finalizing():
+        # (getattr: a Ctrl-C landing in __init__ leaves one without its attributes)
+        if getattr(self, "_origin", None) is None or not self.pinned or sys.is_finalizing():
             return
         owner = self.owner()
         if owner is None or self._access is None:
