@@ -355,7 +355,7 @@ def watch(
     of one, a tensor older than the call (autograd sequence number below `mark`: a keyword
     argument, a list's, one the module kept) or a view of one, or a tensor another output
     shares memory with (`return y, y`). Runs at every call of a hooked module: a new output
-    costs one look at its history's sequence number."""
+    costs a look at its history's sequence number and at its version."""
     shared = _shared_outputs([outputs[j] for j in idx]) if len(idx) > 1 else ()
     keys = None
     for n, (j, alias) in enumerate(zip(idx, aliases)):
@@ -372,13 +372,8 @@ def watch(
                 if keys is None:
                     keys = _Keys([args[i] for i in tensor_idx], originals)
                 original, whole = _stands_for(output, keys, mark)
-            else:
-                fn = output.grad_fn
-                if fn is not None and (
-                    fn._sequence_nr() < mark
-                    or (output._version and _changed_older(fn, output._version, mark))
-                ):
-                    original = _caller_tensor(output)
+            elif _older(output, mark):
+                original = _caller_tensor(output)
         if original is None and n in shared:
             base = output._base if output._is_view() else None
             original, whole = (output, True) if base is None else (base, False)
