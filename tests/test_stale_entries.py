@@ -120,3 +120,61 @@ def test_the_call_after_a_cut_one_fires_every_backward_hook_once(fw: str, input_
     expected = _calls(fw, cut=False, input_grad=input_grad)
     assert set(expected.values()) == {1} and len(expected) == 12
     assert _calls(fw, cut=True, input_grad=input_grad) == expected
+
+
+def _keyword_only_calls(fw: str, cut: bool) -> list[str]:
+    """The hook calls of one backward through a module called with keyword arguments only
+    (its args are `()`, one object, each call), after a call of it a KeyboardInterrupt cut."""
+    if fw == "torch":
+        import torch
+
+        base: Any = torch.nn.Module
+        linear = torch.nn.Linear(2, 2)
+    else:
+        import paddle
+
+        base = paddle.nn.Layer
+        linear = paddle.nn.Linear(2, 2)
+
+    class KeywordOnly(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = linear
+            self.cut = cut
+
+        def forward(self, x: Any = None) -> Any:
+            if self.cut:
+                self.cut = False
+                raise KeyboardInterrupt("cut short")
+            return self.lin(x)
+
+    model = KeywordOnly()
+    calls: list[str] = []
+    handles = [
+        unihook.register_full_backward_hook(model, lambda *args: calls.append("own")),
+        unihook.register_full_backward_pre_hook(model, lambda *args: calls.append("own pre")),
+        unihook.register_module_full_backward_hook(
+            lambda m, gi, go: calls.append(f"global {type(m).__name__}"), backend=fw
+        ),
+    ]
+    try:
+        if cut:
+            with pytest.raises(KeyboardInterrupt):
+                model(x=_input(fw, True)[:, :2])
+        model(x=_input(fw, True)[:, :2]).sum().backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_a_keyword_only_call_after_a_cut_one_fires_every_backward_hook_once(fw: str) -> None:
+    """Its args are the cut call's (`()`) and hold no tensor: only the entry's own record of its
+    call tells them apart (own and global hooks fired twice: the global post-dispatcher ended
+    the stale call of the module's own dispatchers too)."""
+    pytest.importorskip(fw)
+    expected = _keyword_only_calls(fw, cut=False)
+    assert sorted(expected) == ["global KeywordOnly", "global Linear", "own", "own pre"]
+    assert _keyword_only_calls(fw, cut=True) == expected

@@ -281,7 +281,7 @@ class ModuleBackward:
         if self.is_global:
             own = _states.dispatching(module, args)
             if own is not None:
-                stack[pos] = (id(args), ref, _Own(own))
+                stack[pos] = (id(args), ref, _Own(own, own.local.stack[-1][2]))
                 return None
         else:
             shared = _globals.get(self.autograd.backend)
@@ -336,10 +336,12 @@ class ModuleBackward:
         if isinstance(call, _Passed):
             return None
         if isinstance(call, _Own):
-            # The module's own dispatchers took the global hooks. Removed during this call (by
-            # another thread), its post-dispatcher did not run: this one ends the call for it.
+            # The module's own dispatchers took the global hooks. Their post-dispatcher, which
+            # runs before this one, did not end the call (its dispatchers were taken out): this
+            # one ends it for them. Only that very call: one a BaseException cut short before
+            # may look the same (a call with keyword arguments only passes `()` each time).
             own = call.state
-            if own.dispatching(module, args):
+            if own.dispatching(module, args) and own.local.stack[-1][2] is call.call:
                 return own.post_dispatch(module, args, output)
             return None
         ag = self.autograd
@@ -584,14 +586,15 @@ def _in_call(frame: FrameType | None, codes: frozenset[CodeType]) -> bool:
 
 
 class _Own:
-    """A global state's entry for a call whose module's own dispatchers (`state`) took the
-    global hooks. Held strongly: removed meanwhile, nothing else may hold the state (the
+    """A global state's entry for a call (`call`) whose module's own dispatchers (`state`) took
+    the global hooks. Held strongly: removed meanwhile, nothing else may hold the state (the
     framework drops its pre-hook snapshot when the loop ends), and it must end the call."""
 
-    __slots__ = ("state",)
+    __slots__ = ("state", "call")
 
-    def __init__(self, state: ModuleBackward) -> None:
+    def __init__(self, state: ModuleBackward, call: _Call) -> None:
         self.state = state
+        self.call = call
 
 
 def _got(call: _Call | _Own | _Passed | None, args: tuple[Any, ...]) -> bool:

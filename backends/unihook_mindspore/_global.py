@@ -49,8 +49,22 @@ _lock = RegistryLock()  # (a finalizer removing a hook meanwhile waits for it)
 _ids = count()
 _pre: dict[int, tuple[Hook, bool]] = {}
 _post: dict[int, tuple[Hook, bool, bool]] = {}  # hook, with_kwargs, always_call
-_backward: tuple[Hook, Hook] | None = None
-# cell -> (pre key, post key, backward Pinned or None)
+
+
+class _Backward:
+    """One global backward state's dispatchers and the cells they are pinned in. A removed
+    state's stay pinned until its calls in flight end (``unihook._module_backward``), beside a
+    newer state's: each goes with its own pins."""
+
+    __slots__ = ("hooks", "pins")
+
+    def __init__(self, pre: Hook, post: Hook) -> None:
+        self.hooks = (("_forward_pre_hook", pre), ("_forward_hook", post))
+        self.pins: weakref.WeakKeyDictionary[Any, Pinned] = weakref.WeakKeyDictionary()
+
+
+_backward: _Backward | None = None  # the current global state's
+# cell -> [pre key, post key, the _Backward pinned in it]: None where none is
 _installed: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 
 
@@ -90,17 +104,17 @@ def _run_post(cell: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: 
 def _ensure(cell: Any) -> None:
     """Give `cell` the global dispatchers it lacks; keep the forward ones first."""
     entry = _installed.get(cell)
-    if entry is None:
+    if (
+        entry is None
+        or (_pre and entry[0] is None)
+        or (_post and entry[1] is None)
+        or (_backward is not None and entry[2] is not _backward)
+    ):
+        # Under the lock, checked again: a removal stripping every cell meanwhile (another
+        # thread) would miss a dispatcher pinned after it looked, left for ever, and pinned
+        # again (run twice) by the next registration.
         with _lock, _lock.mutex:
-            entry = _installed.get(cell)
-            if entry is None:
-                entry = _installed[cell] = [None, None, None]
-    if _pre and entry[0] is None:
-        entry[0] = new_id()
-        _pin_forward(cell, 0, entry[0])
-    if _post and entry[1] is None:
-        entry[1] = new_id()
-        _pin_forward(cell, 1, entry[1])
+            entry = _install(cell)
     for slot, attr in ((0, "_forward_pre_hook"), (1, "_forward_hook")):
         key = entry[slot]
         hooks = Access.get(cell, attr) if key is not None else None
@@ -109,19 +123,36 @@ def _ensure(cell: Any) -> None:
                 hooks.move_to_end(key, last=False)
             else:  # a library assigned the cell a new hook dict: torch's global hooks live
                 _pin_forward(cell, slot, key)  # outside a module's, and survive that
+
+
+def _install(cell: Any) -> list[Any]:
+    """`_ensure`'s pinning, under `_lock`."""
+    entry = _installed.get(cell)
+    if entry is None:
+        entry = _installed[cell] = [None, None, None]
+    if _pre and entry[0] is None:
+        entry[0] = new_id()
+        _pin_forward(cell, 0, entry[0])
+    if _post and entry[1] is None:
+        entry[1] = new_id()
+        _pin_forward(cell, 1, entry[1])
     # Installed beside the cell's own backward dispatchers too: whichever runs first in a call
     # takes the global hooks (unihook._module_backward). Taking them out while own ones exist
     # lost calls: another thread removing the cell's last own hook between this check and the
     # call's hooks left the call with neither.
-    if _backward is not None and entry[2] is None:
-        entry[2] = Pinned.install(
-            cell,
-            (("_forward_pre_hook", _backward[0]), ("_forward_hook", _backward[1])),
-            "_forward_hook_always_called",
-            new_id,
-            Access,
-            tail=True,  # after the cell's own ones, which take the global hooks when present
-        )
+    backward = _backward
+    if backward is not None and entry[2] is not backward:
+        if cell not in backward.pins:
+            backward.pins[cell] = Pinned.install(
+                cell,
+                backward.hooks,
+                "_forward_hook_always_called",
+                new_id,
+                Access,
+                tail=True,  # after the cell's own ones, which take the global hooks when present
+            )
+        entry[2] = backward
+    return entry
 
 
 def _pin_forward(cell: Any, slot: int, key: int) -> None:
@@ -148,24 +179,32 @@ CALL_CODES = frozenset({_CELL_CALL.__code__, _call.__code__})
 
 
 def _strip(which: int) -> None:
-    """Take dispatcher slot `which` (0 pre, 1 post, 2 backward) out of every cell; a slot is
+    """Take forward dispatcher slot `which` (0 pre, 1 post) out of every cell; a slot is
     forgotten only once out (a run a Ctrl-C cut short is finished by the next)."""
+    attr, flags = (
+        ("_forward_pre_hook", ("_forward_pre_hook_with_kwargs",))
+        if which == 0
+        else ("_forward_hook", ("_forward_hook_with_kwargs", "_forward_hook_always_called"))
+    )
     for cell, entry in list(_installed.items()):
         key = entry[which]
         if key is None:
             continue
-        if which == 2:
-            key.remove()
-        else:
-            attr, flags = (
-                ("_forward_pre_hook", ("_forward_pre_hook_with_kwargs",))
-                if which == 0
-                else ("_forward_hook", ("_forward_hook_with_kwargs", "_forward_hook_always_called"))
-            )
-            unpin(cell, attr, key, Access)
-            for flag in flags:
-                Access.get(cell, flag).pop(key, None)
+        unpin(cell, attr, key, Access)
+        for flag in flags:
+            Access.get(cell, flag).pop(key, None)
         entry[which] = None
+
+
+def _unpin_backward(backward: _Backward) -> None:
+    """Take `backward`'s dispatchers out of every cell (a run a Ctrl-C cut short is finished
+    by the next); the cells' entries let go of it (it holds the state, and so its hooks)."""
+    for cell, pinned in list(backward.pins.items()):
+        pinned.remove()
+        backward.pins.pop(cell, None)
+    for entry in list(_installed.values()):
+        if entry[2] is backward:
+            entry[2] = None
 
 
 def _sync() -> None:
@@ -175,8 +214,6 @@ def _sync() -> None:
         _strip(0)
     if not _post:
         _strip(1)
-    if _backward is None:
-        _strip(2)
     wanted = bool(_pre or _post or _backward is not None)
     patched = Cell.__dict__.get("__call__") is _call
     if wanted and not patched:
@@ -188,8 +225,10 @@ def _sync() -> None:
 
 
 def add_backward_dispatchers(pre: Hook, post: Hook) -> Callable[[], None]:
+    """Pin a global backward state's dispatchers in every cell called from now on; the
+    remover takes them out of every cell (its state calls it once its calls in flight end)."""
     global _backward
-    dispatchers = (pre, post)
+    backward = _Backward(pre, post)
 
     def remove() -> None:
         # idempotent: also undoes an installation cut short (a Ctrl-C, see unihook._locks)
@@ -197,13 +236,14 @@ def add_backward_dispatchers(pre: Hook, post: Hook) -> Callable[[], None]:
         if _lock.deferred(remove):
             return
         with _lock, _lock.mutex:
-            if _backward is dispatchers:  # (else newer global hooks came meanwhile)
+            if _backward is backward:  # (else newer global hooks came meanwhile)
                 _backward = None
+            _unpin_backward(backward)
             _sync()
 
     undo_if_unfinished(remove)
     with _lock, _lock.mutex:
-        _backward = dispatchers
+        _backward = backward
         _sync()
     return remove
 

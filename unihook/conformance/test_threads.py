@@ -42,6 +42,7 @@ SCENARIOS = (
     "grad_api_on_threads",
     "last_backward_hook_removed_mid_call",
     "global_backward_hook_removed_mid_call",
+    "global_backward_hooks_replaced_mid_call",
     "handles_removed_by_finalizers",
     "global_hooks_removed_by_finalizers_in_registration",
 )
@@ -504,6 +505,98 @@ def _global_backward_hook_removed_mid_call(kit: Any) -> list[str]:
         errors.append("the global hook did not fire for the call it was removed in")
     if kit.hook_counts(model) != before:
         errors.append(f"residue {kit.hook_counts(model)} != {before}")
+    return errors
+
+
+def _global_backward_hooks_replaced_mid_call(kit: Any) -> list[str]:
+    """Inside a call (its forward, or another thread while forward waits), the last global
+    backward hook goes and another comes, which may go too before a third comes: as torch, the
+    running call fires the hook it started with, calls that start later the one registered
+    then, once per module; the gradient is the one without hooks, and nothing stays.
+    (MindSpore stripped the running call's dispatchers with the second hook's, or never pinned
+    the second's in a cell where the first's waited for the running call: calls lost hooks.)"""
+    errors: list[str] = []
+    for where in ("forward", "thread"):
+        for chain in (("b",), ("b", "c")):
+            label = f"{where}, a -> {' -> '.join(chain)}"
+            held: dict[str, Any] = {}
+            try:
+                errors += [f"{label}: {e}" for e in _replace_mid_call(kit, where, chain, held)]
+            except Exception as error:
+                errors.append(f"{label}: {type(error).__name__}: {error}")
+            for handle in held.values():
+                if hasattr(handle, "remove"):
+                    handle.remove()
+    return errors
+
+
+def _replace_mid_call(
+    kit: Any, where: str, chain: tuple[str, ...], held: dict[str, Any]
+) -> list[str]:
+    """One case of `_global_backward_hooks_replaced_mid_call`; `held`: the handles alive."""
+    calls: list[tuple[str, int]] = []  # (hook, id of the module)
+    inside, done = threading.Event(), threading.Event()
+
+    def global_hook(name: str) -> Any:
+        return unihook.register_module_full_backward_hook(
+            lambda module, *args: calls.append((name, id(module))), backend=kit.name
+        )
+
+    def replace() -> None:
+        try:
+            held.pop("a").remove()
+            for k, name in enumerate(chain):
+                held[name] = global_hook(name)
+                if k < len(chain) - 1:
+                    held.pop(name).remove()
+        finally:
+            done.set()
+
+    def forward(module: Any, x: Any) -> Any:
+        if held.pop("armed", False):
+            if where == "forward":
+                replace()
+            else:
+                inside.set()
+                done.wait(10)
+        return module.lin(x) * 1
+
+    model = kit.module(forward, {"lin": kit.linear(4, 4)})
+
+    def step() -> np.ndarray:
+        x = kit.tensor(np.asarray([[-1.0, 2.0, -3.0, 4.0]], "float32"), requires_grad=True)
+        kit.backward((model(x) * 2).sum())
+        return np.asarray(kit.grad(x))
+
+    expected = step()
+    before = [kit.hook_counts(m) for _, m in kit.named_modules(model)]
+    held["a"] = global_hook("a")
+    held["armed"] = True
+    thread = threading.Thread(target=lambda: (inside.wait(10), replace()))
+    if where == "thread":
+        thread.start()
+    try:
+        first = step()
+    finally:
+        if where == "thread":
+            inside.set()
+            thread.join()
+    second = step()
+    last = chain[-1]
+    held.pop(last).remove()
+    errors = [
+        f"x.grad {got} != {expected} without hooks"
+        for got in (first, second)
+        if not np.allclose(got, expected)
+    ]
+    # the outer call running meanwhile by "a"; the child's, which starts after, and the next
+    # step's by the last one
+    outer, child = id(model), id(model.lin)
+    want = sorted([("a", outer), (last, child), (last, outer), (last, child)])
+    if sorted(calls) != want:
+        errors.append(f"global hook calls {sorted(calls)}, expected {want}")
+    if [kit.hook_counts(m) for _, m in kit.named_modules(model)] != before:
+        errors.append("residue in the model's hook dicts")
     return errors
 
 
