@@ -45,11 +45,13 @@ test-mindspore: $(MS_STAMP)
 		tests/test_differential_kits.py tests/test_mindspore_native.py tests/test_demo.py \
 		tests/test_bench_smoke_mindspore.py
 
-# ruff, and pyright in standard mode on unihook/ and backends/ ([tool.pyright] in pyproject.toml)
-lint: $(STAMP)
+# ruff, and pyright in standard mode on unihook/ and backends/ ([tool.pyright] in pyproject.toml),
+# the MindSpore backend against the MindSpore venv's packages (pyright-mindspore.json)
+lint: $(STAMP) $(MS_STAMP)
 	$(VENV)/bin/ruff check unihook backends tests benchmarks
 	$(VENV)/bin/ruff format --check unihook backends tests benchmarks
 	$(VENV)/bin/pyright
+	$(VENV)/bin/pyright -p pyright-mindspore.json
 	PYTHONPATH=. $(VENV)/bin/pyright --verifytypes unihook --ignoreexternal > /dev/null \
 		|| { echo "pyright --verifytypes unihook: the public API is not fully typed"; exit 1; }
 

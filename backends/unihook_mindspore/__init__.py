@@ -14,7 +14,7 @@ import sys
 import threading
 import weakref
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from unihook.backend import (
     Site,
@@ -273,7 +273,7 @@ def unihook_register_tensor_hook(
     # MindSpore accepts a hook on any tensor (it never fires); torch raises. A tensor needs
     # grad when it is a Parameter or was recorded under a grad session.
     with exclusive:  # (reading a Parameter while another thread's backward runs segfaults)
-        needs_grad = tensor._requires_grad
+        needs_grad = cast(Any, tensor)._requires_grad  # (MindSpore's annotations lack it)
     if not needs_grad:
         raise site.error(
             NoGradError, "a tensor that requires grad", "a tensor recorded by no grad session"

@@ -77,11 +77,11 @@ class _Identity(_Function):
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
         if ctx.dead:
-            grads = list(grads)
+            filled = list(grads)
             for i in ctx.dead:
                 shape, dtype = ctx.shapes[i]
-                grads[i] = zeros(shape, dtype) if ctx.materialize else None
-            grads = tuple(grads)
+                filled[i] = zeros(shape, dtype) if ctx.materialize else None
+            grads = tuple(filled)
         results = ctx.on_backward(grads)
         if results is not grads:
             for result, grad, (shape, dtype) in zip(results, grads, ctx.shapes):
@@ -293,12 +293,15 @@ def register(
 class _GlobalDispatchers:
     """The global backward dispatchers: the last forward hooks of every cell (``_global``)."""
 
-    __slots__ = ("remove",)
+    __slots__ = ("_remove",)
 
     def __init__(self, state: ModuleBackward) -> None:
         from ._global import add_backward_dispatchers
 
-        self.remove = add_backward_dispatchers(state.pre_dispatch, state.post_dispatch)
+        self._remove = add_backward_dispatchers(state.pre_dispatch, state.post_dispatch)
+
+    def remove(self) -> None:
+        self._remove()
 
 
 def add_global(kind: str, hook: Callable[..., Any]) -> Callable[[], None]:

@@ -117,7 +117,9 @@ def _ensure(cell: Any) -> None:
             entry = _install(cell)
     for slot, attr in ((0, "_forward_pre_hook"), (1, "_forward_hook")):
         key = entry[slot]
-        hooks = Access.get(cell, attr) if key is not None else None
+        if key is None:
+            continue
+        hooks = Access.get(cell, attr)
         if hooks is not None and (not hooks or next(iter(hooks)) != key):
             if key in hooks:  # a hook prepended since: globals go first
                 hooks.move_to_end(key, last=False)
@@ -131,11 +133,11 @@ def _install(cell: Any) -> list[Any]:
     if entry is None:
         entry = _installed[cell] = [None, None, None]
     if _pre and entry[0] is None:
-        entry[0] = new_id()
-        _pin_forward(cell, 0, entry[0])
+        key = entry[0] = new_id()
+        _pin_forward(cell, 0, key)
     if _post and entry[1] is None:
-        entry[1] = new_id()
-        _pin_forward(cell, 1, entry[1])
+        key = entry[1] = new_id()
+        _pin_forward(cell, 1, key)
     # Installed beside the cell's own backward dispatchers too: whichever runs first in a call
     # takes the global hooks (unihook._module_backward). Taking them out while own ones exist
     # lost calls: another thread removing the cell's last own hook between this check and the

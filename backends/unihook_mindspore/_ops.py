@@ -16,6 +16,9 @@ from unihook.ops import Moments, drop_block_rate
 
 from ._serial import exclusive
 
+# (MindSpore's annotations say these may return None or a tuple: they return a tensor here)
+_detached: Callable[[Any], Any] = ops.stop_gradient
+
 Axis = Union[None, int, Sequence[int]]
 Tensor = mindspore.Tensor
 
@@ -32,13 +35,13 @@ class MindSporeOps:
     is_tensor = staticmethod(_is_tensor)
 
     def to_numpy(self, t: Any) -> Any:
-        return np.array(ops.stop_gradient(t).asnumpy())
+        return np.array(_detached(t).asnumpy())
 
     def detach(self, t: Any) -> Any:
-        return ops.stop_gradient(t)
+        return _detached(t)
 
     def clone(self, t: Any) -> Any:
-        return ops.stop_gradient(t).copy()
+        return _detached(t).copy()
 
     def zeros_like(self, t: Any) -> Any:
         return ops.zeros_like(t)
@@ -99,7 +102,7 @@ class MindSporeOps:
         gamma = drop_block_rate(h, w, size, p)
         seeds = (ops.rand((n, c, h - size + 1, w - size + 1)) < gamma).astype(t.dtype)
         padded = ops.pad(seeds, [size - 1] * 4)
-        pool = ops.max_pool2d  # (mint's max_pool2d has no CPU kernel either)
+        pool: Callable[..., Any] = ops.max_pool2d  # (mint's has no CPU kernel either)
         blocks = pool(pool(padded, (size, 1), stride=1), (1, size), stride=1)
         keep = 1 - blocks
         return t * keep * (keep.size / ops.clamp(keep.sum(), min=1))
@@ -112,7 +115,7 @@ class MindSporeOps:
 
     def leaf(self, t: Any) -> Any:
         # MindSpore tracks gradients of Parameters (and of a grad session's inputs) only
-        return mindspore.Parameter(ops.stop_gradient(t).copy(), requires_grad=True)
+        return mindspore.Parameter(_detached(t).copy(), requires_grad=True)
 
     def backward(self, t: Any) -> None:
         # no Tensor.backward: autograd is functional (docs/MINDSPORE.md §5). The tape's open
@@ -171,8 +174,8 @@ class MindSporeOps:
 
     def copy_into(self, buffer: Any, t: Any) -> Any:
         if buffer is None or buffer.shape != t.shape or buffer.dtype != t.dtype:
-            return ops.stop_gradient(t).copy()
-        buffer.copy_(ops.stop_gradient(t))  # returns a new Tensor object, not `buffer`
+            return _detached(t).copy()
+        buffer.copy_(_detached(t))  # returns a new Tensor object, not `buffer`
         return buffer
 
     def object_version(self, t: Any) -> int | None:

@@ -6,7 +6,7 @@ recording session open at all times). A tensor that requires grad is a Parameter
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import mindspore
 import numpy as np
@@ -14,6 +14,9 @@ from mindspore import nn, ops
 from mindspore.graph.api import _pynative_executor
 
 from . import _tape
+
+# (MindSpore's annotation says it may return None: it returns a tensor)
+_detached: Callable[[Any], Any] = ops.stop_gradient
 
 _sync = _pynative_executor.sync
 
@@ -84,7 +87,7 @@ class MindSporeKit:
         return mindspore.Tensor(array)
 
     def numpy(self, tensor: Any) -> Any:
-        return np.array(ops.stop_gradient(tensor).asnumpy())
+        return np.array(_detached(tensor).asnumpy())
 
     def grad(self, tensor: Any) -> Any:
         return _tape.grad(tensor)
@@ -140,7 +143,8 @@ class MindSporeKit:
         return mindspore._no_grad()
 
     def linear(self, n_in: int, n_out: int, weight: Any = None, bias: Any = None) -> Any:
-        m = nn.Dense(n_in, n_out)  # weight [out, in], as torch's
+        # weight [out, in], as torch's (cast: MindSpore's lazy `nn` annotates Dense as optional)
+        m = cast(Any, nn).Dense(n_in, n_out)
         if weight is not None:
             m.weight.set_data(_f32(weight))
         if bias is not None:
