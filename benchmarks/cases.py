@@ -68,7 +68,7 @@ def unhooked(body: Body, after: Cleanup | None = None) -> Setup:
 
 def per_call(fw: Framework, calls: int) -> Case:
     fw.seed(0)
-    layer, x = fw.Linear(8, 8), fw.randn(1, 8)
+    layer, x = fw.kit.linear(8, 8), fw.randn(1, 8)
 
     @fw.synced
     def loop() -> None:
@@ -76,18 +76,18 @@ def per_call(fw: Framework, calls: int) -> Case:
             for _ in range(calls):
                 layer(x)
 
-    native = {"pre": (fw.native_pre_hook, noop_pre), "post": (fw.native_post_hook, noop_post)}
+    native = {"pre": ("forward_pre", noop_pre), "post": ("forward", noop_post)}
     ours = {"pre": unihook.register_forward_pre_hook, "post": unihook.register_forward_hook}
     variants = [Variant("unhooked", unhooked(loop))]
     metrics: list[Metric] = []
-    for kind, (register_native, hook) in native.items():
+    for kind, (native_kind, hook) in native.items():
         register_ours = ours[kind]
         for n in (1, 10):
 
             def by_native(
-                register: Any = register_native, hook: Any = hook, n: int = n
+                native_kind: str = native_kind, hook: Any = hook, n: int = n
             ) -> list[Remover]:
-                return [register(layer, hook) for _ in range(n)]
+                return [fw.native_hook(layer, native_kind, hook) for _ in range(n)]
 
             def by_unihook(
                 register: Any = register_ours, hook: Any = hook, n: int = n
@@ -122,7 +122,7 @@ def global_per_call(fw: Framework, calls: int) -> Case:
     """unihook's global hooks against torch's native ones; paddle and MindSpore have none
     natively, so their reference is a hook registered on the layer itself."""
     fw.seed(0)
-    layer, x = fw.Linear(8, 8), fw.randn(1, 8)
+    layer, x = fw.kit.linear(8, 8), fw.randn(1, 8)
 
     @fw.synced
     def loop() -> None:
@@ -145,24 +145,28 @@ def global_per_call(fw: Framework, calls: int) -> Case:
         ),
     ]
     metrics = [ratio("unihook global pre", "unhooked"), ratio("unihook global post", "unhooked")]
-    if hasattr(fw, "native_global_pre_hook"):
+    if fw.native("module_forward_pre") and fw.native("module_forward"):
         reference = "native global"
         variants += [
             Variant(
-                "native global pre", hooked(loop, lambda: [fw.native_global_pre_hook(noop_pre)])
+                "native global pre",
+                hooked(loop, lambda: [fw.native_hook(None, "module_forward_pre", noop_pre)]),
             ),
             Variant(
-                "native global post", hooked(loop, lambda: [fw.native_global_post_hook(noop_post)])
+                "native global post",
+                hooked(loop, lambda: [fw.native_hook(None, "module_forward", noop_post)]),
             ),
         ]
     else:
         reference = "native local"
         variants += [
             Variant(
-                "native local pre", hooked(loop, lambda: [fw.native_pre_hook(layer, noop_pre)])
+                "native local pre",
+                hooked(loop, lambda: [fw.native_hook(layer, "forward_pre", noop_pre)]),
             ),
             Variant(
-                "native local post", hooked(loop, lambda: [fw.native_post_hook(layer, noop_post)])
+                "native local post",
+                hooked(loop, lambda: [fw.native_hook(layer, "forward", noop_post)]),
             ),
         ]
     for kind in ("pre", "post"):
@@ -250,7 +254,7 @@ def _output_recorders(
 
         return hook
 
-    return [fw.native_post_hook(m, recorder(n)) for n, m in fw.named_modules(model)]
+    return [fw.native_hook(m, "forward", recorder(n)) for n, m in fw.named_modules(model)]
 
 
 def _copying_recorders(fw: Framework, model: Any) -> list[Remover]:
@@ -268,7 +272,7 @@ def _copying_recorders(fw: Framework, model: Any) -> list[Remover]:
 
         return hook
 
-    return [fw.native_post_hook(m, recorder(n)) for n, m in fw.named_modules(model)]
+    return [fw.native_hook(m, "forward", recorder(n)) for n, m in fw.named_modules(model)]
 
 
 def capture(fw: Framework, label: str, model: Any, x: Any) -> Case:
@@ -290,7 +294,10 @@ def capture(fw: Framework, label: str, model: Any, x: Any) -> Case:
         def fresh(module: Any, args: Any) -> None:
             current[0] = {}
 
-        return [fw.native_pre_hook(model, fresh), *_output_recorders(fw, model, lambda: current[0])]
+        return [
+            fw.native_hook(model, "forward_pre", fresh),
+            *_output_recorders(fw, model, lambda: current[0]),
+        ]
 
     def keep() -> list[Remover]:
         return [unihook.capture(model).remove]
@@ -381,7 +388,7 @@ def capture_inplace(fw: Framework, model: Any, x: Any) -> Case:
 
                 return hook
 
-            return [fw.native_post_hook(m, recorder(n)) for n, m in named]
+            return [fw.native_hook(m, "forward", recorder(n)) for n, m in named]
 
         return register
 
@@ -460,10 +467,10 @@ def backward(
             return [unihook.register_full_backward_hook(m, noop_backward).remove for m in leaves]
 
         variants.append(Variant(f"{fw.name} plain", unhooked(step, clear)))
-        if hasattr(fw, "native_full_backward_hook"):
+        if fw.native("full_backward"):
 
             def native(fw: Framework = fw, leaves: list[Any] = leaves) -> list[Remover]:
-                return [fw.native_full_backward_hook(m, noop_backward) for m in leaves]
+                return [fw.native_hook(m, "full_backward", noop_backward) for m in leaves]
 
             variants.append(Variant(f"{fw.name} native", hooked(step, native, clear)))
         variants.append(Variant(f"{fw.name} unihook", hooked(step, ours, clear)))
@@ -527,7 +534,7 @@ def tensor_hooks(fws: list[Framework], sizes: Sizes, register_in_timed: bool) ->
         model, x = models.mlp(fw, sizes), models.mlp_input(fw, sizes)
         registrations: dict[str, Callable[[Any], Remover] | None] = {
             "plain": None,
-            "native": lambda t, fw=fw: fw.native_tensor_hook(t, noop_grad),
+            "native": lambda t, fw=fw: fw.native_hook(t, "tensor", noop_grad),
             "unihook": lambda t: unihook.register_tensor_hook(t, noop_grad).remove,
         }
         for kind, register in registrations.items():

@@ -38,16 +38,18 @@ def resnet(fw: Framework, s: Sizes) -> Any:
     downsample, add, ReLU), global average pool, linear. Out-of-place: torch's native full
     backward hook, used by the hand-written variant, raises on an in-place op."""
 
+    kit = fw.kit
+
     class Block(fw.Module):  # type: ignore[misc,name-defined]
         def __init__(self, c_in: int, c_out: int, stride: int) -> None:
             super().__init__()
-            self.conv1 = fw.Conv2d(c_in, c_out, 3, stride=stride, padding=1)
-            self.bn1 = fw.BatchNorm2d(c_out)
-            self.relu = fw.ReLU()
-            self.conv2 = fw.Conv2d(c_out, c_out, 3, padding=1)
-            self.bn2 = fw.BatchNorm2d(c_out)
+            self.conv1 = kit.conv2d(c_in, c_out, 3, stride=stride, padding=1)
+            self.bn1 = kit.batchnorm2d(c_out)
+            self.relu = kit.relu_module()
+            self.conv2 = kit.conv2d(c_out, c_out, 3, padding=1)
+            self.bn2 = kit.batchnorm2d(c_out)
             self.downsample = (
-                fw.Sequential(fw.Conv2d(c_in, c_out, 1, stride=stride), fw.BatchNorm2d(c_out))
+                kit.sequential(kit.conv2d(c_in, c_out, 1, stride=stride), kit.batchnorm2d(c_out))
                 if stride != 1 or c_in != c_out
                 else None
             )
@@ -61,16 +63,18 @@ def resnet(fw: Framework, s: Sizes) -> Any:
         def __init__(self) -> None:
             super().__init__()
             w = s.width
-            self.stem = fw.Sequential(fw.Conv2d(3, w, 3, padding=1), fw.BatchNorm2d(w), fw.ReLU())
+            self.stem = kit.sequential(
+                kit.conv2d(3, w, 3, padding=1), kit.batchnorm2d(w), kit.relu_module()
+            )
             stages, c_in = [], w
             for i in range(3):
                 c_out = w * 2**i
-                stages.append(fw.Sequential(Block(c_in, c_out, 1 if i == 0 else 2),
+                stages.append(kit.sequential(Block(c_in, c_out, 1 if i == 0 else 2),
                                             Block(c_out, c_out, 1)))  # fmt: skip
                 c_in = c_out
-            self.stages = fw.Sequential(*stages)
-            self.flatten = fw.Flatten()
-            self.fc = fw.Linear(c_in, 10)
+            self.stages = kit.sequential(*stages)
+            self.flatten = fw.flatten()
+            self.fc = kit.linear(c_in, 10)
 
         def forward(self, x: Any) -> Any:
             return self.fc(self.flatten(self.stages(self.stem(x)).mean((2, 3), keepdim=True)))

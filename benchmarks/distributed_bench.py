@@ -101,7 +101,7 @@ def rank_main(rank: int, framework: str, port: int, mode: str) -> None:
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
         )
-        fw = frameworks.Torch()
+        [fw] = frameworks.load(["torch"])
         fw.t.set_num_threads(1)
         wrap: Callable[[Any], Any] = fw.t.nn.parallel.DistributedDataParallel
     else:
@@ -109,7 +109,7 @@ def rank_main(rank: int, framework: str, port: int, mode: str) -> None:
 
         pdist.init_parallel_env()
         rank = pdist.get_rank()
-        fw = frameworks.Paddle()
+        [fw] = frameworks.load(["paddle"])
         wrap = fw.p.DataParallel
     sizes = models.Sizes.smoke() if mode == "smoke" else models.Sizes()
     fw.seed(rank)  # the ranks' own batches; DDP broadcasts rank 0's weights

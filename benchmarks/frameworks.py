@@ -1,34 +1,140 @@
-"""The few framework differences the benchmarks need, behind one small adapter per framework.
+"""The benchmarks' view of a framework: its backend's conformance kit, and a thin layer over it.
 
-Each adapter exposes the framework's layer classes under torch's names and the native hook
-calls the benchmarks compare unihook against, so the models and cases are written once.
-MindSpore (PyNative mode) has functional autograd: every adapter builds its training step
-(`train_step`), and only the imperative ones (torch, paddle) have `backward` alone.
+What a kit offers comes from the kit (`unihook.testing.Kit`, the one the conformance suite and
+the differential tests use; `load` takes every installed backend's): the layers it builds
+(`kit.linear`, `conv2d`, `batchnorm2d`, `relu_module`, `sequential`), tensors (`kit.tensor`),
+`seed`, `named_modules`, `set_training`, `no_grad`, and the native hook registrations unihook
+is compared with (`kit.native_hook`; the kinds a framework has natively,
+`unihook.testing.native_kinds`). Each framework's class here adds only what the benchmarks
+alone need: the layers no kit builds (`max_pool2d`, `flatten`, `layer_norm`, `gelu`, a
+`Module` base class to subclass with a torch-style `forward`), the transformer's tensor ops,
+the hand-written recorders' `detach` / `clone` / `copy_`, the timed training step and the
+thread settings. A timed body calls these, and the kit's members it uses (`no_grad`,
+`native_hook`), as bound attributes: no Python call over the framework's own.
+
+MindSpore (PyNative mode) has functional autograd: every framework builds its training step
+(`train_step`), and only the imperative ones (torch, paddle) have `backward` alone. Its kit is
+switched to MindSpore's own autograd (`unihook.testing.native_autograd`): the kit's tape would
+record every op of the timed bodies.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Iterable, Union
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from unihook.testing import Kit, kits, native_autograd, native_kinds
 
 Hook = Callable[..., Any]
 Remover = Callable[[], None]
 Step = Callable[[], None]
 
 
-class _Imperative:
+class Framework:
+    """A backend's kit (`kit`) and the members every framework's benchmark layer shares."""
+
+    name: str
+    Module: type  # subclassed by the models, with a torch-style `forward`
+    detach: Callable[[Any], Any]  # (in hand-written recorders: timed)
+
+    def __init__(self, kit: Kit) -> None:
+        self.kit = kit
+        self.name = kit.name
+        self._rng = np.random.default_rng(0)
+        # the kit's, bound once: timed bodies call `no_grad` and (tensor hooks) `native_hook`
+        self.no_grad: Callable[[], AbstractContextManager[Any]] = kit.no_grad
+        self.native_hook: Callable[..., Remover] = kit.native_hook
+        self.named_modules = kit.named_modules
+        self.set_training = kit.set_training
+
+    def seed(self, seed: int) -> None:
+        """Seed the framework (layers' initial weights) and the inputs' generator."""
+        self.kit.seed(seed)
+        self._rng = np.random.default_rng(seed)
+
+    def randn(self, *shape: int) -> Any:
+        return self.kit.tensor(self._rng.standard_normal(shape))
+
+    def native(self, kind: str) -> bool:
+        """Whether the framework has `kind` natively, with torch's contract (the reference)."""
+        return kind in native_kinds(self.kit)
+
+    def relu_inplace(self) -> Any:
+        return self.kit.relu_module(inplace=True)
+
+    # what only the benchmarks need, per framework
+    def max_pool2d(self, k: int) -> Any:
+        raise NotImplementedError
+
+    def flatten(self) -> Any:
+        raise NotImplementedError
+
+    def layer_norm(self, d: int) -> Any:
+        raise NotImplementedError
+
+    def gelu(self) -> Any:
+        raise NotImplementedError
+
+    def softmax(self, x: Any) -> Any:
+        raise NotImplementedError
+
+    def matmul(self, a: Any, b: Any, transpose_b: bool = False) -> Any:
+        raise NotImplementedError
+
+    def split_heads(self, x: Any, heads: int) -> Any:
+        raise NotImplementedError
+
+    def merge_heads(self, x: Any) -> Any:
+        raise NotImplementedError
+
+    def chunk3(self, x: Any) -> tuple[Any, Any, Any]:
+        raise NotImplementedError
+
+    def clone(self, t: Any) -> Any:
+        raise NotImplementedError
+
+    def copy_(self, buffer: Any, t: Any) -> None:
+        raise NotImplementedError
+
+    def children(self, model: Any) -> Iterable[Any]:
+        raise NotImplementedError
+
+    def clear_grads(self, model: Any) -> None:
+        raise NotImplementedError
+
+    def train_step(self, model: Any, fn: Callable[..., Any], *args: Any, lr: float = 0) -> Step:
+        """`fn(*args)`, the backward of its output's sum into `model`'s parameters' gradients
+        and, given `lr`, one SGD update: the timed body of the training cases."""
+        raise NotImplementedError
+
+    def synced(self, body: Step) -> Step:
+        """`body`, returning once the ops it queued have run."""
+        return body  # (CPU ops have run when they return)
+
+    def single_thread(self) -> Any:
+        """Pin the framework to one thread; what it reports, for the record."""
+        raise NotImplementedError
+
+    def own_threads(self) -> Any:
+        """The framework's own thread count (`--threads default`), for the record."""
+        raise NotImplementedError
+
+
+class _Imperative(Framework):
     """torch and paddle: gradients accumulate into the parameters by `loss.backward()`."""
 
     def sgd(self, model: Any, lr: float) -> Step:
-        """One plain SGD update of `model`'s parameters from their gradients."""
+        """One plain SGD update of `model`'s parameters from their gradients (the kit's `sgd`
+        also runs the backward and clears the gradients: more than the timed step does)."""
         raise NotImplementedError
 
     def backward(self, out: Any) -> None:
         out.sum().backward()
 
     def train_step(self, model: Any, fn: Callable[..., Any], *args: Any, lr: float = 0) -> Step:
-        """`fn(*args)`, the backward of its output's sum into `model`'s parameters' gradients
-        and, given `lr`, one SGD update: the timed body of the training cases."""
         if not lr:
             return lambda: fn(*args).sum().backward()
         update = self.sgd(model, lr)
@@ -39,35 +145,30 @@ class _Imperative:
 
         return step_and_update
 
-    def synced(self, body: Step) -> Step:
-        return body  # (CPU ops have run when they return)
+    def children(self, model: Any) -> Iterable[Any]:
+        return model.children()  # type: ignore[no-any-return]
 
 
 class Torch(_Imperative):
-    name = "torch"
-
-    def __init__(self) -> None:
+    def __init__(self, kit: Kit) -> None:
+        super().__init__(kit)
         import torch
 
         self.t = torch
-        nn = torch.nn
-        self.Module = nn.Module
-        self.Sequential, self.Linear, self.Conv2d = nn.Sequential, nn.Linear, nn.Conv2d
-        self.BatchNorm2d, self.MaxPool2d, self.Flatten = nn.BatchNorm2d, nn.MaxPool2d, nn.Flatten
-        self.LayerNorm, self.GELU = nn.LayerNorm, nn.GELU
-        # Non-inplace: torch's native full backward hook raises on an in-place op after a module.
-        self.ReLU = lambda: nn.ReLU(inplace=False)
-        self.ReLUInplace = lambda: nn.ReLU(inplace=True)
+        self.Module = torch.nn.Module
         self.detach = torch.Tensor.detach  # (the same C call as `t.detach()`)
 
-    def seed(self, seed: int) -> None:
-        self.t.manual_seed(seed)
+    def max_pool2d(self, k: int) -> Any:
+        return self.t.nn.MaxPool2d(k)
 
-    def randn(self, *shape: int) -> Any:
-        return self.t.randn(*shape)
+    def flatten(self) -> Any:
+        return self.t.nn.Flatten()
 
-    def no_grad(self) -> AbstractContextManager[Any]:
-        return self.t.no_grad()
+    def layer_norm(self, d: int) -> Any:
+        return self.t.nn.LayerNorm(d)
+
+    def gelu(self) -> Any:
+        return self.t.nn.GELU()
 
     def softmax(self, x: Any) -> Any:
         return self.t.softmax(x, dim=-1)
@@ -89,14 +190,9 @@ class Torch(_Imperative):
     def clone(self, t: Any) -> Any:
         return t.detach().clone()
 
-    def named_modules(self, model: Any) -> list[tuple[str, Any]]:
-        return list(model.named_modules())
-
-    def children(self, model: Any) -> Iterable[Any]:
-        return model.children()
-
-    def set_training(self, model: Any, training: bool) -> None:
-        model.train(training)
+    def copy_(self, buffer: Any, t: Any) -> None:
+        # detach(): no graph even when grad is enabled, at a fraction of no_grad()'s cost.
+        buffer.copy_(t.detach())
 
     def clear_grads(self, model: Any) -> None:
         model.zero_grad(set_to_none=True)
@@ -104,61 +200,35 @@ class Torch(_Imperative):
     def sgd(self, model: Any, lr: float) -> Step:
         return self.t.optim.SGD(model.parameters(), lr=lr).step
 
-    def copy_(self, buffer: Any, t: Any) -> None:
-        # detach(): no graph even when grad is enabled, at a fraction of no_grad()'s cost.
-        buffer.copy_(t.detach())
+    def single_thread(self) -> Any:
+        self.t.set_num_threads(1)
+        self.t.set_num_interop_threads(1)
+        return self.t.get_num_threads()
 
-    def native_pre_hook(self, module: Any, hook: Hook) -> Remover:
-        return module.register_forward_pre_hook(hook).remove
-
-    def native_post_hook(self, module: Any, hook: Hook) -> Remover:
-        return module.register_forward_hook(hook).remove
-
-    def native_tensor_hook(self, tensor: Any, hook: Hook) -> Remover:
-        return tensor.register_hook(hook).remove
-
-    def native_full_backward_hook(self, module: Any, hook: Hook) -> Remover:
-        return module.register_full_backward_hook(hook).remove
-
-    def native_global_pre_hook(self, hook: Hook) -> Remover:
-        from torch.nn.modules.module import register_module_forward_pre_hook
-
-        return register_module_forward_pre_hook(hook).remove
-
-    def native_global_post_hook(self, hook: Hook) -> Remover:
-        from torch.nn.modules.module import register_module_forward_hook
-
-        return register_module_forward_hook(hook).remove
+    def own_threads(self) -> Any:
+        return self.t.get_num_threads()
 
 
 class Paddle(_Imperative):
-    name = "paddle"
-
-    def __init__(self) -> None:
+    def __init__(self, kit: Kit) -> None:
+        super().__init__(kit)
         import paddle
 
         self.p = paddle
-        nn = paddle.nn
-        self.Module = nn.Layer
-        self.Sequential, self.Linear, self.Conv2d = nn.Sequential, nn.Linear, nn.Conv2D
-        self.BatchNorm2d, self.MaxPool2d, self.Flatten = nn.BatchNorm2D, nn.MaxPool2D, nn.Flatten
-        self.LayerNorm, self.GELU, self.ReLU = nn.LayerNorm, nn.GELU, nn.ReLU
-
-        class ReLUInplace(nn.Layer):  # paddle's ReLU layer has no inplace flag
-            def forward(self, x: Any) -> Any:
-                return paddle.nn.functional.relu_(x)
-
-        self.ReLUInplace = ReLUInplace
+        self.Module = paddle.nn.Layer
         self.detach = paddle.Tensor.detach
 
-    def seed(self, seed: int) -> None:
-        self.p.seed(seed)
+    def max_pool2d(self, k: int) -> Any:
+        return self.p.nn.MaxPool2D(k)
 
-    def randn(self, *shape: int) -> Any:
-        return self.p.randn(list(shape))
+    def flatten(self) -> Any:
+        return self.p.nn.Flatten()
 
-    def no_grad(self) -> AbstractContextManager[Any]:
-        return self.p.no_grad()
+    def layer_norm(self, d: int) -> Any:
+        return self.p.nn.LayerNorm(d)
+
+    def gelu(self) -> Any:
+        return self.p.nn.GELU()
 
     def softmax(self, x: Any) -> Any:
         return self.p.nn.functional.softmax(x, axis=-1)
@@ -180,17 +250,9 @@ class Paddle(_Imperative):
     def clone(self, t: Any) -> Any:
         return t.detach().clone()
 
-    def named_modules(self, model: Any) -> list[tuple[str, Any]]:
-        return list(model.named_sublayers(include_self=True))
-
-    def children(self, model: Any) -> Iterable[Any]:
-        return model.children()
-
-    def set_training(self, model: Any, training: bool) -> None:
-        if training:
-            model.train()
-        else:
-            model.eval()
+    def copy_(self, buffer: Any, t: Any) -> None:
+        # Tensor.copy_ rather than paddle.assign: same result, a sixth of the per-call cost.
+        buffer.copy_(t.detach(), True)
 
     def clear_grads(self, model: Any) -> None:
         model.clear_gradients(set_to_zero=False)
@@ -198,38 +260,32 @@ class Paddle(_Imperative):
     def sgd(self, model: Any, lr: float) -> Step:
         return self.p.optimizer.SGD(learning_rate=lr, parameters=model.parameters()).step
 
-    def copy_(self, buffer: Any, t: Any) -> None:
-        # Tensor.copy_ rather than paddle.assign: same result, a sixth of the per-call cost.
-        buffer.copy_(t.detach(), True)
+    def single_thread(self) -> Any:
+        # paddle has no public setter; its private one exists in 3.x, else the env rules.
+        setter = getattr(self.p.base.core, "set_num_threads", None)
+        if setter is not None:
+            setter(1)
+        return "set_num_threads(1)" if setter else "OMP_NUM_THREADS only"
 
-    def native_pre_hook(self, module: Any, hook: Hook) -> Remover:
-        return module.register_forward_pre_hook(hook).remove
-
-    def native_post_hook(self, module: Any, hook: Hook) -> Remover:
-        return module.register_forward_post_hook(hook).remove
-
-    def native_tensor_hook(self, tensor: Any, hook: Hook) -> Remover:
-        return tensor.register_hook(hook).remove
+    def own_threads(self) -> Any:
+        getter = getattr(self.p.base.core, "get_num_threads", None)
+        return getter() if getter is not None else "its default"
 
 
-class MindSpore:
+class MindSpore(Framework):
     """PyNative mode. Autograd is functional (docs/MINDSPORE.md §5): a training step is
     `mindspore.value_and_grad` with respect to the weights, which returns the gradients; there
     is no backward alone and nothing to clear. Ops run asynchronously: a timed body waits for
     them (`synced`)."""
 
-    name = "mindspore"
-
-    def __init__(self) -> None:
+    def __init__(self, kit: Kit) -> None:
+        native_autograd(kit)  # (the kit's tape off: see the module's docstring)
+        super().__init__(kit)
         import mindspore
         from mindspore import nn, ops
         from mindspore.graph.api import _pynative_executor
 
-        mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
         self.ms, self.ops, self._sync = mindspore, ops, _pynative_executor.sync
-        self.Sequential, self.Linear, self.Flatten = nn.SequentialCell, nn.Dense, nn.Flatten
-        self.BatchNorm2d, self.ReLU = nn.BatchNorm2d, nn.ReLU
-        self.GELU = lambda: nn.GELU(approximate=False)  # torch's default: erf, not tanh
         self.detach = ops.stop_gradient  # (what unihook's MindSpore ops detach with)
 
         class Module(nn.Cell):  # a Cell written the torch way: `forward`
@@ -237,32 +293,28 @@ class MindSpore:
                 return self.forward(*args)  # type: ignore[attr-defined]
 
         class ReLUInplace(nn.Cell):
-            # no inplace flag, and mint's relu_ has no CPU kernel: copy_ is in place
+            # no inplace flag, and mint's relu_ has no CPU kernel: copy_ is in place. (The
+            # kit's also waits for the op, for an error MindSpore raises later: a sync per
+            # call that the timed forward must not pay.)
             def construct(self, x: Any) -> Any:
                 return x.copy_(ops.relu(x))
 
-        self.Module, self.ReLUInplace = Module, ReLUInplace
+        self.Module, self._relu_inplace = Module, ReLUInplace
 
-    def Conv2d(self, c_in: int, c_out: int, k: int, stride: int = 1, padding: int = 0) -> Any:
-        pad_mode = "pad" if padding else "valid"  # (its default is "same"; no bias by default)
-        return self.ms.nn.Conv2d(
-            c_in, c_out, k, stride=stride, pad_mode=pad_mode, padding=padding, has_bias=True
-        )
+    def relu_inplace(self) -> Any:
+        return self._relu_inplace()
 
-    def MaxPool2d(self, k: int) -> Any:
+    def max_pool2d(self, k: int) -> Any:
         return self.ms.nn.MaxPool2d(k, stride=k)  # (its stride defaults to 1)
 
-    def LayerNorm(self, d: int) -> Any:
+    def flatten(self) -> Any:
+        return self.ms.nn.Flatten()
+
+    def layer_norm(self, d: int) -> Any:
         return self.ms.nn.LayerNorm((d,), epsilon=1e-5)  # (torch's eps)
 
-    def seed(self, seed: int) -> None:
-        self.ms.set_seed(seed)
-
-    def randn(self, *shape: int) -> Any:
-        return self.ops.randn(*shape)
-
-    def no_grad(self) -> AbstractContextManager[Any]:
-        return self.ms._no_grad()  # (no public name in 2.10)
+    def gelu(self) -> Any:
+        return self.ms.nn.GELU(approximate=False)  # torch's default: erf, not tanh
 
     def softmax(self, x: Any) -> Any:
         return self.ops.softmax(x, axis=-1)
@@ -284,14 +336,11 @@ class MindSpore:
     def clone(self, t: Any) -> Any:
         return self.ops.stop_gradient(t).copy()
 
-    def named_modules(self, model: Any) -> list[tuple[str, Any]]:
-        return list(model.cells_and_names())
+    def copy_(self, buffer: Any, t: Any) -> None:
+        buffer.copy_(self.ops.stop_gradient(t))
 
     def children(self, model: Any) -> Iterable[Any]:
-        return model.cells()
-
-    def set_training(self, model: Any, training: bool) -> None:
-        model.set_train(training)
+        return model.cells()  # type: ignore[no-any-return]
 
     def clear_grads(self, model: Any) -> None:
         return None  # (value_and_grad returns the gradients: nothing accumulates)
@@ -324,31 +373,31 @@ class MindSpore:
 
         return body_then_sync
 
-    def copy_(self, buffer: Any, t: Any) -> None:
-        buffer.copy_(self.ops.stop_gradient(t))
+    def single_thread(self) -> Any:
+        # its kernels on one thread, and ops run on the calling thread: PyNative's
+        # asynchronous pipeline has threads of its own, which contend with everything else
+        self.ms.device_context.cpu.op_tuning.threads_num(1)
+        self.ms.runtime.launch_blocking()
+        return "threads_num(1), launch_blocking()"
 
-    def native_pre_hook(self, module: Any, hook: Hook) -> Remover:
-        return module.register_forward_pre_hook(hook).remove
-
-    def native_post_hook(self, module: Any, hook: Hook) -> Remover:
-        return module.register_forward_hook(hook).remove
-
-    def native_tensor_hook(self, tensor: Any, hook: Hook) -> Remover:
-        return tensor.register_hook(hook).remove
+    def own_threads(self) -> Any:
+        return "its default, asynchronous pipeline"
 
 
-Framework = Union[Torch, Paddle, MindSpore]
-ORDER = (Torch, Paddle, MindSpore)  # of the cases and their variants
-# `import paddle` then `import mindspore` fails (their oneDNN builds clash): MindSpore first.
-IMPORT_ORDER = (Torch, MindSpore, Paddle)
+ORDER = ("torch", "paddle", "mindspore")  # of the cases and their variants
+LAYERS: dict[str, Callable[[Kit], Framework]] = {
+    "torch": Torch,
+    "paddle": Paddle,
+    "mindspore": MindSpore,
+}
 
 
-def load() -> list[Framework]:
-    """An adapter for each framework that imports, in `ORDER`."""
-    loaded: dict[type, Framework] = {}
-    for adapter in IMPORT_ORDER:
-        try:
-            loaded[adapter] = adapter()
-        except ImportError:
-            continue
-    return [loaded[adapter] for adapter in ORDER if adapter in loaded]
+def load(names: Iterable[str] = ORDER) -> list[Framework]:
+    """The installed frameworks among `names`, in `ORDER`: each backend's kit
+    (`unihook.testing.kits`, which imports only these frameworks) in its benchmark layer."""
+    wanted = [name for name in ORDER if name in set(names)]
+    if "mindspore" in wanted and importlib.util.find_spec("mindspore") is not None:
+        # `import paddle` then `import mindspore` fails (their oneDNN builds clash)
+        import mindspore  # noqa: F401
+    found = {kit.name: kit for kit in kits(wanted)}
+    return [LAYERS[name](found[name]) for name in wanted if name in found]

@@ -1,7 +1,9 @@
 """The benchmark models, defined once and built identically in either framework.
 
 Same architecture, shapes and module tree in torch, paddle and MindSpore (only default
-initialisation differs, which does not change timing). No in-place op anywhere (torch's native
+initialisation differs, which does not change timing): the layers a backend's kit builds
+(`fw.kit`: linear, conv2d, batchnorm2d, relu_module, sequential) and the few only the
+benchmarks need (`frameworks.Framework`). No in-place op anywhere (torch's native
 full backward hook, one of the compared variants, raises on an in-place op after a hooked
 module), except in ``cnn(inplace=True)``, which only the forward capture case `capture_inplace`
 runs.
@@ -49,21 +51,22 @@ class Sizes:
 def cnn(fw: Framework, s: Sizes, inplace: bool = False) -> Any:
     """4 x (conv 3x3 - BN - ReLU - maxpool 2) + flatten + linear, on batch x 3 x image x image.
     `inplace`: the ReLUs overwrite the BatchNorm outputs (torchvision style)."""
+    kit = fw.kit
     stages = []
     c_in = 3
     for i in range(4):
         c_out = s.width * 2**i
         stages.append(
-            fw.Sequential(
-                fw.Conv2d(c_in, c_out, 3, padding=1),
-                fw.BatchNorm2d(c_out),
-                fw.ReLUInplace() if inplace else fw.ReLU(),
-                fw.MaxPool2d(2),
+            kit.sequential(
+                kit.conv2d(c_in, c_out, 3, padding=1),
+                kit.batchnorm2d(c_out),
+                fw.relu_inplace() if inplace else kit.relu_module(),
+                fw.max_pool2d(2),
             )
         )
         c_in = c_out
     side = s.image // 16
-    return fw.Sequential(*stages, fw.Flatten(), fw.Linear(c_in * side * side, 10))
+    return kit.sequential(*stages, fw.flatten(), kit.linear(c_in * side * side, 10))
 
 
 def cnn_input(fw: Framework, s: Sizes) -> Any:
@@ -72,12 +75,13 @@ def cnn_input(fw: Framework, s: Sizes) -> Any:
 
 def transformer(fw: Framework, s: Sizes) -> Any:
     """`blocks` pre-LayerNorm blocks (attention, GELU MLP 4x), from Linear/LayerNorm/softmax."""
+    kit = fw.kit
 
     class Attention(fw.Module):  # type: ignore[misc,name-defined]
         def __init__(self) -> None:
             super().__init__()
-            self.qkv = fw.Linear(s.d_model, 3 * s.d_model)
-            self.proj = fw.Linear(s.d_model, s.d_model)
+            self.qkv = kit.linear(s.d_model, 3 * s.d_model)
+            self.proj = kit.linear(s.d_model, s.d_model)
             self.scale = (s.d_model // s.heads) ** -0.5
 
         def forward(self, x: Any) -> Any:
@@ -88,18 +92,20 @@ def transformer(fw: Framework, s: Sizes) -> Any:
     class Block(fw.Module):  # type: ignore[misc,name-defined]
         def __init__(self) -> None:
             super().__init__()
-            self.ln1 = fw.LayerNorm(s.d_model)
+            self.ln1 = fw.layer_norm(s.d_model)
             self.attn = Attention()
-            self.ln2 = fw.LayerNorm(s.d_model)
-            self.mlp = fw.Sequential(
-                fw.Linear(s.d_model, 4 * s.d_model), fw.GELU(), fw.Linear(4 * s.d_model, s.d_model)
+            self.ln2 = fw.layer_norm(s.d_model)
+            self.mlp = kit.sequential(
+                kit.linear(s.d_model, 4 * s.d_model),
+                fw.gelu(),
+                kit.linear(4 * s.d_model, s.d_model),
             )
 
         def forward(self, x: Any) -> Any:
             x = x + self.attn(self.ln1(x))
             return x + self.mlp(self.ln2(x))
 
-    return fw.Sequential(*(Block() for _ in range(s.blocks)), fw.LayerNorm(s.d_model))
+    return kit.sequential(*(Block() for _ in range(s.blocks)), fw.layer_norm(s.d_model))
 
 
 def transformer_input(fw: Framework, s: Sizes) -> Any:
@@ -110,8 +116,8 @@ def mlp(fw: Framework, s: Sizes) -> Any:
     """`mlp_depth` x (Linear(width, width) + ReLU)."""
     layers = []
     for _ in range(s.mlp_depth):
-        layers += [fw.Linear(s.mlp_width, s.mlp_width), fw.ReLU()]
-    return fw.Sequential(*layers)
+        layers += [fw.kit.linear(s.mlp_width, s.mlp_width), fw.kit.relu_module()]
+    return fw.kit.sequential(*layers)
 
 
 def mlp_input(fw: Framework, s: Sizes) -> Any:

@@ -88,39 +88,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def single_thread(fws: list[frameworks.Framework]) -> dict[str, Any]:
     """Pin every framework to one thread; returns what each reports, for the record."""
-    threads: dict[str, Any] = {}
-    for fw in fws:
-        if isinstance(fw, frameworks.Torch):
-            fw.t.set_num_threads(1)
-            fw.t.set_num_interop_threads(1)
-            threads["torch"] = fw.t.get_num_threads()
-        elif isinstance(fw, frameworks.MindSpore):
-            # its kernels on one thread, and ops run on the calling thread: PyNative's
-            # asynchronous pipeline has threads of its own, which contend with everything else
-            fw.ms.device_context.cpu.op_tuning.threads_num(1)
-            fw.ms.runtime.launch_blocking()
-            threads["mindspore"] = "threads_num(1), launch_blocking()"
-        else:
-            # paddle has no public setter; its private one exists in 3.x, else the env rules.
-            setter = getattr(fw.p.base.core, "set_num_threads", None)
-            if setter is not None:
-                setter(1)
-            threads["paddle"] = "set_num_threads(1)" if setter else "OMP_NUM_THREADS only"
-    return threads
+    return {fw.name: fw.single_thread() for fw in fws}
 
 
 def own_threads(fws: list[frameworks.Framework]) -> dict[str, Any]:
     """`--threads default`: each framework keeps its thread count; returns it, for the record."""
-    threads: dict[str, Any] = {}
-    for fw in fws:
-        if isinstance(fw, frameworks.Torch):
-            threads["torch"] = fw.t.get_num_threads()
-        elif isinstance(fw, frameworks.MindSpore):
-            threads["mindspore"] = "its default, asynchronous pipeline"
-        else:
-            getter = getattr(fw.p.base.core, "get_num_threads", None)
-            threads["paddle"] = getter() if getter is not None else "its default"
-    return threads
+    return {fw.name: fw.own_threads() for fw in fws}
 
 
 def build_cases(fws: list[frameworks.Framework], mode: Mode) -> list[tuple[Case, Rounds]]:

@@ -1,10 +1,12 @@
 """Differential: module backward hooks, with torch's NATIVE ``register_full_backward_hook`` /
 ``register_full_backward_pre_hook`` as the oracle.
 
-Each scenario is built three times with the same weights: torch with native hooks, torch with
-unihook, paddle with unihook. Every hook call (in order: module, kind, grad_input, grad_output)
-and every parameter and input gradient must agree (rtol 1e-5, atol 1e-6). Torch's Linear weight
-is [out, in], paddle's [in, out]: paddle's Linear weight gradients are transposed to compare.
+Each scenario is built through the backends' conformance kits (`unihook.testing.Kit`) with the
+same weights: torch with native hooks (the oracle, through the torch kit's ``native_hook``),
+then each selected backend with unihook (test ids ``[torch]``, ``[paddle]``, ``[mindspore]``).
+Every hook call (in order: module, kind, grad_input, grad_output) and every parameter and input
+gradient must agree (rtol 1e-5, atol 1e-6). Parameter gradients come in torch's layout
+(``Kit.parameter_grads``: paddle's Linear weight gradients transposed).
 """
 
 from __future__ import annotations
@@ -15,277 +17,101 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-warnings.filterwarnings("ignore", message="No ccache found")
-paddle = pytest.importorskip("paddle")
-
-import unihook  # noqa: E402
+import unihook
+from unihook.conformance import installed_kits
+from unihook.testing import Kit, creates_graph, native_kinds, retains_graph
 
 RTOL, ATOL = 1e-5, 1e-6
 
 
-# -- one small model API over both frameworks ----------------------------------------------------
+def _oracle() -> Kit:
+    """The torch kit, whose native module backward hooks are the oracle."""
+    for kit in installed_kits():
+        if kit.name == "torch" and {"full_backward", "full_backward_pre"} <= native_kinds(kit):
+            return kit
+    pytest.skip("the oracle is torch's native module backward hooks: torch is not installed")
 
 
-class Torch:
-    name = "torch"
-    nn = torch.nn
-
-    @staticmethod
-    def tensor(data: Any, requires_grad: bool = False) -> Any:
-        return torch.tensor(np.asarray(data, dtype="float32"), requires_grad=requires_grad)
-
-    @staticmethod
-    def numpy(t: Any) -> Any:
-        return t.detach().numpy().copy()
-
-    @staticmethod
-    def grad(t: Any) -> Any:
-        return None if t.grad is None else t.grad.numpy().copy()
-
-    @staticmethod
-    def linear(w: Any, b: Any) -> Any:
-        m = torch.nn.Linear(w.shape[1], w.shape[0])
-        with torch.no_grad():
-            m.weight.copy_(torch.from_numpy(w))
-            m.bias.copy_(torch.from_numpy(b))
-        return m
-
-    @staticmethod
-    def conv(w: Any, b: Any, padding: int = 0) -> Any:
-        m = torch.nn.Conv2d(w.shape[1], w.shape[0], w.shape[2], padding=padding)
-        with torch.no_grad():
-            m.weight.copy_(torch.from_numpy(w))
-            m.bias.copy_(torch.from_numpy(b))
-        return m
-
-    @staticmethod
-    def bn(w: Any, b: Any) -> Any:
-        m = torch.nn.BatchNorm2d(len(w), eps=1e-5, momentum=0.1)
-        with torch.no_grad():
-            m.weight.copy_(torch.from_numpy(w))
-            m.bias.copy_(torch.from_numpy(b))
-        return m
-
-    @staticmethod
-    def relu(inplace: bool = False) -> Any:
-        return torch.nn.ReLU(inplace=inplace)
-
-    @staticmethod
-    def seq(*modules: Any) -> Any:
-        return torch.nn.Sequential(*modules)
-
-    @staticmethod
-    def module(forward: Callable[..., Any], children: dict[str, Any]) -> Any:
-        class M(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                for name, child in children.items():
-                    self.add_module(name, child)
-
-            def forward(self, *args: Any, **kwargs: Any) -> Any:
-                return forward(self, *args, **kwargs)
-
-        return M()
-
-    @staticmethod
-    def named_modules(model: Any) -> list[tuple[str, Any]]:
-        return list(model.named_modules())
-
-    @staticmethod
-    def param_grads(model: Any) -> dict[str, Any]:
-        return {
-            name: None if p.grad is None else p.grad.numpy().copy()
-            for name, p in model.named_parameters()
-        }
-
-    @staticmethod
-    def relu_fn(t: Any) -> Any:
-        return torch.relu(t)
-
-    @staticmethod
-    def autograd_grad(out: Any, inputs: list[Any], retain: bool, create: bool) -> list[Any]:
-        return list(torch.autograd.grad(out, inputs, retain_graph=retain, create_graph=create))
-
-
-class Paddle:
-    name = "paddle"
-
-    @staticmethod
-    def tensor(data: Any, requires_grad: bool = False) -> Any:
-        return paddle.to_tensor(np.asarray(data, dtype="float32"), stop_gradient=not requires_grad)
-
-    @staticmethod
-    def numpy(t: Any) -> Any:
-        return t.detach().numpy().copy()
-
-    @staticmethod
-    def grad(t: Any) -> Any:
-        return None if t.grad is None else t.grad.numpy().copy()
-
-    @staticmethod
-    def linear(w: Any, b: Any) -> Any:
-        m = paddle.nn.Linear(w.shape[1], w.shape[0])
-        m.weight.set_value(w.T.copy())
-        m.bias.set_value(b)
-        return m
-
-    @staticmethod
-    def conv(w: Any, b: Any, padding: int = 0) -> Any:
-        m = paddle.nn.Conv2D(w.shape[1], w.shape[0], w.shape[2], padding=padding)
-        m.weight.set_value(w)
-        m.bias.set_value(b)
-        return m
-
-    @staticmethod
-    def bn(w: Any, b: Any) -> Any:
-        # paddle's momentum is the weight of the old running value: torch's 0.1 is paddle's 0.9
-        m = paddle.nn.BatchNorm2D(len(w), epsilon=1e-5, momentum=0.9)
-        m.weight.set_value(w)
-        m.bias.set_value(b)
-        return m
-
-    @staticmethod
-    def relu(inplace: bool = False) -> Any:
-        if not inplace:
-            return paddle.nn.ReLU()
-        return Paddle.module(lambda self, x: paddle.nn.functional.relu_(x), {})
-
-    @staticmethod
-    def seq(*modules: Any) -> Any:
-        return paddle.nn.Sequential(*modules)
-
-    @staticmethod
-    def module(forward: Callable[..., Any], children: dict[str, Any]) -> Any:
-        class M(paddle.nn.Layer):
-            def __init__(self) -> None:
-                super().__init__()
-                for name, child in children.items():
-                    self.add_sublayer(name, child)
-
-            def forward(self, *args: Any, **kwargs: Any) -> Any:
-                return forward(self, *args, **kwargs)
-
-        return M()
-
-    @staticmethod
-    def named_modules(model: Any) -> list[tuple[str, Any]]:
-        return list(model.named_sublayers(include_self=True))
-
-    @staticmethod
-    def param_grads(model: Any) -> dict[str, Any]:
-        out = {}
-        linears = {
-            f"{name}.weight" if name else "weight"
-            for name, m in model.named_sublayers(include_self=True)
-            if isinstance(m, paddle.nn.Linear)
-        }
-        for name, p in model.named_parameters():
-            if p.stop_gradient:  # BatchNorm's running statistics: buffers in torch
-                continue
-            g = None if p.grad is None else p.grad.numpy().copy()
-            out[name] = g.T.copy() if g is not None and name in linears else g
-        return out
-
-    @staticmethod
-    def relu_fn(t: Any) -> Any:
-        return paddle.nn.functional.relu(t)
-
-    @staticmethod
-    def autograd_grad(out: Any, inputs: list[Any], retain: bool, create: bool) -> list[Any]:
-        return list(paddle.grad(out, inputs, retain_graph=retain, create_graph=create))
-
-
-# -- running a scenario three ways -----------------------------------------------------------------
-
-
-def to_numpy(t: Any) -> Any:
-    if t is None:
-        return None
-    if isinstance(t, torch.Tensor):
-        return t.detach().numpy().copy()
-    return t.detach().numpy().copy()
+# -- running a scenario: natively on the oracle, through unihook on a backend --------------------
 
 
 Replace = Callable[..., Any]
 
 
 class Recorder:
-    def __init__(self) -> None:
+    def __init__(self, kit: Kit) -> None:
+        self.kit = kit
         self.calls: list[tuple[str, str, Any, Any]] = []
+
+    def arrays(self, grads: Any) -> tuple[Any, ...]:
+        return tuple(None if g is None else self.kit.numpy(g) for g in grads)
 
     def full(self, label: str, replace: Replace | None) -> Callable[..., Any]:
         def hook(module: Any, grad_input: Any, grad_output: Any) -> Any:
-            self.calls.append(
-                (
-                    label,
-                    "full",
-                    tuple(to_numpy(g) for g in grad_input),
-                    tuple(to_numpy(g) for g in grad_output),
-                )
-            )
+            self.calls.append((label, "full", self.arrays(grad_input), self.arrays(grad_output)))
             return None if replace is None else replace(grad_input, grad_output)
 
         return hook
 
     def pre(self, label: str, replace: Replace | None) -> Callable[..., Any]:
         def hook(module: Any, grad_output: Any) -> Any:
-            self.calls.append((label, "pre", None, tuple(to_numpy(g) for g in grad_output)))
+            self.calls.append((label, "pre", None, self.arrays(grad_output)))
             return None if replace is None else replace(grad_output)
 
         return hook
 
 
 class Scenario:
-    """build(F) -> (model, inputs: list of (array, requires_grad), call(model, *tensors) -> loss).
-    `full`/`pre`: module name -> replacement function or None (hook on that module)."""
+    """build(kit) -> model; inputs: list of (array, requires_grad); loss(kit, model, tensors)
+    -> loss. `full`/`pre`: module name -> replacement function or None (hook on that module)."""
 
     def __init__(
         self,
-        build: Callable[[Any], Any],
+        build: Callable[[Kit], Any],
         inputs: list[tuple[Any, bool]],
-        loss: Callable[[Any, Any, list[Any]], Any],
+        loss: Callable[[Kit, Any, list[Any]], Any],
         full: dict[str, Replace | None] | None = None,
         pre: dict[str, Replace | None] | None = None,
-        passes: Callable[[Any, Any, list[Any]], list[Any]] | None = None,
+        passes: Callable[[Kit, Any, list[Any]], list[Any]] | None = None,
     ) -> None:
         self.build = build
         self.inputs = inputs
         self.loss = loss
         self.full = full
         self.pre = pre
-        # passes(F, loss, tensors) -> arrays to compare; default: loss.backward()
+        # passes(kit, loss, tensors) -> arrays to compare; default: the loss's backward
         self.passes = passes
 
-    def run(self, F: Any, native: bool) -> dict[str, Any]:
-        model = self.build(F)
-        rec = Recorder()
-        modules = dict(F.named_modules(model))
+    def run(self, kit: Kit, native: bool) -> dict[str, Any]:
+        """Through `kit`: its framework's native hooks (`native`: the oracle) or unihook's."""
+        model = self.build(kit)
+        rec = Recorder(kit)
+        modules = dict(kit.named_modules(model))
         full = self.full if self.full is not None else {name: None for name in modules}
         pre = self.pre if self.pre is not None else {name: None for name in modules}
         for name, replace in pre.items():
             hook = rec.pre(name or "<root>", replace)
             if native:
-                modules[name].register_full_backward_pre_hook(hook)
+                kit.native_hook(modules[name], "full_backward_pre", hook)
             else:
                 unihook.register_full_backward_pre_hook(modules[name], hook)
         for name, replace in full.items():
             hook = rec.full(name or "<root>", replace)
             if native:
-                modules[name].register_full_backward_hook(hook)
+                kit.native_hook(modules[name], "full_backward", hook)
             else:
                 unihook.register_full_backward_hook(modules[name], hook)
-        tensors = [F.tensor(data, requires_grad=rg) for data, rg in self.inputs]
-        loss = self.loss(F, model, tensors)
-        extra = [] if self.passes is None else self.passes(F, loss, tensors)
+        tensors = [kit.tensor(data, requires_grad=rg) for data, rg in self.inputs]
+        loss = self.loss(kit, model, tensors)
+        extra = [] if self.passes is None else self.passes(kit, loss, tensors)
         if self.passes is None:
-            loss.backward()
+            kit.backward(loss)
         return {
             "extra": extra,
-            "loss": F.numpy(loss),
+            "loss": kit.numpy(loss),
             "calls": rec.calls,
-            "params": F.param_grads(model),
-            "inputs": [F.grad(t) if rg else None for t, (_, rg) in zip(tensors, self.inputs)],
+            "params": kit.parameter_grads(model),
+            "inputs": [kit.grad(t) if rg else None for t, (_, rg) in zip(tensors, self.inputs)],
         }
 
 
@@ -325,13 +151,34 @@ def assert_same(actual: dict[str, Any], expected: dict[str, Any], what: str) -> 
             np.testing.assert_allclose(a, e, rtol=RTOL, atol=ATOL, err_msg=f"{what}: input {i}")
 
 
-def check(scenario: Scenario) -> dict[str, Any]:
+def backends(retain_graph: bool = False, create_graph: bool = False) -> list[Kit]:
+    """The selected backends' kits that can run a scenario needing `retain_graph` (a second
+    backward of one graph) or `create_graph` (a backward of a backward); skips naming why
+    when none can."""
+    from unihook.conformance import kits
+
+    able, unable = [], []
+    for kit in kits():
+        if retain_graph and not retains_graph(kit):
+            unable.append(f"{kit.name}: one backward per forward (retain_graph)")
+        elif create_graph and not creates_graph(kit):
+            unable.append(f"{kit.name}: no backward of a backward (create_graph)")
+        else:
+            able.append(kit)
+    if not able:
+        pytest.skip("; ".join(unable) or "no backend selected")
+    return able
+
+
+def check(scenario: Scenario, **needs: bool) -> dict[str, Any]:
+    """The oracle's run, then unihook's on every selected backend (`backends(**needs)`)."""
+    oracle_kit, kits = _oracle(), backends(**needs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        oracle = scenario.run(Torch, native=True)
+        oracle = scenario.run(oracle_kit, native=True)
         assert oracle["calls"], "the oracle fired no hook: the scenario tests nothing"
-        assert_same(scenario.run(Torch, native=False), oracle, "unihook on torch")
-        assert_same(scenario.run(Paddle, native=False), oracle, "unihook on paddle")
+        for kit in kits:
+            assert_same(scenario.run(kit, native=False), oracle, f"unihook on {kit.name}")
     return oracle
 
 
@@ -350,18 +197,30 @@ W2 = np.array([[1, 2, 3, 4]], dtype="float32")
 B2 = np.array([1], dtype="float32")
 
 
-def seed_model(F: Any) -> Any:
-    return F.seq(F.linear(W1, B1), F.relu(), F.linear(W2, B2))
+def linear(kit: Kit, w: Any, b: Any) -> Any:
+    return kit.linear(w.shape[1], w.shape[0], w, b)
+
+
+def conv(kit: Kit, w: Any, b: Any, padding: int = 0) -> Any:
+    return kit.conv2d(w.shape[1], w.shape[0], w.shape[2], padding=padding, weight=w, bias=b)
+
+
+def bn(kit: Kit, w: Any, b: Any) -> Any:
+    return kit.batchnorm2d(len(w), weight=w, bias=b)
+
+
+def seed_model(kit: Kit) -> Any:
+    return kit.sequential(linear(kit, W1, B1), kit.relu_module(), linear(kit, W2, B2))
 
 
 def test_seed_model() -> None:
-    oracle = check(Scenario(seed_model, [([[1, 1, 1]], True)], lambda F, m, xs: m(xs[0]).sum()))
+    oracle = check(Scenario(seed_model, [([[1, 1, 1]], True)], lambda k, m, xs: m(xs[0]).sum()))
     assert oracle["loss"] == 89
     np.testing.assert_allclose(oracle["inputs"][0], [[22, 26, 30]])
 
 
 def test_seed_model_batch() -> None:
-    check(Scenario(seed_model, [(rand(5, 3), True)], lambda F, m, xs: (m(xs[0]) ** 2).sum()))
+    check(Scenario(seed_model, [(rand(5, 3), True)], lambda k, m, xs: (m(xs[0]) ** 2).sum()))
 
 
 CONV1_W, CONV1_B = rand(4, 3, 3, 3) * 0.5, rand(4)
@@ -370,14 +229,14 @@ CONV2_W, CONV2_B = rand(2, 4, 3, 3) * 0.5, rand(2)
 BN2_W, BN2_B = RNG.uniform(0.5, 1.5, 2).astype("float32"), rand(2)
 
 
-def conv_stack(F: Any) -> Any:
-    return F.seq(
-        F.conv(CONV1_W, CONV1_B, padding=1),
-        F.bn(BN1_W, BN1_B),
-        F.relu(),
-        F.conv(CONV2_W, CONV2_B),
-        F.bn(BN2_W, BN2_B),
-        F.relu(),
+def conv_stack(kit: Kit) -> Any:
+    return kit.sequential(
+        conv(kit, CONV1_W, CONV1_B, padding=1),
+        bn(kit, BN1_W, BN1_B),
+        kit.relu_module(),
+        conv(kit, CONV2_W, CONV2_B),
+        bn(kit, BN2_W, BN2_B),
+        kit.relu_module(),
     )
 
 
@@ -387,7 +246,7 @@ def test_conv_batchnorm_relu_stack_train_mode() -> None:
         Scenario(
             conv_stack,
             [(rand(2, 3, 6, 6), True)],
-            lambda F, m, xs: (m(xs[0]) * F.tensor(weights)).sum(),
+            lambda k, m, xs: (m(xs[0]) * k.tensor(weights)).sum(),
         )
     )
 
@@ -397,20 +256,20 @@ RES_C2_W, RES_C2_B = rand(3, 3, 3, 3) * 0.4, rand(3) * 0.1
 RES_BN_W, RES_BN_B = RNG.uniform(0.5, 1.5, 3).astype("float32"), rand(3)
 
 
-def residual(F: Any, inplace: bool = False) -> Any:
+def residual(kit: Kit, inplace: bool = False) -> Any:
     def forward(self: Any, x: Any) -> Any:
         y = self.relu1(self.bn1(self.conv1(x)))
         y = self.conv2(y)
         return self.relu2(y + x)
 
-    return F.module(
+    return kit.module(
         forward,
         {
-            "conv1": F.conv(RES_C1_W, RES_C1_B, padding=1),
-            "bn1": F.bn(RES_BN_W, RES_BN_B),
-            "relu1": F.relu(inplace),
-            "conv2": F.conv(RES_C2_W, RES_C2_B, padding=1),
-            "relu2": F.relu(inplace),
+            "conv1": conv(kit, RES_C1_W, RES_C1_B, padding=1),
+            "bn1": bn(kit, RES_BN_W, RES_BN_B),
+            "relu1": kit.relu_module(inplace),
+            "conv2": conv(kit, RES_C2_W, RES_C2_B, padding=1),
+            "relu2": kit.relu_module(inplace),
         },
     )
 
@@ -419,8 +278,8 @@ RES_X = rand(2, 3, 5, 5)
 RES_WEIGHTS = rand(2, 3, 5, 5)
 
 
-def residual_loss(F: Any, m: Any, xs: list[Any]) -> Any:
-    return (m(xs[0]) * F.tensor(RES_WEIGHTS)).sum()
+def residual_loss(kit: Kit, m: Any, xs: list[Any]) -> Any:
+    return (m(xs[0]) * kit.tensor(RES_WEIGHTS)).sum()
 
 
 def test_residual_block() -> None:
@@ -430,16 +289,16 @@ def test_residual_block() -> None:
 TWO_W, TWO_B = rand(2, 3), rand(2)
 
 
-def two_inputs(F: Any) -> Any:
+def two_inputs(kit: Kit) -> Any:
     def forward(self: Any, a: Any, b: Any, k: float, *, shift: Any = None) -> Any:
         out = self.lin(a) * b * k
         return out if shift is None else out + shift
 
-    return F.seq(F.module(forward, {"lin": F.linear(TWO_W, TWO_B)}))
+    return kit.sequential(kit.module(forward, {"lin": linear(kit, TWO_W, TWO_B)}))
 
 
 def test_two_tensor_inputs_one_without_grad_and_a_non_tensor() -> None:
-    def loss(F: Any, m: Any, xs: list[Any]) -> Any:
+    def loss(kit: Kit, m: Any, xs: list[Any]) -> Any:
         inner = m[0]
         return (inner(xs[0], xs[1], 3.0, shift=xs[2]) ** 2).sum()
 
@@ -458,16 +317,16 @@ def test_two_tensor_inputs_one_without_grad_and_a_non_tensor() -> None:
     assert not outer_full[2][1].any()
 
 
-def tuple_output(F: Any) -> Any:
+def tuple_output(kit: Kit) -> Any:
     def forward(self: Any, a: Any) -> Any:
         h = self.lin(a)
-        return h, F.relu_fn(h) * 2, "tag"
+        return h, kit.relu(h) * 2, "tag"
 
-    return F.seq(F.module(forward, {"lin": F.linear(TWO_W, TWO_B)}))
+    return kit.sequential(kit.module(forward, {"lin": linear(kit, TWO_W, TWO_B)}))
 
 
 def test_tuple_output_with_unused_element() -> None:
-    def loss(F: Any, m: Any, xs: list[Any]) -> Any:
+    def loss(kit: Kit, m: Any, xs: list[Any]) -> Any:
         first, _unused, tag = m[0](xs[0])
         assert tag == "tag"
         return (first**2).sum()
@@ -479,7 +338,7 @@ def test_tuple_output_with_unused_element() -> None:
 
 
 def test_tuple_output_all_used() -> None:
-    def loss(F: Any, m: Any, xs: list[Any]) -> Any:
+    def loss(kit: Kit, m: Any, xs: list[Any]) -> Any:
         first, second, _ = m[0](xs[0])
         return (first**2).sum() + (second * 3).sum()
 
@@ -489,16 +348,16 @@ def test_tuple_output_all_used() -> None:
 SHARED_W, SHARED_B = rand(3, 3) * 0.7, rand(3)
 
 
-def called_twice(F: Any) -> Any:
+def called_twice(kit: Kit) -> Any:
     def forward(self: Any, x: Any) -> Any:
-        return self.lin(F.relu_fn(self.lin(x)) * 2)
+        return self.lin(kit.relu(self.lin(x)) * 2)
 
-    return F.module(forward, {"lin": F.linear(SHARED_W, SHARED_B)})
+    return kit.module(forward, {"lin": linear(kit, SHARED_W, SHARED_B)})
 
 
 def test_module_called_twice_in_one_forward() -> None:
     oracle = check(
-        Scenario(called_twice, [(rand(2, 3), True)], lambda F, m, xs: (m(xs[0]) ** 2).sum())
+        Scenario(called_twice, [(rand(2, 3), True)], lambda k, m, xs: (m(xs[0]) ** 2).sum())
     )
     assert [c[:2] for c in oracle["calls"]].count(("lin", "full")) == 2
 
@@ -519,7 +378,7 @@ def test_hooks_replace_grad_input_and_grad_output() -> None:
         Scenario(
             seed_model,
             [(rand(4, 3), True)],
-            lambda F, m, xs: (m(xs[0]) ** 2).sum(),
+            lambda k, m, xs: (m(xs[0]) ** 2).sum(),
             full=full,
             pre=pre,
         )
@@ -532,7 +391,7 @@ def test_pre_hook_feeds_full_hook_on_same_module() -> None:
         Scenario(
             seed_model,
             [(rand(2, 3), True)],
-            lambda F, m, xs: m(xs[0]).sum(),
+            lambda k, m, xs: m(xs[0]).sum(),
             full={"0": lambda gi, go: (gi[0] - 1,), "2": None},
             pre={"0": lambda go: (go[0] * 0.5,), "2": lambda go: (go[0] + 1,)},
         )
@@ -545,7 +404,7 @@ def test_input_without_grad_fires_at_output() -> None:
         Scenario(
             seed_model,
             [(rand(2, 3), False)],
-            lambda F, m, xs: m(xs[0]).sum(),
+            lambda k, m, xs: m(xs[0]).sum(),
             full={"0": None, "2": None},
             pre={"0": None},
         )
@@ -559,19 +418,20 @@ def test_repeated_grad_passes_then_backward() -> None:
     """grad(retain_graph=True) twice, then backward: every pass fires the hooks (paddle too:
     only a second pass after Tensor.backward is impossible there, see trap 7)."""
 
-    def passes(F: Any, loss: Any, xs: list[Any]) -> list[Any]:
-        first = F.autograd_grad(loss, [xs[0]], retain=True, create=False)[0]
-        second = F.autograd_grad(loss, [xs[0]], retain=True, create=False)[0]
-        loss.backward()
-        return [F.numpy(first), F.numpy(second)]
+    def passes(kit: Kit, loss: Any, xs: list[Any]) -> list[Any]:
+        first = kit.grad_wrt([loss], [xs[0]], retain_graph=True, create_graph=False)[0]
+        second = kit.grad_wrt([loss], [xs[0]], retain_graph=True, create_graph=False)[0]
+        kit.backward(loss)
+        return [kit.numpy(first), kit.numpy(second)]
 
     oracle = check(
         Scenario(
             seed_model,
             [(rand(3, 3) * 0.1, True)],
-            lambda F, m, xs: (m(xs[0]) ** 2).sum(),
+            lambda k, m, xs: (m(xs[0]) ** 2).sum(),
             passes=passes,
-        )
+        ),
+        retain_graph=True,
     )
     assert len(oracle["calls"]) == 3 * 8
 
@@ -579,70 +439,76 @@ def test_repeated_grad_passes_then_backward() -> None:
 def test_double_backward() -> None:
     """grad(create_graph=True), then the backward of a function of that gradient."""
 
-    def passes(F: Any, loss: Any, xs: list[Any]) -> list[Any]:
-        [g] = F.autograd_grad(loss, [xs[0]], retain=True, create=True)
-        (g * g).sum().backward()
-        return [F.numpy(g)]
+    def passes(kit: Kit, loss: Any, xs: list[Any]) -> list[Any]:
+        [g] = kit.grad_wrt([loss], [xs[0]], retain_graph=True, create_graph=True)
+        kit.backward((g * g).sum())
+        return [kit.numpy(g)]
 
-    def build(F: Any) -> Any:
-        return F.seq(F.linear(W1, B1), F.module(lambda self, x: x * x, {}), F.linear(W2, B2))
+    def build(kit: Kit) -> Any:
+        square = kit.module(lambda self, x: x * x, {})
+        return kit.sequential(linear(kit, W1, B1), square, linear(kit, W2, B2))
 
     check(
         Scenario(
             build,
             [(rand(2, 3) * 0.1, True)],
-            lambda F, m, xs: (m(xs[0]) ** 2).sum(),
+            lambda k, m, xs: (m(xs[0]) ** 2).sum(),
             passes=passes,
-        )
+        ),
+        create_graph=True,
     )
 
 
 # -- in-place after the hooked module ------------------------------------------------------------
 
 
-def basic_block(F: Any, inplace: bool = False) -> Any:
+def basic_block(kit: Kit, inplace: bool = False) -> Any:
     """torchvision's BasicBlock without BatchNorm: conv, ReLU(inplace), conv, + x, ReLU."""
 
     def forward(self: Any, x: Any) -> Any:
         y = self.relu1(self.conv1(x))
         return self.relu2(self.conv2(y) + x)
 
-    return F.module(
+    return kit.module(
         forward,
         {
-            "conv1": F.conv(RES_C1_W, RES_C1_B, padding=1),
-            "relu1": F.relu(inplace),
-            "conv2": F.conv(RES_C2_W, RES_C2_B, padding=1),
-            "relu2": F.relu(inplace),
+            "conv1": conv(kit, RES_C1_W, RES_C1_B, padding=1),
+            "relu1": kit.relu_module(inplace),
+            "conv2": conv(kit, RES_C2_W, RES_C2_B, padding=1),
+            "relu2": kit.relu_module(inplace),
         },
     )
 
 
 def test_native_torch_fails_with_inplace_relu_unihook_matches_plain() -> None:
+    oracle, kits = _oracle(), backends()
     hooked = {"conv1": None, "conv2": None, "": None}
     with_inplace = Scenario(
-        lambda F: basic_block(F, inplace=True), [(RES_X, True)], residual_loss, hooked, hooked
+        lambda kit: basic_block(kit, inplace=True), [(RES_X, True)], residual_loss, hooked, hooked
     )
     with pytest.raises(RuntimeError, match="inplace"):
-        with_inplace.run(Torch, native=True)
+        with_inplace.run(oracle, native=True)
     plain = Scenario(basic_block, [(RES_X, True)], residual_loss, hooked, hooked).run(
-        Torch, native=True
+        oracle, native=True
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        assert_same(with_inplace.run(Torch, native=False), plain, "unihook on torch, in-place")
-        assert_same(with_inplace.run(Paddle, native=False), plain, "unihook on paddle, in-place")
+        for kit in kits:
+            what = f"unihook on {kit.name}, in-place"
+            assert_same(with_inplace.run(kit, native=False), plain, what)
 
 
 def test_native_torch_fails_with_inplace_add_unihook_matches_plain() -> None:
-    def build(F: Any) -> Any:
-        return F.seq(F.linear(W1, B1), F.linear(W2, B2))
+    oracle, kits = _oracle(), backends()
+
+    def build(kit: Kit) -> Any:
+        return kit.sequential(linear(kit, W1, B1), linear(kit, W2, B2))
 
     def loss(inplace: bool) -> Callable[..., Any]:
-        def run(F: Any, m: Any, xs: list[Any]) -> Any:
+        def run(kit: Kit, m: Any, xs: list[Any]) -> Any:
             h = m[0](xs[0])
             if inplace:
-                h.add_(F.tensor(1.0)) if F is Paddle else h.add_(1.0)
+                kit.add_(h, 1.0)
             else:
                 h = h + 1.0
             return (m[1](h) ** 2).sum()
@@ -652,24 +518,24 @@ def test_native_torch_fails_with_inplace_add_unihook_matches_plain() -> None:
     hooked = {"0": None, "1": None}
     with_inplace = Scenario(build, [(rand(2, 3), True)], loss(True), hooked, hooked)
     with pytest.raises(RuntimeError, match="inplace"):
-        with_inplace.run(Torch, native=True)
+        with_inplace.run(oracle, native=True)
     plain = Scenario(build, [(rand(2, 3), True)], loss(False), hooked, hooked)
     # the same input data for both runs
     plain.inputs = with_inplace.inputs
-    expected = plain.run(Torch, native=True)
-    assert_same(with_inplace.run(Torch, native=False), expected, "unihook on torch, add_")
-    assert_same(with_inplace.run(Paddle, native=False), expected, "unihook on paddle, add_")
+    expected = plain.run(oracle, native=True)
+    for kit in kits:
+        assert_same(with_inplace.run(kit, native=False), expected, f"unihook on {kit.name}, add_")
 
 
 def test_same_tensor_twice_and_a_detached_output() -> None:
-    def build(F: Any) -> Any:
+    def build(kit: Kit) -> Any:
         def forward(self: Any, a: Any, b: Any) -> Any:
             h = self.lin(a * b)
-            return h, h.detach() * 2
+            return h, unihook.ops.detach(h) * 2
 
-        return F.seq(F.module(forward, {"lin": F.linear(TWO_W, TWO_B)}))
+        return kit.sequential(kit.module(forward, {"lin": linear(kit, TWO_W, TWO_B)}))
 
-    def loss(F: Any, m: Any, xs: list[Any]) -> Any:
+    def loss(kit: Kit, m: Any, xs: list[Any]) -> Any:
         h, d = m[0](xs[0], xs[0])
         return (h * h).sum() + d.sum()
 

@@ -58,7 +58,8 @@ def unihook_backend_of(obj: object) -> str | None:
 @hookspec
 def unihook_conformance_kit() -> object | None:
     """Return this backend's conformance kit (``unihook.testing.Kit``) when its framework is
-    installed, else None. Imports the framework: only the test suite calls it."""
+    installed, else None. Imports the framework: only the test suites and the benchmarks call
+    it."""
 
 
 @hookspec(firstresult=True)

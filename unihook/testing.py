@@ -10,28 +10,38 @@ framework needs. Only the test suites import this module (the shipped one is
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from . import ops
 
 __all__ = [
+    "FORWARD_NATIVE_KINDS",
     "Kit",
     "classifier",
     "creates_graph",
     "grads_non_leaves",
     "images",
     "kits",
+    "native_autograd",
+    "native_kinds",
     "retains_graph",
 ]
 
+#: The kinds every kit's `Kit.native_hook` takes: the framework's own forward pre- and post-hooks.
+FORWARD_NATIVE_KINDS: frozenset[str] = frozenset({"forward_pre", "forward"})
+
 
 class Kit(Protocol):
-    """Optional members a test reads with ``getattr`` (torch's and paddle's kits have none):
-    ``module_class``, the framework's module base class as unihook's messages spell it
-    (default: torch.nn.Module, paddle.nn.Layer); ``buffer(data)``, a tensor that attribute
-    assignment files as a buffer (default: ``tensor(data)``); ``retain_graph``,
-    ``create_graph`` and ``grad_non_leaves``, see `retains_graph`, `creates_graph` and
-    `grads_non_leaves`."""
+    """Optional members a test reads with ``getattr``: ``module_class``, the framework's module
+    base class as unihook's messages spell it (default: torch.nn.Module, paddle.nn.Layer);
+    ``buffer(data)``, a tensor that attribute assignment files as a buffer (default:
+    ``tensor(data)``); ``retain_graph``, ``create_graph`` and ``grad_non_leaves``, see
+    `retains_graph`, `creates_graph` and `grads_non_leaves`; ``native_kinds``, the kinds
+    `native_hook` takes, see `native_kinds`; ``native_autograd()``, see `native_autograd`.
+
+    Besides the conformance suite, the project's differential tests
+    (``tests/test_differential_*.py``) and its benchmarks (``benchmarks/frameworks.py``) build
+    their models, tensors and native hooks through the kits."""
 
     name: str
 
@@ -78,13 +88,38 @@ class Kit(Protocol):
     def linear(self, n_in: int, n_out: int, weight: Any = None, bias: Any = None) -> Any: ...
     def relu_module(self, inplace: bool = False) -> Any: ...
     def sequential(self, *modules: Any) -> Any: ...
-    def conv2d(self, c_in: int, c_out: int, k: int, padding: int = 0) -> Any: ...
-    def batchnorm2d(self, c: int) -> Any: ...
+    def conv2d(
+        self,
+        c_in: int,
+        c_out: int,
+        k: int,
+        padding: int = 0,
+        stride: int = 1,
+        weight: Any = None,
+        bias: Any = None,
+    ) -> Any:
+        """A 2-D convolution with a bias, `k` x `k` kernels; `weight` ``[c_out, c_in, k, k]``
+        and `bias` as numpy, else the framework's initialisation."""
+        ...
+
+    def batchnorm2d(self, c: int, weight: Any = None, bias: Any = None) -> Any:
+        """torch's ``BatchNorm2d(c)`` (eps 1e-5, running statistics moved 0.1 of the way to the
+        batch's); `weight` and `bias` (the affine scale and shift) as numpy, else ones and
+        zeros."""
+        ...
+
     def module(self, forward: Callable[..., Any], children: dict[str, Any] | None = None) -> Any:
         """A module whose forward is ``forward(self, *args, **kwargs)``, holding `children`."""
         ...
 
     def parameters(self, module: Any) -> list[Any]: ...
+    def parameter_grads(self, module: Any) -> dict[str, Any]:
+        """The accumulated gradient (numpy, or None) of each of `module`'s parameters that
+        require grad, by qualified name as torch spells it (``"0.weight"``; BatchNorm's scale
+        and shift are ``weight`` and ``bias``, its running statistics are not parameters), in
+        torch's layout (a Linear weight's ``[out, in]``)."""
+        ...
+
     def named_modules(self, module: Any) -> list[tuple[str, Any]]: ...
     def set_training(self, module: Any, training: bool) -> None: ...
     def seed(self, seed: int) -> None: ...
@@ -99,11 +134,15 @@ class Kit(Protocol):
         ...
 
     def native_hook(
-        self, module: Any, kind: str, hook: Callable[..., Any], **options: Any
+        self, target: Any, kind: str, hook: Callable[..., Any], **options: Any
     ) -> Callable[[], None]:
-        """Register `hook` with the framework's own ``register_forward_pre_hook`` (`kind`
-        "forward_pre") or forward post-hook (`kind` "forward"), passing `options` (prepend,
-        with_kwargs, always_call); return the native handle's remove."""
+        """Register `hook` on `target` with the framework's own registration of `kind` (a
+        `unihook.HookKind`), passing `options` (prepend, with_kwargs, always_call); return the
+        native handle's remove. Every kit takes "forward_pre" (``register_forward_pre_hook``)
+        and "forward" (the forward post-hook) on a module; the others `native_kinds` lists:
+        "tensor" (`target` a tensor), "full_backward" and "full_backward_pre" (a module),
+        "module_forward_pre" and "module_forward" (global: `target` None). A kind the
+        framework has no registration for with torch's contract raises `NotImplementedError`."""
         ...
 
     def replace_hook_dict(self, module: Any, which: str, new: Callable[[Any], Any]) -> Any:
@@ -168,12 +207,43 @@ def grads_non_leaves(kit: Kit) -> bool:
     return bool(getattr(kit, "grad_non_leaves", True))
 
 
-def kits() -> list[Kit]:
+def native_kinds(kit: Kit) -> frozenset[str]:
+    """The hook kinds `kit`'s ``native_hook`` registers with its framework's own API (its
+    ``native_kinds`` attribute): `FORWARD_NATIVE_KINDS` at least. torch's kit takes the
+    module backward hooks and the global forward hooks too (the differential tests' oracle,
+    the benchmarks' native references); paddle and MindSpore have no module backward hooks
+    with torch's contract and no global forward hooks."""
+    return FORWARD_NATIVE_KINDS | frozenset(getattr(kit, "native_kinds", ()))
+
+
+def native_autograd(kit: Kit) -> None:
+    """From now on, differentiate `kit`'s framework its own way only. A kit that emulates an
+    imperative backward over a functional autograd (MindSpore's: a tape whose recording
+    session, open at all times, records every op run outside ``no_grad`` and makes
+    ``unihook.ops.forward_backward`` run on it) closes it (its ``native_autograd()``), so that
+    code using the framework's own autograd (``mindspore.value_and_grad``: the benchmarks) runs
+    as it does without the kit; that kit's ``backward``, ``grad``, ``autograd_grad``,
+    ``grad_wrt``, ``sgd``, ``parameter`` and tensors that require grad raise after. Nothing to
+    do for an imperative framework (torch, paddle): such a kit has no ``native_autograd``."""
+    switch = getattr(kit, "native_autograd", None)
+    if switch is not None:
+        switch()
+
+
+def kits(names: Iterable[str] | None = None) -> list[Kit]:
     """The conformance kit of every installed backend (not disabled by ``UNIHOOK_DISABLE``),
-    sorted by backend name."""
+    sorted by backend name; given `names` (entry-point names), only theirs: a kit imports its
+    framework, the others' stay unimported."""
     from ._plugins import plugin_manager
 
-    found = [k for k in plugin_manager().hook.unihook_conformance_kit() if k is not None]
+    caller = plugin_manager().hook.unihook_conformance_kit
+    if names is None:
+        made: list[Any] = caller()
+    else:
+        wanted = set(names)  # (called in pluggy's order, as `caller()` calls them)
+        impls = reversed(caller.get_hookimpls())
+        made = [i.function() for i in impls if i.plugin_name in wanted]
+    found: list[Kit] = [k for k in made if k is not None]
     return sorted(found, key=lambda k: k.name)
 
 

@@ -23,7 +23,7 @@ from mindspore.ops.composite import GradOperation
 
 from ._serial import exclusive
 
-__all__ = ["backward", "grad", "grad_wrt", "leaf", "set_grad", "start", "track"]
+__all__ = ["backward", "grad", "grad_wrt", "leaf", "set_grad", "start", "stop", "track"]
 
 
 class _Session:
@@ -64,6 +64,23 @@ def start() -> None:
             _keys.append(_session)
             executor.new_graph(_session)
             _session_thread = threading.get_ident()
+
+
+def stop() -> None:
+    """Close the recording session, if one is open, and the grad flag `start` set: what runs
+    next records nothing (as without the tape) until `start` opens another. The kit's
+    ``native_autograd``: code differentiating with MindSpore's own ``value_and_grad`` (the
+    benchmarks) must not have every op recorded for a backward that never comes, nor
+    ``unihook.ops.forward_backward`` take the tape's path."""
+    global _session, _session_thread
+    with _lock:
+        if _session is None:
+            return
+        session, _session, _session_thread = _session, None, None
+        _held.clear()
+        if executor.requires_grad():  # (not after an error dropped the recording)
+            executor.end_graph(session, _NOTHING)
+        executor.set_grad_flag(False)
 
 
 def _enter() -> None:

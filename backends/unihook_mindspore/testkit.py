@@ -51,6 +51,15 @@ def _f32(data: Any) -> Any:
     return mindspore.Tensor(np.asarray(data, dtype="float32"))
 
 
+def _set(param: Any, data: Any) -> None:
+    if data is not None:
+        param.set_data(_f32(data))
+
+
+# BatchNorm's parameter names as torch spells them (the kit's `parameter_grads`)
+_BATCHNORM_NAMES = {"gamma": "weight", "beta": "bias"}
+
+
 # `replace_hook_dict`'s names: Cell's properties
 _HOOK_DICTS = {
     "forward_pre": "_forward_pre_hook",
@@ -69,21 +78,41 @@ class MindSporeKit:
     create_graph = False
     grad_non_leaves = False
 
+    native_kinds = frozenset({"tensor"})  # (its Cell backward hooks have another contract)
+
     def __init__(self) -> None:
+        self._taped = True  # (until `native_autograd`)
         _tape.start()
 
+    def native_autograd(self) -> None:
+        """Close the tape for good (`unihook.testing.native_autograd`): MindSpore's own
+        autograd (``value_and_grad``) from now on, the kit's imperative members refused."""
+        self._taped = False
+        _tape.stop()
+
+    def _tape_on(self, what: str) -> None:
+        if not self._taped:
+            raise RuntimeError(
+                f"{what} [kit mindspore]: expected the kit's tape. Received: a kit switched to "
+                "MindSpore's own autograd (native_autograd); differentiate with "
+                "mindspore.value_and_grad"
+            )
+
     def _track(self, cell: Any) -> Any:
-        for p in cell.get_parameters():
-            _tape.track(p)
+        if self._taped:
+            for p in cell.get_parameters():
+                _tape.track(p)
         # a Cell starts in inference mode, a torch Module in training mode: as torch
         cell.set_train(True)
         return cell
 
     def tensor(self, data: Any, requires_grad: bool = False, dtype: str = "float32") -> Any:
-        _tape.start()  # (again after an error: see _tape.start)
         array = np.asarray(data, dtype=dtype)
         if requires_grad:
+            self._tape_on("tensor(requires_grad=True)")
             return _tape.leaf(array)
+        if self._taped:
+            _tape.start()  # (again after an error: see _tape.start)
         return mindspore.Tensor(array)
 
     def numpy(self, tensor: Any) -> Any:
@@ -116,6 +145,7 @@ class MindSporeKit:
         return isinstance(obj, mindspore.Tensor)
 
     def backward(self, tensor: Any, retain_graph: bool = False) -> None:
+        self._tape_on("backward")
         _tape.backward(tensor)
 
     def autograd_grad(
@@ -135,6 +165,7 @@ class MindSporeKit:
             raise NotImplementedError(
                 "create_graph=True: the MindSpore kit cannot record a backward"
             )
+        self._tape_on("grad_wrt")
         if not all(isinstance(t, mindspore.Parameter) for t in inputs):
             raise NotImplementedError("the MindSpore kit differentiates w.r.t. Parameters only")
         return _tape.grad_wrt(outputs, inputs)
@@ -145,10 +176,8 @@ class MindSporeKit:
     def linear(self, n_in: int, n_out: int, weight: Any = None, bias: Any = None) -> Any:
         # weight [out, in], as torch's (cast: MindSpore's lazy `nn` annotates Dense as optional)
         m = cast(Any, nn).Dense(n_in, n_out)
-        if weight is not None:
-            m.weight.set_data(_f32(weight))
-        if bias is not None:
-            m.bias.set_data(_f32(bias))
+        _set(m.weight, weight)
+        _set(m.bias, bias)
         return self._track(m)
 
     def relu_module(self, inplace: bool = False) -> Any:
@@ -157,20 +186,53 @@ class MindSporeKit:
     def sequential(self, *modules: Any) -> Any:
         return self._track(nn.SequentialCell(*modules))
 
-    def conv2d(self, c_in: int, c_out: int, k: int, padding: int = 0) -> Any:
-        pad_mode = "pad" if padding else "valid"
-        return self._track(
-            nn.Conv2d(c_in, c_out, k, pad_mode=pad_mode, padding=padding, has_bias=True)
+    def conv2d(
+        self,
+        c_in: int,
+        c_out: int,
+        k: int,
+        padding: int = 0,
+        stride: int = 1,
+        weight: Any = None,
+        bias: Any = None,
+    ) -> Any:
+        pad_mode = "pad" if padding else "valid"  # (its default is "same"; no bias by default)
+        m = nn.Conv2d(
+            c_in, c_out, k, stride=stride, pad_mode=pad_mode, padding=padding, has_bias=True
         )
+        _set(m.weight, weight)  # (MindSpore's layout is torch's)
+        _set(m.bias, bias)
+        return self._track(m)
 
-    def batchnorm2d(self, c: int) -> Any:
-        return self._track(nn.BatchNorm2d(c))
+    def batchnorm2d(self, c: int, weight: Any = None, bias: Any = None) -> Any:
+        # eps 1e-5 as torch's; MindSpore's momentum 0.9 weighs the old running value, as
+        # paddle's: torch's 0.1. The affine scale and shift are `gamma` and `beta`
+        m = nn.BatchNorm2d(c)
+        _set(m.gamma, weight)
+        _set(m.beta, bias)
+        return self._track(m)
 
     def module(self, forward: Callable[..., Any], children: dict[str, Any] | None = None) -> Any:
         return self._track(_Cell(forward, children))
 
     def parameters(self, module: Any) -> list[Any]:
         return [_tape.track(p) for p in module.get_parameters()]
+
+    def parameter_grads(self, module: Any) -> dict[str, Any]:
+        # BatchNorm's gamma and beta are torch's weight and bias; its moving statistics are
+        # parameters that need no grad
+        batchnorms = {
+            name for name, cell in module.cells_and_names() if isinstance(cell, nn.BatchNorm2d)
+        }
+        grads = {}
+        for name, p in module.parameters_and_names():
+            if not p.requires_grad:
+                continue
+            owner, _, attr = name.rpartition(".")
+            if owner in batchnorms and attr in _BATCHNORM_NAMES:
+                name = f"{owner}.{_BATCHNORM_NAMES[attr]}" if owner else _BATCHNORM_NAMES[attr]
+            grads[name] = _tape.grad(p)
+        return grads
 
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
         return list(module.cells_and_names())
@@ -196,13 +258,16 @@ class MindSporeKit:
         return {name: getattr(module, name) for name in self.hook_counts(module)}
 
     def native_hook(
-        self, module: Any, kind: str, hook: Callable[..., Any], **options: Any
+        self, target: Any, kind: str, hook: Callable[..., Any], **options: Any
     ) -> Callable[[], None]:
-        register = (
-            module.register_forward_pre_hook
-            if kind == "forward_pre"
-            else module.register_forward_hook
-        )
+        if kind == "tensor":
+            return target.register_hook(hook).remove  # type: ignore[no-any-return]
+        if kind == "forward_pre":
+            register = target.register_forward_pre_hook
+        elif kind == "forward":
+            register = target.register_forward_hook
+        else:
+            raise NotImplementedError(f"native_hook [kit mindspore]: no native {kind!r} hook")
         return register(hook, **options).remove  # type: ignore[no-any-return]
 
     def replace_hook_dict(self, module: Any, which: str, new: Callable[[Any], Any]) -> Any:
@@ -231,6 +296,7 @@ class MindSporeKit:
         return _Buffer(self.tensor(data))
 
     def parameter(self, data: Any) -> Any:
+        self._tape_on("parameter")
         return _tape.leaf(np.asarray(data, dtype="float32"))
 
     def register_parameter(self, module: Any, name: str, param: Any) -> None:
@@ -250,6 +316,7 @@ class MindSporeKit:
         tensor.set_data(_f32(data))
 
     def sgd(self, module: Any, lr: float) -> Callable[[Any], None]:
+        self._tape_on("sgd")
         params = [_tape.track(p) for p in module.trainable_params()]
 
         def step(loss: Any) -> None:

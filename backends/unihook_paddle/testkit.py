@@ -19,6 +19,16 @@ class _Layer(paddle.nn.Layer):
         return self._fn(self, *args, **kwargs)
 
 
+class _InplaceReLU(paddle.nn.Layer):
+    # paddle's ReLU has no inplace flag: a layer calling the in-place functional
+    def forward(self, x: Any) -> Any:
+        return paddle.nn.functional.relu_(x)
+
+
+# framework-neutral class names (the kit's `type_name`)
+_NEUTRAL = {"_inplacerelu": "relu"}
+
+
 # `replace_hook_dict`'s names
 _HOOK_DICTS = {
     "forward_pre": "_forward_pre_hooks",
@@ -27,8 +37,14 @@ _HOOK_DICTS = {
 }
 
 
+def _set(param: Any, data: Any) -> None:
+    if data is not None:
+        param.set_value(np.asarray(data, dtype="float32"))
+
+
 class PaddleKit:
     name = "paddle"
+    native_kinds = frozenset({"tensor"})  # (no module backward hooks, no global hooks)
 
     def tensor(self, data: Any, requires_grad: bool = False, dtype: str = "float32") -> Any:
         return paddle.to_tensor(np.asarray(data, dtype=dtype), stop_gradient=not requires_grad)
@@ -90,30 +106,58 @@ class PaddleKit:
         m = paddle.nn.Linear(n_in, n_out)
         if weight is not None:  # paddle's Linear weight is [in, out]: torch's transposed
             m.weight.set_value(np.asarray(weight, dtype="float32").T.copy())
-        if bias is not None:
-            m.bias.set_value(np.asarray(bias, dtype="float32"))
+        _set(m.bias, bias)
         return m
 
     def relu_module(self, inplace: bool = False) -> Any:
-        # paddle's ReLU has no inplace flag: a layer calling the in-place functional.
-        if inplace:
-            return self.module(lambda _self, x: paddle.nn.functional.relu_(x))
-        return paddle.nn.ReLU()
+        return _InplaceReLU() if inplace else paddle.nn.ReLU()
 
     def sequential(self, *modules: Any) -> Any:
         return paddle.nn.Sequential(*modules)
 
-    def conv2d(self, c_in: int, c_out: int, k: int, padding: int = 0) -> Any:
-        return paddle.nn.Conv2D(c_in, c_out, k, padding=padding)
+    def conv2d(
+        self,
+        c_in: int,
+        c_out: int,
+        k: int,
+        padding: int = 0,
+        stride: int = 1,
+        weight: Any = None,
+        bias: Any = None,
+    ) -> Any:
+        m = paddle.nn.Conv2D(c_in, c_out, k, stride=stride, padding=padding)
+        _set(m.weight, weight)  # (paddle's layout is torch's)
+        _set(m.bias, bias)
+        return m
 
-    def batchnorm2d(self, c: int) -> Any:
-        return paddle.nn.BatchNorm2D(c)
+    def batchnorm2d(self, c: int, weight: Any = None, bias: Any = None) -> Any:
+        # paddle's momentum is the weight of the old running value: torch's 0.1 is paddle's
+        # default 0.9; epsilon 1e-5 as torch's
+        m = paddle.nn.BatchNorm2D(c)
+        _set(m.weight, weight)
+        _set(m.bias, bias)
+        return m
 
     def module(self, forward: Callable[..., Any], children: dict[str, Any] | None = None) -> Any:
         return _Layer(forward, children)
 
     def parameters(self, module: Any) -> list[Any]:
         return list(module.parameters())
+
+    def parameter_grads(self, module: Any) -> dict[str, Any]:
+        # paddle's names are torch's; its running statistics are parameters that need no grad
+        linears = {
+            f"{name}.weight" if name else "weight"
+            for name, m in module.named_sublayers(include_self=True)
+            if isinstance(m, paddle.nn.Linear)
+        }
+        grads = {}
+        for name, p in module.named_parameters():
+            if p.stop_gradient:
+                continue
+            g = self.grad(p)
+            grads[name] = g.T.copy() if g is not None and name in linears else g
+        return grads
 
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
         return list(module.named_sublayers(include_self=True))
@@ -139,13 +183,16 @@ class PaddleKit:
         return {name: getattr(module, name) for name in self.hook_counts(module)}
 
     def native_hook(
-        self, module: Any, kind: str, hook: Callable[..., Any], **options: Any
+        self, target: Any, kind: str, hook: Callable[..., Any], **options: Any
     ) -> Callable[[], None]:
-        register = (
-            module.register_forward_pre_hook
-            if kind == "forward_pre"
-            else module.register_forward_post_hook
-        )
+        if kind == "tensor":
+            return target.register_hook(hook).remove  # type: ignore[no-any-return]
+        if kind == "forward_pre":
+            register = target.register_forward_pre_hook
+        elif kind == "forward":
+            register = target.register_forward_post_hook
+        else:
+            raise NotImplementedError(f"native_hook [kit paddle]: no native {kind!r} hook")
         return register(hook, **options).remove  # type: ignore[no-any-return]
 
     def replace_hook_dict(self, module: Any, which: str, new: Callable[[Any], Any]) -> Any:
@@ -179,7 +226,8 @@ class PaddleKit:
         module.add_sublayer(name, child)
 
     def type_name(self, module: Any) -> str:
-        return type(module).__name__.lower()
+        name = type(module).__name__.lower()
+        return _NEUTRAL.get(name, name)
 
     def set_value(self, tensor: Any, data: Any) -> None:
         tensor.set_value(np.asarray(data, dtype="float32"))

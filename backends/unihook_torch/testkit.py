@@ -26,9 +26,28 @@ _HOOK_DICTS = {
     "always_called": "_forward_hooks_always_called",
 }
 
+# `native_hook`'s registrations: Module's methods, torch.nn.modules.module's functions
+_MODULE_NATIVE = {
+    "forward_pre": "register_forward_pre_hook",
+    "forward": "register_forward_hook",
+    "full_backward_pre": "register_full_backward_pre_hook",
+    "full_backward": "register_full_backward_hook",
+}
+_GLOBAL_NATIVE = {
+    "module_forward_pre": "register_module_forward_pre_hook",
+    "module_forward": "register_module_forward_hook",
+}
+
+
+def _copy(param: Any, data: Any) -> None:
+    if data is not None:
+        with torch.no_grad():
+            param.copy_(torch.tensor(np.asarray(data, dtype="float32")))
+
 
 class TorchKit:
     name = "torch"
+    native_kinds = frozenset({"tensor", *_MODULE_NATIVE, *_GLOBAL_NATIVE})
 
     def tensor(self, data: Any, requires_grad: bool = False, dtype: str = "float32") -> Any:
         return torch.tensor(np.asarray(data, dtype=dtype), requires_grad=requires_grad)
@@ -88,11 +107,8 @@ class TorchKit:
 
     def linear(self, n_in: int, n_out: int, weight: Any = None, bias: Any = None) -> Any:
         m = torch.nn.Linear(n_in, n_out)
-        with torch.no_grad():
-            if weight is not None:
-                m.weight.copy_(torch.tensor(np.asarray(weight, dtype="float32")))
-            if bias is not None:
-                m.bias.copy_(torch.tensor(np.asarray(bias, dtype="float32")))
+        _copy(m.weight, weight)
+        _copy(m.bias, bias)
         return m
 
     def relu_module(self, inplace: bool = False) -> Any:
@@ -101,17 +117,35 @@ class TorchKit:
     def sequential(self, *modules: Any) -> Any:
         return torch.nn.Sequential(*modules)
 
-    def conv2d(self, c_in: int, c_out: int, k: int, padding: int = 0) -> Any:
-        return torch.nn.Conv2d(c_in, c_out, k, padding=padding)
+    def conv2d(
+        self,
+        c_in: int,
+        c_out: int,
+        k: int,
+        padding: int = 0,
+        stride: int = 1,
+        weight: Any = None,
+        bias: Any = None,
+    ) -> Any:
+        m = torch.nn.Conv2d(c_in, c_out, k, stride=stride, padding=padding)
+        _copy(m.weight, weight)
+        _copy(m.bias, bias)
+        return m
 
-    def batchnorm2d(self, c: int) -> Any:
-        return torch.nn.BatchNorm2d(c)
+    def batchnorm2d(self, c: int, weight: Any = None, bias: Any = None) -> Any:
+        m = torch.nn.BatchNorm2d(c)
+        _copy(m.weight, weight)
+        _copy(m.bias, bias)
+        return m
 
     def module(self, forward: Callable[..., Any], children: dict[str, Any] | None = None) -> Any:
         return _Module(forward, children)
 
     def parameters(self, module: Any) -> list[Any]:
         return list(module.parameters())
+
+    def parameter_grads(self, module: Any) -> dict[str, Any]:
+        return {n: self.grad(p) for n, p in module.named_parameters() if p.requires_grad}
 
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
         return list(module.named_modules())
@@ -136,13 +170,18 @@ class TorchKit:
         return {name: getattr(module, name) for name in self.hook_counts(module)}
 
     def native_hook(
-        self, module: Any, kind: str, hook: Callable[..., Any], **options: Any
+        self, target: Any, kind: str, hook: Callable[..., Any], **options: Any
     ) -> Callable[[], None]:
-        register = (
-            module.register_forward_pre_hook
-            if kind == "forward_pre"
-            else module.register_forward_hook
-        )
+        if kind == "tensor":
+            return target.register_hook(hook).remove  # type: ignore[no-any-return]
+        if kind in _MODULE_NATIVE:
+            register = getattr(target, _MODULE_NATIVE[kind])
+        elif kind in _GLOBAL_NATIVE:
+            import torch.nn.modules.module as m
+
+            register = getattr(m, _GLOBAL_NATIVE[kind])
+        else:
+            raise NotImplementedError(f"native_hook [kit torch]: no native {kind!r} hook here")
         return register(hook, **options).remove  # type: ignore[no-any-return]
 
     def replace_hook_dict(self, module: Any, which: str, new: Callable[[Any], Any]) -> Any:
