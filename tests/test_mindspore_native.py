@@ -656,3 +656,31 @@ def test_ctrl_c_anywhere_in_a_registration_or_a_removal() -> None:
     assert sorted(result["summary"]) == sorted(_INTERRUPTED_KINDS)
     for kind, positions in result["summary"].items():
         assert positions["register"] > 20 and positions["remove"] > 3, (kind, positions)
+
+
+def test_a_script_ending_with_hooked_cells_prints_nothing() -> None:
+    """A script that holds its hooked cells until the interpreter exits: MindSpore's cells die
+    after the modules' globals are gone, and unihook's hook dicts must not reach for them
+    ("Exception ignored in HookDict.__del__ ... 'NoneType' object has no attribute
+    'is_finalizing'" at every exit)."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import mindspore as ms, unihook\n"
+        "m = ms.nn.SequentialCell(ms.nn.Dense(3, 3), ms.nn.ReLU())\n"
+        "hooks = [unihook.register_full_backward_hook(c, lambda *a: None)"
+        " for _, c in m.cells_and_names()]\n"
+        "hooks.append(unihook.register_forward_hook(m, lambda *a: None))\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "GLOG_minloglevel": "2"},
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert "Exception ignored" not in done.stderr, done.stderr[-2000:]

@@ -236,11 +236,12 @@ class HookDict(OrderedDict[int, Any]):
 
     __copy__ = copy
 
-    def __del__(self) -> None:
+    def __del__(self, finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
         # Dropped by its module while installed: a library assigned the module another
         # hook dict. The pinned keys follow the module there (see the module docstring).
-        # (getattr: a Ctrl-C landing in __init__ leaves one without its attributes)
-        if getattr(self, "_origin", None) is None or not self.pinned or sys.is_finalizing():
+        # (getattr: a Ctrl-C landing in __init__ leaves one without its attributes;
+        # `finalizing` bound now: at interpreter exit this module's globals may be gone first)
+        if getattr(self, "_origin", None) is None or not self.pinned or finalizing():
             return
         owner = self.owner()
         if owner is None or self._access is None:
