@@ -11,6 +11,7 @@ from typing import Any
 
 from unihook import (
     HookGroup,
+    NoGradError,
     UnihookError,
     attach,
     ops,
@@ -60,6 +61,8 @@ class _Step:
         "pending",
         "merged",
         "rank",
+        "leaves",
+        "dropping",
     )
 
     def __init__(self, world: tuple[int, int] | None) -> None:
@@ -72,6 +75,15 @@ class _Step:
         self.pending = False  # a merge waits for the end of the running backward
         self.merged = False  # merged once: a parameter's gradient starts no further merge
         self.rank = 0  # this rank in the default group (errors name it), when merged
+        # hooks on outputs that are autograd leaves (a parameter the module returns), which
+        # would fire in every later backward: removed after the first backward of this step
+        self.leaves: list[Any] = []
+        self.dropping = False
+
+    def drop_leaves(self) -> None:
+        leaves, self.leaves = self.leaves, []
+        for handle in leaves:
+            handle.remove()
 
 
 class GradientMonitor(Recipe):
@@ -161,6 +173,7 @@ class GradientMonitor(Recipe):
             # evaluation between a forward and its backward, on one rank, must not start a
             # step that its backward's parameter gradients would merge)
             return
+        self._step.drop_leaves()  # (a step whose backward never came)
         self._step = _Step(self._merging(module, self.sync))
         if self._step.world is not None and not self._parameters_hooked:
             # A rank whose backward reaches no watched output (the dummy loss of an empty
@@ -193,7 +206,15 @@ class GradientMonitor(Recipe):
                 last[2].insert(0, name)  # a container's output: outermost first, as backward
                 continue
             names = [name]
-            if not ops.on_grad(tensor, functools.partial(self._gradient, self._step, names)):
+            hook = functools.partial(self._gradient, self._step, names)
+            if ops.is_leaf(tensor):
+                # a parameter the module returns: a hook on it stays for every later backward,
+                # so a removable one, removed at the end of this step's first backward
+                try:
+                    self._step.leaves.append(register_tensor_hook(tensor, hook))
+                except NoGradError:
+                    continue
+            elif not ops.on_grad(tensor, hook):
                 continue  # no gradient will come (no_grad, or a constant output)
             self._last = (tensor, version, names)
 
@@ -218,6 +239,9 @@ class GradientMonitor(Recipe):
     def _merge_at_end(self, step: _Step, grad: Any) -> None:
         """`step` has a gradient in the running backward: in `history`, and (ranks) merged at
         the end of that backward."""
+        if step.leaves and not step.dropping:
+            step.dropping = True
+            ops.after_backward(grad, step.drop_leaves)
         if not step.logged:
             step.logged = True
             self.history.append(step.norms)
@@ -292,6 +316,7 @@ class GradientMonitor(Recipe):
 
     def remove(self) -> None:
         self._removed = True
+        self._step.drop_leaves()
         super().remove()
 
     def plot(self, path: str | None = None, *, all_ranks: bool = False) -> Any:
