@@ -1,0 +1,308 @@
+"""Per sample or shared: how a module output's numbers merge across data-parallel ranks.
+
+One process on the global batch sees each module output once. Under data parallelism each rank
+sees its own, and what the global batch's tensor is depends on the tensor:
+
+- per sample (SAMPLE): its rows belong to the rank's samples, so the global tensor is the
+  ranks' tensors side by side and its gradient the ranks' gradients side by side (squared
+  norms add up, Chan's merge counts each rank's values);
+- shared (SHARED): it does not depend on the data (a positional embedding ``[1, S, D]``
+  broadcast over the batch, a relative-position bias): every rank computes the same tensor,
+  which one process computes once, and its gradient on the global batch is the ranks'
+  gradients summed (the norm of the sum, the values counted once);
+- a per-sample copy (COPY: ``cls_token.expand(B, ...)``, equal on every rank but one row per
+  sample): per sample;
+- reduced (REDUCED): a scalar computed from the rank's whole batch (a loss the model
+  returns): for a loss summed (or averaged) over samples its gradient is the same on every
+  rank and on the global batch.
+
+Each output tensor of a watched module call is a slot, named by (module, its call number in the
+forward, the tensor's position in the output). The ranks decide a slot's kind together, from
+what each saw of it in the same forward (`Slots.decide`, the rule in README "Data parallel"):
+every rank computes the same decision from the same gathered numbers, so every rank takes the
+same path through the collectives. A slot found per sample (or reduced) stays so; a shared one
+is checked again with each forward's values and sent with its gradient (or statistics) in the
+recipe's one collective per step.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import deque
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from unihook import ops
+
+SAMPLE = 0
+COPY = 1
+SHARED = 2
+REDUCED = 3
+NEW = -1  # not decided yet
+
+KIND_NAMES = {SAMPLE: "sample", COPY: "copy", SHARED: "shared", REDUCED: "reduced", NEW: "new"}
+
+#: (module name, its call number in the forward, position of the tensor in its output)
+Key = tuple[str, int, int]
+#: a Key on the wire: the module's index in the recipe's agreed module list
+Wire = tuple[int, int, int]
+
+_WINDOW = 16  # merges over which the collective's section keeps its largest size (see exchange)
+
+
+def digest(array: Any) -> float:
+    """52 bits of the dtype, shape and bytes of a numpy `array` (exact in a float64): two
+    equal digests mean equal tensors but by a chance of 2**-52."""
+    a = np.ascontiguousarray(array)
+    head = f"{a.dtype.str}{a.shape}".encode()
+    data: Any = a.reshape(-1).view(np.uint8)  # (a buffer: no copy)
+    crc = zlib.crc32(data, zlib.crc32(head))
+    return float((crc << 20) | (zlib.adler32(data, zlib.adler32(head)) & 0xFFFFF))
+
+
+def digest_all(tensors: Sequence[Any]) -> float:
+    """One digest of several tensors (the model's inputs)."""
+    crc = 0
+    for tensor in tensors:
+        crc = zlib.crc32(np.float64(digest(ops.to_numpy(tensor))).tobytes(), crc)
+    return float(crc)
+
+
+def batch_of(tensors: Sequence[Any]) -> int:
+    """The batch the model got: the leading dimension of its first input tensor with one (the
+    rows the rank's sampler gave it), -1 for none."""
+    for tensor in tensors:
+        shape = tensor.shape
+        if len(shape):
+            return int(shape[0])
+    return -1
+
+
+def _rows_equal(a: Any) -> bool:
+    rows = np.ascontiguousarray(a).reshape(a.shape[0], -1).view(np.uint8)
+    return bool(np.array_equal(rows[1], rows[0]) and (rows[1:] == rows[0]).all())
+
+
+class Seen:
+    """What this rank saw of one output tensor: its digest, shape, whether it is one row
+    repeated once per sample of the batch; the tensor itself while its kind is undecided (the
+    ranks then compare their common part where their shapes differ)."""
+
+    __slots__ = ("digest", "shape", "rows_equal", "tensor", "names")
+
+    def __init__(self, tensor: Any, batch: int, keep: bool) -> None:
+        a = ops.to_numpy(tensor)
+        self.digest = digest(a)
+        self.shape: tuple[int, ...] = tuple(int(n) for n in a.shape)
+        self.rows_equal = bool(a.ndim and a.shape[0] == batch >= 2 and _rows_equal(a))
+        self.tensor = tensor if keep else None
+        self.names: list[str] = []  # (GradientMonitor) the modules whose output it is
+
+
+class Part:
+    """One rank's entry for a slot in the collective: `extra` is the recipe's (gradient,
+    statistics)."""
+
+    __slots__ = ("digest", "rows_equal", "shape", "extra")
+
+    def __init__(self, digest: float, rows_equal: bool, shape: tuple[int, ...], extra: Any):
+        self.digest = digest
+        self.rows_equal = rows_equal
+        self.shape = shape
+        self.extra = extra
+
+
+def encode(index: dict[str, int], key: Key, seen: Seen, extra: Sequence[Any]) -> Any:
+    """A slot's entry: [module, call, position, digest, rows equal, ndim, *shape, len(extra),
+    *extra], `extra` numbers and numpy arrays (flattened)."""
+    parts = [np.asarray(e, np.float64).reshape(-1) for e in extra]
+    size = sum(len(p) for p in parts)
+    head = [index[key[0]], key[1], key[2], seen.digest, float(seen.rows_equal)]
+    head += [len(seen.shape), *seen.shape, size]
+    return np.concatenate([np.asarray(head, np.float64), *parts])
+
+
+def parse(section: Any) -> dict[Wire, Part]:
+    found: dict[Wire, Part] = {}
+    at = 0
+    while at < len(section):
+        module, call, position, dig, rows, ndim = section[at : at + 6].tolist()
+        ndim = int(ndim)
+        shape = tuple(int(n) for n in section[at + 6 : at + 6 + ndim].tolist())
+        size = int(section[at + 6 + ndim])
+        start = at + 7 + ndim
+        wire = (int(module), int(call), int(position))
+        found[wire] = Part(dig, bool(rows), shape, section[start : start + size])
+        at = start + size
+    return found
+
+
+def _grow(size: int) -> int:
+    return size + size // 4 + 64
+
+
+class Slots:
+    """A recipe's decided slots and the size of its collective's section (both the same on
+    every rank: changed only from gathered numbers)."""
+
+    def __init__(self) -> None:
+        # SAMPLE and REDUCED are final; SHARED and COPY are decided again at every merge
+        self.kinds: dict[Key, int] = {}
+        # a decision saw the ranks' inputs differ (until then GradientMonitor decides at the end
+        # of each forward: the ranks cannot tell data from parameters)
+        self.settled = False
+        self.capacity = 0  # numbers of slot entries the collective carries per rank
+        self._needs: deque[int] = deque(maxlen=_WINDOW)
+
+    def kind(self, key: Key) -> int:
+        return self.kinds.get(key, NEW)
+
+    def exchange(
+        self,
+        recipe: Any,
+        model: Any,
+        names: list[str],
+        base: Any,
+        base_length: Callable[[int], int],
+        header: Sequence[float],
+        entries: Sequence[Any],
+    ) -> tuple[Any, Any, list[dict[Wire, Part]]]:
+        """One all_gather of [base, need, *header, slot entries up to `capacity`] (the recipe's
+        `_gather`: the ranks agree on the modules first): a second one, with a larger capacity,
+        when a rank's entries did not fit. Returns every rank's base, header and entries."""
+        section = np.concatenate(entries) if entries else np.zeros(0)
+        need = len(section)
+        head = [float(need), *header]
+        width = len(base)
+        while True:
+            capacity = self.capacity
+            tail = np.zeros(len(head) + capacity)
+            tail[: len(head)] = head
+            if need <= capacity:
+                tail[len(head) : len(head) + need] = section
+            size = len(tail)
+            rows = recipe._gather(
+                model,
+                np.concatenate((np.asarray(base, np.float64), tail)),
+                names,
+                lambda count, size=size: base_length(count) + size,
+            )
+            most = int(rows[:, width].max()) if len(rows) else 0
+            if most <= capacity:
+                break
+            self.capacity = _grow(most)  # every rank sees the same `most`
+        self._needs.append(most)
+        largest = max(self._needs)
+        if self.capacity > 2 * largest + 128:  # shrink once the large sections are past
+            self.capacity = _grow(largest)
+        start = width + len(head)
+        parts = [parse(row[start : start + int(row[width])]) for row in rows]
+        return rows[:, :width], rows[:, width + 1 : start], parts
+
+    def decide(
+        self,
+        model: Any,
+        names: list[str],
+        parts: list[dict[Wire, Part]],
+        headers: Any,
+        local: dict[Key, Seen],
+        fixed: dict[Key, int],
+    ) -> dict[Wire, int]:
+        """The kind of every slot a rank sent, the same on every rank (`fixed`: decided for
+        this forward already). One more all_gather where a new slot's shapes differ across
+        the ranks (per-rank padding): the digests of the ranks' common part."""
+        batches = [int(b) for b in headers[:, 0].tolist()]
+        same_inputs = len(set(headers[:, 1].tolist())) == 1
+        wires = sorted(set().union(*parts))
+        keys = {wire: (names[wire[0]], wire[1], wire[2]) for wire in wires}
+        common: dict[Wire, bool] = {}
+        compared = [
+            wire
+            for wire in wires
+            if keys[wire] not in fixed
+            and self.kind(keys[wire]) == NEW
+            and all(wire in p for p in parts)
+            and len({len(p[wire].shape) for p in parts}) == 1
+            and len({p[wire].shape for p in parts}) > 1
+        ]
+        if compared:  # every rank computes the same list: all or none gather
+            mine = []
+            for wire in compared:
+                box = tuple(slice(0, min(dims)) for dims in zip(*(p[wire].shape for p in parts)))
+                tensor = local[keys[wire]].tensor
+                mine.append(digest(ops.to_numpy(tensor)[box]) if tensor is not None else -1.0)
+            found = ops.all_gather(np.asarray(mine, np.float64), like=model)
+            for j, wire in enumerate(compared):
+                column = found[:, j]
+                common[wire] = bool(column[0] >= 0 and (column == column[0]).all())
+        kinds: dict[Wire, int] = {}
+        for wire in wires:
+            key = keys[wire]
+            if key in fixed:
+                kinds[wire] = fixed[key]
+                continue
+            present = [(p[wire], b) for p, b in zip(parts, batches) if wire in p]
+            kinds[wire] = self._kind(key, present, len(parts), same_inputs, common.get(wire))
+        if not same_inputs or not wires:
+            self.settled = True
+        return kinds
+
+    def _keep(self, key: Key, kind: int) -> int:
+        self.kinds[key] = kind
+        return kind
+
+    def _kind(
+        self,
+        key: Key,
+        present: list[tuple[Part, int]],
+        world: int,
+        same_inputs: bool,
+        common: bool | None,
+    ) -> int:
+        prior = self.kind(key)
+        if prior in (SAMPLE, REDUCED):
+            return prior
+        shapes = {p.shape for p, _ in present}
+        digests = {p.digest for p, _ in present}
+        scalar = shapes == {()}
+        # one row per sample of the rank's batch, all equal (`rows_equal` needs batch >= 2)
+        copy = all(p.rows_equal for p, _ in present)
+        if prior == NEW:
+            if len(present) < world:  # not computed on every rank: it comes from the data
+                return self._keep(key, SAMPLE)
+            same = len(digests) == 1 if len(shapes) == 1 else bool(common)
+            if not same:  # it depends on the data
+                return self._keep(key, REDUCED if scalar else SAMPLE)
+            if same_inputs:  # the same inputs everywhere: nothing tells data from parameters
+                batched = all(p.shape[:1] == (b,) for p, b in present)
+                return SAMPLE if batched else REDUCED if scalar else SHARED  # this forward's
+            return self._keep(key, COPY if copy else SHARED)
+        # SHARED or COPY, checked again with this forward's values
+        if copy:
+            return self._keep(key, COPY)
+        if len(present) > 1 and len({len(s) for s in shapes}) > 1:
+            return self._keep(key, SAMPLE)
+        if len(present) > 1 and len(shapes) == 1:
+            if len(digests) > 1:
+                return self._keep(key, REDUCED if scalar else SAMPLE)
+            return self._keep(key, SHARED)
+        return prior  # on one rank only, or their lengths differ (per-rank padding)
+
+
+def merged_squares(kind: int, grads: list[Any]) -> float:
+    """The squared norm of the global batch's gradient of a slot from the ranks' gradients
+    (float64, in rank order): the sum of theirs for a shared slot (each padded with zeros to
+    the largest shape: the ranks' lengths may differ), their mean for a reduced one, and for a
+    per-sample slot the sum of their squared norms."""
+    if kind == SHARED:
+        shape = tuple(max(dims) for dims in zip(*(g.shape for g in grads)))
+        total = np.zeros(shape)
+        for g in grads:
+            total[tuple(slice(0, n) for n in g.shape)] += g
+    elif kind == REDUCED and len({g.shape for g in grads}) == 1:
+        total = np.mean(np.stack(grads), axis=0)
+    else:
+        return float(sum(float(np.dot(g.reshape(-1), g.reshape(-1))) for g in grads))
+    flat = total.reshape(-1)
+    return float(np.dot(flat, flat))
