@@ -374,3 +374,68 @@ def test_what_hooks_see_of_fsdp_parameters(ranks: Any) -> None:
             "forward": ("DTensor", (4, 6), True),
             "backward": ("DTensor", (4, 6), True),
         }
+
+
+@pytest.mark.parametrize("config", list(child.SHARED_CONFIGS))
+def test_shared_outputs_merge_as_one_process(ranks: Any, config: str) -> None:
+    """A model with outputs shared by every sample (a positional table broadcast over the
+    batch, the same table through a module called twice and in a tuple), a per-sample copy of
+    a learned token, and per-sample outputs: both recipes report on every rank what one
+    process reports on the global batch, with one row per rank, uneven batches, a seq-first
+    layout with a GRU, per-rank padded lengths (GradientMonitor), the same rows on every rank,
+    the loss computed inside the model, an Inf in the shared table."""
+    framework, results = ranks
+    settings = child.shared_config(config)
+    want = child.shared_scenario(child.Framework(framework), config, None)
+    first, second = (result["shared"][config] for result in results)
+    assert first["stats"] == second["stats"] and first["monitor"] == second["monitor"]
+    for rank, result in enumerate(results):
+        got = result["shared"][config]
+        assert len(got["monitor"]) == len(got["stats"]) == settings["steps"]
+        for step in range(settings["steps"]):
+            what = f"{framework} {config}, rank {rank}, step {step}"
+            _same_norms(got["monitor"][step], want["monitor"][step], f"{what}, GradientMonitor")
+            if not settings["stats"]:
+                continue  # padded positions change the statistics of one process's batch
+            stats, expected = dict(got["stats"][step]), dict(want["stats"][step])
+            if settings["loss"]:  # README: a scalar reduced over the batch has no global value
+                del stats[""], expected[""]
+            _same_stats(stats, expected, f"{what}, ActivationStats")
+
+
+def test_what_the_ranks_decide_of_each_output(ranks: Any) -> None:
+    """The kind the ranks agree on for each output tensor (module, call, position)."""
+    from unihook.recipes import _shared as shared
+
+    _, results = ranks
+    sample, copy, common, reduced = shared.SAMPLE, shared.COPY, shared.SHARED, shared.REDUCED
+    base = {
+        ("", 0, 0): sample,
+        ("embed", 0, 0): sample,
+        ("pos", 0, 0): common,
+        ("pos", 1, 0): common,
+        ("cls", 0, 0): copy,
+        ("act", 0, 0): sample,
+        ("act", 1, 0): common,
+        ("pair", 0, 0): sample,
+        ("pair", 0, 1): common,
+        ("head", 0, 0): sample,
+    }
+    no_copy = {key: kind for key, kind in base.items() if key[0] != "cls"}
+    expected = {
+        "positional": base,
+        "uneven": base,
+        "lengths": base,
+        "batch1": no_copy,
+        "seq_first": {**no_copy, ("rnn", 0, 0): sample, ("rnn", 0, 1): sample},
+        "loss_inside": {**base, ("", 0, 0): reduced},
+        "same_inputs": {},  # decided anew at each forward: nothing tells data from parameters
+    }
+    for result in results:
+        for config, kinds in expected.items():
+            stats, monitor = result["shared"][config]["kinds"]
+            assert stats == kinds, config
+            # GradientMonitor hooks head's output once for the model returning it
+            if not child.shared_config(config)["loss"]:
+                kinds = {key: kind for key, kind in kinds.items() if key[0]}
+            assert monitor == kinds, config
