@@ -537,8 +537,9 @@ def shared_config(name: str) -> dict[str, Any]:
 
 def shared_model(fw: Framework, config: dict[str, Any]) -> Any:
     """embed (per sample), pos (a table slice shared by every sample), cls (a learned token
-    repeated per sample), act (called on per-sample rows, then on the shared table alone),
-    pair (a tuple: per sample, shared), seq-first a GRU, head; the loss inside with `loss`."""
+    repeated per sample), mix (a Linear on the table: shared, computed), act (called on
+    per-sample rows, then on mix's output), pair (a tuple: per sample, shared), seq-first a GRU,
+    head; the loss inside with `loss`."""
     seq, torch_ = config["seq"], fw.name == "torch"
     nn = fw.t.nn if torch_ else fw.p.nn
     base = nn.Module if torch_ else nn.Layer
@@ -578,6 +579,7 @@ def shared_model(fw: Framework, config: dict[str, Any]) -> Any:
             self.embed = nn.Linear(FEATURES, WIDTH)
             self.pos = Pos()
             self.cls = Cls() if config["copy"] else None
+            self.mix = nn.Linear(WIDTH, WIDTH)
             self.act = nn.Tanh()
             self.pair = Pair()
             if seq:
@@ -588,7 +590,7 @@ def shared_model(fw: Framework, config: dict[str, Any]) -> Any:
             h = self.embed(x) + self.pos(x)
             if self.cls is not None:
                 h = h + self.cls(x)
-            a, b = self.pair(self.act(h), self.act(self.pos(x)))
+            a, b = self.pair(self.act(h), self.act(self.mix(self.pos(x))))
             h = a + b
             if seq:
                 out, last = self.rnn(h)

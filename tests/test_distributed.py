@@ -379,11 +379,12 @@ def test_what_hooks_see_of_fsdp_parameters(ranks: Any) -> None:
 @pytest.mark.parametrize("config", list(child.SHARED_CONFIGS))
 def test_shared_outputs_merge_as_one_process(ranks: Any, config: str) -> None:
     """A model with outputs shared by every sample (a positional table broadcast over the
-    batch, the same table through a module called twice and in a tuple), a per-sample copy of
-    a learned token, and per-sample outputs: both recipes report on every rank what one
-    process reports on the global batch, with one row per rank, uneven batches, a seq-first
-    layout with a GRU, per-rank padded lengths (GradientMonitor), the same rows on every rank,
-    the loss computed inside the model, an Inf in the shared table."""
+    batch, the same table through a Linear, a module called twice and in a tuple), a
+    per-sample copy of a learned token, and per-sample outputs: both recipes report on every
+    rank what one process reports on the global batch, with one row per rank, uneven batches,
+    a seq-first layout with a GRU, per-rank padded lengths (GradientMonitor; the Linear's rows
+    then round otherwise than one process's), the same rows on every rank, the loss computed
+    inside the model, an Inf in the shared table."""
     framework, results = ranks
     settings = child.shared_config(config)
     want = child.shared_scenario(child.Framework(framework), config, None)
@@ -415,6 +416,7 @@ def test_what_the_ranks_decide_of_each_output(ranks: Any) -> None:
         ("pos", 0, 0): common,
         ("pos", 1, 0): common,
         ("cls", 0, 0): copy,
+        ("mix", 0, 0): common,
         ("act", 0, 0): sample,
         ("act", 1, 0): common,
         ("pair", 0, 0): sample,
