@@ -48,7 +48,7 @@ Key = tuple[str, int, int]
 #: a Key on the wire: the module's index in the recipe's agreed module list
 Wire = tuple[int, int, int]
 
-_WINDOW = 16  # merges over which the collective's section keeps its largest size (see exchange)
+_WINDOW = 16  # merges over which the collective's section keeps room for its largest entries
 
 
 def digest(array: Any) -> float:
@@ -171,8 +171,10 @@ def parse(section: Any) -> dict[Wire, Part]:
     return found
 
 
-def _grow(size: int) -> int:
-    return size + size // 4 + 64
+def _room(size: int) -> int:
+    """The section's capacity for entries of up to `size` numbers: 10% more, so that lengths
+    varying from step to step (per-step padding) seldom need a second all_gather."""
+    return size + size // 10 + 16
 
 
 class Slots:
@@ -224,11 +226,9 @@ class Slots:
             most = int(rows[:, width].max()) if len(rows) else 0
             if most <= capacity:
                 break
-            self.capacity = _grow(most)  # every rank sees the same `most`
+            self.capacity = _room(most)  # every rank sees the same `most`
         self._needs.append(most)
-        largest = max(self._needs)
-        if self.capacity > 2 * largest + 128:  # shrink once the large sections are past
-            self.capacity = _grow(largest)
+        self.capacity = _room(max(self._needs))  # (the first forward's table: _WINDOW merges)
         start = width + len(head)
         parts = [parse(row[start : start + int(row[width])]) for row in rows]
         return rows[:, :width], rows[:, width + 1 : start], parts
