@@ -189,6 +189,7 @@ class Slots:
         self.settled = False
         self.capacity = 0  # numbers of slot entries the collective carries per rank
         self._needs: deque[int] = deque(maxlen=_WINDOW)
+        self._tables = 0  # the same for GradientMonitor's decisions at the end of a forward
 
     def kind(self, key: Key) -> int:
         return self.kinds.get(key, NEW)
@@ -202,16 +203,19 @@ class Slots:
         base_length: Callable[[int], int],
         header: Sequence[float],
         entries: Sequence[Any],
+        table: bool = False,
     ) -> tuple[Any, Any, list[dict[Wire, Part]]]:
         """One all_gather of [base, need, *header, slot entries up to `capacity`] (the recipe's
         `_gather`: the ranks agree on the modules first): a second one, with a larger capacity,
-        when a rank's entries did not fit. Returns every rank's base, header and entries."""
+        when a rank's entries did not fit. Returns every rank's base, header and entries.
+        `table`: a decision's table, whose size (every output of a forward) leaves the merges'
+        capacity alone."""
         section = np.concatenate(entries) if entries else np.zeros(0)
         need = len(section)
         head = [float(need), *header]
         width = len(base)
         while True:
-            capacity = self.capacity
+            capacity = self._tables if table else self.capacity
             tail = np.zeros(len(head) + capacity)
             tail[: len(head)] = head
             if need <= capacity:
@@ -226,9 +230,13 @@ class Slots:
             most = int(rows[:, width].max()) if len(rows) else 0
             if most <= capacity:
                 break
-            self.capacity = _room(most)  # every rank sees the same `most`
-        self._needs.append(most)
-        self.capacity = _room(max(self._needs))  # (the first forward's table: _WINDOW merges)
+            if table:
+                self._tables = _room(most)  # every rank sees the same `most`
+            else:
+                self.capacity = _room(most)
+        if not table:
+            self._needs.append(most)
+            self.capacity = _room(max(self._needs))  # (room for _WINDOW merges)
         start = width + len(head)
         parts = [parse(row[start : start + int(row[width])]) for row in rows]
         return rows[:, :width], rows[:, width + 1 : start], parts

@@ -257,7 +257,7 @@ class GradientMonitor(Recipe):
         entries = [encode(index, key, seen, ()) for key, seen in step.seen.items()]
         header = (step.batch, step.inputs_digest)
         _, headers, parts = self._slots.exchange(
-            self, self._model, names, (), lambda count: 0, header, entries
+            self, self._model, names, (), lambda count: 0, header, entries, table=True
         )
         kinds = self._slots.decide(self._model, names, parts, headers, step.seen, {})
         for key, seen in list(step.seen.items()):
