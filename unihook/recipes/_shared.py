@@ -203,16 +203,18 @@ class Slots:
         base_length: Callable[[int], int],
         header: Sequence[float],
         entries: Sequence[Any],
+        fresh: int = 0,
         table: bool = False,
     ) -> tuple[Any, Any, list[dict[Wire, Part]]]:
-        """One all_gather of [base, need, *header, slot entries up to `capacity`] (the recipe's
-        `_gather`: the ranks agree on the modules first): a second one, with a larger capacity,
-        when a rank's entries did not fit. Returns every rank's base, header and entries.
-        `table`: a decision's table, whose size (every output of a forward) leaves the merges'
-        capacity alone."""
+        """One all_gather of [base, need, fresh, *header, slot entries up to `capacity`] (the
+        recipe's `_gather`: the ranks agree on the modules first): a second one, with a larger
+        capacity, when a rank's entries did not fit. Returns every rank's base, header and
+        entries. The capacity then kept is room for the largest entries of the last merges
+        but those of new slots (`fresh` numbers of them: a forward's first outputs come once);
+        `table`: a decision's table (every output of a forward), which leaves it alone."""
         section = np.concatenate(entries) if entries else np.zeros(0)
         need = len(section)
-        head = [float(need), *header]
+        head = [float(need), float(fresh), *header]
         width = len(base)
         while True:
             capacity = self._tables if table else self.capacity
@@ -235,11 +237,11 @@ class Slots:
             else:
                 self.capacity = _room(most)
         if not table:
-            self._needs.append(most)
+            self._needs.append(int((rows[:, width] - rows[:, width + 1]).max()))
             self.capacity = _room(max(self._needs))  # (room for _WINDOW merges)
         start = width + len(head)
         parts = [parse(row[start : start + int(row[width])]) for row in rows]
-        return rows[:, :width], rows[:, width + 1 : start], parts
+        return rows[:, :width], rows[:, width + 2 : start], parts
 
     def decide(
         self,

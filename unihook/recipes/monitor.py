@@ -375,16 +375,18 @@ class GradientMonitor(Recipe):
             local[count + index[name]] = squares
         local[-2] = step.rank
         local[-1] = -1.0 if step.first_bad is None else index[step.first_bad]
-        entries = []
+        entries, fresh = [], 0
         for key, seen in step.seen.items():
             grad = step.grads.get(key)
             sent = [] if grad is None else [grad]
             ids = [index[name] for name in seen.names]
             entries.append(encode(index, key, seen, [len(sent), len(ids), ids, *sent]))
+            if key not in step.kinds and self._slots.kind(key) == NEW:
+                fresh += len(entries[-1])
         step.grads = {}
         header = (step.batch, step.inputs_digest)
         ranks, headers, parts = self._slots.exchange(
-            self, self._model, names, local, lambda count: 2 * count + 2, header, entries
+            self, self._model, names, local, lambda count: 2 * count + 2, header, entries, fresh
         )
         kinds = self._slots.decide(self._model, names, parts, headers, step.seen, step.kinds)
         for key, seen in list(step.seen.items()):
