@@ -203,18 +203,15 @@ class Slots:
         base_length: Callable[[int], int],
         header: Sequence[float],
         entries: Sequence[Any],
-        fresh: int = 0,
         table: bool = False,
     ) -> tuple[Any, Any, list[dict[Wire, Part]]]:
-        """One all_gather of [base, need, fresh, *header, slot entries up to `capacity`] (the
-        recipe's `_gather`: the ranks agree on the modules first): a second one, with a larger
-        capacity, when a rank's entries did not fit. Returns every rank's base, header and
-        entries. The capacity then kept is room for the largest entries of the last merges
-        but those of new slots (`fresh` numbers of them: a forward's first outputs come once);
-        `table`: a decision's table (every output of a forward), which leaves it alone."""
+        """One all_gather of [base, need, *header, slot entries up to `capacity`] (the recipe's
+        `_gather`: the ranks agree on the modules first): a second one, with a larger capacity,
+        when a rank's entries did not fit. Returns every rank's base, header and entries.
+        `table`: a decision's table (every output of a forward), whose capacity is its own."""
         section = np.concatenate(entries) if entries else np.zeros(0)
         need = len(section)
-        head = [float(need), float(fresh), *header]
+        head = [float(need), *header]
         width = len(base)
         while True:
             capacity = self._tables if table else self.capacity
@@ -236,12 +233,20 @@ class Slots:
                 self._tables = _room(most)  # every rank sees the same `most`
             else:
                 self.capacity = _room(most)
-        if not table:
-            self._needs.append(int((rows[:, width] - rows[:, width + 1]).max()))
-            self.capacity = _room(max(self._needs))  # (room for _WINDOW merges)
         start = width + len(head)
         parts = [parse(row[start : start + int(row[width])]) for row in rows]
-        return rows[:, :width], rows[:, width + 2 : start], parts
+        return rows[:, :width], rows[:, width + 1 : start], parts
+
+    def keep_room(self, parts: list[dict[Wire, Part]], kinds: dict[Wire, int]) -> None:
+        """After a merge: room for what the next ones send, the largest entries of the slots
+        not found per sample over the last merges (a first forward's entries, every output
+        of it, come once), the same on every rank (from the gathered entries)."""
+        sizes = [
+            sum(7 + len(p.shape) + len(p.extra) for w, p in part.items() if kinds[w] != SAMPLE)
+            for part in parts
+        ]
+        self._needs.append(max(sizes, default=0))
+        self.capacity = _room(max(self._needs))
 
     def decide(
         self,

@@ -375,20 +375,19 @@ class GradientMonitor(Recipe):
             local[count + index[name]] = squares
         local[-2] = step.rank
         local[-1] = -1.0 if step.first_bad is None else index[step.first_bad]
-        entries, fresh = [], 0
+        entries = []
         for key, seen in step.seen.items():
             grad = step.grads.get(key)
             sent = [] if grad is None else [grad]
             ids = [index[name] for name in seen.names]
             entries.append(encode(index, key, seen, [len(sent), len(ids), ids, *sent]))
-            if key not in step.kinds and self._slots.kind(key) == NEW:
-                fresh += len(entries[-1])
         step.grads = {}
         header = (step.batch, step.inputs_digest)
         ranks, headers, parts = self._slots.exchange(
-            self, self._model, names, local, lambda count: 2 * count + 2, header, entries, fresh
+            self, self._model, names, local, lambda count: 2 * count + 2, header, entries
         )
         kinds = self._slots.decide(self._model, names, parts, headers, step.seen, step.kinds)
+        self._slots.keep_room(parts, kinds)
         for key, seen in list(step.seen.items()):
             seen.tensor = None  # (kept for the decision)
             if self._slots.kind(key) == SAMPLE:  # its next backward's gradients: squares

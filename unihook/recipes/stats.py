@@ -235,20 +235,14 @@ class ActivationStats(Recipe):
                 local[i] = (part.calls, *part.moments())
         seen = self._seen
         entries = [encode(index, key, s, moments) for key, (s, moments) in seen.items()]
-        fresh = [len(e) for e, key in zip(entries, seen) if self._slots.kind(key) == NEW]
-        header = (self._batch, digest_all(self._inputs) if fresh else 0.0)
+        new = any(self._slots.kind(key) == NEW for key in seen)
+        header = (self._batch, digest_all(self._inputs) if new else 0.0)
         ranks, headers, parts = self._slots.exchange(
-            self,
-            self._model,
-            names,
-            local.reshape(-1),
-            lambda n: n * _FIELDS,
-            header,
-            entries,
-            sum(fresh),
+            self, self._model, names, local.reshape(-1), lambda n: n * _FIELDS, header, entries
         )
         found = {key: s for key, (s, _) in seen.items()}
         kinds = self._slots.decide(self._model, names, parts, headers, found, {})
+        self._slots.keep_room(parts, kinds)
         for s, _ in seen.values():
             s.tensor = None
         if not names:  # (every rank watches none: the check above said so)
