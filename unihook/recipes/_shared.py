@@ -113,8 +113,15 @@ def batch_of(tensors: Sequence[Any]) -> int:
 
 
 def _rows_equal(a: Any) -> bool:
-    rows = np.ascontiguousarray(a).reshape(a.shape[0], -1).view(np.uint8)
-    return bool(np.array_equal(rows[1], rows[0]) and (rows[1:] == rows[0]).all())
+    """Whether the rows of `a` along its leading dimension hold equal values (0.0 and -0.0
+    alike: a dead ReLU layer's zeros carry either sign; NaN where NaN)."""
+    rows = a.reshape(a.shape[0], -1)
+    if not np.array_equal(rows[1], rows[0], equal_nan=rows.dtype.kind in "fc"):
+        return False
+    same = rows[1:] == rows[0]
+    if rows.dtype.kind in "fc":
+        same |= np.isnan(rows[1:]) & np.isnan(rows[0])
+    return bool(same.all())
 
 
 class Seen:
