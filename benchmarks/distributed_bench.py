@@ -1,9 +1,11 @@
 """What merging the recipes' numbers across ranks costs per training step: ActivationStats and
-GradientMonitor on every module of the CNN under torch's DistributedDataParallel / paddle's
-DataParallel, 2 CPU ranks (gloo), with ``sync=True`` (one all_gather at the end of each forward
-and one at the end of each backward) against ``sync=False`` (each rank's own numbers, no
-collective) and against the bare step. Both ranks run the same variants in the same order (the
-harness's shuffle is seeded), so their collectives pair up; rank 0's times are reported.
+GradientMonitor on every module of the CNN, and of a transformer whose learned positional
+table [1, seq, d_model] is shared by every sample (its gradient sent whole), under torch's
+DistributedDataParallel / paddle's DataParallel, 2 CPU ranks (gloo), with ``sync=True`` (one
+all_gather at the end of each forward and one at the end of each backward) against
+``sync=False`` (each rank's own numbers, no collective) and against the bare step. Both ranks
+run the same variants in the same order (the harness's shuffle is seeded), so their
+collectives pair up; rank 0's times are reported.
 
     python benchmarks/distributed_bench.py [--quick | --smoke] [--framework torch|paddle]
 """
@@ -21,7 +23,38 @@ WORLD = 2
 ROUNDS = {"full": (20, 2, 3), "quick": (6, 1, 2), "smoke": (1, 1, 1)}  # rounds, warmup, repeats
 
 
-def case(fw: Any, model: Any, x: Any, sizes: Any) -> Any:
+def positional(fw: Any, sizes: Any) -> Any:
+    """A learned positional table (a module returning its slice [1, seq, d_model], shared by
+    every sample) added to the input of the benchmarks' transformer."""
+    import models
+
+    blocks = models.transformer(fw, sizes)
+    shape = [1, sizes.seq, sizes.d_model]
+
+    class Table(fw.Module):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            if fw.name == "torch":
+                self.table = fw.t.nn.Parameter(fw.t.randn(*shape) * 0.02)
+            else:
+                self.table = self.create_parameter(shape)
+
+        def forward(self, x: Any) -> Any:
+            return self.table[:, : x.shape[1]]
+
+    class Model(fw.Module):  # type: ignore[misc,name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.pos = Table()
+            self.blocks = blocks
+
+        def forward(self, x: Any) -> Any:
+            return self.blocks(x + self.pos(x))
+
+    return Model()
+
+
+def case(fw: Any, model: Any, x: Any, sizes: Any, name: str = "cnn") -> Any:
     import numpy as np
     from harness import Body, Case, Cleanup, Metric, Setup, Variant, ratio
 
@@ -53,37 +86,54 @@ def case(fw: Any, model: Any, x: Any, sizes: Any) -> Any:
 
         return setup
 
-    # what the two merges send: 8 numbers per module after the forward, 2 per module and one
-    # after the backward
+    # what the merges of a step send, as the recipes send them: the vectors of the last of two
+    # untimed synced steps (the first decides what is shared)
     modules = len(ops.named_modules(ops.unwrap(model)))
-    vectors = [np.zeros(8 * modules), np.zeros(2 * modules + 1)]
+    sent: list[int] = []
+    gather = ops.all_gather
+
+    def record(vector: Any, like: Any) -> Any:
+        sent.append(len(vector))
+        return gather(vector, like)
+
+    ops.all_gather = record  # type: ignore[assignment]
+    try:
+        with ActivationStats(model), GradientMonitor(model):
+            step()
+            sent.clear()
+            step()
+    finally:
+        ops.all_gather = gather  # type: ignore[assignment]
+    clear()
+    vectors = [np.zeros(size) for size in sent]
 
     def gathers() -> tuple[Body, Cleanup]:
         return lambda: [ops.all_gather(v, like=model) for v in vectors], lambda: None
 
-    p = fw.name
+    p = f"{fw.name} {name}"
     synced, local = f"{p} recipes sync=True", f"{p} recipes sync=False"
     variants = [
         Variant(f"{p} plain", with_recipes(None)),
         Variant(f"{p} recipes sync=False", with_recipes(False)),
         Variant(f"{p} recipes sync=True", with_recipes(True)),
-        Variant(f"{p} the two all_gathers alone", gathers),
+        Variant(f"{p} the all_gathers alone ({' + '.join(map(str, sent))} float64)", gathers),
     ]
     metrics = [
         Metric(f"{synced} - {local}", lambda t: t[synced] - t[local], "ms", None, {synced, local}),
         ratio(synced, local),
         ratio(synced, f"{p} plain"),
     ]
+    shape = "x".join(str(n) for n in x.shape)
     return Case(
-        f"distributed/{p}",
-        f"{p}, 2 CPU ranks (gloo, data parallel): cnn training step, ActivationStats and "
-        f"GradientMonitor on every module, merged across ranks or not",
+        f"distributed/{fw.name}/{name}",
+        f"{fw.name}, 2 CPU ranks (gloo, data parallel): {name} training step, ActivationStats "
+        f"and GradientMonitor on every module, merged across ranks or not",
         "ms",
         1e3,
         variants,
         metrics,
-        f"per rank: batch {sizes.batch} x 3 x {sizes.image} x {sizes.image}, {modules} modules, "
-        f"loss = output.sum(), SGD lr 1e-4; rank 0's times",
+        f"per rank: input {shape}, {modules} modules, loss = output.sum(), SGD lr 1e-4; "
+        f"rank 0's times",
     )
 
 
@@ -112,15 +162,18 @@ def rank_main(rank: int, framework: str, port: int, mode: str) -> None:
         [fw] = frameworks.load(["paddle"])
         wrap = fw.p.DataParallel
     sizes = models.Sizes.smoke() if mode == "smoke" else models.Sizes()
-    fw.seed(rank)  # the ranks' own batches; DDP broadcasts rank 0's weights
-    model = wrap(models.cnn(fw, sizes))
-    fw.set_training(model, True)
     rounds, warmup, repeats = ROUNDS[mode]
-    result = run_case(
-        case(fw, model, models.cnn_input(fw, sizes), sizes), Rounds(rounds, warmup, repeats)
-    )
-    if rank == 0:
-        report.print_case(result)
+    for name, build, make_input in (
+        ("cnn", models.cnn, models.cnn_input),
+        ("positional transformer", positional, models.transformer_input),
+    ):
+        fw.seed(rank)  # the ranks' own batches; DDP broadcasts rank 0's weights
+        model = wrap(build(fw, sizes))
+        fw.set_training(model, True)
+        built = case(fw, model, make_input(fw, sizes), sizes, name)
+        result = run_case(built, Rounds(rounds, warmup, repeats))
+        if rank == 0:
+            report.print_case(result)
     if framework == "torch":
         dist.barrier()
         dist.destroy_process_group()

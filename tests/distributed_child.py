@@ -513,6 +513,158 @@ def sharded_views(fw: Framework, model: Any) -> dict[str, Any]:
     return seen
 
 
+# Models whose outputs are not all per sample (README "Data parallel", unihook/recipes/_shared.py):
+# per configuration, the rows each rank gets, each rank's sequence length, and what the model has.
+SHARED_CONFIGS: dict[str, dict[str, Any]] = {
+    "positional": {},  # a positional table [1, S, D], a per-sample copy, a tuple, calls twice
+    "batch1": {"batches": (1, 1), "copy": False},  # one row per rank
+    "uneven": {"batches": (3, 5)},
+    "seq_first": {"seq": True, "copy": False},  # [S, B, D], a GRU (output, h_n [1, B, H])
+    "lengths": {"lengths": (5, 7), "stats": False},  # each rank its own padded length
+    "same_inputs": {"same": True},  # every rank gets the same rows
+    "loss_inside": {"loss": True},  # the model returns its loss (a scalar)
+    "infinite_table": {"infinite": True, "steps": 1},  # an Inf in the shared table
+}
+FEATURES, WIDTH = 4, 6
+
+
+def shared_config(name: str) -> dict[str, Any]:
+    found = {"batches": (4, 4), "lengths": (5, 5), "seq": False, "copy": True, "same": False}
+    found.update(loss=False, stats=True, infinite=False, steps=STEPS)
+    found.update(SHARED_CONFIGS[name])
+    return found
+
+
+def shared_model(fw: Framework, config: dict[str, Any]) -> Any:
+    """embed (per sample), pos (a table slice shared by every sample), cls (a learned token
+    repeated per sample), mix (a Linear on the table: shared, computed), act (called on
+    per-sample rows, then on mix's output), pair (a tuple: per sample, shared), seq-first a GRU,
+    head; the loss inside with `loss`."""
+    seq, torch_ = config["seq"], fw.name == "torch"
+    nn = fw.t.nn if torch_ else fw.p.nn
+    base = nn.Module if torch_ else nn.Layer
+    # one position more than the longest: paddle's slice of a parameter over its whole range is
+    # the parameter itself, whose gradient sums the module's two calls
+    longest = max(config["lengths"]) + 1
+
+    def parameter(owner: Any, shape: tuple[int, ...]) -> Any:
+        if torch_:
+            return fw.t.nn.Parameter(fw.t.zeros(shape))
+        return owner.create_parameter(list(shape))
+
+    class Pos(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = parameter(self, (longest, 1, WIDTH) if seq else (1, longest, WIDTH))
+
+        def forward(self, x: Any) -> Any:
+            return self.table[: x.shape[0]] if seq else self.table[:, : x.shape[1]]
+
+    class Cls(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.token = parameter(self, (1, 1, WIDTH))
+
+        def forward(self, x: Any) -> Any:
+            shape = (x.shape[0], 1, WIDTH)
+            return self.token.expand(*shape) if torch_ else self.token.expand(list(shape))
+
+    class Pair(base):  # type: ignore[misc, valid-type]
+        def forward(self, a: Any, b: Any) -> Any:
+            return a * 1.5, b * 0.5
+
+    class Net(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Linear(FEATURES, WIDTH)
+            self.pos = Pos()
+            self.cls = Cls() if config["copy"] else None
+            self.mix = nn.Linear(WIDTH, WIDTH)
+            self.act = nn.Tanh()
+            self.pair = Pair()
+            if seq:
+                self.rnn = nn.GRU(WIDTH, WIDTH) if torch_ else nn.GRU(WIDTH, WIDTH, time_major=True)
+            self.head = nn.Linear(WIDTH, 3)
+
+        def forward(self, x: Any, coefficients: Any = None) -> Any:
+            h = self.embed(x) + self.pos(x)
+            if self.cls is not None:
+                h = h + self.cls(x)
+            a, b = self.pair(self.act(h), self.act(self.mix(self.pos(x))))
+            h = a + b
+            if seq:
+                out, last = self.rnn(h)
+                h = out + last
+            out = self.head(h)
+            return out if coefficients is None else (out * coefficients).sum()
+
+    model = Net()
+    rng = np.random.default_rng(29)
+    for param in model.parameters():
+        value = rng.normal(0, 0.5, tuple(param.shape)).astype(np.float32)
+        if config["infinite"] and tuple(param.shape) == tuple(model.pos.table.shape):
+            value.reshape(-1)[3] = np.inf
+        if torch_:
+            with fw.t.no_grad():
+                param.copy_(fw.t.from_numpy(value))
+        else:
+            param.set_value(value)
+    return model
+
+
+def shared_batch(config: dict[str, Any], rank: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, loss coefficients) of `rank`, or the global batch (None): the ranks' rows side
+    by side, padded to the longest length with coefficients 0 (a padded position adds
+    nothing to the loss). Seq-first: [S, B, ...]."""
+    batches, lengths = config["batches"], config["lengths"]
+    rng = np.random.default_rng(5)
+    total, longest = sum(batches), max(lengths)
+    x = rng.normal(0, 1, (total, longest, FEATURES)).astype(np.float32)
+    c = rng.normal(0, 1, (total, longest, 3)).astype(np.float32)
+    if config["same"]:
+        x[batches[0] :], c[batches[0] :] = x[: batches[0]], c[: batches[0]]
+    starts = np.cumsum([0, *batches])
+    for r, length in enumerate(lengths):
+        x[starts[r] : starts[r + 1], length:] = 0
+        c[starts[r] : starts[r + 1], length:] = 0
+    if rank is not None:
+        part = slice(starts[rank], starts[rank + 1])
+        x, c = x[part, : lengths[rank]], c[part, : lengths[rank]]
+    if config["seq"]:
+        x, c = x.transpose(1, 0, 2).copy(), c.transpose(1, 0, 2).copy()
+    return x, c
+
+
+def _kinds(recipe: Any) -> dict[Any, int]:
+    """What the ranks decided of each output (unihook/recipes/_shared.py)."""
+    slots = getattr(recipe, "_slots", None)
+    return {} if slots is None else dict(slots.kinds)
+
+
+def shared_scenario(fw: Framework, name: str, rank: int | None) -> dict[str, Any]:
+    """`SHARED_CONFIGS[name]`'s model trained with both recipes on the rank's rows (wrapped),
+    or on the global batch (`rank` None: one process, the learning rate over the ranks)."""
+    config = shared_config(name)
+    model = shared_model(fw, config)
+    wrapped = model if rank is None else fw.wrap(model)
+    optimizer = fw.optimizer(wrapped, LR if rank is not None else LR / WORLD)
+    x, c = shared_batch(config, rank)
+    with ActivationStats(wrapped) as stats, GradientMonitor(wrapped) as monitor:
+        for _ in range(config["steps"]):
+            if config["loss"]:
+                loss = wrapped(fw.tensor(x), fw.tensor(c))
+            else:
+                loss = (wrapped(fw.tensor(x)) * fw.tensor(c)).sum()
+            loss.backward()
+            optimizer.step()
+            fw.zero_grad(optimizer)
+        return {
+            "stats": stats.history,
+            "monitor": list(monitor.history),
+            "kinds": (_kinds(stats), _kinds(monitor)),
+        }
+
+
 def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> None:
     os.environ.setdefault("GLOG_minloglevel", "2")
     warnings.filterwarnings("ignore")
@@ -559,6 +711,7 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     )
     result["removed_between"] = removed_between_scenario(fw, fw.wrap(fw.model(weights())), rank)
     result["own_group"] = own_group_scenario(fw, rank)
+    result["shared"] = {name: shared_scenario(fw, name, rank) for name in SHARED_CONFIGS}
     for how in ("fsdp1", "hsdp1", "fsdp2") if framework == "torch" else ("sharding",):
         result[f"{how}_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights()), how), rank, LR)
         if how in ("fsdp1", "fsdp2"):

@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 
 CHILD = Path(__file__).with_name("distributed_child.py")
+FUZZ = Path(__file__).with_name("distributed_fuzz.py")  # generated models (README: per sample)
+FUZZ_CASES, FUZZ_SEED = "30", "17"
 TIMEOUT = 150  # seconds for one 2-rank run (15 to 25 s here, the four runs side by side)
 FRAMEWORKS = ["torch", "paddle"]
 
@@ -27,7 +29,7 @@ class Run:
     """The child with its 2 ranks, started in a session of its own, output to a file (a pipe
     nobody reads until the end could fill and block it)."""
 
-    def __init__(self, framework: str, out: Path, *extra: str) -> None:
+    def __init__(self, framework: str, out: Path, *extra: str, script: Path = CHILD) -> None:
         self.framework = framework
         self.out = out
         self.log = out / "output.txt"
@@ -37,7 +39,7 @@ class Run:
         self.start = time.monotonic()
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
-                [sys.executable, str(CHILD), framework, str(out), *extra],
+                [sys.executable, str(script), framework, str(out), *extra],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -56,15 +58,17 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], Run]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, Any], Run]:
     """Every run of this file, started at once: the ranks mostly import their framework, and
-    side by side the four runs take about as long as two in a row."""
-    started = {}
+    side by side the runs take about as long as two in a row."""
+    started: dict[tuple[str, Any], Run] = {}
     for framework in FRAMEWORKS:
         pytest.importorskip(framework)
         for fail in (False, True):
             out = tmp_path_factory.mktemp(f"dist-{framework}-{'fail' if fail else 'ok'}")
             started[framework, fail] = Run(framework, out, *(["fail"] if fail else []))
+        out = tmp_path_factory.mktemp(f"dist-{framework}-fuzz")
+        started[framework, "fuzz"] = Run(framework, out, FUZZ_CASES, FUZZ_SEED, script=FUZZ)
     return started
 
 
@@ -90,7 +94,7 @@ def _session_members(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module", params=FRAMEWORKS)
-def ranks(request: pytest.FixtureRequest, runs: dict[tuple[str, bool], Run]) -> Any:
+def ranks(request: pytest.FixtureRequest, runs: dict[tuple[str, Any], Run]) -> Any:
     framework = request.param
     run = runs[framework, False]
     code, output, _ = run.wait()
@@ -339,7 +343,7 @@ def test_recipes_watching_no_module_record_nothing(ranks: Any) -> None:
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_a_failing_rank_ends_the_run(framework: str, runs: dict[tuple[str, bool], Run]) -> None:
+def test_a_failing_rank_ends_the_run(framework: str, runs: dict[tuple[str, Any], Run]) -> None:
     """Rank 1 raises while rank 0 waits in the recipes' collective (gloo would let it wait 300
     s): the launcher ends both ranks promptly, with the error, and leaves no process behind."""
     run = runs[framework, True]
@@ -374,3 +378,84 @@ def test_what_hooks_see_of_fsdp_parameters(ranks: Any) -> None:
             "forward": ("DTensor", (4, 6), True),
             "backward": ("DTensor", (4, 6), True),
         }
+
+
+@pytest.mark.parametrize("config", list(child.SHARED_CONFIGS))
+def test_shared_outputs_merge_as_one_process(ranks: Any, config: str) -> None:
+    """A model with outputs shared by every sample (a positional table broadcast over the
+    batch, the same table through a Linear, a module called twice and in a tuple), a
+    per-sample copy of a learned token, and per-sample outputs: both recipes report on every
+    rank what one process reports on the global batch, with one row per rank, uneven batches,
+    a seq-first layout with a GRU, per-rank padded lengths (GradientMonitor; the Linear's rows
+    then round otherwise than one process's), the same rows on every rank, the loss computed
+    inside the model, an Inf in the shared table."""
+    framework, results = ranks
+    settings = child.shared_config(config)
+    want = child.shared_scenario(child.Framework(framework), config, None)
+    first, second = (result["shared"][config] for result in results)
+    assert first["stats"] == second["stats"] and first["monitor"] == second["monitor"]
+    for rank, result in enumerate(results):
+        got = result["shared"][config]
+        assert len(got["monitor"]) == len(got["stats"]) == settings["steps"]
+        for step in range(settings["steps"]):
+            what = f"{framework} {config}, rank {rank}, step {step}"
+            _same_norms(got["monitor"][step], want["monitor"][step], f"{what}, GradientMonitor")
+            if not settings["stats"]:
+                continue  # padded positions change the statistics of one process's batch
+            stats, expected = dict(got["stats"][step]), dict(want["stats"][step])
+            if settings["loss"]:  # README: a scalar reduced over the batch has no global value
+                del stats[""], expected[""]
+            _same_stats(stats, expected, f"{what}, ActivationStats")
+
+
+def test_what_the_ranks_decide_of_each_output(ranks: Any) -> None:
+    """The kind the ranks agree on for each output tensor (module, call, position)."""
+    from unihook.recipes import _shared as shared
+
+    _, results = ranks
+    sample, copy, common, reduced = shared.SAMPLE, shared.COPY, shared.SHARED, shared.REDUCED
+    base = {
+        ("", 0, 0): sample,
+        ("embed", 0, 0): sample,
+        ("pos", 0, 0): common,
+        ("pos", 1, 0): common,
+        ("cls", 0, 0): copy,
+        ("mix", 0, 0): common,
+        ("act", 0, 0): sample,
+        ("act", 1, 0): common,
+        ("pair", 0, 0): sample,
+        ("pair", 0, 1): common,
+        ("head", 0, 0): sample,
+    }
+    no_copy = {key: kind for key, kind in base.items() if key[0] != "cls"}
+    expected = {
+        "positional": base,
+        "uneven": base,
+        "lengths": base,
+        "batch1": no_copy,
+        "seq_first": {**no_copy, ("rnn", 0, 0): sample, ("rnn", 0, 1): sample},
+        "loss_inside": {**base, ("", 0, 0): reduced},
+        "same_inputs": {},  # decided anew at each forward: nothing tells data from parameters
+    }
+    for result in results:
+        for config, kinds in expected.items():
+            stats, monitor = result["shared"][config]["kinds"]
+            assert stats == kinds, config
+            # GradientMonitor hooks head's output once for the model returning it
+            if not child.shared_config(config)["loss"]:
+                kinds = {key: kind for key, kind in kinds.items() if key[0]}
+            assert monitor == kinds, config
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_generated_models_merge_as_one_process(
+    framework: str, runs: dict[tuple[str, Any], Run]
+) -> None:
+    """tests/distributed_fuzz.py: random models mixing per-sample and shared outputs (tables
+    sliced or computed, a 0-d scale, per-sample copies, tuples, a dead layer, a module called
+    on both), batch-first or seq-first, random splits and lengths per rank and per step (one
+    row per rank, uneven, a rank without rows on torch), `every` 1 or 2, the loss inside the
+    model or not: both recipes report what one process reports on the global batch."""
+    code, output, _ = runs[framework, "fuzz"].wait()
+    assert code == 0, output[-4000:]
+    assert f"{framework} cases {FUZZ_CASES} failures 0" in output, output[-4000:]

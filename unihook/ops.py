@@ -39,6 +39,7 @@ __all__ = [
     "forward_backward",
     "grad_enabled",
     "grad_of",
+    "is_leaf",
     "is_tensor",
     "leaf",
     "max",
@@ -115,6 +116,8 @@ class Ops(Protocol):
     ) -> Any: ...
     # Whether the framework records gradients now (optional: True without it).
     def grad_enabled(self, like: Any) -> bool: ...
+    # Whether `t` is a leaf of the autograd graph (optional: False without it). See `is_leaf`.
+    def is_leaf(self, t: Any) -> bool: ...
     # A float64 deep copy of a module (optional: `compare` then runs without its exact
     # reference). See `float64_copy` below.
     def float64_copy(self, module: Any) -> Any: ...
@@ -473,6 +476,15 @@ def on_grad(t: Any, fn: Callable[[Any], None]) -> bool:
     except NoGradError:
         return False
     return True
+
+
+def is_leaf(t: Any) -> bool:
+    """Whether `t` is a leaf of the autograd graph (a parameter, a tensor made by the user, or
+    paddle's slice of a parameter over its whole range): a gradient hook on it (`on_grad`)
+    fires in every later backward through it, not only in the running forward's. False where
+    the backend cannot tell."""
+    found = getattr(ops_for(t), "is_leaf", None)
+    return False if found is None else bool(found(t))
 
 
 def version(t: Any) -> int | None:

@@ -215,6 +215,9 @@ class PaddleOps:
         guard.hold(hook)
         return True
 
+    def is_leaf(self, t: Any) -> bool:
+        return bool(t.is_leaf)
+
     def version(self, t: Any) -> int | None:
         return t.inplace_version
 

@@ -252,6 +252,9 @@ class TorchOps:
         t.register_hook(fn)
         return True
 
+    def is_leaf(self, t: Any) -> bool:
+        return t.grad_fn is None
+
     def version(self, t: Any) -> int | None:
         if torch.compiler.is_compiling():  # a traced tensor's counter says nothing of the run's
             return None

@@ -38,7 +38,6 @@ class Recipe(Removable):
 
     def __init__(self) -> None:
         self._layout: list[str] | None = None  # `name:Type` of the modules all ranks watch
-        self._zeros: Any = None  # a vector of the agreed layout's length (see `_gather`)
         # the names last merged (the list the hooks were placed with) and their layout
         self._watched: tuple[list[str] | None, list[str]] = (None, [])
         self._hooks = HookGroup()
@@ -86,14 +85,17 @@ class Recipe(Removable):
         found = ops.world(model)
         return all_ranks or found is None or found[0] == 0
 
-    def _gather(self, model: Any, vector: Any, names: list[str]) -> Any:
-        """Every rank's `vector` (laid out per module of `names`), rows in rank order: one
-        all_gather over the ranks that split `model`'s batch. Vectors of different lengths
-        would make the ranks wait for each other, or gloo abort the process, so the ranks
-        first agree on the modules: before the first merge one all_gather of a fixed size
-        compares them (`_check_layout`); later, a rank whose modules changed sends a flagged
-        vector of the agreed length instead, and every rank then compares again (a change on
-        every rank is taken, a change on some raises RankMismatchError on every rank)."""
+    def _gather(
+        self, model: Any, vector: Any, names: list[str], length: Callable[[int], int]
+    ) -> Any:
+        """Every rank's `vector` (laid out per module of `names`: `length(len(names))`
+        numbers), rows in rank order: one all_gather over the ranks that split `model`'s
+        batch. Vectors of different lengths would make the ranks wait for each other, or gloo
+        abort the process, so the ranks first agree on the modules: before the first merge one
+        all_gather of a fixed size compares them (`_check_layout`); later, a rank whose
+        modules changed sends a flagged vector of the agreed layout's length instead, and
+        every rank then compares again (a change on every rank is taken, a change on some
+        raises RankMismatchError on every rank)."""
         import numpy as np
 
         if names is not self._watched[0]:  # the hooks were placed anew (`every`): their types
@@ -102,13 +104,15 @@ class Recipe(Removable):
         if self._layout is None:
             self._check_layout(model, layout)
         agreed = self._layout == layout
-        flagged = np.concatenate(([0.0 if agreed else 1.0], vector if agreed else self._zeros))
+        if agreed:
+            flagged = np.concatenate(([0.0], vector))
+        else:  # (the length the others send)
+            flagged = np.zeros(1 + length(len(self._layout or ())))
+            flagged[0] = 1.0
         rows = ops.all_gather(flagged, like=model)
         if rows[:, 0].any():
             self._check_layout(model, layout)  # raises unless every rank changed the same way
             rows = ops.all_gather(np.concatenate(([0.0], vector)), like=model)
-        if self._zeros is None or len(self._zeros) != len(vector):
-            self._zeros = np.zeros(len(vector))
         return rows[:, 1:]
 
     def _check_layout(self, model: Any, layout: list[str]) -> None:

@@ -7,10 +7,13 @@ import functools
 import math
 import warnings
 from collections import deque
-from typing import Any
+from typing import Any, Sequence
+
+import numpy as np
 
 from unihook import (
     HookGroup,
+    NoGradError,
     UnihookError,
     attach,
     ops,
@@ -20,6 +23,17 @@ from unihook import (
 )
 
 from ._scope import Recipe, check_every, check_history, tensors_of, where_of
+from ._shared import (
+    NEW,
+    SAMPLE,
+    Key,
+    Seen,
+    Slots,
+    batch_of,
+    digest_all,
+    encode,
+    merged_squares,
+)
 from .sinks import Writer, write_records
 
 __all__ = ["GradientMonitor", "NonFiniteGradientError"]
@@ -60,6 +74,17 @@ class _Step:
         "pending",
         "merged",
         "rank",
+        "batch",
+        "inputs",
+        "inputs_digest",
+        "calls",
+        "seen",
+        "kinds",
+        "sample",
+        "grads",
+        "extra",
+        "leaves",
+        "dropping",
     )
 
     def __init__(self, world: tuple[int, int] | None) -> None:
@@ -72,6 +97,26 @@ class _Step:
         self.pending = False  # a merge waits for the end of the running backward
         self.merged = False  # merged once: a parameter's gradient starts no further merge
         self.rank = 0  # this rank in the default group (errors name it), when merged
+        # merged only (see _shared): the model's batch and input tensors (until their digest
+        # is taken, at the end of the forward), each module's calls so far
+        self.batch = -1
+        self.inputs: Sequence[Any] = ()
+        self.inputs_digest = 0.0
+        self.calls: dict[str, int] = {}
+        self.seen: dict[Key, Seen] = {}  # the slots not known per sample: sent with gradients
+        self.kinds: dict[Key, int] = {}  # decided at the end of this forward
+        self.sample: dict[str, float] = {}  # squares of the per-sample slots, per module
+        self.grads: dict[Key, Any] = {}  # the `seen` slots' gradients (float64) until a merge
+        self.extra: dict[str, float] = {}  # the `seen` slots' merged squares, per module
+        # hooks on outputs that are autograd leaves (a parameter the module returns), which
+        # would fire in every later backward: removed after the first backward of this step
+        self.leaves: list[Any] = []
+        self.dropping = False
+
+    def drop_leaves(self) -> None:
+        leaves, self.leaves = self.leaves, []
+        for handle in leaves:
+            handle.remove()
 
 
 class GradientMonitor(Recipe):
@@ -95,11 +140,15 @@ class GradientMonitor(Recipe):
 
     Data parallel: `model` may be a DistributedDataParallel / paddle.DataParallel wrapper
     (names are the inner model's), also compiled. With `sync` (the default) and an initialised
-    process group, each backward ends with one all_gather of the sums of squares of every rank
-    that splits the batch (the wrapper's own group; the default group for a model given
-    unwrapped): every rank then records the norms of the global batch's grad_outputs, and a
-    NaN or Inf on any rank raises (warns) the same NonFiniteGradientError on every rank, at
-    the end of that backward. `sync=False` keeps each rank's own numbers.
+    process group, each backward ends with one all_gather over the ranks that split the batch
+    (the wrapper's own group; the default group for a model given unwrapped): every rank then
+    records the norms of the global batch's grad_outputs, and a NaN or Inf on any rank raises
+    (warns) the same NonFiniteGradientError on every rank, at the end of that backward. A
+    per-sample output's squares add up across ranks; an output shared by every sample (equal
+    on every rank: a positional table broadcast over the batch) is sent whole, its gradients
+    summed before the norm; a scalar computed from the batch (a loss the model returns) has
+    the ranks' common gradient (README "Data parallel" has the rule). `sync=False` keeps each
+    rank's own numbers.
     """
 
     def __init__(
@@ -136,14 +185,17 @@ class GradientMonitor(Recipe):
         self._running = 0
         self._parameters_hooked = False  # (see _new_step)
         self._removed = False  # removed between a forward and its backward: nothing merges
+        self._slots = Slots()  # per sample or shared: each output's merge (see _shared)
+        self._deciding: _Step | None = None  # the forward whose slots the ranks decide at its end
 
         def hooks() -> HookGroup:
             group = HookGroup()
-            group.add("", register_forward_pre_hook(model, self._new_step))
+            group.add("", register_forward_pre_hook(model, self._new_step, with_kwargs=True))
             attached = attach(inner, self._record, where=where)
             self._names = attached.names
             group.extend(attached)
-            # drops the last output once the forward is done (registered after attach's hooks)
+            # registered after attach's hooks: the forward's outputs are all recorded
+            group.add("", register_forward_hook(model, self._settle))
             group.add("", register_forward_hook(model, self._forget, always_call=True))
             return group
 
@@ -154,15 +206,23 @@ class GradientMonitor(Recipe):
         # which one rank may run alone) has none to log
         return ops.grad_enabled(module)
 
-    def _new_step(self, module: Any, args: Any) -> None:
+    def _new_step(self, module: Any, args: Any, kwargs: Any) -> None:
         self._running += 1
+        self._deciding = None
         if not ops.grad_enabled(module):
             # no gradient will come: the step of the last forward with gradients stays (an
             # evaluation between a forward and its backward, on one rank, must not start a
             # step that its backward's parameter gradients would merge)
             return
-        self._step = _Step(self._merging(module, self.sync))
-        if self._step.world is not None and not self._parameters_hooked:
+        self._step.drop_leaves()  # (a step whose backward never came)
+        step = self._step = _Step(self._merging(module, self.sync))
+        if step.world is None:
+            return
+        step.inputs = ops.tensors_in((args, kwargs), like=module)
+        step.batch = batch_of(step.inputs)
+        if not self._slots.settled:
+            self._deciding = step
+        if not self._parameters_hooked:
             # A rank whose backward reaches no watched output (the dummy loss of an empty
             # batch: parameters times 0) merges too, when a parameter's gradient comes. Hooked
             # at the first merged forward (the process group may come after the recipe), for
@@ -177,11 +237,43 @@ class GradientMonitor(Recipe):
     def _forget(self, module: Any, args: Any, output: Any) -> None:
         self._running = max(0, self._running - 1)
         self._last = None
+        step = self._step
+        if step.inputs:  # a slot still undecided at the merge compares the inputs too
+            if any(self._slots.kind(key) == NEW for key in step.seen):
+                step.inputs_digest = digest_all(step.inputs)
+            step.inputs = ()
+
+    def _settle(self, module: Any, args: Any, output: Any) -> None:
+        """The end of a forward while the ranks have not yet told data from parameters (the
+        first one, and those whose inputs were the same on every rank): they decide every
+        slot of it now, so that the backward sends only the shared slots' gradients."""
+        step, self._deciding = self._deciding, None
+        if step is None or step is not self._step or self._slots.settled:
+            return
+        step.inputs_digest = digest_all(step.inputs)
+        step.inputs = ()
+        names = self._names
+        index = {name: i for i, name in enumerate(names)}
+        entries = [encode(index, key, seen, ()) for key, seen in step.seen.items()]
+        header = (step.batch, step.inputs_digest)
+        _, headers, parts = self._slots.exchange(
+            self, self._model, names, (), lambda count: 0, header, entries, table=True
+        )
+        kinds = self._slots.decide(self._model, names, parts, headers, step.seen, {})
+        for key, seen in list(step.seen.items()):
+            kind = step.kinds[key] = kinds[index[key[0]], key[1], key[2]]
+            seen.tensor = None
+            if kind == SAMPLE:
+                del step.seen[key]
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
         if not self._running:
             return
-        for tensor in tensors_of(output, module):
+        step = self._step
+        call = -1
+        if step.world is not None:
+            call = step.calls[name] = step.calls.get(name, -1) + 1
+        for position, tensor in enumerate(tensors_of(output, module)):
             version = ops.object_version(tensor)
             last = self._last
             if (
@@ -193,11 +285,25 @@ class GradientMonitor(Recipe):
                 last[2].insert(0, name)  # a container's output: outermost first, as backward
                 continue
             names = [name]
-            if not ops.on_grad(tensor, functools.partial(self._gradient, self._step, names)):
+            key = None if call < 0 else (name, call, position)
+            hook = functools.partial(self._gradient, step, names, key)
+            if ops.is_leaf(tensor):
+                # a parameter the module returns: a hook on it stays for every later backward,
+                # so a removable one, removed at the end of this step's first backward
+                try:
+                    step.leaves.append(register_tensor_hook(tensor, hook))
+                except NoGradError:
+                    continue
+            elif not ops.on_grad(tensor, hook):
                 continue  # no gradient will come (no_grad, or a constant output)
+            if key is not None:
+                kind = self._slots.kind(key)
+                if kind != SAMPLE:  # compared across ranks (kept until decided: NEW)
+                    seen = step.seen[key] = Seen(tensor, step.batch, kind == NEW)
+                    seen.names = names
             self._last = (tensor, version, names)
 
-    def _gradient(self, step: _Step, names: list[str], grad: Any) -> None:
+    def _gradient(self, step: _Step, names: list[str], key: Key | None, grad: Any) -> None:
         if self._removed:  # (a tensor's hook stays; the parameters' went with the recipe)
             return
         self._merge_at_end(step, grad)
@@ -206,6 +312,17 @@ class GradientMonitor(Recipe):
             total = step.squares.get(name, 0.0) + squares
             step.squares[name] = total
             step.norms[name] = math.sqrt(total)
+        if key is not None:
+            kind = step.kinds.get(key)
+            if kind is None:
+                kind = self._slots.kind(key)
+            if kind == SAMPLE or key not in step.seen:
+                for name in names:
+                    step.sample[name] = step.sample.get(name, 0.0) + squares
+            else:  # sent whole: the ranks' gradients may have to be summed
+                value = ops.to_numpy(grad).astype(np.float64)
+                held = step.grads.get(key)
+                step.grads[key] = value if held is None else held + value
         # a finite sum of squares has finite terms; an infinite one may be float64 overflow
         if math.isfinite(squares) or step.flagged or ops.all_finite(grad):
             return
@@ -218,6 +335,9 @@ class GradientMonitor(Recipe):
     def _merge_at_end(self, step: _Step, grad: Any) -> None:
         """`step` has a gradient in the running backward: in `history`, and (ranks) merged at
         the end of that backward."""
+        if step.leaves and not step.dropping:
+            step.dropping = True
+            ops.after_backward(grad, step.drop_leaves)
         if not step.logged:
             step.logged = True
             self.history.append(step.norms)
@@ -240,24 +360,56 @@ class GradientMonitor(Recipe):
 
     def _merge(self, step: _Step) -> None:
         """The end of a backward with several ranks: one all_gather of every rank's vector
-        [has a gradient per module, sum of squares per module, first non-finite module], then
-        the global norms in place of this rank's, the same on every rank."""
-        import numpy as np
-
+        [has a gradient per module, sum of squares of its per-sample outputs' gradients per
+        module, rank, first non-finite module, then the slots not known per sample (see
+        _shared): their digest, shape and gradient], then the global norms in place of this
+        rank's, the same on every rank."""
         step.pending = False
         step.merged = True
         names = self._names
         index = {name: i for i, name in enumerate(names)}
         count = len(names)
         local = np.zeros(2 * count + 2)
-        for name, squares in step.squares.items():
+        for name, squares in step.sample.items():
             local[index[name]] = 1.0
             local[count + index[name]] = squares
         local[-2] = step.rank
         local[-1] = -1.0 if step.first_bad is None else index[step.first_bad]
-        ranks = self._gather(self._model, local, names)
+        entries = []
+        for key, seen in step.seen.items():
+            grad = step.grads.get(key)
+            sent = [] if grad is None else [grad]
+            ids = [index[name] for name in seen.names]
+            entries.append(encode(index, key, seen, [len(sent), len(ids), ids, *sent]))
+        step.grads = {}
+        header = (step.batch, step.inputs_digest)
+        ranks, headers, parts = self._slots.exchange(
+            self, self._model, names, local, lambda count: 2 * count + 2, header, entries
+        )
+        kinds = self._slots.decide(self._model, names, parts, headers, step.seen, step.kinds)
+        self._slots.keep_room(parts, kinds)
+        for key, seen in list(step.seen.items()):
+            seen.tensor = None  # (kept for the decision)
+            if self._slots.kind(key) == SAMPLE:  # its next backward's gradients: squares
+                del step.seen[key]
         present = ranks[:, :count].any(axis=0)
         totals = ranks[:, count : 2 * count].sum(axis=0)  # in rank order: equal on every rank
+        for wire, kind in kinds.items():  # (sorted)
+            grads, modules = [], set()
+            for part in parts:
+                entry = part.get(wire)
+                if entry is None or not entry.extra[0]:
+                    continue
+                ids = int(entry.extra[1])
+                modules.update(int(i) for i in entry.extra[2 : 2 + ids].tolist())
+                grads.append(entry.extra[2 + ids :].reshape(entry.shape))
+            if grads:
+                squares = merged_squares(kind, grads)
+                for i in sorted(modules):
+                    step.extra[names[i]] = step.extra.get(names[i], 0.0) + squares
+        for name, squares in step.extra.items():
+            present[index[name]] = True
+            totals[index[name]] += squares
         # this rank's backward order first, then the modules only other ranks reached
         order = [*step.norms, *(n for n in reversed(names) if n not in step.norms)]
         step.norms.clear()
@@ -292,6 +444,7 @@ class GradientMonitor(Recipe):
 
     def remove(self) -> None:
         self._removed = True
+        self._step.drop_leaves()
         super().remove()
 
     def plot(self, path: str | None = None, *, all_ranks: bool = False) -> Any:

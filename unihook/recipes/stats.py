@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
+
+import numpy as np
 
 from unihook import HookGroup, attach, ops, register_forward_hook, register_forward_pre_hook
 
 from ._scope import Recipe, check_every, check_history, tensors_of, where_of
+from ._shared import NEW, SAMPLE, SHARED, Key, Seen, Slots, batch_of, digest_all, encode
 from .sinks import Writer, write_records
 
 __all__ = ["ActivationStats"]
@@ -79,10 +82,12 @@ class ActivationStats(Recipe):
     process group, each recorded forward of `model` ends with one all_gather of the numbers of
     every rank that splits the batch (the wrapper's own group; the default group for a model
     given unwrapped), merged by Chan's formula in rank order: every rank records the
-    statistics of the global batch (calls: the most any rank made), and `rows()` covers the
-    forwards of `model` only (a submodule called on its own is left out). Merging, a forward
-    of `model` under no_grad (an evaluation, which one rank may run alone) is neither recorded
-    nor counted by `every`. `sync=False` keeps each rank's own numbers, and records those too.
+    statistics of the global batch (calls: the most any rank made; an output shared by every
+    sample, equal on every rank, counted once, as one process computes it once: README "Data
+    parallel" has the rule), and `rows()` covers the forwards of `model` only (a submodule
+    called on its own is left out). Merging, a forward of `model` under no_grad (an
+    evaluation, which one rank may run alone) is neither recorded nor counted by `every`.
+    `sync=False` keeps each rank's own numbers, and records those too.
     """
 
     def __init__(
@@ -110,15 +115,22 @@ class ActivationStats(Recipe):
         self._step: dict[str, _Running] = {}  # this forward's, merged into `history` at its end
         self._history: deque[dict[str, _Running]] = deque(maxlen=max_history)
         self._written: object = None
-        # the last output reduced: (tensor, its version, its moments), which a container
-        # returning its last child's output reuses
-        self._last: tuple[Any, Any, ops.Moments] | None = None
+        # the last output reduced: (tensor, its version, its moments, what the ranks compare
+        # of it), which a container returning its last child's output reuses
+        self._last: tuple[Any, Any, ops.Moments, Seen | None] | None = None
+        # merging (see _shared): each output's kind, and this forward's model batch, inputs,
+        # calls per module and the outputs not known per sample, with their moments
+        self._slots = Slots()
+        self._batch = -1
+        self._inputs: Sequence[Any] = ()
+        self._calls: dict[str, int] = {}
+        self._seen: dict[Key, tuple[Seen, ops.Moments]] = {}
 
         def hooks() -> HookGroup:
             # A pre-hook fixes each module's place at its first call: rows come in call order
             # (a container before its children), not in order of completion.
             group = HookGroup()
-            group.add("", register_forward_pre_hook(model, self._open))
+            group.add("", register_forward_pre_hook(model, self._open, with_kwargs=True))
             group.extend(attach(inner, self._started, kind="forward_pre", where=where))
             attached = attach(inner, self._record, where=where)
             self._names = attached.names
@@ -153,26 +165,46 @@ class ActivationStats(Recipe):
         if not merged:
             running.calls += 1
         step.calls += 1
-        for tensor in tensors:
+        call = -1
+        if merged:  # (see _shared: each output tensor of a call is a slot)
+            call = self._calls[name] = self._calls.get(name, -1) + 1
+        for position, tensor in enumerate(tensors):
             version, last = ops.object_version(tensor), self._last
-            if (
+            same = (
                 last is not None
                 and last[0] is tensor
                 and version is not None
                 and version == last[1]
-            ):
-                moments = last[2]
+            )
+            if same and last is not None:
+                moments, seen = last[2], last[3]
             else:
-                moments = ops.moments(tensor)
-                self._last = (tensor, version, moments)
+                moments, seen = ops.moments(tensor), None
             if not merged:
                 running.merge(moments)
-            step.merge(moments)
+                step.merge(moments)
+                self._last = (tensor, version, moments, None)
+                continue
+            key = (name, call, position)
+            kind = self._slots.kind(key)
+            if kind == SAMPLE:
+                step.merge(moments)
+            else:  # compared across ranks (the tensor kept until decided: NEW)
+                if seen is None:
+                    seen = Seen(tensor, self._batch, kind == NEW)
+                elif kind == NEW and seen.tensor is None:
+                    seen.tensor = tensor
+                self._seen[key] = (seen, moments)
+            self._last = (tensor, version, moments, seen)
 
-    def _open(self, module: Any, args: Any) -> None:
+    def _open(self, module: Any, args: Any, kwargs: Any) -> None:
         self._step = {}
         self._world = self._merging(module, self.sync)
         self._skipping = not self._counted(module)
+        self._calls, self._seen = {}, {}
+        if self._world is not None and not self._skipping:
+            self._inputs = ops.tensors_in((args, kwargs), like=module)
+            self._batch = batch_of(self._inputs)
 
     def _close(self, module: Any, args: Any, output: Any) -> None:
         self._last = None
@@ -181,6 +213,7 @@ class ActivationStats(Recipe):
             return
         if self._world is not None:
             self._step = self._merge(self._step)
+            self._inputs, self._seen = (), {}
             for name, step in self._step.items():
                 self._stats[name].add(step)
         if self._step:
@@ -189,21 +222,35 @@ class ActivationStats(Recipe):
 
     def _merge(self, step: dict[str, _Running]) -> dict[str, _Running]:
         """The end of a forward with several ranks: one all_gather of every rank's vector (per
-        module: calls, count, mean, m2, min, max, zeros, non-finite), merged in rank order
-        (Chan's formula), the same on every rank."""
-        import numpy as np
-
+        module: calls, count, mean, m2, min, max, zeros, non-finite of its per-sample outputs;
+        then the outputs not known per sample, see _shared: digest, shape, moments), merged in
+        rank order (Chan's formula; a shared output counted once), the same on every rank."""
         names = self._names
+        index = {name: i for i, name in enumerate(names)}
         local = np.zeros((len(names), _FIELDS))
         local[:, 4], local[:, 5] = np.inf, -np.inf  # min and max of nothing
         for i, name in enumerate(names):
             part = step.get(name)
             if part is not None:
                 local[i] = (part.calls, *part.moments())
-        ranks = self._gather(self._model, local.reshape(-1), names)
+        seen = self._seen
+        entries = [encode(index, key, s, moments) for key, (s, moments) in seen.items()]
+        new = any(self._slots.kind(key) == NEW for key in seen)
+        header = (self._batch, digest_all(self._inputs) if new else 0.0)
+        ranks, headers, parts = self._slots.exchange(
+            self, self._model, names, local.reshape(-1), lambda n: n * _FIELDS, header, entries
+        )
+        found = {key: s for key, (s, _) in seen.items()}
+        kinds = self._slots.decide(self._model, names, parts, headers, found, {})
+        self._slots.keep_room(parts, kinds)
+        for s, _ in seen.values():
+            s.tensor = None
         if not names:  # (every rank watches none: the check above said so)
             return {}
         ranks = ranks.reshape(-1, len(names), _FIELDS)
+        slots: dict[int, list[tuple[int, list[Any]]]] = {}  # per module: (kind, rank's parts)
+        for wire, kind in kinds.items():  # (sorted)
+            slots.setdefault(wire[0], []).append((kind, [p[wire] for p in parts if wire in p]))
         merged: dict[str, _Running] = {}
         for i, name in enumerate(names):
             calls = ranks[:, i, 0]
@@ -213,8 +260,13 @@ class ActivationStats(Recipe):
                 self._stats[name] = _Running(order=len(self._stats))
             total = merged[name] = _Running(order=self._stats[name].order)
             for row in ranks[:, i]:
-                count, mean, m2, low, high, zeros, nonfinite = row[1:].tolist()
-                total.merge((int(count), mean, m2, low, high, int(zeros), int(nonfinite)))
+                total.merge(_moments(row[1:]))
+            for kind, found_parts in slots.get(i, ()):
+                if kind == SHARED:  # once: the largest rank's (the others' are its part)
+                    sizes = [int(np.prod(p.shape)) for p in found_parts]
+                    found_parts = [found_parts[sizes.index(max(sizes))]]
+                for p in found_parts:
+                    total.merge(_moments(p.extra))
             total.calls = int(calls.max())  # each rank runs the model once per global batch
         return merged
 
@@ -265,6 +317,11 @@ class ActivationStats(Recipe):
 
 
 STATS = ("mean", "std", "min", "max", "zeros")
+
+
+def _moments(values: Any) -> ops.Moments:
+    count, mean, m2, low, high, zeros, nonfinite = values.tolist()
+    return int(count), mean, m2, low, high, int(zeros), int(nonfinite)
 
 
 def _rows(stats: dict[str, _Running]) -> list[dict[str, Any]]:
