@@ -665,6 +665,51 @@ def shared_scenario(fw: Framework, name: str, rank: int | None) -> dict[str, Any
         }
 
 
+def branches_scenario(fw: Framework, rank: int | None) -> dict[str, Any]:
+    """Two GradientMonitors watching different modules (`a`, `b` / `a`, `c`) of a model whose
+    branch depends on the data (rank 0's rows go through `b`, rank 1's through `c`): each
+    rank's hooks fire in another order, the monitors' merges must still pair. One process
+    (`rank` None) runs the ranks' rows side by side, rank 0's through b, the others' through c."""
+    torch_ = fw.name == "torch"
+    nn = fw.t.nn if torch_ else fw.p.nn
+
+    class Net(nn.Module if torch_ else nn.Layer):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(3, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x: Any, split: int) -> Any:  # rows before `split` through b
+            h = self.a(x)
+            loss = self.b(h[:split]).sum() if split else 0.0
+            return loss + self.c(h[split:]).sum() if split < len(x) else loss
+
+    model = Net()
+    rng = np.random.default_rng(41)
+    for param in model.parameters():
+        value = rng.normal(0, 0.5, tuple(param.shape)).astype(np.float32)
+        if torch_:
+            with fw.t.no_grad():
+                param.copy_(fw.t.from_numpy(value))
+        else:
+            param.set_value(value)
+    if rank is None:
+        wrapped = model
+    elif torch_:
+        wrapped = fw.t.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+    else:
+        wrapped = fw.p.DataParallel(model, find_unused_parameters=True)
+    data = [rng.normal(0, 1, (2, 3)).astype(np.float32) for _ in range(WORLD)]
+    with (
+        GradientMonitor(wrapped, where=["a", "b"]) as first,
+        GradientMonitor(wrapped, where=["a", "c"]) as second,
+    ):
+        if rank is None:
+            model(fw.tensor(np.concatenate(data)), len(data[0])).backward()
+        else:
+            wrapped(fw.tensor(data[rank]), len(data[0]) if rank == 0 else 0).backward()
+        return {"first": dict(first.history[-1]), "second": dict(second.history[-1])}
+
+
 def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> None:
     os.environ.setdefault("GLOG_minloglevel", "2")
     warnings.filterwarnings("ignore")
@@ -712,6 +757,7 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     result["removed_between"] = removed_between_scenario(fw, fw.wrap(fw.model(weights())), rank)
     result["own_group"] = own_group_scenario(fw, rank)
     result["shared"] = {name: shared_scenario(fw, name, rank) for name in SHARED_CONFIGS}
+    result["branches"] = branches_scenario(fw, rank)
     for how in ("fsdp1", "hsdp1", "fsdp2") if framework == "torch" else ("sharding",):
         result[f"{how}_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights()), how), rank, LR)
         if how in ("fsdp1", "fsdp2"):

@@ -1,11 +1,13 @@
 """The generated attack on the recipes' data-parallel merge (README "Per sample or shared"):
 random models (per-sample Linear / Tanh / ReLU layers, a dead ReLU layer, positional tables
 sliced or computed from a parameter, a table without a batch dimension, a 0-d scale, a
-per-sample copy of a token, tuples, a module called on per-sample and on shared tensors), in
+per-sample copy of a token, tuples, a module called on per-sample and on shared tensors, an
+embedding of timesteps drawn with the same seed on every rank: per sample, equal on every
+rank), in
 batch-first or seq-first layout, with random batch splits and lengths per rank and per step
 (one row per rank, uneven, a rank without rows on torch, per-rank padding), `every=1` or 2,
-the loss inside the model or not: both recipes on `WORLD` gloo ranks against one process on
-the global batch (the ranks' rows side by side, padded with loss coefficients 0).
+the loss inside the model (0-d or `[1]`) or not: both recipes on `WORLD` gloo ranks against one
+process on the global batch (the ranks' rows side by side, padded with loss coefficients 0).
 
     python tests/distributed_fuzz.py {torch|paddle} OUTDIR CASES SEED [--same-inputs]
 
@@ -48,6 +50,8 @@ def spec(rng: np.random.Generator, framework: str, same: bool) -> dict[str, Any]
     if any(min(b) < 2 for b, _ in steps):
         found["blocks"] = [b for b in found["blocks"] if b not in ("copy", "dead", "zeros")]
         found["blocks"] = found["blocks"] or ["linear"]
+    if any(max(b) < 2 for b, _ in steps):  # (README: equal on every rank at one row per rank)
+        found["blocks"] = [b for b in found["blocks"] if b != "temb"] or ["linear"]
     return found
 
 
@@ -66,7 +70,7 @@ def _spec(rng: np.random.Generator, framework: str, same_inputs: bool) -> dict[s
     if not seq and min(batches) >= 2:
         # (README: a per-sample copy at one row per rank or seq-first; an output equal on
         # every rank at one row per rank; a zero table in a seq-first model)
-        allowed += ["copy", "dead", "zeros"]
+        allowed += ["copy", "dead", "zeros", "temb"]
     blocks = [str(b) for b in rng.choice(allowed, size=int(rng.integers(2, 7)))]
     return {
         "seq": seq,
@@ -76,6 +80,7 @@ def _spec(rng: np.random.Generator, framework: str, same_inputs: bool) -> dict[s
         "blocks": blocks,
         "reuse": bool(rng.random() < 0.5),  # one act module for every "act" block
         "loss": bool(rng.random() < 0.2),
+        "loss_shape": [(), (1,)][int(rng.integers(2))],  # (paddle code often returns [1])
         "every": int(rng.choice([1, 1, 2])),
         "steps": 3,
     }
@@ -151,6 +156,14 @@ def build(fw: c.Framework, s: dict[str, Any]) -> Any:
         def forward(self, a: Any, b: Any) -> Any:
             return a * 1.25, b * 0.75
 
+    class Temb(base):  # timesteps [B] -> [B, 1, D]: per sample, equal on every rank
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp, self.act, self.out = nn.Linear(1, D), nn.Tanh(), nn.Linear(D, D)
+
+        def forward(self, t: Any) -> Any:
+            return self.out(self.act(self.inp(t.reshape([-1, 1, 1]))))
+
     class Net(base):
         def __init__(self) -> None:
             super().__init__()
@@ -180,12 +193,14 @@ def build(fw: c.Framework, s: dict[str, Any]) -> Any:
                     layers.append(Dead())
                 elif kind == "zeros":
                     layers.append(Table())
+                elif kind == "temb":
+                    layers.append(Temb())
                 else:
                     raise ValueError(kind)
             self.blocks = nn.LayerList(layers) if not torch_ else nn.ModuleList(layers)
             self.head = nn.Linear(D, 2)
 
-        def forward(self, x: Any, coefficients: Any = None) -> Any:
+        def forward(self, x: Any, coefficients: Any = None, t: Any = None) -> Any:
             h = self.embed(x)
             shared = None
             for kind, layer in zip(s["blocks"], self.blocks):
@@ -200,6 +215,8 @@ def build(fw: c.Framework, s: dict[str, Any]) -> Any:
                     h = h * layer()
                 elif kind == "dead":
                     h = h + layer(h)
+                elif kind == "temb":
+                    h = h + layer(t)
                 elif kind == "pair":
                     other = shared if shared is not None else h
                     a, b = layer(h, other)
@@ -207,7 +224,10 @@ def build(fw: c.Framework, s: dict[str, Any]) -> Any:
             if shared is not None and s["reuse"]:
                 h = h + self.shared_act(shared)  # the shared act also on a shared tensor
             out = self.head(h)
-            return out if coefficients is None else (out * coefficients).sum()
+            if coefficients is None:
+                return out
+            loss = (out * coefficients).sum()
+            return loss.reshape(list(s.get("loss_shape", ())))
 
     model = Net()
     rng = np.random.default_rng(11)
@@ -227,6 +247,16 @@ def build(fw: c.Framework, s: dict[str, Any]) -> Any:
         else:
             param.set_value(value)
     return model
+
+
+def _timesteps(s: dict[str, Any], rank: int | None, step: int) -> np.ndarray:
+    """Each rank's timesteps drawn with the same seed (the first of one stream: equal on every
+    rank where the batches are), the global batch's the ranks' side by side."""
+    batches = s["per_step"][step][0]
+    stream = np.random.default_rng(1000 + step).random(max(batches)).astype(np.float32)
+    if rank is not None:
+        return stream[: batches[rank]]
+    return np.concatenate([stream[:b] for b in batches])
 
 
 def _data(s: dict[str, Any], rank: int | None, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -262,10 +292,11 @@ def run(fw: c.Framework, s: dict[str, Any], rank: int | None) -> dict[str, Any]:
     ):
         for step in range(s["steps"]):
             x, co = _data(s, rank, step)
+            extra = {"t": fw.tensor(_timesteps(s, rank, step))} if "temb" in s["blocks"] else {}
             if s["loss"]:
-                loss = wrapped(fw.tensor(x), fw.tensor(co))
+                loss = wrapped(fw.tensor(x), fw.tensor(co), **extra)
             else:
-                loss = (wrapped(fw.tensor(x)) * fw.tensor(co)).sum()
+                loss = (wrapped(fw.tensor(x), **extra) * fw.tensor(co)).sum()
             loss.backward()
             optimizer.step()
             fw.zero_grad(optimizer)
@@ -343,7 +374,11 @@ def check(framework: str, out: str) -> int:
             # too) with one row on a rank or a seq-first layout (its batch not leading)
             dead = any(not entry.get("embed") for entry in want["monitor"])
             one_row = any(min(batches) < 2 for batches, _ in s["per_step"])
-            if s["same"] or (dead and (s["seq"] or one_row)):
+            # or a loss of shape [1] where every rank has one row (a per-sample output's shape)
+            ones = s["loss"] and s["loss_shape"] and any(max(b) == 1 for b, _ in s["per_step"])
+            # or timesteps equal on every rank while their batches differ (their prefixes are)
+            uneven = "temb" in s["blocks"] and any(len(set(b)) > 1 for b, _ in s["per_step"])
+            if s["same"] or (dead and (s["seq"] or one_row)) or ones or uneven:
                 documented += 1
                 print("DOCUMENTED", s, str(e)[:200].replace("\n", " "))
                 continue
@@ -355,7 +390,8 @@ def check(framework: str, out: str) -> int:
         len(got[0]),
         "failures",
         failures,
-        f"({documented} off as README documents: the same inputs, or a dead data path)",
+        f"({documented} off as README documents: the same inputs, a dead data path, a [1] loss "
+        "at one row per rank, timesteps equal on every rank while their batches differ)",
     )
     return failures
 

@@ -408,6 +408,18 @@ def test_shared_outputs_merge_as_one_process(ranks: Any, config: str) -> None:
             _same_stats(stats, expected, f"{what}, ActivationStats")
 
 
+def test_two_monitors_on_a_branch_taken_by_some_ranks_pair_their_merges(ranks: Any) -> None:
+    """Two GradientMonitors watching different modules of a model whose branch depends on the
+    rank's data: their hooks fire in another order on each rank, their merges run in the order
+    the recipes were made, and each reports what one process reports on the global batch."""
+    framework, results = ranks
+    want = child.branches_scenario(child.Framework(framework), None)
+    assert set(want["first"]) == {"a", "b"} and set(want["second"]) == {"a", "c"}
+    for rank, result in enumerate(results):
+        for which in ("first", "second"):
+            _same_norms(result["branches"][which], want[which], f"{framework} rank {rank}")
+
+
 def test_what_the_ranks_decide_of_each_output(ranks: Any) -> None:
     """The kind the ranks agree on for each output tensor (module, call, position)."""
     from unihook.recipes import _shared as shared

@@ -4,6 +4,7 @@ as modules, qualified names or lists of either; `every=N` hooks one forward in N
 from __future__ import annotations
 
 import difflib
+import itertools
 import zlib
 from typing import Any, Callable, Sequence, Union, cast
 
@@ -33,10 +34,33 @@ class RankMismatchError(UnihookError, RuntimeError):
     (raised on every rank, as DistributedDataParallel raises for different parameters)."""
 
 
+_created = itertools.count()  # the recipes' order of creation, which every rank shares
+# the merges queued in the running backward, with their recipe's number (see `merge_at_end`)
+_queued: list[tuple[int, Callable[[], None]]] = []
+
+
+def _run_queued() -> None:
+    """The end of a backward: every merge queued in it, in the order their recipes were made;
+    each runs (its collective pairs with the other ranks'), then the first error raises."""
+    if not _queued:
+        return  # (another recipe's callback ran them)
+    queued = sorted(_queued, key=lambda entry: entry[0])
+    _queued.clear()
+    failed: BaseException | None = None
+    for _, merge in queued:
+        try:
+            merge()
+        except Exception as error:  # (NonFiniteGradientError: raised the same on every rank)
+            failed = failed or error
+    if failed is not None:
+        raise failed
+
+
 class Recipe(Removable):
     """Removes every hook it placed on `remove()` or when its `with` block exits."""
 
     def __init__(self) -> None:
+        self._created = next(_created)
         self._layout: list[str] | None = None  # `name:Type` of the modules all ranks watch
         # the names last merged (the list the hooks were placed with) and their layout
         self._watched: tuple[list[str] | None, list[str]] = (None, [])
@@ -77,6 +101,19 @@ class Recipe(Removable):
         batch (a one-rank group is a single process: its errors come where one process's do)."""
         found = ops.world(model) if sync else None
         return found if found is not None and found[1] > 1 else None
+
+    def _queue_merge(self, t: Any, merge: Callable[[], None]) -> None:
+        """Run `merge` (a collective) at the end of the backward running `t`'s gradient hook,
+        after the merges of recipes made before this one: each rank's hooks fire in its own
+        order (a branch taken on some ranks only, or first), and their collectives must pair."""
+        _queued.append((self._created, merge))
+        ops.after_backward(t, _run_queued)
+
+    @staticmethod
+    def _cancel_merge(merge: Callable[[], None]) -> None:
+        """Forget `merge` if queued by a backward that never ended (it raised: the framework
+        dropped its end-of-backward callbacks)."""
+        _queued[:] = [entry for entry in _queued if entry[1] is not merge]
 
     def _writes(self, model: Any, all_ranks: bool) -> bool:
         """Whether this process writes a sink or a file: all of them with `all_ranks`, else

@@ -10,9 +10,9 @@ sees its own, and what the global batch's tensor is depends on the tensor:
   broadcast over the batch, a relative-position bias): every rank computes the same tensor,
   which one process computes once, and its gradient on the global batch is the ranks'
   gradients summed (the norm of the sum, the values counted once);
-- a per-sample copy (COPY: ``cls_token.expand(B, ...)``, equal on every rank but one row per
-  sample): per sample;
-- reduced (REDUCED): a scalar computed from the rank's whole batch (a loss the model
+- per sample though equal on every rank (COPY: ``cls_token.expand(B, ...)``, timesteps drawn
+  with the same seed on every rank): per sample;
+- reduced (REDUCED): a number computed from the rank's whole batch (a loss the model
   returns): for a loss summed (or averaged) over samples its gradient is the same on every
   rank and on the global batch.
 
@@ -20,13 +20,14 @@ Each output tensor of a watched module call is a slot, named by (module, its cal
 forward, the tensor's position in the output). The ranks decide a slot's kind together, from
 what each saw of it in the same forward (`Slots.decide`, the rule in README "Data parallel"):
 every rank computes the same decision from the same gathered numbers, so every rank takes the
-same path through the collectives. A slot found per sample (or reduced) stays so; a shared one
-is checked again with each forward's values and sent with its gradient (or statistics) in the
-recipe's one collective per step.
+same path through the collectives. A slot found per sample stays so (reduced, while it stays
+one number); a shared one is checked again with each forward's values and sent with its
+gradient (or statistics) in the recipe's one collective per step.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections import deque
 from typing import Any, Callable, Sequence
@@ -68,6 +69,21 @@ def digest_all(tensors: Sequence[Any]) -> float:
         crc = zlib.crc32(np.float64(digest(ops.to_numpy(tensor))).tobytes(), crc)
     return float(crc)
 
+
+_NO_INPUTS = digest_all(())
+_EACH = 8  # the model's first input tensors whose digests the ranks compare one by one
+
+
+def inputs_header(tensors: Sequence[Any]) -> tuple[float, ...]:
+    """What the ranks compare of the model's inputs: one digest of them all, then one of each
+    of the first 8 (-1 for none): an input equal on every rank while others differ (timesteps
+    drawn with the same seed on every rank) is data the ranks share (see `_copy`)."""
+    each = [digest(ops.to_numpy(t)) for t in tensors[:_EACH]]
+    return (digest_all(tensors), *each, *[-1.0] * (_EACH - len(each)))
+
+
+#: `inputs_header` where the inputs were not compared (no slot undecided)
+NO_INPUTS_HEADER: tuple[float, ...] = (0.0, *[-1.0] * _EACH)
 
 _PROJECTIONS = 8
 
@@ -125,17 +141,21 @@ def _rows_equal(a: Any) -> bool:
 
 
 class Seen:
-    """What this rank saw of one output tensor: its digest, shape, whether it is one row
-    repeated once per sample of the batch; the tensor itself while its kind is undecided (the
-    ranks then compare their common part where their shapes differ)."""
+    """What this rank saw of one output tensor: its digest, shape, and where it has one row
+    per sample of the batch, whether its rows are all equal and a digest of the tensors the
+    module got (`args`); the tensor itself while its kind is undecided (the ranks then compare
+    their common part where their shapes differ)."""
 
-    __slots__ = ("digest", "shape", "rows_equal", "tensor", "names")
+    __slots__ = ("digest", "shape", "rows_equal", "inputs", "tensor", "names")
 
-    def __init__(self, tensor: Any, batch: int, keep: bool) -> None:
+    def __init__(self, tensor: Any, batch: int, keep: bool, args: Any) -> None:
         a = ops.to_numpy(tensor)
         self.digest = digest(a)
         self.shape: tuple[int, ...] = tuple(int(n) for n in a.shape)
-        self.rows_equal = bool(a.ndim and a.shape[0] == batch >= 2 and _rows_equal(a))
+        # one row per sample of the batch: its rows all equal? the module's tensors? (`_copy`)
+        follows = bool(a.ndim and a.shape[0] == batch)
+        self.rows_equal = follows and (batch < 2 or _rows_equal(a))
+        self.inputs = digest_all([t for t in args if ops.is_tensor(t)]) if follows else _NO_INPUTS
         self.tensor = tensor if keep else None
         self.names: list[str] = []  # (GradientMonitor) the modules whose output it is
 
@@ -144,21 +164,24 @@ class Part:
     """One rank's entry for a slot in the collective: `extra` is the recipe's (gradient,
     statistics)."""
 
-    __slots__ = ("digest", "rows_equal", "shape", "extra")
+    __slots__ = ("digest", "rows_equal", "inputs", "shape", "extra")
 
-    def __init__(self, digest: float, rows_equal: bool, shape: tuple[int, ...], extra: Any):
+    def __init__(
+        self, digest: float, rows_equal: bool, inputs: float, shape: tuple[int, ...], extra: Any
+    ) -> None:
         self.digest = digest
         self.rows_equal = rows_equal
+        self.inputs = inputs
         self.shape = shape
         self.extra = extra
 
 
 def encode(index: dict[str, int], key: Key, seen: Seen, extra: Sequence[Any]) -> Any:
-    """A slot's entry: [module, call, position, digest, rows equal, ndim, *shape, len(extra),
-    *extra], `extra` numbers and numpy arrays (flattened)."""
+    """A slot's entry: [module, call, position, digest, rows equal, inputs' digest, ndim,
+    *shape, len(extra), *extra], `extra` numbers and numpy arrays (flattened)."""
     parts = [np.asarray(e, np.float64).reshape(-1) for e in extra]
     size = sum(len(p) for p in parts)
-    head = [index[key[0]], key[1], key[2], seen.digest, float(seen.rows_equal)]
+    head = [index[key[0]], key[1], key[2], seen.digest, float(seen.rows_equal), seen.inputs]
     head += [len(seen.shape), *seen.shape, size]
     return np.concatenate([np.asarray(head, np.float64), *parts])
 
@@ -167,13 +190,13 @@ def parse(section: Any) -> dict[Wire, Part]:
     found: dict[Wire, Part] = {}
     at = 0
     while at < len(section):
-        module, call, position, dig, rows, ndim = section[at : at + 6].tolist()
+        module, call, position, dig, rows, inputs, ndim = section[at : at + 7].tolist()
         ndim = int(ndim)
-        shape = tuple(int(n) for n in section[at + 6 : at + 6 + ndim].tolist())
-        size = int(section[at + 6 + ndim])
-        start = at + 7 + ndim
+        shape = tuple(int(n) for n in section[at + 7 : at + 7 + ndim].tolist())
+        size = int(section[at + 7 + ndim])
+        start = at + 8 + ndim
         wire = (int(module), int(call), int(position))
-        found[wire] = Part(dig, bool(rows), shape, section[start : start + size])
+        found[wire] = Part(dig, bool(rows), inputs, shape, section[start : start + size])
         at = start + size
     return found
 
@@ -189,17 +212,29 @@ class Slots:
     every rank: changed only from gathered numbers)."""
 
     def __init__(self) -> None:
-        # SAMPLE and REDUCED are final; SHARED and COPY are decided again at every merge
+        # SAMPLE is final, REDUCED while one number; SHARED and COPY are decided at every merge
         self.kinds: dict[Key, int] = {}
         # a decision saw the ranks' inputs differ (until then GradientMonitor decides at the end
         # of each forward: the ranks cannot tell data from parameters)
         self.settled = False
+        # some input tensor of the model was equal on every rank while the others differed
+        # (timesteps drawn with the same seed on every rank: see `_copy`)
+        self.shared_data = False
         self.capacity = 0  # numbers of slot entries the collective carries per rank
         self._needs: deque[int] = deque(maxlen=_WINDOW)
         self._tables = 0  # the same for GradientMonitor's decisions at the end of a forward
 
     def kind(self, key: Key) -> int:
         return self.kinds.get(key, NEW)
+
+    def wants_inputs(self, seen: Any) -> bool:
+        """Whether the model's inputs must be compared at a merge for the slots of `seen`
+        (Seen values): one undecided, or, until the ranks were found to share some input,
+        one with a row per sample equal on every rank (see `_copy`)."""
+        return any(
+            self.kind(key) == NEW or (not self.shared_data and s.inputs != _NO_INPUTS)
+            for key, s in seen
+        )
 
     def exchange(
         self,
@@ -249,7 +284,7 @@ class Slots:
         not found per sample over the last merges (a first forward's entries, every output
         of it, come once), the same on every rank (from the gathered entries)."""
         sizes = [
-            sum(7 + len(p.shape) + len(p.extra) for w, p in part.items() if kinds[w] != SAMPLE)
+            sum(8 + len(p.shape) + len(p.extra) for w, p in part.items() if kinds[w] != SAMPLE)
             for part in parts
         ]
         self._needs.append(max(sizes, default=0))
@@ -271,6 +306,11 @@ class Slots:
         same_inputs = len(set(headers[:, 1].tolist())) == 1
         wires = sorted(set().union(*parts))
         keys = {wire: (names[wire[0]], wire[1], wire[2]) for wire in wires}
+        if not self.shared_data and (headers[:, 1] != 0.0).all() and not same_inputs:
+            # some input of the model is the same on every rank while others differ (the
+            # inputs compared: a slot undecided, or one `wants_inputs`): data the ranks share
+            each = headers[:, 2 : 2 + _EACH]
+            self.shared_data = any(col[0] != -1.0 and (col == col[0]).all() for col in each.T)
         common: dict[Wire, bool] = {}  # (an empty common part tells nothing: not alike)
         boxes = {
             wire: tuple(min(dims) for dims in zip(*(p[wire].shape for p in parts)))
@@ -316,33 +356,63 @@ class Slots:
         common: bool | None,
     ) -> int:
         prior = self.kind(key)
-        if prior in (SAMPLE, REDUCED):
+        if prior == SAMPLE:
             return prior
         shapes = {p.shape for p, _ in present}
         digests = {p.digest for p, _ in present}
-        scalar = shapes == {()}
-        # one row per sample of the rank's batch, all equal (`rows_equal` needs batch >= 2)
-        copy = all(p.rows_equal for p, _ in present)
+        if prior == REDUCED:  # (data, final) one number while it stays one (a squeeze of a row)
+            if all(math.prod(p.shape) == 1 for p, _ in present):
+                return prior
+            return self._keep(key, SAMPLE)
         if prior == NEW:
             if len(present) < world:  # not computed on every rank: it comes from the data
                 return self._keep(key, SAMPLE)
             same = len(digests) == 1 if len(shapes) == 1 else bool(common)
             if not same:  # it depends on the data
-                return self._keep(key, REDUCED if scalar else SAMPLE)
+                return self._keep(key, REDUCED if _reduced(present) else SAMPLE)
             if same_inputs:  # the same inputs everywhere: nothing tells data from parameters
                 batched = all(p.shape[:1] == (b,) for p, b in present)
+                scalar = shapes == {()}
                 return SAMPLE if batched else REDUCED if scalar else SHARED  # this forward's
-            return self._keep(key, COPY if copy else SHARED)
+            return self._keep(key, COPY if _copy(present, self.shared_data) else SHARED)
         # SHARED or COPY, checked again with this forward's values
-        if copy:
-            return self._keep(key, COPY)
         if len(present) > 1 and len({len(s) for s in shapes}) > 1:
             return self._keep(key, SAMPLE)
-        if len(present) > 1 and len(shapes) == 1:
-            if len(digests) > 1:
-                return self._keep(key, REDUCED if scalar else SAMPLE)
+        if len(present) > 1 and len(shapes) == 1 and len(digests) > 1:
+            return self._keep(key, REDUCED if _reduced(present) else SAMPLE)
+        if len(present) < world:
+            return prior  # on some ranks only
+        if _copy(present, self.shared_data):
+            return self._keep(key, COPY)
+        if len(shapes) == 1:
             return self._keep(key, SHARED)
-        return prior  # on one rank only, or their lengths differ (per-rank padding)
+        return prior  # their lengths differ (per-rank padding)
+
+
+def _reduced(present: list[tuple[Part, int]]) -> bool:
+    """Whether an output that depends on the data is one number computed from a rank's whole
+    batch (a loss the model returns, 0-d or ``[1]``), not one per sample: one number on every
+    rank, and 0-d or of one row where a rank's batch has more (at one row per rank, a ``[1]``
+    output is taken as per sample)."""
+    return all(math.prod(p.shape) == 1 for p, _ in present) and any(
+        not p.shape or p.shape[0] != b for p, b in present
+    )
+
+
+def _copy(present: list[tuple[Part, int]], shared_data: bool) -> bool:
+    """Whether an output equal on every rank (their common part where their lengths differ),
+    while their inputs to the model differ, is per sample: one row per sample of every rank's
+    batch (2 rows or more on some rank), and either its rows are all equal (a token copied per
+    sample, `cls.expand(B, 1, D)`; a dead ReLU layer), or the module got the same tensors on
+    every rank while some input of the model is equal on every rank (`shared_data`: timesteps
+    drawn with the same seed on every rank; the modules after a shared table get the same
+    tensors too, but then every input of the model differs)."""
+    if not all(p.shape[:1] == (b,) for p, b in present) or all(b < 2 for _, b in present):
+        return False
+    if all(p.rows_equal for p, _ in present):
+        return True
+    inputs = {p.inputs for p, _ in present}
+    return shared_data and len(inputs) == 1 and _NO_INPUTS not in inputs
 
 
 def merged_squares(kind: int, grads: list[Any]) -> float:

@@ -7,7 +7,7 @@ import functools
 import math
 import warnings
 from collections import deque
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -25,13 +25,14 @@ from unihook import (
 from ._scope import Recipe, check_every, check_history, tensors_of, where_of
 from ._shared import (
     NEW,
+    NO_INPUTS_HEADER,
     SAMPLE,
     Key,
     Seen,
     Slots,
     batch_of,
-    digest_all,
     encode,
+    inputs_header,
     merged_squares,
 )
 from .sinks import Writer, write_records
@@ -72,11 +73,12 @@ class _Step:
         "first_bad",
         "world",
         "pending",
+        "merge",
         "merged",
         "rank",
         "batch",
         "inputs",
-        "inputs_digest",
+        "inputs_header",
         "calls",
         "seen",
         "kinds",
@@ -95,13 +97,14 @@ class _Step:
         self.first_bad: str | None = None  # across ranks: reported at the end of backward
         self.world = world  # (rank, size) when the ranks' numbers are merged, else None
         self.pending = False  # a merge waits for the end of the running backward
+        self.merge: Callable[[], None] | None = None  # (queued: see Recipe._queue_merge)
         self.merged = False  # merged once: a parameter's gradient starts no further merge
         self.rank = 0  # this rank in the default group (errors name it), when merged
         # merged only (see _shared): the model's batch and input tensors (until their digest
         # is taken, at the end of the forward), each module's calls so far
         self.batch = -1
         self.inputs: Sequence[Any] = ()
-        self.inputs_digest = 0.0
+        self.inputs_header = NO_INPUTS_HEADER
         self.calls: dict[str, int] = {}
         self.seen: dict[Key, Seen] = {}  # the slots not known per sample: sent with gradients
         self.kinds: dict[Key, int] = {}  # decided at the end of this forward
@@ -215,6 +218,8 @@ class GradientMonitor(Recipe):
             # step that its backward's parameter gradients would merge)
             return
         self._step.drop_leaves()  # (a step whose backward never came)
+        if self._step.pending and self._step.merge is not None:
+            self._cancel_merge(self._step.merge)  # (its backward raised: it never ended)
         step = self._step = _Step(self._merging(module, self.sync))
         if step.world is None:
             return
@@ -239,8 +244,8 @@ class GradientMonitor(Recipe):
         self._last = None
         step = self._step
         if step.inputs:  # a slot still undecided at the merge compares the inputs too
-            if any(self._slots.kind(key) == NEW for key in step.seen):
-                step.inputs_digest = digest_all(step.inputs)
+            if self._slots.wants_inputs(step.seen.items()):
+                step.inputs_header = inputs_header(step.inputs)
             step.inputs = ()
 
     def _settle(self, module: Any, args: Any, output: Any) -> None:
@@ -250,12 +255,12 @@ class GradientMonitor(Recipe):
         step, self._deciding = self._deciding, None
         if step is None or step is not self._step or self._slots.settled:
             return
-        step.inputs_digest = digest_all(step.inputs)
+        step.inputs_header = inputs_header(step.inputs)
         step.inputs = ()
         names = self._names
         index = {name: i for i, name in enumerate(names)}
         entries = [encode(index, key, seen, ()) for key, seen in step.seen.items()]
-        header = (step.batch, step.inputs_digest)
+        header = (step.batch, *step.inputs_header)
         _, headers, parts = self._slots.exchange(
             self, self._model, names, (), lambda count: 0, header, entries, table=True
         )
@@ -299,7 +304,7 @@ class GradientMonitor(Recipe):
             if key is not None:
                 kind = self._slots.kind(key)
                 if kind != SAMPLE:  # compared across ranks (kept until decided: NEW)
-                    seen = step.seen[key] = Seen(tensor, step.batch, kind == NEW)
+                    seen = step.seen[key] = Seen(tensor, step.batch, kind == NEW, args)
                     seen.names = names
             self._last = (tensor, version, names)
 
@@ -345,7 +350,8 @@ class GradientMonitor(Recipe):
             step.pending = True
             # a tensor names the default group: the wrapper's own groups number ranks apart
             step.rank = (ops.world(grad) or (0, 1))[0]
-            ops.after_backward(grad, functools.partial(self._merge, step))
+            step.merge = functools.partial(self._merge, step)
+            self._queue_merge(grad, step.merge)
 
     def _parameter_grad(self, grad: Any) -> None:
         step = self._step
@@ -382,7 +388,7 @@ class GradientMonitor(Recipe):
             ids = [index[name] for name in seen.names]
             entries.append(encode(index, key, seen, [len(sent), len(ids), ids, *sent]))
         step.grads = {}
-        header = (step.batch, step.inputs_digest)
+        header = (step.batch, *step.inputs_header)
         ranks, headers, parts = self._slots.exchange(
             self, self._model, names, local, lambda count: 2 * count + 2, header, entries
         )

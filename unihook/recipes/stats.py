@@ -12,7 +12,18 @@ import numpy as np
 from unihook import HookGroup, attach, ops, register_forward_hook, register_forward_pre_hook
 
 from ._scope import Recipe, check_every, check_history, tensors_of, where_of
-from ._shared import NEW, SAMPLE, SHARED, Key, Seen, Slots, batch_of, digest_all, encode
+from ._shared import (
+    NEW,
+    NO_INPUTS_HEADER,
+    SAMPLE,
+    SHARED,
+    Key,
+    Seen,
+    Slots,
+    batch_of,
+    encode,
+    inputs_header,
+)
 from .sinks import Writer, write_records
 
 __all__ = ["ActivationStats"]
@@ -191,7 +202,7 @@ class ActivationStats(Recipe):
                 step.merge(moments)
             else:  # compared across ranks (the tensor kept until decided: NEW)
                 if seen is None:
-                    seen = Seen(tensor, self._batch, kind == NEW)
+                    seen = Seen(tensor, self._batch, kind == NEW, args)
                 elif kind == NEW and seen.tensor is None:
                     seen.tensor = tensor
                 self._seen[key] = (seen, moments)
@@ -235,8 +246,8 @@ class ActivationStats(Recipe):
                 local[i] = (part.calls, *part.moments())
         seen = self._seen
         entries = [encode(index, key, s, moments) for key, (s, moments) in seen.items()]
-        new = any(self._slots.kind(key) == NEW for key in seen)
-        header = (self._batch, digest_all(self._inputs) if new else 0.0)
+        compared = self._slots.wants_inputs((key, s) for key, (s, _) in seen.items())
+        header = (self._batch, *(inputs_header(self._inputs) if compared else NO_INPUTS_HEADER))
         ranks, headers, parts = self._slots.exchange(
             self, self._model, names, local.reshape(-1), lambda n: n * _FIELDS, header, entries
         )
