@@ -648,3 +648,44 @@ def test_torch_native_backward_hooks_beside_ours(
     finally:
         for h in handles:
             h.remove()
+
+
+def global_forward_changed_run(k: Any, native: bool) -> list[str]:
+    """A native forward pre-hook of the layer removes one global forward hook and registers
+    another while the layer runs (a global one already there: torch's slow path): as torch,
+    whose forward hooks are read after forward, the removed one does not fire for that call,
+    the new one does; the next call sees the new one only."""
+    fired: list[str] = []
+    module = k.linear(3, 2, W, B)
+
+    def hook(name: str) -> Callable[..., None]:
+        return lambda m, args, out: fired.append(name)
+
+    def register(h: Any) -> Callable[[], None]:
+        if native:
+            import torch
+
+            return torch.nn.modules.module.register_module_forward_hook(h).remove
+        return unihook.register_module_forward_hook(h, backend=k.name).remove
+
+    removers = [register(hook("removed"))]
+
+    def swap(m: Any, args: Any) -> None:
+        if "swap" not in fired:
+            fired.append("swap")
+            removers[0]()
+            removers.append(register(hook("added")))
+
+    removers.append(k.native_hook(module, "forward_pre", swap))
+    for _ in range(2):
+        module(k.tensor(X))
+        fired.append("call")
+    for remove in removers:
+        remove()
+    return fired
+
+
+def test_global_forward_hook_removed_and_added_inside_forward(backend: Any) -> None:
+    got = global_forward_changed_run(backend, False)
+    assert got == global_forward_changed_run(kit("torch"), True)
+    assert got == ["swap", "added", "call", "added", "call"]

@@ -143,6 +143,9 @@ def _dygraph_call_func(self: Any, *inputs: Any, **kwargs: Any) -> Any:
             self._build_once(*inputs, **kwargs)
             self._built = True
         outputs = _run_forward(self, inputs, kwargs)
+        # as torch, which reads its global forward hooks after forward: one removed (added)
+        # during the call does not fire (fires) for it
+        hooks = _hooks
         own_kwargs = self._forward_post_hooks_with_kwargs_flag
         own_always = self._forward_post_hooks_always_called
         for key, hook in (*hooks.post, *self._forward_post_hooks.items(), *hooks.tail_post):
