@@ -14,6 +14,7 @@ import pytest
 
 import unihook
 from unihook._module_backward import _globals, _states
+from unihook.conformance import kit
 
 FRAMEWORKS = ["torch", "paddle"]
 
@@ -52,9 +53,9 @@ def _stale_entries_take_the_id(model: Any, args: tuple[Any, ...]) -> None:
     states += [] if own is None else [own]
     for state in states:
         stack = getattr(state.local, "stack", None) or []
-        for k, (_, ref, call) in enumerate(stack):
+        for k, (_, ref, call, frame) in enumerate(stack):
             if ref() is model:
-                stack[k] = (id(args), ref, call)
+                stack[k] = (id(args), ref, call, frame)
 
 
 def _calls(fw: str, cut: bool, input_grad: bool) -> Counter[tuple[str, str]]:
@@ -178,3 +179,69 @@ def test_a_keyword_only_call_after_a_cut_one_fires_every_backward_hook_once(fw: 
     expected = _keyword_only_calls(fw, cut=False)
     assert sorted(expected) == ["global KeywordOnly", "global Linear", "own", "own pre"]
     assert _keyword_only_calls(fw, cut=True) == expected
+
+
+def _removed_inside_a_call(fw: str, kind: str) -> tuple[Any, Any]:
+    """A module with one backward hook (its own, or a global one): a call cut short by a
+    KeyboardInterrupt, then a call whose forward removes that last hook. Returns the module
+    and a weak reference to the dispatchers' state, if one was left."""
+    import weakref
+
+    if fw == "torch":
+        import torch
+
+        base: Any = torch.nn.Module
+        linear = torch.nn.Linear(3, 2)
+    else:
+        import paddle
+
+        base = paddle.nn.Layer
+        linear = paddle.nn.Linear(3, 2)
+    handles: list[Any] = []
+
+    class Cut(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = linear
+            self.cut = True
+
+        def forward(self, x: Any) -> Any:
+            if self.cut:
+                self.cut = False
+                raise KeyboardInterrupt("cut short")
+            for handle in handles:
+                handle.remove()  # the last hook, inside the call
+            return self.lin(x)
+
+    model = Cut()
+    if kind == "own":
+        handles.append(unihook.register_full_backward_hook(model, lambda *args: None))
+        state = weakref.ref(_states[model])
+    else:
+        handles.append(unihook.register_module_full_backward_hook(lambda *args: None, backend=fw))
+        state = weakref.ref(_globals[fw])
+    with pytest.raises(KeyboardInterrupt):
+        model(_input(fw, True))
+    model(_input(fw, True)).sum().backward()
+    return model, state
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("kind", ["own", "global"])
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_the_last_hook_removed_inside_a_call_after_a_cut_one_leaves_nothing(
+    fw: str, kind: str
+) -> None:
+    """The cut call's entry stays on the thread; the later call, whose forward removes the
+    last hook, ends with the dispatchers taken out all the same (they stayed for good, and
+    paddle's patch of every layer's call with them: the entry was dropped only at a removal
+    made outside any module call)."""
+    import gc
+
+    pytest.importorskip(fw)
+    native = kit(fw).native_state()
+    model, state = _removed_inside_a_call(fw, kind)
+    gc.collect()
+    assert state() is None or state().dispatchers is None
+    assert kit(fw).native_state() == native
+    assert all(not hooks for hooks in kit(fw).hook_dicts(model).values())

@@ -202,12 +202,13 @@ class ModuleBackward:
             self.stacks.add(weakref.ref(stack, self.stacks.discard))
         return stack
 
-    def retire(self) -> None:
+    def retire(self, ending: int = 0) -> None:
         """Removed: take the dispatchers out once no call that started before runs on any
-        thread (callers hold `_lock`): the stacks hold those calls' entries. A thread's entries
-        that a BaseException left (their post_dispatch skipped) are dropped when that thread
-        runs no module call (a frame of the framework's call function) at a removal; another
-        thread's frames are not read (on CPython 3.11 that is not safe)."""
+        thread (callers hold `_lock`): the stacks hold those calls' entries. This thread's
+        entries that a BaseException left (their post_dispatch skipped) are dropped: their
+        call's frame (of the framework's call function) is not on its stack, or is `ending`'s,
+        the call ending now; another thread's frames are not read (on CPython 3.11 that is not
+        safe)."""
         if self.dispatchers is None:
             return
         here = threading.get_ident()
@@ -215,19 +216,26 @@ class ModuleBackward:
         for stack in [ref() for ref in list(self.stacks)]:
             if not stack:
                 continue
-            if stack.thread == here and not _in_call(sys._getframe(), self.autograd.call_codes):
-                stack.clear()
-            else:
+            if stack.thread != here:
+                return
+            # this thread's calls in flight: their frames are on its stack (a frame id the
+            # cut call's had, reused meanwhile, keeps its entry: a leak, never a lost call)
+            live = _call_frames(sys._getframe(), self.autograd.call_codes) - {ending}
+            stack[:] = [e for e in stack if e[3] in live or (not e[3] and live)]
+            if stack:
                 return
         self.dispatchers.remove()
         self.dispatchers = None
 
     def _ended(self) -> None:
-        """A call of a removed state ends: the last one out takes the dispatchers."""
+        """A call of a removed state ends (from its post_dispatch): the last one out takes the
+        dispatchers."""
         if _lock.deferred(self._ended):
-            return
+            return  # (run later, perhaps after this call: its frame is not told apart)
         with _lock, _lock.mutex:
-            self.retire()
+            # the frame of the ending call hosts no other call in flight: an entry with its id
+            # is a cut call's whose frame was freed and its address reused for this one
+            self.retire(_call_frame(self.autograd.call_codes))
 
     # -- the two dispatchers, installed as the module's last forward pre- and post-hook --
 
@@ -237,7 +245,7 @@ class ModuleBackward:
         stack: list[_Entry] | None = getattr(self.local, "stack", None)
         if not stack:
             return False
-        key, ref, call = stack[-1]
+        key, ref, call, _ = stack[-1]
         # Only a `_Call` takes hooks (None: grad disabled, nothing fires; `_Own`: a global state
         # that ran first and left them to the asker, which had not run: a stale entry misled
         # it). `_got`: an entry a BaseException left (its post_dispatch skipped) may carry the
@@ -271,7 +279,8 @@ class ModuleBackward:
         # thread) sees this call in flight and leaves the dispatchers for its post_dispatch.
         stack = self._stack()
         ref = weakref.ref(module)
-        stack.append((id(args), ref, _PASSED))
+        frame = _call_frame(self.autograd.call_codes)
+        stack.append((id(args), ref, _PASSED, frame))
         pos = len(stack) - 1
         if self.removed:
             # (removed while another call was in flight) the call passes; the global
@@ -281,7 +290,7 @@ class ModuleBackward:
         if self.is_global:
             own = _states.dispatching(module, args)
             if own is not None:
-                stack[pos] = (id(args), ref, _Own(own, own.local.stack[-1][2]))
+                stack[pos] = (id(args), ref, _Own(own, own.local.stack[-1][2]), frame)
                 return None
         else:
             shared = _globals.get(self.autograd.backend)
@@ -290,7 +299,7 @@ class ModuleBackward:
             )
         ag = self.autograd
         if not ag.grad_enabled():
-            stack[pos] = (id(args), ref, None)
+            stack[pos] = (id(args), ref, None, frame)
             return None
         call = _Call(module, self, len(args), with_globals)
         if self.mark is not None:
@@ -313,7 +322,7 @@ class ModuleBackward:
             call.inputs = [weakref.ref(t) for t in new]
         # An in-place op of forward on an input shows in its version (see post_dispatch).
         call.versions = [ag.version(args[i]) for i in idx]
-        stack[pos] = (id(args), ref, call)
+        stack[pos] = (id(args), ref, call, frame)
         return args if call.input_idx is not None else None
 
     def post_dispatch(self, module: Any, args: tuple[Any, ...], output: Any) -> Any:
@@ -327,7 +336,7 @@ class ModuleBackward:
                 if self.removed:
                     self._ended()
                 return None
-        key, _, call = stack[k]
+        key, _, call, _ = stack[k]
         # Calls nest per thread: the entries above this call's are stale, their post_dispatch
         # skipped by a BaseException (frameworks run always-call hooks only for an Exception).
         del stack[k:]
@@ -549,7 +558,9 @@ def _leaf_changed(site: Site) -> InPlaceError:
 # post_dispatch a BaseException skipped keeps nothing alive, and the next post_dispatch of a call
 # below it drops it. The ids are sound: an entry above a live call's was pushed while that
 # call's args were alive, so its id is another object's.
-_Entry = tuple[int, "weakref.ref[Any]", "_Call | _Own | _Passed | None"]
+# (id of the args the call passed on, the module, the call, id of the frame of the framework's
+# call function it runs in: 0 where none was found)
+_Entry = tuple[int, "weakref.ref[Any]", "_Call | _Own | _Passed | None", int]
 
 
 class _Stack(list[_Entry]):
@@ -575,14 +586,26 @@ class _Passed:
 _PASSED = _Passed()
 
 
-def _in_call(frame: FrameType | None, codes: frozenset[CodeType]) -> bool:
-    """Whether this thread, whose innermost frame is `frame`, runs a module call (a frame of
-    the framework's call function)."""
+def _call_frame(codes: frozenset[CodeType]) -> int:
+    """The id of the innermost frame of the framework's call function (`codes`) on this
+    thread, from a dispatcher: the frame of the call it runs in, 0 if none."""
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         if frame.f_code in codes:
-            return True
+            return id(frame)
         frame = frame.f_back
-    return False
+    return 0
+
+
+def _call_frames(frame: FrameType | None, codes: frozenset[CodeType]) -> set[int]:
+    """The ids of the frames of the framework's call function (`codes`) on this thread, whose
+    innermost frame is `frame`: the module calls in flight."""
+    found = set()
+    while frame is not None:
+        if frame.f_code in codes:
+            found.add(id(frame))
+        frame = frame.f_back
+    return found
 
 
 class _Own:

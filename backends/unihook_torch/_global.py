@@ -158,7 +158,7 @@ def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     return result if output is None else output
 
 
-# the wrapper's frames: a module call on the stack (see `unihook._module_backward._in_call`)
+# the wrapper's frames: a module call on the stack (see `unihook._module_backward._call_frames`)
 WRAPPER_CODES = frozenset({_call_impl.__code__, _call.__code__, _run.__code__})
 
 
