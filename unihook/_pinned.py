@@ -56,6 +56,9 @@ class HookDict(OrderedDict[int, Any]):
         self.pinned: list[int] = []  # kept last, in this order
         self.tail: set[int] = set()  # pinned keys kept after the other pinned ones
         self.owned: set[int] = set()  # unihook's keys, the pinned ones included
+        # the owner's flag tables (attributes) that hold a key of unihook's too (see `pin`)
+        self.flags: dict[int, tuple[str, ...]] = {}
+        self.uncopied: set[int] = set()  # keys a deep copy of the owner goes without
         # items(), tagged with the version it was taken at. A version is unique (a global
         # counter) and set after each change: a snapshot a reader took while another thread
         # changed the dict carries an older tag, so it is never reused.
@@ -78,6 +81,8 @@ class HookDict(OrderedDict[int, Any]):
         self._access = access
         self.pinned = []
         self.tail = set()
+        self.flags = {}
+        self.uncopied = set()
         self.owned = set()
         super().clear()
         for key, value in origin.items():
@@ -298,11 +303,15 @@ class HookDict(OrderedDict[int, Any]):
         origin: OrderedDict[int, Any] = OrderedDict()
         new._install(origin, copied, self._attr, self._access)
         for key, value in self.items():
+            if key in self.uncopied:  # (a backend's global forward dispatcher)
+                self._leave_flags(key, owner, memo)
+                continue
             state = getattr(value, "__self__", None) if key in self.pinned else None
             if getattr(state, "is_global", False) or getattr(state, "removed", False):
                 # the global dispatchers: the copy gets them where it needs them; removed
                 # ones only wait for this module's calls in flight
                 _leave_out(state, owner, memo)
+                self._leave_flags(key, owner, memo)
                 continue
             if state is not None and id(state) not in memo and copied is not owner:
                 memo[id(state)] = _copy_state(state, copied, owner, memo)
@@ -313,10 +322,20 @@ class HookDict(OrderedDict[int, Any]):
         new.pinned = [key for key in self.pinned if key in new]
         new.tail = {key for key in self.tail if key in new}
         new.owned = {key for key in self.owned if key in new}
+        new.flags = {key: attrs for key, attrs in self.flags.items() if key in new}
         if not new.owned:  # (only removed or global dispatchers were here)
             memo[id(self)] = origin
             return origin
         return new
+
+    def _leave_flags(self, key: int, owner: Any, memo: dict[int, Any]) -> None:
+        """Take `key`, left out of a deep copy of `owner`, out of the copy's flag tables."""
+        from copy import deepcopy
+
+        if owner is None or self._access is None:
+            return
+        for attr in self.flags.get(key, ()):
+            deepcopy(self._access.get(owner, attr), memo).pop(key, None)
 
 
 def _leave_out(state: Any, owner: Any, memo: dict[int, Any]) -> None:
@@ -371,16 +390,35 @@ def pin(
     last: bool,
     prepend: bool,
     tail: bool = False,
+    flags: tuple[str, ...] = (),
+    copied: bool = True,
 ) -> None:
     """Insert unihook's hook `key` into `owner`'s hook dict `attr`: pinned last (`last`; with
     `tail`, after the other pinned ones, whenever they come), or first (`prepend`), or before
-    the pinned ones."""
+    the pinned ones. `flags`: the owner's flag tables (attributes) the caller put `key` in
+    too; not `copied`: a deep copy of the owner goes without it (and its flags), a backend's
+    global dispatcher that the copy gets at its first call."""
     if _lock.deferred(
-        lambda: pin(owner, attr, key, hook, access, last=last, prepend=prepend, tail=tail)
+        lambda: pin(
+            owner,
+            attr,
+            key,
+            hook,
+            access,
+            last=last,
+            prepend=prepend,
+            tail=tail,
+            flags=flags,
+            copied=copied,
+        )
     ):
         return
     with _lock, _lock.mutex:
-        _pin(owner, attr, key, hook, access, last=last, prepend=prepend, tail=tail)
+        hooks = _pin(owner, attr, key, hook, access, last=last, prepend=prepend, tail=tail)
+        if flags:
+            hooks.flags[key] = flags
+        if not copied:
+            hooks.uncopied.add(key)
 
 
 def _pin(
@@ -588,7 +626,17 @@ class Pinned:
             flags[post_key] = True
             pinned._watch(flags)
             pin(owner, pre_attr, pre_key, pre, access, last=True, prepend=False, tail=tail)
-            pin(owner, post_attr, post_key, post, access, last=True, prepend=False, tail=tail)
+            pin(
+                owner,
+                post_attr,
+                post_key,
+                post,
+                access,
+                last=True,
+                prepend=False,
+                tail=tail,
+                flags=(always,),
+            )
         except BaseException:
             # interrupted half-way (a Ctrl-C in a forward that pins lazily): what went in goes,
             # so that the next call pins once, not twice

@@ -159,13 +159,17 @@ def _install(cell: Any) -> list[Any]:
 
 def _pin_forward(cell: Any, slot: int, key: int) -> None:
     """Pin the global forward dispatcher `slot` (0 pre, 1 post) first in `cell`'s dict."""
+    # (a deep copy of the cell goes without it: `_ensure` pins the copy's own at its first call,
+    # which else fired the global hooks twice there, and kept one after their removal)
     if slot == 0:
-        Access.get(cell, "_forward_pre_hook_with_kwargs")[key] = True
-        pin(cell, "_forward_pre_hook", key, _run_pre, Access, last=False, prepend=True)
+        flags: tuple[str, ...] = ("_forward_pre_hook_with_kwargs",)
+        attr, run = "_forward_pre_hook", _run_pre
     else:
-        Access.get(cell, "_forward_hook_with_kwargs")[key] = True
-        Access.get(cell, "_forward_hook_always_called")[key] = True
-        pin(cell, "_forward_hook", key, _run_post, Access, last=False, prepend=True)
+        flags = ("_forward_hook_with_kwargs", "_forward_hook_always_called")
+        attr, run = "_forward_hook", _run_post
+    for table in flags:
+        Access.get(cell, table)[key] = True
+    pin(cell, attr, key, run, Access, last=False, prepend=True, flags=flags, copied=False)
 
 
 def _call(self: Any, *args: Any, **kwargs: Any) -> Any:

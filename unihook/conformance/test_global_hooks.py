@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import threading
 from typing import Any
@@ -483,3 +484,34 @@ def test_backward_hook_registered_during_the_call_leaves_it_to_the_global_hooks(
             assert calls == expected
             np.testing.assert_allclose(backend.grad(x), [[40.0, 60.0]])
     handles[0].remove()
+
+
+def test_a_deep_copy_under_global_hooks_fires_each_once_and_keeps_none(backend: Any) -> None:
+    """A model copied while global forward and backward hooks are on (an EMA copy, a teacher):
+    the copy's calls fire each global hook once, as the original's, and once the hooks are
+    removed neither keeps anything of them (MindSpore's copy kept the global forward
+    dispatchers the original's hook dicts held beside its own: twice, and for good)."""
+    log: list[str] = []
+    on = backend.name
+    model = seed_model(backend)
+    x = [[1.0, 1.0, 1.0]]
+    handles = [
+        unihook.register_module_forward_pre_hook(lambda m, a: log.append("pre"), backend=on),
+        unihook.register_module_forward_hook(lambda m, a, o: log.append("post"), backend=on),
+        unihook.register_module_full_backward_hook(lambda m, gi, go: log.append("bw"), backend=on),
+    ]
+    backend.backward(model(backend.tensor(x, requires_grad=True)).sum())
+    expected = list(log)
+    assert sorted(set(expected)) == ["bw", "post", "pre"]
+    copied = copy.deepcopy(model)
+    log.clear()
+    backend.backward(copied(backend.tensor(x, requires_grad=True)).sum())
+    assert log == expected
+    for handle in handles:
+        handle.remove()
+    log.clear()
+    for m in (model, copied):
+        backend.backward(m(backend.tensor(x, requires_grad=True)).sum())
+        for _, module in backend.named_modules(m):
+            assert all(not hooks for hooks in backend.hook_dicts(module).values())
+    assert log == []
