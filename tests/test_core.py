@@ -53,6 +53,7 @@ import sys
 from unihook.spec import hookimpl
 from unihook.handles import Handle
 from unihook.info import BackendInfo
+from unihook.ops import Ops
 
 
 class ToyModule:
@@ -67,9 +68,28 @@ class ToyModule:
         return out
 
 
+class ToyTensor:
+    def __init__(self, values):
+        self.values = values
+
+
+class ToyOps(Ops):  # the SDK's ops facet: two methods; the others' defaults, or an error
+    is_tensor = staticmethod(lambda obj: isinstance(obj, ToyTensor))
+
+    def to_numpy(self, t):
+        import numpy
+
+        return numpy.asarray(t.values)
+
+
 @hookimpl
 def unihook_backend_info():
     return BackendInfo("toy", "toy", "0.1", {"forward": "native"})
+
+
+@hookimpl
+def unihook_ops(obj):
+    return ToyOps() if isinstance(obj, (ToyTensor, ToyModule)) else None
 
 
 @hookimpl
@@ -121,6 +141,33 @@ def test_third_party_backend_is_found_through_the_entry_point_group(toy_backend:
     lines = out.splitlines()
     assert "toy" in lines[0] and "torch" in lines[0] and "paddle" in lines[0]
     assert lines[1:] == ["toy toy forward 7", "6", "unsupported: True True", "False False"]
+
+
+def test_a_third_party_ops_facet_gets_the_defaults_and_names_what_it_lacks(
+    toy_backend: Path,
+) -> None:
+    """`unihook.ops.Ops` is the base of a backend's ops facet: what it leaves out has the
+    documented default (one process, no wrapper, gradients recorded, no leaf) or raises
+    NotImplementedError naming the facet and the method."""
+    out = run_python(
+        """
+        import unihook.ops as ops
+        from toy_backend import ToyModule, ToyTensor
+        t, m = ToyTensor([1.0, 2.0]), ToyModule()
+        print(ops.to_numpy(t).tolist(), ops.world(t), ops.unwrap(m) is m)
+        print(ops.grad_enabled(t), ops.is_leaf(t), ops.float64_copy(m))
+        try:
+            ops.sum(t)
+        except NotImplementedError as e:
+            print(e)
+        """,
+        path=toy_backend,
+    )
+    assert out.splitlines() == [
+        "[1.0, 2.0] None True",
+        "True False None",
+        "unihook.ops: the backend's ops facet (ToyOps) must implement `sum`; it has no default.",
+    ]
 
 
 def test_a_backend_can_be_disabled_by_environment(toy_backend: Path) -> None:

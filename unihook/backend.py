@@ -27,7 +27,9 @@ backends use them.
 - **Laziness**: `when_imported` / `install_when_imported` run code when the framework gets
   imported, without importing it (a global hook registered before the framework);
   `cancel_when_imported` cancels a callback (taken before registering it).
-- **Ops helpers**: `map_dataclass` maps the fields of a dataclass output (``tensors_in``).
+- **Ops**: a backend's ``unihook_ops`` returns a subclass of `unihook.ops.Ops` (the base class of
+  the ops facet: defaults where one is right, NotImplementedError naming the method where
+  not); `map_dataclass` maps the fields of a dataclass output (``tensors_in``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from typing import Any, Callable, ContextManager, Protocol, Sequence, Union
+from typing import Any, Callable, ContextManager, Sequence, Union
 
 from ._describe import type_name
 from ._plugins import plugin_manager
@@ -68,66 +68,169 @@ Axis = Union[None, int, Sequence[int]]
 Moments = tuple[int, float, float, float, float, int, int]
 
 
-class Ops(Protocol):
-    """What a backend implements; every function below forwards to it."""
+class Ops:
+    """A backend's ops facet: the functions below forward to it. A backend subclasses it (one
+    instance per framework, returned by its ``unihook_ops`` hookimpl) and implements the
+    methods without a default, which raise NotImplementedError naming the facet and the
+    method; the others have the default their docstring gives."""
 
-    def is_tensor(self, obj: object) -> bool: ...
-    def to_numpy(self, t: Any) -> Any: ...
-    def detach(self, t: Any) -> Any: ...
-    def clone(self, t: Any) -> Any: ...
-    def zeros_like(self, t: Any) -> Any: ...
-    def sum(self, t: Any, axis: Axis, keepdim: bool) -> Any: ...
-    def mean(self, t: Any, axis: Axis, keepdim: bool) -> Any: ...
-    def std(self, t: Any, axis: Axis, keepdim: bool) -> Any: ...
-    def max(self, t: Any, axis: Axis, keepdim: bool) -> Any: ...
-    def min(self, t: Any, axis: Axis, keepdim: bool) -> Any: ...
-    def norm(self, t: Any, p: float) -> Any: ...
-    def sum_squares(self, t: Any) -> float: ...
-    def moments(self, t: Any) -> Moments: ...
-    def abs(self, t: Any) -> Any: ...
-    def clamp(self, t: Any, min: float | None, max: float | None) -> Any: ...
-    def all_finite(self, t: Any) -> bool: ...
-    def dropout(self, t: Any, p: float, training: bool) -> Any: ...
-    def drop_block(self, t: Any, p: float, block_size: int, training: bool) -> Any: ...
-    def named_modules(self, module: Any) -> list[tuple[str, Any]]: ...
-    def own_parameters(self, module: Any) -> list[tuple[Any, int, bool]]: ...
-    def as_tensor(self, array: Any, like: Any) -> Any: ...
-    def leaf(self, t: Any) -> Any: ...
-    def grad_of(self, t: Any) -> Any: ...
-    def copy_into(self, buffer: Any, t: Any) -> Any: ...
-    # The in-place version counter `t` shares with its aliases and views (bumped by every
-    # in-place op on any of them), or None when the framework keeps none for `t`.
-    def version(self, t: Any) -> int | None: ...
-    # The in-place counter of the tensor object `t` itself (optional: `version` without it),
-    # for a framework whose aliases keep counters of their own (MindSpore): see `object_version`.
-    def object_version(self, t: Any) -> int | None: ...
-    # `value` rebuilt as its own type (namedtuple, return type, dict, list, dataclass, nested)
-    # with `fn` applied to every tensor in it, through the framework's tree utilities.
-    def map_tensors(self, fn: Callable[[Any], Any], value: Any) -> Any: ...
-    # Backward from the scalar `t` into the leaves' accumulated gradients (optional:
-    # ``t.backward()`` without it; for a framework whose autograd is functional).
-    def backward(self, t: Any) -> None: ...
-    # The forward ``fn(x)`` (a scalar) and its backward, returning the gradient with respect
-    # to `x` when `input_grad` (optional: `backward` of ``fn(x)`` and `grad_of(x)` without it;
-    # for a framework that differentiates a function, not a recorded tensor). `caller` names
-    # the recipe or function in its errors.
+    def _missing(self, name: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"unihook.ops: the backend's ops facet ({type(self).__name__}) must implement "
+            f"`{name}`; it has no default."
+        )
+
+    # -- required: tensors, reductions, modules --
+    @staticmethod
+    def is_tensor(obj: object, /) -> bool:
+        """(A static method: a backend's may be the framework's own type test.)"""
+        raise NotImplementedError("unihook.ops: the backend's ops facet must implement `is_tensor`")
+
+    def to_numpy(self, t: Any) -> Any:
+        raise self._missing("to_numpy")
+
+    def detach(self, t: Any) -> Any:
+        raise self._missing("detach")
+
+    def clone(self, t: Any) -> Any:
+        raise self._missing("clone")
+
+    def zeros_like(self, t: Any) -> Any:
+        raise self._missing("zeros_like")
+
+    def sum(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        raise self._missing("sum")
+
+    def mean(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        raise self._missing("mean")
+
+    def std(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        raise self._missing("std")
+
+    def max(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        raise self._missing("max")
+
+    def min(self, t: Any, axis: Axis, keepdim: bool) -> Any:
+        raise self._missing("min")
+
+    def norm(self, t: Any, p: float) -> Any:
+        raise self._missing("norm")
+
+    def sum_squares(self, t: Any) -> float:
+        raise self._missing("sum_squares")
+
+    def moments(self, t: Any) -> Moments:
+        raise self._missing("moments")
+
+    def abs(self, t: Any) -> Any:
+        raise self._missing("abs")
+
+    def clamp(self, t: Any, min: float | None, max: float | None) -> Any:
+        raise self._missing("clamp")
+
+    def all_finite(self, t: Any) -> bool:
+        raise self._missing("all_finite")
+
+    def dropout(self, t: Any, p: float, training: bool) -> Any:
+        raise self._missing("dropout")
+
+    def drop_block(self, t: Any, p: float, block_size: int, training: bool) -> Any:
+        raise self._missing("drop_block")
+
+    def named_modules(self, module: Any) -> list[tuple[str, Any]]:
+        raise self._missing("named_modules")
+
+    def own_parameters(self, module: Any) -> list[tuple[Any, int, bool]]:
+        raise self._missing("own_parameters")
+
+    def as_tensor(self, array: Any, like: Any) -> Any:
+        raise self._missing("as_tensor")
+
+    def leaf(self, t: Any) -> Any:
+        raise self._missing("leaf")
+
+    def grad_of(self, t: Any) -> Any:
+        raise self._missing("grad_of")
+
+    def copy_into(self, buffer: Any, t: Any) -> Any:
+        raise self._missing("copy_into")
+
+    def version(self, t: Any) -> int | None:
+        """The in-place version counter `t` shares with its aliases and views (bumped by every
+        in-place op on any of them), or None when the framework keeps none for `t`."""
+        raise self._missing("version")
+
+    def map_tensors(self, fn: Callable[[Any], Any], value: Any) -> Any:
+        """`value` rebuilt as its own type (namedtuple, return type, dict, list, dataclass,
+        nested) with `fn` applied to every tensor in it, through the framework's tree
+        utilities."""
+        raise self._missing("map_tensors")
+
+    # -- with defaults --
+    def object_version(self, t: Any) -> int | None:
+        """The in-place counter of the tensor object `t` itself, for a framework whose aliases
+        keep counters of their own (MindSpore): `version` by default."""
+        return self.version(t)
+
+    def on_grad(self, t: Any, fn: Callable[[Any], None]) -> bool:
+        """See the function `on_grad`: `register_tensor_hook` by default."""
+        from .api import register_tensor_hook
+
+        try:
+            register_tensor_hook(t, fn)
+        except NoGradError:
+            return False
+        return True
+
+    def backward(self, t: Any) -> None:
+        """Backward from the scalar `t` into the leaves' accumulated gradients:
+        ``t.backward()`` by default (a framework whose autograd is functional overrides)."""
+        t.backward()
+
     def forward_backward(
         self, fn: Callable[[Any], Any], x: Any, input_grad: bool, caller: str
-    ) -> Any: ...
-    # Whether the framework records gradients now (optional: True without it).
-    def grad_enabled(self, like: Any) -> bool: ...
-    # Whether `t` is a leaf of the autograd graph (optional: False without it). See `is_leaf`.
-    def is_leaf(self, t: Any) -> bool: ...
-    # A float64 deep copy of a module (optional: `compare` then runs without its exact
-    # reference). See `float64_copy` below.
-    def float64_copy(self, module: Any) -> Any: ...
-    def float64_default(self, like: Any) -> ContextManager[None]: ...
-    # Data parallelism (optional: a backend without them runs as one process). See `unwrap`,
-    # `world`, `all_gather` and `after_backward` below.
-    def unwrap(self, module: Any) -> Any: ...
-    def world(self, like: Any) -> tuple[int, int] | None: ...
-    def all_gather(self, vector: Any, like: Any) -> Any: ...
-    def after_backward(self, t: Any, fn: Callable[[], None]) -> None: ...
+    ) -> Any:
+        """The forward ``fn(x)`` (a scalar) and its backward, returning the gradient with
+        respect to `x` when `input_grad`: `backward` of ``fn(x)`` and `grad_of(x)` by default
+        (a framework that differentiates a function overrides). `caller` names the recipe or
+        function in its errors."""
+        self.backward(fn(x))
+        return self.grad_of(x) if input_grad else None
+
+    def grad_enabled(self, like: Any) -> bool:
+        """Whether the framework records gradients now: True by default."""
+        return True
+
+    def is_leaf(self, t: Any) -> bool:
+        """Whether `t` is a leaf of the autograd graph (see `is_leaf`): False by default."""
+        return False
+
+    def float64_copy(self, module: Any) -> Any:
+        """A float64 deep copy of a module, or None (the default: `compare` then runs without
+        its exact reference)."""
+        return None
+
+    def float64_default(self, like: Any) -> ContextManager[None]:
+        """See the function `float64_default`: a context that changes nothing by default."""
+        return contextlib.nullcontext()
+
+    # data parallelism: a backend without it runs as one process
+    def unwrap(self, module: Any) -> Any:
+        """The model inside a data-parallel wrapper: `module` by default."""
+        return module
+
+    def world(self, like: Any) -> tuple[int, int] | None:
+        """``(rank, size)`` of the ranks splitting `like`'s batch: None (one process) by
+        default."""
+        return None
+
+    def all_gather(self, vector: Any, like: Any) -> Any:
+        """Called only where `world` is not None: required with it."""
+        raise self._missing("all_gather")
+
+    def after_backward(self, t: Any, fn: Callable[[], None]) -> None:
+        """Called only where `world` is not None: required with it."""
+        raise self._missing("after_backward")
 
 
 _cache: dict[type, Ops] = {}
@@ -466,16 +569,7 @@ def on_grad(t: Any, fn: Callable[[Any], None]) -> bool:
     tensor than `register_tensor_hook`, whose checks, emulation and wrapper are for hooks that
     replace gradients), `register_tensor_hook` otherwise. Not removable: it goes with `t`.
     False, with nothing registered, when `t` gets no gradient (no_grad, a constant)."""
-    native = getattr(ops_for(t), "on_grad", None)
-    if native is not None:
-        return bool(native(t, fn))
-    from .api import register_tensor_hook
-
-    try:
-        register_tensor_hook(t, fn)
-    except NoGradError:
-        return False
-    return True
+    return bool(ops_for(t).on_grad(t, fn))
 
 
 def is_leaf(t: Any) -> bool:
@@ -483,8 +577,7 @@ def is_leaf(t: Any) -> bool:
     paddle's slice of a parameter over its whole range): a gradient hook on it (`on_grad`)
     fires in every later backward through it, not only in the running forward's. False where
     the backend cannot tell."""
-    found = getattr(ops_for(t), "is_leaf", None)
-    return False if found is None else bool(found(t))
+    return bool(ops_for(t).is_leaf(t))
 
 
 def version(t: Any) -> int | None:
@@ -502,9 +595,9 @@ def object_version(t: Any) -> int | None:
     found = ops_for(t)
     read = _object_versions.get(type(found))
     if read is None:  # once per backend: the recipes call this per output and forward
-        read = _object_versions[type(found)] = getattr(type(found), "object_version", None) or (
-            type(found).version
-        )
+        kind = type(found)  # (the default's extra call skipped: it reads `version`)
+        own = kind.object_version is not Ops.object_version
+        read = _object_versions[kind] = kind.object_version if own else kind.version
     return read(found, t)
 
 
@@ -520,11 +613,7 @@ def copy_into(buffer: Any, t: Any) -> Any:
 def backward(t: Any) -> None:
     """``t.backward()`` for a scalar `t`: its hooks fire, the leaves accumulate gradients
     (``grad_of``). A backend with functional autograd (MindSpore) supplies its own."""
-    found = getattr(ops_for(t), "backward", None)
-    if found is None:
-        t.backward()
-    else:
-        found(t)
+    ops_for(t).backward(t)
 
 
 def forward_backward(
@@ -540,18 +629,13 @@ def forward_backward(
     that runs its own backward: a framework whose autograd differentiates a function
     (MindSpore: ``mindspore.grad``) runs both there; elsewhere it is ``backward(fn(x))``, the
     leaves accumulating gradients. `caller` names the recipe in the backend's errors."""
-    found = getattr(ops_for(like), "forward_backward", None)
-    if found is not None:
-        return found(fn, x, input_grad, caller)
-    backward(fn(x))
-    return grad_of(x) if input_grad else None
+    return ops_for(like).forward_backward(fn, x, input_grad, caller)
 
 
 def grad_enabled(like: Any) -> bool:
     """Whether `like`'s framework (a tensor or a module names it) records gradients now: False
     under torch's ``no_grad`` / ``inference_mode`` and paddle's ``no_grad``."""
-    found = getattr(ops_for(like), "grad_enabled", None)
-    return True if found is None else bool(found(like))
+    return bool(ops_for(like).grad_enabled(like))
 
 
 def float64_copy(module: Any) -> Any | None:
@@ -559,8 +643,7 @@ def float64_copy(module: Any) -> Any | None:
     them) whose floating parameters and buffers are float64, or None when the backend offers
     none. `compare` runs it as the exact reference of a float32 (or lower) model: how far each
     value of the model is from it is the model's own rounding error."""
-    found = getattr(ops_for(module), "float64_copy", None)
-    return None if found is None else found(module)
+    return ops_for(module).float64_copy(module)
 
 
 def float64_default(like: Any) -> ContextManager[None]:
@@ -569,8 +652,7 @@ def float64_default(like: Any) -> ContextManager[None]:
     initial state), and its random state (CPU) is put back on leaving it, with the default
     dtype; a context that changes nothing where the backend offers none. The default is the
     framework's process-wide setting: other threads see it meanwhile."""
-    found = getattr(ops_for(like), "float64_default", None)
-    return contextlib.nullcontext() if found is None else found(like)
+    return ops_for(like).float64_default(like)
 
 
 # -- data parallelism: the framework's own process group and collectives, nothing of ours --
@@ -581,8 +663,7 @@ def unwrap(module: Any) -> Any:
     and FullyShardedDataParallel ``.module``, also inside ``torch.compile``'s OptimizedModule;
     paddle's DataParallel ``._layers``), or `module` itself: its qualified names are the
     model's, without the wrapper's prefix."""
-    found = getattr(ops_for(module), "unwrap", None)
-    return module if found is None else found(module)
+    return ops_for(module).unwrap(module)
 
 
 def world(like: Any) -> tuple[int, int] | None:
@@ -593,8 +674,7 @@ def world(like: Any) -> tuple[int, int] | None:
     ``torch.compile``; paddle's DataParallel ``group``), the default group for anything else
     (a tensor or a module names the framework). Never initialises one, nor imports the
     framework's distributed package."""
-    found = getattr(ops_for(like), "world", None)
-    return None if found is None else found(like)
+    return ops_for(like).world(like)
 
 
 def all_gather(vector: Any, like: Any) -> Any:

@@ -12,7 +12,7 @@ from mindspore.graph.api import _pynative_executor
 
 from unihook.backend import map_dataclass
 from unihook.errors import BackendStateError
-from unihook.ops import Moments, drop_block_rate
+from unihook.ops import Moments, Ops, drop_block_rate
 
 from ._serial import exclusive
 
@@ -31,7 +31,7 @@ def _is_tensor(obj: object) -> bool:
     return isinstance(obj, Tensor)
 
 
-class MindSporeOps:
+class MindSporeOps(Ops):
     is_tensor = staticmethod(_is_tensor)
 
     def to_numpy(self, t: Any) -> Any:

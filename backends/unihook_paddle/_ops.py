@@ -16,7 +16,7 @@ from paddle.utils.layers_utils import map_structure
 
 from unihook.backend import map_dataclass
 from unihook.errors import HookTargetError
-from unihook.ops import Moments, cpu_moments, cpu_sum_squares, drop_block_rate
+from unihook.ops import Moments, Ops, cpu_moments, cpu_sum_squares, drop_block_rate
 
 Axis = Union[None, int, Sequence[int]]
 
@@ -56,7 +56,7 @@ def _cpu_view(t: Any) -> Any:
     return np.from_dlpack(x)
 
 
-class PaddleOps:
+class PaddleOps(Ops):
     is_tensor = staticmethod(_is_tensor)
 
     def to_numpy(self, t: Any) -> Any:

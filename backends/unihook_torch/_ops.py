@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 from unihook.backend import map_dataclass
-from unihook.ops import Moments, cpu_moments, cpu_sum_squares, drop_block_rate
+from unihook.ops import Moments, Ops, cpu_moments, cpu_sum_squares, drop_block_rate
 
 Axis = Union[None, int, Sequence[int]]
 
@@ -96,7 +96,7 @@ def _numpy_view(x: Any) -> Any:
     return x.numpy()
 
 
-class TorchOps:
+class TorchOps(Ops):
     is_tensor = staticmethod(torch.is_tensor)
 
     def to_numpy(self, t: Any) -> Any:
