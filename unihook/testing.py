@@ -10,7 +10,7 @@ framework needs. Only the test suites import this module (the shipped one is
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from . import ops
 
@@ -31,45 +31,81 @@ __all__ = [
 FORWARD_NATIVE_KINDS: frozenset[str] = frozenset({"forward_pre", "forward"})
 
 
-class Kit(Protocol):
-    """Optional members a test reads with ``getattr``: ``module_class``, the framework's module
-    base class as unihook's messages spell it (default: torch.nn.Module, paddle.nn.Layer);
-    ``buffer(data)``, a tensor that attribute assignment files as a buffer (default:
-    ``tensor(data)``); ``retain_graph``, ``create_graph`` and ``grad_non_leaves``, see
-    `retains_graph`, `creates_graph` and `grads_non_leaves`; ``native_kinds``, the kinds
-    `native_hook` takes, see `native_kinds`; ``native_autograd()``, see `native_autograd`.
+class Kit:
+    """The base class of a backend's conformance kit facet (its ``unihook_conformance_kit``
+    returns an instance of a subclass): the methods without a default raise
+    NotImplementedError naming the facet and the method. With defaults: ``retain_graph``,
+    ``create_graph`` and ``grad_non_leaves`` (True: see `retains_graph`, `creates_graph` and
+    `grads_non_leaves`), ``native_kinds`` (none beyond the forward ones: see `native_kinds`),
+    ``native_autograd()`` (nothing to switch: see `native_autograd`), ``buffer(data)`` (a
+    tensor that attribute assignment files as a buffer: ``tensor(data)``). Optional, read with
+    ``getattr``: ``module_class``, the framework's module base class as unihook's messages
+    spell it (default: torch.nn.Module, paddle.nn.Layer).
 
     Besides the conformance suite, the project's differential tests
     (``tests/test_differential_*.py``) and its benchmarks (``benchmarks/frameworks.py``) build
     their models, tensors and native hooks through the kits."""
 
     name: str
+    retain_graph: bool = True
+    create_graph: bool = True
+    grad_non_leaves: bool = True
+    native_kinds: frozenset[str] = frozenset()
+
+    def _missing(self, method: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"unihook.testing: the backend's conformance kit ({type(self).__name__}) must "
+            f"implement `{method}`; it has no default."
+        )
+
+    def native_autograd(self) -> None:
+        """See `native_autograd`: nothing to switch off by default."""
+
+    def buffer(self, data: Any) -> Any:
+        """A tensor that attribute assignment files as a buffer: ``tensor(data)`` by
+        default."""
+        return self.tensor(data)
 
     # tensors
-    def tensor(self, data: Any, requires_grad: bool = False, dtype: str = "float32") -> Any: ...
+    def tensor(self, data: Any, requires_grad: bool = False, dtype: str = "float32") -> Any:
+        raise self._missing("tensor")
+
     def numpy(self, tensor: Any) -> Any:
         """A numpy copy of `tensor` (detached)."""
-        ...
+        raise self._missing("numpy")
 
     def grad(self, tensor: Any) -> Any:
         """The accumulated gradient of a leaf as numpy, or None."""
-        ...
+        raise self._missing("grad")
 
-    def requires_grad(self, tensor: Any) -> bool: ...
+    def requires_grad(self, tensor: Any) -> bool:
+        raise self._missing("requires_grad")
+
     def add_(self, tensor: Any, value: float) -> Any:
         """In-place add of a scalar."""
-        ...
+        raise self._missing("add_")
 
-    def relu(self, tensor: Any) -> Any: ...
-    def cat(self, tensors: Sequence[Any], axis: int) -> Any: ...
-    def zeros_like(self, tensor: Any) -> Any: ...
-    def is_tensor(self, obj: object) -> bool: ...
+    def relu(self, tensor: Any) -> Any:
+        raise self._missing("relu")
+
+    def cat(self, tensors: Sequence[Any], axis: int) -> Any:
+        raise self._missing("cat")
+
+    def zeros_like(self, tensor: Any) -> Any:
+        raise self._missing("zeros_like")
+
+    def is_tensor(self, obj: object) -> bool:
+        raise self._missing("is_tensor")
 
     # autograd
-    def backward(self, tensor: Any, retain_graph: bool = False) -> None: ...
+    def backward(self, tensor: Any, retain_graph: bool = False) -> None:
+        raise self._missing("backward")
+
     def autograd_grad(
         self, outputs: Sequence[Any], inputs: Sequence[Any], create_graph: bool = False
-    ) -> list[Any]: ...
+    ) -> list[Any]:
+        raise self._missing("autograd_grad")
+
     def grad_wrt(
         self,
         outputs: Sequence[Any],
@@ -80,14 +116,21 @@ class Kit(Protocol):
     ) -> list[Any]:
         """``autograd.grad`` / ``paddle.grad`` with these options (default retain_graph: the
         framework's, i.e. create_graph)."""
-        ...
+        raise self._missing("grad_wrt")
 
-    def no_grad(self) -> AbstractContextManager[Any]: ...
+    def no_grad(self) -> AbstractContextManager[Any]:
+        raise self._missing("no_grad")
 
     # modules (weights in torch layout, as numpy)
-    def linear(self, n_in: int, n_out: int, weight: Any = None, bias: Any = None) -> Any: ...
-    def relu_module(self, inplace: bool = False) -> Any: ...
-    def sequential(self, *modules: Any) -> Any: ...
+    def linear(self, n_in: int, n_out: int, weight: Any = None, bias: Any = None) -> Any:
+        raise self._missing("linear")
+
+    def relu_module(self, inplace: bool = False) -> Any:
+        raise self._missing("relu_module")
+
+    def sequential(self, *modules: Any) -> Any:
+        raise self._missing("sequential")
+
     def conv2d(
         self,
         c_in: int,
@@ -100,38 +143,46 @@ class Kit(Protocol):
     ) -> Any:
         """A 2-D convolution with a bias, `k` x `k` kernels; `weight` ``[c_out, c_in, k, k]``
         and `bias` as numpy, else the framework's initialisation."""
-        ...
+        raise self._missing("conv2d")
 
     def batchnorm2d(self, c: int, weight: Any = None, bias: Any = None) -> Any:
         """torch's ``BatchNorm2d(c)`` (eps 1e-5, running statistics moved 0.1 of the way to the
         batch's); `weight` and `bias` (the affine scale and shift) as numpy, else ones and
         zeros."""
-        ...
+        raise self._missing("batchnorm2d")
 
     def module(self, forward: Callable[..., Any], children: dict[str, Any] | None = None) -> Any:
         """A module whose forward is ``forward(self, *args, **kwargs)``, holding `children`."""
-        ...
+        raise self._missing("module")
 
-    def parameters(self, module: Any) -> list[Any]: ...
+    def parameters(self, module: Any) -> list[Any]:
+        raise self._missing("parameters")
+
     def parameter_grads(self, module: Any) -> dict[str, Any]:
         """The accumulated gradient (numpy, or None) of each of `module`'s parameters that
         require grad, by qualified name as torch spells it (``"0.weight"``; BatchNorm's scale
         and shift are ``weight`` and ``bias``, its running statistics are not parameters), in
         torch's layout (a Linear weight's ``[out, in]``)."""
-        ...
+        raise self._missing("parameter_grads")
 
-    def named_modules(self, module: Any) -> list[tuple[str, Any]]: ...
-    def set_training(self, module: Any, training: bool) -> None: ...
-    def seed(self, seed: int) -> None: ...
+    def named_modules(self, module: Any) -> list[tuple[str, Any]]:
+        raise self._missing("named_modules")
+
+    def set_training(self, module: Any, training: bool) -> None:
+        raise self._missing("set_training")
+
+    def seed(self, seed: int) -> None:
+        raise self._missing("seed")
+
     def hook_counts(self, module: Any) -> dict[str, int]:
         """How many entries each of the module's native forward-hook containers holds (hooks and
         their flag tables: with_kwargs, always_call), keyed by the container's name. All zero
         means no hook residue: the framework is back to its no-hook call path."""
-        ...
+        raise self._missing("hook_counts")
 
     def hook_dicts(self, module: Any) -> dict[str, Any]:
         """The containers `hook_counts` counts, themselves (their type and identity matter)."""
-        ...
+        raise self._missing("hook_dicts")
 
     def native_hook(
         self, target: Any, kind: str, hook: Callable[..., Any], **options: Any
@@ -143,7 +194,7 @@ class Kit(Protocol):
         "tensor" (`target` a tensor), "full_backward" and "full_backward_pre" (a module),
         "module_forward_pre" and "module_forward" (global: `target` None). A kind the
         framework has no registration for with torch's contract raises `NotImplementedError`."""
-        ...
+        raise self._missing("native_hook")
 
     def replace_hook_dict(self, module: Any, which: str, new: Callable[[Any], Any]) -> Any:
         """Do what a library does that assigns the module a new hook container instead of
@@ -151,37 +202,43 @@ class Kit(Protocol):
         "forward", or "always_called", the forward hooks' always_call flag table) becomes
         ``new(old)``, by the framework's own attribute assignment. Returns the old one (a
         library that puts it back later keeps it)."""
-        ...
+        raise self._missing("replace_hook_dict")
 
     def state_dict_roundtrip(self, module: Any) -> None:
         """Load the module's own state dict back into it."""
-        ...
+        raise self._missing("state_dict_roundtrip")
 
     # global and registration hooks
     def native_state(self) -> object:
         """A comparable snapshot of the framework's hook machinery (patched class methods,
         global hook registries): equal before any unihook hook and after removing them all."""
-        ...
+        raise self._missing("native_state")
 
     def parameter(self, data: Any) -> Any:
         """A new trainable parameter holding `data`."""
-        ...
+        raise self._missing("parameter")
 
-    def register_parameter(self, module: Any, name: str, param: Any) -> None: ...
-    def register_buffer(self, module: Any, name: str, tensor: Any) -> None: ...
-    def add_module(self, module: Any, name: str, child: Any) -> None: ...
+    def register_parameter(self, module: Any, name: str, param: Any) -> None:
+        raise self._missing("register_parameter")
+
+    def register_buffer(self, module: Any, name: str, tensor: Any) -> None:
+        raise self._missing("register_buffer")
+
+    def add_module(self, module: Any, name: str, child: Any) -> None:
+        raise self._missing("add_module")
+
     def type_name(self, module: Any) -> str:
         """The module's class name in a framework-neutral spelling (lower case)."""
-        ...
+        raise self._missing("type_name")
 
     def set_value(self, tensor: Any, data: Any) -> None:
         """Overwrite a parameter or tensor with `data` (same layout in every framework)."""
-        ...
+        raise self._missing("set_value")
 
     def sgd(self, module: Any, lr: float) -> Callable[[Any], None]:
         """A training step for `module`'s parameters: ``step(loss)`` runs backward, one plain
         SGD update and clears the gradients."""
-        ...
+        raise self._missing("sgd")
 
 
 def retains_graph(kit: Kit) -> bool:
@@ -189,7 +246,7 @@ def retains_graph(kit: Kit) -> bool:
     retain_graph, a retry after a hook raised). A kit whose framework cannot (MindSpore 2.10:
     one backward per forward) sets ``retain_graph = False`` and raises
     `unihook.BackendStateError` naming retain_graph at the second backward."""
-    return bool(getattr(kit, "retain_graph", True))
+    return bool(kit.retain_graph)
 
 
 def creates_graph(kit: Kit) -> bool:
@@ -197,14 +254,14 @@ def creates_graph(kit: Kit) -> bool:
     (torch's create_graph). A kit over a functional autograd (MindSpore 2.10: higher-order
     gradients nest ``mindspore.grad``) sets ``create_graph = False``; the tests needing it are
     skipped and the backend's own tests cover double backward the framework's way."""
-    return bool(getattr(kit, "create_graph", True))
+    return bool(kit.create_graph)
 
 
 def grads_non_leaves(kit: Kit) -> bool:
     """Whether `kit`'s ``autograd_grad`` / ``grad_wrt`` take tensors computed in the graph as
     inputs (torch does; MindSpore 2.10 differentiates with respect to Parameters and the
     function's arguments only: ``grad_non_leaves = False``)."""
-    return bool(getattr(kit, "grad_non_leaves", True))
+    return bool(kit.grad_non_leaves)
 
 
 def native_kinds(kit: Kit) -> frozenset[str]:
@@ -213,7 +270,7 @@ def native_kinds(kit: Kit) -> frozenset[str]:
     module backward hooks and the global forward hooks too (the differential tests' oracle,
     the benchmarks' native references); paddle and MindSpore have no module backward hooks
     with torch's contract and no global forward hooks."""
-    return FORWARD_NATIVE_KINDS | frozenset(getattr(kit, "native_kinds", ()))
+    return FORWARD_NATIVE_KINDS | frozenset(kit.native_kinds)
 
 
 def native_autograd(kit: Kit) -> None:
@@ -224,10 +281,8 @@ def native_autograd(kit: Kit) -> None:
     code using the framework's own autograd (``mindspore.value_and_grad``: the benchmarks) runs
     as it does without the kit; that kit's ``backward``, ``grad``, ``autograd_grad``,
     ``grad_wrt``, ``sgd``, ``parameter`` and tensors that require grad raise after. Nothing to
-    do for an imperative framework (torch, paddle): such a kit has no ``native_autograd``."""
-    switch = getattr(kit, "native_autograd", None)
-    if switch is not None:
-        switch()
+    do for an imperative framework (torch, paddle): the default does nothing."""
+    kit.native_autograd()
 
 
 def kits(names: Iterable[str] | None = None) -> list[Kit]:

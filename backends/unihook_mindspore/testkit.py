@@ -13,6 +13,8 @@ import numpy as np
 from mindspore import nn, ops
 from mindspore.graph.api import _pynative_executor
 
+from unihook.testing import Kit
+
 from . import _tape
 
 # (MindSpore's annotation says it may return None: it returns a tensor)
@@ -68,7 +70,7 @@ _HOOK_DICTS = {
 }
 
 
-class MindSporeKit:
+class MindSporeKit(Kit):
     name = "mindspore"
     module_class = "mindspore.nn.Cell"  # as the backend's TargetKindError spells it
     retain_graph = False  # one backward per forward: the tape raises BackendStateError (_tape)

@@ -7,6 +7,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import paddle
 
+from unihook.testing import Kit
+
 
 class _Layer(paddle.nn.Layer):
     def __init__(self, forward: Callable[..., Any], children: dict[str, Any] | None) -> None:
@@ -42,7 +44,7 @@ def _set(param: Any, data: Any) -> None:
         param.set_value(np.asarray(data, dtype="float32"))
 
 
-class PaddleKit:
+class PaddleKit(Kit):
     name = "paddle"
     native_kinds = frozenset({"tensor"})  # (no module backward hooks, no global hooks)
 

@@ -7,6 +7,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from unihook.testing import Kit
+
 
 class _Module(torch.nn.Module):
     def __init__(self, forward: Callable[..., Any], children: dict[str, Any] | None) -> None:
@@ -45,7 +47,7 @@ def _copy(param: Any, data: Any) -> None:
             param.copy_(torch.tensor(np.asarray(data, dtype="float32")))
 
 
-class TorchKit:
+class TorchKit(Kit):
     name = "torch"
     native_kinds = frozenset({"tensor", *_MODULE_NATIVE, *_GLOBAL_NATIVE})
 
