@@ -37,8 +37,19 @@ Hook = Callable[..., Any]
 Grads = Sequence[Any]
 
 
-class Autograd(Protocol):
-    """What a framework adapter provides to run module backward hooks."""
+def _missing(method: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"unihook.backend: the backend's autograd facet must implement `{method}`; it has no "
+        "default."
+    )
+
+
+class Autograd:
+    """The base class of a backend's autograd facet: what the module backward emulation runs
+    on. The methods below without a default raise NotImplementedError naming the facet and
+    the method (static methods: the backends' bind nothing); the optional members (comments
+    below) are looked up with ``getattr`` once per state: a backend without them goes
+    without what they do."""
 
     backend: str
     # The code of the framework functions that run one module call (torch's
@@ -47,14 +58,20 @@ class Autograd(Protocol):
     call_codes: frozenset[CodeType]
 
     # (positional-only: each backend names the parameters its own way)
-    def is_tensor(self, obj: object, /) -> bool: ...
+    @staticmethod
+    def is_tensor(obj: object, /) -> bool:
+        raise _missing("is_tensor")
 
-    def requires_grad(self, tensor: Any, /) -> bool: ...
+    @staticmethod
+    def requires_grad(tensor: Any, /) -> bool:
+        raise _missing("requires_grad")
 
-    def grad_enabled(self) -> bool: ...
+    @staticmethod
+    def grad_enabled() -> bool:
+        raise _missing("grad_enabled")
 
+    @staticmethod
     def identity(
-        self,
         tensors: Sequence[Any],
         on_backward: Callable[[Grads], Grads],
         materialize: bool,
@@ -70,11 +87,12 @@ class Autograd(Protocol):
         full hooks, `held_until` is that of the call's input side: the call holds what
         `on_backward` returns until that node's backward ran (its full hooks see it then),
         which a backend that copies the gradients hooks saw may use to copy less."""
-        ...
+        raise _missing("identity")
 
-    def version(self, tensor: Any, /) -> int:
+    @staticmethod
+    def version(tensor: Any, /) -> int:
         """The tensor's in-place version counter (an identity output shares its input's)."""
-        ...
+        raise _missing("version")
 
     # Optional, together: `guard(tensor, error, site)`, an alias of `tensor` (one more node
     # in its history, passing the gradient on) on which an in-place op raises, at once (the
@@ -93,17 +111,19 @@ class Autograd(Protocol):
     # that leaves a differentiated function's arguments out of the backward although it
     # records them as requiring grad (see `ModuleBackward.__init__`).
 
-    def rebase(self, original: Any, alias: Any, /) -> Any:
+    @staticmethod
+    def rebase(original: Any, alias: Any, /) -> Any:
         """Forward changed `alias` (an identity output standing for `original`, same memory)
         in place: give `original` the history of `alias`, as if those in-place ops had applied
         to it, without moving data; raise the framework's own error where it forbids that
         (a leaf that requires grad). Returns `original`."""
-        ...
+        raise _missing("rebase")
 
-    def add_dispatchers(self, module: Any, pre: Hook, post: Hook, /) -> Dispatchers:
+    @staticmethod
+    def add_dispatchers(module: Any, pre: Hook, post: Hook, /) -> Dispatchers:
         """Install `pre` as the module's last forward pre-hook and `post` as its last forward
         hook (always called, also when forward raises)."""
-        ...
+        raise _missing("add_dispatchers")
 
 
 class Dispatchers(Protocol):

@@ -37,6 +37,7 @@ from mindspore.graph.api import _pynative_executor
 from mindspore.ops import stop_gradient, zeros
 
 from unihook.backend import (
+    Autograd,
     Dispatchers,
     ModuleBackward,
     Site,
@@ -186,7 +187,7 @@ def _data_only(tensors: Sequence[Any]) -> bool:
     return True
 
 
-class MindSporeAutograd:
+class MindSporeAutograd(Autograd):
     backend = NAME
     # a cell's dispatchers stay until its calls in flight are over (unihook._module_backward)
     call_codes = CALL_CODES

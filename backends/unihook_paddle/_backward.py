@@ -48,6 +48,7 @@ import paddle
 from paddle.autograd import PyLayer
 
 from unihook.backend import (
+    Autograd,
     Dispatchers,
     ModuleBackward,
     Site,
@@ -321,7 +322,7 @@ def _span(tensor: Any) -> tuple[int, int]:
     return start + low, start + high + size
 
 
-class PaddleAutograd:
+class PaddleAutograd(Autograd):
     backend = NAME
     # paddle's own, and the copy that runs while unihook has global hooks
     # paddle's (the attribute may hold unihook's patch by now) and the patch

@@ -17,6 +17,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from unihook.backend import (
+    Autograd,
     Dispatchers,
     Pinned,
     Site,
@@ -160,7 +161,7 @@ class _TorchDispatchers:
         return key
 
 
-class TorchAutograd:
+class TorchAutograd(Autograd):
     backend = NAME
     # torch's (`Module._call_impl` may be unihook's wrapper by now: that one calls torch's) and
     # the wrapper, whose global dispatchers may have taken a call before torch's code runs
