@@ -689,3 +689,42 @@ def test_global_forward_hook_removed_and_added_inside_forward(backend: Any) -> N
     got = global_forward_changed_run(backend, False)
     assert got == global_forward_changed_run(kit("torch"), True)
     assert got == ["swap", "added", "call", "added", "call"]
+
+
+def forward_hook_registered_inside_forward_run(native: bool) -> list[str]:
+    """torch: a global backward hook on, a module without hooks of its own; its forward
+    registers a forward hook on it. torch's call took its slow path (a global backward hook
+    is a hook), so the new hook fires for that very call; unihook's wrapper must do the same
+    although torch's own call path then saw no hook and took its fast path."""
+    torch = pytest.importorskip("torch")
+    fired: list[str] = []
+    handles: list[Any] = []
+
+    class Registering(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            if not handles[1:]:
+                handle = self.register_forward_hook(lambda m, a, o: fired.append("late") or o * 2)
+                handles.append(handle)
+            return x + 1
+
+    module = Registering()
+    bw = lambda m, gi, go: fired.append("bw")  # noqa: E731
+    mm = torch.nn.modules.module
+    if native:
+        handles.append(mm.register_module_full_backward_hook(bw))
+    else:
+        handles.append(unihook.register_module_full_backward_hook(bw, backend="torch"))
+    x = torch.ones(2, requires_grad=True)
+    for _ in range(2):
+        out = module(x)
+        fired.append(f"out {out.tolist()}")
+        out.sum().backward()
+    for handle in handles:
+        handle.remove()
+    return fired
+
+
+def test_forward_hook_registered_inside_forward_fires_for_that_call_beside_a_global_one() -> None:
+    got = forward_hook_registered_inside_forward_run(False)
+    assert got == forward_hook_registered_inside_forward_run(True)
+    assert got[:3] == ["late", "out [4.0, 4.0]", "bw"]

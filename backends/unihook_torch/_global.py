@@ -185,6 +185,11 @@ def _call_original(
     here): later calls, on any thread, run it, and its handle, removing it meanwhile, removes
     it for good. (The wrapper stays: putting the hook back could undo a removal another
     thread makes at that moment.)"""
+    if _fast_path(self):
+        # torch sees no hook and takes its no-hook path; torch with unihook's global hooks as
+        # its own would have taken its hook path, which reads the forward hooks after forward:
+        # one registered during the call runs for it (not when forward raises)
+        return _late_forward_hooks(self, args, kwargs, call(self, *args, **kwargs))
     if _keys(own) == keys:
         return call(self, *args, **kwargs)
     here = id(sys._getframe())
@@ -202,6 +207,38 @@ def _call_original(
     finally:
         for wrapper in waiting:
             wrapper.skip.discard(here)
+
+
+def _fast_path(module: Any) -> bool:
+    """Whether torch's `_call_impl` takes its no-hook path for `module` while unihook's global
+    hooks run in the wrapper, which torch does not see."""
+    m = torch_module
+    return bool(_pre_snapshot or _dispatch is not None) and not (
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+        or m._global_backward_pre_hooks
+        or m._global_backward_hooks
+        or m._global_forward_hooks
+        or m._global_forward_pre_hooks
+    )
+
+
+def _late_forward_hooks(module: Any, args: Any, kwargs: Any, result: Any) -> Any:
+    """The forward hooks registered during a call torch ran on its no-hook path, run as its
+    hook path runs them."""
+    m = torch_module
+    if not (m._global_forward_hooks or module._forward_hooks):
+        return result
+    for key, hook in (*m._global_forward_hooks.items(), *module._forward_hooks.items()):
+        if key in module._forward_hooks_with_kwargs or key in m._global_forward_hooks_with_kwargs:
+            found = hook(module, args, kwargs, result)
+        else:
+            found = hook(module, args, result)
+        if found is not None:
+            result = found
+    return result
 
 
 class _FromNextCall:
