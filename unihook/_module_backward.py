@@ -142,6 +142,9 @@ class ModuleBackward:
     def __init__(self, autograd: Autograd, is_global: bool = False) -> None:
         self.autograd = autograd
         self.is_global = is_global
+        # the ids of the code objects of the framework's call function: a code object's hash
+        # reads its whole contents (microseconds), an int's is free
+        self.call_ids: frozenset[int] = frozenset(map(id, autograd.call_codes))
         # the backend's optional guard of leaves (see Autograd), looked up once
         guard, refused = getattr(autograd, "guard", None), getattr(autograd, "refused_like", None)
         key_of, leaf_of = getattr(autograd, "memory_key", None), getattr(autograd, "leaf_of", None)
@@ -240,7 +243,7 @@ class ModuleBackward:
                 return
             # this thread's calls in flight: their frames are on its stack (a frame id the
             # cut call's had, reused meanwhile, keeps its entry: a leak, never a lost call)
-            live = _call_frames(sys._getframe(), self.autograd.call_codes) - {ending}
+            live = _call_frames(sys._getframe(), self.call_ids) - {ending}
             stack[:] = [e for e in stack if e[3] in live or (not e[3] and live)]
             if stack:
                 return
@@ -255,7 +258,7 @@ class ModuleBackward:
         with _lock, _lock.mutex:
             # the frame of the ending call hosts no other call in flight: an entry with its id
             # is a cut call's whose frame was freed and its address reused for this one
-            self.retire(_call_frame(self.autograd.call_codes))
+            self.retire(_call_frame(sys._getframe(), self.call_ids))
 
     # -- the two dispatchers, installed as the module's last forward pre- and post-hook --
 
@@ -299,7 +302,9 @@ class ModuleBackward:
         # thread) sees this call in flight and leaves the dispatchers for its post_dispatch.
         stack = self._stack()
         ref = weakref.ref(module)
-        frame = _call_frame(self.autograd.call_codes)
+        caller = sys._getframe(1)  # (the call function itself, on most paths: no walk)
+        ids = self.call_ids
+        frame = id(caller) if id(caller.f_code) in ids else _call_frame(caller, ids)
         stack.append((id(args), ref, _PASSED, frame))
         pos = len(stack) - 1
         if self.removed:
@@ -606,23 +611,22 @@ class _Passed:
 _PASSED = _Passed()
 
 
-def _call_frame(codes: frozenset[CodeType]) -> int:
-    """The id of the innermost frame of the framework's call function (`codes`) on this
-    thread, from a dispatcher: the frame of the call it runs in, 0 if none."""
-    frame: FrameType | None = sys._getframe(2)
+def _call_frame(frame: FrameType | None, ids: frozenset[int]) -> int:
+    """The id of the innermost frame of the framework's call function (code ids `ids`) on
+    this thread from `frame` out: the frame of the call a dispatcher runs in, 0 if none."""
     while frame is not None:
-        if frame.f_code in codes:
+        if id(frame.f_code) in ids:
             return id(frame)
         frame = frame.f_back
     return 0
 
 
-def _call_frames(frame: FrameType | None, codes: frozenset[CodeType]) -> set[int]:
-    """The ids of the frames of the framework's call function (`codes`) on this thread, whose
-    innermost frame is `frame`: the module calls in flight."""
+def _call_frames(frame: FrameType | None, ids: frozenset[int]) -> set[int]:
+    """The ids of the frames of the framework's call function (code ids `ids`) on this
+    thread, whose innermost frame is `frame`: the module calls in flight."""
     found = set()
     while frame is not None:
-        if frame.f_code in codes:
+        if id(frame.f_code) in ids:
             found.add(id(frame))
         frame = frame.f_back
     return found
