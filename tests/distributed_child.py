@@ -710,6 +710,46 @@ def branches_scenario(fw: Framework, rank: int | None) -> dict[str, Any]:
         return {"first": dict(first.history[-1]), "second": dict(second.history[-1])}
 
 
+def skipped_loss_scenario(fw: Framework, rank: int | None, skipped: int) -> list[Any]:
+    """Two forwards of the model (two views, a labeled and an unlabeled batch), one backward;
+    rank 1 leaves forward `skipped`'s loss term out (no rows for it this step): that forward's
+    outputs get no gradient there, its merge must still pair with rank 0's, and each rank's
+    two merges in the same order (autograd runs the later forward's graph first). One process
+    (`rank` None): each forward on the rows whose loss counts."""
+    torch_ = fw.name == "torch"
+    nn = fw.t.nn if torch_ else fw.p.nn
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    rng = np.random.default_rng(43)
+    for param in model.parameters():
+        value = rng.normal(0, 0.5, tuple(param.shape)).astype(np.float32)
+        if torch_:
+            with fw.t.no_grad():
+                param.copy_(fw.t.from_numpy(value))
+        else:
+            param.set_value(value)
+    wrapped = model if rank is None else fw.wrap(model)
+    data = [[rng.normal(0, 1, (2, d)).astype(np.float32) for d in (3, 3, 2)] for _ in range(WORLD)]
+    with GradientMonitor(wrapped) as monitor:
+        if rank is None:
+            loss = None
+            for forward in (0, 1):
+                counted = [r for r in range(WORLD) if not (r == 1 and forward == skipped)]
+                x = np.concatenate([data[r][forward] for r in counted])
+                co = np.concatenate([data[r][2] for r in counted])
+                term = (model(fw.tensor(x)) * fw.tensor(co)).sum()
+                loss = term if loss is None else loss + term
+        else:
+            outs = [wrapped(fw.tensor(data[rank][forward])) for forward in (0, 1)]
+            terms = [
+                (out * fw.tensor(data[rank][2])).sum()
+                for forward, out in enumerate(outs)
+                if not (rank == 1 and forward == skipped)
+            ]
+            loss = terms[0] if len(terms) == 1 else terms[0] + terms[1]
+        loss.backward()
+        return sorted(sorted(entry.items()) for entry in monitor.history)
+
+
 def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> None:
     os.environ.setdefault("GLOG_minloglevel", "2")
     warnings.filterwarnings("ignore")
@@ -758,6 +798,7 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     result["own_group"] = own_group_scenario(fw, rank)
     result["shared"] = {name: shared_scenario(fw, name, rank) for name in SHARED_CONFIGS}
     result["branches"] = branches_scenario(fw, rank)
+    result["skipped_loss"] = [skipped_loss_scenario(fw, rank, skipped) for skipped in (0, 1)]
     for how in ("fsdp1", "hsdp1", "fsdp2") if framework == "torch" else ("sharding",):
         result[f"{how}_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights()), how), rank, LR)
         if how in ("fsdp1", "fsdp2"):

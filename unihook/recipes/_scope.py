@@ -36,12 +36,13 @@ class RankMismatchError(UnihookError, RuntimeError):
 
 _created = itertools.count()  # the recipes' order of creation, which every rank shares
 # the merges queued in the running backward, with their recipe's number (see `merge_at_end`)
-_queued: list[tuple[int, Callable[[], None]]] = []
+_queued: list[tuple[tuple[int, int], Callable[[], None]]] = []
 
 
 def _run_queued() -> None:
-    """The end of a backward: every merge queued in it, in the order their recipes were made;
-    each runs (its collective pairs with the other ranks'), then the first error raises."""
+    """The end of a backward: every merge queued in it, in the order their recipes were made
+    and, for one recipe, of its forwards; each runs (its collective pairs with the other
+    ranks'), then the first error raises."""
     if not _queued:
         return  # (another recipe's callback ran them)
     queued = sorted(_queued, key=lambda entry: entry[0])
@@ -102,11 +103,13 @@ class Recipe(Removable):
         found = ops.world(model) if sync else None
         return found if found is not None and found[1] > 1 else None
 
-    def _queue_merge(self, t: Any, merge: Callable[[], None]) -> None:
-        """Run `merge` (a collective) at the end of the backward running `t`'s gradient hook,
-        after the merges of recipes made before this one: each rank's hooks fire in its own
-        order (a branch taken on some ranks only, or first), and their collectives must pair."""
-        _queued.append((self._created, merge))
+    def _queue_merge(self, t: Any, merge: Callable[[], None], serial: int = 0) -> None:
+        """Run `merge` (a collective) of this recipe's forward number `serial` at the end of
+        the backward running `t`'s gradient hook, after the merges of recipes made before this
+        one and of its earlier forwards: each rank's hooks fire in its own order (a branch
+        taken on some ranks only, or first; autograd runs a later forward's graph first), and
+        their collectives must pair."""
+        _queued.append(((self._created, serial), merge))
         ops.after_backward(t, _run_queued)
 
     @staticmethod

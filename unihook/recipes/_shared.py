@@ -78,8 +78,12 @@ def inputs_header(tensors: Sequence[Any]) -> tuple[float, ...]:
     """What the ranks compare of the model's inputs: one digest of them all, then one of each
     of the first 8 (-1 for none): an input equal on every rank while others differ (timesteps
     drawn with the same seed on every rank) is data the ranks share (see `_copy`)."""
-    each = [digest(ops.to_numpy(t)) for t in tensors[:_EACH]]
-    return (digest_all(tensors), *each, *[-1.0] * (_EACH - len(each)))
+    digests = [digest(ops.to_numpy(t)) for t in tensors]
+    crc = 0
+    for found in digests:
+        crc = zlib.crc32(np.float64(found).tobytes(), crc)  # (as digest_all)
+    each = digests[:_EACH]
+    return (float(crc), *each, *[-1.0] * (_EACH - len(each)))
 
 
 #: `inputs_header` where the inputs were not compared (no slot undecided)
@@ -155,7 +159,10 @@ class Seen:
         # one row per sample of the batch: its rows all equal? the module's tensors? (`_copy`)
         follows = bool(a.ndim and a.shape[0] == batch)
         self.rows_equal = follows and (batch < 2 or _rows_equal(a))
-        self.inputs = digest_all([t for t in args if ops.is_tensor(t)]) if follows else _NO_INPUTS
+        # (the tensors in lists and tuples too: `temb([t])`; not keyword arguments)
+        # (only where they may decide: a copy's equal rows need none, nor a ViT's images)
+        wanted = follows and not self.rows_equal
+        self.inputs = digest_all(ops.tensors_in(args, like=tensor)) if wanted else _NO_INPUTS
         self.tensor = tensor if keep else None
         self.names: list[str] = []  # (GradientMonitor) the modules whose output it is
 
@@ -369,7 +376,11 @@ class Slots:
                 return self._keep(key, SAMPLE)
             same = len(digests) == 1 if len(shapes) == 1 else bool(common)
             if not same:  # it depends on the data
-                return self._keep(key, REDUCED if _reduced(present) else SAMPLE)
+                if _reduced(present):
+                    return self._keep(key, REDUCED)
+                if all(math.prod(p.shape) == 1 for p, _ in present):
+                    return SAMPLE  # (one number at one row per rank: decided again next time)
+                return self._keep(key, SAMPLE)
             if same_inputs:  # the same inputs everywhere: nothing tells data from parameters
                 batched = all(p.shape[:1] == (b,) for p, b in present)
                 scalar = shapes == {()}

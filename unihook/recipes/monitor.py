@@ -62,6 +62,9 @@ class NonFiniteGradientError(UnihookError, FloatingPointError):
         )
 
 
+_UNMERGED = 16  # forwards kept for the next backward's merge (see GradientMonitor._unmerged)
+
+
 class _Step:
     """One forward of the model: its outputs' gradients fill `norms` during its backward."""
 
@@ -75,6 +78,7 @@ class _Step:
         "pending",
         "merge",
         "merged",
+        "serial",
         "rank",
         "batch",
         "inputs",
@@ -89,7 +93,7 @@ class _Step:
         "dropping",
     )
 
-    def __init__(self, world: tuple[int, int] | None) -> None:
+    def __init__(self, world: tuple[int, int] | None, serial: int = 0) -> None:
         self.norms: dict[str, float] = {}
         self.squares: dict[str, float] = {}  # this rank's, over every backward of the forward
         self.logged = False  # in `history` once its first gradient arrived
@@ -98,6 +102,7 @@ class _Step:
         self.world = world  # (rank, size) when the ranks' numbers are merged, else None
         self.pending = False  # a merge waits for the end of the running backward
         self.merge: Callable[[], None] | None = None  # (queued: see Recipe._queue_merge)
+        self.serial = serial  # the recipe's forwards so far: the same on every rank
         self.merged = False  # merged once: a parameter's gradient starts no further merge
         self.rank = 0  # this rank in the default group (errors name it), when merged
         # merged only (see _shared): the model's batch and input tensors (until their digest
@@ -190,6 +195,11 @@ class GradientMonitor(Recipe):
         self._removed = False  # removed between a forward and its backward: nothing merges
         self._slots = Slots()  # per sample or shared: each output's merge (see _shared)
         self._deciding: _Step | None = None  # the forward whose slots the ranks decide at its end
+        self._forwards_seen = 0  # forwards with gradients: each step's serial
+        # merged steps since the last backward's end: every rank merges all of them at the end
+        # of the next backward, whichever got gradients on it (a forward whose loss a rank
+        # left out has none there)
+        self._unmerged: list[_Step] = []
 
         def hooks() -> HookGroup:
             group = HookGroup()
@@ -220,9 +230,14 @@ class GradientMonitor(Recipe):
         self._step.drop_leaves()  # (a step whose backward never came)
         if self._step.pending and self._step.merge is not None:
             self._cancel_merge(self._step.merge)  # (its backward raised: it never ended)
-        step = self._step = _Step(self._merging(module, self.sync))
+            self._step.pending = False  # (merged at the next backward's end, on every rank)
+        self._forwards_seen += 1
+        step = self._step = _Step(self._merging(module, self.sync), self._forwards_seen)
         if step.world is None:
             return
+        self._unmerged.append(step)
+        if len(self._unmerged) > _UNMERGED:  # forwards whose backward never came: the
+            del self._unmerged[0]  # oldest goes (on every rank: they run the same forwards)
         step.inputs = ops.tensors_in((args, kwargs), like=module)
         step.batch = batch_of(step.inputs)
         if not self._slots.settled:
@@ -351,12 +366,14 @@ class GradientMonitor(Recipe):
             # a tensor names the default group: the wrapper's own groups number ranks apart
             step.rank = (ops.world(grad) or (0, 1))[0]
             step.merge = functools.partial(self._merge, step)
-            self._queue_merge(grad, step.merge)
+            self._queue_merge(grad, step.merge, step.serial)
 
     def _parameter_grad(self, grad: Any) -> None:
-        step = self._step
-        if step.world is not None and not step.merged:  # (not a later backward's: no partner)
-            self._merge_at_end(step, grad)
+        # every forward since the last merge, those whose outputs got no gradient on this rank
+        # too (their merge pairs with the other ranks'); not a later backward's (no partner)
+        for step in self._unmerged:
+            if not step.merged:
+                self._merge_at_end(step, grad)
 
     def _report(self, error: NonFiniteGradientError) -> None:
         if self.on_nonfinite == "raise":
@@ -372,6 +389,7 @@ class GradientMonitor(Recipe):
         rank's, the same on every rank."""
         step.pending = False
         step.merged = True
+        self._unmerged = [s for s in self._unmerged if not s.merged]
         names = self._names
         index = {name: i for i, name in enumerate(names)}
         count = len(names)
