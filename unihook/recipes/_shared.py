@@ -63,10 +63,14 @@ def digest(array: Any) -> float:
 
 
 def digest_all(tensors: Sequence[Any]) -> float:
-    """One digest of several tensors (the model's inputs)."""
+    """One digest of several tensors (a module's inputs)."""
+    return _combined([digest(ops.to_numpy(t)) for t in tensors])
+
+
+def _combined(digests: Sequence[float]) -> float:
     crc = 0
-    for tensor in tensors:
-        crc = zlib.crc32(np.float64(digest(ops.to_numpy(tensor))).tobytes(), crc)
+    for found in digests:
+        crc = zlib.crc32(np.float64(found).tobytes(), crc)
     return float(crc)
 
 
@@ -79,11 +83,8 @@ def inputs_header(tensors: Sequence[Any]) -> tuple[float, ...]:
     of the first 8 (-1 for none): an input equal on every rank while others differ (timesteps
     drawn with the same seed on every rank) is data the ranks share (see `_copy`)."""
     digests = [digest(ops.to_numpy(t)) for t in tensors]
-    crc = 0
-    for found in digests:
-        crc = zlib.crc32(np.float64(found).tobytes(), crc)  # (as digest_all)
     each = digests[:_EACH]
-    return (float(crc), *each, *[-1.0] * (_EACH - len(each)))
+    return (_combined(digests), *each, *[-1.0] * (_EACH - len(each)))
 
 
 #: `inputs_header` where the inputs were not compared (no slot undecided)
