@@ -641,12 +641,13 @@ def _kinds(recipe: Any) -> dict[Any, int]:
     return {} if slots is None else dict(slots.kinds)
 
 
-def shared_scenario(fw: Framework, name: str, rank: int | None) -> dict[str, Any]:
-    """`SHARED_CONFIGS[name]`'s model trained with both recipes on the rank's rows (wrapped),
-    or on the global batch (`rank` None: one process, the learning rate over the ranks)."""
+def shared_scenario(fw: Framework, name: str, rank: int | None, how: str = "ddp") -> dict[str, Any]:
+    """`SHARED_CONFIGS[name]`'s model trained with both recipes on the rank's rows (wrapped as
+    `how` says: see `Framework.wrap`), or on the global batch (`rank` None: one process, the
+    learning rate over the ranks)."""
     config = shared_config(name)
     model = shared_model(fw, config)
-    wrapped = model if rank is None else fw.wrap(model)
+    wrapped = model if rank is None else fw.wrap(model, how)
     optimizer = fw.optimizer(wrapped, LR if rank is not None else LR / WORLD)
     x, c = shared_batch(config, rank)
     with ActivationStats(wrapped) as stats, GradientMonitor(wrapped) as monitor:
@@ -803,6 +804,8 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
         result[f"{how}_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights()), how), rank, LR)
         if how in ("fsdp1", "fsdp2"):
             result[f"{how}_views"] = sharded_views(fw, fw.wrap(fw.model(weights()), how))
+        if how != "hsdp1":  # (see test_recipes_report_the_global_batch)
+            result[f"{how}_shared"] = shared_scenario(fw, "positional", rank, how)
     with open(Path(out) / f"rank{rank}.pkl", "wb") as f:
         pickle.dump(result, f)
     if framework == "torch":

@@ -408,6 +408,24 @@ def test_shared_outputs_merge_as_one_process(ranks: Any, config: str) -> None:
             _same_stats(stats, expected, f"{what}, ActivationStats")
 
 
+@pytest.mark.parametrize("how", ["fsdp1", "fsdp2", "sharding"])
+def test_shared_outputs_under_sharded_wrappers_merge_as_one_process(ranks: Any, how: str) -> None:
+    """The positional model (a table shared by every sample, a per-sample copy, tuples) under
+    torch's FSDP (one unit; fully_shard per Linear and the model) and paddle's fleet sharding:
+    both recipes as one process on the global batch."""
+    framework, results = ranks
+    if f"{how}_shared" not in results[0]:
+        pytest.skip(f"{how} is not a {framework} setup")
+    want = child.shared_scenario(child.Framework(framework), "positional", None)
+    for rank, result in enumerate(results):
+        got = result[f"{how}_shared"]
+        for step in range(child.STEPS):
+            what = f"{framework} {how}, rank {rank}, step {step}"
+            _same_norms(got["monitor"][step], want["monitor"][step], f"{what}, GradientMonitor")
+            stats, expected = dict(got["stats"][step]), dict(want["stats"][step])
+            _same_stats(stats, expected, f"{what}, ActivationStats")
+
+
 def test_two_monitors_on_a_branch_taken_by_some_ranks_pair_their_merges(ranks: Any) -> None:
     """Two GradientMonitors watching different modules of a model whose branch depends on the
     rank's data: their hooks fire in another order on each rank, their merges run in the order

@@ -88,12 +88,22 @@ def _strided(t: Any, values_only: bool) -> Any:
     return x.resolve_neg()  # (numpy cannot view a tensor with the negative bit)
 
 
-def _numpy_view(x: Any) -> Any:
-    """A CPU tensor as numpy sees it: a view (no copy) for numpy's dtypes, else a float32
-    copy (bfloat16: exact) or a float64 one (bool, integers numpy lacks)."""
+def _numpy_view(x: Any, t: Any) -> Any:
+    """A CPU tensor `x` (of `t`) as numpy sees it: a view (no copy) for numpy's dtypes, else a
+    float32 copy (bfloat16: exact) or a float64 one (bool, integers numpy lacks)."""
     if x.dtype not in _NUMPY_DTYPES:
         x = x.to(torch.float32 if x.is_floating_point() else torch.float64)
-    return x.numpy()
+        return x.numpy()
+    return _unshared(x, t).numpy()
+
+
+def _unshared(x: Any, t: Any) -> Any:
+    """`x` (`t` detached), or a copy where `t` shares its memory with the model's tensors (a
+    view, a parameter): numpy's view of a tensor marks its storage not resizable for good, and
+    FSDP frees an unsharded parameter by resizing its storage to 0 (its backward raised
+    "Trying to resize storage that is not resizable" after the recipes read a slice of a
+    parameter, a positional table)."""
+    return x.clone() if t._is_view() or (t.is_leaf and t.requires_grad) else x
 
 
 class TorchOps(Ops):
@@ -105,7 +115,7 @@ class TorchOps(Ops):
             x = x.to_dense()
         x = x.resolve_conj().resolve_neg()  # (numpy cannot view the lazy bits)
         try:
-            return np.array(x.numpy())
+            return np.array(_unshared(x, t).numpy())
         except TypeError:  # a dtype numpy lacks (bfloat16, float8, complex32): widened
             wide = torch.complex64 if x.is_complex() else torch.float32
             return np.array(x.to(wide).numpy())
@@ -140,13 +150,13 @@ class TorchOps(Ops):
     def sum_squares(self, t: Any) -> float:
         x = _strided(t, values_only=True)
         if x.device.type == "cpu":
-            return cpu_sum_squares(_numpy_view(x))
+            return cpu_sum_squares(_numpy_view(x, t))
         # a float32 square is exact in float64: the cast makes the float64 sum the only rounding
         return float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
 
     def moments(self, t: Any) -> Moments:
         if t.device.type == "cpu":
-            return cpu_moments(_numpy_view(_strided(t, values_only=False)))
+            return cpu_moments(_numpy_view(_strided(t, values_only=False), t))
         x = t.detach()
         if x.dtype not in (torch.float32, torch.float64):
             x = x.to(torch.float32 if x.is_floating_point() else torch.float64)
