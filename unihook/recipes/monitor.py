@@ -62,9 +62,6 @@ class NonFiniteGradientError(UnihookError, FloatingPointError):
         )
 
 
-_UNMERGED = 16  # forwards kept for the next backward's merge (see GradientMonitor._unmerged)
-
-
 class _Step:
     """One forward of the model: its outputs' gradients fill `norms` during its backward."""
 
@@ -196,10 +193,6 @@ class GradientMonitor(Recipe):
         self._slots = Slots()  # per sample or shared: each output's merge (see _shared)
         self._deciding: _Step | None = None  # the forward whose slots the ranks decide at its end
         self._forwards_seen = 0  # forwards with gradients: each step's serial
-        # merged steps since the last backward's end: every rank merges all of them at the end
-        # of the next backward, whichever got gradients on it (a forward whose loss a rank
-        # left out has none there)
-        self._unmerged: list[_Step] = []
 
         def hooks() -> HookGroup:
             group = HookGroup()
@@ -230,14 +223,11 @@ class GradientMonitor(Recipe):
         self._step.drop_leaves()  # (a step whose backward never came)
         if self._step.pending and self._step.merge is not None:
             self._cancel_merge(self._step.merge)  # (its backward raised: it never ended)
-            self._step.pending = False  # (merged at the next backward's end, on every rank)
         self._forwards_seen += 1
         step = self._step = _Step(self._merging(module, self.sync), self._forwards_seen)
         if step.world is None:
             return
-        self._unmerged.append(step)
-        if len(self._unmerged) > _UNMERGED:  # forwards whose backward never came: the
-            del self._unmerged[0]  # oldest goes (on every rank: they run the same forwards)
+
         step.inputs = ops.tensors_in((args, kwargs), like=module)
         step.batch = batch_of(step.inputs)
         if not self._slots.settled:
@@ -369,11 +359,9 @@ class GradientMonitor(Recipe):
             self._queue_merge(grad, step.merge, step.serial)
 
     def _parameter_grad(self, grad: Any) -> None:
-        # every forward since the last merge, those whose outputs got no gradient on this rank
-        # too (their merge pairs with the other ranks'); not a later backward's (no partner)
-        for step in self._unmerged:
-            if not step.merged:
-                self._merge_at_end(step, grad)
+        step = self._step
+        if step.world is not None and not step.merged:  # (not a later backward's: no partner)
+            self._merge_at_end(step, grad)
 
     def _report(self, error: NonFiniteGradientError) -> None:
         if self.on_nonfinite == "raise":
@@ -389,7 +377,6 @@ class GradientMonitor(Recipe):
         rank's, the same on every rank."""
         step.pending = False
         step.merged = True
-        self._unmerged = [s for s in self._unmerged if not s.merged]
         names = self._names
         index = {name: i for i, name in enumerate(names)}
         count = len(names)
