@@ -95,6 +95,16 @@ class Framework:
             param.set_value(value.T if value.ndim == 2 else value)  # paddle's weight is [in, out]
         return model
 
+    def fill(self, model: Any, rng: np.random.Generator, scale: float = 0.5) -> None:
+        """Every parameter of `model` drawn from N(0, `scale`) by `rng`, in its order."""
+        for param in model.parameters():
+            value = rng.normal(0, scale, tuple(param.shape)).astype(np.float32)
+            if self.name == "torch":
+                with self.t.no_grad():
+                    param.copy_(self.t.from_numpy(value))
+            else:
+                param.set_value(value)
+
     def tensor(self, array: np.ndarray, grad: bool = False) -> Any:
         if self.name == "torch":
             return self.t.tensor(array, requires_grad=grad)
@@ -623,6 +633,15 @@ def shared_batch(config: dict[str, Any], rank: int | None) -> tuple[np.ndarray, 
     c = rng.normal(0, 1, (total, longest, 3)).astype(np.float32)
     if config["same"]:
         x[batches[0] :], c[batches[0] :] = x[: batches[0]], c[: batches[0]]
+    return rank_rows(x, c, batches, lengths, rank, config["seq"])
+
+
+def rank_rows(
+    x: np.ndarray, c: np.ndarray, batches: Any, lengths: Any, rank: int | None, seq: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """The global batch's inputs and coefficients (the ranks' rows side by side): each rank's
+    rows zeroed past its length (padding adds nothing to the loss), then `rank`'s rows cut to
+    its length (None: all of them), seq-first with `seq`."""
     starts = np.cumsum([0, *batches])
     for r, length in enumerate(lengths):
         x[starts[r] : starts[r + 1], length:] = 0
@@ -630,7 +649,7 @@ def shared_batch(config: dict[str, Any], rank: int | None) -> tuple[np.ndarray, 
     if rank is not None:
         part = slice(starts[rank], starts[rank + 1])
         x, c = x[part, : lengths[rank]], c[part, : lengths[rank]]
-    if config["seq"]:
+    if seq:
         x, c = x.transpose(1, 0, 2).copy(), c.transpose(1, 0, 2).copy()
     return x, c
 
@@ -686,13 +705,7 @@ def branches_scenario(fw: Framework, rank: int | None) -> dict[str, Any]:
 
     model = Net()
     rng = np.random.default_rng(41)
-    for param in model.parameters():
-        value = rng.normal(0, 0.5, tuple(param.shape)).astype(np.float32)
-        if torch_:
-            with fw.t.no_grad():
-                param.copy_(fw.t.from_numpy(value))
-        else:
-            param.set_value(value)
+    fw.fill(model, rng)
     if rank is None:
         wrapped = model
     elif torch_:
@@ -722,13 +735,7 @@ def skipped_loss_scenario(fw: Framework, rank: int | None, skipped: int) -> list
     nn = fw.t.nn if torch_ else fw.p.nn
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
     rng = np.random.default_rng(43)
-    for param in model.parameters():
-        value = rng.normal(0, 0.5, tuple(param.shape)).astype(np.float32)
-        if torch_:
-            with fw.t.no_grad():
-                param.copy_(fw.t.from_numpy(value))
-        else:
-            param.set_value(value)
+    fw.fill(model, rng)
     wrapped = model if rank is None else fw.wrap(model)
     data = [[rng.normal(0, 1, (2, d)).astype(np.float32) for d in (3, 3, 2)] for _ in range(WORLD)]
     with GradientMonitor(wrapped) as monitor:

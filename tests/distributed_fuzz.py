@@ -269,16 +269,7 @@ def _data(s: dict[str, Any], rank: int | None, step: int) -> tuple[np.ndarray, n
         for r in range(1, len(batches)):
             x[r * batches[0] : (r + 1) * batches[0]] = x[: batches[0]]
             co[r * batches[0] : (r + 1) * batches[0]] = co[: batches[0]]
-    starts = np.cumsum([0, *batches])
-    for r, length in enumerate(lengths):
-        x[starts[r] : starts[r + 1], length:] = 0
-        co[starts[r] : starts[r + 1], length:] = 0
-    if rank is not None:
-        part = slice(starts[rank], starts[rank + 1])
-        x, co = x[part, : lengths[rank]], co[part, : lengths[rank]]
-    if s["seq"]:
-        x, co = x.transpose(1, 0, 2).copy(), co.transpose(1, 0, 2).copy()
-    return x, co
+    return c.rank_rows(x, co, batches, lengths, rank, s["seq"])
 
 
 def run(fw: c.Framework, s: dict[str, Any], rank: int | None) -> dict[str, Any]:
