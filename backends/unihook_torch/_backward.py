@@ -43,21 +43,24 @@ class _Identity(torch.autograd.Function):
         ctx.on_backward = on_backward
         # (the output side, materialize=False, carries the pre-hooks' values: see _check_slots)
         ctx.site, ctx.input_side = site, materialize
-        ctx.metas = [(tuple(x.shape), x.dtype, x.device) for x in xs]
         ctx.set_materialize_grads(materialize)
         if materialize:  # the input side: a module may keep what forward got (see _alias)
             ctx.callers = tuple(map(weakref.ref, xs))
-        outs = tuple(x.detach() for x in xs)
-        constant = [o for x, o in zip(xs, outs) if not x.requires_grad]
+        outs = (xs[0].detach(),) if len(xs) == 1 else tuple(x.detach() for x in xs)
+        # the outputs' metadata is read in backward from the node's own record (only where a
+        # hook returned something); that record leaves a non-differentiable output's out
+        constant = [i for i, x in enumerate(xs) if not x.requires_grad]
+        ctx.kept = {i: (tuple(xs[i].shape), xs[i].dtype, xs[i].device) for i in constant}
         if constant:
-            ctx.mark_non_differentiable(*constant)
+            ctx.mark_non_differentiable(*(outs[i] for i in constant))
         return outs
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
         results = ctx.on_backward(grads)
         if results is not grads:
-            _check_slots(results, grads, ctx)
+            metas = _metas(ctx)
+            _check_slots(results, grads, ctx, metas)
             if not ctx.input_side:
                 # torch's BackwardHook node materializes what its pre-hooks return: a gradient
                 # a pre-hook replaced with None sends zeros on (the hooks still see the None)
@@ -65,16 +68,30 @@ class _Identity(torch.autograd.Function):
                     torch.zeros(shape, dtype=dtype, device=device)
                     if r is None and g is not None
                     else r
-                    for r, g, (shape, dtype, device) in zip(results, grads, ctx.metas)
+                    for r, g, (shape, dtype, device) in zip(results, grads, metas)
                 ]
         return (None, None, None, *results)
 
 
-def _check_slots(results: Grads, grads: Grads, ctx: Any) -> None:
+Meta = tuple[tuple[int, ...], Any, Any]
+
+
+def _metas(ctx: Any) -> list[Meta]:
+    """Each output's shape, dtype and device, as forward returned it: the node's own record
+    (`_input_metadata`, private, in torch since 2.1), but for the non-differentiable outputs,
+    which it leaves out."""
+    kept = ctx.kept
+    return [
+        kept.get(i) or (tuple(m.shape), m.dtype, m.device)
+        for i, m in enumerate(ctx._input_metadata)
+    ]
+
+
+def _check_slots(results: Grads, grads: Grads, ctx: Any, metas: list[Meta]) -> None:
     """A hook's value for a slot whose gradient was None (an unused output) is checked only
     here: torch would cast a wrong dtype silently and raise RuntimeError for a float."""
     site = ctx.site._replace(kind="full_backward" if ctx.input_side else "full_backward_pre")
-    for result, grad, (shape, dtype, _) in zip(results, grads, ctx.metas):
+    for result, grad, (shape, dtype, _) in zip(results, grads, metas):
         if grad is None and result is not None:
             check_grad_like(result, shape, dtype, "torch.Tensor", torch.is_tensor, site)
 
