@@ -258,22 +258,30 @@ class ModuleBackward:
         with _lock, _lock.mutex:
             # the frame of the ending call hosts no other call in flight: an entry with its id
             # is a cut call's whose frame was freed and its address reused for this one
-            self.retire(_call_frame(sys._getframe(), self.call_ids))
+            ending = _call_frame(sys._getframe(), self.call_ids)
+            self.retire(0 if ending is None else id(ending))
 
     # -- the two dispatchers, installed as the module's last forward pre- and post-hook --
 
-    def dispatching(self, module: Any, args: tuple[Any, ...]) -> bool:
+    def dispatching(self, module: Any, args: tuple[Any, ...], frame: FrameType | None) -> bool:
         """Whether this state's pre_dispatch already took this call (`args`: what it passed
-        on) on this thread."""
+        on; `frame`: the framework's call function running it, see `_call_frame`) on this
+        thread."""
         stack: list[_Entry] | None = getattr(self.local, "stack", None)
         if not stack:
             return False
-        key, ref, call, _ = stack[-1]
+        key, ref, call, at = stack[-1]
         # Only a `_Call` takes hooks (None: grad disabled, nothing fires; `_Own`: a global state
         # that ran first and left them to the asker, which had not run: a stale entry misled
         # it). `_got`: an entry a BaseException left (its post_dispatch skipped) may carry the
         # id these args got when its own died; its tensors tell.
-        return key == id(args) and type(call) is _Call and ref() is module and _got(call, args)
+        if not (key == id(args) and type(call) is _Call and ref() is module and _got(call, args)):
+            return False
+        # The same call: taken in the same frame (the dispatchers of both run in the
+        # framework's hook loop). An outer call of the same module (a recursion) passed on args
+        # with the same id when it passed no tensor by position: `()`. (No call function found
+        # on one side: not told apart.)
+        return frame is None or at == 0 or at == id(frame)
 
     def around(self, module: Any) -> None:
         """A global state's dispatchers run around `module`'s whole call (torch's wrapper of
@@ -293,6 +301,15 @@ class ModuleBackward:
         """Whether this thread runs inside a call of `module` that `around` marked."""
         return getattr(self.local, "around", None) is module
 
+    def post_dispatch_beside(self, module: Any, args: tuple[Any, ...], output: Any) -> Any:
+        """`post_dispatch` pinned in a module's own hooks beside the `around` wrapper: a call
+        the wrapper marked is the wrapper's to end. (Pinned during that call, by a call
+        nested in it, this runs in its forward hook loop too, which the framework reads after
+        forward: it would end another call of the module, an outer one.)"""
+        if getattr(self.local, "around", None) is module:
+            return None
+        return self.post_dispatch(module, args, output)
+
     def pre_dispatch(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         # The global hooks run once per call: whichever of the module's own dispatchers and the
         # global ones comes first in this call takes them (the order differs by backend; own
@@ -302,9 +319,11 @@ class ModuleBackward:
         # thread) sees this call in flight and leaves the dispatchers for its post_dispatch.
         stack = self._stack()
         ref = weakref.ref(module)
-        caller = sys._getframe(1)  # (the call function itself, on most paths: no walk)
+        caller: FrameType | None = sys._getframe(1)  # (the call function, on most paths)
         ids = self.call_ids
-        frame = id(caller) if id(caller.f_code) in ids else _call_frame(caller, ids)
+        if id(caller.f_code) not in ids:  # type: ignore[union-attr]
+            caller = _call_frame(caller, ids)
+        frame = 0 if caller is None else id(caller)
         stack.append((id(args), ref, _PASSED, frame))
         pos = len(stack) - 1
         if self.removed:
@@ -313,14 +332,14 @@ class ModuleBackward:
             return None
         with_globals = not self.is_global
         if self.is_global:
-            own = _states.dispatching(module, args)
+            own = _states.dispatching(module, args, caller)
             if own is not None:
                 stack[pos] = (id(args), ref, _Own(own, own.local.stack[-1][2]), frame)
                 return None
         else:
             shared = _globals.get(self.autograd.backend)
             with_globals = not (
-                shared is None or shared.dispatching(module, args) or shared.inside(module)
+                shared is None or shared.dispatching(module, args, caller) or shared.inside(module)
             )
         ag = self.autograd
         if not ag.grad_enabled():
@@ -375,7 +394,8 @@ class ModuleBackward:
             # one ends it for them. Only that very call: one a BaseException cut short before
             # may look the same (a call with keyword arguments only passes `()` each time).
             own = call.state
-            if own.dispatching(module, args) and own.local.stack[-1][2] is call.call:
+            own_stack = getattr(own.local, "stack", None)
+            if own_stack and own_stack[-1][2] is call.call:
                 return own.post_dispatch(module, args, output)
             return None
         ag = self.autograd
@@ -611,14 +631,14 @@ class _Passed:
 _PASSED = _Passed()
 
 
-def _call_frame(frame: FrameType | None, ids: frozenset[int]) -> int:
-    """The id of the innermost frame of the framework's call function (code ids `ids`) on
-    this thread from `frame` out: the frame of the call a dispatcher runs in, 0 if none."""
+def _call_frame(frame: FrameType | None, ids: frozenset[int]) -> FrameType | None:
+    """The innermost frame of the framework's call function (code ids `ids`) on this thread
+    from `frame` out: the frame of the call a dispatcher runs in, if any."""
     while frame is not None:
         if id(frame.f_code) in ids:
-            return id(frame)
+            return frame
         frame = frame.f_back
-    return 0
+    return None
 
 
 def _call_frames(frame: FrameType | None, ids: frozenset[int]) -> set[int]:
@@ -909,24 +929,28 @@ class _States:
         self._retired[module] = [*retired, ref]
         self._refs.pop(module, None)
 
-    def dispatching(self, module: Any, args: tuple[Any, ...]) -> ModuleBackward | None:
+    def dispatching(
+        self, module: Any, args: tuple[Any, ...], frame: FrameType | None
+    ) -> ModuleBackward | None:
         """The module's own state, current or removed, if it took this call."""
         ref = self._refs.get(module)
         state = None if ref is None else ref()
-        if state is not None and _took_globals(state, module, args):
+        if state is not None and _took_globals(state, module, args, frame):
             return state
         for ref in self._retired.get(module, ()):
             state = ref()
-            if state is not None and _took_globals(state, module, args):
+            if state is not None and _took_globals(state, module, args, frame):
                 return state
         return None
 
 
-def _took_globals(state: ModuleBackward, module: Any, args: tuple[Any, ...]) -> bool:
+def _took_globals(
+    state: ModuleBackward, module: Any, args: tuple[Any, ...], frame: FrameType | None
+) -> bool:
     """Whether `state` took this call and its global hooks. Had it left them to the global state,
     whose dispatcher runs after it, it took a stale global entry for the global state's claim on
     the call (see `dispatching`): the global state takes them."""
-    if not state.dispatching(module, args):
+    if not state.dispatching(module, args, frame):
         return False
     call = state.local.stack[-1][2]
     return call.with_globals

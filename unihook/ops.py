@@ -38,6 +38,7 @@ __all__ = [
     "float64_default",
     "forward_backward",
     "grad_enabled",
+    "in_backward",
     "grad_of",
     "is_leaf",
     "is_tensor",
@@ -200,6 +201,10 @@ class Ops:
     def grad_enabled(self, like: Any) -> bool:
         """Whether the framework records gradients now: True by default."""
         return True
+
+    def in_backward(self, like: Any) -> bool:
+        """Whether this thread runs a backward now (see `in_backward`): False by default."""
+        return False
 
     def is_leaf(self, t: Any) -> bool:
         """Whether `t` is a leaf of the autograd graph (see `is_leaf`): False by default."""
@@ -636,6 +641,13 @@ def grad_enabled(like: Any) -> bool:
     """Whether `like`'s framework (a tensor or a module names it) records gradients now: False
     under torch's ``no_grad`` / ``inference_mode`` and paddle's ``no_grad``."""
     return bool(ops_for(like).grad_enabled(like))
+
+
+def in_backward(like: Any) -> bool:
+    """Whether this thread runs a backward of `like`'s framework now: a module called there is
+    an activation checkpoint's recomputation (torch's ``torch.utils.checkpoint``, paddle's
+    ``recompute``), not a forward of the model. False on a backend that cannot tell."""
+    return bool(ops_for(like).in_backward(like))
 
 
 def float64_copy(module: Any) -> Any | None:

@@ -16,6 +16,7 @@ Buffers: MindSpore's own ``register_cell_buffer_registration_hook``.
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from functools import partial
 from itertools import count
@@ -136,8 +137,12 @@ def _install(cell: Any) -> list[Any]:
         key = entry[0] = new_id()
         _pin_forward(cell, 0, key)
     if _post and entry[1] is None:
-        key = entry[1] = new_id()
-        _pin_forward(cell, 1, key)
+        waiting = _waiting.pop(id(cell), None)
+        if waiting is not None:  # still pinned, its removal waiting for a call's end
+            entry[1] = waiting[1]
+        else:
+            key = entry[1] = new_id()
+            _pin_forward(cell, 1, key)
     # Installed beside the cell's own backward dispatchers too: whichever runs first in a call
     # takes the global hooks (unihook._module_backward). Taking them out while own ones exist
     # lost calls: another thread removing the cell's last own hook between this check and the
@@ -161,12 +166,8 @@ def _pin_forward(cell: Any, slot: int, key: int) -> None:
     """Pin the global forward dispatcher `slot` (0 pre, 1 post) first in `cell`'s dict."""
     # (a deep copy of the cell goes without it: `_ensure` pins the copy's own at its first call,
     # which else fired the global hooks twice there, and kept one after their removal)
-    if slot == 0:
-        flags: tuple[str, ...] = ("_forward_pre_hook_with_kwargs",)
-        attr, run = "_forward_pre_hook", _run_pre
-    else:
-        flags = ("_forward_hook_with_kwargs", "_forward_hook_always_called")
-        attr, run = "_forward_hook", _run_post
+    attr, flags = _SLOTS[slot]
+    run = _run_pre if slot == 0 else _run_post
     for table in flags:
         Access.get(cell, table)[key] = True
     pin(cell, attr, key, run, Access, last=False, prepend=True, flags=flags, copied=False)
@@ -174,9 +175,22 @@ def _pin_forward(cell: Any, slot: int, key: int) -> None:
 
 def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
     _ensure(self)
-    # MindSpore's own, read at import: another thread may have put it back since this call
-    # entered the wrapper
-    return _CELL_CALL(self, *args, **kwargs)
+    key = id(self)
+    with _in_call_lock:
+        _in_call[key] = _in_call.get(key, 0) + 1
+    try:
+        # MindSpore's own, read at import: another thread may have put it back since this
+        # call entered the wrapper
+        return _CELL_CALL(self, *args, **kwargs)
+    finally:
+        with _in_call_lock:
+            left = _in_call[key] - 1
+            if left:
+                _in_call[key] = left
+            else:
+                del _in_call[key]
+        if not left and key in _waiting:
+            _left(self)
 
 
 # The code of the functions that run one cell call: MindSpore's `Cell.__call__` (this module is
@@ -184,22 +198,53 @@ def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
 CALL_CODES = frozenset({_CELL_CALL.__code__, _call.__code__})
 
 
+_POST_FLAGS = ("_forward_hook_with_kwargs", "_forward_hook_always_called")
+_SLOTS = (("_forward_pre_hook", ("_forward_pre_hook_with_kwargs",)), ("_forward_hook", _POST_FLAGS))
+# The cells in a call (the wrapper counts them, by id: alive while counted). MindSpore reads
+# a cell's forward hooks after construct, as torch reads its global ones: a cell's global post
+# dispatcher stays until its calls end (`_waiting`: id -> cell, key), so that a global forward
+# hook registered during a call, after the last one was removed there, fires for it.
+_in_call: dict[int, int] = {}
+_in_call_lock = threading.Lock()
+_waiting: dict[int, tuple[Any, int]] = {}
+
+
+def _unpin_slot(cell: Any, which: int, key: int) -> None:
+    attr, flags = _SLOTS[which]
+    unpin(cell, attr, key, Access)
+    for flag in flags:
+        Access.get(cell, flag).pop(key, None)
+
+
 def _strip(which: int) -> None:
-    """Take forward dispatcher slot `which` (0 pre, 1 post) out of every cell; a slot is
-    forgotten only once out (a run a Ctrl-C cut short is finished by the next)."""
-    attr, flags = (
-        ("_forward_pre_hook", ("_forward_pre_hook_with_kwargs",))
-        if which == 0
-        else ("_forward_hook", ("_forward_hook_with_kwargs", "_forward_hook_always_called"))
-    )
+    """Take forward dispatcher slot `which` (0 pre, 1 post) out of every cell, a post one
+    out of a cell in a call once its calls end; a slot is forgotten only once out (a run a
+    Ctrl-C cut short is finished by the next)."""
     for cell, entry in list(_installed.items()):
         key = entry[which]
         if key is None:
             continue
-        unpin(cell, attr, key, Access)
-        for flag in flags:
-            Access.get(cell, flag).pop(key, None)
+        if which == 1 and id(cell) in _in_call:
+            _waiting[id(cell)] = (cell, key)
+        else:
+            _unpin_slot(cell, which, key)
         entry[which] = None
+
+
+def _left(cell: Any) -> None:
+    """A cell's last call in flight ended: its waiting post dispatcher goes, unless global
+    forward hooks came back meanwhile (then it stays, the cell's again)."""
+    with _lock, _lock.mutex:
+        found = _waiting.pop(id(cell), None)
+        if found is None or id(cell) in _in_call:
+            if found is not None:
+                _waiting[id(cell)] = found
+            return
+        entry = _installed.get(cell)
+        if _post and entry is not None and entry[1] is None:
+            entry[1] = found[1]
+        else:
+            _unpin_slot(cell, 1, found[1])
 
 
 def _unpin_backward(backward: _Backward) -> None:

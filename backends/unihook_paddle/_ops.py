@@ -256,6 +256,9 @@ class PaddleOps(Ops):
     def grad_enabled(self, like: Any) -> bool:
         return bool(paddle.is_grad_enabled())
 
+    def in_backward(self, like: Any) -> bool:
+        return bool(paddle.base.core.eager._is_run_in_backward())
+
     def world(self, like: Any) -> tuple[int, int] | None:
         dist = sys.modules.get("paddle.distributed")
         if dist is None or not dist.is_initialized():

@@ -54,7 +54,8 @@ _torch_call: Callable[..., Any] = torch_module.Module.__call__  # the same, for 
 TORCH_CALL_CODE = torch_module.Module._call_impl.__code__
 _installed = False
 _backward: ModuleBackward | None = None  # the global backward hooks, when there are some
-_dispatch: tuple[EagerUnderCompile, EagerUnderCompile] | None = None  # _backward's dispatchers
+# _backward's dispatchers: pre, post, and post as pinned (`_pin_dispatchers`)
+_dispatch: tuple[EagerUnderCompile, EagerUnderCompile, EagerUnderCompile] | None = None
 # where _backward's dispatchers are pinned (a removed state's stay pinned until its calls end)
 _pinned_in: weakref.WeakKeyDictionary[Any, Pinned] = weakref.WeakKeyDictionary()
 
@@ -70,7 +71,7 @@ def _pin_dispatchers(module: Any) -> Any:
 
         with _lock, _lock.mutex:
             if _dispatch is not None and module not in _pinned_in:
-                hooks = (("_forward_pre_hooks", _dispatch[0]), ("_forward_hooks", _dispatch[1]))
+                hooks = (("_forward_pre_hooks", _dispatch[0]), ("_forward_hooks", _dispatch[2]))
                 always = "_forward_hooks_always_called"
                 pinned = Pinned.install(module, hooks, always, access.new_id, access, tail=True)
                 try:
@@ -137,7 +138,7 @@ def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
             return _call_original(self, call, own, keys, args, kwargs)
         finally:
             state.end_around(outer)
-    pre_dispatch, post_dispatch = dispatch
+    pre_dispatch, post_dispatch, _ = dispatch
     replaced = pre_dispatch(self, args)
     if replaced is not None:
         args = replaced
@@ -349,6 +350,7 @@ class _BackwardDispatch:
             _dispatch = (
                 EagerUnderCompile(state.pre_dispatch),
                 EagerUnderCompile(state.post_dispatch),
+                EagerUnderCompile(state.post_dispatch_beside),
             )
             _sync_patch()
 

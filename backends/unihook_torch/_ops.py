@@ -294,6 +294,10 @@ class TorchOps(Ops):
     def grad_enabled(self, like: Any) -> bool:
         return torch.is_grad_enabled()
 
+    def in_backward(self, like: Any) -> bool:
+        # the id of the graph task autograd's engine runs on this thread, -1 outside one
+        return bool(torch._C._current_graph_task_id() != -1)
+
     def world(self, like: Any) -> tuple[int, int] | None:
         dist = sys.modules.get("torch.distributed")
         if dist is None or not dist.is_available() or not dist.is_initialized():

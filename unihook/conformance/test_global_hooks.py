@@ -515,3 +515,42 @@ def test_a_deep_copy_under_global_hooks_fires_each_once_and_keeps_none(backend: 
         for _, module in backend.named_modules(m):
             assert all(not hooks for hooks in backend.hook_dicts(module).values())
     assert log == []
+
+
+@pytest.mark.parametrize("last", [False, True], ids=["another-left", "the-last"])
+def test_a_global_forward_hook_removed_and_one_added_inside_a_call(
+    backend: Any, last: bool
+) -> None:
+    """As torch, which reads its global forward hooks after forward: one removed during a
+    call does not fire for it, one registered there does, also when the removed one was the
+    last (MindSpore took its dispatcher out of the running cell then); the next call fires the
+    new one only."""
+    fired: list[str] = []
+    on = backend.name
+    module = backend.linear(3, 2)
+
+    def hook(name: str) -> Any:
+        return lambda m, args, out: fired.append(name)
+
+    handles = [unihook.register_module_forward_hook(hook("removed"), backend=on)]
+    if not last:
+        handles.append(unihook.register_module_forward_hook(hook("kept"), backend=on))
+
+    def swap(m: Any, args: Any) -> None:
+        if "swap" not in fired:
+            fired.append("swap")
+            handles[0].remove()
+            handles.append(unihook.register_module_forward_hook(hook("added"), backend=on))
+
+    remove_swap = backend.native_hook(module, "forward_pre", swap)
+    try:
+        for _ in range(2):
+            module(backend.tensor([[1.0, 2.0, 3.0]]))
+            fired.append("call")
+    finally:
+        remove_swap()
+        for handle in handles:
+            handle.remove()
+    kept = [] if last else ["kept"]
+    assert fired == ["swap", *kept, "added", "call", *kept, "added", "call"]
+    assert all(not hooks for hooks in backend.hook_dicts(module).values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import sys
 import zlib
 from typing import Any, Callable, Sequence, Union, cast
 
@@ -70,6 +71,7 @@ class Recipe(Removable):
         self._forwards = 0
         self._build: Callable[[], HookGroup] | None = None
         self._active = HookGroup()
+        self._placed_ahead = False  # see _count
 
     def _schedule(self, model: Any, every: int, build: Callable[[], HookGroup]) -> None:
         """Place the hooks `build` makes for forwards 0, N, 2N... of `model` (and their
@@ -89,12 +91,20 @@ class Recipe(Removable):
         return True
 
     def _count(self, module: Any, args: Any, output: Any) -> None:
+        if output is None and sys.exc_info()[0] is not None:
+            # the forward raised (torch's `_StopRecomputationError` ends a checkpoint's
+            # recomputation so): not a forward; and the frameworks iterate the model's hook
+            # dict itself there, which placing or removing hooks would change under them
+            return
         if not self._counted(module):
             return
         self._forwards += 1
         self._active.remove()  # the module's own hooks run from a snapshot: this call is done
         if self._forwards % self._every == 0 and self._build is not None:
             self._active = self._build()
+            # placed for the next forward: this one's backward is not recorded (a reentrant
+            # checkpoint recomputes parts of it there, through these hooks)
+            self._placed_ahead = True
 
     def _merging(self, model: Any, sync: bool) -> tuple[int, int] | None:
         """``(rank, size)`` when this recipe merges the ranks' numbers for a forward of

@@ -193,6 +193,7 @@ class GradientMonitor(Recipe):
         self._slots = Slots()  # per sample or shared: each output's merge (see _shared)
         self._deciding: _Step | None = None  # the forward whose slots the ranks decide at its end
         self._forwards_seen = 0  # forwards with gradients: each step's serial
+        self._with_grad = False  # the last forward of the model outside backward had gradients
 
         def hooks() -> HookGroup:
             group = HookGroup()
@@ -209,11 +210,24 @@ class GradientMonitor(Recipe):
 
     def _counted(self, module: Any) -> bool:
         # `every` counts the forwards that record gradients: one under no_grad (an evaluation,
-        # which one rank may run alone) has none to log
-        return ops.grad_enabled(module)
+        # which one rank may run alone) has none to log; nor does a checkpoint's recomputation
+        # of a forward that had gradients
+        return ops.grad_enabled(module) and not self._repeats(module)
+
+    def _repeats(self, module: Any) -> bool:
+        """Whether this forward of the model is a checkpoint's recomputation, in backward, of
+        one that recorded gradients (torch's non-reentrant `checkpoint`): the gradients come
+        through that one's outputs. Recomputing one run without gradients (a reentrant
+        checkpoint), it is the forward whose outputs the gradients come through."""
+        return self._with_grad and ops.in_backward(module)
 
     def _new_step(self, module: Any, args: Any, kwargs: Any) -> None:
         self._running += 1
+        if self._repeats(module):
+            return
+        if not ops.in_backward(module):
+            self._with_grad = ops.grad_enabled(module)
+        self._placed_ahead = False
         self._deciding = None
         if not ops.grad_enabled(module):
             # no gradient will come: the step of the last forward with gradients stays (an
@@ -277,7 +291,10 @@ class GradientMonitor(Recipe):
                 del step.seen[key]
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
-        if not self._running:
+        # (in backward: a part of the model recomputed by a checkpoint; a reentrant one's
+        # outputs are those the gradients come through, a non-reentrant one's get none; of a
+        # forward `every` skipped when the hooks were placed ahead for the next one)
+        if not self._running and (self._placed_ahead or not ops.in_backward(module)):
             return
         step = self._step
         call = -1

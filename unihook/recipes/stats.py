@@ -153,17 +153,20 @@ class ActivationStats(Recipe):
 
     def _counted(self, module: Any) -> bool:
         # Merging ranks, a forward under no_grad (an evaluation, which one rank may run alone)
-        # is neither recorded nor counted: the ranks' collectives stay paired.
+        # is neither recorded nor counted: the ranks' collectives stay paired. A checkpoint's
+        # recomputation in backward repeats a forward already recorded.
+        if ops.in_backward(module):
+            return False
         return self._merging(module, self.sync) is None or ops.grad_enabled(module)
 
     def _started(self, module: Any, args: Any, *, name: str) -> None:
-        if self._skipping:
+        if self._skipping or ops.in_backward(module):  # (a recomputation: see _counted)
             return
         if name not in self._stats:
             self._stats[name] = _Running(order=len(self._stats))
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
-        if self._skipping:
+        if self._skipping or ops.in_backward(module):
             return
         tensors = tensors_of(output, module)
         if not tensors:
@@ -209,6 +212,8 @@ class ActivationStats(Recipe):
             self._last = (tensor, version, moments, seen)
 
     def _open(self, module: Any, args: Any, kwargs: Any) -> None:
+        if ops.in_backward(module):  # the model's recomputation: this forward's state stays
+            return
         self._step = {}
         self._world = self._merging(module, self.sync)
         self._skipping = not self._counted(module)
@@ -218,6 +223,8 @@ class ActivationStats(Recipe):
             self._batch = batch_of(self._inputs)
 
     def _close(self, module: Any, args: Any, output: Any) -> None:
+        if ops.in_backward(module):
+            return
         self._last = None
         if self._skipping:
             self._skipping = False
