@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections import OrderedDict
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -728,3 +729,54 @@ def test_forward_hook_registered_inside_forward_fires_for_that_call_beside_a_glo
     got = forward_hook_registered_inside_forward_run(False)
     assert got == forward_hook_registered_inside_forward_run(True)
     assert got[:3] == ["late", "out [4.0, 4.0]", "bw"]
+
+
+def late_hook_run(native: bool, case: str) -> list[Any]:
+    """torch took its hook path for the call (a global hook was there when it started) and
+    reads the forward hooks registered during it after forward: `always_call`, an always-called
+    hook registered by a forward that then raises runs with the output None (a global backward
+    hook on); `pre_removed`, a hook registered by forward while the only global forward
+    pre-hook removed itself when it ran."""
+    torch = pytest.importorskip("torch")
+    mm = torch.nn.modules.module
+    fired: list[Any] = []
+    handles: list[Any] = []
+
+    class Net(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            hook = lambda m, a, o: fired.append(("late", o))  # noqa: E731
+            options = {"always_call": True} if case == "always_call" else {}
+            if native:
+                self.register_forward_hook(hook, **options)
+            else:
+                unihook.register_forward_hook(self, hook, **options)
+            if case == "always_call":
+                raise ValueError("forward failed")
+            return x * 2
+
+    if case == "always_call":
+        bw = lambda m, gi, go: None  # noqa: E731
+        reg = mm.register_module_full_backward_hook if native else partial(
+            unihook.register_module_full_backward_hook, backend="torch"
+        )
+        handles.append(reg(bw))
+    else:
+        remove = lambda m, a: handles.pop().remove()  # noqa: E731
+        reg = mm.register_module_forward_pre_hook if native else partial(
+            unihook.register_module_forward_pre_hook, backend="torch"
+        )
+        handles.append(reg(remove))
+    try:
+        Net()(torch.ones(2, requires_grad=True))
+    except ValueError:
+        fired.append("raised")
+    for handle in handles:
+        handle.remove()
+    return [(e[0], None if e[1] is None else e[1].tolist()) if isinstance(e, tuple) else e for e in fired]
+
+
+@pytest.mark.parametrize("case", ["always_call", "pre_removed"])
+def test_a_forward_hook_registered_inside_forward_fires_as_on_torchs_hook_path(case: str) -> None:
+    got = late_hook_run(False, case)
+    assert got == late_hook_run(True, case)
+    assert got == ([("late", None), "raised"] if case == "always_call" else [("late", [2.0, 2.0])])

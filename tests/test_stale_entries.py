@@ -245,3 +245,48 @@ def test_the_last_hook_removed_inside_a_call_after_a_cut_one_leaves_nothing(
     assert state() is None or state().dispatchers is None
     assert kit(fw).native_state() == native
     assert all(not hooks for hooks in kit(fw).hook_dicts(model).values())
+
+
+def _cut_inner_call_run(native: bool) -> tuple[list[tuple[float, float]], float]:
+    """A module calls itself; a BaseException cuts the inner call short and forward catches
+    it; torch's own full backward hook sits beside (its BackwardHook replaces the args, so
+    the outer call's entry is found by module, past the cut inner call's)."""
+    import torch
+
+    class Stop(BaseException):
+        pass
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor([2.0]))
+
+        def forward(self, x: Any, depth: int = 0) -> Any:
+            if depth == 1:
+                raise Stop()
+            try:
+                self(x * 3, 1)
+            except Stop:
+                pass
+            return x * self.w
+
+    model = Net()
+    log: list[tuple[float, float]] = []
+
+    def hook(module: Any, grad_input: Any, grad_output: Any) -> None:
+        log.append((grad_input[0].item(), grad_output[0].item()))
+
+    model.register_full_backward_hook(lambda *a: None)
+    if native:
+        model.register_full_backward_hook(hook)
+    else:
+        unihook.register_full_backward_hook(model, hook)
+    x = torch.ones(1, requires_grad=True)
+    model(x).sum().backward()
+    assert x.grad is not None
+    return log, x.grad.item()
+
+
+def test_a_call_cut_inside_its_outer_one_beside_a_native_hook_leaves_the_outer_one_whole() -> None:
+    pytest.importorskip("torch")
+    assert _cut_inner_call_run(False) == _cut_inner_call_run(True) == ([(2.0, 1.0)], 2.0)

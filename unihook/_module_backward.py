@@ -375,7 +375,7 @@ class ModuleBackward:
         if top >= 0 and stack[top][0] == id(args) and _got(stack[top][2], args):
             k = top
         else:
-            k = _find(stack, module, args)
+            k = _find(stack, module, args, sys._getframe(1), self.call_ids)
             if k < 0:
                 if self.removed:
                     self._ended()
@@ -677,18 +677,31 @@ def _got(call: _Call | _Own | _Passed | None, args: tuple[Any, ...]) -> bool:
     return True
 
 
-def _find(stack: list[_Entry], module: Any, args: tuple[Any, ...]) -> int:
+def _find(
+    stack: list[_Entry],
+    module: Any,
+    args: tuple[Any, ...],
+    caller: FrameType | None,
+    ids: frozenset[int],
+) -> int:
     """The index of the entry of this call, -1 if its pre_dispatch pushed none (a forward
-    pre-hook before it raised). By the args it returned, else by module (torch's own
-    BackwardHook replaced the args)."""
+    pre-hook before it raised). By the args it returned, else (torch's own BackwardHook
+    replaced the args) by module: the entry taken in this call's frame (`caller`'s, see
+    `_call_frame`), not a call of the same module nested in it that a BaseException cut
+    short; else the innermost one."""
     key = id(args)
     for k in range(len(stack) - 1, -1, -1):
         if stack[k][0] == key and _got(stack[k][2], args):
             return k
+    frame = _call_frame(caller, ids)
+    found = -1
     for k in range(len(stack) - 1, -1, -1):
         if stack[k][1]() is module:
-            return k
-    return -1
+            if frame is not None and stack[k][3] == id(frame):
+                return k
+            if found < 0:
+                found = k
+    return found
 
 
 def _warn_not_tensors(output: Any) -> None:

@@ -17,6 +17,7 @@ torch's functions back.
 from __future__ import annotations
 
 import sys
+import warnings
 import weakref
 from collections import OrderedDict
 from itertools import count
@@ -116,7 +117,10 @@ def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     if _dispatch is not None and (own or torch_module._global_forward_pre_hooks):
         own = _pin_dispatchers(self)
     keys = _keys(own)
-    for hook, with_kwargs in _pre_snapshot:
+    # unihook's hooks torch does not see, as the call starts (a pre-hook may remove the last)
+    pres = _pre_snapshot
+    hooked = bool(pres) or _dispatch is not None
+    for hook, with_kwargs in pres:
         if with_kwargs:
             result = hook(self, args, kwargs)
             if result is not None:
@@ -131,11 +135,11 @@ def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     state = _backward
     if dispatch is None or (own and self in _pinned_in):
         if state is None or not state.inside(self):
-            return _call_original(self, call, own, keys, args, kwargs)
+            return _call_original(self, call, own, keys, args, kwargs, hooked)
         outer = state.outer()
         try:
             state.around(None)  # a call of this module inside its own: not around it
-            return _call_original(self, call, own, keys, args, kwargs)
+            return _call_original(self, call, own, keys, args, kwargs, hooked)
         finally:
             state.end_around(outer)
     pre_dispatch, post_dispatch, _ = dispatch
@@ -148,7 +152,7 @@ def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
             # (own dispatchers registered meanwhile get a repacked args tuple: tell them by
             # module; marked inside the try: a Ctrl-C right after must not leave the mark)
             state.around(self)
-        result = _call_original(self, call, own, keys, args, kwargs)
+        result = _call_original(self, call, own, keys, args, kwargs, hooked)
     except BaseException:
         post_dispatch(self, args, None)
         raise
@@ -178,19 +182,25 @@ def _call_original(
     keys: tuple[int, ...],
     args: Any,
     kwargs: Any,
+    hooked: bool,
 ) -> Any:
     """`call` (torch's `_call_impl`) for this call, whose module pre-hooks were `keys` when it
-    started. A pre-hook that came into the dict since (a global pre-hook, or another thread,
+    started (`hooked`: and unihook had global hooks torch does not see). A pre-hook that came into the dict since (a global pre-hook, or another thread,
     registered it) must not run: torch iterates a snapshot taken when the call starts. It is
     wrapped in its place, to skip the calls that started before it (told by their frame
     here): later calls, on any thread, run it, and its handle, removing it meanwhile, removes
     it for good. (The wrapper stays: putting the hook back could undo a removal another
     thread makes at that moment.)"""
-    if _fast_path(self):
+    if hooked and _fast_path(self):
         # torch sees no hook and takes its no-hook path; torch with unihook's global hooks as
         # its own would have taken its hook path, which reads the forward hooks after forward:
-        # one registered during the call runs for it (not when forward raises)
-        return _late_forward_hooks(self, args, kwargs, call(self, *args, **kwargs))
+        # one registered during the call runs for it (when forward raises, an always-called one)
+        try:
+            result = call(self, *args, **kwargs)
+        except Exception:
+            _late_always_called(self, args, kwargs)
+            raise
+        return _late_forward_hooks(self, args, kwargs, result)
     if _keys(own) == keys:
         return call(self, *args, **kwargs)
     here = id(sys._getframe())
@@ -211,10 +221,10 @@ def _call_original(
 
 
 def _fast_path(module: Any) -> bool:
-    """Whether torch's `_call_impl` takes its no-hook path for `module` while unihook's global
-    hooks run in the wrapper, which torch does not see."""
+    """Whether torch's `_call_impl` takes its no-hook path for `module` (unihook's global hooks
+    run in the wrapper: torch does not see them)."""
     m = torch_module
-    return bool(_pre_snapshot or _dispatch is not None) and not (
+    return not (
         module._forward_hooks
         or module._forward_pre_hooks
         or module._backward_hooks
@@ -240,6 +250,41 @@ def _late_forward_hooks(module: Any, args: Any, kwargs: Any, result: Any) -> Any
         if found is not None:
             result = found
     return result
+
+
+def _late_always_called(module: Any, args: Any, kwargs: Any) -> None:
+    """torch's hook path when forward raised (torch 2.13's `_call_impl`): the always-called
+    forward hooks registered during the call run with the output None (the global ones
+    without kwargs, as torch calls them), an exception of theirs turned into a warning."""
+    m = torch_module
+    result = None
+    for key, hook in tuple(m._global_forward_hooks.items()):
+        if key in m._global_forward_hooks_always_called:
+            try:
+                found = hook(module, args, result)
+                if found is not None:
+                    result = found
+            except Exception as e:  # noqa: BLE001 (torch's words)
+                warnings.warn(
+                    "global module forward hook with ``always_call=True`` raised an exception "
+                    f"that was silenced as another error was raised in forward: {e!s}",
+                    stacklevel=3,
+                )
+    for key, hook in tuple(module._forward_hooks.items()):
+        if key in module._forward_hooks_always_called:
+            try:
+                if key in module._forward_hooks_with_kwargs:
+                    found = hook(module, args, kwargs, result)
+                else:
+                    found = hook(module, args, result)
+                if found is not None:
+                    result = found
+            except Exception as e:  # noqa: BLE001 (torch's words)
+                warnings.warn(
+                    "module forward hook with ``always_call=True`` raised an exception "
+                    f"that was silenced as another error was raised in forward: {e!s}",
+                    stacklevel=3,
+                )
 
 
 class _FromNextCall:
