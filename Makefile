@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml requirements-dev.txt
 # MindSpore runs in a venv of its own (requirements-mindspore.txt: it needs numpy 1.x), with
 # torch and paddle: the shipped conformance suite on MindSpore, the differential tests of the
 # three frameworks (every hook kind through the kits; the module backward hooks against torch's
-# native ones), the demo's three columns. `make test` runs it beside the dev suite.
+# native ones; forward hooks on a small CNN), the demo's three columns. `make test` runs it
+# beside the dev suite.
 MS_VENV := .venv-mindspore
 MS_PY := $(MS_VENV)/bin/python
 MS_STAMP := $(MS_VENV)/.installed
@@ -44,7 +45,8 @@ test-dev: $(STAMP)
 test-mindspore: $(MS_STAMP)
 	UNIHOOK_CONFORMANCE_BACKEND=mindspore $(MS_PY) -m pytest -q unihook/conformance \
 		tests/test_differential_kits.py tests/test_differential_backward.py \
-		tests/test_mindspore_native.py tests/test_demo.py tests/test_bench_smoke_mindspore.py
+		tests/test_differential_forward.py tests/test_mindspore_native.py tests/test_demo.py \
+		tests/test_bench_smoke_mindspore.py
 
 # ruff, and pyright in standard mode on unihook/ and backends/ ([tool.pyright] in pyproject.toml),
 # the MindSpore backend against the MindSpore venv's packages (pyright-mindspore.json)

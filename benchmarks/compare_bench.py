@@ -73,7 +73,7 @@ def resnet(fw: Framework, s: Sizes) -> Any:
                                             Block(c_out, c_out, 1)))  # fmt: skip
                 c_in = c_out
             self.stages = kit.sequential(*stages)
-            self.flatten = fw.flatten()
+            self.flatten = kit.flatten()
             self.fc = kit.linear(c_in, 10)
 
         def forward(self, x: Any) -> Any:

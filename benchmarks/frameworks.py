@@ -2,14 +2,14 @@
 
 What a kit offers comes from the kit (`unihook.testing.Kit`, the one the conformance suite and
 the differential tests use; `load` takes every installed backend's): the layers it builds
-(`kit.linear`, `conv2d`, `batchnorm2d`, `relu_module`, `sequential`), tensors (`kit.tensor`),
-`seed`, `named_modules`, `set_training`, `no_grad`, and the native hook registrations unihook
-is compared with (`kit.native_hook`; the kinds a framework has natively,
-`unihook.testing.native_kinds`). Each framework's class here adds only what the benchmarks
-alone need: the layers no kit builds (`max_pool2d`, `flatten`, `layer_norm`, `gelu`, a
-`Module` base class to subclass with a torch-style `forward`), the transformer's tensor ops,
-the hand-written recorders' `detach` / `clone` / `copy_`, the timed training step and the
-thread settings. A timed body calls these, and the kit's members it uses (`no_grad`,
+(`kit.linear`, `conv2d`, `batchnorm2d`, `relu_module`, `max_pool2d`, `flatten`, `sequential`),
+tensors (`kit.tensor`), `seed`, `named_modules`, `set_training`, `no_grad`, `clear_grads`, and
+the native hook registrations unihook is compared with (`kit.native_hook`; the kinds a
+framework has natively, `unihook.testing.native_kinds`). Each framework's class here adds only
+what the benchmarks alone need: the layers no kit builds (`layer_norm`, `gelu`, a `Module` base
+class to subclass with a torch-style `forward`), the transformer's tensor ops, the
+hand-written recorders' `detach` / `clone` / `copy_`, the timed training step and the thread
+settings. A timed body calls these, and the kit's members it uses (`no_grad`,
 `native_hook`), as bound attributes: no Python call over the framework's own.
 
 MindSpore (PyNative mode) has functional autograd: every framework builds its training step
@@ -66,12 +66,6 @@ class Framework:
         return self.kit.relu_module(inplace=True)
 
     # what only the benchmarks need, per framework
-    def max_pool2d(self, k: int) -> Any:
-        raise NotImplementedError
-
-    def flatten(self) -> Any:
-        raise NotImplementedError
-
     def layer_norm(self, d: int) -> Any:
         raise NotImplementedError
 
@@ -103,7 +97,8 @@ class Framework:
         raise NotImplementedError
 
     def clear_grads(self, model: Any) -> None:
-        raise NotImplementedError
+        """Drop the gradients the last training step accumulated (the kit's)."""
+        self.kit.clear_grads(model)
 
     def train_step(self, model: Any, fn: Callable[..., Any], *args: Any, lr: float = 0) -> Step:
         """`fn(*args)`, the backward of its output's sum into `model`'s parameters' gradients
@@ -158,12 +153,6 @@ class Torch(_Imperative):
         self.Module = torch.nn.Module
         self.detach = torch.Tensor.detach  # (the same C call as `t.detach()`)
 
-    def max_pool2d(self, k: int) -> Any:
-        return self.t.nn.MaxPool2d(k)
-
-    def flatten(self) -> Any:
-        return self.t.nn.Flatten()
-
     def layer_norm(self, d: int) -> Any:
         return self.t.nn.LayerNorm(d)
 
@@ -194,9 +183,6 @@ class Torch(_Imperative):
         # detach(): no graph even when grad is enabled, at a fraction of no_grad()'s cost.
         buffer.copy_(t.detach())
 
-    def clear_grads(self, model: Any) -> None:
-        model.zero_grad(set_to_none=True)
-
     def sgd(self, model: Any, lr: float) -> Step:
         return self.t.optim.SGD(model.parameters(), lr=lr).step
 
@@ -217,12 +203,6 @@ class Paddle(_Imperative):
         self.p = paddle
         self.Module = paddle.nn.Layer
         self.detach = paddle.Tensor.detach
-
-    def max_pool2d(self, k: int) -> Any:
-        return self.p.nn.MaxPool2D(k)
-
-    def flatten(self) -> Any:
-        return self.p.nn.Flatten()
 
     def layer_norm(self, d: int) -> Any:
         return self.p.nn.LayerNorm(d)
@@ -253,9 +233,6 @@ class Paddle(_Imperative):
     def copy_(self, buffer: Any, t: Any) -> None:
         # Tensor.copy_ rather than paddle.assign: same result, a sixth of the per-call cost.
         buffer.copy_(t.detach(), True)
-
-    def clear_grads(self, model: Any) -> None:
-        model.clear_gradients(set_to_zero=False)
 
     def sgd(self, model: Any, lr: float) -> Step:
         return self.p.optimizer.SGD(learning_rate=lr, parameters=model.parameters()).step
@@ -303,12 +280,6 @@ class MindSpore(Framework):
 
     def relu_inplace(self) -> Any:
         return self._relu_inplace()
-
-    def max_pool2d(self, k: int) -> Any:
-        return self.ms.nn.MaxPool2d(k, stride=k)  # (its stride defaults to 1)
-
-    def flatten(self) -> Any:
-        return self.ms.nn.Flatten()
 
     def layer_norm(self, d: int) -> Any:
         return self.ms.nn.LayerNorm((d,), epsilon=1e-5)  # (torch's eps)

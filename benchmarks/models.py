@@ -61,12 +61,12 @@ def cnn(fw: Framework, s: Sizes, inplace: bool = False) -> Any:
                 kit.conv2d(c_in, c_out, 3, padding=1),
                 kit.batchnorm2d(c_out),
                 fw.relu_inplace() if inplace else kit.relu_module(),
-                fw.max_pool2d(2),
+                kit.max_pool2d(2),
             )
         )
         c_in = c_out
     side = s.image // 16
-    return kit.sequential(*stages, fw.flatten(), kit.linear(c_in * side * side, 10))
+    return kit.sequential(*stages, kit.flatten(), kit.linear(c_in * side * side, 10))
 
 
 def cnn_input(fw: Framework, s: Sizes) -> Any:

@@ -13,10 +13,11 @@ weights as they are (both frameworks use the gate order i, f, g, o).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -25,7 +26,15 @@ from torch import nn
 warnings.filterwarnings("ignore", message="No ccache found")
 import paddle  # noqa: E402
 
-__all__ = ["ARCHS", "Arch", "build", "copy_weights", "without_inplace"]
+__all__ = [
+    "ARCHS",
+    "Arch",
+    "build",
+    "copy_weights",
+    "one_torch_thread",
+    "param_pairs",
+    "without_inplace",
+]
 
 
 # -- torch: torchvision layouts -----------------------------------------------------------------
@@ -439,3 +448,15 @@ def build(arch: Arch, seed: int = 0) -> tuple[nn.Module, nn.Module, paddle.nn.La
         if isinstance(sub, paddle.nn.Dropout):
             sub.eval()
     return model, oracle, twin
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread, its count restored after: the same numbers in every run, and no
+    slowdown from oversubscribed cores (the kits have no thread setting: torch's own here)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

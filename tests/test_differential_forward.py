@@ -1,20 +1,18 @@
-"""Differential: the same small CNN in torch and paddle, with copied weights and the same
-forward hooks registered through unihook on every layer, gives the same outputs, the same
-input gradient and the same recorded hook sequence."""
+"""Differential: the same small CNN in torch (the reference) and in each selected backend
+(test ids ``[torch]``, ``[paddle]``, ``[mindspore]``), built through the backends' conformance
+kits with copied weights and the same forward hooks registered through unihook on every layer,
+gives the same outputs, the same input gradient and the same recorded hook sequence."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-warnings.filterwarnings("ignore", message="No ccache found")
-paddle = pytest.importorskip("paddle")
-
-import unihook  # noqa: E402
+import unihook
+from unihook.conformance import installed_kits
+from unihook.testing import Kit
 
 RNG = np.random.default_rng(0)
 CONV_W = RNG.standard_normal((4, 3, 3, 3)).astype("float32")
@@ -28,55 +26,29 @@ FC_B = RNG.standard_normal(5).astype("float32")
 X = RNG.standard_normal((2, 3, 8, 8)).astype("float32")
 
 
-def torch_net() -> Any:
-    nn = torch.nn
+def _reference() -> Kit:
+    for kit in installed_kits():
+        if kit.name == "torch":
+            return kit
+    pytest.skip("the reference is torch: torch is not installed")
+
+
+def cnn(kit: Kit) -> Any:
     # [2,3,8,8] -> conv [2,4,6,6] -> max [2,4,3,3] -> avg [2,4,2,2] -> flatten 16 -> 5
-    net = nn.Sequential(
-        nn.Conv2d(3, 4, 3),
-        nn.BatchNorm2d(4),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.AvgPool2d(2, stride=1),
-        nn.Flatten(),
-        nn.Linear(16, 5),
+    model = kit.sequential(
+        kit.conv2d(3, 4, 3, weight=CONV_W, bias=CONV_B),
+        kit.batchnorm2d(4, BN_W, BN_B, running_mean=BN_MEAN, running_var=BN_VAR),
+        kit.relu_module(),
+        kit.max_pool2d(2),
+        kit.avg_pool2d(2, stride=1),
+        kit.flatten(),
+        kit.linear(16, 5, FC_W, FC_B),
     )
-    with torch.no_grad():
-        net[0].weight.copy_(torch.from_numpy(CONV_W))
-        net[0].bias.copy_(torch.from_numpy(CONV_B))
-        net[1].weight.copy_(torch.from_numpy(BN_W))
-        net[1].bias.copy_(torch.from_numpy(BN_B))
-        net[1].running_mean.copy_(torch.from_numpy(BN_MEAN))
-        net[1].running_var.copy_(torch.from_numpy(BN_VAR))
-        net[6].weight.copy_(torch.from_numpy(FC_W))
-        net[6].bias.copy_(torch.from_numpy(FC_B))
-    net.eval()
-    return net
+    kit.set_training(model, False)
+    return model
 
 
-def paddle_net() -> Any:
-    nn = paddle.nn
-    net = nn.Sequential(
-        nn.Conv2D(3, 4, 3),
-        nn.BatchNorm2D(4),
-        nn.ReLU(),
-        nn.MaxPool2D(2),
-        nn.AvgPool2D(2, stride=1),
-        nn.Flatten(),
-        nn.Linear(16, 5),
-    )
-    net[0].weight.set_value(CONV_W)
-    net[0].bias.set_value(CONV_B)
-    net[1].weight.set_value(BN_W)
-    net[1].bias.set_value(BN_B)
-    net[1]._mean.set_value(BN_MEAN)
-    net[1]._variance.set_value(BN_VAR)
-    net[6].weight.set_value(FC_W.T.copy())  # paddle's Linear weight is [in, out]
-    net[6].bias.set_value(FC_B)
-    net.eval()
-    return net
-
-
-def hooked_run(net: Any, named: list[tuple[str, Any]], x: Any) -> tuple[list[Any], Any]:
+def hooked_run(kit: Kit, net: Any, named: list[tuple[str, Any]], x: Any) -> tuple[list[Any], Any]:
     """Register the same hooks on every layer, run forward, return (record, output)."""
     record: list[Any] = []
 
@@ -89,9 +61,8 @@ def hooked_run(net: Any, named: list[tuple[str, Any]], x: Any) -> tuple[list[Any
 
     def post(name: str) -> Any:
         def hook(module: Any, args: Any, out: Any) -> Any:
-            record.append(
-                ("post", name, tuple(int(d) for d in out.shape), float(out.detach().sum()))
-            )
+            total = float(kit.numpy(unihook.ops.sum(unihook.ops.detach(out))))
+            record.append(("post", name, tuple(int(d) for d in out.shape), total))
             return out + 1
 
         return hook
@@ -110,45 +81,46 @@ def hooked_run(net: Any, named: list[tuple[str, Any]], x: Any) -> tuple[list[Any
     return record, out
 
 
-def test_same_outputs_and_hook_sequences() -> None:
-    tnet, pnet = torch_net(), paddle_net()
-    tx = torch.tensor(X, requires_grad=True)
-    px = paddle.to_tensor(X, stop_gradient=False)
+def test_same_outputs_and_hook_sequences(backend: Kit) -> None:
+    ref = _reference()
+    rnet, bnet = cnn(ref), cnn(backend)
+    rx = ref.tensor(X, requires_grad=True)
+    bx = backend.tensor(X, requires_grad=True)
 
     # without hooks the two nets agree
-    np.testing.assert_allclose(tnet(tx).detach().numpy(), pnet(px).numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ref.numpy(rnet(rx)), backend.numpy(bnet(bx)), rtol=1e-5, atol=1e-5)
 
-    t_named = list(tnet.named_modules())
-    p_named = list(pnet.named_sublayers(include_self=True))
-    assert [n for n, _ in t_named] == [n for n, _ in p_named] == ["", *map(str, range(7))]
+    r_named = ref.named_modules(rnet)
+    b_named = backend.named_modules(bnet)
+    assert [n for n, _ in r_named] == [n for n, _ in b_named] == ["", *map(str, range(7))]
 
-    t_record, t_out = hooked_run(tnet, t_named, tx)
-    p_record, p_out = hooked_run(pnet, p_named, px)
-    np.testing.assert_allclose(t_out.detach().numpy(), p_out.numpy(), rtol=1e-5, atol=1e-5)
+    r_record, r_out = hooked_run(ref, rnet, r_named, rx)
+    b_record, b_out = hooked_run(backend, bnet, b_named, bx)
+    np.testing.assert_allclose(ref.numpy(r_out), backend.numpy(b_out), rtol=1e-5, atol=1e-5)
 
     # compare the records: identical structure, sums equal within float tolerance
-    assert len(t_record) == len(p_record) == 1 + 2 * 8
-    for t_item, p_item in zip(t_record, p_record):
-        assert t_item[:3] == p_item[:3]
-        if t_item[0] == "post":
-            assert np.isclose(t_item[3], p_item[3], rtol=1e-5, atol=1e-4)
-    assert t_record[0] == ("kw_pre", [])
-    assert t_record[1] == ("pre", "", [(2, 3, 8, 8)])
-    assert t_record[2] == ("pre", "0", [(2, 3, 8, 8)])
-    assert t_record[-1][:3] == ("post", "", (2, 5))
-    order = [(kind, name) for kind, name, *_ in t_record[1:]]
+    assert len(r_record) == len(b_record) == 1 + 2 * 8
+    for r_item, b_item in zip(r_record, b_record):
+        assert r_item[:3] == b_item[:3]
+        if r_item[0] == "post":
+            assert np.isclose(r_item[3], b_item[3], rtol=1e-5, atol=1e-4)
+    assert r_record[0] == ("kw_pre", [])
+    assert r_record[1] == ("pre", "", [(2, 3, 8, 8)])
+    assert r_record[2] == ("pre", "0", [(2, 3, 8, 8)])
+    assert r_record[-1][:3] == ("post", "", (2, 5))
+    order = [(kind, name) for kind, name, *_ in r_record[1:]]
     assert order == [("pre", "")] + [
         step for i in range(7) for step in (("pre", str(i)), ("post", str(i)))
     ] + [("post", "")]
 
     # hooked output: every layer's input scaled by 0.5, every output + 1
-    t_out.sum().backward()
-    p_out.sum().backward()
-    np.testing.assert_allclose(tx.grad.numpy(), px.grad.numpy(), rtol=1e-5, atol=1e-6)
-    assert np.abs(tx.grad.numpy()).sum() > 0
+    ref.backward(unihook.ops.sum(r_out))
+    backend.backward(unihook.ops.sum(b_out))
+    np.testing.assert_allclose(ref.grad(rx), backend.grad(bx), rtol=1e-5, atol=1e-6)
+    assert np.abs(ref.grad(rx)).sum() > 0
 
     # hooks removed: back to the unhooked outputs, no residue on either side
-    np.testing.assert_allclose(tnet(tx).detach().numpy(), pnet(px).numpy(), rtol=1e-5, atol=1e-5)
-    for (_, tm), (_, pm) in zip(t_named, p_named):
-        assert not tm._forward_pre_hooks and not tm._forward_hooks
-        assert not pm._forward_pre_hooks and not pm._forward_post_hooks
+    np.testing.assert_allclose(ref.numpy(rnet(rx)), backend.numpy(bnet(bx)), rtol=1e-5, atol=1e-5)
+    for (_, rm), (_, bm) in zip(r_named, b_named):
+        assert not any(ref.hook_counts(rm).values())
+        assert not any(backend.hook_counts(bm).values())

@@ -26,27 +26,36 @@ floor. torch vs oracle:
 rtol 1e-6 (measured 0.0). paddle vs oracle: the per-architecture `Arch.rtol`, measured without
 any hook (`test_port`): ResNet-18 1e-5, VGG-11-BN 4e-6, MobileNetV2 (~50 train-mode
 BatchNorms) 7e-5, LSTM and Transformer < 4e-7. Torch runs single-threaded here (restored after
-the module): the same numbers, and no slowdown from oversubscribed cores. Where a hook that
-modifies puts a ReLU input within rounding of a kink, on one side in torch and on the other in
-paddle, the oracle takes the tested side's branch there (see `KINKS`).
+the module, `models_ref.one_torch_thread`): the same numbers, and no slowdown from
+oversubscribed cores. Where a hook that modifies puts a ReLU input within rounding of a kink, on
+one side in torch and on the other in paddle, the oracle takes the tested side's branch there
+(see `KINKS`).
+
+Only the models are framework code (`models_ref`: the torch models, the paddle twins, the weight
+copy); everything around them goes through the two backends' conformance kits
+(`unihook.testing.Kit`): tensors, numpy copies, gradients, the backward, the native hooks (the
+oracle's through the torch kit's ``native_hook``, the frameworks' own hooks beside unihook's
+through each side's).
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-warnings.filterwarnings("ignore", message="No ccache found")
-paddle = pytest.importorskip("paddle")
+import unihook
+from unihook.testing import Kit, kits
 
-from models_ref import ARCHS, Arch, build, param_pairs  # noqa: E402
+# the two sides' kits (the twins are paddle.vision models: torch and paddle, whatever else is
+# installed)
+KITS = {kit.name: kit for kit in kits(["torch", "paddle"])}
+if len(KITS) < 2:
+    pytest.skip("needs torch and paddle (the paddle.vision twins)", allow_module_level=True)
 
-import unihook  # noqa: E402
+from models_ref import ARCHS, Arch, build, one_torch_thread, param_pairs  # noqa: E402
 
 TORCH_RTOL = 1e-6
 ZERO = 3e-3  # a value below ZERO x the largest of its category counts as zero up to rounding
@@ -56,26 +65,21 @@ CONV_ARCHS = ["resnet18", "mobilenet_v2", "vgg11_bn"]
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
 
 
 # -- recording -----------------------------------------------------------------------------------
 
 
-def to_np(v: Any) -> Any:
+def to_np(kit: Kit, v: Any) -> Any:
     """A numpy copy of a (nested) hook value; tuples/lists keep their type, None stays None."""
-    if isinstance(v, torch.Tensor):
-        return v.detach().numpy().copy()
-    if isinstance(v, paddle.Tensor):
-        return np.array(v.numpy(), copy=True)
+    if kit.is_tensor(v):
+        return kit.numpy(v)
     if isinstance(v, (tuple, list)):
-        return (
-            type(v)(to_np(x) for x in v) if type(v) in (tuple, list) else tuple(to_np(x) for x in v)
-        )
+        items = (to_np(kit, x) for x in v)
+        return type(v)(items) if type(v) in (tuple, list) else tuple(items)
     return v
 
 
@@ -84,37 +88,53 @@ Event = tuple[str, str, Any]  # (module name, kind, recorded value)
 
 @dataclass
 class Recorder:
+    kit: Kit  # of the side whose hooks record
     events: list[Event] = field(default_factory=list)
+
+    def numpy(self, v: Any) -> Any:
+        return to_np(self.kit, v)
 
     def pre(self, name: str) -> Callable[..., None]:
         def hook(module: Any, args: Any) -> None:
-            self.events.append((name, "forward_pre", to_np(args)))
+            self.events.append((name, "forward_pre", self.numpy(args)))
 
         return hook
 
     def fwd(self, name: str) -> Callable[..., None]:
         def hook(module: Any, args: Any, output: Any) -> None:
-            self.events.append((name, "forward", to_np(output)))
+            self.events.append((name, "forward", self.numpy(output)))
 
         return hook
 
     def bpre(self, name: str) -> Callable[..., None]:
         def hook(module: Any, grad_output: Any) -> None:
-            self.events.append((name, "full_backward_pre", to_np(grad_output)))
+            self.events.append((name, "full_backward_pre", self.numpy(grad_output)))
 
         return hook
 
     def bwd(self, name: str) -> Callable[..., None]:
         def hook(module: Any, grad_input: Any, grad_output: Any) -> None:
-            self.events.append((name, "full_backward", (to_np(grad_input), to_np(grad_output))))
+            self.events.append(
+                (name, "full_backward", (self.numpy(grad_input), self.numpy(grad_output)))
+            )
 
         return hook
 
     def tensor(self, name: str) -> Callable[..., None]:
         def hook(grad: Any) -> None:
-            self.events.append((name, "tensor", to_np(grad)))
+            self.events.append((name, "tensor", self.numpy(grad)))
 
         return hook
+
+    def hook(self, kind: str, name: str) -> Callable[..., None]:
+        """The module hook of `kind` recording `name`'s calls."""
+        makers = {
+            "forward_pre": self.pre,
+            "forward": self.fwd,
+            "full_backward_pre": self.bpre,
+            "full_backward": self.bwd,
+        }
+        return makers[kind](name)
 
 
 ALL_KINDS = ("forward_pre", "forward", "full_backward_pre", "full_backward")
@@ -125,6 +145,14 @@ KIND_SETS = {
 }
 
 # -- the three sides ---------------------------------------------------------------------------
+
+Remover = Callable[[], None]  # a native hook's remove, or a unihook Handle's
+Register = Callable[[Any, dict[str, Any]], list[Remover]]  # (model, modules by name)
+
+
+def kit_of(side: str) -> Kit:
+    """The kit of "oracle", "torch" or "paddle" (the oracle is a torch model)."""
+    return KITS["paddle" if side == "paddle" else "torch"]
 
 
 @dataclass
@@ -148,51 +176,39 @@ class Setup:
 
     def names(self, side: str) -> list[str]:
         """The modules hooked on `side`: torch's qualified names (on paddle: those it shares)."""
-        tnames = [n for n, _ in self.models["oracle"].named_modules()]
+        tnames = list(self.modules("oracle"))
         if side != "paddle":
             return tnames
-        pnames = {n for n, _ in self.models["paddle"].named_sublayers(include_self=True)}
+        pnames = set(self.modules("paddle"))
         return [n for n in tnames if n in pnames and n not in self.arch.paddle_skip]
 
     def modules(self, side: str) -> dict[str, Any]:
-        model = self.models[side]
-        if side == "paddle":
-            return dict(model.named_sublayers(include_self=True))
-        return dict(model.named_modules())
+        return dict(kit_of(side).named_modules(self.models[side]))
 
-    def run(
-        self, side: str, register: Callable[[Any, dict[str, Any]], Iterable[Any]] | None
-    ) -> Result:
+    def run(self, side: str, register: Register | None) -> Result:
         """Forward + backward of `side` with the hooks `register(model, modules)` returns."""
-        model = self.models[side]
-        handles: list[Any] = []
+        kit, model = kit_of(side), self.models[side]
+        removers: list[Remover] = []
         try:
-            if side == "paddle":
-                model.clear_gradients()
-                x = paddle.to_tensor(self.x, stop_gradient=False)
-                if register is not None:
-                    handles = list(register(model, self.modules(side)))
-                out = model(x)
-                (out * paddle.to_tensor(self.w)).sum().backward()
+            kit.clear_grads(model)
+            x = kit.tensor(self.x, requires_grad=True)
+            if register is not None:
+                removers = list(register(model, self.modules(side)))
+            out = model(x)
+            kit.backward(unihook.ops.sum(out * kit.tensor(self.w)))
+            if side == "paddle":  # by torch's names, in torch's layouts
                 pgrads = {}
                 for tname, p, to_torch in self.pairs:
                     if isinstance(p, list):
-                        pgrads[tname] = to_torch([q.grad.numpy() for q in p])
+                        pgrads[tname] = to_torch([kit.grad(q) for q in p])
                     else:
-                        pgrads[tname] = to_torch(p.grad.numpy())
-                result = Result(to_np(out), x.grad.numpy().copy(), pgrads, [])
+                        pgrads[tname] = to_torch(kit.grad(p))
             else:
-                model.zero_grad(set_to_none=True)
-                x = torch.tensor(self.x, requires_grad=True)
-                if register is not None:
-                    handles = list(register(model, self.modules(side)))
-                out = model(x)
-                (out * torch.from_numpy(self.w)).sum().backward()
-                pgrads = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
-                result = Result(to_np(out), x.grad.numpy().copy(), pgrads, [])
+                pgrads = kit.parameter_grads(model)
+            result = Result(to_np(kit, out), kit.grad(x), pgrads, [])
         finally:
-            for h in handles:
-                h.remove()
+            for remove in removers:
+                remove()
         return result
 
     def baseline(self, side: str) -> Result:
@@ -210,8 +226,9 @@ def setup_of(arch_name: str) -> Setup:
         oracle_free, oracle, twin = build(arch)
         rng = np.random.default_rng(0)
         x = rng.standard_normal(arch.input_shape).astype("float32")
-        with torch.no_grad():
-            out_shape = tuple(oracle(torch.from_numpy(x)).shape)
+        kit = kit_of("oracle")
+        with kit.no_grad():
+            out_shape = tuple(oracle(kit.tensor(x)).shape)
         w = rng.standard_normal(out_shape).astype("float32")
         models = {"oracle": oracle, "torch": oracle_free, "paddle": twin}
         _SETUPS[arch_name] = Setup(arch, models, x, w, param_pairs(oracle, twin))
@@ -377,42 +394,27 @@ def report(errs: list[str], limit: int = 12) -> str:
 # -- hook registration per side ------------------------------------------------------------------
 
 
-def native_register(
-    names: list[str], kinds: Iterable[str], rec: Recorder
-) -> Callable[..., list[Any]]:
-    def register(model: Any, modules: dict[str, Any]) -> list[Any]:
-        hs = []
-        for n in names:
-            m = modules[n]
-            if "forward_pre" in kinds:
-                hs.append(m.register_forward_pre_hook(rec.pre(n)))
-            if "forward" in kinds:
-                hs.append(m.register_forward_hook(rec.fwd(n)))
-            if "full_backward_pre" in kinds:
-                hs.append(m.register_full_backward_pre_hook(rec.bpre(n)))
-            if "full_backward" in kinds:
-                hs.append(m.register_full_backward_hook(rec.bwd(n)))
-        return hs
+def native_register(names: list[str], kinds: Iterable[str], rec: Recorder) -> Register:
+    """The oracle's: torch's native hooks (the torch kit's `native_hook`), in ALL_KINDS' order."""
+    wanted = [kind for kind in ALL_KINDS if kind in kinds]
+
+    def register(model: Any, modules: dict[str, Any]) -> list[Remover]:
+        kit = kit_of("oracle")
+        return [kit.native_hook(modules[n], k, rec.hook(k, n)) for n in names for k in wanted]
 
     return register
 
 
-def unihook_register(
-    names: list[str], kinds: Iterable[str], rec: Recorder
-) -> Callable[..., list[Any]]:
-    def register(model: Any, modules: dict[str, Any]) -> list[Any]:
-        hs = []
-        for n in names:
-            m = modules[n]
-            if "forward_pre" in kinds:
-                hs.append(unihook.register_forward_pre_hook(m, rec.pre(n)))
-            if "forward" in kinds:
-                hs.append(unihook.register_forward_hook(m, rec.fwd(n)))
-            if "full_backward_pre" in kinds:
-                hs.append(unihook.register_full_backward_pre_hook(m, rec.bpre(n)))
-            if "full_backward" in kinds:
-                hs.append(unihook.register_full_backward_hook(m, rec.bwd(n)))
-        return hs
+def unihook_register(names: list[str], kinds: Iterable[str], rec: Recorder) -> Register:
+    """The tested side's: unihook's hooks, as `native_register` registers the oracle's."""
+    wanted = [kind for kind in ALL_KINDS if kind in kinds]
+
+    def register(model: Any, modules: dict[str, Any]) -> list[Remover]:
+        return [
+            getattr(unihook, f"register_{k}_hook")(modules[n], rec.hook(k, n)).remove
+            for n in names
+            for k in wanted
+        ]
 
     return register
 
@@ -420,7 +422,7 @@ def unihook_register(
 def oracle_events(s: Setup, kinds: tuple[str, ...]) -> Result:
     key = ("modules", kinds)
     if key not in s.oracles:
-        rec = Recorder()
+        rec = Recorder(kit_of("oracle"))
         res = s.run("oracle", native_register(s.names("torch"), kinds, rec))
         res.events = rec.events
         s.oracles[key] = res
@@ -454,7 +456,7 @@ def test_module_hooks(arch: str, kinds: str, side: str) -> None:
     s = setup_of(arch)
     want = oracle_events(s, KIND_SETS[kinds])
     names = s.names(side)
-    rec = Recorder()
+    rec = Recorder(kit_of(side))
     got = s.run(side, unihook_register(names, KIND_SETS[kinds], rec))
     strict = side == "torch" or kinds == "forward"
     errs = compare_events(
@@ -473,9 +475,9 @@ def test_global_hooks(arch: str, side: str) -> None:
     s = setup_of(arch)
     want = oracle_events(s, ALL_KINDS)
     names = s.names(side)
-    rec = Recorder()
+    rec = Recorder(kit_of(side))
 
-    def register(model: Any, modules: dict[str, Any]) -> list[Any]:
+    def register(model: Any, modules: dict[str, Any]) -> list[Remover]:
         ids = {id(m): n for n, m in modules.items() if n in set(names)}
 
         def named(make: Callable[[str], Callable[..., None]]) -> Callable[..., None]:
@@ -487,10 +489,10 @@ def test_global_hooks(arch: str, side: str) -> None:
             return hook
 
         return [
-            unihook.register_module_forward_pre_hook(named(rec.pre), backend=side),
-            unihook.register_module_forward_hook(named(rec.fwd), backend=side),
-            unihook.register_module_full_backward_pre_hook(named(rec.bpre), backend=side),
-            unihook.register_module_full_backward_hook(named(rec.bwd), backend=side),
+            unihook.register_module_forward_pre_hook(named(rec.pre), backend=side).remove,
+            unihook.register_module_forward_hook(named(rec.fwd), backend=side).remove,
+            unihook.register_module_full_backward_pre_hook(named(rec.bpre), backend=side).remove,
+            unihook.register_module_full_backward_hook(named(rec.bwd), backend=side).remove,
         ]
 
     got = s.run(side, register)
@@ -512,7 +514,7 @@ def test_capture(arch: str, side: str) -> None:
     names = s.names(side)
     holder: dict[str, Any] = {}
 
-    def register(model: Any, modules: dict[str, Any]) -> list[Any]:
+    def register(model: Any, modules: dict[str, Any]) -> list[Remover]:
         cache = unihook.capture(model, grads=True)
         holder["cache"] = cache
         return []  # removed after the checks below, not by `run`
@@ -520,8 +522,9 @@ def test_capture(arch: str, side: str) -> None:
     got = s.run(side, register)
     cache = holder["cache"]
     try:
-        calls = {n: [to_np(v) for v in cache.calls(n)] for n in names if n in cache}
-        grads = {n: to_np(cache.grads[n]) for n in names if n in cache.grads}
+        kit = kit_of(side)
+        calls = {n: [to_np(kit, v) for v in cache.calls(n)] for n in names if n in cache}
+        grads = {n: to_np(kit, cache.grads[n]) for n in names if n in cache.grads}
     finally:
         cache.remove()
     wanted = restrict(want.events, names)
@@ -572,26 +575,33 @@ def test_tensor_hooks(arch: str, side: str) -> None:
     key = ("tensor",)
     pnames = {n for n, _, _ in s.pairs}
 
-    def make(rec: Recorder, native: bool) -> Callable[..., list[Any]]:
-        def register(model: Any, modules: dict[str, Any]) -> list[Any]:
-            hs: list[Any] = []
+    def make(rec: Recorder, native: bool) -> Register:
+        kit = rec.kit
+
+        def tensor_hook(t: Any, name: str) -> Remover:
+            fn = rec.tensor(name)
+            return (
+                kit.native_hook(t, "tensor", fn)
+                if native
+                else unihook.register_tensor_hook(t, fn).remove
+            )
+
+        def register(model: Any, modules: dict[str, Any]) -> list[Remover]:
+            hs: list[Remover] = []
 
             def on_output(name: str) -> Callable[..., None]:
                 def hook(module: Any, args: Any, output: Any) -> None:
                     for i, t in enumerate(_leaves(output)):
-                        if native:
-                            hs.append(t.register_hook(rec.tensor(f"{name}.out{i}")))
-                        else:
-                            hs.append(unihook.register_tensor_hook(t, rec.tensor(f"{name}.out{i}")))
+                        hs.append(tensor_hook(t, f"{name}.out{i}"))
 
                 return hook
 
             for n in s.arch.tensor_modules:
                 m = modules[n]
                 hs.append(
-                    m.register_forward_hook(on_output(n))
+                    kit.native_hook(m, "forward", on_output(n))
                     if native
-                    else unihook.register_forward_hook(m, on_output(n))
+                    else unihook.register_forward_hook(m, on_output(n)).remove
                 )
             if side == "paddle" and not native:
                 params = {}
@@ -599,21 +609,19 @@ def test_tensor_hooks(arch: str, side: str) -> None:
                     for j, q in enumerate(p if isinstance(p, list) else [p]):
                         params[f"{tname}#{j}"] = q
             else:
-                params = {n: p for n, p in model.named_parameters() if n in pnames}
-            for n, p in params.items():
-                fn = rec.tensor(n)
-                hs.append(p.register_hook(fn) if native else unihook.register_tensor_hook(p, fn))
+                params = {n: p for n, p in kit.trainable_parameters(model).items() if n in pnames}
+            hs += [tensor_hook(p, n) for n, p in params.items()]
             return hs
 
         return register
 
     if key not in s.oracles:
-        rec = Recorder()
+        rec = Recorder(kit_of("oracle"))
         res = s.run("oracle", make(rec, True))
         res.events = rec.events
         s.oracles[key] = res
     want = s.oracles[key]
-    rec = Recorder()
+    rec = Recorder(kit_of(side))
     got = s.run(side, make(rec, False))
     events = rec.events
     if side == "paddle":  # back to torch's parameter names and layouts
@@ -661,14 +669,14 @@ def _double_grad_output(module: Any, grad_output: Any) -> Any:
 
 
 def _guided(module: Any, grad_input: Any, grad_output: Any) -> Any:
-    return tuple(None if g is None else g.clip(min=0.0) for g in grad_input)
+    return tuple(None if g is None else unihook.ops.clamp(g, min=0.0) for g in grad_input)
 
 
 def _halve_output(module: Any, args: Any, output: Any) -> Any:
     return _times(output, 0.5)
 
 
-RELUS = ("ReLU", "ReLU6")
+RELUS = ("relu", "relu6")  # (as the kits' `type_name` spells them)
 MODIFY_CASES = {
     # case: (kind, hook, which modules: "scale" = Arch.scale_module, "relu" = every ReLU/ReLU6)
     "double_grad_input": ("full_backward", _double_grad_input, "scale"),
@@ -684,7 +692,7 @@ def _targets(s: Setup, which: str, side: str) -> list[str]:
     if which == "halve":
         return [s.arch.halve_module or s.arch.scale_module]
     mods = s.modules("oracle")
-    return [n for n in s.names(side) if type(mods[n]).__name__ in RELUS]
+    return [n for n in s.names(side) if kit_of("oracle").type_name(mods[n]) in RELUS]
 
 
 def _modify_params() -> list[Any]:
@@ -712,29 +720,29 @@ def _modify_params() -> list[Any]:
 # tested side's branch: its forward hook adds (x - x.detach()) * +-1 there, the same value and the
 # other derivative. Nothing else changes, and more than MAX_KINK_FLIPS such elements in a run
 # fail the test (a forward that is really off is not rounding).
-KINKS = {"ReLU": None, "ReLU6": 6.0}  # the upper kink
+KINKS = {"relu": None, "relu6": 6.0}  # the upper kink, by `RELUS`' names
 MAX_KINK_FLIPS = 4  # measured: at most 1 (MobileNetV2, halve_output, paddle, AVX-512)
 
 
-def _chain(*registers: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
-    def register(model: Any, modules: dict[str, Any]) -> list[Any]:
+def _chain(*registers: Register) -> Register:
+    def register(model: Any, modules: dict[str, Any]) -> list[Remover]:
         return [h for r in registers for h in r(model, modules)]
 
     return register
 
 
-def _record_relu_inputs(names: list[str], into: dict[str, list[np.ndarray]]) -> Callable[..., Any]:
-    """Native forward pre-hooks (torch's and paddle's take the same arguments) that copy each
-    ReLU's input, per call."""
+def _record_relu_inputs(kit: Kit, names: list[str], into: dict[str, list[np.ndarray]]) -> Register:
+    """Native forward pre-hooks (`kit`'s framework's own) that copy each ReLU's input, per
+    call."""
 
-    def register(model: Any, modules: dict[str, Any]) -> list[Any]:
+    def register(model: Any, modules: dict[str, Any]) -> list[Remover]:
         def pre(name: str) -> Callable[..., None]:
             def hook(module: Any, args: Any) -> None:
-                into.setdefault(name, []).append(to_np(args[0]))
+                into.setdefault(name, []).append(kit.numpy(args[0]))
 
             return hook
 
-        return [modules[n].register_forward_pre_hook(pre(n)) for n in names]
+        return [kit.native_hook(modules[n], "forward_pre", pre(n)) for n in names]
 
     return register
 
@@ -754,7 +762,7 @@ def _kink_flips(
         if len(mine) != len(calls):
             errs.append(f"ReLU {n!r}: called {len(mine)} times, oracle {len(calls)}")
             continue
-        hi = KINKS[type(mods[n]).__name__]
+        hi = KINKS[kit_of("oracle").type_name(mods[n])]
         per_call: list[np.ndarray | None] = []
         for i, (a, b) in enumerate(zip(mine, calls)):
             if a.shape != b.shape:
@@ -787,10 +795,11 @@ def _kink_flips(
     return deltas, flips, errs
 
 
-def _take_branches(deltas: dict[str, list[np.ndarray | None]]) -> Callable[..., list[Any]]:
+def _take_branches(deltas: dict[str, list[np.ndarray | None]]) -> Register:
     """Native forward hooks on the oracle's ReLUs: output + (x - x.detach()) * delta."""
+    kit = kit_of("oracle")
 
-    def register(model: Any, modules: dict[str, Any]) -> list[Any]:
+    def register(model: Any, modules: dict[str, Any]) -> list[Remover]:
         def fwd(per_call: list[np.ndarray | None]) -> Callable[..., Any]:
             calls = iter(per_call)
 
@@ -799,11 +808,11 @@ def _take_branches(deltas: dict[str, list[np.ndarray | None]]) -> Callable[..., 
                 if d is None:
                     return None
                 x = args[0]
-                return output + (x - x.detach()) * torch.from_numpy(d)
+                return output + (x - unihook.ops.detach(x)) * kit.tensor(d)
 
             return hook
 
-        return [modules[n].register_forward_hook(fwd(d)) for n, d in deltas.items()]
+        return [kit.native_hook(modules[n], "forward", fwd(d)) for n, d in deltas.items()]
 
     return register
 
@@ -818,26 +827,23 @@ def test_modifying_hooks(arch: str, case: str, side: str) -> None:
     s = setup_of(arch)
     kind, hook, which = MODIFY_CASES[case]
 
-    def make(native: bool) -> Callable[..., list[Any]]:
+    def make(native: bool) -> Register:
         names = _targets(s, which, "torch" if native else side)
         assert names, f"no module for {case} in {arch}"
 
-        def register(model: Any, modules: dict[str, Any]) -> list[Any]:
-            hs = []
-            for n in names:
-                m = modules[n]
-                if native:
-                    hs.append(getattr(m, f"register_{kind}_hook")(hook))
-                else:
-                    hs.append(getattr(unihook, f"register_{kind}_hook")(m, hook))
-            return hs
+        def register(model: Any, modules: dict[str, Any]) -> list[Remover]:
+            if native:
+                return [kit_of("oracle").native_hook(modules[n], kind, hook) for n in names]
+            return [
+                getattr(unihook, f"register_{kind}_hook")(modules[n], hook).remove for n in names
+            ]
 
         return register
 
     key = ("modify", case)
     if key not in s.oracles:
         inputs: dict[str, list[np.ndarray]] = {}
-        record = _record_relu_inputs(_targets(s, "relu", "torch"), inputs)
+        record = _record_relu_inputs(kit_of("oracle"), _targets(s, "relu", "torch"), inputs)
         s.oracles[key] = s.run("oracle", _chain(make(True), record))
         s.relu_inputs[key] = inputs
     want = s.oracles[key]
@@ -848,7 +854,7 @@ def test_modifying_hooks(arch: str, case: str, side: str) -> None:
     )
     relus = _targets(s, "relu", side)
     got_inputs: dict[str, list[np.ndarray]] = {}
-    got = s.run(side, _chain(make(False), _record_relu_inputs(relus, got_inputs)))
+    got = s.run(side, _chain(make(False), _record_relu_inputs(kit_of(side), relus, got_inputs)))
     rtol = rtol_of(s, side)
     deltas, flips, errs = _kink_flips(
         s, got_inputs, {n: want_inputs.get(n, []) for n in relus}, rtol
@@ -868,13 +874,13 @@ def test_modifying_hooks(arch: str, case: str, side: str) -> None:
 # -- beside the frameworks' own hooks ------------------------------------------------------------
 
 
-def _is_tensor(v: Any) -> bool:
-    return isinstance(v, (torch.Tensor, paddle.Tensor))
-
-
-def _copy_args(module: Any, args: Any) -> Any:
+def _copy_args(kit: Kit) -> Callable[..., Any]:
     """A native pre-hook that replaces every tensor argument by a new tensor of the same value."""
-    return tuple(a * 1 if _is_tensor(a) else a for a in args)
+
+    def hook(module: Any, args: Any) -> Any:
+        return tuple(a * 1 if kit.is_tensor(a) else a for a in args)
+
+    return hook
 
 
 def _copy_output(module: Any, args: Any, output: Any) -> Any:
@@ -899,36 +905,32 @@ def test_beside_native_hooks(arch: str, order: str, side: str) -> None:
     key = ("native", kinds)
     names = s.names(side)
 
-    def native_fwd(modules: dict[str, Any], paddle_side: bool) -> list[Any]:
+    def native_fwd(kit: Kit, modules: dict[str, Any]) -> list[Remover]:
         hs = []
         for n in names:
-            m = modules[n]
-            hs.append(m.register_forward_pre_hook(_copy_args))
-            if paddle_side:
-                hs.append(m.register_forward_post_hook(_copy_output))
-            else:
-                hs.append(m.register_forward_hook(_copy_output))
+            hs.append(kit.native_hook(modules[n], "forward_pre", _copy_args(kit)))
+            hs.append(kit.native_hook(modules[n], "forward", _copy_output))
         return hs
 
     if key not in s.oracles:
-        rec = Recorder()
+        rec = Recorder(kit_of("oracle"))
 
-        def oracle_register(model: Any, modules: dict[str, Any]) -> list[Any]:
-            return native_fwd(modules, False) + native_register(s.names("torch"), kinds, rec)(
-                model, modules
-            )
+        def oracle_register(model: Any, modules: dict[str, Any]) -> list[Remover]:
+            return native_fwd(kit_of("oracle"), modules) + native_register(
+                s.names("torch"), kinds, rec
+            )(model, modules)
 
         res = s.run("oracle", oracle_register)
         res.events = rec.events
         s.oracles[key] = res
     want = s.oracles[key]
-    rec = Recorder()
+    rec = Recorder(kit_of(side))
 
-    def register(model: Any, modules: dict[str, Any]) -> list[Any]:
+    def register(model: Any, modules: dict[str, Any]) -> list[Remover]:
         mine = unihook_register(names, kinds, rec)
         if order == "native_after":
-            return mine(model, modules) + native_fwd(modules, side == "paddle")
-        return native_fwd(modules, side == "paddle") + mine(model, modules)
+            return mine(model, modules) + native_fwd(kit_of(side), modules)
+        return native_fwd(kit_of(side), modules) + mine(model, modules)
 
     got = s.run(side, register)
     strict = side == "torch"

@@ -145,11 +145,32 @@ class Kit:
         and `bias` as numpy, else the framework's initialisation."""
         raise self._missing("conv2d")
 
-    def batchnorm2d(self, c: int, weight: Any = None, bias: Any = None) -> Any:
+    def batchnorm2d(
+        self,
+        c: int,
+        weight: Any = None,
+        bias: Any = None,
+        running_mean: Any = None,
+        running_var: Any = None,
+    ) -> Any:
         """torch's ``BatchNorm2d(c)`` (eps 1e-5, running statistics moved 0.1 of the way to the
-        batch's); `weight` and `bias` (the affine scale and shift) as numpy, else ones and
-        zeros."""
+        batch's); `weight` and `bias` (the affine scale and shift) and the running statistics
+        (what evaluation mode normalises with) as numpy, else ones, zeros, zeros and ones."""
         raise self._missing("batchnorm2d")
+
+    def max_pool2d(self, k: int, stride: int | None = None) -> Any:
+        """torch's ``MaxPool2d(k, stride)``: `k` x `k` windows, `stride` defaulting to `k`, no
+        padding."""
+        raise self._missing("max_pool2d")
+
+    def avg_pool2d(self, k: int, stride: int | None = None) -> Any:
+        """torch's ``AvgPool2d(k, stride)``: `k` x `k` windows, `stride` defaulting to `k`, no
+        padding."""
+        raise self._missing("avg_pool2d")
+
+    def flatten(self) -> Any:
+        """torch's ``Flatten()``: a module flattening every axis after the first into one."""
+        raise self._missing("flatten")
 
     def module(self, forward: Callable[..., Any], children: dict[str, Any] | None = None) -> Any:
         """A module whose forward is ``forward(self, *args, **kwargs)``, holding `children`."""
@@ -157,6 +178,18 @@ class Kit:
 
     def parameters(self, module: Any) -> list[Any]:
         raise self._missing("parameters")
+
+    def trainable_parameters(self, module: Any) -> dict[str, Any]:
+        """Each of `module`'s parameters that require grad, by qualified name as torch spells
+        it (the names of `parameter_grads`), the framework's own tensors (in its layout:
+        paddle's Linear weight is ``[in, out]``)."""
+        raise self._missing("trainable_parameters")
+
+    def clear_grads(self, module: Any) -> None:
+        """Drop the accumulated gradients of `module`'s parameters (torch's
+        ``zero_grad(set_to_none=True)``): after the next backward they hold its gradients
+        alone."""
+        raise self._missing("clear_grads")
 
     def parameter_grads(self, module: Any) -> dict[str, Any]:
         """The accumulated gradient (numpy, or None) of each of `module`'s parameters that

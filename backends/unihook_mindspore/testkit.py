@@ -206,13 +206,33 @@ class MindSporeKit(Kit):
         _set(m.bias, bias)
         return self._track(m)
 
-    def batchnorm2d(self, c: int, weight: Any = None, bias: Any = None) -> Any:
+    def batchnorm2d(
+        self,
+        c: int,
+        weight: Any = None,
+        bias: Any = None,
+        running_mean: Any = None,
+        running_var: Any = None,
+    ) -> Any:
         # eps 1e-5 as torch's; MindSpore's momentum 0.9 weighs the old running value, as
-        # paddle's: torch's 0.1. The affine scale and shift are `gamma` and `beta`
+        # paddle's: torch's 0.1. The affine scale and shift are `gamma` and `beta`, the running
+        # statistics `moving_mean` and `moving_variance`
         m = nn.BatchNorm2d(c)
         _set(m.gamma, weight)
         _set(m.beta, bias)
+        _set(m.moving_mean, running_mean)
+        _set(m.moving_variance, running_var)
         return self._track(m)
+
+    # (MindSpore's pooling stride defaults to 1, torch's to the window)
+    def max_pool2d(self, k: int, stride: int | None = None) -> Any:
+        return self._track(nn.MaxPool2d(k, stride=k if stride is None else stride))
+
+    def avg_pool2d(self, k: int, stride: int | None = None) -> Any:
+        return self._track(nn.AvgPool2d(k, stride=k if stride is None else stride))
+
+    def flatten(self) -> Any:
+        return self._track(nn.Flatten())
 
     def module(self, forward: Callable[..., Any], children: dict[str, Any] | None = None) -> Any:
         return self._track(_Cell(forward, children))
@@ -220,21 +240,28 @@ class MindSporeKit(Kit):
     def parameters(self, module: Any) -> list[Any]:
         return [_tape.track(p) for p in module.get_parameters()]
 
-    def parameter_grads(self, module: Any) -> dict[str, Any]:
+    def trainable_parameters(self, module: Any) -> dict[str, Any]:
         # BatchNorm's gamma and beta are torch's weight and bias; its moving statistics are
         # parameters that need no grad
         batchnorms = {
             name for name, cell in module.cells_and_names() if isinstance(cell, nn.BatchNorm2d)
         }
-        grads = {}
+        params = {}
         for name, p in module.parameters_and_names():
             if not p.requires_grad:
                 continue
             owner, _, attr = name.rpartition(".")
             if owner in batchnorms and attr in _BATCHNORM_NAMES:
                 name = f"{owner}.{_BATCHNORM_NAMES[attr]}" if owner else _BATCHNORM_NAMES[attr]
-            grads[name] = _tape.grad(p)
-        return grads
+            params[name] = _tape.track(p)
+        return params
+
+    def clear_grads(self, module: Any) -> None:
+        for p in module.get_parameters():
+            _tape.set_grad(p, None)
+
+    def parameter_grads(self, module: Any) -> dict[str, Any]:
+        return {n: _tape.grad(p) for n, p in self.trainable_parameters(module).items()}
 
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
         return list(module.cells_and_names())

@@ -132,13 +132,31 @@ class PaddleKit(Kit):
         _set(m.bias, bias)
         return m
 
-    def batchnorm2d(self, c: int, weight: Any = None, bias: Any = None) -> Any:
+    def batchnorm2d(
+        self,
+        c: int,
+        weight: Any = None,
+        bias: Any = None,
+        running_mean: Any = None,
+        running_var: Any = None,
+    ) -> Any:
         # paddle's momentum is the weight of the old running value: torch's 0.1 is paddle's
         # default 0.9; epsilon 1e-5 as torch's
         m = paddle.nn.BatchNorm2D(c)
         _set(m.weight, weight)
         _set(m.bias, bias)
+        _set(m._mean, running_mean)  # (paddle's names for the running statistics)
+        _set(m._variance, running_var)
         return m
+
+    def max_pool2d(self, k: int, stride: int | None = None) -> Any:
+        return paddle.nn.MaxPool2D(k, stride)
+
+    def avg_pool2d(self, k: int, stride: int | None = None) -> Any:
+        return paddle.nn.AvgPool2D(k, stride)
+
+    def flatten(self) -> Any:
+        return paddle.nn.Flatten()
 
     def module(self, forward: Callable[..., Any], children: dict[str, Any] | None = None) -> Any:
         return _Layer(forward, children)
@@ -146,17 +164,21 @@ class PaddleKit(Kit):
     def parameters(self, module: Any) -> list[Any]:
         return list(module.parameters())
 
-    def parameter_grads(self, module: Any) -> dict[str, Any]:
+    def trainable_parameters(self, module: Any) -> dict[str, Any]:
         # paddle's names are torch's; its running statistics are parameters that need no grad
+        return {n: p for n, p in module.named_parameters() if not p.stop_gradient}
+
+    def clear_grads(self, module: Any) -> None:
+        module.clear_gradients(set_to_zero=False)  # (None, as torch's set_to_none)
+
+    def parameter_grads(self, module: Any) -> dict[str, Any]:
         linears = {
             f"{name}.weight" if name else "weight"
             for name, m in module.named_sublayers(include_self=True)
             if isinstance(m, paddle.nn.Linear)
         }
         grads = {}
-        for name, p in module.named_parameters():
-            if p.stop_gradient:
-                continue
+        for name, p in self.trainable_parameters(module).items():
             g = self.grad(p)
             grads[name] = g.T.copy() if g is not None and name in linears else g
         return grads

@@ -134,11 +134,29 @@ class TorchKit(Kit):
         _copy(m.bias, bias)
         return m
 
-    def batchnorm2d(self, c: int, weight: Any = None, bias: Any = None) -> Any:
+    def batchnorm2d(
+        self,
+        c: int,
+        weight: Any = None,
+        bias: Any = None,
+        running_mean: Any = None,
+        running_var: Any = None,
+    ) -> Any:
         m = torch.nn.BatchNorm2d(c)
         _copy(m.weight, weight)
         _copy(m.bias, bias)
+        _copy(m.running_mean, running_mean)
+        _copy(m.running_var, running_var)
         return m
+
+    def max_pool2d(self, k: int, stride: int | None = None) -> Any:
+        return torch.nn.MaxPool2d(k, stride)
+
+    def avg_pool2d(self, k: int, stride: int | None = None) -> Any:
+        return torch.nn.AvgPool2d(k, stride)
+
+    def flatten(self) -> Any:
+        return torch.nn.Flatten()
 
     def module(self, forward: Callable[..., Any], children: dict[str, Any] | None = None) -> Any:
         return _Module(forward, children)
@@ -146,8 +164,14 @@ class TorchKit(Kit):
     def parameters(self, module: Any) -> list[Any]:
         return list(module.parameters())
 
+    def trainable_parameters(self, module: Any) -> dict[str, Any]:
+        return {n: p for n, p in module.named_parameters() if p.requires_grad}
+
+    def clear_grads(self, module: Any) -> None:
+        module.zero_grad(set_to_none=True)
+
     def parameter_grads(self, module: Any) -> dict[str, Any]:
-        return {n: self.grad(p) for n, p in module.named_parameters() if p.requires_grad}
+        return {n: self.grad(p) for n, p in self.trainable_parameters(module).items()}
 
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
         return list(module.named_modules())
