@@ -756,14 +756,18 @@ def late_hook_run(native: bool, case: str) -> list[Any]:
 
     if case == "always_call":
         bw = lambda m, gi, go: None  # noqa: E731
-        reg = mm.register_module_full_backward_hook if native else partial(
-            unihook.register_module_full_backward_hook, backend="torch"
+        reg = (
+            mm.register_module_full_backward_hook
+            if native
+            else partial(unihook.register_module_full_backward_hook, backend="torch")
         )
         handles.append(reg(bw))
     else:
         remove = lambda m, a: handles.pop().remove()  # noqa: E731
-        reg = mm.register_module_forward_pre_hook if native else partial(
-            unihook.register_module_forward_pre_hook, backend="torch"
+        reg = (
+            mm.register_module_forward_pre_hook
+            if native
+            else partial(unihook.register_module_forward_pre_hook, backend="torch")
         )
         handles.append(reg(remove))
     try:
@@ -772,7 +776,10 @@ def late_hook_run(native: bool, case: str) -> list[Any]:
         fired.append("raised")
     for handle in handles:
         handle.remove()
-    return [(e[0], None if e[1] is None else e[1].tolist()) if isinstance(e, tuple) else e for e in fired]
+    return [
+        (e[0], None if e[1] is None else e[1].tolist()) if isinstance(e, tuple) else e
+        for e in fired
+    ]
 
 
 @pytest.mark.parametrize("case", ["always_call", "pre_removed"])

@@ -4,6 +4,8 @@ TypeError; plain HookReturnError (a RuntimeError) for a wrong length, shape or d
 
 from __future__ import annotations
 
+import sys
+from types import FrameType
 from typing import Any, Callable
 
 from ._describe import Site, type_name
@@ -115,32 +117,48 @@ def show_value(value: object) -> str:
     return f"{_qualified(value)} {text}"
 
 
-def checked_kwargs_pre_hook(
-    hook: Callable[..., Any], site: Site, dead: list[bool]
-) -> Callable[..., Any]:
-    """Wrap a with_kwargs forward pre-hook so a bad return raises HookReturnError.
+def _kwargs_in(frame: FrameType | None) -> dict[str, Any]:
+    """The call's kwargs, from the frame of the framework's hook loop (torch's `_call_impl`,
+    paddle's and MindSpore's call functions name them `kwargs`), else empty."""
+    found = None if frame is None else frame.f_locals.get("kwargs")
+    return found if isinstance(found, dict) else {}
 
-    `dead[0]` is set when the hook is removed. Torch and paddle both iterate a snapshot of the
-    hooks but read the with_kwargs flags live: a call in flight when the hook is removed by an
-    earlier hook calls it without kwargs (torch then fails with a TypeError). A removed hook
-    does nothing instead.
-    """
+
+# Torch, paddle and MindSpore iterate a snapshot of a module's hooks but read the with_kwargs
+# flags live: a with_kwargs hook removed during a call, by an earlier hook of the call, is
+# still called for it (as any hook removed mid-call), without kwargs (torch's own then raises
+# a TypeError). The wrappers below run it as registered, with the call's kwargs.
+
+
+def checked_kwargs_pre_hook(hook: Callable[..., Any], site: Site) -> Callable[..., Any]:
+    """Wrap a with_kwargs forward pre-hook so a bad return raises HookReturnError (and see
+    above: called without kwargs, it replaces them in the call's own dict)."""
 
     def kwargs_pre_hook(module: Any, args: Any, *rest: Any) -> Any:
-        if dead[0] or len(rest) != 1:
+        if rest:
+            return check_pre_kwargs_result(hook(module, args, *rest), site)
+        kwargs = _kwargs_in(sys._getframe(1))
+        result = hook(module, args, kwargs)
+        if result is None:
             return None
-        return check_pre_kwargs_result(hook(module, args, *rest), site)
+        new_args, new_kwargs = check_pre_kwargs_result(result, site)
+        if new_kwargs is not kwargs:
+            replaced = dict(new_kwargs)
+            kwargs.clear()
+            kwargs.update(replaced)
+        return new_args
 
     kwargs_pre_hook.__wrapped__ = hook  # type: ignore[attr-defined]
     return kwargs_pre_hook
 
 
-def kwargs_post_hook(hook: Callable[..., Any], dead: list[bool]) -> Callable[..., Any]:
-    """Wrap a with_kwargs forward hook: once removed (`dead[0]`), it does nothing, also when
-    a call in flight passes it no kwargs (see `checked_kwargs_pre_hook`)."""
+def kwargs_post_hook(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a with_kwargs forward hook (see above)."""
 
     def kwargs_hook(module: Any, args: Any, *rest: Any) -> Any:
-        return None if dead[0] or len(rest) != 2 else hook(module, args, *rest)
+        if len(rest) == 1:
+            rest = (_kwargs_in(sys._getframe(1)), rest[0])
+        return hook(module, args, *rest)
 
     kwargs_hook.__wrapped__ = hook  # type: ignore[attr-defined]
     return kwargs_hook

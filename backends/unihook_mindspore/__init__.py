@@ -118,13 +118,12 @@ def unihook_conformance_kit() -> object | None:
     return MindSporeKit()
 
 
-def _forward_handle(cell: Any, kind: str, hook_id: int, dead: list[bool]) -> Handle:
+def _forward_handle(cell: Any, kind: str, hook_id: int) -> Handle:
     from ._forward import remove_hook
 
     cell_ref = weakref.ref(cell)
 
     def remove() -> None:
-        dead[0] = True
         live = cell_ref()
         if live is not None:
             remove_hook(live, hook_id, pre=kind == "forward_pre")
@@ -141,12 +140,11 @@ def unihook_register_forward_pre_hook(
         return None
     from ._forward import add_hook
 
-    dead = [False]
     if with_kwargs:
         # MindSpore raises a bare RuntimeError for a bad (args, kwargs) return
-        hook = checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, cell, name), dead)
+        hook = checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, cell, name))
     hook_id = add_hook(cell, hook, pre=True, prepend=prepend, with_kwargs=with_kwargs)
-    return _forward_handle(cell, "forward_pre", hook_id, dead)
+    return _forward_handle(cell, "forward_pre", hook_id)
 
 
 @hookimpl
@@ -163,13 +161,12 @@ def unihook_register_forward_hook(
         return None
     from ._forward import add_hook
 
-    dead = [False]
     if with_kwargs:
-        hook = kwargs_post_hook(hook, dead)  # flags are read live: see kwargs_post_hook
+        hook = kwargs_post_hook(hook)  # flags are read live: see kwargs_post_hook
     hook_id = add_hook(
         cell, hook, pre=False, prepend=prepend, with_kwargs=with_kwargs, always_call=always_call
     )
-    return _forward_handle(cell, "forward", hook_id, dead)
+    return _forward_handle(cell, "forward", hook_id)
 
 
 # Removing a tensor hook while a backward runs segfaults MindSpore 2.10 (a hook removing

@@ -131,21 +131,19 @@ def _add_forward_hook(layer: Any, kind: str, hook: Callable[..., Any], **options
     from ._forward import add_hook, new_id, remove_hook
 
     pre = kind == "forward_pre"
-    dead = [False]
     if options["with_kwargs"]:
         # paddle raises a bare RuntimeError for a bad (args, kwargs) return, and reads the
         # kwargs flags live: a call in flight may call a removed hook without kwargs.
         if pre:
-            hook = checked_kwargs_pre_hook(hook, Site.of(kind, NAME, layer, options["name"]), dead)
+            hook = checked_kwargs_pre_hook(hook, Site.of(kind, NAME, layer, options["name"]))
         else:
-            hook = kwargs_post_hook(hook, dead)
+            hook = kwargs_post_hook(hook)
     del options["name"]
     hook_id = new_id()
     layer_ref = weakref.ref(layer)
 
     def remove() -> None:
         # idempotent: also undoes a registration cut short (a Ctrl-C, see unihook._locks)
-        dead[0] = True
         live = layer_ref()
         if live is not None:
             remove_hook(live, hook_id, pre=pre)

@@ -140,11 +140,9 @@ def unihook_register_forward_pre_hook(
         native = _insert(m, "forward_pre", hook, prepend=prepend)
         return _watched("forward_pre", native.remove)
     # torch raises a bare RuntimeError for a bad (args, kwargs) return: check it ourselves.
-    dead = [False]
-    hook = checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, m, name), dead)
-    undo_if_unfinished(partial(dead.__setitem__, 0, True))
+    hook = checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, m, name))
     native = _insert(m, "forward_pre", hook, prepend=prepend, with_kwargs=True)
-    return _watched("forward_pre", _killing(dead, native.remove))
+    return _watched("forward_pre", native.remove)
 
 
 @hookimpl
@@ -163,17 +161,15 @@ def unihook_register_forward_hook(
         native = _insert(m, "forward", hook, prepend=prepend, always_call=always_call)
         return _watched("forward", native.remove)
     # Removed mid-call, torch would call it without kwargs (a TypeError): see kwargs_post_hook.
-    dead = [False]
-    undo_if_unfinished(partial(dead.__setitem__, 0, True))
     native = _insert(
         m,
         "forward",
-        kwargs_post_hook(hook, dead),
+        kwargs_post_hook(hook),
         prepend=prepend,
         with_kwargs=True,
         always_call=always_call,
     )
-    return _watched("forward", _killing(dead, native.remove))
+    return _watched("forward", native.remove)
 
 
 # kind -> torch's registration method, the hook dict and the flag tables it fills (torch 2.13's
@@ -235,14 +231,6 @@ def insert(
     if prepend:
         hooks.move_to_end(native.id, last=False)
     return native
-
-
-def _killing(dead: list[bool], remove: Callable[[], object]) -> Callable[[], None]:
-    def remover() -> None:
-        dead[0] = True
-        remove()
-
-    return remover
 
 
 @hookimpl

@@ -33,6 +33,7 @@ from unihook.backend import (
     Site,
     check_pre_kwargs_result,
     global_label,
+    kwargs_post_hook,
     show_value,
     undo_if_unfinished,
 )
@@ -185,12 +186,12 @@ def _call_original(
     hooked: bool,
 ) -> Any:
     """`call` (torch's `_call_impl`) for this call, whose module pre-hooks were `keys` when it
-    started (`hooked`: and unihook had global hooks torch does not see). A pre-hook that came into the dict since (a global pre-hook, or another thread,
-    registered it) must not run: torch iterates a snapshot taken when the call starts. It is
-    wrapped in its place, to skip the calls that started before it (told by their frame
-    here): later calls, on any thread, run it, and its handle, removing it meanwhile, removes
-    it for good. (The wrapper stays: putting the hook back could undo a removal another
-    thread makes at that moment.)"""
+    started (`hooked`: and unihook had global hooks torch does not see). A pre-hook that came
+    into the dict since (a global pre-hook, or another thread, registered it) must not run:
+    torch iterates a snapshot taken when the call starts. It is wrapped in its place, to skip
+    the calls that started before it (told by their frame here): later calls, on any thread,
+    run it, and its handle, removing it meanwhile, removes it for good. (The wrapper stays:
+    putting the hook back could undo a removal another thread makes at that moment.)"""
     if hooked and _fast_path(self):
         # torch sees no hook and takes its no-hook path; torch with unihook's global hooks as
         # its own would have taken its hook path, which reads the forward hooks after forward:
@@ -425,6 +426,8 @@ def add(kind: str, hook: Hook, with_kwargs: bool, always_call: bool) -> Callable
             (torch_module._global_forward_hooks_with_kwargs, with_kwargs),
             (torch_module._global_forward_hooks_always_called, always_call),
         ]
+        if with_kwargs:  # (removed mid-call: see kwargs_post_hook)
+            hook = kwargs_post_hook(hook)
         native = insert(torch_module._global_forward_hooks, hook, flags)
     elif kind in ("full_backward_pre", "full_backward"):
         from ._backward import add_global

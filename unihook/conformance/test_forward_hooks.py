@@ -429,10 +429,10 @@ def test_hook_removing_a_later_hook(backend: Any) -> None:
         m, lambda mod, a, kw, o: seen.append("post_kw"), with_kwargs=True
     )
     assert m(1) == (1,)
-    # torch's reference: the running call iterates a snapshot of the pre-hooks, so a plain
-    # pre-hook removed mid-call still runs once; a removed with_kwargs hook is skipped (torch
-    # itself would call it without kwargs and fail); post-hooks are read after the pre-hooks.
-    assert seen == ["remover", "later"]
+    # torch's reference: the running call iterates a snapshot of the pre-hooks, so a pre-hook
+    # removed mid-call still runs once, a with_kwargs one with the call's kwargs (torch itself
+    # would call it without them and fail); post-hooks are read after the pre-hooks.
+    assert seen == ["remover", "later", "later_kw"]
     seen.clear()
     m(1)
     assert seen == ["remover"]
@@ -515,3 +515,65 @@ def test_hooks_fire_under_no_grad(backend: Any) -> None:
     with backend.no_grad():
         lin(backend.tensor([[1.0, 2.0]]))
     assert seen == ["pre", "post"]
+
+
+@pytest.mark.parametrize("where", ["module", "global"])
+def test_a_with_kwargs_hook_removed_by_an_earlier_one_runs_once_with_the_kwargs(
+    backend: Any, where: str
+) -> None:
+    """Removed during the call by an earlier hook, a with_kwargs hook runs for that call (the
+    call's snapshot holds it, as any hook's) with the call's kwargs, and its returns apply:
+    the frameworks read the flags live and would call it without them (torch's own module
+    hook raises a TypeError then; its global one gets them)."""
+    seen: list[Any] = []
+    handles: dict[str, Any] = {}
+
+    def forward(module: Any, x: Any, scale: float = 1.0) -> Any:
+        return module.lin(x) * scale
+
+    model = backend.module(forward, {"lin": backend.linear(2, 2)})
+    on = backend.name
+
+    def remover(key: str) -> Any:
+        def remove(mod: Any, args: Any, *out: Any) -> None:
+            handle = handles.pop(key, None) if mod is model else None
+            if handle is not None:
+                handle.remove()
+
+        return remove
+
+    def pre_kw(mod: Any, args: Any, kwargs: Any) -> Any:
+        seen.append(("pre", dict(kwargs)))
+        return args, {**kwargs, "scale": 10.0}
+
+    def post_kw(mod: Any, args: Any, kwargs: Any, out: Any) -> Any:
+        if mod is not model:
+            return None
+        seen.append(("post", dict(kwargs)))
+        return out * 0.0 + 1.0
+
+    if where == "module":
+        removers = [
+            unihook.register_forward_pre_hook(model, remover("pre_kw")),
+            unihook.register_forward_hook(model, remover("post_kw")),
+        ]
+        handles["pre_kw"] = unihook.register_forward_pre_hook(model, pre_kw, with_kwargs=True)
+        handles["post_kw"] = unihook.register_forward_hook(model, post_kw, with_kwargs=True)
+    else:
+        removers = [unihook.register_module_forward_hook(remover("post_kw"), backend=on)]
+        handles["post_kw"] = unihook.register_module_forward_hook(
+            post_kw, backend=on, with_kwargs=True
+        )
+    x = backend.tensor([[1.0, 2.0]])
+    try:
+        out = backend.numpy(model(x, scale=2.0))
+        again = backend.numpy(model(x, scale=2.0))
+    finally:
+        for handle in [*removers, *handles.values()]:
+            handle.remove()
+    if where == "module":  # the pre-hook's kwargs applied, then the post-hook's output
+        assert seen == [("pre", {"scale": 2.0}), ("post", {"scale": 10.0})]
+    else:
+        assert seen == [("post", {"scale": 2.0})]
+    np.testing.assert_allclose(out, [[1.0, 1.0]])
+    assert not np.allclose(again, 1.0)
