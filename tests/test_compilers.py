@@ -312,8 +312,8 @@ GRAPH_BREAKS = {
     "module_forward": 0,
     # 4 of them because the wrapper also replaces `Module.__call__` in a process that compiled
     # (a module compiled in place before the hooks came is reached through it)
-    "module_full_backward_pre": 18,
-    "module_full_backward": 18,
+    "module_full_backward_pre": 17,
+    "module_full_backward": 17,
 }
 
 
