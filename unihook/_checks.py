@@ -132,20 +132,26 @@ def _kwargs_in(frame: FrameType | None) -> dict[str, Any]:
 
 def checked_kwargs_pre_hook(hook: Callable[..., Any], site: Site) -> Callable[..., Any]:
     """Wrap a with_kwargs forward pre-hook so a bad return raises HookReturnError (and see
-    above: called without kwargs, it replaces them in the call's own dict)."""
+    above: called without kwargs, it gets a copy of them, and may replace the args only)."""
 
     def kwargs_pre_hook(module: Any, args: Any, *rest: Any) -> Any:
         if rest:
             return check_pre_kwargs_result(hook(module, args, *rest), site)
         kwargs = _kwargs_in(sys._getframe(1))
-        result = hook(module, args, kwargs)
+        result = hook(module, args, dict(kwargs))
         if result is None:
             return None
         new_args, new_kwargs = check_pre_kwargs_result(result, site)
-        if new_kwargs is not kwargs:
-            replaced = dict(new_kwargs)
-            kwargs.clear()
-            kwargs.update(replaced)
+        if new_kwargs != kwargs:
+            # the framework takes a plain pre-hook's return as the args; the call's kwargs
+            # dict may be one a user's hook returned (changing it would change theirs)
+            raise site.error(
+                HookReturnError,
+                "the call's kwargs back: removed during the call by an earlier hook, the hook "
+                "still runs for it, as a plain pre-hook (the framework reads the with_kwargs "
+                "flag live), whose return replaces the args only",
+                f"other kwargs: {show_value(new_kwargs)}",
+            )
         return new_args
 
     kwargs_pre_hook.__wrapped__ = hook  # type: ignore[attr-defined]

@@ -177,17 +177,21 @@ def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
     _ensure(self)
     key = id(self)
     with _in_call_lock:
-        _in_call[key] = _in_call.get(key, 0) + 1
+        entry = _in_call.get(key)
+        if entry is None:
+            _in_call[key] = [1, self]
+        else:
+            entry[0] += 1
     try:
         # MindSpore's own, read at import: another thread may have put it back since this
         # call entered the wrapper
         return _CELL_CALL(self, *args, **kwargs)
     finally:
         with _in_call_lock:
-            left = _in_call[key] - 1
-            if left:
-                _in_call[key] = left
-            else:
+            entry = _in_call[key]
+            entry[0] -= 1
+            left = entry[0]
+            if not left:
                 del _in_call[key]
         if not left and key in _waiting:
             _left(self)
@@ -204,7 +208,7 @@ _SLOTS = (("_forward_pre_hook", ("_forward_pre_hook_with_kwargs",)), ("_forward_
 # a cell's forward hooks after construct, as torch reads its global ones: a cell's global post
 # dispatcher stays until its calls end (`_waiting`: id -> cell, key), so that a global forward
 # hook registered during a call, after the last one was removed there, fires for it.
-_in_call: dict[int, int] = {}
+_in_call: dict[int, list[Any]] = {}  # id -> [calls in flight, the cell]
 _in_call_lock = threading.Lock()
 _waiting: dict[int, tuple[Any, int]] = {}
 
@@ -265,6 +269,13 @@ def _sync() -> None:
         _strip(0)
     if not _post:
         _strip(1)
+    else:
+        # MindSpore reads a cell's forward hooks after construct, as torch its global ones: a
+        # cell in a call (on any thread) gets the post dispatcher now, to run for that call
+        for _, cell in list(_in_call.values()):
+            entry = _installed.get(cell)
+            if entry is None or entry[1] is None:
+                _install(cell)
     wanted = bool(_pre or _post or _backward is not None)
     patched = Cell.__dict__.get("__call__") is _call
     if wanted and not patched:

@@ -35,6 +35,9 @@ from ._global import TORCH_CALL_CODE, WRAPPER_CODES
 Grads = Sequence[Any]
 
 
+_NONE_KEPT: dict[int, Any] = {}  # (shared, never changed)
+
+
 class _Identity(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -43,22 +46,29 @@ class _Identity(torch.autograd.Function):
         ctx.on_backward = on_backward
         # (the output side, materialize=False, carries the pre-hooks' values: see _check_slots)
         ctx.site, ctx.input_side = site, materialize
-        ctx.set_materialize_grads(materialize)
         if materialize:  # the input side: a module may keep what forward got (see _alias)
             ctx.callers = tuple(map(weakref.ref, xs))
+        else:
+            ctx.set_materialize_grads(False)
         outs = (xs[0].detach(),) if len(xs) == 1 else tuple(x.detach() for x in xs)
         # the outputs' metadata is read in backward from the node's own record (only where a
-        # hook returned something); that record leaves a non-differentiable output's out
+        # hook turned a gradient to or from None); that record leaves a non-differentiable
+        # output's out
         constant = [i for i, x in enumerate(xs) if not x.requires_grad]
-        ctx.kept = {i: (tuple(xs[i].shape), xs[i].dtype, xs[i].device) for i in constant}
         if constant:
+            ctx.kept = {i: (tuple(xs[i].shape), xs[i].dtype, xs[i].device) for i in constant}
             ctx.mark_non_differentiable(*(outs[i] for i in constant))
+        else:
+            ctx.kept = _NONE_KEPT
         return outs
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
         results = ctx.on_backward(grads)
-        if results is not grads:
+        # (only a slot a hook turned to or from None needs the checks and zeros below)
+        if results is not grads and any(
+            (r is None) is not (g is None) for r, g in zip(results, grads)
+        ):
             metas = _metas(ctx)
             _check_slots(results, grads, ctx, metas)
             if not ctx.input_side:
@@ -151,6 +161,22 @@ _IDENTITY_NODE = _Identity._backward_cls  # pyright: ignore[reportAttributeAcces
 _set_version = torch._C._autograd._unsafe_set_version_counter  # pyright: ignore[reportAttributeAccessIssue]
 
 
+# torch's `Function.apply` is Python around its C `apply`: for a Function without
+# `setup_context`, outside functorch's transforms, it only unwraps functorch's dead wrappers
+# first. The same without its frames: about 3 us less per identity (two per hooked call).
+_c_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Identity)
+_functorch_active = torch._C._are_functorch_transforms_active
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+
+
+def _apply(
+    on_backward: Callable[[Grads], Grads], materialize: bool, site: Site, tensors: Sequence[Any]
+) -> Any:
+    if _functorch_active():
+        return _Identity.apply(on_backward, materialize, site, *tensors)
+    return _c_apply(on_backward, materialize, site, *map(_unwrap_if_dead, tensors))
+
+
 def _reshape_like(original: Any, alias: Any) -> None:
     """Forward changed the alias's shape in place (`squeeze_`, `t_`): so does `original`."""
     if original.size() != alias.size() or original.stride() != alias.stride():
@@ -203,8 +229,8 @@ class TorchAutograd(Autograd):
                 # (one whose input changed since: custom Functions skip __torch_function__)
                 use(tensors)
                 with _Disabled():  # (its reads of shapes and dtypes: plain)
-                    return _Identity.apply(on_backward, materialize, site, *tensors)
-        return _Identity.apply(on_backward, materialize, site, *tensors)
+                    return _apply(on_backward, materialize, site, tensors)
+        return _apply(on_backward, materialize, site, tensors)
 
     @staticmethod
     def version(tensor: Any) -> int:

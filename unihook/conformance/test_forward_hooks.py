@@ -544,7 +544,7 @@ def test_a_with_kwargs_hook_removed_by_an_earlier_one_runs_once_with_the_kwargs(
 
     def pre_kw(mod: Any, args: Any, kwargs: Any) -> Any:
         seen.append(("pre", dict(kwargs)))
-        return args, {**kwargs, "scale": 10.0}
+        return (args[0] * 10.0,), kwargs
 
     def post_kw(mod: Any, args: Any, kwargs: Any, out: Any) -> Any:
         if mod is not model:
@@ -571,9 +571,39 @@ def test_a_with_kwargs_hook_removed_by_an_earlier_one_runs_once_with_the_kwargs(
     finally:
         for handle in [*removers, *handles.values()]:
             handle.remove()
-    if where == "module":  # the pre-hook's kwargs applied, then the post-hook's output
-        assert seen == [("pre", {"scale": 2.0}), ("post", {"scale": 10.0})]
+    if where == "module":  # the pre-hook's args applied, then the post-hook's output
+        assert seen == [("pre", {"scale": 2.0}), ("post", {"scale": 2.0})]
     else:
         assert seen == [("post", {"scale": 2.0})]
     np.testing.assert_allclose(out, [[1.0, 1.0]])
     assert not np.allclose(again, 1.0)
+
+
+def test_a_with_kwargs_pre_hook_removed_by_an_earlier_one_cannot_replace_the_kwargs(
+    backend: Any,
+) -> None:
+    """Run for the call as a plain pre-hook (the framework read its flag after its removal),
+    it cannot replace the kwargs: the error names it, and no dict of the caller's changes."""
+    defaults = {"scale": 2.0}
+    handles: list[Any] = []
+
+    def first(mod: Any, args: Any, kwargs: Any) -> Any:
+        if handles:
+            handles.pop().remove()
+        return args, defaults
+
+    model = backend.module(lambda self, x, scale=1.0: x * scale)
+    remove_first = unihook.register_forward_pre_hook(model, first, with_kwargs=True)
+    handles.append(
+        unihook.register_forward_pre_hook(
+            model, lambda m, a, k: (a, {"scale": 10.0}), with_kwargs=True, name="late"
+        )
+    )
+    try:
+        with pytest.raises(unihook.HookReturnError) as info:
+            model(backend.tensor([1.0]))
+        assert "late" in str(info.value) and "kwargs" in str(info.value)
+        assert defaults == {"scale": 2.0}
+        np.testing.assert_allclose(backend.numpy(model(backend.tensor([1.0]))), [2.0])
+    finally:
+        remove_first.remove()

@@ -554,3 +554,32 @@ def test_a_global_forward_hook_removed_and_one_added_inside_a_call(
     kept = [] if last else ["kept"]
     assert fired == ["swap", *kept, "added", "call", *kept, "added", "call"]
     assert all(not hooks for hooks in backend.hook_dicts(module).values())
+
+
+def test_a_global_forward_hook_registered_in_a_call_beside_a_global_backward_one(
+    backend: Any,
+) -> None:
+    """A global backward hook on (torch's call then takes its hook path), a global forward
+    hook registered inside forward fires for the running call too (torch reads its global
+    forward hooks after forward), and for the child called after it."""
+    fired: list[str] = []
+    handles: list[Any] = []
+    on = backend.name
+
+    def forward(self: Any, x: Any) -> Any:
+        if len(handles) == 1:
+            handles.append(
+                unihook.register_module_forward_hook(
+                    lambda m, a, o: fired.append("outer" if m is model else "inner"), backend=on
+                )
+            )
+        return self.inner(x)
+
+    model = backend.module(forward, {"inner": backend.module(lambda self, x: x * 2.0)})
+    handles.append(unihook.register_module_full_backward_pre_hook(lambda m, go: None, backend=on))
+    try:
+        model(backend.tensor([[1.0, 2.0]]))
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert fired == ["inner", "outer"]
