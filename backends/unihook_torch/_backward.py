@@ -166,7 +166,7 @@ _set_version = torch._C._autograd._unsafe_set_version_counter  # pyright: ignore
 # first. The same without its frames: about 3 us less per identity (two per hooked call).
 _c_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Identity)
 _functorch_active = torch._C._are_functorch_transforms_active
-_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def _apply(
