@@ -754,22 +754,16 @@ def late_hook_run(native: bool, case: str) -> list[Any]:
                 raise ValueError("forward failed")
             return x * 2
 
-    if case == "always_call":
-        bw = lambda m, gi, go: None  # noqa: E731
-        reg = (
-            mm.register_module_full_backward_hook
-            if native
-            else partial(unihook.register_module_full_backward_hook, backend="torch")
-        )
-        handles.append(reg(bw))
-    else:
-        remove = lambda m, a: handles.pop().remove()  # noqa: E731
-        reg = (
-            mm.register_module_forward_pre_hook
-            if native
-            else partial(unihook.register_module_forward_pre_hook, backend="torch")
-        )
-        handles.append(reg(remove))
+    # the global hook that makes torch take its hook path: a backward one, or a pre-hook
+    # removing itself
+    kind, hook = (
+        ("full_backward", lambda m, gi, go: None)
+        if case == "always_call"
+        else ("forward_pre", lambda m, a: handles.pop().remove())
+    )
+    name = f"register_module_{kind}_hook"
+    reg = getattr(mm, name) if native else partial(getattr(unihook, name), backend="torch")
+    handles.append(reg(hook))
     try:
         Net()(torch.ones(2, requires_grad=True))
     except ValueError:

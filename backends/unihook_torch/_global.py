@@ -259,22 +259,21 @@ def _late_always_called(module: Any, args: Any, kwargs: Any) -> None:
     without kwargs, as torch calls them), an exception of theirs turned into a warning."""
     m = torch_module
     result = None
-    for key, hook in tuple(m._global_forward_hooks.items()):
-        if key in m._global_forward_hooks_always_called:
+    tables = (
+        ("global module", m._global_forward_hooks, m._global_forward_hooks_always_called, ()),
+        (
+            "module",
+            module._forward_hooks,
+            module._forward_hooks_always_called,
+            module._forward_hooks_with_kwargs,
+        ),
+    )
+    for label, hooks, always, with_kwargs in tables:
+        for key, hook in tuple(hooks.items()):
+            if key not in always:
+                continue
             try:
-                found = hook(module, args, result)
-                if found is not None:
-                    result = found
-            except Exception as e:  # noqa: BLE001 (torch's words)
-                warnings.warn(
-                    "global module forward hook with ``always_call=True`` raised an exception "
-                    f"that was silenced as another error was raised in forward: {e!s}",
-                    stacklevel=3,
-                )
-    for key, hook in tuple(module._forward_hooks.items()):
-        if key in module._forward_hooks_always_called:
-            try:
-                if key in module._forward_hooks_with_kwargs:
+                if key in with_kwargs:
                     found = hook(module, args, kwargs, result)
                 else:
                     found = hook(module, args, result)
@@ -282,7 +281,7 @@ def _late_always_called(module: Any, args: Any, kwargs: Any) -> None:
                     result = found
             except Exception as e:  # noqa: BLE001 (torch's words)
                 warnings.warn(
-                    "module forward hook with ``always_call=True`` raised an exception "
+                    f"{label} forward hook with ``always_call=True`` raised an exception "
                     f"that was silenced as another error was raised in forward: {e!s}",
                     stacklevel=3,
                 )
