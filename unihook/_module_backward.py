@@ -301,6 +301,16 @@ class ModuleBackward:
         """Whether this thread runs inside a call of `module` that `around` marked."""
         return getattr(self.local, "around", None) is module
 
+    def pre_dispatch_beside(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """`pre_dispatch` pinned in a module's own hooks beside the `around` wrapper: a call the
+        wrapper marked is the wrapper's, as for `post_dispatch_beside`. (Pinned by another
+        thread after the wrapper looked at the module's hooks, this runs in the framework's
+        hook loop of a call whose inputs the wrapper's pre_dispatch already took: a second
+        entry, which the wrapper's post_dispatch would drop, its input side in the graph.)"""
+        if getattr(self.local, "around", None) is module:
+            return None
+        return self.pre_dispatch(module, args)
+
     def post_dispatch_beside(self, module: Any, args: tuple[Any, ...], output: Any) -> Any:
         """`post_dispatch` pinned in a module's own hooks beside the `around` wrapper: a call
         the wrapper marked is the wrapper's to end. (Pinned during that call, by a call

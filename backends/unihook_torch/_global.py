@@ -56,8 +56,10 @@ _torch_call: Callable[..., Any] = torch_module.Module.__call__  # the same, for 
 TORCH_CALL_CODE = torch_module.Module._call_impl.__code__
 _installed = False
 _backward: ModuleBackward | None = None  # the global backward hooks, when there are some
-# _backward's dispatchers: pre, post, and post as pinned (`_pin_dispatchers`)
-_dispatch: tuple[EagerUnderCompile, EagerUnderCompile, EagerUnderCompile] | None = None
+# _backward's dispatchers: pre, post, and pre and post as pinned (`_pin_dispatchers`)
+_dispatch: (
+    tuple[EagerUnderCompile, EagerUnderCompile, EagerUnderCompile, EagerUnderCompile] | None
+) = None
 # where _backward's dispatchers are pinned (a removed state's stay pinned until its calls end)
 _pinned_in: weakref.WeakKeyDictionary[Any, Pinned] = weakref.WeakKeyDictionary()
 
@@ -73,7 +75,7 @@ def _pin_dispatchers(module: Any) -> Any:
 
         with _lock, _lock.mutex:
             if _dispatch is not None and module not in _pinned_in:
-                hooks = (("_forward_pre_hooks", _dispatch[0]), ("_forward_hooks", _dispatch[2]))
+                hooks = (("_forward_pre_hooks", _dispatch[2]), ("_forward_hooks", _dispatch[3]))
                 always = "_forward_hooks_always_called"
                 pinned = Pinned.install(module, hooks, always, access.new_id, access, tail=True)
                 try:
@@ -143,7 +145,7 @@ def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
             return _call_original(self, call, own, keys, args, kwargs, hooked)
         finally:
             state.end_around(outer)
-    pre_dispatch, post_dispatch, _ = dispatch
+    pre_dispatch, post_dispatch, _, _ = dispatch
     replaced = pre_dispatch(self, args)
     if replaced is not None:
         args = replaced
@@ -395,6 +397,7 @@ class _BackwardDispatch:
             _dispatch = (
                 EagerUnderCompile(state.pre_dispatch),
                 EagerUnderCompile(state.post_dispatch),
+                EagerUnderCompile(state.pre_dispatch_beside),
                 EagerUnderCompile(state.post_dispatch_beside),
             )
             _sync_patch()
