@@ -327,7 +327,10 @@ class ModuleBackward:
         # not in the running call's hooks, as torch's are taken when the call starts).
         # The entry first: a removal from now on (a finalizer the collector runs below, another
         # thread) sees this call in flight and leaves the dispatchers for its post_dispatch.
-        stack = self._stack()
+        try:
+            stack = self.local.stack
+        except AttributeError:  # (this thread's first call)
+            stack = self._stack()
         ref = weakref.ref(module)
         caller: FrameType | None = sys._getframe(1)  # (the call function, on most paths)
         ids = self.call_ids
@@ -358,13 +361,23 @@ class ModuleBackward:
         call = _Call(module, self, len(args), with_globals)
         if self.mark is not None:
             call.mark = self.mark()
-        idx = call.tensor_idx = [i for i, a in enumerate(args) if ag.is_tensor(a)]
-        call.originals = call.inputs = [weakref.ref(args[i]) for i in idx]
+        # (one loop, no comprehensions: this runs at every hooked call)
+        is_tensor, requires_grad = ag.is_tensor, ag.requires_grad
+        idx: list[int] = []
+        tensors: list[Any] = []
+        need_grad = False
+        for i, a in enumerate(args):
+            if is_tensor(a):
+                idx.append(i)
+                tensors.append(a)
+                need_grad = need_grad or requires_grad(a)
+        call.tensor_idx = idx
+        call.originals = call.inputs = list(map(weakref.ref, tensors))
         # Only full hooks need the input side: with pre-hooks alone, one identity per call.
-        call.inputs_need_grad = any(ag.requires_grad(args[i]) for i in idx)
-        if call.full_hooks and call.inputs_need_grad:
+        call.inputs_need_grad = need_grad
+        if call.full_hooks and need_grad:
             call.input_idx = idx
-            new = ag.identity([args[i] for i in idx], call.on_input_grads, True, call.site)
+            new = ag.identity(tensors, call.on_input_grads, True, call.site)
             call.input_node = getattr(new, "node", None)
             deferring = self.deferring
             if deferring is not None and deferring[0](new):
@@ -373,14 +386,18 @@ class ModuleBackward:
             for i, t in zip(idx, new):
                 replaced[i] = t
             args = tuple(replaced)
-            call.inputs = [weakref.ref(t) for t in new]
+            call.inputs = list(map(weakref.ref, new))
+            tensors = new
         # An in-place op of forward on an input shows in its version (see post_dispatch).
-        call.versions = [ag.version(args[i]) for i in idx]
+        call.versions = list(map(ag.version, tensors))
         stack[pos] = (id(args), ref, call, frame)
         return args if call.input_idx is not None else None
 
     def post_dispatch(self, module: Any, args: tuple[Any, ...], output: Any) -> Any:
-        stack = self._stack()
+        try:
+            stack = self.local.stack
+        except AttributeError:  # (this thread's first call)
+            stack = self._stack()
         top = len(stack) - 1
         if top >= 0 and stack[top][0] == id(args) and _got(stack[top][2], args):
             k = top
@@ -431,14 +448,22 @@ class ModuleBackward:
             self._rebase_inputs(call, args, originals, {})
             return None
         items = output if is_tuple else (output,)
-        idx = [i for i, o in enumerate(items) if ag.is_tensor(o)]
+        is_tensor, requires_grad = ag.is_tensor, ag.requires_grad
+        idx: list[int] = []
+        tensors: list[Any] = []
+        need_grad = False
+        for i, o in enumerate(items):
+            if is_tensor(o):
+                idx.append(i)
+                tensors.append(o)
+                need_grad = need_grad or requires_grad(o)
         replaced = list(items)
         aliases: Sequence[Any] = ()
-        if any(ag.requires_grad(items[i]) for i in idx):
+        if need_grad:
             call.n_outputs = len(items)
             call.output_idx = idx
             aliases = ag.identity(
-                [items[i] for i in idx],
+                tensors,
                 call.on_output_grads,
                 False,
                 call.site,

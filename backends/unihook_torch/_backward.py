@@ -11,6 +11,7 @@ same model without in-place ops. The hook semantics are the shared ones of
 from __future__ import annotations
 
 import weakref
+from operator import attrgetter
 from typing import Any, Callable, Sequence
 
 import torch
@@ -50,11 +51,15 @@ class _Identity(torch.autograd.Function):
             ctx.callers = tuple(map(weakref.ref, xs))
         else:
             ctx.set_materialize_grads(False)
-        outs = (xs[0].detach(),) if len(xs) == 1 else tuple(x.detach() for x in xs)
         # the outputs' metadata is read in backward from the node's own record (only where a
         # hook turned a gradient to or from None); that record leaves a non-differentiable
         # output's out
-        constant = [i for i, x in enumerate(xs) if not x.requires_grad]
+        if len(xs) == 1:  # (most calls: no comprehension)
+            outs: tuple[Any, ...] = (xs[0].detach(),)
+            constant: Sequence[int] = () if xs[0].requires_grad else (0,)
+        else:
+            outs = tuple(x.detach() for x in xs)
+            constant = [i for i, x in enumerate(xs) if not x.requires_grad]
         if constant:
             ctx.kept = {i: (tuple(xs[i].shape), xs[i].dtype, xs[i].device) for i in constant}
             ctx.mark_non_differentiable(*(outs[i] for i in constant))
@@ -209,12 +214,12 @@ class TorchAutograd(Autograd):
     # torch's (`Module._call_impl` may be unihook's wrapper by now: that one calls torch's) and
     # the wrapper, whose global dispatchers may have taken a call before torch's code runs
     call_codes = frozenset({TORCH_CALL_CODE, *WRAPPER_CODES})
-    is_tensor = staticmethod(torch.is_tensor)
+    # C callables, no Python frame: each runs a few times per hooked call (torch.is_tensor is
+    # a Python function around the same isinstance)
+    is_tensor = staticmethod(torch.Tensor.__instancecheck__)
     grad_enabled = staticmethod(torch.is_grad_enabled)
-
-    @staticmethod
-    def requires_grad(tensor: Any) -> bool:
-        return bool(tensor.requires_grad)
+    requires_grad = staticmethod(attrgetter("requires_grad"))
+    version = staticmethod(attrgetter("_version"))
 
     @staticmethod
     def identity(
@@ -231,10 +236,6 @@ class TorchAutograd(Autograd):
                 with _Disabled():  # (its reads of shapes and dtypes: plain)
                     return _apply(on_backward, materialize, site, tensors)
         return _apply(on_backward, materialize, site, tensors)
-
-    @staticmethod
-    def version(tensor: Any) -> int:
-        return int(tensor._version)
 
     @staticmethod
     def guard(tensor: Any, error: Callable[[], Exception], site: Site) -> Any:
