@@ -436,6 +436,9 @@ def test_two_monitors_on_a_branch_taken_by_some_ranks_pair_their_merges(ranks: A
     for rank, result in enumerate(results):
         for which in ("first", "second"):
             _same_norms(result["branches"][which], want[which], f"{framework} rank {rank}")
+            # the same order on every rank, one process's (each rank reached a module of the
+            # branch the other did not: its own backward order first would differ by rank)
+            assert list(result["branches"][which]) == list(want[which]), (rank, which)
 
 
 def test_two_forwards_one_backward_merge_in_the_order_of_the_forwards(ranks: Any) -> None:

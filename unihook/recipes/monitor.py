@@ -4,6 +4,7 @@ first NaN/Inf."""
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 import warnings
 from collections import deque
@@ -389,18 +390,21 @@ class GradientMonitor(Recipe):
     def _merge(self, step: _Step) -> None:
         """The end of a backward with several ranks: one all_gather of every rank's vector
         [has a gradient per module, sum of squares of its per-sample outputs' gradients per
-        module, rank, first non-finite module, then the slots not known per sample (see
-        _shared): their digest, shape and gradient], then the global norms in place of this
-        rank's, the same on every rank."""
+        module, its place in the rank's backward order per module, rank, first non-finite
+        module, then the slots not known per sample (see _shared): their digest, shape and
+        gradient], then the global norms in place of this rank's, the same on every rank and
+        in the same order."""
         step.pending = False
         step.merged = True
         names = self._names
         index = {name: i for i, name in enumerate(names)}
         count = len(names)
-        local = np.zeros(2 * count + 2)
+        local = np.zeros(3 * count + 2)
         for name, squares in step.sample.items():
             local[index[name]] = 1.0
             local[count + index[name]] = squares
+        for place, name in enumerate(step.norms, 1):
+            local[2 * count + index[name]] = place
         local[-2] = step.rank
         local[-1] = -1.0 if step.first_bad is None else index[step.first_bad]
         entries = []
@@ -412,7 +416,7 @@ class GradientMonitor(Recipe):
         step.grads = {}
         header = (step.batch, *step.inputs_header)
         ranks, headers, parts = self._slots.exchange(
-            self, self._model, names, local, lambda count: 2 * count + 2, header, entries
+            self, self._model, names, local, lambda count: 3 * count + 2, header, entries
         )
         kinds = self._slots.decide(self._model, names, parts, headers, step.seen, step.kinds)
         self._slots.keep_room(parts, kinds)
@@ -438,8 +442,7 @@ class GradientMonitor(Recipe):
         for name, squares in step.extra.items():
             present[index[name]] = True
             totals[index[name]] += squares
-        # this rank's backward order first, then the modules only other ranks reached
-        order = [*step.norms, *(n for n in reversed(names) if n not in step.norms)]
+        order = _merged_order(ranks[:, 2 * count : 3 * count], names)
         step.norms.clear()
         for name in order:
             if present[index[name]]:
@@ -481,3 +484,41 @@ class GradientMonitor(Recipe):
         from .plots import plot
 
         return plot(monitor=self, path=path, all_ranks=all_ranks)
+
+
+def _merged_order(places: Any, names: list[str]) -> list[str]:
+    """The modules of a merged history entry, in one order every rank computes alike (from the
+    gathered rows): each rank's backward order kept where the ranks agree (a module reached
+    after another on some rank comes after it, as in one process's backward over the global
+    batch), ties and disagreements decided by the first rank that reached a module and its place
+    there; last the modules no rank's backward reached (gradients merged from other slots
+    alone), in reverse order of `names`. `places`: each rank's place of each module in its
+    backward, 0 for none."""
+    first: dict[int, tuple[int, float]] = {}  # module: (rank, place) where first reached
+    after: dict[int, set[int]] = {}  # module: the modules some rank reached right after it
+    before = [0] * len(names)  # how many modules must come before each one
+    for rank, row in enumerate(places):
+        reached = sorted((i for i in range(len(names)) if row[i] > 0), key=lambda i: row[i])
+        for i in reached:
+            first.setdefault(i, (rank, row[i]))
+        for a, b in zip(reached, reached[1:]):
+            if b not in after.setdefault(a, set()):
+                after[a].add(b)
+                before[b] += 1
+    order: list[str] = []
+    left = set(first)
+    ready = [(first[i], i) for i in left if before[i] == 0]
+    heapq.heapify(ready)
+    while left:
+        if ready:
+            _, i = heapq.heappop(ready)
+        else:  # (a cycle: the ranks disagree)
+            i = min(left, key=first.__getitem__)
+        left.discard(i)
+        order.append(names[i])
+        for j in after.get(i, ()):
+            before[j] -= 1
+            if before[j] == 0 and j in left:
+                heapq.heappush(ready, (first[j], j))
+    order += [names[i] for i in reversed(range(len(names))) if i not in first]
+    return order
