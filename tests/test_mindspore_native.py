@@ -601,6 +601,84 @@ def test_cam_recipes_in_a_users_process(tmp_path: Any) -> None:
         np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6 * scale, err_msg=name)
 
 
+def _backward_hook(kind: str, cell: Any) -> Any:
+    if kind == "full_backward":
+        return unihook.register_full_backward_hook(cell, lambda m, gi, go: None)
+    if kind == "full_backward_pre":
+        return unihook.register_full_backward_pre_hook(cell, lambda m, go: None)
+    return unihook.register_module_full_backward_hook(lambda m, gi, go: None)
+
+
+_BACKWARD_KINDS = ["full_backward", "full_backward_pre", "module_full_backward"]
+_CHANGED = "One of the Tensor needed for gradient computation has been modified by an inplace"
+
+
+@pytest.mark.parametrize("kind", _BACKWARD_KINDS)
+def test_inplace_on_an_output_its_cell_saved_raises_mindspores_error(kind: str) -> None:
+    """Issue 16, F1: a hooked Sigmoid (its backward reads its output), then ``y.copy_(y * 3)``
+    on what it returned. MindSpore refuses it without hooks; with them the hook's alias, whose
+    version counter is its own, hid the op and the gradient came from the changed values
+    ([-7.85, -13.02]). The same error with hooks, from MindSpore's own check; without the op,
+    the gradient of the model without hooks."""
+    sig = ms.nn.Sigmoid()
+
+    def changed(x: Any) -> Any:
+        y = sig(x)
+        y.copy_(y * 3.0)
+        return y.sum()
+
+    def unchanged(x: Any) -> Any:
+        return (sig(x) * 3.0).sum()
+
+    x = ms.Tensor(np.array([1.0, 2.0], np.float32))
+    with pytest.raises(RuntimeError, match=_CHANGED):
+        ms.grad(changed)(x)
+    expected = ms.grad(unchanged)(x).asnumpy()
+    handle = _backward_hook(kind, sig)
+    try:
+        with pytest.raises(RuntimeError, match=_CHANGED):
+            ms.grad(changed)(x)
+        np.testing.assert_allclose(ms.grad(unchanged)(x).asnumpy(), expected, rtol=0, atol=0)
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("kind", _BACKWARD_KINDS)
+def test_inplace_on_an_output_then_an_aborted_backward_keeps_nothing_alive(kind: str) -> None:
+    """What the identity keeps to see an in-place op on its alias (a tensor sharing the
+    alias's version counter, not its graph) holds no cycle: 20 forwards, an in-place op on
+    the output, an exception before the backward, and no identity node is left after a
+    collection (keeping the alias itself left all 40 alive)."""
+    import gc
+
+    from unihook_mindspore._backward import _Identity
+
+    class Abort(Exception):
+        pass
+
+    sig = ms.nn.Sigmoid()
+
+    def fn(x: Any) -> Any:
+        y = sig(x * 1)
+        y.copy_(y * 3.0)
+        raise Abort
+
+    def identities() -> list[Any]:
+        return [o for o in gc.get_objects() if type(o) is _Identity]
+
+    gc.collect()
+    before = identities()  # (a graph an earlier test's recording session still holds)
+    handle = _backward_hook(kind, sig)
+    try:
+        for _ in range(20):
+            with pytest.raises(Abort):
+                ms.grad(fn)(ms.Tensor(np.ones(4, np.float32)))
+    finally:
+        handle.remove()
+    gc.collect()
+    assert not [o for o in identities() if not any(o is b for b in before)]
+
+
 # Every kind of registration MindSpore has (tests/interruption_child.py's names); the kinds
 # beside another hook run unihook's shared code, measured on torch and paddle
 # (tests/test_interruption_windows.py)

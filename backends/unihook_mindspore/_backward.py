@@ -20,6 +20,8 @@ MindSpore quirks handled here:
   asynchronous pipeline: it is read after ``_pynative_executor.sync()`` (docs/MINDSPORE.md §10).
   An identity's output (``stop_gradient``) has a counter of its own: forward's in-place ops on
   an input alias are rebased onto the caller's tensor (``_Rebase``), which bumps its counter;
+  an in-place op on an output's alias after the call moves the output's counter at the output
+  identity's backward (``_carry_versions``), so MindSpore's check of a saved output raises;
 - MindSpore refuses an in-place op on a leaf that requires grad and on a view of one, and on
   the output of a custom function that is its input (the trap above): ``_Guard`` turns the
   latter into the former for a leaf an identity would otherwise alias.
@@ -27,11 +29,13 @@ MindSpore quirks handled here:
 
 from __future__ import annotations
 
+import threading
 import weakref
 from functools import partial
 from typing import Any, Callable, Sequence
 
 import mindspore
+from mindspore._c_expression import _unsafe_set_version_counter as _set_versions
 from mindspore.common._grad_function import _Function
 from mindspore.graph.api import _pynative_executor
 from mindspore.ops import stop_gradient, zeros
@@ -73,10 +77,26 @@ class _Identity(_Function):
         # grad session); torch's identity marks it non-differentiable: zeros, or None
         ctx.dead = [i for i, x in enumerate(xs) if not x._requires_grad]
         # shares memory and is no view: in-place ops after the module work (module docstring)
-        return tuple(stop_gradient(x) for x in xs)
+        aliases = tuple(stop_gradient(x) for x in xs)
+        # ... but has a version counter of its own: an in-place op on an output's alias would
+        # not move the counter of the output, which the op that made it may have saved (a
+        # Sigmoid its output): the output side keeps handles on both counters, and its backward
+        # moves the output's where the alias's moved (`_carry_versions`). (Not the input side:
+        # the caller's tensors it would hold get histories through this node, `h.add_(m(h))`,
+        # a cycle through C++ that Python cannot collect; and `watch` takes out the outputs
+        # that are arguments, or share their memory, for the same reason.)
+        ctx.inputs = ctx.probes = ()
+        if not materialize:
+            ctx.inputs = [_counter_of(x) for x in xs]
+            ctx.probes = [_counter_of(alias) for alias in aliases]
+            ctx.versions = [int(probe._version) for probe in ctx.probes]
+            _made.ctx = ctx
+        return aliases
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
+        if ctx.probes:
+            _carry_versions(ctx)
         if ctx.dead:
             filled = list(grads)
             for i in ctx.dead:
@@ -91,6 +111,48 @@ class _Identity(_Function):
         if ctx.dead:
             results = [None if i in ctx.dead else r for i, r in enumerate(results)]
         return (None, None, None, *results)
+
+
+_made = threading.local()  # .ctx: the output identity `_Identity.apply` just ran
+_empty: dict[Any, Any] = {}  # an empty tensor by dtype (`_counter_of`)
+
+
+def _counter_of(tensor: Any) -> Any:
+    """A tensor sharing `tensor`'s version counter and nothing else it keeps alive but its
+    autograd data (none for a fresh alias, whose node `apply` sets later): `Tensor(t)` shares
+    t's counter, memory and autograd data; `set_` onto an empty tensor lets the memory go and
+    keeps the counter shared (measured: RSS as without it). The alias itself, or a view of it,
+    would hold the node that holds this: a cycle through C++ that Python cannot collect."""
+    handle = Tensor(tensor)
+    empty = _empty.get(tensor.dtype)
+    if empty is None:
+        empty = _empty[tensor.dtype] = zeros((0,), tensor.dtype)
+    handle.set_(empty)
+    return handle
+
+
+def _carry_versions(ctx: Any) -> None:
+    """An output's alias changed in place after the identity's forward: the output's counter
+    moves too, before the backward of the op that made it reads it. MindSpore then raises its
+    own RuntimeError ("One of the Tensor needed for gradient computation has been modified by
+    an inplace operation") where it does without hooks, not a gradient computed from the
+    changed values (issue 16, F1)."""
+    inputs, probes = ctx.inputs, ctx.probes
+    ctx.inputs = ctx.probes = ()
+    _pynative_executor.sync()  # the counters move in the async pipeline (module docstring)
+    moved = [
+        x
+        for x, probe, version in zip(inputs, probes, ctx.versions)
+        if x is not None and int(probe._version) != version
+    ]
+    if moved:
+        _set_versions(moved, [int(x._version) + 1 for x in moved])
+
+
+class _Aliases(tuple):  # type: ignore[type-arg]
+    """The output identity's aliases, with its node's context (for `watch`)."""
+
+    ctx: Any = None
 
 
 class _Rebase(_Function):
@@ -210,8 +272,12 @@ class MindSporeAutograd(Autograd):
         site: Site,
         held_until: object = None,  # unused (the node copies no gradient)
     ) -> Sequence[Any]:
+        _made.ctx = None
         outs = _Identity.apply(on_backward, materialize, site, *tensors)
         outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+        if not materialize:
+            outs = _Aliases(outs)
+            outs.ctx, _made.ctx = _made.ctx, None
         if materialize and _data_only(tensors):
             # the input side's aliases of data are data: the first cell inside a hooked
             # container (or under global hooks) gets them
@@ -229,6 +295,38 @@ class MindSporeAutograd(Autograd):
     def data_only(aliases: Sequence[Any]) -> bool:
         # (`identity` marked the input side's aliases of data)
         return all(_is_alias_of_data(alias) for alias in aliases)
+
+    @staticmethod
+    def watch(
+        replaced: list[Any],
+        aliases: Sequence[Any],
+        outputs: Sequence[Any],
+        idx: Sequence[int],
+        args: Sequence[Any],
+        tensor_idx: Sequence[int],
+        originals: Sequence[Any],
+        site: Site,
+        mark: object,
+    ) -> None:
+        # The output identity lets go of the counters of outputs the caller may hold apart from
+        # the call (an argument returned, its alias, a view of it, a leaf): a history through
+        # this node reaching them (`h.add_(m(h))`, a rebase) would close a cycle. (Nothing
+        # replaced: the in-place ops on them are MindSpore's to check, as before.)
+        ctx = getattr(aliases, "ctx", None)
+        if ctx is None or not ctx.inputs:
+            return
+        given = [args[i] for i in tensor_idx] + [o for o in originals if o is not None]
+        keys = {_memory_key(t) for t in given} - {None}
+        for k, j in enumerate(idx):
+            output = outputs[j]
+            node = output._grad_node
+            if (
+                node is None
+                or node.is_leaf()
+                or any(output is t for t in given)
+                or _memory_key(output) in keys
+            ):
+                ctx.inputs[k] = None
 
     @staticmethod
     def version(tensor: Any) -> int:
