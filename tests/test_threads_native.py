@@ -67,3 +67,61 @@ def test_global_dispatchers_pinned_by_another_thread_mid_call(own_forward_hook: 
         handles[0].remove()
     assert fired == ["Linear"]
     assert torch.equal(x.grad, expected)
+
+
+@pytest.mark.parametrize("point", ["torch_call_impl", "keys"])
+@pytest.mark.parametrize("kind", ["full_backward", "full_backward_pre"])
+def test_the_last_global_backward_hook_swapped_by_another_thread_mid_call(
+    point: str, kind: str
+) -> None:
+    """Another thread removes the last global backward hook (G1), registers another (G2), a
+    forward pre-hook on the module, and calls it (which pins G2's dispatchers there) while this
+    thread's call of the module is between unihook's `_call_impl` wrapper and torch's own call
+    function (`torch_call_impl`), or before the wrapper took its snapshot of the pre-hooks
+    (`keys`). Exactly one of them fires for the call: G1, which the wrapper took the call for,
+    or G2 where no state had taken it yet (as torch, which reads its global backward hooks when
+    its `_call_impl` starts). Both fired (G2's pinned dispatcher took the call again), or
+    neither (G2's skipped as a pre-hook newer than the call)."""
+    import sys
+
+    from unihook_torch import _global
+
+    register = {
+        "full_backward": unihook.register_module_full_backward_hook,
+        "full_backward_pre": unihook.register_module_full_backward_pre_hook,
+    }[kind]
+    lin = torch.nn.Linear(3, 2)
+    fired: list[str] = []
+    handles: dict[str, Any] = {}
+    handles["G1"] = register(lambda m, *g: fired.append("G1"), backend="torch")
+
+    def other() -> None:
+        handles["G1"].remove()
+        handles["G2"] = register(lambda m, *g: fired.append("G2"), backend="torch")
+        handles["P"] = unihook.register_forward_pre_hook(lin, lambda m, a: None)
+        lin(torch.ones(1, 3))  # (no grad: fires nothing, pins G2's dispatchers in lin)
+
+    target = _global.TORCH_CALL_CODE if point == "torch_call_impl" else _global._keys.__code__
+    done: list[bool] = []
+
+    def switch(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is target and not done:
+            done.append(True)
+            thread = threading.Thread(target=other)
+            thread.start()
+            thread.join()
+
+    x = torch.ones(2, 3, requires_grad=True)
+    sys.setprofile(switch)
+    try:
+        y = lin(x)
+    finally:
+        sys.setprofile(None)
+    try:
+        assert done
+        y.sum().backward()
+    finally:
+        for handle in handles.values():
+            handle.remove()
+    assert fired == (["G1"] if point == "torch_call_impl" else ["G2"])
+    assert torch.equal(x.grad, torch.ones(2, 2) @ lin.weight)

@@ -287,19 +287,22 @@ class ModuleBackward:
         """A global state's dispatchers run around `module`'s whole call (torch's wrapper of
         ``Module._call_impl``): own dispatchers that start inside it leave the global hooks to
         them. Calls nest: the caller reads `outer()` first and gives it to `end_around` in a
-        ``finally`` that covers this call (a Ctrl-C right after it must not leave the mark)."""
-        self.local.around = module
+        ``finally`` that covers this call (a Ctrl-C right after it must not leave the mark).
+        The mark is every global state's (one thread-local): a state registered during the
+        call (the last global hook removed, a new one added, by another thread) finds its
+        dispatchers pinned in the module and must leave that call to the wrapper too."""
+        _around.module = module
 
     def outer(self) -> Any:
         """The module whose call `around` marked on this thread, if any."""
-        return getattr(self.local, "around", None)
+        return getattr(_around, "module", None)
 
     def end_around(self, outer: Any) -> None:
-        self.local.around = outer
+        _around.module = outer
 
     def inside(self, module: Any) -> bool:
         """Whether this thread runs inside a call of `module` that `around` marked."""
-        return getattr(self.local, "around", None) is module
+        return getattr(_around, "module", None) is module
 
     def pre_dispatch_beside(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """`pre_dispatch` pinned in a module's own hooks beside the `around` wrapper: a call the
@@ -307,7 +310,7 @@ class ModuleBackward:
         thread after the wrapper looked at the module's hooks, this runs in the framework's
         hook loop of a call whose inputs the wrapper's pre_dispatch already took: a second
         entry, which the wrapper's post_dispatch would drop, its input side in the graph.)"""
-        if getattr(self.local, "around", None) is module:
+        if getattr(_around, "module", None) is module:
             return None
         return self.pre_dispatch(module, args)
 
@@ -316,7 +319,7 @@ class ModuleBackward:
         the wrapper marked is the wrapper's to end. (Pinned during that call, by a call
         nested in it, this runs in its forward hook loop too, which the framework reads after
         forward: it would end another call of the module, an outer one.)"""
-        if getattr(self.local, "around", None) is module:
+        if getattr(_around, "module", None) is module:
             return None
         return self.post_dispatch(module, args, output)
 
@@ -505,11 +508,12 @@ class ModuleBackward:
                 call.site,
                 call.mark,
             )
-        if all(r is o for r, o in zip(replaced, items)):
-            return None
         if not is_tuple:
-            return replaced[0]
-        return _rebuild(output, replaced)
+            return None if replaced[0] is output else replaced[0]
+        for r, o in zip(replaced, items):
+            if r is not o:
+                return _rebuild(output, replaced)
+        return None
 
     def _returned(self, call: _Call, k: int, arg: Any, new: Any, original: Any) -> Any:
         """What the caller gets for output `new` that is the call's `k`-th tensor argument
@@ -655,6 +659,10 @@ class _Stack(list[_Entry]):
 
     __hash__ = object.__hash__  # type: ignore[assignment]
     __eq__ = object.__eq__  # type: ignore[assignment]
+
+
+# the module whose call torch's wrapper of `_call_impl` runs around on this thread (`around`)
+_around = threading.local()
 
 
 class _Passed:

@@ -71,9 +71,7 @@ class _Identity(torch.autograd.Function):
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
         results = ctx.on_backward(grads)
         # (only a slot a hook turned to or from None needs the checks and zeros below)
-        if results is not grads and any(
-            (r is None) is not (g is None) for r, g in zip(results, grads)
-        ):
+        if results is not grads and _none_moved(results, grads):
             metas = _metas(ctx)
             _check_slots(results, grads, ctx, metas)
             if not ctx.input_side:
@@ -89,6 +87,14 @@ class _Identity(torch.autograd.Function):
 
 
 Meta = tuple[tuple[int, ...], Any, Any]
+
+
+def _none_moved(results: Grads, grads: Grads) -> bool:
+    """Whether a hook turned a gradient to or from None (a loop: runs at every backward)."""
+    for r, g in zip(results, grads):
+        if (r is None) is not (g is None):
+            return True
+    return False
 
 
 def _metas(ctx: Any) -> list[Meta]:

@@ -210,7 +210,7 @@ def _call_original(
     waiting: list[_FromNextCall] = []
     for k in _keys(own):
         hook = own.get(k)
-        if k in keys or hook is None:
+        if k in keys or hook is None or _global_dispatcher(hook):
             continue
         if not isinstance(hook, _FromNextCall):
             hook = own[k] = _FromNextCall(hook)
@@ -221,6 +221,15 @@ def _call_original(
     finally:
         for wrapper in waiting:
             wrapper.skip.discard(here)
+
+
+def _global_dispatcher(hook: Any) -> bool:
+    """Whether `hook` is a global state's dispatcher pinned in a module: it tells a call that is
+    not its own by itself (`pre_dispatch_beside`), and must run for the others, as torch reads
+    its global backward hooks when its `_call_impl` starts. (Pinned by another thread after this
+    call's keys were taken, while the global state the call started with was removed: skipped,
+    no global state would take the call.)"""
+    return isinstance(hook, EagerUnderCompile) and getattr(hook.__self__, "is_global", False)
 
 
 def _fast_path(module: Any) -> bool:
