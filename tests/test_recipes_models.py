@@ -361,8 +361,14 @@ def test_recipes_reduce_without_threaded_blas(monkeypatch, resnet) -> None:  # t
 
         def record(*arrays: Any, _original: Any = original, _name: str = name, **kw: Any) -> Any:
             a, b = np.asarray(arrays[0]), np.asarray(arrays[1])
-            # values per BLAS call: a dot's length, a gemv's matrix, vecdot's last axis
-            per_call = a.shape[-1] if _name == "vecdot" or b.ndim > 1 else a.size
+            # values per BLAS call: a dot's length, a gemv's matrix, vecdot's last axis, one
+            # matrix of a matmul's stack (numpy calls BLAS once per matrix)
+            if _name == "vecdot" or b.ndim > 1:
+                per_call = a.shape[-1]
+            elif _name == "matmul" and a.ndim > 2:
+                per_call = a.shape[-2] * a.shape[-1]
+            else:
+                per_call = a.size
             sizes.append((_name, int(per_call)))
             return _original(*arrays, **kw)
 

@@ -334,7 +334,8 @@ class GradientMonitor(Recipe):
     def _gradient(self, step: _Step, names: list[str], key: Key | None, grad: Any) -> None:
         if self._removed:  # (a tensor's hook stays; the parameters' went with the recipe)
             return
-        self._merge_at_end(step, grad)
+        if not step.logged or step.world is not None or step.leaves:
+            self._merge_at_end(step, grad)
         squares = ops.sum_squares(grad)
         for name in names:
             total = step.squares.get(name, 0.0) + squares
