@@ -390,9 +390,10 @@ class ModuleBackward:
                 replaced[i] = t
             args = tuple(replaced)
             call.inputs = list(map(weakref.ref, new))
-            tensors = new
-        # An in-place op of forward on an input shows in its version (see post_dispatch).
-        call.versions = list(map(ag.version, tensors))
+            # An in-place op of forward on an input shows in its version (see post_dispatch).
+            call.versions = list(map(ag.version, new))
+        else:
+            call.versions = list(map(ag.version, tensors))
         stack[pos] = (id(args), ref, call, frame)
         return args if call.input_idx is not None else None
 

@@ -488,6 +488,7 @@ def _dot_rows(np: Any, a: Any, b: Any) -> float:
     body = n - n % _ROW
     total = 0.0
     start = 0
+    other: Any = None
     if b is None:  # a dot with ones per row
         other = _ones.get(a.dtype)
         if other is None:
