@@ -364,16 +364,7 @@ class ModuleBackward:
         call = _Call(module, self, len(args), with_globals)
         if self.mark is not None:
             call.mark = self.mark()
-        # (one loop, no comprehensions: this runs at every hooked call)
-        is_tensor, requires_grad = ag.is_tensor, ag.requires_grad
-        idx: list[int] = []
-        tensors: list[Any] = []
-        need_grad = False
-        for i, a in enumerate(args):
-            if is_tensor(a):
-                idx.append(i)
-                tensors.append(a)
-                need_grad = need_grad or requires_grad(a)
+        idx, tensors, need_grad = _tensors_in(args, ag)
         call.tensor_idx = idx
         call.originals = call.inputs = list(map(weakref.ref, tensors))
         # Only full hooks need the input side: with pre-hooks alone, one identity per call.
@@ -452,15 +443,7 @@ class ModuleBackward:
             self._rebase_inputs(call, args, originals, {})
             return None
         items = output if is_tuple else (output,)
-        is_tensor, requires_grad = ag.is_tensor, ag.requires_grad
-        idx: list[int] = []
-        tensors: list[Any] = []
-        need_grad = False
-        for i, o in enumerate(items):
-            if is_tensor(o):
-                idx.append(i)
-                tensors.append(o)
-                need_grad = need_grad or requires_grad(o)
+        idx, tensors, need_grad = _tensors_in(items, ag)
         replaced = list(items)
         aliases: Sequence[Any] = ()
         if need_grad:
@@ -923,6 +906,21 @@ class _Call:
             "replaced dict the module drops), or forward was cut short by a BaseException. "
             "Put the saved dict back before calling the module",
         )
+
+
+def _tensors_in(values: Sequence[Any], ag: Autograd) -> tuple[list[int], list[Any], bool]:
+    """The positions of the tensors among `values`, the tensors, and whether one requires grad.
+    (One loop, no comprehensions: this runs twice at every hooked call.)"""
+    is_tensor, requires_grad = ag.is_tensor, ag.requires_grad
+    idx: list[int] = []
+    tensors: list[Any] = []
+    need_grad = False
+    for i, value in enumerate(values):
+        if is_tensor(value):
+            idx.append(i)
+            tensors.append(value)
+            need_grad = need_grad or requires_grad(value)
+    return idx, tensors, need_grad
 
 
 def _pack(idx: Sequence[int], values: Grads, n: int) -> tuple[Any, ...]:
