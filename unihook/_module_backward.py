@@ -127,7 +127,9 @@ class Autograd:
 
 
 class Dispatchers(Protocol):
-    """The two forward hooks that drive a module's backward hooks."""
+    """The two forward hooks that drive a module's backward hooks. Optional: `pin(module)`,
+    for global ones not in every module's hooks at once, puts them in `module`'s for the call
+    in flight (its post-dispatcher must run for it, see `ModuleBackward._pass_on`)."""
 
     def remove(self) -> None: ...
 
@@ -249,6 +251,8 @@ class ModuleBackward:
                 return
         self.dispatchers.remove()
         self.dispatchers = None
+        if self.is_global and _removed_globals.get(self.autograd.backend, _dead)() is self:
+            del _removed_globals[self.autograd.backend]
 
     def _ended(self) -> None:
         """A call of a removed state ends (from its post_dispatch): the last one out takes the
@@ -282,6 +286,35 @@ class ModuleBackward:
         # with the same id when it passed no tensor by position: `()`. (No call function found
         # on one side: not told apart.)
         return frame is None or at == 0 or at == id(frame)
+
+    def hold(self) -> _Entry:
+        """Mark a call in flight on this thread before the framework reads the module's hooks
+        (torch's wrapper, for a module whose pinned dispatchers run in torch's hook loop): a
+        removal meanwhile leaves the dispatchers pinned for it, and a hook registered then
+        revives this state (`_States.revive`) instead of pinning a newer one the framework's
+        snapshot would lack. Give the mark to `let_go` in a ``finally`` that covers the call."""
+        try:
+            stack = self.local.stack
+        except AttributeError:  # (this thread's first call)
+            stack = self._stack()
+        # (no module, no args: no dispatcher takes it for a call's entry)
+        mark = (0, _NO_MODULE, _PASSED, id(sys._getframe(1)))
+        stack.append(mark)
+        return mark
+
+    def let_go(self, mark: _Entry) -> None:
+        """The call `hold` marked is over; removed meanwhile, the last call out retires the
+        dispatchers."""
+        stack = self.local.stack
+        if stack and stack[-1] is mark:
+            stack.pop()
+        else:  # (a nested call cut short left its entries above it)
+            for k in range(len(stack) - 1, -1, -1):
+                if stack[k] is mark:
+                    del stack[k]
+                    break
+        if self.removed:
+            self._ended()
 
     def around(self, module: Any) -> None:
         """A global state's dispatchers run around `module`'s whole call (torch's wrapper of
@@ -343,9 +376,7 @@ class ModuleBackward:
         stack.append((id(args), ref, _PASSED, frame))
         pos = len(stack) - 1
         if self.removed:
-            # (removed while another call was in flight) the call passes; the global
-            # dispatchers, after these in every module with own ones, take it
-            return None
+            return self._pass_on(module, args, stack, pos)
         with_globals = not self.is_global
         if self.is_global:
             own = _states.dispatching(module, args, caller)
@@ -388,6 +419,32 @@ class ModuleBackward:
         stack[pos] = (id(args), ref, call, frame)
         return args if call.input_idx is not None else None
 
+    def _pass_on(
+        self, module: Any, args: tuple[Any, ...], stack: _Stack, pos: int
+    ) -> tuple[Any, ...] | None:
+        """This state was removed after the framework took its snapshot of the call's hooks.
+        Hooks registered since (by another thread, by a forward pre-hook of this call) went
+        into a newer state, whose pre-dispatcher is not in that snapshot (this state's
+        dispatchers were out before the newer ones went in: a removed state still pinned is
+        revived instead, see `_States.revive`): the newer state takes the call, as a call's
+        backward hooks are those there when its pre-dispatcher runs. With none, the call
+        passes (the global dispatchers, after these in every module with own ones, take
+        it)."""
+        newer = _globals.get(self.autograd.backend) if self.is_global else _states.get(module)
+        if newer is None or newer is self:
+            return None
+        # a global state's dispatchers may not be in this module yet, which this call's
+        # post-dispatcher needs (this one's may be gone): `pin` puts them there
+        pin = getattr(newer.dispatchers, "pin", None)
+        if pin is not None:
+            pin(module)
+        replaced = newer.pre_dispatch(module, args)
+        taken = newer.local.stack[-1][2]
+        # (this one's post-dispatcher, where it still runs, ends the call for the newer one)
+        key = id(args if replaced is None else replaced)
+        stack[pos] = (key, stack[pos][1], _Own(newer, taken), stack[pos][3])
+        return replaced
+
     def post_dispatch(self, module: Any, args: tuple[Any, ...], output: Any) -> Any:
         try:
             stack = self.local.stack
@@ -413,8 +470,10 @@ class ModuleBackward:
         if isinstance(call, _Own):
             # The module's own dispatchers took the global hooks. Their post-dispatcher, which
             # runs before this one, did not end the call (its dispatchers were taken out): this
-            # one ends it for them. Only that very call: one a BaseException cut short before
-            # may look the same (a call with keyword arguments only passes `()` each time).
+            # one ends it for them; likewise a newer state's that took the call of this removed
+            # one (torch's wrapper runs this one, the newer one's in the module leave the call
+            # to it). Only that very call: one a BaseException cut short before may look the
+            # same (a call with keyword arguments only passes `()` each time).
             own = call.state
             own_stack = getattr(own.local, "stack", None)
             if own_stack and own_stack[-1][2] is call.call:
@@ -626,9 +685,9 @@ def _leaf_changed(site: Site) -> InPlaceError:
 # post_dispatch a BaseException skipped keeps nothing alive, and the next post_dispatch of a call
 # below it drops it. The ids are sound: an entry above a live call's was pushed while that
 # call's args were alive, so its id is another object's.
-# (id of the args the call passed on, the module, the call, id of the frame of the framework's
-# call function it runs in: 0 where none was found)
-_Entry = tuple[int, "weakref.ref[Any]", "_Call | _Own | _Passed | None", int]
+# (id of the args the call passed on, the module (weakly; `hold` marks: none), the call, id of
+# the frame of the framework's call function it runs in: 0 where none was found)
+_Entry = tuple[int, "Callable[[], Any]", "_Call | _Own | _Passed | None", int]
 
 
 class _Stack(list[_Entry]):
@@ -658,6 +717,10 @@ class _Passed:
 _PASSED = _Passed()
 
 
+def _NO_MODULE() -> None:
+    """The module reference of a `hold` mark: none."""
+
+
 def _call_frame(frame: FrameType | None, ids: frozenset[int]) -> FrameType | None:
     """The innermost frame of the framework's call function (code ids `ids`) on this thread
     from `frame` out: the frame of the call a dispatcher runs in, if any."""
@@ -681,12 +744,13 @@ def _call_frames(frame: FrameType | None, ids: frozenset[int]) -> set[int]:
 
 class _Own:
     """A global state's entry for a call (`call`) whose module's own dispatchers (`state`) took
-    the global hooks. Held strongly: removed meanwhile, nothing else may hold the state (the
-    framework drops its pre-hook snapshot when the loop ends), and it must end the call."""
+    the global hooks; or a removed state's for a call a newer state took (`_pass_on`). Held
+    strongly: removed meanwhile, nothing else may hold the state (the framework drops its
+    pre-hook snapshot when the loop ends), and it must end the call."""
 
     __slots__ = ("state", "call")
 
-    def __init__(self, state: ModuleBackward, call: _Call) -> None:
+    def __init__(self, state: ModuleBackward, call: _Call | _Own | _Passed | None) -> None:
         self.state = state
         self.call = call
 
@@ -984,6 +1048,26 @@ class _States:
         self._retired[module] = [*retired, ref]
         self._refs.pop(module, None)
 
+    def revivable(self, module: Any) -> ModuleBackward | None:
+        """The module's last removed state if its dispatchers are still pinned (a call that
+        started before its removal is in flight): a new hook goes in it (see `revive`)."""
+        for ref in reversed(self._retired.get(module, ())):
+            state = ref()
+            if _pinned(state):
+                return state
+        return None
+
+    def revive(self, module: Any, state: ModuleBackward) -> None:
+        """Make `state` (`revivable`) the module's current one again. The framework may hold a
+        snapshot of the module's hooks with its dispatchers: a newer state's would not be in
+        it, and two states' dispatchers in one snapshot would both take the call (see
+        `ModuleBackward._pass_on`). (Each step leaves what a removal, undoing a registration
+        cut short, restores.)"""
+        self[module] = state
+        state.removed = False
+        ref = self._refs[module]
+        self._retired[module] = [r for r in self._retired.get(module, ()) if r is not ref]
+
     def dispatching(
         self, module: Any, args: tuple[Any, ...], frame: FrameType | None
     ) -> ModuleBackward | None:
@@ -1017,6 +1101,15 @@ def _pinned(state: ModuleBackward | None) -> bool:
 
 _states = _States()
 _globals: dict[str, ModuleBackward] = {}  # backend -> its global backward hooks
+# backend -> its last removed global state while its dispatchers are still pinned: a new global
+# hook revives it (as `_States.revive`)
+_removed_globals: dict[str, weakref.ref[ModuleBackward]] = {}
+
+
+def _dead() -> None:
+    """The referent of no state."""
+
+
 _lock = RegistryLock()
 
 
@@ -1052,9 +1145,15 @@ def register_backward_hook(
     with _lock, _lock.mutex:
         state = _states.get(module)
         if state is None:
-            state = ModuleBackward(autograd)
-            into.append(weakref.ref(state))
-            _states[module] = state
+            removed = _states.revivable(module)
+            if removed is not None:
+                state = removed
+                into.append(weakref.ref(state))
+                _states.revive(module, state)
+            else:
+                state = ModuleBackward(autograd)
+                into.append(weakref.ref(state))
+                _states[module] = state
         else:
             into.append(weakref.ref(state))
         if state.dispatchers is None:  # (new, or a registration cut short left it without)
@@ -1093,14 +1192,26 @@ def add_global_backward_hook(
                 del _globals[backend]
             if state.removed:
                 state.retire()
+                if state.dispatchers is not None:  # (a call in flight: revivable)
+                    _removed_globals[backend] = weakref.ref(state)
 
     undo_if_unfinished(remove)
     with _lock, _lock.mutex:
         state = _globals.get(backend)
         if state is None:
-            state = ModuleBackward(autograd, is_global=True)
-            into.append(state)
-            _globals[backend] = state
+            ref = _removed_globals.get(backend)
+            removed = None if ref is None else ref()
+            if _pinned(removed):
+                assert removed is not None
+                state = removed
+                into.append(state)
+                _globals[backend] = state
+                state.removed = False  # (see _States.revive)
+                del _removed_globals[backend]
+            else:
+                state = ModuleBackward(autograd, is_global=True)
+                into.append(state)
+                _globals[backend] = state
         else:
             into.append(state)
         if state.dispatchers is None:  # (new, or a registration cut short left it without)

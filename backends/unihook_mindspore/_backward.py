@@ -399,6 +399,14 @@ class _GlobalDispatchers:
 
         self._remove = add_backward_dispatchers(state.pre_dispatch, state.post_dispatch)
 
+    @staticmethod
+    def pin(cell: Any) -> None:
+        """A removed global state's pre-dispatcher passes a call on to this (newer) state:
+        its post-dispatcher must be in the cell's forward hooks, read after construct."""
+        from ._global import _ensure
+
+        _ensure(cell)
+
     def remove(self) -> None:
         self._remove()
 

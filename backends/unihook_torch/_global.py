@@ -40,7 +40,7 @@ from unihook.backend import (
 from unihook.errors import HookReturnTypeError
 
 from . import NAME, insert
-from ._compile import EagerUnderCompile
+from ._compile import EagerUnderCompile, _dynamo_compiling
 
 Hook = Callable[..., Any]
 
@@ -134,36 +134,46 @@ def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
             if result is not None:
                 args = result if isinstance(result, tuple) else (result,)
     own = self._forward_pre_hooks  # a global pre-hook may have had unihook install a HookDict
-    dispatch = _dispatch
     state = _backward
-    if dispatch is None or (own and self in _pinned_in):
-        if state is None or not state.inside(self):
-            return _call_original(self, call, own, keys, args, kwargs, hooked)
+    if state is None:
+        return _call_original(self, call, own, keys, args, kwargs, hooked)
+    # The call is in flight from here (before the dispatchers are read): a removal of the
+    # global backward hooks by another thread meanwhile leaves them pinned in the module for
+    # torch's hook loop (see `ModuleBackward.hold`); else torch's snapshot of the pre-hooks
+    # could lack them, and the call fired neither the removed hooks nor the new ones.
+    # (Not while dynamo traces: the mark would be a traced side effect, and a graph break.)
+    mark = None if _dynamo_compiling() else state.hold()
+    try:
+        dispatch = _dispatch
+        if dispatch is None or (own and self in _pinned_in):
+            if not state.inside(self):
+                return _call_original(self, call, own, keys, args, kwargs, hooked)
+            outer = state.outer()
+            try:
+                state.around(None)  # a call of this module inside its own: not around it
+                return _call_original(self, call, own, keys, args, kwargs, hooked)
+            finally:
+                state.end_around(outer)
+        pre_dispatch, post_dispatch, _, _ = dispatch
+        replaced = pre_dispatch(self, args)
+        if replaced is not None:
+            args = replaced
         outer = state.outer()
         try:
-            state.around(None)  # a call of this module inside its own: not around it
-            return _call_original(self, call, own, keys, args, kwargs, hooked)
-        finally:
-            state.end_around(outer)
-    pre_dispatch, post_dispatch, _, _ = dispatch
-    replaced = pre_dispatch(self, args)
-    if replaced is not None:
-        args = replaced
-    outer = None if state is None else state.outer()
-    try:
-        if state is not None:
             # (own dispatchers registered meanwhile get a repacked args tuple: tell them by
             # module; marked inside the try: a Ctrl-C right after must not leave the mark)
             state.around(self)
-        result = _call_original(self, call, own, keys, args, kwargs, hooked)
-    except BaseException:
-        post_dispatch(self, args, None)
-        raise
-    finally:
-        if state is not None:
+            result = _call_original(self, call, own, keys, args, kwargs, hooked)
+        except BaseException:
+            post_dispatch(self, args, None)
+            raise
+        finally:
             state.end_around(outer)
-    output = post_dispatch(self, args, result)
-    return result if output is None else output
+        output = post_dispatch(self, args, result)
+        return result if output is None else output
+    finally:
+        if mark is not None:
+            state.let_go(mark)
 
 
 # the wrapper's frames: a module call on the stack (see `unihook._module_backward._call_frames`)
@@ -410,6 +420,13 @@ class _BackwardDispatch:
                 EagerUnderCompile(state.post_dispatch_beside),
             )
             _sync_patch()
+
+    @staticmethod
+    def pin(module: Any) -> None:
+        """A removed global state's dispatcher, in torch's snapshot of `module`'s pre-hooks,
+        passes the call on to this (newer) state: its post-dispatcher must be in the module's
+        forward hooks, which torch reads after forward."""
+        _pin_dispatchers(module)
 
     def remove(self) -> None:
         # idempotent: also undoes an installation cut short (a Ctrl-C, see unihook._locks)

@@ -92,3 +92,143 @@ def test_pre_hook_registered_during_a_call_runs_in_other_threads_calls(backend: 
     model(x)
     assert fired == ["C", "MainThread"]
     handles[0].remove()
+
+
+@pytest.mark.parametrize("where", ["same_thread", "other_thread"])
+@pytest.mark.parametrize("scope", ["own", "global"])
+@pytest.mark.parametrize("kind", ["full_backward", "full_backward_pre"])
+def test_last_backward_hook_swapped_by_a_forward_pre_hook(
+    backend: Any, kind: str, scope: str, where: str
+) -> None:
+    """A forward pre-hook of the call (or another thread while it runs) removes the module's
+    last backward hook of `scope` (H1) and registers another (H2). A call's backward hooks are
+    those there when unihook's pre-dispatcher runs, after the forward pre-hooks: H2 fires
+    for it, once, and H1 does not (the framework's snapshot of the pre-hooks holds H1's
+    dispatcher only, H2's came after it: neither fired). The next call fires H2 alone too,
+    and the gradient stays exact."""
+    model = backend.linear(3, 2)
+    fired: list[str] = []
+    handles: dict[str, unihook.Handle] = {}
+
+    def register(name: str) -> unihook.Handle:
+        hook = lambda *a: fired.append(name)  # noqa: E731
+        if scope == "own":
+            return getattr(unihook, f"register_{kind}_hook")(model, hook)
+        return getattr(unihook, f"register_module_{kind}_hook")(hook, backend=backend.name)
+
+    def swap() -> None:
+        handles.pop("H1").remove()
+        handles["H2"] = register("H2")
+
+    def pre_hook(module: Any, args: Any) -> None:
+        if "H1" not in handles:
+            return
+        if where == "same_thread":
+            swap()
+        else:
+            worker = threading.Thread(target=swap)
+            worker.start()
+            worker.join(10)
+
+    pre = unihook.register_forward_pre_hook(model, pre_hook)
+    handles["H1"] = register("H1")
+    x = backend.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+    try:
+        backend.backward(model(x).sum())
+        assert fired == ["H2"]
+        expected = backend.grad(x)
+        backend.clear_grads(model)
+        x2 = backend.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+        backend.backward(model(x2).sum())
+        assert fired == ["H2", "H2"]
+        assert (backend.grad(x2) == expected).all()
+        w = backend.numpy(backend.parameters(model)[0])
+        weight = w if w.shape == (2, 3) else w.T  # (paddle and MindSpore differ)
+        assert abs(expected - weight.sum(axis=0)).max() < 1e-6
+    finally:
+        pre.remove()
+        for handle in handles.values():
+            handle.remove()
+
+
+@pytest.mark.parametrize("scope", ["own", "global"])
+@pytest.mark.parametrize("kind", ["full_backward", "full_backward_pre"])
+def test_last_backward_hook_swapped_by_another_thread_at_every_point_of_a_call(
+    backend: Any, kind: str, scope: str
+) -> None:
+    """Another thread removes the last backward hook of `scope` and registers another, at each
+    Python event (call, return, C call) of one forward call in turn: that call fires exactly
+    one of them, the old one or the new one, and the next call the new one alone; the
+    gradients stay exact. (Before the pre-dispatcher passed a call on to a newer state, a swap
+    between the framework's snapshot of the pre-hooks and the pre-dispatcher fired neither.)"""
+    import sys
+
+    model = backend.linear(3, 2)
+    fired: list[int] = []
+    serial = iter(range(1_000_000))
+
+    def register() -> tuple[int, unihook.Handle]:
+        n = next(serial)
+        hook = lambda *a: fired.append(n)  # noqa: E731
+        if scope == "own":
+            return n, getattr(unihook, f"register_{kind}_hook")(model, hook)
+        return n, getattr(unihook, f"register_module_{kind}_hook")(hook, backend=backend.name)
+
+    current = [register()]
+
+    errors: list[BaseException] = []
+
+    def swap() -> None:
+        try:
+            current[0][1].remove()
+            current[0] = register()
+        except BaseException as e:  # (the worker's: raised again in the test)
+            errors.append(e)
+
+    def run(at: int) -> tuple[int, int]:
+        """One call, the swap at event `at` (-1: none); returns (events seen, hook fired)."""
+        events = [0]
+
+        def profile(frame: Any, event: str, arg: Any) -> None:
+            if events[0] == at:
+                worker = threading.Thread(target=swap)
+                worker.start()
+                # (this thread may hold a lock the swap takes: it goes on, the swap lands
+                # where the lock is let go, later in the call)
+                worker.join(0.2)
+                blocked.append(worker)
+            events[0] += 1
+
+        x = backend.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+        del fired[:]
+        sys.setprofile(profile)
+        blocked: list[threading.Thread] = []
+        try:
+            y = model(x)
+        finally:
+            sys.setprofile(None)
+            for worker in blocked:
+                worker.join(10)
+        if errors:
+            raise errors[0]
+        backend.backward(y.sum())
+        assert (backend.grad(x) == expected).all()
+        assert len(fired) == 1, (at, fired)
+        return events[0], fired[0]
+
+    x = backend.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+    backend.backward(model(x).sum())
+    expected = backend.grad(x)
+    try:
+        n_events, _ = run(-1)
+        outcomes = []
+        for at in range(n_events):
+            before = current[0][0]
+            _, hook = run(at)
+            assert hook in (before, before + 1), at
+            outcomes.append(hook - before)
+            _, hook = run(-1)  # the next call: the new hook alone
+            assert hook == current[0][0]
+        assert sum(outcomes) > 0  # (a swap early in the call gives it the new hook)
+    finally:
+        current[0][1].remove()
