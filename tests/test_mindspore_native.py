@@ -679,6 +679,100 @@ def test_inplace_on_an_output_then_an_aborted_backward_keeps_nothing_alive(kind:
     assert not [o for o in identities() if not any(o is b for b in before)]
 
 
+class _Fn(ms.nn.Cell):
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self.fn = fn
+        self.kept: Any = None
+
+    def construct(self, x: Any) -> Any:
+        return self.fn(self, x)
+
+
+def _keep(cell: Any, y: Any) -> Any:
+    cell.kept = y
+    return y
+
+
+def _outputs_changed(body: Any, changed: Any, kind: str) -> None:
+    """`changed(cell, x)`: a loss after an in-place op on what `cell` returned, where the
+    caller's tensor is more than the output (a view, the same tensor twice, a kept one);
+    `body(cell, x)` without the op. Without hooks MindSpore gives a gradient; with hooks it
+    was another one, silently (an attack, 2026-11-29): now unihook's InPlaceError, and the
+    gradient of the model without hooks where nothing changes in place."""
+    x = ms.Tensor(np.array([[1.0, 2.0], [3.0, -1.0]], np.float32))
+    cell = _Fn(body)
+    unchanged = lambda x: changed(cell, x, False)  # noqa: E731
+    ms.grad(lambda x: changed(cell, x, True))(x)  # (MindSpore's own: a gradient)
+    expected = ms.grad(unchanged)(x).asnumpy()
+    handle = _backward_hook(kind, cell)
+    try:
+        with pytest.raises(unihook.InPlaceError, match="changed in place after it returned"):
+            ms.grad(lambda x: changed(cell, x, True))(x)
+        np.testing.assert_allclose(ms.grad(unchanged)(x).asnumpy(), expected, rtol=0, atol=0)
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("kind", _BACKWARD_KINDS)
+def test_inplace_on_an_output_that_is_a_view_of_the_input_is_refused(kind: str) -> None:
+    """The cell returns a view of its input; the caller changes it in place and reads the
+    input again: without hooks [[24, 48], [72, -24]], with them [[9, 15], [21, -3]]."""
+
+    def changed(cell: Any, x: Any, op: bool) -> Any:
+        h = x.reshape(2, 2) * 1
+        out = cell(h)
+        if op:
+            out.copy_(out * 3.0)
+        return (h * h).sum() + out.sum()
+
+    _outputs_changed(lambda s, x: x.reshape(4), changed, kind)
+
+
+@pytest.mark.parametrize("kind", _BACKWARD_KINDS)
+def test_inplace_on_one_of_an_output_returned_twice_is_refused(kind: str) -> None:
+    """The cell returns `(y, y)`; the caller changes the first in place and reads the second:
+    without hooks 6 (the same tensor), with them 2 (the second alias kept y's history)."""
+
+    def changed(cell: Any, x: Any, op: bool) -> Any:
+        a, b = cell(x * 1)
+        if op:
+            a.copy_(a * 3.0)
+        return b.sum()
+
+    _outputs_changed(lambda s, x: (lambda y: (y, y))(x * 2), changed, kind)
+
+
+@pytest.mark.parametrize("kind", _BACKWARD_KINDS)
+def test_inplace_on_an_output_the_cell_kept_is_refused(kind: str) -> None:
+    """The cell keeps its output (`self.kept = y`); the caller changes what it got in place,
+    then reads the kept one: without hooks [[78, 150], [222, -66]], with them
+    [[30, 54], [78, -18]] (the kept tensor's history missed the op)."""
+
+    def changed(cell: Any, x: Any, op: bool) -> Any:
+        out = cell(x * 1)
+        if op:
+            out.copy_(out * 3.0)
+        return (cell.kept * cell.kept).sum() + out.sum()
+
+    _outputs_changed(lambda s, x: _keep(s, x * 2), changed, kind)
+
+
+@pytest.mark.parametrize("kind", _BACKWARD_KINDS)
+def test_inplace_on_an_output_that_is_a_reshape_chain_is_refused(kind: str) -> None:
+    """The cell returns a view of a tensor it computed (`(2 x).reshape(4).reshape(2, 2)`);
+    an in-place op on it goes, without hooks, through MindSpore's handling of views (0: the
+    view's new history reaches nothing), with hooks through the alias's (6)."""
+
+    def changed(cell: Any, x: Any, op: bool) -> Any:
+        out = cell(x * 1)
+        if op:
+            out.copy_(out * 3.0)
+        return out.sum()
+
+    _outputs_changed(lambda s, x: (x * 2).reshape(4).reshape(2, 2), changed, kind)
+
+
 # Every kind of registration MindSpore has (tests/interruption_child.py's names); the kinds
 # beside another hook run unihook's shared code, measured on torch and paddle
 # (tests/test_interruption_windows.py)

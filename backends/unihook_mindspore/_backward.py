@@ -49,6 +49,7 @@ from unihook.backend import (
     check_grad_like,
     register_backward_hook,
 )
+from unihook.errors import InPlaceError
 from unihook.handles import Handle
 
 from . import NAME
@@ -90,6 +91,11 @@ class _Identity(_Function):
             ctx.inputs = [_counter_of(x) for x in xs]
             ctx.probes = [_counter_of(alias) for alias in aliases]
             ctx.versions = [int(probe._version) for probe in ctx.probes]
+            # ... and what tells, should an alias have changed, that the caller's tensor is not
+            # the output alone (`_carry_versions`): the outputs weakly (one the cell kept is
+            # alive), and what `watch` finds (a view of an argument, an output returned twice)
+            ctx.outputs = list(map(weakref.ref, xs))
+            ctx.hazards = None
             _made.ctx = ctx
         return aliases
 
@@ -136,17 +142,96 @@ def _carry_versions(ctx: Any) -> None:
     moves too, before the backward of the op that made it reads it. MindSpore then raises its
     own RuntimeError ("One of the Tensor needed for gradient computation has been modified by
     an inplace operation") where it does without hooks, not a gradient computed from the
-    changed values (issue 16, F1)."""
+    changed values (issue 16, F1). Where the output is more than the tensor the caller got
+    (`_hazard`), no counter can make that exact: `InPlaceError`."""
     inputs, probes = ctx.inputs, ctx.probes
     ctx.inputs = ctx.probes = ()
     _pynative_executor.sync()  # the counters move in the async pipeline (module docstring)
-    moved = [
-        x
-        for x, probe, version in zip(inputs, probes, ctx.versions)
-        if x is not None and int(probe._version) != version
-    ]
+    moved = []
+    for k, (x, probe, version) in enumerate(zip(inputs, probes, ctx.versions)):
+        if int(probe._version) == version:
+            continue
+        hazard = _hazard(ctx, k, x)
+        if hazard is not None:
+            raise _changed_error(ctx.site, k, hazard)
+        if x is not None:
+            moved.append(x)
     if moved:
         _set_versions(moved, [int(x._version) + 1 for x in moved])
+
+
+# The ops whose output shares its input's memory (MindSpore records them by these names; a
+# `view`, `reshape`, `flatten` are "Reshape" nodes): an in-place op on such an output without
+# hooks goes through MindSpore's handling of views, which differs from that on the alias
+_VIEW_NODES = frozenset(
+    {
+        "Reshape",
+        "View",
+        "StridedSlice",
+        "Slice",
+        "Transpose",
+        "TransposeView",
+        "TransposeExtView",
+        "ExpandDims",
+        "ExpandDimsView",
+        "Squeeze",
+        "Unsqueeze",
+        "Narrow",
+        "NarrowView",
+        "SelectExtView",
+        "BroadcastTo",
+        "BroadcastToView",
+        "Diagonal",
+        "DiagonalView",
+        "Split",
+        "SplitTensorView",
+        "SplitWithSizeView",
+        "UnstackExtView",
+        "Flatten",
+        "Chunk",
+        "Unbind",
+        "AsStrided",
+    }
+)
+
+
+def _hazard(ctx: Any, k: int, x: Any) -> str | None:
+    """Why output `k`, whose alias changed in place after the call, is not the alias's alone:
+    without hooks the change reaches a tensor (its history, or MindSpore's view handling) that
+    with hooks it does not. None where the counter carried over is exact (`x`: the handle on
+    the output's counter and history, None where `watch` let go of it)."""
+    if ctx.hazards is not None and ctx.hazards[k] is not None:
+        return ctx.hazards[k]
+    if x is None:
+        return None  # (an argument returned unchanged, a leaf: as before, see `watch`)
+    if ctx.outputs[k]() is not None:
+        return (
+            "the cell (or a hook) kept the output it returned (`self.kept = y`): without "
+            "hooks the kept tensor is the one changed, with its new history"
+        )
+    node = x._grad_node
+    if node is not None and node.name() in _VIEW_NODES:
+        return (
+            "the output is a view of another tensor (a reshape, a slice, a transpose): "
+            "without hooks MindSpore's handling of an in-place op on a view applies"
+        )
+    return None
+
+
+def _changed_error(site: Site, k: int, why: str) -> InPlaceError:
+    return InPlaceError(
+        f"{site}: output {k} of the call was changed in place after it returned, and {why}. "
+        "With backward hooks the caller gets an alias of the output (same memory, a history "
+        "of its own, as torch's hooks give a view on which they refuse any in-place op): the "
+        "change reaches the alias only, and the gradients would differ from MindSpore's "
+        "without hooks. Change a copy (`y = cell(x).copy()`), or do the op in the cell"
+    )
+
+
+def _flag(ctx: Any, k: int, why: str) -> None:
+    if ctx.hazards is None:
+        ctx.hazards = [None] * len(ctx.probes)
+    ctx.hazards[k] = why
 
 
 class _Aliases(tuple):  # type: ignore[type-arg]
@@ -320,13 +405,29 @@ class MindSporeAutograd(Autograd):
         for k, j in enumerate(idx):
             output = outputs[j]
             node = output._grad_node
-            if (
-                node is None
-                or node.is_leaf()
-                or any(output is t for t in given)
-                or _memory_key(output) in keys
-            ):
+            if node is None or node.is_leaf() or any(output is t for t in given):
                 ctx.inputs[k] = None
+            elif _memory_key(output) in keys:
+                # a view of an argument: without hooks an in-place op on it changes the
+                # argument, its history too (`_carry_versions` refuses that)
+                ctx.inputs[k] = None
+                _flag(
+                    ctx, k, "the output is a view of an argument of the call (it shares its memory)"
+                )
+        if len(idx) > 1:
+            # an output returned twice, or sharing memory with another: without hooks an
+            # in-place op on one changes the other, its history too
+            seen: dict[int, int] = {}
+            for k, j in enumerate(idx):
+                key = _memory_key(outputs[j])
+                if key is None:
+                    key = id(outputs[j])
+                if key in seen:
+                    why = "another output of the call is the same tensor, or shares its memory"
+                    _flag(ctx, k, why)
+                    _flag(ctx, seen[key], why)
+                else:
+                    seen[key] = k
 
     @staticmethod
     def version(tensor: Any) -> int:
