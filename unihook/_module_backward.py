@@ -859,8 +859,15 @@ class _Call:
             self.pre_hooks = list(owner.pre_hooks.values())
             self.full_hooks = list(owner.full_hooks.values())
         else:
-            self.pre_hooks = [*shared.pre_hooks.values(), *owner.pre_hooks.values()]
-            self.full_hooks = [*shared.full_hooks.values(), *owner.full_hooks.values()]
+            pre, full = list(shared.pre_hooks.values()), list(shared.full_hooks.values())
+            if not (pre or full):
+                # its last hook removed since it was read (another thread), perhaps replaced:
+                # the newer state's, which leaves the call to this one (`_Own`)
+                shared = _globals.get(owner.autograd.backend)
+                if shared is not None:
+                    pre, full = list(shared.pre_hooks.values()), list(shared.full_hooks.values())
+            self.pre_hooks = [*pre, *owner.pre_hooks.values()]
+            self.full_hooks = [*full, *owner.full_hooks.values()]
         self.n_inputs = n_inputs
         self.input_idx: list[int] | None = None
         self.input_node: object = None  # what the backend names the input side's node by

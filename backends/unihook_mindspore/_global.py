@@ -57,10 +57,11 @@ class _Backward:
     state's stay pinned until its calls in flight end (``unihook._module_backward``), beside a
     newer state's: each goes with its own pins."""
 
-    __slots__ = ("hooks", "pins")
+    __slots__ = ("hooks", "pins", "state")
 
     def __init__(self, pre: Hook, post: Hook) -> None:
         self.hooks = (("_forward_pre_hook", pre), ("_forward_hook", post))
+        self.state: Any = getattr(pre, "__self__", None)  # the ModuleBackward (see `_call`)
         self.pins: weakref.WeakKeyDictionary[Any, Pinned] = weakref.WeakKeyDictionary()
 
 
@@ -121,11 +122,19 @@ def _ensure(cell: Any) -> None:
         if key is None:
             continue
         hooks = Access.get(cell, attr)
-        if hooks is not None and (not hooks or next(iter(hooks)) != key):
+        if hooks is not None and _first_key(hooks) != key:
             if key in hooks:  # a hook prepended since: globals go first
                 hooks.move_to_end(key, last=False)
             else:  # a library assigned the cell a new hook dict: torch's global hooks live
                 _pin_forward(cell, slot, key)  # outside a module's, and survive that
+
+
+def _first_key(hooks: Any) -> Any:
+    while True:
+        try:
+            return next(iter(hooks), None)
+        except RuntimeError:  # changed meanwhile (another thread removed a hook): again
+            continue
 
 
 def _install(cell: Any) -> list[Any]:
@@ -174,6 +183,22 @@ def _pin_forward(cell: Any, slot: int, key: int) -> None:
 
 
 def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    # The call is in flight from here (before `_ensure` reads the global backward state): a
+    # removal of the global backward hooks by another thread meanwhile leaves their
+    # dispatchers pinned for it (a hook registered then goes back into their state), where the
+    # cell's hook dicts, read by MindSpore below, would else hold neither the removed ones nor
+    # the new ones (see `ModuleBackward.hold`).
+    backward = _backward
+    state = None if backward is None else backward.state
+    mark = None if state is None else state.hold()
+    try:
+        return _held_call(self, args, kwargs)
+    finally:
+        if mark is not None:
+            state.let_go(mark)
+
+
+def _held_call(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     _ensure(self)
     key = id(self)
     with _in_call_lock:

@@ -214,13 +214,18 @@ def _call_original(
             _late_always_called(self, args, kwargs)
             raise
         return _late_forward_hooks(self, args, kwargs, result)
-    if _keys(own) == keys:
+    current = _keys(own)
+    if current == keys:
         return call(self, *args, **kwargs)
+    # A pre-hook of the call's start is gone (another thread removed it): where that was the
+    # module's own backward pre-dispatcher (its last backward hook removed, another one
+    # registered), the newer one stands in for it, as a removed one passes the call on.
+    swapped = not set(keys).issubset(current)
     here = id(sys._getframe())
     waiting: list[_FromNextCall] = []
-    for k in _keys(own):
+    for k in current:
         hook = own.get(k)
-        if k in keys or hook is None or _global_dispatcher(hook):
+        if k in keys or hook is None or _backward_dispatcher(hook, swapped):
             continue
         if not isinstance(hook, _FromNextCall):
             hook = own[k] = _FromNextCall(hook)
@@ -233,13 +238,17 @@ def _call_original(
             wrapper.skip.discard(here)
 
 
-def _global_dispatcher(hook: Any) -> bool:
-    """Whether `hook` is a global state's dispatcher pinned in a module: it tells a call that is
-    not its own by itself (`pre_dispatch_beside`), and must run for the others, as torch reads
-    its global backward hooks when its `_call_impl` starts. (Pinned by another thread after this
-    call's keys were taken, while the global state the call started with was removed: skipped,
-    no global state would take the call.)"""
-    return isinstance(hook, EagerUnderCompile) and getattr(hook.__self__, "is_global", False)
+def _backward_dispatcher(hook: Any, own_too: bool) -> bool:
+    """Whether `hook` is a global state's dispatcher pinned in a module (`own_too`: or the
+    module's own backward pre-dispatcher): it tells a call that is not its own by itself
+    (`pre_dispatch_beside`, `dispatching`), and must run for the others, as torch reads its
+    global backward hooks when its `_call_impl` starts. (Pinned by another thread after this
+    call's keys were taken, while the state the call started with was removed: skipped, no
+    state would take the call.)"""
+    if not isinstance(hook, EagerUnderCompile):
+        return False
+    is_global = getattr(hook.__self__, "is_global", None)
+    return bool(is_global) or (own_too and is_global is False)
 
 
 def _fast_path(module: Any) -> bool:
