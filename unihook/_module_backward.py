@@ -214,9 +214,13 @@ class ModuleBackward:
         return next(_ids)
 
     def discard(self, key: int) -> bool:
-        """Remove hook `key`; True when no hook is left."""
-        self.pre_hooks.pop(key, None)
-        self.full_hooks.pop(key, None)
+        """Remove hook `key`; True when no hook is left. Into new dicts: a call on another
+        thread that read the old one (`_Call`) takes the hooks as they were, not none of them
+        (a hook registered next with `prepend` goes into another new dict)."""
+        if key in self.pre_hooks:
+            self.pre_hooks = {k: v for k, v in self.pre_hooks.items() if k != key}
+        if key in self.full_hooks:
+            self.full_hooks = {k: v for k, v in self.full_hooks.items() if k != key}
         return not (self.pre_hooks or self.full_hooks)
 
     def _stack(self) -> _Stack:
