@@ -230,7 +230,8 @@ def _changed_error(site: Site, k: int, why: str) -> InPlaceError:
 
 def _flag(ctx: Any, k: int, why: str) -> None:
     if ctx.hazards is None:
-        ctx.hazards = [None] * len(ctx.probes)
+        hazards: list[str | None] = [None] * len(ctx.probes)
+        ctx.hazards = hazards
     ctx.hazards[k] = why
 
 

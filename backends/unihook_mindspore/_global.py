@@ -194,7 +194,7 @@ def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return _held_call(self, args, kwargs)
     finally:
-        if mark is not None:
+        if state is not None and mark is not None:
             state.let_go(mark)
 
 
