@@ -293,7 +293,7 @@ class ModuleBackward:
 
     def hold(self) -> _Entry:
         """Mark a call in flight on this thread before the framework reads the module's hooks
-        (torch's wrapper, for a module whose pinned dispatchers run in torch's hook loop): a
+        (the wrappers of torch's `_call_impl` and MindSpore's `Cell.__call__`): a
         removal meanwhile leaves the dispatchers pinned for it, and a hook registered then
         revives this state (`_States.revive`) instead of pinning a newer one the framework's
         snapshot would lack. Give the mark to `let_go` in a ``finally`` that covers the call."""
