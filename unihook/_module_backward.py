@@ -317,7 +317,7 @@ class ModuleBackward:
                 if stack[k] is mark:
                     del stack[k]
                     break
-        if self.removed:
+        if self.removed and self.dispatchers is not None:  # (else retired: no lock to take)
             self._ended()
 
     def around(self, module: Any) -> None:
