@@ -497,7 +497,7 @@ def _with_exits(code: Any) -> frozenset[int]:
 # unihook's weakref callbacks and finalizers: CPython prints what one raises and drops it, so
 # a Ctrl-C landing in one never reaches the caller, and nothing can catch one landing at its
 # entry (skipped); one landing inside must leave the state consistent all the same
-_CALLBACKS = {"forget", "_release", "_release_identity", "__del__", "_flags_dropped", "_unmark"}
+_CALLBACKS = {"forget", "_release", "_release_backward", "__del__", "_flags_dropped", "_unmark"}
 
 
 def _in_callback(frame: Any) -> bool:

@@ -104,7 +104,8 @@ def _retained(y: Any) -> Any:
 
 
 def _view_hooked(y: Any) -> Any:
-    y.register_hook(lambda g: g.view(g.shape))
+    if not y.stop_gradient:  # (paddle refuses a hook on a tensor needing no grad)
+        y.register_hook(lambda g: g.view(g.shape))
     return y
 
 
@@ -197,29 +198,36 @@ class Keeper:
 
 
 def run(
-    model: nn.Layer, x0: np.ndarray, w: np.ndarray, grad_api: bool, leaf_input: bool
+    model: nn.Layer, x0: np.ndarray, w: np.ndarray, grad_api: bool, input_kind: str
 ) -> list[np.ndarray]:
-    """Two forward + backward passes (the leaves accumulate); the gradients."""
+    """Two forward + backward passes (the leaves accumulate); the gradients. `input_kind`:
+    the input is a leaf, made from one, or needs no grad (the first hooked layers then have
+    no input side, and the guard holds their grad_output, see `guard.UNTIL_END`)."""
     model.clear_gradients()
     x = paddle.to_tensor(x0)
-    x.stop_gradient = False
+    x.stop_gradient = input_kind == "no_grad"
     params = [p for p in model.parameters() if not p.stop_gradient]
+    wrt = params if x.stop_gradient else [x, *params]
     out: list[np.ndarray] = []
     for step in range(2):
         AUX.clear()
-        y = model(x if leaf_input else x * 1.0)
+        y = model(x if input_kind != "made" else x * 1.0)
         loss = ((y * paddle.to_tensor(w)).sum() + sum(AUX, paddle.zeros([]))) * (step + 1.0)
+        if loss.stop_gradient:
+            return out  # (nothing in the model needs grad)
         if grad_api:
-            grads = paddle.grad([loss], [x, *params], allow_unused=True)
+            grads = paddle.grad([loss], wrt, allow_unused=True)
             out += [np.zeros(1) if g is None else g.numpy() for g in grads]
         else:
             loss.backward()
         for t in RETAINED:
-            if t.grad is not None:
-                t.clear_gradient()  # (paddle zeroes it in place)
+            # (paddle zeroes it in place; not the input itself, which `identity` returns
+            # without hooks, and an alias of with backward hooks, as torch's)
+            if t.grad is not None and not t.is_leaf:
+                t.clear_gradient()
         RETAINED.clear()
     if not grad_api:
-        out = [x.grad.numpy()] + [np.zeros(1) if p.grad is None else p.grad.numpy() for p in params]
+        out = [np.zeros(1) if p.grad is None else p.grad.numpy() for p in wrt]
     return out
 
 
@@ -264,22 +272,22 @@ def hook_all(model: nn.Layer, chosen: list[tuple[int, str, str]], keeper: Keeper
         max_size=8,
     ),
     grad_api=st.booleans(),
-    leaf_input=st.booleans(),
+    input_kind=st.sampled_from(["leaf", "made", "no_grad"]),
     seed=st.integers(0, 2**16),
 )
 def test_kept_gradients_never_change(
-    spec: Any, chosen: list[tuple[int, str, str]], grad_api: bool, leaf_input: bool, seed: int
+    spec: Any, chosen: list[tuple[int, str, str]], grad_api: bool, input_kind: str, seed: int
 ) -> None:
     paddle.seed(seed)
     model = build(("seq", [spec]))
     rng = np.random.default_rng(seed)
     x0 = rng.standard_normal((2, D)).astype("float32")
     w = rng.standard_normal((2, D)).astype("float32")
-    want = run(model, x0, w, grad_api, leaf_input)
+    want = run(model, x0, w, grad_api, input_kind)
     keeper = Keeper()
     handles = hook_all(model, chosen, keeper)
     try:
-        got = run(model, x0, w, grad_api, leaf_input)
+        got = run(model, x0, w, grad_api, input_kind)
     finally:
         for h in handles:
             h.remove()
@@ -700,3 +708,49 @@ def test_views_write_nothing() -> None:
     grad, values = _Holding.seen
     np.testing.assert_array_equal(grad.numpy(), values)
     np.testing.assert_array_equal(got[0].numpy(), values)
+
+
+def test_a_first_layer_without_input_side_passes_its_gradient_on_uncopied(
+    monkeypatch: Any,
+) -> None:
+    """The input needs no grad (as a CNN's images): the first Conv2D has no input side to hold
+    the grad_output its hooks saw until the kernels below it ran, so the guard holds it until
+    the backward ends and passes it on uncopied; what the hooks kept (tensors and views) never
+    changes, and the gradients are those without hooks, over three backwards."""
+    _backward._CHECK_FROM = 1 << 16
+    _autograd_guard._VALUES_PER_NODE = 6000
+    _autograd_guard._history[:] = [0, 0]
+    paddle.seed(2)
+    model = nn.Sequential(nn.Conv2D(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2D(16, 4, 3))
+    x = paddle.to_tensor(np.random.default_rng(2).standard_normal((8, 3, 64, 64)), "float32")
+
+    def run() -> list[np.ndarray]:
+        model.clear_gradients()
+        for step in range(3):
+            out = model(x)
+            (out * (step + 1.0)).sum().backward()
+        return [p.grad.numpy() for p in model.parameters()]
+
+    want = run()
+    kept: list[tuple[str, Any, np.ndarray]] = []
+    pre, full = _keep_all(kept)
+    first = model[0]
+    unihook.register_full_backward_pre_hook(first, pre)
+    with pytest.warns(UserWarning, match="no inputs require gradients"):
+        unihook.register_full_backward_hook(first, full)
+        copied: list[tuple[int, ...]] = []
+        original = paddle.Tensor.clone
+
+        def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+            copied.append(tuple(self.shape))
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(paddle.Tensor, "clone", counting)
+        got = run()
+    monkeypatch.undo()
+    _unchanged(kept)
+    assert len(kept) == 3 * 3  # per backward: the pre-hook's tensor and view, the full hook's
+    assert (8, 16, 64, 64) not in copied
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert not _autograd_guard._state.kept  # (let go when the backward ended)

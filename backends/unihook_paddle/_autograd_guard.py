@@ -58,6 +58,7 @@ __all__ = [
     "pruned",
     "obliged",
     "passes_on",
+    "UNTIL_END",
     "receives_seen",
     "register_unseen",
     "Trust",
@@ -80,6 +81,9 @@ class _State(threading.local):
     graph: _Graph | None = None
     # the identity nodes an earlier one passed a gradient to without a copy (`passes_on`)
     obliged: set[int] | None = None
+    # gradients a node passed on uncopied on condition that they stay referenced until the
+    # backward ends (`passes_on` with UNTIL_END)
+    kept: list[Any] | None = None
     asked = 0  # values `passes_on` was asked about in the innermost running backward
     declined = False  # it decided not to walk that backward's graph
 
@@ -132,18 +136,19 @@ def installed() -> bool:
     return _installed
 
 
-def hold(hook_function: Callable[..., Any], identity: bool = False) -> None:
+def hold(hook_function: Callable[..., Any], backward: bool = False) -> None:
     """Keep the guard installed while `hook_function` (held by paddle's graph) is alive;
-    `identity`: it is an identity node's (see `passes_on`), counted while alive."""
-    global _originals, _tensor_originals, _installed, _identity_count
+    `backward`: it is an identity node's or module backward dispatchers' (see `_mark`),
+    counted while alive."""
+    global _originals, _tensor_originals, _installed, _backward_holders
     with _lock:
         # The holder first: a Ctrl-C before the guard is in leaves one that takes it out
         # (`_release`), where the other order could leave the guard in for good.
         # A weak reference with a callback: a fifth of weakref.finalize's cost, and this runs
         # twice per call of a module with backward hooks.
-        if identity:
-            _identity_count += 1
-            _holders.add(weakref.ref(hook_function, _release_identity))
+        if backward:
+            _backward_holders += 1
+            _holders.add(weakref.ref(hook_function, _release_backward))
         else:
             _holders.add(weakref.ref(hook_function, _release))
         if not _installed:
@@ -156,11 +161,11 @@ def hold(hook_function: Callable[..., Any], identity: bool = False) -> None:
             _Tensor.retain_grads = _retain_grads
 
 
-def _release_identity(holder: weakref.ref[Any]) -> None:
-    global _identity_count
+def _release_backward(holder: weakref.ref[Any]) -> None:
+    global _backward_holders
     try:
         with _lock:
-            _identity_count -= 1
+            _backward_holders -= 1
             _let_go(holder)
     except BaseException:
         _let_go(holder)  # see `_release`
@@ -458,9 +463,10 @@ def _guarded(
     state = _state
     outer_graph, outer_fired, outer_cuts = state.create_graph, state.fired_tokens, state.cuts
     outer_ends, state.ends = state.ends, []
-    outer_walk = state.roots, state.graph, state.obliged, state.asked, state.declined
-    state.roots, state.graph, state.obliged, state.asked, state.declined = (
+    outer_walk = state.roots, state.graph, state.obliged, state.kept, state.asked, state.declined
+    state.roots, state.graph, state.obliged, state.kept, state.asked, state.declined = (
         roots,
+        None,
         None,
         None,
         0,
@@ -501,7 +507,9 @@ def _guarded(
                 _history[0] if state.graph is None else len(state.graph.children),
                 state.asked,
             )
-        state.roots, state.graph, state.obliged, state.asked, state.declined = outer_walk
+        state.roots, state.graph, state.obliged, state.kept, state.asked, state.declined = (
+            outer_walk
+        )
         shared.firing = outer_firing
         if state.depth == 0:
             state.pending = None
@@ -683,13 +691,15 @@ def _cut_slots(roots: Any, inputs: Any) -> dict[int, frozenset[int]]:
 # code may change in place: `clear_gradient()` zeroes it; torch's retain_grad stores a copy)
 # let user code reach the gradient a node receives. While the guard is in, registering either
 # marks the tensor's grad node; `passes_on` never passes a gradient a hook saw to such a node.
-# Every node `passes_on` trusts is created while the guard is in (it goes in with the first
-# identity node and stays while one lives), so no mark is missed. The mark lives as long as the
-# node: a no-op hook of ours beside the user's, which paddle drops with the node.
+# Every node `passes_on` trusts is created while an identity node lives or module backward
+# dispatchers exist (an output side without an input side, `UNTIL_END`, trusts nodes its
+# call's forward made), so no mark is missed; with tensor hooks alone nothing is marked. The
+# mark lives as long as the node: a no-op hook of ours beside the user's, which paddle drops
+# with the node.
 
 _seen: set[int] = set()  # node_ptr of each marked node (it has a live _Mark hook)
+_backward_holders = 0  # identity nodes and module backward dispatchers alive (`hold`)
 _marks: set[weakref.ref[Any]] = set()  # the _Mark hooks, weakly (the node holds them)
-_identity_count = 0  # identity nodes alive (`hold`)
 
 
 class _Mark:
@@ -706,8 +716,8 @@ def _unmark(ref: weakref.ref[Any], ptr: int) -> None:
 
 
 def _mark(tensor: Any) -> None:
-    if not _identity_count:
-        return  # (what `passes_on` trusts is made while an identity node lives)
+    if not _backward_holders:
+        return  # (no identity node can ask about the node: see above)
     node = _grad_node(tensor)
     if node is None:
         return  # a leaf: its accumulation node is never trusted
@@ -874,7 +884,11 @@ class Trust(NamedTuple):
     views: Container[str]  # nodes passing a view of their gradient on, writing nothing
 
 
-def passes_on(ptr: int, held_until: int, trust: Trust, values: int) -> bool:
+# `held_until` for gradients the guard holds until the running backward ends (`passes_on`)
+UNTIL_END = -1
+
+
+def passes_on(ptr: int, held_until: int, trust: Trust, values: int, grads: object = None) -> bool:
     """Whether the identity node at `ptr` may return the gradients a hook saw as they are:
     nothing in the running backward can change them afterwards. Each node they go to must get
     no other edge (no input buffer adds into them) and be no leaf's accumulation, and be
@@ -883,7 +897,10 @@ def passes_on(ptr: int, held_until: int, trust: Trust, values: int) -> bool:
       children are checked by the same rule; or
     - when the caller holds the gradients until the identity node at `held_until` ran (so no
       grad kernel finds them unreferenced and writes over them), a node above that one whose
-      kernel writes its results to new memory (`trust.fresh`).
+      kernel writes its results to new memory (`trust.fresh`). With `UNTIL_END` the guard
+      holds `grads` until the backward ends, if the answer is True (a module whose inputs
+      need no grad has no input side: its output side sits at the bottom of the graph, where
+      the hold costs little memory).
     `values`: how many values the gradients have (see `_history`)."""
     state = _state
     state.asked += values
@@ -908,6 +925,10 @@ def passes_on(ptr: int, held_until: int, trust: Trust, values: int) -> bool:
         if state.obliged is None:
             state.obliged = set()
         state.obliged.update(mine)
+    if held_until == UNTIL_END:
+        if state.kept is None:
+            state.kept = []
+        state.kept.append(grads)
     return True
 
 
@@ -928,4 +949,8 @@ def _keeps(
     if name in trust.views:
         # (a view is a new tensor: the caller's hold does not cover it)
         return all(_keeps(graph, child, 0, trust, mine) for child in graph.children[ptr] if child)
-    return bool(held_until) and name in trust.fresh and graph.reaches(ptr, held_until)
+    return (
+        bool(held_until)
+        and name in trust.fresh
+        and (held_until == UNTIL_END or graph.reaches(ptr, held_until))
+    )

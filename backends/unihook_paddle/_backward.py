@@ -45,9 +45,11 @@ from functools import partial
 from typing import Any, Callable, Sequence
 
 import paddle
+from paddle import _C_ops
 from paddle.autograd import PyLayer
 
 from unihook.backend import (
+    NO_INPUT_GRAD,
     Autograd,
     Dispatchers,
     ModuleBackward,
@@ -69,6 +71,11 @@ from ._static import EagerUnderSOT
 
 Grads = Sequence[Any]
 
+_view_shape = _C_ops.view_shape
+_Tensor: Any = paddle.Tensor  # (its private methods are not in paddle's stubs)
+# `inplace_version` is a Python property over this C method
+_inplace_version = _Tensor._inplace_version
+
 
 def _alias(x: Any) -> Any:
     """A new tensor sharing `x`'s memory (traps 1 and 5). ``view`` raises "cannot reshape
@@ -76,7 +83,8 @@ def _alias(x: Any) -> Any:
     gradient node keeps no input (``as_strided``'s keeps `x`, and an in-place op on the result,
     `relu_` after a hooked layer on an empty batch, then failed its version check)."""
     shape = x.shape
-    return x.view(shape) if 0 not in shape else paddle.scale(x, 1.0)
+    # (the C op `Tensor.view` ends in: its two Python decorators cost half as much again)
+    return _view_shape(x, shape) if 0 not in shape else paddle.scale(x, 1.0)
 
 
 class _Node:
@@ -181,7 +189,7 @@ def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
     if copy and constant:
         values = _values(results)
         if values >= _CHECK_FROM:
-            copy = not guard.passes_on(node.ptr, node.held_until, TRUST, values)
+            copy = not guard.passes_on(node.ptr, node.held_until, TRUST, values, results)
     pruned = guard.pruned(node.ptr)
     out = []
     for i, (result, (shape, dtype)) in enumerate(zip(results, node.shapes)):
@@ -345,6 +353,10 @@ class PaddleAutograd(Autograd):
         site: Site,
         held_until: object = None,
     ) -> Sequence[Any]:
+        if held_until is NO_INPUT_GRAD:
+            # no input side holds the gradients hooks saw until the kernels below ran: the
+            # guard holds them until the backward ends (at the bottom of the graph: cheap)
+            held_until = guard.UNTIL_END
         node = _Node(site, held_until if isinstance(held_until, int) else 0)
         # Some tensor needs grad (the caller checks). Those that don't bypass the node (trap 2).
         live = [i for i, t in enumerate(tensors) if not t.stop_gradient]
@@ -357,7 +369,7 @@ class PaddleAutograd(Autograd):
         if len(live) > 1:
             guard.several_slots(node.ptr, node)
         guard.register_unseen(outs[0], node)
-        guard.hold(node, identity=True)  # the guard must outlive the node (trap 7)
+        guard.hold(node, backward=True)  # the guard must outlive the node (trap 7)
         result = _Aliases(tensors)
         for i, o in zip(live, outs):
             result[i] = _alias(o)
@@ -368,10 +380,10 @@ class PaddleAutograd(Autograd):
     def guard(tensor: Any, error: Callable[[], Exception], site: Site) -> Any:
         # one more identity node (kept safe from trap 7 as the others), watching a detached
         # alias: it shares `tensor`'s memory and version counter, not its history (no cycle)
-        watched, version = tensor.detach(), int(tensor.inplace_version)
+        watched, version = tensor.detach(), _inplace_version(tensor)
 
         def check(grads: Grads) -> Grads:
-            if int(watched.inplace_version) != version:
+            if _inplace_version(watched) != version:
                 raise error()
             return grads  # (the same list: no copies)
 
@@ -381,7 +393,7 @@ class PaddleAutograd(Autograd):
     def overlaps(a: Any, b: Any) -> bool:
         if a is b:
             return True
-        if not (a.size and b.size and a._is_shared_buffer_with(b)):
+        if 0 in a.shape or 0 in b.shape or not a._is_shared_buffer_with(b):
             return False
         (a0, a1), (b0, b1) = _span(a), _span(b)
         return a0 < b1 and b0 < a1
@@ -389,7 +401,8 @@ class PaddleAutograd(Autograd):
     @staticmethod
     def memory_key(tensor: Any) -> int | None:
         # where its values start: paddle refuses an in-place op on a leaf alone, not on a view
-        return int(tensor.data_ptr()) if tensor.size else None
+        # (`0 in shape`, not `size`: paddle's `size` costs some us, a numpy product)
+        return None if 0 in tensor.shape else int(tensor.data_ptr())
 
     @staticmethod
     def leaf_of(tensor: Any) -> Any:
@@ -398,16 +411,14 @@ class PaddleAutograd(Autograd):
     @staticmethod
     def refused_like(output: Any, leaf: Any) -> bool:
         return bool(
-            output.size
+            0 not in output.shape
             and output._is_shared_buffer_with(leaf)
             and output.shape == leaf.shape
             and output.data_ptr() == leaf.data_ptr()
             and output.strides == leaf.strides
         )
 
-    @staticmethod
-    def version(tensor: Any) -> int:
-        return int(tensor.inplace_version)
+    version = staticmethod(_inplace_version)
 
     @staticmethod
     def rebase(original: Any, alias: Any) -> Any:
@@ -447,7 +458,7 @@ class PaddleAutograd(Autograd):
         pre, post = EagerUnderSOT(pre), EagerUnderSOT(post)
         # pinned last in the layer's own hook dicts (``_forward``), whoever registers after them
         dispatchers = add_dispatchers(layer, pre, post)
-        guard.hold(pre)
+        guard.hold(pre, backward=True)
         return dispatchers
 
 
@@ -476,6 +487,7 @@ class _GlobalDispatchers:
 
         pre, post = EagerUnderSOT(state.pre_dispatch), EagerUnderSOT(state.post_dispatch)
         self._remove = add_dispatchers(pre, post)
+        guard.hold(pre, backward=True)  # (see `guard._mark`)
 
     def remove(self) -> None:
         self._remove()
