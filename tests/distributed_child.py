@@ -833,18 +833,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def main(argv: list[str]) -> None:
-    framework, out = argv[0], argv[1]
-    fail = argv[2:] == ["fail"]
+def run_port() -> int:
+    """The first of the ports this run's ranks listen on: the test's (`UNIHOOK_TEST_PORT`, a
+    block no other run started beside it picks), else a free one."""
+    return int(os.environ.get("UNIHOOK_TEST_PORT") or 0) or free_port()
+
+
+def spawn(fn: Any, args: tuple[Any, ...], framework: str, port: int) -> None:
+    """`fn(rank, *args)` on WORLD ranks: torch's spawn, or paddle's with its trainers on ports
+    `port`, `port + 1`, ... (paddle's own pick, free ports found by binding and closing
+    them, raced the other runs' ranks starting at the same time: a store aborted)."""
     if framework == "torch":
         import torch.multiprocessing as mp
 
         # a rank that raises makes spawn terminate the others and raise here
-        mp.spawn(rank_main, args=(framework, out, free_port(), fail), nprocs=WORLD)
+        mp.spawn(fn, args=args, nprocs=WORLD)
     else:
         import paddle.distributed as pdist
 
-        pdist.spawn(_paddle_rank, args=(framework, out, 0, fail), nprocs=WORLD, backend="gloo")
+        pdist.spawn(fn, args=args, nprocs=WORLD, backend="gloo", started_port=port)
+
+
+def main(argv: list[str]) -> None:
+    framework, out = argv[0], argv[1]
+    fail = argv[2:] == ["fail"]
+    port = run_port()
+    if framework == "torch":
+        spawn(rank_main, (framework, out, port, fail), framework, port)
+    else:
+        spawn(_paddle_rank, (framework, out, 0, fail), framework, port)
 
 
 if __name__ == "__main__":

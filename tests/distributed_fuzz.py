@@ -392,15 +392,9 @@ if __name__ == "__main__":
     framework, out, cases_, seed_ = (a for a in sys.argv[1:] if a != "--same-inputs")
     cases, seed = int(cases_), int(seed_)
     os.makedirs(out, exist_ok=True)
-    args = (framework, out, c.free_port(), cases, seed, same)
+    port = c.run_port()
     if framework == "torch":
-        import torch.multiprocessing as mp
-
-        mp.spawn(rank_main, args=args, nprocs=WORLD)
+        c.spawn(rank_main, (framework, out, port, cases, seed, same), framework, port)
     else:
-        import paddle.distributed as pdist
-
-        pdist.spawn(
-            _paddle, args=(framework, out, 0, cases, seed, same), nprocs=WORLD, backend="gloo"
-        )
+        c.spawn(_paddle, (framework, out, 0, cases, seed, same), framework, port)
     sys.exit(1 if check(framework, out) else 0)

@@ -41,6 +41,8 @@ KINDS = ["full", "pre", "full+pre", "global_full", "global_pre"]
 
 
 class Fn(nn.Cell):
+    """A cell running `fn(cell, x)`, with an optional Dense and a slot for a kept tensor."""
+
     def __init__(self, fn: Any, dense: Any = None) -> None:
         super().__init__()
         self.fn = fn
@@ -51,7 +53,8 @@ class Fn(nn.Cell):
         return self.fn(self, x)
 
 
-def _keep(cell: Any, y: Any) -> Any:
+def keep(cell: Any, y: Any) -> Any:
+    """`y`, kept by `cell` (a tensor the cell holds and returns)."""
     cell.kept = y
     return y
 
@@ -77,8 +80,8 @@ def make(kind: str, w: np.ndarray) -> Any:
             "dup": lambda s, x: (lambda y: (y, y))(x * 2),
             "dupsig": lambda s, x: (lambda y: (y, y))(ops.sigmoid(x)),
             "tuple": lambda s, x: (ops.sigmoid(x), x * 2),
-            "kept": lambda s, x: _keep(s, x * 2),
-            "keptsig": lambda s, x: _keep(s, ops.exp(x)),
+            "kept": lambda s, x: keep(s, x * 2),
+            "keptsig": lambda s, x: keep(s, ops.exp(x)),
         }[kind]
     )
 

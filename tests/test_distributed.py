@@ -5,9 +5,11 @@ subprocess of their own, bounded in time); the tests read what the ranks saw."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,7 +37,12 @@ class Run:
         self.log = out / "output.txt"
         # the checkout first, then the caller's path (a worktree's backends, say)
         path = os.pathsep.join(filter(None, [str(CHILD.parent.parent), os.getenv("PYTHONPATH")]))
-        env = {**os.environ, "GLOG_minloglevel": "2", "PYTHONPATH": path}
+        env = {
+            **os.environ,
+            "GLOG_minloglevel": "2",
+            "PYTHONPATH": path,
+            "UNIHOOK_TEST_PORT": str(_port_block()),
+        }
         self.start = time.monotonic()
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
@@ -55,6 +62,25 @@ class Run:
             self.process.wait()
             pytest.fail(f"{self.framework}: the ranks did not finish within {TIMEOUT} s")
         return self.process.returncode, self.log.read_text(), time.monotonic() - self.start
+
+
+_blocks = itertools.count()
+
+
+def _port_block(size: int = 8) -> int:
+    """The first of `size` free ports, a block of its own per run, below Linux's ephemeral
+    range (32768 up), from which the frameworks' own picks (bind to port 0) come: runs started
+    side by side, and another test session (by its pid), do not pick each other's ports."""
+    for _ in range(200):
+        start = 20000 + (os.getpid() % 300 * 37 + next(_blocks)) * size % 12000
+        try:
+            for port in range(start, start + size):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return start
+    return 0  # (none found: the child picks a free port itself)
 
 
 @pytest.fixture(scope="module")

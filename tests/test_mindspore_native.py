@@ -12,6 +12,8 @@ import pytest
 
 ms = pytest.importorskip("mindspore")
 
+from mindspore_inplace_generator import Fn, keep  # noqa: E402
+
 import unihook  # noqa: E402
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -679,21 +681,6 @@ def test_inplace_on_an_output_then_an_aborted_backward_keeps_nothing_alive(kind:
     assert not [o for o in identities() if not any(o is b for b in before)]
 
 
-class _Fn(ms.nn.Cell):
-    def __init__(self, fn: Any) -> None:
-        super().__init__()
-        self.fn = fn
-        self.kept: Any = None
-
-    def construct(self, x: Any) -> Any:
-        return self.fn(self, x)
-
-
-def _keep(cell: Any, y: Any) -> Any:
-    cell.kept = y
-    return y
-
-
 def _outputs_changed(body: Any, changed: Any, kind: str) -> None:
     """`changed(cell, x)`: a loss after an in-place op on what `cell` returned, where the
     caller's tensor is more than the output (a view, the same tensor twice, a kept one);
@@ -701,7 +688,7 @@ def _outputs_changed(body: Any, changed: Any, kind: str) -> None:
     was another one, silently (an attack, 2026-11-29): now unihook's InPlaceError, and the
     gradient of the model without hooks where nothing changes in place."""
     x = ms.Tensor(np.array([[1.0, 2.0], [3.0, -1.0]], np.float32))
-    cell = _Fn(body)
+    cell = Fn(body)
     unchanged = lambda x: changed(cell, x, False)  # noqa: E731
     ms.grad(lambda x: changed(cell, x, True))(x)  # (MindSpore's own: a gradient)
     expected = ms.grad(unchanged)(x).asnumpy()
@@ -755,7 +742,7 @@ def test_inplace_on_an_output_the_cell_kept_is_refused(kind: str) -> None:
             out.copy_(out * 3.0)
         return (cell.kept * cell.kept).sum() + out.sum()
 
-    _outputs_changed(lambda s, x: _keep(s, x * 2), changed, kind)
+    _outputs_changed(lambda s, x: keep(s, x * 2), changed, kind)
 
 
 @pytest.mark.parametrize("kind", _BACKWARD_KINDS)

@@ -107,6 +107,8 @@ _state = _State()
 # garbage collection or a reference dropped there.
 _lock = threading.RLock()
 _holders: set[weakref.ref[Any]] = set()  # one per live hook function: the guard stays while any
+# those of identity nodes and module backward dispatchers (`hold`), while `_mark` marks
+_backward_holders: set[weakref.ref[Any]] = set()
 # paddle's own entry points, as found when the guard goes in; kept after it goes out: a thread
 # entering a wrapper while another drops the last hook still calls them
 _originals: tuple[Callable[..., Any], Callable[..., Any]] = (
@@ -138,19 +140,18 @@ def installed() -> bool:
 
 def hold(hook_function: Callable[..., Any], backward: bool = False) -> None:
     """Keep the guard installed while `hook_function` (held by paddle's graph) is alive;
-    `backward`: it is an identity node's or module backward dispatchers' (see `_mark`),
-    counted while alive."""
-    global _originals, _tensor_originals, _installed, _backward_holders
+    `backward`: it is an identity node's or module backward dispatchers' (see `_mark`)."""
+    global _originals, _tensor_originals, _installed
     with _lock:
         # The holder first: a Ctrl-C before the guard is in leaves one that takes it out
         # (`_release`), where the other order could leave the guard in for good.
         # A weak reference with a callback: a fifth of weakref.finalize's cost, and this runs
         # twice per call of a module with backward hooks.
+        holder = weakref.ref(hook_function, _release)
         if backward:
-            _backward_holders += 1
-            _holders.add(weakref.ref(hook_function, _release_backward))
-        else:
-            _holders.add(weakref.ref(hook_function, _release))
+            # (first: a Ctrl-C between the two makes a mark too many, never one too few)
+            _backward_holders.add(holder)
+        _holders.add(holder)
         if not _installed:
             _originals = (core.eager.run_backward, core.eager.run_partial_grad)
             _tensor_originals = (_Tensor._register_grad_hook, _Tensor.retain_grads)
@@ -159,17 +160,6 @@ def hold(hook_function: Callable[..., Any], backward: bool = False) -> None:
             core.eager.run_partial_grad = _run_partial_grad
             _Tensor._register_grad_hook = _register_grad_hook
             _Tensor.retain_grads = _retain_grads
-
-
-def _release_backward(holder: weakref.ref[Any]) -> None:
-    global _backward_holders
-    try:
-        with _lock:
-            _backward_holders -= 1
-            _let_go(holder)
-    except BaseException:
-        _let_go(holder)  # see `_release`
-        raise
 
 
 def _release(holder: weakref.ref[Any]) -> None:
@@ -189,12 +179,19 @@ def _let_go(holder: weakref.ref[Any] | None, stale_up_to: int = 16) -> None:
     global _installed
     with _lock:
         if holder is not None:
+            _backward_holders.discard(holder)
             _holders.discard(holder)
         if _installed and 0 < len(_holders) <= stale_up_to:
             try:
-                _holders.difference_update([ref for ref in list(_holders) if ref() is None])
+                stale = [ref for ref in list(_holders) if ref() is None]
+                _backward_holders.difference_update(stale)
+                _holders.difference_update(stale)
             except RuntimeError:  # (changed meanwhile: a callback the collector ran) later
                 pass
+        if not _holders and _backward_holders:  # (dead ones a cut-short callback left)
+            _backward_holders.difference_update(
+                [ref for ref in list(_backward_holders) if ref() is None]
+            )
         if not _holders and _installed:
             core.eager.run_backward, core.eager.run_partial_grad = _originals
             _Tensor._register_grad_hook, _Tensor.retain_grads = _tensor_originals
@@ -698,7 +695,6 @@ def _cut_slots(roots: Any, inputs: Any) -> dict[int, frozenset[int]]:
 # with the node.
 
 _seen: set[int] = set()  # node_ptr of each marked node (it has a live _Mark hook)
-_backward_holders = 0  # identity nodes and module backward dispatchers alive (`hold`)
 _marks: set[weakref.ref[Any]] = set()  # the _Mark hooks, weakly (the node holds them)
 
 
