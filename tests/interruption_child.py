@@ -182,11 +182,6 @@ _IGNORED = {
     "_retired",  # unihook._pinned: a module's retired hook dict, kept while the module lives
     "_active",  # paddle's autograd guard: backwards running (none here)
     "_version_checked",
-    # paddle's autograd guard: a mark on each node whose gradient user code may see (a tensor
-    # hook was registered on it while module backward hooks existed), kept as long as the node
-    # whatever is removed, by design (`_autograd_guard._mark`): not a registration's residue
-    "_seen",
-    "_marks",
 }
 # the MindSpore kit's tape: its recording session changes with each forward and backward
 _IGNORED_MODULES = {"unihook_mindspore._tape"}
@@ -502,7 +497,7 @@ def _with_exits(code: Any) -> frozenset[int]:
 # unihook's weakref callbacks and finalizers: CPython prints what one raises and drops it, so
 # a Ctrl-C landing in one never reaches the caller, and nothing can catch one landing at its
 # entry (skipped); one landing inside must leave the state consistent all the same
-_CALLBACKS = {"forget", "_release", "__del__", "_flags_dropped", "_unmark"}
+_CALLBACKS = {"forget", "_release", "_release_identity", "__del__", "_flags_dropped", "_unmark"}
 
 
 def _in_callback(frame: Any) -> bool:

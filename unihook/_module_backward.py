@@ -86,9 +86,7 @@ class Autograd:
         attribute naming the node (holding no tensor); for the output side of a call with
         full hooks, `held_until` is that of the call's input side: the call holds what
         `on_backward` returns until that node's backward ran (its full hooks see it then),
-        which a backend that copies the gradients hooks saw may use to copy less; it is
-        `NO_INPUT_GRAD` when no positional tensor argument of the call requires grad (there is
-        no input side: the graph right below the outputs was made by this call's forward)."""
+        which a backend that copies the gradients hooks saw may use to copy less."""
         raise _missing("identity")
 
     @staticmethod
@@ -519,8 +517,7 @@ class ModuleBackward:
                 call.on_output_grads,
                 False,
                 call.site,
-                # (see on_output_grads)
-                held_until=call.input_node if call.inputs_need_grad else NO_INPUT_GRAD,
+                held_until=call.input_node,  # (see on_output_grads)
             )
             for i, t in zip(idx, aliases):
                 replaced[i] = t
@@ -713,18 +710,6 @@ class _Stack(list[_Entry]):
 
 # the module whose call torch's wrapper of `_call_impl` runs around on this thread (`around`)
 _around = threading.local()
-
-
-class _NoInputGrad:
-    """`held_until` for the output side of a call none of whose inputs requires grad."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "NO_INPUT_GRAD"
-
-
-NO_INPUT_GRAD = _NoInputGrad()
 
 
 class _Passed:

@@ -48,7 +48,6 @@ from ._describe import Site, type_name
 from ._imports import cancel_when_imported, install_when_imported, when_imported
 from ._locks import RegistryLock, undo_if_unfinished
 from ._module_backward import (
-    NO_INPUT_GRAD,
     Autograd,
     Dispatchers,
     ModuleBackward,
@@ -66,7 +65,6 @@ __all__ = [
     "Dispatchers",
     "HookDict",
     "ModuleBackward",
-    "NO_INPUT_GRAD",
     "Pinned",
     "RegistryLock",
     "Site",

@@ -58,7 +58,6 @@ __all__ = [
     "pruned",
     "obliged",
     "passes_on",
-    "UNTIL_END",
     "receives_seen",
     "register_unseen",
     "Trust",
@@ -81,9 +80,6 @@ class _State(threading.local):
     graph: _Graph | None = None
     # the identity nodes an earlier one passed a gradient to without a copy (`passes_on`)
     obliged: set[int] | None = None
-    # gradients a node passed on uncopied on condition that they stay referenced until the
-    # backward ends (`passes_on` with UNTIL_END)
-    kept: list[Any] | None = None
     asked = 0  # values `passes_on` was asked about in the innermost running backward
     declined = False  # it decided not to walk that backward's graph
 
@@ -107,8 +103,6 @@ _state = _State()
 # garbage collection or a reference dropped there.
 _lock = threading.RLock()
 _holders: set[weakref.ref[Any]] = set()  # one per live hook function: the guard stays while any
-# those of identity nodes and module backward dispatchers (`hold`), while `_mark` marks
-_backward_holders: set[weakref.ref[Any]] = set()
 # paddle's own entry points, as found when the guard goes in; kept after it goes out: a thread
 # entering a wrapper while another drops the last hook still calls them
 _originals: tuple[Callable[..., Any], Callable[..., Any]] = (
@@ -138,20 +132,20 @@ def installed() -> bool:
     return _installed
 
 
-def hold(hook_function: Callable[..., Any], backward: bool = False) -> None:
+def hold(hook_function: Callable[..., Any], identity: bool = False) -> None:
     """Keep the guard installed while `hook_function` (held by paddle's graph) is alive;
-    `backward`: it is an identity node's or module backward dispatchers' (see `_mark`)."""
-    global _originals, _tensor_originals, _installed
+    `identity`: it is an identity node's (see `passes_on`), counted while alive."""
+    global _originals, _tensor_originals, _installed, _identity_count
     with _lock:
         # The holder first: a Ctrl-C before the guard is in leaves one that takes it out
         # (`_release`), where the other order could leave the guard in for good.
         # A weak reference with a callback: a fifth of weakref.finalize's cost, and this runs
         # twice per call of a module with backward hooks.
-        holder = weakref.ref(hook_function, _release)
-        if backward:
-            # (first: a Ctrl-C between the two makes a mark too many, never one too few)
-            _backward_holders.add(holder)
-        _holders.add(holder)
+        if identity:
+            _identity_count += 1
+            _holders.add(weakref.ref(hook_function, _release_identity))
+        else:
+            _holders.add(weakref.ref(hook_function, _release))
         if not _installed:
             _originals = (core.eager.run_backward, core.eager.run_partial_grad)
             _tensor_originals = (_Tensor._register_grad_hook, _Tensor.retain_grads)
@@ -160,6 +154,17 @@ def hold(hook_function: Callable[..., Any], backward: bool = False) -> None:
             core.eager.run_partial_grad = _run_partial_grad
             _Tensor._register_grad_hook = _register_grad_hook
             _Tensor.retain_grads = _retain_grads
+
+
+def _release_identity(holder: weakref.ref[Any]) -> None:
+    global _identity_count
+    try:
+        with _lock:
+            _identity_count -= 1
+            _let_go(holder)
+    except BaseException:
+        _let_go(holder)  # see `_release`
+        raise
 
 
 def _release(holder: weakref.ref[Any]) -> None:
@@ -179,19 +184,12 @@ def _let_go(holder: weakref.ref[Any] | None, stale_up_to: int = 16) -> None:
     global _installed
     with _lock:
         if holder is not None:
-            _backward_holders.discard(holder)
             _holders.discard(holder)
         if _installed and 0 < len(_holders) <= stale_up_to:
             try:
-                stale = [ref for ref in list(_holders) if ref() is None]
-                _backward_holders.difference_update(stale)
-                _holders.difference_update(stale)
+                _holders.difference_update([ref for ref in list(_holders) if ref() is None])
             except RuntimeError:  # (changed meanwhile: a callback the collector ran) later
                 pass
-        if not _holders and _backward_holders:  # (dead ones a cut-short callback left)
-            _backward_holders.difference_update(
-                [ref for ref in list(_backward_holders) if ref() is None]
-            )
         if not _holders and _installed:
             core.eager.run_backward, core.eager.run_partial_grad = _originals
             _Tensor._register_grad_hook, _Tensor.retain_grads = _tensor_originals
@@ -460,10 +458,9 @@ def _guarded(
     state = _state
     outer_graph, outer_fired, outer_cuts = state.create_graph, state.fired_tokens, state.cuts
     outer_ends, state.ends = state.ends, []
-    outer_walk = state.roots, state.graph, state.obliged, state.kept, state.asked, state.declined
-    state.roots, state.graph, state.obliged, state.kept, state.asked, state.declined = (
+    outer_walk = state.roots, state.graph, state.obliged, state.asked, state.declined
+    state.roots, state.graph, state.obliged, state.asked, state.declined = (
         roots,
-        None,
         None,
         None,
         0,
@@ -504,9 +501,7 @@ def _guarded(
                 _history[0] if state.graph is None else len(state.graph.children),
                 state.asked,
             )
-        state.roots, state.graph, state.obliged, state.kept, state.asked, state.declined = (
-            outer_walk
-        )
+        state.roots, state.graph, state.obliged, state.asked, state.declined = outer_walk
         shared.firing = outer_firing
         if state.depth == 0:
             state.pending = None
@@ -688,14 +683,13 @@ def _cut_slots(roots: Any, inputs: Any) -> dict[int, frozenset[int]]:
 # code may change in place: `clear_gradient()` zeroes it; torch's retain_grad stores a copy)
 # let user code reach the gradient a node receives. While the guard is in, registering either
 # marks the tensor's grad node; `passes_on` never passes a gradient a hook saw to such a node.
-# Every node `passes_on` trusts is created while an identity node lives or module backward
-# dispatchers exist (an output side without an input side, `UNTIL_END`, trusts nodes its
-# call's forward made), so no mark is missed; with tensor hooks alone nothing is marked. The
-# mark lives as long as the node: a no-op hook of ours beside the user's, which paddle drops
-# with the node.
+# Every node `passes_on` trusts is created while the guard is in (it goes in with the first
+# identity node and stays while one lives), so no mark is missed. The mark lives as long as the
+# node: a no-op hook of ours beside the user's, which paddle drops with the node.
 
 _seen: set[int] = set()  # node_ptr of each marked node (it has a live _Mark hook)
 _marks: set[weakref.ref[Any]] = set()  # the _Mark hooks, weakly (the node holds them)
+_identity_count = 0  # identity nodes alive (`hold`)
 
 
 class _Mark:
@@ -712,8 +706,8 @@ def _unmark(ref: weakref.ref[Any], ptr: int) -> None:
 
 
 def _mark(tensor: Any) -> None:
-    if not _backward_holders:
-        return  # (no identity node can ask about the node: see above)
+    if not _identity_count:
+        return  # (what `passes_on` trusts is made while an identity node lives)
     node = _grad_node(tensor)
     if node is None:
         return  # a leaf: its accumulation node is never trusted
@@ -833,10 +827,11 @@ def _running_graph() -> _Graph | None:
     return state.graph
 
 
-def receives_seen(ptr: int, fresh: Container[str]) -> bool:
+def receives_seen(ptr: int, stops: Container[str]) -> bool:
     """Whether the node at `ptr` may receive a gradient sharing memory with one user code can
     reach (a retained .grad, a tensor hook's argument): a node marked so is above it, with
-    only nodes between that may pass on a view of their gradient (not in `fresh`)."""
+    only nodes between that may pass on a view of their gradient or write their result over
+    it (not in `stops`: kernels that write new memory even over an unreferenced view)."""
     if not _seen or not ptr:
         return False
     graph = _running_graph()
@@ -852,7 +847,7 @@ def receives_seen(ptr: int, fresh: Container[str]) -> bool:
             for child in graph.children[node]:
                 if child and child not in tainted:
                     tainted.add(child)
-                    if graph.names.get(child, "") not in fresh:
+                    if graph.names.get(child, "") not in stops:
                         todo.append(child)
         graph.tainted = tainted
     return ptr in graph.tainted
@@ -880,11 +875,7 @@ class Trust(NamedTuple):
     views: Container[str]  # nodes passing a view of their gradient on, writing nothing
 
 
-# `held_until` for gradients the guard holds until the running backward ends (`passes_on`)
-UNTIL_END = -1
-
-
-def passes_on(ptr: int, held_until: int, trust: Trust, values: int, grads: object = None) -> bool:
+def passes_on(ptr: int, held_until: int, trust: Trust, values: int) -> bool:
     """Whether the identity node at `ptr` may return the gradients a hook saw as they are:
     nothing in the running backward can change them afterwards. Each node they go to must get
     no other edge (no input buffer adds into them) and be no leaf's accumulation, and be
@@ -893,10 +884,7 @@ def passes_on(ptr: int, held_until: int, trust: Trust, values: int, grads: objec
       children are checked by the same rule; or
     - when the caller holds the gradients until the identity node at `held_until` ran (so no
       grad kernel finds them unreferenced and writes over them), a node above that one whose
-      kernel writes its results to new memory (`trust.fresh`). With `UNTIL_END` the guard
-      holds `grads` until the backward ends, if the answer is True (a module whose inputs
-      need no grad has no input side: its output side sits at the bottom of the graph, where
-      the hold costs little memory).
+      kernel writes its results to new memory (`trust.fresh`).
     `values`: how many values the gradients have (see `_history`)."""
     state = _state
     state.asked += values
@@ -921,10 +909,6 @@ def passes_on(ptr: int, held_until: int, trust: Trust, values: int, grads: objec
         if state.obliged is None:
             state.obliged = set()
         state.obliged.update(mine)
-    if held_until == UNTIL_END:
-        if state.kept is None:
-            state.kept = []
-        state.kept.append(grads)
     return True
 
 
@@ -945,8 +929,4 @@ def _keeps(
     if name in trust.views:
         # (a view is a new tensor: the caller's hold does not cover it)
         return all(_keeps(graph, child, 0, trust, mine) for child in graph.children[ptr] if child)
-    return (
-        bool(held_until)
-        and name in trust.fresh
-        and (held_until == UNTIL_END or graph.reaches(ptr, held_until))
-    )
+    return bool(held_until) and name in trust.fresh and graph.reaches(ptr, held_until)

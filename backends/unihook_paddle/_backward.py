@@ -49,7 +49,6 @@ from paddle import _C_ops
 from paddle.autograd import PyLayer
 
 from unihook.backend import (
-    NO_INPUT_GRAD,
     Autograd,
     Dispatchers,
     ModuleBackward,
@@ -172,7 +171,7 @@ class _UnihookIdentity(PyLayer):  # (paddle names its node after it: see TRUST)
 
 
 def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
-    if guard.receives_seen(node.ptr, FRESH):
+    if guard.receives_seen(node.ptr, STOPS):
         # maybe a view of a retained .grad (user code may zero it in place; torch's
         # retain_grad keeps a copy): the hooks get their own
         grads = tuple(None if g is None else g.clone() for g in grads)
@@ -189,7 +188,7 @@ def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
     if copy and constant:
         values = _values(results)
         if values >= _CHECK_FROM:
-            copy = not guard.passes_on(node.ptr, node.held_until, TRUST, values, results)
+            copy = not guard.passes_on(node.ptr, node.held_until, TRUST, values)
     pruned = guard.pruned(node.ptr)
     out = []
     for i, (result, (shape, dtype)) in enumerate(zip(results, node.shapes)):
@@ -240,6 +239,25 @@ FRESH = frozenset(
         "TanhGradNode",
     }
 )
+# Those of FRESH whose kernels write their result over an incoming gradient nobody references,
+# even a view of one somebody does (a retained .grad that a view node below passed on): what
+# they return may then be that memory.
+# `tests/test_paddle_copies.py::test_reusing_nodes_write_over_a_view` checks each.
+REUSES = frozenset(
+    {
+        "AddGradNode",
+        "ExpGradNode",
+        "HardswishGradNode",
+        "LeakyReluGradNode",
+        "Relu6GradNode",
+        "ReluGradNode",
+        "SigmoidGradNode",
+        "SiluGradNode",
+        "SubtractGradNode",
+        "TanhGradNode",
+    }
+)
+STOPS = FRESH - REUSES  # where a gradient user code can reach stops reaching further down
 # The grad nodes that pass a view of their gradient on and write nothing: `_alias`'s.
 VIEWS = frozenset({"ViewShapeGradNode"})
 TRUST = guard.Trust(f"GradNodePyLayer_{_UnihookIdentity.__name__}", FRESH, VIEWS)
@@ -353,10 +371,6 @@ class PaddleAutograd(Autograd):
         site: Site,
         held_until: object = None,
     ) -> Sequence[Any]:
-        if held_until is NO_INPUT_GRAD:
-            # no input side holds the gradients hooks saw until the kernels below ran: the
-            # guard holds them until the backward ends (at the bottom of the graph: cheap)
-            held_until = guard.UNTIL_END
         node = _Node(site, held_until if isinstance(held_until, int) else 0)
         # Some tensor needs grad (the caller checks). Those that don't bypass the node (trap 2).
         live = [i for i, t in enumerate(tensors) if not t.stop_gradient]
@@ -369,7 +383,7 @@ class PaddleAutograd(Autograd):
         if len(live) > 1:
             guard.several_slots(node.ptr, node)
         guard.register_unseen(outs[0], node)
-        guard.hold(node, backward=True)  # the guard must outlive the node (trap 7)
+        guard.hold(node, identity=True)  # the guard must outlive the node (trap 7)
         result = _Aliases(tensors)
         for i, o in zip(live, outs):
             result[i] = _alias(o)
@@ -458,7 +472,7 @@ class PaddleAutograd(Autograd):
         pre, post = EagerUnderSOT(pre), EagerUnderSOT(post)
         # pinned last in the layer's own hook dicts (``_forward``), whoever registers after them
         dispatchers = add_dispatchers(layer, pre, post)
-        guard.hold(pre, backward=True)
+        guard.hold(pre)
         return dispatchers
 
 
@@ -487,7 +501,6 @@ class _GlobalDispatchers:
 
         pre, post = EagerUnderSOT(state.pre_dispatch), EagerUnderSOT(state.post_dispatch)
         self._remove = add_dispatchers(pre, post)
-        guard.hold(pre, backward=True)  # (see `guard._mark`)
 
     def remove(self) -> None:
         self._remove()
