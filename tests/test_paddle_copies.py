@@ -696,19 +696,13 @@ def test_fresh_nodes_return_new_memory(name: str, shape: tuple[int, ...], op: An
     assert not any(r._is_shared_buffer_with(grad) for r in returned)
 
 
-class _ViewOfHeld(PyLayer):
-    """An identity whose backward keeps the gradient referenced (as a retained .grad) and passes
-    an unreferenced view of it on (as a view node below a retained tensor does)."""
-
-    held: list[Any] = []
-
-    @staticmethod
-    def forward(ctx: Any, x: Any) -> Any:  # type: ignore[override]
-        return x.view(x.shape)
+class _ViewOfHeld(_Holding):
+    """`_Holding` passing an unreferenced view of the gradient it keeps referenced (as a view
+    node below a retained tensor does) on."""
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
-        _ViewOfHeld.held[:] = [grad]
+        _Holding.seen[:] = [grad, None]
         return grad.view(grad.shape)
 
 
@@ -724,7 +718,7 @@ def test_reusing_nodes_write_over_a_view() -> None:
         out = op(h)
         params = list(op.parameters()) if isinstance(op, nn.Layer) else []
         (_ViewOfHeld.apply(out) * paddle.rand(out.shape)).sum().backward()
-        held = _ViewOfHeld.held[0]
+        held = _Holding.seen[0]
         returned = got + [p.grad for p in params if p.grad is not None]
         shares.setdefault(name, []).append(any(r._is_shared_buffer_with(held) for r in returned))
     assert {name for name, found in shares.items() if any(found)} == set(REUSES)
