@@ -182,6 +182,7 @@ _IGNORED = {
     "_retired",  # unihook._pinned: a module's retired hook dict, kept while the module lives
     "_active",  # paddle's autograd guard: backwards running (none here)
     "_version_checked",
+    "_synced",  # MindSpore's output identities: the backward pass they last synced in
 }
 # the MindSpore kit's tape: its recording session changes with each forward and backward
 _IGNORED_MODULES = {"unihook_mindspore._tape"}

@@ -171,6 +171,12 @@ class ModuleBackward:
         # tensor sharing its memory (another argument, a view); without it, any change of its
         # version counts
         self.moved: Callable[[Any, Any], bool] | None = getattr(autograd, "moved", None)
+        # optional: `fresh_version(alias)`, `version` of an identity output just made, where
+        # that can be read cheaper (MindSpore: without syncing its pipeline, which can hold no
+        # in-place op on a tensor nobody else has seen yet)
+        self.fresh_version: Callable[[Any], int] = getattr(
+            autograd, "fresh_version", autograd.version
+        )
         # optional, together: for a framework that records the arguments of a differentiated
         # function as requiring grad and leaves the input side of a call out of the backward
         # when it does not differentiate them (MindSpore's `grad(fn, None, weights)`):
@@ -417,7 +423,7 @@ class ModuleBackward:
             args = tuple(replaced)
             call.inputs = list(map(weakref.ref, new))
             # An in-place op of forward on an input shows in its version (see post_dispatch).
-            call.versions = list(map(ag.version, new))
+            call.versions = list(map(self.fresh_version, new))
         else:
             call.versions = list(map(ag.version, tensors))
         stack[pos] = (id(args), ref, call, frame)
