@@ -31,6 +31,7 @@ class Sizes:
     mlp_width: int = 256
     mlp_depth: int = 8
     mlp_batch: int = 64
+    small_width: int = 16  # `small`: layers whose hooks cost more than their kernels
 
     @classmethod
     def smoke(cls) -> Sizes:
@@ -122,6 +123,18 @@ def mlp(fw: Framework, s: Sizes) -> Any:
 
 def mlp_input(fw: Framework, s: Sizes) -> Any:
     return fw.randn(s.mlp_batch, s.mlp_width)
+
+
+def small(fw: Framework, s: Sizes) -> Any:
+    """5 x (Linear(small_width, small_width) + ReLU): each hooked call's fixed cost shows."""
+    layers = []
+    for _ in range(5):
+        layers += [fw.kit.linear(s.small_width, s.small_width), fw.kit.relu_module()]
+    return fw.kit.sequential(*layers)
+
+
+def small_input(fw: Framework, s: Sizes) -> Any:
+    return fw.randn(s.batch, s.small_width)
 
 
 def leaves(fw: Framework, model: Any) -> list[tuple[str, Any]]:

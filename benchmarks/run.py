@@ -112,6 +112,10 @@ def build_cases(fws: list[frameworks.Framework], mode: Mode) -> list[tuple[Case,
                 (cases.capture(fw, label, build(fw, s), make_input(fw, s)), mode.forward)
             )
         planned.append((cases.backward(fws, label, build, make_input, s), mode.backward))
+    # figures without targets: the fixed cost of a hooked call, on layers cheaper than it
+    planned.append(
+        (cases.backward(fws, "small", models.small, models.small_input, s, False), mode.backward)
+    )
     for fw in fws:
         fw.seed(0)
         model = models.cnn(fw, s, inplace=True)
