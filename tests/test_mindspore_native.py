@@ -687,6 +687,72 @@ def test_an_output_changed_before_the_backward_is_caught_at_every_cell_of_the_pa
             handle.remove()
 
 
+_SAVING_OPS = {
+    "ReLU": ms.ops.relu,
+    "Sigmoid": ms.ops.sigmoid,
+    "Tanh": ms.ops.tanh,
+    "Exp": ms.ops.exp,
+    "Softmax": lambda x: ms.ops.softmax(x, -1),
+    "LogSoftmax": lambda x: ms.ops.log_softmax(x, -1),
+    "Sqrt": lambda x: ms.ops.sqrt(ms.ops.abs(x) + 1),
+    "Rsqrt": lambda x: ms.ops.rsqrt(ms.ops.abs(x) + 1),
+    "Pow": lambda x: x**2,
+    "Elu": ms.ops.elu,
+    "SeLU": ms.ops.selu,
+    "Reciprocal": ms.ops.reciprocal,
+}
+
+
+@pytest.mark.parametrize("name", list(_SAVING_OPS))
+def test_ops_that_save_their_output(name: str) -> None:
+    """The premise of `_SAVES_OUTPUT`, on the installed MindSpore: an op named there refuses an
+    in-place op on its output without hooks; `2 * x` (Muls) does not."""
+    from unihook_mindspore._backward import _SAVES_OUTPUT
+
+    assert set(_SAVING_OPS) == _SAVES_OUTPUT
+    x = ms.Tensor(np.array([[0.5, -1.0], [2.0, 0.25]], np.float32))
+
+    def fn(x: Any, op: Any) -> Any:
+        y = op(x)
+        assert y._grad_node.name() == (name if op is _SAVING_OPS[name] else "Muls")
+        y.copy_(y * 0.5 + 0.1)
+        return (y * 3.0).sum()
+
+    with pytest.raises(RuntimeError, match=_CHANGED):
+        ms.grad(lambda x: fn(x, _SAVING_OPS[name]))(x)
+    ms.grad(lambda x: fn(x, lambda x: x * 2.0))(x)
+
+
+@pytest.mark.parametrize("kind", _BACKWARD_KINDS)
+@pytest.mark.parametrize("name", ["Sigmoid", "Exp", "Softmax"])
+def test_an_input_returned_unchanged_then_changed_where_its_op_saved_it_is_refused(
+    kind: str, name: str
+) -> None:
+    """An `Identity`-like cell returns what a saving op made; the caller changes it in place.
+    Without hooks MindSpore refuses; with them the gradient came from the changed values
+    (the caller's tensor's counter is out of reach): now InPlaceError. From `2 * x`, whose
+    backward does not read it, the gradient of the model without hooks."""
+    ident = Fn(lambda self, h: h)
+    x = ms.Tensor(np.array([[0.5, -1.0], [2.0, 0.25]], np.float32))
+
+    def fn(x: Any, op: Any) -> Any:
+        y = ident(op(x))
+        y.copy_(y * 0.5 + 0.1)
+        return (y * 3.0).sum()
+
+    safe = lambda x: x * 2.0  # noqa: E731
+    expected = ms.grad(lambda x: fn(x, safe))(x).asnumpy()
+    handle = _backward_hook(kind, ident)
+    try:
+        with pytest.raises(unihook.InPlaceError, match=f"returned unchanged.*{name}"):
+            ms.grad(lambda x: fn(x, _SAVING_OPS[name]))(x)
+        np.testing.assert_allclose(
+            ms.grad(lambda x: fn(x, safe))(x).asnumpy(), expected, rtol=0, atol=0
+        )
+    finally:
+        handle.remove()
+
+
 def test_one_pipeline_sync_per_backward_pass(monkeypatch: Any) -> None:
     """A sync waits for every kernel MindSpore queued: the output identities of one backward
     pass sync once between them, each pass again."""

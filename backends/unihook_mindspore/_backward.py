@@ -207,6 +207,28 @@ _VIEW_NODES = frozenset(
 )
 
 
+# The ops whose backward reads their output (MindSpore records them by these names): an in-place
+# op on it raises without hooks. Measured on MindSpore 2.10 (`tests/test_mindspore_native.py::
+# test_ops_that_save_their_output`); Mul, Add, MatMul, BiasAdd, LayerNorm, SiLU, ReLU6, HSwish,
+# Mish, Log, Abs, Cast and others do not.
+_SAVES_OUTPUT = frozenset(
+    {
+        "ReLU",
+        "Sigmoid",
+        "Tanh",
+        "Exp",
+        "Softmax",
+        "LogSoftmax",
+        "Sqrt",
+        "Rsqrt",
+        "Pow",
+        "Elu",
+        "SeLU",
+        "Reciprocal",
+    }
+)
+
+
 def _hazard(ctx: Any, k: int, x: Any) -> str | None:
     """Why output `k`, whose alias changed in place after the call, is not the alias's alone:
     without hooks the change reaches a tensor (its history, or MindSpore's view handling) that
@@ -418,7 +440,26 @@ class MindSporeAutograd(Autograd):
         for k, j in enumerate(idx):
             output = outputs[j]
             node = output._grad_node
-            if node is None or node.is_leaf() or any(output is t for t in given):
+            computed = node is not None and not node.is_leaf()
+            if any(output is t for t in given):
+                ctx.inputs[k] = None
+                # (with full hooks the cell got, and returns, the input side's alias)
+                for i, original in zip(tensor_idx, originals):
+                    if output is args[i] and original is not None:
+                        node = original._grad_node
+                producer = "" if node is None or node.is_leaf() else node.name()
+                if producer in _SAVES_OUTPUT:
+                    # Without hooks an in-place op on it changes the values its producer saved:
+                    # MindSpore raises. The caller's tensor's counter cannot be moved without
+                    # holding that tensor (the cycle above): refused instead.
+                    _flag(
+                        ctx,
+                        k,
+                        "the output is an argument of the call returned unchanged, made by an "
+                        f"op whose backward reads it ({producer}): without hooks MindSpore "
+                        "refuses the change",
+                    )
+            elif not computed:
                 ctx.inputs[k] = None
             elif _memory_key(output) in keys:
                 # a view of an argument: without hooks an in-place op on it changes the

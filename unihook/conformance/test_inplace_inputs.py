@@ -149,11 +149,6 @@ def test_output_the_module_saved_then_modified_raises_as_without_hooks(
     what the hooked module returned (the ReLU's output, or a module returning its input, the
     ReLU's output, unchanged): backward refuses, hooks or not (issue 16, F1: on MindSpore an
     alias has a version counter of its own, and the gradient came from the changed values)."""
-    if returned and backend.name == "mindspore":
-        pytest.skip(
-            "mindspore: an input returned unchanged then changed in place through the output "
-            "gives a wrong gradient with hooks (docs/MINDSPORE.md section 11, item 1)"
-        )
     act = backend.relu_module()
     module = backend.module(lambda self, h: h) if returned else act
 
