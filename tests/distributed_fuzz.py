@@ -13,7 +13,9 @@ process on the global batch (the ranks' rows side by side, padded with loss coef
 
 Exits 1 when a case differs. `--same-inputs` also generates ranks given the same rows, where
 README's rule 4 decides by shapes alone (reported apart, as documented). UNIHOOK_FUZZ_WORLD
-sets the number of ranks (2).
+sets the number of ranks (2). A case where README says the ranks cannot tell is excused only
+in the modules that condition is about (`_excused`), never where the ranks disagree or the
+entries differ from one process's.
 """
 
 from __future__ import annotations
@@ -330,6 +332,61 @@ def _paddle(framework: str, out: str, port: int, cases: int, seed: int, same: bo
     rank_main(-1, framework, out, port, cases, seed, same)
 
 
+def _differing(got: Any, want: Any, compare: Any) -> set[str]:
+    """The modules whose numbers in one history entry differ from one process's ("*" where
+    the entries name other modules)."""
+    if sorted(got) != sorted(want):
+        return {"*"}
+    differing = set()
+    for name in want:
+        try:
+            compare({name: got[name]}, {name: want[name]}, name)
+        except AssertionError:
+            differing.add(name)
+    return differing
+
+
+def _excused(s: dict[str, Any], want: dict[str, Any]) -> tuple[set[str] | None, str]:
+    """The modules whose numbers README "Per sample or shared" says the ranks cannot get right
+    in case `s` (None: any module), and why; an empty set where it says nothing."""
+    # the same inputs on every rank (the shapes decide)
+    if s["same"]:
+        return None, "the same inputs"
+    # a dead data path (no gradient reaches the embedding: every output is a function of the
+    # parameters alone, a per-sample one too) with one row on a rank or a seq-first layout
+    dead = any(not entry.get("embed") for entry in want["monitor"])
+    one_row = any(min(batches) < 2 for batches, _ in s["per_step"])
+    if dead and (s["seq"] or one_row):
+        return None, "a dead data path"
+    excused: set[str] = set()
+    why = []
+    # a loss of shape [1] where every rank has one row (a per-sample output's shape): the
+    # model's own output
+    if s["loss"] and s["loss_shape"] and any(max(b) == 1 for b, _ in s["per_step"]):
+        excused.add("")
+        why.append("a [1] loss at one row per rank")
+    # timesteps equal on every rank while their batches differ (their prefixes are): the
+    # timestep embedding's modules
+    if "temb" in s["blocks"] and any(len(set(b)) > 1 for b, _ in s["per_step"]):
+        why.append("timesteps equal on every rank")
+        for i, kind in enumerate(s["blocks"]):
+            if kind == "temb":
+                excused |= {f"blocks.{i}{part}" for part in ("", ".inp", ".act", ".out")}
+    # a shared table `[S, D]` whose S is every rank's batch, its module given the same tensors
+    # on every rank while the timesteps are equal on every rank: the shared act on a Mix's
+    # output (the last table the blocks made)
+    tables = [kind for kind in s["blocks"] if kind in ("table", "gen", "mix")]
+    if (
+        "temb" in s["blocks"]
+        and s["reuse"]
+        and tables[-1:] == ["mix"]
+        and any(b == lengths for b, lengths in s["per_step"])
+    ):
+        excused.add("shared_act")
+        why.append("an [S, D] table with S the batch beside equal timesteps")
+    return excused, ", ".join(why)
+
+
 def check(framework: str, out: str) -> int:
     import test_distributed as t
 
@@ -346,43 +403,43 @@ def check(framework: str, out: str) -> int:
     failures = documented = 0
     for (s, first), (_, second) in zip(got[0], got[-1]):
         want = run(fw, s, None)
-        try:
-            assert first["stats"] == second["stats"] and first["monitor"] == second["monitor"]
-            assert len(first["monitor"]) == len(want["monitor"]), "entries"
-            assert len(first["stats"]) == len(want["stats"]), "entries"
-            for step in range(len(want["monitor"])):
-                t._same_norms(first["monitor"][step], want["monitor"][step], "monitor")
-                lengths = s["per_step"][step * s["every"]][1]
-                if len(set(lengths)) == 1:  # padded rows change one process's stats
-                    a, b = dict(first["stats"][step]), dict(want["stats"][step])
-                    if s["loss"]:
-                        del a[""], b[""]
-                    t._same_stats(a, b, "stats")
-        except AssertionError as e:
-            # README "Per sample or shared", where the ranks cannot tell: the same inputs on
-            # every rank (the shapes decide), or a dead data path (no gradient reaches the
-            # embedding: every output is a function of the parameters alone, a per-sample one
-            # too) with one row on a rank or a seq-first layout (its batch not leading)
-            dead = any(not entry.get("embed") for entry in want["monitor"])
-            one_row = any(min(batches) < 2 for batches, _ in s["per_step"])
-            # or a loss of shape [1] where every rank has one row (a per-sample output's shape)
-            ones = s["loss"] and s["loss_shape"] and any(max(b) == 1 for b, _ in s["per_step"])
-            # or timesteps equal on every rank while their batches differ (their prefixes are)
-            uneven = "temb" in s["blocks"] and any(len(set(b)) > 1 for b, _ in s["per_step"])
-            if s["same"] or (dead and (s["seq"] or one_row)) or ones or uneven:
-                documented += 1
-                print("DOCUMENTED", s, str(e)[:200].replace("\n", " "))
-                continue
-            failures += 1
-            print("FAIL", s, first["kinds"], str(e)[:500])
+        # Every rank reports the same, and as many entries as one process: never excused.
+        problem = ""
+        if first["stats"] != second["stats"] or first["monitor"] != second["monitor"]:
+            problem = "the ranks differ"
+        elif len(first["monitor"]) != len(want["monitor"]):
+            problem = "monitor entries"
+        elif len(first["stats"]) != len(want["stats"]):
+            problem = "stats entries"
+        differing: set[str] = set()
+        for step in range(len(want["monitor"]) if not problem else 0):
+            differing |= _differing(first["monitor"][step], want["monitor"][step], t._same_norms)
+            lengths = s["per_step"][step * s["every"]][1]
+            if len(set(lengths)) == 1:  # padded rows change one process's stats
+                a, b = dict(first["stats"][step]), dict(want["stats"][step])
+                if s["loss"]:
+                    del a[""], b[""]
+                differing |= _differing(a, b, t._same_stats)
+        if not problem and not differing:
+            continue
+        excused, why = _excused(s, want)
+        # Excused per module: only the modules the documented condition is about
+        if not problem and (excused is None or differing <= excused):
+            documented += 1
+            print("DOCUMENTED", why, sorted(differing), s)
+            continue
+        failures += 1
+        print("FAIL", problem or sorted(differing), s, first["kinds"])
     print(
         framework,
         "cases",
         len(got[0]),
         "failures",
         failures,
-        f"({documented} off as README documents: the same inputs, a dead data path, a [1] loss "
-        "at one row per rank, timesteps equal on every rank while their batches differ)",
+        f"({documented} off as README documents, only in the modules it is about: the same "
+        "inputs, a dead data path, a [1] loss at one row per rank, timesteps equal on every "
+        "rank while their batches differ, an [S, D] table with S the batch beside equal "
+        "timesteps)",
     )
     return failures
 
