@@ -382,24 +382,10 @@ def _bounded_moments(np: Any, a: Any, low: float, high: float) -> Moments:
         m2 = m2 if m2 > 0.0 else 0.0
     zeros = 0
     if low <= 0.0 <= high:
-        zeros = _count_true(np, np.equal(a, 0, out=_scratch(np, np.bool_, n)))
+        # one call: summing the mask's bytes as uint64 lanes was a third faster on warm caches
+        # but slower inside a training step, whose kernels leave numpy's code cold
+        zeros = int(np.count_nonzero(np.equal(a, 0, out=_scratch(np, np.bool_, n))))
     return n, mean, m2, low, high, zeros, 0
-
-
-def _count_true(np: Any, flags: Any) -> int:
-    """The True values of a 1-D bool array: its bytes (0 or 1) summed as the 8 byte lanes of
-    uint64 words, 255 words a row (a lane holds at most 255: no carry into the next), then the
-    lanes' bytes; a third cheaper than `count_nonzero`, which tests byte by byte."""
-    n = flags.size
-    body = n - n % (8 * _LANE_WORDS)
-    count = 0
-    if body:
-        words = flags[:body].view(np.uint64).reshape(-1, _LANE_WORDS)
-        lanes = np.add.reduce(words, axis=1)
-        count = int(lanes.view(np.uint8).sum(dtype=np.int64))
-    if body < n:
-        count += int(np.count_nonzero(flags[body:]))
-    return count
 
 
 def cpu_sum_squares(array: Any) -> float:
@@ -446,7 +432,7 @@ def _quiet_dot_rows(np: Any) -> Callable[..., float]:
 
 def _real(np: Any, a: Any) -> Any:
     """A complex array as its real and imaginary parts, side by side (|z|^2 = re^2 + im^2)."""
-    return a.view(a.real.dtype) if np.iscomplexobj(a) else a
+    return a.view(a.real.dtype) if a.dtype.kind == "c" else a  # (iscomplexobj: a Python call)
 
 
 _INF = float("inf")
@@ -454,10 +440,6 @@ _INF = float("inf")
 # float32's max (3.4e38), so the sums need no overflow check
 _BOUND = 5e17
 _ROW = 256  # values per row of `_dot_rows`
-# rows of 256 per gemv of `_dot_rows`' sums: 8,192 values, under the 9,216 from which OpenBLAS
-# runs a gemv on its thread pool
-_GEMV_ROWS = 32
-_LANE_WORDS = 255  # uint64 words summed per row in `_count_true`
 _BLOCK = 1 << 19  # values per block of `cpu_sum_squares`: its buffer stays at 4 MB
 # float32's smallest normal (1.18e-38) over 1e-7: a float32 sum of squares of n values at
 # least n times this loses at most 1e-7 of itself to squares under the normal range
@@ -487,27 +469,20 @@ def _dot_rows(np: Any, a: Any, b: Any) -> float:
     n = a.size
     body = n - n % _ROW
     total = 0.0
-    start = 0
-    other: Any = None
-    if b is None:  # a dot with ones per row
-        other = _ones.get(a.dtype)
-        if other is None:
-            other = _ones[a.dtype] = np.ones(_ROW, a.dtype)
-        # Sums: the rows 32 at a time as one matrix-vector product with ones (one BLAS gemv
-        # per 32 rows, its row dots as vecdot's: half the calls' overhead of one dot per row)
-        start = n - n % (_ROW * _GEMV_ROWS)
-        if start:
-            stack = a[:start].reshape(-1, _GEMV_ROWS, _ROW)
-            total = float(np.matmul(stack, other).sum(dtype=np.float64))
-    if start < body:
-        rows = a[start:body].reshape(-1, _ROW)
-        if b is not None:
-            other = b[start:body].reshape(-1, _ROW)
+    if body:
+        rows = a[:body].reshape(-1, _ROW)
+        if b is None:  # a dot with ones per row (the same BLAS dot as the squares': a gemv
+            # over stacked rows halves the calls, but its own kernel made a step slower)
+            other = _ones.get(a.dtype)
+            if other is None:
+                other = _ones[a.dtype] = np.ones(_ROW, a.dtype)
+        else:
+            other = b[:body].reshape(-1, _ROW)
         if hasattr(np, "vecdot"):  # numpy >= 2: a BLAS dot per row
             per_row = np.vecdot(rows, other)
         else:  # numpy's own loop (einsum without `optimize` calls no BLAS)
             per_row = np.einsum("ij,j->i" if b is None else "ij,ij->i", rows, other)
-        total += float(per_row.sum(dtype=np.float64))
+        total = float(per_row.sum(dtype=np.float64))
     if body < n:
         tail = a[body:].astype(np.float64)
         total += float(tail.sum() if b is None else np.dot(tail, b[body:].astype(np.float64)))

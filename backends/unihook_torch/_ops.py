@@ -27,6 +27,7 @@ def _dims(axis: Axis) -> Any:
 
 # dtypes numpy views without a copy; the rest (bfloat16, complex...) go through torch
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32)
+_FLOATS = (torch.float32, torch.float64)
 
 
 def _wrapper_types() -> tuple[type, ...]:
@@ -86,6 +87,15 @@ def _strided(t: Any, values_only: bool) -> Any:
     if x.is_complex():
         x = torch.view_as_real(x.resolve_conj())
     return x.resolve_neg()  # (numpy cannot view a tensor with the negative bit)
+
+
+def _float_view(t: Any) -> Any:
+    """numpy's view of `t` when it is a strided float32 or float64 CPU tensor without the
+    negative bit (the recipes' activations and gradients), else None: without `_strided`'s
+    torch ops, whose dispatch a hook pays on caches the layers' kernels left cold."""
+    if t.is_cpu and t.dtype in _FLOATS and t.layout == torch.strided and not t.is_neg():
+        return _unshared(t.detach(), t).numpy()
+    return None
 
 
 def _numpy_view(x: Any, t: Any) -> Any:
@@ -148,6 +158,9 @@ class TorchOps(Ops):
         return torch.linalg.vector_norm(t, ord=p)
 
     def sum_squares(self, t: Any) -> float:
+        view = _float_view(t)
+        if view is not None:
+            return cpu_sum_squares(view)
         x = _strided(t, values_only=True)
         if x.device.type == "cpu":
             return cpu_sum_squares(_numpy_view(x, t))
@@ -155,6 +168,9 @@ class TorchOps(Ops):
         return float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
 
     def moments(self, t: Any) -> Moments:
+        view = _float_view(t)
+        if view is not None:
+            return cpu_moments(view)
         if t.device.type == "cpu":
             return cpu_moments(_numpy_view(_strided(t, values_only=False), t))
         x = t.detach()
