@@ -680,7 +680,7 @@ def recipes(fws: list[Framework], sizes: Sizes) -> Case:
         1e3,
         variants,
         metrics,
-        f"loss = output.sum(), SGD lr 1e-4; the recipe is created (untimed) and one untimed step "
-        f"runs before the timed one; off-step: every={EVERY}, the timed step is not recorded; "
+        "loss = mean(output ** 2), SGD lr 1e-4; the recipe is created (untimed) and one untimed "
+        f"step runs before the timed one; off-step: every={EVERY}, the timed step is not recorded; "
         "mindspore: value_and_grad with respect to the weights, then nn.SGD",
     )
