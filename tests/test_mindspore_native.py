@@ -651,7 +651,7 @@ def test_an_output_changed_before_the_backward_is_caught_at_every_cell_of_the_pa
     kind: str, changed_at: int
 ) -> None:
     """The counters are synced once per backward pass, at its first output identity (a sync
-    per hooked cell stalled MindSpore's pipeline: 2.4x a step of small cells against 1.7x):
+    per hooked cell stalled MindSpore's pipeline: benchmarks/mindspore_pipeline.py):
     a chain of three hooked Sigmoids, ``copy_`` on one cell's output after the forward. The
     first output identity the pass runs is the last cell's, the only one that syncs: the op
     on an earlier cell's output is seen all the same, MindSpore's own error as without

@@ -151,11 +151,12 @@ def _carry_versions(ctx: Any) -> None:
     ctx.inputs = ctx.probes = ()
     # The counters move in the async pipeline (module docstring): one sync per backward pass,
     # at its first output identity, shows every in-place op issued before the pass. (A sync
-    # stalls the pipeline's backward kernels: one per hooked cell made a step of small cells
-    # 2.4x plain, against 1.7x.) An op a hook issues during the pass may be missed here (the
-    # counters move asynchronously in the backward too); MindSpore's own check, without hooks,
-    # misses it at random (3 to 4 runs in 20: a gradient from the changed values, else its
-    # error), and where it is missed the gradient is that one (the memory is shared).
+    # stalls the pipeline's backward kernels: one per hooked cell made a loop of small cells
+    # 2.1-2.7x plain, against 1.5-1.8x: benchmarks/mindspore_pipeline.py.) An op a hook
+    # issues during the pass may be missed here (the counters move asynchronously in the
+    # backward too); MindSpore's own check, without hooks, misses it at random (3 to 4 runs
+    # in 20: a gradient from the changed values, else its error), and where it is missed the
+    # gradient is that one (the memory is shared).
     engine = _engine_id()
     if engine != _synced[0] or engine < 0:
         _pynative_executor.sync()
