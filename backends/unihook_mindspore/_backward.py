@@ -231,6 +231,23 @@ _SAVES_OUTPUT = frozenset(
 )
 
 
+def _producers(node: Any) -> set[str]:
+    """The names of the ops that made a tensor whose node is `node`, through unihook's identity
+    nodes (an earlier hooked cell's output alias, under global hooks: its edges after the
+    three non-tensor arguments)."""
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if node is None or node.is_leaf():
+            continue
+        if node.name() == _Identity.__name__:
+            stack.extend(edge for edge, _ in node.next_functions[3:])
+        else:
+            found.add(node.name())
+    return found
+
+
 def _hazard(ctx: Any, k: int, x: Any) -> str | None:
     """Why output `k`, whose alias changed in place after the call, is not the alias's alone:
     without hooks the change reaches a tensor (its history, or MindSpore's view handling) that
@@ -449,8 +466,8 @@ class MindSporeAutograd(Autograd):
                 for i, original in zip(tensor_idx, originals):
                     if output is args[i] and original is not None:
                         node = original._grad_node
-                producer = "" if node is None or node.is_leaf() else node.name()
-                if producer in _SAVES_OUTPUT:
+                producer = next(iter(_producers(node) & _SAVES_OUTPUT), None)
+                if producer is not None:
                     # Without hooks an in-place op on it changes the values its producer saved:
                     # MindSpore raises. The caller's tensor's counter cannot be moved without
                     # holding that tensor (the cycle above): refused instead.
