@@ -227,25 +227,22 @@ _SAVES_OUTPUT = frozenset(
         "Elu",
         "SeLU",
         "Reciprocal",
+        "Expm1",
+        "Tan",
+        "Erfinv",
+        "Sinc",
     }
 )
 
 
-def _producers(node: Any) -> set[str]:
-    """The names of the ops that made a tensor whose node is `node`, through unihook's identity
-    nodes (an earlier hooked cell's output alias, under global hooks: its edges after the
-    three non-tensor arguments)."""
-    found: set[str] = set()
-    stack = [node]
-    while stack:
-        node = stack.pop()
-        if node is None or node.is_leaf():
-            continue
-        if node.name() == _Identity.__name__:
-            stack.extend(edge for edge, _ in node.next_functions[3:])
-        else:
-            found.add(node.name())
-    return found
+def _producer(tensor: Any) -> str:
+    """The name of the op that made `tensor` ("" for a leaf), through unihook's identity nodes
+    (an earlier hooked cell's output alias, under global hooks): output k of one comes from
+    its edge 3 + k (after the three non-tensor arguments), whatever its other outputs."""
+    node, index = tensor._grad_node, tensor._output_index
+    while node is not None and not node.is_leaf() and node.name() == _Identity.__name__:
+        node, index = node.next_functions[3 + index]
+    return "" if node is None or node.is_leaf() else node.name()
 
 
 def _hazard(ctx: Any, k: int, x: Any) -> str | None:
@@ -463,11 +460,12 @@ class MindSporeAutograd(Autograd):
             if any(output is t for t in given):
                 ctx.inputs[k] = None
                 # (with full hooks the cell got, and returns, the input side's alias)
+                made = output
                 for i, original in zip(tensor_idx, originals):
                     if output is args[i] and original is not None:
-                        node = original._grad_node
-                producer = next(iter(_producers(node) & _SAVES_OUTPUT), None)
-                if producer is not None:
+                        made = original
+                producer = _producer(made)
+                if producer in _SAVES_OUTPUT:
                     # Without hooks an in-place op on it changes the values its producer saved:
                     # MindSpore raises. The caller's tensor's counter cannot be moved without
                     # holding that tensor (the cycle above): refused instead.
