@@ -9,6 +9,7 @@ every run does the same amount of work (a few seconds per backend).
 from __future__ import annotations
 
 import copy
+import faulthandler
 import gc
 import json
 import os
@@ -18,7 +19,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pytest
@@ -737,12 +738,15 @@ def _grad_api_on_threads(kit: Any) -> list[str]:
     return errors
 
 
-def _main(backend: str) -> None:
+def _main(backend: str, names: Sequence[str] = SCENARIOS) -> None:
     from unihook.testing import kits
 
+    # a deadlock fails with every thread's stack (on stderr, which the test reports) before
+    # the parent's timeout kills this process without one
+    faulthandler.dump_traceback_later(TIMEOUT - 30, exit=True)
     kit = next(k for k in kits() if k.name == backend)
     verdicts = {}
-    for name in SCENARIOS:
+    for name in names:
         verdicts[name] = globals()[f"_{name}"](kit)[:5]
         sys.stdout.write(json.dumps({name: verdicts[name]}) + "\n")
         sys.stdout.flush()
@@ -769,7 +773,7 @@ def _verdicts(backend: str) -> dict[str, list[str]]:
                 verdicts.update(json.loads(line))
         for name in SCENARIOS:
             if name not in verdicts:  # the process died in (or before) this scenario
-                verdicts[name] = [f"exit code {proc.returncode}: {proc.stderr[-2000:]}"]
+                verdicts[name] = [f"exit code {proc.returncode}: {proc.stderr[-12000:]}"]
                 break
         _results[backend] = verdicts
     return _results[backend]
@@ -783,4 +787,4 @@ def test_threads(backend: Any, scenario: str) -> None:
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1])
+    _main(sys.argv[1], sys.argv[2:] or SCENARIOS)
