@@ -21,7 +21,9 @@ call) are wrapped so that:
 - ``paddle.grad`` has the graph alone (no other backward on another thread): paddle 3.3.1
   crashes otherwise;
 - those nodes learn whether a gradient a hook saw can go on as it is, or must go on as a copy
-  (``passes_on``, see the end of this file).
+  (``passes_on``, see the end of this file);
+- a hook registered on the output of such a node that hands its output out as it is gets that
+  node's say first (``redirect``): paddle ignores what a hook on a PyLayer output returns.
 
 The wrappers go away when the last hook does (a weak reference to each hook function), restoring
 paddle's functions exactly.
@@ -60,6 +62,7 @@ __all__ = [
     "passes_on",
     "receives_seen",
     "register_unseen",
+    "current_pass",
     "Trust",
 ]
 
@@ -132,16 +135,36 @@ def installed() -> bool:
     return _installed
 
 
-def hold(hook_function: Callable[..., Any], identity: bool = False) -> None:
+class _Redirect(weakref.ref):  # type: ignore[type-arg]
+    """The holder of an identity node's object whose node hands its output out as it is."""
+
+    __slots__ = ("ptr",)
+    ptr: int
+
+
+# node_ptr -> the holder of the object owning that identity node, for the nodes whose output
+# goes out as it is: a hook registered on that output goes to the object's `redirect` first
+_redirects: dict[int, _Redirect] = {}
+
+
+def hold(hook_function: Callable[..., Any], identity: bool = False, redirect: int = 0) -> None:
     """Keep the guard installed while `hook_function` (held by paddle's graph) is alive;
-    `identity`: it is an identity node's (see `passes_on`), counted while alive."""
+    `identity`: it is an identity node's (see `passes_on`), counted while alive; `redirect`:
+    that node's node_ptr, when its output goes out as it is and `hook_function` has a
+    ``redirect(hook) -> hook`` for the hooks registered on that output (see `_mark`)."""
     global _originals, _tensor_originals, _installed, _identity_count
     with _lock:
         # The holder first: a Ctrl-C before the guard is in leaves one that takes it out
         # (`_release`), where the other order could leave the guard in for good.
         # A weak reference with a callback: a fifth of weakref.finalize's cost, and this runs
         # twice per call of a module with backward hooks.
-        if identity:
+        if redirect:
+            _identity_count += 1
+            holder = _Redirect(hook_function, _release_identity)
+            holder.ptr = redirect
+            _redirects[redirect] = holder
+            _holders.add(holder)
+        elif identity:
             _identity_count += 1
             _holders.add(weakref.ref(hook_function, _release_identity))
         else:
@@ -161,6 +184,8 @@ def _release_identity(holder: weakref.ref[Any]) -> None:
     try:
         with _lock:
             _identity_count -= 1
+            if isinstance(holder, _Redirect) and _redirects.get(holder.ptr) is holder:
+                del _redirects[holder.ptr]
             _let_go(holder)
     except BaseException:
         _let_go(holder)  # see `_release`
@@ -522,6 +547,11 @@ _spent: dict[int, Callable[[], BaseException]] = {}
 _grad_fn_leak: int | None = None  # references Tensor.grad_fn leaks per access (None: unknown)
 
 
+def current_pass() -> object:
+    """The innermost backward running on this thread (an object of its own, None for none)."""
+    return _state.fired_tokens
+
+
 def in_tensor_backward() -> bool:
     """True while Tensor.backward / paddle.autograd.backward runs (not paddle.grad)."""
     return _state.depth > 0 and not _state.partial
@@ -705,25 +735,32 @@ def _unmark(ref: weakref.ref[Any], ptr: int) -> None:
         _seen.discard(ptr)
 
 
-def _mark(tensor: Any) -> None:
+def _mark(tensor: Any, hook: Any = None) -> Any:
+    """Mark `tensor`'s grad node as seen by user code; return `hook`, redirected when that node
+    is an identity node handing its output out as it is."""
     if not _identity_count:
-        return  # (what `passes_on` trusts is made while an identity node lives)
+        return hook  # (what `passes_on` trusts is made while an identity node lives)
     node = _grad_node(tensor)
     if node is None:
-        return  # a leaf: its accumulation node is never trusted
+        return hook  # a leaf: its accumulation node is never trusted
     ptr = int(node.node_ptr())
+    holder = _redirects.get(ptr)
+    owner = None if holder is None else holder()
+    if hook is not None and owner is not None:
+        hook = owner.redirect(hook)
     with _lock:
         if ptr in _seen:
-            return  # (one mark a node: it stays until the node goes, whatever is removed)
+            return hook  # (one mark a node: it stays until the node goes, whatever is removed)
         mark = _Mark()
         _seen.add(ptr)
         _marks.add(weakref.ref(mark, lambda ref, ptr=ptr: _unmark(ref, ptr)))
     _tensor_originals[0](tensor, mark)
+    return hook
 
 
 def _register_grad_hook(self: Any, hook: Any) -> Any:
     if not self.stop_gradient:
-        _mark(self)
+        hook = _mark(self, hook)
     return _tensor_originals[0](self, hook)
 
 
@@ -738,7 +775,7 @@ def register_hook(tensor: Any, hook: Callable[[Any], Any], hook_ids: list[int]) 
     id appended to `hook_ids` by C code: no point between them where a Ctrl-C can land."""
     if _installed:
         if not tensor.stop_gradient:
-            _mark(tensor)
+            hook = _mark(tensor, hook)
         register = _tensor_originals[0]
     else:
         register = _Tensor._register_grad_hook
@@ -834,6 +871,8 @@ def receives_seen(ptr: int, stops: Container[str]) -> bool:
     it (not in `stops`: kernels that write new memory even over an unreferenced view)."""
     if not _seen or not ptr:
         return False
+    if ptr in _seen:
+        return True  # (a hook on its own output: an identity node handing it out as it is)
     graph = _running_graph()
     if graph is None:
         return True

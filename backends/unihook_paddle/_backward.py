@@ -12,8 +12,12 @@ Each paddle trap is handled where it bites (numbers from ../shared/SEMANTICS.md 
    None (outputs), as torch's;
 3. returning None for a differentiable input segfaults the next grad node: zeros instead
    (so what only an unused output reaches gets a zero gradient, where torch's is None);
-5. a user ``register_hook`` on a PyLayer output has its return value ignored: one more
-   ``view`` after the PyLayer;
+5. a user ``register_hook`` on a PyLayer output has its return value ignored (paddle runs the
+   hooks, and gives a retained .grad their result, but the PyLayer's backward the gradient as
+   it was): a node with one output hands it out as it is, and the hooks registered on it are
+   redirected (`_Node.redirect`, through the autograd guard's patch of `register_hook`) to
+   record their result for the node's backward; a node with several outputs hands out a
+   ``view`` of each (paddle exposes no output slot of a tensor to tell them apart);
 6. an exception inside PyLayer.backward surfaces as OSError: stashed for the autograd guard.
    Paddle then leaks the context (its bound ``backward``) and the gradients it was given, but
    keeps the node runnable: the context holds the ``_Node`` only weakly, and a retried
@@ -56,8 +60,9 @@ from unihook.backend import (
     add_global_backward_hook,
     check_grad_like,
     register_backward_hook,
+    show_value,
 )
-from unihook.errors import BackendStateError
+from unihook.errors import BackendStateError, HookReturnTypeError
 from unihook.handles import Handle
 
 from . import NAME
@@ -99,6 +104,7 @@ class _Node:
         "on_backward",
         "shapes",
         "materialize",
+        "replaced",
         "__weakref__",
     )
     on_backward: Callable[[Grads], Grads]  # these three are set by _UnihookIdentity.forward
@@ -112,6 +118,34 @@ class _Node:
         # the identity node (its node_ptr) until whose backward the caller holds the gradients
         # this one returns (the core's input side of the same call), 0 for none
         self.held_until = held_until
+        # id of a backward pass (`guard.current_pass`) -> (it, what the hooks on the output
+        # returned there)
+        self.replaced: dict[int, tuple[object, Any]] | None = None
+
+    def redirect(self, hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """`hook`, registered on the node's one output (trap 5), recording what it leaves as
+        the gradient for the node's backward in the same pass. (A pass that raised before the
+        node ran leaves its entry: the next pass has another key.)"""
+
+        def redirected(grad: Any) -> Any:
+            result = hook(grad)
+            if result is not None and not _is_tensor(result):
+                # paddle would segfault converting it
+                error = _TENSOR_SITE.error(
+                    HookReturnTypeError,
+                    "None or a paddle.Tensor like the gradient",
+                    show_value(result),
+                )
+                guard.stash(error)
+                raise error
+            if self.replaced is None:
+                self.replaced = {}
+            # (the key holds the pass's token alive: its id is not reused meanwhile)
+            token = guard.current_pass()
+            self.replaced[id(token)] = (token, grad if result is None else result)
+            return result
+
+        return redirected
 
     def ran(self) -> None:
         """The node's backward ran: under Tensor.backward paddle now frees its context."""
@@ -170,7 +204,19 @@ class _UnihookIdentity(PyLayer):  # (paddle names its node after it: see TRUST)
             raise  # paddle keeps the context: a retry runs the hooks again
 
 
+_TENSOR_SITE = Site("tensor", NAME, "Tensor")
+
+
 def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
+    if node.replaced is not None:
+        entry = node.replaced.pop(id(guard.current_pass()), None)
+        if entry is not None:
+            replaced = entry[1]
+            ((shape, dtype),) = node.shapes
+            tensor_type = "paddle.Tensor"
+            grads = (
+                check_grad_like(replaced, shape, dtype, tensor_type, _is_tensor, _TENSOR_SITE),
+            )
     if guard.receives_seen(node.ptr, STOPS):
         # maybe a view of a retained .grad (user code may zero it in place; torch's
         # retain_grad keeps a copy): the hooks get their own
@@ -380,13 +426,16 @@ class PaddleAutograd(Autograd):
         if not isinstance(outs, (tuple, list)):
             outs = (outs,)
         node.ptr = guard.node_ptr(outs[0])
+        guard.register_unseen(outs[0], node)
+        result = _Aliases(tensors)
         if len(live) > 1:
             guard.several_slots(node.ptr, node)
-        guard.register_unseen(outs[0], node)
-        guard.hold(node, identity=True)  # the guard must outlive the node (trap 7)
-        result = _Aliases(tensors)
-        for i, o in zip(live, outs):
-            result[i] = _alias(o)
+            guard.hold(node, identity=True)  # the guard must outlive the node (trap 7)
+            for i, o in zip(live, outs):
+                result[i] = _alias(o)  # (trap 5)
+        else:
+            guard.hold(node, identity=True, redirect=node.ptr)  # (trap 5, and as above)
+            result[live[0]] = outs[0]
         result.node = node.ptr
         return result
 

@@ -440,3 +440,87 @@ def test_other_frameworks_tensor_names_both_frameworks() -> None:
         expected = rf"expected None or a {ours.name}\.Tensor .* Received: {theirs.name}\.Tensor"
         with pytest.raises(unihook.HookReturnError, match=expected):
             ours.backward(unihook.ops.sum(x * 2))
+
+
+# ---------------------------------------------------------------------------------------------
+# tensor hooks on what a module with backward hooks hands out (paddle: a PyLayer's output, whose
+# hooks' results paddle ignores natively)
+
+MODULE_HOOKS = ("full", "pre", "global")
+
+
+def _with_backward_hook(kit: Any, module: Any, kind: str, seen: list[Any]) -> Any:
+    def full(m: Any, grad_input: Any, grad_output: Any) -> None:
+        if m is module:
+            seen.append(("grad_input", kit.numpy(grad_input[0])))
+            seen.append(("grad_output", kit.numpy(grad_output[0])))
+
+    def pre(m: Any, grad_output: Any) -> None:
+        seen.append(("grad_output", kit.numpy(grad_output[0])))
+
+    if kind == "full":
+        return unihook.register_full_backward_hook(module, full)
+    if kind == "pre":
+        return unihook.register_full_backward_pre_hook(module, pre)
+    return unihook.register_module_full_backward_hook(full, backend=kit.name)
+
+
+@pytest.mark.parametrize("kind", MODULE_HOOKS)
+def test_hook_on_a_hooked_modules_output_replaces_its_gradient(backend: Any, kind: str) -> None:
+    module = backend.module(lambda self, x: x * 3)
+    seen: list[Any] = []
+    with _with_backward_hook(backend, module, kind, seen):
+        x = backend.tensor([1.0, 2.0], requires_grad=True)
+        y = module(x)
+        unihook.register_tensor_hook(y, lambda g: g * 2)
+        unihook.register_tensor_hook(y, lambda g: g + 1)  # (the chain: sees the first's result)
+        backend.backward((y * backend.tensor([1.0, 10.0])).sum())
+    np.testing.assert_allclose(backend.grad(x), [9.0, 63.0])
+    np.testing.assert_allclose(dict(seen)["grad_output"], [3.0, 21.0])
+    if kind != "pre":
+        np.testing.assert_allclose(dict(seen)["grad_input"], [9.0, 63.0])
+
+
+@pytest.mark.parametrize("kind", MODULE_HOOKS)
+def test_hook_on_a_hooked_modules_input_inside_forward(backend: Any, kind: str) -> None:
+    def forward(self: Any, x: Any) -> Any:
+        unihook.register_tensor_hook(x, lambda g: g * 5)
+        return x * 3
+
+    module = backend.module(forward)
+    seen: list[Any] = []
+    with _with_backward_hook(backend, module, kind, seen):
+        x = backend.tensor([1.0, 2.0], requires_grad=True)
+        backend.backward((module(x * 1) * backend.tensor([1.0, 10.0])).sum())
+    np.testing.assert_allclose(backend.grad(x), [15.0, 150.0])
+    np.testing.assert_allclose(dict(seen)["grad_output"], [1.0, 10.0])
+    if kind != "pre":
+        np.testing.assert_allclose(dict(seen)["grad_input"], [15.0, 150.0])
+
+
+@pytest.mark.parametrize("kind", MODULE_HOOKS)
+def test_hook_result_of_a_pass_that_raised_is_not_used_by_the_next(backend: Any, kind: str) -> None:
+    if not retains_graph(backend):
+        pytest.skip(f"{backend.name} differentiates a graph once")
+
+    class Boom(Exception):
+        pass
+
+    def boom(g: Any) -> Any:
+        raise Boom
+
+    module = backend.module(lambda self, x: x * 3)
+    seen: list[Any] = []
+    with _with_backward_hook(backend, module, kind, seen):
+        x = backend.tensor([1.0, 2.0], requires_grad=True)
+        y = module(x)
+        loss = (y * backend.tensor([1.0, 10.0])).sum()
+        doubling = unihook.register_tensor_hook(y, lambda g: g * 2)
+        raising = unihook.register_tensor_hook(y, boom)
+        with pytest.raises(Boom):
+            backend.backward(loss, retain_graph=True)
+        doubling.remove()
+        raising.remove()
+        backend.backward(loss)
+    np.testing.assert_allclose(backend.grad(x), [3.0, 30.0])
+    np.testing.assert_allclose(dict(seen)["grad_output"], [1.0, 10.0])
