@@ -451,3 +451,91 @@ def test_a_hook_referring_to_its_model_does_not_keep_it_alive(backend: Any, kind
     gc.collect()
     assert [r for r in refs if r() is not None] == []
     handle.remove()
+
+
+class _Boom(Exception):
+    pass
+
+
+def _backward_hooked(kit: Any, module: Any, kind: str) -> Any:
+    if kind == "full":
+        return unihook.register_full_backward_hook(module, lambda *a: None)
+    if kind == "pre":
+        return unihook.register_full_backward_pre_hook(module, lambda *a: None)
+    return unihook.register_module_full_backward_hook(lambda *a: None, backend=kit.name)
+
+
+@pytest.mark.parametrize("kind", ["full", "pre", "global"])
+def test_what_a_pass_gave_a_hooked_modules_output_is_freed_with_it(backend: Any, kind: str) -> None:
+    """A tensor hook on a hooked module's output sees a gradient with a graph (create_graph:
+    its graph reaches back to the output), in a pass that never runs the module's backward (a
+    gradient with respect to the output): nothing stays alive after it. (paddle: what the
+    hooks leave is recorded for the module's identity node; recorded on the node, it held the
+    node's own graph through C++, out of the collector's reach.)"""
+    from unihook.testing import creates_graph, grads_non_leaves
+
+    if not (creates_graph(backend) and grads_non_leaves(backend)):
+        pytest.skip(f"{backend.name}: no create_graph gradient with respect to an output")
+
+    module = backend.module(lambda self, x: x * 3)
+    refs = []
+    with _backward_hooked(backend, module, kind):
+        for _ in range(3):
+
+            def log(g: Any) -> None:
+                return None
+
+            # (the hook lives as long as the graph holding it: the Python `y` may die while
+            # its tensor lives on, saved in a node)
+            refs.append(weakref.ref(log))
+            x = backend.tensor([1.0, 2.0], requires_grad=True)
+            y = module(x)
+            unihook.register_tensor_hook(y, log)
+            backend.autograd_grad([(y * y).sum()], [y], create_graph=True)
+            refs += [weakref.ref(x), weakref.ref(y)]
+            del x, y, log
+        gc.collect()
+        assert [r for r in refs if r() is not None] == []
+
+
+@pytest.mark.parametrize("pass_", ["reaching_the_output_only", "raised"])
+@pytest.mark.parametrize("kind", ["full", "pre", "global"])
+def test_what_paddles_own_hook_on_a_hooked_output_returned_is_freed(kind: str, pass_: str) -> None:
+    """paddle's own ``register_hook`` on a hooked layer's output, returning a tensor whose
+    graph holds that output (gradient times activation), in a pass that never runs the layer's
+    identity node: nothing stays alive after it (its result was recorded for that node)."""
+    paddle = pytest.importorskip("paddle")
+    from unihook.testing import kits
+
+    kit = next(k for k in kits() if k.name == "paddle")
+    module = kit.module(lambda self, x: x * 3)
+    refs = []
+    with _backward_hooked(kit, module, kind):
+        for _ in range(3):
+            x = kit.tensor([1.0, 2.0], requires_grad=True)
+            y = module(x)
+            held = [y]  # (emptied below: the hook itself must not hold `y` for good)
+
+            def times_output(g: Any) -> Any:
+                return g * held[0]
+
+            def boom(g: Any) -> Any:
+                raise _Boom
+
+            refs.append(weakref.ref(times_output))
+            y.register_hook(times_output)
+            if pass_ == "raised":
+                y.register_hook(boom)
+                try:
+                    (y * y).sum().backward()
+                except (_Boom, OSError):  # (paddle's own hooks raise OSError)
+                    pass  # (pytest.raises would keep the traceback, and its frames `y`)
+                else:
+                    raise AssertionError("the hook did not raise")
+            else:
+                paddle.grad([(y * y).sum()], [y])
+            refs += [weakref.ref(x), weakref.ref(y)]
+            held.clear()
+            del x, y, times_output, boom
+        gc.collect()
+        assert [r for r in refs if r() is not None] == []

@@ -62,7 +62,8 @@ __all__ = [
     "passes_on",
     "receives_seen",
     "register_unseen",
-    "current_pass",
+    "replace",
+    "replacement",
     "Trust",
 ]
 
@@ -84,6 +85,9 @@ class _State(threading.local):
     # the identity nodes an earlier one passed a gradient to without a copy (`passes_on`)
     obliged: set[int] | None = None
     asked = 0  # values `passes_on` was asked about in the innermost running backward
+    # id of an identity node's object -> the gradient the hooks on its output left in the
+    # innermost running backward (`replace`); dropped with that backward, run or raised
+    replaced: dict[int, Any] | None = None
     declined = False  # it decided not to walk that backward's graph
 
     def __init__(self) -> None:
@@ -482,6 +486,7 @@ def _guarded(
 ) -> Any:
     state = _state
     outer_graph, outer_fired, outer_cuts = state.create_graph, state.fired_tokens, state.cuts
+    outer_replaced, state.replaced = state.replaced, {}
     outer_ends, state.ends = state.ends, []
     outer_walk = state.roots, state.graph, state.obliged, state.asked, state.declined
     state.roots, state.graph, state.obliged, state.asked, state.declined = (
@@ -520,6 +525,7 @@ def _guarded(
     finally:
         state.depth -= 1
         state.create_graph, state.fired_tokens, state.cuts = outer_graph, outer_fired, outer_cuts
+        state.replaced = outer_replaced
         state.ends = outer_ends
         if state.asked:
             _history[:] = (
@@ -547,9 +553,18 @@ _spent: dict[int, Callable[[], BaseException]] = {}
 _grad_fn_leak: int | None = None  # references Tensor.grad_fn leaks per access (None: unknown)
 
 
-def current_pass() -> object:
-    """The innermost backward running on this thread (an object of its own, None for none)."""
-    return _state.fired_tokens
+def replace(node: object, gradient: Any) -> None:
+    """Record `gradient` for the identity node `node` (its object) in the innermost backward
+    running on this thread (`redirect`); the record goes when that backward ends."""
+    replaced = _state.replaced
+    if replaced is not None:
+        replaced[id(node)] = gradient
+
+
+def replacement(node: object) -> Any:
+    """What `replace` recorded for `node` in the innermost running backward (once), or None."""
+    replaced = _state.replaced
+    return None if not replaced else replaced.pop(id(node), None)
 
 
 def in_tensor_backward() -> bool:

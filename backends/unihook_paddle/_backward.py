@@ -104,7 +104,6 @@ class _Node:
         "on_backward",
         "shapes",
         "materialize",
-        "replaced",
         "__weakref__",
     )
     on_backward: Callable[[Grads], Grads]  # these three are set by _UnihookIdentity.forward
@@ -118,14 +117,11 @@ class _Node:
         # the identity node (its node_ptr) until whose backward the caller holds the gradients
         # this one returns (the core's input side of the same call), 0 for none
         self.held_until = held_until
-        # id of a backward pass (`guard.current_pass`) -> (it, what the hooks on the output
-        # returned there)
-        self.replaced: dict[int, tuple[object, Any]] | None = None
 
     def redirect(self, hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
         """`hook`, registered on the node's one output (trap 5), recording what it leaves as
-        the gradient for the node's backward in the same pass. (A pass that raised before the
-        node ran leaves its entry: the next pass has another key.)"""
+        the gradient for the node's backward in the same pass (`guard.replace`: the record
+        goes with the pass, also when the node does not run there)."""
 
         def redirected(grad: Any) -> Any:
             result = hook(grad)
@@ -138,11 +134,7 @@ class _Node:
                 )
                 guard.stash(error)
                 raise error
-            if self.replaced is None:
-                self.replaced = {}
-            # (the key holds the pass's token alive: its id is not reused meanwhile)
-            token = guard.current_pass()
-            self.replaced[id(token)] = (token, grad if result is None else result)
+            guard.replace(self, grad if result is None else result)
             return result
 
         return redirected
@@ -208,15 +200,11 @@ _TENSOR_SITE = Site("tensor", NAME, "Tensor")
 
 
 def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
-    if node.replaced is not None:
-        entry = node.replaced.pop(id(guard.current_pass()), None)
-        if entry is not None:
-            replaced = entry[1]
-            ((shape, dtype),) = node.shapes
-            tensor_type = "paddle.Tensor"
-            grads = (
-                check_grad_like(replaced, shape, dtype, tensor_type, _is_tensor, _TENSOR_SITE),
-            )
+    replaced = guard.replacement(node)
+    if replaced is not None:
+        ((shape, dtype),) = node.shapes
+        tensor_type = "paddle.Tensor"
+        grads = (check_grad_like(replaced, shape, dtype, tensor_type, _is_tensor, _TENSOR_SITE),)
     if guard.receives_seen(node.ptr, STOPS):
         # maybe a view of a retained .grad (user code may zero it in place; torch's
         # retain_grad keeps a copy): the hooks get their own
