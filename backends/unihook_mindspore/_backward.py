@@ -127,7 +127,7 @@ class _Identity(_Function):
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
         if ctx.probes:
-            _carry_versions(ctx)
+            _carry_versions(ctx, grads)
         if ctx.dead:
             filled = list(grads)
             for i in ctx.dead:
@@ -166,7 +166,7 @@ def _counter_of(tensor: Any) -> Any:
     return handle
 
 
-def _carry_versions(ctx: Any) -> None:
+def _carry_versions(ctx: Any, grads: Grads) -> None:
     """An output's alias changed in place after the identity's forward: the output's counter
     moves too, before the backward of the op that made it reads it. MindSpore then raises its
     own RuntimeError ("One of the Tensor needed for gradient computation has been modified by
@@ -191,7 +191,7 @@ def _carry_versions(ctx: Any) -> None:
     if ctx.watched:
         # before the cell's own backward (its nodes come before this one in the graph)
         watched, ctx.watched = ctx.watched, ()
-        _check_inputs(watched, ctx.site)
+        _check_inputs(watched, ctx.site, grads)
     moved = []
     for k, (x, probe, version) in enumerate(zip(inputs, probes, ctx.versions)):
         if int(probe._version) == version:
@@ -328,7 +328,8 @@ class _Watched:
       calls that got it as it was), and MindSpore's own check of what the cell saved raises
       its own error, exactly where it does without hooks (and nothing where it saved none);
     - without hooks the output that is that argument (or a view of it) changes too, with the
-      op's history; the alias the caller got does not: `returned` says which, and the check
+      op's history; the alias the caller got does not: `returned` says which (the output's
+      slot, and why), and the check
       raises `InPlaceError` (the output node's backward runs: the loss reads that output).
 
     `handle` (`_share(Tensor, caller's tensor)`) shares its counter, memory and autograd data:
@@ -342,7 +343,7 @@ class _Watched:
 
     __slots__ = ("ref", "handle", "base", "targets", "returned", "changed", "__weakref__")
 
-    def __init__(self, original: Any, counter: Any, returned: str | None) -> None:
+    def __init__(self, original: Any, counter: Any, returned: tuple[int, str] | None) -> None:
         self.handle = _share(Tensor, original)
         self.base = int(original._version)  # (read after post-dispatch's sync)
         self.targets = [] if counter is None else [counter]
@@ -388,18 +389,25 @@ def _settle_dropped() -> None:
             watched.handle, watched.targets = None, []
 
 
-def _check_inputs(watched: Sequence[_Watched], site: Site) -> None:
+def _check_inputs(watched: Sequence[_Watched], site: Site, grads: Grads) -> None:
     """(After the backward pass's sync, in the call's output node's backward, before the
     cell's own nodes run.) The handle, not the caller's object: `h[0] = c` gives the Python
-    object another tensor (version 0), and leaves the one the call got as it was."""
+    object another tensor (version 0), and leaves the one the call got as it was. `grads`:
+    the output node's, by slot (an output the loss does not read has None or zeros: the op's
+    history would carry nothing through it, nothing to refuse)."""
     for record in watched:
         handle = record.handle
         if handle is not None and int(handle._version) != record.base:
             _moved(record)
         if record.changed and record.returned is not None:
+            slot, why = record.returned
+            grad = grads[slot] if slot < len(grads) else None
+            # (a reduction and a sync, on the way to an error only)
+            if grad is None or not bool(grad.any()):
+                continue
             raise InPlaceError(
                 f"{site}: an argument of the call was changed in place after the call, and "
-                f"{record.returned}. With backward hooks the caller gets an alias of the output "
+                f"{why}. With backward hooks the caller gets an alias of the output "
                 "(same memory, a history of its own): without hooks the output is the "
                 "argument, and its history has the op; the gradients would differ from "
                 "MindSpore's without hooks. Change a copy of the argument, or pass a copy to "
@@ -412,7 +420,7 @@ def _watch_inputs(
     args: Sequence[Any],
     tensor_idx: Sequence[int],
     originals: Sequence[Any],
-    returned: dict[int, str],
+    returned: dict[int, tuple[int, str]],
 ) -> None:
     """The call's arguments to watch for an in-place op after the call (`_Watched`)."""
     records: list[_Watched] | None = None
@@ -641,7 +649,7 @@ class MindSporeAutograd(Autograd):
         # the arguments whose caller's tensor is, without hooks, an output the caller got an
         # alias of (returned as it was, or a view of it): an in-place op on it after the call
         # changes that output and its history too (`_watch_inputs`)
-        returned: dict[int, str] = {}
+        returned: dict[int, tuple[int, str]] = {}
         for k, j in enumerate(idx):
             output = outputs[j]
             node = output._grad_node
@@ -651,7 +659,7 @@ class MindSporeAutograd(Autograd):
                     if (output is args[i] or output is originals[kk]) and replaced[j] is not (
                         originals[kk]
                     ):
-                        returned[kk] = "output %d is that argument, returned as it was" % k
+                        returned[kk] = (k, f"output {k} is that argument, returned as it was")
                 ctx.inputs[k] = None
                 # (with full hooks the cell got, and returns, the input side's alias)
                 made = output
@@ -685,7 +693,7 @@ class MindSporeAutograd(Autograd):
                     # gets back as its own tensor with the cell's history: `copy_` returns
                     # another Python object for it, `same_tensor`)
                     if _memory_key(args[i]) == key and replaced[j] is not originals[kk]:
-                        returned[kk] = "output %d is a view of that argument" % k
+                        returned[kk] = (k, f"output {k} is a view of that argument")
         if tensor_idx:
             _watch_inputs(ctx, args, tensor_idx, originals, returned)
         if len(idx) > 1:
