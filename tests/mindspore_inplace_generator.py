@@ -13,6 +13,12 @@ prints one line per program that differs, then the counts per verdict:
 - ``WRONG_grad``: both give gradients, different ones; ``WRONG_no_error``: MindSpore raises,
   the hooked run gives a gradient; ``FALSE_error``: MindSpore gives a gradient, the hooked run
   raises something else; ``diff_error``: other exception types.
+With a third argument ``inputs``, each program also changes a cell's input in place after the
+call (``copy_``, from a detached value, ``h[0] = c``, ``h = h.copy_(...)``; right after the call
+or after the whole chain; the caller's Python object alive at the backward or dropped), among
+cells that also include ``x + 0.5`` (saves nothing), ``x * x``, a cell changing its input in
+place then reading it, and a Dense inside a SequentialCell; those are drawn from a second
+random stream, so the programs without ``inputs`` are the same as before.
 Not collected by pytest (tests/test_mindspore_native.py has one regression test per shape).
 """
 
@@ -38,6 +44,8 @@ CELLS = [
 OPS = ["none", "copy", "copy", "sgcopy", "setitem", "iadd"]
 SIDE = ["none", "copy", "sgcopy", "unused"]
 KINDS = ["full", "pre", "full+pre", "global_full", "global_pre"]
+INPUT_CELLS = ["dense", "sigmoid", "addb", "mulx", "attack", "seqdense", "identity", "mul2"]
+INPUT_OPS = ["none", "copy", "copy", "sgcopy", "setitem", "rebind"]
 
 
 class Fn(nn.Cell):
@@ -59,7 +67,15 @@ def keep(cell: Any, y: Any) -> Any:
     return y
 
 
+def attack(cell: Any, x: Any) -> Any:
+    """A cell changing its input in place, then reading it (an attack's shape)."""
+    x.copy_(ops.stop_gradient(x) * 2.0)
+    return x * x
+
+
 def make(kind: str, w: np.ndarray) -> Any:
+    if kind == "seqdense":
+        return nn.SequentialCell([make("dense", w)])
     if kind == "dense":
         d = nn.Dense(3, 3)
         d.weight.set_data(ms.Tensor(w))
@@ -82,11 +98,16 @@ def make(kind: str, w: np.ndarray) -> Any:
             "tuple": lambda s, x: (ops.sigmoid(x), x * 2),
             "kept": lambda s, x: keep(s, x * 2),
             "keptsig": lambda s, x: keep(s, ops.exp(x)),
+            "addb": lambda s, x: x + 0.5,
+            "mulx": lambda s, x: x * x,
+            "attack": attack,
         }[kind]
     )
 
 
-def inplace(op: str, h: Any) -> None:
+def inplace(op: str, h: Any) -> Any:
+    if op == "rebind":  # (`h = h.copy_(...)`: the caller's first Python object dies)
+        return h.copy_(h * 3.0)
     if op == "copy":
         h.copy_(h * 3.0)
     elif op == "sgcopy":
@@ -95,6 +116,10 @@ def inplace(op: str, h: Any) -> None:
         h[0] = 0.5
     elif op == "iadd":
         h += 1.0
+    return h
+
+
+_alive: list[Any] = []  # the inputs kept alive until the backward is over (``inalive``)
 
 
 def spec(rng: random.Random) -> dict[str, Any]:
@@ -119,12 +144,35 @@ def spec(rng: random.Random) -> dict[str, Any]:
     return s
 
 
+def input_spec(s: dict[str, Any], rng: random.Random) -> None:
+    """In-place ops on the cells' inputs after their calls (the ``inputs`` argument)."""
+    n = len(s["cells"])
+    s["cells"] = [rng.choice(INPUT_CELLS) if rng.random() < 0.6 else c for c in s["cells"]]
+    s["ops"] = [o if rng.random() < 0.5 else "none" for o in s["ops"]]
+    s["inops"] = [rng.choice(INPUT_OPS) for _ in range(n)]
+    if all(o == "none" for o in s["inops"]):
+        s["inops"][rng.randrange(n)] = rng.choice(INPUT_OPS[1:])
+    s["inlate"] = rng.random() < 0.3  # the ops after the whole chain
+    s["inalive"] = rng.random() < 0.5  # the inputs' Python objects alive at the backward
+
+
 def body(s: dict[str, Any], cells: list[Any], x: Any) -> Any:
     h = x * 1
     first = None
     side = []
-    for cell, op, sop in zip(cells, s["ops"], s["side"]):
+    inops = s.get("inops", ["none"] * len(cells))
+    late = []
+    for cell, op, sop, iop in zip(cells, s["ops"], s["side"], inops):
+        given = h
         h = cell(h)
+        if iop != "none":
+            if s["inlate"]:
+                late.append((iop, given))
+            else:
+                given = inplace(iop, given)
+                if s["inalive"]:
+                    _alive.append(given)
+        del given
         if isinstance(h, tuple):
             h, other = h
             if sop != "unused":
@@ -135,6 +183,11 @@ def body(s: dict[str, Any], cells: list[Any], x: Any) -> Any:
         if first is None:
             first = h
         inplace(op, h)
+    for iop, given in late:
+        given = inplace(iop, given)
+        if s["inalive"]:
+            _alive.append(given)
+    del late
     out = h.sum()
     for o in side:
         out = out + (o * o).sum()
@@ -180,6 +233,7 @@ def run(s: dict[str, Any], hooked: bool) -> tuple[str, Any]:
     except Exception as e:  # noqa: BLE001
         return "error", e
     finally:
+        _alive.clear()
         for h in handles:
             h.remove()
 
@@ -200,17 +254,23 @@ def verdict(plain: tuple[str, Any], hooked: tuple[str, Any]) -> str:
 
 def main() -> None:
     n, seed = int(sys.argv[1]), int(sys.argv[2])
+    inputs = sys.argv[3:4] == ["inputs"]
     rng = random.Random(seed)
+    rng_inputs = random.Random(seed * 7919 + 1)
     counts: dict[str, int] = {}
     for i in range(n):
         s = spec(rng)
+        if inputs:
+            input_spec(s, rng_inputs)
         plain, hooked = run(s, False), run(s, True)
         v = verdict(plain, hooked)
         counts[v] = counts.get(v, 0) + 1
         if v not in ("ok", "ok_error"):
             what = lambda r: "grad" if r[0] == "grad" else type(r[1]).__name__  # noqa: E731
             print(
-                i, v, s["cells"], s["ops"], s["side"], s["hooked"], s["kind"],
+                i, v, s["cells"], s["ops"], s["side"], s.get("inops", ""),
+                "inlate" if s.get("inlate") else "", "inalive" if s.get("inalive") else "",
+                s["hooked"], s["kind"],
                 "reuse" if s["reuse"] else "", "readkept" if s["readkept"] else "",
                 "| plain", what(plain), "| hooked", what(hooked), flush=True,
             )  # fmt: skip

@@ -22,6 +22,17 @@ MindSpore quirks handled here:
   an input alias are rebased onto the caller's tensor (``_Rebase``), which bumps its counter;
   an in-place op on an output's alias after the call moves the output's counter at the output
   identity's backward (``_carry_versions``), so MindSpore's check of a saved output raises;
+- ... and an in-place op on the caller's tensor after the call moves its counter, not that of
+  the input side's alias the cell saved (a Dense its input): `_Watched` moves the alias's
+  counter at the output identity's backward, where the caller's moved, so that MindSpore's
+  own check raises where it does without hooks. A handle on the caller's counter shares its
+  autograd data (`Tensor(h)`, `Tensor._make_subclass`; `ops.detach`, which would not, has no
+  CPU kernel): held only while the caller holds its own object (a cycle through C++
+  otherwise), then read at the next sync unihook does anyway;
+- `Tensor(alias)` made before `apply` gives the alias its node shares its counter and memory,
+  not its autograd data; `Tensor._make_subclass(Tensor, alias)` there does share it;
+- `h[0] = c` is `assign_value`: the tensor object takes another tensor's memory, counter and
+  history (what saved that object sees them; an alias of it does not);
 - MindSpore refuses an in-place op on a leaf that requires grad and on a view of one, and on
   the output of a custom function that is its input (the trap above): ``_Guard`` turns the
   latter into the former for a leaf an identity would otherwise alias.
@@ -58,6 +69,10 @@ from ._global import CALL_CODES
 
 Grads = Sequence[Any]
 Tensor = mindspore.Tensor
+# `_share(Tensor, t)`: another tensor object sharing t's memory, version counter and autograd
+# data (as `Tensor(t)`, which takes 5 us against 0.8, measured); `h[0] = c` (MindSpore's
+# `assign_value`) gives t's object another tensor, and leaves this one as it was
+_share = Tensor._make_subclass
 
 
 def _is_tensor(obj: object) -> bool:
@@ -82,12 +97,21 @@ class _Identity(_Function):
         # ... but has a version counter of its own: an in-place op on an output's alias would
         # not move the counter of the output, which the op that made it may have saved (a
         # Sigmoid its output): the output side keeps handles on both counters, and its backward
-        # moves the output's where the alias's moved (`_carry_versions`). (Not the input side:
-        # the caller's tensors it would hold get histories through this node, `h.add_(m(h))`,
-        # a cycle through C++ that Python cannot collect; and `watch` takes out the outputs
+        # moves the output's where the alias's moved (`_carry_versions`). (Not the caller's
+        # tensors the input side got, from the node: they get histories through this node,
+        # `h.add_(m(h))`, a cycle through C++ that Python cannot collect; `_Watched` holds
+        # them only while the caller holds its own object; and `watch` takes out the outputs
         # that are arguments, or share their memory, for the same reason.)
         ctx.inputs = ctx.probes = ()
-        if not materialize:
+        if materialize:
+            # The input side's aliases: likewise an in-place op on the caller's tensor after
+            # the call would not move theirs, which the cell's ops recorded as they saved them
+            # (a Dense its input): handles on their counters (`Tensor(alias)` before `apply`
+            # gives the alias its node shares its counter and memory, not its autograd data;
+            # `_share(Tensor, alias)` there does share it, measured: the node kept alive by a
+            # record waiting in `_dropped`), which `_Watched` moves where the caller's moved
+            _made.counters = [Tensor(alias) for alias in aliases]
+        else:
             ctx.inputs = [_counter_of(x) for x in xs]
             ctx.probes = [_counter_of(alias) for alias in aliases]
             ctx.versions = [int(probe._version) for probe in ctx.probes]
@@ -96,13 +120,14 @@ class _Identity(_Function):
             # alive), and what `watch` finds (a view of an argument, an output returned twice)
             ctx.outputs = list(map(weakref.ref, xs))
             ctx.hazards = None
+            ctx.watched = ()  # the call's arguments the cell got as aliases (`_watch_inputs`)
             _made.ctx = ctx
         return aliases
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
         if ctx.probes:
-            _carry_versions(ctx)
+            _carry_versions(ctx, grads)
         if ctx.dead:
             filled = list(grads)
             for i in ctx.dead:
@@ -119,7 +144,8 @@ class _Identity(_Function):
         return (None, None, None, *results)
 
 
-_made = threading.local()  # .ctx: the output identity `_Identity.apply` just ran
+_made = threading.local()  # .ctx: the output identity `_Identity.apply` just ran; .counters:
+# the handles on the counters of the input side's aliases it just made
 # the backward pass (MindSpore's engine id, one per pass) that `_carry_versions` last synced in
 _synced = [-1]
 _engine_id = _pynative_executor.get_current_autodiff_engine_id
@@ -140,7 +166,7 @@ def _counter_of(tensor: Any) -> Any:
     return handle
 
 
-def _carry_versions(ctx: Any) -> None:
+def _carry_versions(ctx: Any, grads: Grads) -> None:
     """An output's alias changed in place after the identity's forward: the output's counter
     moves too, before the backward of the op that made it reads it. MindSpore then raises its
     own RuntimeError ("One of the Tensor needed for gradient computation has been modified by
@@ -161,6 +187,11 @@ def _carry_versions(ctx: Any) -> None:
     if engine != _synced[0] or engine < 0:
         _pynative_executor.sync()
         _synced[0] = engine
+        _settle_dropped()
+    if ctx.watched:
+        # before the cell's own backward (its nodes come before this one in the graph)
+        watched, ctx.watched = ctx.watched, ()
+        _check_inputs(watched, ctx.site, grads)
     moved = []
     for k, (x, probe, version) in enumerate(zip(inputs, probes, ctx.versions)):
         if int(probe._version) == version:
@@ -285,6 +316,160 @@ def _flag(ctx: Any, k: int, why: str) -> None:
     ctx.hazards[k] = why
 
 
+class _Watched:
+    """An argument of a hooked call whose caller's tensor the cell did not get as it is (the
+    input side's alias: same memory, a version counter of its own, `_Identity`), or that
+    comes back to the caller as an alias (an `Identity`-like cell, a view of the argument).
+    An in-place op on the caller's tensor after the call moves the caller's counter only:
+    - not the alias's, which the cell's ops recorded as they saved it (a Dense its input):
+      their backward would read the changed values silently, where MindSpore raises without
+      hooks. Checked before the cell's backward (`_check_inputs`): where the caller's counter
+      moved, the counters of `targets` move too (the alias, and the aliases of inner hooked
+      calls that got it as it was), and MindSpore's own check of what the cell saved raises
+      its own error, exactly where it does without hooks (and nothing where it saved none);
+    - without hooks the output that is that argument (or a view of it) changes too, with the
+      op's history; the alias the caller got does not: `returned` says which (the output's
+      slot, and why), and the check
+      raises `InPlaceError` (the output node's backward runs: the loss reads that output).
+
+    `handle` (`_share(Tensor, caller's tensor)`) shares its counter, memory and autograd data:
+    held from the call's output node, it would close a cycle through C++ once the caller's
+    history runs through that node (`h.add_(m(h))`), which a pass that raises, or a forward
+    that raises, leaves alive. So it is held only while the caller holds its own Python object
+    (which holds all that anyway): when that dies (`ref`'s callback; `h = h.copy_(...)`, a
+    helper's local), the record waits in `_dropped` until the next pipeline sync unihook does
+    anyway (the next hooked call's post-dispatch, or the next backward pass), which reads the
+    counter (any op through that object came before its death) and lets the handle go."""
+
+    __slots__ = ("ref", "handle", "base", "targets", "returned", "changed", "__weakref__")
+
+    def __init__(self, original: Any, counter: Any, returned: tuple[int, str] | None) -> None:
+        self.handle = _share(Tensor, original)
+        self.base = int(original._version)  # (read after post-dispatch's sync)
+        self.targets = [] if counter is None else [counter]
+        self.returned = returned
+        self.changed = False
+
+
+# records whose caller's Python object died before the backward (`_Watched`)
+_dropped: list[_Watched] = []
+
+
+def _caller_died(record: weakref.ref[_Watched], _: object) -> None:
+    watched = record()
+    if watched is not None and watched.handle is not None:
+        _dropped.append(watched)
+
+
+def _moved(watched: _Watched) -> None:
+    """The caller's tensor changed in place after the call: its aliases' counters move."""
+    targets, watched.targets, watched.handle = watched.targets, [], None
+    watched.changed = True
+    if targets:
+        _set_versions(targets, [int(t._version) + 1 for t in targets])
+
+
+def _settle_dropped() -> None:
+    """(After a pipeline sync.) The records whose caller's object died since the last sync:
+    any in-place op through it came before its death, and shows in the counter now."""
+    while _dropped:
+        try:
+            watched = _dropped.pop()
+        except IndexError:  # (another thread took the last one)
+            break
+        handle = watched.handle
+        if handle is None:
+            continue
+        if int(handle._version) != watched.base:
+            _moved(watched)
+        else:
+            # Nothing changed it before its Python object died, and an in-place op needs one:
+            # let go (another object for the same tensor, a view of it, or a `Tensor(h)` the
+            # caller made, may still change it: not seen, docs/MINDSPORE.md section 11)
+            watched.handle, watched.targets = None, []
+
+
+def _check_inputs(watched: Sequence[_Watched], site: Site, grads: Grads) -> None:
+    """(After the backward pass's sync, in the call's output node's backward, before the
+    cell's own nodes run.) The handle, not the caller's object: `h[0] = c` gives the Python
+    object another tensor (version 0), and leaves the one the call got as it was. `grads`:
+    the output node's, by slot (an output the loss does not read has None or zeros: the op's
+    history would carry nothing through it, nothing to refuse)."""
+    for record in watched:
+        handle = record.handle
+        if handle is not None and int(handle._version) != record.base:
+            _moved(record)
+        if record.changed and record.returned is not None:
+            slot, why = record.returned
+            grad = grads[slot] if slot < len(grads) else None
+            # (a reduction and a sync, on the way to an error only)
+            if grad is None or not bool(grad.any()):
+                continue
+            raise InPlaceError(
+                f"{site}: an argument of the call was changed in place after the call, and "
+                f"{why}. With backward hooks the caller gets an alias of the output "
+                "(same memory, a history of its own): without hooks the output is the "
+                "argument, and its history has the op; the gradients would differ from "
+                "MindSpore's without hooks. Change a copy of the argument, or pass a copy to "
+                "the cell (`cell(x.copy())`)"
+            )
+
+
+def _watch_inputs(
+    ctx: Any,
+    args: Sequence[Any],
+    tensor_idx: Sequence[int],
+    originals: Sequence[Any],
+    returned: dict[int, tuple[int, str]],
+) -> None:
+    """The call's arguments to watch for an in-place op after the call (`_Watched`)."""
+    records: list[_Watched] | None = None
+    for k, i in enumerate(tensor_idx):
+        original, alias = originals[k], args[i]
+        if original is None or alias is None:
+            continue
+        if alias is original:
+            # (no input side: the cell got the caller's tensor, MindSpore checks what it saved)
+            if k not in returned:
+                continue
+            alias = None
+        if isinstance(original, mindspore.Parameter):
+            continue  # (MindSpore refuses an in-place op on a leaf that requires grad)
+        if records is None:
+            if alias is None:
+                # (without an input side nothing synced since pre_dispatch: forward's own
+                # in-place ops on the argument may still be in the pipeline; a call returning
+                # its argument or a view of it, with pre-hooks alone: rare)
+                _pynative_executor.sync()
+            # (else post_dispatch synced the pipeline: the versions of the input side's aliases)
+            _settle_dropped()
+            records = []
+        counter = None
+        entry = None if alias is None else _aliases.get(id(alias))
+        if entry is not None and entry[0]() is alias:
+            # (the handle on the alias's counter, not the alias: its autograd data holds the
+            # input side's node, which a record waiting in `_dropped` would keep alive)
+            counter = entry[2]
+        elif alias is not None:
+            continue  # (not the input side's alias: a backend's or hook's own replacement)
+        watched = _Watched(original, counter, returned.get(k))
+        if entry is not None:
+            # An inner hooked call that got this alias as it was: its own alias moves with it
+            for ref in entry[3:]:
+                inner = ref()
+                if inner is not None:
+                    watched.targets.extend(inner.targets)
+            del entry[3:]
+        # ... and this one, where the caller's tensor is an outer call's alias
+        outer = _aliases.get(id(original))
+        if outer is not None and outer[0]() is original:
+            outer.append(weakref.ref(watched))
+        watched.ref = weakref.ref(original, partial(_caller_died, weakref.ref(watched)))
+        records.append(watched)
+    if records:
+        ctx.watched = records
+
+
 class _Aliases(tuple):  # type: ignore[type-arg]
     """The output identity's aliases, with its node's context (for `watch`)."""
 
@@ -359,18 +544,22 @@ def _backward_ended() -> None:
             callback()
 
 
-# The input side's aliases of data (`MindSporeAutograd.identity`), by id, held weakly
-_data_aliases: dict[int, weakref.ref[Any]] = {}
+# The input side's aliases (`MindSporeAutograd.identity`), by id: [a weak reference, whether
+# it stands for data (`_data_only`), a handle on its counter (`_Identity.forward`), then weak
+# references to the `_Watched` of inner hooked calls that got it as it was, until the call's
+# post-dispatch takes them]
+_aliases: dict[int, list[Any]] = {}
 
 
 def _forget_alias(key: int, ref: weakref.ref[Any]) -> None:
-    if _data_aliases.get(key) is ref:
-        del _data_aliases[key]
+    entry = _aliases.get(key)
+    if entry is not None and entry[0] is ref:
+        del _aliases[key]
 
 
 def _is_alias_of_data(tensor: Any) -> bool:
-    ref = _data_aliases.get(id(tensor))
-    return ref is not None and ref() is tensor
+    entry = _aliases.get(id(tensor))
+    return entry is not None and entry[1] and entry[0]() is tensor
 
 
 def _data_only(tensors: Sequence[Any]) -> bool:
@@ -414,11 +603,15 @@ class MindSporeAutograd(Autograd):
         if not materialize:
             outs = _Aliases(outs)
             outs.ctx, _made.ctx = _made.ctx, None
-        if materialize and _data_only(tensors):
+        if materialize:
             # the input side's aliases of data are data: the first cell inside a hooked
-            # container (or under global hooks) gets them
-            for out in outs:
-                _data_aliases[id(out)] = weakref.ref(out, partial(_forget_alias, id(out)))
+            # container (or under global hooks) gets them; and an inner hooked call that gets
+            # one as it is moves with it (`_watch_inputs`)
+            data = _data_only(tensors)
+            counters, _made.counters = _made.counters, ()
+            for out, counter in zip(outs, counters):
+                key = id(out)
+                _aliases[key] = [weakref.ref(out, partial(_forget_alias, key)), data, counter]
         return outs
 
     # MindSpore records every argument of a differentiated function as requiring grad, and its
@@ -453,11 +646,20 @@ class MindSporeAutograd(Autograd):
             return
         given = [args[i] for i in tensor_idx] + [o for o in originals if o is not None]
         keys = {_memory_key(t) for t in given} - {None}
+        # the arguments whose caller's tensor is, without hooks, an output the caller got an
+        # alias of (returned as it was, or a view of it): an in-place op on it after the call
+        # changes that output and its history too (`_watch_inputs`)
+        returned: dict[int, tuple[int, str]] = {}
         for k, j in enumerate(idx):
             output = outputs[j]
             node = output._grad_node
             computed = node is not None and not node.is_leaf()
             if any(output is t for t in given):
+                for kk, i in enumerate(tensor_idx):
+                    if (output is args[i] or output is originals[kk]) and replaced[j] is not (
+                        originals[kk]
+                    ):
+                        returned[kk] = (k, f"output {k} is that argument, returned as it was")
                 ctx.inputs[k] = None
                 # (with full hooks the cell got, and returns, the input side's alias)
                 made = output
@@ -485,6 +687,15 @@ class MindSporeAutograd(Autograd):
                 _flag(
                     ctx, k, "the output is a view of an argument of the call (it shares its memory)"
                 )
+                key = _memory_key(output)
+                for kk, i in enumerate(tensor_idx):
+                    # (not the argument itself, changed in place by forward, which the caller
+                    # gets back as its own tensor with the cell's history: `copy_` returns
+                    # another Python object for it, `same_tensor`)
+                    if _memory_key(args[i]) == key and replaced[j] is not originals[kk]:
+                        returned[kk] = (k, f"output {k} is a view of that argument")
+        if tensor_idx:
+            _watch_inputs(ctx, args, tensor_idx, originals, returned)
         if len(idx) > 1:
             # an output returned twice, or sharing memory with another: without hooks an
             # in-place op on one changes the other, its history too
