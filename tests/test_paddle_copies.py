@@ -839,3 +839,19 @@ def test_a_first_layer_without_input_side_keeps_what_its_hooks_saw() -> None:
     assert len(kept) == 3 * 3  # per backward: the pre-hook's tensor and view, the full hook's
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_redirected_output_hook_outside_a_guarded_backward_is_not_dropped() -> None:
+    """A hook on a one-output identity's output records what it leaves for the node's
+    backward in the running backward's state (paddle ignores it, SEMANTICS trap 5). Run where
+    no backward runs under the guard, there is nowhere to record it: an error naming the
+    module, not a dropped result."""
+    from unihook_paddle._backward import _Node
+
+    import unihook
+    from unihook.backend import Site
+
+    node = _Node(Site("full_backward", "paddle", "Linear"), 0)
+    hook = node.redirect(lambda g: g * 2)
+    with pytest.raises(unihook.BackendStateError, match="full_backward hook on Linear"):
+        hook(paddle.ones([2]))

@@ -553,12 +553,15 @@ _spent: dict[int, Callable[[], BaseException]] = {}
 _grad_fn_leak: int | None = None  # references Tensor.grad_fn leaks per access (None: unknown)
 
 
-def replace(node: object, gradient: Any) -> None:
+def replace(node: object, gradient: Any) -> bool:
     """Record `gradient` for the identity node `node` (its object) in the innermost backward
-    running on this thread (`redirect`); the record goes when that backward ends."""
+    running on this thread (`redirect`); the record goes when that backward ends. False when
+    no backward runs here under the guard (nowhere to record it)."""
     replaced = _state.replaced
-    if replaced is not None:
-        replaced[id(node)] = gradient
+    if replaced is None:
+        return False
+    replaced[id(node)] = gradient
+    return True
 
 
 def replacement(node: object) -> Any:

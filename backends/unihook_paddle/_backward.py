@@ -134,7 +134,16 @@ class _Node:
                 )
                 guard.stash(error)
                 raise error
-            guard.replace(self, grad if result is None else result)
+            if not guard.replace(self, grad if result is None else result):
+                # (every backward entry point is wrapped while an identity node lives: a
+                # backward paddle runs some other way would drop the hook's result silently)
+                error = self.site.error(
+                    BackendStateError,
+                    "a backward run through paddle's wrapped entry points (Tensor.backward, "
+                    "paddle.autograd.backward, paddle.grad)",
+                    "a gradient hook on the module's output running outside them",
+                )
+                raise error  # (not stashed: no wrapped entry point runs to re-raise it)
             return result
 
         return redirected
