@@ -817,8 +817,22 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     with open(Path(out) / f"rank{rank}.pkl", "wb") as f:
         pickle.dump(result, f)
     if framework == "torch":
-        dist.barrier()  # no rank closes its connections while the other still uses them
-        dist.destroy_process_group()
+        close_torch_rank()
+
+
+def close_torch_rank() -> None:
+    """End a torch rank whose results are written: the group destroyed once both ranks are
+    done, then the process gone without the interpreter's finalization. There gloo's worker
+    threads may still hold finished work and its tensors, whose release then aborts the
+    process now and then ("terminate called without an active exception", SIGABRT; seen once
+    in CI: pytorch/pytorch#179291 describes it)."""
+    import torch.distributed as dist
+
+    dist.barrier()  # no rank closes its connections while the other still uses them
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _paddle_rank(framework: str, out: str, port: int, fail: bool) -> None:

@@ -324,8 +324,7 @@ def rank_main(
     with open(f"{out}/rank{rank}.pkl", "wb") as f:
         pickle.dump(found, f)
     if framework == "torch":
-        dist.barrier()
-        dist.destroy_process_group()
+        c.close_torch_rank()
 
 
 def _paddle(framework: str, out: str, port: int, cases: int, seed: int, same: bool) -> None:
