@@ -497,8 +497,15 @@ class ModuleBackward:
         call.module = module  # from now on held by the graph, as torch's BackwardHook holds it
         if key != id(args):
             # torch's own BackwardHook (a native backward hook beside ours) replaced the args
-            # after every pre-hook ran: the ones to read are those forward got from us.
-            args = tuple(call.args_got())
+            # after every pre-hook ran: the ones to read are those forward got from us. An
+            # alias of ours that nobody held any more went into another dispatcher's identity
+            # before forward (MindSpore: a cell's own dispatcher pinned after the global one
+            # by another thread during the call): forward got that one's, made from ours.
+            got = call.args_got()
+            for i in call.tensor_idx:
+                if got[i] is None and i < len(args) and ag.is_tensor(args[i]):
+                    got[i] = args[i]
+            args = tuple(got)
         originals = [r() for r in call.originals]
         call.originals = call.inputs = ()  # the call's state outlives forward
         if output is None:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import Counter
 from typing import Any, Callable, Sequence
 
@@ -295,7 +296,9 @@ def _in_background(work: Callable[[threading.Event], None]) -> Any:
         except Exception as error:
             errors.append(f"background: {type(error).__name__}: {error}")
 
-    thread = threading.Thread(target=run)
+    # (a daemon: a scenario that raised never calls the stopper, and its verdict must reach
+    # the parent before the process ends, not a timeout)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
 
     def stopper() -> list[str]:
@@ -747,7 +750,15 @@ def _main(backend: str, names: Sequence[str] = SCENARIOS) -> None:
     kit = next(k for k in kits() if k.name == backend)
     verdicts = {}
     for name in names:
-        verdicts[name] = globals()[f"_{name}"](kit)[:5]
+        try:
+            verdicts[name] = globals()[f"_{name}"](kit)[:5]
+        except Exception:
+            # the scenario's own thread raised: its verdict, and no later scenario beside the
+            # threads it left running
+            verdicts[name] = [f"raised: {traceback.format_exc()[-6000:]}"]
+            sys.stdout.write(json.dumps({name: verdicts[name]}) + "\n")
+            sys.stdout.flush()
+            os._exit(1)
         sys.stdout.write(json.dumps({name: verdicts[name]}) + "\n")
         sys.stdout.flush()
 
