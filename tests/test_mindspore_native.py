@@ -1120,6 +1120,53 @@ def test_an_input_changed_after_the_call_of_a_hooked_container_raises(kind: str)
         _remove(handles)
 
 
+_VIEWS = {
+    "reshape": lambda x: x.reshape(1, 1, 2, 3),
+    "index": lambda x: x[None, None],
+    "slice": lambda x: x.reshape(1, 1, 2, 3)[:, :, :1],
+}
+
+
+@pytest.mark.parametrize("hooked", ["both", "module_full_backward", "outer", "inner"])
+@pytest.mark.parametrize("view", sorted(_VIEWS))
+def test_an_input_changed_after_the_call_of_a_cell_giving_a_view_to_a_hooked_cell_raises(
+    hooked: str, view: str
+) -> None:
+    """docs/MINDSPORE.md section 11 (g), found by an attack: a cell passes a view of its input
+    to an inner Conv2d (`self.conv(x.reshape(1, 1, 2, 3))`), the caller changes the input
+    in place after the call. MindSpore raises without hooks (the conv saved the view). With
+    both cells hooked (or under global hooks) the inner call's record watched the view, which
+    died when the outer forward ended and was let go unchanged: the weight gradient came from
+    the changed values (150) silently. Now the outer call moves the inner alias's counter
+    too: MindSpore's own error. Without the op, the gradients without hooks."""
+    conv = ms.nn.Conv2d(1, 2, 1, has_bias=True)
+    outer = Fn(lambda s, x: conv(_VIEWS[view](x)) * 2.0)
+    weights = conv.trainable_params()
+    x = ms.Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+
+    def fn(x: Any, change: bool) -> Any:
+        h = x * 1.0
+        y = outer(h)
+        if change:
+            h.copy_(h * 5.0)
+        return y.sum()
+
+    with pytest.raises(RuntimeError, match=_CHANGED):
+        ms.grad(lambda x: fn(x, True), None, weights)(x)
+    expected = [g.asnumpy() for g in ms.grad(lambda x: fn(x, False), None, weights)(x)]
+    cells = {"both": [outer, conv], "outer": [outer], "inner": [conv]}.get(hooked, [None])
+    kind = "module_full_backward" if hooked == "module_full_backward" else "full_backward"
+    handles = [_backward_hook(kind, cell) for cell in cells]
+    try:
+        with pytest.raises(RuntimeError, match=_CHANGED):
+            ms.grad(lambda x: fn(x, True), None, weights)(x)
+        got = ms.grad(lambda x: fn(x, False), None, weights)(x)
+        for g, e in zip(got, expected):
+            np.testing.assert_allclose(g.asnumpy(), e, rtol=0, atol=0)
+    finally:
+        _remove(handles)
+
+
 @pytest.mark.parametrize("kind", _INPUT_KINDS + ["full_backward_pre"])
 @pytest.mark.parametrize("body", ["identity", "view"])
 def test_an_input_returned_then_changed_is_not_refused_where_only_another_output_is_read(

@@ -455,8 +455,11 @@ def _watch_inputs(
         watched = _Watched(original, counter, returned.get(k))
         if entry is not None:
             # An inner hooked call that got this alias as it was: its own alias moves with it
-            for ref in entry[3:]:
-                inner = ref()
+            for link in entry[3:]:
+                if isinstance(link, list):  # (the counters of an inner call given a view)
+                    watched.targets.extend(link)
+                    continue
+                inner = link()
                 if inner is not None:
                     watched.targets.extend(inner.targets)
             del entry[3:]
@@ -464,6 +467,13 @@ def _watch_inputs(
         outer = _aliases.get(id(original))
         if outer is not None and outer[0]() is original:
             outer.append(weakref.ref(watched))
+        elif watched.targets:
+            # or a view of one (`self.conv(x.reshape(...))`): the view dies when the outer
+            # forward ends, and its record is settled before the caller's op (docs/MINDSPORE.md
+            # section 11 (g)): the outer call takes this alias's counter itself
+            outer = _outer_of_view(original)
+            if outer is not None:
+                outer.append(list(watched.targets))
         watched.ref = weakref.ref(original, partial(_caller_died, weakref.ref(watched)))
         records.append(watched)
     if records:
@@ -546,9 +556,45 @@ def _backward_ended() -> None:
 
 # The input side's aliases (`MindSporeAutograd.identity`), by id: [a weak reference, whether
 # it stands for data (`_data_only`), a handle on its counter (`_Identity.forward`), then weak
-# references to the `_Watched` of inner hooked calls that got it as it was, until the call's
-# post-dispatch takes them]
+# references to the `_Watched` of inner hooked calls that got it as it was, and lists of the
+# counters of those that got a view of it, until the call's post-dispatch takes them]
 _aliases: dict[int, list[Any]] = {}
+
+
+# This thread's calls in flight with an input side (made, post-dispatch not yet): [their
+# `_aliases` entry, its memory key once read]. An inner hooked call that gets a view of one
+# (`self.conv(x.reshape(...))`) finds it by memory (`_watch_inputs`). A call that raised
+# leaves its entries until their aliases die.
+_in_flight = threading.local()
+
+
+def _open_entries() -> list[list[Any]]:
+    try:
+        return _in_flight.entries  # type: ignore[no-any-return]
+    except AttributeError:
+        _in_flight.entries = []
+        return _in_flight.entries  # type: ignore[no-any-return]
+
+
+def _outer_of_view(original: Any) -> list[Any] | None:
+    """The entry of an outer call in flight on this thread whose input side's alias shares
+    memory with `original` (a view of it), if any: innermost first."""
+    entries = _open_entries()
+    if not entries:
+        return None
+    key = _memory_key(original)
+    if key is None:
+        return None
+    for item in reversed(entries):
+        entry = item[0]
+        alias = entry[0]()
+        if alias is None:
+            continue
+        if item[1] is None:
+            item[1] = _memory_key(alias) or 0
+        if item[1] == key:
+            return entry  # type: ignore[no-any-return]
+    return None
 
 
 def _forget_alias(key: int, ref: weakref.ref[Any]) -> None:
@@ -609,9 +655,14 @@ class MindSporeAutograd(Autograd):
             # one as it is moves with it (`_watch_inputs`)
             data = _data_only(tensors)
             counters, _made.counters = _made.counters, ()
+            entries = _open_entries()
+            if entries:
+                entries[:] = [item for item in entries if item[0][0]() is not None]
             for out, counter in zip(outs, counters):
                 key = id(out)
-                _aliases[key] = [weakref.ref(out, partial(_forget_alias, key)), data, counter]
+                entry = [weakref.ref(out, partial(_forget_alias, key)), data, counter]
+                _aliases[key] = entry
+                entries.append([entry, None])
         return outs
 
     # MindSpore records every argument of a differentiated function as requiring grad, and its
@@ -641,10 +692,19 @@ class MindSporeAutograd(Autograd):
         # the call (an argument returned, its alias, a view of it, a leaf): a history through
         # this node reaching them (`h.add_(m(h))`, a rebase) would close a cycle. (Nothing
         # replaced: the in-place ops on them are MindSpore's to check, as before.)
+        entries = _open_entries()
+        if entries:
+            for i in tensor_idx:
+                entry = _aliases.get(id(args[i]))
+                if entry is not None:
+                    for n in range(len(entries) - 1, -1, -1):
+                        if entries[n][0] is entry:
+                            del entries[n]
+                            break
         ctx = getattr(aliases, "ctx", None)
         if ctx is None or not ctx.inputs:
             return
-        given = [args[i] for i in tensor_idx] + [o for o in originals if o is not None]
+        given = [t for t in [args[i] for i in tensor_idx] + list(originals) if t is not None]
         keys = {_memory_key(t) for t in given} - {None}
         # the arguments whose caller's tensor is, without hooks, an output the caller got an
         # alias of (returned as it was, or a view of it): an in-place op on it after the call
