@@ -561,39 +561,40 @@ def _backward_ended() -> None:
 _aliases: dict[int, list[Any]] = {}
 
 
-# This thread's calls in flight with an input side (made, post-dispatch not yet): [their
-# `_aliases` entry, its memory key once read]. An inner hooked call that gets a view of one
-# (`self.conv(x.reshape(...))`) finds it by memory (`_watch_inputs`). A call that raised
-# leaves its entries until their aliases die.
+# This thread's calls in flight with an input side (made, post-dispatch not yet), by their
+# aliases: [`_aliases` key, a weak reference to the alias, its memory key once read]. An inner
+# hooked call that gets a view of one (`self.conv(x.reshape(...))`) finds it by memory
+# (`_watch_inputs`). A call that raised leaves its items (weak: they hold no memory) until the
+# thread's next call with an input side.
 _in_flight = threading.local()
 
 
-def _open_entries() -> list[list[Any]]:
+def _open_items() -> list[list[Any]]:
     try:
-        return _in_flight.entries  # type: ignore[no-any-return]
+        return _in_flight.items  # type: ignore[no-any-return]
     except AttributeError:
-        _in_flight.entries = []
-        return _in_flight.entries  # type: ignore[no-any-return]
+        _in_flight.items = []
+        return _in_flight.items  # type: ignore[no-any-return]
 
 
 def _outer_of_view(original: Any) -> list[Any] | None:
-    """The entry of an outer call in flight on this thread whose input side's alias shares
-    memory with `original` (a view of it), if any: innermost first."""
-    entries = _open_entries()
-    if not entries:
+    """The `_aliases` entry of an outer call in flight on this thread whose input side's
+    alias shares memory with `original` (a view of it), if any: innermost first."""
+    items = _open_items()
+    if not items:
         return None
     key = _memory_key(original)
     if key is None:
         return None
-    for item in reversed(entries):
-        entry = item[0]
-        alias = entry[0]()
-        if alias is None:
+    for item in reversed(items):
+        alias = item[1]()
+        entry = _aliases.get(item[0])
+        if alias is None or entry is None or entry[0]() is not alias:
             continue
-        if item[1] is None:
-            item[1] = _memory_key(alias) or 0
-        if item[1] == key:
-            return entry  # type: ignore[no-any-return]
+        if item[2] is None:
+            item[2] = _memory_key(alias) or 0
+        if item[2] == key:
+            return entry
     return None
 
 
@@ -655,14 +656,14 @@ class MindSporeAutograd(Autograd):
             # one as it is moves with it (`_watch_inputs`)
             data = _data_only(tensors)
             counters, _made.counters = _made.counters, ()
-            entries = _open_entries()
-            if entries:
-                entries[:] = [item for item in entries if item[0][0]() is not None]
+            items = _open_items()
+            if items:
+                items[:] = [item for item in items if item[1]() is not None]
             for out, counter in zip(outs, counters):
                 key = id(out)
-                entry = [weakref.ref(out, partial(_forget_alias, key)), data, counter]
-                _aliases[key] = entry
-                entries.append([entry, None])
+                ref = weakref.ref(out, partial(_forget_alias, key))
+                _aliases[key] = [ref, data, counter]
+                items.append([key, ref, None])
         return outs
 
     # MindSpore records every argument of a differentiated function as requiring grad, and its
@@ -692,15 +693,13 @@ class MindSporeAutograd(Autograd):
         # the call (an argument returned, its alias, a view of it, a leaf): a history through
         # this node reaching them (`h.add_(m(h))`, a rebase) would close a cycle. (Nothing
         # replaced: the in-place ops on them are MindSpore's to check, as before.)
-        entries = _open_entries()
-        if entries:
-            for i in tensor_idx:
-                entry = _aliases.get(id(args[i]))
-                if entry is not None:
-                    for n in range(len(entries) - 1, -1, -1):
-                        if entries[n][0] is entry:
-                            del entries[n]
-                            break
+        items = _open_items()
+        if items:
+            for arg in [args[i] for i in tensor_idx if args[i] is not None]:
+                for n in range(len(items) - 1, -1, -1):
+                    if items[n][1]() is arg:
+                        del items[n]
+                        break
         ctx = getattr(aliases, "ctx", None)
         if ctx is None or not ctx.inputs:
             return
