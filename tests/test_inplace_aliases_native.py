@@ -235,6 +235,60 @@ def test_input_changed_then_output_used_raises() -> None:
     assert "module(x.clone())" in message
 
 
+# views of a complex input as another dtype, or lazily conjugated: no view of the alias
+# rebuilds the caller's tensor, so an op is not carried but refused, as by torch's own hook
+_REINTERPRETED: dict[str, Callable[[Any], Any]] = {
+    "real": lambda x: x.real,
+    "imag": lambda x: x.imag,
+    "conj": lambda x: x.conj(),
+    "view_as_real": torch.view_as_real,
+    "real_of_a_slice": lambda x: x[1:].real,
+}
+
+
+def _complex_program(view: str, use: str, hook: str) -> Any:
+    module = Fn(_REINTERPRETED[view])
+    handle: Any = None
+    if hook == "native":
+        handle = module.register_full_backward_hook(lambda *a: None)
+    elif hook == "unihook":
+        handle = unihook.register_full_backward_hook(module, lambda *a: None)
+    try:
+        x = torch.tensor([1 + 2j, 3 - 1j, -2 + 0.5j], requires_grad=True)
+        h = x * 1
+        out = module(h)
+        if use == "output_changed":
+            out.mul_(2)
+        elif use == "input_changed":
+            h.mul_(2)
+        loss = (out * out.detach()).abs().sum() + (h.abs() ** 2).sum()
+        loss.backward()
+        return x.grad
+    except RuntimeError as error:
+        return error
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+@pytest.mark.parametrize("use", ["read", "output_changed", "input_changed"])
+@pytest.mark.parametrize("view", list(_REINTERPRETED))
+def test_output_viewing_a_complex_input_as_another_dtype_or_conjugated(view: str, use: str) -> None:
+    """A module returning `.real`, `.imag`, `.conj()` or `view_as_real` of its complex input.
+    An in-place op on the output (or on the input, the output then used) reached neither the
+    input's history nor the output's: the gradients came out silently halved. Now torch's own
+    refusal, as with its native hook; read as it is, the gradients without hooks."""
+    native = _complex_program(view, use, "native")
+    got = _complex_program(view, use, "unihook")
+    if use == "read":
+        torch.testing.assert_close(got, _complex_program(view, use, "none"), rtol=0, atol=0)
+        torch.testing.assert_close(got, native, rtol=0, atol=0)
+    else:
+        assert isinstance(native, RuntimeError), native
+        assert isinstance(got, RuntimeError), got
+        assert "modified inplace" in str(got) or "is being modified" in str(got), got
+
+
 def test_stale_output_read_without_history_does_not_raise() -> None:
     """Reading a stale output's values (detach, no_grad, numpy, its shape) records no history:
     no error; the values are the changed ones, as without hooks."""

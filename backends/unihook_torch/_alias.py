@@ -377,10 +377,28 @@ def watch(
         if original is None and n in shared:
             base = output._base if output._is_view() else None
             original, whole = (output, True) if base is None else (base, False)
-        if original is None or original.dtype != alias.dtype or output.is_conj():
-            # (a view as another dtype, `.real`, or a lazily conjugated one: not carried)
+        if original is None:
+            continue
+        if original.dtype != alias.dtype or output.is_conj():
+            # A view as another dtype (`.real`, `.imag`, `view_as_real`) or a lazily conjugated
+            # one: an op on it is not carried to the input (no view of the alias rebuilds the
+            # caller's), so it is refused, as torch's own hook refuses an op on any output
+            replaced[j] = Guard.apply(alias)
             continue
         _mark(alias, _State(alias, original, whole, site))
+
+
+class Guard(torch.autograd.Function):
+    """`x` returned as it is: torch makes it a view created inside a custom Function, on which
+    it refuses every in-place op at once (its BackwardHook's outputs are the same)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:  # type: ignore[override]
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+        return grad
 
 
 class _Keys:
@@ -424,11 +442,11 @@ def _stands_for(output: Any, keys: _Keys, mark: int) -> tuple[Any, bool]:
     watched output (an alias of the input, not a view), and whether it is all of it."""
     inputs, originals = keys.inputs, keys.originals
     found, size = None, None
-    (o0, o1) = span(output)
+    (o0, o1) = _bytes(output)
     for k in keys.sharing(output):
         # the smallest argument holding the output's memory (views of one tensor passed as
         # several arguments share its storage)
-        a0, a1 = span(inputs[k])
+        a0, a1 = _bytes(inputs[k])
         if a0 <= o0 and o1 <= a1 and (size is None or a1 - a0 < size):
             found, size = k, a1 - a0
     if found is not None:
@@ -438,6 +456,14 @@ def _stands_for(output: Any, keys: _Keys, mark: int) -> tuple[Any, bool]:
     if output._is_view() and _older(output._base, mark):
         return _caller_tensor(output._base), False
     return None, False
+
+
+def _bytes(tensor: Any) -> tuple[int, int]:
+    """`span` in bytes: a view as another dtype (`.real` of a complex tensor) counts its
+    positions in its own elements."""
+    first, end = span(tensor)
+    size = tensor.element_size()
+    return first * size, end * size
 
 
 def _older(tensor: Any, mark: int) -> bool:

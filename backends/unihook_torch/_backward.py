@@ -29,7 +29,7 @@ from unihook.backend import (
 from unihook.handles import Handle
 
 from . import NAME
-from ._alias import InputAlias, changed, mark, span, use, watch
+from ._alias import Guard, InputAlias, changed, mark, span, use, watch
 from ._compile import EagerUnderCompile, outside_dynamo
 from ._global import TORCH_CALL_CODE, WRAPPER_CODES
 
@@ -154,19 +154,6 @@ class _Rebase(torch.autograd.Function):
         return (torch.zeros_like(grad) if ctx.view else None), grad
 
 
-class _Guard(torch.autograd.Function):
-    """`x` returned as it is: torch makes it a view created inside a custom Function, on which
-    it refuses every in-place op at once (its BackwardHook's outputs are the same)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Any) -> Any:  # type: ignore[override]
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
-        return grad
-
-
 _Disabled = torch._C.DisableTorchFunctionSubclass
 _IDENTITY_NODE = _Identity._backward_cls  # pyright: ignore[reportAttributeAccessIssue]
 _set_version = torch._C._autograd._unsafe_set_version_counter  # pyright: ignore[reportAttributeAccessIssue]
@@ -246,7 +233,7 @@ class TorchAutograd(Autograd):
     @staticmethod
     def guard(tensor: Any, error: Callable[[], Exception], site: Site) -> Any:
         # torch's own RuntimeError at the in-place op, where it raises without hooks
-        return _Guard.apply(tensor)
+        return Guard.apply(tensor)
 
     @staticmethod
     def memory_key(tensor: Any) -> int | None:
