@@ -1029,6 +1029,47 @@ def test_an_input_changed_after_the_call_raises_as_without_hooks(kind: str, call
         _KEPT.clear()
 
 
+@pytest.mark.parametrize("kind", _INPUT_KINDS)
+def test_an_input_given_another_tensor_by_setitem_after_the_call_raises_as_without_hooks(
+    kind: str,
+) -> None:
+    """``h.copy_(h * 2); y = dense(h); h[0] = c`` with ``h`` alive at the backward: under grad
+    MindSpore's setitem gives the object a new tensor (memory and a counter at 0), and Dense's
+    backward, which saved ``h`` at version 1, raises. With a full backward hook the cell saved
+    the input side's alias, which keeps the call's tensor: the weight gradient came from the
+    values at the call silently. Now MindSpore's own error (where the object died first, or
+    the new counter's value is the saved version, not: docs/MINDSPORE.md section 11 (a))."""
+    dense = _eye_dense()
+    weights = dense.trainable_params()
+    x = ms.Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+
+    def fn(x: Any, change: bool) -> Any:
+        h = x * 1.0
+        h.copy_(h * 2.0)
+        y = dense(h)
+        if change:
+            h[0] = ms.Tensor(np.full(3, 9.0, np.float32))
+        _KEPT.append(h)
+        return y.sum()
+
+    try:
+        with pytest.raises(RuntimeError, match=_CHANGED):
+            ms.grad(lambda x: fn(x, True), None, weights)(x)
+        expected = [g.asnumpy() for g in ms.grad(lambda x: fn(x, False), None, weights)(x)]
+        _KEPT.clear()
+        handles = _input_hooks(kind, dense)
+        try:
+            with pytest.raises(RuntimeError, match=_CHANGED):
+                ms.grad(lambda x: fn(x, True), None, weights)(x)
+            got = ms.grad(lambda x: fn(x, False), None, weights)(x)
+            for g, e in zip(got, expected):
+                np.testing.assert_allclose(g.asnumpy(), e, rtol=0, atol=0)
+        finally:
+            _remove(handles)
+    finally:
+        _KEPT.clear()
+
+
 def _changes_its_input(cell: Any, x: Any) -> Any:
     """A cell changing its input in place, then reading it (the attack's own shape)."""
     x.copy_(ms.ops.stop_gradient(x) * 2.0)

@@ -389,6 +389,20 @@ def _settle_dropped() -> None:
             watched.handle, watched.targets = None, []
 
 
+def _swapped(record: _Watched, handle: Any) -> bool:
+    """Whether the caller's object, still alive, now holds another tensor whose counter
+    MindSpore would find moved: `h[0] = c` under grad gives it a new tensor (memory, counter,
+    history: `assign_value`), and what saved the object reads that one in its backward, and
+    raises where the new counter's value is not the version it saved. (Where it is the same
+    value MindSpore reads the new values: no alias can follow, the gradient stays the one from
+    the values at the call, docs/MINDSPORE.md section 11 (a). A dead object: not seen.)"""
+    caller = record.ref()
+    if caller is None or caller is handle:
+        return False
+    key = _memory_key(caller)
+    return key != _memory_key(handle) and int(caller._version) != record.base
+
+
 def _check_inputs(watched: Sequence[_Watched], site: Site, grads: Grads) -> None:
     """(After the backward pass's sync, in the call's output node's backward, before the
     cell's own nodes run.) The handle, not the caller's object: `h[0] = c` gives the Python
@@ -398,6 +412,8 @@ def _check_inputs(watched: Sequence[_Watched], site: Site, grads: Grads) -> None
     for record in watched:
         handle = record.handle
         if handle is not None and int(handle._version) != record.base:
+            _moved(record)
+        elif handle is not None and _swapped(record, handle):
             _moved(record)
         if record.changed and record.returned is not None:
             slot, why = record.returned
