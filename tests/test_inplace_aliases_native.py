@@ -289,6 +289,45 @@ def test_output_viewing_a_complex_input_as_another_dtype_or_conjugated(view: str
         assert "modified inplace" in str(got) or "is being modified" in str(got), got
 
 
+@pytest.mark.parametrize(
+    "case",
+    ["conj_of_a_conj_input", "conj_slice_of_a_conj_input", "plain_argument_beside_its_conj"],
+)
+def test_output_not_conjugated_where_its_input_is(case: str) -> None:
+    """The input lazily conjugated, the output not (`x.conj()` of it, or a view of an argument
+    passed beside its conjugate, which is the one found): the memory is the same, the values
+    conjugated; an in-place op on the output gave silently wrong gradients. Now refused, as by
+    torch's own hook."""
+    fns: dict[str, Callable[..., Any]] = {
+        "conj_of_a_conj_input": lambda a, b: a.conj(),
+        "conj_slice_of_a_conj_input": lambda a, b: a.conj()[1:],
+        "plain_argument_beside_its_conj": lambda a, b: b[1:],
+    }
+
+    def program(hook: str) -> Any:
+        module = Fn(fns[case])
+        if hook == "native":
+            module.register_full_backward_hook(lambda *a: None)
+        elif hook == "unihook":
+            unihook.register_full_backward_hook(module, lambda *a: None)
+        x = torch.tensor([1 + 2j, 3 - 1j, -2 + 0.5j], requires_grad=True)
+        h = x * 1
+        try:
+            out = module(h.conj(), h)
+            out.mul_(1j)
+            loss = torch.view_as_real(out.resolve_conj()).pow(3).sum()
+            (loss + torch.view_as_real(h).pow(2).sum()).backward()
+            return x.grad
+        except RuntimeError as error:
+            return error
+
+    assert isinstance(program("none"), torch.Tensor)
+    assert isinstance(program("native"), RuntimeError)
+    got = program("unihook")
+    assert isinstance(got, RuntimeError), got
+    assert "modified inplace" in str(got), got
+
+
 def test_stale_output_read_without_history_does_not_raise() -> None:
     """Reading a stale output's values (detach, no_grad, numpy, its shape) records no history:
     no error; the values are the changed ones, as without hooks."""

@@ -379,10 +379,17 @@ def watch(
             original, whole = (output, True) if base is None else (base, False)
         if original is None:
             continue
-        if original.dtype != alias.dtype or output.is_conj():
+        if (
+            original.dtype != alias.dtype
+            or output.is_conj()
+            or original.is_conj()
+            or output.is_neg() != original.is_neg()
+        ):
             # A view as another dtype (`.real`, `.imag`, `view_as_real`) or a lazily conjugated
-            # one: an op on it is not carried to the input (no view of the alias rebuilds the
-            # caller's), so it is refused, as torch's own hook refuses an op on any output
+            # one (or of a lazily conjugated input: `x.conj()` of it is no longer one; a lazy
+            # negation on one side only): an op on it is not carried to the input (no view of
+            # the alias rebuilds the caller's), so it is refused, as torch's own hook refuses
+            # an op on any output
             replaced[j] = Guard.apply(alias)
             continue
         _mark(alias, _State(alias, original, whole, site))
