@@ -295,9 +295,10 @@ def test_output_viewing_a_complex_input_as_another_dtype_or_conjugated(view: str
 )
 def test_output_not_conjugated_where_its_input_is(case: str) -> None:
     """The input lazily conjugated, the output not (`x.conj()` of it, or a view of an argument
-    passed beside its conjugate, which is the one found): the memory is the same, the values
-    conjugated; an in-place op on the output gave silently wrong gradients. Now refused, as by
-    torch's own hook."""
+    passed beside its conjugate): an in-place op on the output gave silently wrong gradients
+    (the conjugated argument was taken for the one the output views). Now the argument read
+    as the output reads its memory is found: the op is carried, the gradients without hooks
+    (torch's own hook refuses it)."""
     fns: dict[str, Callable[..., Any]] = {
         "conj_of_a_conj_input": lambda a, b: a.conj(),
         "conj_slice_of_a_conj_input": lambda a, b: a.conj()[1:],
@@ -321,11 +322,66 @@ def test_output_not_conjugated_where_its_input_is(case: str) -> None:
         except RuntimeError as error:
             return error
 
-    assert isinstance(program("none"), torch.Tensor)
+    expected = program("none")
+    assert isinstance(expected, torch.Tensor)
     assert isinstance(program("native"), RuntimeError)
     got = program("unihook")
-    assert isinstance(got, RuntimeError), got
-    assert "modified inplace" in str(got), got
+    assert isinstance(got, torch.Tensor), got
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+# name -> (the module's function, its arguments from the caller's tensor, the base the loss
+# reads, whether the op on the output is carried (else refused, as by torch's own hook))
+_SHARED_STORAGE: dict[str, tuple[Callable[..., Any], Callable[[Any], tuple[Any, ...]], bool]] = {
+    # the complex argument, not its `.real` (a smaller byte span holding none of the imaginary
+    # parts), is the one the output views
+    "view_beside_its_real": (lambda a, b: a.view(-1)[1:4], lambda c: (c, c.real), True),
+    # `.real` and `.imag` cover each other's byte spans: refused (no alias rebuilds them)
+    "imag_beside_real": (lambda a, b: b[:1], lambda c: (c.real, c.imag), False),
+    # `as_strided` over a `.real` counts positions in the complex storage
+    "as_strided_of_a_real": (lambda h: h.as_strided((2, 2), (1, 2), 1), lambda c: (c.real,), False),
+    # elements that share memory: an op on one is an op on another
+    "unfold": (lambda h: h.unfold(0, 2, 1), lambda c: (torch.view_as_real(c)[:, 0],), False),
+}
+
+
+@pytest.mark.parametrize("case", list(_SHARED_STORAGE))
+def test_output_of_arguments_sharing_storage_is_carried_or_refused(case: str) -> None:
+    """Found by an attack: an output viewing one of several arguments that share storage, or
+    overlapping itself, was taken for a view of the wrong one (or carried element by element):
+    silently wrong gradients after an in-place op on it. Now carried exactly where the argument
+    it views is found, else refused as by torch's own hook."""
+    fn, make_args, carried = _SHARED_STORAGE[case]
+
+    def program(hook: str) -> Any:
+        module = Fn(fn)
+        if hook == "native":
+            module.register_full_backward_hook(lambda *a: None)
+        elif hook == "unihook":
+            unihook.register_full_backward_hook(module, lambda *a: None)
+        torch.manual_seed(0)
+        x = torch.randn(2, 3, dtype=torch.complex64, requires_grad=True)
+        c = (x * 1).reshape(-1)
+        try:
+            out = module(*make_args(c))
+            out.mul_(2)
+            as_real = torch.view_as_real(out) if out.is_complex() else out
+            loss = torch.view_as_real(c).pow(2).sum() + as_real.pow(3).sum()
+            loss.backward()
+            return x.grad
+        except RuntimeError as error:
+            return error
+
+    expected = program("none")
+    assert isinstance(expected, torch.Tensor)
+    assert isinstance(program("native"), RuntimeError)
+    got = program("unihook")
+    if carried:
+        assert isinstance(got, torch.Tensor), got
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    else:
+        assert isinstance(got, RuntimeError), got
+        assert "modified inplace" in str(got), got
 
 
 def test_stale_output_read_without_history_does_not_raise() -> None:

@@ -362,10 +362,10 @@ def watch(
         if replaced[j] is not alias or type(alias) is not torch.Tensor:
             continue  # (the caller's own tensor back, guarded, or no alias)
         output = outputs[j]
-        original, whole = None, True
+        original, whole, itself = None, True, False
         for k, i in enumerate(tensor_idx):
             if output is args[i]:
-                original = originals[k]
+                original, itself = originals[k], True
                 break
         else:
             if type(output) is InputAlias or output._is_view():
@@ -384,12 +384,15 @@ def watch(
             or output.is_conj()
             or original.is_conj()
             or output.is_neg() != original.is_neg()
+            or (not itself and (original.is_neg() or _reinterpreted(original)))
+            or _overlaps_itself(output)
         ):
             # A view as another dtype (`.real`, `.imag`, `view_as_real`) or a lazily conjugated
-            # one (or of a lazily conjugated input: `x.conj()` of it is no longer one; a lazy
-            # negation on one side only): an op on it is not carried to the input (no view of
-            # the alias rebuilds the caller's), so it is refused, as torch's own hook refuses
-            # an op on any output
+            # or negated one, or of an input that is one (`x.conj()` of a conjugated input is
+            # no longer one; `as_strided` over a `.real` counts in the complex storage), or one
+            # whose elements overlap (`unfold`): an op on it is not carried to the input (no
+            # view of the alias rebuilds the caller's), so it is refused, as torch's own hook
+            # refuses an op on any output
             replaced[j] = Guard.apply(alias)
             continue
         _mark(alias, _State(alias, original, whole, site))
@@ -448,21 +451,60 @@ def _stands_for(output: Any, keys: _Keys, mark: int) -> tuple[Any, bool]:
     """The tensor `output` is without hooks, a view of an argument or a hooked submodule's
     watched output (an alias of the input, not a view), and whether it is all of it."""
     inputs, originals = keys.inputs, keys.originals
-    found, size = None, None
     (o0, o1) = _bytes(output)
+    # The arguments holding the output's memory (views of one tensor passed as several
+    # arguments share its storage): those reading it as the output does (dtype, lazy
+    # conjugation and negation) first, then the smallest; where several tie, the one whose
+    # elements are the output's (`m(c.real, c.imag)` cover each other's spans).
+    candidates = []
     for k in keys.sharing(output):
-        # the smallest argument holding the output's memory (views of one tensor passed as
-        # several arguments share its storage)
-        a0, a1 = _bytes(inputs[k])
-        if a0 <= o0 and o1 <= a1 and (size is None or a1 - a0 < size):
-            found, size = k, a1 - a0
-    if found is not None:
+        arg = inputs[k]
+        a0, a1 = _bytes(arg)
+        if a0 <= o0 and o1 <= a1:
+            candidates.append((_reads_differently(output, arg), a1 - a0, k))
+    if candidates:
+        candidates.sort()
+        best = [k for rank, size, k in candidates if (rank, size) == candidates[0][:2]]
+        found = best[0]
+        if len(best) > 1:
+            found = next((k for k in best if _holds(inputs[k], output)), found)
         return originals[found], _Geometry(output).same(_Geometry(inputs[found]))
     if _older(output, mark):
         return _caller_tensor(output), True
     if output._is_view() and _older(output._base, mark):
         return _caller_tensor(output._base), False
     return None, False
+
+
+def _reinterpreted(tensor: Any) -> bool:
+    """Whether `tensor` views memory of another dtype (`.real` of a complex tensor)."""
+    base = tensor._base
+    return base is not None and base.dtype != tensor.dtype
+
+
+def _overlaps_itself(tensor: Any) -> bool:
+    """Whether two of `tensor`'s elements may share memory (`unfold`, `expand`): torch's own
+    check, 2 where it cannot tell (counted as overlapping)."""
+    return bool(torch._debug_has_internal_overlap(tensor))  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def _reads_differently(a: Any, b: Any) -> int:
+    """How many of dtype, lazy conjugation and lazy negation differ between `a` and `b`."""
+    return (a.dtype != b.dtype) + (a.is_conj() != b.is_conj()) + (a.is_neg() != b.is_neg())
+
+
+def _holds(arg: Any, output: Any) -> bool:
+    """Whether every element of `output` is an element of `arg` (same element size: their
+    storage positions; rare, on ties only)."""
+    if arg.element_size() != output.element_size():
+        return False
+    end = max(span(arg)[1], span(output)[1])
+    positions = torch.arange(end)
+    inside = torch.zeros(end, dtype=torch.bool)
+    g = _Geometry(arg)
+    inside[positions.as_strided(g.size, g.stride, g.offset).reshape(-1)] = True
+    g = _Geometry(output)
+    return bool(inside[positions.as_strided(g.size, g.stride, g.offset).reshape(-1)].all())
 
 
 def _bytes(tensor: Any) -> tuple[int, int]:
