@@ -482,10 +482,13 @@ def _reinterpreted(tensor: Any) -> bool:
     return base is not None and base.dtype != tensor.dtype
 
 
+_internal_overlap = torch._debug_has_internal_overlap  # pyright: ignore[reportPrivateImportUsage]
+
+
 def _overlaps_itself(tensor: Any) -> bool:
     """Whether two of `tensor`'s elements may share memory (`unfold`, `expand`): torch's own
     check, 2 where it cannot tell (counted as overlapping)."""
-    return bool(torch._debug_has_internal_overlap(tensor))  # pyright: ignore[reportAttributeAccessIssue]
+    return bool(_internal_overlap(tensor))
 
 
 def _reads_differently(a: Any, b: Any) -> int:
