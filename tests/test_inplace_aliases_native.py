@@ -384,6 +384,81 @@ def test_output_of_arguments_sharing_storage_is_carried_or_refused(case: str) ->
         assert "modified inplace" in str(got), got
 
 
+class _Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:  # type: ignore[override]
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+        return grad * 2
+
+
+class _TripleInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:  # type: ignore[override]
+        x.mul_(3)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+        return grad * 3
+
+
+def _reentrant(t: Any) -> Any:
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(lambda u: u * 2, t, use_reentrant=True)
+
+
+# name -> (the program after `o = Identity(h)`, whether torch without hooks and unihook agree
+# (else unihook refuses, as torch's own hook does))
+_INTO_FUNCTION: dict[str, tuple[Callable[[Any, Any], Any], bool]] = {
+    "stale_into_function": (lambda o, h: (h.mul_(3), _Double.apply(o))[1], False),
+    "stale_into_reentrant_checkpoint": (lambda o, h: (h.mul_(3), _reentrant(o))[1], False),
+    "changed_then_input_changed_into_function": (
+        lambda o, h: (o.mul_(2), h.mul_(3), _Double.apply(o))[2],
+        False,
+    ),
+    "fresh_into_function": (lambda o, h: _Double.apply(o), True),
+    "changed_into_function": (lambda o, h: (o.mul_(2), _Double.apply(o) + h)[1], True),
+    "marked_dirty_then_function": (
+        lambda o, h: (lambda d: _Double.apply(d) + d)(_TripleInPlace.apply(o)),
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_INTO_FUNCTION))
+def test_output_given_to_a_custom_function_after_its_input_changed(case: str) -> None:
+    """A custom autograd Function's node takes the histories of what `apply` gets before its
+    forward runs, and no __torch_function__ sees `apply`: a stale output given to one (or to
+    `checkpoint(use_reentrant=True)`) gave the gradient without the input's in-place op
+    silently (2 where torch gives 6). Now `InPlaceError`, where torch's own hook raises too;
+    fresh or synced outputs pass as without hooks."""
+    program, agree = _INTO_FUNCTION[case]
+
+    def run(hooked: bool) -> Any:
+        module = torch.nn.Identity()
+        handle = unihook.register_full_backward_hook(module, lambda *a: None) if hooked else None
+        try:
+            x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+            h = x * 1
+            program(module(h), h).sum().backward()
+            return x.grad
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    expected = run(False)
+    if agree:
+        torch.testing.assert_close(run(True), expected, rtol=0, atol=0)
+    else:
+        with pytest.raises(unihook.InPlaceError):
+            run(True)
+
+
 def test_stale_output_read_without_history_does_not_raise() -> None:
     """Reading a stale output's values (detach, no_grad, numpy, its shape) records no history:
     no error; the values are the changed ones, as without hooks."""

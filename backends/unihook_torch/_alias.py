@@ -23,6 +23,7 @@ and views taken of them are watched too.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -154,6 +155,16 @@ class _State:
         self.root_fn, self.original_fn = root.grad_fn, fn
         return False
 
+    def outdated(self) -> bool:
+        """Whether the input changed in place since the output last took its history (a use
+        with grad would bring the output up to date first, or find it stale: `refresh`)."""
+        if self.root() is None:
+            return False
+        original = self.original
+        if type(original) is InputAlias and original.__dict__[_STATE].outdated():
+            return True
+        return original.grad_fn is not self.original_fn
+
     def stale_error(self) -> InPlaceError:
         return InPlaceError(
             f"{self.site}: without hooks the module's output is a tensor that exists apart "
@@ -250,6 +261,12 @@ def _dispatch(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, A
             return func(*args, **kwargs)
         watched = _watched((*args, *kwargs.values()))
         stale = [w for w in watched if w.__dict__[_STATE].refresh()]
+        if watched and not stale and not torch.is_grad_enabled():
+            # A custom Function's forward (without grad): its node took the histories of what
+            # `apply` was given before any op here could bring them up to date
+            late = [w for w in watched if w.__dict__[_STATE].outdated()]
+            if late and _applied_to(late):
+                raise late[0].__dict__[_STATE].stale_error()
         # the tensors the op may change in place: self (by position or keyword), `out=`
         first = args[0] if args else kwargs.get("input", kwargs.get("self"))
         targets = _watched((first, kwargs.get("out")))
@@ -267,6 +284,27 @@ def _dispatch(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, A
             for view in result if type(result) in (tuple, list) else (result,):
                 _watch_view(view, watched)
         return result
+
+
+# A custom autograd Function's `apply` (Python, around the C one): its forward runs without
+# grad, and its node takes the histories of the tensors given to `apply` (no
+# __torch_function__ sees `apply` itself; `checkpoint(use_reentrant=True)` is one)
+_APPLY = torch.autograd.Function.apply.__func__.__code__  # pyright: ignore[reportFunctionMemberAccess]
+_APPLY_DEPTH = 16  # frames from `_dispatch` up to that `apply`: forward's own calls between
+
+
+def _applied_to(tensors: Sequence[Any]) -> bool:
+    """Whether this op runs in the forward of a custom Function given one of `tensors`
+    (read from the frames: only for a stale output, rare)."""
+    frame = sys._getframe(1)
+    for _ in range(_APPLY_DEPTH):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return False
+        if frame.f_code is _APPLY:
+            given = frame.f_locals.get("args", ())
+            return any(arg is t for arg in given for t in tensors)
+    return False
 
 
 def _property(func: Any) -> str | None:
