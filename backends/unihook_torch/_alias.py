@@ -400,6 +400,12 @@ def watch(
         if replaced[j] is not alias or type(alias) is not torch.Tensor:
             continue  # (the caller's own tensor back, guarded, or no alias)
         output = outputs[j]
+        if _outside_base(output):
+            # a view reaching past the tensor it views (`as_strided` over an argument): torch
+            # carries an in-place op on it only within that tensor, the rest of the change
+            # has no history; refused, as torch's own hook refuses an op on any output
+            replaced[j] = Guard.apply(alias)
+            continue
         original, whole, itself = None, True, False
         for k, i in enumerate(tensor_idx):
             if output is args[i]:
@@ -527,6 +533,15 @@ def _overlaps_itself(tensor: Any) -> bool:
     """Whether two of `tensor`'s elements may share memory (`unfold`, `expand`): torch's own
     check, 2 where it cannot tell (counted as overlapping)."""
     return bool(_internal_overlap(tensor))
+
+
+def _outside_base(tensor: Any) -> bool:
+    """Whether `tensor` is a view covering memory its base does not (`as_strided`)."""
+    base = tensor._base
+    if base is None:
+        return False
+    (o0, o1), (b0, b1) = _bytes(tensor), _bytes(base)
+    return o0 < b0 or b1 < o1
 
 
 def _reads_differently(a: Any, b: Any) -> int:
