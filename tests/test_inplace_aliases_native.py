@@ -384,6 +384,74 @@ def test_output_of_arguments_sharing_storage_is_carried_or_refused(case: str) ->
         assert "modified inplace" in str(got), got
 
 
+def _as_strided_past(t: Any) -> Any:
+    return t.as_strided((2, 2), (1, 2), t.storage_offset() + 1)
+
+
+# name -> (the arguments from the caller's 4 x 4 tensor, the module's function, carried (else
+# refused, as by torch's own hook))
+_OVERLAPPING: dict[str, tuple[Callable[[Any], tuple[Any, ...]], Callable[..., Any], bool]] = {
+    "slice_of_one_of_three": (lambda x: (x, x[1:], x.T), lambda a, b, c: b[1:], True),
+    "diagonal_beside_its_transpose": (lambda x: (x, x.T, x.diagonal()), lambda a, b, c: c, True),
+    "as_strided_past_a_row": (lambda x: (x[:1],), _as_strided_past, False),
+    "as_strided_over_a_diagonal": (
+        lambda x: (x.diagonal(), x.T, x),
+        lambda a, b, c: _as_strided_past(a),
+        False,
+    ),
+    "as_strided_over_a_column_slice": (
+        lambda x: (x[:, 1:], x[1:], x),
+        lambda a, b, c: _as_strided_past(a),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["alone", "nested"])
+@pytest.mark.parametrize("case", list(_OVERLAPPING))
+def test_output_over_overlapping_arguments_is_carried_or_refused(case: str, nested: bool) -> None:
+    """Found by attacks (three arguments viewing one tensor; `as_strided` reaching elements its
+    argument does not hold; an inner module's refused output returned on by an outer one and
+    a hooked Identity): an in-place op on the output gave silently wrong gradients. Now
+    carried exactly where the output is all an argument's own elements, else refused as by
+    torch's own hook."""
+    make_args, fn, carried = _OVERLAPPING[case]
+
+    def program(hook: str) -> Any:
+        inner = Fn(fn)
+        model: torch.nn.Module = inner
+        if nested:
+            model = torch.nn.Sequential(inner, torch.nn.Identity())
+            model.forward = lambda *args: model[1](model[0](*args))  # type: ignore[method-assign]
+        for module in model.modules():
+            if hook == "native":
+                module.register_full_backward_hook(lambda *a: None)
+            elif hook == "unihook":
+                unihook.register_full_backward_hook(module, lambda *a: None)
+        z = torch.arange(16.0).reshape(4, 4).requires_grad_()
+        x = z * 1
+        try:
+            out = model(*make_args(x))
+            out.mul_(2)
+            (out * (torch.arange(out.numel()).reshape(out.shape) + 1)).sum().add(
+                (x * x).sum()
+            ).backward()
+            return z.grad
+        except RuntimeError as error:
+            return error
+
+    expected = program("none")
+    assert isinstance(expected, torch.Tensor)
+    assert isinstance(program("native"), RuntimeError)
+    got = program("unihook")
+    if carried:
+        assert isinstance(got, torch.Tensor), got
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    else:
+        assert isinstance(got, RuntimeError), got
+        assert "modified inplace" in str(got), got
+
+
 class _Double(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Any) -> Any:  # type: ignore[override]

@@ -416,6 +416,12 @@ def watch(
                 if keys is None:
                     keys = _Keys([args[i] for i in tensor_idx], originals)
                 original, whole = _stands_for(output, keys, mark)
+                if original is None and keys.sharing(output):
+                    # memory of an argument that no view of the alias rebuilds (elements of
+                    # several, a guarded output of an inner module): an op on it would change
+                    # the argument without its history; refused, as by torch's own hook
+                    replaced[j] = Guard.apply(alias)
+                    continue
             elif _older(output, mark):
                 original = _caller_tensor(output)
         if original is None and n in shared:
@@ -430,6 +436,8 @@ def watch(
             or output.is_neg() != original.is_neg()
             or (not itself and (original.is_neg() or _reinterpreted(original)))
             or _overlaps_itself(output)
+            or _guarded(original)
+            or _guarded(output)
         ):
             # A view as another dtype (`.real`, `.imag`, `view_as_real`) or a lazily conjugated
             # or negated one, or of an input that is one (`x.conj()` of a conjugated input is
@@ -453,6 +461,9 @@ class Guard(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
         return grad
+
+
+_GUARD_NODE = Guard._backward_cls  # pyright: ignore[reportAttributeAccessIssue]
 
 
 class _Keys:
@@ -504,7 +515,8 @@ def _stands_for(output: Any, keys: _Keys, mark: int) -> tuple[Any, bool]:
     for k in keys.sharing(output):
         arg = inputs[k]
         a0, a1 = _bytes(arg)
-        if a0 <= o0 and o1 <= a1:
+        # (within its span: all of the output's elements are its own where it has no gaps)
+        if a0 <= o0 and o1 <= a1 and (_dense(arg) or _holds(arg, output)):
             candidates.append((_reads_differently(output, arg), a1 - a0, k))
     if candidates:
         candidates.sort()
@@ -520,6 +532,22 @@ def _stands_for(output: Any, keys: _Keys, mark: int) -> tuple[Any, bool]:
     return None, False
 
 
+def _dense(tensor: Any) -> bool:
+    """Whether `tensor`'s elements fill its span (no gaps: contiguous, transposed, ...)."""
+    first, end = span(tensor)
+    return tensor.numel() == end - first
+
+
+def _guarded(tensor: Any) -> bool:
+    """Whether `tensor` is a guarded output, or a view of one, which torch refuses ops on (an
+    outer module returning it on would carry them past the guard)."""
+    while tensor is not None:
+        if type(tensor.grad_fn) is _GUARD_NODE:
+            return True
+        tensor = tensor._base if tensor._is_view() else None
+    return False
+
+
 def _reinterpreted(tensor: Any) -> bool:
     """Whether `tensor` views memory of another dtype (`.real` of a complex tensor)."""
     base = tensor._base
@@ -530,18 +558,33 @@ _internal_overlap = torch._debug_has_internal_overlap  # pyright: ignore[reportP
 
 
 def _overlaps_itself(tensor: Any) -> bool:
-    """Whether two of `tensor`'s elements may share memory (`unfold`, `expand`): torch's own
-    check, 2 where it cannot tell (counted as overlapping)."""
-    return bool(_internal_overlap(tensor))
+    """Whether two of `tensor`'s elements share memory (`unfold`, `expand`). torch's own check
+    says yes (a stride 0), no (contiguous), or cannot tell (any other layout): then strides
+    each past the reach of the smaller ones (transposes, slices, diagonals) share none, and
+    other layouts (rare) are counted."""
+    found = _internal_overlap(tensor)
+    if found != 2:
+        return bool(found)
+    reach = 0
+    for stride, size in sorted((st, n) for n, st in zip(tensor.size(), tensor.stride()) if n > 1):
+        if stride <= reach:
+            break
+        reach += (size - 1) * stride
+    else:
+        return False
+    g = _Geometry(tensor)
+    positions = torch.arange(span(tensor)[1]).as_strided(g.size, g.stride, g.offset)
+    return bool(positions.unique().numel() < positions.numel())
 
 
 def _outside_base(tensor: Any) -> bool:
-    """Whether `tensor` is a view covering memory its base does not (`as_strided`)."""
+    """Whether `tensor` is a view covering memory its base does not (`as_strided`; over a base
+    with gaps, a diagonal or a column slice: elements it does not hold)."""
     base = tensor._base
     if base is None:
         return False
     (o0, o1), (b0, b1) = _bytes(tensor), _bytes(base)
-    return o0 < b0 or b1 < o1
+    return o0 < b0 or b1 < o1 or not (_dense(base) or _holds(base, tensor))
 
 
 def _reads_differently(a: Any, b: Any) -> int:
