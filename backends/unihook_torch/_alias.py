@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import torch
@@ -404,7 +405,7 @@ def watch(
             # a view reaching past the tensor it views (`as_strided` over an argument): torch
             # carries an in-place op on it only within that tensor, the rest of the change
             # has no history; refused, as torch's own hook refuses an op on any output
-            replaced[j] = Guard.apply(alias)
+            replaced[j] = guard(alias)
             continue
         original, whole, itself = None, True, False
         for k, i in enumerate(tensor_idx):
@@ -420,7 +421,7 @@ def watch(
                     # memory of an argument that no view of the alias rebuilds (elements of
                     # several, a guarded output of an inner module): an op on it would change
                     # the argument without its history; refused, as by torch's own hook
-                    replaced[j] = Guard.apply(alias)
+                    replaced[j] = guard(alias)
                     continue
             elif _older(output, mark):
                 original = _caller_tensor(output)
@@ -445,7 +446,7 @@ def watch(
             # whose elements overlap (`unfold`): an op on it is not carried to the input (no
             # view of the alias rebuilds the caller's), so it is refused, as torch's own hook
             # refuses an op on any output
-            replaced[j] = Guard.apply(alias)
+            replaced[j] = guard(alias)
             continue
         _mark(alias, _State(alias, original, whole, site))
 
@@ -461,9 +462,6 @@ class Guard(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
         return grad
-
-
-_GUARD_NODE = Guard._backward_cls  # pyright: ignore[reportAttributeAccessIssue]
 
 
 class _Keys:
@@ -514,9 +512,11 @@ def _stands_for(output: Any, keys: _Keys, mark: int) -> tuple[Any, bool]:
     candidates = []
     for k in keys.sharing(output):
         arg = inputs[k]
-        a0, a1 = _bytes(arg)
+        first, end, count = _extent(arg)
+        size = arg.element_size()
+        a0, a1 = first * size, end * size
         # (within its span: all of the output's elements are its own where it has no gaps)
-        if a0 <= o0 and o1 <= a1 and (_dense(arg) or _holds(arg, output)):
+        if a0 <= o0 and o1 <= a1 and (count == end - first or _holds(arg, output)):
             candidates.append((_reads_differently(output, arg), a1 - a0, k))
     if candidates:
         candidates.sort()
@@ -532,20 +532,51 @@ def _stands_for(output: Any, keys: _Keys, mark: int) -> tuple[Any, bool]:
     return None, False
 
 
+def _extent(tensor: Any) -> tuple[int, int, int]:
+    """`span` (torch's strides are never negative) and the number of elements, without
+    `_Geometry`: read at every call of a module returning a view."""
+    first = end = tensor.storage_offset()
+    count = 1
+    for size, stride in zip(tensor.size(), tensor.stride()):
+        if not size:
+            return first, first, 0
+        end += (size - 1) * stride
+        count *= size
+    return first, end + 1, count
+
+
 def _dense(tensor: Any) -> bool:
     """Whether `tensor`'s elements fill its span (no gaps: contiguous, transposed, ...)."""
-    first, end = span(tensor)
-    return tensor.numel() == end - first
+    first, end, count = _extent(tensor)
+    return count == end - first
 
 
 def _guarded(tensor: Any) -> bool:
     """Whether `tensor` is a guarded output, or a view of one, which torch refuses ops on (an
-    outer module returning it on would carry them past the guard)."""
-    while tensor is not None:
-        if type(tensor.grad_fn) is _GUARD_NODE:
-            return True
-        tensor = tensor._base if tensor._is_view() else None
-    return False
+    outer module returning it on would carry them past the guard): a view whose base is an
+    alias `guard` took (nothing else holds that alias)."""
+    if not tensor._is_view():
+        return False
+    base = tensor._base
+    ref = _guarded_bases.get(id(base))
+    return ref is not None and ref() is base
+
+
+# the aliases `guard` made a guarded view of, by id (see `_guarded`)
+_guarded_bases: dict[int, weakref.ref[Any]] = {}
+
+
+def _forget_guarded(key: int, ref: weakref.ref[Any]) -> None:
+    if _guarded_bases.get(key) is ref:
+        del _guarded_bases[key]
+
+
+def guard(alias: Any) -> Any:
+    """`alias` returned as a view made inside a custom Function (`Guard`): torch refuses every
+    in-place op on it and on its views."""
+    key = id(alias)
+    _guarded_bases[key] = weakref.ref(alias, partial(_forget_guarded, key))
+    return Guard.apply(alias)
 
 
 def _reinterpreted(tensor: Any) -> bool:
@@ -583,8 +614,11 @@ def _outside_base(tensor: Any) -> bool:
     base = tensor._base
     if base is None:
         return False
-    (o0, o1), (b0, b1) = _bytes(tensor), _bytes(base)
-    return o0 < b0 or b1 < o1 or not (_dense(base) or _holds(base, tensor))
+    (t0, t1, _), (b0, b1, count) = _extent(tensor), _extent(base)
+    size, base_size = tensor.element_size(), base.element_size()
+    if t0 * size < b0 * base_size or b1 * base_size < t1 * size:
+        return True
+    return count != b1 - b0 and not _holds(base, tensor)
 
 
 def _reads_differently(a: Any, b: Any) -> int:
@@ -609,7 +643,7 @@ def _holds(arg: Any, output: Any) -> bool:
 def _bytes(tensor: Any) -> tuple[int, int]:
     """`span` in bytes: a view as another dtype (`.real` of a complex tensor) counts its
     positions in its own elements."""
-    first, end = span(tensor)
+    first, end, _ = _extent(tensor)
     size = tensor.element_size()
     return first * size, end * size
 

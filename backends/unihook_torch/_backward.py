@@ -29,7 +29,7 @@ from unihook.backend import (
 from unihook.handles import Handle
 
 from . import NAME
-from ._alias import Guard, InputAlias, changed, mark, span, use, watch
+from ._alias import InputAlias, changed, guard, mark, span, use, watch
 from ._compile import EagerUnderCompile, outside_dynamo
 from ._global import TORCH_CALL_CODE, WRAPPER_CODES
 
@@ -233,7 +233,7 @@ class TorchAutograd(Autograd):
     @staticmethod
     def guard(tensor: Any, error: Callable[[], Exception], site: Site) -> Any:
         # torch's own RuntimeError at the in-place op, where it raises without hooks
-        return Guard.apply(tensor)
+        return guard(tensor)
 
     @staticmethod
     def memory_key(tensor: Any) -> int | None:
