@@ -291,20 +291,21 @@ def _dispatch(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, A
 # grad, and its node takes the histories of the tensors given to `apply` (no
 # __torch_function__ sees `apply` itself; `checkpoint(use_reentrant=True)` is one)
 _APPLY = torch.autograd.Function.apply.__func__.__code__  # pyright: ignore[reportFunctionMemberAccess]
-_APPLY_DEPTH = 16  # frames from `_dispatch` up to that `apply`: forward's own calls between
 
 
 def _applied_to(tensors: Sequence[Any]) -> bool:
     """Whether this op runs in the forward of a custom Function given one of `tensors`
-    (read from the frames: only for a stale output, rare)."""
-    frame = sys._getframe(1)
-    for _ in range(_APPLY_DEPTH):
-        frame = frame.f_back  # type: ignore[assignment]
-        if frame is None:
-            return False
+    (read from the frames: only for a stale output, rare). Every frame up is read: with
+    hooked modules each call adds several (a checkpointed `Sequential(Sequential(Linear))`
+    is more than 16 deep), and a Function's forward may apply another Function around the op
+    (the inner `apply` not given the tensor, the outer one took its history)."""
+    frame = sys._getframe(1).f_back
+    while frame is not None:
         if frame.f_code is _APPLY:
             given = frame.f_locals.get("args", ())
-            return any(arg is t for arg in given for t in tensors)
+            if any(arg is t for arg in given for t in tensors):
+                return True
+        frame = frame.f_back
     return False
 
 
