@@ -474,10 +474,33 @@ class _TripleInPlace(torch.autograd.Function):
         return grad * 3
 
 
+class _DoubleData(torch.autograd.Function):
+    """Reads its input through `.data` only (a property, no op on the tensor itself)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:  # type: ignore[override]
+        return x.data * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+        return grad * 2
+
+
 def _reentrant(t: Any) -> Any:
     from torch.utils.checkpoint import checkpoint
 
     return checkpoint(lambda u: u * 2, t, use_reentrant=True)
+
+
+def _nested_reentrant(t: Any) -> Any:
+    """A checkpointed `Sequential(Sequential(Linear))` under a global hook: the op runs more
+    than 16 frames below `apply` (a 16-frame look-up missed it)."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(3, 3)))
+    with unihook.register_module_full_backward_hook(lambda *a: None, backend="torch"):
+        return checkpoint(inner, t, use_reentrant=True)
 
 
 # name -> (the program after `o = Identity(h)`, whether torch without hooks and unihook agree
@@ -485,6 +508,14 @@ def _reentrant(t: Any) -> Any:
 _INTO_FUNCTION: dict[str, tuple[Callable[[Any, Any], Any], bool]] = {
     "stale_into_function": (lambda o, h: (h.mul_(3), _Double.apply(o))[1], False),
     "stale_into_reentrant_checkpoint": (lambda o, h: (h.mul_(3), _reentrant(o))[1], False),
+    "stale_into_nested_reentrant_checkpoint": (
+        lambda o, h: (h.mul_(3), _nested_reentrant(o))[1],
+        False,
+    ),
+    "stale_read_through_data_in_function": (
+        lambda o, h: (h.mul_(3), _DoubleData.apply(o))[1],
+        False,
+    ),
     "changed_then_input_changed_into_function": (
         lambda o, h: (o.mul_(2), h.mul_(3), _Double.apply(o))[2],
         False,

@@ -258,16 +258,15 @@ def _dispatch(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, A
             return func(*args, **kwargs)
         if getattr(func, "__name__", None) in _PROPERTY and _property(func) not in _VIEWS:
             # a property that gives no view: no history read (torch sets `_backward_hooks` on
-            # a view while it holds the lock its `grad_fn` takes)
+            # a view while it holds the lock its `grad_fn` takes); `.data` read in a custom
+            # Function's forward (below)
+            if _property(func) == "data" and not torch.is_grad_enabled():
+                _refuse_in_function(_watched(args))
             return func(*args, **kwargs)
         watched = _watched((*args, *kwargs.values()))
         stale = [w for w in watched if w.__dict__[_STATE].refresh()]
         if watched and not stale and not torch.is_grad_enabled():
-            # A custom Function's forward (without grad): its node took the histories of what
-            # `apply` was given before any op here could bring them up to date
-            late = [w for w in watched if w.__dict__[_STATE].outdated()]
-            if late and _applied_to(late):
-                raise late[0].__dict__[_STATE].stale_error()
+            _refuse_in_function(watched)
         # the tensors the op may change in place: self (by position or keyword), `out=`
         first = args[0] if args else kwargs.get("input", kwargs.get("self"))
         targets = _watched((first, kwargs.get("out")))
@@ -291,6 +290,15 @@ def _dispatch(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, A
 # grad, and its node takes the histories of the tensors given to `apply` (no
 # __torch_function__ sees `apply` itself; `checkpoint(use_reentrant=True)` is one)
 _APPLY = torch.autograd.Function.apply.__func__.__code__  # pyright: ignore[reportFunctionMemberAccess]
+
+
+def _refuse_in_function(watched: Sequence[Any]) -> None:
+    """(An op without grad.) In a custom Function's forward, its node took the histories of
+    what `apply` was given before any op here could bring them up to date: a watched output
+    whose input changed since raises. (Under the caller's `no_grad` too: forward cannot tell.)"""
+    late = [w for w in watched if w.__dict__[_STATE].outdated()]
+    if late and _applied_to(late):
+        raise late[0].__dict__[_STATE].stale_error()
 
 
 def _applied_to(tensors: Sequence[Any]) -> bool:
