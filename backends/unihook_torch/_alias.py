@@ -24,6 +24,7 @@ and views taken of them are watched too.
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from functools import partial
 from typing import Any, Callable, Sequence
@@ -575,16 +576,22 @@ def _guarded(tensor: Any) -> bool:
 _guarded_bases: dict[int, weakref.ref[Any]] = {}
 
 
+_guarded_lock = threading.Lock()  # (a callback's check-and-delete beside another thread's entry)
+
+
 def _forget_guarded(key: int, ref: weakref.ref[Any]) -> None:
-    if _guarded_bases.get(key) is ref:
-        del _guarded_bases[key]
+    with _guarded_lock:
+        if _guarded_bases.get(key) is ref:
+            del _guarded_bases[key]
 
 
 def guard(alias: Any) -> Any:
     """`alias` returned as a view made inside a custom Function (`Guard`): torch refuses every
     in-place op on it and on its views."""
     key = id(alias)
-    _guarded_bases[key] = weakref.ref(alias, partial(_forget_guarded, key))
+    ref = weakref.ref(alias, partial(_forget_guarded, key))
+    with _guarded_lock:
+        _guarded_bases[key] = ref
     return Guard.apply(alias)
 
 
