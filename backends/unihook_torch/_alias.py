@@ -576,7 +576,8 @@ def _guarded(tensor: Any) -> bool:
 _guarded_bases: dict[int, weakref.ref[Any]] = {}
 
 
-_guarded_lock = threading.Lock()  # (a callback's check-and-delete beside another thread's entry)
+_guarded_lock = threading.RLock()  # (a callback's check-and-delete beside another thread's entry;
+# reentrant: the collector may run that callback inside the store below, on this thread)
 
 
 def _forget_guarded(key: int, ref: weakref.ref[Any]) -> None:
