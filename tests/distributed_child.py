@@ -853,19 +853,19 @@ def run_port() -> int:
     return int(os.environ.get("UNIHOOK_TEST_PORT") or 0) or free_port()
 
 
-def spawn(fn: Any, args: tuple[Any, ...], framework: str, port: int) -> None:
-    """`fn(rank, *args)` on WORLD ranks: torch's spawn, or paddle's with its trainers on ports
-    `port`, `port + 1`, ... (paddle's own pick, free ports found by binding and closing
+def spawn(fn: Any, args: tuple[Any, ...], framework: str, port: int, world: int = WORLD) -> None:
+    """`fn(rank, *args)` on `world` ranks: torch's spawn, or paddle's with its trainers on
+    ports `port`, `port + 1`, ... (paddle's own pick, free ports found by binding and closing
     them, raced the other runs' ranks starting at the same time: a store aborted)."""
     if framework == "torch":
         import torch.multiprocessing as mp
 
         # a rank that raises makes spawn terminate the others and raise here
-        mp.spawn(fn, args=args, nprocs=WORLD)
+        mp.spawn(fn, args=args, nprocs=world)
     else:
         import paddle.distributed as pdist
 
-        pdist.spawn(fn, args=args, nprocs=WORLD, backend="gloo", started_port=port)
+        pdist.spawn(fn, args=args, nprocs=world, backend="gloo", started_port=port)
 
 
 def main(argv: list[str]) -> None:

@@ -449,8 +449,10 @@ if __name__ == "__main__":
     cases, seed = int(cases_), int(seed_)
     os.makedirs(out, exist_ok=True)
     port = c.run_port()
+    # (as many processes as the world the ranks join: with the harness's own 2, a world of 3
+    # waited for its third rank forever)
     if framework == "torch":
-        c.spawn(rank_main, (framework, out, port, cases, seed, same), framework, port)
+        c.spawn(rank_main, (framework, out, port, cases, seed, same), framework, port, WORLD)
     else:
-        c.spawn(_paddle, (framework, out, 0, cases, seed, same), framework, port)
+        c.spawn(_paddle, (framework, out, 0, cases, seed, same), framework, port, WORLD)
     sys.exit(1 if check(framework, out) else 0)
