@@ -555,12 +555,6 @@ def _extent(tensor: Any) -> tuple[int, int, int]:
     return first, end + 1, count
 
 
-def _dense(tensor: Any) -> bool:
-    """Whether `tensor`'s elements fill its span (no gaps: contiguous, transposed, ...)."""
-    first, end, count = _extent(tensor)
-    return count == end - first
-
-
 def _guarded(tensor: Any) -> bool:
     """Whether `tensor` is a guarded output, or a view of one, which torch refuses ops on (an
     outer module returning it on would carry them past the guard): a view whose base is an
