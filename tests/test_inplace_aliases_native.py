@@ -235,6 +235,22 @@ def test_input_changed_then_output_used_raises() -> None:
     assert "module(x.clone())" in message
 
 
+def _carried_or_refused(program: Callable[[str], Any], carried: bool) -> None:
+    """`program(hook)` ("none", "native", "unihook") returns the gradient or the RuntimeError
+    raised: torch's own hook refuses; unihook gives the gradient without hooks exactly where it
+    carries the op, else torch's own refusal."""
+    expected = program("none")
+    assert isinstance(expected, torch.Tensor)
+    assert isinstance(program("native"), RuntimeError)
+    got = program("unihook")
+    if carried:
+        assert isinstance(got, torch.Tensor), got
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    else:
+        assert isinstance(got, RuntimeError), got
+        assert "modified inplace" in str(got), got
+
+
 # views of a complex input as another dtype, or lazily conjugated: no view of the alias
 # rebuilds the caller's tensor, so an op is not carried but refused, as by torch's own hook
 _REINTERPRETED: dict[str, Callable[[Any], Any]] = {
@@ -322,12 +338,7 @@ def test_output_not_conjugated_where_its_input_is(case: str) -> None:
         except RuntimeError as error:
             return error
 
-    expected = program("none")
-    assert isinstance(expected, torch.Tensor)
-    assert isinstance(program("native"), RuntimeError)
-    got = program("unihook")
-    assert isinstance(got, torch.Tensor), got
-    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    _carried_or_refused(program, carried=True)
 
 
 # name -> (the module's function, its arguments from the caller's tensor, the base the loss
@@ -372,16 +383,7 @@ def test_output_of_arguments_sharing_storage_is_carried_or_refused(case: str) ->
         except RuntimeError as error:
             return error
 
-    expected = program("none")
-    assert isinstance(expected, torch.Tensor)
-    assert isinstance(program("native"), RuntimeError)
-    got = program("unihook")
-    if carried:
-        assert isinstance(got, torch.Tensor), got
-        torch.testing.assert_close(got, expected, rtol=0, atol=0)
-    else:
-        assert isinstance(got, RuntimeError), got
-        assert "modified inplace" in str(got), got
+    _carried_or_refused(program, carried)
 
 
 def _as_strided_past(t: Any) -> Any:
@@ -440,16 +442,7 @@ def test_output_over_overlapping_arguments_is_carried_or_refused(case: str, nest
         except RuntimeError as error:
             return error
 
-    expected = program("none")
-    assert isinstance(expected, torch.Tensor)
-    assert isinstance(program("native"), RuntimeError)
-    got = program("unihook")
-    if carried:
-        assert isinstance(got, torch.Tensor), got
-        torch.testing.assert_close(got, expected, rtol=0, atol=0)
-    else:
-        assert isinstance(got, RuntimeError), got
-        assert "modified inplace" in str(got), got
+    _carried_or_refused(program, carried)
 
 
 class _Double(torch.autograd.Function):
