@@ -444,6 +444,29 @@ def mismatch_scenario(fw: Framework, rank: int) -> dict[str, str]:
     return found
 
 
+def evaluation_with_grad_scenario(fw: Framework, rank: int) -> dict[str, Any]:
+    """Rank 0 alone runs an evaluation-mode forward with gradients enabled (`model.eval()`
+    without no_grad) between two training steps: its merge pairs with rank 1's next training
+    forward, whose numbers must not mix with it. Both ranks raise the same RankMismatchError
+    in that collective, then train on with their merges paired again."""
+    x, coefficients = batch()
+    wrapped = fw.wrap(fw.model(weights()))
+    x, coefficients = fw.tensor(x[rows(rank)]), fw.tensor(coefficients[rows(rank)])
+    errors = []
+    with ActivationStats(wrapped) as stats:
+        for step in range(3):
+            try:
+                if rank == 0 and step == 1:
+                    wrapped.eval()
+                    wrapped(x)
+                    wrapped.train()
+                (wrapped(x) * coefficients).sum().backward()
+            except RankMismatchError as e:
+                errors.append((step, str(e)))
+                wrapped.train()
+        return {"errors": errors, "rows": stats.rows()}
+
+
 def empty_where_scenario(fw: Framework, rank: int) -> dict[str, Any]:
     """Synced recipes watching no module: nothing recorded, as in one process."""
     x, coefficients = batch()
@@ -797,6 +820,7 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     result["inner_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights())), rank, LR, True)
     result["mismatch"] = mismatch_scenario(fw, rank)
     result["empty_where"] = empty_where_scenario(fw, rank)
+    result["evaluation_with_grad"] = evaluation_with_grad_scenario(fw, rank)
     result["evaluation_between"] = evaluation_between_scenario(
         fw, fw.wrap(fw.model(weights())), rank
     )

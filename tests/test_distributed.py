@@ -362,6 +362,23 @@ def test_ranks_watching_different_modules_raise_on_every_rank(ranks: Any) -> Non
             assert "'extra:" not in messages[0] and "'1:ReLU'" in messages[0]
 
 
+def test_an_evaluation_with_gradients_on_one_rank_raises_on_every_rank(ranks: Any) -> None:
+    """Its merge would pair with the other rank's training forward and mix their numbers."""
+    framework, found = ranks
+    errors = [result["evaluation_with_grad"]["errors"] for result in found]
+    # rank 0 raises in its evaluation forward, rank 1 in its training forward of step 1, with
+    # the same message; the last step merges as before
+    assert [[step for step, _ in e] for e in errors] == [[1], [1]], (framework, errors)
+    message = errors[0][0][1]
+    assert errors[1][0][1] == message, (framework, errors)
+    assert "ActivationStats cannot merge" in message, message
+    assert "rank 0: ActivationStats' numbers of an evaluation-mode forward" in message, message
+    assert "rank 1: ActivationStats' numbers of a training-mode forward" in message, message
+    rows = [result["evaluation_with_grad"]["rows"] for result in found]
+    assert rows[0] == rows[1] and rows[0], (framework, rows)
+    assert {row["calls"] for row in rows[0] if row["name"] == "0"} == {2}, rows[0]
+
+
 def test_recipes_watching_no_module_record_nothing(ranks: Any) -> None:
     framework, found = ranks
     for result in found:

@@ -188,6 +188,18 @@ class Recipe(Removable):
             )
         self._layout = list(layout)
 
+    def _out_of_step(self, model: Any, merging: list[str]) -> None:
+        """The ranks' collectives paired merges about different things (`merging`, per rank):
+        the same RankMismatchError on every rank, before their numbers mix."""
+        found = "; ".join(f"rank {rank}: {what}" for rank, what in enumerate(merging))
+        raise RankMismatchError(
+            f"unihook ({backend_of(model)}): {type(self).__name__} cannot merge the ranks' "
+            f"numbers: their collectives paired different merges ({found}). Every rank must "
+            f"run the same recorded forwards, in the same mode (train or eval), and the same "
+            f"backwards, as data-parallel training asks; evaluate under no_grad (not recorded "
+            f"by synced recipes), or pass sync=False."
+        )
+
     def remove(self) -> None:
         self._build = None
         self._hooks.remove()

@@ -49,6 +49,17 @@ Key = tuple[str, int, int]
 #: a Key on the wire: the module's index in the recipe's agreed module list
 Wire = tuple[int, int, int]
 
+# What a rank's merge is about, sent with it (`Slots.exchange`): collectives that pair must be
+# about the same thing, else the ranks' numbers would mix (an evaluation-mode forward with
+# gradients on one rank merged with the others' training forward), so every rank raises.
+TRAINING_FORWARD, EVALUATION_FORWARD, FORWARD_TABLE, BACKWARD = 1, 2, 3, 4
+STAMPS = {
+    TRAINING_FORWARD: "ActivationStats' numbers of a training-mode forward",
+    EVALUATION_FORWARD: "ActivationStats' numbers of an evaluation-mode forward",
+    FORWARD_TABLE: "GradientMonitor's outputs of a forward",
+    BACKWARD: "GradientMonitor's gradients of a backward",
+}
+
 _WINDOW = 16  # merges over which the collective's section keeps room for its largest entries
 
 
@@ -253,15 +264,18 @@ class Slots:
         base_length: Callable[[int], int],
         header: Sequence[float],
         entries: Sequence[Any],
+        stamp: int,
         table: bool = False,
     ) -> tuple[Any, Any, list[dict[Wire, Part]]]:
-        """One all_gather of [base, need, *header, slot entries up to `capacity`] (the recipe's
-        `_gather`: the ranks agree on the modules first): a second one, with a larger capacity,
-        when a rank's entries did not fit. Returns every rank's base, header and entries.
-        `table`: a decision's table (every output of a forward), whose capacity is its own."""
+        """One all_gather of [base, need, stamp, *header, slot entries up to `capacity`] (the
+        recipe's `_gather`: the ranks agree on the modules first): a second one, with a larger
+        capacity, when a rank's entries did not fit. Returns every rank's base, header and
+        entries. `stamp` (`STAMPS`): what the merge is about; where the ranks' differ, the
+        recipe raises (`_out_of_step`) on every rank. `table`: a decision's table (every
+        output of a forward), whose capacity is its own."""
         section = np.concatenate(entries) if entries else np.zeros(0)
         need = len(section)
-        head = [float(need), *header]
+        head = [float(need), float(stamp), *header]
         width = len(base)
         while True:
             capacity = self._tables if table else self.capacity
@@ -276,6 +290,9 @@ class Slots:
                 names,
                 lambda count, size=size: base_length(count) + size,
             )
+            stamps = rows[:, width + 1]
+            if (stamps != stamps[0]).any():  # (every rank sees the same rows: all raise)
+                recipe._out_of_step(model, [STAMPS.get(int(s), "?") for s in stamps.tolist()])
             most = int(rows[:, width].max()) if len(rows) else 0
             if most <= capacity:
                 break
@@ -285,7 +302,7 @@ class Slots:
                 self.capacity = _room(most)
         start = width + len(head)
         parts = [parse(row[start : start + int(row[width])]) for row in rows]
-        return rows[:, :width], rows[:, width + 1 : start], parts
+        return rows[:, :width], rows[:, width + 2 : start], parts
 
     def keep_room(self, parts: list[dict[Wire, Part]], kinds: dict[Wire, int]) -> None:
         """After a merge: room for what the next ones send, the largest entries of the slots

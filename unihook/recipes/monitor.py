@@ -25,6 +25,8 @@ from unihook import (
 
 from ._scope import Recipe, check_every, check_history, tensors_of, where_of
 from ._shared import (
+    BACKWARD,
+    FORWARD_TABLE,
     NEW,
     NO_INPUTS_HEADER,
     SAMPLE,
@@ -282,7 +284,15 @@ class GradientMonitor(Recipe):
         entries = [encode(index, key, seen, ()) for key, seen in step.seen.items()]
         header = (step.batch, *step.inputs_header)
         _, headers, parts = self._slots.exchange(
-            self, self._model, names, (), lambda count: 0, header, entries, table=True
+            self,
+            self._model,
+            names,
+            (),
+            lambda count: 0,
+            header,
+            entries,
+            FORWARD_TABLE,
+            table=True,
         )
         kinds = self._slots.decide(self._model, names, parts, headers, step.seen, {})
         for key, seen in list(step.seen.items()):
@@ -417,7 +427,7 @@ class GradientMonitor(Recipe):
         step.grads = {}
         header = (step.batch, *step.inputs_header)
         ranks, headers, parts = self._slots.exchange(
-            self, self._model, names, local, lambda count: 3 * count + 2, header, entries
+            self, self._model, names, local, lambda count: 3 * count + 2, header, entries, BACKWARD
         )
         kinds = self._slots.decide(self._model, names, parts, headers, step.seen, step.kinds)
         self._slots.keep_room(parts, kinds)

@@ -13,10 +13,12 @@ from unihook import HookGroup, attach, ops, register_forward_hook, register_forw
 
 from ._scope import Recipe, check_every, check_history, tensors_of, where_of
 from ._shared import (
+    EVALUATION_FORWARD,
     NEW,
     NO_INPUTS_HEADER,
     SAMPLE,
     SHARED,
+    TRAINING_FORWARD,
     Key,
     Seen,
     Slots,
@@ -122,6 +124,7 @@ class ActivationStats(Recipe):
         self._world = self._merging(model, sync)
         self._names: list[str] = []  # the modules hooked: the layout of the ranks' vectors
         self._skipping = False  # this forward of the model is not recorded (see _counted)
+        self._training = True  # the mode of the running forward of the model
         self._stats: dict[str, _Running] = {}
         self._step: dict[str, _Running] = {}  # this forward's, merged into `history` at its end
         self._history: deque[dict[str, _Running]] = deque(maxlen=max_history)
@@ -216,6 +219,7 @@ class ActivationStats(Recipe):
             return
         self._step = {}
         self._world = self._merging(module, self.sync)
+        self._training = bool(ops.unwrap(module).training)  # (what the merge says it is about)
         self._skipping = not self._counted(module)
         self._calls, self._seen = {}, {}
         if self._world is not None and not self._skipping:
@@ -255,8 +259,16 @@ class ActivationStats(Recipe):
         entries = [encode(index, key, s, moments) for key, (s, moments) in seen.items()]
         compared = self._slots.wants_inputs((key, s) for key, (s, _) in seen.items())
         header = (self._batch, *(inputs_header(self._inputs) if compared else NO_INPUTS_HEADER))
+        stamp = TRAINING_FORWARD if self._training else EVALUATION_FORWARD
         ranks, headers, parts = self._slots.exchange(
-            self, self._model, names, local.reshape(-1), lambda n: n * _FIELDS, header, entries
+            self,
+            self._model,
+            names,
+            local.reshape(-1),
+            lambda n: n * _FIELDS,
+            header,
+            entries,
+            stamp,
         )
         found = {key: s for key, (s, _) in seen.items()}
         kinds = self._slots.decide(self._model, names, parts, headers, found, {})
