@@ -485,3 +485,40 @@ def test_torch_reductions_of_views_and_sparse_tensors() -> None:
     assert ops.sum_squares(sparse) == pytest.approx(50.0)
     assert ops.moments(sparse)[:3] == (6, pytest.approx(2.0), pytest.approx(26.0))
     assert ops.moments(sparse)[5] == 3
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        lambda x: x.contiguous(memory_format=torch.channels_last),
+        lambda x: x.permute(3, 1, 0, 2),
+        lambda x: x.flatten(1).T,
+    ],
+    ids=["channels_last", "permute", "transpose"],
+)
+def test_torch_reductions_read_permuted_memory_in_place(layout: Any) -> None:
+    """A tensor whose values fill one block of memory in another order than C's (channels_last
+    activations and gradients) is reduced where it lies: the same numbers as its contiguous
+    copy, and no copy of its values (a `reshape(-1)` copied it: 2.8x the moments' time, 8x the
+    sum of squares')."""
+    import tracemalloc
+
+    x = torch.randn(4, 8, 32, 32)
+    x[0, 0, :4] = 0.0
+    permuted = layout(x)
+    assert not permuted.is_contiguous()
+    plain = permuted.contiguous()
+    ops.moments(plain), ops.sum_squares(plain)  # (the per-thread scratch buffers, once)
+    tracemalloc.start()
+    try:
+        got = ops.moments(permuted), ops.sum_squares(permuted)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    want = ops.moments(plain), ops.sum_squares(plain)
+    assert peak < plain.numel(), peak  # a quarter of its bytes: a copy would be all of them
+    (count, mean, m2, low, high, zeros, nonfinite), squares = got
+    assert (count, low, high, zeros, nonfinite) == (*want[0][:1], *want[0][3:])
+    assert mean == pytest.approx(want[0][1], rel=1e-6, abs=1e-7)
+    assert m2 == pytest.approx(want[0][2], rel=1e-6)
+    assert squares == pytest.approx(want[1], rel=1e-6)

@@ -333,7 +333,7 @@ def cpu_moments(array: Any) -> Moments:
     cancellation. Zeros are counted only when min <= 0 <= max."""
     import numpy as np  # lazily: `import unihook` stays light
 
-    a = _real(np, np.asarray(array)).reshape(-1)
+    a = _real(np, _flat(np.asarray(array)))
     if a.dtype not in (np.float32, np.float64):
         a = a.astype(np.float32 if a.dtype.kind == "f" else np.float64)
     n = a.size
@@ -398,7 +398,7 @@ def cpu_sum_squares(array: Any) -> float:
     weigh more than 1e-7 of the sum) the sum is redone exactly in float64."""
     import numpy as np
 
-    a = _real(np, np.asarray(array)).reshape(-1)
+    a = _real(np, _flat(np.asarray(array)))
     if a.dtype not in (np.float32, np.float64):
         # float16 squares are exact in float32; integers and the rest go to float64
         a = a.astype(np.float32 if a.dtype == np.float16 else np.float64)
@@ -428,6 +428,16 @@ def _quiet_dot_rows(np: Any) -> Callable[..., float]:
     if not _quiet:
         _quiet.append(np.errstate(over="ignore", under="ignore")(_dot_rows))
     return _quiet[0]
+
+
+def _flat(a: Any) -> Any:
+    """`a`'s values along one axis, in memory order: no copy where they fill one block in
+    another order than C's (a channels_last activation or gradient, a transpose), whose
+    `reshape(-1)` copied them (2.8x the moments' time, 8x the sum of squares'). The statistics
+    do not depend on the order."""
+    if a.ndim > 1 and not a.flags.c_contiguous:
+        a = a.transpose(sorted(range(a.ndim), key=lambda axis: -a.strides[axis]))
+    return a.reshape(-1)  # (a copy only where the values do not fill one block)
 
 
 def _real(np: Any, a: Any) -> Any:
