@@ -496,6 +496,11 @@ def _nested_reentrant(t: Any) -> Any:
         return checkpoint(inner, t, use_reentrant=True)
 
 
+def _without_grad(f: Callable[[Any], Any], t: Any) -> Any:
+    with torch.no_grad():
+        return f(t)
+
+
 # name -> (the program after `o = Identity(h)`, whether torch without hooks and unihook agree
 # (else unihook refuses, as torch's own hook does))
 _INTO_FUNCTION: dict[str, tuple[Callable[[Any, Any], Any], bool]] = {
@@ -514,6 +519,19 @@ _INTO_FUNCTION: dict[str, tuple[Callable[[Any, Any], Any], bool]] = {
         False,
     ),
     "fresh_into_function": (lambda o, h: _Double.apply(o), True),
+    # under the caller's no_grad the Function records no node: nothing to refuse
+    "stale_into_function_under_no_grad": (
+        lambda o, h: (h.mul_(3), _without_grad(_Double.apply, o), h * 1)[2],
+        True,
+    ),
+    "stale_into_reentrant_checkpoint_under_no_grad": (
+        lambda o, h: (h.mul_(3), _without_grad(_reentrant, o), h * 1)[2],
+        True,
+    ),
+    "stale_read_through_data_in_function_under_no_grad": (
+        lambda o, h: (h.mul_(3), _without_grad(_DoubleData.apply, o), h * 1)[2],
+        True,
+    ),
     "changed_into_function": (lambda o, h: (o.mul_(2), _Double.apply(o) + h)[1], True),
     "marked_dirty_then_function": (
         lambda o, h: (lambda d: _Double.apply(d) + d)(_TripleInPlace.apply(o)),

@@ -27,6 +27,7 @@ import sys
 import threading
 import weakref
 from functools import partial
+from types import FrameType
 from typing import Any, Callable, Sequence
 
 import torch
@@ -296,7 +297,8 @@ _APPLY = torch.autograd.Function.apply.__func__.__code__  # pyright: ignore[repo
 def _refuse_in_function(watched: Sequence[Any]) -> None:
     """(An op without grad.) In a custom Function's forward, its node took the histories of
     what `apply` was given before any op here could bring them up to date: a watched output
-    whose input changed since raises. (Under the caller's `no_grad` too: forward cannot tell.)"""
+    whose input changed since raises (not under the caller's `no_grad`, which records no
+    node, where the forward's `ctx` shows it)."""
     late = [w for w in watched if w.__dict__[_STATE].outdated()]
     if late and _applied_to(late):
         raise late[0].__dict__[_STATE].stale_error()
@@ -308,14 +310,25 @@ def _applied_to(tensors: Sequence[Any]) -> bool:
     hooked modules each call adds several (a checkpointed `Sequential(Sequential(Linear))`
     is more than 16 deep), and a Function's forward may apply another Function around the op
     (the inner `apply` not given the tensor, the outer one took its history)."""
-    frame = sys._getframe(1).f_back
+    frame, below = sys._getframe(1).f_back, None
     while frame is not None:
         if frame.f_code is _APPLY:
             given = frame.f_locals.get("args", ())
             if any(arg is t for arg in given for t in tensors):
-                return True
-        frame = frame.f_back
+                return _records_node(below)
+        frame, below = frame.f_back, frame
     return False
+
+
+def _records_node(forward: FrameType | None) -> bool:
+    """Whether the Function whose forward runs in the frame `forward` (the one its `apply`
+    called) records a node: not under the caller's `no_grad`, where torch collects no edge
+    for its `ctx` (`next_functions` empty). A forward without `ctx` (`setup_context`'s style):
+    it cannot be told, so yes."""
+    if forward is None or not forward.f_code.co_argcount:
+        return True
+    ctx = forward.f_locals.get(forward.f_code.co_varnames[0])
+    return not isinstance(ctx, torch._C._FunctionBase) or bool(ctx.next_functions)
 
 
 def _property(func: Any) -> str | None:
