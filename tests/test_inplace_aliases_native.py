@@ -505,6 +505,7 @@ def _without_grad(f: Callable[[Any], Any], t: Any) -> Any:
 # (else unihook refuses, as torch's own hook does))
 _INTO_FUNCTION: dict[str, tuple[Callable[[Any, Any], Any], bool]] = {
     "stale_into_function": (lambda o, h: (h.mul_(3), _Double.apply(o))[1], False),
+    "stale_into_function_by_keyword": (lambda o, h: (h.mul_(3), _Double.apply(x=o))[1], False),
     "stale_into_reentrant_checkpoint": (lambda o, h: (h.mul_(3), _reentrant(o))[1], False),
     "stale_into_nested_reentrant_checkpoint": (
         lambda o, h: (h.mul_(3), _nested_reentrant(o))[1],

@@ -313,7 +313,8 @@ def _applied_to(tensors: Sequence[Any]) -> bool:
     frame, below = sys._getframe(1).f_back, None
     while frame is not None:
         if frame.f_code is _APPLY:
-            given = frame.f_locals.get("args", ())
+            local = frame.f_locals
+            given = (*local.get("args", ()), *(local.get("kwargs") or {}).values())
             if any(arg is t for arg in given for t in tensors):
                 return _records_node(below)
         frame, below = frame.f_back, frame
