@@ -870,3 +870,63 @@ def test_tensor_from_before_the_call_changed_in_place_and_returned(kind: str, ca
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (torch's: no input requires grad)
         torch.testing.assert_close(run(True), run(False), rtol=0, atol=0)
+
+
+class _KeywordOrList(torch.nn.Module):
+    def __init__(self, body: Callable[[Any, Any], Any], by_keyword: bool) -> None:
+        super().__init__()
+        self.body, self.by_keyword = body, by_keyword
+
+    def forward(self, x: Any, items: Any = None, other: Any = None) -> Any:
+        return self.body(x, other if self.by_keyword else items[0])
+
+
+# forward(x, other): `other` is the caller's tensor `x` stands for (by keyword or in a list)
+_BESIDE_AN_ALIAS: dict[str, Callable[[Any, Any], Any]] = {
+    "other_changed_after_x": lambda x, o: (x.mul_(2), o.add_(1), o)[2],
+    "other_read_after_x_changed": lambda x, o: (x.mul_(2), o * 3)[1],
+    "other_returned_after_x_changed": lambda x, o: (x.mul_(2), o)[1],
+    "x_returned_after_other_changed": lambda x, o: (o.mul_(2), x)[1],
+    "x_read_after_other_changed": lambda x, o: (o.mul_(2), x * 3)[1],
+    "view_of_other_returned_after_x_changed": lambda x, o: (x.mul_(2), o[1:])[1],
+}
+
+
+@pytest.mark.parametrize("by_keyword", [True, False], ids=["keyword", "list"])
+@pytest.mark.parametrize("case", list(_BESIDE_AN_ALIAS))
+@pytest.mark.parametrize("kind", ["full", "global"])
+def test_a_tensor_given_by_keyword_or_in_a_list_beside_its_alias(
+    case: str, by_keyword: bool, kind: str
+) -> None:
+    """`m(h, other=h)` / `m(h, [h])`, forward changes one of the two in place and uses the
+    other: the positional one is an alias of its own, the other the caller's tensor, so the
+    change does not reach the other's history (12 silent wrong gradients, helper-42's F1).
+    Torch's own hook refuses; unihook raises InPlaceError naming both."""
+    module = _KeywordOrList(_BESIDE_AN_ALIAS[case], by_keyword)
+
+    def run(hook: str) -> Any:
+        handle: Any = None
+        if hook == "native":
+            handle = module.register_full_backward_hook(lambda *a: None)
+        elif hook == "full":
+            handle = unihook.register_full_backward_hook(module, lambda *a: None)
+        elif hook == "global":
+            handle = unihook.register_module_full_backward_hook(lambda *a: None, backend="torch")
+        x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        h = x * 1
+        try:
+            out = module(h, other=h) if by_keyword else module(h, [h])
+            (out * out).sum().backward()
+            return x.grad
+        except RuntimeError as error:
+            return error
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    assert isinstance(run("none"), torch.Tensor)
+    assert isinstance(run("native"), RuntimeError)
+    got = run(kind)
+    assert isinstance(got, unihook.InPlaceError), got
+    where = "keyword argument 'other'" if by_keyword else "a tensor inside argument 1"
+    assert f"argument 0 and {where} share memory" in str(got), got

@@ -10,6 +10,7 @@ decides how its identity avoids the in-place trap (torch: a detached alias, not 
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import warnings
@@ -623,45 +624,67 @@ class ModuleBackward:
         """Forward changed an input in place through its identity alias: the caller's tensor
         takes the alias's history, as it would have had without the identity."""
         version, moved = self.autograd.version, self.moved
-        changed = [
-            k
-            for k, (i, v) in enumerate(zip(call.tensor_idx, call.versions))
-            if k not in done
-            and originals[k] is not None
-            and args[i] is not None
-            and args[i] is not originals[k]
-            and version(args[i]) != v
-            and (moved is None or moved(args[i], originals[k]))
-        ]
-        if changed and len(call.tensor_idx) > 1:
-            self._refuse_shared_inputs(call, changed, originals)
+        changed: list[int] = []  # through the alias forward got
+        touched: list[int] = []  # through another tensor sharing its memory
+        for k, (i, v) in enumerate(zip(call.tensor_idx, call.versions)):
+            if (
+                originals[k] is not None
+                and args[i] is not None
+                and args[i] is not originals[k]
+                and version(args[i]) != v
+            ):
+                (changed if moved is None or moved(args[i], originals[k]) else touched).append(k)
+        if changed or touched:  # (also those returned, `done`: the check is the same)
+            self._refuse_shared_inputs(call, args, changed, touched, originals)
         for k in changed:
+            if k in done:
+                continue
             self.autograd.rebase(originals[k], args[call.tensor_idx[k]])
 
-    def _refuse_shared_inputs(self, call: _Call, changed: list[int], originals: list[Any]) -> None:
-        """Forward changed an argument in place that shares memory with another (`m(x, x)`,
-        a tensor and a view of it): each got an alias of its own, so the change did not reach
-        the other's history, which forward may have used after it."""
+    def _refuse_shared_inputs(
+        self,
+        call: _Call,
+        args: Sequence[Any],
+        changed: list[int],
+        touched: list[int],
+        originals: list[Any],
+    ) -> None:
+        """Forward changed a tensor argument in place (`changed`: through its alias;
+        `touched`: through another tensor) that shares memory with another tensor it got
+        (`m(x, x)`, a tensor and a view of it, `m(x, other=x)`, `m(x, [x])`): each
+        positional tensor got an alias of its own, so the change did not reach the other's
+        history, which forward may have used after it."""
+        tensor_idx = call.tensor_idx
+        may_take_keywords = _takes_keywords(call.module, len(args))
+        if len(args) == 1 and not may_take_keywords:
+            return  # (an in-place activation: forward got nothing else)
         overlaps = self.overlaps or (lambda a, b: a is b)
         requires_grad = self.autograd.requires_grad
-        for k in changed:
-            for k2, other in enumerate(originals):
+        positional = [(f"argument {tensor_idx[k]}", t) for k, t in enumerate(originals)]
+        keywords = _keywords(self.call_ids) if may_take_keywords else {}
+        nested = _nested(args, tensor_idx, keywords, self.autograd.is_tensor)
+        for k in (*changed, *touched):
+            # a changed alias misses the others' histories; a touched one, the keyword's or
+            # list's that changed it (the other aliases of `m(x, x)`: their own `changed`)
+            others = (positional + nested) if k in changed else nested
+            for j, (name, other) in enumerate(others):
                 # (one that needs no grad has no history to miss: `m(x, x.detach())`)
                 if (
-                    k2 != k
+                    (j != k or k not in changed)
                     and other is not None
                     and requires_grad(other)
                     and overlaps(originals[k], other)
                 ):
-                    i, i2 = call.tensor_idx[k], call.tensor_idx[k2]
+                    what = "the argument" if k in changed else f"{name}"
                     raise InPlaceError(
-                        f"{call.site}: arguments {min(i, i2)} and {max(i, i2)} share memory "
-                        "(the same tensor passed twice, `m(x, x)`, or a tensor and a view of "
-                        "it) and forward changed one of them in place. With backward hooks "
-                        "each argument is an alias of its own (torch's own hook gives each a "
-                        "view, and raises at any in-place op on it): the change would not "
-                        "reach the other's history, and the gradients would be wrong. Pass a "
-                        "copy for one of them (`m(x, x.clone())`)"
+                        f"{call.site}: argument {tensor_idx[k]} and {name} share memory "
+                        "(the same tensor passed twice, `m(x, x)`, `m(x, other=x)`, `m(x, "
+                        f"[x])`, or a tensor and a view of it) and forward changed {what} in "
+                        "place. With backward hooks each positional argument is an alias of "
+                        "its own (torch's own hook gives each a view, and raises at any "
+                        "in-place op on it): the change would not reach the other's history, "
+                        "and the gradients would be wrong. Pass a copy for one of them "
+                        "(`m(x, x.clone())`)"
                     )
 
 
@@ -736,6 +759,55 @@ _PASSED = _Passed()
 
 def _NO_MODULE() -> None:
     """The module reference of a `hold` mark: none."""
+
+
+def _takes_keywords(module: Any, n_args: int) -> bool:
+    """Whether a call of `module` with `n_args` positional arguments may have had keyword
+    arguments: its `forward` has parameters those leave unfilled, or takes `**kwargs` (an
+    in-place activation, `forward(self, input)` called with one, cannot: no frame to read)."""
+    code = getattr(getattr(module, "forward", None), "__code__", None)
+    if code is None:
+        return True
+    return (
+        bool(code.co_flags & _VARKEYWORDS)
+        or code.co_kwonlyargcount > 0
+        or (code.co_argcount - 1 > n_args)
+    )
+
+
+_VARKEYWORDS = inspect.CO_VARKEYWORDS
+
+
+def _keywords(ids: frozenset[int]) -> dict[str, Any]:
+    """The keyword arguments of the innermost module call in flight on this thread (its call
+    function's `kwargs`), read only where forward changed an argument in place."""
+    frame = _call_frame(sys._getframe(1), ids)
+    found = None if frame is None else frame.f_locals.get("kwargs")
+    return found if isinstance(found, dict) else {}
+
+
+def _nested(
+    args: Sequence[Any],
+    tensor_idx: Sequence[int],
+    kwargs: dict[str, Any],
+    is_tensor: Callable[[Any], bool],
+) -> list[tuple[str, Any]]:
+    """The tensors forward got besides its positional tensor arguments (which have aliases):
+    inside positional lists, tuples and dicts, and by keyword, named for an error."""
+    found: list[tuple[str, Any]] = []
+    todo: list[tuple[str, Any]] = [
+        (f"a tensor inside argument {i}", a) for i, a in enumerate(args) if i not in tensor_idx
+    ]
+    todo += [(f"keyword argument {key!r}", value) for key, value in kwargs.items()]
+    while todo:
+        name, value = todo.pop()
+        if is_tensor(value):
+            found.append((name, value))
+        elif isinstance(value, (list, tuple)):
+            todo += [(name, v) for v in value]
+        elif isinstance(value, dict):
+            todo += [(name, v) for v in value.values()]
+    return found
 
 
 def _call_frame(frame: FrameType | None, ids: frozenset[int]) -> FrameType | None:
