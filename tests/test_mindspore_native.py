@@ -833,7 +833,8 @@ def test_one_pipeline_sync_per_backward_pass(monkeypatch: Any) -> None:
         x = ms.Tensor(np.array([1.0, -2.0], np.float32))
         for _ in range(3):
             ms.grad(fn)(x)
-        assert syncs.count(_backward._carry_versions.__name__) == 3
+        # (`_carry_versions`'s, or a `_reached`'s that ran first)
+        assert syncs.count(_backward._sync_once_per_pass.__name__) == 3
     finally:
         for handle in handles:
             handle.remove()
@@ -1472,3 +1473,98 @@ def test_a_script_ending_with_hooked_cells_prints_nothing() -> None:
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
     assert "Exception ignored" not in done.stderr, done.stderr[-2000:]
+
+
+def _kept_then_overwritten(cell: Any, x: Any, upstream: str) -> Any:
+    """`cell` keeps its output; the caller overwrites what it got from a detached value and
+    reads the kept one. `upstream`: "live" (the cell got `x * 1`), "cut" (a tensor overwritten
+    from a detached value before the call: nothing upstream is differentiable); "+changed":
+    then what the cell's op saved changes in place (MindSpore's version error, were the kept
+    tensor's old history read)."""
+    h = x * 1.0
+    given = h
+    if upstream.startswith("cut"):  # (the attack's cell: `x.copy_(stop_gradient(x) * 2)`)
+        h.copy_(ms.ops.stop_gradient(h) * 2.0)
+        given = h * h
+    y = cell(given)
+    if upstream.endswith("+changed"):
+        h.copy_(h * 3.0)  # (what the cell's Mul, or the attack's, saved)
+    y.copy_(ms.ops.stop_gradient(y) * 3.0)
+    return y.sum() + (cell.kept * cell.kept).sum()
+
+
+@pytest.mark.parametrize("kind", _BACKWARD_KINDS + ["full_backward_pre+full_backward"])
+@pytest.mark.parametrize("upstream", ["live", "live+changed", "cut+changed"])
+def test_an_output_the_cell_kept_overwritten_from_a_detached_value_is_refused(
+    kind: str, upstream: str
+) -> None:
+    """Issue 16, the generator's seed 7 with `inputs`, program 71 (and seeds 1, 3, 7 without
+    `inputs`: 131, 52, 114): a hooked cell keeps its output (`self.kept = h * h`); the caller
+    overwrites what it got from a detached value (`y.copy_(stop_gradient(y) * 3)`) and reads
+    the kept tensor. Without hooks the kept tensor is the one overwritten: its history is the
+    detached value's, the gradient zeros. With hooks the caller's is the output's alias: the
+    op cut the alias's history, so the output identity's backward (which refuses a kept
+    output that changed) never ran, and the kept tensor's old history was read: another
+    gradient, silently ("live"), or MindSpore's own version-counter error where what the
+    cell's history saved changed too ("+changed"; program 71: "cut+changed", the attack's
+    cell before). Now `InPlaceError`, naming the cell: at once where the kept tensor's history
+    reaches a leaf, else MindSpore's error becomes it."""
+    x = ms.Tensor(np.array([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]], np.float32))
+    cell = Fn(lambda self, h: keep(self, h * 2.0 if upstream.startswith("cut") else h * h))
+    fn = lambda x: _kept_then_overwritten(cell, x, upstream)  # noqa: E731
+    np.testing.assert_array_equal(ms.grad(fn)(x).asnumpy(), np.zeros((2, 3), np.float32))
+    handles = _input_hooks(kind, cell)
+    try:
+        with pytest.raises(unihook.InPlaceError, match="Fn.*changed in place after it returned"):
+            ms.grad(fn)(x)
+    finally:
+        _remove(handles)
+
+
+@pytest.mark.parametrize("kind", _BACKWARD_KINDS + ["full_backward_pre+full_backward"])
+def test_an_output_the_cell_kept_overwritten_where_nothing_upstream_is_differentiable(
+    kind: str,
+) -> None:
+    """The test above where everything upstream of the cell was overwritten from a detached
+    value before the call and nothing the kept history saved changes: the kept tensor's old
+    history reaches no leaf, the gradients are MindSpore's (zeros), as before (the generator's
+    seeds 1, 3, 7 have 5 such programs, which a first version of the fix refused)."""
+    x = ms.Tensor(np.array([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]], np.float32))
+    cell = Fn(lambda self, h: keep(self, h * 2.0))
+    fn = lambda x: _kept_then_overwritten(cell, x, "cut")  # noqa: E731
+    np.testing.assert_array_equal(ms.grad(fn)(x).asnumpy(), np.zeros((2, 3), np.float32))
+    handles = _input_hooks(kind, cell)
+    try:
+        np.testing.assert_array_equal(ms.grad(fn)(x).asnumpy(), np.zeros((2, 3), np.float32))
+    finally:
+        _remove(handles)
+
+
+@pytest.mark.parametrize("kind", _BACKWARD_KINDS + ["full_backward_pre+full_backward"])
+def test_an_input_returned_as_it_was_then_overwritten_from_a_detached_value_is_refused(
+    kind: str,
+) -> None:
+    """Issue 16, the generator's seed 7 with `inputs`, program 278: an `Identity`-like hooked
+    cell returns what Exp made (Exp's backward reads its output); the caller changes that
+    tensor in place (`y.copy_(y * 3)`), overwrites the cell's output from a detached value
+    and reads both. Without hooks the output is `y`: its history is the detached value's, the
+    gradient zeros. With hooks the output is an alias whose history the op cut: the output
+    identity's backward (which refuses this output once changed) never ran, and `y`'s history
+    reached Exp, which raised MindSpore's version-counter error. Now `InPlaceError`."""
+    x = ms.Tensor(np.array([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]], np.float32))
+    ident = Fn(lambda self, h: h)
+
+    def fn(x: Any) -> Any:
+        y = ms.ops.exp(x * 1.0)
+        a = ident(y)
+        y.copy_(y * 3.0)
+        a.copy_(ms.ops.stop_gradient(a) * 3.0)
+        return a.sum() + (y * y).sum()
+
+    np.testing.assert_array_equal(ms.grad(fn)(x).asnumpy(), np.zeros((2, 3), np.float32))
+    handles = _input_hooks(kind, ident)
+    try:
+        with pytest.raises(unihook.InPlaceError, match="Fn.*changed in place after it returned"):
+            ms.grad(fn)(x)
+    finally:
+        _remove(handles)

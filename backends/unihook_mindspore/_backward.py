@@ -22,6 +22,10 @@ MindSpore quirks handled here:
   an input alias are rebased onto the caller's tensor (``_Rebase``), which bumps its counter;
   an in-place op on an output's alias after the call moves the output's counter at the output
   identity's backward (``_carry_versions``), so MindSpore's check of a saved output raises;
+- ... where the backward reaches the output by another way than its alias (a kept output, an
+  argument returned) and never reaches the output identity (the caller's op cut the alias's
+  history), a prehook on the output's node refuses instead (`_reached`), or makes MindSpore's
+  version error that follows the refusal (`_converting`, around the executor's `grad`);
 - ... and an in-place op on the caller's tensor after the call moves its counter, not that of
   the input side's alias the cell saved (a Dense its input): `_Watched` moves the alias's
   counter at the output identity's backward, where the caller's moved, so that MindSpore's
@@ -121,6 +125,7 @@ class _Identity(_Function):
             ctx.outputs = list(map(weakref.ref, xs))
             ctx.hazards = None
             ctx.watched = ()  # the call's arguments the cell got as aliases (`_watch_inputs`)
+            ctx.reaches = ()  # (`_on_reach`)
             _made.ctx = ctx
         return aliases
 
@@ -175,6 +180,8 @@ def _carry_versions(ctx: Any, grads: Grads) -> None:
     (`_hazard`), no counter can make that exact: `InPlaceError`."""
     inputs, probes = ctx.inputs, ctx.probes
     ctx.inputs = ctx.probes = ()
+    for reach in ctx.reaches:
+        reach.done = True
     # The counters move in the async pipeline (module docstring): one sync per backward pass,
     # at its first output identity, shows every in-place op issued before the pass. (A sync
     # stalls the pipeline's backward kernels: one per hooked cell made a loop of small cells
@@ -183,11 +190,7 @@ def _carry_versions(ctx: Any, grads: Grads) -> None:
     # backward too); MindSpore's own check, without hooks, misses it at random (3 to 4 runs
     # in 20: a gradient from the changed values, else its error), and where it is missed the
     # gradient is that one (the memory is shared).
-    engine = _engine_id()
-    if engine != _synced[0] or engine < 0:
-        _pynative_executor.sync()
-        _synced[0] = engine
-        _settle_dropped()
+    _sync_once_per_pass()
     if ctx.watched:
         # before the cell's own backward (its nodes come before this one in the graph)
         watched, ctx.watched = ctx.watched, ()
@@ -203,6 +206,141 @@ def _carry_versions(ctx: Any, grads: Grads) -> None:
             moved.append(x)
     if moved:
         _set_versions(moved, [int(x._version) + 1 for x in moved])
+
+
+def _sync_once_per_pass() -> None:
+    engine = _engine_id()
+    if engine != _synced[0] or engine < 0:
+        _pynative_executor.sync()
+        _synced[0] = engine
+        _settle_dropped()
+
+
+class _Reach:
+    """What `_reached` needs of output `k` of a hooked call, held by the prehook on the node
+    that made it: not the output identity's context, which dies where the caller's op cut its
+    alias's history (nothing holds that node any more), nor a handle on the output (its
+    autograd data holds that node: a cycle through C++): the handle on the alias's counter
+    (none of its autograd data), the version it had, and what tells a hazard (`_hazard`)."""
+
+    __slots__ = (
+        "probe", "version", "k", "edges", "index", "site", "output", "static", "view", "done"
+    )  # fmt: skip
+
+    def __init__(self, ctx: Any, k: int, view: bool) -> None:
+        self.probe, self.version, self.k = ctx.probes[k], ctx.versions[k], k
+        self.site, self.output = ctx.site, ctx.outputs[k]
+        self.static = None if ctx.hazards is None else ctx.hazards[k]
+        self.view = view
+        self.done = False
+        self.index = 0
+        self.edges: Sequence[tuple[Any, int]] = ()
+
+
+def _reached(reach: _Reach, grads: Grads) -> None:
+    """(A prehook on the node that made output `k` of a hooked call, or, for an argument
+    returned as it was, on the op that made it.) That node's backward is about to run and the
+    call's output identity's backward has not: the backward reaches the tensor by another way
+    than the caller's alias (the cell kept it, `self.kept = y`; the caller holds it, an
+    argument returned). Where the alias changed in place after the call and the output is
+    more than the alias (`_hazard`), `_carry_versions` refuses at the output identity; that
+    backward never runs where the op cut the alias's history (`y.copy_(stop_gradient(y) *
+    3)`: nothing reaches the alias's old history), and the tensor's own history, which
+    misses the op, is read (without hooks the reads after the op go the op's way). Refused
+    here where that history reaches a leaf and the gradient arriving is not zeros (`_live`:
+    another gradient, silently, before); where it reaches none (the op, or an earlier one,
+    cut everything upstream: MindSpore's gradients, 5 programs of the generator's seeds 1, 3,
+    7), only if MindSpore's version error follows (something that history saved changed
+    since; without hooks there is none: issue 16, the generator's seed 7 with `inputs`,
+    programs 71 and 278): `_converting` makes it this refusal."""
+    if reach.done:
+        return None  # (the output identity's backward checked)
+    grad = grads[reach.index] if reach.index < len(grads) else None
+    if grad is None:
+        return None
+    _sync_once_per_pass()
+    if int(reach.probe._version) == reach.version:
+        return None
+    hazard = reach.static
+    if hazard is None and reach.output() is not None:
+        hazard = _KEPT
+    elif hazard is None and reach.view:
+        hazard = _VIEW
+    if hazard is None:
+        return None
+    reach.done = True
+    error = _changed_error(reach.site, reach.k, hazard + _ANOTHER_WAY)
+    # (a reduction, a sync and a walk of the graph, on the way to an error only)
+    if bool(grad.any()) and _live(reach.edges):
+        raise error
+    if _pending[0] is None:
+        _pending[0] = error
+    return None
+
+
+_COPIES = frozenset({"InplaceCopy", "CopySlice"})  # (`_live`)
+
+
+def _live(edges: Sequence[tuple[Any, int]]) -> bool:
+    """Whether the backward from a node with these `edges` (its `next_functions`) reaches a
+    leaf (a Parameter, an argument of the differentiated function), but through the tensor a
+    `copy_` overwrote (the first edge of `InplaceCopy`, which gets zeros, and of `CopySlice`,
+    a copy into a view, which gets zeros where the view is: all of a reshape, a part of a
+    slice, taken as all): where it does not, the gradient arriving there changes none
+    MindSpore returns. (Taking a live path for a dead one refuses MindSpore's numbers; the
+    other way round leaves the refusal to `_converting`, as where nothing checked.)"""
+    stack: list[Sequence[tuple[Any, int]]] = [edges]
+    seen: set[int] = set()
+    while stack:
+        for parent, _ in stack.pop():
+            if parent is None:
+                continue
+            if parent.is_leaf():
+                return True
+            key = parent._unique_id()
+            if key not in seen:
+                seen.add(key)
+                more = parent.next_functions
+                stack.append(more[1:] if parent.name() in _COPIES else more)
+    return False
+
+
+# The refusal `_reached` found in the running backward pass (`_converting`)
+_pending: list[InPlaceError | None] = [None]
+_CHANGED = "modified by an inplace operation"
+
+
+def _converting(grad: Callable[..., Any]) -> Callable[..., Any]:
+    """MindSpore's executor's `grad` (`mindspore.grad`, `value_and_grad`, `GradOperation`
+    run their backward in it), where MindSpore's version error, after `_reached` found that
+    the backward read a tensor's history which misses an in-place op through a hooked call's
+    alias, becomes that `InPlaceError`. Installed at the first such call (`_on_reach`)."""
+
+    def converting(*args: Any, **kwargs: Any) -> Any:
+        outer, _pending[0] = _pending[0], None  # (a `grad` inside a hook, or a function)
+        try:
+            return grad(*args, **kwargs)
+        except RuntimeError as error:
+            pending = _pending[0]
+            if pending is None or isinstance(error, InPlaceError) or _CHANGED not in str(error):
+                raise
+            raise pending from error
+        finally:
+            _pending[0] = outer
+
+    converting.__wrapped__ = grad  # type: ignore[attr-defined]
+    return converting
+
+
+def _install_converting() -> None:
+    if "grad" not in vars(_pynative_executor):
+        _pynative_executor.grad = _converting(_pynative_executor.grad)
+
+
+_ANOTHER_WAY = (
+    "; the backward reaches that tensor by another way than the output the caller got (the "
+    "cell, a hook or the caller read it apart from the output)"
+)
 
 
 # The ops whose output shares its input's memory (MindSpore records them by these names; a
@@ -266,14 +404,38 @@ _SAVES_OUTPUT = frozenset(
 )
 
 
-def _producer(tensor: Any) -> str:
-    """The name of the op that made `tensor` ("" for a leaf), through unihook's identity nodes
-    (an earlier hooked cell's output alias, under global hooks): output k of one comes from
-    its edge 3 + k (after the three non-tensor arguments), whatever its other outputs."""
+def _producer_node(tensor: Any) -> tuple[Any, int]:
+    """The node of the op that made `tensor` and the output's index (None for a leaf), through
+    unihook's identity nodes (an earlier hooked cell's output alias, under global hooks):
+    output k of one comes from its edge 3 + k (after the three non-tensor arguments),
+    whatever its other outputs."""
     node, index = tensor._grad_node, tensor._output_index
     while node is not None and not node.is_leaf() and node.name() == _Identity.__name__:
         node, index = node.next_functions[3 + index]
-    return "" if node is None or node.is_leaf() else node.name()
+    return (None, 0) if node is None or node.is_leaf() else (node, index)
+
+
+def _producer(tensor: Any) -> str:
+    """The name of the op that made `tensor` ("" for a leaf), as `_producer_node`."""
+    node, _ = _producer_node(tensor)
+    return "" if node is None else node.name()
+
+
+def _on_reach(ctx: Any, reaches: Sequence[tuple[int, Any, int]]) -> None:
+    """`_reached` runs before the backward of each node (output k of the call `ctx` stands
+    for, made by output `index` of `node`), unless the output identity's ran first."""
+    if "grad" not in vars(_pynative_executor):
+        _install_converting()
+    made = []
+    for k, node, index in reaches:
+        reach = _Reach(ctx, k, node.name() in _VIEW_NODES)
+        reach.index = index
+        # (its parents, for `_live`; not the node, which holds this: a cycle through C++)
+        edges = node.next_functions
+        reach.edges = edges[1:] if node.name() in _COPIES else edges
+        node.register_prehook(partial(_reached, reach))
+        made.append(reach)
+    ctx.reaches = made
 
 
 def _hazard(ctx: Any, k: int, x: Any) -> str | None:
@@ -286,17 +448,21 @@ def _hazard(ctx: Any, k: int, x: Any) -> str | None:
     if x is None:
         return None  # (an argument returned unchanged, a leaf: as before, see `watch`)
     if ctx.outputs[k]() is not None:
-        return (
-            "the cell (or a hook) kept the output it returned (`self.kept = y`): without "
-            "hooks the kept tensor is the one changed, with its new history"
-        )
+        return _KEPT
     node = x._grad_node
     if node is not None and node.name() in _VIEW_NODES:
-        return (
-            "the output is a view of another tensor (a reshape, a slice, a transpose): "
-            "without hooks MindSpore's handling of an in-place op on a view applies"
-        )
+        return _VIEW
     return None
+
+
+_KEPT = (
+    "the cell (or a hook) kept the output it returned (`self.kept = y`): without hooks the "
+    "kept tensor is the one changed, with its new history"
+)
+_VIEW = (
+    "the output is a view of another tensor (a reshape, a slice, a transpose): without hooks "
+    "MindSpore's handling of an in-place op on a view applies"
+)
 
 
 def _changed_error(site: Site, k: int, why: str) -> InPlaceError:
@@ -725,6 +891,7 @@ class MindSporeAutograd(Autograd):
         # alias of (returned as it was, or a view of it): an in-place op on it after the call
         # changes that output and its history too (`_watch_inputs`)
         returned: dict[int, tuple[int, str]] = {}
+        reaches: list[tuple[int, Any, int]] = []  # (`_on_reach`)
         for k, j in enumerate(idx):
             output = outputs[j]
             node = output._grad_node
@@ -741,8 +908,8 @@ class MindSporeAutograd(Autograd):
                 for i, original in zip(tensor_idx, originals):
                     if output is args[i] and original is not None:
                         made = original
-                producer = _producer(made)
-                if producer in _SAVES_OUTPUT:
+                producer, index = _producer_node(made)
+                if producer is not None and producer.name() in _SAVES_OUTPUT:
                     # Without hooks an in-place op on it changes the values its producer saved:
                     # MindSpore raises. The caller's tensor's counter cannot be moved without
                     # holding that tensor (the cycle above): refused instead.
@@ -750,9 +917,12 @@ class MindSporeAutograd(Autograd):
                         ctx,
                         k,
                         "the output is an argument of the call returned unchanged, made by an "
-                        f"op whose backward reads it ({producer}): without hooks MindSpore "
-                        "refuses the change",
+                        f"op whose backward reads it ({producer.name()}): without hooks the "
+                        "change reaches what that op saved",
                     )
+                    # ... also where the backward reaches the caller's tensor (which misses
+                    # the op) and not the alias (`_reached`)
+                    reaches.append((k, producer, index))
             elif not computed:
                 ctx.inputs[k] = None
             elif _memory_key(output) in keys:
@@ -769,6 +939,10 @@ class MindSporeAutograd(Autograd):
                     # another Python object for it, `same_tensor`)
                     if _memory_key(args[i]) == key and replaced[j] is not originals[kk]:
                         returned[kk] = (k, f"output {k} is a view of that argument")
+            else:
+                # a computed output: where the backward reaches it by another way than the
+                # alias (a kept output), `_carry_versions`'s refusal runs there too
+                reaches.append((k, node, output._output_index))
         if tensor_idx:
             _watch_inputs(ctx, args, tensor_idx, originals, returned)
         if len(idx) > 1:
@@ -785,6 +959,8 @@ class MindSporeAutograd(Autograd):
                     _flag(ctx, seen[key], why)
                 else:
                     seen[key] = k
+        if reaches:
+            _on_reach(ctx, reaches)
 
     @staticmethod
     def version(tensor: Any) -> int:
