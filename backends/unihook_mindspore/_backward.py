@@ -224,7 +224,8 @@ class _Reach:
     (none of its autograd data), the version it had, and what tells a hazard (`_hazard`)."""
 
     __slots__ = (
-        "probe", "version", "k", "edges", "index", "site", "output", "static", "view", "done"
+        "probe", "version", "k", "live", "index", "site", "output", "static", "view", "done",
+        "__weakref__",
     )  # fmt: skip
 
     def __init__(self, ctx: Any, k: int, view: bool) -> None:
@@ -234,7 +235,7 @@ class _Reach:
         self.view = view
         self.done = False
         self.index = 0
-        self.edges: Sequence[tuple[Any, int]] = ()
+        self.live = False  # (`_live`, known at the call: nothing upstream changes after it)
 
 
 def _reached(reach: _Reach, grads: Grads) -> None:
@@ -271,10 +272,10 @@ def _reached(reach: _Reach, grads: Grads) -> None:
     reach.done = True
     error = _changed_error(reach.site, reach.k, hazard + _ANOTHER_WAY)
     # (a reduction, a sync and a walk of the graph, on the way to an error only)
-    if bool(grad.any()) and _live(reach.edges):
+    if reach.live and bool(grad.any()):
         raise error
-    if _pending[0] is None:
-        _pending[0] = error
+    if _pending.error is None:
+        _pending.error = error
     return None
 
 
@@ -305,9 +306,19 @@ def _live(edges: Sequence[tuple[Any, int]]) -> bool:
     return False
 
 
-# The refusal `_reached` found in the running backward pass (`_converting`)
-_pending: list[InPlaceError | None] = [None]
+class _Pending(threading.local):
+    """The refusal `_reached` found in this thread's running backward pass (`_converting`)."""
+
+    error: InPlaceError | None = None
+
+
+_pending = _Pending()
 _CHANGED = "modified by an inplace operation"
+# The live `_Reach` records, weakly: the executor's `grad` is wrapped (`_converting`) while one
+# lives, and restored when the last dies (removing every hook leaves no wrapper once the
+# graphs they made are gone)
+_reaches: set[weakref.ref[_Reach]] = set()
+_reaches_lock = threading.RLock()  # (a record may die, and call back, inside the lock)
 
 
 def _converting(grad: Callable[..., Any]) -> Callable[..., Any]:
@@ -317,24 +328,34 @@ def _converting(grad: Callable[..., Any]) -> Callable[..., Any]:
     alias, becomes that `InPlaceError`. Installed at the first such call (`_on_reach`)."""
 
     def converting(*args: Any, **kwargs: Any) -> Any:
-        outer, _pending[0] = _pending[0], None  # (a `grad` inside a hook, or a function)
+        outer, _pending.error = _pending.error, None  # (a `grad` inside a hook, or a function)
         try:
             return grad(*args, **kwargs)
         except RuntimeError as error:
-            pending = _pending[0]
+            pending = _pending.error
             if pending is None or isinstance(error, InPlaceError) or _CHANGED not in str(error):
                 raise
             raise pending from error
         finally:
-            _pending[0] = outer
+            _pending.error = outer
 
     converting.__wrapped__ = grad  # type: ignore[attr-defined]
     return converting
 
 
-def _install_converting() -> None:
-    if "grad" not in vars(_pynative_executor):
-        _pynative_executor.grad = _converting(_pynative_executor.grad)
+def _watch_reach(reach: _Reach) -> None:
+    """Keep the executor's `grad` wrapped while `reach` lives."""
+    with _reaches_lock:
+        _reaches.add(weakref.ref(reach, _reach_died))
+        if "grad" not in vars(_pynative_executor):
+            _pynative_executor.grad = _converting(_pynative_executor.grad)
+
+
+def _reach_died(ref: weakref.ref[_Reach]) -> None:
+    with _reaches_lock:
+        _reaches.discard(ref)
+        if not _reaches:  # (a running `grad` keeps its wrapper: only the attribute goes)
+            vars(_pynative_executor).pop("grad", None)
 
 
 _ANOTHER_WAY = (
@@ -424,16 +445,18 @@ def _producer(tensor: Any) -> str:
 def _on_reach(ctx: Any, reaches: Sequence[tuple[int, Any, int]]) -> None:
     """`_reached` runs before the backward of each node (output k of the call `ctx` stands
     for, made by output `index` of `node`), unless the output identity's ran first."""
-    if "grad" not in vars(_pynative_executor):
-        _install_converting()
     made = []
     for k, node, index in reaches:
         reach = _Reach(ctx, k, node.name() in _VIEW_NODES)
         reach.index = index
-        # (its parents, for `_live`; not the node, which holds this: a cycle through C++)
+        # Its parents walked now: a node's parents do not change after it is made, and holding
+        # them would close a cycle through C++ (a parent is the call's input identity, whose
+        # context holds the call, the cell; the cell a kept output, its node this record),
+        # which kept every cell that keeps its output, and its last graph, alive for good.
         edges = node.next_functions
-        reach.edges = edges[1:] if node.name() in _COPIES else edges
+        reach.live = _live(edges[1:] if node.name() in _COPIES else edges)
         node.register_prehook(partial(_reached, reach))
+        _watch_reach(reach)
         made.append(reach)
     ctx.reaches = made
 
