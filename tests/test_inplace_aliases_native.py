@@ -479,6 +479,29 @@ class _DoubleData(torch.autograd.Function):
         return grad * 2
 
 
+class _Outer(torch.autograd.Function):
+    """Applies `_Double` inside its forward (which, under this one's no-grad, records none)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:  # type: ignore[override]
+        return _Double.apply(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+        return grad * 2
+
+
+class _Decorated(torch.autograd.Function):
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx: Any, x: Any) -> Any:  # type: ignore[override]
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+        return grad * 2
+
+
 def _reentrant(t: Any) -> Any:
     from torch.utils.checkpoint import checkpoint
 
@@ -506,6 +529,12 @@ def _without_grad(f: Callable[[Any], Any], t: Any) -> Any:
 _INTO_FUNCTION: dict[str, tuple[Callable[[Any, Any], Any], bool]] = {
     "stale_into_function": (lambda o, h: (h.mul_(3), _Double.apply(o))[1], False),
     "stale_into_function_by_keyword": (lambda o, h: (h.mul_(3), _Double.apply(x=o))[1], False),
+    "stale_into_nested_functions": (lambda o, h: (h.mul_(3), _Outer.apply(o))[1], False),
+    "stale_into_a_decorated_forward": (lambda o, h: (h.mul_(3), _Decorated.apply(o))[1], False),
+    "stale_into_a_decorated_forward_under_no_grad": (
+        lambda o, h: (h.mul_(3), _without_grad(_Decorated.apply, o), h * 1)[2],
+        True,
+    ),
     "stale_into_reentrant_checkpoint": (lambda o, h: (h.mul_(3), _reentrant(o))[1], False),
     "stale_into_nested_reentrant_checkpoint": (
         lambda o, h: (h.mul_(3), _nested_reentrant(o))[1],

@@ -305,31 +305,42 @@ def _refuse_in_function(watched: Sequence[Any]) -> None:
 
 
 def _applied_to(tensors: Sequence[Any]) -> bool:
-    """Whether this op runs in the forward of a custom Function given one of `tensors`
-    (read from the frames: only for a stale output, rare). Every frame up is read: with
-    hooked modules each call adds several (a checkpointed `Sequential(Sequential(Linear))`
-    is more than 16 deep), and a Function's forward may apply another Function around the op
-    (the inner `apply` not given the tensor, the outer one took its history)."""
-    frame, below = sys._getframe(1).f_back, None
+    """Whether this op runs in the forward of a custom Function given one of `tensors` that
+    records a node (read from the frames: only for a stale output, rare). Every frame up is
+    read: with hooked modules each call adds several (a checkpointed
+    `Sequential(Sequential(Linear))` is more than 16 deep), and a Function's forward may apply
+    another Function (given the tensor or not) around the op: the inner one, under the outer
+    one's no-grad, records none, the outer one took the tensor's history."""
+    frame, ctx = sys._getframe(1).f_back, None
     while frame is not None:
         if frame.f_code is _APPLY:
             local = frame.f_locals
             given = (*local.get("args", ()), *(local.get("kwargs") or {}).values())
-            if any(arg is t for arg in given for t in tensors):
-                return _records_node(below)
-        frame, below = frame.f_back, frame
+            if any(arg is t for arg in given for t in tensors) and _records_node(ctx):
+                return True
+            ctx = None
+        else:
+            found = _ctx_of(frame)
+            ctx = ctx if found is None else found
+        frame = frame.f_back
     return False
 
 
-def _records_node(forward: FrameType | None) -> bool:
-    """Whether the Function whose forward runs in the frame `forward` (the one its `apply`
-    called) records a node: not under the caller's `no_grad`, where torch collects no edge
-    for its `ctx` (`next_functions` empty). A forward without `ctx` (`setup_context`'s style):
-    it cannot be told, so yes."""
-    if forward is None or not forward.f_code.co_argcount:
-        return True
-    ctx = forward.f_locals.get(forward.f_code.co_varnames[0])
-    return not isinstance(ctx, torch._C._FunctionBase) or bool(ctx.next_functions)
+def _ctx_of(frame: FrameType) -> Any:
+    """The `ctx` a Function's forward runs with, if `frame` is one's (its first argument)."""
+    code = frame.f_code
+    if not code.co_argcount:
+        return None
+    ctx = frame.f_locals.get(code.co_varnames[0])
+    return ctx if isinstance(ctx, torch._C._FunctionBase) else None
+
+
+def _records_node(ctx: Any) -> bool:
+    """Whether the Function whose forward ran with `ctx` (the outermost frame with one below
+    its `apply`, through decorators) records a node: not under the caller's `no_grad`, where
+    torch collects no edge for it (`next_functions` empty). None (a forward without `ctx`,
+    `setup_context`'s style): it cannot be told, so yes."""
+    return ctx is None or bool(ctx.next_functions)
 
 
 def _property(func: Any) -> str | None:
