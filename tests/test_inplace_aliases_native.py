@@ -9,9 +9,12 @@ hooks), and refuses what it cannot carry (torch's own hook refuses all of it).
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import gc
 import io
 import pickle
+import types
 import warnings
 import weakref
 from typing import Any, Callable
@@ -959,3 +962,90 @@ def test_a_tensor_given_by_keyword_or_in_a_list_beside_its_alias(
     assert isinstance(got, unihook.InPlaceError), got
     where = "keyword argument 'other'" if by_keyword else "a tensor inside argument 1"
     assert f"argument 0 and {where} share memory" in str(got), got
+
+
+@dataclasses.dataclass
+class _Box:
+    t: Any
+
+
+# how forward gets the caller's tensor `h` beside its positional alias, and where the error
+# says it found it
+_ELSEWHERE: dict[str, tuple[Callable[[Any, Any], Any], str]] = {
+    "dataclass": (lambda m, h: m(h, _Box(h)), "a tensor inside argument 1"),
+    "namespace": (lambda m, h: m(h, types.SimpleNamespace(t=h)), "a tensor inside argument 1"),
+    "deque": (lambda m, h: m(h, collections.deque([h])), "a tensor inside argument 1"),
+    "dataclass_by_keyword": (lambda m, h: m(h, extra=_Box(h)), "keyword argument 'extra'"),
+    "module_attribute": (
+        lambda m, h: (setattr(m, "stash", h), m(h))[1],
+        "the module's attribute 'stash'",
+    ),
+}
+
+
+class _Elsewhere(torch.nn.Module):
+    def forward(self, a: Any, extra: Any = None) -> Any:
+        a.mul_(2)
+        if extra is None:
+            return self.stash * 3
+        if isinstance(extra, collections.deque):
+            return extra[0] * 3
+        return extra.t * 3
+
+
+@pytest.mark.parametrize("case", list(_ELSEWHERE))
+def test_the_callers_tensor_reached_another_way_beside_its_alias(case: str) -> None:
+    """Forward changes its positional argument in place and reads the caller's tensor it got
+    in an object (a dataclass, a namespace, a deque) or holds (a module attribute): refused as
+    for a keyword or a list (helper-43: silent wrong gradients). Also where forward is a
+    function set on the instance (no `self`: the keyword check once skipped it)."""
+    call, where = _ELSEWHERE[case]
+
+    def run(hooked: bool, instance_forward: bool = False) -> Any:
+        module = _Elsewhere()
+        if instance_forward:
+            module.forward = lambda a, extra=None: _Elsewhere.forward(module, a, extra)  # type: ignore[method-assign]
+        handle = unihook.register_full_backward_hook(module, lambda *a: None) if hooked else None
+        x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        h = x * 1
+        try:
+            out = call(module, h)
+            (out * out).sum().backward()
+            return x.grad
+        except RuntimeError as error:
+            return error
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    assert isinstance(run(False), torch.Tensor)
+    for instance_forward in (False, True):
+        got = run(True, instance_forward)
+        assert isinstance(got, unihook.InPlaceError), (instance_forward, got)
+        assert f"argument 0 and {where} share memory" in str(got), got
+
+
+def test_a_detached_positional_argument_beside_the_callers_tensor_is_not_refused() -> None:
+    """`m(h.detach(), y, other=h)`, forward changes `other` in place: the detached argument has
+    no history to miss, the gradients are those without hooks (helper-43's false refusal)."""
+
+    class M(torch.nn.Module):
+        def forward(self, a: Any, b: Any, other: Any = None) -> Any:
+            other.mul_(2)
+            return a * b + other * other
+
+    def run(hooked: bool) -> Any:
+        module = M()
+        handle = unihook.register_full_backward_hook(module, lambda *a: None) if hooked else None
+        x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        y = torch.tensor([1.0, 1.0, 1.0], requires_grad=True)
+        h = x * 1
+        try:
+            module(h.detach(), y * 1, other=h).sum().backward()
+            return x.grad, y.grad
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    expected, got = run(False), run(True)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)

@@ -15,10 +15,11 @@ import sys
 import threading
 import warnings
 import weakref
+from collections import deque
 from functools import partial
 from itertools import count
-from types import CodeType, FrameType
-from typing import Any, Callable, Protocol, Sequence
+from types import CodeType, FrameType, FunctionType
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from ._checks import check_grad, check_grad_tuple
 from ._describe import Site
@@ -662,8 +663,10 @@ class ModuleBackward:
         requires_grad = self.autograd.requires_grad
         positional = [(f"argument {tensor_idx[k]}", t) for k, t in enumerate(originals)]
         keywords = _keywords(self.call_ids) if may_take_keywords else {}
-        nested = _nested(args, tensor_idx, keywords, self.autograd.is_tensor)
+        nested = _nested(args, tensor_idx, keywords, self.autograd.is_tensor, call.module)
         for k in (*changed, *touched):
+            if not requires_grad(originals[k]):
+                continue  # (no history to miss: `m(h.detach(), other=h)`)
             # a changed alias misses the others' histories; a touched one, the keyword's or
             # list's that changed it (the other aliases of `m(x, x)`: their own `changed`)
             others = (positional + nested) if k in changed else nested
@@ -765,13 +768,15 @@ def _takes_keywords(module: Any, n_args: int) -> bool:
     """Whether a call of `module` with `n_args` positional arguments may have had keyword
     arguments: its `forward` has parameters those leave unfilled, or takes `**kwargs` (an
     in-place activation, `forward(self, input)` called with one, cannot: no frame to read)."""
-    code = getattr(getattr(module, "forward", None), "__code__", None)
+    forward = getattr(module, "forward", None)
+    code = getattr(forward, "__code__", None)
     if code is None:
         return True
+    bound = getattr(forward, "__self__", None) is not None  # (not a function set on the object)
     return (
         bool(code.co_flags & _VARKEYWORDS)
         or code.co_kwonlyargcount > 0
-        or (code.co_argcount - 1 > n_args)
+        or (code.co_argcount - bound > n_args)
     )
 
 
@@ -786,27 +791,44 @@ def _keywords(ids: frozenset[int]) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+_ITEMS = (list, tuple, set, frozenset, deque)
+_LOOKED_AT = 512  # values `_nested` looks at, at most (an argument may hold a large structure)
+
+
 def _nested(
     args: Sequence[Any],
     tensor_idx: Sequence[int],
     kwargs: dict[str, Any],
     is_tensor: Callable[[Any], bool],
+    module: Any,
 ) -> list[tuple[str, Any]]:
     """The tensors forward got besides its positional tensor arguments (which have aliases):
-    inside positional lists, tuples and dicts, and by keyword, named for an error."""
+    inside positional lists, tuples, sets, deques, dicts and objects' attributes (a
+    dataclass, a namespace), by keyword, and the module's own tensor attributes (a tensor it
+    was handed before the call), named for an error."""
     found: list[tuple[str, Any]] = []
-    todo: list[tuple[str, Any]] = [
-        (f"a tensor inside argument {i}", a) for i, a in enumerate(args) if i not in tensor_idx
+    todo: list[tuple[str, Any, int]] = [
+        (f"a tensor inside argument {i}", a, 0) for i, a in enumerate(args) if i not in tensor_idx
     ]
-    todo += [(f"keyword argument {key!r}", value) for key, value in kwargs.items()]
-    while todo:
-        name, value = todo.pop()
+    todo += [(f"keyword argument {key!r}", value, 0) for key, value in kwargs.items()]
+    own = getattr(module, "__dict__", None)
+    if isinstance(own, dict):
+        todo += [(f"the module's attribute {k!r}", v, 2) for k, v in own.items() if is_tensor(v)]
+    looked = 0
+    while todo and looked < _LOOKED_AT:
+        name, value, depth = todo.pop()
+        looked += 1
         if is_tensor(value):
             found.append((name, value))
-        elif isinstance(value, (list, tuple)):
-            todo += [(name, v) for v in value]
-        elif isinstance(value, dict):
-            todo += [(name, v) for v in value.values()]
+        elif depth >= 3:
+            continue
+        elif isinstance(value, _ITEMS):
+            todo += [(name, v, depth + 1) for v in value]
+        elif isinstance(value, Mapping):
+            todo += [(name, v, depth + 1) for v in value.values()]
+        elif hasattr(value, "__dict__") and not isinstance(value, (type, FunctionType)):
+            if not callable(getattr(value, "forward", None)):  # (not a module: its weights)
+                todo += [(name, v, depth + 1) for v in vars(value).values()]
     return found
 
 

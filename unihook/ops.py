@@ -441,8 +441,11 @@ def _flat(a: Any) -> Any:
 
 
 def _real(np: Any, a: Any) -> Any:
-    """A complex array as its real and imaginary parts, side by side (|z|^2 = re^2 + im^2)."""
-    return a.view(a.real.dtype) if a.dtype.kind == "c" else a  # (iscomplexobj: a Python call)
+    """A complex array as its real and imaginary parts, side by side (|z|^2 = re^2 + im^2).
+    (One not contiguous, `z[::2]`, is copied first: numpy views another dtype only then.)"""
+    if a.dtype.kind != "c":  # (iscomplexobj: a Python call)
+        return a
+    return (a if a.flags.c_contiguous else np.ascontiguousarray(a)).view(a.real.dtype)
 
 
 _INF = float("inf")
