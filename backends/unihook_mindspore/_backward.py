@@ -220,8 +220,11 @@ class _Reach:
     """What `_reached` needs of output `k` of a hooked call, held by the prehook on the node
     that made it: not the output identity's context, which dies where the caller's op cut its
     alias's history (nothing holds that node any more), nor a handle on the output (its
-    autograd data holds that node: a cycle through C++): the handle on the alias's counter
-    (none of its autograd data), the version it had, and what tells a hazard (`_hazard`)."""
+    autograd data holds that node: a cycle through C++), nor the node's parents (one is the
+    call's input identity, whose context holds the call and the cell: a cycle through a cell
+    that keeps this output): the handle on the alias's counter (none of its autograd data),
+    the version it had, whether its history reaches a leaf (`_live`, walked at the call), and
+    what tells a hazard (`_hazard`)."""
 
     __slots__ = (
         "probe", "version", "k", "live", "index", "site", "output", "static", "view", "done",
