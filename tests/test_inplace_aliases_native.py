@@ -1025,6 +1025,36 @@ def test_the_callers_tensor_reached_another_way_beside_its_alias(case: str) -> N
         assert f"argument 0 and {where} share memory" in str(got), got
 
 
+def test_the_callers_tensor_held_by_a_module_whose_forward_takes_one_argument() -> None:
+    """`forward(self, a)`: `a.mul_(2); return a * self.ref` with `ref` the caller's `a`. One
+    argument and no keyword (an in-place activation's shape) once skipped the check: a silent
+    wrong gradient (`[6, 12, 18]` for `[8, 16, 24]`); refused as for a forward taking more."""
+
+    class Holds(torch.nn.Module):
+        def forward(self, a: Any) -> Any:
+            a.mul_(2)
+            return a * self.ref
+
+    def run(hooked: bool) -> Any:
+        module = Holds()
+        handle = unihook.register_full_backward_hook(module, lambda *a: None) if hooked else None
+        x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        module.ref = h = x * 1
+        try:
+            module(h).sum().backward()
+            return x.grad
+        except RuntimeError as error:
+            return error
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    assert torch.equal(run(False), torch.tensor([8.0, 16.0, 24.0]))
+    got = run(True)
+    assert isinstance(got, unihook.InPlaceError), got
+    assert "argument 0 and the module's attribute 'ref' share memory" in str(got), got
+
+
 def test_a_detached_positional_argument_beside_the_callers_tensor_is_not_refused() -> None:
     """`m(h.detach(), y, other=h)`, forward changes `other` in place: the detached argument has
     no history to miss, the gradients are those without hooks (helper-43's false refusal)."""

@@ -125,3 +125,128 @@ def test_the_last_global_backward_hook_swapped_by_another_thread_mid_call(
             handle.remove()
     assert fired == (["G1"] if point == "torch_call_impl" else ["G2"])
     assert torch.equal(x.grad, torch.ones(2, 2) @ lin.weight)
+
+
+class _KeepsUsingInput(torch.nn.Module):
+    """`ident`'s output is `h` without hooks: the in-place op on it changes `h`'s history."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.ident = torch.nn.Identity()
+        self.before: Callable[[], None] = lambda: None
+
+    def forward(self, x: Any) -> Any:
+        h = self.lin(x)
+        self.before()
+        self.ident(h).relu_()
+        return h * 3
+
+
+def _profiled(model: Any, x: Any, switch: Callable[[Any, str, Any], None]) -> Any:
+    import sys
+
+    sys.setprofile(switch)
+    try:
+        return model(x)
+    finally:
+        sys.setprofile(None)
+
+
+def test_a_global_backward_hook_registered_between_the_own_and_global_dispatchers() -> None:
+    """The last global backward hook is removed inside the model's call (the global
+    dispatchers stay pinned in `ident` for the call in flight); `ident`'s own pre-dispatcher
+    takes its call, finding no global hook; then another thread registers one (which revives
+    the removed global state) before the global pre-dispatcher runs. That one must leave the
+    call to the own one, as torch's snapshot of the global hooks at the call's start would.
+    Taking it too, it wrapped the own dispatcher's aliases in its own, and the output came
+    back unwatched: the in-place op on it missed the caller's `h` (a gradient of 3 where it is
+    0; 13 wrong in 95,000 threaded calls, helper-42)."""
+    from unihook._module_backward import ModuleBackward
+
+    torch.manual_seed(0)
+    model = _KeepsUsingInput()
+    x = torch.randn(8, 4, requires_grad=True)
+    model(x).sum().backward()
+    expected, x.grad = x.grad, None
+    fired: list[str] = []
+    handles: dict[str, Any] = {}
+
+    def register() -> None:
+        handles["G2"] = unihook.register_module_full_backward_hook(
+            lambda m, gi, go: fired.append(f"G2 {type(m).__name__}"), backend="torch"
+        )
+
+    def switch(frame: Any, event: str, arg: Any) -> None:
+        if (
+            event == "return"
+            and frame.f_code is ModuleBackward.pre_dispatch.__code__
+            and not frame.f_locals["self"].is_global
+            and "G2" not in handles
+        ):
+            thread = threading.Thread(target=register)
+            thread.start()
+            thread.join()
+
+    handles["own"] = unihook.register_full_backward_hook(
+        model.ident, lambda m, gi, go: fired.append("own")
+    )
+    handles["G1"] = unihook.register_module_full_backward_hook(
+        lambda m, gi, go: fired.append(f"G1 {type(m).__name__}"), backend="torch"
+    )
+    model(torch.ones(1, 4))  # (no grad: fires nothing, pins the global dispatchers in ident)
+    model.before = handles["G1"].remove
+    try:
+        y = _profiled(model, x, switch)
+        assert "G2" in handles
+        y.sum().backward()
+    finally:
+        for handle in handles.values():
+            handle.remove()
+    assert torch.equal(x.grad, expected)
+    assert "own" in fired and "G2 Identity" not in fired and "G1 Identity" not in fired
+
+
+def test_a_hook_registered_while_a_removed_states_last_call_ends() -> None:
+    """The module's last backward hook is removed while a call is in flight, after forward
+    (its dispatchers stay pinned for it); as that call ends, another thread registers a new
+    hook, which revives the removed state. The ending call must not then take the dispatchers
+    out: the new hook would never fire, and the next call's output would come back
+    unwatched."""
+    from unihook._module_backward import ModuleBackward
+
+    torch.manual_seed(0)
+    model = _KeepsUsingInput()
+    x = torch.randn(8, 4, requires_grad=True)
+    model(x).sum().backward()
+    expected, x.grad = x.grad, None
+    fired: list[str] = []
+    handles: dict[str, Any] = {}
+    handles["first"] = unihook.register_full_backward_hook(
+        model.ident, lambda m, gi, go: fired.append("first")
+    )
+    # (a native forward hook runs before unihook's post-dispatcher, pinned last)
+    model.ident.register_forward_hook(lambda m, a, o: handles["first"].remove())
+
+    def other() -> None:
+        handles["second"] = unihook.register_full_backward_hook(
+            model.ident, lambda m, gi, go: fired.append("second")
+        )
+
+    def switch(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is ModuleBackward._ended.__code__ and not fired:
+            fired.append("switched")
+            thread = threading.Thread(target=other)
+            thread.start()
+            thread.join()
+
+    try:
+        _profiled(model, x, switch).sum().backward()
+        x.grad = None
+        assert "second" in handles
+        model(x).sum().backward()
+    finally:
+        for handle in handles.values():
+            handle.remove()
+    assert torch.equal(x.grad, expected)
+    assert fired == ["switched", "first", "second"]

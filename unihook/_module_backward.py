@@ -272,6 +272,8 @@ class ModuleBackward:
         if _lock.deferred(self._ended):
             return  # (run later, perhaps after this call: its frame is not told apart)
         with _lock, _lock.mutex:
+            if not self.removed:
+                return  # (revived since it was read: a hook registered meanwhile needs them)
             # the frame of the ending call hosts no other call in flight: an entry with its id
             # is a cut call's whose frame was freed and its address reused for this one
             ending = _call_frame(sys._getframe(), self.call_ids)
@@ -340,14 +342,14 @@ class ModuleBackward:
 
     def outer(self) -> Any:
         """The module whose call `around` marked on this thread, if any."""
-        return getattr(_around, "module", None)
+        return _around.module
 
     def end_around(self, outer: Any) -> None:
         _around.module = outer
 
     def inside(self, module: Any) -> bool:
         """Whether this thread runs inside a call of `module` that `around` marked."""
-        return getattr(_around, "module", None) is module
+        return _around.module is module
 
     def pre_dispatch_beside(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """`pre_dispatch` pinned in a module's own hooks beside the `around` wrapper: a call the
@@ -355,7 +357,7 @@ class ModuleBackward:
         thread after the wrapper looked at the module's hooks, this runs in the framework's
         hook loop of a call whose inputs the wrapper's pre_dispatch already took: a second
         entry, which the wrapper's post_dispatch would drop, its input side in the graph.)"""
-        if getattr(_around, "module", None) is module:
+        if _around.module is module:
             return None
         return self.pre_dispatch(module, args)
 
@@ -364,7 +366,7 @@ class ModuleBackward:
         the wrapper marked is the wrapper's to end. (Pinned during that call, by a call
         nested in it, this runs in its forward hook loop too, which the framework reads after
         forward: it would end another call of the module, an outer one.)"""
-        if getattr(_around, "module", None) is module:
+        if _around.module is module:
             return None
         return self.post_dispatch(module, args, output)
 
@@ -389,17 +391,20 @@ class ModuleBackward:
         pos = len(stack) - 1
         if self.removed:
             return self._pass_on(module, args, stack, pos)
-        with_globals = not self.is_global
+        with_globals, taken = not self.is_global, False
         if self.is_global:
             own = _states.dispatching(module, args, caller)
             if own is not None:
                 stack[pos] = (id(args), ref, _Own(own, own.local.stack[-1][2]), frame)
                 return None
         else:
+            # None: this call takes the global hooks, of which there are none. One registered
+            # during the call (another thread) leaves it alone, as torch's snapshot would: its
+            # dispatchers taking it too would wrap this call's aliases in theirs, the output's
+            # then unwatched (an in-place op on it missing the caller's input).
             shared = _globals.get(self.autograd.backend)
-            with_globals = not (
-                shared is None or shared.dispatching(module, args, caller) or shared.inside(module)
-            )
+            taken = shared is not None and shared.dispatching(module, args, caller)
+            with_globals = not (taken or _around.module is module)
         ag = self.autograd
         if not ag.grad_enabled():
             stack[pos] = (id(args), ref, None, frame)
@@ -410,6 +415,11 @@ class ModuleBackward:
         idx, tensors, need_grad = _tensors_in(args, ag)
         call.tensor_idx = idx
         call.originals = call.inputs = list(map(weakref.ref, tensors))
+        if taken:
+            # the global dispatcher took the call first, in the module's hook loop: `args` are
+            # its aliases, which nobody holds once this one's replace them (the framework's
+            # loop drops them); post_dispatch reads them (dead, the output came back unwatched)
+            call.held = tensors
         # Only full hooks need the input side: with pre-hooks alone, one identity per call.
         call.inputs_need_grad = need_grad
         if call.full_hooks and need_grad:
@@ -509,7 +519,7 @@ class ModuleBackward:
                     got[i] = args[i]
             args = tuple(got)
         originals = [r() for r in call.originals]
-        call.originals = call.inputs = ()  # the call's state outlives forward
+        call.originals = call.inputs = call.held = ()  # the call's state outlives forward
         if output is None:
             # forward raised: the inputs it changed in place still carry that change
             self._rebase_inputs(call, args, originals, {})
@@ -658,7 +668,14 @@ class ModuleBackward:
         tensor_idx = call.tensor_idx
         may_take_keywords = _takes_keywords(call.module, len(args))
         if len(args) == 1 and not may_take_keywords:
-            return  # (an in-place activation: forward got nothing else)
+            # (an in-place activation: forward got nothing else, unless the module holds a
+            # tensor as its attribute, `self.ref = h`, which may be the argument)
+            own = getattr(call.module, "__dict__", None)
+            if not (
+                isinstance(own, dict)
+                and (any(map(self.autograd.is_tensor, own.values())) or own.get("_buffers"))
+            ):
+                return
         overlaps = self.overlaps or (lambda a, b: a is b)
         requires_grad = self.autograd.requires_grad
         positional = [(f"argument {tensor_idx[k]}", t) for k, t in enumerate(originals)]
@@ -747,8 +764,15 @@ class _Stack(list[_Entry]):
     __eq__ = object.__eq__  # type: ignore[assignment]
 
 
-# the module whose call torch's wrapper of `_call_impl` runs around on this thread (`around`)
-_around = threading.local()
+class _Around(threading.local):
+    """The module whose call torch's wrapper of `_call_impl` runs around on this thread
+    (`around`); None on a thread's first read (a class default: no AttributeError to catch
+    on the hot path)."""
+
+    module: Any = None
+
+
+_around = _Around()
 
 
 class _Passed:
@@ -813,7 +837,11 @@ def _nested(
     todo += [(f"keyword argument {key!r}", value, 0) for key, value in kwargs.items()]
     own = getattr(module, "__dict__", None)
     if isinstance(own, dict):
-        todo += [(f"the module's attribute {k!r}", v, 2) for k, v in own.items() if is_tensor(v)]
+        # (paddle keeps a tensor set as an attribute, `layer.ref = h`, in `_buffers`; torch
+        # and MindSpore in `__dict__`, torch's registered buffers in `_buffers` too)
+        buffers = own.get("_buffers")
+        held = [*own.items(), *(buffers.items() if isinstance(buffers, Mapping) else ())]
+        todo += [(f"the module's attribute {k!r}", v, 2) for k, v in held if is_tensor(v)]
     looked = 0
     while todo and looked < _LOOKED_AT:
         name, value, depth = todo.pop()
@@ -949,6 +977,7 @@ class _Call:
         "after_backward",
         "mark",
         "with_globals",
+        "held",
         "__weakref__",  # (a backend may hold `_input_side_skipped` weakly)
     )
 
@@ -965,6 +994,7 @@ class _Call:
         # Snapshots, as torch: hooks registered or removed after forward leave this call alone.
         # Global hooks first, as torch runs them before the module's own.
         self.with_globals = with_globals  # (see _took_globals)
+        self.held: Sequence[Any] = ()  # the tensor arguments, strongly (see pre_dispatch)
         shared = _globals.get(owner.autograd.backend) if with_globals else None
         if shared is None:
             self.pre_hooks = list(owner.pre_hooks.values())

@@ -472,6 +472,40 @@ def test_inplace_on_an_argument_sharing_memory_with_another_raises(
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_inplace_on_an_argument_the_module_holds_raises(backend: Any, kind: str) -> None:
+    """The module holds the caller's tensor as an attribute (`m.ref = h`; paddle keeps it
+    among its buffers) and forward changes its argument in place, then reads the attribute:
+    as for `m(x, x)`, the change would not reach the attribute's history under backward hooks
+    (a wrong gradient): InPlaceError. Pre-hooks alone: exact."""
+
+    def grads(hooked: bool) -> Any:
+        act = backend.relu_module(inplace=True)
+        m = backend.module(lambda self, a: (self.act(a), a * 2 + self.ref)[1], {"act": act})
+        handle = _hook(kind, m, []) if hooked else None
+        try:
+            x = backend.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
+            h = x * 1
+            m.ref = h
+            backend.backward(unihook.ops.sum(m(h)))
+            return backend.grad(x)
+        except Exception as error:  # noqa: BLE001 - compared below
+            return error
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    native = grads(False)
+    assert not isinstance(native, Exception), native
+    got = grads(True)
+    if kind == "full_backward_pre":
+        assert not isinstance(got, Exception), got
+        np.testing.assert_array_equal(got, native)
+        return
+    assert isinstance(got, unihook.InPlaceError), got
+    assert "the module's attribute 'ref'" in str(got), got
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("read_again", [False, True], ids=["once", "read_again"])
 def test_inplace_on_one_of_disjoint_views(backend: Any, kind: str, read_again: bool) -> None:
     """Two views of one tensor that do not overlap (q and k of a split), forward changes one
