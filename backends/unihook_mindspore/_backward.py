@@ -276,7 +276,13 @@ def _reached(reach: _Reach, grads: Grads) -> None:
     error = _changed_error(reach.site, reach.k, hazard + _ANOTHER_WAY)
     # (a reduction, a sync and a walk of the graph, on the way to an error only)
     if reach.live and bool(grad.any()):
-        raise error
+        if not _pending.converting:
+            raise error
+        # Raised by `_converting` once the pass is over: raised here, inside MindSpore's
+        # backward, it left the cell and its graph alive for good (one cell per refusal,
+        # measured; a hook raising frees them).
+        _pending.live = _pending.live or error
+        return None
     if _pending.error is None:
         _pending.error = error
     return None
@@ -310,9 +316,12 @@ def _live(edges: Sequence[tuple[Any, int]]) -> bool:
 
 
 class _Pending(threading.local):
-    """The refusal `_reached` found in this thread's running backward pass (`_converting`)."""
+    """The refusals `_reached` found in this thread's running backward pass (`_converting`):
+    `live`, raised when the pass ends; `error`, only if MindSpore's version error follows."""
 
     error: InPlaceError | None = None
+    live: InPlaceError | None = None
+    converting = False  # (a `_converting` runs on this thread)
 
 
 _pending = _Pending()
@@ -331,16 +340,29 @@ def _converting(grad: Callable[..., Any]) -> Callable[..., Any]:
     alias, becomes that `InPlaceError`. Installed at the first such call (`_on_reach`)."""
 
     def converting(*args: Any, **kwargs: Any) -> Any:
-        outer, _pending.error = _pending.error, None  # (a `grad` inside a hook, or a function)
+        # (a `grad` inside a hook, or a function: the outer pass's refusals wait)
+        outer = _pending.error, _pending.live, _pending.converting
+        _pending.error, _pending.live, _pending.converting = None, None, True
         try:
-            return grad(*args, **kwargs)
-        except RuntimeError as error:
-            pending = _pending.error
-            if pending is None or isinstance(error, InPlaceError) or _CHANGED not in str(error):
+            result = grad(*args, **kwargs)
+        except Exception as error:
+            live, pending = _pending.live, _pending.error
+            if live is not None and not isinstance(error, InPlaceError):
+                raise live from error  # (the pass went on past it: what it met since is moot)
+            if (
+                pending is None
+                or not isinstance(error, RuntimeError)
+                or isinstance(error, InPlaceError)
+                or _CHANGED not in str(error)
+            ):
                 raise
             raise pending from error
         finally:
-            _pending.error = outer
+            live = _pending.live
+            _pending.error, _pending.live, _pending.converting = outer
+        if live is not None:
+            raise live
+        return result
 
     converting.__wrapped__ = grad  # type: ignore[attr-defined]
     return converting
