@@ -1055,6 +1055,31 @@ def test_the_callers_tensor_held_by_a_module_whose_forward_takes_one_argument() 
     assert "argument 0 and the module's attribute 'ref' share memory" in str(got), got
 
 
+@pytest.mark.parametrize("stashed_by", ["caller", "forward_pre_hook"])
+def test_an_inplace_activation_holding_its_input_as_an_attribute_is_exact(stashed_by: str) -> None:
+    """torch's own `ReLU(inplace=True)` whose input is stashed on it (`m.saved = x`, by the
+    caller or a forward pre-hook): its forward reads no such attribute, so the check above
+    leaves it alone, and the gradients are those without hooks."""
+
+    def run(hooked: bool) -> Any:
+        act = torch.nn.ReLU(inplace=True)
+        if stashed_by == "forward_pre_hook":
+            act.register_forward_pre_hook(lambda m, a: setattr(m, "saved", a[0]))
+        handle = unihook.register_full_backward_hook(act, lambda *a: None) if hooked else None
+        x = torch.tensor([-1.0, 2.0, -3.0], requires_grad=True)
+        h = x * 1
+        if stashed_by == "caller":
+            act.saved = h
+        try:
+            (act(h) * act.saved * 3).sum().backward()
+            return x.grad
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    assert torch.equal(run(True), run(False))
+
+
 def test_a_detached_positional_argument_beside_the_callers_tensor_is_not_refused() -> None:
     """`m(h.detach(), y, other=h)`, forward changes `other` in place: the detached argument has
     no history to miss, the gradients are those without hooks (helper-43's false refusal)."""

@@ -112,6 +112,9 @@ class Autograd:
     # Optional, together: `data_only(aliases)` and `after_backward(callback)`, for a framework
     # that leaves a differentiated function's arguments out of the backward although it
     # records them as requiring grad (see `ModuleBackward.__init__`).
+    # Optional: `own_modules`, the prefix of the `__module__` of the framework's own module
+    # classes (``"torch.nn."``), whose one-argument forward reads no tensor a user set on the
+    # module (see `_refuse_shared_inputs`).
 
     @staticmethod
     def rebase(original: Any, alias: Any, /) -> Any:
@@ -168,6 +171,7 @@ class ModuleBackward:
         # autograd sequence number, which tells the tensors that existed before the call)
         self.mark: Callable[[], object] | None = getattr(autograd, "mark", None)
         self.overlaps: Callable[[Any, Any], bool] | None = getattr(autograd, "overlaps", None)
+        self.own_modules: str | None = getattr(autograd, "own_modules", None)
         # optional: `moved(alias, original)`, whether forward's in-place ops went through the
         # input side's `alias` itself (its history or shape changed), not only through another
         # tensor sharing its memory (another argument, a view); without it, any change of its
@@ -669,7 +673,11 @@ class ModuleBackward:
         may_take_keywords = _takes_keywords(call.module, len(args))
         if len(args) == 1 and not may_take_keywords:
             # (an in-place activation: forward got nothing else, unless the module holds a
-            # tensor as its attribute, `self.ref = h`, which may be the argument)
+            # tensor as its attribute, `self.ref = h`, which may be the argument; the
+            # framework's own activations read none: a hook stashing `m.saved = x` is fine)
+            prefix = self.own_modules
+            if prefix is not None and type(call.module).__module__.startswith(prefix):
+                return
             own = getattr(call.module, "__dict__", None)
             if not (
                 isinstance(own, dict)

@@ -853,6 +853,7 @@ def _data_only(tensors: Sequence[Any]) -> bool:
 
 class MindSporeAutograd(Autograd):
     backend = NAME
+    own_modules = "mindspore.nn."  # (see Autograd: their forward reads no user tensor)
     # a cell's dispatchers stay until its calls in flight are over (unihook._module_backward)
     call_codes = CALL_CODES
     is_tensor = staticmethod(_is_tensor)

@@ -393,6 +393,7 @@ def _span(tensor: Any) -> tuple[int, int]:
 
 class PaddleAutograd(Autograd):
     backend = NAME
+    own_modules = "paddle.nn."  # (see Autograd: their forward reads no user tensor)
     # paddle's own, and the copy that runs while unihook has global hooks
     # paddle's (the attribute may hold unihook's patch by now) and the patch
     call_codes = frozenset({PADDLE_CALL_CODE, global_call.__code__})

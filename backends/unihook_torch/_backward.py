@@ -204,6 +204,7 @@ class _TorchDispatchers:
 
 class TorchAutograd(Autograd):
     backend = NAME
+    own_modules = "torch.nn."  # (see Autograd: their forward reads no user tensor)
     # torch's (`Module._call_impl` may be unihook's wrapper by now: that one calls torch's) and
     # the wrapper, whose global dispatchers may have taken a call before torch's code runs
     call_codes = frozenset({TORCH_CALL_CODE, *WRAPPER_CODES})
