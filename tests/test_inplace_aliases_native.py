@@ -1025,21 +1025,38 @@ def test_the_callers_tensor_reached_another_way_beside_its_alias(case: str) -> N
         assert f"argument 0 and {where} share memory" in str(got), got
 
 
-def test_the_callers_tensor_held_by_a_module_whose_forward_takes_one_argument() -> None:
-    """`forward(self, a)`: `a.mul_(2); return a * self.ref` with `ref` the caller's `a`. One
-    argument and no keyword (an in-place activation's shape) once skipped the check: a silent
-    wrong gradient (`[6, 12, 18]` for `[8, 16, 24]`); refused as for a forward taking more."""
+# how a module holds the caller's tensor `h`, and how its forward reads it back
+_HELD: dict[str, tuple[Callable[[Any, Any], None], Callable[[Any], Any], str]] = {
+    "attribute": (lambda m, h: setattr(m, "ref", h), lambda m: m.ref, "the module's attribute"),
+    "list": (lambda m, h: setattr(m, "ref", [h]), lambda m: m.ref[0], "a tensor inside"),
+    "dict": (lambda m, h: setattr(m, "ref", {"h": h}), lambda m: m.ref["h"], "a tensor inside"),
+    "namespace": (
+        lambda m, h: setattr(m, "ref", types.SimpleNamespace(h=h)),
+        lambda m: m.ref.h,
+        "a tensor inside",
+    ),
+}
+
+
+@pytest.mark.parametrize("held", list(_HELD))
+def test_the_callers_tensor_held_by_a_module_whose_forward_takes_one_argument(held: str) -> None:
+    """`forward(self, a)`: `a.mul_(2); return a * <the caller's a, held by the module>`. One
+    argument and no keyword (an in-place activation's shape) once skipped the check, and
+    containers the module holds were not looked in (helper-44): a silent wrong gradient
+    (`[6, 12, 18]` for `[8, 16, 24]`); refused as for a forward taking more."""
+    hold, read, where = _HELD[held]
 
     class Holds(torch.nn.Module):
         def forward(self, a: Any) -> Any:
             a.mul_(2)
-            return a * self.ref
+            return a * read(self)
 
     def run(hooked: bool) -> Any:
         module = Holds()
         handle = unihook.register_full_backward_hook(module, lambda *a: None) if hooked else None
         x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
-        module.ref = h = x * 1
+        h = x * 1
+        hold(module, h)
         try:
             module(h).sum().backward()
             return x.grad
@@ -1052,7 +1069,35 @@ def test_the_callers_tensor_held_by_a_module_whose_forward_takes_one_argument() 
     assert torch.equal(run(False), torch.tensor([8.0, 16.0, 24.0]))
     got = run(True)
     assert isinstance(got, unihook.InPlaceError), got
-    assert "argument 0 and the module's attribute 'ref' share memory" in str(got), got
+    assert f"argument 0 and {where}" in str(got) and "'ref' share memory" in str(got), got
+
+
+@pytest.mark.parametrize("keeps", ["input", "output"])
+def test_a_module_keeping_the_alias_it_changed_in_place_is_exact(keeps: str) -> None:
+    """A module of yours that keeps what forward got (`self.inp = a; return relu_(a)`) or its
+    output (`self.out = relu_(a)`): the attribute is the alias that was changed, whose history
+    has the change, not the caller's tensor: exact, not refused (helper-44's false refusal)."""
+
+    class Keeps(torch.nn.Module):
+        def forward(self, a: Any) -> Any:
+            if keeps == "input":
+                self.inp = a
+                return torch.relu_(a)
+            self.out = torch.relu_(a)
+            return self.out
+
+    def run(hooked: bool) -> Any:
+        module = Keeps()
+        handle = unihook.register_full_backward_hook(module, lambda *a: None) if hooked else None
+        x = torch.tensor([-1.0, 2.0, -3.0], requires_grad=True)
+        try:
+            (module(x * 1) * 3).sum().backward()
+            return x.grad
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    assert torch.equal(run(True), run(False))
 
 
 @pytest.mark.parametrize("stashed_by", ["caller", "forward_pre_hook"])

@@ -250,3 +250,60 @@ def test_a_hook_registered_while_a_removed_states_last_call_ends() -> None:
             handle.remove()
     assert torch.equal(x.grad, expected)
     assert fired == ["switched", "first", "second"]
+
+
+def test_hook_ids_drawn_on_two_threads_under_different_locks_differ() -> None:
+    """The global dispatchers are pinned in a module (its first call with a global backward
+    hook) under one registry lock while another thread swaps the module's own backward hook
+    under another: both draw ids from torch's counter. A thread switch between its read and
+    its write gave both the same id: the own dispatcher's key was lost, the new hook never
+    fired (helper-44). The other thread now waits for the id."""
+    import linecache
+    import sys
+
+    from unihook_torch._backward import _TorchDispatchers
+
+    code = _TorchDispatchers.new_id.__code__
+    lines = range(code.co_firstlineno, code.co_firstlineno + 20)
+    write = next(n for n in lines if "next_id += 1" in linecache.getline(code.co_filename, n))
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Identity())
+    fired: list[str] = []
+    handles = {
+        "O1": unihook.register_full_backward_hook(net[1], lambda *a: fired.append("O1")),
+        "G": unihook.register_module_full_backward_hook(lambda *a: None, backend="torch"),
+    }
+
+    def swap() -> None:
+        handles.pop("O1").remove()
+        handles["O2"] = unihook.register_full_backward_hook(net[1], lambda *a: fired.append("O2"))
+
+    threads: list[threading.Thread] = []
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not code:
+            return None
+        if event == "line" and frame.f_lineno == write and not threads:
+            threads.append(threading.Thread(target=swap))
+            threads[0].start()
+            threads[0].join(0.5)  # (it waits for the id, or, before, drew the same one)
+        return trace
+
+    x = torch.randn(2, 4, requires_grad=True)
+    sys.settrace(trace)
+    try:
+        y = net(x)
+    finally:
+        sys.settrace(None)
+    try:
+        assert threads
+        threads[0].join()
+        y.sum().backward()
+        for _ in range(2):
+            fired.clear()
+            net(x).sum().backward()
+            assert fired == ["O2"]
+        keys = list(net[1]._forward_pre_hooks)
+        assert len(keys) == len(set(keys)) == 2  # (the own and the global pre-dispatcher)
+    finally:
+        for handle in handles.values():
+            handle.remove()

@@ -679,16 +679,16 @@ class ModuleBackward:
             if prefix is not None and type(call.module).__module__.startswith(prefix):
                 return
             own = getattr(call.module, "__dict__", None)
-            if not (
-                isinstance(own, dict)
-                and (any(map(self.autograd.is_tensor, own.values())) or own.get("_buffers"))
-            ):
+            if not (isinstance(own, dict) and _may_hold_tensors(own, self.autograd.is_tensor)):
                 return
         overlaps = self.overlaps or (lambda a, b: a is b)
         requires_grad = self.autograd.requires_grad
         positional = [(f"argument {tensor_idx[k]}", t) for k, t in enumerate(originals)]
         keywords = _keywords(self.call_ids) if may_take_keywords else {}
         nested = _nested(args, tensor_idx, keywords, self.autograd.is_tensor, call.module)
+        # (an alias forward got, kept on the module, `self.inp = a`, is the one changed: its
+        # history has the change)
+        got = {id(args[i]) for i in tensor_idx}
         for k in (*changed, *touched):
             if not requires_grad(originals[k]):
                 continue  # (no history to miss: `m(h.detach(), other=h)`)
@@ -700,6 +700,7 @@ class ModuleBackward:
                 if (
                     (j != k or k not in changed)
                     and other is not None
+                    and id(other) not in got
                     and requires_grad(other)
                     and overlaps(originals[k], other)
                 ):
@@ -846,10 +847,16 @@ def _nested(
     own = getattr(module, "__dict__", None)
     if isinstance(own, dict):
         # (paddle keeps a tensor set as an attribute, `layer.ref = h`, in `_buffers`; torch
-        # and MindSpore in `__dict__`, torch's registered buffers in `_buffers` too)
+        # and MindSpore in `__dict__`, torch's registered buffers in `_buffers` too; the
+        # module's own containers and objects, `self.refs = [h]`, are looked in, not the
+        # framework's, named with `_`: parameters, submodules, hook dicts)
         buffers = own.get("_buffers")
         held = [*own.items(), *(buffers.items() if isinstance(buffers, Mapping) else ())]
-        todo += [(f"the module's attribute {k!r}", v, 2) for k, v in held if is_tensor(v)]
+        for k, v in held:
+            if is_tensor(v):
+                todo.append((f"the module's attribute {k!r}", v, 2))
+            elif not k.startswith("_"):
+                todo.append((f"a tensor inside the module's attribute {k!r}", v, 1))
     looked = 0
     while todo and looked < _LOOKED_AT:
         name, value, depth = todo.pop()
@@ -866,6 +873,20 @@ def _nested(
             if not callable(getattr(value, "forward", None)):  # (not a module: its weights)
                 todo += [(name, v, depth + 1) for v in vars(value).values()]
     return found
+
+
+def _may_hold_tensors(own: dict[str, Any], is_tensor: Callable[[Any], bool]) -> bool:
+    """Whether a module's attributes (`own`, its `__dict__`) may hold a tensor: one of them,
+    its buffers, or a container or object of its own (see `_nested`)."""
+    if own.get("_buffers"):
+        return True
+    for key, value in own.items():
+        if is_tensor(value) or not (key.startswith("_") or isinstance(value, _SCALARS)):
+            return True
+    return False
+
+
+_SCALARS = (bool, int, float, str, type(None))
 
 
 def _call_frame(frame: FrameType | None, ids: frozenset[int]) -> FrameType | None:

@@ -12,6 +12,7 @@ empty dicts keep ``Layer.__call__``'s no-hook fast path.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -32,10 +33,17 @@ _lock = RegistryLock()
 
 
 def new_id() -> int:
-    # Share paddle's id counter so ids never collide with natively registered hooks.
-    hook_id: int = HookRemoveHelper.next_hook_id
-    HookRemoveHelper.next_hook_id += 1
+    # Share paddle's id counter so ids never collide with natively registered hooks. Locked:
+    # registrations under different registry locks (a layer's forward hooks, the global
+    # ones, the backward dispatchers) would otherwise draw the same id on a thread switch
+    # between the read and the write (one hook lost).
+    with _ID_LOCK:
+        hook_id: int = HookRemoveHelper.next_hook_id
+        HookRemoveHelper.next_hook_id += 1
     return hook_id
+
+
+_ID_LOCK = threading.Lock()
 
 
 class Access:

@@ -23,7 +23,6 @@ from typing import Any, Callable, NamedTuple
 import paddle
 from paddle.base.framework import EagerParamBase, name_struct
 from paddle.nn import Layer
-from paddle.nn.layer.layers import HookRemoveHelper
 from paddle.profiler import TracerEventType  # pyright: ignore[reportPrivateImportUsage]
 from paddle.profiler.utils import RecordEvent, in_profiler_mode
 
@@ -38,6 +37,7 @@ from unihook.backend import (
 from unihook.errors import HookReturnTypeError
 
 from . import NAME
+from ._forward import new_id
 from ._static import builds_full_graph, forget_programs, full_graph_error, sot_builds_subgraph
 
 Hook = Callable[..., Any]
@@ -75,12 +75,6 @@ class _Hooks(NamedTuple):
 
 
 _hooks = _Hooks((), (), (), (), frozenset(), frozenset())
-
-
-def _next_id() -> int:
-    hook_id = HookRemoveHelper.next_hook_id
-    HookRemoveHelper.next_hook_id += 1
-    return hook_id
 
 
 def _rebuild() -> None:
@@ -288,7 +282,7 @@ def _sync_patches() -> None:
 
 
 def _add(table: dict[int, Any], entry: Any) -> Callable[[], None]:
-    key = _next_id()
+    key = new_id()
 
     def remove() -> None:
         # idempotent: also undoes a registration cut short (a Ctrl-C, see unihook._locks)

@@ -10,6 +10,7 @@ same model without in-place ops. The hook semantics are the shared ones of
 
 from __future__ import annotations
 
+import threading
 import weakref
 from operator import attrgetter
 from typing import Any, Callable, Sequence
@@ -181,6 +182,9 @@ def _reshape_like(original: Any, alias: Any) -> None:
         original.as_strided_(alias.size(), alias.stride(), alias.storage_offset())
 
 
+_ID_LOCK = threading.Lock()
+
+
 class _TorchDispatchers:
     """Where the dispatchers live: pinned last in the module's own hook dicts
     (``unihook._pinned``), so a native hook registered after them, even one replacing args or
@@ -196,9 +200,12 @@ class _TorchDispatchers:
 
     @staticmethod
     def new_id() -> int:
-        # torch's own counter: ids never collide with natively registered hooks
-        key: int = RemovableHandle.next_id
-        RemovableHandle.next_id += 1
+        # torch's own counter: ids never collide with natively registered hooks. Locked: the
+        # global dispatchers are pinned under another registry lock than a module's own, and a
+        # thread switch between the read and the write gave both the same id (one hook lost).
+        with _ID_LOCK:
+            key: int = RemovableHandle.next_id
+            RemovableHandle.next_id += 1
         return key
 
 
