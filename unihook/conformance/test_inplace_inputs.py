@@ -472,20 +472,27 @@ def test_inplace_on_an_argument_sharing_memory_with_another_raises(
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_inplace_on_an_argument_the_module_holds_raises(backend: Any, kind: str) -> None:
+@pytest.mark.parametrize("in_a_list", [False, True], ids=["attribute", "in_a_list"])
+def test_inplace_on_an_argument_the_module_holds_raises(
+    backend: Any, kind: str, in_a_list: bool
+) -> None:
     """The module holds the caller's tensor as an attribute (`m.ref = h`; paddle keeps it
-    among its buffers) and forward changes its argument in place, then reads the attribute:
-    as for `m(x, x)`, the change would not reach the attribute's history under backward hooks
-    (a wrong gradient): InPlaceError. Pre-hooks alone: exact."""
+    among its buffers) or in a list (`m.ref = [h]`) and forward changes its argument in place,
+    then reads it: as for `m(x, x)`, the change would not reach the attribute's history under
+    backward hooks (a wrong gradient): InPlaceError. Pre-hooks alone: exact."""
+
+    def forward(self: Any, a: Any) -> Any:
+        self.act(a)
+        return a * 2 + (self.ref[0] if in_a_list else self.ref)
 
     def grads(hooked: bool) -> Any:
         act = backend.relu_module(inplace=True)
-        m = backend.module(lambda self, a: (self.act(a), a * 2 + self.ref)[1], {"act": act})
+        m = backend.module(forward, {"act": act})
         handle = _hook(kind, m, []) if hooked else None
         try:
             x = backend.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
             h = x * 1
-            m.ref = h
+            m.ref = [h] if in_a_list else h
             backend.backward(unihook.ops.sum(m(h)))
             return backend.grad(x)
         except Exception as error:  # noqa: BLE001 - compared below
