@@ -993,6 +993,21 @@ class _Elsewhere(torch.nn.Module):
         return extra.t * 3
 
 
+def _x_grad(module: Any, values: list[float], loss: Callable[[Any, Any], Any], hooked: bool) -> Any:
+    """x.grad of `loss(module, x * 1)` (x from `values`), with a full backward hook on `module`
+    or without; or the RuntimeError raised."""
+    handle = unihook.register_full_backward_hook(module, lambda *a: None) if hooked else None
+    x = torch.tensor(values, requires_grad=True)
+    try:
+        loss(module, x * 1).backward()
+        return x.grad
+    except RuntimeError as error:
+        return error
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
 @pytest.mark.parametrize("case", list(_ELSEWHERE))
 def test_the_callers_tensor_reached_another_way_beside_its_alias(case: str) -> None:
     """Forward changes its positional argument in place and reads the caller's tensor it got
@@ -1005,18 +1020,7 @@ def test_the_callers_tensor_reached_another_way_beside_its_alias(case: str) -> N
         module = _Elsewhere()
         if instance_forward:
             module.forward = lambda a, extra=None: _Elsewhere.forward(module, a, extra)  # type: ignore[method-assign]
-        handle = unihook.register_full_backward_hook(module, lambda *a: None) if hooked else None
-        x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
-        h = x * 1
-        try:
-            out = call(module, h)
-            (out * out).sum().backward()
-            return x.grad
-        except RuntimeError as error:
-            return error
-        finally:
-            if handle is not None:
-                handle.remove()
+        return _x_grad(module, [1.0, 2.0, 3.0], lambda m, h: (call(m, h) ** 2).sum(), hooked)
 
     assert isinstance(run(False), torch.Tensor)
     for instance_forward in (False, True):
@@ -1052,19 +1056,7 @@ def test_the_callers_tensor_held_by_a_module_whose_forward_takes_one_argument(he
             return a * read(self)
 
     def run(hooked: bool) -> Any:
-        module = Holds()
-        handle = unihook.register_full_backward_hook(module, lambda *a: None) if hooked else None
-        x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
-        h = x * 1
-        hold(module, h)
-        try:
-            module(h).sum().backward()
-            return x.grad
-        except RuntimeError as error:
-            return error
-        finally:
-            if handle is not None:
-                handle.remove()
+        return _x_grad(Holds(), [1.0, 2.0, 3.0], lambda m, h: (hold(m, h), m(h))[1].sum(), hooked)
 
     assert torch.equal(run(False), torch.tensor([8.0, 16.0, 24.0]))
     got = run(True)
@@ -1087,17 +1079,11 @@ def test_a_module_keeping_the_alias_it_changed_in_place_is_exact(keeps: str) -> 
             return self.out
 
     def run(hooked: bool) -> Any:
-        module = Keeps()
-        handle = unihook.register_full_backward_hook(module, lambda *a: None) if hooked else None
-        x = torch.tensor([-1.0, 2.0, -3.0], requires_grad=True)
-        try:
-            (module(x * 1) * 3).sum().backward()
-            return x.grad
-        finally:
-            if handle is not None:
-                handle.remove()
+        return _x_grad(Keeps(), [-1.0, 2.0, -3.0], lambda m, h: (m(h) * 3).sum(), hooked)
 
-    assert torch.equal(run(True), run(False))
+    expected = run(False)
+    assert isinstance(expected, torch.Tensor)
+    assert torch.equal(run(True), expected)
 
 
 @pytest.mark.parametrize("stashed_by", ["caller", "forward_pre_hook"])
@@ -1106,23 +1092,20 @@ def test_an_inplace_activation_holding_its_input_as_an_attribute_is_exact(stashe
     caller or a forward pre-hook): its forward reads no such attribute, so the check above
     leaves it alone, and the gradients are those without hooks."""
 
+    def loss(act: Any, h: Any) -> Any:
+        if stashed_by == "caller":
+            act.saved = h
+        return (act(h) * act.saved * 3).sum()
+
     def run(hooked: bool) -> Any:
         act = torch.nn.ReLU(inplace=True)
         if stashed_by == "forward_pre_hook":
             act.register_forward_pre_hook(lambda m, a: setattr(m, "saved", a[0]))
-        handle = unihook.register_full_backward_hook(act, lambda *a: None) if hooked else None
-        x = torch.tensor([-1.0, 2.0, -3.0], requires_grad=True)
-        h = x * 1
-        if stashed_by == "caller":
-            act.saved = h
-        try:
-            (act(h) * act.saved * 3).sum().backward()
-            return x.grad
-        finally:
-            if handle is not None:
-                handle.remove()
+        return _x_grad(act, [-1.0, 2.0, -3.0], loss, hooked)
 
-    assert torch.equal(run(True), run(False))
+    expected = run(False)
+    assert isinstance(expected, torch.Tensor)
+    assert torch.equal(run(True), expected)
 
 
 def test_a_detached_positional_argument_beside_the_callers_tensor_is_not_refused() -> None:
