@@ -32,6 +32,7 @@ __all__ = [
     "Dispatchers",
     "ModuleBackward",
     "add_global_backward_hook",
+    "held_tensors",
     "register_backward_hook",
 ]
 
@@ -162,9 +163,11 @@ class ModuleBackward:
         # Python object for the same tensor (MindSpore's `copy_`); `is` without it
         self.same_tensor: Callable[[Any, Any], bool] | None = getattr(autograd, "same_tensor", None)
         # optional: `watch(replaced, aliases, outputs, idx, args, tensor_idx, originals, site,
-        # mark)`, which replaces in `replaced` (the outputs the caller gets) the identity's
-        # `aliases` (of `outputs[idx]`) of outputs that are, without hooks, tensors existing
-        # apart from the call (see `post_dispatch`); `overlaps(a, b)`, whether two tensors
+        # mark, module, returned)`, which replaces in `replaced` (the outputs the caller gets)
+        # the identity's `aliases` (of `outputs[idx]`; `returned`: what forward returned, the
+        # tuple `outputs` is or its one tensor) of outputs that are, without hooks, tensors
+        # existing apart from the call (see `post_dispatch`; `held_tensors(module)`, those it
+        # keeps as attributes); `overlaps(a, b)`, whether two tensors
         # share memory (see `_refuse_shared_inputs`)
         self.watch: Callable[..., Any] | None = getattr(autograd, "watch", None)
         # ... and with it `mark()`, taken when a call starts and given to `watch` (torch: the
@@ -583,6 +586,8 @@ class ModuleBackward:
                 originals,
                 call.site,
                 call.mark,
+                module,
+                output,
             )
         if not is_tuple:
             return None if replaced[0] is output else replaced[0]
@@ -838,18 +843,28 @@ def _nested(
     """The tensors forward got besides its positional tensor arguments (which have aliases):
     inside positional lists, tuples, sets, deques, dicts and objects' attributes (a
     dataclass, a namespace), by keyword, and the module's own tensor attributes (a tensor it
-    was handed before the call), named for an error."""
-    found: list[tuple[str, Any]] = []
+    was handed before the call, see `held_tensors`), named for an error."""
     todo: list[tuple[str, Any, int]] = [
         (f"a tensor inside argument {i}", a, 0) for i, a in enumerate(args) if i not in tensor_idx
     ]
     todo += [(f"keyword argument {key!r}", value, 0) for key, value in kwargs.items()]
+    return _walk(todo + _attributes(module, is_tensor), is_tensor)
+
+
+def held_tensors(module: Any, is_tensor: Callable[[Any], bool]) -> list[tuple[str, Any]]:
+    """The tensors `module` holds as its attributes, its buffers, and inside its own
+    containers and objects (`self.refs = [h]`, a dataclass), named for an error: not inside
+    the framework's (named with `_`: parameters, submodules, hook dicts), nor inside
+    submodules. At most a few hundred values are looked at."""
+    return _walk(_attributes(module, is_tensor), is_tensor)
+
+
+def _attributes(module: Any, is_tensor: Callable[[Any], bool]) -> list[tuple[str, Any, int]]:
+    todo: list[tuple[str, Any, int]] = []
     own = getattr(module, "__dict__", None)
     if isinstance(own, dict):
         # (paddle keeps a tensor set as an attribute, `layer.ref = h`, in `_buffers`; torch
-        # and MindSpore in `__dict__`, torch's registered buffers in `_buffers` too; the
-        # module's own containers and objects, `self.refs = [h]`, are looked in, not the
-        # framework's, named with `_`: parameters, submodules, hook dicts)
+        # and MindSpore in `__dict__`, torch's registered buffers in `_buffers` too)
         buffers = own.get("_buffers")
         held = [*own.items(), *(buffers.items() if isinstance(buffers, Mapping) else ())]
         for k, v in held:
@@ -857,6 +872,15 @@ def _nested(
                 todo.append((f"the module's attribute {k!r}", v, 2))
             elif not k.startswith("_"):
                 todo.append((f"a tensor inside the module's attribute {k!r}", v, 1))
+    return todo
+
+
+def _walk(
+    todo: list[tuple[str, Any, int]], is_tensor: Callable[[Any], bool]
+) -> list[tuple[str, Any]]:
+    """The tensors in `todo`'s values and, three levels down, in their containers and
+    objects' attributes (not modules'), at most `_LOOKED_AT` values."""
+    found: list[tuple[str, Any]] = []
     looked = 0
     while todo and looked < _LOOKED_AT:
         name, value, depth = todo.pop()

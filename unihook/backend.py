@@ -53,6 +53,7 @@ from ._module_backward import (
     ModuleBackward,
     _states,
     add_global_backward_hook,
+    held_tensors,
     register_backward_hook,
 )
 from ._pinned import Access, HookDict, Pinned, pin, unpin
@@ -76,6 +77,7 @@ __all__ = [
     "checked_kwargs_pre_hook",
     "global_label",
     "has_module_backward",
+    "held_tensors",
     "install_when_imported",
     "kwargs_post_hook",
     "map_dataclass",

@@ -919,6 +919,8 @@ class MindSporeAutograd(Autograd):
         originals: Sequence[Any],
         site: Site,
         mark: object,
+        module: Any,  # (torch's looks for tensors it keeps; these are MindSpore's to check)
+        result: Any,
     ) -> None:
         # The output identity lets go of the counters of outputs the caller may hold apart from
         # the call (an argument returned, its alias, a view of it, a leaf): a history through

@@ -27,15 +27,16 @@ import sys
 import threading
 import weakref
 from functools import partial
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any, Callable, Sequence
 
 import torch
 
-from unihook.backend import Site
+from unihook.backend import Site, held_tensors
 from unihook.errors import InPlaceError
 
 from ._compile import EagerUnderCompile
+from ._global import RUN_CODE, TORCH_CALL_CODE
 
 __all__ = ["InputAlias", "adopt", "changed", "mark", "span", "use", "watch"]
 
@@ -122,9 +123,11 @@ class _State:
     module returned it on: a chain), and whether their histories are synced (see the module
     docstring). Views of the output share it."""
 
-    __slots__ = ("root", "root_fn", "original", "original_fn", "whole", "synced", "site")
+    __slots__ = ("root", "root_fn", "original", "original_fn", "whole", "synced", "site", "kept")
 
-    def __init__(self, root: Any, original: Any, whole: bool, site: Site) -> None:
+    def __init__(
+        self, root: Any, original: Any, whole: bool, site: Site, kept: bool = False
+    ) -> None:
         # the output, weakly: it holds this state (a cycle would keep its memory until the
         # collector runs); views of it keep it alive (torch keeps a subclass's Python object
         # as long as its tensor lives)
@@ -135,6 +138,10 @@ class _State:
         self.whole = whole  # the input itself (same shape and place), not a view of it
         self.synced = False
         self.site = site
+        # `original` was made in the call and the module keeps it (`_kept`): an outer
+        # module returning the output on (a container, torch.compile's wrapper) watches its
+        # alias as this output, though the tensor began in its call too
+        self.kept = kept
 
     def refresh(self) -> bool:
         """The output is about to be used: bring it up to date with its input. True when it
@@ -422,14 +429,18 @@ def watch(
     originals: Sequence[Any],
     site: Site,
     mark: int,
+    module: Any,
+    returned: Any,
 ) -> None:
     """Watch, in `replaced` (what the caller gets), the identity's aliases of `outputs[idx]`
     that without hooks would be a tensor someone else may hold: an argument (`args[tensor_idx]`
     as forward got them; `originals`: the caller's tensors for them, None when dead), a view
     of one, a tensor older than the call (autograd sequence number below `mark`: a keyword
-    argument, a list's, one the module kept) or a view of one, or a tensor another output
-    shares memory with (`return y, y`). Runs at every call of a hooked module: a new output
-    costs a look at its history's sequence number and at its version."""
+    argument, a list's, one the module kept) or a view of one, a tensor another output
+    shares memory with (`return y, y`), or one made in the call that `module` keeps
+    (`self.kept = y; return y`; `returned`: what forward returned, `outputs` or its one
+    tensor). Runs at every call of a hooked module: a new output costs a look at its
+    history's sequence number, its version and its reference count."""
     shared = _shared_outputs([outputs[j] for j in idx]) if len(idx) > 1 else ()
     keys = None
     for n, (j, alias) in enumerate(zip(idx, aliases)):
@@ -463,8 +474,15 @@ def watch(
         if original is None and n in shared:
             base = output._base if output._is_view() else None
             original, whole = (output, True) if base is None else (base, False)
+        kept = False
         if original is None:
-            continue
+            if type(output) is InputAlias and output.__dict__[_STATE].kept:
+                original, whole = output, True  # (a chain: see `_State.kept`)
+            else:
+                original, whole = _kept(output, module, returned is not outputs)
+            if original is None:
+                continue
+            kept = True
         if (
             original.dtype != alias.dtype
             or output.is_conj()
@@ -483,7 +501,57 @@ def watch(
             # refuses an op on any output
             replaced[j] = guard(alias)
             continue
-        _mark(alias, _State(alias, original, whole, site))
+        _mark(alias, _State(alias, original, whole, site, kept))
+
+
+# A new output's reference count read in `_kept` when nothing but the call holds it: as an
+# item of the tuple forward returned, the tuple's, the core's list of the outputs' tensors,
+# `watch`'s and `_kept`'s locals and getrefcount's argument; as the tensor forward returned,
+# also those of the frames between the module call and `watch`, counted on the two usual
+# paths (`_COUNTED`); a view's base made in the call: the local, the argument and torch's own
+# (it keeps a tensor's Python object while a view holds it). Above these, something holds
+# it: the module (`self.kept = y`), a native forward hook's stash, a closure
+# (`tests/test_inplace_aliases_native.py` checks the three counts).
+_FREE_ITEM, _FREE_WHOLE, _FREE_BASE = 5, 11, 3
+
+
+def _kept(output: Any, module: Any, whole: bool) -> tuple[Any, bool]:
+    """The tensor `output` made in the call is without hooks when something keeps it, or its
+    base for a view (`self.kept = y; return y`), to read it later: an in-place op of the
+    caller's on the output must reach it. None when nothing does; and whether it is the
+    output itself. On a path whose frames are not counted, a tensor returned alone is looked
+    for among the module's attributes (`held_tensors`: `module`'s own containers too)."""
+    if sys.getrefcount(output) > (_FREE_WHOLE if whole else _FREE_ITEM):
+        if not whole or _counted():
+            return output, True
+        key = _storage(output)
+        for _, tensor in held_tensors(module, _is_tensor):
+            if tensor is output or (key is not None and _storage(tensor) == key):
+                return output, True
+    if output._is_view():
+        base = output._base
+        if sys.getrefcount(base) > _FREE_BASE:
+            return base, False
+    return None, False
+
+
+def _counted() -> bool:
+    """Whether `_kept` runs on a path whose frames `_FREE_WHOLE` counts: torch's hook loop
+    (its `_call_impl`'s `inner`) or unihook's wrapper of `_call_impl` calling the pinned
+    post-dispatcher (`EagerUnderCompile`), which called `post_dispatch`, which called
+    `watch`. (Another path, longer: a post-dispatcher beside the wrapper, torch.compile.)"""
+    caller = sys._getframe(4)  # (this, _kept, watch, post_dispatch, its caller)
+    outer = caller.f_back
+    return caller.f_code is _EAGER_CALL and outer is not None and outer.f_code in _COUNTED
+
+
+_EAGER_CALL = EagerUnderCompile.__call__.__code__
+_COUNTED = {
+    code
+    for code in (*TORCH_CALL_CODE.co_consts, RUN_CODE)
+    if isinstance(code, CodeType) and code.co_name in ("inner", "_run")
+}
+_is_tensor = torch.Tensor.__instancecheck__
 
 
 class Guard(torch.autograd.Function):

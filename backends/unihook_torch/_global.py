@@ -176,6 +176,7 @@ def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
             state.let_go(mark)
 
 
+RUN_CODE = _run.__code__  # (its frames hold what `_alias` counts)
 # the wrapper's frames: a module call on the stack (see `unihook._module_backward._call_frames`)
 WRAPPER_CODES = frozenset({_call_impl.__code__, _call.__code__, _run.__code__})
 
