@@ -14,6 +14,7 @@ import dataclasses
 import gc
 import io
 import pickle
+import sys
 import types
 import warnings
 import weakref
@@ -1174,6 +1175,13 @@ _KEPT: dict[str, Callable[[Any, list[Any]], Any]] = {
 }
 
 
+# (the reference counts `_alias._kept` reads are Python 3.11's: README)
+_COUNTS_MEASURED = pytest.mark.skipif(
+    sys.version_info[:2] != (3, 11), reason="reference counts measured on Python 3.11 only"
+)
+
+
+@_COUNTS_MEASURED
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("path", ["plain", "native_forward_hook", "compiled"])
@@ -1225,6 +1233,7 @@ def test_an_output_made_in_the_call_and_kept_by_the_module(
     assert calls == 1
 
 
+@_COUNTS_MEASURED
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("returns", ["tensor", "tuple", "view", "computed_by_torch"])
 def test_an_output_nobody_keeps_is_not_looked_for_in_the_module(

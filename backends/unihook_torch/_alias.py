@@ -478,7 +478,7 @@ def watch(
         if original is None:
             if type(output) is InputAlias and output.__dict__[_STATE].kept:
                 original, whole = output, True  # (a chain: see `_State.kept`)
-            else:
+            elif _COUNTS_MEASURED:
                 original, whole = _kept(output, module, returned is not outputs)
             if original is None:
                 continue
@@ -511,8 +511,11 @@ def watch(
 # paths (`_COUNTED`); a view's base made in the call: the local, the argument and torch's own
 # (it keeps a tensor's Python object while a view holds it). Above these, something holds
 # it: the module (`self.kept = y`), a native forward hook's stash, a closure
-# (`tests/test_inplace_aliases_native.py` checks the three counts).
+# (`tests/test_inplace_aliases_native.py` checks the three counts). Measured on Python 3.11,
+# whose calls move their arguments into the callee's frame (3.10 copies them, 3.14 borrows
+# some): on another version none is read and a kept output is not told (README).
 _FREE_ITEM, _FREE_WHOLE, _FREE_BASE = 5, 11, 3
+_COUNTS_MEASURED = sys.version_info[:2] == (3, 11)
 
 
 def _kept(output: Any, module: Any, whole: bool) -> tuple[Any, bool]:
