@@ -15,6 +15,7 @@ import gc
 import io
 import pickle
 import sys
+import threading
 import types
 import warnings
 import weakref
@@ -1263,3 +1264,47 @@ def test_an_output_nobody_keeps_is_not_looked_for_in_the_module(
     assert looked == []
     for o in out if isinstance(out, tuple) else (out,):
         assert type(o) is torch.Tensor
+
+
+@_COUNTS_MEASURED
+@pytest.mark.parametrize("given", ["keyword", "list"])
+def test_a_tensor_made_on_another_thread_given_by_keyword_or_in_a_list_and_returned(
+    given: str,
+) -> None:
+    """A tensor made on a thread whose autograd counter ran ahead of this one's looks younger
+    than the call (sequence numbers are per thread), so a keyword or list argument returned
+    unchanged was not watched: the caller's in-place op on the output missed it (`[3, 5, 7]`
+    for `[0, 5, 0]`). The caller holds it: its reference count tells it now."""
+
+    class Returns(torch.nn.Module):
+        def forward(self, a: Any, items: Any = None, x: Any = None) -> Any:
+            return x if given == "keyword" else items[0]
+
+    def run(hooked: bool) -> Any:
+        module = Returns()
+        handle = unihook.register_full_backward_hook(module, lambda *a: None) if hooked else None
+        w = torch.tensor([-1.0, 2.0, -3.0], requires_grad=True)
+        made: list[Any] = []
+
+        def make() -> None:
+            for _ in range(3000):  # (this thread's counter runs ahead)
+                w * 1
+            made.append(w * 1)
+
+        thread = threading.Thread(target=make)
+        thread.start()
+        thread.join()
+        h = made.pop()
+        try:
+            a = torch.ones(3, requires_grad=True)
+            out = module(a, x=h) if given == "keyword" else module(a, [h])
+            out.relu_()
+            (h * torch.tensor([3.0, 5.0, 7.0])).sum().backward()
+            return w.grad
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    expected = run(False)
+    assert torch.equal(expected, torch.tensor([0.0, 5.0, 0.0]))
+    torch.testing.assert_close(run(True), expected, rtol=0, atol=0)
