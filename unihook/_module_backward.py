@@ -848,15 +848,21 @@ def _nested(
         (f"a tensor inside argument {i}", a, 0) for i, a in enumerate(args) if i not in tensor_idx
     ]
     todo += [(f"keyword argument {key!r}", value, 0) for key, value in kwargs.items()]
-    return _walk(todo + _attributes(module, is_tensor), is_tensor)
+    return _walk(todo + _attributes(module, is_tensor), is_tensor, 3)
 
 
-def held_tensors(module: Any, is_tensor: Callable[[Any], bool]) -> list[tuple[str, Any]]:
+def held_tensors(
+    module: Any, is_tensor: Callable[[Any], bool], levels: int = 3
+) -> list[tuple[str, Any]]:
     """The tensors `module` holds as its attributes, its buffers, and inside its own
     containers and objects (`self.refs = [h]`, a dataclass), named for an error: not inside
     the framework's (named with `_`: parameters, submodules, hook dicts), nor inside
-    submodules. At most a few hundred values are looked at."""
-    return _walk(_attributes(module, is_tensor), is_tensor)
+    submodules. `levels`: 1, the attributes alone; each one more, a container further in. At
+    most a few hundred values are looked at."""
+    own = getattr(module, "__dict__", None)
+    if not (isinstance(own, dict) and _may_hold_tensors(own, is_tensor)):
+        return []  # (the common case, cheaper)
+    return _walk(_attributes(module, is_tensor), is_tensor, levels)
 
 
 def _attributes(module: Any, is_tensor: Callable[[Any], bool]) -> list[tuple[str, Any, int]]:
@@ -876,10 +882,11 @@ def _attributes(module: Any, is_tensor: Callable[[Any], bool]) -> list[tuple[str
 
 
 def _walk(
-    todo: list[tuple[str, Any, int]], is_tensor: Callable[[Any], bool]
+    todo: list[tuple[str, Any, int]], is_tensor: Callable[[Any], bool], levels: int
 ) -> list[tuple[str, Any]]:
-    """The tensors in `todo`'s values and, three levels down, in their containers and
-    objects' attributes (not modules'), at most `_LOOKED_AT` values."""
+    """The tensors in `todo`'s values (each with its level: 1 for a module's attribute) and in
+    their containers and objects' attributes (not modules'), below them down to `levels`, at
+    most `_LOOKED_AT` values."""
     found: list[tuple[str, Any]] = []
     looked = 0
     while todo and looked < _LOOKED_AT:
@@ -887,7 +894,7 @@ def _walk(
         looked += 1
         if is_tensor(value):
             found.append((name, value))
-        elif depth >= 3:
+        elif depth >= levels:
             continue
         elif isinstance(value, _ITEMS):
             todo += [(name, v, depth + 1) for v in value]

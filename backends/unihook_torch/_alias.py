@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from unihook.backend import Site, held_tensors
+from unihook.backend import ModuleBackward, Site, held_tensors
 from unihook.errors import InPlaceError
 
 from ._compile import EagerUnderCompile
@@ -443,6 +443,7 @@ def watch(
     history's sequence number, its version and its reference count."""
     shared = _shared_outputs([outputs[j] for j in idx]) if len(idx) > 1 else ()
     keys = None
+    alone, held = returned is not outputs, None
     for n, (j, alias) in enumerate(zip(idx, aliases)):
         if replaced[j] is not alias or type(alias) is not torch.Tensor:
             continue  # (the caller's own tensor back, guarded, or no alias)
@@ -479,7 +480,9 @@ def watch(
             if type(output) is InputAlias and output.__dict__[_STATE].kept:
                 original, whole = output, True  # (a chain: see `_State.kept`)
             elif _COUNTS_MEASURED:
-                original, whole = _kept(output, module, returned is not outputs)
+                if held is None:  # (once per call: see `_path_refs`)
+                    held = _held(returned, alone, module)
+                original, whole = _kept(output, alone, held)
             if original is None:
                 continue
             kept = True
@@ -504,56 +507,91 @@ def watch(
         _mark(alias, _State(alias, original, whole, site, kept))
 
 
-# A new output's reference count read in `_kept` when nothing but the call holds it: as an
-# item of the tuple forward returned, the tuple's, the core's list of the outputs' tensors,
-# `watch`'s and `_kept`'s locals and getrefcount's argument; as the tensor forward returned,
-# also those of the frames between the module call and `watch`, counted on the two usual
-# paths (`_COUNTED`); a view's base made in the call: the local, the argument and torch's own
-# (it keeps a tensor's Python object while a view holds it). Above these, something holds
-# it: the module (`self.kept = y`), a native forward hook's stash, a closure
-# (`tests/test_inplace_aliases_native.py` checks the three counts). Measured on Python 3.11,
-# whose calls move their arguments into the callee's frame (3.10 copies them, 3.14 borrows
-# some): on another version none is read and a kept output is not told (README).
-_FREE_ITEM, _FREE_WHOLE, _FREE_BASE = 5, 11, 3
+# Reference counts read in `_kept` when nothing but the call holds a new output. An item of
+# the tuple forward returned (`_FREE_ITEM`): the tuple, the core's list of the outputs'
+# tensors, `watch`'s and `_kept`'s locals, getrefcount's argument. The tensor forward returned
+# alone, or that tuple (`_FREE_RETURNED`): also the frames between the module call and
+# `watch`, on the shortest of the paths counted (`_path_refs`). A view's base made in the call
+# (`_FREE_BASE`): the local, the argument and torch's own (it keeps a tensor's Python object
+# while a view holds it); the view's storage (`_FREE_STORAGE`): the base, the view, the
+# identity's alias and the storage object read. Above these, something holds it: the module
+# (`self.kept = y`), a native forward hook's stash, a closure, another view of the base
+# (`tests/test_inplace_aliases_native.py` checks them). Measured on Python 3.11, whose calls
+# move their arguments into the callee's frame (3.10 copies them, 3.14 borrows some): on
+# another version none is read and a kept output is not told (README).
+_FREE_ITEM, _FREE_BASE, _FREE_STORAGE = 5, 3, 4
+_FREE_RETURNED = {False: 10, True: 11}  # (keyed by: returned alone)
 _COUNTS_MEASURED = sys.version_info[:2] == (3, 11)
+_storage_uses: Callable[[Any], int] | None = getattr(torch._C, "_storage_Use_Count", None)
 
 
-def _kept(output: Any, module: Any, whole: bool) -> tuple[Any, bool]:
-    """The tensor `output` made in the call is without hooks when something keeps it, or its
-    base for a view (`self.kept = y; return y`), to read it later: an in-place op of the
-    caller's on the output must reach it. None when nothing does; and whether it is the
-    output itself. On a path whose frames are not counted, a tensor returned alone is looked
-    for among the module's attributes (`held_tensors`: `module`'s own containers too)."""
-    if sys.getrefcount(output) > (_FREE_WHOLE if whole else _FREE_ITEM):
-        if not whole or _counted():
-            return output, True
-        key = _storage(output)
-        for _, tensor in held_tensors(module, _is_tensor):
-            if tensor is output or (key is not None and _storage(tensor) == key):
-                return output, True
+def _held(returned: Any, alone: bool, module: Any) -> bool:
+    """Whether something besides the call holds `returned`, what forward returned (a tensor
+    `alone`, or a tuple, which holds its items): on a path whose frames are counted, by its
+    reference count; on another, a count above the fewest frames' sends a look among the
+    module's attributes and inside its containers (`held_tensors`) for a tensor sharing
+    memory with it."""
+    count = sys.getrefcount(returned) - _FREE_RETURNED[alone]
+    if count <= 0:
+        return False
+    path = _path_refs(returned)
+    if path is not None:
+        return count > path
+    keys = {_storage(t) for t in ((returned,) if alone else returned) if _is_tensor(t)}
+    keys.discard(None)
+    # (inside the module's containers, not theirs: per call, on these paths only)
+    return any(_storage(t) in keys for _, t in held_tensors(module, _is_tensor, 2))
+
+
+def _kept(output: Any, alone: bool, held: bool) -> tuple[Any, bool]:
+    """The tensor `output` made in the call is without hooks when something keeps it (`held`:
+    what forward returned, `output` `alone` or its tuple; an item of a tuple by its own count),
+    or keeps its base for a view, or another view of that base (`self.kept = y; return y[1:]`):
+    an in-place op of the caller's on the output must reach it, which reads it later. None when
+    nothing does; and whether it is the output itself."""
+    if held or (not alone and sys.getrefcount(output) > _FREE_ITEM):
+        return output, True
     if output._is_view():
         base = output._base
         if sys.getrefcount(base) > _FREE_BASE:
             return base, False
+        if _storage_uses is not None and _storage_uses(output.untyped_storage()._cdata) > (
+            _FREE_STORAGE
+        ):
+            return base, False  # (another view of the base is kept)
     return None, False
 
 
-def _counted() -> bool:
-    """Whether `_kept` runs on a path whose frames `_FREE_WHOLE` counts: torch's hook loop
-    (its `_call_impl`'s `inner`) or unihook's wrapper of `_call_impl` calling the pinned
-    post-dispatcher (`EagerUnderCompile`), which called `post_dispatch`, which called
-    `watch`. (Another path, longer: a post-dispatcher beside the wrapper, torch.compile.)"""
-    caller = sys._getframe(4)  # (this, _kept, watch, post_dispatch, its caller)
-    outer = caller.f_back
-    return caller.f_code is _EAGER_CALL and outer is not None and outer.f_code in _COUNTED
+def _path_refs(returned: Any) -> int | None:
+    """How many more references to `returned` than `_FREE_RETURNED` the frames between the
+    module call and `_held` hold, on the paths counted; None on another path (torch.compile's,
+    a global dispatcher handing the call to a module's own). The paths: torch's hook loop
+    (its `_call_impl`'s `inner`, whose `hook_result` may hold it: a forward hook that returned
+    it) or unihook's wrapper of `_call_impl` (`_run`), calling the pinned post-dispatcher
+    (`EagerUnderCompile`), directly or through `post_dispatch_beside` (one more). (Reading
+    `f_locals` gives the frame a dict of its locals: one more reference each, so `_held` runs
+    once per call.)"""
+    caller = sys._getframe(4)  # (this, _held, watch, post_dispatch, its caller)
+    extra = 0
+    if caller.f_code is _BESIDE:
+        caller, extra = caller.f_back, 1
+    outer = None if caller is None else caller.f_back
+    if caller is None or outer is None or caller.f_code is not _EAGER_CALL:
+        return None
+    if outer.f_code is _RUN:
+        return extra
+    if outer.f_code is _INNER:
+        return extra + (outer.f_locals.get("hook_result") is returned)
+    return None
 
 
 _EAGER_CALL = EagerUnderCompile.__call__.__code__
-_COUNTED = {
-    code
-    for code in (*TORCH_CALL_CODE.co_consts, RUN_CODE)
-    if isinstance(code, CodeType) and code.co_name in ("inner", "_run")
-}
+_BESIDE = ModuleBackward.post_dispatch_beside.__code__
+_RUN = RUN_CODE
+_INNER = next(
+    (c for c in TORCH_CALL_CODE.co_consts if isinstance(c, CodeType) and c.co_name == "inner"),
+    None,
+)
 _is_tensor = torch.Tensor.__instancecheck__
 
 
