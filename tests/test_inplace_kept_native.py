@@ -104,37 +104,31 @@ def test_a_native_forward_hook_stashes_a_tuple_output(kind: str) -> None:
     _check(program, kind)
 
 
-@pytest.mark.parametrize("holder", ["closure", "submodule", "grad_of_a_leaf"])
+@pytest.mark.parametrize("holder", ["closure", "submodule"])
 def test_global_hook_beside_a_native_forward_pre_hook(holder: str) -> None:
     """The global hook and any native forward pre-hook on the module (also a global torch
     forward pre-hook, weight_norm's, PEFT's...): the post-dispatcher runs through
     `post_dispatch_beside`, `_counted()` is False, only the module's own attributes are
     looked in. A usual path, not the documented torch.compile / removed-hook ones.
-    Expected [0, 10, 0, 22], got [6, 10, 14, 22]."""
+    Expected [0, 10, 0, 22], got [6, 10, 14, 22]. (A leaf's `.grad` holding the output, a C++
+    reference like autograd's saving it, is not told: README.)"""
     box: list[Any] = []
 
     class M(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.sub = torch.nn.Module()
-            self.leaf = torch.zeros(4, requires_grad=True)
 
         def forward(self, x: Any) -> Any:
             y = x * 2
             if holder == "closure":
                 box[:] = [y]
-            elif holder == "submodule":
-                self.sub.kept = y
             else:
-                self.leaf.grad = y
+                self.sub.kept = y
             return y
 
     def read(m: Any) -> Any:
-        if holder == "closure":
-            return box[0]
-        if holder == "submodule":
-            return m.sub.kept
-        return m.leaf.grad
+        return box[0] if holder == "closure" else m.sub.kept
 
     def program(x: Any, kind: str | None) -> None:
         m = M()

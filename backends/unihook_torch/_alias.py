@@ -41,6 +41,7 @@ from ._global import RUN_CODE, TORCH_CALL_CODE
 __all__ = ["InputAlias", "adopt", "changed", "mark", "span", "use", "watch"]
 
 _Disabled = torch._C.DisableTorchFunctionSubclass
+_set_grad_enabled = torch._C._set_grad_enabled
 _set_version = torch._C._autograd._unsafe_set_version_counter  # pyright: ignore[reportAttributeAccessIssue]
 # the next autograd node's sequence number on this thread: taken when a hooked call starts
 mark = torch._C._autograd._get_sequence_nr  # pyright: ignore[reportAttributeAccessIssue]
@@ -441,6 +442,8 @@ def watch(
     (`self.kept = y; return y`; `returned`: what forward returned, `outputs` or its one
     tensor). Runs at every call of a hooked module: a new output costs a look at its
     history's sequence number, its version and its reference count."""
+    if _COUNTS_MEASURED:
+        _watch_kept_inputs(args, tensor_idx, originals, module, site)
     shared = _shared_outputs([outputs[j] for j in idx]) if len(idx) > 1 else ()
     keys = None
     alone, held = returned is not outputs, None
@@ -482,7 +485,7 @@ def watch(
             elif _COUNTS_MEASURED:
                 if held is None:  # (once per call: see `_path_refs`)
                     held = _held(returned, alone, module)
-                original, whole = _kept(output, alone, held)
+                original, whole = _kept(output, alone, held, module)
             if original is None:
                 continue
             kept = True
@@ -513,12 +516,14 @@ def watch(
 # alone, or that tuple (`_FREE_RETURNED`): also the frames between the module call and
 # `watch`, on the shortest of the paths counted (`_path_refs`). A view's base made in the call
 # (`_FREE_BASE`): the local, the argument and torch's own (it keeps a tensor's Python object
-# while a view holds it); the view's storage (`_FREE_STORAGE`): the base, the view, the
-# identity's alias and the storage object read. Above these, something holds it: the module
-# (`self.kept = y`), a native forward hook's stash, a closure, another view of the base
-# (`tests/test_inplace_aliases_native.py` checks them). Measured on Python 3.11, whose calls
-# move their arguments into the callee's frame (3.10 copies them, 3.14 borrows some): on
-# another version none is read and a kept output is not told (README).
+# while a C++ reference holds it: a view, a tensor autograd saved; `_cpp_held` tells it). The
+# view's storage (`_FREE_STORAGE`): the base, the view, the identity's alias and the storage
+# object read (a tensor returned alone: one less). Above these, something holds it: the
+# module (`self.kept = y`), a native forward hook's stash, a closure, another view of the base
+# (`tests/test_inplace_kept_native.py` and `test_inplace_kept2_native.py` check them).
+# Measured on Python 3.11, whose calls move their arguments into the callee's frame (3.10
+# copies them, 3.14 borrows some): on another version none is read and a kept output is not
+# told (README).
 _FREE_ITEM, _FREE_BASE, _FREE_STORAGE = 5, 3, 4
 _FREE_RETURNED = {False: 10, True: 11}  # (keyed by: returned alone)
 _COUNTS_MEASURED = sys.version_info[:2] == (3, 11)
@@ -530,36 +535,116 @@ def _held(returned: Any, alone: bool, module: Any) -> bool:
     `alone`, or a tuple, which holds its items): on a path whose frames are counted, by its
     reference count; on another, a count above the fewest frames' sends a look among the
     module's attributes and inside its containers (`held_tensors`) for a tensor sharing
-    memory with it."""
+    memory with it. A count torch adds for a C++ reference (a tensor autograd saved, a view)
+    is no Python name's: a view of the returned tensor that one keeps (`self.kept = y[1:];
+    return y`) shows in the storage's count, and is looked for among the module's
+    attributes (a `.grad` holding it is not told)."""
     count = sys.getrefcount(returned) - _FREE_RETURNED[alone]
     if count <= 0:
         return False
+    cpp = _cpp_held(returned) if alone else 0
     path = _path_refs(returned)
     if path is not None:
-        return count > path
+        if count - cpp > path:
+            return True
+        return bool(
+            cpp
+            and _storage_uses is not None
+            and _storage_uses(returned.untyped_storage()._cdata) > _FREE_STORAGE - 1
+            and _keeps_memory_of(module, returned)
+        )
     keys = {_storage(t) for t in ((returned,) if alone else returned) if _is_tensor(t)}
     keys.discard(None)
     # (inside the module's containers, not theirs: per call, on these paths only)
     return any(_storage(t) in keys for _, t in held_tensors(module, _is_tensor, 2))
 
 
-def _kept(output: Any, alone: bool, held: bool) -> tuple[Any, bool]:
+def _kept(output: Any, alone: bool, held: bool, module: Any) -> tuple[Any, bool]:
     """The tensor `output` made in the call is without hooks when something keeps it (`held`:
     what forward returned, `output` `alone` or its tuple; an item of a tuple by its own count),
     or keeps its base for a view, or another view of that base (`self.kept = y; return y[1:]`):
     an in-place op of the caller's on the output must reach it, which reads it later. None when
     nothing does; and whether it is the output itself."""
-    if held or (not alone and sys.getrefcount(output) > _FREE_ITEM):
+    if held or (
+        not alone and sys.getrefcount(output) - _FREE_ITEM > 0 and _python_held(output, _FREE_ITEM)
+    ):
         return output, True
     if output._is_view():
         base = output._base
         if sys.getrefcount(base) > _FREE_BASE:
             return base, False
-        if _storage_uses is not None and _storage_uses(output.untyped_storage()._cdata) > (
-            _FREE_STORAGE
+        if (
+            _storage_uses is not None
+            and _storage_uses(output.untyped_storage()._cdata) > _FREE_STORAGE
+            and _keeps_memory_of(module, output)
         ):
             return base, False  # (another view of the base is kept)
     return None, False
+
+
+def _keeps_memory_of(module: Any, tensor: Any) -> bool:
+    """Whether `module` keeps, among its attributes and inside its containers, a tensor with a
+    history sharing `tensor`'s memory (another view of its base; the storage's count alone
+    cannot tell it from a view autograd saved, `nn.LSTM`'s, or a detached copy's, which has no
+    history to miss)."""
+    key = _storage(tensor)
+    return key is not None and any(
+        t.requires_grad and _storage(t) == key for _, t in held_tensors(module, _is_tensor, 2)
+    )
+
+
+def _cpp_held(tensor: Any) -> int:
+    """1 when torch holds `tensor`'s Python object for a C++ reference to it (a view of it, a
+    tensor autograd saved): one count more, which no Python name holds. Told by whether a new
+    view of it adds one."""
+    before = sys.getrefcount(tensor)
+    enabled = torch.is_grad_enabled()
+    _set_grad_enabled(False)  # (no node for the view; `no_grad` costs more, in Python)
+    try:
+        with _Disabled():
+            probe = tensor[...]
+    finally:
+        _set_grad_enabled(enabled)
+    added = sys.getrefcount(tensor) - before
+    del probe
+    return 1 - added
+
+
+def _python_held(tensor: Any, free: int) -> bool:
+    """Whether Python names hold `tensor` beyond `free` (its count in `_kept`'s frame, from
+    which this runs: one frame more here)."""
+    return sys.getrefcount(tensor) - 1 - free - _cpp_held(tensor) > 0
+
+
+_FREE_INPUT = 3  # an input's alias in `_watch_kept_inputs`: the args, the local, the argument
+
+
+def _watch_kept_inputs(
+    args: Sequence[Any],
+    tensor_idx: Sequence[int],
+    originals: Sequence[Any],
+    module: Any,
+    site: Site,
+) -> None:
+    """A module that keeps what forward got (`self.inp = h`) keeps
+    unihook's alias of the caller's tensor, not the tensor: an in-place op of the caller's on
+    its tensor after the call did not reach the kept one's history (a silent wrong gradient;
+    torch's own hook refuses a use of it then). The kept alias (or view of it) is watched as
+    an output is: used after such an op, `InPlaceError`; changed in place, the caller's tensor
+    takes the change. Told for an attribute of the module holding the alias itself (not a
+    view of it, nor a container or closure holding it: README)."""
+    if type(module).__module__.startswith("torch.nn."):
+        return  # (torch's own modules keep no input)
+    for k, i in enumerate(tensor_idx):
+        alias, original = args[i], originals[k]
+        if original is None or alias is original or type(alias) is not torch.Tensor:
+            continue
+        if sys.getrefcount(alias) > _FREE_INPUT:
+            # (held, or saved by autograd: most inputs are; `_cpp_held` would tell them apart
+            # at about 3 us a call, so the module's attributes are looked at instead)
+            own = getattr(module, "__dict__", None)
+            if own is not None and any(value is alias for value in own.values()):
+                _mark(alias, _State(alias, original, True, site))
 
 
 def _path_refs(returned: Any) -> int | None:
