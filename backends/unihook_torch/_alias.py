@@ -626,13 +626,13 @@ def _watch_kept_inputs(
     module: Any,
     site: Site,
 ) -> None:
-    """A module that keeps what forward got (`self.inp = h`) keeps
-    unihook's alias of the caller's tensor, not the tensor: an in-place op of the caller's on
-    its tensor after the call did not reach the kept one's history (a silent wrong gradient;
-    torch's own hook refuses a use of it then). The kept alias (or view of it) is watched as
-    an output is: used after such an op, `InPlaceError`; changed in place, the caller's tensor
-    takes the change. Told for an attribute of the module holding the alias itself (not a
-    view of it, nor a container or closure holding it: README)."""
+    """A module that keeps what forward got (`self.inp = h`) keeps unihook's alias of the
+    caller's tensor, not the tensor: an in-place op of the caller's on its tensor after the
+    call did not reach the kept one's history (a silent wrong gradient; torch's own hook
+    refuses a use of it then). The kept alias is watched as an output is:
+    used after such an op, `InPlaceError`; changed in place, the caller's tensor takes the
+    change. Told for an attribute of the module holding the alias itself (not a view of it,
+    nor a container or closure holding it: README)."""
     if type(module).__module__.startswith("torch.nn."):
         return  # (torch's own modules keep no input)
     for k, i in enumerate(tensor_idx):
