@@ -124,3 +124,28 @@ def test_an_lstm_output_is_not_watched(kind: str) -> None:
         assert type(out) is torch.Tensor
     finally:
         handle.remove()
+
+
+@pytest.mark.parametrize("keeps", [False, True], ids=["fresh", "kept"])
+def test_a_sparse_output_beside_a_forward_hook_returning_it(keeps: bool) -> None:
+    """A sparse output whose count reads high (a native forward hook returned it): the probe
+    view `_cpp_held` takes of a tensor (and the storage read) do not exist for it: it raised
+    NotImplementedError in forward (found in review of 0c83eb8); now left unwatched, as
+    before the counts were read."""
+
+    class Sparse(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            y = (x * 2).to_sparse()
+            if keeps:
+                self.k = y
+            return y
+
+    m = Sparse()
+    m.register_forward_hook(lambda mod, i, o: o)
+    handle = unihook.register_full_backward_hook(m, lambda *a: None)
+    x = torch.ones(2, 3, requires_grad=True)
+    try:
+        m(x).to_dense().sum().backward()
+    finally:
+        handle.remove()
+    assert torch.equal(x.grad, torch.full((2, 3), 2.0))

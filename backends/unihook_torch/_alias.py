@@ -540,8 +540,8 @@ def _held(returned: Any, alone: bool, module: Any) -> bool:
     return y`) shows in the storage's count, and is looked for among the module's
     attributes (a `.grad` holding it is not told)."""
     count = sys.getrefcount(returned) - _FREE_RETURNED[alone]
-    if count <= 0:
-        return False
+    if count <= 0 or (alone and returned.layout is not torch.strided):
+        return False  # (a sparse tensor has no storage to read, nor views)
     cpp = _cpp_held(returned) if alone else 0
     path = _path_refs(returned)
     if path is not None:
@@ -597,12 +597,16 @@ def _cpp_held(tensor: Any) -> int:
     """1 when torch holds `tensor`'s Python object for a C++ reference to it (a view of it, a
     tensor autograd saved): one count more, which no Python name holds. Told by whether a new
     view of it adds one."""
+    if tensor.layout is not torch.strided:
+        return 1  # (no view of a sparse tensor: taken for torch's, so not watched)
     before = sys.getrefcount(tensor)
     enabled = torch.is_grad_enabled()
     _set_grad_enabled(False)  # (no node for the view; `no_grad` costs more, in Python)
     try:
         with _Disabled():
             probe = tensor[...]
+    except (RuntimeError, NotImplementedError, TypeError):
+        return 1  # (a subclass whose dispatch refuses the view: as for a sparse tensor)
     finally:
         _set_grad_enabled(enabled)
     added = sys.getrefcount(tensor) - before
