@@ -170,6 +170,10 @@ class ModuleBackward:
         # keeps as attributes); `overlaps(a, b)`, whether two tensors
         # share memory (see `_refuse_shared_inputs`)
         self.watch: Callable[..., Any] | None = getattr(autograd, "watch", None)
+        # optional: `watch_inputs(args, tensor_idx, originals, module, site)`, after forward,
+        # for the input side's aliases forward got (`args[tensor_idx]`; `originals`: the
+        # caller's tensors), which the module may keep
+        self.watch_inputs: Callable[..., Any] | None = getattr(autograd, "watch_inputs", None)
         # ... and with it `mark()`, taken when a call starts and given to `watch` (torch: the
         # autograd sequence number, which tells the tensors that existed before the call)
         self.mark: Callable[[], object] | None = getattr(autograd, "mark", None)
@@ -531,6 +535,10 @@ class ModuleBackward:
             # forward raised: the inputs it changed in place still carry that change
             self._rebase_inputs(call, args, originals, {})
             return None
+        if self.watch_inputs is not None and call.input_idx is not None:
+            # the aliases forward got, which the module may keep (`self.inp = h`): the backend
+            # lets the caller's in-place op on its tensor after the call reach their use
+            self.watch_inputs(args, call.tensor_idx, originals, module, call.site)
         # As torch: a tuple output is traversed, anything else (list, dict) is one value.
         is_tuple = isinstance(output, tuple)
         if not is_tuple and not ag.is_tensor(output):

@@ -38,7 +38,7 @@ from unihook.errors import InPlaceError
 from ._compile import EagerUnderCompile
 from ._global import RUN_CODE, TORCH_CALL_CODE
 
-__all__ = ["InputAlias", "adopt", "changed", "mark", "span", "use", "watch"]
+__all__ = ["InputAlias", "adopt", "changed", "mark", "span", "use", "watch", "watch_inputs"]
 
 _Disabled = torch._C.DisableTorchFunctionSubclass
 _set_grad_enabled = torch._C._set_grad_enabled
@@ -442,8 +442,6 @@ def watch(
     (`self.kept = y; return y`; `returned`: what forward returned, `outputs` or its one
     tensor). Runs at every call of a hooked module: a new output costs a look at its
     history's sequence number, its version and its reference count."""
-    if _COUNTS_MEASURED:
-        _watch_kept_inputs(args, tensor_idx, originals, module, site)
     shared = _shared_outputs([outputs[j] for j in idx]) if len(idx) > 1 else ()
     keys = None
     alone, held = returned is not outputs, None
@@ -599,6 +597,10 @@ def _cpp_held(tensor: Any) -> int:
     view of it adds one."""
     if tensor.layout is not torch.strided:
         return 1  # (no view of a sparse tensor: taken for torch's, so not watched)
+    if tensor._is_view():
+        # (a view of a view holds the base, not it: no probe; autograd saving a view output
+        # is rare, and is then taken for a holder: watched for nothing)
+        return 0
     before = sys.getrefcount(tensor)
     enabled = torch.is_grad_enabled()
     _set_grad_enabled(False)  # (no node for the view; `no_grad` costs more, in Python)
@@ -620,10 +622,10 @@ def _python_held(tensor: Any, free: int) -> bool:
     return sys.getrefcount(tensor) - 1 - free - _cpp_held(tensor) > 0
 
 
-_FREE_INPUT = 3  # an input's alias in `_watch_kept_inputs`: the args, the local, the argument
+_FREE_INPUT = 3  # an input's alias in `watch_inputs`: the args, the local, the argument
 
 
-def _watch_kept_inputs(
+def watch_inputs(
     args: Sequence[Any],
     tensor_idx: Sequence[int],
     originals: Sequence[Any],
@@ -637,18 +639,50 @@ def _watch_kept_inputs(
     used after such an op, `InPlaceError`; changed in place, the caller's tensor takes the
     change. Told for an attribute of the module holding the alias itself (not a view of it,
     nor a container or closure holding it: README)."""
-    if type(module).__module__.startswith("torch.nn."):
+    if not _COUNTS_MEASURED or type(module).__module__.startswith("torch.nn."):
         return  # (torch's own modules keep no input)
     for k, i in enumerate(tensor_idx):
         alias, original = args[i], originals[k]
         if original is None or alias is original or type(alias) is not torch.Tensor:
             continue
-        if sys.getrefcount(alias) > _FREE_INPUT:
-            # (held, or saved by autograd: most inputs are; `_cpp_held` would tell them apart
-            # at about 3 us a call, so the module's attributes are looked at instead)
-            own = getattr(module, "__dict__", None)
-            if own is not None and any(value is alias for value in own.values()):
-                _mark(alias, _State(alias, original, True, site))
+        if sys.getrefcount(alias) <= _FREE_INPUT:
+            continue
+        kept = _attribute_of(module, alias)
+        if kept is None:
+            continue
+        # (an outer hooked call's alias: the caller's tensor it stands for, which the caller
+        # changes)
+        while True:
+            caller = _caller_tensor(original)
+            if caller is original:
+                break
+            original = caller
+        if kept is alias:
+            _mark(alias, _State(alias, original, True, site))
+            continue
+        # a hooked submodule's output that stands for this alias (`self.kept =
+        # self.inner(h)`, an identity): it stands for the caller's tensor from now on
+        state = kept.__dict__[_STATE]
+        if state.original_fn is alias.grad_fn:  # (not outdated: else its use raises)
+            state.original, state.original_fn = original, original.grad_fn
+
+
+def _attribute_of(module: Any, alias: Any) -> Any:
+    """The attribute of `module` (or buffer: `self.buf = t` of one registered) that is `alias`,
+    or a hooked submodule's watched output standing for it; None. (A count above the free one
+    is often autograd's saving it, most inputs are; `_cpp_held` would tell the two apart at
+    about 3 us a call, this at under 1.)"""
+    own = getattr(module, "__dict__", None)
+    if own is None:
+        return None
+    buffers = own.get("_buffers")
+    for values in (own.values(), buffers.values() if buffers else ()):
+        for value in values:
+            if value is alias or (
+                type(value) is InputAlias and value.__dict__[_STATE].original is alias
+            ):
+                return value
+    return None
 
 
 def _path_refs(returned: Any) -> int | None:

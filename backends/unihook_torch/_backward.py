@@ -30,7 +30,7 @@ from unihook.backend import (
 from unihook.handles import Handle
 
 from . import NAME
-from ._alias import InputAlias, changed, guard, mark, span, use, watch
+from ._alias import InputAlias, changed, guard, mark, span, use, watch, watch_inputs
 from ._compile import EagerUnderCompile, outside_dynamo
 from ._global import TORCH_CALL_CODE, WRAPPER_CODES
 
@@ -280,6 +280,7 @@ class TorchAutograd(Autograd):
         return original
 
     watch = staticmethod(watch)
+    watch_inputs = staticmethod(watch_inputs)
     mark = staticmethod(mark)
 
     @staticmethod
