@@ -267,3 +267,31 @@ def test_an_outer_module_keeps_its_inner_modules_output_of_its_input(
                 handle.remove()
 
     _check(program, "module_full_backward" if hooked == "global" else "full_backward")
+
+
+@pytest.mark.parametrize("kind", ["full_backward", "module_full_backward"])
+def test_a_kept_input_that_forward_changed_in_place_is_not_refused(kind: str) -> None:
+    """`self.inp = h; h.mul_(2); return h * 3`: the caller's tensor takes forward's in-place
+    op when the call ends (its rebase); the kept alias was watched before that and read it as
+    a change of the caller's: a false InPlaceError at its next use (review of 6bb727f)."""
+
+    class KeepsAndChanges(torch.nn.Module):
+        def forward(self, h: Any) -> Any:
+            self.inp = h
+            h.mul_(2)
+            return h * 3
+
+    def program(x: Any, kind: str | None) -> None:
+        m = KeepsAndChanges()
+        handle = _register(kind, m) if kind else None
+        try:
+            m(x * 1)
+            (m.inp * W).sum().backward()
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    expected = _grad(program, None)
+    got = _grad(program, kind)
+    assert not isinstance(got, str), got
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)

@@ -535,15 +535,12 @@ class ModuleBackward:
             # forward raised: the inputs it changed in place still carry that change
             self._rebase_inputs(call, args, originals, {})
             return None
-        if self.watch_inputs is not None and call.input_idx is not None:
-            # the aliases forward got, which the module may keep (`self.inp = h`): the backend
-            # lets the caller's in-place op on its tensor after the call reach their use
-            self.watch_inputs(args, call.tensor_idx, originals, module, call.site)
         # As torch: a tuple output is traversed, anything else (list, dict) is one value.
         is_tuple = isinstance(output, tuple)
         if not is_tuple and not ag.is_tensor(output):
             _warn_not_tensors(output)
             self._rebase_inputs(call, args, originals, {})
+            self._watch_inputs(call, args, originals, module)
             return None
         items = output if is_tuple else (output,)
         idx, tensors, need_grad = _tensors_in(items, ag)
@@ -577,6 +574,7 @@ class ModuleBackward:
                     )
                     break
         self._rebase_inputs(call, args, originals, returned)
+        self._watch_inputs(call, args, originals, module)
         self._guard_leaves(call, items, replaced, originals)
         if self.watch is not None and aliases:
             # an output that is, without hooks, a tensor that exists apart from the call (an
@@ -603,6 +601,15 @@ class ModuleBackward:
             if r is not o:
                 return _rebuild(output, replaced)
         return None
+
+    def _watch_inputs(
+        self, call: _Call, args: Sequence[Any], originals: list[Any], module: Any
+    ) -> None:
+        """The aliases forward got, which the module may keep (`self.inp = h`): the backend
+        lets the caller's in-place op on its tensor after the call reach their use (after
+        `_rebase_inputs`: the caller's tensors have forward's in-place ops by then)."""
+        if self.watch_inputs is not None and call.input_idx is not None:
+            self.watch_inputs(args, call.tensor_idx, originals, module, call.site)
 
     def _returned(self, call: _Call, k: int, arg: Any, new: Any, original: Any) -> Any:
         """What the caller gets for output `new` that is the call's `k`-th tensor argument
