@@ -530,3 +530,82 @@ def test_a_kept_input_that_forward_changed_in_place_is_not_refused(kind: str) ->
     got = _grad(program, kind)
     assert not isinstance(got, str), got
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+class _Holder:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+# how a module keeps its input `h` (or a view of it), and how the test reads it back: a view
+# of the alias does not add to the alias's reference count (the check that found `self.inp =
+# h` alone missed them), a container does but was not looked in
+_KEPT_INPUTS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "list": (lambda h: [h], lambda kept: kept[0]),
+    "tuple": (lambda h: (h, 1), lambda kept: kept[0]),
+    "dict": (lambda h: {"h": h}, lambda kept: kept["h"]),
+    "object": (_Holder, lambda kept: kept.value),
+    "nested": (lambda h: {"a": [h]}, lambda kept: kept["a"][0]),
+    "slice": (lambda h: h[1:], lambda kept: kept),
+    "reshape": (lambda h: h.view(2, 2), lambda kept: kept.reshape(-1)),
+    "slice in a list": (lambda h: [h[:3]], lambda kept: kept[0]),
+}
+
+
+def _keeps(how: str) -> Callable[[], Any]:
+    keep = _KEPT_INPUTS[how][0]
+
+    class Keeps(torch.nn.Module):
+        def forward(self, h: Any) -> Any:
+            self.kept = keep(h)
+            return h * 3
+
+    return Keeps
+
+
+@pytest.mark.parametrize("how", list(_KEPT_INPUTS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_kept_input_in_a_container_or_as_a_view_read_after_the_callers_inplace_op(
+    kind: str, how: str
+) -> None:
+    """`self.kept = [h]` (a container), `self.kept = h[1:]` (a view), then the caller's
+    `h.relu_()` and a loss on the kept tensor: without hooks x.grad masks the relu's zeros
+    ([0, 10, 0, 22] and its views'); torch's own hook raises; unihook gave the unmasked
+    gradient silently ([6, 10, 14, 22]): the kept alias was only looked for as an attribute
+    itself. Now refused, as torch refuses (a backward pre-hook alone makes no alias: exact)."""
+    read = _KEPT_INPUTS[how][1]
+    _check_kept_input(_keeps(how), kind, lambda m: read(m.kept))
+
+
+@pytest.mark.parametrize("how", list(_KEPT_INPUTS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_kept_input_in_a_container_or_as_a_view_is_exact_without_the_callers_inplace_op(
+    kind: str, how: str
+) -> None:
+    """The same modules, read without an in-place op of the caller's (never refused), and the
+    kept tensor changed in place by the user after the call, then the caller's tensor read:
+    without hooks the change reaches it (it is, or views, that tensor); with unihook's hooks
+    the same x.grad, not an error."""
+    read = _KEPT_INPUTS[how][1]
+
+    def program(x: Any, kind: str | None, change: bool) -> None:
+        m = _keeps(how)()
+        handle = _register(kind, m) if kind else None
+        try:
+            h = x * 2
+            out = m(h)
+            kept = read(m.kept)
+            if change:
+                kept.mul_(3)
+                (h * W).sum().backward()
+            else:
+                (kept * W[: kept.numel()]).sum().add((out * W).sum()).backward()
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    for change in (False, True):
+        expected = _grad(lambda x, k: program(x, k, change), None)
+        got = _grad(lambda x, k: program(x, k, change), kind)
+        assert not isinstance(got, str), (change, got)
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)

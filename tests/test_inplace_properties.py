@@ -528,6 +528,33 @@ def test_paddle_nested_identity_residual_limit() -> None:
     assert same(run_paddle(twin, x, w, hooks(placements, [], native=False)), pbase)
 
 
+@pytest.mark.xfail(strict=True, reason="known limit: README, In-place guarantee (On paddle)")
+@pytest.mark.parametrize("how", ["attribute", "list"])
+def test_paddle_kept_input_alias_limit(how: str) -> None:
+    """A layer keeping the alias its forward got (`self.inp = h`, `self.refs = [h]`), read
+    after the caller's `relu_(h)`: x.grad [1, 2, 3, 4] for [0, 2, 0, 4] (torch raises)."""
+    paddle = pytest.importorskip("paddle")
+
+    class Keeps(paddle.nn.Layer):
+        def forward(self, h: Any) -> Any:
+            self.kept = h if how == "attribute" else [h]
+            return h * 2
+
+    def grad(hooked: bool) -> list[float]:
+        x = paddle.to_tensor([-1.0, 2.0, -3.0, 4.0], stop_gradient=False)
+        m = Keeps()
+        if hooked:
+            unihook.register_full_backward_hook(m, lambda *a: None)
+        h = x * 1
+        m(h)
+        paddle.nn.functional.relu_(h)
+        kept = m.kept if how == "attribute" else m.kept[0]
+        (kept * paddle.to_tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
+        return x.grad.tolist()
+
+    assert grad(True) == grad(False) == [0.0, 2.0, 0.0, 4.0]
+
+
 @SETTINGS
 @given(cases())
 @known_cases

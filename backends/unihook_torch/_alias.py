@@ -526,6 +526,7 @@ _FREE_ITEM, _FREE_BASE, _FREE_STORAGE = 5, 3, 4
 _FREE_RETURNED = {False: 10, True: 11}  # (keyed by: returned alone)
 _COUNTS_MEASURED = sys.version_info[:2] == (3, 11)
 _storage_uses: Callable[[Any], int] | None = getattr(torch._C, "_storage_Use_Count", None)
+_FREE_INPUT = 3  # an input's alias in `watch_inputs`: the args, the local, the argument
 
 
 def _held(returned: Any, alone: bool, module: Any) -> bool:
@@ -622,9 +623,6 @@ def _python_held(tensor: Any, free: int) -> bool:
     return sys.getrefcount(tensor) - 1 - free - _cpp_held(tensor) > 0
 
 
-_FREE_INPUT = 3  # an input's alias in `watch_inputs`: the args, the local, the argument
-
-
 def watch_inputs(
     args: Sequence[Any],
     tensor_idx: Sequence[int],
@@ -632,13 +630,13 @@ def watch_inputs(
     module: Any,
     site: Site,
 ) -> None:
-    """A module that keeps what forward got (`self.inp = h`) keeps unihook's alias of the
-    caller's tensor, not the tensor: an in-place op of the caller's on its tensor after the
-    call did not reach the kept one's history (a silent wrong gradient; torch's own hook
-    refuses a use of it then). The kept alias is watched as an output is:
-    used after such an op, `InPlaceError`; changed in place, the caller's tensor takes the
-    change. Told for an attribute of the module holding the alias itself (not a view of it,
-    nor a container or closure holding it: README)."""
+    """A module that keeps what forward got (`self.inp = h`, `self.refs = [h]`, `self.head =
+    h[:2]`) keeps unihook's alias of the caller's tensor (or a view of it), not the tensor: an
+    in-place op of the caller's on its tensor after the call did not reach the kept one's
+    history (a silent wrong gradient; torch's own hook refuses a use of it then). The kept
+    alias and its views are watched as an output is: used after such an op, `InPlaceError`;
+    changed in place, the caller's tensor takes the change. Told among the module's
+    attributes, buffers and its own containers (`held_tensors`), not in a closure (README)."""
     if not _COUNTS_MEASURED or type(module).__module__.startswith("torch.nn."):
         return  # (torch's own modules keep no input)
     for k, i in enumerate(tensor_idx):
@@ -646,9 +644,9 @@ def watch_inputs(
         if original is None or alias is original or type(alias) is not torch.Tensor:
             continue
         if sys.getrefcount(alias) <= _FREE_INPUT:
-            continue
-        kept = _attribute_of(module, alias)
-        if kept is None:
+            continue  # (a view of it holds it too: torch's C++ reference)
+        holders = _holders_of(module, alias)
+        if not holders:
             continue
         # (an outer hooked call's alias: the caller's tensor it stands for, which the caller
         # changes)
@@ -657,32 +655,49 @@ def watch_inputs(
             if caller is original:
                 break
             original = caller
-        if kept is alias:
-            _mark(alias, _State(alias, original, True, site))
-            continue
-        # a hooked submodule's output that stands for this alias (`self.kept =
-        # self.inner(h)`, an identity): it stands for the caller's tensor from now on
-        state = kept.__dict__[_STATE]
-        if state.original_fn is alias.grad_fn:  # (not outdated: else its use raises)
-            state.original, state.original_fn = original, original.grad_fn
+        state = None
+        for kept in holders:
+            if type(kept) is InputAlias:
+                # a hooked submodule's output that stands for this alias (`self.kept =
+                # self.inner(h)`, an identity): it stands for the caller's tensor from now on
+                inner = kept.__dict__[_STATE]
+                if inner.original_fn is alias.grad_fn:  # (not outdated: else its use raises)
+                    inner.original, inner.original_fn = original, original.grad_fn
+                continue
+            if state is None:
+                state = _State(alias, original, True, site)
+                _mark(alias, state)
+            if kept is not alias:
+                _mark(kept, state)  # a view of it, taken before it was watched
 
 
-def _attribute_of(module: Any, alias: Any) -> Any:
-    """The attribute of `module` (or buffer: `self.buf = t` of one registered) that is `alias`,
-    or a hooked submodule's watched output standing for it; None. (A count above the free one
-    is often autograd's saving it, most inputs are; `_cpp_held` would tell the two apart at
-    about 3 us a call, this at under 1.)"""
+def _holders_of(module: Any, alias: Any) -> list[Any]:
+    """What `module` holds that is `alias`, a view of it, or a hooked submodule's watched
+    output standing for it: its attributes and buffers, then (none there) inside its own
+    containers and objects (`held_tensors`). (A count above the free one is often autograd's
+    saving the alias, most inputs are; `_cpp_held` would tell the two apart at about 3 us a
+    call, this at about 1 us, more for a module holding containers: a `config` object's
+    attributes are looked at, at most a few hundred values.)"""
     own = getattr(module, "__dict__", None)
     if own is None:
-        return None
+        return []
     buffers = own.get("_buffers")
-    for values in (own.values(), buffers.values() if buffers else ()):
-        for value in values:
-            if value is alias or (
-                type(value) is InputAlias and value.__dict__[_STATE].original is alias
-            ):
-                return value
-    return None
+    found = [
+        value
+        for values in (own.values(), buffers.values() if buffers else ())
+        for value in values
+        if _is_or_views(value, alias)
+    ]
+    if found:
+        return found
+    return [value for _, value in held_tensors(module, _is_tensor, 3) if _is_or_views(value, alias)]
+
+
+def _is_or_views(value: Any, alias: Any) -> bool:
+    kind = type(value)
+    if kind is torch.Tensor:
+        return value is alias or value._base is alias  # (`_base`: None but for a view)
+    return kind is InputAlias and value.__dict__[_STATE].original is alias
 
 
 def _path_refs(returned: Any) -> int | None:
