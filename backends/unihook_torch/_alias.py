@@ -23,6 +23,7 @@ and views taken of them are watched too.
 
 from __future__ import annotations
 
+import collections
 import sys
 import threading
 import weakref
@@ -41,7 +42,6 @@ from ._global import RUN_CODE, TORCH_CALL_CODE
 __all__ = ["InputAlias", "adopt", "changed", "mark", "span", "use", "watch", "watch_inputs"]
 
 _Disabled = torch._C.DisableTorchFunctionSubclass
-_set_grad_enabled = torch._C._set_grad_enabled
 _set_version = torch._C._autograd._unsafe_set_version_counter  # pyright: ignore[reportAttributeAccessIssue]
 # the next autograd node's sequence number on this thread: taken when a hooked call starts
 mark = torch._C._autograd._get_sequence_nr  # pyright: ignore[reportAttributeAccessIssue]
@@ -526,7 +526,6 @@ _FREE_ITEM, _FREE_BASE, _FREE_STORAGE = 5, 3, 4
 _FREE_RETURNED = {False: 10, True: 11}  # (keyed by: returned alone)
 _COUNTS_MEASURED = sys.version_info[:2] == (3, 11)
 _storage_uses: Callable[[Any], int] | None = getattr(torch._C, "_storage_Use_Count", None)
-_FREE_INPUT = 3  # an input's alias in `watch_inputs`: the args, the local, the argument
 
 
 def _held(returned: Any, alone: bool, module: Any) -> bool:
@@ -593,28 +592,12 @@ def _keeps_memory_of(module: Any, tensor: Any) -> bool:
 
 
 def _cpp_held(tensor: Any) -> int:
-    """1 when torch holds `tensor`'s Python object for a C++ reference to it (a view of it, a
-    tensor autograd saved): one count more, which no Python name holds. Told by whether a new
-    view of it adds one."""
+    """1 when torch holds `tensor`'s Python object for C++ references to it (a view of it, a
+    tensor autograd saved): one count more, whatever their number, which no Python name holds.
+    Told by its C++ use count (a view of a view holds the base, not it)."""
     if tensor.layout is not torch.strided:
-        return 1  # (no view of a sparse tensor: taken for torch's, so not watched)
-    if tensor._is_view():
-        # (a view of a view holds the base, not it: no probe; autograd saving a view output
-        # is rare, and is then taken for a holder: watched for nothing)
-        return 0
-    before = sys.getrefcount(tensor)
-    enabled = torch.is_grad_enabled()
-    _set_grad_enabled(False)  # (no node for the view; `no_grad` costs more, in Python)
-    try:
-        with _Disabled():
-            probe = tensor[...]
-    except (RuntimeError, NotImplementedError, TypeError):
-        return 1  # (a subclass whose dispatch refuses the view: as for a sparse tensor)
-    finally:
-        _set_grad_enabled(enabled)
-    added = sys.getrefcount(tensor) - before
-    del probe
-    return 1 - added
+        return 1  # (taken for torch's, so not watched: nothing of ours reads a sparse output)
+    return 1 if tensor._use_count() > 1 else 0
 
 
 def _python_held(tensor: Any, free: int) -> bool:
@@ -630,23 +613,33 @@ def watch_inputs(
     module: Any,
     site: Site,
 ) -> None:
-    """A module that keeps what forward got (`self.inp = h`, `self.refs = [h]`, `self.head =
-    h[:2]`) keeps unihook's alias of the caller's tensor (or a view of it), not the tensor: an
-    in-place op of the caller's on its tensor after the call did not reach the kept one's
-    history (a silent wrong gradient; torch's own hook refuses a use of it then). The kept
-    alias and its views are watched as an output is: used after such an op, `InPlaceError`;
-    changed in place, the caller's tensor takes the change. Told among the module's
-    attributes, buffers and its own containers (`held_tensors`), not in a closure (README)."""
-    if not _COUNTS_MEASURED or type(module).__module__.startswith("torch.nn."):
-        return  # (torch's own modules keep no input)
+    """A module that keeps what forward got (`self.inp = h`, `self._cache = [h]`, `self.head =
+    h[:2]`, a submodule's `self.sub.kept = h`) keeps unihook's alias of the caller's tensor (or
+    a view of it), not the tensor: an in-place op of the caller's on its tensor after the call
+    did not reach the kept one's history (a silent wrong gradient; torch's own hook refuses a
+    use of it then). The kept alias and its views are watched as an output is: used after
+    such an op, `InPlaceError`; changed in place, the caller's tensor takes the change.
+
+    The alias itself is told kept wherever it is held (the module, a submodule, a closure, a
+    global) by its reference count: above the frames' (`_FREE_INPUT`) and torch's own for a
+    C++ reference (autograd saving it, a view of it: `_cpp_held`). Views of it are looked for
+    in the module (`_held_in`): not in a submodule, a closure or a global (README)."""
+    if not _COUNTS_MEASURED or (
+        type(module).__module__.startswith("torch.nn.") and not module._modules
+    ):
+        return  # (torch's own layers keep no input; its containers call the user's modules)
     for k, i in enumerate(tensor_idx):
         alias, original = args[i], originals[k]
         if original is None or alias is original or type(alias) is not torch.Tensor:
             continue
-        if sys.getrefcount(alias) <= _FREE_INPUT:
-            continue  # (a view of it holds it too: torch's C++ reference)
-        holders = _holders_of(module, alias)
-        if not holders:
+        extra = sys.getrefcount(alias) - _FREE_INPUT
+        if extra <= 0:
+            continue  # (nothing holds it, nor a view of it: that is a C++ reference)
+        found = _held_in(module, alias)
+        # held by a Python name: two counts more than the frames' (torch's own for C++
+        # references is one at most), or one that is not torch's
+        kept = extra > 1 or any(t is alias for t in found) or not _cpp_held(alias)
+        if not kept and not found:
             continue
         # (an outer hooked call's alias: the caller's tensor it stands for, which the caller
         # changes)
@@ -656,48 +649,73 @@ def watch_inputs(
                 break
             original = caller
         state = None
-        for kept in holders:
-            if type(kept) is InputAlias:
+        if kept:
+            state = _State(alias, original, True, site)
+            _mark(alias, state)
+        for held in found:
+            if type(held) is InputAlias:
                 # a hooked submodule's output that stands for this alias (`self.kept =
                 # self.inner(h)`, an identity): it stands for the caller's tensor from now on
-                inner = kept.__dict__[_STATE]
+                inner = held.__dict__[_STATE]
                 if inner.original_fn is alias.grad_fn:  # (not outdated: else its use raises)
                     inner.original, inner.original_fn = original, original.grad_fn
-                continue
-            if state is None:
-                state = _State(alias, original, True, site)
-                _mark(alias, state)
-            if kept is not alias:
-                _mark(kept, state)  # a view of it, taken before it was watched
+            elif held is not alias:  # a view of it, taken before it was watched
+                if state is None:
+                    state = _State(alias, original, True, site)
+                    _mark(alias, state)
+                _mark(held, state)
 
 
-def _holders_of(module: Any, alias: Any) -> list[Any]:
+def _held_in(module: Any, alias: Any) -> list[Any]:
     """What `module` holds that is `alias`, a view of it, or a hooked submodule's watched
-    output standing for it: its attributes and buffers, then (none there) inside its own
-    containers and objects (`held_tensors`). (A count above the free one is often autograd's
-    saving the alias, most inputs are; `_cpp_held` would tell the two apart at about 3 us a
-    call, this at about 1 us, more for a module holding containers: a `config` object's
-    attributes are looked at, at most a few hundred values.)"""
+    output standing for it: among its own attributes (not torch's: its parameters,
+    submodules, hook dicts), its buffers, and inside their lists, tuples, sets, deques, dicts
+    and objects of at most `_SMALL` attributes (not a `config` of hundreds: each hooked call
+    looks), `_DEPTH` deep, at most `_LOOKED` values."""
     own = getattr(module, "__dict__", None)
     if own is None:
         return []
     buffers = own.get("_buffers")
-    found = [
-        value
-        for values in (own.values(), buffers.values() if buffers else ())
-        for value in values
-        if _is_or_views(value, alias)
-    ]
-    if found:
-        return found
-    return [value for _, value in held_tensors(module, _is_tensor, 3) if _is_or_views(value, alias)]
+    if len(own) <= len(_MODULE_KEYS) and not buffers:
+        return []  # (torch's attributes alone: its submodules are in `_modules`)
+    todo = [(own[key], 0) for key in own.keys() - _MODULE_KEYS]
+    if buffers:
+        todo += [(value, 0) for value in buffers.values()]
+    found = []
+    looked = 0
+    while todo and looked < _LOOKED:
+        value, depth = todo.pop()
+        looked += 1
+        kind = type(value)
+        if kind is torch.Tensor:
+            if value is alias or value._base is alias:  # (`_base`: None but for a view)
+                found.append(value)
+        elif kind is InputAlias:
+            if value.__dict__[_STATE].original is alias:
+                found.append(value)
+        elif depth >= _DEPTH or isinstance(value, _SCALARS):
+            continue
+        elif kind in _SEQUENCES:
+            todo += [(v, depth + 1) for v in value]
+        elif isinstance(value, dict):
+            todo += [(v, depth + 1) for v in value.values()]
+        elif not isinstance(value, (torch.Tensor, torch.nn.Module, type)):
+            attributes = getattr(value, "__dict__", None)
+            if type(attributes) is dict:
+                if len(attributes) <= _SMALL:
+                    todo += [(v, depth + 1) for v in attributes.values()]
+            else:  # (a class with `__slots__`: `@dataclass(slots=True)`)
+                slots = getattr(kind, "__slots__", ())
+                if 0 < len(slots) <= _SMALL and not isinstance(slots, str):
+                    todo += [(getattr(value, n, None), depth + 1) for n in slots]
+    return found
 
 
-def _is_or_views(value: Any, alias: Any) -> bool:
-    kind = type(value)
-    if kind is torch.Tensor:
-        return value is alias or value._base is alias  # (`_base`: None but for a view)
-    return kind is InputAlias and value.__dict__[_STATE].original is alias
+_FREE_INPUT = 3  # an input's alias in `watch_inputs`: the args, the local, the argument
+_MODULE_KEYS = frozenset(vars(torch.nn.Module()))  # (torch's; `_buffers` is read apart)
+_SEQUENCES = (list, tuple, set, frozenset, collections.deque)
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+_SMALL, _DEPTH, _LOOKED = 32, 4, 1024
 
 
 def _path_refs(returned: Any) -> int | None:
