@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -394,3 +395,59 @@ def test_older_than_reads_release_numbers(installed: str, expected: bool) -> Non
 
     minimum = "3.3" if installed.startswith("3.") else "2.13"
     assert older_than(installed, minimum) is expected
+
+
+class _Tensor:
+    """A stand-in tensor for the SDK's walkers (framework-free)."""
+
+
+class _Owner:
+    pass
+
+
+class _Lazy(dict):  # type: ignore[type-arg]
+    def values(self) -> Any:  # type: ignore[override]
+        raise RuntimeError("values() ran")
+
+
+class _Slotted:
+    __slots__ = ("a", "b", "empty")
+
+    def __init__(self, a: Any, b: Any) -> None:
+        self.a, self.b = a, b
+
+
+class _Gets:
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError("__getattr__ ran")
+
+
+def test_the_sdk_walks_what_a_module_holds_without_running_its_code() -> None:
+    """`unihook.backend.items_of` and `held_tensors` (every hooked call may walk a module's
+    attributes): a dead `weakref.proxy` (a back-reference whose owner is gone: `isinstance` on
+    it raised ReferenceError), a dict subclass's own `values`, a `__getattr__`, slots, a
+    namedtuple; and a large container costs no more than the values looked at (it was copied
+    whole before the cap: helper-49)."""
+    import collections
+    import weakref
+
+    from unihook.backend import held_tensors, items_of
+
+    t1, t2, t3, t4 = _Tensor(), _Tensor(), _Tensor(), _Tensor()
+    owner = _Owner()
+    dead = weakref.proxy(owner)
+    del owner
+    pair = collections.namedtuple("pair", "x y")(t2, 1)
+    module = _Owner()
+    module.__dict__.update(
+        parent=dead, lazy=_Lazy(k=t1), pair=pair, slots=_Slotted(t3, 0), gets=_Gets(),
+        big={i: i for i in range(100_000)}, t=t4,
+    )  # fmt: skip
+    assert list(items_of(dead)) == []
+    assert list(items_of(_Lazy(k=t1))) == [t1]
+    assert list(items_of(pair)) == [t2, 1]
+    assert list(items_of(_Slotted(t3, 0))) == [t3, 0]
+    assert list(items_of(_Slotted(t3, 0), most=2)) == []
+    assert list(items_of(_Gets())) == []
+    found = {id(t) for _, t in held_tensors(module, lambda v: isinstance(v, _Tensor))}
+    assert found == {id(t1), id(t2), id(t3), id(t4)}

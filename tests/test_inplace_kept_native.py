@@ -9,6 +9,9 @@ caller's in-place ops: the attacks on their reference-count checks (`unihook_tor
 - helper-47 (on 0c83eb8): a view output kept outside the module (a probe view of a view
   holds its base, not it), a kept input of a module whose output needs no grad, in a
   registered buffer, inside hooked containers, a submodule's output standing for it.
+- helper-49 (on 901c0f2): a weak reference to the input, a dead `weakref.proxy` or a dict
+  subclass the module holds (raised), a large dict copied per call, torch's own backward
+  hooks' references taken for a holder;
 - helper-48 (on 861808f): a kept input alias under a `_` name, three containers deep, past
   a large config, in a submodule, a slots object, a hooked `nn.Sequential`'s child; a view of
   it beside the alias itself, hundreds of views (each silent there).
@@ -26,6 +29,7 @@ import collections
 import dataclasses
 import gc
 import sys
+import tracemalloc
 import types
 import weakref
 from typing import Any, Callable
@@ -980,3 +984,297 @@ def test_a_kept_view_unused_after_the_callers_inplace_op_is_never_refused(
         return x.grad
 
     torch.testing.assert_close(grad(kind), grad(None), rtol=0, atol=0)
+
+
+# helper-49's attack on 901c0f2 (each failed there, but the guards)
+
+
+def _grad_kept_only(make: Callable[[], Any], read: Callable[[Any], Any], kind: str | None) -> Any:
+    """`h = x * 2; m(h); h.relu_()`, then a loss on what `read(m)` gives back."""
+    x = torch.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
+    m = make()
+    handle = _register(kind, m) if kind else None
+    try:
+        h = x * 2
+        out = m(h)  # noqa: F841  (the caller holds the output: autograd's saved alias lives)
+        h.relu_()
+        kept = read(m)
+        (kept * W).sum().backward()
+    except unihook.InPlaceError:
+        return "refused"
+    finally:
+        if handle is not None:
+            handle.remove()
+    return x.grad
+
+
+def _check_kept_only(make: Callable[[], Any], read: Callable[[Any], Any], kind: str) -> None:
+    expected = _grad_kept_only(make, read, None)
+    got = _grad_kept_only(make, read, kind)
+    if isinstance(got, str):
+        return
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+# -- silent wrong gradients ---------------------------------------------------------------
+
+
+class WeakRefToInput(torch.nn.Module):
+    def forward(self, h: Any) -> Any:
+        self.ref = weakref.ref(h)  # (no count: the alias lives by autograd's saving it)
+        return h * h
+
+
+class WeakKeyedByInput(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: Any = weakref.WeakKeyDictionary()
+
+    def forward(self, h: Any) -> Any:
+        self.seen[h] = True
+        return h * h
+
+
+@pytest.mark.parametrize("kind", ALIAS_KINDS)
+def test_a_weakref_to_the_input_that_autograd_keeps_alive(kind: str) -> None:
+    """`self.ref = weakref.ref(h); return h * h` (autograd saves the alias: its Python object
+    lives while the caller holds the output). A weak reference adds no count: `extra == 1`
+    and `_cpp_held` is 1, so the alias is not watched; `m.ref()` read after the caller's
+    `h.relu_()` is the stale alias. Expected x.grad [0, 10, 0, 22] (or InPlaceError), got
+    [6, 10, 14, 22]."""
+    _check_kept_only(WeakRefToInput, lambda m: m.ref(), kind)
+
+
+@pytest.mark.parametrize("kind", ALIAS_KINDS)
+def test_a_weak_key_dictionary_keyed_by_the_input(kind: str) -> None:
+    """`self.seen[h] = True` in a `weakref.WeakKeyDictionary` (a per-tensor cache), autograd
+    saving `h`: as above. Expected [0, 10, 0, 22], got [6, 10, 14, 22]."""
+    _check_kept_only(WeakKeyedByInput, lambda m: next(iter(m.seen.keys())), kind)
+
+
+# -- crashes: `_held_in` runs code of the module's attributes on each hooked call ---------
+
+
+class _Parent:
+    pass
+
+
+class HoldsDeadProxy(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        parent = _Parent()
+        self.parent = weakref.proxy(parent)  # (a back-reference, its owner gone)
+        del parent
+
+    def forward(self, h: Any) -> Any:
+        # (autograd saves `h` and a view of it: `extra == 1`, `_held_in` runs)
+        return self.lin(h[:, :4]) * h
+
+
+class _LazyValues(dict):  # type: ignore[type-arg]
+    def values(self) -> Any:  # type: ignore[override]
+        raise RuntimeError("values() loads from disk")
+
+
+class HoldsLazyDict(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.table = _LazyValues(a=1)
+
+    def forward(self, h: Any) -> Any:
+        # (autograd saves `h` and a view of it: `extra == 1`, `_held_in` runs)
+        return self.lin(h[:, :4]) * h
+
+
+@pytest.mark.parametrize("kind", ALIAS_KINDS)
+@pytest.mark.parametrize("make", [HoldsDeadProxy, HoldsLazyDict], ids=["dead_proxy", "lazy_dict"])
+def test_a_hooked_call_does_not_raise_for_what_the_module_holds(kind: str, make: Any) -> None:
+    """A module holding a dead `weakref.proxy` (`self.parent = weakref.proxy(p)`, p gone) or
+    a dict subclass with its own `values()`: `_held_in` reads `getattr(value, "__dict__")` /
+    `isinstance` (ReferenceError on a dead proxy) and calls `value.values()` on every hooked
+    call whose input autograd saves. Expected the call to run as without hooks (it did at
+    861808f), got ReferenceError: weakly-referenced object no longer exists / RuntimeError
+    from `values()`."""
+    m = make()
+    handle = _register(kind, m)
+    try:
+        x = torch.randn(2, 4, requires_grad=True)
+        m(x * 2).sum().backward()
+    finally:
+        handle.remove()
+
+
+# -- cost: `_held_in` materializes every value of a large container on each call ---------
+
+
+class HoldsVocab(torch.nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.vocab = {i: i for i in range(n)}  # (a tokenizer's table, an id map)
+
+    def forward(self, h: Any) -> Any:
+        # (autograd saves `h` and a view of it: `extra == 1`, `_held_in` runs)
+        return self.lin(h[:, :4]) * h
+
+
+@pytest.mark.parametrize("kind", ALIAS_KINDS)
+def test_a_hooked_call_does_not_copy_a_large_dict_the_module_holds(kind: str) -> None:
+    """`self.vocab = {i: i for i in range(200_000)}`, forward `self.lin(h)` (autograd saves
+    a view of `h`: `_held_in` runs each call). `_held_in` built a list of all 200,000 (value,
+    depth) pairs before the 1,024-value cap applied: each hooked call allocated ~15 MB and
+    took ~25 ms (1M entries: 122 ms a call, 0.36 ms at 861808f). Expected a peak allocation
+    in the call well under 2 MB, got ~15 MB."""
+    m = HoldsVocab(200_000)
+    handle = _register(kind, m)
+    try:
+        x = torch.randn(2, 4, requires_grad=True)
+        h = x * 2
+        m(h)  # (warm)
+        tracemalloc.start()
+        try:
+            m(h)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    finally:
+        handle.remove()
+    assert peak < 2_000_000, peak
+
+
+# -- spurious watching: nothing keeps the input -------------------------------------------
+
+
+class SeesItsAlias(torch.nn.Module):
+    def forward(self, h: Any) -> Any:
+        return h * h  # (autograd saves it: it lives while the output does)
+
+
+@pytest.mark.parametrize(
+    "native",
+    ["full_backward_hook", "full_backward_pre_hook", "global_full_backward_hook"],
+)
+def test_nothing_kept_beside_a_native_backward_hook_is_not_watched(
+    native: str, monkeypatch: Any
+) -> None:
+    """unihook's own hook and a native torch backward hook on the same module (or torch's
+    global `register_module_full_backward_hook`), forward `h * h` keeping nothing: torch's
+    BackwardHookFunction holds the alias (two counts more), so it was taken for kept and
+    watched (class swapped to InputAlias, a state made, on every call). At 861808f~1 it was
+    not. Expected no watch."""
+    from unihook_torch import _alias
+
+    marked: list[Any] = []
+    real = _alias._mark
+    monkeypatch.setattr(_alias, "_mark", lambda t, state: (marked.append(t), real(t, state)))
+    m = SeesItsAlias()
+    handles = [unihook.register_full_backward_hook(m, lambda mod, gi, go: None)]
+    if native == "full_backward_hook":
+        m.register_full_backward_hook(lambda mod, gi, go: None)
+    elif native == "full_backward_pre_hook":
+        m.register_full_backward_pre_hook(lambda mod, go: None)
+    else:
+        handles.append(
+            torch.nn.modules.module.register_module_full_backward_hook(lambda mod, gi, go: None)
+        )
+    try:
+        x = torch.randn(4, requires_grad=True)
+        out = m(x * 2)
+        assert marked == []
+        del out
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+# -- guards (pass on 901c0f2) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ALIAS_KINDS)
+@pytest.mark.parametrize("holder", ["partial", "default_arg", "class_attr", "generator"])
+def test_guard_unusual_holders_are_counted(kind: str, holder: str) -> None:
+    """Guard (passes): a `functools.partial`, a default argument, a class attribute, a
+    generator's closure holding the input: counted, refused."""
+    import functools
+
+    class Holder(torch.nn.Module):
+        def forward(self, h: Any) -> Any:
+            if holder == "partial":
+                self.get = functools.partial(lambda t: t, h)
+            elif holder == "default_arg":
+                self.get = lambda t=h: t
+            elif holder == "class_attr":
+                type(self).KEPT = h
+                self.get = lambda: type(self).KEPT
+            else:
+
+                def gen() -> Any:
+                    while True:
+                        yield h
+
+                g = gen()
+                self.get = lambda: next(g)
+            return h * h
+
+    _check_kept_only(Holder, lambda m: m.get(), kind)
+
+
+@pytest.mark.parametrize("holder", ["attribute", "closure"])
+@pytest.mark.parametrize(
+    "native",
+    ["full_backward_hook", "full_backward_pre_hook", "global_full_backward_hook"],
+)
+def test_a_kept_input_beside_a_native_backward_hook(native: str, holder: str) -> None:
+    """The module keeps its input (`self.k = h`, or a list outside it) with unihook's hook and a
+    native torch backward hook on it (whose call holds the alias: counted apart): the caller's
+    `h.relu_()`, then a loss on the kept one: the no-hook x.grad or a refusal (torch's own or
+    unihook's), never another number."""
+    outside: list[Any] = []
+
+    class Keeps(torch.nn.Module):
+        def forward(self, h: Any) -> Any:
+            if holder == "attribute":
+                self.k = h
+            else:
+                outside.append(h)
+            return h * 2
+
+    def read(m: Any) -> Any:
+        return m.k if holder == "attribute" else outside[-1]
+
+    def program(kind: str | None) -> Any:
+        x = torch.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
+        m = Keeps()
+        handles = []
+        if kind:
+            handles.append(unihook.register_full_backward_hook(m, lambda mod, gi, go: None))
+            if native == "full_backward_hook":
+                m.register_full_backward_hook(lambda mod, gi, go: None)
+            elif native == "full_backward_pre_hook":
+                m.register_full_backward_pre_hook(lambda mod, go: None)
+            else:
+                handles.append(
+                    torch.nn.modules.module.register_module_full_backward_hook(
+                        lambda mod, gi, go: None
+                    )
+                )
+        try:
+            h = x * 2
+            m(h)
+            h.relu_()
+            (read(m) * W).sum().backward()
+        except (unihook.InPlaceError, RuntimeError) as error:
+            if kind is None:
+                raise
+            return type(error).__name__
+        finally:
+            for handle in handles:
+                handle.remove()
+        return x.grad
+
+    expected = program(None)
+    got = program("hooked")
+    if not isinstance(got, str):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)

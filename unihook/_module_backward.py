@@ -17,9 +17,9 @@ import warnings
 import weakref
 from collections import deque
 from functools import partial
-from itertools import count
+from itertools import count, islice
 from types import CodeType, FrameType, FunctionType
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from ._checks import check_grad, check_grad_tuple
 from ._describe import Site
@@ -33,6 +33,7 @@ __all__ = [
     "ModuleBackward",
     "add_global_backward_hook",
     "held_tensors",
+    "items_of",
     "register_backward_hook",
 ]
 
@@ -845,6 +846,7 @@ def _keywords(ids: frozenset[int]) -> dict[str, Any]:
 
 
 _ITEMS = (list, tuple, set, frozenset, deque)
+_PROXIES = frozenset((weakref.ProxyType, weakref.CallableProxyType))
 _LOOKED_AT = 512  # values `_nested` looks at, at most (an argument may hold a large structure)
 
 
@@ -889,6 +891,8 @@ def _attributes(module: Any, is_tensor: Callable[[Any], bool]) -> list[tuple[str
         buffers = own.get("_buffers")
         held = [*own.items(), *(buffers.items() if isinstance(buffers, Mapping) else ())]
         for k, v in held:
+            if type(v) in _PROXIES:
+                continue
             if is_tensor(v):
                 todo.append((f"the module's attribute {k!r}", v, 2))
             elif not k.startswith("_"):
@@ -903,21 +907,56 @@ def _walk(
     their containers and objects' attributes (not modules'), below them down to `levels`, at
     most `_LOOKED_AT` values."""
     found: list[tuple[str, Any]] = []
-    looked = 0
-    while todo and looked < _LOOKED_AT:
-        name, value, depth = todo.pop()
-        looked += 1
+    queue = deque(todo)  # (breadth first: a large container deep in one attribute does not
+    queued = len(queue)  # use up what the others' values get looked at)
+    while queue:
+        name, value, depth = queue.popleft()
+        if type(value) in _PROXIES:
+            continue  # (`is_tensor`, an `isinstance`, raises on a dead one)
         if is_tensor(value):
             found.append((name, value))
-        elif depth >= levels:
             continue
-        elif isinstance(value, _ITEMS):
-            todo += [(name, v, depth + 1) for v in value]
-        elif isinstance(value, Mapping):
-            todo += [(name, v, depth + 1) for v in value.values()]
-        elif hasattr(value, "__dict__") and not isinstance(value, (type, FunctionType)):
-            if not callable(getattr(value, "forward", None)):  # (not a module: its weights)
-                todo += [(name, v, depth + 1) for v in vars(value).values()]
+        if depth >= levels or queued >= _LOOKED_AT:
+            continue
+        items = items_of(value)
+        more = [(name, v, depth + 1) for v in islice(items, _LOOKED_AT - queued)]
+        queued += len(more)
+        queue += more
+    return found
+
+
+def items_of(value: Any, most: int | None = None) -> Iterable[Any]:
+    """The values inside `value`: a list's, tuple's (a namedtuple's too), set's, deque's or
+    dict's items, or an object's attributes (its `__dict__`'s or `__slots__`' values; none of
+    a class, a function, a module (an object with a `forward`: its weights), a `Mapping` other
+    than a dict, or an object of more than `most` attributes). Read with the types' own
+    methods: none of the object's code runs (a dict subclass's `values`, a `__getattr__`, a
+    property; a dead `weakref.proxy`, whose `isinstance` raises, has none)."""
+    kind = type(value)
+    if kind in _PROXIES or issubclass(kind, (type, FunctionType)):
+        return ()
+    for base in _ITEMS:
+        if issubclass(kind, base):
+            return base.__iter__(value)  # type: ignore[attr-defined]
+    if issubclass(kind, dict):
+        return dict.values(value)
+    if issubclass(kind, Mapping) or callable(getattr(kind, "forward", None)):
+        return ()
+    try:
+        attributes = object.__getattribute__(value, "__dict__")
+    except Exception:  # (no `__dict__`)
+        attributes = None
+    if type(attributes) is dict:
+        return dict.values(attributes) if most is None or len(attributes) <= most else ()
+    slots = getattr(kind, "__slots__", ())
+    if isinstance(slots, str) or not slots or (most is not None and len(slots) > most):
+        return ()
+    found = []
+    for slot in slots:
+        try:
+            found.append(object.__getattribute__(value, slot))
+        except Exception:  # (an empty slot; a property's own error)
+            continue
     return found
 
 
@@ -927,6 +966,8 @@ def _may_hold_tensors(own: dict[str, Any], is_tensor: Callable[[Any], bool]) -> 
     if own.get("_buffers"):
         return True
     for key, value in own.items():
+        if type(value) in _PROXIES:
+            continue
         if is_tensor(value) or not (key.startswith("_") or isinstance(value, _SCALARS)):
             return True
     return False

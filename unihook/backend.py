@@ -54,6 +54,7 @@ from ._module_backward import (
     _states,
     add_global_backward_hook,
     held_tensors,
+    items_of,
     register_backward_hook,
 )
 from ._pinned import Access, HookDict, Pinned, pin, unpin
@@ -79,6 +80,7 @@ __all__ = [
     "has_module_backward",
     "held_tensors",
     "install_when_imported",
+    "items_of",
     "kwargs_post_hook",
     "map_dataclass",
     "pin",

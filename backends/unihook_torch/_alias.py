@@ -24,6 +24,7 @@ and views taken of them are watched too.
 from __future__ import annotations
 
 import collections
+import itertools
 import sys
 import threading
 import weakref
@@ -33,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from unihook.backend import ModuleBackward, Site, held_tensors
+from unihook.backend import ModuleBackward, Site, held_tensors, items_of
 from unihook.errors import InPlaceError
 
 from ._compile import EagerUnderCompile
@@ -632,13 +633,17 @@ def watch_inputs(
         alias, original = args[i], originals[k]
         if original is None or alias is original or type(alias) is not torch.Tensor:
             continue
-        extra = sys.getrefcount(alias) - _FREE_INPUT
-        if extra <= 0:
+        extra = sys.getrefcount(alias) - _FREE_INPUT - _torch_holds(module)
+        # (a weak reference counts none: `self.ref = weakref.ref(h)`, a WeakKeyDictionary)
+        weakly = weakref.getweakrefcount(alias) > 0
+        if extra <= 0 and not weakly:
             continue  # (nothing holds it, nor a view of it: that is a C++ reference)
-        found = _held_in(module, alias)
+        # views of it, or a hooked submodule's output standing for it, are tensors of its
+        # memory: looked for only when its storage has more than the caller's and its own
+        found = _held_in(module, alias) if _shared_storage(alias) else []
         # held by a Python name: two counts more than the frames' (torch's own for C++
         # references is one at most), or one that is not torch's
-        kept = extra > 1 or any(t is alias for t in found) or not _cpp_held(alias)
+        kept = weakly or extra > 1 or any(t is alias for t in found) or not _cpp_held(alias)
         if not kept and not found:
             continue
         # (an outer hooked call's alias: the caller's tensor it stands for, which the caller
@@ -666,12 +671,25 @@ def watch_inputs(
                 _mark(held, state)
 
 
+def _torch_holds(module: Any) -> int:
+    """The references torch's own call holds to an input's alias after forward: 2 when its
+    backward hooks (the module's or global, full or pre) put the inputs through its
+    `BackwardHook` (legacy `register_backward_hook`s do not)."""
+    m = torch.nn.modules.module
+    if module._backward_pre_hooks or m._global_backward_pre_hooks:
+        return 2
+    if module._backward_hooks and module._is_full_backward_hook:
+        return 2
+    return 2 if m._global_backward_hooks and m._global_is_full_backward_hook else 0
+
+
 def _held_in(module: Any, alias: Any) -> list[Any]:
     """What `module` holds that is `alias`, a view of it, or a hooked submodule's watched
     output standing for it: among its own attributes (not torch's: its parameters,
     submodules, hook dicts), its buffers, and inside their lists, tuples, sets, deques, dicts
-    and objects of at most `_SMALL` attributes (not a `config` of hundreds: each hooked call
-    looks), `_DEPTH` deep, at most `_LOOKED` values."""
+    and objects of at most `_SMALL` attributes (not a `config` of hundreds: each such call
+    looks), `_DEPTH` deep, at most `_LOOKED` values. Runs no code of the objects it reads
+    (their `__getattr__`, a dict subclass's `values`, a dead `weakref.proxy`)."""
     own = getattr(module, "__dict__", None)
     if own is None:
         return []
@@ -680,41 +698,50 @@ def _held_in(module: Any, alias: Any) -> list[Any]:
         return []  # (torch's attributes alone: its submodules are in `_modules`)
     todo = [(own[key], 0) for key in own.keys() - _MODULE_KEYS]
     if buffers:
-        todo += [(value, 0) for value in buffers.values()]
+        todo += [(value, 0) for value in dict.values(buffers)]
     found = []
-    looked = 0
-    while todo and looked < _LOOKED:
-        value, depth = todo.pop()
-        looked += 1
+    queue = collections.deque(todo)  # (breadth first: see `held_tensors`)
+    queued = len(queue)
+    while queue:
+        value, depth = queue.popleft()
         kind = type(value)
         if kind is torch.Tensor:
             if value is alias or value._base is alias:  # (`_base`: None but for a view)
                 found.append(value)
-        elif kind is InputAlias:
+            continue
+        if kind is InputAlias:
             if value.__dict__[_STATE].original is alias:
                 found.append(value)
-        elif depth >= _DEPTH or isinstance(value, _SCALARS):
             continue
-        elif kind in _SEQUENCES:
-            todo += [(v, depth + 1) for v in value]
-        elif isinstance(value, dict):
-            todo += [(v, depth + 1) for v in value.values()]
-        elif not isinstance(value, (torch.Tensor, torch.nn.Module, type)):
-            attributes = getattr(value, "__dict__", None)
-            if type(attributes) is dict:
-                if len(attributes) <= _SMALL:
-                    todo += [(v, depth + 1) for v in attributes.values()]
-            else:  # (a class with `__slots__`: `@dataclass(slots=True)`)
-                slots = getattr(kind, "__slots__", ())
-                if 0 < len(slots) <= _SMALL and not isinstance(slots, str):
-                    todo += [(getattr(value, n, None), depth + 1) for n in slots]
+        if depth >= _DEPTH or queued >= _LOOKED or kind in _SCALARS:
+            continue
+        if issubclass(kind, (torch.Tensor, torch.nn.Module)):
+            continue
+        items = items_of(value, _SMALL)
+        room = _LOOKED - queued
+        more = [(v, depth + 1) for v in itertools.islice(items, room)]
+        queued += len(more)
+        queue += more
     return found
 
 
+def _shared_storage(alias: Any) -> bool:
+    """Whether `alias`'s storage has more tensors than it and the caller's (a view of either,
+    one autograd saved, a hooked submodule's alias of it): read by its use count, the storage
+    object read counting one."""
+    if _storage_uses is None:
+        return True
+    try:
+        return _storage_uses(alias.untyped_storage()._cdata) > _FREE_ALIAS_STORAGE
+    except (RuntimeError, NotImplementedError):  # (no storage: sparse, meta)
+        return False
+
+
 _FREE_INPUT = 3  # an input's alias in `watch_inputs`: the args, the local, the argument
+# its storage's users: the caller's tensor, the alias and the storage object read
+_FREE_ALIAS_STORAGE = 3
 _MODULE_KEYS = frozenset(vars(torch.nn.Module()))  # (torch's; `_buffers` is read apart)
-_SEQUENCES = (list, tuple, set, frozenset, collections.deque)
-_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+_SCALARS = frozenset((bool, int, float, complex, str, bytes, type(None)))
 _SMALL, _DEPTH, _LOOKED = 32, 4, 1024
 
 
