@@ -18,7 +18,7 @@ import weakref
 from collections import deque
 from functools import partial
 from itertools import count, islice
-from types import CodeType, FrameType, FunctionType
+from types import CodeType, FrameType, FunctionType, MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from ._checks import check_grad, check_grad_tuple
@@ -171,7 +171,8 @@ class ModuleBackward:
         # keeps as attributes); `overlaps(a, b)`, whether two tensors
         # share memory (see `_refuse_shared_inputs`)
         self.watch: Callable[..., Any] | None = getattr(autograd, "watch", None)
-        # optional: `watch_inputs(args, tensor_idx, originals, module, site)`, after forward,
+        # optional: `watch_inputs(args, tensor_idx, originals, module, site, *, replaced)`,
+        # after forward,
         # for the input side's aliases forward got (`args[tensor_idx]`; `originals`: the
         # caller's tensors), which the module may keep
         self.watch_inputs: Callable[..., Any] | None = getattr(autograd, "watch_inputs", None)
@@ -519,7 +520,8 @@ class ModuleBackward:
                 _warn_not_tensors(output)
             return None
         call.module = module  # from now on held by the graph, as torch's BackwardHook holds it
-        if key != id(args):
+        args_replaced = key != id(args)
+        if args_replaced:
             # torch's own BackwardHook (a native backward hook beside ours) replaced the args
             # after every pre-hook ran: the ones to read are those forward got from us. An
             # alias of ours that nobody held any more went into another dispatcher's identity
@@ -541,7 +543,7 @@ class ModuleBackward:
         if not is_tuple and not ag.is_tensor(output):
             _warn_not_tensors(output)
             self._rebase_inputs(call, args, originals, {})
-            self._watch_inputs(call, args, originals, module)
+            self._watch_inputs(call, args, originals, module, args_replaced)
             return None
         items = output if is_tuple else (output,)
         idx, tensors, need_grad = _tensors_in(items, ag)
@@ -575,7 +577,7 @@ class ModuleBackward:
                     )
                     break
         self._rebase_inputs(call, args, originals, returned)
-        self._watch_inputs(call, args, originals, module)
+        self._watch_inputs(call, args, originals, module, args_replaced)
         self._guard_leaves(call, items, replaced, originals)
         if self.watch is not None and aliases:
             # an output that is, without hooks, a tensor that exists apart from the call (an
@@ -604,13 +606,22 @@ class ModuleBackward:
         return None
 
     def _watch_inputs(
-        self, call: _Call, args: Sequence[Any], originals: list[Any], module: Any
+        self,
+        call: _Call,
+        args: Sequence[Any],
+        originals: list[Any],
+        module: Any,
+        replaced: bool,
     ) -> None:
         """The aliases forward got, which the module may keep (`self.inp = h`): the backend
         lets the caller's in-place op on its tensor after the call reach their use (after
-        `_rebase_inputs`: the caller's tensors have forward's in-place ops by then)."""
+        `_rebase_inputs`: the caller's tensors have forward's in-place ops by then).
+        `replaced`: the framework replaced the args after the pre-hooks (torch's own
+        BackwardHook, for its backward hooks registered when the call started)."""
         if self.watch_inputs is not None and call.input_idx is not None:
-            self.watch_inputs(args, call.tensor_idx, originals, module, call.site)
+            self.watch_inputs(
+                args, call.tensor_idx, originals, module, call.site, replaced=replaced
+            )
 
     def _returned(self, call: _Call, k: int, arg: Any, new: Any, original: Any) -> Any:
         """What the caller gets for output `new` that is the call's `k`-th tensor argument
@@ -848,6 +859,8 @@ def _keywords(ids: frozenset[int]) -> dict[str, Any]:
 _ITEMS = (list, tuple, set, frozenset, deque)
 _PROXIES = frozenset((weakref.ProxyType, weakref.CallableProxyType))
 _LOOKED_AT = 512  # values `_nested` looks at, at most (an argument may hold a large structure)
+_READ = 4096  # values read to find them, scalars too
+_SCALAR_TYPES = frozenset((bool, int, float, complex, str, bytes, type(None)))
 
 
 def _nested(
@@ -904,11 +917,12 @@ def _walk(
     todo: list[tuple[str, Any, int]], is_tensor: Callable[[Any], bool], levels: int
 ) -> list[tuple[str, Any]]:
     """The tensors in `todo`'s values (each with its level: 1 for a module's attribute) and in
-    their containers and objects' attributes (not modules'), below them down to `levels`, at
-    most `_LOOKED_AT` values."""
+    their containers and objects' attributes (not modules'), below them down to `levels`:
+    breadth first (a large container in one does not use up what the others get looked at),
+    at most `_LOOKED_AT` values queued (scalars are not) and `_READ` read."""
     found: list[tuple[str, Any]] = []
-    queue = deque(todo)  # (breadth first: a large container deep in one attribute does not
-    queued = len(queue)  # use up what the others' values get looked at)
+    queue = deque(todo)
+    queued, read = len(queue), 0
     while queue:
         name, value, depth = queue.popleft()
         if type(value) in _PROXIES:
@@ -916,22 +930,25 @@ def _walk(
         if is_tensor(value):
             found.append((name, value))
             continue
-        if depth >= levels or queued >= _LOOKED_AT:
+        if depth >= levels or queued >= _LOOKED_AT or read >= _READ:
             continue
-        items = items_of(value)
-        more = [(name, v, depth + 1) for v in islice(items, _LOOKED_AT - queued)]
+        chunk = list(islice(items_of(value), _READ - read))
+        read += len(chunk)
+        more = [(name, v, depth + 1) for v in chunk if type(v) not in _SCALAR_TYPES]
+        more = more[: _LOOKED_AT - queued]
         queued += len(more)
         queue += more
     return found
 
 
 def items_of(value: Any, most: int | None = None) -> Iterable[Any]:
-    """The values inside `value`: a list's, tuple's (a namedtuple's too), set's, deque's or
-    dict's items, or an object's attributes (its `__dict__`'s or `__slots__`' values; none of
-    a class, a function, a module (an object with a `forward`: its weights), a `Mapping` other
-    than a dict, or an object of more than `most` attributes). Read with the types' own
-    methods: none of the object's code runs (a dict subclass's `values`, a `__getattr__`, a
-    property; a dead `weakref.proxy`, whose `isinstance` raises, has none)."""
+    """The values inside `value`: a list's, tuple's (a namedtuple's too), set's, deque's,
+    dict's or mappingproxy's items, or an object's attributes (its `__dict__`'s or `__slots__`'
+    values, its classes' too: a `UserDict`'s `data`, a `ChainMap`'s `maps`); none of a class,
+    a function, a module (an object with a `forward`: its weights), or an object of more than
+    `most` attributes. Read with the types' own methods: none of the object's code runs (a
+    dict subclass's `values`, a `Mapping`'s, a `__getattr__`, a property; a dead
+    `weakref.proxy`, whose `isinstance` raises, has none)."""
     kind = type(value)
     if kind in _PROXIES or issubclass(kind, (type, FunctionType)):
         return ()
@@ -940,24 +957,35 @@ def items_of(value: Any, most: int | None = None) -> Iterable[Any]:
             return base.__iter__(value)  # type: ignore[attr-defined]
     if issubclass(kind, dict):
         return dict.values(value)
-    if issubclass(kind, Mapping) or callable(getattr(kind, "forward", None)):
+    if kind is MappingProxyType:
+        return MappingProxyType.values(value)
+    if callable(getattr(kind, "forward", None)):
         return ()
     try:
         attributes = object.__getattribute__(value, "__dict__")
     except Exception:  # (no `__dict__`)
         attributes = None
-    if type(attributes) is dict:
-        return dict.values(attributes) if most is None or len(attributes) <= most else ()
-    slots = getattr(kind, "__slots__", ())
-    if isinstance(slots, str) or not slots or (most is not None and len(slots) > most):
+    slots = [
+        name
+        for klass in kind.__mro__
+        for name in _slots(klass)
+        if name not in ("__dict__", "__weakref__")
+    ]
+    size = (len(attributes) if type(attributes) is dict else 0) + len(slots)
+    if not size or (most is not None and size > most):
         return ()
-    found = []
+    found = list(dict.values(attributes)) if type(attributes) is dict else []
     for slot in slots:
         try:
             found.append(object.__getattribute__(value, slot))
         except Exception:  # (an empty slot; a property's own error)
             continue
     return found
+
+
+def _slots(klass: type) -> tuple[str, ...]:
+    slots = klass.__dict__.get("__slots__", ())
+    return (slots,) if isinstance(slots, str) else tuple(slots)
 
 
 def _may_hold_tensors(own: dict[str, Any], is_tensor: Callable[[Any], bool]) -> bool:

@@ -613,6 +613,8 @@ def watch_inputs(
     originals: Sequence[Any],
     module: Any,
     site: Site,
+    *,
+    replaced: bool = False,
 ) -> None:
     """A module that keeps what forward got (`self.inp = h`, `self._cache = [h]`, `self.head =
     h[:2]`, a submodule's `self.sub.kept = h`) keeps unihook's alias of the caller's tensor (or
@@ -633,7 +635,7 @@ def watch_inputs(
         alias, original = args[i], originals[k]
         if original is None or alias is original or type(alias) is not torch.Tensor:
             continue
-        extra = sys.getrefcount(alias) - _FREE_INPUT - _torch_holds(module)
+        extra = sys.getrefcount(alias) - _FREE_INPUT - (_TORCH_HOLDS if replaced else 0)
         # (a weak reference counts none: `self.ref = weakref.ref(h)`, a WeakKeyDictionary)
         weakly = weakref.getweakrefcount(alias) > 0
         if extra <= 0 and not weakly:
@@ -671,24 +673,13 @@ def watch_inputs(
                 _mark(held, state)
 
 
-def _torch_holds(module: Any) -> int:
-    """The references torch's own call holds to an input's alias after forward: 2 when its
-    backward hooks (the module's or global, full or pre) put the inputs through its
-    `BackwardHook` (legacy `register_backward_hook`s do not)."""
-    m = torch.nn.modules.module
-    if module._backward_pre_hooks or m._global_backward_pre_hooks:
-        return 2
-    if module._backward_hooks and module._is_full_backward_hook:
-        return 2
-    return 2 if m._global_backward_hooks and m._global_is_full_backward_hook else 0
-
-
 def _held_in(module: Any, alias: Any) -> list[Any]:
     """What `module` holds that is `alias`, a view of it, or a hooked submodule's watched
     output standing for it: among its own attributes (not torch's: its parameters,
     submodules, hook dicts), its buffers, and inside their lists, tuples, sets, deques, dicts
     and objects of at most `_SMALL` attributes (not a `config` of hundreds: each such call
-    looks), `_DEPTH` deep, at most `_LOOKED` values. Runs no code of the objects it reads
+    looks), `_DEPTH` deep, breadth first, at most `_LOOKED` values queued (scalars are not) and
+    `_READ` read. Runs no code of the objects it reads
     (their `__getattr__`, a dict subclass's `values`, a dead `weakref.proxy`)."""
     own = getattr(module, "__dict__", None)
     if own is None:
@@ -696,12 +687,12 @@ def _held_in(module: Any, alias: Any) -> list[Any]:
     buffers = own.get("_buffers")
     if len(own) <= len(_MODULE_KEYS) and not buffers:
         return []  # (torch's attributes alone: its submodules are in `_modules`)
-    todo = [(own[key], 0) for key in own.keys() - _MODULE_KEYS]
+    todo = [(value, 0) for key, value in own.items() if key not in _MODULE_KEYS]
     if buffers:
         todo += [(value, 0) for value in dict.values(buffers)]
     found = []
     queue = collections.deque(todo)  # (breadth first: see `held_tensors`)
-    queued = len(queue)
+    queued, read = len(queue), 0
     while queue:
         value, depth = queue.popleft()
         kind = type(value)
@@ -713,13 +704,13 @@ def _held_in(module: Any, alias: Any) -> list[Any]:
             if value.__dict__[_STATE].original is alias:
                 found.append(value)
             continue
-        if depth >= _DEPTH or queued >= _LOOKED or kind in _SCALARS:
+        if depth >= _DEPTH or queued >= _LOOKED or read >= _READ or kind in _SCALARS:
             continue
         if issubclass(kind, (torch.Tensor, torch.nn.Module)):
             continue
-        items = items_of(value, _SMALL)
-        room = _LOOKED - queued
-        more = [(v, depth + 1) for v in itertools.islice(items, room)]
+        chunk = list(itertools.islice(items_of(value, _SMALL), _READ - read))
+        read += len(chunk)
+        more = [(v, depth + 1) for v in chunk if type(v) not in _SCALARS][: _LOOKED - queued]
         queued += len(more)
         queue += more
     return found
@@ -738,11 +729,14 @@ def _shared_storage(alias: Any) -> bool:
 
 
 _FREE_INPUT = 3  # an input's alias in `watch_inputs`: the args, the local, the argument
+# and more when torch's own BackwardHook replaced the args forward got (`replaced`: its
+# backward hooks, the module's or global, full or pre, registered when the call started)
+_TORCH_HOLDS = 2
 # its storage's users: the caller's tensor, the alias and the storage object read
 _FREE_ALIAS_STORAGE = 3
 _MODULE_KEYS = frozenset(vars(torch.nn.Module()))  # (torch's; `_buffers` is read apart)
 _SCALARS = frozenset((bool, int, float, complex, str, bytes, type(None)))
-_SMALL, _DEPTH, _LOOKED = 32, 4, 1024
+_SMALL, _DEPTH, _LOOKED, _READ = 32, 4, 1024, 8192
 
 
 def _path_refs(returned: Any) -> int | None:
