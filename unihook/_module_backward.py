@@ -34,6 +34,7 @@ __all__ = [
     "add_global_backward_hook",
     "held_tensors",
     "items_of",
+    "walk_tensors",
     "register_backward_hook",
 ]
 
@@ -858,8 +859,6 @@ def _keywords(ids: frozenset[int]) -> dict[str, Any]:
 
 _ITEMS = (list, tuple, set, frozenset, deque)
 _PROXIES = frozenset((weakref.ProxyType, weakref.CallableProxyType))
-_LOOKED_AT = 512  # values `_nested` looks at, at most (an argument may hold a large structure)
-_READ = 4096  # values read to find them, scalars too
 _SCALAR_TYPES = frozenset((bool, int, float, complex, str, bytes, type(None)))
 
 
@@ -878,7 +877,7 @@ def _nested(
         (f"a tensor inside argument {i}", a, 0) for i, a in enumerate(args) if i not in tensor_idx
     ]
     todo += [(f"keyword argument {key!r}", value, 0) for key, value in kwargs.items()]
-    return _walk(todo + _attributes(module, is_tensor), is_tensor, 3)
+    return _walk(todo + _attributes(module, is_tensor), is_tensor, 5)
 
 
 def held_tensors(
@@ -906,7 +905,7 @@ def _attributes(module: Any, is_tensor: Callable[[Any], bool]) -> list[tuple[str
         for k, v in held:
             if type(v) in _PROXIES:
                 continue
-            if is_tensor(v):
+            if _tensor(is_tensor, v):
                 todo.append((f"the module's attribute {k!r}", v, 2))
             elif not k.startswith("_"):
                 todo.append((f"a tensor inside the module's attribute {k!r}", v, 1))
@@ -916,64 +915,91 @@ def _attributes(module: Any, is_tensor: Callable[[Any], bool]) -> list[tuple[str
 def _walk(
     todo: list[tuple[str, Any, int]], is_tensor: Callable[[Any], bool], levels: int
 ) -> list[tuple[str, Any]]:
-    """The tensors in `todo`'s values (each with its level: 1 for a module's attribute) and in
-    their containers and objects' attributes (not modules'), below them down to `levels`:
-    breadth first (a large container in one does not use up what the others get looked at),
-    at most `_LOOKED_AT` values queued (scalars are not) and `_READ` read."""
+    """`walk_tensors` of `todo`, whose values each start at their level (1 for a module's
+    attribute)."""
+    return walk_tensors(todo, is_tensor, levels)
+
+
+def walk_tensors(
+    todo: Sequence[tuple[str, Any, int]],
+    is_tensor: Callable[[Any], bool],
+    levels: int,
+    most: int | None = None,
+    budget: int = 4096,
+) -> list[tuple[str, Any]]:
+    """The tensors (`is_tensor`) among `todo`'s values (`(name, value, level)`) and inside
+    their containers and objects (`items_of(value, most)`), down to `levels`, each with its
+    name. Level by level, reading at most `budget` values: each container of a level gets a
+    fair share of what is left (the smaller ones all they hold), so a large one (a list of
+    token ids, a vocabulary) does not use up what the others get looked at. No code of the
+    values runs (a raising `__class__` is taken for not a tensor)."""
     found: list[tuple[str, Any]] = []
-    queue = deque(todo)
-    queued, read = len(queue), 0
-    while queue:
-        name, value, depth = queue.popleft()
-        if type(value) in _PROXIES:
-            continue  # (`is_tensor`, an `isinstance`, raises on a dead one)
-        if is_tensor(value):
-            found.append((name, value))
-            continue
-        if depth >= levels or queued >= _LOOKED_AT or read >= _READ:
-            continue
-        chunk = list(islice(items_of(value), _READ - read))
-        read += len(chunk)
-        more = [(name, v, depth + 1) for v in chunk if type(v) not in _SCALAR_TYPES]
-        more = more[: _LOOKED_AT - queued]
-        queued += len(more)
-        queue += more
+    level = list(todo)
+    left = budget
+    while level:
+        containers = []
+        for name, value, depth in level:
+            kind = type(value)
+            if kind in _SCALAR_TYPES or kind in _PROXIES:
+                continue  # (`is_tensor`, an `isinstance`, raises on a dead proxy)
+            try:
+                tensor = is_tensor(value)
+            except Exception:  # (a `__class__` or `__getattribute__` of the object's own)
+                continue
+            if tensor:
+                found.append((name, value))
+            elif depth < levels:
+                items = list(islice(items_of(value, most), left + 1)) if left else []
+                if items:
+                    containers.append((len(items), name, items, depth))
+        containers.sort(key=lambda c: c[0])
+        level = []
+        for i, (_, name, items, depth) in enumerate(containers):
+            share = left // (len(containers) - i)
+            taken = items[:share]
+            left -= len(taken)
+            level += [(name, v, depth + 1) for v in taken if type(v) not in _SCALAR_TYPES]
     return found
 
 
 def items_of(value: Any, most: int | None = None) -> Iterable[Any]:
-    """The values inside `value`: a list's, tuple's (a namedtuple's too), set's, deque's,
-    dict's or mappingproxy's items, or an object's attributes (its `__dict__`'s or `__slots__`'
-    values, its classes' too: a `UserDict`'s `data`, a `ChainMap`'s `maps`); none of a class,
-    a function, a module (an object with a `forward`: its weights), or an object of more than
-    `most` attributes. Read with the types' own methods: none of the object's code runs (a
-    dict subclass's `values`, a `Mapping`'s, a `__getattr__`, a property; a dead
-    `weakref.proxy`, whose `isinstance` raises, has none)."""
+    """The values inside `value`: a list's, tuple's (a namedtuple's, with its subclass's
+    attributes), set's, deque's, dict's or mappingproxy's items, a `functools.partial`'s
+    arguments, or an object's attributes (its `__dict__`'s and `__slots__`' values, its
+    classes' too: a `UserDict`'s `data`, a `ChainMap`'s `maps`); none of a class, a function,
+    a module (an object with a `forward`: its weights), or an object of more than `most`
+    attributes. Read with the types' own methods: none of the object's code runs (a dict
+    subclass's `values`, a `Mapping`'s, a `__getattr__`, a property; but a class's own
+    `__dict__` property; a dead `weakref.proxy`, whose `isinstance` raises, has none)."""
     kind = type(value)
     if kind in _PROXIES or issubclass(kind, (type, FunctionType)):
         return ()
+    if kind is partial:
+        return (*value.args, *value.keywords.values())
     for base in _ITEMS:
         if issubclass(kind, base):
-            return base.__iter__(value)  # type: ignore[attr-defined]
+            if kind is base:
+                return base.__iter__(value)  # type: ignore[attr-defined]
+            # (a subclass, a namedtuple: its items, then its own attributes)
+            return (*base.__iter__(value), *_attributes_of(value, kind, most))  # type: ignore[attr-defined]
     if issubclass(kind, dict):
         return dict.values(value)
     if kind is MappingProxyType:
         return MappingProxyType.values(value)
     if callable(getattr(kind, "forward", None)):
         return ()
+    return _attributes_of(value, kind, most)
+
+
+def _attributes_of(value: Any, kind: type, most: int | None) -> list[Any]:
     try:
         attributes = object.__getattribute__(value, "__dict__")
     except Exception:  # (no `__dict__`)
         attributes = None
-    slots = [
-        name
-        for klass in kind.__mro__
-        for name in _slots(klass)
-        if name not in ("__dict__", "__weakref__")
-    ]
+    slots = [name for klass in kind.__mro__ for name in _slots(klass)]
     size = (len(attributes) if type(attributes) is dict else 0) + len(slots)
     if not size or (most is not None and size > most):
-        return ()
+        return []
     found = list(dict.values(attributes)) if type(attributes) is dict else []
     for slot in slots:
         try:
@@ -984,8 +1010,22 @@ def items_of(value: Any, most: int | None = None) -> Iterable[Any]:
 
 
 def _slots(klass: type) -> tuple[str, ...]:
+    """`klass`'s own slot names as stored (`__x` mangled to `_klass__x`)."""
     slots = klass.__dict__.get("__slots__", ())
-    return (slots,) if isinstance(slots, str) else tuple(slots)
+    names = (slots,) if isinstance(slots, str) else tuple(slots)
+    mangled = f"_{klass.__name__.lstrip('_')}"
+    return tuple(
+        f"{mangled}{name}" if name.startswith("__") and not name.endswith("__") else name
+        for name in names
+        if name not in ("__dict__", "__weakref__")
+    )
+
+
+def _tensor(is_tensor: Callable[[Any], bool], value: Any) -> bool:
+    try:
+        return bool(is_tensor(value))
+    except Exception:  # (a `__class__` of the object's own that raises: not a tensor)
+        return False
 
 
 def _may_hold_tensors(own: dict[str, Any], is_tensor: Callable[[Any], bool]) -> bool:
@@ -996,7 +1036,7 @@ def _may_hold_tensors(own: dict[str, Any], is_tensor: Callable[[Any], bool]) -> 
     for key, value in own.items():
         if type(value) in _PROXIES:
             continue
-        if is_tensor(value) or not (key.startswith("_") or isinstance(value, _SCALARS)):
+        if _tensor(is_tensor, value) or not (key.startswith("_") or isinstance(value, _SCALARS)):
             return True
     return False
 

@@ -56,6 +56,7 @@ from ._module_backward import (
     held_tensors,
     items_of,
     register_backward_hook,
+    walk_tensors,
 )
 from ._pinned import Access, HookDict, Pinned, pin, unpin
 from ._structures import map_dataclass
@@ -89,6 +90,7 @@ __all__ = [
     "type_name",
     "undo_if_unfinished",
     "unpin",
+    "walk_tensors",
     "when_imported",
 ]
 

@@ -23,8 +23,6 @@ and views taken of them are watched too.
 
 from __future__ import annotations
 
-import collections
-import itertools
 import sys
 import threading
 import weakref
@@ -34,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from unihook.backend import ModuleBackward, Site, held_tensors, items_of
+from unihook.backend import ModuleBackward, Site, held_tensors, walk_tensors
 from unihook.errors import InPlaceError
 
 from ._compile import EagerUnderCompile
@@ -676,44 +674,27 @@ def watch_inputs(
 def _held_in(module: Any, alias: Any) -> list[Any]:
     """What `module` holds that is `alias`, a view of it, or a hooked submodule's watched
     output standing for it: among its own attributes (not torch's: its parameters,
-    submodules, hook dicts), its buffers, and inside their lists, tuples, sets, deques, dicts
-    and objects of at most `_SMALL` attributes (not a `config` of hundreds: each such call
-    looks), `_DEPTH` deep, breadth first, at most `_LOOKED` values queued (scalars are not) and
-    `_READ` read. Runs no code of the objects it reads
-    (their `__getattr__`, a dict subclass's `values`, a dead `weakref.proxy`)."""
+    submodules, hook dicts), its buffers, and inside their containers and objects of at most
+    `_SMALL` attributes (not a `config` of hundreds: each such call looks), `_DEPTH` deep, at
+    most `_READ` values read (`walk_tensors`: a fair share each, no code of theirs run)."""
     own = getattr(module, "__dict__", None)
     if own is None:
         return []
     buffers = own.get("_buffers")
     if len(own) <= len(_MODULE_KEYS) and not buffers:
         return []  # (torch's attributes alone: its submodules are in `_modules`)
-    todo = [(value, 0) for key, value in own.items() if key not in _MODULE_KEYS]
+    todo = [("", value, 0) for key, value in own.items() if key not in _MODULE_KEYS]
     if buffers:
-        todo += [(value, 0) for value in dict.values(buffers)]
-    found = []
-    queue = collections.deque(todo)  # (breadth first: see `held_tensors`)
-    queued, read = len(queue), 0
-    while queue:
-        value, depth = queue.popleft()
-        kind = type(value)
-        if kind is torch.Tensor:
-            if value is alias or value._base is alias:  # (`_base`: None but for a view)
-                found.append(value)
-            continue
-        if kind is InputAlias:
-            if value.__dict__[_STATE].original is alias:
-                found.append(value)
-            continue
-        if depth >= _DEPTH or queued >= _LOOKED or read >= _READ or kind in _SCALARS:
-            continue
-        if issubclass(kind, (torch.Tensor, torch.nn.Module)):
-            continue
-        chunk = list(itertools.islice(items_of(value, _SMALL), _READ - read))
-        read += len(chunk)
-        more = [(v, depth + 1) for v in chunk if type(v) not in _SCALARS][: _LOOKED - queued]
-        queued += len(more)
-        queue += more
-    return found
+        todo += [("", value, 0) for value in dict.values(buffers)]
+    found = walk_tensors(todo, _is_tensor, _DEPTH, _SMALL, _READ)
+    return [t for _, t in found if _is_or_views(t, alias)]
+
+
+def _is_or_views(value: Any, alias: Any) -> bool:
+    kind = type(value)
+    if kind is torch.Tensor:
+        return value is alias or value._base is alias  # (`_base`: None but for a view)
+    return kind is InputAlias and value.__dict__[_STATE].original is alias
 
 
 def _shared_storage(alias: Any) -> bool:
@@ -735,8 +716,7 @@ _TORCH_HOLDS = 2
 # its storage's users: the caller's tensor, the alias and the storage object read
 _FREE_ALIAS_STORAGE = 3
 _MODULE_KEYS = frozenset(vars(torch.nn.Module()))  # (torch's; `_buffers` is read apart)
-_SCALARS = frozenset((bool, int, float, complex, str, bytes, type(None)))
-_SMALL, _DEPTH, _LOOKED, _READ = 32, 4, 1024, 8192
+_SMALL, _DEPTH, _READ = 32, 6, 8192
 
 
 def _path_refs(returned: Any) -> int | None:
