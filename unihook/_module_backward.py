@@ -929,15 +929,17 @@ def walk_tensors(
 ) -> list[tuple[str, Any]]:
     """The tensors (`is_tensor`) among `todo`'s values (`(name, value, level)`) and inside
     their containers and objects (`items_of(value, most)`), down to `levels`, each with its
-    name. Level by level, reading at most `budget` values: each container of a level gets a
-    fair share of what is left (the smaller ones all they hold), so a large one (a list of
-    token ids, a vocabulary) does not use up what the others get looked at. No code of the
-    values runs (a raising `__class__` is taken for not a tensor)."""
+    name. Level by level, reading at most `budget` values (and a level's values once more):
+    each container of a level gets a fair share of what is left (the smaller ones all they
+    hold), so a large one (a list of token ids, a vocabulary) does not use up what the others
+    get looked at. No code of the values runs (a raising `__class__` is taken for not a
+    tensor)."""
     found: list[tuple[str, Any]] = []
     level = list(todo)
     left = budget
     while level:
         containers = []
+        cap = left // len(level) + 1  # (what each may read before the shares: bounded work)
         for name, value, depth in level:
             kind = type(value)
             if kind in _SCALAR_TYPES or kind in _PROXIES:
@@ -949,7 +951,7 @@ def walk_tensors(
             if tensor:
                 found.append((name, value))
             elif depth < levels:
-                items = list(islice(items_of(value, most), left + 1)) if left else []
+                items = list(islice(items_of(value, most), cap)) if left else []
                 if items:
                     containers.append((len(items), name, items, depth))
         containers.sort(key=lambda c: c[0])
