@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import collections
 import collections.abc
+import contextlib
 import dataclasses
 import gc
 import sys
 import tracemalloc
 import types
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -63,21 +64,46 @@ def _register(kind: str, module: Any, backend: str = "torch") -> unihook.Handle:
     return unihook.register_module_full_backward_hook(lambda m, gi, go: None, backend=backend)
 
 
-def _grad(program: Callable[[Any, str | None], None], kind: str | None) -> Any:
-    x = torch.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
+def _x() -> Any:
+    return torch.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
+
+
+def _grad(
+    program: Callable[[Any, str | None], None], kind: str | None, x: Callable[[], Any] = _x
+) -> Any:
+    leaf = x()
     try:
-        program(x, kind)
+        program(leaf, kind)
     except unihook.InPlaceError:
         return "refused"  # (allowed by the rule)
-    return x.grad
+    return leaf.grad
 
 
-def _check(program: Callable[[Any, str | None], None], kind: str) -> None:
-    expected = _grad(program, None)
-    got = _grad(program, kind)
+def _check(
+    program: Callable[[Any, str | None], None],
+    kind: str,
+    x: Callable[[], Any] = _x,
+    refusable: bool = True,
+) -> None:
+    """`program(x, kind)` hooked by `kind` gives x.grad as without hooks (`kind` None), or
+    `InPlaceError` where `refusable`."""
+    expected = _grad(program, None, x)
+    got = _grad(program, kind, x)
     if isinstance(got, str):
+        assert refusable, "refused, with nothing kept used after an in-place op"
         return
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@contextlib.contextmanager
+def _hooked(kind: str | None, module: Any) -> Iterator[None]:
+    """`module` hooked by `kind` (none for None) for the block."""
+    handle = _register(kind, module) if kind else None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.remove()
 
 
 def _check_kept_input(
@@ -615,38 +641,24 @@ def test_a_kept_input_in_a_container_or_as_a_view_is_exact_without_the_callers_i
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
-def _grad_after(
-    make: Callable[[], Any], read: Callable[[Any], Any], kind: str | None, op: str
-) -> Any:
-    """x.grad of `h = x * 2; out = m(h); <op on h>; loss(read(m)) + loss(out)`."""
-    x = torch.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
-    m = make()
-    handle = _register(kind, m) if kind else None
-    try:
-        h = x * 2
-        out = m(h)
-        if op == "relu_":
-            h.relu_()
-        elif op == "mul_":
-            h.mul_(3)
-        kept = read(m).reshape(-1)
-        ((kept * W8[: kept.numel()]).sum() + (out * W).sum()).backward()
-    except unihook.InPlaceError:
-        return "refused"
-    finally:
-        if handle is not None:
-            handle.remove()
-    return x.grad
-
-
 def _check_after(
     make: Callable[[], Any], read: Callable[[Any], Any], kind: str, op: str = "relu_"
 ) -> None:
-    expected = _grad_after(make, read, None, op)
-    got = _grad_after(make, read, kind, op)
-    if isinstance(got, str):
-        return
-    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    """`_check` of `h = x * 2; out = m(h); <op on h>; loss(read(m)) + loss(out)`."""
+
+    def program(x: Any, kind: str | None) -> None:
+        m = make()
+        with _hooked(kind, m):
+            h = x * 2
+            out = m(h)
+            if op == "relu_":
+                h.relu_()
+            elif op == "mul_":
+                h.mul_(3)
+            kept = read(m).reshape(-1)
+            ((kept * W8[: kept.numel()]).sum() + (out * W).sum()).backward()
+
+    _check(program, kind, refusable=op != "none")
 
 
 def _module(keep: Callable[[Any, Any], None], init: Callable[[Any], None] = lambda s: None) -> type:
@@ -820,26 +832,16 @@ def test_a_hooked_torch_container_whose_child_keeps_its_input(holder: str) -> No
             self.k = h if holder == "attr" else [h]
             return h * 3
 
-    def grad(hooked: bool) -> Any:
-        x = torch.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
+    def program(x: Any, kind: str | None) -> None:
         seq = torch.nn.Sequential(Keeps(), torch.nn.Identity())
-        handle = unihook.register_full_backward_hook(seq, lambda *a: None) if hooked else None
-        try:
+        with _hooked(kind, seq):
             h = x * 2
             out = seq(h)
             h.relu_()
             kept = seq[0].k if holder == "attr" else seq[0].k[0]
             ((kept * W).sum() + (out * W).sum()).backward()
-        except unihook.InPlaceError:
-            return "refused"
-        finally:
-            if handle is not None:
-                handle.remove()
-        return x.grad
 
-    got = grad(True)
-    if not isinstance(got, str):
-        torch.testing.assert_close(got, grad(False), rtol=0, atol=0)
+    _check(program, "full_backward")
 
 
 @pytest.mark.xfail(strict=True, reason="known limit: README, Left on torch")
@@ -858,31 +860,24 @@ def test_a_kept_input_a_forward_pre_hook_made_as_a_view_limit(kind: str, pre: st
             self.k = h
             return h * 3
 
-    def grad(hooked: bool) -> Any:
-        x = torch.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
+    def program(x: Any, hooked: str | None) -> None:
         m = Keeps()
-        handles = []
-        if pre == "native":
-            handles.append(m.register_forward_pre_hook(lambda mod, a: (a[0].reshape(4),)))
-        else:
-            handles.append(unihook.register_forward_pre_hook(m, lambda mod, a: (a[0].reshape(4),)))
-        if hooked:
-            handles.append(_register(kind, m))
+        register = m.register_forward_pre_hook if pre == "native" else None
+        pre_hook = (
+            register(lambda mod, a: (a[0].reshape(4),))
+            if register is not None
+            else unihook.register_forward_pre_hook(m, lambda mod, a: (a[0].reshape(4),))
+        )
         try:
-            h = x * 2
-            out = m(h)
-            h.relu_()
-            ((m.k * W).sum() + (out * W).sum()).backward()
-        except unihook.InPlaceError:
-            return "refused"
+            with _hooked(hooked, m):
+                h = x * 2
+                out = m(h)
+                h.relu_()
+                ((m.k * W).sum() + (out * W).sum()).backward()
         finally:
-            for handle in handles:
-                handle.remove()
-        return x.grad
+            pre_hook.remove()
 
-    got = grad(True)
-    if not isinstance(got, str):
-        torch.testing.assert_close(got, grad(False), rtol=0, atol=0)
+    _check(program, kind)
 
 
 @pytest.mark.parametrize("kind", ALIAS_KINDS)
@@ -898,25 +893,15 @@ def test_hundreds_of_kept_views_are_all_watched(kind: str) -> None:
             self.steps = [h[i] for i in range(h.shape[0])]
             return h * 3
 
-    def grad(kind: str | None) -> Any:
-        x = torch.linspace(-1, 1, 1200).reshape(600, 2).requires_grad_()
+    def program(x: Any, kind: str | None) -> None:
         m = Steps()
-        handle = _register(kind, m) if kind else None
-        try:
+        with _hooked(kind, m):
             h = x * 2
             m(h)
             h.relu_()
             (m.steps[0] * torch.tensor([3.0, 5.0])).sum().backward()
-        except unihook.InPlaceError:
-            return "refused"
-        finally:
-            if handle is not None:
-                handle.remove()
-        return x.grad
 
-    got = grad(kind)
-    if not isinstance(got, str):
-        torch.testing.assert_close(got, grad(None), rtol=0, atol=0)
+    _check(program, kind, lambda: torch.linspace(-1, 1, 1200).reshape(600, 2).requires_grad_())
 
 
 # helper-48's generated cases that held on 861808f
@@ -954,13 +939,7 @@ def test_kept_views_in_containers_exact_or_refused(
 ) -> None:
     """the shapes 861808f covers: exact or refused after the caller's op, exact without."""
     store, read = _HOLDERS[holder]
-    make = _module(lambda s, h: store(s, _VIEWS[view](h)))
-    expected = _grad_after(make, read, None, op)
-    got = _grad_after(make, read, kind, op)
-    if op == "none":
-        assert not isinstance(got, str)
-    if not isinstance(got, str):
-        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    _check_after(_module(lambda s, h: store(s, _VIEWS[view](h))), read, kind, op)
 
 
 @pytest.mark.parametrize("view", list(_VIEWS))
@@ -993,31 +972,18 @@ def test_a_kept_view_unused_after_the_callers_inplace_op_is_never_refused(
 # helper-49's attack on 901c0f2 (each failed there, but the guards)
 
 
-def _grad_kept_only(make: Callable[[], Any], read: Callable[[Any], Any], kind: str | None) -> Any:
-    """`h = x * 2; m(h); h.relu_()`, then a loss on what `read(m)` gives back."""
-    x = torch.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
-    m = make()
-    handle = _register(kind, m) if kind else None
-    try:
-        h = x * 2
-        out = m(h)  # noqa: F841  (the caller holds the output: autograd's saved alias lives)
-        h.relu_()
-        kept = read(m)
-        (kept * W).sum().backward()
-    except unihook.InPlaceError:
-        return "refused"
-    finally:
-        if handle is not None:
-            handle.remove()
-    return x.grad
-
-
 def _check_kept_only(make: Callable[[], Any], read: Callable[[Any], Any], kind: str) -> None:
-    expected = _grad_kept_only(make, read, None)
-    got = _grad_kept_only(make, read, kind)
-    if isinstance(got, str):
-        return
-    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    """`_check` of `h = x * 2; m(h); h.relu_()`, then a loss on what `read(m)` gives back."""
+
+    def program(x: Any, kind: str | None) -> None:
+        m = make()
+        with _hooked(kind, m):
+            h = x * 2
+            out = m(h)  # noqa: F841  (the caller holds the output: autograd's saved alias lives)
+            h.relu_()
+            (read(m) * W).sum().backward()
+
+    _check(program, kind)
 
 
 # -- silent wrong gradients ---------------------------------------------------------------
