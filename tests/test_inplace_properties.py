@@ -528,11 +528,11 @@ def test_paddle_nested_identity_residual_limit() -> None:
     assert same(run_paddle(twin, x, w, hooks(placements, [], native=False)), pbase)
 
 
-@pytest.mark.xfail(strict=True, reason="known limit: README, In-place guarantee (On paddle)")
 @pytest.mark.parametrize("how", ["attribute", "list"])
-def test_paddle_kept_input_alias_limit(how: str) -> None:
+def test_paddle_kept_input_alias_read_after_the_callers_inplace_op_raises(how: str) -> None:
     """A layer keeping the alias its forward got (`self.inp = h`, `self.refs = [h]`), read
-    after the caller's `relu_(h)`: x.grad [1, 2, 3, 4] for [0, 2, 0, 4] (torch raises)."""
+    after the caller's `relu_(h)`: x.grad [1, 2, 3, 4] for [0, 2, 0, 4] until 2026-11-30;
+    `InPlaceError` now, as torch's own hook raises."""
     paddle = pytest.importorskip("paddle")
 
     class Keeps(paddle.nn.Layer):
@@ -552,7 +552,9 @@ def test_paddle_kept_input_alias_limit(how: str) -> None:
         (kept * paddle.to_tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
         return x.grad.tolist()
 
-    assert grad(True) == grad(False) == [0.0, 2.0, 0.0, 4.0]
+    assert grad(False) == [0.0, 2.0, 0.0, 4.0]
+    with pytest.raises(unihook.InPlaceError, match="kept the input its forward got"):
+        grad(True)
 
 
 @SETTINGS

@@ -19,7 +19,7 @@ from collections import deque
 from functools import partial
 from itertools import count, islice
 from types import CodeType, FrameType, FunctionType, MappingProxyType
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Protocol, Sequence
 
 from ._checks import check_grad, check_grad_tuple
 from ._describe import Site
@@ -172,7 +172,8 @@ class ModuleBackward:
         # keeps as attributes); `overlaps(a, b)`, whether two tensors
         # share memory (see `_refuse_shared_inputs`)
         self.watch: Callable[..., Any] | None = getattr(autograd, "watch", None)
-        # optional: `watch_inputs(args, tensor_idx, originals, module, site, *, replaced)`,
+        # optional: `watch_inputs(args, tensor_idx, originals, module, site, *, replaced,
+        # returned)`,
         # after forward,
         # for the input side's aliases forward got (`args[tensor_idx]`; `originals`: the
         # caller's tensors), which the module may keep
@@ -544,7 +545,7 @@ class ModuleBackward:
         if not is_tuple and not ag.is_tensor(output):
             _warn_not_tensors(output)
             self._rebase_inputs(call, args, originals, {})
-            self._watch_inputs(call, args, originals, module, args_replaced)
+            self._watch_inputs(call, args, originals, module, args_replaced, ())
             return None
         items = output if is_tuple else (output,)
         idx, tensors, need_grad = _tensors_in(items, ag)
@@ -578,7 +579,7 @@ class ModuleBackward:
                     )
                     break
         self._rebase_inputs(call, args, originals, returned)
-        self._watch_inputs(call, args, originals, module, args_replaced)
+        self._watch_inputs(call, args, originals, module, args_replaced, returned)
         self._guard_leaves(call, items, replaced, originals)
         if self.watch is not None and aliases:
             # an output that is, without hooks, a tensor that exists apart from the call (an
@@ -613,15 +614,24 @@ class ModuleBackward:
         originals: list[Any],
         module: Any,
         replaced: bool,
+        returned: Collection[int],
     ) -> None:
         """The aliases forward got, which the module may keep (`self.inp = h`): the backend
         lets the caller's in-place op on its tensor after the call reach their use (after
         `_rebase_inputs`: the caller's tensors have forward's in-place ops by then).
         `replaced`: the framework replaced the args after the pre-hooks (torch's own
-        BackwardHook, for its backward hooks registered when the call started)."""
+        BackwardHook, for its backward hooks registered when the call started); `returned`:
+        the positions in `tensor_idx` of the aliases forward returned (held by the output
+        too, whose references a count would take for the module's)."""
         if self.watch_inputs is not None and call.input_idx is not None:
             self.watch_inputs(
-                args, call.tensor_idx, originals, module, call.site, replaced=replaced
+                args,
+                call.tensor_idx,
+                originals,
+                module,
+                call.site,
+                replaced=replaced,
+                returned=returned,
             )
 
     def _returned(self, call: _Call, k: int, arg: Any, new: Any, original: Any) -> Any:

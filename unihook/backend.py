@@ -46,6 +46,7 @@ from ._checks import (
 )
 from ._describe import Site, type_name
 from ._imports import cancel_when_imported, install_when_imported, when_imported
+from ._kept_inputs import check_kept_input, kept_inputs
 from ._locks import RegistryLock, undo_if_unfinished
 from ._module_backward import (
     Autograd,
@@ -75,6 +76,7 @@ __all__ = [
     "cancel_when_imported",
     "check_grad",
     "check_grad_like",
+    "check_kept_input",
     "check_pre_kwargs_result",
     "checked_kwargs_pre_hook",
     "global_label",
@@ -82,6 +84,7 @@ __all__ = [
     "held_tensors",
     "install_when_imported",
     "items_of",
+    "kept_inputs",
     "kwargs_post_hook",
     "map_dataclass",
     "pin",

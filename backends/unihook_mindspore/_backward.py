@@ -47,7 +47,7 @@ from __future__ import annotations
 import threading
 import weakref
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import mindspore
 from mindspore._c_expression import _unsafe_set_version_counter as _set_versions
@@ -62,6 +62,8 @@ from unihook.backend import (
     Site,
     add_global_backward_hook,
     check_grad_like,
+    check_kept_input,
+    kept_inputs,
     register_backward_hook,
 )
 from unihook.errors import InPlaceError
@@ -745,6 +747,22 @@ class _Guard(_Function):
         return grad
 
 
+def _quiet_rebase(original: Any, alias: Any) -> Any:
+    """`rebase` that leaves `original`'s version counter where it was: no in-place op changed
+    it (`watch_inputs`), and the ops that saved it check the counter (a bumped one raised
+    MindSpore's "modified by an inplace operation" at a correct program)."""
+    version = MindSporeAutograd.version(original)
+    MindSporeAutograd.rebase(original, alias)
+    _set_versions([original], [version])
+    return original
+
+
+def _node_id(tensor: Any) -> object:
+    _pynative_executor.sync()  # (an in-place op gives it its node in the pipeline)
+    node = tensor._grad_node
+    return None if node is None else node._unique_id()
+
+
 def _memory_key(tensor: Any) -> int | None:
     # the storage: MindSpore refuses an in-place op on a leaf and on any view of it
     if not tensor.size:
@@ -1012,6 +1030,37 @@ class MindSporeAutograd(Autograd):
                     seen[key] = k
         if reaches:
             _on_reach(ctx, reaches)
+
+    @staticmethod
+    def watch_inputs(
+        args: Sequence[Any],
+        tensor_idx: Sequence[int],
+        originals: Sequence[Any],
+        module: Any,
+        site: Site,
+        *,
+        replaced: bool = False,
+        returned: Collection[int] = (),
+    ) -> None:
+        # (`replaced` is torch's: MindSpore has no backward hooks that replace the args)
+        if type(module).__module__.startswith(MindSporeAutograd.own_modules):
+            return  # (MindSpore's own cells keep no input)
+        for alias, original in kept_inputs(
+            args, tensor_idx, originals, returned, MindSporeAutograd.requires_grad
+        ):
+            check_kept_input(
+                alias,
+                original,
+                site,
+                identity=MindSporeAutograd.identity,
+                rebase=_quiet_rebase,
+                node_of=_node_id,
+                version=MindSporeAutograd.version,
+                # (none: a tensor sharing the counter, `Tensor(x)`, shares x's autograd data,
+                # whose history could reach the check: a cycle through C++)
+                counter_of=None,
+                caller_side=MindSporeAutograd.leaf_of(original) is None,
+            )
 
     @staticmethod
     def version(tensor: Any) -> int:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import weakref
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import paddle
 from paddle import _C_ops
@@ -59,6 +59,8 @@ from unihook.backend import (
     Site,
     add_global_backward_hook,
     check_grad_like,
+    check_kept_input,
+    kept_inputs,
     register_backward_hook,
     show_value,
 )
@@ -79,6 +81,7 @@ _view_shape = _C_ops.view_shape
 _Tensor: Any = paddle.Tensor  # (its private methods are not in paddle's stubs)
 # `inplace_version` is a Python property over this C method
 _inplace_version = _Tensor._inplace_version
+_detach = _Tensor.detach
 
 
 def _alias(x: Any) -> Any:
@@ -449,6 +452,35 @@ class PaddleAutograd(Autograd):
             return grads  # (the same list: no copies)
 
         return PaddleAutograd.identity([tensor], check, False, site)[0]
+
+    @staticmethod
+    def watch_inputs(
+        args: Sequence[Any],
+        tensor_idx: Sequence[int],
+        originals: Sequence[Any],
+        module: Any,
+        site: Site,
+        *,
+        replaced: bool = False,
+        returned: Collection[int] = (),
+    ) -> None:
+        # (`replaced` is torch's: paddle has no backward hooks of its own)
+        if type(module).__module__.startswith(PaddleAutograd.own_modules):
+            return  # (paddle's own layers keep no input)
+        for alias, original in kept_inputs(
+            args, tensor_idx, originals, returned, PaddleAutograd.requires_grad
+        ):
+            check_kept_input(
+                alias,
+                original,
+                site,
+                identity=PaddleAutograd.identity,
+                rebase=PaddleAutograd.rebase,  # (its counter stays: see there)
+                node_of=guard.node_ptr,
+                version=_inplace_version,
+                counter_of=_detach,  # (a detached alias shares the counter, not the history)
+                caller_side=not original.is_leaf,  # (paddle refuses in-place ops on a leaf)
+            )
 
     @staticmethod
     def overlaps(a: Any, b: Any) -> bool:

@@ -28,7 +28,7 @@ import threading
 import weakref
 from functools import partial
 from types import CodeType, FrameType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import torch
 
@@ -613,6 +613,7 @@ def watch_inputs(
     site: Site,
     *,
     replaced: bool = False,
+    returned: Collection[int] = (),
 ) -> None:
     """A module that keeps what forward got (`self.inp = h`, `self._cache = [h]`, `self.head =
     h[:2]`, a submodule's `self.sub.kept = h`) keeps unihook's alias of the caller's tensor (or
@@ -624,7 +625,8 @@ def watch_inputs(
     The alias itself is told kept wherever it is held (the module, a submodule, a closure, a
     global) by its reference count: above the frames' (`_FREE_INPUT`) and torch's own for a
     C++ reference (autograd saving it, a view of it: `_cpp_held`). Views of it are looked for
-    in the module (`_held_in`): not in a submodule, a closure or a global (README)."""
+    in the module (`_held_in`): not in a submodule, a closure or a global (README). An alias
+    forward returned (`returned`) is watched too: its state costs little here."""
     if not _COUNTS_MEASURED or (
         type(module).__module__.startswith("torch.nn.") and not module._modules
     ):

@@ -513,6 +513,53 @@ def test_inplace_on_an_argument_the_module_holds_raises(
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("in_a_list", [False, True], ids=["attribute", "in_a_list"])
+@pytest.mark.parametrize("changed", ["callers", "kept"])
+def test_input_the_module_kept_then_one_side_changed_in_place(
+    backend: Any, kind: str, in_a_list: bool, changed: str
+) -> None:
+    """The module keeps the input forward got (`self.kept = h`, `[h]`); after the call one
+    side is changed in place (the caller's tensor, or the kept one, by an in-place ReLU) and
+    the other is read. Without hooks they are one tensor, which has the change; with backward
+    hooks the module got an alias: the gradients without hooks, or `InPlaceError` (torch's
+    own hook raises at such a use; paddle cannot carry the change). Pre-hooks alone: exact."""
+
+    def forward(self: Any, h: Any) -> Any:
+        self.kept = [h] if in_a_list else h
+        return h * 2
+
+    def grads(hooked: bool) -> Any:
+        m = backend.module(forward)
+        act = backend.relu_module(inplace=True)
+        handle = _hook(kind, m, []) if hooked else None
+        try:
+            x = backend.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
+            h = x * 1
+            out = m(h)
+            kept = m.kept[0] if in_a_list else m.kept
+            changed_one, read = (h, kept) if changed == "callers" else (kept, h)
+            act(changed_one)
+            weights = backend.tensor([1.0, 2.0, 3.0, 4.0])
+            backend.backward(unihook.ops.sum(read * weights + out))
+            return backend.grad(x)
+        except Exception as error:  # noqa: BLE001 - compared below
+            return error
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    native = grads(False)
+    assert not isinstance(native, Exception), native
+    np.testing.assert_array_equal(native, [2.0, 4.0, 2.0, 6.0])  # the ReLU's mask read
+    got = grads(True)
+    if kind == "full_backward_pre" or not isinstance(got, unihook.InPlaceError):
+        assert not isinstance(got, Exception), got
+        np.testing.assert_array_equal(got, native)
+    else:
+        assert f"[backend {backend.name}]" in str(got) and "in place" in str(got), got
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("read_again", [False, True], ids=["once", "read_again"])
 def test_inplace_on_one_of_disjoint_views(backend: Any, kind: str, read_again: bool) -> None:
     """Two views of one tensor that do not overlap (q and k of a split), forward changes one
