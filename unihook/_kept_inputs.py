@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Any, Callable, Collection, Iterator, Sequence
+from typing import Any, Callable, Collection, Hashable, Iterator, Sequence
 
 from ._describe import Site
+from ._module_backward import held_tensors
 from .errors import InPlaceError
 
 __all__ = ["check_kept_input", "kept_inputs"]
@@ -33,18 +34,27 @@ def kept_inputs(
     tensor_idx: Sequence[int],
     originals: Sequence[Any],
     returned: Collection[int],
-    requires_grad: Callable[[Any], bool],
+    module: Any,
+    autograd: Any,
 ) -> Iterator[tuple[Any, Any]]:
     """(alias, the caller's tensor) for each input alias something holds after forward (an
     attribute, a container, a closure, a submodule, a weak reference): a reference beyond the
-    frames'. Not those forward returned (`returned`: the output's references count too)."""
+    frames'. One forward returned (`returned`), whose count the output's references raise, is
+    looked for among the module's attributes and containers instead (`held_tensors`).
+    `autograd`: the backend's (`requires_grad`, `is_tensor`)."""
     if not _COUNTS_MEASURED:
         return
+    held: set[int] | None = None
     for k, i in enumerate(tensor_idx):
         alias, original = args[i], originals[k]
-        if original is None or alias is original or k in returned or not requires_grad(alias):
+        if original is None or alias is original or not autograd.requires_grad(alias):
             continue
-        if sys.getrefcount(alias) > _FREE_INPUT or weakref.getweakrefcount(alias):
+        if k in returned:
+            if held is None:
+                held = {id(t) for _, t in held_tensors(module, autograd.is_tensor)}
+            if id(alias) in held:
+                yield alias, original
+        elif sys.getrefcount(alias) > _FREE_INPUT or weakref.getweakrefcount(alias):
             yield alias, original
 
 
@@ -55,7 +65,7 @@ def check_kept_input(
     *,
     identity: Callable[..., Sequence[Any]],
     rebase: Callable[[Any, Any], Any],
-    node_of: Callable[[Any], object],
+    node_of: Callable[[Any], Hashable],
     version: Callable[[Any], int],
     counter_of: Callable[[Any], Any] | None,
     caller_side: bool,
@@ -66,55 +76,115 @@ def check_kept_input(
     (`identity`, then `rebase`, which must leave the version counter as it was); the values,
     memory and counter stay its own.
 
-    `node_of(t)`: what identifies `t`'s grad node (an in-place op on `t` gives it another).
-    `counter_of(t)`: a tensor sharing `t`'s version counter but not its history (no cycle), read
-    by `version`; with it a check raises only once the counter moved, and where the other side
-    is gone (what changed it cannot be told) only for the alias's check. None: the framework
-    has none; then a gone caller's tensor is refused."""
-    checks = [(alias, _Unchanged(original, True, _kept_read(site), node_of, version, counter_of))]
+    `node_of(t)`: what identifies `t`'s grad node (an in-place op on `t` gives it another; so
+    do these checks, which `_Unchanged` tells apart). `counter_of(t)`: a tensor sharing `t`'s
+    version counter but not its history (no cycle), read by `version`: with it a check raises
+    only once the counter moved, and, the caller's tensor gone, when the kept one's own node
+    did not move (the counter moved through another); None, where the framework has none: a
+    gone caller's tensor is then not refused (nothing tells what changed it)."""
+    checks = [
+        (alias, _Unchanged(original, alias, True, _kept_read(site), node_of, version, counter_of))
+    ]
     if caller_side:
         checks.append(
-            (original, _Unchanged(alias, False, _caller_read(site), node_of, version, counter_of))
+            (
+                original,
+                _Unchanged(
+                    alias, original, False, _caller_read(site), node_of, version, counter_of
+                ),
+            )
         )
     for user, check in checks:
+        before = node_of(user)
         rebase(user, identity([user], check, False, site)[0])
+        _ours(node_of(user), before, check)
     for _, check in checks:
         check.settle()
 
 
-class _Unchanged:
-    """The backward check of one side: whether `other` was changed in place since `settle`."""
+# A grad node these checks gave a tensor -> the node it had: a tensor taking a check again (the
+# same one given twice, to two modules keeping it) has not changed for the checks before. An
+# entry lives as long as the check that made it (the node's own life, about).
+_rebased: dict[Hashable, Hashable] = {}
 
-    __slots__ = ("other", "counter", "version", "node", "gone_changed", "error", "node_of", "read")
+
+def _ours(new: Hashable, old: Hashable, check: _Unchanged) -> None:
+    if new is not None and new != old:
+        _rebased[new] = old
+        weakref.finalize(check, _rebased.pop, new, None)
+
+
+def _same_node(now: Hashable, then: Hashable) -> bool:
+    """Whether grad node `now` is `then`, or one only these checks put above it."""
+    seen = 0
+    while now != then:
+        now = _rebased.get(now)
+        seen += 1
+        if now is None or seen > 64:
+            return False
+    return True
+
+
+class _Unchanged:
+    """The backward check of one side (`user`, whose history it is in): whether `other` was
+    changed in place since `settle`."""
+
+    __slots__ = (
+        "other",
+        "user",
+        "counter",
+        "version",
+        "node",
+        "user_node",
+        "gone_changed",
+        "error",
+        "node_of",
+        "read",
+        "__weakref__",
+    )
 
     def __init__(
         self,
         other: Any,
+        user: Any,
         gone_changed: bool,
         error: Callable[[], InPlaceError],
-        node_of: Callable[[Any], object],
+        node_of: Callable[[Any], Hashable],
         version: Callable[[Any], int],
         counter_of: Callable[[Any], Any] | None,
     ) -> None:
-        self.other = weakref.ref(other)
+        self.other, self.user = weakref.ref(other), weakref.ref(user)
         self.counter = None if counter_of is None else counter_of(other)
         self.gone_changed = gone_changed
         self.error = error
         self.node_of, self.read = node_of, version
         self.version: int | None = None
-        self.node: object = None
+        self.node: Hashable = None
+        self.user_node: Hashable = None
 
     def settle(self) -> None:
         """From now on: once both sides took their checks (a rebase moves a grad node)."""
         if self.counter is not None:
             self.version = self.read(self.counter)
         self.node = self.node_of(self.other())
+        self.user_node = self.node_of(self.user())
 
     def __call__(self, grads: Grads) -> Grads:
         if self.counter is not None and self.read(self.counter) == self.version:
             return grads  # (the same list: no copies)
         other = self.other()
-        if self.gone_changed if other is None else self.node_of(other) != self.node:
+        if other is not None:
+            changed = not _same_node(self.node_of(other), self.node)
+        else:
+            # gone: refused only where the counter moved, and not through `user` itself
+            user = self.user()
+            changed = (
+                self.gone_changed
+                and self.counter is not None
+                and user is not None
+                and _same_node(self.node_of(user), self.user_node)
+            )
+        if changed:
             raise self.error()
         return grads
 

@@ -78,6 +78,7 @@ from ._static import EagerUnderSOT
 Grads = Sequence[Any]
 
 _view_shape = _C_ops.view_shape
+_assign_out = _C_ops.assign_out_
 _Tensor: Any = paddle.Tensor  # (its private methods are not in paddle's stubs)
 # `inplace_version` is a Python property over this C method
 _inplace_version = _Tensor._inplace_version
@@ -334,19 +335,6 @@ def _check_slot(result: Any, shape: Any, dtype: Any, node: _Node) -> None:
     check_grad_like(result, tuple(shape), dtype, "paddle.Tensor", _is_tensor, site)
 
 
-class _Rebase(PyLayer):
-    """`original` takes `alias`'s history: a PyLayer that returns its input is paddle's
-    in-place form; no data moves (they share memory) and the gradient goes to `alias`."""
-
-    @staticmethod
-    def forward(ctx: Any, original: Any, alias: Any) -> Any:  # type: ignore[override]
-        return original
-
-    @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
-        return None, grad
-
-
 class _Bypass:
     """`on_backward` for an identity that only some of the tensors go through: the others get
     zeros (`materialize`) or None, and only the live ones' results go back."""
@@ -468,7 +456,7 @@ class PaddleAutograd(Autograd):
         if type(module).__module__.startswith(PaddleAutograd.own_modules):
             return  # (paddle's own layers keep no input)
         for alias, original in kept_inputs(
-            args, tensor_idx, originals, returned, PaddleAutograd.requires_grad
+            args, tensor_idx, originals, returned, module, PaddleAutograd
         ):
             check_kept_input(
                 alias,
@@ -537,7 +525,11 @@ class PaddleAutograd(Autograd):
         alias._share_buffer_to(fresh)
         original._set_impl(fresh)
         try:
-            _Rebase.apply(original, alias)
+            # paddle's own in-place copy: the gradient goes to `alias`, and the copy is
+            # skipped (the same memory). A PyLayer here segfaulted at a second
+            # Tensor.backward through `original` (trap 7), which a native node refuses or,
+            # with retain_graph, runs.
+            _assign_out(alias, original)
         finally:
             # a shape forward changed in place (`squeeze_`) stays: `original` then keeps a
             # counter of its own (paddle cannot reshape in place without bumping one)
