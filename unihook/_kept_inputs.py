@@ -18,7 +18,7 @@ from ._describe import Site
 from ._module_backward import held_tensors
 from .errors import InPlaceError
 
-__all__ = ["check_kept_input", "kept_inputs"]
+__all__ = ["check_kept_input", "check_returned_input", "kept_inputs"]
 
 Grads = Sequence[Any]
 
@@ -100,6 +100,27 @@ def check_kept_input(
         _ours(node_of(user), before, check)
     for _, check in checks:
         check.settle()
+
+
+def check_returned_input(
+    output: Any,
+    original: Any,
+    site: Site,
+    *,
+    node_of: Callable[[Any], Hashable],
+    version: Callable[[Any], int],
+    counter_of: Callable[[Any], Any] | None,
+) -> Callable[[Grads], Grads]:
+    """The check for the backward of an output that is, without hooks, the caller's tensor
+    `original` (forward returned its input unchanged: an identity, eval-mode Dropout): it
+    raises when `original` was changed in place since, as `check_kept_input`'s for a kept
+    alias. The backend runs it where the gradients of the output's uses arrive (its output
+    identity: they are all after the call) and the output's slot has one. (The other way, the
+    caller's tensor read after an in-place op on the output, is not checked: that op's own
+    read of the caller's tensor, `out += x` in a residual, would be refused.)"""
+    check = _Unchanged(original, output, True, _output_read(site), node_of, version, counter_of)
+    check.settle()
+    return check
 
 
 # A grad node these checks gave a tensor -> the node it had: a tensor taking a check again (the
@@ -207,4 +228,15 @@ def _caller_read(site: Site) -> Callable[[], InPlaceError]:
         "tensor was then used. Without hooks the two are one tensor, which has the change; "
         "with backward hooks the kept one is an alias whose change cannot reach the caller's "
         "history on this framework. Keep a copy (`self.inp = h.clone()`), or change a copy"
+    )
+
+
+def _output_read(site: Site) -> Callable[[], InPlaceError]:
+    return lambda: InPlaceError(
+        f"{site}: the module returned its input unchanged (an identity, an eval-mode "
+        "Dropout), the caller changed its own tensor in place after the call, and the output "
+        "was then used. Without hooks the two are one tensor, which has the change; with "
+        "backward hooks the output is an alias whose history cannot take it on this "
+        "framework (torch's own backward hook raises here too). Use the output, not the "
+        "input, after the call, or pass a copy (`module(x.clone())`)"
     )

@@ -46,7 +46,7 @@ from ._checks import (
 )
 from ._describe import Site, type_name
 from ._imports import cancel_when_imported, install_when_imported, when_imported
-from ._kept_inputs import check_kept_input, kept_inputs
+from ._kept_inputs import check_kept_input, check_returned_input, kept_inputs
 from ._locks import RegistryLock, undo_if_unfinished
 from ._module_backward import (
     Autograd,
@@ -77,6 +77,7 @@ __all__ = [
     "check_grad",
     "check_grad_like",
     "check_kept_input",
+    "check_returned_input",
     "check_pre_kwargs_result",
     "checked_kwargs_pre_hook",
     "global_label",

@@ -60,6 +60,7 @@ from unihook.backend import (
     add_global_backward_hook,
     check_grad_like,
     check_kept_input,
+    check_returned_input,
     kept_inputs,
     register_backward_hook,
     show_value,
@@ -322,9 +323,27 @@ def _values(results: Grads) -> int:
 
 
 class _Aliases(list):  # type: ignore[type-arg]
-    """What `identity` returns: the tensors, and the node's node_ptr (`held_until`)."""
+    """What `identity` returns: the tensors, the node's node_ptr (`held_until`), the node
+    (`_Node`) and the positions of the tensors that went through it (`live`)."""
 
-    __slots__ = ("node",)
+    __slots__ = ("node", "owner", "live")
+
+
+class _Checked:
+    """An identity node's `on_backward` with checks before it, each run when the gradient of
+    its slot (among the node's live ones) is there."""
+
+    __slots__ = ("checks", "on_backward")
+
+    def __init__(self, on_backward: Callable[[Grads], Grads]) -> None:
+        self.checks: list[tuple[int, Callable[[Grads], Grads]]] = []
+        self.on_backward = on_backward
+
+    def __call__(self, grads: Grads) -> Grads:
+        for slot, check in self.checks:
+            if grads[slot] is not None:
+                check(grads)
+        return self.on_backward(grads)
 
 
 def _check_slot(result: Any, shape: Any, dtype: Any, node: _Node) -> None:
@@ -425,7 +444,7 @@ class PaddleAutograd(Autograd):
         else:
             guard.hold(node, identity=True, redirect=node.ptr)  # (trap 5, and as above)
             result[live[0]] = outs[0]
-        result.node = node.ptr
+        result.node, result.owner, result.live = node.ptr, node, live
         return result
 
     @staticmethod
@@ -469,6 +488,50 @@ class PaddleAutograd(Autograd):
                 counter_of=_detach,  # (a detached alias shares the counter, not the history)
                 caller_side=not original.is_leaf,  # (paddle refuses in-place ops on a leaf)
             )
+
+    @staticmethod
+    def watch(
+        replaced: list[Any],
+        aliases: Sequence[Any],
+        outputs: Sequence[Any],
+        idx: Sequence[int],
+        args: Sequence[Any],
+        tensor_idx: Sequence[int],
+        originals: Sequence[Any],
+        site: Site,
+        mark: object,
+        module: Any,
+        result: Any,
+    ) -> None:
+        # An input returned unchanged (an identity, eval-mode Dropout) reaches the caller as
+        # the output identity's alias, whose later uses would miss the caller's in-place op on
+        # its tensor: the output node checks it (`check_returned_input`), no node more.
+        node: _Node | None = getattr(aliases, "owner", None)
+        if node is None:
+            return
+        for p, j in enumerate(idx):
+            for k, i in enumerate(tensor_idx):
+                if outputs[j] is not args[i]:
+                    continue
+                original = originals[k]
+                if (
+                    original is not None
+                    and replaced[j] is not original  # (changed in forward: the caller's own)
+                    and p in aliases.live
+                    and not original.stop_gradient
+                ):
+                    if not isinstance(node.on_backward, _Checked):
+                        node.on_backward = _Checked(node.on_backward)
+                    check = check_returned_input(
+                        replaced[j],
+                        original,
+                        site,
+                        node_of=guard.node_ptr,
+                        version=_inplace_version,
+                        counter_of=_detach,
+                    )
+                    node.on_backward.checks.append((aliases.live.index(p), check))
+                break
 
     @staticmethod
     def overlaps(a: Any, b: Any) -> bool:

@@ -513,6 +513,42 @@ def test_inplace_on_an_argument_the_module_holds_raises(
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_input_returned_unchanged_then_the_callers_inplace_op(backend: Any, kind: str) -> None:
+    """An identity module (eval-mode Dropout), then an in-place op on the caller's tensor
+    (an in-place ReLU), then the output read: without hooks the output is the caller's
+    tensor, with the change; with backward hooks the gradients without hooks, or
+    `InPlaceError` (torch's own hook raises at such a use; paddle cannot carry the change)."""
+    ident = backend.module(lambda self, h: h)
+
+    def grads(hooked: bool) -> Any:
+        act = backend.relu_module(inplace=True)
+        handle = _hook(kind, ident, []) if hooked else None
+        try:
+            x = backend.tensor([-1.0, 2.0, -3.0, 4.0], requires_grad=True)
+            h = x * 1
+            out = ident(h)
+            act(h)
+            weights = backend.tensor([1.0, 2.0, 3.0, 4.0])
+            backend.backward(unihook.ops.sum(out * weights))
+            return backend.grad(x)
+        except Exception as error:  # noqa: BLE001 - compared below
+            return error
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    native = grads(False)
+    assert not isinstance(native, Exception), native
+    np.testing.assert_array_equal(native, [0.0, 2.0, 0.0, 4.0])  # the ReLU's mask read
+    got = grads(True)
+    if not isinstance(got, unihook.InPlaceError):
+        assert not isinstance(got, Exception), got
+        np.testing.assert_array_equal(got, native)
+    else:
+        assert f"[backend {backend.name}]" in str(got) and "in place" in str(got), got
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("in_a_list", [False, True], ids=["attribute", "in_a_list"])
 @pytest.mark.parametrize("changed", ["callers", "kept"])
 def test_input_the_module_kept_then_one_side_changed_in_place(
