@@ -69,6 +69,7 @@ def check_kept_input(
     version: Callable[[Any], int],
     counter_of: Callable[[Any], Any] | None,
     caller_side: bool,
+    leaf: bool = False,
 ) -> None:
     """Later uses of the kept `alias` run through a check that raises when the caller's tensor
     `original` was changed in place since; with `caller_side`, later uses of `original` through
@@ -81,11 +82,18 @@ def check_kept_input(
     version counter but not its history (no cycle), read by `version`: with it a check raises
     only once the counter moved, and, the caller's tensor gone, when the kept one's own node
     did not move (the counter moved through another); None, where the framework has none: a
-    gone caller's tensor is then not refused (nothing tells what changed it)."""
-    checks = [
-        (alias, _Unchanged(original, alias, True, _kept_read(site), node_of, version, counter_of))
-    ]
-    if caller_side:
+    gone caller's tensor is then not refused (nothing tells what changed it).
+
+    `leaf`: `original` is a leaf that requires grad, which no in-place op with a history may
+    change (the framework refuses it on the leaf): the alias's check raises when the alias
+    itself took one instead (the caller's leaf cannot, and has no side to check)."""
+    if leaf:
+        check = _Unchanged(alias, alias, False, _leaf_written(site), node_of, version, counter_of)
+        checks = [(alias, check)]
+    else:
+        check = _Unchanged(original, alias, True, _kept_read(site), node_of, version, counter_of)
+        checks = [(alias, check)]
+    if caller_side and not leaf:
         checks.append(
             (
                 original,
@@ -218,6 +226,16 @@ def _kept_read(site: Site) -> Callable[[], InPlaceError]:
         "kept one is an alias whose history cannot take it on this framework (torch's own "
         "backward hook raises here too). Keep a copy (`self.inp = h.clone()`), or change a "
         "copy of the tensor after the call"
+    )
+
+
+def _leaf_written(site: Site) -> Callable[[], InPlaceError]:
+    return lambda: InPlaceError(
+        f"{site}: the module kept the input its forward got (`self.inp = h`, in a list, a "
+        "closure), a leaf tensor that requires grad, and the kept tensor was changed in place "
+        "with a history, then used. Without hooks it is the leaf, on which the framework "
+        "refuses such an op; with backward hooks it is an alias, which took it (the leaf's "
+        "values changed). Change a copy (`self.inp = h.clone()`), or change it under no_grad"
     )
 
 

@@ -79,7 +79,6 @@ from ._static import EagerUnderSOT
 Grads = Sequence[Any]
 
 _view_shape = _C_ops.view_shape
-_assign_out = _C_ops.assign_out_
 _Tensor: Any = paddle.Tensor  # (its private methods are not in paddle's stubs)
 # `inplace_version` is a Python property over this C method
 _inplace_version = _Tensor._inplace_version
@@ -211,6 +210,8 @@ class _UnihookIdentity(PyLayer):  # (paddle names its node after it: see TRUST)
 
 
 _TENSOR_SITE = Site("tensor", NAME, "Tensor")
+# (what a second backward through a hooked call's input changed in place there names)
+_REBASE_SITE = Site("full_backward", NAME, "a module's input it changed in place")
 
 
 def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
@@ -354,6 +355,26 @@ def _check_slot(result: Any, shape: Any, dtype: Any, node: _Node) -> None:
     check_grad_like(result, tuple(shape), dtype, "paddle.Tensor", _is_tensor, site)
 
 
+class _Rebase(PyLayer):
+    """`original` takes `alias`'s history: a PyLayer that returns its input is paddle's
+    in-place form; no data moves (they share memory) and the gradient goes to `alias`. Its
+    `_Node` keeps it from trap 7 as an identity node's (a second Tensor.backward through
+    `original` segfaulted); a PyLayer, not paddle's own `assign_out_`, whose node has no
+    double grad (create_graph)."""
+
+    @staticmethod
+    def forward(ctx: Any, node: _Node, original: Any, alias: Any) -> Any:  # type: ignore[override]
+        ctx.node = weakref.ref(node)
+        return original
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+        node = ctx.node()
+        if node is not None:
+            node.ran()
+        return None, grad
+
+
 class _Bypass:
     """`on_backward` for an identity that only some of the tensors go through: the others get
     zeros (`materialize`) or None, and only the live ones' results go back."""
@@ -487,6 +508,7 @@ class PaddleAutograd(Autograd):
                 version=_inplace_version,
                 counter_of=_detach,  # (a detached alias shares the counter, not the history)
                 caller_side=not original.is_leaf,  # (paddle refuses in-place ops on a leaf)
+                leaf=original.is_leaf,  # (the kept alias is checked in its place)
             )
 
     @staticmethod
@@ -582,22 +604,26 @@ class PaddleAutograd(Autograd):
         # from `alias` (relu_'s output) would fail their check. So the node runs while
         # `original` stands on a tensor of its own (same memory, its own counter), then
         # `original` goes back to its own tensor, history kept (it lives outside the tensor).
-        own = paddle.Tensor()
-        own._set_impl(original)
+        # (`detach()`: the same tensor, history apart; `paddle.Tensor()` leaks a list per
+        # call in paddle 3.3.1)
+        own = original.detach()
         fresh = paddle.empty(alias.shape, alias.dtype)
-        alias._share_buffer_to(fresh)
+        # (nothing reads `fresh` while it stands in: any layout, a strided one too, which
+        # `_share_buffer_to` refuses)
+        alias._unsafe_share_buffer_to(fresh)
         original._set_impl(fresh)
+        node = _Node(_REBASE_SITE, 0)
         try:
-            # paddle's own in-place copy: the gradient goes to `alias`, and the copy is
-            # skipped (the same memory). A PyLayer here segfaulted at a second
-            # Tensor.backward through `original` (trap 7), which a native node refuses or,
-            # with retain_graph, runs.
-            _assign_out(alias, original)
+            _Rebase.apply(node, original, alias)
         finally:
-            # a shape forward changed in place (`squeeze_`) stays: `original` then keeps a
-            # counter of its own (paddle cannot reshape in place without bumping one)
-            if own.shape == alias.shape:
-                original._set_impl(own)
+            # a shape or dtype forward changed in place (`squeeze_`, `add_` promoting float16,
+            # `exp_` of integers) stays: `original` is `alias`'s tensor then (paddle cannot
+            # change either in place without another tensor)
+            same = own.shape == alias.shape and own.dtype == alias.dtype
+            original._set_impl(own if same else alias)
+        node.ptr = guard.node_ptr(original)
+        guard.register_unseen(original, node)  # (the backstop of trap 7, as the identity's)
+        guard.hold(node)
         return original
 
     @staticmethod
