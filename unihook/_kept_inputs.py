@@ -36,12 +36,14 @@ def kept_inputs(
     returned: Collection[int],
     module: Any,
     autograd: Any,
+    own_weakrefs: int = 0,
 ) -> Iterator[tuple[Any, Any]]:
     """(alias, the caller's tensor) for each input alias something holds after forward (an
     attribute, a container, a closure, a submodule, a weak reference): a reference beyond the
     frames'. One forward returned (`returned`), whose count the output's references raise, is
     looked for among the module's attributes and containers instead (`held_tensors`).
-    `autograd`: the backend's (`requires_grad`, `is_tensor`)."""
+    `autograd`: the backend's (`requires_grad`, `is_tensor`); `own_weakrefs`: the weak
+    references the backend itself holds to an identity's output (MindSpore's: one)."""
     if not _COUNTS_MEASURED:
         return
     held: set[int] | None = None
@@ -54,7 +56,7 @@ def kept_inputs(
                 held = {id(t) for _, t in held_tensors(module, autograd.is_tensor)}
             if id(alias) in held:
                 yield alias, original
-        elif sys.getrefcount(alias) > _FREE_INPUT or weakref.getweakrefcount(alias):
+        elif sys.getrefcount(alias) > _FREE_INPUT or weakref.getweakrefcount(alias) > own_weakrefs:
             yield alias, original
 
 

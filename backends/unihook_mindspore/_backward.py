@@ -1046,8 +1046,8 @@ class MindSporeAutograd(Autograd):
         if type(module).__module__.startswith(MindSporeAutograd.own_modules):
             return  # (MindSpore's own cells keep no input)
         for alias, original in kept_inputs(
-            args, tensor_idx, originals, returned, module, MindSporeAutograd
-        ):
+            args, tensor_idx, originals, returned, module, MindSporeAutograd, own_weakrefs=1
+        ):  # (the identity's context holds its outputs weakly, `ctx.outputs`)
             check_kept_input(
                 alias,
                 original,
@@ -1059,9 +1059,7 @@ class MindSporeAutograd(Autograd):
                 # (none: a tensor sharing the counter, `Tensor(x)`, shares x's autograd data,
                 # whose history could reach the check: a cycle through C++)
                 counter_of=None,
-                # (the caller's tensor taking a check of its own raised MindSpore's "ctx has
-                # been freed" where both were read, and moved its node for a second call)
-                caller_side=False,
+                caller_side=MindSporeAutograd.leaf_of(original) is None,
             )
 
     @staticmethod
