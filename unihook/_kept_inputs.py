@@ -66,7 +66,7 @@ def check_kept_input(
     site: Site,
     *,
     identity: Callable[..., Sequence[Any]],
-    rebase: Callable[[Any, Any], Any],
+    rebase: Callable[[Any, Any, Site], Any],
     node_of: Callable[[Any], Hashable],
     version: Callable[[Any], int],
     counter_of: Callable[[Any], Any] | None,
@@ -80,11 +80,13 @@ def check_kept_input(
     memory and counter stay its own.
 
     `node_of(t)`: what identifies `t`'s grad node (an in-place op on `t` gives it another; so
-    do these checks, which `_Unchanged` tells apart). `counter_of(t)`: a tensor sharing `t`'s
-    version counter but not its history (no cycle), read by `version`: with it a check raises
-    only once the counter moved, and, the caller's tensor gone, when the kept one's own node
-    did not move (the counter moved through another); None, where the framework has none: a
-    gone caller's tensor is then not refused (nothing tells what changed it).
+    do these checks, which `_Unchanged` tells apart), or `...` where it cannot be read because
+    it is one of these checks' that already ran in this backward. `counter_of(t)`: a tensor
+    sharing `t`'s version counter but not its history (no cycle), read by `version`: with it a
+    check raises only once the counter moved, and, the caller's tensor gone, when the kept
+    one's own node did not move (the counter moved through another); None, where the
+    framework has none: a gone caller's tensor is then not refused (nothing tells what changed
+    it).
 
     `leaf`: `original` is a leaf that requires grad, which no in-place op with a history may
     change (the framework refuses it on the leaf): the alias's check raises when the alias
@@ -106,7 +108,7 @@ def check_kept_input(
         )
     for user, check in checks:
         before = node_of(user)
-        rebase(user, identity([user], check, False, site)[0])
+        rebase(user, identity([user], check, False, site)[0], site)
         _ours(node_of(user), before, check)
     for _, check in checks:
         check.settle()
@@ -146,7 +148,10 @@ def _ours(new: Hashable, old: Hashable, check: _Unchanged) -> None:
 
 
 def _same_node(now: Hashable, then: Hashable) -> bool:
-    """Whether grad node `now` is `then`, or one only these checks put above it."""
+    """Whether grad node `now` is `then`, or one only these checks put above it (`...`: the
+    backend cannot read it, a node of these checks that already ran in this backward)."""
+    if now is ...:
+        return True
     seen = 0
     while now != then:
         now = _rebased.get(now)

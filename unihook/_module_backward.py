@@ -120,11 +120,12 @@ class Autograd:
     # module (see `_refuse_shared_inputs`).
 
     @staticmethod
-    def rebase(original: Any, alias: Any, /) -> Any:
+    def rebase(original: Any, alias: Any, site: Site, /) -> Any:
         """Forward changed `alias` (an identity output standing for `original`, same memory)
         in place: give `original` the history of `alias`, as if those in-place ops had applied
         to it, without moving data; raise the framework's own error where it forbids that
-        (a leaf that requires grad). Returns `original`."""
+        (a leaf that requires grad). Returns `original`. `site`: the call's, for an error the
+        new history raises later (paddle's in-place node, at a second backward)."""
         raise _missing("rebase")
 
     @staticmethod
@@ -640,7 +641,7 @@ class ModuleBackward:
         if original is None or original is new:
             return new  # (None: nobody holds the caller's tensor any more)
         if self.autograd.version(arg) != call.versions[k]:
-            return self.autograd.rebase(original, new)
+            return self.autograd.rebase(original, new, call.site)
         # an alias that no identity replaced needs no history: the tensor itself
         return original if new is arg else new
 
@@ -697,7 +698,7 @@ class ModuleBackward:
         for k in changed:
             if k in done:
                 continue
-            self.autograd.rebase(originals[k], args[call.tensor_idx[k]])
+            self.autograd.rebase(originals[k], args[call.tensor_idx[k]], call.site)
 
     def _refuse_shared_inputs(
         self,

@@ -747,19 +747,24 @@ class _Guard(_Function):
         return grad
 
 
-def _quiet_rebase(original: Any, alias: Any) -> Any:
+def _quiet_rebase(original: Any, alias: Any, site: Site) -> Any:
     """`rebase` that leaves `original`'s version counter where it was: no in-place op changed
     it (`watch_inputs`), and the ops that saved it check the counter (a bumped one raised
     MindSpore's "modified by an inplace operation" at a correct program)."""
     version = MindSporeAutograd.version(original)
-    MindSporeAutograd.rebase(original, alias)
+    MindSporeAutograd.rebase(original, alias, site)
     _set_versions([original], [version])
     return original
 
 
 def _node_id(tensor: Any) -> object:
     _pynative_executor.sync()  # (an in-place op gives it its node in the pipeline)
-    node = tensor._grad_node
+    try:
+        node = tensor._grad_node
+    except RuntimeError:
+        # "Try to get grad node of custom function which ctx has been freed!": its node is a
+        # Function whose backward ran in this pass (a check's `_Rebase`): no in-place op since
+        return ...
     return None if node is None else node._unique_id()
 
 
@@ -1073,7 +1078,7 @@ class MindSporeAutograd(Autograd):
         return int(alias._version)
 
     @staticmethod
-    def rebase(original: Any, alias: Any) -> Any:
+    def rebase(original: Any, alias: Any, site: Site) -> Any:
         # (no shape to carry over, unlike torch's: MindSpore 2.10 has no in-place shape change,
         # no squeeze_ / unsqueeze_ / t_)
         _Rebase.apply(original, alias)

@@ -210,8 +210,6 @@ class _UnihookIdentity(PyLayer):  # (paddle names its node after it: see TRUST)
 
 
 _TENSOR_SITE = Site("tensor", NAME, "Tensor")
-# (what a second backward through a hooked call's input changed in place there names)
-_REBASE_SITE = Site("full_backward", NAME, "a module's input it changed in place")
 
 
 def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
@@ -529,6 +527,7 @@ class PaddleAutograd(Autograd):
         # the output identity's alias, whose later uses would miss the caller's in-place op on
         # its tensor: the output node checks it (`check_returned_input`), no node more.
         node: _Node | None = getattr(aliases, "owner", None)
+        live: list[int] = getattr(aliases, "live", [])
         if node is None:
             return
         for p, j in enumerate(idx):
@@ -539,7 +538,7 @@ class PaddleAutograd(Autograd):
                 if (
                     original is not None
                     and replaced[j] is not original  # (changed in forward: the caller's own)
-                    and p in aliases.live
+                    and p in live
                     and not original.stop_gradient
                 ):
                     if not isinstance(node.on_backward, _Checked):
@@ -552,7 +551,7 @@ class PaddleAutograd(Autograd):
                         version=_inplace_version,
                         counter_of=_detach,
                     )
-                    node.on_backward.checks.append((aliases.live.index(p), check))
+                    node.on_backward.checks.append((live.index(p), check))
                 break
 
     @staticmethod
@@ -587,7 +586,7 @@ class PaddleAutograd(Autograd):
     version = staticmethod(_inplace_version)
 
     @staticmethod
-    def rebase(original: Any, alias: Any) -> Any:
+    def rebase(original: Any, alias: Any, site: Site) -> Any:
         if alias.stop_gradient:
             # same memory and version counter (a view): only a new shape to carry (`squeeze_`)
             if original.shape != alias.shape:
@@ -612,7 +611,7 @@ class PaddleAutograd(Autograd):
         # `_share_buffer_to` refuses)
         alias._unsafe_share_buffer_to(fresh)
         original._set_impl(fresh)
-        node = _Node(_REBASE_SITE, 0)
+        node = _Node(site, 0)
         try:
             _Rebase.apply(node, original, alias)
         finally:

@@ -266,7 +266,7 @@ class TorchAutograd(Autograd):
         return key is not None and key == TorchAutograd.memory_key(leaf)
 
     @staticmethod
-    def rebase(original: Any, alias: Any) -> Any:
+    def rebase(original: Any, alias: Any, site: Site) -> Any:
         # A leaf that requires grad raises torch's own "a leaf Variable that requires grad
         # is being used in an in-place operation" here, as it would have without hooks.
         version = original._version
