@@ -108,7 +108,9 @@ def check_kept_input(
         )
     for user, check in checks:
         before = node_of(user)
-        rebase(user, identity([user], check, False, site)[0], site)
+        # (`materialize`: as the input side's, whose node keeps nothing of its outputs; an
+        # output side's kept handles on MindSpore, a cycle through C++, one per call)
+        rebase(user, identity([user], check, True, site)[0], site)
         _ours(node_of(user), before, check)
     for _, check in checks:
         check.settle()
@@ -122,6 +124,7 @@ def check_returned_input(
     node_of: Callable[[Any], Hashable],
     version: Callable[[Any], int],
     counter_of: Callable[[Any], Any] | None,
+    kept: bool = False,
 ) -> Callable[[Grads], Grads]:
     """The check for the backward of an output that is, without hooks, the caller's tensor
     `original` (forward returned its input unchanged: an identity, eval-mode Dropout): it
@@ -129,8 +132,11 @@ def check_returned_input(
     alias. The backend runs it where the gradients of the output's uses arrive (its output
     identity: they are all after the call) and the output's slot has one. (The other way, the
     caller's tensor read after an in-place op on the output, is not checked: that op's own
-    read of the caller's tensor, `out += x` in a residual, would be refused.)"""
-    check = _Unchanged(original, output, True, _output_read(site), node_of, version, counter_of)
+    read of the caller's tensor, `out += x` in a residual, would be refused.) `kept`:
+    `original` is the input alias forward got and the module keeps (`self.kept = h; return
+    h`), a third name of the one tensor; gone, it was not kept."""
+    error = _output_after_kept(site) if kept else _output_read(site)
+    check = _Unchanged(original, output, not kept, error, node_of, version, counter_of)
     check.settle()
     return check
 
@@ -264,4 +270,14 @@ def _output_read(site: Site) -> Callable[[], InPlaceError]:
         "backward hooks the output is an alias whose history cannot take it on this "
         "framework (torch's own backward hook raises here too). Use the output, not the "
         "input, after the call, or pass a copy (`module(x.clone())`)"
+    )
+
+
+def _output_after_kept(site: Site) -> Callable[[], InPlaceError]:
+    return lambda: InPlaceError(
+        f"{site}: the module kept the input its forward got and returned it unchanged "
+        "(`self.kept = h; return h`), the kept tensor was changed in place after the call, "
+        "and the output was then used. Without hooks the two are one tensor, which has the "
+        "change; with backward hooks the output is an alias whose history cannot take it on "
+        "this framework. Keep a copy (`self.kept = h.clone()`)"
     )

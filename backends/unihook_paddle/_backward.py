@@ -61,6 +61,7 @@ from unihook.backend import (
     check_grad_like,
     check_kept_input,
     check_returned_input,
+    held_tensors,
     kept_inputs,
     register_backward_hook,
     show_value,
@@ -420,6 +421,10 @@ def _span(tensor: Any) -> tuple[int, int]:
     return start + low, start + high + size
 
 
+def _held(module: Any, tensor: Any) -> bool:
+    return any(t is tensor for _, t in held_tensors(module, _is_tensor))
+
+
 class PaddleAutograd(Autograd):
     backend = NAME
     own_modules = "paddle.nn."  # (see Autograd: their forward reads no user tensor)
@@ -543,15 +548,38 @@ class PaddleAutograd(Autograd):
                 ):
                     if not isinstance(node.on_backward, _Checked):
                         node.on_backward = _Checked(node.on_backward)
-                    check = check_returned_input(
-                        replaced[j],
-                        original,
-                        site,
-                        node_of=guard.node_ptr,
-                        version=_inplace_version,
-                        counter_of=_detach,
+                    slot = live.index(p)
+                    alias = args[i]
+                    # the input alias forward got, kept with the output (`self.kept = h;
+                    # return h`): a third name of the one tensor
+                    kept = (
+                        alias is not original
+                        and not type(module).__module__.startswith(PaddleAutograd.own_modules)
+                        and _held(module, alias)
                     )
-                    node.on_backward.checks.append((live.index(p), check))
+                    for other in (original, alias) if kept else (original,):
+                        check = check_returned_input(
+                            replaced[j],
+                            other,
+                            site,
+                            node_of=guard.node_ptr,
+                            version=_inplace_version,
+                            counter_of=_detach,
+                            kept=other is alias,
+                        )
+                        node.on_backward.checks.append((slot, check))
+                    if kept:  # ... whose own later uses are checked against the output
+                        check_kept_input(
+                            alias,
+                            replaced[j],
+                            site,
+                            identity=PaddleAutograd.identity,
+                            rebase=PaddleAutograd.rebase,
+                            node_of=guard.node_ptr,
+                            version=_inplace_version,
+                            counter_of=_detach,
+                            caller_side=False,
+                        )
                 break
 
     @staticmethod
