@@ -46,7 +46,7 @@ test-mindspore: $(MS_STAMP)
 	UNIHOOK_CONFORMANCE_BACKEND=mindspore $(MS_PY) -m pytest -q unihook/conformance \
 		tests/test_differential_kits.py tests/test_differential_backward.py \
 		tests/test_differential_forward.py tests/test_mindspore_native.py tests/test_demo.py \
-		tests/test_bench_smoke_mindspore.py
+		tests/test_bench_smoke_mindspore.py tests/test_kept_inputs_mindspore.py
 
 # ruff, and pyright in standard mode on unihook/ and backends/ ([tool.pyright] in pyproject.toml),
 # the MindSpore backend against the MindSpore venv's packages (pyright-mindspore.json)
