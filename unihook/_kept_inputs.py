@@ -6,7 +6,9 @@ are one tensor). Such a use raises `InPlaceError` instead, as torch's own backwa
 (torch's backend carries the op: ``unihook_torch._alias``).
 
 A backend's optional `Autograd.watch_inputs` finds the kept aliases (`kept_inputs`) and puts a
-check in front of the later uses of each side (`check_kept_input`)."""
+check in front of the later uses of each side (`check_kept_input`); its optional `watch` has
+the output identity of an input returned unchanged check the caller's tensor
+(`check_returned_input`)."""
 
 from __future__ import annotations
 
@@ -97,15 +99,11 @@ def check_kept_input(
     else:
         check = _Unchanged(original, alias, True, _kept_read(site), node_of, version, counter_of)
         checks = [(alias, check)]
-    if caller_side and not leaf:
-        checks.append(
-            (
-                original,
-                _Unchanged(
-                    alias, original, False, _caller_read(site), node_of, version, counter_of
-                ),
+        if caller_side:
+            other = _Unchanged(
+                alias, original, False, _caller_read(site), node_of, version, counter_of
             )
-        )
+            checks.append((original, other))
     for user, check in checks:
         before = node_of(user)
         # (`materialize`: as the input side's, whose node keeps nothing of its outputs; an
