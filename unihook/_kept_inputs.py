@@ -44,9 +44,11 @@ def kept_inputs(
     attribute, a container, a closure, a submodule, a weak reference): a reference beyond the
     frames'. One forward returned (`returned`), whose count the output's references raise, is
     looked for among the module's attributes and containers instead (`held_tensors`).
-    `autograd`: the backend's (`requires_grad`, `is_tensor`); `own_weakrefs`: the weak
-    references the backend itself holds to an identity's output (MindSpore's: one)."""
-    if not _COUNTS_MEASURED:
+    `autograd`: the backend's (`requires_grad`, `is_tensor`, `own_modules`: the framework's
+    own layers, which keep no input, are skipped); `own_weakrefs`: the weak references the
+    backend itself holds to an identity's output (MindSpore's: one)."""
+    own = getattr(autograd, "own_modules", None)
+    if not _COUNTS_MEASURED or (own and type(module).__module__.startswith(own)):
         return
     held: set[int] | None = None
     for k, i in enumerate(tensor_idx):
@@ -229,53 +231,66 @@ class _Unchanged:
         return grads
 
 
+_KEPT = "the module kept the input its forward got (`self.inp = h`, in a list, a closure)"
+_RETURNED = "the module returned its input unchanged (an identity, an eval-mode Dropout)"
+_ONE = "Without hooks the two are one tensor, which has the change; with backward hooks"
+
+
+def _refusal(site: Site, what: str, then: str, alias: str, fix: str) -> Callable[[], InPlaceError]:
+    """The `InPlaceError` a check raises: what the module did, what happened after the call,
+    why the alias cannot carry it on this framework, what to do instead."""
+    return lambda: InPlaceError(f"{site}: {what}, {then}. {_ONE} {alias}. {fix}")
+
+
 def _kept_read(site: Site) -> Callable[[], InPlaceError]:
-    return lambda: InPlaceError(
-        f"{site}: the module kept the input its forward got (`self.inp = h`, in a list, a "
-        "closure), and the kept tensor was used after the caller changed its own in place. "
-        "Without hooks the two are one tensor, which has the change; with backward hooks the "
-        "kept one is an alias whose history cannot take it on this framework (torch's own "
-        "backward hook raises here too). Keep a copy (`self.inp = h.clone()`), or change a "
-        "copy of the tensor after the call"
+    return _refusal(
+        site,
+        _KEPT,
+        "and the kept tensor was used after the caller changed its own in place",
+        "the kept one is an alias whose history cannot take it on this framework (torch's "
+        "own backward hook raises here too)",
+        "Keep a copy (`self.inp = h.clone()`), or change a copy of the tensor after the call",
+    )
+
+
+def _caller_read(site: Site) -> Callable[[], InPlaceError]:
+    return _refusal(
+        site,
+        _KEPT,
+        "the kept tensor was changed in place after the call, and the caller's tensor was "
+        "then used",
+        "the kept one is an alias whose change cannot reach the caller's history on this framework",
+        "Keep a copy (`self.inp = h.clone()`), or change a copy",
     )
 
 
 def _leaf_written(site: Site) -> Callable[[], InPlaceError]:
     return lambda: InPlaceError(
-        f"{site}: the module kept the input its forward got (`self.inp = h`, in a list, a "
-        "closure), a leaf tensor that requires grad, and the kept tensor was changed in place "
-        "with a history, then used. Without hooks it is the leaf, on which the framework "
-        "refuses such an op; with backward hooks it is an alias, which took it (the leaf's "
-        "values changed). Change a copy (`self.inp = h.clone()`), or change it under no_grad"
-    )
-
-
-def _caller_read(site: Site) -> Callable[[], InPlaceError]:
-    return lambda: InPlaceError(
-        f"{site}: the module kept the input its forward got (`self.inp = h`, in a list, a "
-        "closure), the kept tensor was changed in place after the call, and the caller's "
-        "tensor was then used. Without hooks the two are one tensor, which has the change; "
-        "with backward hooks the kept one is an alias whose change cannot reach the caller's "
-        "history on this framework. Keep a copy (`self.inp = h.clone()`), or change a copy"
+        f"{site}: {_KEPT}, a leaf tensor that requires grad, and the kept tensor was changed "
+        "in place with a history, then used. Without hooks it is the leaf, on which the "
+        "framework refuses such an op; with backward hooks it is an alias, which took it (the "
+        "leaf's values changed). Change a copy (`self.inp = h.clone()`), or change it under "
+        "no_grad"
     )
 
 
 def _output_read(site: Site) -> Callable[[], InPlaceError]:
-    return lambda: InPlaceError(
-        f"{site}: the module returned its input unchanged (an identity, an eval-mode "
-        "Dropout), the caller changed its own tensor in place after the call, and the output "
-        "was then used. Without hooks the two are one tensor, which has the change; with "
-        "backward hooks the output is an alias whose history cannot take it on this "
-        "framework (torch's own backward hook raises here too). Use the output, not the "
-        "input, after the call, or pass a copy (`module(x.clone())`)"
+    return _refusal(
+        site,
+        _RETURNED,
+        "the caller changed its own tensor in place after the call, and the output was then used",
+        "the output is an alias whose history cannot take it on this framework (torch's own "
+        "backward hook raises here too)",
+        "Use the output, not the input, after the call, or pass a copy (`module(x.clone())`)",
     )
 
 
 def _output_after_kept(site: Site) -> Callable[[], InPlaceError]:
-    return lambda: InPlaceError(
-        f"{site}: the module kept the input its forward got and returned it unchanged "
-        "(`self.kept = h; return h`), the kept tensor was changed in place after the call, "
-        "and the output was then used. Without hooks the two are one tensor, which has the "
-        "change; with backward hooks the output is an alias whose history cannot take it on "
-        "this framework. Keep a copy (`self.kept = h.clone()`)"
+    return _refusal(
+        site,
+        "the module kept the input its forward got and returned it unchanged (`self.kept = "
+        "h; return h`)",
+        "the kept tensor was changed in place after the call, and the output was then used",
+        "the output is an alias whose history cannot take it on this framework",
+        "Keep a copy (`self.kept = h.clone()`)",
     )

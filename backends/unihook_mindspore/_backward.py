@@ -1048,8 +1048,6 @@ class MindSporeAutograd(Autograd):
         returned: Collection[int] = (),
     ) -> None:
         # (`replaced` is torch's: MindSpore has no backward hooks that replace the args)
-        if type(module).__module__.startswith(MindSporeAutograd.own_modules):
-            return  # (MindSpore's own cells keep no input)
         for alias, original in kept_inputs(
             args, tensor_idx, originals, returned, module, MindSporeAutograd, own_weakrefs=1
         ):  # (the identity's context holds its outputs weakly, `ctx.outputs`)

@@ -496,8 +496,6 @@ class PaddleAutograd(Autograd):
         returned: Collection[int] = (),
     ) -> None:
         # (`replaced` is torch's: paddle has no backward hooks of its own)
-        if type(module).__module__.startswith(PaddleAutograd.own_modules):
-            return  # (paddle's own layers keep no input)
         for alias, original in kept_inputs(
             args, tensor_idx, originals, returned, module, PaddleAutograd
         ):
