@@ -1529,13 +1529,13 @@ def test_an_output_the_cell_kept_overwritten_from_a_detached_value_is_refused(
     # Nothing keeps the cell (which keeps its output) alive (a first version of the fix held
     # the output's parents, a cycle through C++ from the cell back to itself; raised inside
     # MindSpore's backward, "live", the refusal left the cell and its graph alive for good:
-    # now raised when the pass ends). Open: "live+changed", where MindSpore's version error
-    # ends that pass, keeps them (without hooks that error frees the cell: not found why).
-    # The executor's `grad` is wrapped once at most.
+    # now raised when the pass ends; "live+changed", where MindSpore's version error ends
+    # that pass, kept them until 2026-11-30: the input identity, which the pass never reached,
+    # held the call, `_abandon`). The executor's `grad` is wrapped once at most.
     cell_ref = weakref.ref(cell)
     cell = fn = None  # (the lambda's closure holds the name)
     gc.collect()
-    assert cell_ref() is None or upstream == "live+changed"
+    assert cell_ref() is None
     from mindspore.graph.api import _pynative_executor
 
     wrapped = vars(_pynative_executor).get("grad")

@@ -109,6 +109,7 @@ class _Identity(_Function):
         # them only while the caller holds its own object; and `watch` takes out the outputs
         # that are arguments, or share their memory, for the same reason.)
         ctx.inputs = ctx.probes = ()
+        _made.ctx = ctx
         if materialize:
             # The input side's aliases: likewise an in-place op on the caller's tensor after
             # the call would not move theirs, which the cell's ops recorded as they saved them
@@ -128,7 +129,7 @@ class _Identity(_Function):
             ctx.hazards = None
             ctx.watched = ()  # the call's arguments the cell got as aliases (`_watch_inputs`)
             ctx.reaches = ()  # (`_on_reach`)
-            _made.ctx = ctx
+            ctx.input_side = None  # (`identity`'s `held_until`)
         return aliases
 
     @staticmethod
@@ -151,7 +152,7 @@ class _Identity(_Function):
         return (None, None, None, *results)
 
 
-_made = threading.local()  # .ctx: the output identity `_Identity.apply` just ran; .counters:
+_made = threading.local()  # .ctx: the context of the identity `_Identity.apply` just ran; .counters:
 # the handles on the counters of the input side's aliases it just made
 # the backward pass (MindSpore's engine id, one per pass) that `_carry_versions` last synced in
 _synced = [-1]
@@ -230,7 +231,7 @@ class _Reach:
 
     __slots__ = (
         "probe", "version", "k", "live", "index", "site", "output", "static", "view", "done",
-        "__weakref__",
+        "input_side", "__weakref__",
     )  # fmt: skip
 
     def __init__(self, ctx: Any, k: int, view: bool) -> None:
@@ -241,6 +242,7 @@ class _Reach:
         self.done = False
         self.index = 0
         self.live = False  # (`_live`, known at the call: nothing upstream changes after it)
+        self.input_side: weakref.ref[Any] | None = ctx.input_side
 
 
 def _reached(reach: _Reach, grads: Grads) -> None:
@@ -284,6 +286,7 @@ def _reached(reach: _Reach, grads: Grads) -> None:
         # backward, it left the cell and its graph alive for good (one cell per refusal,
         # measured; a hook raising frees them).
         _pending.live = _pending.live or error
+        _pending.abandoned.append(reach.input_side)
         return None
     if _pending.error is None:
         _pending.error = error
@@ -324,6 +327,7 @@ class _Pending(threading.local):
     error: InPlaceError | None = None
     live: InPlaceError | None = None
     converting = False  # (a `_converting` runs on this thread)
+    abandoned: list[weakref.ref[Any] | None] = []  # (per pass: `_abandon`)
 
 
 _pending = _Pending()
@@ -343,13 +347,15 @@ def _converting(grad: Callable[..., Any]) -> Callable[..., Any]:
 
     def converting(*args: Any, **kwargs: Any) -> Any:
         # (a `grad` inside a hook, or a function: the outer pass's refusals wait)
-        outer = _pending.error, _pending.live, _pending.converting
+        outer = _pending.error, _pending.live, _pending.converting, _pending.abandoned
         _pending.error, _pending.live, _pending.converting = None, None, True
+        _pending.abandoned = []
         try:
             result = grad(*args, **kwargs)
         except Exception as error:
             live, pending = _pending.live, _pending.error
             if live is not None and not isinstance(error, InPlaceError):
+                _abandon(_pending.abandoned, live)
                 raise live from error  # (the pass went on past it: what it met since is moot)
             if (
                 pending is None
@@ -361,13 +367,31 @@ def _converting(grad: Callable[..., Any]) -> Callable[..., Any]:
             raise pending from error
         finally:
             live = _pending.live
-            _pending.error, _pending.live, _pending.converting = outer
+            _pending.error, _pending.live, _pending.converting, _pending.abandoned = outer
         if live is not None:
             raise live
         return result
 
     converting.__wrapped__ = grad  # type: ignore[attr-defined]
     return converting
+
+
+def _abandon(input_sides: Sequence[weakref.ref[Any] | None], error: InPlaceError) -> None:
+    """A pass that `_reached` refused ("live") and that MindSpore's own error then ended:
+    MindSpore frees its nodes' contexts when a pass ends, not when one raised, and the
+    refused call's input identity, which that pass never reached, holds the call, so the cell,
+    which keeps the output whose history reaches that node: a cycle through C++, the cell and
+    its graph alive for good (without hooks that error frees them). Its context lets go of
+    the call; a later pass reaching it (another output of the call) raises the refusal again,
+    as torch's own hook refuses every use after an in-place op on a hooked output."""
+    for ref in input_sides:
+        ctx = None if ref is None else ref()
+        if ctx is not None:
+            ctx.on_backward = partial(_refused, str(error))
+
+
+def _refused(message: str, grads: Grads) -> Grads:
+    raise InPlaceError(message)
 
 
 def _watch_reach(reach: _Reach) -> None:
@@ -713,9 +737,11 @@ def _watch_inputs(
 
 
 class _Aliases(tuple):  # type: ignore[type-arg]
-    """The output identity's aliases, with its node's context (for `watch`)."""
+    """An identity's aliases, with its node's context (for `watch`) and, for the input side,
+    a weak reference to it (its `node`, which the core hands the output side)."""
 
     ctx: Any = None
+    node: weakref.ref[Any] | None = None
 
 
 class _Rebase(_Function):
@@ -896,15 +922,16 @@ class MindSporeAutograd(Autograd):
         on_backward: Callable[[Grads], Grads],
         materialize: bool,
         site: Site,
-        held_until: object = None,  # unused (the node copies no gradient)
+        held_until: object = None,  # the input side's `node`: a weak reference to its context
     ) -> Sequence[Any]:
         _made.ctx = None
-        outs = _Identity.apply(on_backward, materialize, site, *tensors)
-        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+        made = _Identity.apply(on_backward, materialize, site, *tensors)
+        outs = _Aliases(made if isinstance(made, (tuple, list)) else (made,))
+        outs.ctx, _made.ctx = _made.ctx, None
         if not materialize:
-            outs = _Aliases(outs)
-            outs.ctx, _made.ctx = _made.ctx, None
+            outs.ctx.input_side = held_until  # (`_abandon`)
         if materialize:
+            outs.node = weakref.ref(outs.ctx)
             # the input side's aliases of data are data: the first cell inside a hooked
             # container (or under global hooks) gets them; and an inner hooked call that gets
             # one as it is moves with it (`_watch_inputs`)
