@@ -152,8 +152,9 @@ class _Identity(_Function):
         return (None, None, None, *results)
 
 
-_made = threading.local()  # .ctx: the context of the identity `_Identity.apply` just ran; .counters:
-# the handles on the counters of the input side's aliases it just made
+# .ctx: the context of the identity `_Identity.apply` just ran; .counters: the handles on the
+# counters of the input side's aliases it just made
+_made = threading.local()
 # the backward pass (MindSpore's engine id, one per pass) that `_carry_versions` last synced in
 _synced = [-1]
 _engine_id = _pynative_executor.get_current_autodiff_engine_id
