@@ -21,7 +21,6 @@ __all__ = [
     "Ops",
     "abs",
     "after_backward",
-    "after_gradients",
     "all_finite",
     "all_gather",
     "as_tensor",
@@ -241,12 +240,8 @@ class Ops:
         """Called only where `world` is not None: required with it."""
         raise self._missing("after_backward")
 
-    def after_gradients(self, t: Any, fn: Callable[[], None]) -> None:
-        """See the function `after_gradients`: `after_backward` by default."""
-        self.after_backward(t, fn)
-
     # uneven inputs (torch's `Join`): a backend without it has none
-    def join_hook(self, like: Any, main: Callable[[], None]) -> Any:
+    def join_hook(self, like: Any, main: Callable[[], None], post: Callable[[], None]) -> Any:
         raise self._missing("join_hook")
 
     def join_context(self, like: Any) -> tuple[Any, Any]:
@@ -751,21 +746,15 @@ def after_backward(t: Any, fn: Callable[[], None]) -> None:
     ops_for(t).after_backward(t, fn)
 
 
-def after_gradients(t: Any, fn: Callable[[], None]) -> None:
-    """As `after_backward`, but before the framework's own end-of-backward work where it has
-    some (torch: DistributedDataParallel's wait for its gradient all-reduce, which a rank
-    that joined (`join_hook`) issues only after its shadows of the recipes' merges)."""
-    ops_for(t).after_gradients(t, fn)
-
-
-def join_hook(like: Any, main: Callable[[], None]) -> Any:
+def join_hook(like: Any, main: Callable[[], None], post: Callable[[], None]) -> Any:
     """For a recipe passed to torch's ``Join`` with `like` (a data-parallel wrapper or model):
     the framework's join hook, which runs ``main()`` on a rank that ran out of inputs once per
-    iteration the other ranks still run. From the first call on (every rank of `like`'s group
-    makes it, building the same ``Join``), `all_gather` over `like`'s ranks runs on a process
-    group of its own: the join hooks run one after another, so the recipes' collectives cannot
-    pair with the others' on the wrapper's group, where its own go."""
-    return ops_for(like).join_hook(like, main)
+    iteration the other ranks still run, and ``post()`` once every rank ran out. From the
+    first call on (every rank of `like`'s group makes it, building the same ``Join``),
+    `all_gather` over `like`'s ranks runs on a process group of its own: there a rank that ran
+    out runs the recipes' collectives beside the wrapper's, which the others run in between
+    (see `unihook.recipes._scope._Joined`)."""
+    return ops_for(like).join_hook(like, main, post)
 
 
 def join_context(like: Any) -> tuple[Any, Any]:

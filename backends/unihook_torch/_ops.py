@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 from unihook.backend import map_dataclass
-from unihook.errors import HookArgumentError, UnsupportedHookError
+from unihook.errors import HookArgumentError
 from unihook.ops import Moments, Ops, cpu_moments, cpu_sum_squares, drop_block_rate
 
 Axis = Union[None, int, Sequence[int]]
@@ -93,18 +93,6 @@ def _make_own_group(group: Any) -> None:
     if key not in _own_groups:
         ranks = dist.get_process_group_ranks(group)
         _own_groups[key] = dist.new_group(ranks, use_local_synchronization=True)
-
-
-def _join_group(like: Any) -> Any:
-    """The process group of `like`'s batch a Join can run over (DDP's, or the default one for
-    a model given unwrapped), None where its ranks span several groups (FSDP's hybrid
-    sharding, a device mesh: not joinable)."""
-    import torch.distributed.distributed_c10d as c10d
-
-    groups = _data_parallel_groups(like)
-    if groups is None:
-        return c10d._get_default_group()  # (DDP's `process_group` built without one)
-    return groups[0] if len(groups) == 1 else None
 
 
 def _strided(t: Any, values_only: bool) -> Any:
@@ -389,30 +377,30 @@ class TorchOps(Ops):
         # its last bucket is ready, after this hook ran).
         engine.queue_callback(lambda: engine.queue_callback(fn))
 
-    def after_gradients(self, t: Any, fn: Callable[[], None]) -> None:
-        torch.autograd.Variable._execution_engine.queue_callback(fn)  # type: ignore[attr-defined]
-
-    def join_hook(self, like: Any, main: Callable[[], None]) -> Any:
+    def join_hook(self, like: Any, main: Callable[[], None], post: Callable[[], None]) -> Any:
         from torch.distributed.algorithms.join import JoinHook
 
-        group = _join_group(like)
-        if group is None:
-            raise UnsupportedHookError(
-                f"unihook (torch): {type(like).__name__} splits its batch over several process "
-                f"groups, which torch's Join does not take (it runs over one group)"
+        if not isinstance(_compiled(like), torch.nn.parallel.DistributedDataParallel):
+            # (the first joinable tells the Join of each forward, before DDP's own collectives)
+            raise HookArgumentError(
+                f"unihook (torch): a recipe in torch's Join must be given the "
+                f"DistributedDataParallel wrapper the Join has, not {type(like).__name__}"
             )
-        _make_own_group(group)
+        _make_own_group(_compiled(like).process_group)
 
         class _Shadow(JoinHook):
             def main_hook(self) -> None:
                 main()
+
+            def post_hook(self, is_last_joiner: bool) -> None:
+                post()
 
         return _Shadow()
 
     def join_context(self, like: Any) -> tuple[Any, Any]:
         import torch.distributed as dist
 
-        group = _join_group(like)
+        group = _compiled(like).process_group  # (DDP's: `join_hook` made sure)
         if dist.get_backend(group) == "nccl":
             return torch.device("cuda", torch.cuda.current_device()), group
         return torch.device("cpu"), group
@@ -422,12 +410,17 @@ class TorchOps(Ops):
 
         config = joinable._join_config
         if config.enable and not config.is_first_joinable:
-            # another joinable's hook (DDP's waits for the backward's all-reduces) would run
-            # before the recipes' shadows of the merges at the end of the forward: all wait
+            # another joinable's hook (DDP's waits for its backward's all-reduces) would run
+            # before the recipes' start, while the others wait in the merge at the forward's end
             raise HookArgumentError(
                 f"unihook (torch): {type(joinable).__name__} must come before the model (and "
                 f"any other joinable) in the list given to torch's Join, as in "
                 f"Join([stats, monitor, ddp_model]): a rank that ran out of inputs runs the "
                 f"joinables' hooks in that order, and the recipes' merges come first"
             )
-        Join.notify_join_context(joinable)
+        work = Join.notify_join_context(joinable)
+        ddp = _compiled(like)
+        if work is not None and hasattr(ddp, "_divide_by_initial_world_size"):
+            # what DDP does with its own notice, first in the list: its reducer then divides the
+            # gradients by the ranks not joined where `divide_by_initial_world_size=False`
+            ddp.reducer._set_forward_pass_work_handle(work, ddp._divide_by_initial_world_size)

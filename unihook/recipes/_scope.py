@@ -7,6 +7,7 @@ import difflib
 import functools
 import itertools
 import sys
+import threading
 import weakref
 import zlib
 from typing import Any, Callable, Sequence, Union, cast
@@ -133,6 +134,21 @@ class Recipe(Removable):
         found = ops.world(model) if sync else None
         return found if found is not None and found[1] > 1 else None
 
+    def _queue_merge(self, t: Any, merge: Callable[[], None], serial: int = 0) -> None:
+        """Run `merge` (a collective) of this recipe's forward number `serial` at the end of
+        the backward running `t`'s gradient hook, after the merges of recipes made before this
+        one and of its earlier forwards: each rank's hooks fire in its own order (a branch
+        taken on some ranks only, or first; autograd runs a later forward's graph first), and
+        their collectives must pair."""
+        _queued.append(((self._created, serial), merge))
+        ops.after_backward(t, _run_queued)
+
+    @staticmethod
+    def _cancel_merge(merge: Callable[[], None]) -> None:
+        """Forget `merge` if queued by a backward that never ended (it raised: the framework
+        dropped its end-of-backward callbacks)."""
+        _queued[:] = [entry for entry in _queued if entry[1] is not merge]
+
     def _writes(self, model: Any, all_ranks: bool) -> bool:
         """Whether this process writes a sink or a file: all of them with `all_ranks`, else
         rank 0 of the process group `model` runs over (`ops.world`), or the one process there
@@ -215,7 +231,8 @@ class Synced(Recipe):
     """A recipe that merges the ranks' numbers (`sync`): also a joinable of torch's ``Join``
     (uneven inputs), listed before the model: ``Join([stats, monitor, ddp_model])``. Once a
     rank ran out of inputs, it runs the recipes' merges of each iteration the others still
-    run, with nothing of its own in them (`_shadow_forward`, `_shadow_backward`)."""
+    run, with nothing of its own in them (`_shadowing`, `_shadow_forward`,
+    `_shadow_backward`)."""
 
     _model: Any
 
@@ -233,7 +250,9 @@ class Synced(Recipe):
         if not self._notifying:  # (for the recipe's life: the Join may outlive it)
             self._notifying = True
             self._hooks.add("", register_forward_pre_hook(self._model, self._notify, prepend=True))
-        return ops.join_hook(self._model, functools.partial(joined.main, self))
+        return ops.join_hook(
+            self._model, functools.partial(joined.main, self), functools.partial(joined.wait, self)
+        )
 
     @property
     def join_device(self) -> Any:
@@ -250,27 +269,14 @@ class Synced(Recipe):
         if joined is not None and joined.recipes[0] is self and not ops.in_backward(module):
             ops.notify_join(module, self)
 
-    def _queue_merge(self, t: Any, merge: Callable[[], None], serial: int = 0) -> None:
-        """Run `merge` (a collective) of this recipe's forward number `serial` at the end of
-        the backward running `t`'s gradient hook, after the merges of recipes made before this
-        one and of its earlier forwards: each rank's hooks fire in its own order (a branch
-        taken on some ranks only, or first; autograd runs a later forward's graph first), and
-        their collectives must pair."""
-        _queued.append(((self._created, serial), merge))
-        if self._joined is None:
-            ops.after_backward(t, _run_queued)
-        else:  # a rank that ran out of inputs shadows it before DDP's all-reduce (`_Joined`)
-            ops.after_gradients(t, _run_queued)
-
-    @staticmethod
-    def _cancel_merge(merge: Callable[[], None]) -> None:
-        """Forget `merge` if queued by a backward that never ended (it raised: the framework
-        dropped its end-of-backward callbacks)."""
-        _queued[:] = [entry for entry in _queued if entry[1] is not merge]
+    def _shadowing(self) -> bool:
+        """A rank that ran out of inputs, an iteration of the others: whether this recipe
+        merges in it (counting the forward towards `every`, as the others' hooks do)."""
+        return False
 
     def _shadow_forward(self) -> None:
-        """A rank that ran out of inputs: its part in the merges at the end of a forward that
-        the others ran."""
+        """Where `_shadowing`: this rank's part in the merges at the end of the others'
+        forward, with nothing of its own (in `_Joined`'s thread)."""
 
     def _shadow_backward(self) -> None:
         """As `_shadow_forward`, at the end of that forward's backward."""
@@ -282,13 +288,15 @@ class Synced(Recipe):
 
 class _Joined:
     """The recipes of one torch ``Join``, in its list's order. On a rank that ran out of
-    inputs, the first one's hook runs every one's shadows per iteration, in the order the other
-    ranks' merges run (the ends of the forward, in the order the recipes were made, as their
-    forward hooks run; then those of the backward, as `_run_queued`); the others' do nothing.
-    The recipes' collectives run on a group of their own (`ops.join_hook`), so that DDP's
-    broadcast and all-reduces, on its group, pair apart; but each waits for its partner, so the
-    forwards' merges must come before DDP's hook, which waits for the backward's all-reduces:
-    the recipes come first in the list."""
+    inputs, the first one's hook starts, per iteration the others run, a thread running every
+    recipe's shadows in the order the others' merges run (the ends of the forward in the order
+    the recipes were made, as their forward hooks run; then those of the backward, as
+    `_run_queued`), and returns: the next joinable's hook, DDP's, runs the broadcasts of the
+    forward (buffers, its buckets' first rebuild) and the all-reduces of the backward, each
+    waiting for its partner, between which the others run the recipes' merges. So the
+    recipes' collectives run on a group of their own (`ops.join_hook`), and the first recipe
+    must come before DDP in the list: its hook waits for the last iteration's thread first.
+    The others' hooks do nothing."""
 
     _forming: weakref.ref[_Joined] | None = None  # the Join under construction
 
@@ -297,6 +305,8 @@ class _Joined:
         # each recipe's `_join_config` when it joined: Join sets them all once every joinable
         # gave its hook, so one that changed means that this Join is built
         self.configs: list[Any] = []
+        self._running: threading.Thread | None = None
+        self._failed: BaseException | None = None
 
     @classmethod
     def of(cls, recipe: Synced) -> _Joined:
@@ -315,15 +325,36 @@ class _Joined:
     def main(self, recipe: Synced) -> None:
         if recipe is not self.recipes[0]:
             return
+        self.wait(recipe)
         ordered = sorted(self.recipes, key=lambda r: r._created)
-        for each in ordered:  # (an error here raised on every rank: theirs stop at it too)
-            each._shadow_forward()
+        shadowed = [each for each in ordered if each._shadowing()]  # (hooks placed here)
+        if shadowed:
+            self._running = threading.Thread(
+                target=self._shadow, args=(shadowed,), name="unihook-join", daemon=True
+            )
+            self._running.start()
+
+    def _shadow(self, recipes: list[Synced]) -> None:
         failed: BaseException | None = None
-        for each in ordered:  # each runs, then the first error raises (`_run_queued`)
-            try:
-                each._shadow_backward()
-            except Exception as error:
-                failed = failed or error
+        try:
+            for each in recipes:  # (an error here is raised on every rank: theirs stop too)
+                each._shadow_forward()
+            for each in recipes:  # each runs, then the first error raises (`_run_queued`)
+                try:
+                    each._shadow_backward()
+                except Exception as error:
+                    failed = failed or error
+        except Exception as error:
+            failed = error
+        self._failed = failed
+
+    def wait(self, recipe: Synced) -> None:
+        """The last iteration's shadows done (the next iteration's hook, or once every rank
+        ran out): the first error they raised raises here."""
+        running, self._running = self._running, None
+        if running is not None:
+            running.join()
+        failed, self._failed = self._failed, None
         if failed is not None:
             raise failed
 

@@ -299,19 +299,25 @@ class GradientMonitor(Synced):
         )
         return self._slots.decide(self._model, names, parts, headers, step.seen, {})
 
-    def _shadow_forward(self) -> None:
-        # (see Synced) a forward this rank did not run: the step whose merges it shadows, and
-        # the decision at its end while the ranks have not told data from parameters
+    def _shadowing(self) -> bool:
+        # (see Synced) a forward of the others: the step whose merges this rank shadows,
+        # unless `every` skips it
         self._shadowed = None
         world = self._merging(self._model, self.sync)
-        if self._removed or world is None or not self._advance():  # (`every` skips it)
-            return
+        if self._removed or world is None or not self._advance():
+            return False
         self._step.drop_leaves()  # (as `_new_step`)
         if self._step.pending and self._step.merge is not None:
             self._cancel_merge(self._step.merge)
         self._forwards_seen += 1
-        step = self._step = self._shadowed = _Step(world, self._forwards_seen)
-        if not self._slots.settled:
+        self._step = self._shadowed = _Step(world, self._forwards_seen)
+        return True
+
+    def _shadow_forward(self) -> None:
+        # the decision at the end of the forward while the ranks have not told data from
+        # parameters (`_settle`)
+        step = self._shadowed
+        if step is not None and not self._slots.settled:
             kinds = self._decide_table(step, JOINED)
             # the kinds the others decided for this forward, as they hold them at its merge
             names = self._names
@@ -319,11 +325,10 @@ class GradientMonitor(Synced):
 
     def _shadow_backward(self) -> None:
         step, self._shadowed = self._shadowed, None
-        if step is None or self._removed:
-            return
-        step.logged = True
-        self.history.append(step.norms)
-        self._merge(step, JOINED)
+        if step is not None:
+            step.logged = True
+            self.history.append(step.norms)
+            self._merge(step, JOINED)
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
         # (in backward: a part of the model recomputed by a checkpoint; a reentrant one's

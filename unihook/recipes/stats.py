@@ -256,12 +256,13 @@ class ActivationStats(Synced):
         if merged:
             self._history.append(merged)
 
+    def _shadowing(self) -> bool:
+        # (see Synced) unless `every` skips the others' forward
+        merging = not self._removed and self._merging(self._model, self.sync) is not None
+        return merging and self._advance()
+
     def _shadow_forward(self) -> None:
-        # (see Synced) the merge of a forward this rank did not run, with nothing of its own
-        if self._removed or self._merging(self._model, self.sync) is None:
-            return
-        if self._advance():  # (unless `every` skips it)
-            self._add(self._merge({}, JOINED))
+        self._add(self._merge({}, JOINED))  # (the merge of that forward: nothing of this rank)
 
     def _merge(self, step: dict[str, _Running], stamp: int) -> dict[str, _Running]:
         """The end of a forward with several ranks: one all_gather of every rank's vector (per
