@@ -869,13 +869,18 @@ def join_scenario(
     throw: bool = False,
     accumulate: int = 1,
     every: int = 1,
+    buffer: bool = False,
 ) -> dict[str, Any]:
     """torch: the ranks' `counts` batches in ``Join`` with ActivationStats and GradientMonitor
     (`order`: the recipes before the model, the monitor first, or the model first), an SGD step
     every `accumulate` batches (the others under DDP's no_sync), then (unless `throw`, which
-    ends the Join when rank 0 runs out) one step of the global batch outside the Join. `rank`
-    None: one process, each iteration on the rows of the ranks that still had a batch."""
+    ends the Join when rank 0 runs out) one step of the global batch outside the Join;
+    `buffer`: the model has a buffer (unused), which DDP broadcasts before each forward (the
+    rank that ran out: in its join hook). `rank` None: one process, each iteration on the rows
+    of the ranks that still had a batch."""
     model = fw.model(weights())
+    if buffer:
+        model.register_buffer("unused", fw.t.zeros(1))
     wrapped = model if rank is None else fw.wrap(model)
     optimizer = fw.optimizer(wrapped, LR / WORLD if rank is None else LR)
     if rank is None:
@@ -929,6 +934,8 @@ JOIN_SCENARIOS: dict[str, dict[str, Any]] = {
     "monitor_first": {"order": "monitor"},
     "every": {"every": 2},
     "no_sync": {"accumulate": 2, "counts": (4, 6)},
+    # rank 0 runs out after its first batch: DDP rebuilds its buckets at the second forward
+    "early_buffer": {"counts": (1, 3), "buffer": True},
     "throw": {"throw": True},
     "model_first": {"order": "model"},
 }

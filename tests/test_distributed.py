@@ -568,13 +568,14 @@ def joined(runs: dict[tuple[str, Any], Run]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    "scenario", ["recipes_first", "monitor_first", "every", "no_sync", "throw"]
+    "scenario", ["recipes_first", "monitor_first", "every", "no_sync", "early_buffer", "throw"]
 )
 def test_recipes_in_join_report_the_batches_run(
     joined: list[dict[str, Any]], scenario: str
 ) -> None:
     """torch's Join with uneven batches (rank 0: 3, rank 1: 5; `no_sync`: 4 and 6, an SGD step
-    every 2, the first under DDP's no_sync): the rank that ran out shadows the recipes' merges,
+    every 2, the first under DDP's no_sync; `early_buffer`: 1 and 3, a buffer DDP broadcasts):
+    the rank that ran out shadows the recipes' merges,
     and every rank (it too) reports what one process reports over the batches that ran, each
     iteration on the rows of the ranks that still had one (history: one entry per iteration of
     the ranks that ran it); then a step outside the Join merges as before. `throw`
