@@ -409,6 +409,8 @@ class TorchOps(Ops):
         from torch.distributed.algorithms.join import Join
 
         config = joinable._join_config
+        if config is None:  # (its Join's construction failed)
+            return
         if config.enable and not config.is_first_joinable:
             # another joinable's hook (DDP's waits for its backward's all-reduces) would run
             # before the recipes' start, while the others wait in the merge at the forward's end

@@ -250,9 +250,7 @@ class Synced(Recipe):
         if not self._notifying:  # (for the recipe's life: the Join may outlive it)
             self._notifying = True
             self._hooks.add("", register_forward_pre_hook(self._model, self._notify, prepend=True))
-        return ops.join_hook(
-            self._model, functools.partial(joined.main, self), functools.partial(joined.wait, self)
-        )
+        return ops.join_hook(self._model, functools.partial(joined.main, self), joined.wait)
 
     @property
     def join_device(self) -> Any:
@@ -311,10 +309,13 @@ class _Joined:
     @classmethod
     def of(cls, recipe: Synced) -> _Joined:
         """The Join `recipe.join_hook` is called for: the one the last call was for, unless it
-        is built (its recipes' configs set)."""
+        is built (its recipes' configs set) or has `recipe` already (its construction
+        failed)."""
         joined = cls._forming() if cls._forming is not None else None
-        if joined is None or any(
-            r._join_config is not c for r, c in zip(joined.recipes, joined.configs)
+        if (
+            joined is None
+            or recipe in joined.recipes
+            or any(r._join_config is not c for r, c in zip(joined.recipes, joined.configs))
         ):
             joined = cls()
             cls._forming = weakref.ref(joined)
@@ -325,7 +326,7 @@ class _Joined:
     def main(self, recipe: Synced) -> None:
         if recipe is not self.recipes[0]:
             return
-        self.wait(recipe)
+        self.wait()
         ordered = sorted(self.recipes, key=lambda r: r._created)
         shadowed = [each for each in ordered if each._shadowing()]  # (hooks placed here)
         if shadowed:
@@ -348,7 +349,7 @@ class _Joined:
             failed = error
         self._failed = failed
 
-    def wait(self, recipe: Synced) -> None:
+    def wait(self) -> None:
         """The last iteration's shadows done (the next iteration's hook, or once every rank
         ran out): the first error they raised raises here."""
         running, self._running = self._running, None
