@@ -3,13 +3,17 @@ hooks and recipes, for tests/test_distributed.py; also the single-process scenar
 them with.
 
     python tests/distributed_child.py {torch|paddle} OUTDIR [fail]
+    python tests/distributed_child.py torch OUTDIR join
 
 Each rank pickles what it saw to OUTDIR/rank<r>.pkl. `fail`: rank 1 raises before the recipes'
-first collective (the launcher must end both ranks promptly).
+first collective (the launcher must end both ranks promptly). `join`: the ranks' batches are
+uneven, the recipes in torch's Join (`join_scenario`), and a rank waits 20 s at most in a
+collective (a hang fails the run then).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
@@ -22,7 +26,7 @@ from typing import Any
 import numpy as np
 
 import unihook
-from unihook import ops
+from unihook import HookArgumentError, ops
 from unihook.recipes import (
     ActivationStats,
     GradientMonitor,
@@ -844,6 +848,117 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
         close_torch_rank()
 
 
+# torch's Join: each rank's batches (of 4 rows): rank 0 runs out first
+JOIN_BATCHES = (3, 5)
+
+
+def join_batches(rank: int, counts: tuple[int, ...]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`counts[rank]` batches of (inputs, loss coefficients), 4 rows each."""
+    rng = np.random.default_rng(40 + rank)
+    return [
+        (rng.normal(0, 1, (4, 6)).astype(np.float32), rng.normal(0, 1, (4, 3)).astype(np.float32))
+        for _ in range(counts[rank])
+    ]
+
+
+def join_scenario(
+    fw: Framework,
+    rank: int | None,
+    order: str = "recipes",
+    counts: tuple[int, ...] = JOIN_BATCHES,
+    throw: bool = False,
+    accumulate: int = 1,
+    every: int = 1,
+    buffer: bool = False,
+) -> dict[str, Any]:
+    """torch: the ranks' `counts` batches in ``Join`` with ActivationStats and GradientMonitor
+    (`order`: the recipes before the model, the monitor first, or the model first), an SGD step
+    every `accumulate` batches (the others under DDP's no_sync), then (unless `throw`, which
+    ends the Join when rank 0 runs out) one step of the global batch outside the Join;
+    `buffer`: the model has a buffer (unused), which DDP broadcasts before each forward (the
+    rank that ran out: in its join hook). `rank` None: one process, each iteration on the rows
+    of the ranks that still had a batch."""
+    model = fw.model(weights())
+    if buffer:
+        model.register_buffer("unused", fw.t.zeros(1))
+    wrapped = model if rank is None else fw.wrap(model)
+    optimizer = fw.optimizer(wrapped, LR / WORLD if rank is None else LR)
+    if rank is None:
+        parts = [join_batches(r, counts) for r in range(WORLD)]
+        count = min(counts) if throw else max(counts)
+        iterations = [
+            (np.concatenate([p[i][0] for p in parts if i < len(p)]),
+             np.concatenate([p[i][1] for p in parts if i < len(p)]))
+            for i in range(count)
+        ]  # fmt: skip
+    else:
+        iterations = join_batches(rank, counts)
+    result: dict[str, Any] = {}
+    with (
+        ActivationStats(wrapped, every=every) as stats,
+        GradientMonitor(wrapped, every=every) as monitor,
+    ):
+        joinables = {
+            "recipes": [stats, monitor, wrapped],
+            "monitor": [monitor, stats, wrapped],
+            "model": [wrapped, stats, monitor],
+        }[order]
+        joined: Any = contextlib.nullcontext()
+        if rank is not None:
+            from torch.distributed.algorithms.join import Join
+
+            joined = Join(joinables, throw_on_early_termination=throw)
+        try:
+            with joined:
+                for i, (x, coefficients) in enumerate(iterations):
+                    step = (i + 1) % accumulate == 0
+                    skip = rank is not None and not step
+                    with wrapped.no_sync() if skip else contextlib.nullcontext():
+                        (wrapped(fw.tensor(x)) * fw.tensor(coefficients)).sum().backward()
+                    if step:
+                        optimizer.step()
+                        fw.zero_grad(optimizer)
+        except (RuntimeError, HookArgumentError) as error:
+            result["error"] = f"{type(error).__name__}: {error}"
+        if not throw and "error" not in result:
+            x, coefficients = batch()
+            out = wrapped(fw.tensor(x[rows(rank)]))
+            (out * fw.tensor(coefficients[rows(rank)])).sum().backward()
+        result.update(stats=stats.history, rows=stats.rows(), monitor=list(monitor.history))
+    return result
+
+
+# the Join scenarios: join_scenario's arguments
+JOIN_SCENARIOS: dict[str, dict[str, Any]] = {
+    "recipes_first": {},
+    "monitor_first": {"order": "monitor"},
+    "every": {"every": 2},
+    "no_sync": {"accumulate": 2, "counts": (4, 6)},
+    # rank 0 runs out after its first batch: DDP rebuilds its buckets at the second forward
+    "early_buffer": {"counts": (1, 3), "buffer": True},
+    "throw": {"throw": True},
+    "model_first": {"order": "model"},
+}
+
+
+def join_main(rank: int, out: str, port: int) -> None:
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=20),
+    )
+    fw = Framework("torch")
+    result = {name: join_scenario(fw, rank, **kw) for name, kw in JOIN_SCENARIOS.items()}
+    with open(Path(out) / f"rank{rank}.pkl", "wb") as f:
+        pickle.dump(result, f)
+    close_torch_rank()
+
+
 def close_torch_rank() -> None:
     """End a torch rank whose results are written: the group destroyed once both ranks are
     done, then the process gone without the interpreter's finalization. There gloo's worker
@@ -896,7 +1011,9 @@ def main(argv: list[str]) -> None:
     framework, out = argv[0], argv[1]
     fail = argv[2:] == ["fail"]
     port = run_port()
-    if framework == "torch":
+    if argv[2:] == ["join"]:
+        spawn(join_main, (out, port), framework, port)
+    elif framework == "torch":
         spawn(rank_main, (framework, out, port, fail), framework, port)
     else:
         spawn(_paddle_rank, (framework, out, 0, fail), framework, port)

@@ -95,6 +95,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, Any], Run]
             started[framework, fail] = Run(framework, out, *(["fail"] if fail else []))
         out = tmp_path_factory.mktemp(f"dist-{framework}-fuzz")
         started[framework, "fuzz"] = Run(framework, out, FUZZ_CASES, FUZZ_SEED, script=FUZZ)
+        if framework == "torch":  # (paddle has no Join)
+            out = tmp_path_factory.mktemp("dist-torch-join")
+            started[framework, "join"] = Run(framework, out, "join")
     return started
 
 
@@ -549,3 +552,60 @@ def test_generated_models_merge_as_one_process(
     code, output, _ = runs[framework, "fuzz"].wait()
     assert code == 0, output[-4000:]
     assert f"{framework} cases {FUZZ_CASES} failures 0" in output, output[-4000:]
+
+
+@pytest.fixture(scope="module")
+def joined(runs: dict[tuple[str, Any], Run]) -> list[dict[str, Any]]:
+    """What each torch rank saw of `child.JOIN_SCENARIOS` (a collective waits 20 s at most)."""
+    run = runs["torch", "join"]
+    code, output, _ = run.wait()
+    assert code == 0, output[-4000:]
+    found = []
+    for rank in range(child.WORLD):
+        with open(run.out / f"rank{rank}.pkl", "rb") as f:
+            found.append(pickle.load(f))
+    return found
+
+
+@pytest.mark.parametrize(
+    "scenario", ["recipes_first", "monitor_first", "every", "no_sync", "early_buffer", "throw"]
+)
+def test_recipes_in_join_report_the_batches_run(
+    joined: list[dict[str, Any]], scenario: str
+) -> None:
+    """torch's Join with uneven batches (rank 0: 3, rank 1: 5; `no_sync`: 4 and 6, an SGD step
+    every 2, the first under DDP's no_sync; `early_buffer`: 1 and 3, a buffer DDP broadcasts):
+    the rank that ran out shadows the recipes' merges,
+    and every rank (it too) reports what one process reports over the batches that ran, each
+    iteration on the rows of the ranks that still had one (history: one entry per iteration of
+    the ranks that ran it); then a step outside the Join merges as before. `throw`
+    (throw_on_early_termination): every rank raises when rank 0 runs out, with the numbers of
+    the iterations before."""
+    config = child.JOIN_SCENARIOS[scenario]
+    want = child.join_scenario(child.Framework("torch"), None, **config)
+    first, second = (result[scenario] for result in joined)
+    for part in ("stats", "monitor", "rows"):  # the same merge on every rank: the same bits
+        assert first[part] == second[part], part
+    if config.get("throw"):
+        assert first["error"] == "RuntimeError: Rank 0 exhausted all inputs."
+        assert second["error"].startswith("RuntimeError: Detected at least one rank")
+    for rank, got in enumerate((first, second)):
+        assert "error" not in got or config.get("throw"), got["error"]
+        assert len(got["stats"]) == len(want["stats"]) > 1
+        assert len(got["monitor"]) == len(want["monitor"]) == len(want["stats"])
+        for step, (stats, norms) in enumerate(zip(want["stats"], want["monitor"])):
+            what = f"{scenario}, rank {rank}, step {step}"
+            _same_stats(got["stats"][step], stats, f"{what}, ActivationStats")
+            _same_norms(got["monitor"][step], norms, f"{what}, GradientMonitor")
+        rows = {row["name"]: row for row in got["rows"]}
+        _same_stats(rows, {row["name"]: row for row in want["rows"]}, f"{scenario}, rows()")
+
+
+def test_recipes_after_the_model_in_join_raise_on_every_rank(joined: list[dict[str, Any]]) -> None:
+    """``Join([ddp, stats, monitor])``: a rank that ran out would wait in DDP's hook for the
+    backward's all-reduces while the others wait in the recipes' merge at the end of the
+    forward; every rank raises at its first forward instead, before any collective."""
+    for result in joined:
+        got = result["model_first"]
+        assert got["error"].startswith("HookArgumentError: unihook (torch): ActivationStats must")
+        assert got["stats"] == got["monitor"] == []

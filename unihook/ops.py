@@ -42,6 +42,8 @@ __all__ = [
     "grad_of",
     "is_leaf",
     "is_tensor",
+    "join_context",
+    "join_hook",
     "leaf",
     "max",
     "mean",
@@ -49,6 +51,7 @@ __all__ = [
     "moments",
     "named_modules",
     "norm",
+    "notify_join",
     "object_version",
     "on_grad",
     "own_parameters",
@@ -236,6 +239,16 @@ class Ops:
     def after_backward(self, t: Any, fn: Callable[[], None]) -> None:
         """Called only where `world` is not None: required with it."""
         raise self._missing("after_backward")
+
+    # uneven inputs (torch's `Join`): a backend without it has none
+    def join_hook(self, like: Any, main: Callable[[], None], post: Callable[[], None]) -> Any:
+        raise self._missing("join_hook")
+
+    def join_context(self, like: Any) -> tuple[Any, Any]:
+        raise self._missing("join_context")
+
+    def notify_join(self, like: Any, joinable: Any) -> None:
+        raise self._missing("notify_join")
 
 
 _cache: dict[type, Ops] = {}
@@ -731,3 +744,27 @@ def after_backward(t: Any, fn: Callable[[], None]) -> None:
     (DistributedDataParallel's gradient all-reduce) and before ``backward()`` returns. An
     exception `fn` raises comes out of ``backward()`` with its own type."""
     ops_for(t).after_backward(t, fn)
+
+
+def join_hook(like: Any, main: Callable[[], None], post: Callable[[], None]) -> Any:
+    """For a recipe passed to torch's ``Join`` with `like` (a data-parallel wrapper or model):
+    the framework's join hook, which runs ``main()`` on a rank that ran out of inputs once per
+    iteration the other ranks still run, and ``post()`` once every rank ran out. From the
+    first call on (every rank of `like`'s group makes it, building the same ``Join``),
+    `all_gather` over `like`'s ranks runs on a process group of its own: there a rank that ran
+    out runs the recipes' collectives beside the wrapper's, which the others run in between
+    (see `unihook.recipes._scope._Joined`)."""
+    return ops_for(like).join_hook(like, main, post)
+
+
+def join_context(like: Any) -> tuple[Any, Any]:
+    """``(device, process group)`` of the join context's own collectives for `like`: the
+    wrapper's (every joinable of one ``Join`` must name the same group)."""
+    return ops_for(like).join_context(like)
+
+
+def notify_join(like: Any, joinable: Any) -> None:
+    """At the start of a forward of `like`: tell the join context that this rank has inputs
+    still (the first joinable of a ``Join`` does; for the others it does nothing), and raise
+    there where ``throw_on_early_termination`` and some rank ran out."""
+    ops_for(like).notify_join(like, joinable)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 from unihook.backend import map_dataclass
+from unihook.errors import HookArgumentError
 from unihook.ops import Moments, Ops, cpu_moments, cpu_sum_squares, drop_block_rate
 
 Axis = Union[None, int, Sequence[int]]
@@ -70,6 +71,28 @@ def _data_parallel_groups(like: Any) -> list[Any] | None:
                     mesh = groups[0].mesh_info.mesh  # (replicate, shard) for HSDP: shard first
                     return [mesh.get_group(dim) for dim in reversed(range(mesh.ndim))]
     return None
+
+
+# a group `all_gather` ran over: the group of its own it runs over since a recipe on it was
+# passed to torch's Join (`TorchOps.join_hook`); None stands for the default group
+_own_groups: dict[Any, Any] = {}
+
+
+def _own_key(group: Any) -> Any:
+    import torch.distributed.distributed_c10d as c10d
+
+    return None if group is None or group is c10d._get_default_group() else group
+
+
+def _make_own_group(group: Any) -> None:
+    """`group`'s own group for the recipes' collectives, made once: every rank of `group` gets
+    here in the same order (a Join's construction), and only they take part."""
+    import torch.distributed as dist
+
+    key = _own_key(group)
+    if key not in _own_groups:
+        ranks = dist.get_process_group_ranks(group)
+        _own_groups[key] = dist.new_group(ranks, use_local_synchronization=True)
 
 
 def _strided(t: Any, values_only: bool) -> Any:
@@ -336,6 +359,8 @@ class TorchOps(Ops):
             return np.zeros(((self.world(like) or (0, 1))[1], 0))
         rows = local[None]
         for group in _data_parallel_groups(like) or [None]:
+            if _own_groups:
+                group = _own_groups.get(_own_key(group), group)
             # NCCL moves only CUDA tensors; gloo (and "cpu:gloo,cuda:nccl") takes CPU ones
             on_cuda = dist.get_backend(group) == "nccl"
             device = torch.device("cuda", torch.cuda.current_device()) if on_cuda else None
@@ -351,3 +376,53 @@ class TorchOps(Ops):
         # DistributedDataParallel's, which waits for its gradient all-reduce (it queues it when
         # its last bucket is ready, after this hook ran).
         engine.queue_callback(lambda: engine.queue_callback(fn))
+
+    def join_hook(self, like: Any, main: Callable[[], None], post: Callable[[], None]) -> Any:
+        from torch.distributed.algorithms.join import JoinHook
+
+        if not isinstance(_compiled(like), torch.nn.parallel.DistributedDataParallel):
+            # (the first joinable tells the Join of each forward, before DDP's own collectives)
+            raise HookArgumentError(
+                f"unihook (torch): a recipe in torch's Join must be given the "
+                f"DistributedDataParallel wrapper the Join has, not {type(like).__name__}"
+            )
+        _make_own_group(_compiled(like).process_group)
+
+        class _Shadow(JoinHook):
+            def main_hook(self) -> None:
+                main()
+
+            def post_hook(self, is_last_joiner: bool) -> None:
+                post()
+
+        return _Shadow()
+
+    def join_context(self, like: Any) -> tuple[Any, Any]:
+        import torch.distributed as dist
+
+        group = _compiled(like).process_group  # (DDP's: `join_hook` made sure)
+        if dist.get_backend(group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device()), group
+        return torch.device("cpu"), group
+
+    def notify_join(self, like: Any, joinable: Any) -> None:
+        from torch.distributed.algorithms.join import Join
+
+        config = joinable._join_config
+        if config is None:  # (its Join's construction failed)
+            return
+        if config.enable and not config.is_first_joinable:
+            # another joinable's hook (DDP's waits for its backward's all-reduces) would run
+            # before the recipes' start, while the others wait in the merge at the forward's end
+            raise HookArgumentError(
+                f"unihook (torch): {type(joinable).__name__} must come before the model (and "
+                f"any other joinable) in the list given to torch's Join, as in "
+                f"Join([stats, monitor, ddp_model]): a rank that ran out of inputs runs the "
+                f"joinables' hooks in that order, and the recipes' merges come first"
+            )
+        work = Join.notify_join_context(joinable)
+        ddp = _compiled(like)
+        if work is not None and hasattr(ddp, "_divide_by_initial_world_size"):
+            # what DDP does with its own notice, first in the list: its reducer then divides the
+            # gradients by the ranks not joined where `divide_by_initial_world_size=False`
+            ddp.reducer._set_forward_pass_work_handle(work, ddp._divide_by_initial_world_size)

@@ -4,18 +4,30 @@ as modules, qualified names or lists of either; `every=N` hooks one forward in N
 from __future__ import annotations
 
 import difflib
+import functools
 import itertools
 import sys
+import threading
+import weakref
 import zlib
 from typing import Any, Callable, Sequence, Union, cast
 
-from unihook import HookArgumentError, HookGroup, Where, backend_of, ops, register_forward_hook
+from unihook import (
+    HookArgumentError,
+    HookGroup,
+    Where,
+    backend_of,
+    ops,
+    register_forward_hook,
+    register_forward_pre_hook,
+)
 from unihook.errors import UnihookError
 from unihook.handles import Removable
 
 __all__ = [
     "RankMismatchError",
     "Recipe",
+    "Synced",
     "Targets",
     "check_every",
     "check_history",
@@ -98,6 +110,14 @@ class Recipe(Removable):
             return
         if not self._counted(module):
             return
+        self._advance()
+
+    def _advance(self) -> bool:
+        """Count a forward of the model towards `every`: whether it was recorded (its hooks
+        were placed for it)."""
+        recorded = self._forwards % self._every == 0
+        if self._build is None:  # (every=1: the hooks stay)
+            return recorded
         self._forwards += 1
         self._active.remove()  # the module's own hooks run from a snapshot: this call is done
         if self._forwards % self._every == 0 and self._build is not None:
@@ -105,6 +125,7 @@ class Recipe(Removable):
             # placed for the next forward: this one's backward is not recorded (a reentrant
             # checkpoint recomputes parts of it there, through these hooks)
             self._placed_ahead = True
+        return recorded
 
     def _merging(self, model: Any, sync: bool) -> tuple[int, int] | None:
         """``(rank, size)`` when this recipe merges the ranks' numbers for a forward of
@@ -204,6 +225,139 @@ class Recipe(Removable):
         self._build = None
         self._hooks.remove()
         self._active.remove()
+
+
+class Synced(Recipe):
+    """A recipe that merges the ranks' numbers (`sync`): also a joinable of torch's ``Join``
+    (uneven inputs), listed before the model: ``Join([stats, monitor, ddp_model])``. Once a
+    rank ran out of inputs, it runs the recipes' merges of each iteration the others still
+    run, with nothing of its own in them (`_shadowing`, `_shadow_forward`,
+    `_shadow_backward`)."""
+
+    _model: Any
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._removed = False
+        self._joined: _Joined | None = None  # the recipes of the last Join this one is in
+        self._notifying = False
+        # set by torch's Join (`Joinable`'s attribute, which its `notify_join_context` reads)
+        self._join_config: Any = None
+
+    def join_hook(self, **kwargs: Any) -> Any:
+        """torch's ``Joinable.join_hook``: called by ``Join([...])`` on every rank."""
+        joined = self._joined = _Joined.of(self)
+        if not self._notifying:  # (for the recipe's life: the Join may outlive it)
+            self._notifying = True
+            self._hooks.add("", register_forward_pre_hook(self._model, self._notify, prepend=True))
+        return ops.join_hook(self._model, functools.partial(joined.main, self), joined.wait)
+
+    @property
+    def join_device(self) -> Any:
+        return ops.join_context(self._model)[0]
+
+    @property
+    def join_process_group(self) -> Any:
+        return ops.join_context(self._model)[1]
+
+    def _notify(self, module: Any, args: Any) -> None:
+        # The first recipe of a Join notifies it (torch asks the first joinable to, at the
+        # start of each forward): the model after the recipes in the list does not.
+        joined = self._joined
+        if joined is not None and joined.recipes[0] is self and not ops.in_backward(module):
+            ops.notify_join(module, self)
+
+    def _shadowing(self) -> bool:
+        """A rank that ran out of inputs, an iteration of the others: whether this recipe
+        merges in it (counting the forward towards `every`, as the others' hooks do)."""
+        return False
+
+    def _shadow_forward(self) -> None:
+        """Where `_shadowing`: this rank's part in the merges at the end of the others'
+        forward, with nothing of its own (in `_Joined`'s thread)."""
+
+    def _shadow_backward(self) -> None:
+        """As `_shadow_forward`, at the end of that forward's backward."""
+
+    def remove(self) -> None:
+        self._removed = True
+        super().remove()
+
+
+class _Joined:
+    """The recipes of one torch ``Join``, in its list's order. On a rank that ran out of
+    inputs, the first one's hook starts, per iteration the others run, a thread running every
+    recipe's shadows in the order the others' merges run (the ends of the forward in the order
+    the recipes were made, as their forward hooks run; then those of the backward, as
+    `_run_queued`), and returns: the next joinable's hook, DDP's, runs the broadcasts of the
+    forward (buffers, its buckets' first rebuild) and the all-reduces of the backward, each
+    waiting for its partner, between which the others run the recipes' merges. So the
+    recipes' collectives run on a group of their own (`ops.join_hook`), and the first recipe
+    must come before DDP in the list: its hook waits for the last iteration's thread first.
+    The others' hooks do nothing."""
+
+    _forming: weakref.ref[_Joined] | None = None  # the Join under construction
+
+    def __init__(self) -> None:
+        self.recipes: list[Synced] = []
+        # each recipe's `_join_config` when it joined: Join sets them all once every joinable
+        # gave its hook, so one that changed means that this Join is built
+        self.configs: list[Any] = []
+        self._running: threading.Thread | None = None
+        self._failed: BaseException | None = None
+
+    @classmethod
+    def of(cls, recipe: Synced) -> _Joined:
+        """The Join `recipe.join_hook` is called for: the one the last call was for, unless it
+        is built (its recipes' configs set) or has `recipe` already (its construction
+        failed)."""
+        joined = cls._forming() if cls._forming is not None else None
+        if (
+            joined is None
+            or recipe in joined.recipes
+            or any(r._join_config is not c for r, c in zip(joined.recipes, joined.configs))
+        ):
+            joined = cls()
+            cls._forming = weakref.ref(joined)
+        joined.recipes.append(recipe)
+        joined.configs.append(recipe._join_config)
+        return joined
+
+    def main(self, recipe: Synced) -> None:
+        if recipe is not self.recipes[0]:
+            return
+        self.wait()
+        ordered = sorted(self.recipes, key=lambda r: r._created)
+        shadowed = [each for each in ordered if each._shadowing()]  # (hooks placed here)
+        if shadowed:
+            self._running = threading.Thread(
+                target=self._shadow, args=(shadowed,), name="unihook-join", daemon=True
+            )
+            self._running.start()
+
+    def _shadow(self, recipes: list[Synced]) -> None:
+        failed: BaseException | None = None
+        try:
+            for each in recipes:  # (an error here is raised on every rank: theirs stop too)
+                each._shadow_forward()
+            for each in recipes:  # each runs, then the first error raises (`_run_queued`)
+                try:
+                    each._shadow_backward()
+                except Exception as error:
+                    failed = failed or error
+        except Exception as error:
+            failed = error
+        self._failed = failed
+
+    def wait(self) -> None:
+        """The last iteration's shadows done (the next iteration's hook, or once every rank
+        ran out): the first error they raised raises here."""
+        running, self._running = self._running, None
+        if running is not None:
+            running.join()
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
 
 
 _TENSOR_TYPES: set[type] = set()  # the types `tensors_of` has seen returned as a bare tensor

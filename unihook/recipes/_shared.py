@@ -53,11 +53,15 @@ Wire = tuple[int, int, int]
 # about the same thing, else the ranks' numbers would mix (an evaluation-mode forward with
 # gradients on one rank merged with the others' training forward), so every rank raises.
 TRAINING_FORWARD, EVALUATION_FORWARD, FORWARD_TABLE, BACKWARD = 1, 2, 3, 4
+# A rank that ran out of inputs (torch's Join) sends this in the merges the others still run:
+# its rows are left out (it contributes nothing, as a rank with no samples at all).
+JOINED = 0
 STAMPS = {
     TRAINING_FORWARD: "ActivationStats' numbers of a training-mode forward",
     EVALUATION_FORWARD: "ActivationStats' numbers of an evaluation-mode forward",
     FORWARD_TABLE: "GradientMonitor's outputs of a forward",
     BACKWARD: "GradientMonitor's gradients of a backward",
+    JOINED: "nothing (the rank ran out of inputs)",
 }
 
 _WINDOW = 16  # merges over which the collective's section keeps room for its largest entries
@@ -242,6 +246,7 @@ class Slots:
         self.capacity = 0  # numbers of slot entries the collective carries per rank
         self._needs: deque[int] = deque(maxlen=_WINDOW)
         self._tables = 0  # the same for GradientMonitor's decisions at the end of a forward
+        self.active: Any = None  # the last exchange's ranks that did not join (JOINED)
 
     def kind(self, key: Key) -> int:
         return self.kinds.get(key, NEW)
@@ -291,7 +296,9 @@ class Slots:
                 lambda count, size=size: base_length(count) + size,
             )
             stamps = rows[:, width + 1]
-            if (stamps != stamps[0]).any():  # (every rank sees the same rows: all raise)
+            self.active = stamps != JOINED
+            sent = stamps[self.active]
+            if (sent != sent[0]).any():  # (every rank sees the same rows: all raise)
                 recipe._out_of_step(model, [STAMPS.get(int(s), "?") for s in stamps.tolist()])
             most = int(rows[:, width].max()) if len(rows) else 0
             if most <= capacity:
@@ -301,6 +308,7 @@ class Slots:
             else:
                 self.capacity = _room(most)
         start = width + len(head)
+        rows = rows[self.active]
         parts = [parse(row[start : start + int(row[width])]) for row in rows]
         return rows[:, :width], rows[:, width + 2 : start], parts
 
@@ -351,8 +359,9 @@ class Slots:
             mine = []
             for wire in compared:
                 box = tuple(slice(0, n) for n in boxes[wire])
-                mine.append(sketch(local[keys[wire]].tensor, box))
-            found = ops.all_gather(np.concatenate(mine), like=model)
+                seen = local.get(keys[wire])  # (none on a rank that joined)
+                mine.append(sketch(None if seen is None else seen.tensor, box))
+            found = ops.all_gather(np.concatenate(mine), like=model)[self.active]
             found = found.reshape(len(found), len(compared), -1)
             for j, wire in enumerate(compared):
                 common[wire] = alike(found[:, j])

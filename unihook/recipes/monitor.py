@@ -23,10 +23,11 @@ from unihook import (
     register_tensor_hook,
 )
 
-from ._scope import Recipe, check_every, check_history, tensors_of, where_of
+from ._scope import Synced, check_every, check_history, tensors_of, where_of
 from ._shared import (
     BACKWARD,
     FORWARD_TABLE,
+    JOINED,
     NEW,
     NO_INPUTS_HEADER,
     SAMPLE,
@@ -127,7 +128,7 @@ class _Step:
             handle.remove()
 
 
-class GradientMonitor(Recipe):
+class GradientMonitor(Synced):
     """Records ``{module name: grad_output norm}`` for each backward in `history` (one dict per
     forward of `model` whose gradients were computed, modules in backward order). A NaN or Inf
     in a grad_output raises NonFiniteGradientError naming the first module where it appeared
@@ -156,7 +157,7 @@ class GradientMonitor(Recipe):
     on every rank: a positional table broadcast over the batch) is sent whole, its gradients
     summed before the norm; a scalar computed from the batch (a loss the model returns) has
     the ranks' common gradient (README "Data parallel" has the rule). `sync=False` keeps each
-    rank's own numbers.
+    rank's own numbers. Uneven inputs: list the recipe before the model in torch's ``Join``.
     """
 
     def __init__(
@@ -192,11 +193,11 @@ class GradientMonitor(Recipe):
         # the inner model of a wrapper, GradCAM's forward) is not part of a recorded step
         self._running = 0
         self._parameters_hooked = False  # (see _new_step)
-        self._removed = False  # removed between a forward and its backward: nothing merges
         self._slots = Slots()  # per sample or shared: each output's merge (see _shared)
         self._deciding: _Step | None = None  # the forward whose slots the ranks decide at its end
         self._forwards_seen = 0  # forwards with gradients: each step's serial
         self._with_grad = False  # the last forward of the model outside backward had gradients
+        self._shadowed: _Step | None = None  # (a rank that joined) the step it shadows
 
         def hooks() -> HookGroup:
             group = HookGroup()
@@ -279,27 +280,55 @@ class GradientMonitor(Recipe):
             return
         step.inputs_header = inputs_header(step.inputs)
         step.inputs = ()
-        names = self._names
-        index = {name: i for i, name in enumerate(names)}
-        entries = [encode(index, key, seen, ()) for key, seen in step.seen.items()]
-        header = (step.batch, *step.inputs_header)
-        _, headers, parts = self._slots.exchange(
-            self,
-            self._model,
-            names,
-            (),
-            lambda count: 0,
-            header,
-            entries,
-            FORWARD_TABLE,
-            table=True,
-        )
-        kinds = self._slots.decide(self._model, names, parts, headers, step.seen, {})
+        kinds = self._decide_table(step, FORWARD_TABLE)
+        index = {name: i for i, name in enumerate(self._names)}
         for key, seen in list(step.seen.items()):
             kind = step.kinds[key] = kinds[index[key[0]], key[1], key[2]]
             seen.tensor = None
             if kind == SAMPLE:
                 del step.seen[key]
+
+    def _decide_table(self, step: _Step, stamp: int) -> dict[Any, int]:
+        """The ranks' decision of every output of `step`'s forward (one exchange of them)."""
+        names = self._names
+        index = {name: i for i, name in enumerate(names)}
+        entries = [encode(index, key, seen, ()) for key, seen in step.seen.items()]
+        header = (step.batch, *step.inputs_header)
+        _, headers, parts = self._slots.exchange(
+            self, self._model, names, (), lambda count: 0, header, entries, stamp, table=True
+        )
+        return self._slots.decide(self._model, names, parts, headers, step.seen, {})
+
+    def _shadowing(self) -> bool:
+        # (see Synced) a forward of the others: the step whose merges this rank shadows,
+        # unless `every` skips it
+        self._shadowed = None
+        world = self._merging(self._model, self.sync)
+        if self._removed or world is None or not self._advance():
+            return False
+        self._step.drop_leaves()  # (as `_new_step`)
+        if self._step.pending and self._step.merge is not None:
+            self._cancel_merge(self._step.merge)
+        self._forwards_seen += 1
+        self._step = self._shadowed = _Step(world, self._forwards_seen)
+        return True
+
+    def _shadow_forward(self) -> None:
+        # the decision at the end of the forward while the ranks have not told data from
+        # parameters (`_settle`)
+        step = self._shadowed
+        if step is not None and not self._slots.settled:
+            kinds = self._decide_table(step, JOINED)
+            # the kinds the others decided for this forward, as they hold them at its merge
+            names = self._names
+            step.kinds = {(names[w[0]], w[1], w[2]): kind for w, kind in kinds.items()}
+
+    def _shadow_backward(self) -> None:
+        step, self._shadowed = self._shadowed, None
+        if step is not None:
+            step.logged = True
+            self.history.append(step.norms)
+            self._merge(step, JOINED)
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
         # (in backward: a part of the model recomputed by a checkpoint; a reentrant one's
@@ -398,7 +427,7 @@ class GradientMonitor(Recipe):
         if self.on_nonfinite == "warn":
             warnings.warn(str(error), RuntimeWarning, stacklevel=3)
 
-    def _merge(self, step: _Step) -> None:
+    def _merge(self, step: _Step, stamp: int = BACKWARD) -> None:
         """The end of a backward with several ranks: one all_gather of every rank's vector
         [has a gradient per module, sum of squares of its per-sample outputs' gradients per
         module, its place in the rank's backward order per module, rank, first non-finite
@@ -427,7 +456,7 @@ class GradientMonitor(Recipe):
         step.grads = {}
         header = (step.batch, *step.inputs_header)
         ranks, headers, parts = self._slots.exchange(
-            self, self._model, names, local, lambda count: 3 * count + 2, header, entries, BACKWARD
+            self, self._model, names, local, lambda count: 3 * count + 2, header, entries, stamp
         )
         kinds = self._slots.decide(self._model, names, parts, headers, step.seen, step.kinds)
         self._slots.keep_room(parts, kinds)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -11,9 +12,10 @@ import numpy as np
 
 from unihook import HookGroup, attach, ops, register_forward_hook, register_forward_pre_hook
 
-from ._scope import Recipe, check_every, check_history, tensors_of, where_of
+from ._scope import Synced, check_every, check_history, tensors_of, where_of
 from ._shared import (
     EVALUATION_FORWARD,
+    JOINED,
     NEW,
     NO_INPUTS_HEADER,
     SAMPLE,
@@ -70,7 +72,7 @@ class _Running:
 _FIELDS = 8  # per module in the ranks' vectors: calls, then `moments`
 
 
-class ActivationStats(Recipe):
+class ActivationStats(Synced):
     """Running statistics of every selected module's output over forward calls: calls, mean,
     std, min, max, fraction of zeros, and the count of non-finite values (mean, std, min and max
     are over the finite values). Tuple, namedtuple, dict and nested outputs count every tensor
@@ -100,7 +102,8 @@ class ActivationStats(Recipe):
     parallel" has the rule), and `rows()` covers the forwards of `model` only (a submodule
     called on its own is left out). Merging, a forward of `model` under no_grad (an
     evaluation, which one rank may run alone) is neither recorded nor counted by `every`.
-    `sync=False` keeps each rank's own numbers, and records those too.
+    `sync=False` keeps each rank's own numbers, and records those too. Uneven inputs: list
+    the recipe before the model in torch's ``Join`` (README "Data parallel").
     """
 
     def __init__(
@@ -233,16 +236,35 @@ class ActivationStats(Recipe):
         if self._skipping:
             self._skipping = False
             return
+        if self._world is not None and output is None and sys.exc_info()[0] is not None:
+            # the forward raised (torch's Join with throw_on_early_termination, at its start,
+            # on every rank that has inputs left): no merge, which the others do not run
+            self._step, self._inputs, self._seen = {}, (), {}
+            return
         if self._world is not None:
-            self._step = self._merge(self._step)
+            stamp = TRAINING_FORWARD if self._training else EVALUATION_FORWARD
+            self._add(self._merge(self._step, stamp))
             self._inputs, self._seen = (), {}
-            for name, step in self._step.items():
-                self._stats[name].add(step)
-        if self._step:
+        elif self._step:
             self._history.append(self._step)
-            self._step = {}
+        self._step = {}
 
-    def _merge(self, step: dict[str, _Running]) -> dict[str, _Running]:
+    def _add(self, merged: dict[str, _Running]) -> None:
+        """A forward's numbers merged across ranks: in `rows()` and `history`."""
+        for name, step in merged.items():
+            self._stats[name].add(step)
+        if merged:
+            self._history.append(merged)
+
+    def _shadowing(self) -> bool:
+        # (see Synced) unless `every` skips the others' forward
+        merging = not self._removed and self._merging(self._model, self.sync) is not None
+        return merging and self._advance()
+
+    def _shadow_forward(self) -> None:
+        self._add(self._merge({}, JOINED))  # (the merge of that forward: nothing of this rank)
+
+    def _merge(self, step: dict[str, _Running], stamp: int) -> dict[str, _Running]:
         """The end of a forward with several ranks: one all_gather of every rank's vector (per
         module: calls, count, mean, m2, min, max, zeros, non-finite of its per-sample outputs;
         then the outputs not known per sample, see _shared: digest, shape, moments), merged in
@@ -259,7 +281,6 @@ class ActivationStats(Recipe):
         entries = [encode(index, key, s, moments) for key, (s, moments) in seen.items()]
         compared = self._slots.wants_inputs((key, s) for key, (s, _) in seen.items())
         header = (self._batch, *(inputs_header(self._inputs) if compared else NO_INPUTS_HEADER))
-        stamp = TRAINING_FORWARD if self._training else EVALUATION_FORWARD
         ranks, headers, parts = self._slots.exchange(
             self,
             self._model,
