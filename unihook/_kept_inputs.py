@@ -13,6 +13,7 @@ the output identity of an input returned unchanged check the caller's tensor
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from typing import Any, Callable, Collection, Hashable, Iterator, Sequence
 
@@ -20,7 +21,7 @@ from ._describe import Site
 from ._module_backward import held_tensors
 from .errors import InPlaceError
 
-__all__ = ["check_kept_input", "check_returned_input", "kept_inputs"]
+__all__ = ["check_kept_input", "check_returned_input", "kept_inputs", "note_changes"]
 
 Grads = Sequence[Any]
 
@@ -44,11 +45,11 @@ def kept_inputs(
     attribute, a container, a closure, a submodule, a weak reference): a reference beyond the
     frames'. One forward returned (`returned`), whose count the output's references raise, is
     looked for among the module's attributes and containers instead (`held_tensors`).
-    `autograd`: the backend's (`requires_grad`, `is_tensor`, `own_modules`: the framework's
-    own layers, which keep no input, are skipped); `own_weakrefs`: the weak references the
-    backend itself holds to an identity's output (MindSpore's: one)."""
-    own = getattr(autograd, "own_modules", None)
-    if not _COUNTS_MEASURED or (own and type(module).__module__.startswith(own)):
+    `autograd`: the backend's (`requires_grad`, `is_tensor`); the framework's own layers
+    keep no input, but a forward hook on them may (a feature cache: `inp[0]`), so they are
+    counted too. `own_weakrefs`: the weak references the backend itself holds to an
+    identity's output (MindSpore's: one)."""
+    if not _COUNTS_MEASURED:
         return
     held: set[int] | None = None
     for k, i in enumerate(tensor_idx):
@@ -167,9 +168,31 @@ def _same_node(now: Hashable, then: Hashable) -> bool:
     return True
 
 
+class _Watched(threading.local):
+    def __init__(self) -> None:
+        # this thread's checks whose `other` lived at the last `note_changes` and had not moved
+        self.checks: list[weakref.ref[_Unchanged]] = []
+
+
+_watched = _Watched()
+
+
+def note_changes() -> None:
+    """Where a backend can (each hooked call's end: a call's locals die there, and an enclosing
+    hooked call hands its caller aliases of what its forward returns, so the tensors forward
+    passed on die there too): each check whose other side lives notes whether that side took
+    an in-place op since the call. Its backward reads that once the side is gone, which tells
+    nothing then of what changed it (`_Unchanged`); a side that dies later, changed after the
+    last such point, is not told. A few reads per live check: the list keeps only those whose
+    other side lived and had not moved."""
+    checks = _watched.checks
+    if checks:
+        checks[:] = [ref for ref in checks if (check := ref()) is not None and check.watching()]
+
+
 class _Unchanged:
     """The backward check of one side (`user`, whose history it is in): whether `other` was
-    changed in place since `settle`."""
+    changed in place since `settle` (`moved`: seen so by `note_changes` while it lived)."""
 
     __slots__ = (
         "other",
@@ -182,6 +205,7 @@ class _Unchanged:
         "error",
         "node_of",
         "read",
+        "moved",
         "__weakref__",
     )
 
@@ -203,6 +227,7 @@ class _Unchanged:
         self.version: int | None = None
         self.node: Hashable = None
         self.user_node: Hashable = None
+        self.moved = False
 
     def settle(self) -> None:
         """From now on: once both sides took their checks (a rebase moves a grad node)."""
@@ -210,6 +235,15 @@ class _Unchanged:
             self.version = self.read(self.counter)
         self.node = self.node_of(self.other())
         self.user_node = self.node_of(self.user())
+        _watched.checks.append(weakref.ref(self))
+
+    def watching(self) -> bool:
+        """(`note_changes`) Whether `other` lives and has not moved: the check stays listed."""
+        other = self.other()
+        if other is None:
+            return False
+        self.moved = not _same_node(self.node_of(other), self.node)
+        return not self.moved
 
     def __call__(self, grads: Grads) -> Grads:
         if self.counter is not None and self.read(self.counter) == self.version:
@@ -218,9 +252,10 @@ class _Unchanged:
         if other is not None:
             changed = not _same_node(self.node_of(other), self.node)
         else:
-            # gone: refused only where the counter moved, and not through `user` itself
+            # gone: refused where it moved while it lived, or where the counter moved and not
+            # through `user` itself
             user = self.user()
-            changed = (
+            changed = self.moved or (
                 self.gone_changed
                 and self.counter is not None
                 and user is not None

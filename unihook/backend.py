@@ -46,7 +46,7 @@ from ._checks import (
 )
 from ._describe import Site, type_name
 from ._imports import cancel_when_imported, install_when_imported, when_imported
-from ._kept_inputs import check_kept_input, check_returned_input, kept_inputs
+from ._kept_inputs import check_kept_input, check_returned_input, kept_inputs, note_changes
 from ._locks import RegistryLock, undo_if_unfinished
 from ._module_backward import (
     Autograd,
@@ -88,6 +88,7 @@ __all__ = [
     "kept_inputs",
     "kwargs_post_hook",
     "map_dataclass",
+    "note_changes",
     "pin",
     "register_backward_hook",
     "show_value",

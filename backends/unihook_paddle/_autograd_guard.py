@@ -380,7 +380,7 @@ def _enter(state: _Shared) -> None:
 def _leave(state: _Shared) -> None:
     """This thread's outermost backward returned: run what waited for it."""
     with _lock:
-        del _active[threading.get_ident()]
+        _active.pop(threading.get_ident(), None)  # (a Ctrl-C may have kept `_enter` from it)
         deferred, state.deferred = state.deferred, []
         for action in deferred:
             action()
@@ -410,7 +410,10 @@ def _run_partial_grad(*args: Any, **kwargs: Any) -> Any:
 # on another thread (no hook needed) it segfaults copying the graph, corrupts the heap or
 # reports inputs missing from it. Tensor.backward beside Tensor.backward holds. So, while
 # unihook's hooks live: backwards share the graph, a paddle.grad has it alone.
-_graph = threading.Condition(threading.Lock())
+_graph_lock = threading.Lock()
+# (`with _graph_lock`, not `with _graph`: Condition's `__exit__` is Python, where a Ctrl-C can
+# land before it releases the lock, which would then stay held for every later backward)
+_graph = threading.Condition(_graph_lock)
 # thread ident -> its Tensor.backward calls sharing the graph. Per thread, and restored by the
 # thread from what it saw before: a KeyboardInterrupt between two statements here cannot leave
 # a count behind for others to wait on forever.
@@ -423,7 +426,7 @@ def _heal(me: int) -> None:
     KeyboardInterrupt inside the `finally` below): let the other threads go."""
     global _writer
     if _state.depth == 1 and (_writer == me or me in _readers):
-        with _graph:
+        with _graph_lock:
             if _writer == me:
                 _writer = None
             _readers.pop(me, None)
@@ -437,7 +440,7 @@ def _beside_others(*args: Any, **kwargs: Any) -> Any:
         return _originals[0](*args, **kwargs)
     before: int | None = None
     try:
-        with _graph:
+        with _graph_lock:
             while _writer is not None:
                 _graph.wait()
             before = _readers.get(me, 0)
@@ -445,7 +448,7 @@ def _beside_others(*args: Any, **kwargs: Any) -> Any:
         return _originals[0](*args, **kwargs)
     finally:
         if before is not None:
-            with _graph:
+            with _graph_lock:
                 if before:
                     _readers[me] = before
                 else:
@@ -463,14 +466,14 @@ def _one_at_a_time(*args: Any, **kwargs: Any) -> Any:
         # thread deadlocks: README.)
         return _originals[1](*args, **kwargs)
     try:
-        with _graph:
+        with _graph_lock:
             while _writer is not None or any(t != me for t in _readers):
                 _graph.wait()
             _writer = me
         return _originals[1](*args, **kwargs)
     finally:
         if _writer == me:
-            with _graph:
+            with _graph_lock:
                 _writer = None
                 _graph.notify_all()
 
@@ -485,26 +488,30 @@ def _guarded(
     cuts: dict[int, frozenset[int]] = {},  # noqa: B006 (never mutated)
 ) -> Any:
     state = _state
+    # What the `finally` restores, read before anything changes (a Ctrl-C landing between two
+    # of the changes below must find it restored: a depth left at 1, or this backward's roots,
+    # would stay for good)
     outer_graph, outer_fired, outer_cuts = state.create_graph, state.fired_tokens, state.cuts
-    outer_replaced, state.replaced = state.replaced, {}
-    outer_ends, state.ends = state.ends, []
+    outer_replaced, outer_ends, outer_depth = state.replaced, state.ends, state.depth
     outer_walk = state.roots, state.graph, state.obliged, state.asked, state.declined
-    state.roots, state.graph, state.obliged, state.asked, state.declined = (
-        roots,
-        None,
-        None,
-        0,
-        False,
-    )
-    state.create_graph = create_graph
-    state.cuts = cuts
-    state.fired_tokens = set()
     shared = state.shared
-    outer_firing, shared.firing = shared.firing, None
-    state.depth += 1
-    if state.depth == 1:
-        _enter(shared)
+    outer_firing = shared.firing
     try:
+        state.replaced, state.ends = {}, []
+        state.roots, state.graph, state.obliged, state.asked, state.declined = (
+            roots,
+            None,
+            None,
+            0,
+            False,
+        )
+        state.create_graph = create_graph
+        state.cuts = cuts
+        state.fired_tokens = set()
+        shared.firing = None
+        state.depth = outer_depth + 1
+        if not outer_depth:
+            _enter(shared)
         try:
             grads = run(*args, **kwargs)
         except OSError as error:
@@ -523,7 +530,7 @@ def _guarded(
             _run_ends(state.ends)
         return grads
     finally:
-        state.depth -= 1
+        state.depth = outer_depth
         state.create_graph, state.fired_tokens, state.cuts = outer_graph, outer_fired, outer_cuts
         state.replaced = outer_replaced
         state.ends = outer_ends
@@ -534,7 +541,7 @@ def _guarded(
             )
         state.roots, state.graph, state.obliged, state.asked, state.declined = outer_walk
         shared.firing = outer_firing
-        if state.depth == 0:
+        if not outer_depth:
             state.pending = None
             _leave(shared)
 

@@ -61,6 +61,7 @@ from unihook.backend import (
     check_grad_like,
     check_kept_input,
     check_returned_input,
+    note_changes,
     held_tensors,
     kept_inputs,
     register_backward_hook,
@@ -526,6 +527,8 @@ class PaddleAutograd(Autograd):
         module: Any,
         result: Any,
     ) -> None:
+        # (a hooked call's end: the checks of earlier calls note what changed while it lives)
+        note_changes()
         # An input returned unchanged (an identity, eval-mode Dropout) reaches the caller as
         # the output identity's alias, whose later uses would miss the caller's in-place op on
         # its tensor: the output node checks it (`check_returned_input`), no node more.
