@@ -61,9 +61,9 @@ from unihook.backend import (
     check_grad_like,
     check_kept_input,
     check_returned_input,
-    note_changes,
     held_tensors,
     kept_inputs,
+    note_changes,
     register_backward_hook,
     show_value,
 )

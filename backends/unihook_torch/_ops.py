@@ -386,7 +386,6 @@ class TorchOps(Ops):
                 f"unihook (torch): a recipe in torch's Join must be given the "
                 f"DistributedDataParallel wrapper the Join has, not {type(like).__name__}"
             )
-        _make_own_group(_compiled(like).process_group)
 
         class _Shadow(JoinHook):
             def main_hook(self) -> None:
@@ -401,6 +400,9 @@ class TorchOps(Ops):
         import torch.distributed as dist
 
         group = _compiled(like).process_group  # (DDP's: `join_hook` made sure)
+        # the recipes' own group, made once every joinable gave its hook (a misuse raised
+        # there on every rank, before any collective): the Join reads the group now
+        _make_own_group(group)
         if dist.get_backend(group) == "nccl":
             return torch.device("cuda", torch.cuda.current_device()), group
         return torch.device("cpu"), group

@@ -240,17 +240,28 @@ class Synced(Recipe):
         super().__init__()
         self._removed = False
         self._joined: _Joined | None = None  # the recipes of the last Join this one is in
-        self._notifying = False
+        # the pre-hook that tells a Join of each forward (`_notify`): kept past `remove()` until
+        # the Join it is first in ends (the Join asks its first joinable for it each iteration)
+        self._notifier: Removable | None = None
         # set by torch's Join (`Joinable`'s attribute, which its `notify_join_context` reads)
         self._join_config: Any = None
 
     def join_hook(self, **kwargs: Any) -> Any:
         """torch's ``Joinable.join_hook``: called by ``Join([...])`` on every rank."""
         joined = self._joined = _Joined.of(self)
-        if not self._notifying:  # (for the recipe's life: the Join may outlive it)
-            self._notifying = True
-            self._hooks.add("", register_forward_pre_hook(self._model, self._notify, prepend=True))
-        return ops.join_hook(self._model, functools.partial(joined.main, self), joined.wait)
+        other = next((r for r in joined.recipes if r._every != self._every), None)
+        if other is not None:
+            # `every` places a recipe's hooks anew after the others': the ranks that have
+            # inputs would then run the forwards' merges in another order than the one that ran
+            # out (another recipe's numbers read as this one's, or a gloo abort)
+            raise HookArgumentError(
+                f"unihook ({backend_of(self._model)}): the recipes in one torch Join must log "
+                f"the same forwards: every={other._every} ({type(other).__name__}) and "
+                f"every={self._every} ({type(self).__name__}). Give them the same `every`."
+            )
+        if self._notifier is None:
+            self._notifier = register_forward_pre_hook(self._model, self._notify, prepend=True)
+        return ops.join_hook(self._model, functools.partial(joined.main, self), joined.end)
 
     @property
     def join_device(self) -> Any:
@@ -264,7 +275,12 @@ class Synced(Recipe):
         # The first recipe of a Join notifies it (torch asks the first joinable to, at the
         # start of each forward): the model after the recipes in the list does not.
         joined = self._joined
-        if joined is not None and joined.recipes[0] is self and not ops.in_backward(module):
+        if (
+            joined is not None
+            and not joined.done
+            and joined.recipes[0] is self
+            and not ops.in_backward(module)
+        ):
             ops.notify_join(module, self)
 
     def _shadowing(self) -> bool:
@@ -282,6 +298,14 @@ class Synced(Recipe):
     def remove(self) -> None:
         self._removed = True
         super().remove()
+        joined = self._joined
+        if joined is None or joined.done or joined.recipes[0] is not self:
+            self._let_go_of_notifier()
+
+    def _let_go_of_notifier(self) -> None:
+        notifier, self._notifier = self._notifier, None
+        if notifier is not None:
+            notifier.remove()
 
 
 class _Joined:
@@ -305,6 +329,7 @@ class _Joined:
         self.configs: list[Any] = []
         self._running: threading.Thread | None = None
         self._failed: BaseException | None = None
+        self.done = False  # the Join ended (`end`): its first recipe tells it nothing more
 
     @classmethod
     def of(cls, recipe: Synced) -> _Joined:
@@ -358,6 +383,17 @@ class _Joined:
         failed, self._failed = self._failed, None
         if failed is not None:
             raise failed
+
+    def end(self) -> None:
+        """The Join's end (its post-hook, on every rank): the last shadows, then the first
+        recipe, removed inside it, lets go of its notifier."""
+        try:
+            self.wait()
+        finally:
+            self.done = True
+            for recipe in self.recipes:
+                if recipe._removed:
+                    recipe._let_go_of_notifier()
 
 
 _TENSOR_TYPES: set[type] = set()  # the types `tensors_of` has seen returned as a bare tensor
