@@ -321,8 +321,8 @@ print(repr((run("none"), run("identity"), run({kind!r}))))
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "MindSpore keeps the graph of a forward that raised, whose input identity holds the "
-        "call: docs/MINDSPORE.md section 11 (d)"
+        "after a grad whose function raised, MindSpore keeps the contexts of later passes "
+        "(its recording state), and the last call's input identity holds the cell"
     ),
 )
 def test_mindspore_cell_keeping_its_input_freed_after_a_forward_that_raised() -> None:
@@ -487,10 +487,6 @@ def run(kind, ret, change):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the child's check watches the parent's alias, not the caller's tensor: README",
-)
 @pytest.mark.parametrize("kind", ["global", "both"])
 def test_paddle_kept_changed_then_callers_read_through_a_hooked_parent(kind: str) -> None:
     # 1f25aaf: silent wrong gradient. A child layer keeps its input (`self.kept = h`), its

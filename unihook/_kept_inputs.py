@@ -56,6 +56,14 @@ def kept_inputs(
         alias, original = args[i], originals[k]
         if original is None or alias is original or not autograd.requires_grad(alias):
             continue
+        inner = _kept_for.get(id(alias)) if _kept_for else None
+        if inner:
+            # a hooked call inside this one kept an alias of this call's alias: this call
+            # keeps it too, for the caller's tensor (`m.inner.kept`, read beside `h`)
+            for ref in list(inner):
+                kept = ref()
+                if kept is not None:
+                    yield kept, original
         if k in returned:
             if held is None:
                 held = {id(t) for _, t in held_tensors(module, autograd.is_tensor)}
@@ -107,6 +115,8 @@ def check_kept_input(
                 alias, original, False, _caller_read(site), node_of, version, counter_of
             )
             checks.append((original, other))
+    if caller_side:
+        _note_kept(original, alias)
     for user, check in checks:
         before = node_of(user)
         # (`materialize`: as the input side's, whose node keeps nothing of its outputs; an
@@ -140,6 +150,21 @@ def check_returned_input(
     check = _Unchanged(original, output, not kept, error, node_of, version, counter_of)
     check.settle()
     return check
+
+
+# The aliases hooked calls kept, by the id of the tensor each stands for (the caller's): an
+# enclosing hooked call that got that tensor as its own input alias keeps them as well
+# (`kept_inputs`); an entry goes with that tensor.
+_kept_for: dict[int, list[weakref.ref[Any]]] = {}
+
+
+def _note_kept(original: Any, alias: Any) -> None:
+    key = id(original)
+    refs = _kept_for.get(key)
+    if refs is None:
+        refs = _kept_for[key] = []
+        weakref.finalize(original, _kept_for.pop, key, None)
+    refs.append(weakref.ref(alias))
 
 
 # A grad node these checks gave a tensor -> the node it had: a tensor taking a check again (the
