@@ -66,7 +66,14 @@ def kept_inputs(
                     yield kept, original
         if k in returned:
             if held is None:
-                held = {id(t) for _, t in held_tensors(module, autograd.is_tensor)}
+                # (the framework's own layers hold no tensor of the call: not looked through)
+                own = getattr(autograd, "own_modules", None)
+                framework = own is not None and type(module).__module__.startswith(own)
+                held = (
+                    set()
+                    if framework
+                    else {id(t) for _, t in held_tensors(module, autograd.is_tensor)}
+                )
             if id(alias) in held:
                 yield alias, original
         elif sys.getrefcount(alias) > _FREE_INPUT or weakref.getweakrefcount(alias) > own_weakrefs:
@@ -193,10 +200,30 @@ def _same_node(now: Hashable, then: Hashable) -> bool:
     return True
 
 
+class _Group:
+    """The checks of one thread whose other side is one tensor, settled at one grad node of it:
+    one read tells them all whether it moved."""
+
+    __slots__ = ("other", "node", "node_of", "checks", "limit")
+
+    def __init__(self, other: Any, node: Hashable, node_of: Callable[[Any], Hashable]) -> None:
+        self.other, self.node, self.node_of = weakref.ref(other), node, node_of
+        self.checks: list[weakref.ref[_Unchanged]] = []
+        self.limit = 64  # (the dead ones go when the list reaches it: a parameter's lives long)
+
+    def add(self, check: _Unchanged) -> None:
+        checks = self.checks
+        if len(checks) >= self.limit:
+            checks[:] = [ref for ref in checks if ref() is not None]
+            self.limit = max(64, 2 * len(checks))
+        checks.append(weakref.ref(check))
+
+
 class _Watched(threading.local):
     def __init__(self) -> None:
-        # this thread's checks whose `other` lived at the last `note_changes` and had not moved
-        self.checks: list[weakref.ref[_Unchanged]] = []
+        # this thread's checks whose other side lived at the last `note_changes` and had not
+        # moved, by (the id of that side, its grad node when they settled)
+        self.groups: dict[tuple[int, Hashable], _Group] = {}
 
 
 _watched = _Watched()
@@ -208,11 +235,22 @@ def note_changes() -> None:
     passed on die there too): each check whose other side lives notes whether that side took
     an in-place op since the call. Its backward reads that once the side is gone, which tells
     nothing then of what changed it (`_Unchanged`); a side that dies later, changed after the
-    last such point, is not told. A few reads per live check: the list keeps only those whose
-    other side lived and had not moved."""
-    checks = _watched.checks
-    if checks:
-        checks[:] = [ref for ref in checks if (check := ref()) is not None and check.watching()]
+    last such point, is not told. One read per tensor some live check watches (the checks
+    of one tensor grouped: a parameter that many identity calls return is one read); a group
+    goes once its tensor died or moved."""
+    groups = _watched.groups
+    if not groups:
+        return
+    for key, group in list(groups.items()):
+        other = group.other()
+        if other is not None and _same_node(group.node_of(other), group.node):
+            continue
+        del groups[key]
+        if other is not None:  # moved
+            for ref in group.checks:
+                check = ref()
+                if check is not None:
+                    check.moved = True
 
 
 class _Unchanged:
@@ -258,17 +296,14 @@ class _Unchanged:
         """From now on: once both sides took their checks (a rebase moves a grad node)."""
         if self.counter is not None:
             self.version = self.read(self.counter)
-        self.node = self.node_of(self.other())
-        self.user_node = self.node_of(self.user())
-        _watched.checks.append(weakref.ref(self))
-
-    def watching(self) -> bool:
-        """(`note_changes`) Whether `other` lives and has not moved: the check stays listed."""
         other = self.other()
-        if other is None:
-            return False
-        self.moved = not _same_node(self.node_of(other), self.node)
-        return not self.moved
+        self.node = self.node_of(other)
+        self.user_node = self.node_of(self.user())
+        groups, key = _watched.groups, (id(other), self.node)
+        group = groups.get(key)
+        if group is None or group.other() is not other:
+            group = groups[key] = _Group(other, self.node, self.node_of)
+        group.add(self)
 
     def __call__(self, grads: Grads) -> Grads:
         if self.counter is not None and self.read(self.counter) == self.version:

@@ -543,7 +543,11 @@ def _guarded(
         shared.firing = outer_firing
         if not outer_depth:
             state.pending = None
-            _leave(shared)
+            try:
+                _leave(shared)
+            except BaseException:
+                _leave(shared)  # (a Ctrl-C at its entry: this thread would stay "in a backward")
+                raise
 
 
 # -- PyLayer nodes that Tensor.backward already ran (SEMANTICS trap 7) -------------------------

@@ -269,6 +269,9 @@ class Synced(Recipe):
 
     @property
     def join_process_group(self) -> Any:
+        # (torch reads it once every joinable gave its hook: the Join is built)
+        if self._joined is not None:
+            self._joined.built = True
         return ops.join_context(self._model)[1]
 
     def _notify(self, module: Any, args: Any) -> None:
@@ -277,6 +280,7 @@ class Synced(Recipe):
         joined = self._joined
         if (
             joined is not None
+            and joined.built
             and not joined.done
             and joined.recipes[0] is self
             and not ops.in_backward(module)
@@ -299,7 +303,7 @@ class Synced(Recipe):
         self._removed = True
         super().remove()
         joined = self._joined
-        if joined is None or joined.done or joined.recipes[0] is not self:
+        if joined is None or not joined.built or joined.done or joined.recipes[0] is not self:
             self._let_go_of_notifier()
 
     def _let_go_of_notifier(self) -> None:
@@ -329,6 +333,7 @@ class _Joined:
         self.configs: list[Any] = []
         self._running: threading.Thread | None = None
         self._failed: BaseException | None = None
+        self.built = False  # the Join's construction went through (`join_process_group`)
         self.done = False  # the Join ended (`end`): its first recipe tells it nothing more
 
     @classmethod
