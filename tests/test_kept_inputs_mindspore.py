@@ -328,3 +328,27 @@ print(repr((run(False), run(True))))
     native, hooked = eval(got)
     assert isinstance(native, list)
     assert hooked == native
+
+
+def test_mindspore_kept_input_checks_leave_nothing_listed_per_call() -> None:
+    """The checks of kept inputs are grouped per thread by the tensor they watch, for the
+    backends that note changes at each call's end (paddle); MindSpore never does, and before
+    a bound on dead groups each call of a cell keeping its input left one more group: 209
+    after 300 `grad` steps (found in the pre-stop review, 2026-11-30)."""
+    got = _child(
+        """
+import numpy as np, mindspore, unihook
+from mindspore import nn, Tensor
+from unihook import _kept_inputs as ki
+class Keep(nn.Cell):
+    def construct(self, h):
+        self.kept = h
+        return h * 2
+m = Keep(); unihook.register_full_backward_hook(m, lambda *a: None)
+x = Tensor(np.ones(4, np.float32))
+for _ in range(300):
+    mindspore.grad(lambda x: m(x * 1.5).sum())(x)
+print(len(ki._watched.groups))
+"""
+    )
+    assert int(got) < 70, got

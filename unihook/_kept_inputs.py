@@ -222,8 +222,10 @@ class _Group:
 class _Watched(threading.local):
     def __init__(self) -> None:
         # this thread's checks whose other side lived at the last `note_changes` and had not
-        # moved, by (the id of that side, its grad node when they settled)
+        # moved, by (the id of that side, its grad node when they settled); the groups of dead
+        # sides also go when the dict reaches `limit` (a backend that never calls it: MindSpore)
         self.groups: dict[tuple[int, Hashable], _Group] = {}
+        self.limit = 64
 
 
 _watched = _Watched()
@@ -299,9 +301,14 @@ class _Unchanged:
         other = self.other()
         self.node = self.node_of(other)
         self.user_node = self.node_of(self.user())
-        groups, key = _watched.groups, (id(other), self.node)
+        watched = _watched
+        groups, key = watched.groups, (id(other), self.node)
         group = groups.get(key)
         if group is None or group.other() is not other:
+            if len(groups) >= watched.limit:
+                for dead in [k for k, g in groups.items() if g.other() is None]:
+                    del groups[dead]
+                watched.limit = max(64, 2 * len(groups))
             group = groups[key] = _Group(other, self.node, self.node_of)
         group.add(self)
 
