@@ -190,6 +190,7 @@ def test_recipes_left_out_of_a_later_join_raise_a_unihook_error(tmp_path: Path) 
         "recipes": BOTH,
         "epochs": 2,
         "later_without": True,
+        "timeout": 4,  # (a collective that waits: the limit)
     }
     _unihook_error_on_every_rank(_ranks(case, tmp_path))
 
@@ -204,7 +205,14 @@ def test_a_synced_recipe_left_out_of_the_join_raises_a_unihook_error(tmp_path: P
     the rank that ran out does not shadow its merges (which run on the recipes' own group since
     the Join), and the other rank waits in its all_gather until the group's timeout. Wanted:
     a unihook error on every rank (as for a recipe listed after the model)."""
-    case = {"world": 2, "counts": [1, 3], "model": "mlp", "recipes": BOTH, "listed": [0]}
+    case = {
+        "world": 2,
+        "counts": [1, 3],
+        "model": "mlp",
+        "recipes": BOTH,
+        "listed": [0],
+        "timeout": 4,  # (a collective that waits: the limit)
+    }
     _unihook_error_on_every_rank(_ranks(case, tmp_path))
 
 
