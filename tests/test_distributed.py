@@ -125,14 +125,18 @@ def _session_members(pid: int) -> bool:
 @pytest.fixture(scope="module", params=FRAMEWORKS)
 def ranks(request: pytest.FixtureRequest, runs: dict[tuple[str, Any], Run]) -> Any:
     framework = request.param
-    run = runs[framework, False]
+    return framework, _results(runs[framework, False])
+
+
+def _results(run: Run) -> list[dict[str, Any]]:
+    """What each rank of `run` pickled, once it ended well."""
     code, output, _ = run.wait()
     assert code == 0, output[-4000:]
     found = []
     for rank in range(child.WORLD):
         with open(run.out / f"rank{rank}.pkl", "rb") as f:
             found.append(pickle.load(f))
-    return framework, found
+    return found
 
 
 def close(a: Any, b: Any, what: str) -> None:
@@ -557,14 +561,7 @@ def test_generated_models_merge_as_one_process(
 @pytest.fixture(scope="module")
 def joined(runs: dict[tuple[str, Any], Run]) -> list[dict[str, Any]]:
     """What each torch rank saw of `child.JOIN_SCENARIOS` (a collective waits 20 s at most)."""
-    run = runs["torch", "join"]
-    code, output, _ = run.wait()
-    assert code == 0, output[-4000:]
-    found = []
-    for rank in range(child.WORLD):
-        with open(run.out / f"rank{rank}.pkl", "rb") as f:
-            found.append(pickle.load(f))
-    return found
+    return _results(runs["torch", "join"])
 
 
 @pytest.mark.parametrize(
