@@ -6,7 +6,8 @@ step times after the warm-up:
 
 - ``plain``: no recipe, no Join;
 - ``recipes``: both recipes synced, no Join (their all_gathers on DDP's group);
-- ``join_outside``: both recipes, ``Join([model])`` (DDP's join all-reduces per forward);
+- ``join_model``: no recipe, ``Join([model])`` (DDP's join all-reduces per forward; synced
+  recipes left out of a Join are refused since 2026-11-30);
 - ``join_recipes``: ``Join([stats, monitor, model])`` (the recipes' own group, their notice).
 
     python benchmarks/join_bench.py [--rounds 5] [--steps 300]
@@ -25,7 +26,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-VARIANTS = ("plain", "recipes", "join_outside", "join_recipes")
+VARIANTS = ("plain", "join_model", "recipes", "join_recipes")
 WARMUP = 30
 
 
@@ -51,10 +52,10 @@ def rank_main(rank: int, port: int, variant: str, steps: int, out: str) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x, coefficients = torch.randn(32, 64), torch.randn(32, 10)
     recipes: list[Any] = []
-    if variant != "plain":
+    if variant in ("recipes", "join_recipes"):
         recipes = [ActivationStats(model), GradientMonitor(model)]
     joined: Any = contextlib.nullcontext()
-    if variant == "join_outside":
+    if variant == "join_model":
         joined = Join([model])
     elif variant == "join_recipes":
         joined = Join([*recipes, model])

@@ -172,12 +172,19 @@ class Framework:
     def wrap(self, model: Any, how: str = "ddp", group: Any = None) -> Any:
         """`model` in DistributedDataParallel / paddle.DataParallel (`ddp`, over `group`, the
         default one when None), or sharded: torch's FSDP (`fsdp1`: one FullyShardedDataParallel
-        unit; `fsdp2`: fully_shard on each Linear and the model), paddle's fleet sharding
-        (`sharding`: sharding_degree 2)."""
+        unit; `fsdp1-units`: one unit per Linear by `auto_wrap_policy`; `fsdp2`: fully_shard on
+        each Linear and the model), paddle's fleet sharding (`sharding`: sharding_degree 2)."""
         if how == "fsdp1":
             from torch.distributed.fsdp import FullyShardedDataParallel
 
             return FullyShardedDataParallel(model, device_id=self.t.device("cpu"))
+        if how == "fsdp1-units":
+            from torch.distributed.fsdp import FullyShardedDataParallel
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+            policy = ModuleWrapPolicy({self.t.nn.Linear})
+            cpu = self.t.device("cpu")
+            return FullyShardedDataParallel(model, auto_wrap_policy=policy, device_id=cpu)
         if how == "hsdp1":  # hybrid sharding: shard groups [0] / [1], replicate group [0, 1]
             from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
@@ -836,7 +843,9 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     result["shared"] = {name: shared_scenario(fw, name, rank) for name in SHARED_CONFIGS}
     result["branches"] = branches_scenario(fw, rank)
     result["skipped_loss"] = skipped_loss_scenario(fw, rank, 1)
-    for how in ("fsdp1", "hsdp1", "fsdp2") if framework == "torch" else ("sharding",):
+    for how in (
+        ("fsdp1", "fsdp1-units", "hsdp1", "fsdp2") if framework == "torch" else ("sharding",)
+    ):
         result[f"{how}_recipes"] = recipe_scenario(fw, fw.wrap(fw.model(weights()), how), rank, LR)
         if how in ("fsdp1", "fsdp2"):
             result[f"{how}_views"] = sharded_views(fw, fw.wrap(fw.model(weights()), how))
@@ -904,11 +913,11 @@ def join_scenario(
             "model": [wrapped, stats, monitor],
         }[order]
         joined: Any = contextlib.nullcontext()
-        if rank is not None:
-            from torch.distributed.algorithms.join import Join
-
-            joined = Join(joinables, throw_on_early_termination=throw)
         try:
+            if rank is not None:  # (a misuse is refused here, when the Join is built)
+                from torch.distributed.algorithms.join import Join
+
+                joined = Join(joinables, throw_on_early_termination=throw)
             with joined:
                 for i, (x, coefficients) in enumerate(iterations):
                     step = (i + 1) % accumulate == 0

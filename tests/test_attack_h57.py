@@ -173,16 +173,19 @@ def test_removing_the_first_listed_recipe_inside_join(case: dict[str, Any], tmp_
     _as_one_process(case, _ranks(case, tmp_path))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a misuse README forbids (the recipes left out of a later Join): gloo aborts "
-    "instead of a unihook error; not told yet",
-)
+def _left_out_of_the_join(ranks: list[dict[str, Any]]) -> None:
+    _unihook_error_on_every_rank(ranks)
+    for rank, got in enumerate(ranks):
+        message = got["errors"][0][1]
+        assert "must be in the list given to torch's Join" in message, f"rank {rank}: {message}"
+
+
 def test_recipes_left_out_of_a_later_join_raise_a_unihook_error(tmp_path: Path) -> None:
     """README: once in a Join, the recipes go in every later one with that model. A later
     ``Join([ddp])`` without them (epoch 2, uneven) is a misuse; the promise is a clear unihook
-    error on every rank. Got: the recipes' stale `_join_config` (first, enabled) still notifies
-    at each forward beside DDP's own notice, and gloo aborts both processes."""
+    error on every rank. Got (until 2026-11-30): the recipes' stale `_join_config` (first,
+    enabled) still notified at each forward beside DDP's own notice, and gloo aborted both
+    processes. Now DDP's `join_hook` checks its synced recipes are listed before it."""
     case = {
         "world": 2,
         "counts": [[2, 2], [1, 3]],
@@ -192,19 +195,14 @@ def test_recipes_left_out_of_a_later_join_raise_a_unihook_error(tmp_path: Path) 
         "later_without": True,
         "timeout": 4,  # (a collective that waits: the limit)
     }
-    _unihook_error_on_every_rank(_ranks(case, tmp_path))
+    _left_out_of_the_join(_ranks(case, tmp_path))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a misuse README forbids (a synced recipe on the wrapper left out of the Join): "
-    "the running rank waits until the group's timeout; not told yet",
-)
 def test_a_synced_recipe_left_out_of_the_join_raises_a_unihook_error(tmp_path: Path) -> None:
     """``Join([stats, ddp])`` while a synced GradientMonitor on the same wrapper is not listed:
     the rank that ran out does not shadow its merges (which run on the recipes' own group since
-    the Join), and the other rank waits in its all_gather until the group's timeout. Wanted:
-    a unihook error on every rank (as for a recipe listed after the model)."""
+    the Join), and the other rank waited (until 2026-11-30) in its all_gather until the group's
+    timeout. Now a unihook error on every rank when the Join is built."""
     case = {
         "world": 2,
         "counts": [1, 3],
@@ -213,7 +211,7 @@ def test_a_synced_recipe_left_out_of_the_join_raises_a_unihook_error(tmp_path: P
         "listed": [0],
         "timeout": 4,  # (a collective that waits: the limit)
     }
-    _unihook_error_on_every_rank(_ranks(case, tmp_path))
+    _left_out_of_the_join(_ranks(case, tmp_path))
 
 
 @pytest.mark.xfail(
@@ -339,3 +337,33 @@ def test_same_inputs_on_every_rank_keep_the_shadows_order(tmp_path: Path) -> Non
     _refused_for_every(_ranks(case, tmp_path))  # (now: the recipes of a Join share `every`)
     same = {**case, "recipes": [["stats", 2], ["monitor", 2]]}
     _as_one_process(same, _ranks(same, tmp_path / "same"), orderless=True)
+
+
+# What the check of the two cases above lets through (2026-11-30): a recipe that does not merge
+# (sync=False) or was removed may stay out of a Join; the others still report as one process.
+
+
+def test_a_recipe_without_sync_may_stay_out_of_the_join(tmp_path: Path) -> None:
+    case = {
+        "world": 2,
+        "counts": [1, 3],
+        "model": "mlp",
+        "recipes": [["monitor", 1], ["stats", 1, False]],
+        "listed": [0],
+    }
+    for rank, got in enumerate(_ranks(case, tmp_path)):
+        assert got["errors"] == [], f"rank {rank}: {got['errors']}"
+        assert len(got["recipes"][0]["history"]) == 3, f"rank {rank}"
+
+
+def test_a_removed_recipe_may_stay_out_of_a_later_join(tmp_path: Path) -> None:
+    case = {
+        "world": 2,
+        "counts": [[2, 2], [1, 3]],
+        "model": "mlp",
+        "recipes": BOTH,
+        "epochs": 2,
+        "remove": [0, 1, 0, [0, 1]],  # (epoch, iteration, recipe, ranks)
+        "drop_removed": True,
+    }
+    _as_one_process(case, _ranks(case, tmp_path))

@@ -206,11 +206,13 @@ def _same_norms(got: dict[str, float], want: dict[str, float], what: str) -> Non
 
 
 # what the recipes were given: the DDP / DataParallel wrapper, the model inside it, torch's FSDP
-# (one FullyShardedDataParallel unit; fully_shard), paddle's fleet sharding (ShardingParallel)
+# (one FullyShardedDataParallel unit, one per Linear; fully_shard), paddle's fleet sharding
+# (ShardingParallel)
 SETUPS = {
     "wrapper": "recipes",
     "inner": "inner_recipes",
     "fsdp1": "fsdp1_recipes",
+    "fsdp1-units": "fsdp1-units_recipes",
     "hsdp1": "hsdp1_recipes",
     "fsdp2": "fsdp2_recipes",
     "fleet-sharding": "sharding_recipes",
@@ -601,8 +603,13 @@ def test_recipes_in_join_report_the_batches_run(
 def test_recipes_after_the_model_in_join_raise_on_every_rank(joined: list[dict[str, Any]]) -> None:
     """``Join([ddp, stats, monitor])``: a rank that ran out would wait in DDP's hook for the
     backward's all-reduces while the others wait in the recipes' merge at the end of the
-    forward; every rank raises at its first forward instead, before any collective."""
+    forward; every rank raises when the Join is built instead (DDP's `join_hook` finds the
+    recipes not listed before it), before any collective."""
     for result in joined:
         got = result["model_first"]
-        assert got["error"].startswith("HookArgumentError: unihook (torch): ActivationStats must")
+        assert got["error"].startswith(
+            "HookArgumentError: unihook (torch): ActivationStats merges the ranks' numbers of "
+            "this DistributedDataParallel, so it must be in the list given to torch's Join, "
+            "before the model"
+        )
         assert got["stats"] == got["monitor"] == []

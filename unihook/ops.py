@@ -52,6 +52,7 @@ __all__ = [
     "named_modules",
     "norm",
     "notify_join",
+    "on_join",
     "object_version",
     "on_grad",
     "own_parameters",
@@ -249,6 +250,9 @@ class Ops:
 
     def notify_join(self, like: Any, joinable: Any) -> None:
         raise self._missing("notify_join")
+
+    def on_join(self, like: Any, check: Callable[[], None]) -> Callable[[], None]:
+        return _nothing  # (no Join: nothing to check)
 
 
 _cache: dict[type, Ops] = {}
@@ -568,7 +572,9 @@ def _drop_block_rate(height: int, width: int, size: int, p: float) -> float:
 
 
 def named_modules(module: Any) -> list[tuple[str, Any]]:
-    """(qualified name, module) for `module` ("") and every submodule, depth first."""
+    """(qualified name, module) for `module` ("") and every submodule, depth first. A wrapper
+    of one part of a model (torch: an FSDP1 unit, a compiled or checkpoint-wrapped submodule)
+    is left out: the module it wraps takes its name (``0``, not ``0._fsdp_wrapped_module``)."""
     return ops_for(module).named_modules(module)
 
 
@@ -713,8 +719,8 @@ def float64_default(like: Any) -> ContextManager[None]:
 def unwrap(module: Any) -> Any:
     """The model inside a data-parallel wrapper (torch's DistributedDataParallel, DataParallel
     and FullyShardedDataParallel ``.module``, also inside ``torch.compile``'s OptimizedModule;
-    paddle's DataParallel ``._layers``), or `module` itself: its qualified names are the
-    model's, without the wrapper's prefix."""
+    paddle's DataParallel ``._layers``), the module inside a wrapper of one part (above), or
+    `module` itself: its qualified names are the model's, without the wrapper's prefix."""
     return ops_for(module).unwrap(module)
 
 
@@ -761,6 +767,18 @@ def join_context(like: Any) -> tuple[Any, Any]:
     """``(device, process group)`` of the join context's own collectives for `like`: the
     wrapper's (every joinable of one ``Join`` must name the same group)."""
     return ops_for(like).join_context(like)
+
+
+def on_join(like: Any, check: Callable[[], None]) -> Callable[[], None]:
+    """Call ``check()`` each time `like` (a data-parallel wrapper) is passed to torch's
+    ``Join``, before the wrapper's own join hook (every rank builds the same ``Join``: an error
+    `check` raises is raised on every rank, before any collective). Returns the function that
+    stops it; where `like` takes no ``Join``, one that does nothing."""
+    return ops_for(like).on_join(like, check)
+
+
+def _nothing() -> None:
+    return None
 
 
 def notify_join(like: Any, joinable: Any) -> None:

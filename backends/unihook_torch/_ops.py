@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import math
 import sys
+import weakref
 from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
@@ -41,6 +42,31 @@ def _wrapper_types() -> tuple[type, ...]:
     return tuple(found)
 
 
+def _unit_wrapped(module: Any) -> Any:
+    """The module a wrapper of one part of a model holds, or None: FSDP1's units
+    (``auto_wrap_policy``: ``_fsdp_wrapped_module``), ``torch.compile`` of a submodule
+    (``_orig_mod``), ``checkpoint_wrapper`` / ``offload_wrapper``
+    (``_checkpoint_wrapped_module``). Each has the wrapped module as its only child; torch
+    names parameters without these parts (FSDP's ``clean_tensor_name``), and so do the recipes.
+    Looked up in ``sys.modules``: none can exist before its package was imported."""
+    for package, kind, attribute in _UNIT_WRAPPERS:
+        found = sys.modules.get(package)
+        if found is not None and isinstance(module, getattr(found, kind)):
+            return getattr(module, attribute)
+    return None
+
+
+_UNIT_WRAPPERS = (
+    ("torch.distributed.fsdp", "FullyShardedDataParallel", "_fsdp_wrapped_module"),
+    ("torch._dynamo.eval_frame", "OptimizedModule", "_orig_mod"),
+    (
+        "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
+        "ActivationWrapper",
+        "_checkpoint_wrapped_module",
+    ),
+)
+
+
 def _compiled(module: Any) -> Any:
     """The module inside ``torch.compile``'s OptimizedModule (``_orig_mod``), or `module`: torch
     recommends compiling the DDP wrapper."""
@@ -71,6 +97,24 @@ def _data_parallel_groups(like: Any) -> list[Any] | None:
                     mesh = groups[0].mesh_info.mesh  # (replicate, shard) for HSDP: shard first
                     return [mesh.get_group(dim) for dim in reversed(range(mesh.ndim))]
     return None
+
+
+# the checks each DistributedDataParallel runs when passed to torch's Join (`TorchOps.on_join`)
+_join_checks: weakref.WeakKeyDictionary[Any, list[Callable[[], None]]] = weakref.WeakKeyDictionary()
+
+
+def _checked_join_hook(ddp: weakref.ref[Any]) -> Callable[..., Any]:
+    """DDP's ``join_hook``, after the checks registered for it: an instance attribute (torch's
+    Join calls ``joinable.join_hook(**kwargs)``), gone with the last check."""
+
+    def join_hook(**kwargs: Any) -> Any:
+        found = ddp()
+        assert found is not None  # (called as its attribute)
+        for check in list(_join_checks.get(found, ())):
+            check()
+        return type(found).join_hook(found, **kwargs)
+
+    return join_hook
 
 
 # a group `all_gather` ran over: the group of its own it runs over since a recipe on it was
@@ -260,7 +304,24 @@ class TorchOps(Ops):
         return t * keep * (keep.numel() / keep.sum().clamp(min=1))
 
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
-        return list(module.named_modules())
+        # torch's own walk (depth first, a shared module once, under its first name), but a
+        # part's wrapper (`_unit_wrapped`) gives its name to the module it wraps and is left
+        # out: `0`, not `0` and `0._fsdp_wrapped_module`
+        found: list[tuple[str, Any]] = []
+        seen: set[int] = set()
+        stack = [("", module)]
+        while stack:
+            name, current = stack.pop()
+            inner = _unit_wrapped(current)
+            while inner is not None:
+                current, inner = inner, _unit_wrapped(inner)
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            found.append((name, current))
+            children = [(k, m) for k, m in current._modules.items() if m is not None]
+            stack.extend((f"{name}.{k}" if name else k, m) for k, m in reversed(children))
+        return found
 
     def own_parameters(self, module: Any) -> list[tuple[Any, int, bool]]:
         return [(p, p.numel(), p.requires_grad) for p in module.parameters(recurse=False)]
@@ -328,6 +389,9 @@ class TorchOps(Ops):
         module = _compiled(module)
         while isinstance(module, wrappers):
             module = _compiled(module.module)
+        inner = _unit_wrapped(module)
+        while inner is not None:  # a part's wrapper given for the part (`named_modules`)
+            module, inner = inner, _unit_wrapped(inner)
         return module
 
     def grad_enabled(self, like: Any) -> bool:
@@ -406,6 +470,29 @@ class TorchOps(Ops):
         if dist.get_backend(group) == "nccl":
             return torch.device("cuda", torch.cuda.current_device()), group
         return torch.device("cpu"), group
+
+    def on_join(self, like: Any, check: Callable[[], None]) -> Callable[[], None]:
+        ddp = _compiled(like)
+        if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
+            return lambda: None
+        checks = _join_checks.get(ddp)
+        if checks is None:
+            checks = _join_checks[ddp] = []
+            vars(ddp)["join_hook"] = _checked_join_hook(weakref.ref(ddp))
+        checks.append(check)
+        ref = weakref.ref(ddp)
+
+        def stop() -> None:
+            found = ref()
+            mine = _join_checks.get(found) if found is not None else None
+            if mine is None or check not in mine:
+                return  # (idempotent)
+            mine.remove(check)
+            if not mine:  # the last one: the class's join_hook again, nothing left behind
+                del _join_checks[found]
+                vars(found).pop("join_hook", None)
+
+        return stop
 
     def notify_join(self, like: Any, joinable: Any) -> None:
         from torch.distributed.algorithms.join import Join

@@ -235,10 +235,12 @@ class Synced(Recipe):
     `_shadow_backward`)."""
 
     _model: Any
+    sync: bool
 
     def __init__(self) -> None:
         super().__init__()
         self._removed = False
+        self._unwatch_joins: Callable[[], None] = _no_join
         self._joined: _Joined | None = None  # the recipes of the last Join this one is in
         # the pre-hook that tells a Join of each forward (`_notify`): kept past `remove()` until
         # the Join it is first in ends (the Join asks its first joinable for it each iteration)
@@ -254,6 +256,7 @@ class Synced(Recipe):
             # `every` places a recipe's hooks anew after the others': the ranks that have
             # inputs would then run the forwards' merges in another order than the one that ran
             # out (another recipe's numbers read as this one's, or a gloo abort)
+            _Joined.refuse()
             raise HookArgumentError(
                 f"unihook ({backend_of(self._model)}): the recipes in one torch Join must log "
                 f"the same forwards: every={other._every} ({type(other).__name__}) and "
@@ -262,6 +265,30 @@ class Synced(Recipe):
         if self._notifier is None:
             self._notifier = register_forward_pre_hook(self._model, self._notify, prepend=True)
         return ops.join_hook(self._model, functools.partial(joined.main, self), joined.end)
+
+    def _watch_joins(self) -> None:
+        """From the recipe's construction: each torch ``Join`` the model (the wrapper) is
+        passed to must have this recipe before it, while it merges (`_in_join`)."""
+        check = functools.partial(_in_join, weakref.ref(self))
+        self._unwatch_joins = ops.on_join(self._model, check)
+
+    def _check_in_join(self) -> None:
+        if self._removed or self._merging(self._model, self.sync) is None:
+            return
+        forming = _Joined.forming()
+        if forming is not None and self in forming.recipes:
+            return
+        _Joined.refuse()
+        # (a recipe left out, or listed after the model: the rank that ran out would run the
+        # merges of the recipes listed before the model only, while the others wait in its)
+        raise HookArgumentError(
+            f"unihook ({backend_of(self._model)}): {type(self).__name__} merges the ranks' "
+            f"numbers of this {type(self._model).__name__}, so it must be in the list given "
+            f"to torch's Join, before the model, in every Join of that model: "
+            f"Join([stats, monitor, ddp_model]) (a rank that ran out of inputs runs the "
+            f"merges of the recipes listed there). Received: a Join without it before the "
+            f"model. Build it with sync=False, or remove() it, to keep it out."
+        )
 
     @property
     def join_device(self) -> Any:
@@ -301,6 +328,7 @@ class Synced(Recipe):
 
     def remove(self) -> None:
         self._removed = True
+        self._unwatch_joins()
         super().remove()
         joined = self._joined
         if joined is None or not joined.built or joined.done or joined.recipes[0] is not self:
@@ -310,6 +338,17 @@ class Synced(Recipe):
         notifier, self._notifier = self._notifier, None
         if notifier is not None:
             notifier.remove()
+
+
+def _no_join() -> None:
+    return None
+
+
+def _in_join(recipe: weakref.ref[Synced]) -> None:
+    """`Synced._check_in_join` of `recipe` while it lives (the wrapper holds this, not it)."""
+    found = recipe()
+    if found is not None:
+        found._check_in_join()
 
 
 class _Joined:
@@ -352,6 +391,25 @@ class _Joined:
         joined.recipes.append(recipe)
         joined.configs.append(recipe._join_config)
         return joined
+
+    @classmethod
+    def forming(cls) -> _Joined | None:
+        """The Join whose construction is running (its recipes gave their hooks), or None."""
+        joined = cls._forming() if cls._forming is not None else None
+        return joined if joined is not None and not joined.built else None
+
+    @classmethod
+    def refuse(cls) -> None:
+        """The Join under construction is refused: its recipes let go of the notifiers they
+        placed for it, and the next Join starts afresh."""
+        joined = cls.forming()
+        cls._forming = None
+        if joined is None:
+            return
+        joined.done = True
+        for recipe in joined.recipes:
+            if recipe._joined is joined:
+                recipe._let_go_of_notifier()
 
     def main(self, recipe: Synced) -> None:
         if recipe is not self.recipes[0]:
@@ -466,11 +524,19 @@ def resolve(model: Any, targets: Targets, what: str) -> list[tuple[str, Any]]:
                 hint = f"; nearest names: {', '.join(map(repr, near or list(by_name)[:5]))}"
                 raise _bad(what, item, f", which matches no module{hint}")
             found.append((item, by_name[item]))
-        elif id(item) in by_id:
-            found.append((by_id[id(item)], item))
+        elif (name := _named(by_id, item)) is not None:
+            found.append((name, by_name[name]))
         else:
             raise _bad(what, item, " (not a submodule of the model)" if _owned(item) else "")
     return found
+
+
+def _named(names: dict[int, str], module: Any) -> str | None:
+    """The name `names` (by id) gives `module`, or the module a wrapper of one part holds
+    (`ops.named_modules` lists that one: ``torch.compile`` of a submodule, an FSDP1 unit)."""
+    if id(module) in names:
+        return names[id(module)]
+    return names.get(id(ops.unwrap(module))) if _owned(module) else None
 
 
 def _owned(obj: Any) -> bool:
@@ -497,8 +563,8 @@ def where_of(model: Any, where: Any) -> Where:
     for item in items:
         if isinstance(item, str):
             names.append(item)
-        elif id(item) in modules:
-            names.append(_escape(modules[id(item)]))
+        elif (name := _named(modules, item)) is not None:
+            names.append(_escape(name))
         else:
             why = " (not a submodule of the model)" if _owned(item) else ""
             raise HookArgumentError(

@@ -145,7 +145,11 @@ def entries(model: Any) -> list[Entry]:
     """Every persistent parameter and buffer of `model` (a torch module or paddle layer) in
     torch's layout, in model order; a tensor shared by several modules appears once."""
     paddle = backend_of(model) == "paddle"
-    persistent = set(model.state_dict().keys())
+    # each persistent tensor's own key (by identity: a part's wrapper, `_orig_mod` of a compiled
+    # submodule, is in it and not in the module names); torch's `keep_vars`, paddle's default
+    persistent: dict[int, str] = {}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        persistent.setdefault(id(tensor), key)
     seen: set[int] = set()  # ids of tensors already listed (shared, or packed into another)
     found: list[Entry] = []
     for prefix, module in ops.named_modules(model):
@@ -158,9 +162,9 @@ def entries(model: Any) -> list[Entry]:
         # positional arguments: torch's (prefix, recurse), paddle's (prefix, include_sublayers)
         own = list(module.named_parameters("", False)) + list(module.named_buffers("", False))
         for key, tensor in own:
-            native = _join(prefix, key)
-            if tensor is None or id(tensor) in seen or native not in persistent:
+            if tensor is None or id(tensor) in seen or id(tensor) not in persistent:
                 continue
+            native = persistent[id(tensor)]
             if not paddle and key in _TORCH_ONLY:
                 continue
             seen.add(id(tensor))

@@ -211,6 +211,7 @@ class GradientMonitor(Synced):
             return group
 
         self._schedule(model, every, hooks)
+        self._watch_joins()
 
     def _counted(self, module: Any) -> bool:
         # `every` counts the forwards that record gradients: one under no_grad (an evaluation,

@@ -156,6 +156,7 @@ class ActivationStats(Synced):
             return group
 
         self._schedule(model, every, hooks)
+        self._watch_joins()
 
     def _counted(self, module: Any) -> bool:
         # Merging ranks, a forward under no_grad (an evaluation, which one rank may run alone)
