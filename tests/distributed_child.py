@@ -478,6 +478,27 @@ def evaluation_with_grad_scenario(fw: Framework, rank: int) -> dict[str, Any]:
         return {"errors": errors, "rows": stats.rows()}
 
 
+def accumulation_scenario(fw: Framework, rank: int) -> dict[str, Any]:
+    """Gradient accumulation under the wrapper's `no_sync()`: a step of 2 micro-batches on
+    both ranks (their merges pair: no error, as one process), then one of 2 on rank 0 and 3 on
+    rank 1, whose second micro-batch (synced on rank 0, not on rank 1) would mix their numbers:
+    the same RankMismatchError on both ranks there."""
+    x, coefficients = batch()
+    wrapped = fw.wrap(fw.model(weights()))
+    x, coefficients = fw.tensor(x[rows(rank)]), fw.tensor(coefficients[rows(rank)])
+    errors: list[tuple[int, str]] = []
+    with ActivationStats(wrapped) as stats, GradientMonitor(wrapped) as monitor:
+        for micro in range(2 + (2 + rank)):
+            last = micro in (1, 3 + rank)
+            try:
+                with contextlib.nullcontext() if last else wrapped.no_sync():
+                    (wrapped(x) * coefficients).sum().backward()
+            except RankMismatchError as e:
+                errors.append((micro, str(e)))
+                break
+        return {"errors": errors, "stats": len(stats.history), "monitor": len(monitor.history)}
+
+
 def empty_where_scenario(fw: Framework, rank: int) -> dict[str, Any]:
     """Synced recipes watching no module: nothing recorded, as in one process."""
     x, coefficients = batch()
@@ -832,6 +853,7 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     result["mismatch"] = mismatch_scenario(fw, rank)
     result["empty_where"] = empty_where_scenario(fw, rank)
     result["evaluation_with_grad"] = evaluation_with_grad_scenario(fw, rank)
+    result["accumulation"] = accumulation_scenario(fw, rank)
     result["evaluation_between"] = evaluation_between_scenario(
         fw, fw.wrap(fw.model(weights())), rank
     )

@@ -388,6 +388,22 @@ def test_an_evaluation_with_gradients_on_one_rank_raises_on_every_rank(ranks: An
     assert {row["calls"] for row in rows[0] if row["name"] == "0"} == {2}, rows[0]
 
 
+def test_uneven_accumulation_under_no_sync_raises_on_every_rank(ranks: Any) -> None:
+    """Rank 0 accumulates 2 micro-batches per step, rank 1 three: rank 0's synced second one
+    would merge with rank 1's second, under `no_sync()` (until 2026-11-30, silently). An even
+    step before it merges as usual."""
+    framework, found = ranks
+    errors = [result["accumulation"]["errors"] for result in found]
+    assert [[micro for micro, _ in e] for e in errors] == [[3], [3]], (framework, errors)
+    message = errors[0][0][1]
+    assert errors[1][0][1] == message, (framework, errors)
+    assert "ActivationStats cannot merge" in message, message
+    assert "rank 0: ActivationStats' numbers of a training-mode forward;" in message, message
+    assert "rank 1: ActivationStats' numbers of a training-mode forward under no_sync()" in message
+    for result in found:  # micro-batches 0 to 2 recorded (the even step's too), not the 4th
+        assert (result["accumulation"]["stats"], result["accumulation"]["monitor"]) == (3, 3)
+
+
 def test_recipes_watching_no_module_record_nothing(ranks: Any) -> None:
     framework, found = ranks
     for result in found:

@@ -38,6 +38,7 @@ __all__ = [
     "float64_default",
     "forward_backward",
     "grad_enabled",
+    "grad_sync",
     "in_backward",
     "grad_of",
     "is_leaf",
@@ -231,6 +232,11 @@ class Ops:
     def world(self, like: Any) -> tuple[int, int] | None:
         """``(rank, size)`` of the ranks splitting `like`'s batch: None (one process) by
         default."""
+        return None
+
+    def grad_sync(self, like: Any) -> bool | None:
+        """Whether the data-parallel wrapper `like` all-reduces the gradients of a forward
+        starting now: None (no such wrapper) by default."""
         return None
 
     def all_gather(self, vector: Any, like: Any) -> Any:
@@ -750,6 +756,14 @@ def after_backward(t: Any, fn: Callable[[], None]) -> None:
     (DistributedDataParallel's gradient all-reduce) and before ``backward()`` returns. An
     exception `fn` raises comes out of ``backward()`` with its own type."""
     ops_for(t).after_backward(t, fn)
+
+
+def grad_sync(like: Any) -> bool | None:
+    """Whether the data-parallel wrapper `like` all-reduces the gradients of the backward of a
+    forward starting now: False inside its ``no_sync()`` (torch's DistributedDataParallel and
+    FullyShardedDataParallel, paddle's DataParallel), True outside, None where `like` is no
+    such wrapper. Ranks accumulating gradients unevenly differ here."""
+    return ops_for(like).grad_sync(like)
 
 
 def join_hook(like: Any, main: Callable[[], None], post: Callable[[], None]) -> Any:

@@ -268,6 +268,11 @@ class PaddleOps(Ops):
             return 0, 1
         return dist.get_rank(group), dist.get_world_size(group)
 
+    def grad_sync(self, like: Any) -> bool | None:
+        if isinstance(like, paddle.DataParallel):
+            return bool(like.grad_need_sync)  # (False in `no_sync()`)
+        return None
+
     def all_gather(self, vector: Any, like: Any) -> Any:
         import paddle.distributed as dist
 

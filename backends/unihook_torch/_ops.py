@@ -415,6 +415,15 @@ class TorchOps(Ops):
             size *= dist.get_world_size(group)
         return rank, size
 
+    def grad_sync(self, like: Any) -> bool | None:
+        wrapper = _compiled(like)
+        if isinstance(wrapper, torch.nn.parallel.DistributedDataParallel):
+            return bool(wrapper.require_backward_grad_sync)  # (False in `no_sync()`)
+        fsdp = sys.modules.get("torch.distributed.fsdp")
+        if fsdp is not None and isinstance(wrapper, fsdp.FullyShardedDataParallel):
+            return bool(wrapper._sync_gradients)  # (FSDP1's `no_sync()` clears it)
+        return None
+
     def all_gather(self, vector: Any, like: Any) -> Any:
         import torch.distributed as dist
 

@@ -63,6 +63,23 @@ STAMPS = {
     BACKWARD: "GradientMonitor's gradients of a backward",
     JOINED: "nothing (the rank ran out of inputs)",
 }
+# Added to a stamp for a forward the wrapper does not all-reduce the gradients of (inside its
+# `no_sync()`, `ops.grad_sync`): uneven gradient accumulation (3 micro-batches per step on one
+# rank, 4 on another) pairs one rank's last micro-batch with another's earlier one.
+NO_SYNC = 8
+
+
+def stamp_of(stamp: int, grad_sync: bool | None) -> int:
+    """`stamp` of a forward whose gradients the wrapper all-reduces (`grad_sync`: True, or
+    None where there is no such wrapper) or not (False)."""
+    return stamp | NO_SYNC if grad_sync is False and stamp != JOINED else stamp
+
+
+def stamp_name(stamp: int) -> str:
+    """What a merge stamped `stamp` is about, for the errors."""
+    what = STAMPS.get(stamp & ~NO_SYNC, "?")
+    return f"{what} under no_sync()" if stamp & NO_SYNC else what
+
 
 _WINDOW = 16  # merges over which the collective's section keeps room for its largest entries
 
@@ -299,7 +316,7 @@ class Slots:
             self.active = stamps != JOINED
             sent = stamps[self.active]
             if (sent != sent[0]).any():  # (every rank sees the same rows: all raise)
-                recipe._out_of_step(model, [STAMPS.get(int(s), "?") for s in stamps.tolist()])
+                recipe._out_of_step(model, [stamp_name(int(s)) for s in stamps.tolist()])
             most = int(rows[:, width].max()) if len(rows) else 0
             if most <= capacity:
                 break

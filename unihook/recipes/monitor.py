@@ -38,6 +38,7 @@ from ._shared import (
     encode,
     inputs_header,
     merged_squares,
+    stamp_of,
 )
 from .sinks import Writer, write_records
 
@@ -92,6 +93,7 @@ class _Step:
         "extra",
         "leaves",
         "dropping",
+        "grad_sync",
     )
 
     def __init__(self, world: tuple[int, int] | None, serial: int = 0) -> None:
@@ -121,6 +123,7 @@ class _Step:
         # would fire in every later backward: removed after the first backward of this step
         self.leaves: list[Any] = []
         self.dropping = False
+        self.grad_sync: bool | None = None  # whether the wrapper all-reduces its gradients
 
     def drop_leaves(self) -> None:
         leaves, self.leaves = self.leaves, []
@@ -249,6 +252,7 @@ class GradientMonitor(Synced):
 
         step.inputs = ops.tensors_in((args, kwargs), like=module)
         step.batch = batch_of(step.inputs)
+        step.grad_sync = ops.grad_sync(module)
         if not self._slots.settled:
             self._deciding = step
         if not self._parameters_hooked:
@@ -296,7 +300,15 @@ class GradientMonitor(Synced):
         entries = [encode(index, key, seen, ()) for key, seen in step.seen.items()]
         header = (step.batch, *step.inputs_header)
         _, headers, parts = self._slots.exchange(
-            self, self._model, names, (), lambda count: 0, header, entries, stamp, table=True
+            self,
+            self._model,
+            names,
+            (),
+            lambda count: 0,
+            header,
+            entries,
+            stamp_of(stamp, step.grad_sync),
+            table=True,
         )
         return self._slots.decide(self._model, names, parts, headers, step.seen, {})
 
@@ -457,7 +469,14 @@ class GradientMonitor(Synced):
         step.grads = {}
         header = (step.batch, *step.inputs_header)
         ranks, headers, parts = self._slots.exchange(
-            self, self._model, names, local, lambda count: 3 * count + 2, header, entries, stamp
+            self,
+            self._model,
+            names,
+            local,
+            lambda count: 3 * count + 2,
+            header,
+            entries,
+            stamp_of(stamp, step.grad_sync),
         )
         kinds = self._slots.decide(self._model, names, parts, headers, step.seen, step.kinds)
         self._slots.keep_room(parts, kinds)

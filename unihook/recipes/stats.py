@@ -27,6 +27,7 @@ from ._shared import (
     batch_of,
     encode,
     inputs_header,
+    stamp_of,
 )
 from .sinks import Writer, write_records
 
@@ -128,6 +129,7 @@ class ActivationStats(Synced):
         self._names: list[str] = []  # the modules hooked: the layout of the ranks' vectors
         self._skipping = False  # this forward of the model is not recorded (see _counted)
         self._training = True  # the mode of the running forward of the model
+        self._grad_sync: bool | None = None  # whether its wrapper all-reduces its gradients
         self._stats: dict[str, _Running] = {}
         self._step: dict[str, _Running] = {}  # this forward's, merged into `history` at its end
         self._history: deque[dict[str, _Running]] = deque(maxlen=max_history)
@@ -224,6 +226,7 @@ class ActivationStats(Synced):
         self._step = {}
         self._world = self._merging(module, self.sync)
         self._training = bool(ops.unwrap(module).training)  # (what the merge says it is about)
+        self._grad_sync = ops.grad_sync(module)
         self._skipping = not self._counted(module)
         self._calls, self._seen = {}, {}
         if self._world is not None and not self._skipping:
@@ -244,7 +247,7 @@ class ActivationStats(Synced):
             return
         if self._world is not None:
             stamp = TRAINING_FORWARD if self._training else EVALUATION_FORWARD
-            self._add(self._merge(self._step, stamp))
+            self._add(self._merge(self._step, stamp_of(stamp, self._grad_sync)))
             self._inputs, self._seen = (), {}
         elif self._step:
             self._history.append(self._step)
