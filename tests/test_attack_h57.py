@@ -214,11 +214,6 @@ def test_a_synced_recipe_left_out_of_the_join_raises_a_unihook_error(tmp_path: P
     _left_out_of_the_join(_ranks(case, tmp_path))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a rank with no batch at all lists the modules in the model's tree order "
-    "(numbers equal): README",
-)
 def test_a_rank_with_no_batch_lists_the_modules_in_call_order(tmp_path: Path) -> None:
     """Rank 0 has no batch at all (``Join([stats, ddp])``, rank 1: 2 batches) and the model's
     tree order differs from its call order (`shared` is registered before `act`, called after
@@ -226,7 +221,8 @@ def test_a_rank_with_no_batch_lists_the_modules_in_call_order(tmp_path: Path) ->
     order (`ActivationStats._merge`: ``_Running(order=len(self._stats))`` in tree order), so
     its `rows()` and every `history` entry list `shared` before `act`, where rank 1 and one
     process list them in call order (the numbers agree): SILENT_WRONG in the order only, and
-    the ranks' reports differ."""
+    the ranks' reports differ. (2026-11-30: each rank sends its modules' places; a rank new to
+    a module files it in the first rank's order.)"""
     case = {"world": 2, "counts": [0, 2], "model": "twice", "recipes": [["stats", 1]]}
     ranks = _ranks(case, tmp_path)
     want = child.run(case, None)["recipes"][0]

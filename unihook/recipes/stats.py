@@ -70,7 +70,9 @@ class _Running:
         return self.count, mean, self.m2, self.low, self.high, self.zeros, self.nonfinite
 
 
-_FIELDS = 8  # per module in the ranks' vectors: calls, then `moments`
+# per module in the ranks' vectors: calls, then `moments`, then its place in the rank's order
+# (`_Running.order`: a rank that ran no forward files the modules in the others' call order)
+_FIELDS = 9
 
 
 class ActivationStats(Synced):
@@ -280,7 +282,8 @@ class ActivationStats(Synced):
         for i, name in enumerate(names):
             part = step.get(name)
             if part is not None:
-                local[i] = (part.calls, *part.moments())
+                local[i, :-1] = (part.calls, *part.moments())
+            local[i, -1] = self._stats[name].order if name in self._stats else len(names)
         seen = self._seen
         entries = [encode(index, key, s, moments) for key, (s, moments) in seen.items()]
         compared = self._slots.wants_inputs((key, s) for key, (s, _) in seen.items())
@@ -306,16 +309,19 @@ class ActivationStats(Synced):
         slots: dict[int, list[tuple[int, list[Any]]]] = {}  # per module: (kind, rank's parts)
         for wire, kind in kinds.items():  # (sorted)
             slots.setdefault(wire[0], []).append((kind, [p[wire] for p in parts if wire in p]))
+        ran = ranks[:, :, 0] > 0
+        # the modules that ran on other ranks only, in the order of the first rank they ran on
+        new = [i for i, name in enumerate(names) if ran[:, i].any() and name not in self._stats]
+        for i in sorted(new, key=lambda i: (ranks[ran[:, i].argmax(), i, -1], i)):
+            self._stats[names[i]] = _Running(order=len(self._stats))
         merged: dict[str, _Running] = {}
         for i, name in enumerate(names):
-            calls = ranks[:, i, 0]
-            if not calls.any():
+            if not ran[:, i].any():
                 continue
-            if name not in self._stats:  # it ran on another rank only
-                self._stats[name] = _Running(order=len(self._stats))
+            calls = ranks[:, i, 0]
             total = merged[name] = _Running(order=self._stats[name].order)
             for row in ranks[:, i]:
-                total.merge(_moments(row[1:]))
+                total.merge(_moments(row[1:-1]))
             for kind, found_parts in slots.get(i, ()):
                 if kind == SHARED:  # once: the largest rank's (the others' are its part)
                     sizes = [int(np.prod(p.shape)) for p in found_parts]
