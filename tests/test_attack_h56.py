@@ -8,26 +8,15 @@ tests/test_attack_h56.py` runs it; elsewhere it skips)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import textwrap
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from children import run_code
 
 
 def _child(code: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     pytest.importorskip("paddle")
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT}/backends", GLOG_minloglevel="2")
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
+    return run_code(code, timeout=timeout)
 
 
 _KEEP = """
@@ -334,7 +323,6 @@ def test_mindspore_cell_keeping_its_input_freed_after_a_forward_that_raised() ->
     # forward's graph lives "until the next hooked call or backward pass": here it outlives
     # both.)
     pytest.importorskip("mindspore")
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT}/backends", GLOG_v="3")
     code = """
 import gc, weakref
 import numpy as np, mindspore, unihook
@@ -366,9 +354,7 @@ def run(hooked):
     return wm() is None
 print("freed", run(False), run(True))
 """
-    got = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
-    )
+    got = run_code(code)
     assert got.returncode == 0, got.stderr[-3000:]
     assert "freed True True" in got.stdout, got.stdout
 

@@ -5,31 +5,16 @@ suite with it). Oracle: the framework without hooks."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import textwrap
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from children import last_value as _last
+from children import run_code
 
 
 def _child(code: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     pytest.importorskip("paddle")
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT}/backends", GLOG_minloglevel="2")
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
-
-
-def _last(got: subprocess.CompletedProcess[str]) -> object:
-    assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-3000:]
-    return eval(got.stdout.strip().splitlines()[-1])
+    return run_code(code, timeout=timeout)
 
 
 _SEQ = """
@@ -256,7 +241,6 @@ def test_mindspore_outer_pass_reaching_a_call_an_inner_pass_refused_raises() -> 
     # `_abandon` never runs here (no MindSpore version error ends the inner pass: the
     # refusal is "live", raised when the inner pass ends), so nothing marks the call.
     pytest.importorskip("mindspore")
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT}/backends", GLOG_v="3")
     code = """
 import numpy as np, mindspore as ms, unihook
 from mindspore import nn
@@ -292,9 +276,7 @@ def run(hooked):
             hd.remove()
 print(repr((run(False), run(True))))
 """
-    got = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
-    )
+    got = run_code(code)
     native, hooked = _last(got)  # type: ignore[misc]
     assert hooked in (native, "InPlaceError"), (hooked, native)
 
@@ -320,14 +302,7 @@ def pre_hooks(model, ddp):
 
 def _torch_child(code: str) -> subprocess.CompletedProcess[str]:
     pytest.importorskip("torch")
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT}/backends")
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    return run_code(code, timeout=120)
 
 
 def test_torch_recipes_of_a_join_refused_for_every_are_freed_by_remove() -> None:

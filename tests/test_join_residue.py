@@ -7,16 +7,8 @@ process, gloo, in a subprocess (a process group outlives a test)."""
 
 from __future__ import annotations
 
-import ast
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from children import last_value, run_code
 
 CHILD = """
 import gc, os, socket, weakref, torch, torch.nn as nn, torch.distributed as dist
@@ -54,17 +46,7 @@ dist.destroy_process_group()
 
 def test_the_join_check_leaves_nothing_behind() -> None:
     pytest.importorskip("torch")
-    env = {**os.environ, "GLOG_minloglevel": "2", "PYTHONPATH": f"{ROOT}:{ROOT}/backends"}
-    got = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(CHILD)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert got.returncode == 0, got.stderr[-3000:]
-    out = ast.literal_eval(got.stdout.strip().splitlines()[-1])
-    assert out == {
+    assert last_value(run_code(CHILD)) == {
         "before": False,
         "with": True,
         "history": 1,

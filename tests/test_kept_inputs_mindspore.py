@@ -7,29 +7,18 @@ strict xfails."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from typing import Any
 
 import pytest
+from children import run_code
 
 pytest.importorskip("mindspore")
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _child(code: str) -> str:
     """The last line `code` prints, run by this Python (the MindSpore venv's)."""
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT}/backends", GLOG_minloglevel="2")
-    got = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    got = run_code(code, timeout=600)
     assert got.returncode == 0, got.stderr[-1500:]
     return got.stdout.strip().splitlines()[-1]
 

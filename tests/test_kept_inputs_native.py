@@ -7,25 +7,20 @@ Most cases are helper-52's attack on 11f2c79 (each failed there; the comments sa
 from __future__ import annotations
 
 import gc
-import os
 import subprocess
 import sys
-import textwrap
 from typing import Any, Callable
 
 import pytest
+from children import run_code
 
 import unihook
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 W = [1.0, 2.0, 3.0, 4.0]
 
 
 def _child(code: str, python: str = sys.executable) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT}/backends", GLOG_minloglevel="2")
-    return subprocess.run(
-        [python, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=600
-    )
+    return run_code(code, timeout=600, python=python)
 
 
 # ---------------------------------------------------------------- paddle
