@@ -32,6 +32,7 @@ from unihook.recipes import (
     GradientMonitor,
     NonFiniteGradientError,
     RankMismatchError,
+    dump,
 )
 
 WORLD = 2
@@ -854,6 +855,12 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     result["empty_where"] = empty_where_scenario(fw, rank)
     result["evaluation_with_grad"] = evaluation_with_grad_scenario(fw, rank)
     result["accumulation"] = accumulation_scenario(fw, rank)
+    # `dump` per rank (README: the model inside the wrapper, one file per rank). The wrapper
+    # must outlive it: paddle segfaults in a backward through the layers of a DataParallel
+    # already freed (its reducer's hooks stay on their parameters), without unihook too
+    x, _ = batch()
+    wrapped = fw.wrap(fw.model(weights()))
+    dump(ops.unwrap(wrapped), fw.tensor(x[rows(rank)]), Path(out) / f"dump{rank}.npz")
     result["evaluation_between"] = evaluation_between_scenario(
         fw, fw.wrap(fw.model(weights())), rank
     )

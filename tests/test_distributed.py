@@ -404,6 +404,23 @@ def test_uneven_accumulation_under_no_sync_raises_on_every_rank(ranks: Any) -> N
         assert (result["accumulation"]["stats"], result["accumulation"]["monitor"]) == (3, 3)
 
 
+def test_each_rank_dumps_what_one_process_dumps_on_its_rows(
+    ranks: Any, runs: dict[tuple[str, Any], Run], tmp_path: Path
+) -> None:
+    """`dump` of the model inside the wrapper, one file per rank (README): the same run as one
+    process's on that rank's rows (the wrapper's collectives are not run)."""
+    from unihook.recipes import compare_dumps, dump
+
+    framework, _ = ranks  # (the ranks ended)
+    fw = child.Framework(framework)
+    x, _ = child.batch()
+    for rank in range(child.WORLD):
+        want = tmp_path / f"one{rank}.npz"
+        dump(fw.model(child.weights()), fw.tensor(x[child.rows(rank)]), want)
+        report = compare_dumps(runs[framework, False].out / f"dump{rank}.npz", want)
+        assert report.ok, str(report)
+
+
 def test_recipes_watching_no_module_record_nothing(ranks: Any) -> None:
     framework, found = ranks
     for result in found:
