@@ -57,9 +57,13 @@ def test_named_modules_leave_a_parts_wrapper_out(how: str) -> None:
     model, wrappers = _wrapped(how)
     names = [name for name, _ in ops.named_modules(model)]
     assert names == [name for name, _ in _plain().named_modules()]
-    listed = {id(m) for _, m in ops.named_modules(model)}
-    assert not listed & {id(w) for w in wrappers}
-    assert all(id(ops.unwrap(w)) in listed for w in wrappers)
+    listed = dict(ops.named_modules(model))
+    for name, wrapper in zip(("2", "2.0", "5"), wrappers):
+        # the outermost wrapper but compile's (`TorchOps.named_modules`): its hooks run once
+        # per call, outside a checkpoint's recomputation; the part inside it is not listed
+        assert listed[name] is ops.unwrap(wrapper), name
+        inner = ops.part(wrapper)
+        assert inner is listed[name] or all(m is not inner for m in listed.values()), name
 
 
 def _steps(model: torch.nn.Module, make: Callable[[Any], Any]) -> Any:
@@ -96,7 +100,7 @@ def test_a_parts_wrapper_is_taken_where_the_part_is(how: str) -> None:
     """GradCAM's target given as the wrapper, its name, or the module inside: the same map."""
     model, wrappers = _wrapped(how)
     x = torch.randn(2, 3, 6, 6)
-    maps = [GradCAM(model, target)(x) for target in (wrappers[0], "2", ops.unwrap(wrappers[0]))]
+    maps = [GradCAM(model, target)(x) for target in (wrappers[0], "2", ops.part(wrappers[0]))]
     np.testing.assert_allclose(maps[0], maps[1])
     np.testing.assert_allclose(maps[2], maps[1])
     np.testing.assert_allclose(maps[1], GradCAM(_plain(), "2")(x), atol=1e-6)

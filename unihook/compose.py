@@ -32,7 +32,7 @@ from .hooktypes import (
     When,
 )
 from .kinds import KIND_INFO
-from .ops import named_modules
+from .ops import named_modules, part
 
 __all__ = ["HookGroup", "attach", "select", "KINDS"]
 
@@ -108,7 +108,14 @@ def _select(model: Any, where: Where, what: str) -> list[tuple[str, Any]]:
     if where is None:
         return modules
     if callable(where):
-        return [(n, m) for n, m in modules if where(n, m)]
+        # a part's wrapper (torch.compile of a submodule...) stands for the part, which is not
+        # listed: the predicate is asked of both (`isinstance(m, nn.Linear)`, or the wrapper's
+        # type)
+        def chosen(name: str, module: Any) -> bool:
+            inner = part(module)
+            return where(name, module) or (inner is not module and where(name, inner))
+
+        return [(n, m) for n, m in modules if chosen(n, m)]
     from fnmatch import fnmatchcase  # lazily: it imports re
 
     patterns = [where] if isinstance(where, str) else list(where)

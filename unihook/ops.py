@@ -44,6 +44,7 @@ __all__ = [
     "is_leaf",
     "is_tensor",
     "join_context",
+    "join_being_built",
     "join_hook",
     "leaf",
     "max",
@@ -57,6 +58,7 @@ __all__ = [
     "object_version",
     "on_grad",
     "own_parameters",
+    "part",
     "std",
     "sum",
     "sum_squares",
@@ -234,6 +236,10 @@ class Ops:
         default."""
         return None
 
+    def part(self, module: Any) -> Any:
+        """`module` itself by default (no wrapper of one part of a model)."""
+        return module
+
     def grad_sync(self, like: Any) -> bool | None:
         """Whether the data-parallel wrapper `like` all-reduces the gradients of a forward
         starting now: None (no such wrapper) by default."""
@@ -259,6 +265,9 @@ class Ops:
 
     def on_join(self, like: Any, check: Callable[[], None]) -> Callable[[], None]:
         return _nothing  # (no Join: nothing to check)
+
+    def join_being_built(self, like: Any) -> Any:
+        return None
 
 
 _cache: dict[type, Ops] = {}
@@ -579,15 +588,26 @@ def _drop_block_rate(height: int, width: int, size: int, p: float) -> float:
 
 def named_modules(module: Any) -> list[tuple[str, Any]]:
     """(qualified name, module) for `module` ("") and every submodule, depth first. A wrapper
-    of one part of a model (torch: an FSDP1 unit, a compiled or checkpoint-wrapped submodule)
-    is left out: the module it wraps takes its name (``0``, not ``0._fsdp_wrapped_module``)."""
+    of one part of a model (torch: an FSDP1 unit, a checkpoint-wrapped submodule) stands for
+    the part under the part's name, the module inside it left out (``0``, not ``0`` and
+    ``0._fsdp_wrapped_module``); the part's submodules follow (``0.conv``). A compiled
+    submodule is listed as the module inside (``torch.compile``'s wrapper runs no hooks inside
+    another compiled region; the module inside is traced with its hooks)."""
     return ops_for(module).named_modules(module)
+
+
+def part(module: Any) -> Any:
+    """The part of a model inside a wrapper of that part (torch: an FSDP1 unit's module, a
+    compiled or checkpoint-wrapped submodule; see `named_modules`, which lists the wrapper for
+    it), or `module` itself."""
+    return ops_for(module).part(module)
 
 
 def own_parameters(module: Any) -> list[tuple[Any, int, bool]]:
     """(parameter, element count, trainable) for each parameter `module` holds itself (not its
-    submodules'). BatchNorm running statistics are not parameters on any backend (paddle keeps
-    them as non-trainable parameters, torch as buffers)."""
+    submodules'; for a part's wrapper, see `named_modules`, the part's own too). BatchNorm
+    running statistics are not parameters on any backend (paddle keeps them as non-trainable
+    parameters, torch as buffers)."""
     return ops_for(module).own_parameters(module)
 
 
@@ -725,8 +745,8 @@ def float64_default(like: Any) -> ContextManager[None]:
 def unwrap(module: Any) -> Any:
     """The model inside a data-parallel wrapper (torch's DistributedDataParallel, DataParallel
     and FullyShardedDataParallel ``.module``, also inside ``torch.compile``'s OptimizedModule;
-    paddle's DataParallel ``._layers``), the module inside a wrapper of one part (above), or
-    `module` itself: its qualified names are the model's, without the wrapper's prefix."""
+    paddle's DataParallel ``._layers``), or `module` itself: its qualified names are the
+    model's, without the wrapper's prefix."""
     return ops_for(module).unwrap(module)
 
 
@@ -789,6 +809,12 @@ def on_join(like: Any, check: Callable[[], None]) -> Callable[[], None]:
     `check` raises is raised on every rank, before any collective). Returns the function that
     stops it; where `like` takes no ``Join``, one that does nothing."""
     return ops_for(like).on_join(like, check)
+
+
+def join_being_built(like: Any) -> Any:
+    """The ``Join`` whose construction runs on this thread (from a joinable's ``join_hook``, or
+    `on_join`'s check), or None: the recipes of one ``Join`` are told apart by it."""
+    return ops_for(like).join_being_built(like)
 
 
 def _nothing() -> None:

@@ -49,6 +49,10 @@ def _unit_wrapped(module: Any) -> Any:
     (``_checkpoint_wrapped_module``). Each has the wrapped module as its only child; torch
     names parameters without these parts (FSDP's ``clean_tensor_name``), and so do the recipes.
     Looked up in ``sys.modules``: none can exist before its package was imported."""
+    # (`named_modules` lists the outermost wrapper, whose hooks run once per call: inside a
+    # checkpoint a hook runs again in the recomputation, and a random one, DropHook's, draws
+    # another mask; but not compile's, whose hooks do not run inside another compiled region,
+    # where the module inside it is traced with its hooks)
     for package, kind, attribute in _UNIT_WRAPPERS:
         found = sys.modules.get(package)
         if found is not None and isinstance(module, getattr(found, kind)):
@@ -103,18 +107,42 @@ def _data_parallel_groups(like: Any) -> list[Any] | None:
 _join_checks: weakref.WeakKeyDictionary[Any, list[Callable[[], None]]] = weakref.WeakKeyDictionary()
 
 
-def _checked_join_hook(ddp: weakref.ref[Any]) -> Callable[..., Any]:
+class _CheckedJoinHook:
     """DDP's ``join_hook``, after the checks registered for it: an instance attribute (torch's
     Join calls ``joinable.join_hook(**kwargs)``), gone with the last check."""
 
-    def join_hook(**kwargs: Any) -> Any:
-        found = ddp()
+    __slots__ = ("_ddp",)
+
+    def __init__(self, ddp: Any) -> None:
+        self._ddp = weakref.ref(ddp)
+
+    def __call__(self, **kwargs: Any) -> Any:
+        found = self._ddp()
         assert found is not None  # (called as its attribute)
         for check in list(_join_checks.get(found, ())):
             check()
         return type(found).join_hook(found, **kwargs)
 
-    return join_hook
+    def __deepcopy__(self, memo: dict[int, Any]) -> _CheckedJoinHook:
+        # a deep copy of the wrapper (copied first, into `memo`) joins as itself, unchecked
+        return _CheckedJoinHook(memo.get(id(self._ddp()), self._ddp()))
+
+
+def _join_being_built() -> Any:
+    """The torch ``Join`` whose construction calls its joinables' ``join_hook`` on this thread
+    (found in the calling frames), or None."""
+    join = sys.modules.get("torch.distributed.algorithms.join")
+    if join is None:
+        return None
+    code = join.Join.__init__.__code__
+    frame = sys._getframe(1)
+    for _ in range(12):  # (Join.__init__, its comprehension, the hooks: a few frames up)
+        if frame is None:
+            return None
+        if frame.f_code is code:
+            return frame.f_locals.get("self")
+        frame = frame.f_back
+    return None
 
 
 # a group `all_gather` ran over: the group of its own it runs over since a recipe on it was
@@ -304,27 +332,36 @@ class TorchOps(Ops):
         return t * keep * (keep.numel() / keep.sum().clamp(min=1))
 
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
-        # torch's own walk (depth first, a shared module once, under its first name), but a
-        # part's wrapper (`_unit_wrapped`) gives its name to the module it wraps and is left
-        # out: `0`, not `0` and `0._fsdp_wrapped_module`
+        # torch's own walk (depth first, a shared module once, under its first name), but the
+        # modules a part's wrapper holds (`_unit_wrapped`) are left out: the wrapper stands for
+        # the part under its name, `0`, not `0` and `0._fsdp_wrapped_module`, and the part's
+        # submodules follow (`0.conv`)
         found: list[tuple[str, Any]] = []
         seen: set[int] = set()
         stack = [("", module)]
         while stack:
             name, current = stack.pop()
-            inner = _unit_wrapped(current)
-            while inner is not None:
-                current, inner = inner, _unit_wrapped(inner)
             if id(current) in seen:
                 continue
             seen.add(id(current))
+            current = _compiled(current)
+            seen.add(id(current))
             found.append((name, current))
+            inner = _unit_wrapped(current)
+            while inner is not None:
+                seen.add(id(inner))
+                current, inner = inner, _unit_wrapped(inner)
             children = [(k, m) for k, m in current._modules.items() if m is not None]
             stack.extend((f"{name}.{k}" if name else k, m) for k, m in reversed(children))
         return found
 
     def own_parameters(self, module: Any) -> list[tuple[Any, int, bool]]:
-        return [(p, p.numel(), p.requires_grad) for p in module.parameters(recurse=False)]
+        found: dict[int, tuple[Any, int, bool]] = {}
+        while module is not None:  # a part's wrapper: its own and the part's (`named_modules`)
+            for p in module.parameters(recurse=False):
+                found.setdefault(id(p), (p, p.numel(), p.requires_grad))
+            module = _unit_wrapped(module)
+        return list(found.values())
 
     def as_tensor(self, array: Any, like: Any) -> Any:
         return torch.as_tensor(np.asarray(array), dtype=like.dtype, device=like.device)
@@ -389,8 +426,11 @@ class TorchOps(Ops):
         module = _compiled(module)
         while isinstance(module, wrappers):
             module = _compiled(module.module)
+        return module
+
+    def part(self, module: Any) -> Any:
         inner = _unit_wrapped(module)
-        while inner is not None:  # a part's wrapper given for the part (`named_modules`)
+        while inner is not None:
             module, inner = inner, _unit_wrapped(inner)
         return module
 
@@ -487,7 +527,7 @@ class TorchOps(Ops):
         checks = _join_checks.get(ddp)
         if checks is None:
             checks = _join_checks[ddp] = []
-            vars(ddp)["join_hook"] = _checked_join_hook(weakref.ref(ddp))
+            vars(ddp)["join_hook"] = _CheckedJoinHook(ddp)
         checks.append(check)
         ref = weakref.ref(ddp)
 
@@ -502,6 +542,9 @@ class TorchOps(Ops):
                 vars(found).pop("join_hook", None)
 
         return stop
+
+    def join_being_built(self, like: Any) -> Any:
+        return _join_being_built()
 
     def notify_join(self, like: Any, joinable: Any) -> None:
         from torch.distributed.algorithms.join import Join

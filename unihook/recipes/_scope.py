@@ -253,15 +253,8 @@ class Synced(Recipe):
         joined = self._joined = _Joined.of(self)
         other = next((r for r in joined.recipes if r._every != self._every), None)
         if other is not None:
-            # `every` places a recipe's hooks anew after the others': the ranks that have
-            # inputs would then run the forwards' merges in another order than the one that ran
-            # out (another recipe's numbers read as this one's, or a gloo abort)
-            _Joined.refuse()
-            raise HookArgumentError(
-                f"unihook ({backend_of(self._model)}): the recipes in one torch Join must log "
-                f"the same forwards: every={other._every} ({type(other).__name__}) and "
-                f"every={self._every} ({type(self).__name__}). Give them the same `every`."
-            )
+            _Joined.refuse(ops.join_being_built(self._model))
+            raise _every_differs(self, other)
         if self._notifier is None:
             self._notifier = register_forward_pre_hook(self._model, self._notify, prepend=True)
         return ops.join_hook(self._model, functools.partial(joined.main, self), joined.end)
@@ -273,12 +266,21 @@ class Synced(Recipe):
         self._unwatch_joins = ops.on_join(self._model, check)
 
     def _check_in_join(self) -> None:
+        join = ops.join_being_built(self._model)
+        forming = _Joined.forming(join)
+        old = self._joined
+        if old is not None and old is not forming and not old.done:
+            # a Join of the model is being built: the last one ended (left by an exception,
+            # which runs no post-hook): its first recipe, removed inside it, lets go of the
+            # notifier it kept, which would tell the new Join of each forward a second time
+            old.done = True
+            if self._removed:
+                self._let_go_of_notifier()
         if self._removed or self._merging(self._model, self.sync) is None:
             return
-        forming = _Joined.forming()
         if forming is not None and self in forming.recipes:
             return
-        _Joined.refuse()
+        _Joined.refuse(join)
         # (a recipe left out, or listed after the model: the rank that ran out would run the
         # merges of the recipes listed before the model only, while the others wait in its)
         raise HookArgumentError(
@@ -328,20 +330,34 @@ class Synced(Recipe):
 
     def remove(self) -> None:
         self._removed = True
-        self._unwatch_joins()
         super().remove()
         joined = self._joined
         if joined is None or not joined.built or joined.done or joined.recipes[0] is not self:
             self._let_go_of_notifier()
+        if self._notifier is None:
+            self._unwatch_joins()
 
     def _let_go_of_notifier(self) -> None:
         notifier, self._notifier = self._notifier, None
         if notifier is not None:
             notifier.remove()
+        if self._removed:  # (kept watching while it kept the notifier: `_check_in_join`)
+            self._unwatch_joins()
 
 
 def _no_join() -> None:
     return None
+
+
+def _every_differs(recipe: Synced, other: Synced) -> HookArgumentError:
+    # `every` places a recipe's hooks anew after the others': the ranks that have inputs
+    # would then run the forwards' merges in another order than the one that ran out (another
+    # recipe's numbers read as this one's, or a gloo abort)
+    return HookArgumentError(
+        f"unihook ({backend_of(recipe._model)}): the recipes in one torch Join must log the "
+        f"same forwards: every={other._every} ({type(other).__name__}) and "
+        f"every={recipe._every} ({type(recipe).__name__}). Give them the same `every`."
+    )
 
 
 def _in_join(recipe: weakref.ref[Synced]) -> None:
@@ -365,10 +381,13 @@ class _Joined:
 
     _forming: weakref.ref[_Joined] | None = None  # the Join under construction
 
-    def __init__(self) -> None:
+    def __init__(self, join: Any) -> None:
         self.recipes: list[Synced] = []
+        # the framework's Join object (`ops.join_being_built`), while it lives
+        self._join: Callable[[], Any] = weakref.ref(join) if join is not None else _no_join
         # each recipe's `_join_config` when it joined: Join sets them all once every joinable
-        # gave its hook, so one that changed means that this Join is built
+        # gave its hook, so one that changed means that this Join is built (where the Join
+        # object is not known)
         self.configs: list[Any] = []
         self._running: threading.Thread | None = None
         self._failed: BaseException | None = None
@@ -377,32 +396,35 @@ class _Joined:
 
     @classmethod
     def of(cls, recipe: Synced) -> _Joined:
-        """The Join `recipe.join_hook` is called for: the one the last call was for, unless it
-        is built (its recipes' configs set) or has `recipe` already (its construction
-        failed)."""
-        joined = cls._forming() if cls._forming is not None else None
-        if (
-            joined is None
-            or recipe in joined.recipes
-            or any(r._join_config is not c for r, c in zip(joined.recipes, joined.configs))
-        ):
-            joined = cls()
+        """The Join `recipe.join_hook` is called for: the one the last call was for, unless
+        that was another Join's (one whose construction failed) or has `recipe` already."""
+        join = ops.join_being_built(recipe._model)
+        joined = cls.forming(join)
+        if joined is None or recipe in joined.recipes:
+            joined = cls(join)
             cls._forming = weakref.ref(joined)
         joined.recipes.append(recipe)
         joined.configs.append(recipe._join_config)
         return joined
 
     @classmethod
-    def forming(cls) -> _Joined | None:
-        """The Join whose construction is running (its recipes gave their hooks), or None."""
+    def forming(cls, join: Any) -> _Joined | None:
+        """The recipes of `join` (`ops.join_being_built`), whose construction is running, or
+        None: not built, and the recipes of that Join (where the Join is not known, of one
+        whose recipes' configs were not set yet)."""
         joined = cls._forming() if cls._forming is not None else None
-        return joined if joined is not None and not joined.built else None
+        if joined is None or joined.built:
+            return None
+        if join is not None:
+            return joined if joined._join() is join else None
+        changed = any(r._join_config is not c for r, c in zip(joined.recipes, joined.configs))
+        return None if changed else joined
 
     @classmethod
-    def refuse(cls) -> None:
+    def refuse(cls, join: Any) -> None:
         """The Join under construction is refused: its recipes let go of the notifiers they
         placed for it, and the next Join starts afresh."""
-        joined = cls.forming()
+        joined = cls.forming(join)
         cls._forming = None
         if joined is None:
             return
@@ -510,9 +532,7 @@ def resolve(model: Any, targets: Targets, what: str) -> list[tuple[str, Any]]:
     name, or a list of either (a shared module gets its first name, as named_modules)."""
     modules = ops.named_modules(model)
     by_name = dict(modules)
-    by_id: dict[int, str] = {}
-    for name, module in modules:
-        by_id.setdefault(id(module), name)
+    by_id = _ids(modules)
     items = list(targets) if isinstance(targets, (list, tuple)) else [targets]
     if not items:
         raise _bad(what, targets, " (an empty list)")
@@ -531,9 +551,20 @@ def resolve(model: Any, targets: Targets, what: str) -> list[tuple[str, Any]]:
     return found
 
 
+def _ids(modules: list[tuple[str, Any]]) -> dict[int, str]:
+    """Each module's first name by id, and the part inside a part's wrapper (which
+    `ops.named_modules` lists for it: ``torch.compile`` of a submodule, an FSDP1 unit) the
+    wrapper's."""
+    found: dict[int, str] = {}
+    for name, module in modules:
+        found.setdefault(id(module), name)
+        found.setdefault(id(ops.part(module)), name)
+    return found
+
+
 def _named(names: dict[int, str], module: Any) -> str | None:
-    """The name `names` (by id) gives `module`, or the module a wrapper of one part holds
-    (`ops.named_modules` lists that one: ``torch.compile`` of a submodule, an FSDP1 unit)."""
+    """The name `names` (`_ids`) gives `module`, or the model inside it (a data-parallel
+    wrapper given for a model listed unwrapped)."""
     if id(module) in names:
         return names[id(module)]
     return names.get(id(ops.unwrap(module))) if _owned(module) else None
@@ -556,7 +587,7 @@ def where_of(model: Any, where: Any) -> Where:
     items = list(where) if isinstance(where, (list, tuple)) else [where]
     if all(isinstance(item, str) for item in items) and items:
         return items
-    modules = {id(m): n for n, m in reversed(ops.named_modules(model))}
+    modules = _ids(ops.named_modules(model))
     if id(where) not in modules and callable(where) and not _owned(where):
         return cast(Callable[[str, Any], bool], where)  # a predicate
     names = []

@@ -300,6 +300,8 @@ def _step(model: Any, inputs: Inputs, loss: Loss | None, backward: bool) -> Step
                     pass  # no gradient flows through this one
 
     def on_forward(module: Any, args: Any, output: Any, *, name: str) -> None:
+        if ops.in_backward(module):  # a checkpoint's recomputation: not a forward
+            return
         call = counts[name] = counts.get(name, 0) + 1
         step.forward.append(name)
         index = len(step.forward) - 1

@@ -146,13 +146,16 @@ def entries(model: Any) -> list[Entry]:
     torch's layout, in model order; a tensor shared by several modules appears once."""
     paddle = backend_of(model) == "paddle"
     # each persistent tensor's own key (by identity: a part's wrapper, `_orig_mod` of a compiled
-    # submodule, is in it and not in the module names); torch's `keep_vars`, paddle's default
+    # submodule, is in the key and not in the names); torch's `keep_vars`, paddle's default
     persistent: dict[int, str] = {}
     for key, tensor in model.state_dict(keep_vars=True).items():
         persistent.setdefault(id(tensor), key)
     seen: set[int] = set()  # ids of tensors already listed (shared, or packed into another)
     found: list[Entry] = []
-    for prefix, module in ops.named_modules(model):
+    for prefix, wrapped in ops.named_modules(model):
+        # a part's wrapper (torch.compile of a submodule...) stands for the part, which holds
+        # the tensors and is not listed (`ops.named_modules`)
+        module = ops.part(wrapped)
         family = _family(module) if paddle else ""
         if family == "MultiHeadAttention":
             found.extend(_paddle_attention(prefix, module))

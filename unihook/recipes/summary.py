@@ -100,7 +100,8 @@ def summary(model: Any, *inputs: Any, **kwargs: Any) -> Summary:
     def started(module: Any, args: Any, *, name: str) -> None:
         call = calls[id(module)] = calls.get(id(module), -1) + 1
         total, trainable = counts[id(module)]
-        row = SummaryRow(name, type_name(module), depth[id(module)], call, [], total, trainable)
+        shown = type_name(ops.part(module))  # (a part's wrapper: the part's type)
+        row = SummaryRow(name, shown, depth[id(module)], call, [], total, trainable)
         rows.append(row)
         open_rows.setdefault(id(module), []).append(row)
 
