@@ -307,6 +307,11 @@ class Synced(Recipe):
         # The first recipe of a Join notifies it (torch asks the first joinable to, at the
         # start of each forward): the model after the recipes in the list does not.
         joined = self._joined
+        if joined is not None and joined.left():
+            # the Join was left by an exception (no post-hook ran) and freed: it ended
+            joined.done = True
+            if self._removed:
+                self._let_go_of_notifier()
         if (
             joined is not None
             and joined.built
@@ -384,7 +389,7 @@ class _Joined:
     def __init__(self, join: Any) -> None:
         self.recipes: list[Synced] = []
         # the framework's Join object (`ops.join_being_built`), while it lives
-        self._join: Callable[[], Any] = weakref.ref(join) if join is not None else _no_join
+        self._join = weakref.ref(join) if join is not None else None
         # each recipe's `_join_config` when it joined: Join sets them all once every joinable
         # gave its hook, so one that changed means that this Join is built (where the Join
         # object is not known)
@@ -416,7 +421,7 @@ class _Joined:
         if joined is None or joined.built:
             return None
         if join is not None:
-            return joined if joined._join() is join else None
+            return joined if joined._join is not None and joined._join() is join else None
         changed = any(r._join_config is not c for r, c in zip(joined.recipes, joined.configs))
         return None if changed else joined
 
@@ -432,6 +437,11 @@ class _Joined:
         for recipe in joined.recipes:
             if recipe._joined is joined:
                 recipe._let_go_of_notifier()
+
+    def left(self) -> bool:
+        """Whether the Join object is known and gone: a `with Join(...)` block (no name kept)
+        ended, by an exception too (which runs no post-hook, so no `end`)."""
+        return self._join is not None and self._join() is None and not self.done
 
     def main(self, recipe: Synced) -> None:
         if recipe is not self.recipes[0]:
