@@ -70,6 +70,18 @@ def _run_queued() -> None:
         raise failed
 
 
+def _placed(build: Callable[[HookGroup], None]) -> HookGroup:
+    """The hooks `build` places in a group; where it raises (a `where` that matches nothing),
+    the ones it placed before go."""
+    group = HookGroup()
+    try:
+        build(group)
+    except BaseException:
+        group.remove()
+        raise
+    return group
+
+
 class Recipe(Removable):
     """Removes every hook it placed on `remove()` or when its `with` block exits."""
 
@@ -81,18 +93,18 @@ class Recipe(Removable):
         self._hooks = HookGroup()
         self._every = 1
         self._forwards = 0
-        self._build: Callable[[], HookGroup] | None = None
+        self._build: Callable[[HookGroup], None] | None = None
         self._active = HookGroup()
         self._placed_ahead = False  # see _count
 
-    def _schedule(self, model: Any, every: int, build: Callable[[], HookGroup]) -> None:
+    def _schedule(self, model: Any, every: int, build: Callable[[HookGroup], None]) -> None:
         """Place the hooks `build` makes for forwards 0, N, 2N... of `model` (and their
         backward) only. Between them the recipe costs one hook call per forward of `model`:
         a counter that removes the hooks after a logged forward (a backward hook removed after
         the forward still fires in that forward's backward) and puts them back before the next.
         """
         self._every = every
-        self._active = build()
+        self._active = _placed(build)
         if every == 1:
             return
         self._build = build
@@ -121,7 +133,7 @@ class Recipe(Removable):
         self._forwards += 1
         self._active.remove()  # the module's own hooks run from a snapshot: this call is done
         if self._forwards % self._every == 0 and self._build is not None:
-            self._active = self._build()
+            self._active = _placed(self._build)
             # placed for the next forward: this one's backward is not recorded (a reentrant
             # checkpoint recomputes parts of it there, through these hooks)
             self._placed_ahead = True

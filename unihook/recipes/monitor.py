@@ -202,8 +202,7 @@ class GradientMonitor(Synced):
         self._with_grad = False  # the last forward of the model outside backward had gradients
         self._shadowed: _Step | None = None  # (a rank that joined) the step it shadows
 
-        def hooks() -> HookGroup:
-            group = HookGroup()
+        def hooks(group: HookGroup) -> None:
             group.add("", register_forward_pre_hook(model, self._new_step, with_kwargs=True))
             attached = attach(inner, self._record, where=where)
             self._names = attached.names
@@ -211,7 +210,6 @@ class GradientMonitor(Synced):
             # registered after attach's hooks: the forward's outputs are all recorded
             group.add("", register_forward_hook(model, self._settle))
             group.add("", register_forward_hook(model, self._forget, always_call=True))
-            return group
 
         self._schedule(model, every, hooks)
         self._watch_joins()

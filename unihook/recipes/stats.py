@@ -133,6 +133,7 @@ class ActivationStats(Synced):
         self._training = True  # the mode of the running forward of the model
         self._grad_sync: bool | None = None  # whether its wrapper all-reduces its gradients
         self._stats: dict[str, _Running] = {}
+        self._fresh: list[str] = []  # the modules first seen in this forward, in call order
         self._step: dict[str, _Running] = {}  # this forward's, merged into `history` at its end
         self._history: deque[dict[str, _Running]] = deque(maxlen=max_history)
         self._written: object = None
@@ -147,17 +148,15 @@ class ActivationStats(Synced):
         self._calls: dict[str, int] = {}
         self._seen: dict[Key, tuple[Seen, ops.Moments]] = {}
 
-        def hooks() -> HookGroup:
+        def hooks(group: HookGroup) -> None:
             # A pre-hook fixes each module's place at its first call: rows come in call order
             # (a container before its children), not in order of completion.
-            group = HookGroup()
             group.add("", register_forward_pre_hook(model, self._open, with_kwargs=True))
             group.extend(attach(inner, self._started, kind="forward_pre", where=where))
             attached = attach(inner, self._record, where=where)
             self._names = attached.names
             group.extend(attached)
             group.add("", register_forward_hook(model, self._close, always_call=True))
-            return group
 
         self._schedule(model, every, hooks)
         self._watch_joins()
@@ -175,6 +174,7 @@ class ActivationStats(Synced):
             return
         if name not in self._stats:
             self._stats[name] = _Running(order=len(self._stats))
+            self._fresh.append(name)
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
         if self._skipping or ops.in_backward(module):
@@ -231,6 +231,7 @@ class ActivationStats(Synced):
         self._grad_sync = ops.grad_sync(module)
         self._skipping = not self._counted(module)
         self._calls, self._seen = {}, {}
+        self._fresh = []
         if self._world is not None and not self._skipping:
             self._inputs = ops.tensors_in((args, kwargs), like=module)
             self._batch = batch_of(self._inputs)
@@ -310,10 +311,18 @@ class ActivationStats(Synced):
         for wire, kind in kinds.items():  # (sorted)
             slots.setdefault(wire[0], []).append((kind, [p[wire] for p in parts if wire in p]))
         ran = ranks[:, :, 0] > 0
-        # the modules that ran on other ranks only, in the order of the first rank they ran on
-        new = [i for i, name in enumerate(names) if ran[:, i].any() and name not in self._stats]
-        for i in sorted(new, key=lambda i: (ranks[ran[:, i].argmax(), i, -1], i)):
-            self._stats[names[i]] = _Running(order=len(self._stats))
+        # the modules first seen in this forward, here (`_started`) or on other ranks only,
+        # filed in one order on every rank: that of the first rank each ran on (its places)
+        fresh = {index[name] for name in self._fresh if name in index}
+        start = len(self._stats) - len(fresh)
+        new = fresh | {i for i, n in enumerate(names) if ran[:, i].any() and n not in self._stats}
+
+        def place(i: int) -> tuple[float, int]:
+            return (ranks[ran[:, i].argmax(), i, -1] if ran[:, i].any() else np.inf, i)
+
+        for k, i in enumerate(sorted(new, key=place)):
+            self._stats.setdefault(names[i], _Running()).order = start + k
+        self._fresh = []
         merged: dict[str, _Running] = {}
         for i, name in enumerate(names):
             if not ran[:, i].any():
