@@ -5,13 +5,17 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export GLOG_minloglevel := 2
 
-.PHONY: demo test test-dev test-mindspore lint test-min bench bench-mindspore bench-peers clean
+.PHONY: demo test test-dev test-mindspore lint venvs test-min bench bench-mindspore bench-peers clean
+
+# The editable installs write unihook.egg-info here: one at a time where the venvs are built
+# side by side (`make -j2 venvs`), under a lock on pyproject.toml (flock leaves no file)
+EDITABLE := flock pyproject.toml
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt
-	$(PY) -m pip install --quiet --no-deps -e .
+	$(EDITABLE) $(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 # MindSpore runs in a venv of its own (requirements-mindspore.txt: it needs numpy 1.x), with
@@ -27,8 +31,11 @@ $(MS_STAMP): pyproject.toml requirements-mindspore.txt
 	test -x $(MS_PY) || $(PYTHON) -m venv $(MS_VENV) || python3 -m venv $(MS_VENV)
 	$(MS_PY) -m pip install --quiet --upgrade pip
 	$(MS_PY) -m pip install --quiet -r requirements-mindspore.txt
-	$(MS_PY) -m pip install --quiet --no-deps -e .
+	$(EDITABLE) $(MS_PY) -m pip install --quiet --no-deps -e .
 	touch $(MS_STAMP)
+
+# Both venvs (`make -j2 venvs` builds them side by side: CI does)
+venvs: $(STAMP) $(MS_STAMP)
 
 # The demo in the venv that has the three frameworks (above)
 demo: $(MS_STAMP)
@@ -41,7 +48,8 @@ test:
 
 # The attackers' files run in the MindSpore step (its venv has the same torch and paddle):
 # the two halves then take about as long
-ATTACKS := tests/test_attack_h56.py tests/test_attack_h57.py tests/test_attack_h58.py
+ATTACKS := tests/test_attack_h56.py tests/test_attack_h57.py tests/test_attack_h58.py \
+	tests/test_attack_h59.py
 
 test-dev: $(STAMP)
 	$(PY) -m pytest -q $(ATTACKS:%=--ignore=%)

@@ -372,4 +372,7 @@ if __name__ == "__main__":
     else:
         import torch.multiprocessing as mp
 
-        mp.spawn(rank_main, args=(case, out, free_port()), nprocs=case["world"])
+        # fork: the ranks start with torch imported (spawn imports it again in each: seconds)
+        mp.start_processes(
+            rank_main, args=(case, out, free_port()), nprocs=case["world"], start_method="fork"
+        )

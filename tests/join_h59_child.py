@@ -480,4 +480,7 @@ if __name__ == "__main__":
     import torch.multiprocessing as mp
 
     scenario, world, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    mp.spawn(rank_main, args=(scenario, world, prefix, free_port()), nprocs=world)
+    # fork: the ranks start with torch imported (spawn imports it again in each: seconds)
+    mp.start_processes(
+        rank_main, args=(scenario, world, prefix, free_port()), nprocs=world, start_method="fork"
+    )
