@@ -575,8 +575,7 @@ def resolve(model: Any, targets: Targets, what: str) -> list[tuple[str, Any]]:
 
 def _ids(modules: list[tuple[str, Any]]) -> dict[int, str]:
     """Each module's first name by id, and the part inside a part's wrapper (which
-    `ops.named_modules` lists for it: ``torch.compile`` of a submodule, an FSDP1 unit) the
-    wrapper's."""
+    `ops.named_modules` lists for it: an FSDP1 unit, ``checkpoint_wrapper``) the wrapper's."""
     found: dict[int, str] = {}
     for name, module in modules:
         found.setdefault(id(module), name)
@@ -585,8 +584,8 @@ def _ids(modules: list[tuple[str, Any]]) -> dict[int, str]:
 
 
 def _named(names: dict[int, str], module: Any) -> str | None:
-    """The name `names` (`_ids`) gives `module`, or the model inside it (a data-parallel
-    wrapper given for a model listed unwrapped)."""
+    """The name `names` (`_ids`) gives `module`, or the module inside it (a data-parallel
+    wrapper, or ``torch.compile``'s, given for a module listed unwrapped)."""
     if id(module) in names:
         return names[id(module)]
     return names.get(id(ops.unwrap(module))) if _owned(module) else None

@@ -228,7 +228,7 @@ class ActivationStats(Synced):
         self._step = {}
         self._world = self._merging(module, self.sync)
         self._training = bool(ops.unwrap(module).training)  # (what the merge says it is about)
-        self._grad_sync = ops.grad_sync(module)
+        self._grad_sync = ops.grad_sync(module) if self._world is not None else None
         self._skipping = not self._counted(module)
         self._calls, self._seen = {}, {}
         self._fresh = []
