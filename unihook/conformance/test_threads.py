@@ -53,22 +53,28 @@ SCENARIOS = (
 # -- the scenarios (run in the subprocess) ----------------------------------------------------
 
 
+def _thread() -> str:
+    """This thread, for the counts: its name, which no later thread gets (the ident of a
+    thread that ended goes to the next one started: two workers' calls counted as one's)."""
+    return threading.current_thread().name
+
+
 class _Calls:
     """Hook calls counted per (hook, thread)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.counts: Counter[tuple[str, int]] = Counter()
+        self.counts: Counter[tuple[str, str]] = Counter()
 
     def hook(self, name: str, result: Callable[..., Any] | None = None) -> Callable[..., Any]:
         def hook(*args: Any) -> Any:
             with self.lock:
-                self.counts[name, threading.get_ident()] += 1
+                self.counts[name, _thread()] += 1
             return None if result is None else result(*args)
 
         return hook
 
-    def of(self, thread: int) -> dict[str, int]:
+    def of(self, thread: str) -> dict[str, int]:
         return {name: n for (name, t), n in self.counts.items() if t == thread}
 
 
@@ -153,15 +159,15 @@ def _churn(
 
 def _run_workers(
     kit: Any, models: list[Any], inputs: list[np.ndarray], expected: list[np.ndarray]
-) -> tuple[list[str], _Calls, list[int]]:
+) -> tuple[list[str], _Calls, list[str]]:
     """Each worker i runs ITERATIONS steps on models[i % len(models)], churners meanwhile."""
     calls = _Calls()
     errors: list[str] = []
-    idents: list[int] = []
+    idents: list[str] = []
     stop = threading.Event()
 
     def work(i: int) -> None:
-        idents.append(threading.get_ident())
+        idents.append(_thread())
         model = models[i % len(models)]
         try:
             for j in range(ITERATIONS):
@@ -194,11 +200,11 @@ def _expected(kit: Any, model: Any, inputs: list[np.ndarray], globals_too: bool)
     grads = [_step(kit, model, data, calls) for data in inputs]
     for handle in handles:
         handle.remove()
-    per_step = {name: n // len(inputs) for name, n in calls.of(threading.get_ident()).items()}
+    per_step = {name: n // len(inputs) for name, n in calls.of(_thread()).items()}
     return grads, per_step
 
 
-def _check_counts(calls: _Calls, idents: list[int], per_step: dict[str, int]) -> list[str]:
+def _check_counts(calls: _Calls, idents: list[str], per_step: dict[str, int]) -> list[str]:
     want = {name: n * ITERATIONS for name, n in per_step.items()}
     return [
         f"thread {t}: hook calls {calls.of(t)} != {want}" for t in idents if calls.of(t) != want
