@@ -54,11 +54,18 @@ ATTACKS := tests/test_attack_h56.py tests/test_attack_h57.py tests/test_attack_h
 test-dev: $(STAMP)
 	$(PY) -m pytest -q $(ATTACKS:%=--ignore=%)
 
+# the wheel in a fresh venv with MindSpore only (its packages are this venv's), and the README's
+# quickstart beside the three frameworks
+MS_PACKAGE := $(foreach t,quickstart_from_the_wheel_with_one_framework[mindspore] \
+	cli_from_the_wheel_with_one_framework[mindspore] the_whole_quickstart_runs_beside_every_framework,\
+	'tests/test_package.py::test_$(t)')
+
 test-mindspore: $(MS_STAMP)
 	UNIHOOK_CONFORMANCE_BACKEND=mindspore $(MS_PY) -m pytest -q unihook/conformance \
 		tests/test_differential_kits.py tests/test_differential_backward.py \
 		tests/test_differential_forward.py tests/test_mindspore_native.py tests/test_demo.py \
-		tests/test_bench_smoke_mindspore.py tests/test_kept_inputs_mindspore.py $(ATTACKS)
+		tests/test_bench_smoke_mindspore.py tests/test_kept_inputs_mindspore.py $(ATTACKS) \
+		$(MS_PACKAGE)
 
 # ruff, and pyright in standard mode on unihook/ and backends/ ([tool.pyright] in pyproject.toml),
 # the MindSpore backend against the MindSpore venv's packages (pyright-mindspore.json)
