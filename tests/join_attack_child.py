@@ -10,13 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import pickle
-import socket
 import sys
-import traceback
-import warnings
-from datetime import timedelta
 
 import numpy as np
 import torch
@@ -333,35 +328,6 @@ def run(case, rank):
     return res
 
 
-def rank_main(rank, case, out, port):
-    warnings.filterwarnings("ignore")
-    import torch.distributed as dist
-
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=case["world"],
-        timeout=timedelta(seconds=case.get("timeout", 15)),
-    )
-    wrap_counts()
-    try:
-        res = run(case, rank)
-    except BaseException as e:
-        res = {"fatal": f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"}
-    with open(f"{out}.rank{rank}.pkl", "wb") as f:
-        pickle.dump(res, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 if __name__ == "__main__":
     case = json.loads(sys.argv[1])
     out = sys.argv[2]
@@ -370,9 +336,10 @@ if __name__ == "__main__":
         with open(f"{out}.ref.pkl", "wb") as f:
             pickle.dump(res, f)
     else:
-        import torch.multiprocessing as mp
+        from children import start_ranks
 
-        # fork: the ranks start with torch imported (spawn imports it again in each: seconds)
-        mp.start_processes(
-            rank_main, args=(case, out, free_port()), nprocs=case["world"], start_method="fork"
-        )
+        def rank_main(rank):
+            wrap_counts()  # (the process group is up: its collectives are counted)
+            return run(case, rank)
+
+        start_ranks(rank_main, case["world"], out, timeout=case.get("timeout", 15))

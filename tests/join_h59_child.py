@@ -8,13 +8,7 @@ recipes' history, or the error it raised) to PREFIX.rank<r>.pkl.
 from __future__ import annotations
 
 import copy
-import os
-import pickle
-import socket
 import sys
-import traceback
-import warnings
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -450,37 +444,8 @@ def fsdp_unit_targets(rank, world):
     return out
 
 
-def rank_main(rank, name, world, prefix, port):
-    warnings.filterwarnings("ignore")
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=5),
-    )
-    try:
-        res = globals()[name](rank, world)
-    except BaseException as e:
-        res = {"fatal": f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"}
-    with open(f"{prefix}.rank{rank}.pkl", "wb") as f:
-        pickle.dump(res, f)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 if __name__ == "__main__":
-    import torch.multiprocessing as mp
+    from children import start_ranks
 
     scenario, world, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    # fork: the ranks start with torch imported (spawn imports it again in each: seconds)
-    mp.start_processes(
-        rank_main, args=(scenario, world, prefix, free_port()), nprocs=world, start_method="fork"
-    )
+    start_ranks(lambda rank: globals()[scenario](rank, world), world, prefix, timeout=5)

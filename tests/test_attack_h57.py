@@ -8,11 +8,6 @@ timeout, or numbers that differ from one process's without an error."""
 from __future__ import annotations
 
 import json
-import os
-import pickle
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,46 +21,15 @@ if not dist.is_available():
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
 import join_attack_child as child  # noqa: E402
+from children import run_ranks  # noqa: E402
 
 CHILD = Path(__file__).with_name("join_attack_child.py")
 BOUND = 60  # seconds for one case's ranks
 
 
 def _ranks(case: dict[str, Any], tmp_path: Path) -> list[dict[str, Any]]:
-    """What each rank pickled; a run past BOUND (its whole session killed) or a rank that
-    pickled nothing (gloo aborted the process) fails the test."""
-    root = CHILD.parent.parent
-    path = os.pathsep.join(
-        filter(None, [str(root), str(root / "backends"), os.getenv("PYTHONPATH")])
-    )
-    env = {**os.environ, "GLOG_minloglevel": "2", "PYTHONPATH": path}
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    prefix = tmp_path / "case"
-    log = tmp_path / "output.txt"
-    with open(log, "w") as out:
-        process = subprocess.Popen(
-            [sys.executable, str(CHILD), json.dumps(case), str(prefix)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    try:
-        process.wait(timeout=BOUND)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        pytest.fail(f"HANG: the ranks did not finish within {BOUND} s:\n{log.read_text()[-3000:]}")
-    found = []
-    for rank in range(case["world"]):
-        try:
-            with open(f"{prefix}.rank{rank}.pkl", "rb") as f:
-                found.append(pickle.load(f))
-        except (OSError, EOFError):
-            pytest.fail(f"CRASH: rank {rank} reported nothing:\n{log.read_text()[-3000:]}")
-    for rank, got in enumerate(found):
-        assert "fatal" not in got, f"rank {rank}: {got['fatal']}"
-    return found
+    """What each rank pickled; a HANG or a CRASH fails the test (`run_ranks`)."""
+    return run_ranks(CHILD, [json.dumps(case)], case["world"], tmp_path, BOUND)
 
 
 def _close(a: Any, b: Any) -> bool:

@@ -8,11 +8,6 @@ CPU ranks (a collective waits 5 s; the whole run is killed after BOUND seconds).
 
 from __future__ import annotations
 
-import os
-import pickle
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,6 +23,7 @@ if not dist.is_available():
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
 import join_h59_child as child  # noqa: E402
+from children import run_ranks  # noqa: E402
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (  # noqa: E402
     CheckpointImpl,
     checkpoint_wrapper,
@@ -40,42 +36,8 @@ BOUND = 45  # seconds for one scenario's ranks
 
 
 def _ranks(scenario: str, world: int, tmp_path: Path) -> list[dict[str, Any]]:
-    """What each rank pickled; a run past BOUND (its session killed) or a rank that pickled
-    nothing (gloo aborted it) fails the test."""
-    root = CHILD.parent.parent
-    path = os.pathsep.join(
-        filter(
-            None, [str(root), str(root / "backends"), str(CHILD.parent), os.getenv("PYTHONPATH")]
-        )
-    )
-    env = {**os.environ, "GLOG_minloglevel": "2", "PYTHONPATH": path}
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    prefix = tmp_path / "case"
-    log = tmp_path / "output.txt"
-    with open(log, "w") as out:
-        process = subprocess.Popen(
-            [sys.executable, str(CHILD), scenario, str(world), str(prefix)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-    try:
-        process.wait(timeout=BOUND)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        pytest.fail(f"HANG: the ranks did not finish within {BOUND} s:\n{log.read_text()[-3000:]}")
-    found = []
-    for rank in range(world):
-        try:
-            with open(f"{prefix}.rank{rank}.pkl", "rb") as f:
-                found.append(pickle.load(f))
-        except (OSError, EOFError):
-            pytest.fail(f"CRASH: rank {rank} reported nothing:\n{log.read_text()[-3000:]}")
-    for rank, got in enumerate(found):
-        assert "fatal" not in got, f"rank {rank}: {got['fatal']}"
-    return found
+    """What each rank pickled; a HANG or a CRASH fails the test (`run_ranks`)."""
+    return run_ranks(CHILD, [scenario, str(world)], world, tmp_path, BOUND)
 
 
 def _no_collective_failure(ranks: list[dict[str, Any]]) -> None:
