@@ -228,8 +228,10 @@ def target_state(target: Any) -> Any:
         if FW == "torch":
             picture["hooks"] = _summary(target._backward_hooks)
         elif FW == "mindspore":
-            hooks = getattr(target, "_unihook_hooks", None)  # (the native hook runs them)
-            picture["hooks"] = hooks and (len(hooks.entries), len(hooks.native))
+            # (per history of the tensor: the native hook of each runs its entries)
+            table = getattr(target, "_unihook_hooks", None) or {}
+            counts = [(len(h.entries), len(h.native)) for h in table.values()]
+            picture["hooks"] = [c for c in counts if c != (0, 0)] or None
     elif FW == "mindspore":
         modules = [cell for _, cell in target.cells_and_names()]
     else:

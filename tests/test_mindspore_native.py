@@ -82,6 +82,59 @@ def test_tensor_hook_under_nested_grad_sees_each_pass() -> None:
     assert (got, seen) == (float(gg), want) == (8.0, [6.0, 4.0])
 
 
+@pytest.mark.parametrize("change", ["setitem", "assign"])
+def test_tensor_hooks_before_and_after_a_write_see_their_own_history(change: str) -> None:
+    """A tensor given a new history in place (``y[:, 0] = 5``, ``ops.assign``; MindSpore's
+    version counter moves for neither): a hook registered before fires with the old history's
+    gradient, one registered after with the new one's, each removable on its own, as torch's
+    (until 2026-11-30 the later hook joined the native hook of the old history: the
+    GradientMonitor of a container changing its child's output got the child's norm,
+    helper-61's attack)."""
+    torch = pytest.importorskip("torch")
+    value = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+
+    def run(fw: str) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+
+        def keep(name: str) -> Callable[[Any], None]:
+            def hook(g: Any) -> None:
+                seen[name] = (g.asnumpy() if fw == "ms" else g.numpy()).tolist()
+
+            return hook
+
+        def f(x: Any) -> Any:
+            y = x * 2
+            first = unihook.register_tensor_hook(y, keep("before"))
+            if fw == "torch":
+                y[:, 0] = 5.0
+            elif change == "setitem":
+                y[:, 0] = 5.0
+            else:
+                ms.ops.assign(y, ms.ops.ones_like(y) * 5.0)
+            unihook.register_tensor_hook(y, keep("after"))
+            extra = unihook.register_tensor_hook(y, keep("removed"))
+            extra.remove()
+            first.remove()
+            unihook.register_tensor_hook(y, keep("before again"))
+            return (y * y).sum()
+
+        if fw == "torch":
+            x = torch.tensor(value, requires_grad=True)
+            f(x).backward()
+            seen["x"] = x.grad.tolist()
+        else:
+            seen["x"] = ms.grad(f)(ms.Tensor(value)).asnumpy().tolist()
+        return seen
+
+    got = run("ms")
+    if change == "setitem":
+        assert got == run("torch"), got
+    else:  # every value overwritten: no gradient reaches x through the old history
+        assert got["after"] == [[10.0, 10.0], [10.0, 10.0]], got
+        assert got["before again"] == got["after"] and "removed" not in got, got
+        assert "before" not in got or got["before"] == [[0.0, 0.0], [0.0, 0.0]], got
+
+
 @pytest.mark.parametrize(
     "register",
     [

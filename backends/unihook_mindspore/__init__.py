@@ -297,10 +297,34 @@ def unihook_register_tensor_hook(
 
 
 def _hooks_of(tensor: Any) -> _TensorHooks:
-    hooks: _TensorHooks | None = getattr(tensor, "_unihook_hooks", None)
+    """The hooks of `tensor`'s present history. MindSpore binds a native tensor hook to the
+    history the tensor object has when it is registered: `t[i] = v` (setitem) and
+    `ops.assign` give the same object a new one, and a hook registered after fires with the
+    gradient of the new history, one registered before with the old one's (torch's too: a
+    tensor hook goes on the grad node it has). One native hook per history, then: a hook of
+    an object changed since the native hook went on joins none of the old history's."""
+    table: dict[object, _TensorHooks] | None = getattr(tensor, "_unihook_hooks", None)
+    if table is None:
+        table = tensor._unihook_hooks = {}  # (an attribute: not copied)
+    key = _history(tensor)
+    hooks = table.get(key)
     if hooks is None:
-        hooks = tensor._unihook_hooks = _TensorHooks()  # (an attribute: not copied)
+        for old in [k for k, h in table.items() if not h.entries and not h.native]:
+            del table[old]  # (an older history's, all its hooks removed)
+        hooks = table[key] = _TensorHooks()
     return hooks
+
+
+def _history(tensor: Any) -> object:
+    """What names `tensor`'s history: its grad node's id (None for a leaf)."""
+    from mindspore.graph.api import _pynative_executor
+
+    _pynative_executor.sync()  # (an in-place op gives the tensor its node in the pipeline)
+    try:
+        node = tensor._grad_node
+    except RuntimeError:  # a freed custom function's ("ctx has been freed"): no op since
+        return ...
+    return None if node is None else node._unique_id()
 
 
 def _remove_tensor_hook(hooks: _TensorHooks, run: Callable[[Any], Any]) -> None:

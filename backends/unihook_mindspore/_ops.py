@@ -9,10 +9,11 @@ import mindspore
 import numpy as np
 from mindspore import ops
 from mindspore.graph.api import _pynative_executor
+from mindspore.nn.layer.normalization import _BatchNorm
 
 from unihook.backend import map_dataclass
 from unihook.errors import BackendStateError
-from unihook.ops import Moments, Ops, drop_block_rate
+from unihook.ops import Moments, Ops, cpu_moments, cpu_sum_squares, drop_block_rate
 
 from ._serial import exclusive
 
@@ -65,21 +66,14 @@ class MindSporeOps(Ops):
         return ops.norm(t.reshape(-1), ord=p)
 
     def sum_squares(self, t: Any) -> float:
-        return float(self.to_numpy(t).astype(np.float64).__pow__(2).sum())
+        # (on the host, as torch's and paddle's CPU tensors: the same numbers; a complex
+        # gradient counts |z|^2, its real and imaginary parts)
+        return cpu_sum_squares(self.to_numpy(t))
 
     def moments(self, t: Any) -> Moments:
-        # (on the host: MindSpore's CPU reductions in float64 cost more than the copy)
-        x = self.to_numpy(t).astype(np.float64).ravel()
-        finite = np.isfinite(x)
-        count = int(finite.sum())
-        if count < x.size:
-            x = x[finite]
-        if not count:
-            return 0, 0.0, 0.0, 0.0, 0.0, 0, int(t.size)
-        mean = float(x.mean())
-        m2 = float(np.square(x - mean).sum())
-        zeros = int((x == 0).sum())
-        return count, mean, m2, float(x.min()), float(x.max()), zeros, int(t.size) - count
+        # (on the host: MindSpore's CPU reductions in float64 cost more than the copy; a
+        # complex output counts its real and imaginary parts as values, as on torch and paddle)
+        return cpu_moments(self.to_numpy(t))
 
     def abs(self, t: Any) -> Any:
         return t.abs()
@@ -109,6 +103,15 @@ class MindSporeOps(Ops):
 
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
         return list(module.cells_and_names())
+
+    def own_parameters(self, module: Any) -> list[tuple[Any, int, bool]]:
+        # a BatchNorm's moving statistics are Parameters that need no grad: buffers in torch
+        stats = isinstance(module, _BatchNorm)
+        return [
+            (p, int(p.size), bool(p.requires_grad))
+            for name, p in module.parameters_and_names(expand=False)
+            if not (stats and name in ("moving_mean", "moving_variance"))
+        ]
 
     def as_tensor(self, array: Any, like: Any) -> Any:
         return Tensor(np.asarray(array), dtype=like.dtype)
@@ -179,9 +182,11 @@ class MindSporeOps(Ops):
         return buffer
 
     def object_version(self, t: Any) -> int | None:
-        # the counter moves in MindSpore's asynchronous pipeline: read once the queued ops ran
-        _pynative_executor.sync()
-        return int(t._version)
+        # None: the recipes never take a tensor they saw for unchanged (a container returning
+        # its child's output is reduced again). MindSpore 2.10's `Tensor._version` moves for
+        # `copy_` only: `t[i] = v` and `ops.assign(t, v)` change `t` in place and leave it as it
+        # was, and a container that did so after its child ran got the child's numbers
+        return None
 
     def version(self, t: Any) -> int | None:
         # None: capture copies every value. Tensor._version counts the in-place ops autograd

@@ -3,6 +3,7 @@ imports no framework is in tests/test_architecture.py)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -94,6 +95,59 @@ def test_gradient_monitor_leaves_out_modules_called_outside_the_model(backend: A
         part = backend.named_modules(model)[1][1]
         backend.backward(part(images(backend)).sum())
         assert [dict(step) for step in monitor.history] == recorded
+
+
+def pre_norm_model(kit: Any, inplace: bool = False) -> tuple[Any, dict[str, Any]]:
+    """x -> h = fc1(x) -> head(h + fc2(norm(h))), `norm` returning its input unchanged (timm's
+    ``norm_layer=nn.Identity``); with `inplace`, an in-place ReLU in its place. The model and
+    its Linear weights in torch's layout."""
+    rng = np.random.default_rng(7)
+    weights: dict[str, Any] = {}
+
+    def linear(n_in: int, n_out: int) -> Any:
+        weight = weights[f"W{len(weights)}"] = rng.normal(size=(n_out, n_in)).astype(np.float32)
+        return kit.linear(n_in, n_out, weight=weight, bias=np.zeros(n_out, np.float32))
+
+    norm = kit.relu_module(inplace=True) if inplace else kit.module(lambda self, h: h)
+    children = {"fc1": linear(3, 4), "norm": norm, "fc2": linear(4, 4), "head": linear(4, 2)}
+
+    def forward(self: Any, x: Any) -> Any:
+        h = self.fc1(x)
+        return self.head(h + self.fc2(self.norm(h)))
+
+    return kit.module(forward, children), weights
+
+
+def test_gradient_monitor_of_a_module_returning_its_input(backend: Any) -> None:
+    """A module returning its input unchanged, whose input is read elsewhere too: its norm is
+    that of its grad_output (the uses of its output only, torch's full backward hook's), not
+    the input's whole gradient (until 2026-11-30: a silent wrong norm, helper-61's attack),
+    from its second call on: the first is left out, with a RuntimeWarning. A module changing
+    its input in place and returning it (an in-place ReLU) keeps its gradient hook."""
+    model, weights = pre_norm_model(backend)
+    x = np.random.default_rng(8).normal(size=(5, 3)).astype(np.float32)
+    # loss = sum(head(z)), z = h + fc2(norm(h)): dz = ones @ W_head, norm's grad_output dz @ W2
+    dz = np.ones((5, 2)) @ weights["W2"].astype(np.float64)
+    want = float(np.linalg.norm(dz @ weights["W1"]))
+    total = float(np.linalg.norm(dz + dz @ weights["W1"]))  # the input's whole gradient
+    with GradientMonitor(model) as monitor:
+        with pytest.warns(RuntimeWarning, match="module 'norm' returned its input"):
+            backend.backward(model(backend.tensor(x)).sum())
+        for _ in range(2):
+            backend.backward(model(backend.tensor(x)).sum())
+    first, *later = [dict(step) for step in monitor.history]
+    assert "norm" not in first and np.isclose(first["fc1"], total, rtol=1e-5)
+    for step in later:
+        assert np.isclose(step["norm"], want, rtol=1e-5), (step["norm"], want, total)
+        assert np.isclose(step["fc1"], total, rtol=1e-5) and step.keys() == first.keys() | {"norm"}
+    assert no_hooks_left(backend, model)
+
+    inplace, _ = pre_norm_model(backend, inplace=True)
+    with GradientMonitor(inplace) as monitor:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            backend.backward(inplace(backend.tensor(x)).sum())
+    assert "norm" in monitor.history[-1]
 
 
 def sqrt_model(kit: Any) -> Any:

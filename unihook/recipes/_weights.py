@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from unihook import backend_of, ops
+from unihook.errors import UnsupportedHookError
 
 __all__ = ["Entry", "copy_weights", "entries", "match"]
 
@@ -141,10 +142,19 @@ def _paddle_attention(name: str, module: Any) -> list[Entry]:
     return found
 
 
+_LAYOUTS = ("torch", "paddle")  # the backends whose parameter layouts `entries` knows
+
+
 def entries(model: Any) -> list[Entry]:
     """Every persistent parameter and buffer of `model` (a torch module or paddle layer) in
     torch's layout, in model order; a tensor shared by several modules appears once."""
-    paddle = backend_of(model) == "paddle"
+    backend = backend_of(model)
+    if backend not in _LAYOUTS:
+        raise UnsupportedHookError(
+            "copy_weights, compare and dump read torch's and paddle's models (their layouts "
+            f"are mapped to torch's). Received: a {backend} model ({type(model).__name__})"
+        )
+    paddle = backend == "paddle"
     # each persistent tensor's own key (by identity: a part's wrapper, `_orig_mod` of a compiled
     # submodule, is in the key and not in the names); torch's `keep_vars`, paddle's default
     persistent: dict[int, str] = {}

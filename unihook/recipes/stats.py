@@ -400,6 +400,7 @@ def _rows(stats: dict[str, _Running]) -> list[dict[str, Any]]:
         if not r.calls:
             continue
         mean = r.total / r.count if r.count else float("nan")
+        values = r.count + r.nonfinite  # (0: every output empty, an expert given no token)
         rows.append(
             {
                 "name": name,
@@ -408,7 +409,7 @@ def _rows(stats: dict[str, _Running]) -> list[dict[str, Any]]:
                 "std": math.sqrt(r.m2 / r.count) if r.count else float("nan"),
                 "min": r.low if r.count else float("nan"),
                 "max": r.high if r.count else float("nan"),
-                "zeros": r.zeros / (r.count + r.nonfinite),
+                "zeros": r.zeros / values if values else float("nan"),
                 "nonfinite": r.nonfinite,
             }
         )
