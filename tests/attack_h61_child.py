@@ -667,6 +667,33 @@ def mindspore_part() -> dict[str, Any]:
         cam.remove()
     out["cam_before_parameters"] = cams
 
+    # FINDING: GradientMonitor(every=N) counts MindSpore's evaluations (a forward under
+    # `mindspore._no_grad()`, or outside any grad session) as logged steps: MindSporeOps has no
+    # grad_enabled (True by default). torch and paddle count the forwards with gradients only.
+    from unihook.testing import classifier
+
+    def alternate(kit: Any, name: str) -> tuple[list[Any], list[Any]]:
+        model = classifier(kit)
+        every_step = recipes.GradientMonitor(model)
+        monitor = recipes.GradientMonitor(model, every=2)
+        for s in range(5):
+            x = kit.tensor(np.random.default_rng(s).normal(0, 1, (2, 3, 8, 8)))
+            with kit.no_grad():
+                model(x)  # an evaluation
+            if name == "mindspore":
+
+                def f(xx: Any, model: Any = model) -> Any:
+                    return model(xx).sum()
+
+                ms.value_and_grad(f, None, model.trainable_params())(x)
+            else:
+                kit.backward(model(x).sum())
+        every_step.remove()
+        monitor.remove()
+        return [h[""] for h in every_step.history], [h[""] for h in monitor.history]
+
+    out["every_with_evaluations"] = {name: alternate(kit, name) for name, kit in kit_ms.items()}
+
     # HELD: with MindSpore's own autograd (value_and_grad over the weights), ActivationStats,
     # GradientMonitor and GradCAM on generated CNNs give torch's numbers
     grng = np.random.default_rng(21)
