@@ -694,6 +694,59 @@ def mindspore_part() -> dict[str, Any]:
 
     out["every_with_evaluations"] = {name: alternate(kit, name) for name, kit in kit_ms.items()}
 
+    # FINDING: MindSpore's activation recomputation (`Cell.recompute()`, PyNative): the cells
+    # inside are counted twice by ActivationStats (the recomputation in backward is taken for a
+    # forward) and get no GradientMonitor norm; torch's checkpoint (both kinds) is documented
+    # and tested to record each forward once and to log the recomputed cells' gradients
+    rng = np.random.default_rng(3)
+    Wr = [rng.normal(0, 1, (4, 3)), rng.normal(0, 1, (4, 4)), rng.normal(0, 1, (2, 4))]
+
+    class MR(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Dense(3, 4)
+            self.b = nn.SequentialCell(nn.Dense(4, 4), nn.ReLU())
+            self.c = nn.Dense(4, 2)
+            for layer, w in zip([self.a, self.b[0], self.c], Wr):
+                layer.weight.set_data(Tensor(w.astype("float32")))
+                layer.bias.set_data(Tensor(np.zeros(w.shape[0], "float32")))
+            self.b.recompute()
+
+        def construct(self, x: Any) -> Any:
+            return self.c(self.b(self.a(x)))
+
+    class TR(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(3, 4)
+            self.b = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+            self.c = torch.nn.Linear(4, 2)
+            with torch.no_grad():
+                for layer, w in zip([self.a, self.b[0], self.c], Wr):
+                    layer.weight.copy_(torch.tensor(w))
+                    layer.bias.zero_()
+
+        def forward(self, x: Any) -> Any:
+            from torch.utils.checkpoint import checkpoint
+
+            return self.c(checkpoint(self.b, self.a(x), use_reentrant=False))
+
+    xr = np.random.default_rng(4).normal(0, 1, (5, 3)).astype("float32")
+    mr = MR()
+    mr.set_train(True)
+    st, gm = recipes.ActivationStats(mr), recipes.GradientMonitor(mr)
+    ms.value_and_grad(lambda x: (mr(x) ** 2).sum(), None, mr.trainable_params())(Tensor(xr))
+    recomputed = {"mindspore": ({r["name"]: r["calls"] for r in st.rows()}, dict(gm.history[-1]))}
+    st.remove()
+    gm.remove()
+    tr = TR()
+    st, gm = recipes.ActivationStats(tr), recipes.GradientMonitor(tr)
+    (tr(torch.tensor(xr)) ** 2).sum().backward()
+    recomputed["torch"] = ({r["name"]: r["calls"] for r in st.rows()}, dict(gm.history[-1]))
+    st.remove()
+    gm.remove()
+    out["recompute"] = recomputed
+
     # HELD: with MindSpore's own autograd (value_and_grad over the weights), ActivationStats,
     # GradientMonitor and GradCAM on generated CNNs give torch's numbers
     grng = np.random.default_rng(21)
