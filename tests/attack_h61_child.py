@@ -747,6 +747,62 @@ def mindspore_part() -> dict[str, Any]:
     gm.remove()
     out["recompute"] = recomputed
 
+    # FINDING: GradientMonitor of a cell returning its own Parameter (a positional table):
+    # MindSporeOps has no is_leaf, so the tensor hook put on the Parameter is never removed and
+    # adds every later backward's gradient to the earlier steps' entries
+    P0 = np.arange(6, dtype=np.float32).reshape(2, 3) / 10
+
+    class Pos(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = ms.Parameter(Tensor(P0), name="table")
+
+        def construct(self) -> Any:
+            return self.table
+
+    class MP(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pos = Pos()
+            self.fc = nn.Dense(3, 3)
+
+        def construct(self, x: Any) -> Any:
+            return self.fc(x + self.pos())
+
+    class TPos(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.tensor(P0))
+
+        def forward(self) -> Any:
+            return self.table
+
+    class TP(torch.nn.Module):
+        def __init__(self, w: Any, b: Any) -> None:
+            super().__init__()
+            self.pos = TPos()
+            self.fc = torch.nn.Linear(3, 3)
+            with torch.no_grad():
+                self.fc.weight.copy_(torch.tensor(w))
+                self.fc.bias.copy_(torch.tensor(b))
+
+        def forward(self, x: Any) -> Any:
+            return self.fc(x + self.pos())
+
+    mp = MP()
+    tp = TP(mp.fc.weight.asnumpy(), mp.fc.bias.asnumpy())
+    gm_ms, gm_t = recipes.GradientMonitor(mp), recipes.GradientMonitor(tp)
+    for step in range(3):
+        xp = np.random.default_rng(step).normal(0, 1, (2, 3)).astype("float32") * (step + 1)
+        ms.value_and_grad(lambda xx: (mp(xx) ** 2).sum(), None, mp.trainable_params())(Tensor(xp))
+        (tp(torch.tensor(xp)) ** 2).sum().backward()
+    out["parameter_output"] = {
+        "mindspore": [h["pos"] for h in gm_ms.history],
+        "torch": [h["pos"] for h in gm_t.history],
+    }
+    gm_ms.remove()
+    gm_t.remove()
+
     # HELD: with MindSpore's own autograd (value_and_grad over the weights), ActivationStats,
     # GradientMonitor and GradCAM on generated CNNs give torch's numbers
     grng = np.random.default_rng(21)
