@@ -351,6 +351,21 @@ def kits_part() -> dict[str, Any]:
         restored[name] = after == before
     out["restored"] = restored
 
+    # FINDING (paddle): two forwards under one backward (a siamese loss m(a) * m(b)): the
+    # history's entries come in the order the backward reaches them, not in forward order
+    from unihook.testing import classifier
+
+    a = np.random.default_rng(0).normal(0, 1, (2, 3, 8, 8)).astype("float32")
+    b = a[::-1].copy() * 0.5
+    siamese: dict[str, Any] = {}
+    for name, kit in K.items():
+        model = classifier(kit)
+        gm = recipes.GradientMonitor(model)
+        kit.backward((model(kit.tensor(a)) * model(kit.tensor(b))).sum())
+        siamese[name] = [h[""] for h in gm.history]
+        gm.remove()
+    out["siamese"] = siamese
+
     # FINDING: a module whose every output in a forward is empty (an MoE expert given no token,
     # an empty batch): rows() / history / report() raise ZeroDivisionError
     empty: dict[str, str] = {}
