@@ -426,6 +426,42 @@ def kits_part() -> dict[str, Any]:
     identity_norms["native"] = native
     out["identity"] = identity_norms
 
+    # FINDING (same cause): a container returning its child's output after reading it for an
+    # auxiliary loss: the container's norm includes the auxiliary gradient
+    aux_norms: dict[str, Any] = {}
+    for name, kit in K.items():
+        held: list[Any] = []
+
+        def block_forward(self: Any, x: Any, held: list[Any] = held) -> Any:
+            y = self.fc(x)
+            held.append((y * y).mean())
+            return y
+
+        block = kit.module(block_forward, {"fc": kit.linear(3, 4, W[0], np.zeros(4))})
+        m = kit.module(
+            lambda self, x: self.head(self.block(x)),
+            {"block": block, "head": kit.linear(4, 2, W[2], np.zeros(2))},
+        )
+        gm = recipes.GradientMonitor(m)
+        o = m(kit.tensor(X))
+        kit.backward((o * o).sum() + held[-1] * 10.0)
+        aux_norms[name] = dict(gm.history[-1])
+        gm.remove()
+    ta = build_aux_torch(W)
+    native = {}
+    hs = [
+        mod.register_full_backward_hook(
+            lambda _m, _gi, go, n=n: native.__setitem__(n, float(go[0].double().norm()))
+        )
+        for n, mod in ta.named_modules()
+    ]
+    o = ta(torch.tensor(X))
+    ((o * o).sum() + ta.block.aux * 10.0).backward()
+    for h in hs:
+        h.remove()
+    aux_norms["native"] = native
+    out["aux"] = aux_norms
+
     # FINDING (torch): GradientMonitor on a model returning a tuple whose second output the loss
     # does not use, with a full backward hook on the model (torch's own, or unihook's, or a
     # capture(grads=True)): the tensor hook on that output gets None, NoBackendError
@@ -491,6 +527,35 @@ def kits_part() -> dict[str, Any]:
                 }
         out["unused_branch"] = unused
     return out
+
+
+def build_aux_torch(W: list[Any]) -> Any:
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 4)
+
+        def forward(self, x: Any) -> Any:
+            y = self.fc(x)
+            self.aux = (y * y).mean()
+            return y
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = Block()
+            self.head = torch.nn.Linear(4, 2)
+            with torch.no_grad():
+                for layer, w in zip([self.block.fc, self.head], [W[0], W[2]]):
+                    layer.weight.copy_(torch.tensor(w))
+                    layer.bias.zero_()
+
+        def forward(self, x: Any) -> Any:
+            return self.head(self.block(x))
+
+    return Net()
 
 
 def build_residual_torch(W: list[Any]) -> Any:
