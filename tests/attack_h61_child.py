@@ -366,6 +366,29 @@ def kits_part() -> dict[str, Any]:
         gm.remove()
     out["siamese"] = siamese
 
+    # FINDING: a GuidedBackprop object clamps the ReLUs' gradients of every backward of the
+    # model while it lives (its hooks are placed at construction), not only its own
+    alive: dict[str, float] = {}
+    for name, kit in K.items():
+        model = classifier(kit)
+        xs = kit.tensor(np.random.default_rng(1).normal(0, 1, (2, 3, 8, 8)))
+
+        def train_grads(model: Any = model, kit: Any = kit, xs: Any = xs) -> dict[str, Any]:
+            kit.clear_grads(model)
+            o = model(xs)
+            kit.backward((o * o).sum())
+            return kit.parameter_grads(model)
+
+        before = train_grads()
+        gb = recipes.GuidedBackprop(model)
+        gb(kit.tensor(a))  # a saliency map, e.g. for a figure during training
+        after = train_grads()  # a later training step, the object still alive
+        gb.remove()
+        alive[name] = max(
+            float(np.abs(np.asarray(after[k]) - np.asarray(before[k])).max()) for k in before
+        )
+    out["guided_alive"] = alive
+
     # FINDING: a module whose every output in a forward is empty (an MoE expert given no token,
     # an empty batch): rows() / history / report() raise ZeroDivisionError
     empty: dict[str, str] = {}
