@@ -10,7 +10,8 @@ What tests/test_compilers.py does not reach:
   never sees a compiled frame. A 7-layer Sequential of Linear/Tanh (>= 10 ops) is compiled:
   there global hooks whose body does not break SOT's graph are left out for every sub-layer,
   and every per-module kind registered after the first static call is never run (FINDINGS
-  1-3). The same 3-layer model with `MIN_GRAPH_SIZE=0` crashes with the backward kinds
+  1-3), so the recipes placed on a converted model see only the model itself, or nothing
+  (FINDING 4); a hook given as a `functools.partial` crashes SOT's guard (FINDING 8). The same 3-layer model with `MIN_GRAPH_SIZE=0` crashes with the backward kinds
   (FINDING 5: `MIN_GRAPH_SIZE=0 pytest tests/test_compilers.py -k "paddle and sot"`: 4 of 18
   fail, full_backward and module_full_backward, before and after).
 - torch: a forward pre-hook on the compiled module itself beside a global backward hook, and a
@@ -128,6 +129,35 @@ def run(static):
     finally:
         h.remove()
 print([run(False), run(True)])
+"""
+
+PADDLE_PARTIAL_HOOK = r"""
+import functools, warnings; warnings.filterwarnings("ignore")
+import paddle, unihook
+
+class Recorder:
+    def __init__(self):
+        self.calls = 0
+    def hook(self, layer, args, out, name=None):
+        self.calls += 1
+
+def run(static, native):
+    paddle.seed(0)
+    m = paddle.nn.Sequential(*[paddle.nn.Linear(3, 3) if i % 2 == 0 else paddle.nn.Tanh() for i in range(7)])
+    f = paddle.jit.to_static(m) if static else m
+    rec = Recorder()
+    hook = functools.partial(rec.hook, name="2")
+    h = m[2].register_forward_post_hook(hook) if native else unihook.register_forward_hook(m[2], hook)
+    try:
+        for _ in range(2):
+            f(paddle.ones([2, 3]))
+        return rec.calls
+    except Exception as e:
+        return type(e).__name__ + ": " + str(e)[:300]
+    finally:
+        h.remove()
+
+print([run(False, False), run(True, False), run(True, True)])
 """
 
 TORCH_CRASHES = r"""
@@ -385,6 +415,26 @@ def test_paddle_sot_compiled_full_backward_hook() -> None:
     dispatcher, meant to run outside SOT (EagerUnderSOT), is simulated."""
     eager, sot = _child(PADDLE_MIN_GRAPH_SIZE_0)
     assert eager[0] == 1
+    assert sot == eager
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="FINDING 8: a functools.partial hook under SOT: InnerError (SyntaxError in SOT's guard)",
+)
+def test_paddle_sot_partial_hook_registered_before_the_first_call() -> None:
+    """FINDING 8 (crash). Repro: the 7-layer Sequential; `unihook.register_forward_hook(m[2],
+    functools.partial(recorder.hook, name="2"))` before the first call of
+    `paddle.jit.to_static(m)`: paddle.jit.sot InnerError "In simulate execution: File
+    unihook/_pinned.py, line 211 ... snap = self._snap = (version, self._copy()) ... File
+    "<string>" ... SyntaxError": SOT simulates unihook's hook table (`_pinned`) and writes a
+    guard holding the partial's repr (`functools.partial(<bound method ...>, name='2')`), which
+    is no Python. Eager: 2 calls; paddle's own `register_forward_post_hook` with the same
+    partial under SOT: 2 calls. ActivationStats and GradientMonitor placed before the first
+    static call crash the same way (their hooks are such partials: `ActivationStats._started`,
+    name='0')."""
+    eager, sot, native = _child(PADDLE_PARTIAL_HOOK)
+    assert eager == native == 2
     assert sot == eager
 
 
