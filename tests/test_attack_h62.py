@@ -5,15 +5,15 @@ unihook error naming the compiler; never a silent skip or a wrong gradient.
 What tests/test_compilers.py does not reach:
 
 - paddle SOT *compiling*. SOT falls back to dygraph for a frame whose graph has fewer than
-  `MIN_GRAPH_SIZE` (paddle's env var, default 10) ops: test_compilers.py's 3-layer model (and
-  its hooks, whose `id()` / `.clone()` break SOT's graph) runs in dygraph, so its SOT matrix
-  never sees a compiled frame. A 7-layer Sequential of Linear/Tanh (>= 10 ops) is compiled:
-  there global hooks whose body does not break SOT's graph are left out for every sub-layer,
-  and every per-module kind registered after the first static call is never run (FINDINGS
-  1-3), so the recipes placed on a converted model see only the model itself, or nothing
-  (FINDING 4); a hook given as a `functools.partial` crashes SOT's guard (FINDING 8). The same 3-layer model with `MIN_GRAPH_SIZE=0` crashes with the backward kinds
-  (FINDING 5: `MIN_GRAPH_SIZE=0 pytest tests/test_compilers.py -k "paddle and sot"`: 4 of 18
-  fail, full_backward and module_full_backward, before and after).
+  `MIN_GRAPH_SIZE` (paddle's env var, default 10) ops: test_compilers.py's 3-layer model runs
+  in dygraph, so its SOT matrix never sees a compiled frame (with `MIN_GRAPH_SIZE=0` its
+  hooks, which break SOT's graph, still pass but for the backward kinds: FINDING 5,
+  `MIN_GRAPH_SIZE=0 pytest tests/test_compilers.py -k "paddle and sot"`, 4 of 18 fail). A
+  7-layer Sequential of Linear/Tanh (>= 10 ops) is compiled at paddle's defaults: there
+  global hooks whose body does not break SOT's graph are left out for every sub-layer, and
+  every per-module kind registered after the first static call is never run (FINDINGS 1-3),
+  so the recipes placed on a converted model see only the model itself, or nothing (FINDING
+  4); a hook given as a `functools.partial` crashes SOT's guard (FINDING 8).
 - torch: a forward pre-hook on the compiled module itself beside a global backward hook, and a
   global hook registered from inside a compiled forward (FINDINGS 6, 7).
 
@@ -25,24 +25,30 @@ the test process, and a framework crash fails one test.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import pytest
 from children import last_value, run_code
 
 PADDLE_HOOKS = r"""
-import warnings; warnings.filterwarnings("ignore")
+import warnings
+
+warnings.filterwarnings("ignore")
 import numpy as np, paddle, unihook
 from unihook.recipes import ActivationStats, DropHook, GradCAM
+
 
 def net():
     # 7 sublayers: SOT's graph has >= MIN_GRAPH_SIZE (10) ops, so SOT compiles it instead of
     # falling back to dygraph (the 3-layer model of test_compilers.py falls back)
     paddle.seed(0)
-    return paddle.nn.Sequential(*[paddle.nn.Linear(3, 3) if i % 2 == 0 else paddle.nn.Tanh() for i in range(7)])
+    return paddle.nn.Sequential(
+        *[paddle.nn.Linear(3, 3) if i % 2 == 0 else paddle.nn.Tanh() for i in range(7)]
+    )
+
 
 x0 = np.arange(6, dtype="float32").reshape(2, 3) / 6
+
 
 def run(static, register, before):
     m = net()
@@ -53,48 +59,73 @@ def run(static, register, before):
     f(x).sum().backward()
     if not before:
         h = register(m, calls)
-    x.clear_gradient(); calls.clear()
-    y = f(x); y.sum().backward()
+    x.clear_gradient()
+    calls.clear()
+    y = f(x)
+    y.sum().backward()
     h.remove()
     return [len(calls), round(float(y.sum()), 4), round(float(x.grad.sum()), 4)]
+
 
 def global_fwd(m, calls):
     def hook(layer, args, out):
         calls.append(1)  # no graph break in the hook
         return out * 2 if isinstance(layer, paddle.nn.Linear) else None
+
     return unihook.register_module_forward_hook(hook, backend="paddle")
+
 
 def module_fwd(m, calls):
     return unihook.register_forward_hook(m[2], lambda l, a, o: (calls.append(1), o * 2)[1])
 
+
 def module_bw(m, calls):
-    return unihook.register_full_backward_hook(m[2], lambda l, gi, go: (calls.append(1), (gi[0] * 2,))[1])
+    return unihook.register_full_backward_hook(
+        m[2], lambda l, gi, go: (calls.append(1), (gi[0] * 2,))[1]
+    )
+
 
 out = {}
-for name, reg, before in [("global_before", global_fwd, True), ("module_after", module_fwd, False),
-                          ("backward_after", module_bw, False), ("module_before", module_fwd, True)]:
+for name, reg, before in [
+    ("global_before", global_fwd, True),
+    ("module_after", module_fwd, False),
+    ("backward_after", module_bw, False),
+    ("module_before", module_fwd, True),
+]:
     out[name] = [run(False, reg, before), run(True, reg, before)]
 
 print(out)
 """
 
 PADDLE_RECIPE = r"""
-import sys, warnings; warnings.filterwarnings("ignore")
+import sys, warnings
+
+warnings.filterwarnings("ignore")
 import numpy as np, paddle, unihook
 from unihook.recipes import ActivationStats, DropHook, GradCAM
+
 which, static = WHICH, STATIC
 paddle.seed(0)
-m = paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 3, padding=1), paddle.nn.ReLU(),
-    paddle.nn.Conv2D(4, 5, 3, padding=1), paddle.nn.ReLU(), paddle.nn.AdaptiveAvgPool2D(1),
-    paddle.nn.Flatten(), paddle.nn.Linear(5, 3))
+m = paddle.nn.Sequential(
+    paddle.nn.Conv2D(3, 4, 3, padding=1),
+    paddle.nn.ReLU(),
+    paddle.nn.Conv2D(4, 5, 3, padding=1),
+    paddle.nn.ReLU(),
+    paddle.nn.AdaptiveAvgPool2D(1),
+    paddle.nn.Flatten(),
+    paddle.nn.Linear(5, 3),
+)
 f = paddle.jit.to_static(m) if static else m
 x = paddle.to_tensor(np.random.RandomState(1).randn(2, 3, 6, 6).astype("float32"))
 f(x)  # the model runs (and SOT converts it) before the recipe comes
 try:
     if which == "stats":
         with ActivationStats(f) as stats:
-            f(x); f(x * 2)
-        out = [(r["name"], r["calls"], round(r["mean"], 5), round(r["std"], 5)) for r in stats.rows()]
+            f(x)
+            f(x * 2)
+        out = [
+            (r["name"], r["calls"], round(r["mean"], 5), round(r["std"], 5)) for r in stats.rows()
+        ]
     elif which == "gradcam":
         out = np.round(GradCAM(f, m[2])(x), 4).tolist()
     elif which == "drophook":
@@ -111,15 +142,23 @@ print(repr(out))
 """
 
 PADDLE_MIN_GRAPH_SIZE_0 = r"""
-import os; os.environ["MIN_GRAPH_SIZE"] = "0"  # SOT compiles every frame
-import warnings; warnings.filterwarnings("ignore")
+import os
+
+os.environ["MIN_GRAPH_SIZE"] = "0"  # SOT compiles every frame
+import warnings
+
+warnings.filterwarnings("ignore")
 import numpy as np, paddle, unihook
+
+
 def run(static):
     paddle.seed(0)
     m = paddle.nn.Sequential(paddle.nn.Linear(3, 4), paddle.nn.ReLU(), paddle.nn.Linear(4, 2))
     f = paddle.jit.to_static(m) if static else m
     calls = []
-    h = unihook.register_full_backward_hook(m[0], lambda l, gi, go: (calls.append(1), (gi[0] * 2,))[1])
+    h = unihook.register_full_backward_hook(
+        m[0], lambda l, gi, go: (calls.append(1), (gi[0] * 2,))[1]
+    )
     x = paddle.to_tensor([[1.0, 2.0, 3.0], [-1.0, 0.5, 2.0]], stop_gradient=False)
     try:
         f(x).sum().backward()
@@ -128,26 +167,39 @@ def run(static):
         return type(e).__name__ + ": " + str(e)[:200]
     finally:
         h.remove()
+
+
 print([run(False), run(True)])
 """
 
 PADDLE_PARTIAL_HOOK = r"""
-import functools, warnings; warnings.filterwarnings("ignore")
+import functools, warnings
+
+warnings.filterwarnings("ignore")
 import paddle, unihook
+
 
 class Recorder:
     def __init__(self):
         self.calls = 0
+
     def hook(self, layer, args, out, name=None):
         self.calls += 1
 
+
 def run(static, native):
     paddle.seed(0)
-    m = paddle.nn.Sequential(*[paddle.nn.Linear(3, 3) if i % 2 == 0 else paddle.nn.Tanh() for i in range(7)])
+    m = paddle.nn.Sequential(
+        *[paddle.nn.Linear(3, 3) if i % 2 == 0 else paddle.nn.Tanh() for i in range(7)]
+    )
     f = paddle.jit.to_static(m) if static else m
     rec = Recorder()
     hook = functools.partial(rec.hook, name="2")
-    h = m[2].register_forward_post_hook(hook) if native else unihook.register_forward_hook(m[2], hook)
+    h = (
+        m[2].register_forward_post_hook(hook)
+        if native
+        else unihook.register_forward_hook(m[2], hook)
+    )
     try:
         for _ in range(2):
             f(paddle.ones([2, 3]))
@@ -157,12 +209,16 @@ def run(static, native):
     finally:
         h.remove()
 
+
 print([run(False, False), run(True, False), run(True, True)])
 """
 
 TORCH_CRASHES = r"""
-import warnings; warnings.filterwarnings("ignore")
+import warnings
+
+warnings.filterwarnings("ignore")
 import torch, torch._dynamo, unihook
+
 
 def attempt(fn):
     try:
@@ -170,29 +226,45 @@ def attempt(fn):
     except Exception as e:
         return type(e).__name__ + ": " + str(e)[:120]
 
+
 def net():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
 
+
 def root_pre_and_global_backward(compiled):
     torch._dynamo.reset()
     m, calls = net(), []
-    hs = [unihook.register_full_backward_hook(m, lambda mod, gi, go: calls.append("root")),
-          unihook.register_module_full_backward_hook(lambda mod, gi, go: calls.append(type(mod).__name__), backend="torch")]
+    hs = [
+        unihook.register_full_backward_hook(m, lambda mod, gi, go: calls.append("root")),
+        unihook.register_module_full_backward_hook(
+            lambda mod, gi, go: calls.append(type(mod).__name__), backend="torch"
+        ),
+    ]
     try:
         f = torch.compile(m, backend="eager") if compiled else m
         x = torch.ones(2, 3, requires_grad=True)
         f(x).sum().backward()
-        return [c for c in calls if c != "OptimizedModule"], [round(v, 5) for v in x.grad.flatten().tolist()]
+        return [c for c in calls if c != "OptimizedModule"], [
+            round(v, 5) for v in x.grad.flatten().tolist()
+        ]
     finally:
-        for h in hs: h.remove()
+        for h in hs:
+            h.remove()
+
 
 def global_registered_inside(compiled):
     torch._dynamo.reset()
     m, calls, hs = net(), [], []
+
     def later(mod, args, out):
         if not hs:
-            hs.append(unihook.register_module_forward_hook(lambda mod, a, o: calls.append(type(mod).__name__), backend="torch"))
+            hs.append(
+                unihook.register_module_forward_hook(
+                    lambda mod, a, o: calls.append(type(mod).__name__), backend="torch"
+                )
+            )
+
     first = unihook.register_forward_hook(m[0], later)
     try:
         f = torch.compile(m, backend="eager") if compiled else m
@@ -200,43 +272,67 @@ def global_registered_inside(compiled):
         return [c for c in calls if c != "OptimizedModule"]
     finally:
         first.remove()
-        for h in hs: h.remove()
+        for h in hs:
+            h.remove()
+
 
 out = {}
-for name, fn in [("root_pre_and_global_backward", root_pre_and_global_backward), ("global_registered_inside", global_registered_inside)]:
+for name, fn in [
+    ("root_pre_and_global_backward", root_pre_and_global_backward),
+    ("global_registered_inside", global_registered_inside),
+]:
     out[name] = [attempt(lambda: fn(False)), attempt(lambda: fn(True))]
 print(out)
 """
 
 TORCH_HELD = r"""
-import warnings; warnings.filterwarnings("ignore")
+import warnings
+
+warnings.filterwarnings("ignore")
 import numpy as np, torch, torch._dynamo, unihook
 from unihook.recipes import ActivationStats, GradientMonitor
+
 
 def net():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
 
+
 def register(kind, m, calls):
     # each hook changes what it may change: a removed hook left in the compiled code shows
     if kind == "forward_pre":
-        return unihook.register_forward_pre_hook(m[2], lambda mod, a: (calls.append(kind), (a[0] * 1.5,))[1])
+        return unihook.register_forward_pre_hook(
+            m[2], lambda mod, a: (calls.append(kind), (a[0] * 1.5,))[1]
+        )
     if kind == "forward":
-        return unihook.register_forward_hook(m[2], lambda mod, a, o: (calls.append(kind), o * 0.5 + 0.25)[1], with_kwargs=False)
+        return unihook.register_forward_hook(
+            m[2], lambda mod, a, o: (calls.append(kind), o * 0.5 + 0.25)[1], with_kwargs=False
+        )
     if kind == "full_backward_pre":
-        return unihook.register_full_backward_pre_hook(m[2], lambda mod, go: (calls.append(kind), (go[0] * 2,))[1])
+        return unihook.register_full_backward_pre_hook(
+            m[2], lambda mod, go: (calls.append(kind), (go[0] * 2,))[1]
+        )
     if kind == "full_backward":
-        return unihook.register_full_backward_hook(m[2], lambda mod, gi, go: (calls.append(kind), (gi[0] * -0.5,))[1])
+        return unihook.register_full_backward_hook(
+            m[2], lambda mod, gi, go: (calls.append(kind), (gi[0] * -0.5,))[1]
+        )
     if kind == "module_forward":
+
         def hook(mod, a, o):
             if isinstance(mod, torch.nn.Linear):
-                calls.append(kind); return o * 2
+                calls.append(kind)
+                return o * 2
+
         return unihook.register_module_forward_hook(hook, backend="torch")
     if kind == "module_full_backward_pre":
+
         def hook(mod, go):
             if isinstance(mod, torch.nn.ReLU):
-                calls.append(kind); return (go[0] * 3,)
+                calls.append(kind)
+                return (go[0] * 3,)
+
         return unihook.register_module_full_backward_pre_hook(hook, backend="torch")
+
 
 def scenario(kind, compiled):
     # a call, the hook registered, two calls (the second recompiled for a new batch size),
@@ -244,20 +340,40 @@ def scenario(kind, compiled):
     torch._dynamo.reset()
     m, calls, rows = net(), [], []
     f = torch.compile(m, backend="eager") if compiled else m
+
     def step(n):
         x = torch.linspace(-1, 1, n * 3).reshape(n, 3).requires_grad_()
         calls.clear()
-        y = f(x); (y * torch.tensor([1.0, -2.0])).sum().backward()
-        rows.append((len(calls), round(float(y.sum()), 5), [round(v, 5) for v in x.grad.flatten().tolist()]))
+        y = f(x)
+        (y * torch.tensor([1.0, -2.0])).sum().backward()
+        rows.append(
+            (
+                len(calls),
+                round(float(y.sum()), 5),
+                [round(v, 5) for v in x.grad.flatten().tolist()],
+            )
+        )
+
     step(2)
     h = register(kind, m, calls)
-    step(2); step(3)
+    step(2)
+    step(3)
     h.remove()
-    step(2); step(3)
+    step(2)
+    step(3)
     return rows
 
-KINDS = ["forward_pre", "forward", "full_backward_pre", "full_backward", "module_forward", "module_full_backward_pre"]
+
+KINDS = [
+    "forward_pre",
+    "forward",
+    "full_backward_pre",
+    "full_backward",
+    "module_forward",
+    "module_full_backward_pre",
+]
 out = {kind: [scenario(kind, False), scenario(kind, True)] for kind in KINDS}
+
 
 def recipes(compiled):
     torch._dynamo.reset()
@@ -268,8 +384,15 @@ def recipes(compiled):
     with ActivationStats(f) as stats, GradientMonitor(f) as grads:
         for i in range(2):
             (f(x * (i + 1)) * torch.tensor([1.0, -2.0])).sum().backward()
-    return ([{k: round(v, 5) if isinstance(v, float) else v for k, v in r.items()} for r in stats.rows()],
-            [{k: round(v, 5) for k, v in h.items()} for h in grads.history])
+    return (
+        [
+            {k: round(v, 5) if isinstance(v, float) else v for k, v in r.items()}
+            for r in stats.rows()
+        ],
+        [{k: round(v, 5) for k, v in h.items()} for h in grads.history],
+    )
+
+
 out["recipes"] = [recipes(False), recipes(True)]
 print(out)
 """
