@@ -241,8 +241,6 @@ def test_gradient_monitor_on_a_module_returning_its_parameter(backend) -> None: 
     """A module whose output is its own parameter (a positional table): a gradient hook on it
     would stay on the parameter and fire in every later backward, adding each to the earlier
     steps' entries. Each entry holds its own backward's gradient, and stays as recorded."""
-    if backend.name == "mindspore":
-        pytest.skip("MindSpore's backend does not tell an autograd leaf (unihook.ops.is_leaf)")
     table = backend.module(lambda self: self.table)
     backend.register_parameter(table, "table", backend.parameter(np.ones((2, 3), np.float32)))
     model = backend.module(lambda self, x: x * self.pos(), {"pos": table})

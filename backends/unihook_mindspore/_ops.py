@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import weakref
 from typing import Any, Callable, Sequence, Union
 
 import mindspore
@@ -103,6 +105,25 @@ class MindSporeOps(Ops):
 
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
         return list(module.cells_and_names())
+
+    def after_backward(self, t: Any, fn: Callable[[], None]) -> None:
+        from ._backward import MindSporeAutograd
+
+        # (the backend's end-of-pass callbacks hold a bound method weakly: what a backward
+        # that raised never ran goes with its owner, a recipe's step; another callable is
+        # held until it ran)
+        callback = fn if inspect.ismethod(fn) and _weakly_held(fn.__self__) else _Once(fn).run
+        MindSporeAutograd.after_backward(callback)
+
+    def grad_enabled(self, like: Any) -> bool:
+        # outside a grad session (`mindspore.grad`, `value_and_grad`, the kit's tape) and
+        # under `_no_grad` nothing is recorded: an evaluation (`every=N` leaves it uncounted)
+        return bool(_pynative_executor.enable_grad() and _pynative_executor.requires_grad())
+
+    def is_leaf(self, t: Any) -> bool:
+        # a Parameter (a cell returning its own, a positional table): a gradient hook on it
+        # fires in every later backward (a grad session's inputs are new tensors each time)
+        return isinstance(t, mindspore.Parameter)
 
     def own_parameters(self, module: Any) -> list[tuple[Any, int, bool]]:
         # a BatchNorm's moving statistics are Parameters that need no grad: buffers in torch
@@ -207,3 +228,26 @@ class MindSporeOps(Ops):
         if isinstance(value, dict):
             return type(value)((k, self.map_tensors(fn, v)) for k, v in value.items())
         return value
+
+
+def _weakly_held(obj: object) -> bool:
+    try:
+        weakref.ref(obj)
+    except TypeError:
+        return False
+    return True
+
+
+class _Once:
+    """A function run once at the end of a backward pass, alive until then."""
+
+    __slots__ = ("fn",)
+    _waiting: set[_Once] = set()
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+        _Once._waiting.add(self)
+
+    def run(self) -> None:
+        _Once._waiting.discard(self)
+        self.fn()

@@ -95,6 +95,7 @@ class _Step:
         "leaves",
         "dropping",
         "grad_sync",
+        "__weakref__",  # (a backend may hold `drop_leaves` weakly until a backward ends)
     )
 
     def __init__(self, world: tuple[int, int] | None, serial: int = 0) -> None:
