@@ -421,10 +421,6 @@ def _torch(code: str) -> dict[str, Any]:
 # -- paddle.jit.to_static, SOT compiling the frame ------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 1: global hooks skipped for every sub-layer of a frame SOT compiles",
-)
 def test_paddle_sot_global_forward_hook_reaches_every_layer() -> None:
     """FINDING 1 (silent skip, silent wrong output and gradient). Repro: the 7-layer Sequential
     (Linear(3, 3), Tanh, ... x4 Linear), `unihook.register_module_forward_hook(hook,
@@ -441,10 +437,6 @@ def test_paddle_sot_global_forward_hook_reaches_every_layer() -> None:
     assert sot == eager
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 2: a forward hook registered after SOT compiled the frame never runs",
-)
 def test_paddle_sot_forward_hook_registered_after_the_first_call() -> None:
     """FINDING 2 (silent skip). Repro: the 7-layer Sequential, `f = paddle.jit.to_static(m)`,
     `f(x)` once, then `unihook.register_forward_hook(m[2], hook)` with `hook` returning
@@ -458,10 +450,6 @@ def test_paddle_sot_forward_hook_registered_after_the_first_call() -> None:
     assert sot == eager
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 3: a backward hook registered after SOT compiled the frame never runs",
-)
 def test_paddle_sot_backward_hook_registered_after_the_first_call() -> None:
     """FINDING 3 (silent skip, silent wrong gradient). As FINDING 2 with
     `register_full_backward_hook(m[2], hook)` doubling grad_input: eager 1 call,
@@ -480,10 +468,6 @@ def test_paddle_sot_forward_hook_registered_before_the_first_call_held() -> None
     assert sot == eager
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 4a: ActivationStats of a model SOT converted lists only the model itself",
-)
 def test_paddle_sot_activation_stats_sees_every_layer() -> None:
     """FINDING 4a (silent skip; FINDING 2 through a recipe). Repro: a 7-layer conv net,
     `f = paddle.jit.to_static(m)`, `f(x)`, then `with ActivationStats(f) as s: f(x); f(2 * x)`.
@@ -495,10 +479,6 @@ def test_paddle_sot_activation_stats_sees_every_layer() -> None:
     assert sot == eager
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 4b: GradCAM of a model SOT converted: HookArgumentError 'ran 0 time(s)'",
-)
 def test_paddle_sot_gradcam() -> None:
     """FINDING 4b (wrong error). The conv net as in 4a, `GradCAM(f, m[2])(x)`: eager gives the
     maps; SOT raises HookArgumentError "`call` must index the calls of '2', which ran 0
@@ -508,10 +488,6 @@ def test_paddle_sot_gradcam() -> None:
     assert sot == eager
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 4c: DropHook on a model SOT converted drops nothing",
-)
 def test_paddle_sot_drophook() -> None:
     """FINDING 4c (silent skip). The conv net as in 4a, `with DropHook(f, {"1": 0.5}): f(x)` in
     train mode: eager's output changes under the recipe and is the plain one after it; under
@@ -541,10 +517,6 @@ def test_paddle_sot_compiled_full_backward_hook() -> None:
     assert sot == eager
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 8: a functools.partial hook under SOT: InnerError (SyntaxError in SOT's guard)",
-)
 def test_paddle_sot_partial_hook_registered_before_the_first_call() -> None:
     """FINDING 8 (crash). Repro: the 7-layer Sequential; `unihook.register_forward_hook(m[2],
     functools.partial(recorder.hook, name="2"))` before the first call of

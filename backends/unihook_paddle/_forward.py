@@ -20,7 +20,7 @@ from paddle.nn.layer.layers import HookRemoveHelper
 
 from unihook.backend import HookDict, Pinned, RegistryLock, pin, unpin
 
-from ._static import forget_programs, guard_forward, guard_forward_pre
+from ._static import forget_programs, guard_forward, guard_forward_pre, retranslate
 
 __all__ = ["Access", "add_dispatchers", "add_hook", "new_id", "remove_hook"]
 
@@ -83,6 +83,7 @@ def add_hook(
         if always_call:
             Access.get(layer, always_attr[0])[hook_id] = True
         pin(layer, hooks_attr, hook_id, hook, Access, last=False, prepend=prepend)
+    retranslate()  # (the layer's first hook: `Access.put` dropped it already)
 
 
 def remove_hook(layer: Any, hook_id: int, *, pre: bool) -> None:
@@ -99,4 +100,6 @@ def remove_hook(layer: Any, hook_id: int, *, pre: bool) -> None:
 def add_dispatchers(layer: Any, pre: Callable[..., Any], post: Callable[..., Any]) -> Pinned:
     hooks = ((_PRE[0], pre), (_POST[0], post))
     with _lock, _lock.mutex:
-        return Pinned.install(layer, hooks, _POST[1][1], new_id, Access)
+        pinned = Pinned.install(layer, hooks, _POST[1][1], new_id, Access)
+    retranslate()
+    return pinned

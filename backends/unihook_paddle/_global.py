@@ -21,6 +21,7 @@ import warnings
 from typing import Any, Callable, NamedTuple
 
 import paddle
+from paddle.base.dygraph.base import in_sot_simulation_mode
 from paddle.base.framework import EagerParamBase, name_struct
 from paddle.nn import Layer
 from paddle.profiler import TracerEventType  # pyright: ignore[reportPrivateImportUsage]
@@ -38,7 +39,14 @@ from unihook.errors import HookReturnTypeError
 
 from . import NAME
 from ._forward import new_id
-from ._static import builds_full_graph, forget_programs, full_graph_error, sot_builds_subgraph
+from ._static import (
+    builds_full_graph,
+    forget_programs,
+    full_graph_error,
+    outside_sot,
+    sot_builds_subgraph,
+    sot_calls_layers,
+)
 
 Hook = Callable[..., Any]
 
@@ -107,6 +115,11 @@ def _call(self: Any, *inputs: Any, **kwargs: Any) -> Any:
 def _dygraph_call_func(self: Any, *inputs: Any, **kwargs: Any) -> Any:
     """paddle 3.3.1's ``Layer._dygraph_call_func`` with the global hooks merged in."""
     hooks = _hooks
+    if in_sot_simulation_mode():
+        # to_static SOT simulates this call: the hooks would be left out of the graph it
+        # builds unless their own code breaks it (helper-62's attack). A graph break runs
+        # the layer in dygraph, with them (while global hooks live, SOT compiles no layer)
+        return outside_sot(_dygraph_call_func, self, *inputs, **kwargs)
     if not paddle.in_dynamic_mode():
         if sot_builds_subgraph():
             # to_static SOT: a build-time call with symbolic values; the hooks run in dygraph
@@ -269,6 +282,8 @@ def _sync_patches() -> None:
     forward = any(_forward.values()) or any(_tail.values())
     registration = any(_registration.values())
     wanted = (_FORWARD_METHODS if forward else ()) + (_REGISTRATION_METHODS if registration else ())
+    if forward != (Layer.__dict__["_dygraph_call_func"] is _PATCHES["_dygraph_call_func"]):
+        sot_calls_layers(forward)  # (see ._static)
     for method in (*_FORWARD_METHODS, *_REGISTRATION_METHODS):
         patched = Layer.__dict__[method] is _PATCHES[method]
         if method in wanted and not patched:

@@ -29,6 +29,8 @@ from paddle.base.dygraph.base import in_sot_simulation_mode, in_to_static_mode
 from paddle.base.framework import global_var
 from paddle.jit.dy2static import parameter_recorder
 from paddle.jit.dy2static.program_translator import ASTStaticFunction
+from paddle.jit.sot.opcode_translator.executor.executor_cache import OpcodeExecutorCache
+from paddle.jit.sot.opcode_translator.executor.variables import callable as _sot_layers
 from paddle.jit.sot.symbolic import interpreter as sot_interpreter
 from paddle.jit.sot.utils.utils import no_eval_frame
 
@@ -42,18 +44,79 @@ __all__ = [
     "full_graph_error",
     "guard_forward",
     "guard_forward_pre",
+    "outside_sot",
+    "retranslate",
     "sot_builds_subgraph",
+    "sot_calls_layers",
 ]
 
 
-def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    return fn(*args)
+def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
 
 
 # SOT translates every frame that runs while a converted function does, except frames of
 # paddle's own files: `no_eval_frame`'s wrapper is one, and it turns SOT's frame evaluation off
 # for the call. Marked force_dynamic, a call to it is a graph break, not a simulated call.
 _outside_sot = paddle.jit.marker.force_dynamic(no_eval_frame(_call))
+
+
+def outside_sot(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` from code SOT simulates: a graph break, the call in dygraph."""
+    return _outside_sot(fn, *args, **kwargs)
+
+
+def sot_calls_layers(hooked: bool) -> None:
+    """Global forward hooks come (`hooked`) or go: while they live, SOT breaks its graph at
+    every layer's call (`_BreakAt`), which runs in dygraph through unihook's wrapper of
+    ``Layer._dygraph_call_func``, with them. Otherwise SOT records a paddle layer without
+    hooks of its own as one op of its graph, which the global hooks never see (silently;
+    helper-62's attack)."""
+    _break_at.every_layer = hooked
+    retranslate()
+
+
+class _BreakAt:
+    """What SOT breaks its graph at (``value in break_graph_functions`` as it translates a
+    call, never per call): paddle's own set, a layer with unihook hooks of its own (its hook
+    dicts are `HookDict`s), and every layer while global forward hooks live. Such a layer's
+    call runs in dygraph: its hooks see eager's values, and SOT simulates none of unihook's
+    code, whose hook tables it cannot guard (a `functools.partial` hook in one crashed SOT's
+    guard with a SyntaxError; a recipe's hooks crashed its simulation of pluggy)."""
+
+    __slots__ = ("functions", "every_layer")
+
+    def __init__(self, functions: Any) -> None:
+        self.functions = functions  # (paddle's set: `force_dynamic` adds to it later too)
+        self.every_layer = False
+
+    def __contains__(self, value: object) -> bool:
+        if value in self.functions:
+            return True
+        if not isinstance(value, paddle.nn.Layer):
+            return False
+        own = value.__dict__
+        return (
+            self.every_layer
+            or isinstance(own.get("_forward_pre_hooks"), HookDict)
+            or isinstance(own.get("_forward_post_hooks"), HookDict)
+        )
+
+
+# (paddle 3.3.1's name, read by `from_value` as it translates; pyright sees it as private)
+_break_at = _BreakAt(getattr(_sot_layers, "break_graph_functions"))  # noqa: B009
+setattr(_sot_layers, "break_graph_functions", _break_at)  # noqa: B010
+
+
+def retranslate() -> None:
+    """unihook's hooks of a layer (or the global ones) changed: drop the code SOT translated.
+    SOT guards a frame it translated on its inputs, not on the hooks of the layers it calls:
+    a hook registered after a frame's first call would never run in it (paddle's own too),
+    silently (helper-62's attack). Paddle translates each frame again at its next call; a
+    process that never ran SOT has nothing to drop."""
+    cache = OpcodeExecutorCache()
+    if cache.cache:
+        cache.clear()
 
 
 def sot_builds_subgraph() -> bool:
@@ -136,15 +199,26 @@ def _guard(hooks: HookDict, kind: str) -> None:
 
 
 # `HookDict.guard`s, once per hooked call: in dygraph, one attribute read (paddle's own
-# in_dynamic_mode() without the call)
+# in_dynamic_mode() without the call) and one call of in_sot_simulation_mode (False: SOT
+# folds it to True in code it simulates)
 def guard_forward_pre(hooks: HookDict) -> None:
     if global_var._dygraph_tracer_ is None:
         _guard(hooks, "forward_pre")
+    elif in_sot_simulation_mode():
+        _outside_sot(_nothing)  # (see `_nothing`)
 
 
 def guard_forward(hooks: HookDict) -> None:
     if global_var._dygraph_tracer_ is None:
         _guard(hooks, "forward")
+    elif in_sot_simulation_mode():
+        _outside_sot(_nothing)
+
+
+def _nothing() -> None:
+    """Called from SOT's simulation of a hooked layer's hook table (the layer SOT converts,
+    whose own ``_dygraph_call_func`` SOT translates): a graph break, so that the frame runs
+    in dygraph and SOT simulates none of unihook's code (`_BreakAt` says why)."""
 
 
 # paddle keeps no registry of its converted functions: those made before this module was
@@ -183,7 +257,9 @@ def _full_graph_functions() -> list[Any]:
 def forget_programs(layer: Any) -> None:
     """unihook hooks come to `layer` (None: global hooks, every layer): drop the programs
     paddle.jit.to_static(full_graph=True) built with it, so that its next call builds again
-    and meets the hooks (which raise then) instead of running a program without them."""
+    and meets the hooks (which raise then) instead of running a program without them; and
+    the code SOT translated (`retranslate`)."""
+    retranslate()
     for function in _full_graph_functions():
         cache = function._program_cache
         if not cache._caches:
