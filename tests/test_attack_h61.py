@@ -322,11 +322,6 @@ def test_mindspore_monitor_of_a_cell_returning_its_parameter(ms_run: dict[str, A
     assert got["mindspore"] == pytest.approx(got["torch"], rel=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="paddle: GradientMonitor's history of two forwards under one backward is in "
-    "backward order (the second forward's step first), torch's and MindSpore's in forward order",
-)
 def test_monitor_history_of_two_forwards_under_one_backward(kits_run: dict[str, Any]) -> None:
     # Repro: model = the kits' classifier; (model(a) * model(b)).sum().backward() with
     # GradientMonitor(model). torch (and MindSpore, tape and value_and_grad): history "" norms
@@ -360,11 +355,6 @@ def test_monitor_of_a_container_that_reads_its_childs_output(kits_run: dict[str,
         assert got[name]["block"] == pytest.approx(native["block"], rel=1e-5), name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="GuidedBackprop's ReLU hooks live from construction to remove(): every other "
-    "backward of the model (a training step) gets guided, clamped gradients meanwhile",
-)
 def test_a_live_guided_backprop_leaves_other_backwards_alone(kits_run: dict[str, Any]) -> None:
     # Repro (torch; paddle and MindSpore alike):
     #   gb = GuidedBackprop(model); saliency = gb(x)     # e.g. a figure during training

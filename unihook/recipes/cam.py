@@ -14,6 +14,7 @@ import numpy as np
 
 from unihook import (
     HookArgumentError,
+    HookGroup,
     NoGradError,
     ops,
     register_forward_hook,
@@ -314,13 +315,15 @@ class GuidedBackprop(Recipe):
     """``GuidedBackprop(model)(x, target=None)``: guided backpropagation saliency (N, C, H, W):
     the input gradient with every ReLU module's backward clamped to non-negative values
     (Springenberg et al. 2015). ReLUs called as functions are not seen: use ReLU modules.
+    The clamping hooks are on the ReLUs during a call only, as pytorch-grad-cam's and
+    captum's: a training step beside a live GuidedBackprop keeps its own gradients (until
+    2026-11-30 they were clamped as long as the object lived, silently).
     """
 
     def __init__(self, model: Any) -> None:
         super().__init__()
         self.model = model
-        for name, module in select(model, lambda n, m: type(m).__name__ == "ReLU"):
-            self._hooks.add(name, register_full_backward_hook(module, self._clamp, name=name))
+        self._relus = select(model, lambda n, m: type(m).__name__ == "ReLU")
 
     @staticmethod
     def _clamp(module: Any, grad_input: Any, grad_output: Any) -> Any:
@@ -330,7 +333,13 @@ class GuidedBackprop(Recipe):
         def forward(inputs: Any) -> Any:
             return _score(self.model(inputs), target)[0]
 
-        gradient = ops.forward_backward(
-            forward, ops.leaf(x), self.model, input_grad=True, caller="GuidedBackprop"
-        )
+        clamps = HookGroup()
+        try:
+            for name, module in self._relus:
+                clamps.add(name, register_full_backward_hook(module, self._clamp, name=name))
+            gradient = ops.forward_backward(
+                forward, ops.leaf(x), self.model, input_grad=True, caller="GuidedBackprop"
+            )
+        finally:
+            clamps.remove()
         return ops.to_numpy(gradient)

@@ -191,6 +191,9 @@ class GradientMonitor(Synced):
         self.on_nonfinite = on_nonfinite
         self.sync = sync
         self.history: deque[dict[str, float]] = deque(maxlen=max_history)
+        # the forward each entry of `history` is of, by id (see `_log`), and the latest
+        self._serials: dict[int, int] = {}
+        self._latest = 0
         self._model = model
         self._step = _Step(None)
         self._names: list[str] = []  # the modules hooked: the layout of the ranks' vectors
@@ -352,8 +355,7 @@ class GradientMonitor(Synced):
     def _shadow_backward(self) -> None:
         step, self._shadowed = self._shadowed, None
         if step is not None:
-            step.logged = True
-            self.history.append(step.norms)
+            self._log(step)
             self._merge(step, JOINED)
 
     def _before(self, module: Any, args: Any, *, name: str) -> None:
@@ -503,14 +505,37 @@ class GradientMonitor(Synced):
             step.dropping = True
             ops.after_backward(grad, step.drop_leaves)
         if not step.logged:
-            step.logged = True
-            self.history.append(step.norms)
+            self._log(step)
         if step.world is not None and not step.pending:
             step.pending = True
             # a tensor names the default group: the wrapper's own groups number ranks apart
             step.rank = (ops.world(grad) or (0, 1))[0]
             step.merge = functools.partial(self._merge, step)
             self._queue_merge(grad, step.merge, step.serial)
+
+    def _log(self, step: _Step) -> None:
+        """`step`'s norms into `history`, in the order of the forwards: a backward through the
+        graphs of two forwards (a siamese loss) reaches the later one's outputs first on
+        paddle (until 2026-11-30 its entries came in that order)."""
+        step.logged = True
+        history, serials = self.history, self._serials
+        serials[id(step.norms)] = step.serial
+        if step.serial >= self._latest:  # (the common case: a forward's own backward)
+            self._latest = step.serial
+            history.append(step.norms)
+        else:
+            k = len(history)
+            while k and serials.get(id(history[k - 1]), -1) > step.serial:
+                k -= 1
+            if history.maxlen is not None and len(history) == history.maxlen:
+                if not k:
+                    return  # older than every entry kept
+                history.popleft()
+                k -= 1
+            history.insert(k, step.norms)
+        if len(serials) > 2 * len(history) + 16:  # (those of entries gone from `history`)
+            kept = {id(entry) for entry in history}
+            self._serials = {key: n for key, n in serials.items() if key in kept}
 
     def _parameter_grad(self, grad: Any) -> None:
         step = self._step
