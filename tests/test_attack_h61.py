@@ -121,6 +121,11 @@ def test_mindspore_norm_of_a_complex_gradient(ms_run: dict[str, Any]) -> None:
     assert got["mindspore"] == pytest.approx(got["torch"], rel=1e-5)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="GradientMonitor leaves out a module returning its input unchanged, with a "
+    "RuntimeWarning (README): only a module backward hook tells its grad_output",
+)
 def test_monitor_of_an_identity_whose_input_is_read_elsewhere(kits_run: dict[str, Any]) -> None:
     # Repro (every framework alike; torch shown):
     #   h = self.fc1(x); return self.head(h + self.fc2(self.norm(h)))   # norm = nn.Identity()
@@ -129,13 +134,14 @@ def test_monitor_of_an_identity_whose_input_is_read_elsewhere(kits_run: dict[str
     # paths); torch's register_full_backward_hook on the Identity: grad_output norm 10.7405
     # (the path through the Identity only). The output IS the input, so the tensor hook the
     # recipe puts on it (and the `_last` sharing with fc1) sees the input's total gradient.
-    # Every other module's norm equals the native hook's. Fixed 2026-11-30: from its second
-    # call on, such a module's grad_output comes from a module backward pre-hook (the first
-    # is left out, with a RuntimeWarning; the child runs two steps).
+    # Every other module's norm equals the native hook's. Since 2026-11-30 such a module is
+    # left out, with a RuntimeWarning: a module backward hook the monitor placed changed the
+    # model's numbers beside in-place ops on paddle and MindSpore (helper-64's attack).
     got, native = kits_run["identity"], kits_run["identity"]["native"]
     for name in kits_run["frameworks"]:
         for module in ("", "head", "fc2", "fc1"):
             assert got[name][module] == pytest.approx(native[module], rel=1e-5)  # (holds)
+        assert "norm" in got[name], name
         assert got[name]["norm"] == pytest.approx(native["norm"], rel=1e-5), name
 
 

@@ -119,27 +119,30 @@ def pre_norm_model(kit: Any, inplace: bool = False) -> tuple[Any, dict[str, Any]
 
 
 def test_gradient_monitor_of_a_module_returning_its_input(backend: Any) -> None:
-    """A module returning its input unchanged, whose input is read elsewhere too: its norm is
-    that of its grad_output (the uses of its output only, torch's full backward hook's), not
-    the input's whole gradient (until 2026-11-30: a silent wrong norm, helper-61's attack),
-    from its second call on: the first is left out, with a RuntimeWarning. A module changing
-    its input in place and returning it (an in-place ReLU) keeps its gradient hook."""
+    """A module returning its input unchanged, whose input is read elsewhere too: its
+    output's gradient sums every use of the input, not its grad_output (torch's full backward
+    hook's, the uses of its output only), so it is left out of the history, with a
+    RuntimeWarning (until 2026-11-30 that sum was its norm, silently, helper-61's attack; a
+    module backward hook placed by the monitor changed the model's numbers beside in-place
+    ops on paddle and MindSpore and made torch raise, helper-64's). A module changing its
+    input in place and returning it (an in-place ReLU) keeps its gradient hook: the gradient
+    of the changed tensor is its grad_output."""
+    if backend.name == "mindspore":
+        pytest.skip("MindSpore's version counter misses setitem: not told (README)")
     model, weights = pre_norm_model(backend)
     x = np.random.default_rng(8).normal(size=(5, 3)).astype(np.float32)
-    # loss = sum(head(z)), z = h + fc2(norm(h)): dz = ones @ W_head, norm's grad_output dz @ W2
+    # loss = sum(head(z)), z = h + fc2(norm(h)): dz = ones @ W_head
     dz = np.ones((5, 2)) @ weights["W2"].astype(np.float64)
-    want = float(np.linalg.norm(dz @ weights["W1"]))
-    total = float(np.linalg.norm(dz + dz @ weights["W1"]))  # the input's whole gradient
+    total = float(np.linalg.norm(dz + dz @ weights["W1"]))  # fc1's: h's whole gradient
     with GradientMonitor(model) as monitor:
-        with pytest.warns(RuntimeWarning, match="module 'norm' returned its input"):
+        with pytest.warns(RuntimeWarning, match="module 'norm' returned its input unchanged"):
             backend.backward(model(backend.tensor(x)).sum())
-        for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # (said once)
             backend.backward(model(backend.tensor(x)).sum())
-    first, *later = [dict(step) for step in monitor.history]
-    assert "norm" not in first and np.isclose(first["fc1"], total, rtol=1e-5)
-    for step in later:
-        assert np.isclose(step["norm"], want, rtol=1e-5), (step["norm"], want, total)
-        assert np.isclose(step["fc1"], total, rtol=1e-5) and step.keys() == first.keys() | {"norm"}
+    for step in monitor.history:
+        assert set(step) == {"", "head", "fc2", "fc1"}, step
+        assert np.isclose(step["fc1"], total, rtol=1e-5)
     assert no_hooks_left(backend, model)
 
     inplace, _ = pre_norm_model(backend, inplace=True)

@@ -20,7 +20,6 @@ from unihook import (
     ops,
     register_forward_hook,
     register_forward_pre_hook,
-    register_full_backward_pre_hook,
     register_tensor_hook,
 )
 
@@ -141,11 +140,10 @@ class GradientMonitor(Synced):
 
     Each module's forward hook puts a gradient hook on its output tensors (a tuple's or
     namedtuple's each; `ops.on_grad`, torch's own hook on torch): no module backward hook,
-    which paddle can only emulate at a cost; except for a module returning an input unchanged
-    (nn.Identity), whose output's gradient would sum every use of the input: from its second
-    call on, a module backward pre-hook gives its grad_output (its first call is left out,
-    with a RuntimeWarning). A container returning its last child's output (same tensor, same
-    version) shares its hook. Norms are sums of squares accumulated in
+    which paddle can only emulate at a cost. A module returning an input unchanged
+    (nn.Identity) is left out, with a RuntimeWarning: its output's gradient sums every use of
+    the input, not its grad_output. A container returning its last child's output (same
+    tensor, same version) shares its hook. Norms are sums of squares accumulated in
     float64 (torch and paddle agree to the gradients' own precision); a module called several
     times reports the norm over all its calls' grad_outputs. `where`: as ActivationStats'.
     `every=N`: record the backward of forwards 0, N, 2N... of `model` only (wandb.watch's
@@ -212,10 +210,8 @@ class GradientMonitor(Synced):
 
         # per module, the versions of its running calls' arguments as they started (`_before`)
         self._versions: dict[str, list[tuple[int | None, ...]]] = {}
-        # the modules seen returning an input as their output (nn.Identity, eval Dropout, a
-        # Flatten of a flat tensor): name -> (the module, its calls' steps and keys waiting
-        # for their grad_output, latest last), see `_returned_input`
-        self._returning: dict[str, tuple[Any, list[tuple[_Step, list[Key | None]]]]] = {}
+        # the modules seen returning an input as their output, unchanged: left out (`_left_out`)
+        self._returning: set[str] = set()
 
         def hooks(group: HookGroup) -> None:
             group.add("", register_forward_pre_hook(model, self._new_step, with_kwargs=True))
@@ -223,8 +219,6 @@ class GradientMonitor(Synced):
             self._names = attached.names
             group.extend(attached)
             group.extend(attach(inner, self._before, kind="forward_pre", where=where))
-            for name, (module, _) in self._returning.items():
-                group.add(name, self._grad_output_hook(module, name))
             # registered after attach's hooks: the forward's outputs are all recorded
             group.add("", register_forward_hook(model, self._settle))
             group.add("", register_forward_hook(model, self._forget, always_call=True))
@@ -382,7 +376,7 @@ class GradientMonitor(Synced):
             call = step.calls[name] = step.calls.get(name, -1) + 1
         tensors = tensors_of(output, module)
         if name in self._returning or _returns_an_input(tensors, args, versions):
-            self._returned_input(module, args, tensors, name, step, call)
+            self._left_out(name)
             return
         for position, tensor in enumerate(tensors):
             version = ops.object_version(tensor)
@@ -414,55 +408,26 @@ class GradientMonitor(Synced):
                     seen.names = names
             self._last = (tensor, version, names)
 
-    def _returned_input(
-        self, module: Any, args: Any, tensors: Sequence[Any], name: str, step: _Step, call: int
-    ) -> None:
-        """A module returning an input tensor as its output: a gradient hook on that tensor
-        would see the gradient of every use of it, also those before the call (`h +
-        self.norm(h)` with `norm = nn.Identity()`), where its grad_output is that of the uses
-        of the output only. Such a module's grad_output comes from a module backward pre-hook
-        instead, which hands the caller an alias of the tensor (as torch's own backward hooks
-        do): from its next call on, the hook being taken when a call starts."""
+    def _left_out(self, name: str) -> None:
+        """A module returning an input tensor unchanged as its output (nn.Identity, eval
+        Dropout): a gradient hook on that tensor sees the gradient of every use of it, also
+        those around the call (`h + self.norm(h)` with `norm = nn.Identity()`), where its
+        grad_output is that of the uses of the output only (until 2026-11-30 that sum was
+        recorded as its norm, silently). Only a module backward hook can tell them apart, by
+        handing the caller an alias of the tensor; a monitor placing one would change what
+        the model computes where the framework cannot follow in-place ops through it
+        (paddle, MindSpore) and make torch raise where it ran, so the module is left out of
+        the history, said once."""
         self._last = None
-        entry = self._returning.get(name)
-        if entry is None:
-            self._returning[name] = (module, [])
-            self._active.add(name, self._grad_output_hook(module, name))
+        if name not in self._returning:
+            self._returning.add(name)
             warnings.warn(
-                f"GradientMonitor: module {name!r} returned its input as its output, whose "
-                "gradient includes the input's other uses: its norm is recorded from its next "
-                "call on, through a module backward pre-hook (this call's is left out)",
+                f"GradientMonitor: module {name!r} returned its input unchanged as its output, "
+                "whose gradient sums every use of that input: its grad_output norm is not "
+                "recorded (a module backward hook tells it: register_full_backward_pre_hook)",
                 RuntimeWarning,
                 stacklevel=2,
             )
-            return
-        if not ops.grad_enabled(module):
-            return  # (no backward will come for this call)
-        keys: list[Key | None] = []
-        for position, tensor in enumerate(tensors):
-            key = None if call < 0 else (name, call, position)
-            keys.append(key)
-            if key is not None:
-                kind = self._slots.kind(key)
-                if kind != SAMPLE:  # compared across ranks (kept until decided: NEW)
-                    seen = step.seen[key] = Seen(tensor, step.batch, kind == NEW, args)
-                    seen.names = [name]
-        waiting = entry[1]
-        waiting.append((step, keys))
-        del waiting[:-_WAITING]  # (calls whose backward never came: bounded)
-
-    def _grad_output_hook(self, module: Any, name: str) -> Any:
-        def grad_output(module: Any, grad_output: Any) -> None:
-            entry = self._returning.get(name)
-            if entry is None or not entry[1]:
-                return  # (a call outside a recorded forward of the model)
-            # the calls of one backward come latest first
-            step, keys = entry[1].pop()
-            grads = [g for g in grad_output if g is None or ops.is_tensor(g)]
-            for key, grad in zip(keys, grads):
-                self._gradient(step, [name], key, grad)
-
-        return register_full_backward_pre_hook(module, grad_output)
 
     def _gradient(self, step: _Step, names: list[str], key: Key | None, grad: Any) -> None:
         if self._removed:  # (a tensor's hook stays; the parameters' went with the recipe)
@@ -654,18 +619,19 @@ class GradientMonitor(Synced):
         return plot(monitor=self, path=path, all_ranks=all_ranks)
 
 
-_WAITING = 64  # calls of a module returning its input kept waiting for their backward
+_WAITING = 64  # calls whose forward raised, their arguments' versions kept (bounded)
 
 
 def _returns_an_input(tensors: Sequence[Any], args: Any, versions: Sequence[int | None]) -> bool:
     """Whether one of a module call's output tensors is one of its positional arguments, not
-    changed in place by the call (`versions`: theirs as the call started; unknown counts as
-    unchanged)."""
+    changed in place by the call (`versions`: theirs as the call started; where the backend
+    keeps none, MindSpore, it may have been: the tensor's hook then sees the gradient of the
+    changed tensor, its grad_output, as for an in-place ReLU)."""
     for tensor in tensors:
         for i, arg in enumerate(args):
             if tensor is arg:
                 before = versions[i] if i < len(versions) else None
-                if before is None or before == ops.object_version(tensor):
+                if before is not None and before == ops.object_version(tensor):
                     return True
     return False
 
