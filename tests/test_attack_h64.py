@@ -172,7 +172,8 @@ def test_two_forwards_backwarded_in_their_order(framework: str) -> None:
 @pytest.mark.parametrize("framework", ["torch", "paddle", "mindspore"])
 def test_unbackwarded_forward_between_forward_and_backward(framework: str) -> None:
     """FINDING 2 (silent wrong history, torch, paddle and MindSpore). Repro:
-    ``l1 = m(x).sum(); m(3x)`` (gradients on, e.g. a metric or a teacher pass, never backwarded) ``; l1.backward()``:
+    ``l1 = m(x).sum(); m(3x)`` (gradients on, e.g. a metric or a teacher pass, never
+    backwarded) ``; l1.backward()``:
     the backward pops the second forward's entry, so l1's step has no 'norm' and the history
     gets an extra step {'norm': 12.7021} for the forward that was never backwarded:
     got [None, 12.7021] (3 + 1 steps); want [12.7021] (3 steps, native hooks' count)."""
