@@ -554,3 +554,178 @@ def test_mindspore_tensor_hooks_around_writes_held() -> None:
     want = last_value(run_code(MS_TENSOR_HOOKS.replace("FRAMEWORK", "torch"), timeout=120))
     assert got.pop("alive") is False
     assert got == want
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="FINDING 7: GradientMonitor's own backward pre-hook makes a working model raise",
+)
+def test_monitor_does_not_break_a_model_changing_the_input_in_place() -> None:
+    """FINDING 7 (crash the recipe brings: a model that trains without the monitor raises from
+    its second step with it). Repro: ``skip = self.skip(x)`` (nn.Identity) then ``x =
+    self.act(x)`` (nn.ReLU(inplace=True)) and ``self.fc(x) + skip``. Step 0 is fine (the
+    Identity is found returning its input and left out); from step 1 the module backward
+    pre-hook GradientMonitor put on the Identity makes its output an alias, and the in-place
+    ReLU on its input raises ``InPlaceError: full_backward_pre hook on Identity [backend
+    torch]: ... that tensor was changed in place, not through this output`` (the hook the
+    user never registered; torch's native hook raises there too). A passive recipe must not
+    change whether the model runs: want three steps, the same outputs and gradients as
+    without the monitor (the Identity's norm may be left out)."""
+    torch = pytest.importorskip("torch")
+    from unihook.recipes import GradientMonitor
+
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.skip, self.act, self.fc = nn.Identity(), nn.ReLU(inplace=True), nn.Linear(4, 4)
+
+        def forward(self, x: Any) -> Any:
+            skip = self.skip(x)
+            x = self.act(x)
+            return self.fc(x) + skip
+
+    def run(monitored: bool) -> list[Any]:
+        model = nn.Sequential(nn.Linear(3, 4), Block())
+        torch.manual_seed(1)
+        model[0].reset_parameters()
+        x = torch.randn(5, 3, generator=torch.Generator().manual_seed(2))
+        grads = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            monitor = GradientMonitor(model) if monitored else None
+            try:
+                for _ in range(3):
+                    model.zero_grad()
+                    model(x).sum().backward()
+                    grads.append([p.grad.clone() for p in model.parameters()])
+            finally:
+                if monitor is not None:
+                    monitor.remove()
+        return grads
+
+    want = run(False)
+    got = run(True)
+    assert len(got) == len(want) == 3
+    for g, w in zip(got, want):
+        assert all(torch.allclose(a, b) for a, b in zip(g, w))
+
+
+PADDLE_INPLACE_AFTER_IDENTITY = r"""
+import warnings
+warnings.simplefilter("ignore")
+import paddle, paddle.nn as nn
+import unihook
+from unihook.recipes import GradientMonitor
+
+
+class Block(nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.skip, self.fc = nn.Identity(), nn.Linear(4, 4)
+
+    def forward(self, x):
+        skip = self.skip(x)
+        x = paddle.nn.functional.relu_(x)
+        return self.fc(x) + skip
+
+
+paddle.seed(0)
+m = nn.Sequential(nn.Linear(3, 4), Block())
+x = paddle.randn([5, 3])
+
+
+def step():
+    m.clear_gradients()
+    out = m(x)
+    out.sum().backward()
+    return [round(float(out.sum()), 5), round(float(m[0].weight.grad.abs().sum()), 5)]
+
+
+plain = [step() for _ in range(3)]
+monitor = GradientMonitor(m)
+monitored = [step() for _ in range(3)]
+monitor.remove()
+h = unihook.register_full_backward_pre_hook(m[1].skip, lambda mod, g: None)
+hooked = step()
+h.remove()
+print({"plain": plain, "monitored": monitored, "hooked": hooked})
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="FINDING 0: paddle: GradientMonitor silently changes the model's parameter gradients",
+)
+def test_paddle_monitor_keeps_the_model_gradients() -> None:
+    """FINDING 0 (SILENT WRONG TRAINING GRADIENTS, paddle; regression of 0eac8c9: at 0eac8c9^
+    the monitored run gives plain's numbers). Repro: ``skip = self.skip(x)`` (nn.Identity),
+    ``x = F.relu_(x)``, ``self.fc(x) + skip``. Plain: |grad W0|_1 = 17.44179 each step; under
+    GradientMonitor: 17.44179, then 21.10634, 21.10634 (same outputs, 6.22747): from step 1
+    the module backward pre-hook the monitor puts on the Identity changes the gradients the
+    optimizer gets. The root is paddle's backend: any unihook full_backward(_pre) hook on that
+    Identity gives 21.10634 silently, where torch's backend raises InPlaceError (FINDING 7)
+    and torch's native hook raises too; 0eac8c9 makes the monitor place it unasked."""
+    _needs("paddle")
+    out = last_value(run_code(PADDLE_INPLACE_AFTER_IDENTITY, timeout=120))
+    assert out["monitored"] == out["plain"], out
+
+
+MS_INPLACE_AFTER_IDENTITY = r"""
+import warnings
+warnings.simplefilter("ignore")
+import mindspore as ms
+from mindspore import nn
+from mindspore.graph.api import _pynative_executor
+import numpy as np
+from unihook.recipes import GradientMonitor
+
+
+class Block(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.skip, self.fc = nn.Identity(), nn.Dense(4, 4)
+
+    def construct(self, x):
+        skip = self.skip(x)
+        x[:, 0] = 0.0
+        _pynative_executor.sync()
+        return self.fc(x) + skip
+
+
+ms.set_seed(0)
+m = nn.SequentialCell(nn.Dense(3, 4), Block())
+x = ms.Tensor(np.random.default_rng(2).normal(size=(5, 3)).astype(np.float32))
+grad = ms.value_and_grad(lambda x: m(x).sum(), None, m.trainable_params())
+
+
+def step():
+    value, grads = grad(x)
+    return [round(float(value), 5), round(float(np.abs(grads[0].asnumpy()).sum()), 5)]
+
+
+plain = [step() for _ in range(3)]
+monitor = GradientMonitor(m)
+monitored = [step() for _ in range(3)]
+monitor.remove()
+print({"plain": plain, "monitored": monitored})
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="FINDING 0b: MindSpore: GradientMonitor silently changes the model's loss and grads",
+)
+def test_mindspore_monitor_keeps_the_model_outputs_and_gradients() -> None:
+    """FINDING 0b (SILENT WRONG LOSS AND TRAINING GRADIENTS, MindSpore; regression of 0eac8c9:
+    at 0eac8c9^ the monitored run gives plain's numbers). Repro: ``skip = self.skip(x)``
+    (nn.Identity), ``x[:, 0] = 0.0``, ``self.fc(x) + skip``, ``ms.value_and_grad``. Plain:
+    loss 0.12649, |grad W0|_1 29.87446 each step; under GradientMonitor: step 0 the same,
+    then loss -2.67065, grad 36.72785: from step 1 the module backward pre-hook the monitor
+    puts on the Identity hands ``skip`` a tensor apart from ``x``, so the in-place write no
+    longer reaches it (torch's backend raises InPlaceError there, FINDING 7)."""
+    _needs("mindspore")
+    out = last_value(run_code(MS_INPLACE_AFTER_IDENTITY, timeout=120))
+    assert out["monitored"] == out["plain"], out
