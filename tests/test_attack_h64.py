@@ -29,6 +29,19 @@ copy_, register/remove/register after a write: torch's gradients (a hook registe
 ``copy_`` never fires where torch's sees zeros, as the assign case already pinned); no
 leak of the tensor; ActivationStats and GradientMonitor of a container writing its child's
 output in place: torch's numbers; FINDING 6.
+
+FINDINGS by severity: 0 / 0b / 0c (silent: under GradientMonitor a model whose Identity's
+input or output is written in place after the call trains on other gradients on paddle, and
+computes another loss on MindSpore, from the second step: the monitor's own module backward
+pre-hook, 0eac8c9); 1, 2, 3, 4 (silent wrong or missing norms); 7 (torch: the same models
+raise InPlaceError under the monitor); 5 (SOT crash, regression of 2f7d780); 6 (MindSpore:
+a spurious warning and a missing first norm). Also tried and held, not pinned: SOT with a
+thread calling the converted model while the main thread registers and removes hooks 40
+times (plain numbers, no error); a hooked Linear beside super()-calling Tanh layers, global
+hooks and ActivationStats / GradientMonitor on such a model under SOT (no crash: only the
+hooked layer calling super() crashes). Not unihook's: a ``to_static`` layer nested in a
+converted model crashes SOT (KeyError 'self') with or without unihook; MindSpore's
+``y.mul_(3.0)`` under ``ms.grad`` is not recorded, with or without hooks.
 """
 
 from __future__ import annotations
