@@ -814,3 +814,50 @@ def test_monitor_keeps_numbers_when_the_identity_output_is_written(framework: st
     fw = "ms" if framework == "mindspore" else "paddle"
     out = last_value(run_code(OUTPUT_WRITTEN_AFTER_IDENTITY.replace("FRAMEWORK", fw), timeout=120))
     assert out[1]["mon"] == out[1]["plain"], out
+
+
+SOT_NO_BREAKS_LEFT = r"""
+import warnings; warnings.filterwarnings("ignore")
+import numpy as np, paddle, unihook
+from unihook_paddle import _static
+hits = []
+orig = _static._BreakAt.__contains__
+def contains(self, value):
+    r = orig(self, value)
+    if r and isinstance(value, paddle.nn.Layer): hits.append(type(value).__name__)
+    return r
+_static._BreakAt.__contains__ = contains
+def net():
+    paddle.seed(0)
+    return paddle.nn.Sequential(
+        *[paddle.nn.Linear(3, 3) if i % 2 == 0 else paddle.nn.Tanh() for i in range(7)]
+    )
+x0 = np.arange(6, dtype="float32").reshape(2, 3) / 6
+m = net(); f = paddle.jit.to_static(m)
+def go():
+    x = paddle.to_tensor(x0, stop_gradient=False); y = f(x); y.sum().backward()
+go(); r = {"plain_hits": len(hits)}
+h = unihook.register_forward_hook(m[2], lambda l, a, o: None); go(); h.remove()
+r["hooked_hits"] = len(hits)
+h = unihook.register_module_forward_hook(lambda l, a, o: None); go(); h.remove()
+r["global_hits"] = len(hits)
+from unihook.recipes import ActivationStats, GradientMonitor
+with ActivationStats(m): go()
+with GradientMonitor(m): go()
+r["recipes_hits"] = len(hits)
+hits.clear(); go(); go(); r["after_all_removed"] = len(hits)
+keys = ("_forward_pre_hooks", "_forward_post_hooks")
+r["dicts"] = sorted({type(l.__dict__.get(k)).__name__ for l in [m, *m] for k in keys})
+print(r)
+"""
+
+
+def test_sot_breaks_no_graph_once_hooks_are_gone_held() -> None:
+    """HELD: SOT asks `_BreakAt` about no layer it breaks at while unihook is imported with
+    no hook, and about none again once a per-layer hook, a global hook and ActivationStats /
+    GradientMonitor came and went (SOT's code retranslated; the layers' hook dicts plain
+    OrderedDicts again)."""
+    _needs("paddle")
+    out = last_value(run_code(SOT_NO_BREAKS_LEFT, timeout=120))
+    assert out["plain_hits"] == 0 and out["hooked_hits"] >= 1, out
+    assert out["after_all_removed"] == 0 and out["dicts"] == ["OrderedDict"], out
