@@ -59,6 +59,10 @@ def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 # paddle's own files: `no_eval_frame`'s wrapper is one, and it turns SOT's frame evaluation off
 # for the call. Marked force_dynamic, a call to it is a graph break, not a simulated call.
 _outside_sot = paddle.jit.marker.force_dynamic(no_eval_frame(_call))
+# (paddle 3.3.1's name, which SOT's `from_value` reads as it translates a layer's call;
+# pyright takes it for private)
+_SUPPORT_CHECK = "is_not_supported_paddle_layer"
+_supported_check = getattr(_sot_layers, _SUPPORT_CHECK)
 
 
 def outside_sot(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -67,45 +71,18 @@ def outside_sot(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def sot_calls_layers(hooked: bool) -> None:
-    """Global forward hooks come (`hooked`) or go: while they live, SOT breaks its graph at
-    every layer's call (`_BreakAt`), which runs in dygraph through unihook's wrapper of
-    ``Layer._dygraph_call_func``, with them. Otherwise SOT records a paddle layer without
-    hooks of its own as one op of its graph, which the global hooks never see (silently;
-    helper-62's attack)."""
-    _break_at.every_layer = hooked
+    """Global forward hooks come (`hooked`) or go. SOT records a paddle layer without hooks of
+    its own as one op of its graph, which the global hooks would never see (silently;
+    helper-62's attack): while they live, SOT takes every layer for one it does not support
+    that way, simulates its call, and meets unihook's wrapper of ``Layer._dygraph_call_func``,
+    which breaks the graph there (`outside_sot`): the layer runs in dygraph, with them. (A
+    layer with hooks of its own breaks it in its hook table's guard: `guard_forward`.)"""
+    setattr(_sot_layers, _SUPPORT_CHECK, _every_layer if hooked else _supported_check)
     retranslate()
 
 
-class _BreakAt:
-    """What SOT breaks its graph at (``value in break_graph_functions`` as it translates a
-    call, never per call): paddle's own set, a layer with unihook hooks of its own (its hook
-    dicts are `HookDict`s), and every layer while global forward hooks live. Such a layer's
-    call runs in dygraph: its hooks see eager's values, and SOT simulates none of unihook's
-    code, whose hook tables it cannot guard (a `functools.partial` hook in one crashed SOT's
-    guard with a SyntaxError; a recipe's hooks crashed its simulation of pluggy)."""
-
-    __slots__ = ("functions", "every_layer")
-
-    def __init__(self, functions: Any) -> None:
-        self.functions = functions  # (paddle's set: `force_dynamic` adds to it later too)
-        self.every_layer = False
-
-    def __contains__(self, value: object) -> bool:
-        if value in self.functions:
-            return True
-        if not isinstance(value, paddle.nn.Layer):
-            return False
-        own = value.__dict__
-        return (
-            self.every_layer
-            or isinstance(own.get("_forward_pre_hooks"), HookDict)
-            or isinstance(own.get("_forward_post_hooks"), HookDict)
-        )
-
-
-# (paddle 3.3.1's name, read by `from_value` as it translates; pyright sees it as private)
-_break_at = _BreakAt(getattr(_sot_layers, "break_graph_functions"))  # noqa: B009
-setattr(_sot_layers, "break_graph_functions", _break_at)  # noqa: B010
+def _every_layer(layer_class: type) -> bool:
+    return True
 
 
 def retranslate() -> None:
@@ -216,9 +193,11 @@ def guard_forward(hooks: HookDict) -> None:
 
 
 def _nothing() -> None:
-    """Called from SOT's simulation of a hooked layer's hook table (the layer SOT converts,
-    whose own ``_dygraph_call_func`` SOT translates): a graph break, so that the frame runs
-    in dygraph and SOT simulates none of unihook's code (`_BreakAt` says why)."""
+    """Called from SOT's simulation of a hooked layer's hook table: a graph break, so that
+    the layer's call runs in dygraph, its hooks with eager's values, and SOT simulates none
+    of unihook's code, whose hook tables it cannot guard (a `functools.partial` hook crashed
+    its guard with a SyntaxError) and whose hooks' bodies it could not run (a recipe's call
+    into pluggy crashed it; helper-62's attack)."""
 
 
 # paddle keeps no registry of its converted functions: those made before this module was
