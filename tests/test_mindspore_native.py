@@ -559,7 +559,7 @@ def test_cam_recipe_in_graph_mode_is_refused(user_process: Any) -> None:
     from unihook.recipes import GradCAM, GuidedBackprop
 
     _, _, model, x = _twins()
-    plain = _Classifier()  # no ReLU cell to clamp: GuidedBackprop registers nothing
+    plain = _Classifier()
     plain.layer4 = ms.nn.SequentialCell(plain.layer4[0])
     cam, guided = GradCAM(model, "layer4"), GuidedBackprop(plain)
     ms.set_context(mode=ms.GRAPH_MODE)

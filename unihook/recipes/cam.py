@@ -334,11 +334,16 @@ class GuidedBackprop(Recipe):
             return _score(self.model(inputs), target)[0]
 
         clamps = HookGroup()
-        try:
+
+        def clamped(inputs: Any) -> Any:
+            # placed once the backend took the call (MindSpore's GRAPH_MODE refused, naming it)
             for name, module in self._relus:
                 clamps.add(name, register_full_backward_hook(module, self._clamp, name=name))
+            return forward(inputs)
+
+        try:
             gradient = ops.forward_backward(
-                forward, ops.leaf(x), self.model, input_grad=True, caller="GuidedBackprop"
+                clamped, ops.leaf(x), self.model, input_grad=True, caller="GuidedBackprop"
             )
         finally:
             clamps.remove()
