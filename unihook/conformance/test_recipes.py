@@ -145,6 +145,21 @@ def test_gradient_monitor_of_a_module_returning_its_input(backend: Any) -> None:
         assert np.isclose(step["fc1"], total, rtol=1e-5)
     assert no_hooks_left(backend, model)
 
+    # a module returning its input on some calls only: the others are recorded
+    model, _ = pre_norm_model(backend)
+    calls = [0]
+
+    def sometimes(self: Any, h: Any) -> Any:
+        calls[0] += 1
+        return h if calls[0] % 2 else h * 1.0
+
+    backend.add_module(model, "norm", backend.module(sometimes))
+    with GradientMonitor(model) as monitor:
+        with pytest.warns(RuntimeWarning, match="returned its input unchanged"):
+            for _ in range(4):
+                backend.backward(model(backend.tensor(x)).sum())
+    assert ["norm" in step for step in monitor.history] == [False, True, False, True]
+
     inplace, _ = pre_norm_model(backend, inplace=True)
     with GradientMonitor(inplace) as monitor:
         with warnings.catch_warnings():

@@ -210,7 +210,7 @@ class GradientMonitor(Synced):
 
         # per module, the versions of its running calls' arguments as they started (`_before`)
         self._versions: dict[str, list[tuple[int | None, ...]]] = {}
-        # the modules seen returning an input as their output, unchanged: left out (`_left_out`)
+        # the modules seen returning an input as their output, unchanged (`_left_out`: said once)
         self._returning: set[str] = set()
 
         def hooks(group: HookGroup) -> None:
@@ -375,7 +375,7 @@ class GradientMonitor(Synced):
         if step.world is not None:
             call = step.calls[name] = step.calls.get(name, -1) + 1
         tensors = tensors_of(output, module)
-        if name in self._returning or _returns_an_input(tensors, args, versions):
+        if _returns_an_input(tensors, args, versions):  # (that call only: said once)
             self._left_out(name)
             return
         for position, tensor in enumerate(tensors):
@@ -416,8 +416,8 @@ class GradientMonitor(Synced):
         recorded as its norm, silently). Only a module backward hook can tell them apart, by
         handing the caller an alias of the tensor; a monitor placing one would change what
         the model computes where the framework cannot follow in-place ops through it
-        (paddle, MindSpore) and make torch raise where it ran, so the module is left out of
-        the history, said once."""
+        (paddle, MindSpore) and make torch raise where it ran, so the call is left out of
+        the history, said once per module."""
         self._last = None
         if name not in self._returning:
             self._returning.add(name)
