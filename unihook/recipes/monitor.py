@@ -8,6 +8,7 @@ import heapq
 import math
 import warnings
 from collections import deque
+from threading import get_ident
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -208,8 +209,9 @@ class GradientMonitor(Synced):
         self._with_grad = False  # the last forward of the model outside backward had gradients
         self._shadowed: _Step | None = None  # (a rank that joined) the step it shadows
 
-        # per module, the versions of its running calls' arguments as they started (`_before`)
-        self._versions: dict[str, list[tuple[int | None, ...]]] = {}
+        # per thread and module, the versions of its running calls' arguments as they started
+        # (`_before`; a module shared by threads has calls running on each at once)
+        self._versions: dict[tuple[int, str], list[tuple[int | None, ...]]] = {}
         # the modules seen returning an input as their output, unchanged (`_left_out`: said once)
         self._returning: set[str] = set()
 
@@ -356,15 +358,18 @@ class GradientMonitor(Synced):
         """A call starts: its tensor arguments' versions, which tell a module returning one
         unchanged (nn.Identity) from one that changed it in place (an in-place ReLU, whose
         output's gradient hook sees the gradient of the changed tensor only)."""
-        stack = self._versions.get(name)
-        if stack is None:
-            stack = self._versions[name] = []
+        stack = self._versions.setdefault((get_ident(), name), [])
         stack.append(tuple(ops.object_version(a) if ops.is_tensor(a) else None for a in args))
         del stack[:-_WAITING]  # (calls whose forward raised: bounded)
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
-        stack = self._versions.get(name)
-        versions = stack.pop() if stack else ()
+        key = (get_ident(), name)
+        stack = self._versions.get(key)
+        versions: tuple[int | None, ...] = ()
+        if stack:
+            versions = stack.pop()
+            if not stack:  # (a thread's entries go with its last call)
+                del self._versions[key]
         # (in backward: a part of the model recomputed by a checkpoint; a reentrant one's
         # outputs are those the gradients come through, a non-reentrant one's get none; of a
         # forward `every` skipped when the hooks were placed ahead for the next one)
