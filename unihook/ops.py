@@ -56,6 +56,7 @@ __all__ = [
     "notify_join",
     "on_join",
     "object_version",
+    "change_mark",
     "on_grad",
     "own_parameters",
     "part",
@@ -179,6 +180,10 @@ class Ops:
         """The in-place counter of the tensor object `t` itself, for a framework whose aliases
         keep counters of their own (MindSpore): `version` by default."""
         return self.version(t)
+
+    def change_mark(self, t: Any, settled: bool) -> object:
+        """See the function `change_mark`: `object_version` by default."""
+        return object_version(t)
 
     def on_grad(self, t: Any, fn: Callable[[Any], None]) -> bool:
         """See the function `on_grad`: `register_tensor_hook` by default."""
@@ -666,9 +671,9 @@ def version(t: Any) -> int | None:
 def object_version(t: Any) -> int | None:
     """The in-place counter of the tensor object `t` (bumped by in-place ops on it and its
     views), or None: what the recipes compare when a container returns its child's output
-    object. `version` where the backend has no `object_version`; MindSpore's `version` is None
-    (an identity's alias keeps a counter of its own, so capture copies), its `object_version`
-    the tensor's own counter."""
+    object. `version` where the backend has no `object_version`; None on MindSpore, whose
+    counter misses `t[i] = v` (its `version` is None too: an identity's alias keeps a counter
+    of its own, so capture copies)."""
     found = ops_for(t)
     read = _object_versions.get(type(found))
     if read is None:  # once per backend: the recipes call this per output and forward
@@ -679,6 +684,20 @@ def object_version(t: Any) -> int | None:
 
 
 _object_versions: dict[type, Callable[[Any, Any], int | None]] = {}
+
+
+def change_mark(t: Any, settled: bool = False) -> object:
+    """A value that differs once the tensor object `t` was changed in place, or None where the
+    backend cannot tell: what GradientMonitor compares before and after a module call that
+    returns its argument (`object_version` by default; on MindSpore, whose version counter
+    misses `t[i] = v`, the tensor's grad node). `settled`: read once every op issued so far
+    ran; a backend whose ops run in an asynchronous pipeline may, unsettled, still show the
+    mark from before an op issued earlier. An unsettled mark compared with a later settled one
+    differs whenever `t` changed between them (and sometimes for a change just before)."""
+    found = ops_for(t)
+    if type(found).change_mark is Ops.change_mark:
+        return object_version(t)
+    return found.change_mark(t, settled)
 
 
 def copy_into(buffer: Any, t: Any) -> Any:

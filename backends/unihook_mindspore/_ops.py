@@ -209,6 +209,19 @@ class MindSporeOps(Ops):
         # was, and a container that did so after its child ran got the child's numbers
         return None
 
+    def change_mark(self, t: Any, settled: bool) -> object:
+        # Every in-place op, `t[i] = v` too, gives the tensor a new grad node (InplaceCopy,
+        # TensorScatterUpdate) whose input edge holds the old one: the id moves, and the old id
+        # is not reused while the tensor lives. The node is set in MindSpore's pipeline: an
+        # unsettled read may show the one from before a `copy_` issued earlier (measured).
+        # None (nothing told) for a tensor outside a recording, which no gradient reaches.
+        if settled:
+            from mindspore.graph.api import _pynative_executor
+
+            _pynative_executor.sync()
+        node = getattr(t, "_grad_node", None)
+        return None if node is None else node._unique_id()
+
     def version(self, t: Any) -> int | None:
         # None: capture copies every value. Tensor._version counts the in-place ops autograd
         # records (copy_) and views share it, but the alias a module backward hook's identity

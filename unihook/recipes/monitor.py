@@ -209,9 +209,9 @@ class GradientMonitor(Synced):
         self._with_grad = False  # the last forward of the model outside backward had gradients
         self._shadowed: _Step | None = None  # (a rank that joined) the step it shadows
 
-        # per thread and module, the versions of its running calls' arguments as they started
+        # per thread and module, its running calls' arguments' change marks as they started
         # (`_before`; a module shared by threads has calls running on each at once)
-        self._versions: dict[tuple[int, str], list[tuple[int | None, ...]]] = {}
+        self._versions: dict[tuple[int, str], list[tuple[object, ...]]] = {}
         # the modules seen returning an input as their output, unchanged (`_left_out`: said once)
         self._returning: set[str] = set()
 
@@ -355,17 +355,18 @@ class GradientMonitor(Synced):
             self._merge(step, JOINED)
 
     def _before(self, module: Any, args: Any, *, name: str) -> None:
-        """A call starts: its tensor arguments' versions, which tell a module returning one
-        unchanged (nn.Identity) from one that changed it in place (an in-place ReLU, whose
-        output's gradient hook sees the gradient of the changed tensor only)."""
+        """A call starts: its tensor arguments' change marks (their versions), which tell a
+        module returning one unchanged (nn.Identity) from one that changed it in place (an
+        in-place ReLU, whose output's gradient hook sees the gradient of the changed tensor
+        only)."""
         stack = self._versions.setdefault((get_ident(), name), [])
-        stack.append(tuple(ops.object_version(a) if ops.is_tensor(a) else None for a in args))
+        stack.append(tuple(ops.change_mark(a) if ops.is_tensor(a) else None for a in args))
         del stack[:-_WAITING]  # (calls whose forward raised: bounded)
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
         key = (get_ident(), name)
         stack = self._versions.get(key)
-        versions: tuple[int | None, ...] = ()
+        versions: tuple[object, ...] = ()
         if stack:
             versions = stack.pop()
             if not stack:  # (a thread's entries go with its last call)
@@ -627,16 +628,16 @@ class GradientMonitor(Synced):
 _WAITING = 64  # calls whose forward raised, their arguments' versions kept (bounded)
 
 
-def _returns_an_input(tensors: Sequence[Any], args: Any, versions: Sequence[int | None]) -> bool:
+def _returns_an_input(tensors: Sequence[Any], args: Any, versions: Sequence[object]) -> bool:
     """Whether one of a module call's output tensors is one of its positional arguments, not
-    changed in place by the call (`versions`: theirs as the call started; where the backend
-    keeps none, MindSpore, it may have been: the tensor's hook then sees the gradient of the
+    changed in place by the call (`versions`: their change marks as the call started; where
+    the backend tells none, it may have been: the tensor's hook then sees the gradient of the
     changed tensor, its grad_output, as for an in-place ReLU)."""
     for tensor in tensors:
         for i, arg in enumerate(args):
             if tensor is arg:
                 before = versions[i] if i < len(versions) else None
-                if before is not None and before == ops.object_version(tensor):
+                if before is not None and before == ops.change_mark(tensor, settled=True):
                     return True
     return False
 
