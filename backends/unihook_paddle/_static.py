@@ -5,7 +5,9 @@
   their autograd guard (``UnboundLocalError ... ___graph_fn_saved_orig_1``). While SOT
   simulates it, `EagerUnderSOT` calls a dispatcher through a function marked
   ``paddle.jit.marker.force_dynamic``: SOT breaks the graph there and runs it in dygraph, so
-  the hooks see eager's arguments and gradients. Run normally, it costs two flag checks.
+  the hooks see eager's arguments and gradients; run in dygraph while SOT still translates
+  the frames it calls (after a graph break), it turns that off for the dispatcher's call.
+  Run normally, it costs three flag checks.
 - ``full_graph=True`` runs Python only while it builds the static program, with symbolic
   values, and the program has no place for a Python hook: a layer with unihook hooks (or any
   layer, while global hooks live) called then raises `UnsupportedHookError` instead of being
@@ -25,6 +27,7 @@ import weakref
 from typing import Any, Callable
 
 import paddle
+from paddle.base import core
 from paddle.base.dygraph.base import in_sot_simulation_mode, in_to_static_mode
 from paddle.base.framework import global_var
 from paddle.jit.dy2static import parameter_recorder
@@ -32,7 +35,7 @@ from paddle.jit.dy2static.program_translator import ASTStaticFunction
 from paddle.jit.sot.opcode_translator.executor.executor_cache import OpcodeExecutorCache
 from paddle.jit.sot.opcode_translator.executor.variables import callable as _sot_layers
 from paddle.jit.sot.symbolic import interpreter as sot_interpreter
-from paddle.jit.sot.utils.utils import no_eval_frame
+from paddle.jit.sot.utils.utils import StepInfoManager, no_eval_frame
 
 from unihook.backend import HookDict, Site
 from unihook.errors import UnsupportedHookError
@@ -59,6 +62,10 @@ def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 # paddle's own files: `no_eval_frame`'s wrapper is one, and it turns SOT's frame evaluation off
 # for the call. Marked force_dynamic, a call to it is a graph break, not a simulated call.
 _outside_sot = paddle.jit.marker.force_dynamic(no_eval_frame(_call))
+_set_eval_frame = core.set_eval_frame  # (returns the callback it replaced)
+# the SOT step running, if any: paddle turns SOT's frame evaluation on only inside one
+# (`symbolic_translate`), on the thread running it (a singleton)
+_sot_steps = StepInfoManager()
 # (paddle 3.3.1's name, which SOT's `from_value` reads as it translates a layer's call;
 # pyright takes it for private)
 _SUPPORT_CHECK = "is_not_supported_paddle_layer"
@@ -270,6 +277,18 @@ class EagerUnderSOT:
         # False when run, True while SOT simulates this code (it folds the call)
         if in_sot_simulation_mode():
             return _outside_sot(self.fn, layer, *args)
-        if not paddle.in_dynamic_mode() and not sot_builds_subgraph():
+        # (paddle.in_dynamic_mode()'s own test, without its call)
+        if global_var._dygraph_tracer_ is None and not sot_builds_subgraph():
             raise full_graph_error("full_backward", layer)
-        return self.fn(layer, *args)
+        # Run for real, SOT's frame evaluation may still be on: after a graph break SOT runs
+        # the hooked layer's call in dygraph but translates each frame that call makes, the
+        # dispatcher's too (with MIN_GRAPH_SIZE=0 it compiled them, and crashed simulating a
+        # generator: helper-62's attack). Off for the call. Only a SOT step (on any thread)
+        # turns it on: an attribute read when none runs.
+        if _sot_steps.current_code is None:
+            return self.fn(layer, *args)
+        callback = _set_eval_frame(None)
+        try:
+            return self.fn(layer, *args)
+        finally:
+            _set_eval_frame(callback)
