@@ -97,9 +97,12 @@ class MindSporeOps(Ops):
         size = min(block_size, h, w)
         gamma = drop_block_rate(h, w, size, p)
         seeds = (ops.rand((n, c, h - size + 1, w - size + 1)) < gamma).astype(t.dtype)
-        padded = ops.pad(seeds, [size - 1] * 4)
-        pool: Callable[..., Any] = ops.max_pool2d  # (mint's has no CPU kernel either)
-        blocks = pool(pool(padded, (size, 1), stride=1), (1, size), stride=1)
+        if size == h == w:  # one seed per map, whose block is the map (a clamped block)
+            blocks = ops.broadcast_to(seeds, (n, c, h, w))
+        else:
+            padded = ops.pad(seeds, [size - 1] * 4)
+            pool: Callable[..., Any] = ops.max_pool2d  # (mint's has no CPU kernel either)
+            blocks = pool(pool(padded, (size, 1), stride=1), (1, size), stride=1)
         keep = 1 - blocks
         return t * keep * (keep.size / ops.clamp(keep.sum(), min=1))
 

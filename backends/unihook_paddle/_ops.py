@@ -145,8 +145,11 @@ class PaddleOps(Ops):
         # seeds only where a whole block fits; a size x size max pool over them padded by
         # size - 1 spreads each seed over its block
         seeds = (paddle.rand([n, c, h - size + 1, w - size + 1]) < gamma).astype(t.dtype)
-        padded = F.pad(seeds, [size - 1] * 4)  # separable: O(size), not O(size**2), per point
-        blocks = F.max_pool2d(F.max_pool2d(padded, (size, 1), stride=1), (1, size), stride=1)
+        if size == h == w:  # one seed per map, whose block is the map (a clamped block)
+            blocks = seeds.expand([n, c, h, w])
+        else:  # separable: O(size), not O(size**2), per point
+            padded = F.pad(seeds, [size - 1] * 4)
+            blocks = F.max_pool2d(F.max_pool2d(padded, (size, 1), stride=1), (1, size), stride=1)
         keep = 1 - blocks
         return t * keep * (keep.numel().astype(t.dtype) / keep.sum().clip(min=1))
 

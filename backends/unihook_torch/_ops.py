@@ -326,8 +326,11 @@ class TorchOps(Ops):
         # size - 1 spreads each seed over its block
         shape = (n, c, h - size + 1, w - size + 1)
         seeds = (torch.rand(shape, device=t.device) < gamma).to(t.dtype)
-        padded = F.pad(seeds, [size - 1] * 4)  # separable: O(size), not O(size**2), per point
-        blocks = F.max_pool2d(F.max_pool2d(padded, (size, 1), stride=1), (1, size), stride=1)
+        if size == h == w:  # one seed per map, whose block is the map (a clamped block)
+            blocks = seeds.expand(n, c, h, w)
+        else:  # separable: O(size), not O(size**2), per point (1.2 s for the clamped block)
+            padded = F.pad(seeds, [size - 1] * 4)
+            blocks = F.max_pool2d(F.max_pool2d(padded, (size, 1), stride=1), (1, size), stride=1)
         keep = 1 - blocks
         return t * keep * (keep.numel() / keep.sum().clamp(min=1))
 
