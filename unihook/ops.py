@@ -687,13 +687,14 @@ _object_versions: dict[type, Callable[[Any, Any], int | None]] = {}
 
 
 def change_mark(t: Any, settled: bool = False) -> object:
-    """A value that differs once the tensor object `t` was changed in place, or None where the
-    backend cannot tell: what GradientMonitor compares before and after a module call that
-    returns its argument (`object_version` by default; on MindSpore, whose version counter
-    misses `t[i] = v`, the tensor's grad node). `settled`: read once every op issued so far
-    ran; a backend whose ops run in an asynchronous pipeline may, unsettled, still show the
-    mark from before an op issued earlier. An unsettled mark compared with a later settled one
-    differs whenever `t` changed between them (and sometimes for a change just before)."""
+    """A value that differs once an in-place op that autograd records changed the tensor object
+    `t` (its autograd history: torch's `grad_fn`, paddle's and MindSpore's grad node; an op
+    autograd does not record, under no_grad or on `.data`, leaves it, and the gradient reaching
+    `t` still sums every use of it), or None where the backend cannot tell: what
+    GradientMonitor compares before and after a module call that returns its argument
+    (`object_version` by default). `settled`: read once every op issued so far ran; unsettled,
+    a backend whose ops run in an asynchronous pipeline (MindSpore) may still show the mark
+    from before an op issued earlier."""
     found = ops_for(t)
     if type(found).change_mark is Ops.change_mark:
         return object_version(t)

@@ -221,6 +221,14 @@ class PaddleOps(Ops):
     def is_leaf(self, t: Any) -> bool:
         return bool(t.is_leaf)
 
+    def change_mark(self, t: Any, settled: bool) -> object:
+        # The tensor's grad node: an in-place op autograd records replaces it; one it does not
+        # (under no_grad) moves `inplace_version` and leaves the history, whose gradient then
+        # still sums every use of the tensor (helper-67's attack). A leaf's is its
+        # accumulation node; a tensor with stop_gradient has none (no gradient: None).
+        node = t.grad_fn
+        return None if node is None else node.node_ptr()
+
     def version(self, t: Any) -> int | None:
         return t.inplace_version
 

@@ -405,6 +405,19 @@ class TorchOps(Ops):
     def is_leaf(self, t: Any) -> bool:
         return t.grad_fn is None
 
+    def change_mark(self, t: Any, settled: bool) -> object:
+        # The tensor's autograd history: an in-place op autograd records replaces `grad_fn`;
+        # one it does not (under no_grad, on `.data`) bumps `_version` and leaves the history,
+        # whose gradient then still sums every use of the tensor (helper-67's attack). The node
+        # itself, held by the caller until the call's end: its Python wrapper, freed and made
+        # again, could take another id. A leaf that requires grad has one history (0).
+        if torch.compiler.is_compiling():
+            return None
+        node = t.grad_fn
+        if node is None:
+            return 0 if t.requires_grad else None
+        return node
+
     def version(self, t: Any) -> int | None:
         if torch.compiler.is_compiling():  # a traced tensor's counter says nothing of the run's
             return None

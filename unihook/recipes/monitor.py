@@ -221,6 +221,9 @@ class GradientMonitor(Synced):
             self._names = attached.names
             group.extend(attached)
             group.extend(attach(inner, self._before, kind="forward_pre", where=where))
+            # (after `_record`; also when the forward raised: a recursive call's inner call
+            # must not leave its marks for the outer one)
+            group.extend(attach(inner, self._after, where=where, always_call=True))
             # registered after attach's hooks: the forward's outputs are all recorded
             group.add("", register_forward_hook(model, self._settle))
             group.add("", register_forward_hook(model, self._forget, always_call=True))
@@ -355,22 +358,25 @@ class GradientMonitor(Synced):
             self._merge(step, JOINED)
 
     def _before(self, module: Any, args: Any, *, name: str) -> None:
-        """A call starts: its tensor arguments' change marks (their versions), which tell a
-        module returning one unchanged (nn.Identity) from one that changed it in place (an
-        in-place ReLU, whose output's gradient hook sees the gradient of the changed tensor
-        only)."""
-        stack = self._versions.setdefault((get_ident(), name), [])
-        stack.append(tuple(ops.change_mark(a) if ops.is_tensor(a) else None for a in args))
-        del stack[:-_WAITING]  # (calls whose forward raised: bounded)
+        """A call starts: its tensor arguments' change marks (their autograd histories),
+        which tell a module returning one unchanged (nn.Identity) from one that changed it in
+        place (an in-place ReLU, whose output's gradient hook sees the gradient of the changed
+        tensor only). Kept per thread and module until the call ends (`_after`)."""
+        self._versions.setdefault((get_ident(), name), []).append(
+            tuple(ops.change_mark(a, settled=True) if ops.is_tensor(a) else None for a in args)
+        )
 
-    def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
+    def _after(self, module: Any, args: Any, output: Any, *, name: str) -> None:
         key = (get_ident(), name)
         stack = self._versions.get(key)
-        versions: tuple[object, ...] = ()
         if stack:
-            versions = stack.pop()
+            stack.pop()
             if not stack:  # (a thread's entries go with its last call)
                 del self._versions[key]
+
+    def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
+        stack = self._versions.get((get_ident(), name))
+        versions = stack[-1] if stack else ()
         # (in backward: a part of the model recomputed by a checkpoint; a reentrant one's
         # outputs are those the gradients come through, a non-reentrant one's get none; of a
         # forward `every` skipped when the hooks were placed ahead for the next one)
@@ -623,9 +629,6 @@ class GradientMonitor(Synced):
         from .plots import plot
 
         return plot(monitor=self, path=path, all_ranks=all_ranks)
-
-
-_WAITING = 64  # calls whose forward raised, their arguments' versions kept (bounded)
 
 
 def _returns_an_input(tensors: Sequence[Any], args: Any, versions: Sequence[object]) -> bool:
