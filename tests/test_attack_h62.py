@@ -535,13 +535,8 @@ def test_paddle_sot_partial_hook_registered_before_the_first_call() -> None:
 # -- torch.compile --------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 6: hook on the compiled module itself + global backward hook: dynamo "
-    "AssertionError 'already tracked for mutation'",
-)
 def test_torch_root_backward_hook_beside_a_global_backward_hook() -> None:
-    """FINDING 6 (crash). Repro: `m = Sequential(Linear(3, 4), ReLU(), Linear(4, 2))`,
+    """FINDING 6 (crash), FIXED. Repro: `m = Sequential(Linear(3, 4), ReLU(), Linear(4, 2))`,
     `unihook.register_full_backward_hook(m, hook)` (on the compiled module itself) and
     `unihook.register_module_full_backward_hook(g, backend="torch")`, then
     `torch.compile(m, backend="eager")(x).sum().backward()`: AssertionError
@@ -550,25 +545,29 @@ def test_torch_root_backward_hook_beside_a_global_backward_hook() -> None:
     module does it (unihook's forward_pre, with_kwargs or not, full_backward_pre, and torch's
     own `m.register_forward_pre_hook`), with a unihook global full_backward or
     full_backward_pre hook, registered before or after the first compiled call, dynamic or
-    not; torch's own global backward hook instead does not crash. On a sub-module it works."""
+    not; torch's own global backward hook instead does not crash. On a sub-module it works.
+    Fixed: for a module whose own pre-hooks hold the global dispatchers, unihook's wrapper of
+    ``Module._call_impl`` asked in the traced code whether the call is inside the module's
+    own marked call (`ModuleBackward.inside`); the module marked there is the OptimizedModule,
+    which dynamo unwraps to the module it already tracks. It now asks outside dynamo (a graph
+    break, only while dynamo traces such a module)."""
     eager, compiled = _torch(TORCH_CRASHES)["root_pre_and_global_backward"]
     assert isinstance(eager, tuple)
     assert compiled == eager
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 7: a global hook registered inside a compiled forward: "
-    "InternalTorchDynamoError (PackageNotFoundError mindspore)",
-)
 def test_torch_global_hook_registered_inside_a_compiled_forward() -> None:
-    """FINDING 7 (crash, misleading error). Repro: a unihook forward hook on m[0] that
+    """FINDING 7 (crash, misleading error), FIXED. Repro: a unihook forward hook on m[0] that
     registers `unihook.register_module_forward_hook(g, backend="torch")` on its first call;
     `torch.compile(m, backend="eager")(x)`: InternalTorchDynamoError "PackageNotFoundError: No
     package metadata was found for mindspore": dynamo traces the registration into
     `unihook.backends()` and the MindSpore backend's `importlib.metadata.version`. Eager: g
     sees ReLU and Linear. With torch's own forward hook doing the registration, or a
-    per-module hook registered there, it works."""
+    per-module hook registered there, it works. Fixed: a global hook's registration (and
+    `unihook.backends()`) runs through each backend's escape from its compiler
+    (`unihook.backend.add_compiler_escape`): the torch backend's runs it outside dynamo while
+    dynamo traces (a graph break; under fullgraph=True dynamo's error gives unihook's
+    reason)."""
     eager, compiled = _torch(TORCH_CRASHES)["global_registered_inside"]
     assert eager == ["ReLU", "Linear"]
     assert compiled == eager

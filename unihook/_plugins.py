@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 if TYPE_CHECKING:
     import pluggy
 
-__all__ = ["DISABLE_ENV", "call_owner", "disabled_backends", "plugin_manager"]
+__all__ = [
+    "DISABLE_ENV",
+    "add_compiler_escape",
+    "call_owner",
+    "disabled_backends",
+    "outside_compilers",
+    "plugin_manager",
+]
+
+T = TypeVar("T")
 
 #: Comma-separated backend names (entry-point names) that unihook must not load.
 DISABLE_ENV = "UNIHOOK_DISABLE"
@@ -75,6 +85,30 @@ def call_owner(hook_name: str, target: object, **kwargs: Any) -> Any:
             _owners[key] = impl
             return result
     return None
+
+
+# Each backend's escape from its framework's compiler (`add_compiler_escape`).
+_escapes: list[Callable[[Callable[[], Any]], Any]] = []
+
+
+def add_compiler_escape(escape: Callable[[Callable[[], T]], T]) -> None:
+    """Make registrations of global hooks (and `unihook.backends()`) run through `escape`:
+    `escape(call)` returns `call()`, run outside the backend's framework compiler while that
+    traces Python (torch.compile's dynamo), plainly otherwise. A registration made inside a
+    compiled function is no part of its graph: traced, it would read the installed packages'
+    metadata at trace time and change process-wide state as a traced side effect. Called by
+    a backend when it is loaded; once per escape."""
+    if escape not in _escapes:
+        _escapes.append(escape)
+
+
+def outside_compilers(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` through every backend's escape (`add_compiler_escape`)."""
+    plugin_manager()  # (the backends add their escapes when loaded)
+    call: Callable[[], T] = partial(fn, *args, **kwargs)
+    for escape in _escapes:
+        call = partial(escape, call)
+    return call()
 
 
 def _reset() -> None:

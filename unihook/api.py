@@ -7,7 +7,13 @@ from typing import Any, Callable, Literal, overload
 
 from ._describe import Site, type_name
 from ._locks import Collecting, held_here, inside_registration, registering, undo
-from ._plugins import DISABLE_ENV, call_owner, disabled_backends, plugin_manager
+from ._plugins import (
+    DISABLE_ENV,
+    call_owner,
+    disabled_backends,
+    outside_compilers,
+    plugin_manager,
+)
 from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
 from .handles import Handle
 from .hooktypes import (
@@ -44,6 +50,11 @@ def backends() -> list[BackendInfo]:
     """Every registered backend: name, framework version (None when not installed), and per
     hook kind whether it is native, emulated or unsupported (every kind is unsupported when
     the framework is not installed)."""
+    # (called inside a compiled function: the installed packages are read outside it)
+    return outside_compilers(_backends)
+
+
+def _backends() -> list[BackendInfo]:
     infos: list[BackendInfo] = plugin_manager().hook.unihook_backend_info()
     # A backend declares its kinds whether or not its framework is there: without the
     # framework it runs none of them.

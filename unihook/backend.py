@@ -27,6 +27,9 @@ backends use them.
 - **Laziness**: `when_imported` / `install_when_imported` run code when the framework gets
   imported, without importing it (a global hook registered before the framework);
   `cancel_when_imported` cancels a callback (taken before registering it).
+- **Compilers**: `add_compiler_escape(escape)`, when the backend is loaded, if its framework
+  compiles Python by tracing it (torch.compile's dynamo): a global hook registered inside a
+  compiled function is registered through `escape`, outside the compiler.
 - **Ops**: a backend's ``unihook_ops`` returns a subclass of `unihook.ops.Ops` (the base class of
   the ops facet: defaults where one is right, NotImplementedError naming the method where
   not); `map_dataclass` maps the fields of a dataclass output (``tensors_in``).
@@ -60,6 +63,7 @@ from ._module_backward import (
     walk_tensors,
 )
 from ._pinned import Access, HookDict, Pinned, pin, unpin
+from ._plugins import add_compiler_escape
 from ._structures import map_dataclass
 from .kinds import global_label
 
@@ -72,6 +76,7 @@ __all__ = [
     "Pinned",
     "RegistryLock",
     "Site",
+    "add_compiler_escape",
     "add_global_backward_hook",
     "cancel_when_imported",
     "check_grad",

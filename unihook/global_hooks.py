@@ -10,7 +10,7 @@ from typing import Any, Callable, Literal, overload
 
 from ._describe import Site
 from ._locks import Collecting, held_here, inside_registration, registering, undo
-from ._plugins import plugin_manager
+from ._plugins import outside_compilers, plugin_manager
 from .api import _no_backend_hint, _short, backends
 from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
 from .handles import Handle
@@ -142,7 +142,10 @@ def _register(
     outer = getattr(registering, "steps", None)
     try:
         registering.steps = steps
-        handle = _in_backends(kind, hook, backend, with_kwargs, always_call, site, infos)
+        # (made inside a compiled function, it runs outside the compiler: add_compiler_escape)
+        handle = outside_compilers(
+            _in_backends, kind, hook, backend, with_kwargs, always_call, site, infos
+        )
         registering.steps = outer
         if isinstance(outer, Collecting):  # (undone with attach's, if that one is)
             outer.append(handle.remove)

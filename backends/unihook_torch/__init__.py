@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from unihook.backend import (
     Site,
+    add_compiler_escape,
     check_grad,
     checked_kwargs_pre_hook,
     global_label,
@@ -45,6 +46,21 @@ def _owns(obj: object) -> bool:
     if not _version_checked:
         _check_version(str(getattr(torch, "__version__", "")))
     return True
+
+
+def _outside_compiler(call: Callable[[], Any]) -> Any:
+    """torch.compile: a global hook registered inside a compiled forward is registered outside
+    dynamo (see `add_compiler_escape`; dynamo folds `importlib.metadata.version` at trace
+    time, and fails on a package that is not installed). Without torch nothing compiles."""
+    torch = _torch()
+    if torch is not None and torch.compiler.is_dynamo_compiling():
+        from ._compile import outside_compiler
+
+        return outside_compiler(call)
+    return call()
+
+
+add_compiler_escape(_outside_compiler)
 
 
 def _check_version(installed: str) -> None:

@@ -37,6 +37,7 @@ from unihook.backend import (
 __all__ = [
     "EagerUnderCompile",
     "forget_compiled",
+    "outside_compiler",
     "outside_dynamo",
     "watch_call_impl",
     "watch_hooks",
@@ -59,6 +60,14 @@ FULLGRAPH_REASON = (
 )
 
 
+# ... and where a global hook registered inside a compiled function breaks it
+REGISTRATION_REASON = (
+    "unihook registers a global hook made inside a compiled function outside dynamo, with a "
+    "graph break: torch.compile(fullgraph=True) cannot take that registration; register the "
+    "hook before calling the compiled function, or compile without fullgraph"
+)
+
+
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
@@ -67,11 +76,20 @@ def _call(fn: Callable[..., Any], *args: Any) -> Any:
 # `torch._dynamo.disable` of its own, which dynamo sees directly (not through torch's lazy
 # wrapper, which it reports as "function marked as skipped") and whose reason it prints.
 _dispatch_outside: Callable[..., Any] = _outside_dynamo
+# the same for a registration inside a compiled function (`outside_compiler`)
+_register_outside: Callable[..., Any] = _outside_dynamo
 
 
 def _give_reason(dynamo: Any) -> None:
-    global _dispatch_outside
+    global _dispatch_outside, _register_outside
     _dispatch_outside = dynamo.disable(_call, reason=FULLGRAPH_REASON)
+    _register_outside = dynamo.disable(_call, reason=REGISTRATION_REASON)
+
+
+def outside_compiler(call: Callable[[], Any]) -> Any:
+    """`call()` outside dynamo: the torch backend's escape (`add_compiler_escape`), taken
+    while dynamo traces (a global hook registered inside a compiled forward)."""
+    return _register_outside(call)
 
 
 def outside_dynamo(fn: Callable[[], None]) -> Callable[[], None]:
@@ -188,3 +206,11 @@ def forget_compiled() -> None:
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.reset_code_caches()
+
+
+if "torch._dynamo" in sys.modules:
+    # Imported after dynamo (the first torch hook, registered inside a compiled forward): the
+    # reasons now. (Else `watch_hooks` gives them when dynamo is imported while a torch hook
+    # lives; imported after the last one went, dynamo calls a registration's graph break
+    # "function marked as skipped", its error under fullgraph=True.)
+    _give_reason(sys.modules["torch._dynamo"])

@@ -39,7 +39,7 @@ from unihook.backend import (
 )
 from unihook.errors import HookReturnTypeError
 
-from . import NAME, insert
+from . import NAME, _compile, insert
 from ._compile import EagerUnderCompile, _dynamo_compiling
 
 Hook = Callable[..., Any]
@@ -142,11 +142,18 @@ def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     # torch's hook loop (see `ModuleBackward.hold`); else torch's snapshot of the pre-hooks
     # could lack them, and the call fired neither the removed hooks nor the new ones.
     # (Not while dynamo traces: the mark would be a traced side effect, and a graph break.)
-    mark = None if _dynamo_compiling() else state.hold()
+    compiling = _dynamo_compiling()
+    mark = None if compiling else state.hold()
     try:
         dispatch = _dispatch
         if dispatch is None or (own and self in _pinned_in):
-            if not state.inside(self):
+            # While dynamo traces, the module marked around may be the OptimizedModule of the
+            # one traced (its own call goes through this wrapper): dynamo, comparing them,
+            # takes it for the module it already tracks and fails an assertion. Asked outside.
+            inside = (
+                _compile._dispatch_outside(state.inside, self) if compiling else state.inside(self)
+            )
+            if not inside:
                 return _call_original(self, call, own, keys, args, kwargs, hooked)
             outer = state.outer()
             try:
