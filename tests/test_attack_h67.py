@@ -925,3 +925,51 @@ def test_paddle_sot_function_and_gradcam_held(min_graph_size: str) -> None:
     _needs("paddle")
     done = last_value(run_code(SOT_NESTED_AND_GRADCAM.replace("MGS", min_graph_size), timeout=300))
     assert done == {"nested": True, "gradcam": True}, done
+
+
+SOT_FULL_GRAPH = r"""
+import os, warnings
+if "MGS" != "default":
+    os.environ["MIN_GRAPH_SIZE"] = "MGS"
+warnings.filterwarnings("ignore")
+import numpy as np, paddle, unihook
+
+X = np.random.default_rng(1).normal(size=(3, 4)).astype("float32")
+
+
+def net():
+    paddle.seed(0)
+    L, T = paddle.nn.Linear, paddle.nn.Tanh
+    return paddle.nn.Sequential(L(4, 6), T(), L(6, 6), T(), L(6, 2))
+
+
+out = {}
+for kind in ["full_backward", "full_backward_pre", "forward"]:
+    for when in ["before", "after"]:
+        m = net()
+        f = paddle.jit.to_static(m, full_graph=True)
+        if when == "after":
+            f(paddle.to_tensor(X))
+        handle = getattr(unihook, f"register_{kind}_hook")(m[2], lambda *a: None)
+        try:
+            x = paddle.to_tensor(X)
+            x.stop_gradient = False
+            f(x).sum().backward()
+            got = "ran"
+        except Exception as e:
+            got = type(e).__name__
+        handle.remove()
+        f(paddle.to_tensor(X))  # (runs again once the hook is gone)
+        out[kind, when] = got
+print(out)
+"""
+
+
+@pytest.mark.parametrize("min_graph_size", ["0", "default"])
+def test_paddle_full_graph_refuses_hooks_held(min_graph_size: str) -> None:
+    """HELD: ``to_static(full_graph=True)`` (1fe0f20 reads paddle's dygraph flag itself now):
+    a forward, full backward or full backward pre hook, registered before or after the first
+    call, raises UnsupportedHookError; the converted model runs again once it is removed."""
+    _needs("paddle")
+    done = last_value(run_code(SOT_FULL_GRAPH.replace("MGS", min_graph_size), timeout=300))
+    assert set(done.values()) == {"UnsupportedHookError"}, done
