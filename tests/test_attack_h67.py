@@ -150,18 +150,23 @@ def _monitor(
     reason="FINDING 1: an in-place op under no_grad bumps the version, not the graph: the sum "
     "of every use of the input is recorded as the module's norm",
 )
-def test_input_changed_under_no_grad_and_returned() -> None:
+@pytest.mark.parametrize("how", ["no_grad", "detach"])
+def test_input_changed_under_no_grad_and_returned(how: str) -> None:
     """FINDING 1 (silent wrong number, torch). Repro: ``class Clamp(nn.Module): def
     forward(self, x): with torch.no_grad(): x.clamp_(-.5, .5); return x`` as ``norm`` in
     ``h = fc1(x); a = 3h; head(a + fc2(norm(h)))``. The version counter moved, so the call is
     taken for an in-place ReLU and the tensor hook kept, but autograd recorded no node: h's
     gradient is every use's, a's included. Observed history[*]['norm'] = 3.8209 (= fc1's
     norm), no warning; expected 0.6357 (the gradient of the output's later uses, fc2's branch)
-    or the call left out with the RuntimeWarning, as for nn.Identity."""
+    or the call left out with the RuntimeWarning, as for nn.Identity. The same with
+    ``x.detach().clamp_(-.5, .5)`` (the detached alias shares x's version counter)."""
     torch = pytest.importorskip("torch")
 
     class Clamp(torch.nn.Module):
         def forward(self, x: Any) -> Any:
+            if how == "detach":  # (shares x's version counter, records nothing)
+                x.detach().clamp_(-0.5, 0.5)
+                return x
             with torch.no_grad():
                 x.clamp_(-0.5, 0.5)
             return x
