@@ -8,7 +8,9 @@ uses of the output only); numpy on the known weights for MindSpore (``h = fc1(x)
 head(a + fc2(norm(h)))``: norm's grad_output ``ones @ W_head @ W2``, the sum of every use of h
 adds ``3 ones @ W_head``); eager paddle (dygraph) for SOT.
 
-Each FINDING is ``xfail(strict=True)``: it asserts the right behaviour and fails on 1fe0f20.
+Each FINDING asserts the right behaviour and fails on 1fe0f20. FIXED by 4157322 (the marks
+are the tensors' autograd histories, read settled, popped by an always-called forward hook):
+FINDINGS 1, 2, 3, 5; still a strict xfail: FINDING 4.
 HELD tests pin what the attack tried that held. The paddle and MindSpore cases run in child
 processes (``children.run_code``; MindSpore ones need the MindSpore venv, where they import
 MindSpore first and never paddle).
@@ -147,14 +149,9 @@ def _monitor(
     return [dict(step) for step in monitor.history], said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 1: an in-place op under no_grad bumps the version, not the graph: the sum "
-    "of every use of the input is recorded as the module's norm",
-)
 @pytest.mark.parametrize("how", ["no_grad", "detach"])
 def test_input_changed_under_no_grad_and_returned(how: str) -> None:
-    """FINDING 1 (silent wrong number, torch). Repro: ``class Clamp(nn.Module): def
+    """FIXED FINDING 1 (silent wrong number, torch). Repro: ``class Clamp(nn.Module): def
     forward(self, x): with torch.no_grad(): x.clamp_(-.5, .5); return x`` as ``norm`` in
     ``h = fc1(x); a = 3h; head(a + fc2(norm(h)))``. The version counter moved, so the call is
     taken for an in-place ReLU and the tensor hook kept, but autograd recorded no node: h's
@@ -227,12 +224,8 @@ print({"want": want, "norms": [dict(s).get("norm") for s in monitor.history], "s
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 1 (paddle): an in-place op under no_grad: the sum of every use recorded",
-)
 def test_input_changed_under_no_grad_and_returned_paddle() -> None:
-    """FINDING 1 on paddle (silent wrong number): the same model with ``with paddle.no_grad():
+    """FIXED FINDING 1 on paddle (silent wrong number): the same model with ``with paddle.no_grad():
     x.clip_(-.5, .5); return x``: history[*]['norm'] = 11.4762 (fc1's norm), no warning;
     expected 1.5388 (the output's later uses) or left out with the warning."""
     _needs("paddle")
@@ -241,13 +234,8 @@ def test_input_changed_under_no_grad_and_returned_paddle() -> None:
         assert got is None and done["said"] or got == pytest.approx(done["want"], rel=1e-5), done
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 2: a recursive call's inner call raised: the outer call pops its marks and "
-    "records the sum of every use of its returned input",
-)
 def test_recursive_call_after_its_inner_call_raised() -> None:
-    """FINDING 2 (silent wrong number, torch; any backend: the stack is the recipe's). Repro: a
+    """FIXED FINDING 2 (silent wrong number, torch; any backend: the stack is the recipe's). Repro: a
     module calling itself (``self(y, depth=1)`` on ``y = x * 2; y.add_(0)``, version 1) whose
     inner call raises and is caught, then returning its input ``x`` unchanged. The inner call's
     `_before` pushed its marks, its `_record` never ran; the outer `_record` pops the inner's
@@ -276,13 +264,8 @@ def test_recursive_call_after_its_inner_call_raised() -> None:
         assert got is None and said or got == pytest.approx(want, rel=1e-5), (step, want)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 5: a recursion deeper than 64 calls returning its input: the outer calls' "
-    "marks were dropped (_WAITING), they record the sum of every use",
-)
 def test_deep_recursion_returning_its_input() -> None:
-    """FINDING 5 (silent wrong number under a warning saying it is not recorded, torch; any
+    """FIXED FINDING 5 (silent wrong number under a warning saying it is not recorded, torch; any
     backend: the recipe's bound). Repro: ``class R(nn.Module): def forward(self, x, n=0):
     return x if n == 0 else self(x, n - 1)`` as ``norm`` called ``self.norm(h, 70)`` in
     ``h = fc1(x); a = 3h; head(a + fc2(norm(h, 70)))``. `_before` keeps the last 64 calls'
@@ -562,13 +545,8 @@ def _ms(cases: tuple[tuple[str, str, str, int], ...]) -> dict[Any, Any]:
     return last_value(run_code(MS_PRE_NORM.replace("CASES", repr(cases)), timeout=180))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 3: a copy_ just before the call: the unsettled mark misses it, the cell "
-    "returning its input unchanged records the sum of every use",
-)
 def test_mindspore_copy_just_before_an_identity_cell() -> None:
-    """FINDING 3 (silent wrong number, MindSpore, most steps: a race with MindSpore's
+    """FIXED FINDING 3 (silent wrong number, MindSpore, most steps: a race with MindSpore's
     pipeline). Repro: ``h = fc1(x); h.copy_(h + 1); a = 3h; head(a + fc2(norm(h)))``, norm a
     cell returning h unchanged, under ``mindspore.grad`` w.r.t. the weights. `_before` reads
     h's grad node unsettled (change_mark(settled=False)) and may see the node from before the
