@@ -235,7 +235,8 @@ def test_input_changed_under_no_grad_and_returned_paddle() -> None:
 
 
 def test_recursive_call_after_its_inner_call_raised() -> None:
-    """FIXED FINDING 2 (silent wrong number, torch; any backend: the stack is the recipe's). Repro: a
+    """FIXED FINDING 2 (silent wrong number, torch; any backend: the stack is the recipe's).
+    Repro: a
     module calling itself (``self(y, depth=1)`` on ``y = x * 2; y.add_(0)``, version 1) whose
     inner call raises and is caught, then returning its input ``x`` unchanged. The inner call's
     `_before` pushed its marks, its `_record` never ran; the outer `_record` pops the inner's
