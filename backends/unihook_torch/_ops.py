@@ -408,15 +408,18 @@ class TorchOps(Ops):
     def change_mark(self, t: Any, settled: bool) -> object:
         # The tensor's autograd history: an in-place op autograd records replaces `grad_fn`;
         # one it does not (under no_grad, on `.data`) bumps `_version` and leaves the history,
-        # whose gradient then still sums every use of the tensor (helper-67's attack). The node
-        # itself, held by the caller until the call's end: its Python wrapper, freed and made
-        # again, could take another id. A leaf that requires grad has one history (0).
+        # whose gradient then still sums every use of the tensor (helper-67's attack). Named by
+        # its sequence number and type, holding nothing (the node would keep its graph alive
+        # where a Ctrl-C skipped the end of the call); not by id: a node's Python wrapper is
+        # made per read, and a new node's may take a freed one's address. (Two nodes made on
+        # two threads may share a number: then a change is missed only if the types match.)
+        # A leaf that requires grad has one history (0).
         if torch.compiler.is_compiling():
             return None
         node = t.grad_fn
         if node is None:
             return 0 if t.requires_grad else None
-        return node
+        return node._sequence_nr(), type(node)
 
     def version(self, t: Any) -> int | None:
         if torch.compiler.is_compiling():  # a traced tensor's counter says nothing of the run's
