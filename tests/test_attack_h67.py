@@ -10,7 +10,8 @@ adds ``3 ones @ W_head``); eager paddle (dygraph) for SOT.
 
 Each FINDING asserts the right behaviour and fails on 1fe0f20. FIXED by 4157322 (the marks
 are the tensors' autograd histories, read settled, popped by an always-called forward hook):
-FINDINGS 1, 2, 3, 5; still a strict xfail: FINDING 4.
+FINDINGS 1, 2, 3, 5; FINDING 4 by SOT skipping the hook tables' module (the guard raises
+SOT's graph break as SOT runs `HookDict.items` as it is).
 HELD tests pin what the attack tried that held. The paddle and MindSpore cases run in child
 processes (``children.run_code``; MindSpore ones need the MindSpore venv, where they import
 MindSpore first and never paddle).
@@ -799,13 +800,8 @@ print({kind: [run(kind, False), run(kind, True)] for kind in kinds})
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 4: MIN_GRAPH_SIZE=0: a partial or bound-method forward hook (every recipe's) "
-    "crashes SOT in its hook table's guard",
-)
 def test_paddle_sot_min_graph_size_0_partial_hooks_and_recipes() -> None:
-    """FINDING 4 (crash, paddle SOT with MIN_GRAPH_SIZE=0). Repro: ``MIN_GRAPH_SIZE=0``, a
+    """FIXED FINDING 4 (crash, paddle SOT with MIN_GRAPH_SIZE=0). Repro: ``MIN_GRAPH_SIZE=0``, a
     5-layer Linear/Tanh Sequential ``m``, ``f = paddle.jit.to_static(m)``, one call, then
     ``unihook.register_forward_pre_hook(m[0], functools.partial(hook, name='a'))`` (or a
     bound method ``Recorder(names).hook``, or ActivationStats(m), or GradientMonitor(m), whose

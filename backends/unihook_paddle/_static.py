@@ -22,6 +22,8 @@
 from __future__ import annotations
 
 import gc
+import inspect
+import os
 import sys
 import weakref
 from typing import Any, Callable
@@ -32,9 +34,11 @@ from paddle.base.dygraph.base import in_sot_simulation_mode, in_to_static_mode
 from paddle.base.framework import global_var
 from paddle.jit.dy2static import parameter_recorder
 from paddle.jit.dy2static.program_translator import ASTStaticFunction
+from paddle.jit.sot.opcode_translator import skip_files as _sot_skip_files
 from paddle.jit.sot.opcode_translator.executor.executor_cache import OpcodeExecutorCache
 from paddle.jit.sot.opcode_translator.executor.variables import callable as _sot_layers
 from paddle.jit.sot.symbolic import interpreter as sot_interpreter
+from paddle.jit.sot.utils.exceptions import BreakGraphError, ForceBreak
 from paddle.jit.sot.utils.utils import StepInfoManager, no_eval_frame
 
 from unihook.backend import HookDict, Site
@@ -66,6 +70,13 @@ _set_eval_frame = core.set_eval_frame  # (returns the callback it replaced)
 # the SOT step running, if any: paddle turns SOT's frame evaluation on only inside one
 # (`symbolic_translate`), on the thread running it (a singleton)
 _sot_steps = StepInfoManager()
+# SOT's frame evaluation skips frames of paddle's own files, and of the module of unihook's
+# hook tables (`HookDict`): a hooked layer's call, run in dygraph after the guard's graph break
+# (`guard_forward`), had its hook table translated again, and with MIN_GRAPH_SIZE=0 compiled,
+# which crashed on a `functools.partial` or bound-method hook, whose repr SOT's guard holds
+# (helper-67's attack; every recipe's hooks are such).
+_sot_skip_files.skip_file_names.add(os.path.abspath(inspect.getfile(HookDict)))
+_sot_skip_files.setup_skip_files()
 # (paddle 3.3.1's name, which SOT's `from_value` reads as it translates a layer's call;
 # pyright takes it for private)
 _SUPPORT_CHECK = "is_not_supported_paddle_layer"
@@ -182,29 +193,30 @@ def _guard(hooks: HookDict, kind: str) -> None:
         raise full_graph_error(kind, hooks.owner())
 
 
+# Raised as SOT simulates a hooked layer's hook table: a graph break, so that the layer's call
+# runs in dygraph, its hooks with eager's values, and SOT simulates none of unihook's code,
+# whose hook tables it cannot guard (a `functools.partial` hook crashed its guard with a
+# SyntaxError) and whose hooks' bodies it could not run (a recipe's call into pluggy crashed
+# it; helper-62's attack). (Raised in the guard itself: raised by a function it calls, SOT
+# passed it on to the caller, measured.)
+_BREAK_REASON = "unihook: a layer with hooks runs in dygraph"
+
+
 # `HookDict.guard`s, once per hooked call: in dygraph, one attribute read (paddle's own
-# in_dynamic_mode() without the call) and one call of in_sot_simulation_mode (False: SOT
-# folds it to True in code it simulates)
+# in_dynamic_mode() without the call) and one call of in_sot_simulation_mode (False; True
+# while SOT simulates the layer's call)
 def guard_forward_pre(hooks: HookDict) -> None:
     if global_var._dygraph_tracer_ is None:
         _guard(hooks, "forward_pre")
     elif in_sot_simulation_mode():
-        _outside_sot(_nothing)  # (see `_nothing`)
+        raise BreakGraphError(ForceBreak(reason_str=_BREAK_REASON))
 
 
 def guard_forward(hooks: HookDict) -> None:
     if global_var._dygraph_tracer_ is None:
         _guard(hooks, "forward")
     elif in_sot_simulation_mode():
-        _outside_sot(_nothing)
-
-
-def _nothing() -> None:
-    """Called from SOT's simulation of a hooked layer's hook table: a graph break, so that
-    the layer's call runs in dygraph, its hooks with eager's values, and SOT simulates none
-    of unihook's code, whose hook tables it cannot guard (a `functools.partial` hook crashed
-    its guard with a SyntaxError) and whose hooks' bodies it could not run (a recipe's call
-    into pluggy crashed it; helper-62's attack)."""
+        raise BreakGraphError(ForceBreak(reason_str=_BREAK_REASON))
 
 
 # paddle keeps no registry of its converted functions: those made before this module was
