@@ -10,7 +10,7 @@ GradientMonitor (or its documented behaviour: a module returning its input uncha
 out with a RuntimeWarning); under ``fullgraph=True`` an error naming unihook and fullgraph
 (README, Compilers), never dynamo's own complaint about a unihook internal.
 
-Generated cases (scripts not kept, ~260 compiled runs): global forward / forward-pre / full
+Generated cases (scripts not kept, ~320 compiled runs): global forward / forward-pre / full
 backward / full backward-pre hooks registered inside a compiled forward (from a unihook
 forward hook) and removed inside a later hook of the same forward, once and twice, at batch
 sizes 2, 3, 2 (a recompile), backends eager and aot_eager (36); registered and removed directly
@@ -26,9 +26,19 @@ pre x removed inside the compiled forward or not x dynamic None / True x eager /
 (64), inductor (2); `fullgraph=True` with a registration, a removal, `unihook.backends()`, a
 root pre-hook beside a global backward hook (10); global forward hooks changing every output
 (the aot_eager GraphModule's too) against torch's own global hook (6; torch's gives the same
-wrong gradients: not a finding). GradientMonitor (~60): nn.Identity, eval Dropout, in-place
-ReLU, `x.data.mul_`, in-place under no_grad, a `ctx.mark_dirty` Function, a clone, in a
-residual ``h + inner(h)``, eager / compiled eager / aot_eager, against native hooks;
+wrong gradients: not a finding); a unihook / torch backward hook or backward pre-hook on the
+OptimizedModule beside global hooks, `torch._dynamo.reset()` between calls or not, dynamic
+None / True (24; torch's own backward hook on the OptimizedModule never fires under compile,
+with or without unihook: not a finding); a global forward / backward hook registered and
+removed in every call of a compiled function, 12 calls at alternating batch sizes (24: eager's
+calls, no hook kept alive, torch's global hook dicts empty after); invalid registrations
+inside a compiled function (`backend="jax"`, a non-callable hook: eager's HookArgumentError)
+and `backend="paddle"` ones (4); the first unihook call of a process (`unihook.backends()`,
+a global and a per-module registration) inside a compiled function (3). GradientMonitor
+(~60): nn.Identity, eval Dropout, in-place ReLU, `x.data.mul_`, in-place under no_grad, a
+`ctx.mark_dirty` Function, a clone, in a residual ``h + inner(h)``, eager / compiled eager /
+aot_eager, against native hooks (an Identity inside a checkpoint, compiled, is left out
+as in eager; FINDING 1 also with the in-place op under no_grad);
 checkpoint (none, reentrant, non-reentrant) x compiled or not around an in-place ReLU, an
 in-place ``mul_`` and an Identity; a tensor made on one fresh thread and changed in place by a
 module on another fresh thread (12 counter offsets).
@@ -332,7 +342,11 @@ def native(which):
 def monitor(which, compiler):
     torch._dynamo.reset()
     m = Res(INNER[which]())
-    f = torch.compile(m, backend=compiler) if compiler else m
+    if compiler == "in_place":  # (Module.compile)
+        f = m
+        m.compile(backend="eager")
+    else:
+        f = torch.compile(m, backend=compiler) if compiler else m
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         with GradientMonitor(f) as g:
@@ -344,6 +358,7 @@ def monitor(which, compiler):
 out = {"native": {w: native(w) for w in ("identity", "dropout_eval", "data_write")}}
 for which in INNER:
     out[which] = [monitor(which, c) for c in (None, "eager", "aot_eager")]
+out["identity"].append(monitor("identity", "in_place"))
 
 
 # threads: h = w * 1.5, the first autograd op of a fresh thread (MulBackward0, sequence number
@@ -423,6 +438,7 @@ def _child(code: str) -> Any:
     [
         ("identity", "eager"),
         ("identity", "aot_eager"),
+        ("identity", "in_place"),
         ("dropout_eval", "eager"),
         ("data_write", "eager"),
         ("data_write", "aot_eager"),
@@ -434,13 +450,15 @@ def test_monitor_compiled_leaves_out_a_returned_input(which: str, compiler: str)
     GradientMonitor(f) as g: f(x)...backward()``. Eager: 'inner' left out with the
     RuntimeWarning (documented: its tensor's gradient sums every use of h). Compiled: 'inner'
     recorded as 3.92266 (lin's norm: both uses of h summed; native grad_output norm 1.96133),
-    no warning. Same for eval Dropout and ``x.data.mul_`` (eager and aot_eager; aot_eager's
-    eval Dropout happens to give 1.96133). `ops.change_mark` returns None while dynamo
+    no warning. Same with ``m.compile()``, inductor and ``every=2``, for eval Dropout and
+    ``x.data.mul_`` (eager and aot_eager; aot_eager's eval Dropout happens to give 1.96133)
+    and an in-place op under no_grad. `ops.change_mark` returns None while dynamo
     compiles, and `_returns_an_input` reads None as "may have changed": the output is hooked.
     Expected: eager's result (left out, warned) or the native grad_output norm, never the sum.
     """
     out = _child(MONITOR)
-    eager, compiled = out[which][0], out[which][1 if compiler == "eager" else 2]
+    column = ["eager", "aot_eager", "in_place"].index(compiler) + 1
+    eager, compiled = out[which][0], out[which][column]
     assert eager[1] == ["inner"] and "inner" not in eager[0]
     recorded, left = compiled
     assert "inner" in left or recorded.get("inner") == out["native"][which]["inner"]
