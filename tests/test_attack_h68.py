@@ -41,12 +41,16 @@ aot_eager, against native hooks (an Identity inside a checkpoint, compiled, is l
 as in eager; FINDING 1 also with the in-place op under no_grad);
 checkpoint (none, reentrant, non-reentrant) x compiled or not around an in-place ReLU, an
 in-place ``mul_`` and an Identity; a tensor made on one fresh thread and changed in place by a
-module on another fresh thread (12 counter offsets).
+module on another fresh thread (12 counter offsets). Threads (~20 runs): a compiled model's
+forward and backward on one thread while another registers and removes global hooks
+(unihook's, `backend=None` / `"torch"`, torch's own, none), forward-only with forward hooks.
 
 FINDINGS: 1 (GradientMonitor under torch.compile: a returned input's summed gradient recorded
 silently), 2 (GradientMonitor: an in-place change on another thread taken for a returned input),
 3, 4, 5 (fullgraph=True: dynamo's own errors about unihook internals, or unihook's reason for
-the wrong thing). HELD: everything else above; pinned below in a few tests.
+the wrong thing), 6 (a crash: global hooks registered and removed on one thread while a
+compiled model runs on another; not from 1dfd6d1: `forget_compiled` is older). HELD:
+everything else above; pinned below in a few tests.
 
 Every case runs in a child process (`children.run_code`): dynamo's caches stay out of the test
 process, and a crash fails one test.
@@ -418,6 +422,50 @@ print(out)
 """
 
 
+# a compiled model's forward and backward on one thread while another registers and removes
+# global hooks (each coming and going drops dynamo's compiled code: reset_code_caches)
+TORCH_THREADS = r"""
+import threading, time, warnings
+
+warnings.filterwarnings("ignore")
+import torch, torch._dynamo, unihook
+
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+f = torch.compile(m, backend="eager")
+x = torch.linspace(-1, 1, 6).reshape(2, 3)
+grads, churns, done = [], [0], threading.Event()
+
+
+def runner():
+    try:
+        for _ in range(30):
+            xx = x.clone().requires_grad_()
+            (f(xx) * torch.tensor([1.0, -2.0])).sum().backward()
+            grads.append(tuple(round(v, 5) for v in xx.grad.flatten().tolist()))
+    finally:
+        done.set()
+
+
+def churner():
+    while not done.is_set():
+        hs = [
+            unihook.register_module_full_backward_hook(lambda mod, gi, go: None, backend="torch"),
+            unihook.register_module_forward_pre_hook(lambda mod, a: None, backend="torch"),
+        ]
+        time.sleep(0.001)
+        for h in hs:
+            h.remove()
+        churns[0] += 1
+
+
+threads = [threading.Thread(target=runner), threading.Thread(target=churner)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print([len(grads), len(set(grads)), churns[0] > 0])
+"""
+
+
 @functools.cache
 def _child(code: str) -> Any:
     pytest.importorskip("torch")
@@ -599,3 +647,26 @@ def test_fullgraph_backends_error() -> None:
     Expected: it works (it only reads metadata), or the error names `unihook.backends()`."""
     error = _child(TORCH_FULLGRAPH)["backends"]
     assert error == "no error" or "backends()" in error
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="FINDING 6: a global hook registered and removed on one thread while a compiled "
+    "model runs on another: segfault / SIGFPE in torch._dynamo.reset_code_caches",
+)
+def test_global_hooks_churned_beside_a_compiled_model_on_another_thread() -> None:
+    """FINDING 6 (crash, high). Repro: ``f = torch.compile(m, backend="eager")``; thread A runs
+    30 ``f(x).sum().backward()``; thread B, until A ends, registers
+    ``unihook.register_module_full_backward_hook(g, backend="torch")`` and
+    ``unihook.register_module_forward_pre_hook(p, backend="torch")``, sleeps 1 ms, removes
+    both. Observed: the process dies, SIGSEGV (139) or SIGFPE (136), 9 of 9 runs;
+    faulthandler: B inside ``torch._dynamo.reset_code_caches`` (`_compile.forget_compiled`,
+    run by the registration and the removal: a global hook coming or going drops the compiled
+    code) while A runs the compiled frame. With forward hooks alone (no backward) it crashes
+    in about half the runs. The same churn of torch's own global hooks
+    (`torch.nn.modules.module.register_module_*`), or no churn: exit 0, 30 equal gradients.
+    README (Threads, Compilers) says nothing of it. Expected: no crash; 30 equal gradients."""
+    pytest.importorskip("torch")
+    done = run_code(TORCH_THREADS, timeout=120)
+    assert done.returncode == 0, done.returncode
+    assert last_value(done) == [30, 1, True]
