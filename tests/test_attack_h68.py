@@ -664,7 +664,9 @@ def test_global_hooks_churned_beside_a_compiled_model_on_another_thread() -> Non
     run by the registration and the removal: a global hook coming or going drops the compiled
     code) while A runs the compiled frame. With forward hooks alone (no backward) it crashes
     in about half the runs. The same churn of torch's own global hooks
-    (`torch.nn.modules.module.register_module_*`), or no churn: exit 0, 30 equal gradients.
+    (`torch.nn.modules.module.register_module_*`), also with ``reset_code_caches()`` called
+    beside each, or ``reset_code_caches()`` alone, or unihook's per-module hooks churned, or
+    no churn: exit 0, 30 equal gradients.
     README (Threads, Compilers) says nothing of it. Expected: no crash; 30 equal gradients."""
     pytest.importorskip("torch")
     done = run_code(TORCH_THREADS, timeout=120)
