@@ -24,10 +24,11 @@ None / True (12); 1dfd6d1 (a)'s matrix: a pre-hook / backward hook on the compil
 itself (unihook's, torch's, on the OptimizedModule) x global full backward / full backward
 pre x removed inside the compiled forward or not x dynamic None / True x eager / aot_eager
 (64), inductor (2); `fullgraph=True` with a registration, a removal, `unihook.backends()`, a
-root pre-hook beside a global backward hook (10); global forward hooks changing every output
-(the aot_eager GraphModule's too) against torch's own global hook (6; torch's gives the same
-wrong gradients: not a finding); a unihook / torch backward hook or backward pre-hook on the
-OptimizedModule beside global hooks, `torch._dynamo.reset()` between calls or not, dynamic
+root pre-hook beside a global backward hook, a registration after dynamo was first imported
+with no torch hook alive, module / global backward hooks then (13); global forward hooks
+changing every output (the aot_eager GraphModule's too) against torch's own global hook (6;
+torch's gives the same wrong gradients: not a finding); a unihook / torch backward hook or
+backward pre-hook on the OptimizedModule beside global hooks, `torch._dynamo.reset()` between calls or not, dynamic
 None / True (24; torch's own backward hook on the OptimizedModule never fires under compile,
 with or without unihook: not a finding); a global forward / backward hook registered and
 removed in every call of a compiled function, 12 calls at alternating batch sizes (24: eager's
@@ -43,12 +44,14 @@ checkpoint (none, reentrant, non-reentrant) x compiled or not around an in-place
 in-place ``mul_`` and an Identity; a tensor made on one fresh thread and changed in place by a
 module on another fresh thread (12 counter offsets). Threads (~20 runs): a compiled model's
 forward and backward on one thread while another registers and removes global hooks
-(unihook's, `backend=None` / `"torch"`, torch's own, none), forward-only with forward hooks.
+(unihook's, `backend=None` / `"torch"`, torch's own, none; unihook's per-module hooks;
+`reset_code_caches()` alone and beside torch's global hooks), forward-only with forward hooks,
+and at 1dfd6d1^ (FINDING 6 there too).
 
 FINDINGS: 1 (GradientMonitor under torch.compile: a returned input's summed gradient recorded
 silently), 2 (GradientMonitor: an in-place change on another thread taken for a returned input),
-3, 4, 5 (fullgraph=True: dynamo's own errors about unihook internals, or unihook's reason for
-the wrong thing), 6 (a crash: global hooks registered and removed on one thread while a
+3, 4, 5, 7 (fullgraph=True: dynamo's own errors about unihook internals, or unihook's reason
+for the wrong thing), 6 (a crash: global hooks registered and removed on one thread while a
 compiled model runs on another; not from 1dfd6d1: `forget_compiled` is older). HELD:
 everything else above; pinned below in a few tests.
 
@@ -202,7 +205,7 @@ def nested(compiler):
 out = {}
 for kind in REG:
     out["inside_" + kind] = [attempt(lambda c=c: inside(kind, c)) for c in (None, "eager")]
-for where in ("fwd", "bw", "gfwd"):
+for where in ("fwd", "bw"):
     out["raising_" + where] = [attempt(lambda c=c: raising(c, where)) for c in (None, "eager")]
 out["root"] = [attempt(lambda c=c: root(c, True)) for c in (None, "eager", "aot_eager")]
 out["nested"] = [attempt(lambda c=c: nested(c)) for c in (None, "eager")]
@@ -361,7 +364,8 @@ def monitor(which, compiler):
 
 out = {"native": {w: native(w) for w in ("identity", "dropout_eval", "data_write")}}
 for which in INNER:
-    out[which] = [monitor(which, c) for c in (None, "eager", "aot_eager")]
+    compilers = [None, "eager"] + ([] if which in ("dropout_eval", "scale_") else ["aot_eager"])
+    out[which] = [monitor(which, c) for c in compilers]
 out["identity"].append(monitor("identity", "in_place"))
 
 
@@ -466,6 +470,35 @@ print([len(grads), len(set(grads)), churns[0] > 0])
 """
 
 
+# a fresh process: a unihook torch hook placed and removed before torch.compile first imports
+# dynamo; then a global hook registered inside a fullgraph=True compiled function
+TORCH_LATE_DYNAMO = r"""
+import sys, warnings
+
+warnings.filterwarnings("ignore")
+import torch, unihook
+
+m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+unihook.register_forward_hook(m[0], lambda *a: None).remove()
+before = "torch._dynamo" in sys.modules
+hs = []
+
+
+def fn(x):
+    if not hs:
+        hs.append(unihook.register_module_forward_hook(lambda *a: None))
+    return m(x)
+
+
+try:
+    torch.compile(fn, backend="eager", fullgraph=True)(torch.ones(2, 3))
+    error = "no error"
+except Exception as e:
+    error = type(e).__name__ + ": " + str(e)
+print([before, error])
+"""
+
+
 @functools.cache
 def _child(code: str) -> Any:
     pytest.importorskip("torch")
@@ -514,13 +547,13 @@ def test_monitor_compiled_leaves_out_a_returned_input(which: str, compiler: str)
 
 def test_monitor_compiled_in_place_module_held() -> None:
     """HELD: a module changing its input in place (in-place ReLU, ``x.mul_(3)``), recorded by
-    autograd, is kept with eager's norms under torch.compile (eager and aot_eager), no
-    warning."""
+    autograd, is kept with eager's norms under torch.compile (eager; the in-place ReLU also
+    aot_eager), no warning."""
     out = _child(MONITOR)
     for which in ("relu_inplace", "scale_"):
-        eager, compiled, aot = out[which]
+        eager, *compiled = out[which]
         assert eager[1] == [] and "inner" in eager[0]
-        assert compiled == eager and aot == eager
+        assert compiled and all(c == eager for c in compiled)
 
 
 @pytest.mark.xfail(
@@ -559,9 +592,9 @@ def test_global_hook_registered_and_removed_inside_compiled_forward_held(kind: s
     assert compiled == eager
 
 
-@pytest.mark.parametrize("where", ["fwd", "bw", "gfwd"])
+@pytest.mark.parametrize("where", ["fwd", "bw"])
 def test_hook_raising_inside_compiled_forward_restores_state_held(where: str) -> None:
-    """HELD: a forward / full backward / global forward hook raising once inside the first
+    """HELD: a forward / full backward hook raising once inside the first
     compiled call, three global hooks alive: the error reaches the caller; the next compiled
     and eager calls, and both after every hook went, give eager's calls and gradients."""
     eager, compiled = _child(TORCH_HELD)["raising_" + where]
@@ -672,3 +705,24 @@ def test_global_hooks_churned_beside_a_compiled_model_on_another_thread() -> Non
     done = run_code(TORCH_THREADS, timeout=120)
     assert done.returncode == 0, done.returncode
     assert last_value(done) == [30, 1, True]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="FINDING 7: dynamo first imported after unihook's last torch hook went: a "
+    "registration inside a fullgraph=True function fails as 'function marked as skipped', "
+    "without unihook's reason",
+)
+def test_fullgraph_registration_error_when_dynamo_comes_after_the_last_hook() -> None:
+    """FINDING 7 (misleading error). Repro, a fresh process: ``unihook.register_forward_hook(
+    m[0], h).remove()`` (any torch hook placed and removed: a recipe run once), then
+    ``torch.compile(fn, backend="eager", fullgraph=True)(x)`` where ``fn`` registers
+    ``unihook.register_module_forward_hook(g)``. Observed: Unsupported "Attempted to call
+    function marked as skipped ... `_outside_dynamo`" (torch's lazy disable wrapper: the
+    reasons are given only when `_compile` is imported after dynamo, or dynamo imported while a
+    torch hook lives; `_compile.py`'s comment names the case). With dynamo imported first, or
+    a hook alive then: unihook's reason (HELD above). Expected: unihook's reason whatever the
+    import order."""
+    before, error = _child(TORCH_LATE_DYNAMO)
+    assert before is False
+    assert "unihook registers a global hook" in error
