@@ -11,39 +11,38 @@ out with a RuntimeWarning); under ``fullgraph=True`` an error naming unihook and
 (README, Compilers), never dynamo's own complaint about a unihook internal.
 
 Generated cases (scripts not kept, ~320 compiled runs): global forward / forward-pre / full
-backward / full backward-pre hooks registered inside a compiled forward (from a unihook
-forward hook) and removed inside a later hook of the same forward, once and twice, at batch
-sizes 2, 3, 2 (a recompile), backends eager and aot_eager (36); registered and removed directly
-in a compiled function, `backend=None` and `"torch"`, with a parameter registration hook
-(16, inductor 2); a hook raising inside a compiled forward (forward, forward-pre, backward,
-global forward) with three global hooks alive, then compiled and eager calls (12); a
-compiled function calling a hooked model, nested inside another compiled function (6);
-`m[0].compile()` / `m[2].compile()` with global and own backward hooks (3); own hooks on the
-OptimizedModule vs the inner module beside torch's own pre-hook and backward hook, dynamic
-None / True (12); 1dfd6d1 (a)'s matrix: a pre-hook / backward hook on the compiled module
-itself (unihook's, torch's, on the OptimizedModule) x global full backward / full backward
-pre x removed inside the compiled forward or not x dynamic None / True x eager / aot_eager
-(64), inductor (2); `fullgraph=True` with a registration, a removal, `unihook.backends()`, a
-root pre-hook beside a global backward hook, a registration after dynamo was first imported
-with no torch hook alive, module / global backward hooks then (13); global forward hooks
-changing every output (the aot_eager GraphModule's too) against torch's own global hook (6;
-torch's gives the same wrong gradients: not a finding); a unihook / torch backward hook or
-backward pre-hook on the OptimizedModule beside global hooks, `torch._dynamo.reset()` between calls or not, dynamic
-None / True (24; torch's own backward hook on the OptimizedModule never fires under compile,
-with or without unihook: not a finding); a global forward / backward hook registered and
-removed in every call of a compiled function, 12 calls at alternating batch sizes (24: eager's
-calls, no hook kept alive, torch's global hook dicts empty after); invalid registrations
-inside a compiled function (`backend="jax"`, a non-callable hook: eager's HookArgumentError)
-and `backend="paddle"` ones (4); the first unihook call of a process (`unihook.backends()`,
-a global and a per-module registration) inside a compiled function (3). GradientMonitor
-(~60): nn.Identity, eval Dropout, in-place ReLU, `x.data.mul_`, in-place under no_grad, a
-`ctx.mark_dirty` Function, a clone, in a residual ``h + inner(h)``, eager / compiled eager /
-aot_eager, against native hooks (an Identity inside a checkpoint, compiled, is left out
-as in eager; FINDING 1 also with the in-place op under no_grad);
-checkpoint (none, reentrant, non-reentrant) x compiled or not around an in-place ReLU, an
-in-place ``mul_`` and an Identity; a tensor made on one fresh thread and changed in place by a
-module on another fresh thread (12 counter offsets). Threads (~20 runs): a compiled model's
-forward and backward on one thread while another registers and removes global hooks
+backward / full backward-pre hooks registered inside a compiled forward (from a unihook forward
+hook) and removed inside a later hook of the same forward, once and twice, at batch sizes 2, 3,
+2 (a recompile), backends eager and aot_eager (36); registered and removed directly in a
+compiled function, `backend=None` and `"torch"`, with a parameter registration hook (16,
+inductor 2); a hook raising inside a compiled forward (forward, forward-pre, backward, global
+forward) with three global hooks alive, then compiled and eager calls (12); a compiled function
+calling a hooked model, nested inside another compiled function (6); `m[0].compile()` /
+`m[2].compile()` with global and own backward hooks (3); own hooks on the OptimizedModule vs the
+inner module beside torch's own pre-hook and backward hook, dynamic None / True (12); 1dfd6d1
+(a)'s matrix: a pre-hook / backward hook on the compiled module itself (unihook's, torch's, on
+the OptimizedModule) x global full backward / full backward pre x removed inside the compiled
+forward or not x dynamic None / True x eager / aot_eager (64), inductor (2); `fullgraph=True`
+with a registration, a removal, `unihook.backends()`, a root pre-hook beside a global backward
+hook, a registration after dynamo was first imported with no torch hook alive, module / global
+backward hooks then (13); global forward hooks changing every output (the aot_eager
+GraphModule's too) against torch's own global hook (6; torch's gives the same wrong gradients:
+not a finding); a unihook / torch backward hook or backward pre-hook on the OptimizedModule
+beside global hooks, `torch._dynamo.reset()` between calls or not, dynamic None / True (24;
+torch's own backward hook on the OptimizedModule never fires under compile, with or without
+unihook: not a finding); a global forward / backward hook registered and removed in every call
+of a compiled function, 12 calls at alternating batch sizes (24: eager's calls, no hook kept
+alive, torch's global hook dicts empty after); invalid registrations inside a compiled function
+(`backend="jax"`, a non-callable hook: eager's HookArgumentError) and `backend="paddle"` ones
+(4); the first unihook call of a process (`unihook.backends()`, a global and a per-module
+registration) inside a compiled function (3). GradientMonitor (~60): nn.Identity, eval Dropout,
+in-place ReLU, `x.data.mul_`, in-place under no_grad, a `ctx.mark_dirty` Function, a clone, in a
+residual ``h + inner(h)``, eager / compiled eager / aot_eager, against native hooks (an Identity
+inside a checkpoint, compiled, is left out as in eager; FINDING 1 also with the in-place op
+under no_grad); checkpoint (none, reentrant, non-reentrant) x compiled or not around an in-place
+ReLU, an in-place ``mul_`` and an Identity; a tensor made on one fresh thread and changed in
+place by a module on another fresh thread (12 counter offsets). Threads (~20 runs): a compiled
+model's forward and backward on one thread while another registers and removes global hooks
 (unihook's, `backend=None` / `"torch"`, torch's own, none; unihook's per-module hooks;
 `reset_code_caches()` alone and beside torch's global hooks), forward-only with forward hooks,
 and at 1dfd6d1^ (FINDING 6 there too).
