@@ -415,7 +415,10 @@ class TorchOps(Ops):
         # two threads may share a number: then a change is missed only if the types match.)
         # A leaf that requires grad has one history (0).
         if torch.compiler.is_compiling():
-            return None
+            # traced (a hook dynamo inlines): the traced tensor's counter, which moves with the
+            # traced in-place ops; its autograd history is not there to read (until 2026-11-30
+            # None, nothing told: the sum was reported, helper-68's attack)
+            return "traced", t._version
         node = t.grad_fn
         if node is None:
             return 0 if t.requires_grad else None
