@@ -685,13 +685,12 @@ def test_fullgraph_backends_error() -> None:
     assert error == "no error" or "backends()" in error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 6: a global hook registered and removed on one thread while a compiled "
-    "model runs on another: segfault / SIGFPE in torch._dynamo.reset_code_caches",
-)
 def test_global_hooks_churned_beside_a_compiled_model_on_another_thread() -> None:
-    """FINDING 6 (crash, high). Repro: ``f = torch.compile(m, backend="eager")``; thread A runs
+    """FINDING 6 (crash, high), FIXED: with other threads alive `forget_compiled` invalidates
+    the compiled frames (dynamo's `ExtraState.invalidate`, as when a guarded object dies)
+    instead of `reset_code_caches`, which frees what a thread checking their guards reads
+    (tests/test_compilers.py, `test_torch_global_hook_after_compiling_while_another_thread_lives`).
+    Repro: ``f = torch.compile(m, backend="eager")``; thread A runs
     30 ``f(x).sum().backward()``; thread B, until A ends, registers
     ``unihook.register_module_full_backward_hook(g, backend="torch")`` and
     ``unihook.register_module_forward_pre_hook(p, backend="torch")``, sleeps 1 ms, removes

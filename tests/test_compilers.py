@@ -618,6 +618,72 @@ def test_torch_module_compiled_in_place_before_global_hooks() -> None:
 
 # -- hooks dynamo met where it did not expect them (helper-62's FINDINGS 6 and 7) ---------------
 
+GLOBAL_BESIDE_THREADS = r"""
+import sys, threading, warnings
+
+warnings.filterwarnings("ignore")
+import torch, torch._dynamo, unihook
+
+KINDS = ("forward_pre", "forward", "full_backward_pre", "full_backward")
+resets = []  # unihook's resets (torch._dynamo.reset() makes one too)
+reset = torch._dynamo.reset_code_caches
+
+
+def counted():
+    resets.append(sys._getframe(1).f_globals["__name__"])
+    reset()
+
+
+torch._dynamo.reset_code_caches = counted
+idle, stop = threading.Thread(target=lambda: stop.wait()), threading.Event()
+idle.start()  # (alive: another thread might be running a compiled frame)
+
+
+def run(kind, compiled):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    f = torch.compile(m, backend="eager") if compiled else m
+    calls, rows = [], []
+
+    def hook(mod, *args):
+        calls.append(type(mod).__name__)
+        if kind == "forward" and isinstance(mod, torch.nn.Linear):
+            return args[-1] * 2
+
+    for step in range(5):  # compiled twice without the hook, once with it, twice after
+        if step == 2:
+            handle = getattr(unihook, f"register_module_{kind}_hook")(hook, backend="torch")
+        x = torch.linspace(-1, 1, 6).reshape(2, 3).requires_grad_()
+        calls.clear()
+        y = f(x)
+        y.sum().backward()
+        if step == 2:
+            handle.remove()
+        rows.append([[c for c in calls if c != "OptimizedModule"], round(float(x.grad.sum()), 5)])
+    return rows
+
+
+out = {kind: [run(kind, False), run(kind, True)] for kind in KINDS}
+stop.set()
+print([out, [name for name in resets if "unihook" in name]])
+"""
+
+
+@pytest.mark.parametrize("kind", ["forward_pre", "forward", "full_backward_pre", "full_backward"])
+def test_torch_global_hook_after_compiling_while_another_thread_lives(kind: str) -> None:
+    """With another thread alive a global hook coming or going invalidates the compiled frames
+    instead of dropping them (`torch._dynamo.reset_code_caches` crashed a thread running one
+    meanwhile: tests/test_attack_h68.py, FINDING 6): the next calls still give eager's calls
+    and gradients, the hook's and those after its removal."""
+    pytest.importorskip("torch")
+    out, resets = _child_value(GLOBAL_BESIDE_THREADS)
+    eager, compiled = out[kind]
+    assert eager[2][0] and not eager[3][0]
+    assert compiled == eager
+    assert resets == []
+
+
 ROOT_BESIDE_GLOBAL = r"""
 import warnings
 

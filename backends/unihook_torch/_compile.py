@@ -21,6 +21,7 @@ Three dynamo behaviours would silently skip them:
 from __future__ import annotations
 
 import sys
+import threading
 from functools import partial
 from itertools import count
 from typing import Any, Callable
@@ -52,6 +53,9 @@ def _outside_dynamo(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 # What dynamo says where a dispatcher breaks the graph: with fullgraph=True that is its error.
+# what dynamo says of a frame compiled before a hook came or went (`forget_compiled`)
+_FORGOTTEN = "unihook: a hook dynamo does not guard came or went since this frame was compiled"
+
 FULLGRAPH_REASON = (
     "unihook runs the dispatchers of module backward hooks (full_backward, full_backward_pre, "
     "and the global module_full_backward kinds) eagerly, with a graph break before and after "
@@ -202,10 +206,35 @@ def _unpatched_for_dynamo(dynamo: Any) -> None:
 
 
 def forget_compiled() -> None:
-    """Drop every frame dynamo compiled: the next call recompiles with the hooks as they are."""
+    """Drop every frame dynamo compiled: the next call recompiles with the hooks as they are.
+
+    ``torch._dynamo.reset_code_caches`` frees the cache entries, which crashed a thread running
+    a compiled frame meanwhile (its guards, calling into Python, let the resetting thread free
+    what it was reading). With other threads alive the entries are invalidated instead, as
+    dynamo does itself when an object a guard holds dies: kept, their guards failing from then
+    on. They still count towards ``recompile_limit``: beyond it dynamo runs that frame eagerly
+    (with its warning), as it does when torch's own global hooks come and go that often.
+    """
     dynamo = sys.modules.get("torch._dynamo")
-    if dynamo is not None:
+    if dynamo is None:
+        return
+    if threading.active_count() == 1:  # (only this thread could start another meanwhile)
         dynamo.reset_code_caches()
+        return
+    from torch._dynamo import convert_frame
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo.guards import DeletedGuardManagerWrapper
+
+    # (dynamo's lock: a frame compiling on another thread meanwhile is invalidated too)
+    with convert_frame.compile_lock:
+        for weak in (*convert_frame.input_codes.seen, *convert_frame.output_codes.seen):
+            code = weak()
+            for entry in () if code is None else _debug_get_cache_entry_list(code):
+                guards = entry.guard_manager
+                extra = getattr(guards, "extra_state", None)
+                if extra is not None and not isinstance(guards, DeletedGuardManagerWrapper):
+                    extra.invalidate(entry, DeletedGuardManagerWrapper(_FORGOTTEN))
+
 
 
 if "torch._dynamo" in sys.modules:
