@@ -559,14 +559,10 @@ def test_monitor_compiled_in_place_module_held() -> None:
         assert compiled and all(c == eager for c in compiled)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 2: GradientMonitor leaves out a module that changed its input in place "
-    "when the new grad node's sequence number and type equal the old one's (made on another "
-    "thread), with a RuntimeWarning saying it returned its input unchanged",
-)
 def test_monitor_in_place_on_another_thread() -> None:
-    """FINDING 2 (silent skip, misleading warning). Repro: thread A (fresh) makes ``h =
+    """FINDING 2 (silent skip, misleading warning), FIXED: torch's `change_mark` also holds
+    the sequence numbers of the nodes the grad node leads to (the in-place node leads to the
+    old one). Repro: thread A (fresh) makes ``h =
     torch.ones(2, 3, requires_grad=True) * 1.5`` (MulBackward0, sequence number 0: autograd's
     counter is per thread); thread B (fresh) runs ``with GradientMonitor(m): m(h)`` where
     ``m.inner`` returns ``x.mul_(2)`` (a new MulBackward0, sequence number 0 on B's counter).

@@ -411,8 +411,11 @@ class TorchOps(Ops):
         # whose gradient then still sums every use of the tensor (helper-67's attack). Named by
         # its sequence number and type, holding nothing (the node would keep its graph alive
         # where a Ctrl-C skipped the end of the call); not by id: a node's Python wrapper is
-        # made per read, and a new node's may take a freed one's address. (Two nodes made on
-        # two threads may share a number: then a change is missed only if the types match.)
+        # made per read, and a new node's may take a freed one's address. Sequence numbers
+        # count per thread: a tensor made on one thread and changed in place on another can
+        # get a node of its old node's number and type (an in-place op's twin: helper-68's
+        # attack), so the numbers of the nodes it leads to are in the mark too (the in-place
+        # node leads to the old one, which cannot lead to itself).
         # A leaf that requires grad has one history (0).
         if torch.compiler.is_compiling():
             # traced (a hook dynamo inlines): the traced tensor's counter, which moves with the
@@ -422,7 +425,8 @@ class TorchOps(Ops):
         node = t.grad_fn
         if node is None:
             return 0 if t.requires_grad else None
-        return node._sequence_nr(), type(node)
+        edges = tuple(None if n is None else n._sequence_nr() for n, _ in node.next_functions)
+        return node._sequence_nr(), type(node), edges
 
     def version(self, t: Any) -> int | None:
         if torch.compiler.is_compiling():  # a traced tensor's counter says nothing of the run's
