@@ -362,9 +362,15 @@ class GradientMonitor(Synced):
         which tell a module returning one unchanged (nn.Identity) from one that changed it in
         place (an in-place ReLU, whose output's gradient hook sees the gradient of the changed
         tensor only). Kept per thread and module until the call ends (`_after`)."""
-        self._versions.setdefault((get_ident(), name), []).append(
-            tuple(ops.change_mark(a, settled=True) if ops.is_tensor(a) else None for a in args)
-        )
+        marks: list[object] = []
+        settled = True  # (the first read settles the pipeline for the others)
+        for a in args:
+            if ops.is_tensor(a):
+                marks.append(ops.change_mark(a, settled=settled))
+                settled = False
+            else:
+                marks.append(None)
+        self._versions.setdefault((get_ident(), name), []).append(tuple(marks))
 
     def _after(self, module: Any, args: Any, output: Any, *, name: str) -> None:
         key = (get_ident(), name)
