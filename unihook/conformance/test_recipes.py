@@ -176,6 +176,47 @@ def test_gradient_monitor_of_a_module_returning_its_input(backend: Any) -> None:
         assert "norm" in monitor.history[-1]
 
 
+@pytest.mark.parametrize("passed", ["keyword", "list", "keyword_changed"])
+def test_gradient_monitor_of_a_module_returning_a_keyword_or_listed_input(
+    backend: Any, passed: str
+) -> None:
+    """A module given its input as a keyword argument (`norm(input=h)`) or in a list
+    (`norm([h])`) and returning it unchanged is left out with the RuntimeWarning, as for a
+    positional one (until 2026-12-01 only positional arguments were looked at: the sum of
+    every use of h was its norm, silently, helper-64's attack); changed in place
+    (`input[0] = 0.0`), it is recorded."""
+    model, weights = pre_norm_model(backend)
+    x = np.random.default_rng(8).normal(size=(5, 3)).astype(np.float32)
+
+    def returned(self: Any, input: Any) -> Any:
+        if passed == "list":
+            return input[0]
+        if passed == "keyword_changed":
+            input[0] = 0.0
+        return input
+
+    def forward(self: Any, x: Any) -> Any:
+        h = self.fc1(x)
+        kept = self.norm([h]) if passed == "list" else self.norm(input=h)
+        return self.head(h + self.fc2(kept))
+
+    children = dict(backend.named_modules(model)[1:])
+    children["norm"] = backend.module(returned)
+    model = backend.module(forward, children)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        with GradientMonitor(model) as monitor:
+            backend.backward(model(backend.tensor(x)).sum())
+    said = [str(w.message) for w in caught if "returned its input" in str(w.message)]
+    step = monitor.history[-1]
+    if passed == "keyword_changed":
+        assert "norm" in step and not said
+        return
+    assert "norm" not in step and said, (step, said)
+    dz = np.ones((5, 2)) @ weights["W2"].astype(np.float64)
+    assert np.isclose(step["fc1"], float(np.linalg.norm(dz + dz @ weights["W1"])), rtol=1e-5)
+
+
 def test_gradient_monitor_tells_a_returned_input_per_thread(backend: Any) -> None:
     """A module shared by two threads whose calls overlap: on thread A it changes its input in
     place and returns it (its gradient is its grad_output: recorded), on thread B it returns

@@ -3,6 +3,7 @@ first NaN/Inf."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import math
@@ -42,6 +43,9 @@ from ._shared import (
     stamp_of,
 )
 from .sinks import Writer, write_records
+
+# a call's argument change marks: the positional ones', and the others' by id (`_before`)
+_Marks = tuple[tuple[object, ...], "dict[int, object] | None"]
 
 __all__ = ["GradientMonitor", "NonFiniteGradientError"]
 
@@ -211,7 +215,7 @@ class GradientMonitor(Synced):
 
         # per thread and module, its running calls' arguments' change marks as they started
         # (`_before`; a module shared by threads has calls running on each at once)
-        self._versions: dict[tuple[int, str], list[tuple[object, ...]]] = {}
+        self._versions: dict[tuple[int, str], list[_Marks]] = {}
         # the modules seen returning an input as their output, unchanged (`_left_out`: said once)
         self._returning: set[str] = set()
 
@@ -220,7 +224,9 @@ class GradientMonitor(Synced):
             attached = attach(inner, self._record, where=where)
             self._names = attached.names
             group.extend(attached)
-            group.extend(attach(inner, self._before, kind="forward_pre", where=where))
+            group.extend(
+                attach(inner, self._before, kind="forward_pre", where=where, with_kwargs=True)
+            )
             # (after `_record`; also when the forward raised: a recursive call's inner call
             # must not leave its marks for the outer one)
             group.extend(attach(inner, self._after, where=where, always_call=True))
@@ -357,20 +363,28 @@ class GradientMonitor(Synced):
             self._log(step)
             self._merge(step, JOINED)
 
-    def _before(self, module: Any, args: Any, *, name: str) -> None:
+    def _before(self, module: Any, args: Any, kwargs: Any, *, name: str) -> None:
         """A call starts: its tensor arguments' change marks (their autograd histories),
         which tell a module returning one unchanged (nn.Identity) from one that changed it in
         place (an in-place ReLU, whose output's gradient hook sees the gradient of the changed
-        tensor only). Kept per thread and module until the call ends (`_after`)."""
+        tensor only). Kept per thread and module until the call ends (`_after`): positional
+        tensors by position, those in keyword arguments and containers (`forward(input=h)`,
+        `forward([h])`) by id (alive for the call: the call holds its arguments)."""
         marks: list[object] = []
+        nested: dict[int, object] | None = None
         settled = True  # (the first read settles the pipeline for the others)
         for a in args:
             if ops.is_tensor(a):
                 marks.append(ops.change_mark(a, settled=settled))
                 settled = False
-            else:
-                marks.append(None)
-        self._versions.setdefault((get_ident(), name), []).append(tuple(marks))
+                continue
+            marks.append(None)
+            if isinstance(a, (list, tuple, dict)) or dataclasses.is_dataclass(a):
+                nested = _marks_by_id(ops.tensors_in(a, like=module), nested, settled)
+                settled = settled and not nested
+        if kwargs:
+            nested = _marks_by_id(ops.tensors_in(kwargs, like=module), nested, settled)
+        self._versions.setdefault((get_ident(), name), []).append((tuple(marks), nested))
 
     def _after(self, module: Any, args: Any, output: Any, *, name: str) -> None:
         key = (get_ident(), name)
@@ -382,7 +396,7 @@ class GradientMonitor(Synced):
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
         stack = self._versions.get((get_ident(), name))
-        versions = stack[-1] if stack else ()
+        versions, nested = stack[-1] if stack else ((), None)
         # (in backward: a part of the model recomputed by a checkpoint; a reentrant one's
         # outputs are those the gradients come through, a non-reentrant one's get none; of a
         # forward `every` skipped when the hooks were placed ahead for the next one)
@@ -393,7 +407,7 @@ class GradientMonitor(Synced):
         if step.world is not None:
             call = step.calls[name] = step.calls.get(name, -1) + 1
         tensors = tensors_of(output, module)
-        if _returns_an_input(tensors, args, versions):  # (that call only: said once)
+        if _returns_an_input(tensors, args, versions, nested):  # (that call only: said once)
             self._left_out(name)
             return
         for position, tensor in enumerate(tensors):
@@ -637,18 +651,42 @@ class GradientMonitor(Synced):
         return plot(monitor=self, path=path, all_ranks=all_ranks)
 
 
-def _returns_an_input(tensors: Sequence[Any], args: Any, versions: Sequence[object]) -> bool:
-    """Whether one of a module call's output tensors is one of its positional arguments, not
-    changed in place by the call (`versions`: their change marks as the call started; where
-    the backend tells none, it may have been: the tensor's hook then sees the gradient of the
-    changed tensor, its grad_output, as for an in-place ReLU)."""
+def _returns_an_input(
+    tensors: Sequence[Any],
+    args: Any,
+    versions: Sequence[object],
+    nested: dict[int, object] | None,
+) -> bool:
+    """Whether one of a module call's output tensors is one of its arguments (`args`, the
+    positional ones; `nested`: the others' change marks by id), not changed in place by the
+    call (`versions`: their change marks as the call started; where the backend tells none,
+    it may have been: the tensor's hook then sees the gradient of the changed tensor, its
+    grad_output, as for an in-place ReLU)."""
     for tensor in tensors:
+        before = None
         for i, arg in enumerate(args):
             if tensor is arg:
                 before = versions[i] if i < len(versions) else None
-                if before is not None and before == ops.change_mark(tensor, settled=True):
-                    return True
+                break
+        else:
+            if nested:
+                before = nested.get(id(tensor))
+        if before is not None and before == ops.change_mark(tensor, settled=True):
+            return True
     return False
+
+
+def _marks_by_id(
+    tensors: Sequence[Any], marks: dict[int, object] | None, settled: bool
+) -> dict[int, object] | None:
+    """`marks` with the change marks of `tensors` added by id (`settled`: the first read
+    settles the pipeline)."""
+    for t in tensors:
+        if marks is None:
+            marks = {}
+        marks[id(t)] = ops.change_mark(t, settled=settled)
+        settled = False
+    return marks
 
 
 def _merged_order(places: Any, names: list[str]) -> list[str]:
