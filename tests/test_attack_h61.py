@@ -294,13 +294,9 @@ def test_mindspore_monitor_every_n_skips_evaluations(ms_run: dict[str, Any]) -> 
         assert logged == pytest.approx([every_step[i] for i in (0, 2, 4)], rel=1e-6), name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="MindSpore's Cell.recompute(): ActivationStats counts the recomputation in backward "
-    "as a forward call, GradientMonitor logs no norm for the recomputed cells",
-)
 def test_mindspore_recomputed_cells(ms_run: dict[str, Any]) -> None:
-    # Repro (MindSpore, PyNative): a -> b -> c with b = SequentialCell(Dense, ReLU) and
+    # FIXED (2026-12-01): MindSporeOps.in_backward reads the autodiff engine's id
+    # (tests/test_mindspore_native.py::test_recipes_on_a_recomputed_cell). Repro (MindSpore, PyNative): a -> b -> c with b = SequentialCell(Dense, ReLU) and
     # b.recompute(); ActivationStats and GradientMonitor on the model; one value_and_grad step.
     # ActivationStats calls: b.0 2, b.1 2 (every other cell 1): the recomputation in backward
     # is recorded as a second call (`ops.in_backward` is False by default; MindSporeOps does

@@ -1636,3 +1636,35 @@ def test_an_input_returned_as_it_was_then_overwritten_from_a_detached_value_is_r
         return a.sum() + (y * y).sum()
 
     _zeros_then_refused(fn, x, kind, ident)
+
+
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_recipes_on_a_recomputed_cell(reentrant: bool) -> None:
+    """`Cell.recompute()` runs the cell again inside the backward, as torch's checkpoint:
+    ActivationStats counts each cell once per forward and GradientMonitor reports the norms
+    of the same model without recomputation (until 2026-12-01 `ops.in_backward` was always
+    False on MindSpore: the recomputation counted as a second call and the recomputed cells'
+    norms were missing, helper-61's attack)."""
+    from unihook.recipes import ActivationStats, GradientMonitor
+
+    def model(recompute: bool) -> Any:
+        ms.set_seed(3)
+        body = ms.nn.SequentialCell([ms.nn.Dense(3, 4), ms.nn.ReLU()])
+        if recompute:
+            body.recompute(use_reentrant=reentrant)
+        return ms.nn.SequentialCell([ms.nn.Dense(3, 3), body, ms.nn.Dense(4, 2)])
+
+    x = ms.Tensor(np.linspace(-1, 1, 15, dtype=np.float32).reshape(5, 3))
+    results = []
+    for recompute in (False, True):
+        net = model(recompute)
+        step = ms.value_and_grad(lambda t, n=net: (n(t) ** 2).sum(), None, net.trainable_params())
+        with ActivationStats(net) as stats, GradientMonitor(net) as monitor:
+            step(x)
+        calls = {row["name"]: row["calls"] for row in stats.rows()}
+        results.append((calls, dict(monitor.history[-1])))
+    (plain_calls, plain_norms), (calls, norms) = results
+    assert set(calls.values()) == {1} and calls == plain_calls
+    assert sorted(norms) == sorted(plain_norms) and "1.0" in norms
+    for name, norm in plain_norms.items():
+        assert norms[name] == pytest.approx(norm, rel=1e-5), name

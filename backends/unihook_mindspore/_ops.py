@@ -225,6 +225,11 @@ class MindSporeOps(Ops):
         node = getattr(t, "_grad_node", None)
         return None if node is None else node._unique_id()
 
+    def in_backward(self, like: Any) -> bool:
+        # the autodiff engine this thread runs, -1 outside one: a cell recomputed in the
+        # backward (`Cell.recompute()`, reentrant or not) runs inside it, as torch's checkpoint
+        return bool(_pynative_executor.get_current_autodiff_engine_id() != -1)
+
     def version(self, t: Any) -> int | None:
         # None: capture copies every value. Tensor._version counts the in-place ops autograd
         # records (copy_) and views share it, but the alias a module backward hook's identity
