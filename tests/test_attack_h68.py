@@ -50,8 +50,8 @@ and at 1dfd6d1^ (FINDING 6 there too).
 FINDINGS: 1 (GradientMonitor under torch.compile: a returned input's summed gradient recorded
 silently), 2 (GradientMonitor: an in-place change on another thread taken for a returned input),
 3, 4, 5, 7 (fullgraph=True: dynamo's own errors about unihook internals, or unihook's reason
-for the wrong thing), 6 (a crash: global hooks registered and removed on one thread while a
-compiled model runs on another; not from 1dfd6d1: `forget_compiled` is older). HELD:
+for the wrong thing; FIXED by helper-69), 6 (a crash: global hooks registered and removed on one
+thread while a compiled model runs on another; not from 1dfd6d1: `forget_compiled` is older). HELD:
 everything else above; pinned below in a few tests.
 
 Every case runs in a child process (`children.run_code`): dynamo's caches stay out of the test
@@ -624,14 +624,11 @@ def test_fullgraph_registration_error_names_unihook_held() -> None:
     assert error.startswith("Unsupported") and "unihook registers a global hook" in error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 3: fullgraph=True with a pre-hook on the compiled module and a global "
-    "backward hook: dynamo's 'Unsupported context manager RegistryLock', not unihook's reason",
-)
 @pytest.mark.parametrize("kind", ["unihook", "torch"])
 def test_fullgraph_root_pre_hook_beside_global_backward_hook(kind: str) -> None:
-    """FINDING 3 (misleading error). Repro: ``m = Sequential(Linear, ReLU, Linear)``,
+    """FINDING 3 (misleading error), FIXED: `_pin_dispatchers` runs outside dynamo while it
+    traces (`_compile._dispatch_outside`, the dispatchers' own way out, with their reason).
+    Repro: ``m = Sequential(Linear, ReLU, Linear)``,
     ``m.register_forward_pre_hook(h)`` (or unihook's), ``unihook.register_module_full_backward_
     hook(g)``, ``torch.compile(m, backend="eager", fullgraph=True)(x)``. Observed: Unsupported
     "Unsupported context manager: Dynamo does not know how to enter a `RegistryLock` context
@@ -644,14 +641,12 @@ def test_fullgraph_root_pre_hook_beside_global_backward_hook(kind: str) -> None:
     assert "unihook runs the dispatchers" in error and "fullgraph" in error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 4: a unihook handle removed inside a fullgraph=True compiled function: "
-    "dynamo's 'Unsupported context manager lock' (Handle._removing), no unihook reason",
-)
 @pytest.mark.parametrize("kind", ["global", "module"])
 def test_fullgraph_removal_error_names_unihook(kind: str) -> None:
-    """FINDING 4 (misleading error). Repro: ``h = unihook.register_module_forward_hook(g)``
+    """FINDING 4 (misleading error), FIXED: `Handle.remove` runs through the compiler escapes
+    (`_plugins.escaped`, "removal"), torch's with its own reason ("unihook removes a hook
+    (Handle.remove) ... fullgraph=True cannot take that removal"). Repro: ``h =
+    unihook.register_module_forward_hook(g)``
     (or a per-module forward hook); ``def fn(x): h.remove(); return m(x)``;
     ``torch.compile(fn, backend="eager", fullgraph=True)(x)``. Observed: Unsupported
     "Unsupported context manager ... Dynamo does not know how to enter a `lock` context
@@ -665,14 +660,11 @@ def test_fullgraph_removal_error_names_unihook(kind: str) -> None:
     assert "fullgraph" in error.split("\n")[1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 5: unihook.backends() inside a fullgraph=True compiled function: the error "
-    "says unihook 'registers a global hook', which the program never did",
-)
 def test_fullgraph_backends_error() -> None:
-    """FINDING 5 (misleading error, low). Repro: ``def fn(x): unihook.backends(); return x *
-    2``; ``torch.compile(fn, backend="eager", fullgraph=True)(x)``. Observed: Unsupported with
+    """FINDING 5 (misleading error, low), FIXED: the escape is told what it runs; the error
+    names `unihook.backends()` (its metadata read stays outside dynamo). Repro: ``def fn(x):
+    unihook.backends(); return x * 2``; ``torch.compile(fn, backend="eager",
+    fullgraph=True)(x)``. Observed: Unsupported with
     the registration's reason ("unihook registers a global hook made inside a compiled function
     outside dynamo ... register the hook before calling the compiled function"): 1dfd6d1 runs
     `backends()` through the same escape. Without fullgraph it works (['paddle', 'torch']).
@@ -705,14 +697,10 @@ def test_global_hooks_churned_beside_a_compiled_model_on_another_thread() -> Non
     assert last_value(done) == [30, 1, True]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 7: dynamo first imported after unihook's last torch hook went: a "
-    "registration inside a fullgraph=True function fails as 'function marked as skipped', "
-    "without unihook's reason",
-)
 def test_fullgraph_registration_error_when_dynamo_comes_after_the_last_hook() -> None:
-    """FINDING 7 (misleading error). Repro, a fresh process: ``unihook.register_forward_hook(
+    """FINDING 7 (misleading error), FIXED: torch's lazy ways out of dynamo (used until dynamo is
+    imported while a torch hook lives) carry dynamo's disable marks with the reason
+    (`_compile._lazy`). Repro, a fresh process: ``unihook.register_forward_hook(
     m[0], h).remove()`` (any torch hook placed and removed: a recipe run once), then
     ``torch.compile(fn, backend="eager", fullgraph=True)(x)`` where ``fn`` registers
     ``unihook.register_module_forward_hook(g)``. Observed: Unsupported "Attempted to call

@@ -877,3 +877,144 @@ def test_torch_fullgraph_global_hook_registered_inside_raises_naming_the_reason(
     name, runtime, message = last_value(run_code(GLOBAL_INSIDE_FULLGRAPH))
     assert name == "Unsupported" and runtime
     assert "unihook registers a global hook" in message and "fullgraph=True" in message, message
+
+
+FULLGRAPH_ESCAPES = r"""
+import sys, warnings
+
+warnings.filterwarnings("ignore")
+import torch
+
+if not LATE:
+    import torch._dynamo
+import unihook
+
+names = [b.name for b in unihook.backends() if b.installed]
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+if LATE:  # a torch hook placed and removed before dynamo is first imported
+    unihook.register_forward_hook(m[0], lambda *a: None).remove()
+    out = {"dynamo_before": "torch._dynamo" in sys.modules}
+else:
+    out = {}
+x = torch.ones(2, 3)
+
+
+def compiled(fn, fullgraph=True):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(fn, backend="eager", fullgraph=fullgraph)(x)
+        return None
+    except Exception as error:  # (dynamo's Unsupported: its explanation line)
+        lines = str(error).split("\n")
+        return [type(error).__name__, isinstance(error, RuntimeError), lines[1]]
+
+
+def removal(kind, fullgraph=True):
+    if kind == "global":
+        h = unihook.register_module_forward_hook(lambda *a: calls.append(1))
+    else:
+        h = unihook.register_forward_hook(m[2], lambda *a: calls.append(1))
+    calls = []
+
+    def fn(x):
+        h.remove()
+        return m(x)
+
+    try:
+        return [compiled(fn, fullgraph), h.removed, calls]
+    finally:
+        h.remove()
+
+
+def registration(x):
+    unihook.register_module_forward_hook(lambda *a: None).remove()
+    return x * 2
+
+
+def backends(x):
+    backends.names = [b.name for b in unihook.backends() if b.installed]
+    return x * 2
+
+
+def root_pre(kind):
+    # a pre-hook on the compiled module itself beside a global backward hook
+    if kind == "torch":
+        h = m.register_forward_pre_hook(lambda *a: None)
+    else:
+        h = unihook.register_forward_pre_hook(m, lambda *a: None)
+    g = unihook.register_module_full_backward_hook(lambda *a: None)
+    try:
+        return compiled(m)
+    finally:
+        h.remove(), g.remove()
+
+
+out["registration"] = compiled(registration)
+out["removal_global"] = removal("global")
+out["removal_module"] = removal("module")
+out["backends"] = compiled(backends)
+if not LATE:
+    out["root_pre_torch"] = root_pre("torch")
+    out["root_pre_unihook"] = root_pre("unihook")
+    # without fullgraph each runs outside dynamo, as in eager
+    out["removal_global_graph_break"] = removal("global", False)
+    out["removal_module_graph_break"] = removal("module", False)
+    backends.names = None
+    out["backends_graph_break"] = [compiled(backends, False), backends.names == names]
+print(repr(out))
+"""
+
+
+@functools.cache
+def _fullgraph_escapes(late: bool) -> dict[str, Any]:
+    from children import last_value, run_code
+
+    return last_value(run_code(f"LATE = {late}\n" + FULLGRAPH_ESCAPES, timeout=300))
+
+
+FULLGRAPH_REASONS = {
+    "registration": "unihook registers a global hook",
+    "removal_global": "unihook removes a hook",
+    "removal_module": "unihook removes a hook",
+    "backends": "unihook.backends() reads the installed packages",
+    "root_pre_torch": "unihook runs the dispatchers",
+    "root_pre_unihook": "unihook runs the dispatchers",
+}
+
+
+@pytest.mark.parametrize(
+    ("late", "case"),
+    [(False, case) for case in FULLGRAPH_REASONS]
+    # (a global backward hook keeps a torch hook alive: no root_pre case there)
+    + [(True, case) for case in FULLGRAPH_REASONS if not case.startswith("root_pre")],
+    ids=lambda v: {False: "dynamo_first", True: "dynamo_after_last_hook"}.get(v, v),
+)
+def test_torch_fullgraph_errors_name_what_unihook_does(late: bool, case: str) -> None:
+    """Under fullgraph=True whatever unihook runs outside dynamo fails with dynamo's
+    `Unsupported` (a RuntimeError) giving unihook's reason for that very thing: a global
+    registration, a handle's removal (was: dynamo's "Unsupported context manager lock"),
+    `unihook.backends()` (was: the registration's reason), a pre-hook on the compiled module
+    beside a global backward hook (was: "Unsupported context manager RegistryLock"); also when
+    dynamo is first imported after unihook's last torch hook went (was: "function marked as
+    skipped"). helper-68's FINDINGS 3, 4, 5, 7."""
+    pytest.importorskip("torch")
+    out = _fullgraph_escapes(late)
+    assert out.get("dynamo_before", False) is False
+    got = out[case][0] if case.startswith("removal") else out[case]
+    assert got[:2] == ["Unsupported", True], got
+    assert FULLGRAPH_REASONS[case] in got[2] and "fullgraph=True" in got[2], got
+    if case.startswith("removal"):
+        assert out[case][1:] == [False, []], out[case]  # (the trace failed: nothing ran)
+
+
+def test_torch_removal_and_backends_inside_a_compiled_function_without_fullgraph() -> None:
+    """Without fullgraph a handle removed inside a compiled function, and `unihook.backends()`
+    there, run outside dynamo (a graph break), as in eager."""
+    pytest.importorskip("torch")
+    out = _fullgraph_escapes(False)
+    assert out["removal_global_graph_break"] == [None, True, []]
+    assert out["removal_module_graph_break"] == [None, True, []]
+    assert out["backends_graph_break"] == [None, True]

@@ -12,9 +12,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DISABLE_ENV",
+    "ESCAPED",
     "add_compiler_escape",
     "call_owner",
     "disabled_backends",
+    "escaped",
     "outside_compilers",
     "plugin_manager",
 ]
@@ -88,26 +90,38 @@ def call_owner(hook_name: str, target: object, **kwargs: Any) -> Any:
 
 
 # Each backend's escape from its framework's compiler (`add_compiler_escape`).
-_escapes: list[Callable[[Callable[[], Any]], Any]] = []
+_escapes: list[Callable[[Callable[[], Any], str], Any]] = []
+
+#: What runs through the escapes (`outside_compilers`), named for the error a compiler that
+#: cannot take a graph break (torch.compile's fullgraph=True) raises there.
+ESCAPED = ("registration", "removal", "backends")
 
 
-def add_compiler_escape(escape: Callable[[Callable[[], T]], T]) -> None:
-    """Make registrations of global hooks (and `unihook.backends()`) run through `escape`:
-    `escape(call)` returns `call()`, run outside the backend's framework compiler while that
-    traces Python (torch.compile's dynamo), plainly otherwise. A registration made inside a
-    compiled function is no part of its graph: traced, it would read the installed packages'
-    metadata at trace time and change process-wide state as a traced side effect. Called by
-    a backend when it is loaded; once per escape."""
+def add_compiler_escape(escape: Callable[[Callable[[], T], str], T]) -> None:
+    """Make registrations of global hooks, removals of hooks and `unihook.backends()` run
+    through `escape`: `escape(call, doing)` returns `call()`, run outside the backend's
+    framework compiler while that traces Python (torch.compile's dynamo), plainly otherwise.
+    `doing` is one of `ESCAPED` ("registration", "removal", "backends"): what the error says
+    where the compiler cannot leave its graph there (torch.compile(fullgraph=True)). A
+    registration made inside a compiled function is no part of its graph: traced, it would
+    read the installed packages' metadata at trace time and change process-wide state as a
+    traced side effect. Called by a backend when it is loaded; once per escape."""
     if escape not in _escapes:
         _escapes.append(escape)
 
 
-def outside_compilers(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`fn(*args, **kwargs)` through every backend's escape (`add_compiler_escape`)."""
+def outside_compilers(doing: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` through every backend's escape (`add_compiler_escape`); `doing`
+    is one of `ESCAPED`."""
     plugin_manager()  # (the backends add their escapes when loaded)
-    call: Callable[[], T] = partial(fn, *args, **kwargs)
+    return escaped(doing, partial(fn, *args, **kwargs))
+
+
+def escaped(doing: str, call: Callable[[], T]) -> T:
+    """`call()` through the escapes of the backends loaded so far (a hook's removal: its
+    backend is loaded)."""
     for escape in _escapes:
-        call = partial(escape, call)
+        call = partial(escape, call, doing)
     return call()
 
 

@@ -51,7 +51,7 @@ def backends() -> list[BackendInfo]:
     hook kind whether it is native, emulated or unsupported (every kind is unsupported when
     the framework is not installed)."""
     # (called inside a compiled function: the installed packages are read outside it)
-    return outside_compilers(_backends)
+    return outside_compilers("backends", _backends)
 
 
 def _backends() -> list[BackendInfo]:

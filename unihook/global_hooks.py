@@ -11,7 +11,7 @@ from typing import Any, Callable, Literal, overload
 from ._describe import Site
 from ._locks import Collecting, held_here, inside_registration, registering, undo
 from ._plugins import outside_compilers, plugin_manager
-from .api import _no_backend_hint, _short, backends
+from .api import _backends, _no_backend_hint, _short
 from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
 from .handles import Handle
 from .hooktypes import (
@@ -125,7 +125,8 @@ def _register(
     with_kwargs: bool = False,
     always_call: bool = False,
 ) -> Handle:
-    infos = backends()
+    # (the installed packages read outside a compiler tracing this: part of the registration)
+    infos = outside_compilers("registration", _backends)
     installed = [info.name for info in infos if info.installed]
     site = Site(global_label(kind), backend or ",".join(installed) or "none", "every module")
     if not callable(hook):
@@ -144,7 +145,7 @@ def _register(
         registering.steps = steps
         # (made inside a compiled function, it runs outside the compiler: add_compiler_escape)
         handle = outside_compilers(
-            _in_backends, kind, hook, backend, with_kwargs, always_call, site, infos
+            "registration", _in_backends, kind, hook, backend, with_kwargs, always_call, site, infos
         )
         registering.steps = outer
         if isinstance(outer, Collecting):  # (undone with attach's, if that one is)

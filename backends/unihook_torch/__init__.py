@@ -48,15 +48,16 @@ def _owns(obj: object) -> bool:
     return True
 
 
-def _outside_compiler(call: Callable[[], Any]) -> Any:
+def _outside_compiler(call: Callable[[], Any], doing: str) -> Any:
     """torch.compile: a global hook registered inside a compiled forward is registered outside
     dynamo (see `add_compiler_escape`; dynamo folds `importlib.metadata.version` at trace
-    time, and fails on a package that is not installed). Without torch nothing compiles."""
+    time, and fails on a package that is not installed), and so is a hook removed there, or
+    `unihook.backends()` called there. Without torch nothing compiles."""
     torch = _torch()
     if torch is not None and torch.compiler.is_dynamo_compiling():
         from ._compile import outside_compiler
 
-        return outside_compiler(call)
+        return outside_compiler(call, doing)
     return call()
 
 

@@ -64,36 +64,67 @@ FULLGRAPH_REASON = (
 )
 
 
-# ... and where a global hook registered inside a compiled function breaks it
-REGISTRATION_REASON = (
-    "unihook registers a global hook made inside a compiled function outside dynamo, with a "
-    "graph break: torch.compile(fullgraph=True) cannot take that registration; register the "
-    "hook before calling the compiled function, or compile without fullgraph"
-)
+# ... and where unihook leaves dynamo for the rest (`outside_compiler`: `add_compiler_escape`)
+ESCAPE_REASONS = {
+    "registration": (
+        "unihook registers a global hook made inside a compiled function outside dynamo, with "
+        "a graph break: torch.compile(fullgraph=True) cannot take that registration; register "
+        "the hook before calling the compiled function, or compile without fullgraph"
+    ),
+    "removal": (
+        "unihook removes a hook (Handle.remove) inside a compiled function outside dynamo, "
+        "with a graph break: torch.compile(fullgraph=True) cannot take that removal; remove "
+        "the hook before or after calling the compiled function, or compile without fullgraph"
+    ),
+    "backends": (
+        "unihook.backends() reads the installed packages outside dynamo, with a graph break: "
+        "torch.compile(fullgraph=True) cannot take that call; call unihook.backends() before "
+        "calling the compiled function, or compile without fullgraph"
+    ),
+}
+REGISTRATION_REASON = ESCAPE_REASONS["registration"]
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
-# The dispatchers' way out of dynamo: `_outside_dynamo` until dynamo is imported, then a
-# `torch._dynamo.disable` of its own, which dynamo sees directly (not through torch's lazy
-# wrapper, which it reports as "function marked as skipped") and whose reason it prints.
-_dispatch_outside: Callable[..., Any] = _outside_dynamo
-# the same for a registration inside a compiled function (`outside_compiler`)
-_register_outside: Callable[..., Any] = _outside_dynamo
+def _lazy(reason: str) -> Callable[..., Any]:
+    """`_call` outside dynamo, importing dynamo only when called (`_outside_dynamo`), marked as
+    a `torch._dynamo.disable` wrapper is: dynamo reads those marks on any function it would
+    call or inline, and gives the reason where it breaks the graph (else it calls torch's lazy
+    wrapper a "function marked as skipped")."""
+    run: Any = torch._disable_dynamo(_call)  # pyright: ignore[reportPrivateImportUsage]
+    run._torchdynamo_disable = True
+    run._torchdynamo_disable_msg = reason
+    return run
+
+
+# The ways out of dynamo, each with its reason: lazy ones (`_lazy`) until dynamo is imported
+# while unihook has a torch hook, then `torch._dynamo.disable`s of their own, which dynamo
+# calls directly (`_give_reason`). The dispatchers' ...
+_dispatch_outside: Callable[..., Any] = _lazy(FULLGRAPH_REASON)
+# ... and `outside_compiler`'s, by what it does (a registration, a removal, backends())
+_escape_outside: dict[str, Callable[..., Any]] = {
+    doing: _lazy(reason) for doing, reason in ESCAPE_REASONS.items()
+}
+_reasons_given = False
 
 
 def _give_reason(dynamo: Any) -> None:
-    global _dispatch_outside, _register_outside
+    global _dispatch_outside, _escape_outside, _reasons_given
     _dispatch_outside = dynamo.disable(_call, reason=FULLGRAPH_REASON)
-    _register_outside = dynamo.disable(_call, reason=REGISTRATION_REASON)
+    _escape_outside = {
+        doing: dynamo.disable(_call, reason=reason) for doing, reason in ESCAPE_REASONS.items()
+    }
+    _reasons_given = True
 
 
-def outside_compiler(call: Callable[[], Any]) -> Any:
+def outside_compiler(call: Callable[[], Any], doing: str) -> Any:
     """`call()` outside dynamo: the torch backend's escape (`add_compiler_escape`), taken
-    while dynamo traces (a global hook registered inside a compiled forward)."""
-    return _register_outside(call)
+    while dynamo traces (a global hook registered inside a compiled forward, a hook removed
+    there, `unihook.backends()` there)."""
+    return _escape_outside.get(doing, _escape_outside["registration"])(call)
 
 
 def outside_dynamo(fn: Callable[[], None]) -> Callable[[], None]:
@@ -171,7 +202,7 @@ def watch_hooks() -> Callable[[], None]:
     undo_if_unfinished(release)
     with _lock, _lock.mutex:
         _watching.add(token)
-        if _dispatch_outside is _outside_dynamo and _cancel_reason is None:
+        if not _reasons_given and _cancel_reason is None:
             # (the cancel first, then what it cancels)
             _cancel_reason = partial(cancel_when_imported, "torch._dynamo", _give_reason)
             when_imported("torch._dynamo", _give_reason)
@@ -239,7 +270,7 @@ def forget_compiled() -> None:
 
 if "torch._dynamo" in sys.modules:
     # Imported after dynamo (the first torch hook, registered inside a compiled forward): the
-    # reasons now. (Else `watch_hooks` gives them when dynamo is imported while a torch hook
-    # lives; imported after the last one went, dynamo calls a registration's graph break
-    # "function marked as skipped", its error under fullgraph=True.)
+    # direct ways out now. (Else `watch_hooks` takes them when dynamo is imported while a
+    # torch hook lives; imported after the last one went, the lazy ones stay, with the same
+    # reasons: `_lazy`.)
     _give_reason(sys.modules["torch._dynamo"])

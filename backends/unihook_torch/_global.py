@@ -71,6 +71,17 @@ def _pin_dispatchers(module: Any) -> Any:
     are gone. Beside a module's own dispatchers, whichever runs first in a call takes the
     global hooks (``unihook._module_backward``)."""
     if module not in _pinned_in:
+        if _dynamo_compiling():
+            # outside dynamo (its lock, a process-wide change): a graph break, as the
+            # dispatchers pinned take one; under fullgraph=True, their error (FULLGRAPH_REASON)
+            _compile._dispatch_outside(_pin, module)
+        else:
+            _pin(module)
+    return module._forward_pre_hooks
+
+
+def _pin(module: Any) -> None:
+    if module not in _pinned_in:
         from ._backward import _TorchDispatchers as access
 
         with _lock, _lock.mutex:
@@ -83,7 +94,6 @@ def _pin_dispatchers(module: Any) -> Any:
                 except BaseException:  # (a Ctrl-C: the next call pins again, once)
                     pinned.remove()
                     raise
-    return module._forward_pre_hooks
 
 
 def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
