@@ -621,7 +621,9 @@ def fail(kind: str, what: str, k: int, where: str, detail: str) -> None:
         print(json.dumps(failures[-1]), flush=True)
 
 
-_BEFORE_REMOVING = 4  # positions of a removal that may come before it begins (Handle.remove's)
+# positions of a removal that may come before it begins: Handle.remove's, and those of the
+# compiler escapes it runs through (`_plugins.escaped`: torch's, which asks whether dynamo traces)
+_BEFORE_REMOVING = 19
 
 
 def _removed(handle: Any) -> bool:
