@@ -82,7 +82,6 @@ ESCAPE_REASONS = {
         "calling the compiled function, or compile without fullgraph"
     ),
 }
-REGISTRATION_REASON = ESCAPE_REASONS["registration"]
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
