@@ -13,7 +13,10 @@ What tests/test_compilers.py does not reach:
   global hooks whose body does not break SOT's graph are left out for every sub-layer, and
   every per-module kind registered after the first static call is never run (FINDINGS 1-3),
   so the recipes placed on a converted model see only the model itself, or nothing (FINDING
-  4); a hook given as a `functools.partial` crashes SOT's guard (FINDING 8).
+  4); a hook given as a `functools.partial` crashes SOT's guard (FINDING 8). With
+  `MIN_GRAPH_SIZE=0` (set in the child) the recipes and a per-module hook registered by a
+  hook crashed in SOT's translation of pluggy and of unihook's registration (FINDINGS 9, 10;
+  helper-70).
 - torch: a forward pre-hook on the compiled module itself beside a global backward hook, and a
   global hook registered from inside a compiled forward (FINDINGS 6, 7).
 
@@ -408,9 +411,13 @@ def _paddle() -> dict[str, Any]:
     return _child(PADDLE_HOOKS)
 
 
-def _recipe(which: str, static: bool) -> Any:
+def _recipe(which: str, static: bool, every_frame: bool = False) -> Any:
+    """`every_frame`: with `MIN_GRAPH_SIZE=0` (SOT compiles every frame), set in the child."""
     pytest.importorskip("paddle")
-    return _child(PADDLE_RECIPE.replace("WHICH", repr(which)).replace("STATIC", str(static)))
+    code = PADDLE_RECIPE.replace("WHICH", repr(which)).replace("STATIC", str(static))
+    if every_frame:
+        code = 'import os\n\nos.environ["MIN_GRAPH_SIZE"] = "0"\n' + code
+    return _child(code)
 
 
 def _torch(code: str) -> dict[str, Any]:
@@ -529,6 +536,115 @@ def test_paddle_sot_partial_hook_registered_before_the_first_call() -> None:
     name='0')."""
     eager, sot, native = _child(PADDLE_PARTIAL_HOOK)
     assert eager == native == 2
+    assert sot == eager
+
+
+@pytest.mark.parametrize("which", ["stats", "gradcam", "drophook"])
+def test_paddle_sot_compiling_every_frame_recipes(which: str) -> None:
+    """FINDING 9 (crash; helper-70), FIXED. FINDINGS 4a-4c's program with `MIN_GRAPH_SIZE=0`
+    (set in the child): ActivationStats, GradCAM and DropHook raised paddle.jit.sot InnerError
+    "In simulate execution: File .../pluggy/_caller.py ... HookCaller 'unihook_ops' ... has
+    no attribute _inner_hookexec". The hooked layer's call runs in dygraph after its guard's
+    graph break, but SOT translates each frame it makes, the recipe's hook too (with
+    MIN_GRAPH_SIZE=0 it compiles them): its first `unihook.ops` call on a layer type
+    (ActivationStats' `ops.in_backward(module)`) or on paddle's tensor type (GradCAM's
+    `ops.clone`, DropHook's `ops.dropout`) looks the backend up through pluggy (once per type),
+    and SOT translated pluggy's frames. Fixed: SOT skips the frames of unihook's files (the
+    core, the recipes, the paddle backend) and pluggy's, as it skips paddle's."""
+    eager, sot = _recipe(which, False), _recipe(which, True, every_frame=True)
+    assert isinstance(eager, list)
+    assert sot == eager
+
+
+PADDLE_REGISTER_INSIDE = r"""
+import os
+
+os.environ["MIN_GRAPH_SIZE"] = "0"  # SOT compiles every frame
+import warnings
+
+warnings.filterwarnings("ignore")
+import paddle, unihook
+
+
+def net():
+    paddle.seed(0)
+    return paddle.nn.Sequential(
+        *[paddle.nn.Linear(3, 3) if i % 2 == 0 else paddle.nn.Tanh() for i in range(7)]
+    )
+
+
+def register(kind, m, calls):
+    if kind == "module":
+        return unihook.register_forward_hook(m[4], lambda l, a, o: (calls.append("m4"), o * 2)[1])
+    return unihook.register_module_forward_hook(
+        lambda l, a, o: calls.append(type(l).__name__), backend="paddle"
+    )
+
+
+class Net(paddle.nn.Layer):
+    def __init__(self, kind, calls, handles):
+        super().__init__()
+        self.body, self.kind, self.calls, self.handles = net(), kind, calls, handles
+
+    def forward(self, x):
+        if not self.handles:  # registered by the converted function itself, on its first call
+            self.handles.append(register(self.kind, self.body, self.calls))
+        return self.body(x) * 2
+
+
+def run(static, kind, where):
+    calls, handles = [], []
+    if where == "hook":  # registered by a hook of m[0] on its first call
+        m = net()
+
+        def later(layer, args, out):
+            if not handles:
+                handles.append(register(kind, m, calls))
+
+        first = unihook.register_forward_hook(m[0], later)
+    else:
+        m = Net(kind, calls, handles)
+    f = paddle.jit.to_static(m) if static else m
+    try:
+        for _ in range(2):
+            x = paddle.ones([2, 3])
+            x.stop_gradient = False
+            y = f(x)
+            y.sum().backward()
+        return [calls, round(float(y.sum()), 4), round(float(x.grad.sum()), 4)]
+    except Exception as e:
+        return type(e).__name__ + ": " + str(e)[:300]
+    finally:
+        for h in handles + ([first] if where == "hook" else []):
+            h.remove()
+
+
+print(
+    {
+        (kind, where): [run(False, kind, where), run(True, kind, where)]
+        for kind in ["module", "global"]
+        for where in ["hook", "forward"]
+    }
+)
+"""
+
+
+@pytest.mark.parametrize("kind", ["module", "global"])
+@pytest.mark.parametrize("where", ["hook", "forward"])
+def test_paddle_sot_compiling_every_frame_registration_inside(kind: str, where: str) -> None:
+    """FINDING 10 (crash; helper-70), FIXED: ("module", "hook"); the other three HELD.
+    Repro: `MIN_GRAPH_SIZE=0`, the 7-layer Sequential; `unihook.register_forward_hook(m[4],
+    hook)` made by a unihook forward hook of m[0] on its first call, then two calls of
+    `paddle.jit.to_static(m)`: paddle.jit.sot InnerError "In simulate execution: File
+    .../unihook_paddle/_static.py ... in $resume_...@retranslate ... if cache.cache:": SOT
+    translated the registration's frames, which run in dygraph after m[0]'s graph break (the
+    registration drops the code SOT translated, `retranslate`), and crashed on a guard of its
+    own. Fixed as FINDING 9: SOT skips unihook's frames. Held: the registration made by the
+    converted function itself (`where="forward"`, on its first call), and a global hook
+    registered either way (through the paddle backend's escape, `add_compiler_escape`: SOT's
+    frame evaluation off for the registration)."""
+    eager, sot = _child(PADDLE_REGISTER_INSIDE)[(kind, where)]
+    assert isinstance(eager, list) and eager[0]
     assert sot == eager
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from unihook.backend import (
     Site,
+    add_compiler_escape,
     check_grad,
     checked_kwargs_pre_hook,
     global_label,
@@ -43,6 +44,21 @@ _LONE_REFS = _lone_refs()  # sys.getrefcount of an object that one local variabl
 
 def _paddle() -> Any:
     return sys.modules.get("paddle")
+
+
+def _outside_compiler(call: Callable[[], Any], doing: str) -> Any:
+    """paddle.jit.to_static's SOT: unihook's pluggy calls run outside it (see
+    `_static.sot_escape`; `add_compiler_escape`: whatever it is `doing`, SOT can break its
+    graph there, even under full_graph). Without paddle nothing is converted; with it, the
+    escape's module is imported once (it imports paddle's SOT)."""
+    if _paddle() is None:
+        return call()
+    from ._static import sot_escape
+
+    return sot_escape(call)
+
+
+add_compiler_escape(_outside_compiler)
 
 
 #: The lowest paddle the suite has passed on: pyproject.toml's ``paddlepaddle>=`` bound (a test

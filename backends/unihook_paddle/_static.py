@@ -22,13 +22,13 @@
 from __future__ import annotations
 
 import gc
-import inspect
 import os
 import sys
 import weakref
 from typing import Any, Callable
 
 import paddle
+import pluggy
 from paddle.base import core
 from paddle.base.dygraph.base import in_sot_simulation_mode, in_to_static_mode
 from paddle.base.framework import global_var
@@ -41,6 +41,7 @@ from paddle.jit.sot.symbolic import interpreter as sot_interpreter
 from paddle.jit.sot.utils.exceptions import BreakGraphError, ForceBreak
 from paddle.jit.sot.utils.utils import StepInfoManager, no_eval_frame
 
+import unihook
 from unihook.backend import HookDict, Site
 from unihook.errors import UnsupportedHookError
 
@@ -52,6 +53,7 @@ __all__ = [
     "guard_forward",
     "guard_forward_pre",
     "outside_sot",
+    "sot_escape",
     "retranslate",
     "sot_builds_subgraph",
     "sot_calls_layers",
@@ -70,12 +72,22 @@ _set_eval_frame = core.set_eval_frame  # (returns the callback it replaced)
 # the SOT step running, if any: paddle turns SOT's frame evaluation on only inside one
 # (`symbolic_translate`), on the thread running it (a singleton)
 _sot_steps = StepInfoManager()
-# SOT's frame evaluation skips frames of paddle's own files, and of the module of unihook's
-# hook tables (`HookDict`): a hooked layer's call, run in dygraph after the guard's graph break
-# (`guard_forward`), had its hook table translated again, and with MIN_GRAPH_SIZE=0 compiled,
-# which crashed on a `functools.partial` or bound-method hook, whose repr SOT's guard holds
-# (helper-67's attack; every recipe's hooks are such).
-_sot_skip_files.skip_file_names.add(os.path.abspath(inspect.getfile(HookDict)))
+# SOT's frame evaluation skips frames of paddle's own files, and of unihook's (its core, its
+# recipes, this backend) and pluggy's. After a hooked layer's guard breaks SOT's graph
+# (`guard_forward`), the layer's call runs in dygraph but SOT translates each frame it makes,
+# and with MIN_GRAPH_SIZE=0 compiled them and crashed: on a `functools.partial` or
+# bound-method hook in the hook table, whose repr SOT's guard holds (helper-67's attack; every
+# recipe's hooks are such), in pluggy (InnerError "... HookCaller ... has no attribute
+# _inner_hookexec": a recipe hook's first `unihook.ops` call on a layer or tensor type) and in
+# a registration's `retranslate` (a hook registered by a hook; helper-70's). Those frames run
+# as in dygraph; a hook of the user's, which they call, is still SOT's to translate, as it
+# translates paddle's own hooks.
+for _package in (
+    unihook.__file__,
+    sys.modules[__name__.rpartition(".")[0]].__file__,
+    pluggy.__file__,
+):
+    _sot_skip_files.skip_file_names.add(os.path.dirname(os.path.abspath(str(_package))) + os.sep)
 _sot_skip_files.setup_skip_files()
 # (paddle 3.3.1's name, which SOT's `from_value` reads as it translates a layer's call;
 # pyright takes it for private)
@@ -86,6 +98,25 @@ _supported_check = getattr(_sot_layers, _SUPPORT_CHECK)
 def outside_sot(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` from code SOT simulates: a graph break, the call in dygraph."""
     return _outside_sot(fn, *args, **kwargs)
+
+
+def sot_escape(call: Callable[[], Any]) -> Any:
+    """The paddle backend's escape from SOT (`unihook.backend.add_compiler_escape`), which a
+    global registration and `unihook.backends()` take (through pluggy): `call()` with none of
+    its frames simulated or translated by SOT, which cannot simulate pluggy. Registered from a
+    hook, or from a converted function, while a SOT step runs: SOT's frame evaluation is off
+    for the call (the frames it makes outside unihook's and paddle's files, which SOT skips:
+    `importlib.metadata`'s, a callback's); while SOT simulates this code, a graph break
+    (`outside_sot`), as `EagerUnderSOT`. Else one attribute read."""
+    if in_sot_simulation_mode():
+        return _outside_sot(call)
+    if _sot_steps.current_code is None:
+        return call()
+    callback = _set_eval_frame(None)
+    try:
+        return call()
+    finally:
+        _set_eval_frame(callback)
 
 
 def sot_calls_layers(hooked: bool) -> None:
