@@ -27,6 +27,7 @@ from __future__ import annotations
 import dis
 import faulthandler
 import gc
+import inspect
 import json
 import os
 import sys
@@ -549,14 +550,20 @@ def _skipped(frame: Any, event: str) -> bool:
     return lasti in _with_exits(frame.f_code) or lasti in _nops(frame.f_code)
 
 
-def _count(fn: Callable[[], Any]) -> tuple[Any, int]:
+def _count(fn: Callable[[], Any], until: tuple[Any, int] | None = None) -> tuple[Any, int]:
+    """`fn`'s result and its positions; with `until` (a code object and a line of it), those
+    up to that line's first event (included: a Ctrl-C there lands before the line runs)."""
     n = [0]
+    reached = [False]
 
     def trace(frame: Any, event: str, arg: Any) -> Any:
-        if not frame.f_code.co_filename.startswith(ROOTS):
+        if not frame.f_code.co_filename.startswith(ROOTS) or reached[0]:
             return None
         if not _skipped(frame, event):
             n[0] += 1
+        if until is not None and (frame.f_code, frame.f_lineno, event) == (*until, "line"):
+            reached[0] = True
+            return None
         return trace
 
     sys.settrace(trace)
@@ -621,9 +628,15 @@ def fail(kind: str, what: str, k: int, where: str, detail: str) -> None:
         print(json.dumps(failures[-1]), flush=True)
 
 
-# positions of a removal that may come before it begins: Handle.remove's, and those of the
-# compiler escapes it runs through (`_plugins.escaped`: torch's, which asks whether dynamo traces)
-_BEFORE_REMOVING = 19
+def _taking_the_remover() -> tuple[Any, int]:
+    """`Handle._remove`'s code and the line where it takes the remover: the removal begins."""
+    code = unihook.Handle._remove.__code__
+    lines, first = inspect.getsourcelines(code)
+    (at,) = [i for i, line in enumerate(lines) if "remover, self._remover =" in line]
+    return code, first + at
+
+
+_TAKING_THE_REMOVER = _taking_the_remover()
 
 
 def _removed(handle: Any) -> bool:
@@ -717,6 +730,10 @@ def run_kind(
     target = fresh()
     handle, n_register = _count(lambda: register(target, lambda *a: None))
     _, n_remove = _count(handle.remove)
+    # the positions of a removal that may come before it begins (`Handle._remove` taking the
+    # remover): Handle.remove's and the compiler escapes' it runs through (`_plugins.escaped`)
+    handle = register(target, lambda *a: None)
+    _, before_removing = _count(handle.remove, until=_TAKING_THE_REMOVER)
     counts["register"], counts["remove"] = n_register, n_remove
     ghost: list[int] = []
     while neighbours:
@@ -741,7 +758,7 @@ def run_kind(
         ghost.clear()
         handle = register(target, lambda *a: ghost.append(1))
         # (only its first positions come before the removal begins)
-        registered = snapshot(target) if k <= _BEFORE_REMOVING else None
+        registered = snapshot(target) if k <= before_removing else None
         result, where = _interrupt_at(k, handle.remove)
         if not _removed(handle):
             # cut short before it began: the hook stays, whole, its handle active
