@@ -49,8 +49,8 @@ def _paddle() -> Any:
 def _outside_compiler(call: Callable[[], Any], doing: str) -> Any:
     """paddle.jit.to_static's SOT: unihook's pluggy calls run outside it (see
     `_static.sot_escape`; `add_compiler_escape`: the same way whatever it is `doing`).
-    Without paddle nothing is converted; with it, the
-    escape's module is imported once (it imports paddle's SOT)."""
+    Without paddle nothing is converted; with it, the escape's module is imported once (it
+    imports paddle's SOT)."""
     if _paddle() is None:
         return call()
     from ._static import sot_escape

@@ -52,10 +52,10 @@ def _outside_dynamo(fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
-# What dynamo says where a dispatcher breaks the graph: with fullgraph=True that is its error.
 # what dynamo says of a frame compiled before a hook came or went (`forget_compiled`)
 _FORGOTTEN = "unihook: a hook dynamo does not guard came or went since this frame was compiled"
 
+# What dynamo says where a dispatcher breaks the graph: with fullgraph=True that is its error.
 FULLGRAPH_REASON = (
     "unihook runs the dispatchers of module backward hooks (full_backward, full_backward_pre, "
     "and the global module_full_backward kinds) eagerly, with a graph break before and after "
@@ -243,7 +243,7 @@ def forget_compiled() -> None:
     what it was reading). With other threads alive the entries are invalidated instead, as
     dynamo does itself when an object a guard holds dies: kept, their guards failing from then
     on. They still count towards ``recompile_limit``: beyond it dynamo runs that frame eagerly
-    (with its warning), as it does when torch's own global hooks come and go that often.
+    (with its warning, naming unihook's reason).
     """
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is None:
@@ -264,7 +264,6 @@ def forget_compiled() -> None:
                 extra = getattr(guards, "extra_state", None)
                 if extra is not None and not isinstance(guards, DeletedGuardManagerWrapper):
                     extra.invalidate(entry, DeletedGuardManagerWrapper(_FORGOTTEN))
-
 
 
 if "torch._dynamo" in sys.modules:
