@@ -296,8 +296,9 @@ def test_mindspore_monitor_every_n_skips_evaluations(ms_run: dict[str, Any]) -> 
 
 def test_mindspore_recomputed_cells(ms_run: dict[str, Any]) -> None:
     # FIXED (2026-12-01): MindSporeOps.in_backward reads the autodiff engine's id
-    # (tests/test_mindspore_native.py::test_recipes_on_a_recomputed_cell). Repro (MindSpore, PyNative): a -> b -> c with b = SequentialCell(Dense, ReLU) and
-    # b.recompute(); ActivationStats and GradientMonitor on the model; one value_and_grad step.
+    # (tests/test_mindspore_native.py::test_recipes_on_a_recomputed_cell). Repro (MindSpore,
+    # PyNative): a -> b -> c with b = SequentialCell(Dense, ReLU) and b.recompute();
+    # ActivationStats and GradientMonitor on the model; one value_and_grad step.
     # ActivationStats calls: b.0 2, b.1 2 (every other cell 1): the recomputation in backward
     # is recorded as a second call (`ops.in_backward` is False by default; MindSporeOps does
     # not override it). GradientMonitor: no "b.0", no "b.1" (the recomputed outputs' tensor

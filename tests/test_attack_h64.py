@@ -244,7 +244,8 @@ def test_input_returned_from_a_keyword_or_a_list(kind: str) -> None:
     """FINDING 3 (silent wrong number, no warning: the bug 0eac8c9 fixed, through another
     door), FIXED: `_before` takes keyword arguments too and marks the tensors of both and of
     containers by id; the module is then left out with the RuntimeWarning, as for a
-    positional return (the documented behaviour), or would be recorded with native's norm. `_before` reads positional arguments only and `_returns_an_input` compares the
+    positional return (the documented behaviour), or would be recorded with native's norm.
+    Before, `_before` read positional arguments only and `_returns_an_input` compared the
     output with them by identity: ``self.norm(input=h)`` with ``forward(self, input): return
     input``, or ``self.norm([h])`` returning ``xs[0]``, keep the tensor hook, whose gradient
     sums every use of h: norm 2.4306 (= fc1's) for native 0.9692 (kwarg); 1.9823 for native
