@@ -89,25 +89,29 @@ def call_owner(hook_name: str, target: object, **kwargs: Any) -> Any:
     return None
 
 
-# Each backend's escape from its framework's compiler (`add_compiler_escape`).
-_escapes: list[Callable[[Callable[[], Any], str], Any]] = []
+# Each backend's escape from its framework's compiler, and whether that compiler traces
+# Python now (`add_compiler_escape`).
+_escapes: list[tuple[Callable[[Callable[[], Any], str], Any], Callable[[], bool]]] = []
 
 #: What runs through the escapes (`outside_compilers`), named for the error a compiler that
 #: cannot take a graph break (torch.compile's fullgraph=True) raises there.
 ESCAPED = ("registration", "removal", "backends")
 
 
-def add_compiler_escape(escape: Callable[[Callable[[], T], str], T]) -> None:
+def add_compiler_escape(
+    escape: Callable[[Callable[[], T], str], T], tracing: Callable[[], bool]
+) -> None:
     """Make registrations of global hooks, removals of hooks and `unihook.backends()` run
-    through `escape`: `escape(call, doing)` returns `call()`, run outside the backend's
-    framework compiler while that traces Python (torch.compile's dynamo), plainly otherwise.
-    `doing` is one of `ESCAPED` ("registration", "removal", "backends"): what the error says
-    where the compiler cannot leave its graph there (torch.compile(fullgraph=True)). A
-    registration made inside a compiled function is no part of its graph: traced, it would
-    read the installed packages' metadata at trace time and change process-wide state as a
-    traced side effect. Called by a backend when it is loaded; once per escape."""
-    if escape not in _escapes:
-        _escapes.append(escape)
+    through `escape` while `tracing()` (cheap: it runs at every removal) says the backend's
+    framework compiler traces Python now (torch.compile's dynamo): `escape(call, doing)`
+    returns `call()`, run outside that compiler. `doing` is one of `ESCAPED`
+    ("registration", "removal", "backends"): what the error says where the compiler cannot
+    leave its graph there (torch.compile(fullgraph=True)). A registration made inside a
+    compiled function is no part of its graph: traced, it would read the installed packages'
+    metadata at trace time and change process-wide state as a traced side effect. Called by a
+    backend when it is loaded; once per escape."""
+    if all(escape is not known for known, _ in _escapes):
+        _escapes.append((escape, tracing))
 
 
 def outside_compilers(doing: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -118,10 +122,11 @@ def outside_compilers(doing: str, fn: Callable[..., T], /, *args: Any, **kwargs:
 
 
 def escaped(doing: str, call: Callable[[], T]) -> T:
-    """`call()` through the escapes of the backends loaded so far (a hook's removal: its
-    backend is loaded)."""
-    for escape in _escapes:
-        call = partial(escape, call, doing)
+    """`call()` through the escapes of the backends loaded so far whose compiler traces now (a
+    hook's removal: its backend is loaded)."""
+    for escape, tracing in _escapes:
+        if tracing():
+            call = partial(escape, call, doing)
     return call()
 
 

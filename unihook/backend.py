@@ -27,11 +27,12 @@ backends use them.
 - **Laziness**: `when_imported` / `install_when_imported` run code when the framework gets
   imported, without importing it (a global hook registered before the framework);
   `cancel_when_imported` cancels a callback (taken before registering it).
-- **Compilers**: `add_compiler_escape(escape)`, when the backend is loaded, if its framework
-  compiles Python by tracing it (torch.compile's dynamo): a global hook registered inside a
-  compiled function is registered through `escape(call, "registration")`, outside the
-  compiler; so are a removal (`Handle.remove`, "removal") and `unihook.backends()`
-  ("backends"), each named for the compiler's error where it cannot leave its graph.
+- **Compilers**: `add_compiler_escape(escape, tracing)`, when the backend is loaded, if its
+  framework compiles Python by tracing it (torch.compile's dynamo): while `tracing()`, a
+  global hook registered inside a compiled function is registered through
+  `escape(call, "registration")`, outside the compiler; so are a removal (`Handle.remove`,
+  "removal") and `unihook.backends()` ("backends"), each named for the compiler's error
+  where it cannot leave its graph.
 - **Ops**: a backend's ``unihook_ops`` returns a subclass of `unihook.ops.Ops` (the base class of
   the ops facet: defaults where one is right, NotImplementedError naming the method where
   not); `map_dataclass` maps the fields of a dataclass output (``tensors_in``).

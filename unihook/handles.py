@@ -6,7 +6,7 @@ import threading
 from types import TracebackType
 from typing import Callable, TypeVar, cast
 
-from ._plugins import _escapes, escaped
+from ._plugins import escaped
 from .kinds import KINDS, HookKind
 
 _R = TypeVar("_R", bound="Removable")
@@ -68,13 +68,10 @@ class Handle(Removable):
     def remove(self) -> None:
         """Remove the hook; later calls do nothing. Cut short (a Ctrl-C), the removal still
         finishes before the KeyboardInterrupt goes on."""
-        if _escapes:
-            # Inside a compiled function the removal runs outside the compiler, as a
-            # registration does (`add_compiler_escape`): traced, its lock and process-wide
-            # changes would be traced side effects.
-            escaped("removal", self._remove)
-        else:
-            self._remove()
+        # Inside a compiled function the removal runs outside the compiler, as a registration
+        # does (`add_compiler_escape`): traced, its lock and process-wide changes would be
+        # traced side effects.
+        escaped("removal", self._remove)
 
     def _remove(self) -> None:
         remover = None

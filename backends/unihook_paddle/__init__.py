@@ -48,17 +48,29 @@ def _paddle() -> Any:
 
 def _outside_compiler(call: Callable[[], Any], doing: str) -> Any:
     """paddle.jit.to_static's SOT: unihook's pluggy calls run outside it (see
-    `_static.sot_escape`; `add_compiler_escape`: the same way whatever it is `doing`).
-    Without paddle nothing is converted; with it, the escape's module is imported once (it
-    imports paddle's SOT)."""
-    if _paddle() is None:
-        return call()
+    `_static.sot_escape`; `add_compiler_escape`: the same way whatever it is `doing`)."""
     from ._static import sot_escape
 
     return sot_escape(call)
 
 
-add_compiler_escape(_outside_compiler)
+_sot_tracing: list[Callable[[], bool]] = []  # `_static.sot_tracing`, once imported
+
+
+def _converting() -> bool:
+    """Whether SOT translates or simulates Python now (`add_compiler_escape`). Without paddle
+    nothing is converted; with it, `_static` is imported at the first call (it imports
+    paddle's SOT)."""
+    if not _sot_tracing:
+        if _paddle() is None:
+            return False
+        from ._static import sot_tracing
+
+        _sot_tracing.append(sot_tracing)
+    return _sot_tracing[0]()
+
+
+add_compiler_escape(_outside_compiler, _converting)
 
 
 #: The lowest paddle the suite has passed on: pyproject.toml's ``paddlepaddle>=`` bound (a test

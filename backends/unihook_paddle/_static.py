@@ -54,6 +54,7 @@ __all__ = [
     "guard_forward_pre",
     "outside_sot",
     "sot_escape",
+    "sot_tracing",
     "retranslate",
     "sot_builds_subgraph",
     "sot_calls_layers",
@@ -98,6 +99,11 @@ _supported_check = getattr(_sot_layers, _SUPPORT_CHECK)
 def outside_sot(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` from code SOT simulates: a graph break, the call in dygraph."""
     return _outside_sot(fn, *args, **kwargs)
+
+
+def sot_tracing() -> bool:
+    """Whether a SOT step runs on this thread (its frame evaluation on), or SOT simulates."""
+    return _sot_steps.current_code is not None or in_sot_simulation_mode()
 
 
 def sot_escape(call: Callable[[], Any]) -> Any:

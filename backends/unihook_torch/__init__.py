@@ -52,16 +52,19 @@ def _outside_compiler(call: Callable[[], Any], doing: str) -> Any:
     """torch.compile: a global hook registered inside a compiled forward is registered outside
     dynamo (see `add_compiler_escape`; dynamo folds `importlib.metadata.version` at trace
     time, and fails on a package that is not installed), and so is a hook removed there, or
-    `unihook.backends()` called there. Without torch nothing compiles."""
+    `unihook.backends()` called there."""
+    from ._compile import outside_compiler
+
+    return outside_compiler(call, doing)
+
+
+def _dynamo_tracing() -> bool:
+    """Whether dynamo traces now (without torch nothing compiles)."""
     torch = _torch()
-    if torch is not None and torch.compiler.is_dynamo_compiling():
-        from ._compile import outside_compiler
-
-        return outside_compiler(call, doing)
-    return call()
+    return torch is not None and torch.compiler.is_dynamo_compiling()
 
 
-add_compiler_escape(_outside_compiler)
+add_compiler_escape(_outside_compiler, _dynamo_tracing)
 
 
 def _check_version(installed: str) -> None:

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
+from contextlib import contextmanager
 from functools import partial
 from itertools import count
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -54,6 +56,10 @@ def _outside_dynamo(fn: Callable[..., Any], *args: Any) -> Any:
 
 # what dynamo says of a frame compiled before a hook came or went (`forget_compiled`)
 _FORGOTTEN = "unihook: a hook dynamo does not guard came or went since this frame was compiled"
+# How long a thread waiting for the GIL waits before it asks for it while `forget_compiled`
+# tests the threads' frames and resets dynamo's caches (a few ms): the most it stalls a
+# registration beside a thread running pure Python, which never lets go of the GIL
+_HOLD = 0.1
 
 # What dynamo says where a dispatcher breaks the graph: with fullgraph=True that is its error.
 FULLGRAPH_REASON = (
@@ -239,24 +245,28 @@ def forget_compiled() -> None:
     """Drop every frame dynamo compiled: the next call recompiles with the hooks as they are.
 
     ``torch._dynamo.reset_code_caches`` frees the cache entries, which crashed a thread running
-    a compiled frame meanwhile (its guards, calling into Python, let the resetting thread free
-    what it was reading). With other threads alive the entries are invalidated instead, as
-    dynamo does itself when an object a guard holds dies: kept, their guards failing from then
-    on. They still count towards ``recompile_limit``: beyond it dynamo runs that frame eagerly
-    (with its warning, naming unihook's reason).
-    """
+    a compiled frame meanwhile (helper-68's attack). While another thread runs one the entries
+    are invalidated instead, as dynamo does itself when an object a guard holds dies: kept,
+    their guards failing from then on. Those still count towards ``recompile_limit`` (beyond
+    it dynamo runs the frame eagerly, with its warning naming unihook's reason; under
+    ``fullgraph=True`` it raises), so they are only for that case: with other threads alive
+    but none inside a compiled frame (a progress bar's, a data loader's) the caches are reset
+    as when this thread is alone (helper-71's attack). The test and the reset run without
+    another thread running Python in between (`_held_gil`): one that entered a compiled frame
+    after the test would be reset under."""
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is None:
         return
-    if threading.active_count() == 1:  # (only this thread could start another meanwhile)
-        dynamo.reset_code_caches()
-        return
     from torch._dynamo import convert_frame
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-    from torch._dynamo.guards import DeletedGuardManagerWrapper
 
-    # (dynamo's lock: a frame compiling on another thread meanwhile is invalidated too)
-    with convert_frame.compile_lock:
+    with _held_gil(), convert_frame.compile_lock:
+        # (dynamo's lock: a frame compiling on another thread meanwhile is dropped too)
+        if not _compiled_frame_elsewhere(convert_frame):
+            dynamo.reset_code_caches()
+            return
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+        from torch._dynamo.guards import DeletedGuardManagerWrapper
+
         for weak in (*convert_frame.input_codes.seen, *convert_frame.output_codes.seen):
             code = weak()
             for entry in () if code is None else _debug_get_cache_entry_list(code):
@@ -264,6 +274,40 @@ def forget_compiled() -> None:
                 extra = getattr(guards, "extra_state", None)
                 if extra is not None and not isinstance(guards, DeletedGuardManagerWrapper):
                     extra.invalidate(entry, DeletedGuardManagerWrapper(_FORGOTTEN))
+
+
+def _compiled_frame_elsewhere(convert_frame: Any) -> bool:
+    """Whether a thread other than this one runs a frame dynamo compiled (one of its
+    transformed code objects is on that thread's stack: threads `threading` does not know, as
+    `_thread`'s, too)."""
+    others = [f for ident, f in sys._current_frames().items() if ident != threading.get_ident()]
+    if not others:
+        return False
+    compiled = {id(code) for code in (w() for w in convert_frame.output_codes.seen) if code}
+    for frame in others:
+        while frame is not None:
+            if id(frame.f_code) in compiled:
+                return True
+            frame = frame.f_back
+    return False
+
+
+@contextmanager
+def _held_gil() -> Iterator[None]:
+    """No other thread runs Python inside (unless this one blocks): a thread waiting for the
+    GIL asks for it only after the switch interval, raised to `_HOLD` seconds; the sleep lets
+    one whose wait began before go first (a wait begun before a switch asks for nothing)."""
+    with _holding:  # (one interval to put back)
+        interval = sys.getswitchinterval()
+        try:
+            sys.setswitchinterval(_HOLD)
+            time.sleep(0)
+            yield
+        finally:
+            sys.setswitchinterval(interval)
+
+
+_holding = threading.Lock()
 
 
 if "torch._dynamo" in sys.modules:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import itertools
 import math
 import sys
 import weakref
@@ -28,6 +29,9 @@ def _dims(axis: Axis) -> Any:
 
 
 # dtypes numpy views without a copy; the rest (bfloat16, complex...) go through torch
+# `change_mark`'s key in a grad node's metadata, and its numbers (1, 2, ...: 0 is a leaf's)
+_MARK = "unihook.change_mark"
+_marks = itertools.count(1)
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32)
 _FLOATS = (torch.float32, torch.float64)
 
@@ -408,15 +412,15 @@ class TorchOps(Ops):
     def change_mark(self, t: Any, settled: bool) -> object:
         # The tensor's autograd history: an in-place op autograd records replaces `grad_fn`;
         # one it does not (under no_grad, on `.data`) bumps `_version` and leaves the history,
-        # whose gradient then still sums every use of the tensor (helper-67's attack). Named by
-        # its sequence number and type, holding nothing (the node would keep its graph alive
-        # where a Ctrl-C skipped the end of the call); not by id: a node's Python wrapper is
-        # made per read, and a new node's may take a freed one's address. Sequence numbers
-        # count per thread: a tensor made on one thread and changed in place on another can
-        # get a node of its old node's number and type (an in-place op's twin: helper-68's
-        # attack), so the numbers of the nodes it leads to are in the mark too (the in-place
-        # node leads to the old one, which cannot lead to itself).
-        # A leaf that requires grad has one history (0).
+        # whose gradient then still sums every use of the tensor (helper-67's attack). The
+        # node is named by a number kept in its own `metadata` dict (the C++ node's: it lives
+        # with the node, whatever Python wrapper reads it), given at its first read, holding
+        # nothing (the node would keep its graph alive where a Ctrl-C skipped the end of the
+        # call). Not by id: a node's Python wrapper is made per read, and a new node's may take
+        # a freed one's address; nor by its sequence number, which counts per thread (a
+        # tensor made on one thread and changed in place on another got a node of its old
+        # node's number and type: helper-68's and helper-71's attacks). A leaf that requires
+        # grad has one history (0).
         if torch.compiler.is_compiling():
             # traced (a hook dynamo inlines): the traced tensor's counter, which moves with the
             # traced in-place ops; its autograd history is not there to read (until 2026-11-30
@@ -425,8 +429,11 @@ class TorchOps(Ops):
         node = t.grad_fn
         if node is None:
             return 0 if t.requires_grad else None
-        edges = tuple(None if n is None else n._sequence_nr() for n, _ in node.next_functions)
-        return node._sequence_nr(), type(node), edges
+        named = node.metadata
+        mark = named.get(_MARK)
+        if mark is None:
+            mark = named[_MARK] = next(_marks)
+        return mark
 
     def version(self, t: Any) -> int | None:
         if torch.compiler.is_compiling():  # a traced tensor's counter says nothing of the run's
