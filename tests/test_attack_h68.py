@@ -674,12 +674,13 @@ def test_fullgraph_backends_error() -> None:
 
 
 def test_global_hooks_churned_beside_a_compiled_model_on_another_thread() -> None:
-    """FINDING 6 (crash, high), FIXED: with other threads alive `forget_compiled` invalidates
-    the compiled frames (dynamo's `ExtraState.invalidate`, as when a guarded object dies)
-    instead of `reset_code_caches`, which frees what a thread checking their guards reads
-    (tests/test_compilers.py, `test_torch_global_hook_after_compiling_while_another_thread_lives`).
-    Repro: ``f = torch.compile(m, backend="eager")``; thread A runs
-    30 ``f(x).sum().backward()``; thread B, until A ends, registers
+    """FINDING 6 (crash, high), FIXED: while another thread runs a compiled frame
+    `forget_compiled` invalidates the compiled frames (dynamo's `ExtraState.invalidate`, as
+    when a guarded object dies) instead of `reset_code_caches`, which frees what that thread
+    uses (tests/test_compilers.py, `test_torch_global_hook_after_compiling_while_another_
+    thread_runs_a_compiled_frame`; tests/test_attack_h71.py). Repro:
+    ``f = torch.compile(m, backend="eager")``; thread A runs 30 ``f(x).sum().backward()``;
+    thread B, until A ends, registers
     ``unihook.register_module_full_backward_hook(g, backend="torch")`` and
     ``unihook.register_module_forward_pre_hook(p, backend="torch")``, sleeps 1 ms, removes
     both. Observed: the process dies, SIGSEGV (139) or SIGFPE (136), 9 of 9 runs;

@@ -635,12 +635,34 @@ def counted():
 
 
 torch._dynamo.reset_code_caches = counted
-idle, stop = threading.Thread(target=lambda: stop.wait()), threading.Event()
-idle.start()  # (alive: another thread might be running a compiled frame)
+# another thread inside a compiled frame throughout a run (waiting in a function dynamo leaves
+# out)
+inside, stop = threading.Event(), threading.Event()
+
+
+def wait(x):
+    inside.set()
+    stop.wait(60)
+    return x
+
+
+@torch.compile(backend="eager")
+def waiting(x):
+    return torch._dynamo.disable(wait)(x * 2) + 1
+
+
+def waiter():
+    inside.clear()
+    stop.clear()
+    thread = threading.Thread(target=waiting, args=(torch.ones(2),))
+    thread.start()
+    assert inside.wait(60)
+    return thread
 
 
 def run(kind, compiled):
     torch._dynamo.reset()
+    thread = waiter()
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     f = torch.compile(m, backend="eager") if compiled else m
@@ -661,21 +683,24 @@ def run(kind, compiled):
         if step == 2:
             handle.remove()
         rows.append([[c for c in calls if c != "OptimizedModule"], round(float(x.grad.sum()), 5)])
+    stop.set()
+    thread.join()
     return rows
 
 
 out = {kind: [run(kind, False), run(kind, True)] for kind in KINDS}
-stop.set()
 print([out, [name for name in resets if "unihook" in name]])
 """
 
 
 @pytest.mark.parametrize("kind", ["forward_pre", "forward", "full_backward_pre", "full_backward"])
-def test_torch_global_hook_after_compiling_while_another_thread_lives(kind: str) -> None:
-    """With another thread alive a global hook coming or going invalidates the compiled frames
-    instead of dropping them (`torch._dynamo.reset_code_caches` crashed a thread running one
-    meanwhile: tests/test_attack_h68.py, FINDING 6): the next calls still give eager's calls
-    and gradients, the hook's and those after its removal."""
+def test_torch_global_hook_after_compiling_while_another_thread_runs_a_compiled_frame(
+    kind: str,
+) -> None:
+    """While another thread runs a compiled frame a global hook coming or going invalidates the
+    compiled frames instead of dropping them (`torch._dynamo.reset_code_caches` crashed that
+    thread: tests/test_attack_h68.py, FINDING 6; tests/test_attack_h71.py): the next calls
+    still give eager's calls and gradients, the hook's and those after its removal."""
     pytest.importorskip("torch")
     out, resets = _child_value(GLOBAL_BESIDE_THREADS)
     eager, compiled = out[kind]
