@@ -56,36 +56,39 @@ Tried (scripts not kept unless pinned below):
 
 FINDINGS (strict xfails below; numbered as found), by severity:
 
-0. (high: memory leak in README's own spelling) ``GradCAM(model, layer)(x)`` used inline leaves
-   its forward hook on the layer once the object is gone; every later forward (a training
-   loop) keeps a clone of the layer's output and of its gradient, without bound (13 MB after
-   50 small steps). The keeper's closure holds its list, not the recipe.
-1. (high: silent wrong number) GradientMonitor: a forward pre-hook of the user's registered
-   after the monitor that reshapes the call's arguments (a keyword moved to a position, a
-   position to a keyword, an argument prepended or two swapped) makes a module returning one
-   of its inputs unchanged report that input's summed gradient (15.87 instead of being left
-   out; torch's grad_output is 7.75), silently: `_before` kept marks by the positions it saw,
-   `_returns_an_input` compares them with the positions the forward hook sees. torch, paddle.
-   (A global pre-hook runs before the module's: HELD.)
-2. (medium: silent wrong number) GradientMonitor: a returned input inside a container other
-   than list / tuple / dict / dataclass (`collections.UserDict`, which transformers'
-   BatchEncoding is; a set, a deque, a SimpleNamespace) is recorded with its summed gradient,
-   silently. torch, paddle, MindSpore.
+0. FIXED (the keepers are placed for a call of the recipe only). (high: memory leak in README's
+   own spelling) ``GradCAM(model, layer)(x)`` used inline leaves its forward hook on the layer
+   once the object is gone; every later forward (a training loop) keeps a clone of the layer's
+   output and of its gradient, without bound (13 MB after 50 small steps). The keeper's closure
+   holds its list, not the recipe.
+1. FIXED (marks by id, with a weak reference). (high: silent wrong number) GradientMonitor: a
+   forward pre-hook of the user's registered after the monitor that reshapes the call's
+   arguments (a keyword moved to a position, a position to a keyword, an argument prepended or
+   two swapped) makes a module returning one of its inputs unchanged report that input's summed
+   gradient (15.87 instead of being left out; torch's grad_output is 7.75), silently: `_before`
+   kept marks by the positions it saw, `_returns_an_input` compares them with the positions the
+   forward hook sees. torch, paddle. (A global pre-hook runs before the module's: HELD.)
+2. FIXED (mappings, sets, deques, namespaces looked into). (medium: silent wrong number)
+   GradientMonitor: a returned input inside a container other than list / tuple / dict /
+   dataclass (`collections.UserDict`, which transformers' BatchEncoding is; a set, a deque, a
+   SimpleNamespace) is recorded with its summed gradient, silently. torch, paddle, MindSpore.
 3. (medium: silent wrong number) GradientMonitor: a module returning an output and a second
    output computed from it (`f, f.sum()`; BERT's model returns the sequence output and the
    pooled output computed from it) reports 22.02 where torch's grad_output norm is 9.22: the
    first output's tensor hook sums its direct uses and the use by the second. torch, paddle.
-9. (medium: silent partial norm, misleading warning; MindSpore only, nondeterministic) an
-   argument popped from a list and freed during the call, a new output made by the same op:
-   MindSpore's grad-node `_unique_id()` (an address) and the Python id are both reused, so the
-   new output passes for the returned input: "module 'inner' returned its input unchanged",
-   and those calls are left out (37.9 / 39.5 / 41.7 instead of 42.43 in most forwards).
-4. (medium: misleading error) GradCAM on a layer inside a non-reentrant checkpoint (torch
+9. FIXED (a weak reference beside each id). (medium: silent partial norm, misleading warning;
+   MindSpore only, nondeterministic) an argument popped from a list and freed during the call, a
+   new output made by the same op: MindSpore's grad-node `_unique_id()` (an address) and the
+   Python id are both reused, so the new output passes for the returned input: "module 'inner'
+   returned its input unchanged", and those calls are left out (37.9 / 39.5 / 41.7 instead of
+   42.43 in most forwards).
+4. FIXED (a recomputed call stands in for a forward call without a gradient). (medium:
+   misleading error) GradCAM on a layer inside a non-reentrant checkpoint (torch
    `checkpoint(..., use_reentrant=False)`, MindSpore `Cell.recompute(use_reentrant=False)`,
-   paddle `recompute(..., use_reentrant=False)`, where even the segment itself fails) raises
-   "no gradient reached the output of '1.0' (call -1): run it with gradients enabled, on a
-   layer the target class depends on": the recomputation in backward is kept as the last call
-   (GradCAM's keeper does not ask `ops.in_backward`), and its output gets no gradient.
+   paddle `recompute(..., use_reentrant=False)`, where even the segment itself fails) raises "no
+   gradient reached the output of '1.0' (call -1): run it with gradients enabled, on a layer the
+   target class depends on": the recomputation in backward is kept as the last call (GradCAM's
+   keeper does not ask `ops.in_backward`), and its output gets no gradient.
 5. (low: silent skip) MindSpore: `net.recompute(use_reentrant=True)` on the whole model with
    GradientMonitor every=2 logs only the model itself ('') in each logged step; torch's
    reentrant `checkpoint` of the whole model logs every module.
@@ -96,12 +99,12 @@ FINDINGS (strict xfails below; numbered as found), by severity:
 10. (low: order-dependent number; neighbours, older code) ``GradientMonitor(m); DropHook(m,
    ...)`` reports the gradient at the pre-dropout output (2.62), the other order and torch's
    native hook 1.51.
-7. (docs) README (Recipes, activation checkpointing) still says MindSpore's
+7. FIXED. (docs) README (Recipes, activation checkpointing) still says MindSpore's
    `Cell.recompute()` is not told from a forward and counted twice, which eafb231 fixed.
 8. (low, debatable) GradientMonitor: a module changing a keyword / list argument in place and
    returning it, whose caller uses that tensor again, reports 15.87 where torch's native
-   grad_output norm (which runs there: the argument is not positional) is 7.75; README says
-   "the gradient of the changed tensor is its grad_output".
+   grad_output norm (which runs there: the argument is not positional) is 7.75; README says "the
+   gradient of the changed tensor is its grad_output".
 
 Not unihook's (seen, not pinned): paddle SOT with MIN_GRAPH_SIZE=0 and the model in eval mode
 drops the gradient of a layer called inside a residual layer's forward (``x + inner(x) *
@@ -285,11 +288,6 @@ PRE_HOOKS: dict[str, tuple[Callable[..., Any], Callable[[Any, Any], Any], Any]] 
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 1: a user pre-hook registered after GradientMonitor that moves or reorders "
-    "the arguments makes a returned input's summed gradient be recorded silently",
-)
 @pytest.mark.parametrize("case", sorted(PRE_HOOKS))
 def test_torch_monitor_with_a_user_pre_hook_reshaping_the_arguments(case: str) -> None:
     """FINDING 1 (silent wrong number). Repro (torch; paddle the same, see
@@ -332,11 +330,6 @@ OTHER_CONTAINERS: dict[str, tuple[Callable[..., Any], Callable[[Any, Any], Any]]
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 2: a returned input held in a UserDict / set / deque / SimpleNamespace "
-    "argument is recorded with its summed gradient, silently",
-)
 @pytest.mark.parametrize("case", sorted(OTHER_CONTAINERS))
 def test_torch_monitor_input_in_another_container(case: str) -> None:
     """FINDING 2 (silent wrong number). Repro: ``inner.forward(self, d): return d["a"]``
@@ -490,11 +483,6 @@ def test_torch_monitor_after_a_keyboard_interrupt_in_forward() -> None:
     assert grew == 0 and residue == (0, {})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 4: GradCAM on a layer inside a non-reentrant checkpoint raises a misleading "
-    "'no gradient reached' error",
-)
 def test_torch_gradcam_inside_a_non_reentrant_checkpoint() -> None:
     """FINDING 4 (misleading error; MindSpore the same, below). Repro: ``body =
     Sequential(Conv2d(4, 5, 3, padding=1), ReLU())`` run through ``checkpoint(body, x,
@@ -539,9 +527,6 @@ def test_torch_gradcam_inside_a_non_reentrant_checkpoint() -> None:
     np.testing.assert_allclose(maps[1], maps[0], atol=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="FINDING 7: README still says MindSpore's recompute is not told apart"
-)
 def test_readme_no_longer_says_mindspore_recompute_is_counted_twice() -> None:
     """FINDING 7 (docs). README, Recipes, activation checkpointing: "MindSpore's
     `Cell.recompute()` is not told from a forward either (MindSpore has no backward flag to
@@ -681,8 +666,15 @@ def test_paddle_monitor_held(paddle_monitor: dict[str, Any], case: str) -> None:
     assert norm is None and warned
 
 
-@pytest.mark.xfail(strict=True, reason="FINDINGS 1, 2, 3 on paddle")
-@pytest.mark.parametrize("case", ["userdict", "keyword_to_position", "prepend", "aux"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "userdict",
+        "keyword_to_position",
+        "prepend",
+        pytest.param("aux", marks=pytest.mark.xfail(strict=True, reason="FINDING 3 on paddle")),
+    ],
+)
 def test_paddle_monitor_findings(paddle_monitor: dict[str, Any], case: str) -> None:
     """FINDINGS 1 (keyword_to_position, prepend: 15.87, no warning), 2 (userdict: 15.87, no
     warning), 3 (aux: 22.02 against 9.22) on paddle: the torch tests' programs as paddle
@@ -1244,7 +1236,6 @@ def test_mindspore_monitor_view_held(ms_run: dict[Any, Any]) -> None:
     assert norm == pytest.approx(NATIVE) and not warned
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 2 on MindSpore (UserDict)")
 def test_mindspore_monitor_input_in_a_userdict(ms_run: dict[Any, Any]) -> None:
     """FINDING 2 on MindSpore: ``inner(collections.UserDict(a=h))`` returning ``d["a"]``:
     15.87 recorded, no warning."""
@@ -1259,7 +1250,6 @@ def test_mindspore_gradcam_reentrant_recompute_held(ms_run: dict[Any, Any]) -> N
     assert ms_run[("gradcam", "nre")][0] is True and ms_run[("gradcam", "nre")][2] is True
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 4 on MindSpore")
 def test_mindspore_gradcam_non_reentrant_recompute(ms_run: dict[Any, Any]) -> None:
     """FINDING 4 on MindSpore. Repro: ``body = SequentialCell([Conv2d(4, 5, 3, pad_mode="pad",
     padding=1, has_bias=True), ReLU()])``, ``body.recompute(use_reentrant=False)`` inside
@@ -1333,11 +1323,6 @@ def test_torch_whole_model_reentrant_checkpoint_every_2_held() -> None:
         assert sorted(entry) == ["", "0", "1", "1.0", "1.1", "2"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 0: GradCAM(model, layer)(x), README's own spelling, leaves its forward hook "
-    "on the layer after the object is gone; every later forward keeps a clone of the output",
-)
 def test_torch_inline_gradcam_keeps_every_later_forwards_output() -> None:
     """FINDING 0 (memory leak in the documented idiom). Repro: ``net = Sequential(Conv2d(3, 8,
     3, padding=1), ReLU(), AdaptiveAvgPool2d(1), Flatten(), Linear(8, 3))``;
@@ -1376,11 +1361,6 @@ def test_torch_inline_gradcam_keeps_every_later_forwards_output() -> None:
     assert not net[1]._forward_hooks or sum(kept) == 0, kept
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 9: MindSpore, an argument freed during the call: its reused ids make a new "
-    "output pass for the returned input (left out with a misleading warning)",
-)
 def test_mindspore_monitor_argument_freed_during_the_call(ms_run: dict[Any, Any]) -> None:
     """FINDING 9 (silent partial norm, misleading warning; MindSpore only, nondeterministic:
     about 1 call in 10). Repro: ``Popper.construct(self, xs, y): t = xs.pop(); del t; return
@@ -1401,7 +1381,6 @@ def test_paddle_gradcam_reentrant_recompute_held(paddle_monitor: dict[str, Any])
     assert paddle_monitor["gradcam_re"] == [True, True, True]
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 4 on paddle (recompute use_reentrant=False)")
 def test_paddle_gradcam_non_reentrant_recompute(paddle_monitor: dict[str, Any]) -> None:
     """FINDING 4 on paddle, worse: ``recompute(body, x, use_reentrant=False)`` (paddle.distributed
     .fleet.utils) around ``Sequential(Conv2D(4, 5, 3, padding=1), ReLU())``: GradCAM on the

@@ -197,13 +197,18 @@ class GradCAM(Recipe):
         self.convention = convention
         self.reshape_transform = reshape_transform
         self.layers: list[str] = [name for name, _ in layers]
-        # per layer, per call: [the output as returned, the gradient of that output]
-        self._calls: list[list[list[Any]]] = [[] for _ in layers]
-        for index, (name, layer) in enumerate(layers):
-            self._hooks.add(
-                name, register_forward_hook(layer, self._keeper(self._calls[index]), name=name)
-            )
+        # The layers' output keepers are placed for a call of the recipe only (as
+        # GuidedBackprop's clamps): until 2026-12-01 they stayed, so every other forward of the
+        # model (a training loop beside a live GradCAM, or after one used inline,
+        # `GradCAM(model, layer)(x)`, was dropped: its hooks held their lists, not the recipe)
+        # kept a copy of each output and its gradient, without bound (helper-72's attack).
+        self._layers = layers
+        self._removed = False
         self.target_classes: np.ndarray | None = None
+
+    def remove(self) -> None:
+        self._removed = True
+        super().remove()
 
     @staticmethod
     def _keeper(calls: list[list[Any]]) -> Any:
@@ -212,8 +217,9 @@ class GradCAM(Recipe):
             if not tensors:
                 return
             # a copy: an in-place op after the layer (ReLU(inplace=True), `out += x`) would
-            # change the output; the tensor hook still gets this value's gradient
-            record = [ops.clone(tensors[0]), None]
+            # change the output; the tensor hook still gets this value's gradient. A call in
+            # the backward is a checkpoint's recomputation of a forward call (`_forward_calls`).
+            record = [ops.clone(tensors[0]), None, ops.in_backward(module)]
             calls.append(record)
 
             def keep_gradient(grad: Any) -> None:
@@ -227,28 +233,32 @@ class GradCAM(Recipe):
         return keep
 
     def __call__(self, x: Any, target: Target = None) -> np.ndarray:
-        if not self._hooks:
+        if self._removed:
             raise RuntimeError("this GradCAM was removed: create a new one")
-        for calls in self._calls:
-            calls.clear()
+        # per layer, per call: [the output as returned, its gradient, made in the backward]
+        kept: list[list[list[Any]]] = [[] for _ in self._layers]
+        keepers = HookGroup()
 
         def forward(inputs: Any) -> Any:
+            # placed once the backend took the call (MindSpore's GRAPH_MODE refused, naming it)
+            for (name, layer), calls in zip(self._layers, kept if not keepers else ()):
+                keepers.add(name, register_forward_hook(layer, self._keeper(calls), name=name))
             score, self.target_classes = _score(self.model(inputs), target)
             return score
 
         try:
             # the forward runs inside: a functional autograd (MindSpore) differentiates it
             ops.forward_backward(forward, x, self.model, caller=type(self).__name__)
-            size = ops.to_numpy(x).shape[2:]
-            maps = [self._map(name, calls, size) for name, calls in zip(self.layers, self._calls)]
         finally:
-            for calls in self._calls:
-                calls.clear()
+            keepers.remove()
+        size = ops.to_numpy(x).shape[2:]
+        maps = [self._map(name, calls, size) for name, calls in zip(self.layers, kept)]
         if self.convention == "pytorch-grad-cam":  # its aggregate_multi_layers, even for one
             return _scale_pgc(np.maximum(np.mean(maps, axis=0), 0)).astype(np.float32)
         return maps[0] if len(maps) == 1 else _normalise(np.mean(maps, axis=0))
 
-    def _map(self, name: str, calls: list[list[Any]], size: tuple[int, ...]) -> np.ndarray:
+    def _map(self, name: str, kept: list[list[Any]], size: tuple[int, ...]) -> np.ndarray:
+        calls = _forward_calls(kept)
         if not -len(calls) <= self.call < len(calls):
             raise HookArgumentError(
                 f"`call` must index the calls of {name!r}, which ran {len(calls)} time(s) in "
@@ -296,6 +306,18 @@ class GradCAMPlusPlus(GradCAM):
         alpha = squared / (2 * squared + total * squared * gradient + 1e-6)
         alpha = np.where(gradient != 0, alpha, 0)
         return (np.maximum(gradient, 0) * alpha).sum(axis=(2, 3))
+
+
+def _forward_calls(kept: list[list[Any]]) -> list[tuple[Any, Any]]:
+    """A layer's forward calls, (output, gradient) each. A checkpoint recomputes calls in the
+    backward: a non-reentrant one's forward outputs get the gradients (its recomputed ones
+    none), a reentrant one's forward ran without gradients and its recomputed outputs get them
+    (the same values), one per forward call, in order: those stand in for calls that got none."""
+    calls = [(record[0], record[1]) for record in kept if not record[2]]
+    again = [(record[0], record[1]) for record in kept if record[2]]
+    if len(again) == len(calls):
+        calls = [call if call[1] is not None else redone for call, redone in zip(calls, again)]
+    return calls
 
 
 def _normalise(cams: np.ndarray) -> np.ndarray:

@@ -8,9 +8,12 @@ import functools
 import heapq
 import math
 import warnings
+import weakref
 from collections import deque
+from collections.abc import Mapping
 from threading import get_ident
-from typing import Any, Callable, Sequence
+from types import SimpleNamespace
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -44,8 +47,8 @@ from ._shared import (
 )
 from .sinks import Writer, write_records
 
-# a call's argument change marks: the positional ones', and the others' by id (`_before`)
-_Marks = tuple[tuple[object, ...], "dict[int, object] | None"]
+# a call's argument tensors' change marks, by id: (a weak reference to it, its mark)
+_Marks = dict[int, tuple["weakref.ref[Any]", object]]
 
 __all__ = ["GradientMonitor", "NonFiniteGradientError"]
 
@@ -367,24 +370,18 @@ class GradientMonitor(Synced):
         """A call starts: its tensor arguments' change marks (their autograd histories),
         which tell a module returning one unchanged (nn.Identity) from one that changed it in
         place (an in-place ReLU, whose output's gradient hook sees the gradient of the changed
-        tensor only). Kept per thread and module until the call ends (`_after`): positional
-        tensors by position, those in keyword arguments and containers (`forward(input=h)`,
-        `forward([h])`) by id (alive for the call: the call holds its arguments)."""
-        marks: list[object] = []
-        nested: dict[int, object] | None = None
+        tensor only). Kept per thread and module until the call ends (`_after`), by id, with a
+        weak reference (an argument freed during the call leaves its id to a new tensor): the
+        positional ones and those in keyword arguments and containers (`forward(input=h)`,
+        `forward([h])`), so a pre-hook of the user's that moves them after this one changes
+        nothing (until 2026-12-01 positional marks went by position: helper-72's attack)."""
+        marks: _Marks = {}
         settled = True  # (the first read settles the pipeline for the others)
-        for a in args:
-            if ops.is_tensor(a):
-                marks.append(ops.change_mark(a, settled=settled))
+        for t in _argument_tensors((args, kwargs), 0):
+            if id(t) not in marks:
+                marks[id(t)] = (weakref.ref(t), ops.change_mark(t, settled=settled))
                 settled = False
-                continue
-            marks.append(None)
-            if isinstance(a, (list, tuple, dict)) or dataclasses.is_dataclass(a):
-                nested = _marks_by_id(ops.tensors_in(a, like=module), nested, settled)
-                settled = settled and not nested
-        if kwargs:
-            nested = _marks_by_id(ops.tensors_in(kwargs, like=module), nested, settled)
-        self._versions.setdefault((get_ident(), name), []).append((tuple(marks), nested))
+        self._versions.setdefault((get_ident(), name), []).append(marks)
 
     def _after(self, module: Any, args: Any, output: Any, *, name: str) -> None:
         key = (get_ident(), name)
@@ -396,7 +393,7 @@ class GradientMonitor(Synced):
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
         stack = self._versions.get((get_ident(), name))
-        versions, nested = stack[-1] if stack else ((), None)
+        marks = stack[-1] if stack else {}
         # (in backward: a part of the model recomputed by a checkpoint; a reentrant one's
         # outputs are those the gradients come through, a non-reentrant one's get none; of a
         # forward `every` skipped when the hooks were placed ahead for the next one)
@@ -407,7 +404,7 @@ class GradientMonitor(Synced):
         if step.world is not None:
             call = step.calls[name] = step.calls.get(name, -1) + 1
         tensors = tensors_of(output, module)
-        if _returns_an_input(tensors, args, versions, nested):  # (that call only: said once)
+        if _returns_an_input(tensors, marks):  # (that call only: said once)
             self._left_out(name)
             return
         for position, tensor in enumerate(tensors):
@@ -651,42 +648,46 @@ class GradientMonitor(Synced):
         return plot(monitor=self, path=path, all_ranks=all_ranks)
 
 
-def _returns_an_input(
-    tensors: Sequence[Any],
-    args: Any,
-    versions: Sequence[object],
-    nested: dict[int, object] | None,
-) -> bool:
-    """Whether one of a module call's output tensors is one of its arguments (`args`, the
-    positional ones; `nested`: the others' change marks by id), not changed in place by the
-    call (`versions`: their change marks as the call started; where the backend tells none,
-    it may have been: the tensor's hook then sees the gradient of the changed tensor, its
+def _returns_an_input(tensors: Sequence[Any], marks: _Marks) -> bool:
+    """Whether one of a module call's output tensors is one of its arguments, not changed in
+    place by the call (`marks`: theirs as the call started; where the backend tells none, it
+    may have been: the tensor's hook then sees the gradient of the changed tensor, its
     grad_output, as for an in-place ReLU)."""
     for tensor in tensors:
-        before = None
-        for i, arg in enumerate(args):
-            if tensor is arg:
-                before = versions[i] if i < len(versions) else None
-                break
-        else:
-            if nested:
-                before = nested.get(id(tensor))
-        if before is not None and before == ops.change_mark(tensor, settled=True):
+        found = marks.get(id(tensor))
+        if found is None or found[0]() is not tensor or found[1] is None:
+            continue
+        if found[1] == ops.change_mark(tensor, settled=True):
             return True
     return False
 
 
-def _marks_by_id(
-    tensors: Sequence[Any], marks: dict[int, object] | None, settled: bool
-) -> dict[int, object] | None:
-    """`marks` with the change marks of `tensors` added by id (`settled`: the first read
-    settles the pipeline)."""
-    for t in tensors:
-        if marks is None:
-            marks = {}
-        marks[id(t)] = ops.change_mark(t, settled=settled)
-        settled = False
-    return marks
+# how deep `_argument_tensors` looks into containers
+_DEPTH = 8
+
+
+def _argument_tensors(value: Any, depth: int) -> Iterator[Any]:
+    """The tensors in a call's arguments: in tuples, lists, dicts and other mappings
+    (`UserDict`, transformers' `BatchEncoding`), sets, deques, namespaces and dataclasses,
+    nested up to `_DEPTH`."""
+    if ops.is_tensor(value):
+        yield value
+        return
+    if depth >= _DEPTH or isinstance(value, (str, bytes)):
+        return
+    items: Any
+    if isinstance(value, Mapping):
+        items = value.values()
+    elif isinstance(value, (tuple, list, set, frozenset, deque)):
+        items = value
+    elif isinstance(value, SimpleNamespace):
+        items = vars(value).values()
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [getattr(value, field.name) for field in dataclasses.fields(value)]
+    else:
+        return
+    for item in items:
+        yield from _argument_tensors(item, depth + 1)
 
 
 def _merged_order(places: Any, names: list[str]) -> list[str]:
