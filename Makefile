@@ -49,7 +49,8 @@ test:
 # The attackers' files run in the MindSpore step (its venv has the same torch and paddle):
 # the two halves then take about as long
 ATTACKS := tests/test_attack_h56.py tests/test_attack_h57.py tests/test_attack_h58.py \
-	tests/test_attack_h61.py tests/test_attack_h64.py tests/test_attack_h67.py tests/test_attack_h68.py
+	tests/test_attack_h61.py tests/test_attack_h64.py tests/test_attack_h67.py tests/test_attack_h68.py \
+	tests/test_attack_h71.py tests/test_attack_h72.py
 
 test-dev: $(STAMP)
 	$(PY) -m pytest -q --durations=15 $(ATTACKS:%=--ignore=%)
