@@ -377,7 +377,8 @@ class GradientMonitor(Synced):
         nothing (until 2026-12-01 positional marks went by position: helper-72's attack)."""
         marks: _Marks = {}
         settled = True  # (the first read settles the pipeline for the others)
-        for t in _argument_tensors((args, kwargs), 0):
+        plain = not kwargs and all(ops.is_tensor(a) for a in args)  # (the usual call)
+        for t in args if plain else _argument_tensors((args, kwargs), 0):
             if id(t) not in marks:
                 marks[id(t)] = (weakref.ref(t), ops.change_mark(t, settled=settled))
                 settled = False
