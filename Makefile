@@ -50,7 +50,7 @@ test:
 # the two halves then take about as long
 ATTACKS := tests/test_attack_h56.py tests/test_attack_h57.py tests/test_attack_h58.py \
 	tests/test_attack_h61.py tests/test_attack_h64.py tests/test_attack_h67.py tests/test_attack_h68.py \
-	tests/test_attack_h71.py tests/test_attack_h72.py
+	tests/test_attack_h71.py tests/test_attack_h72.py tests/test_attack_h73.py
 
 test-dev: $(STAMP)
 	$(PY) -m pytest -q --durations=15 $(ATTACKS:%=--ignore=%)

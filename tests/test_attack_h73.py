@@ -47,28 +47,32 @@ Tried (scripts not kept unless pinned below):
   compiled calls registering hooks on several threads.
 
 FINDINGS (numbered as found; the report ranks them):
-1. GradCAM, a layer called in two reentrant checkpoints (torch `use_reentrant=True`, paddle
-   `recompute`): the recomputations come in backward order (last checkpoint first) and are
-   zipped with the forward calls in forward order: torch gives call 0 the map of call 1 and
-   back, silently; paddle raises "no gradient reached" for call 0.
-2. GradCAM, a layer called once outside and once inside a reentrant checkpoint: the default
-   call=-1 raises "no gradient reached the output" (the recomputed call has it).
-3. GradientMonitor: a dataclass argument with an unset ``field(init=False)``: the monitor's
-   forward pre-hook raises AttributeError; the model runs without the monitor.
-4. GradientMonitor `_argument_tensors`: no visited set: a container referenced k times from
-   itself (or any DAG of shared containers) is walked ~k**6 times per module call (depth 8
-   less the args/kwargs levels; k=6: 0.3 s per module call, k=10: 10**6 visits, seconds each).
-5. Removing a unihook global hook while another thread compiles: its guards read the hook
-   dict after the removal: InternalTorchDynamoError (KeyError) on that thread (torch's native
-   global hooks do the same: the removal is not under `convert_frame.compile_lock`).
-6. forget_compiled is not re-entrant: a hook removed from a finalizer running inside it (the
-   reset frees objects) hangs the thread forever (`_holding` is a plain Lock).
-7. GradCAM on threads: each call's keepers (forward hooks of the layer) record every
-   thread's calls of it: with 4 threads each using its own GradCAM, maps wrong by up to 1.0,
-   silently (a shared one also raises "no gradient reached" now and then).
+1. FIXED on torch and MindSpore (a recomputed call stands in for the forward call whose output
+   it equals), open on paddle. GradCAM, a layer called in two reentrant checkpoints (torch
+   `use_reentrant=True`, paddle `recompute`): the recomputations come in backward order (last
+   checkpoint first) and are zipped with the forward calls in forward order: torch gives call 0
+   the map of call 1 and back, silently; paddle raises "no gradient reached" for call 0.
+2. FIXED (as 1). GradCAM, a layer called once outside and once inside a reentrant checkpoint:
+   the default call=-1 raises "no gradient reached the output" (the recomputed call has it).
+3. FIXED (`getattr(..., None)`). GradientMonitor: a dataclass argument with an unset
+   ``field(init=False)``: the monitor's forward pre-hook raises AttributeError; the model runs
+   without the monitor.
+4. FIXED (a visited set). GradientMonitor `_argument_tensors`: no visited set: a container
+   referenced k times from itself (or any DAG of shared containers) is walked ~k**6 times per
+   module call (depth 8 less the args/kwargs levels; k=6: 0.3 s per module call, k=10: 10**6
+   visits, seconds each).
+5. Removing a unihook global hook while another thread compiles: its guards read the hook dict
+   after the removal: InternalTorchDynamoError (KeyError) on that thread (torch's native global
+   hooks do the same: the removal is not under `convert_frame.compile_lock`).
+6. FIXED (an RLock). forget_compiled is not re-entrant: a hook removed from a finalizer running
+   inside it (the reset frees objects) hangs the thread forever (`_holding` is a plain Lock).
+7. FIXED (a keeper records its own thread's forward calls). GradCAM on threads: each call's
+   keepers (forward hooks of the layer) record every thread's calls of it: with 4 threads each
+   using its own GradCAM, maps wrong by up to 1.0, silently (a shared one also raises "no
+   gradient reached" now and then).
 
-Run: cd /tmp/h73 && PYTHONPATH=/tmp/h73:/tmp/h73/backends GLOG_minloglevel=2
-/work/main/.venv/bin/python -m pytest -q tests/test_attack_h73.py
+Run: PYTHONPATH=.:backends GLOG_minloglevel=2 .venv/bin/python -m pytest -q
+tests/test_attack_h73.py
 """
 
 from __future__ import annotations
@@ -157,11 +161,6 @@ def test_torch_gradcam_two_calls_held(reentrant: Any) -> None:
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 1: GradCAM pairs reentrant checkpoints' recomputed calls (backward order) "
-    "with the forward calls in forward order: the maps of call 0 and call 1 are swapped",
-)
 def test_torch_gradcam_two_reentrant_checkpoints() -> None:
     """Repro: `h = checkpoint(block, h, use_reentrant=True)` twice with the same layer `L`
     (block = relu(L(t))); ``GradCAM(model, "L", call=0)(x, target=1)`` returns the map of the
@@ -178,11 +177,6 @@ def test_torch_gradcam_two_reentrant_checkpoints() -> None:
         np.testing.assert_allclose(got[call], native[call], atol=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 2: a layer called outside and inside a reentrant checkpoint: GradCAM "
-    "raises 'no gradient reached' for the checkpointed call (its recomputation has one)",
-)
 def test_torch_gradcam_layer_outside_and_inside_a_reentrant_checkpoint() -> None:
     """Repro: ``h = block(h); h = checkpoint(block, h, use_reentrant=True)`` with block =
     relu(L(t)); ``GradCAM(model, "L")(x, target=1)`` raises RuntimeError "GradCAM: no gradient
@@ -242,11 +236,6 @@ def _threads_model() -> tuple[Any, list[Any]]:
     return model, [torch.randn(2, 3, 8, 8) for _ in range(4)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 7: GradCAMs called at once on threads (one each, same model): each call's "
-    "keepers record the other threads' calls of the layer: wrong maps, silently",
-)
 def test_torch_gradcam_on_threads() -> None:
     """Repro: 4 threads, each ``cam = GradCAM(model, "L")`` of its own and ``cam(x_k,
     target=k)`` 5 times on one model: the maps differ from the same calls made one at a time
@@ -404,11 +393,6 @@ print({"apart": float(np.abs(ref[0] - ref[1]).max()), "got": got})
 
 
 @pytest.mark.skipif(not _MINDSPORE.exists(), reason="no MindSpore venv")
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 1 (MindSpore): a layer called in two recomputed cells: GradCAM's call=0 "
-    "and call=1 maps are swapped",
-)
 def test_mindspore_gradcam_two_recomputed_cells() -> None:
     """Repro (MindSpore 2.10, PYNATIVE): cells b1, b2 = Block(L) each (relu(L(x))), both
     ``.recompute()``; ``GradCAM(m, "L", call=c)(x, target=1)`` differs from the same model
@@ -486,11 +470,6 @@ def test_torch_monitor_against_a_functional_copy_held() -> None:
         assert len(said) == 1 and "'i'" in said[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 3: GradientMonitor's pre-hook reads every dataclass field: an unset "
-    "field(init=False) raises AttributeError in a forward that runs without the monitor",
-)
 def test_torch_monitor_dataclass_with_an_unset_field() -> None:
     """Repro: ``@dataclass class Batch: x: Tensor; extra: int = field(init=False)``; a model
     whose submodule takes ``Batch(x)`` and uses ``b.x`` runs; with ``GradientMonitor(model)``
@@ -530,11 +509,6 @@ def test_torch_monitor_dataclass_with_an_unset_field() -> None:
         monitor.remove()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 4: _argument_tensors walks shared containers again at every reference: "
-    "a list referencing itself k times costs ~k**6 visits per module call",
-)
 def test_torch_monitor_self_referencing_container_visits(monkeypatch: Any) -> None:
     """Repro: ``cfg = []; cfg.extend([cfg] * 10)``; ``model(x, cfg)`` with GradientMonitor on
     does ~10**6 visits per module call (k=6 already takes 0.3 s per call). Counted here
@@ -545,9 +519,9 @@ def test_torch_monitor_self_referencing_container_visits(monkeypatch: Any) -> No
     visits = [0]
     walk = mod._argument_tensors
 
-    def counted(value: Any, depth: int) -> Any:
+    def counted(value: Any, depth: int, seen: Any) -> Any:
         visits[0] += 1
-        return walk(value, depth)
+        return walk(value, depth, seen)
 
     monkeypatch.setattr(mod, "_argument_tensors", counted)
 
@@ -661,11 +635,6 @@ def test_torch_forget_compiled_interrupted_held(reentrant_child: dict[str, Any])
     assert reentrant_child["interrupted"] and reentrant_child["interval"] == 0.005
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 6: forget_compiled is not re-entrant: a hook removed by a finalizer that "
-    "the reset runs hangs the thread (`_holding` is a plain Lock)",
-)
 def test_torch_forget_compiled_reentered_from_a_finalizer(
     reentrant_child: dict[str, Any],
 ) -> None:

@@ -297,7 +297,7 @@ def _held_gil() -> Iterator[None]:
     """No other thread runs Python inside (unless this one blocks): a thread waiting for the
     GIL asks for it only after the switch interval, raised to `_HOLD` seconds; the sleep lets
     one whose wait began before go first (a wait begun before a switch asks for nothing)."""
-    with _holding:  # (one interval to put back)
+    with _holding:  # (one interval to put back; re-entered by a removal a finalizer makes)
         interval = sys.getswitchinterval()
         try:
             sys.setswitchinterval(_HOLD)
@@ -307,7 +307,7 @@ def _held_gil() -> Iterator[None]:
             sys.setswitchinterval(interval)
 
 
-_holding = threading.Lock()
+_holding = threading.RLock()
 
 
 if "torch._dynamo" in sys.modules:

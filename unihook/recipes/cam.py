@@ -8,6 +8,7 @@ numpy arrays.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Sequence, Union
 
 import numpy as np
@@ -212,14 +213,21 @@ class GradCAM(Recipe):
 
     @staticmethod
     def _keeper(calls: list[list[Any]]) -> Any:
+        thread = threading.get_ident()
+
         def keep(module: Any, args: Any, output: Any) -> None:
+            # A call in the backward is a checkpoint's recomputation of a forward call
+            # (`_forward_calls`); another thread's forward is not this GradCAM's (helper-73's
+            # attack: GradCAMs used at once on threads took each other's calls).
+            recomputed = ops.in_backward(module)
+            if not recomputed and threading.get_ident() != thread:
+                return
             tensors = ops.tensors_in(output, like=module)
             if not tensors:
                 return
             # a copy: an in-place op after the layer (ReLU(inplace=True), `out += x`) would
-            # change the output; the tensor hook still gets this value's gradient. A call in
-            # the backward is a checkpoint's recomputation of a forward call (`_forward_calls`).
-            record = [ops.clone(tensors[0]), None, ops.in_backward(module)]
+            # change the output; the tensor hook still gets this value's gradient
+            record = [ops.clone(tensors[0]), None, recomputed]
             calls.append(record)
 
             def keep_gradient(grad: Any) -> None:
@@ -311,13 +319,27 @@ class GradCAMPlusPlus(GradCAM):
 def _forward_calls(kept: list[list[Any]]) -> list[tuple[Any, Any]]:
     """A layer's forward calls, (output, gradient) each. A checkpoint recomputes calls in the
     backward: a non-reentrant one's forward outputs get the gradients (its recomputed ones
-    none), a reentrant one's forward ran without gradients and its recomputed outputs get them
-    (the same values), one per forward call, in order: those stand in for calls that got none."""
+    none), a reentrant one's forward ran without gradients and its recomputed outputs get them.
+    A recomputed call stands in for the forward call without a gradient whose output it
+    equals (recomputations run in the backward's order, segment by segment: not paired by
+    order, helper-73's attack)."""
     calls = [(record[0], record[1]) for record in kept if not record[2]]
-    again = [(record[0], record[1]) for record in kept if record[2]]
-    if len(again) == len(calls):
-        calls = [call if call[1] is not None else redone for call, redone in zip(calls, again)]
+    again = [(record[0], record[1]) for record in kept if record[2] and record[1] is not None]
+    for index, (output, gradient) in enumerate(calls):
+        if gradient is not None or not again:
+            continue
+        value = ops.to_numpy(output)
+        values = [ops.to_numpy(redone[0]) for redone in again]
+        for same in (np.array_equal, _close):  # (exact first: a nondeterministic kernel, close)
+            k = next((k for k, v in enumerate(values) if same(v, value, equal_nan=True)), None)
+            if k is not None:
+                calls[index] = again.pop(k)
+                break
     return calls
+
+
+def _close(a: np.ndarray, b: np.ndarray, equal_nan: bool) -> bool:
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=equal_nan))
 
 
 def _normalise(cams: np.ndarray) -> np.ndarray:

@@ -378,7 +378,7 @@ class GradientMonitor(Synced):
         marks: _Marks = {}
         settled = True  # (the first read settles the pipeline for the others)
         plain = not kwargs and all(ops.is_tensor(a) for a in args)  # (the usual call)
-        for t in args if plain else _argument_tensors((args, kwargs), 0):
+        for t in args if plain else _argument_tensors((args, kwargs), 0, set()):
             if id(t) not in marks:
                 marks[id(t)] = (weakref.ref(t), ops.change_mark(t, settled=settled))
                 settled = False
@@ -663,18 +663,22 @@ def _returns_an_input(tensors: Sequence[Any], marks: _Marks) -> bool:
     return False
 
 
-# how deep `_argument_tensors` looks into containers
+# how deep `_argument_tensors` looks into containers, and what it skips at once
 _DEPTH = 8
+_SCALARS = (str, bytes, int, float, complex, type(None))
 
 
-def _argument_tensors(value: Any, depth: int) -> Iterator[Any]:
+def _argument_tensors(value: Any, depth: int, seen: set[int]) -> Iterator[Any]:
     """The tensors in a call's arguments: in tuples, lists, dicts and other mappings
     (`UserDict`, transformers' `BatchEncoding`), sets, deques, namespaces and dataclasses,
-    nested up to `_DEPTH`."""
+    nested up to `_DEPTH`, each container once (`seen`: a container holding itself, or one
+    shared, was walked again at each reference: helper-73's attack)."""
+    if isinstance(value, _SCALARS):
+        return
     if ops.is_tensor(value):
         yield value
         return
-    if depth >= _DEPTH or isinstance(value, (str, bytes)):
+    if depth >= _DEPTH or id(value) in seen:
         return
     items: Any
     if isinstance(value, Mapping):
@@ -684,11 +688,13 @@ def _argument_tensors(value: Any, depth: int) -> Iterator[Any]:
     elif isinstance(value, SimpleNamespace):
         items = vars(value).values()
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        items = [getattr(value, field.name) for field in dataclasses.fields(value)]
+        # (a field with init=False may be unset: helper-73's attack)
+        items = [getattr(value, field.name, None) for field in dataclasses.fields(value)]
     else:
         return
+    seen.add(id(value))
     for item in items:
-        yield from _argument_tensors(item, depth + 1)
+        yield from _argument_tensors(item, depth + 1, seen)
 
 
 def _merged_order(places: Any, names: list[str]) -> list[str]:
