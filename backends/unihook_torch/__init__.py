@@ -324,17 +324,21 @@ def unihook_register_global_hook(
         return None
 
     def install() -> Callable[[], None]:
-        from ._compile import forget_compiled, watch_call_impl, watch_hooks
+        from ._compile import compiles_held, forget_compiled, watch_call_impl, watch_hooks
         from ._global import add
 
-        # torch.compile: no guard sees a global hook come or go (native or unihook's)
+        # torch.compile: no guard sees a global hook come or go (native or unihook's): the
+        # compiled frames are dropped once it came (a frame compiled meanwhile too), and it
+        # comes and goes while no frame compiles
         release = watch_hooks()
-        forget_compiled()
         cancel = watch_call_impl()
-        remove = add(kind, hook, with_kwargs, always_call)
+        with compiles_held():
+            remove = add(kind, hook, with_kwargs, always_call)
+        forget_compiled()
 
         def remover() -> None:
-            remove()
+            with compiles_held():
+                remove()
             cancel()
             forget_compiled()
             release()

@@ -39,6 +39,7 @@ from unihook.backend import (
 
 __all__ = [
     "EagerUnderCompile",
+    "compiles_held",
     "forget_compiled",
     "outside_compiler",
     "outside_dynamo",
@@ -274,6 +275,12 @@ def forget_compiled() -> None:
                 extra = getattr(guards, "extra_state", None)
                 if extra is not None and not isinstance(guards, DeletedGuardManagerWrapper):
                     extra.invalidate(entry, DeletedGuardManagerWrapper(_FORGOTTEN))
+                    # The entry's old guards keep pointers to it, which dynamo's finalizers
+                    # follow when an object they guard dies (dynamo's own invalidation drops
+                    # them with the guards): a reset freeing the entry later left them
+                    # dangling, and the exit's finalizers crashed (SIGSEGV).
+                    guards.cache_entry = None
+                    guards.extra_state = None
 
 
 def _compiled_frame_elsewhere(convert_frame: Any) -> bool:
@@ -290,6 +297,20 @@ def _compiled_frame_elsewhere(convert_frame: Any) -> bool:
                 return True
             frame = frame.f_back
     return False
+
+
+@contextmanager
+def compiles_held() -> Iterator[None]:
+    """No frame compiles meanwhile (dynamo's lock, once dynamo is imported): a global hook
+    coming or going changes what the guards of a frame compiling on another thread read
+    (`InternalTorchDynamoError` there: helper-73's attack)."""
+    if "torch._dynamo" not in sys.modules:
+        yield
+        return
+    from torch._dynamo import convert_frame
+
+    with convert_frame.compile_lock:
+        yield
 
 
 @contextmanager
