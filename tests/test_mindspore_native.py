@@ -1668,3 +1668,28 @@ def test_recipes_on_a_recomputed_cell(reentrant: bool) -> None:
     assert sorted(norms) == sorted(plain_norms) and "1.0" in norms
     for name, norm in plain_norms.items():
         assert norms[name] == pytest.approx(norm, rel=1e-5), name
+
+
+def test_gradient_monitor_records_an_lstm_whose_outputs_come_apart() -> None:
+    """An LSTM returns its output and its states, none computed from another: `ops.derived`
+    walks their grad nodes down to the earliest one's sequence number and records the cell
+    (torch's too; paddle's is left out: README, Recipes), while a cell returning a tensor
+    and its sum is left out with the warning."""
+    from unihook import ops
+    from unihook.recipes import GradientMonitor
+
+    lstm = ms.nn.LSTM(4, 3, num_layers=2, batch_first=True)
+    x = ms.Tensor(np.random.default_rng(0).normal(size=(2, 5, 4)).astype(np.float32))
+
+    def loss(t: Any) -> Any:
+        out, (h, c) = lstm(t)
+        assert ops.derived([out, h, c], [t]) is False
+        assert ops.derived([out, ops.sum(out, axis=1)], [t]) is True
+        return out.sum() + h.sum() + c.sum()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        with GradientMonitor(lstm) as monitor:
+            ms.grad(loss)(x)
+    assert "" in monitor.history[-1]
+    assert not [w for w in caught if "GradientMonitor" in str(w.message)]

@@ -35,7 +35,8 @@ backends use them.
   where it cannot leave its graph.
 - **Ops**: a backend's ``unihook_ops`` returns a subclass of `unihook.ops.Ops` (the base class of
   the ops facet: defaults where one is right, NotImplementedError naming the method where
-  not); `map_dataclass` maps the fields of a dataclass output (``tensors_in``).
+  not); `map_dataclass` maps the fields of a dataclass output (``tensors_in``);
+  `history_reaches` walks autograd graphs for `Ops.derived`.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from ._checks import (
     show_value,
 )
 from ._describe import Site, type_name
+from ._history import history_reaches
 from ._imports import cancel_when_imported, install_when_imported, when_imported
 from ._kept_inputs import check_kept_input, check_returned_input, kept_inputs, note_changes
 from ._locks import RegistryLock, undo_if_unfinished
@@ -91,6 +93,7 @@ __all__ = [
     "global_label",
     "has_module_backward",
     "held_tensors",
+    "history_reaches",
     "install_when_imported",
     "items_of",
     "kept_inputs",

@@ -30,6 +30,7 @@ __all__ = [
     "copy_into",
     "cpu_moments",
     "cpu_sum_squares",
+    "derived",
     "detach",
     "drop_block",
     "drop_block_rate",
@@ -184,6 +185,10 @@ class Ops:
     def change_mark(self, t: Any, settled: bool) -> object:
         """See the function `change_mark`: `object_version` by default."""
         return object_version(t)
+
+    def derived(self, tensors: Sequence[Any], arguments: Sequence[Any]) -> bool | None:
+        """See the function `derived`: None (cannot tell) by default."""
+        return None
 
     def on_grad(self, t: Any, fn: Callable[[Any], None]) -> bool:
         """See the function `on_grad`: `register_tensor_hook` by default."""
@@ -699,6 +704,16 @@ def change_mark(t: Any, settled: bool = False) -> object:
     if type(found).change_mark is Ops.change_mark:
         return object_version(t)
     return found.change_mark(t, settled)
+
+
+def derived(tensors: Sequence[Any], arguments: Sequence[Any] = ()) -> bool | None:
+    """Whether one of `tensors`, a module call's outputs, was computed from another (its
+    autograd history reaches that one's): the gradient reaching that one then sums its use
+    inside the call (`return f, f.sum()`) with the caller's, not its grad_output; what
+    GradientMonitor asks of a module returning several tensors. `arguments`: the call's
+    argument tensors, whose histories from before the call are not walked. None where the
+    backend cannot tell (a long history not given as an argument; a traced call)."""
+    return ops_for(tensors[0]).derived(tensors, arguments) if tensors else False
 
 
 def copy_into(buffer: Any, t: Any) -> Any:

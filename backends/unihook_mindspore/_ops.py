@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import weakref
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Iterator, Sequence, Union
 
 import mindspore
 import numpy as np
@@ -13,7 +13,7 @@ from mindspore import ops
 from mindspore.graph.api import _pynative_executor
 from mindspore.nn.layer.normalization import _BatchNorm
 
-from unihook.backend import map_dataclass
+from unihook.backend import history_reaches, map_dataclass
 from unihook.errors import BackendStateError
 from unihook.ops import Moments, Ops, cpu_moments, cpu_sum_squares, drop_block_rate
 
@@ -24,6 +24,23 @@ _detached: Callable[[Any], Any] = ops.stop_gradient
 
 Axis = Union[None, int, Sequence[int]]
 Tensor = mindspore.Tensor
+
+
+def _grad_nodes(tensors: Sequence[Any]) -> Iterator[Any]:
+    for t in tensors:
+        node = getattr(t, "_grad_node", None)
+        if node is not None:
+            yield node
+
+
+def _edges(node: Any) -> Iterator[tuple[int, None, Any]]:
+    for before, _ in node.next_functions:
+        if before is not None:
+            yield before._unique_id(), None, before
+
+
+def _sequence_nr(node: Any) -> int:
+    return node._sequence_nr()
 
 
 def _axes(axis: Axis) -> Any:
@@ -211,6 +228,22 @@ class MindSporeOps(Ops):
         # `copy_` only: `t[i] = v` and `ops.assign(t, v)` change `t` in place and leave it as it
         # was, and a container that did so after its child ran got the child's numbers
         return None
+
+    def derived(self, tensors: Sequence[Any], arguments: Sequence[Any]) -> bool | None:
+        # grad nodes by `_unique_id()`, read once the pipeline ran the ops issued so far
+        # (as `change_mark`), down to the earliest output's sequence number (as torch's) or,
+        # with a leaf among the outputs (its node's number is the largest), to the
+        # arguments' nodes. Which output of a node a tensor is goes untold: a node two
+        # outputs come from is one target.
+        _pynative_executor.sync()
+        outputs = [(node._unique_id(), None, node) for node in _grad_nodes(tensors)]
+        if len(outputs) < 2:
+            return False
+        if not any(node.is_leaf() for _, _, node in outputs):
+            floor = min(node._sequence_nr() for _, _, node in outputs)
+            return history_reaches(outputs, _edges, _sequence_nr, floor)
+        stops = frozenset(node._unique_id() for node in _grad_nodes(arguments))
+        return history_reaches(outputs, _edges, _sequence_nr, None, stops)
 
     def change_mark(self, t: Any, settled: bool) -> object:
         # Every in-place op, `t[i] = v` too, gives the tensor a new grad node (InplaceCopy,

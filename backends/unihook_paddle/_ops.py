@@ -14,7 +14,7 @@ import paddle.nn.functional as F
 from paddle.nn.layer.norm import _BatchNormBase
 from paddle.utils.layers_utils import map_structure
 
-from unihook.backend import map_dataclass
+from unihook.backend import history_reaches, map_dataclass
 from unihook.errors import HookTargetError
 from unihook.ops import Moments, Ops, cpu_moments, cpu_sum_squares, drop_block_rate
 
@@ -23,6 +23,23 @@ Axis = Union[None, int, Sequence[int]]
 
 def _axes(axis: Axis) -> Any:
     return list(axis) if isinstance(axis, Sequence) else axis
+
+
+def _grad_nodes(tensors: Sequence[Any]) -> Iterator[Any]:
+    for t in tensors:
+        node = None if t.stop_gradient else t.grad_fn
+        if node is not None:
+            yield node
+
+
+def _edges(node: Any) -> Iterator[tuple[int, None, Any]]:
+    for before in node.next_functions:
+        if before is not None:
+            yield before.node_ptr(), None, before
+
+
+def _no_order(node: Any) -> None:
+    return None
 
 
 def _is_tensor(obj: object) -> bool:
@@ -220,6 +237,16 @@ class PaddleOps(Ops):
 
     def is_leaf(self, t: Any) -> bool:
         return bool(t.is_leaf)
+
+    def derived(self, tensors: Sequence[Any], arguments: Sequence[Any]) -> bool | None:
+        # grad nodes by address, down to the arguments' nodes and the leaves' accumulation
+        # nodes: paddle numbers no node, nor says which of a node's outputs an edge takes (a
+        # node two outputs come from is one target)
+        outputs = [(node.node_ptr(), None, node) for node in _grad_nodes(tensors)]
+        if len(outputs) < 2:
+            return False
+        stops = frozenset(node.node_ptr() for node in _grad_nodes(arguments))
+        return history_reaches(outputs, _edges, _no_order, None, stops)
 
     def change_mark(self, t: Any, settled: bool) -> object:
         # The tensor's grad node: an in-place op autograd records replaces it; one it does not

@@ -286,14 +286,22 @@ def forget_compiled() -> None:
 def _compiled_frame_elsewhere(convert_frame: Any) -> bool:
     """Whether a thread other than this one runs a frame dynamo compiled (one of its
     transformed code objects is on that thread's stack: threads `threading` does not know, as
-    `_thread`'s, too)."""
+    `_thread`'s, too) or is inside a compiled callable (dynamo's `compile_wrapper` or its
+    frame conversion on its stack): there it may be in dynamo's C frame callback, whose
+    compiled frame is not on the stack yet and which holds the frame's cache entries across
+    the lock it waits for to compile one (a reset then freed them under it: SIGSEGV under
+    load, CI on 67e982e)."""
     others = [f for ident, f in sys._current_frames().items() if ident != threading.get_ident()]
     if not others:
         return False
+    from torch._dynamo import eval_frame
+
     compiled = {id(code) for code in (w() for w in convert_frame.output_codes.seen) if code}
+    dynamo_files = {eval_frame.__file__, convert_frame.__file__}
     for frame in others:
         while frame is not None:
-            if id(frame.f_code) in compiled:
+            code = frame.f_code
+            if id(code) in compiled or code.co_filename in dynamo_files:
                 return True
             frame = frame.f_back
     return False

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
-from unihook.backend import map_dataclass
+from unihook.backend import history_reaches, map_dataclass
 from unihook.errors import HookArgumentError
 from unihook.ops import Moments, Ops, cpu_moments, cpu_sum_squares, drop_block_rate
 
@@ -34,6 +34,16 @@ _MARK = "unihook.change_mark"
 _marks = itertools.count(1)
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32)
 _FLOATS = (torch.float32, torch.float64)
+
+
+def _edges(node: Any) -> Iterator[tuple[int, int, Any]]:
+    for before, index in node.next_functions:
+        if before is not None:
+            yield id(before), index, before
+
+
+def _sequence_nr(node: Any) -> int:
+    return node._sequence_nr()
 
 
 def _wrapper_types() -> tuple[type, ...]:
@@ -408,6 +418,37 @@ class TorchOps(Ops):
 
     def is_leaf(self, t: Any) -> bool:
         return t.grad_fn is None
+
+    def derived(self, tensors: Sequence[Any], arguments: Sequence[Any]) -> bool | None:
+        # grad_fn graphs, walked down to the earliest output's sequence number (a node on a
+        # path between two outputs was made after the earlier one, on the thread of the
+        # call). A returned leaf (a parameter) is its AccumulateGrad node, made long before:
+        # then down to the arguments' nodes (a path through an argument computed from a
+        # returned tensor made before the call is not walked then). Traced by dynamo there
+        # is no graph to read.
+        if torch.compiler.is_compiling():
+            return None
+        outputs: list[tuple[Any, int | None, Any]] = []
+        floor: int | None = sys.maxsize
+        for t in tensors:
+            if not t.requires_grad:
+                continue
+            node, index = t.grad_fn, t.output_nr
+            if node is None:
+                if not torch.is_grad_enabled():
+                    continue
+                node, index = t.view_as(t).grad_fn.next_functions[0]
+                floor = None
+            elif floor is not None:
+                floor = min(floor, node._sequence_nr())
+            outputs.append((id(node), index, node))
+        if len(outputs) < 2:
+            return False
+        if floor is not None:
+            return history_reaches(outputs, _edges, _sequence_nr, floor)
+        held = [a.grad_fn for a in arguments]  # (held: their ids are the stops)
+        stops = frozenset(id(node) for node in held if node is not None)
+        return history_reaches(outputs, _edges, _sequence_nr, None, stops)
 
     def change_mark(self, t: Any, settled: bool) -> object:
         # The tensor's autograd history: an in-place op autograd records replaces `grad_fn`;

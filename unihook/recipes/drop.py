@@ -17,7 +17,9 @@ class DropHook(Recipe):
     """Inject dropout (``mode="dropout"``) or DropBlock (``mode="dropblock"``, NCHW outputs) on
     the outputs of target modules while the model is in training mode; an identity in eval
     mode. The model trains as usual with its optimizer: nothing is wrapped or subclassed.
-    Removable, and a context manager.
+    The drop runs before the module's other forward hooks (``prepend``), whenever they were
+    registered: they and the recipes see the output the call returns. Removable, and a
+    context manager.
 
     `targets`: ``{"layer3": 0.1, model.layer4: 0.3}`` (modules or qualified names to drop
     probabilities), or a module, a name or a list of either with one probability `p`.
@@ -67,7 +69,12 @@ class DropHook(Recipe):
         try:
             for (name, module), q in chosen:
                 hook = self._dropout(q) if mode == "dropout" else self._drop_block(q, block_size)
-                self._hooks.add(name, register_forward_hook(module, hook, when="train", name=name))
+                # first among the module's forward hooks, also those registered before: every
+                # other hook sees the dropped output, the one the call returns and whose
+                # gradient is its grad_output (until 2026-12-01 a GradientMonitor made before
+                # hooked the output before the drop: helper-72's attack)
+                handle = register_forward_hook(module, hook, when="train", name=name, prepend=True)
+                self._hooks.add(name, handle)
         except BaseException:
             self.remove()
             raise

@@ -54,6 +54,15 @@ __all__ = ["GradientMonitor", "NonFiniteGradientError"]
 
 _POLICIES = ("raise", "warn", "ignore")
 
+# why a module's grad_output norm is left out (`_left_out`)
+_RETURNED = (
+    "returned its input unchanged as its output, whose gradient sums every use of that input"
+)
+_FROM_ANOTHER = (
+    "returned a tensor twice or one computed from another (or the backend cannot tell which), "
+    "whose gradient sums its use inside the call with the caller's"
+)
+
 
 class NonFiniteGradientError(UnihookError, FloatingPointError):
     """A gradient with NaN or Inf reached a module's output (the first one in backward order).
@@ -149,8 +158,9 @@ class GradientMonitor(Synced):
     Each module's forward hook puts a gradient hook on its output tensors (a tuple's or
     namedtuple's each; `ops.on_grad`, torch's own hook on torch): no module backward hook,
     which paddle can only emulate at a cost. A module returning an input unchanged
-    (nn.Identity) is left out, with a RuntimeWarning: its output's gradient sums every use of
-    the input, not its grad_output. A container returning its last child's output (same
+    (nn.Identity), or a tensor and one computed from it (``return f, f.sum()``), is left out,
+    with a RuntimeWarning: the first one's gradient sums every use of it, not its grad_output
+    (`ops.derived`). A container returning its last child's output (same
     tensor, same version) shares its hook. Norms are sums of squares accumulated in
     float64 (torch and paddle agree to the gradients' own precision); a module called several
     times reports the norm over all its calls' grad_outputs. `where`: as ActivationStats'.
@@ -406,7 +416,10 @@ class GradientMonitor(Synced):
             call = step.calls[name] = step.calls.get(name, -1) + 1
         tensors = tensors_of(output, module)
         if _returns_an_input(tensors, marks):  # (that call only: said once)
-            self._left_out(name)
+            self._left_out(name, _RETURNED)
+            return
+        if len(tensors) > 1 and _one_from_another(tensors, marks):
+            self._left_out(name, _FROM_ANOTHER)
             return
         for position, tensor in enumerate(tensors):
             version = ops.object_version(tensor)
@@ -438,22 +451,23 @@ class GradientMonitor(Synced):
                     seen.names = names
             self._last = (tensor, version, names)
 
-    def _left_out(self, name: str) -> None:
-        """A module returning an input tensor unchanged as its output (nn.Identity, eval
-        Dropout): a gradient hook on that tensor sees the gradient of every use of it, also
-        those around the call (`h + self.norm(h)` with `norm = nn.Identity()`), where its
-        grad_output is that of the uses of the output only (until 2026-11-30 that sum was
-        recorded as its norm, silently). Only a module backward hook can tell them apart, by
-        handing the caller an alias of the tensor; a monitor placing one would change what
-        the model computes where the framework cannot follow in-place ops through it
-        (paddle, MindSpore) and make torch raise where it ran, so the call is left out of
-        the history, said once per module."""
+    def _left_out(self, name: str, why: str) -> None:
+        """A module whose output tensor's gradient is not its grad_output: one returning an
+        input tensor unchanged (nn.Identity, eval Dropout), whose gradient hook sees the
+        gradient of every use of it, also those around the call (`h + self.norm(h)` with
+        `norm = nn.Identity()`; until 2026-11-30 that sum was recorded, silently), or one
+        returning a tensor and another computed from it (`return f, f.sum()`: BERT's sequence
+        and pooled outputs), whose hook on the first sums its use inside the call with the
+        caller's (until 2026-12-01 recorded: helper-72's attack). Only a module backward hook
+        can tell them apart, by handing the caller aliases of the outputs; a monitor placing
+        one would change what the model computes where the framework cannot follow in-place
+        ops through it (paddle, MindSpore) and make torch raise where it ran, so the call is
+        left out of the history, said once per module."""
         self._last = None
         if name not in self._returning:
             self._returning.add(name)
             warnings.warn(
-                f"GradientMonitor: module {name!r} returned its input unchanged as its output, "
-                "whose gradient sums every use of that input: its grad_output norm is not "
+                f"GradientMonitor: module {name!r} {why}: its grad_output norm is not "
                 "recorded (a module backward hook tells it: register_full_backward_pre_hook)",
                 RuntimeWarning,
                 stacklevel=2,
@@ -647,6 +661,16 @@ class GradientMonitor(Synced):
         from .plots import plot
 
         return plot(monitor=self, path=path, all_ranks=all_ranks)
+
+
+def _one_from_another(tensors: Sequence[Any], marks: _Marks) -> bool:
+    """Whether a module call returned one tensor twice or one computed from another (or the
+    backend cannot tell: `ops.derived`), so that the gradient reaching the first sums its
+    uses inside the call with the caller's."""
+    if len({id(t) for t in tensors}) < len(tensors):
+        return True
+    arguments = [t for t in (ref() for ref, _ in marks.values()) if t is not None]
+    return ops.derived(tensors, arguments) is not False
 
 
 def _returns_an_input(tensors: Sequence[Any], marks: _Marks) -> bool:
