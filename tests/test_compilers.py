@@ -1043,3 +1043,38 @@ def test_torch_removal_and_backends_inside_a_compiled_function_without_fullgraph
     assert out["removal_global_graph_break"] == [None, True, []]
     assert out["removal_module_graph_break"] == [None, True, []]
     assert out["backends_graph_break"] == [None, True]
+
+
+def test_torch_threads_are_listed_with_the_garbage_collector_off(monkeypatch: Any) -> None:
+    """A global hook coming or going looks at the other threads' frames
+    (`sys._current_frames`) with the garbage collector off: the call holds CPython's lock on
+    its thread list while it makes frame objects, and a collection those allocations started
+    freed a `threading.local` (a ModuleBackward's), whose cleanup takes that lock: the
+    process hung (CI on 67e982e, in test_removal_in_the_call). Deadlocks only when a
+    collection lands inside the call, so the call itself is watched."""
+    import gc
+    import threading
+
+    pytest.importorskip("torch")
+    import torch._dynamo  # noqa: F401  (the frames are looked at once dynamo is imported)
+
+    import unihook
+
+    listed: list[bool] = []
+    real = sys._current_frames
+
+    def watched() -> dict[int, Any]:
+        listed.append(gc.isenabled())
+        return real()
+
+    monkeypatch.setattr(sys, "_current_frames", watched)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)  # (alone, a thread looks at no frames)
+    other.start()
+    try:
+        unihook.register_module_forward_pre_hook(lambda m, a: None, backend="torch").remove()
+    finally:
+        stop.set()
+        other.join()
+    assert listed and not any(listed)
+    assert gc.isenabled()

@@ -20,6 +20,7 @@ Three dynamo behaviours would silently skip them:
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
@@ -291,7 +292,7 @@ def _compiled_frame_elsewhere(convert_frame: Any) -> bool:
     compiled frame is not on the stack yet and which holds the frame's cache entries across
     the lock it waits for to compile one (a reset then freed them under it: SIGSEGV under
     load, CI on 67e982e)."""
-    others = [f for ident, f in sys._current_frames().items() if ident != threading.get_ident()]
+    others = [f for ident, f in _current_frames().items() if ident != threading.get_ident()]
     if not others:
         return False
     from torch._dynamo import eval_frame
@@ -305,6 +306,20 @@ def _compiled_frame_elsewhere(convert_frame: Any) -> bool:
                 return True
             frame = frame.f_back
     return False
+
+
+def _current_frames() -> dict[int, Any]:
+    """`sys._current_frames()` with the garbage collector off: it holds the interpreter's lock
+    on its thread list while it makes frame objects, and a collection those allocations
+    started freed a `threading.local`, whose cleanup takes that lock (CPython 3.11): the
+    process hung (CI on 67e982e, a ModuleBackward collected)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @contextmanager
