@@ -421,11 +421,11 @@ class TorchOps(Ops):
 
     def derived(self, tensors: Sequence[Any], arguments: Sequence[Any]) -> bool | None:
         # grad_fn graphs, walked down to the earliest output's sequence number (a node on a
-        # path between two outputs was made after the earlier one, on the thread of the
-        # call). A returned leaf (a parameter) is its AccumulateGrad node, made long before:
-        # then down to the arguments' nodes (a path through an argument computed from a
-        # returned tensor made before the call is not walked then). Traced by dynamo there
-        # is no graph to read.
+        # path between two outputs made on the thread of the call was made after the earlier
+        # one), then, where that found none, down to the arguments' nodes (a path through
+        # an argument computed from a returned tensor made before the call is not walked
+        # there). A returned leaf (a parameter) is its AccumulateGrad node, made long before:
+        # only the second walk. Traced by dynamo there is no graph to read.
         if torch.compiler.is_compiling():
             return None
         outputs: list[tuple[Any, int | None, Any]] = []
@@ -445,7 +445,13 @@ class TorchOps(Ops):
         if len(outputs) < 2:
             return False
         if floor is not None:
-            return history_reaches(outputs, _edges, _sequence_nr, floor)
+            found = history_reaches(outputs, _edges, _sequence_nr, floor)
+            if found is not False:
+                return found  # (a path found is one; None: past the budget)
+        # Sequence numbers count per thread: a node made on another thread during the call
+        # (a worker's, CUDA's backward threads' under `autograd.grad(create_graph=True)`) may
+        # be numbered below the floor (helper-74's attack). Then down to the arguments' nodes,
+        # without the floor: the call's own graph.
         held = [a.grad_fn for a in arguments]  # (held: their ids are the stops)
         stops = frozenset(id(node) for node in held if node is not None)
         return history_reaches(outputs, _edges, _sequence_nr, None, stops)

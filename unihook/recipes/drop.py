@@ -18,7 +18,8 @@ class DropHook(Recipe):
     the outputs of target modules while the model is in training mode; an identity in eval
     mode. The model trains as usual with its optimizer: nothing is wrapped or subclassed.
     The drop runs before the module's other forward hooks (``prepend``), whenever they were
-    registered: they and the recipes see the output the call returns. Removable, and a
+    registered: they and the recipes see the output the call returns. Global forward hooks
+    run before a module's own (torch's order): they see the output before the drop. Removable, and a
     context manager.
 
     `targets`: ``{"layer3": 0.1, model.layer4: 0.3}`` (modules or qualified names to drop
