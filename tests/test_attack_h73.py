@@ -47,8 +47,9 @@ Tried (scripts not kept unless pinned below):
   compiled calls registering hooks on several threads.
 
 FINDINGS (numbered as found; the report ranks them):
-1. FIXED on torch and MindSpore (a recomputed call stands in for the forward call whose output
-   it equals), open on paddle. GradCAM, a layer called in two reentrant checkpoints (torch
+1. FIXED on torch, MindSpore and paddle (a recomputed call stands in for the forward call
+   whose output it equals; on paddle, 2026-12-01, once its in-backward test held). GradCAM,
+   a layer called in two reentrant checkpoints (torch
    `use_reentrant=True`, paddle `recompute`): the recomputations come in backward order (last
    checkpoint first) and are zipped with the forward calls in forward order: torch gives call 0
    the map of call 1 and back, silently; paddle raises "no gradient reached" for call 0.
@@ -346,15 +347,13 @@ def test_paddle_gradcam_held() -> None:
             np.testing.assert_allclose(got[call], native[call], atol=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 1 (paddle): a layer called in two `recompute`s: GradCAM raises 'no "
-    "gradient reached' for call 0",
-)
 def test_paddle_gradcam_two_recomputes() -> None:
     """Repro: paddle ``h = recompute(block, h)`` twice with the same layer `L`;
     ``GradCAM(model, "L", call=0)(x, target=1)`` raises RuntimeError "no gradient reached the
-    output of 'L' (call 0)" (torch's reentrant checkpoint gives the swapped maps instead)."""
+    output of 'L' (call 0)" (torch's reentrant checkpoint gives the swapped maps instead).
+    FIXED (2026-12-01): paddle's in-backward flag, cleared by the first recomputation's inner
+    backward, is no longer the only test (`ops.in_backward` looks for a PyLayer's backward
+    on the stack inside recompute's `dygraph.guard()`)."""
     got, native = _paddle_cam(True, 2)
     for call in range(2):
         assert not isinstance(got[call], Exception), got[call]

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator, Sequence, Union
 import numpy as np
 import paddle
 import paddle.nn.functional as F
+from paddle.autograd.py_layer import PyLayerBackward
 from paddle.nn.layer.norm import _BatchNormBase
 from paddle.utils.layers_utils import map_structure
 
@@ -23,6 +24,23 @@ Axis = Union[None, int, Sequence[int]]
 
 def _axes(axis: Axis) -> Any:
     return list(axis) if isinstance(axis, Sequence) else axis
+
+
+_tracer = paddle.base.framework._dygraph_tracer
+_OWN_TRACER = _tracer()  # paddle's, outside any `dygraph.guard()` (the backend loads outside)
+
+
+def _in_a_py_layer_backward() -> bool:
+    """Whether a PyLayer's backward (a reentrant `recompute`'s) is on this thread's stack:
+    paddle runs a backward on the thread that asked for it."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "backward" and isinstance(
+            frame.f_locals.get("ctx"), PyLayerBackward
+        ):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _grad_nodes(tensors: Sequence[Any]) -> Iterator[Any]:
@@ -295,7 +313,17 @@ class PaddleOps(Ops):
         return bool(paddle.is_grad_enabled())
 
     def in_backward(self, like: Any) -> bool:
-        return bool(paddle.base.core.eager._is_run_in_backward())
+        if paddle.base.core.eager._is_run_in_backward():
+            return True
+        # paddle's flag is one bool: a backward run inside another (the inner one of a
+        # reentrant `recompute`) clears it when it ends, for the rest of the outer one, whose
+        # later segments' recomputations then passed for forwards (counted twice by
+        # ActivationStats, no GradientMonitor norm). recompute's backward re-runs its segment
+        # inside `dygraph.guard()`, a tracer of its own: there (and in code run inside
+        # `dygraph.guard()`) the stack tells, a PyLayer's backward being on it.
+        if _tracer() is _OWN_TRACER:
+            return False
+        return _in_a_py_layer_backward()
 
     def world(self, like: Any) -> tuple[int, int] | None:
         dist = sys.modules.get("paddle.distributed")
