@@ -41,12 +41,12 @@ def history_reaches(
         stack = [node]
         while stack:
             current = stack.pop()
-            for key, index, before in edges(current):
-                if key in targets or (key, index) in targets:
+            for name, index, before in edges(current):
+                if name in targets or (name, index) in targets:
                     return True
-                if key in visited:
+                if name in visited:
                     continue
-                visited.add(key)
+                visited.add(name)
                 hold.append(before)
                 made = order(before)
                 if floor is not None and made is not None and made < floor:
