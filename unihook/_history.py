@@ -12,7 +12,7 @@ Entry = tuple[Hashable, "int | None", Any]
 
 # the nodes one walk visits at most: beyond, it cannot tell (a call that reads a long history
 # it was not given as an argument)
-BUDGET = 4096
+BUDGET = 16384
 
 
 def history_reaches(
