@@ -437,7 +437,10 @@ class TorchOps(Ops):
             if node is None:
                 if not torch.is_grad_enabled():
                     continue
-                node, index = t.view_as(t).grad_fn.next_functions[0]
+                try:
+                    node, index = t.view_as(t).grad_fn.next_functions[0]
+                except RuntimeError:
+                    return None  # (a layout without views, a sparse parameter: cannot tell)
                 floor = None
             elif floor is not None:
                 floor = min(floor, node._sequence_nr())
