@@ -52,8 +52,11 @@ ATTACKS := tests/test_attack_h56.py tests/test_attack_h57.py tests/test_attack_h
 	tests/test_attack_h61.py tests/test_attack_h64.py tests/test_attack_h67.py tests/test_attack_h68.py \
 	tests/test_attack_h71.py tests/test_attack_h72.py tests/test_attack_h73.py
 
+# the slowest tests each step lists (`make test DURATIONS=150` to see where the time goes)
+DURATIONS ?= 15
+
 test-dev: $(STAMP)
-	$(PY) -m pytest -q --durations=15 $(ATTACKS:%=--ignore=%)
+	$(PY) -m pytest -q --durations=$(DURATIONS) $(ATTACKS:%=--ignore=%)
 
 # the wheel in a fresh venv with MindSpore only (its packages are this venv's), and the README's
 # quickstart beside the three frameworks
@@ -62,7 +65,7 @@ MS_PACKAGE := $(foreach t,quickstart_from_the_wheel_with_one_framework[mindspore
 	'tests/test_package.py::test_$(t)')
 
 test-mindspore: $(MS_STAMP)
-	UNIHOOK_CONFORMANCE_BACKEND=mindspore $(MS_PY) -m pytest -q --durations=15 unihook/conformance \
+	UNIHOOK_CONFORMANCE_BACKEND=mindspore $(MS_PY) -m pytest -q --durations=$(DURATIONS) unihook/conformance \
 		tests/test_differential_kits.py tests/test_differential_backward.py \
 		tests/test_differential_forward.py tests/test_mindspore_native.py tests/test_demo.py \
 		tests/test_bench_smoke_mindspore.py tests/test_kept_inputs_mindspore.py $(ATTACKS) \
