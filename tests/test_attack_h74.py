@@ -553,7 +553,6 @@ class _CacheModel(nn.Module):
         return h.sum() + 2.0 * self.inner(x).sum()
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 4: a returned non-argument tensor's other uses")
 def test_finding4_a_module_returning_a_tensor_made_before_the_call() -> None:
     torch.manual_seed(0)
     model = _CacheModel()

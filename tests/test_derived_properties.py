@@ -52,10 +52,10 @@ def programs(draw: Any) -> Program:
     return Program(tuple(steps), tuple(returned))
 
 
-def run(program: Program, x: Any, w: Any, fw: Any) -> list[Any]:
+def run(program: Program, x: Any, w: Any, fw: Any, *state: Any) -> list[Any]:
     """The pool of tensors the program builds (torch and paddle spell the ops alike but the
-    chunk's axis)."""
-    pool = [x, w]
+    chunk's axis), from x, w and `state` (tensors made before the call)."""
+    pool = [x, w, *state]
     for op, i, j in program.steps:
         a, b = pool[i], pool[j]
         if op == "scale":
@@ -243,3 +243,80 @@ def test_a_returned_sparse_parameter_is_left_out_not_raised() -> None:
             y.sum().backward()
     assert not monitor.history or "" not in monitor.history[-1]
     assert any("computed from another" in str(w.message) for w in caught)
+
+
+# the loss's weights of x, the state and up to three outputs
+LOSS_STATE = np.random.default_rng(5).normal(size=(5, 2, 4)).astype(np.float32)
+
+
+@st.composite
+def programs_with_state(draw: Any) -> Program:
+    """Programs over x, w and a state made before the call (pool index 2), returning one to
+    three tensors."""
+    steps: list[tuple[str, int, int]] = []
+    size = 3
+    for _ in range(draw(st.integers(0, 5))):
+        op = draw(st.sampled_from(OPS))
+        steps.append((op, draw(st.integers(0, size - 1)), draw(st.integers(0, size - 1))))
+        size += 2 if op == "chunk" else 1
+    count = draw(st.integers(1, min(3, size)))
+    returned = draw(st.lists(st.integers(0, size - 1), min_size=count, max_size=count, unique=True))
+    return Program(tuple(steps), tuple(returned))
+
+
+def build_with_state(program: Program) -> Any:
+    """torch: `inner` runs the program on its argument, its parameter and `self.mem`, a
+    tensor the outer module made before the call and uses in its loss too."""
+    weights = [torch.tensor(w) for w in LOSS_STATE]
+
+    class Inner(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.tensor(W0))
+            self.mem: Any = None
+
+        def forward(self, x: Any) -> Any:
+            pool = run(program, x, self.w, torch, self.mem)
+            return tuple(pool[k] for k in program.returned)
+
+    class Outer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x0: Any) -> Any:
+            x = x0 * 1.0
+            mem = self.inner.mem = torch.tanh(x0) * 0.5
+            outputs = self.inner(x)
+            loss = (x * weights[0]).sum() + (mem * weights[1]).sum()
+            for k, out in enumerate(outputs):
+                loss = loss + (out * weights[k + 2][: out.shape[0]]).sum()
+            return loss
+
+    return Outer()
+
+
+@SETTINGS
+@given(programs_with_state())
+def test_monitor_entry_beside_a_state_made_before_the_call(program: Program) -> None:
+    """torch: GradientMonitor's entry for a module whose outputs may be (or come from) a
+    tensor made before its call is torch's native grad_output norm, or the module is left
+    out with its RuntimeWarning; returning that tensor itself always leaves it out (its
+    gradient sums the outer module's use of it: helper-74's FINDING 4)."""
+    model = build_with_state(program)
+    seen: list[Any] = []
+    handle = model.inner.register_full_backward_pre_hook(lambda m, g: seen.append(g))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model(torch.tensor(X0, requires_grad=True)).backward()
+    handle.remove()
+    if not seen:  # no output carries a gradient (torch calls no hook)
+        return
+    native = float(np.sqrt(sum(float((g.double() ** 2).sum()) for g in seen[0] if g is not None)))
+    norm, said = monitored(build_with_state(program), torch.tensor(X0, requires_grad=True), torch)
+    if 2 in program.returned:
+        assert norm is None and said, (program, norm, native)
+    elif norm is None:
+        assert said, program
+    else:
+        assert norm == pytest.approx(native, rel=1e-5), (program, norm, native)

@@ -190,6 +190,14 @@ class Ops:
         """See the function `derived`: None (cannot tell) by default."""
         return None
 
+    def history_mark(self) -> object:
+        """See the function `history_mark`: None (cannot tell) by default."""
+        return None
+
+    def made_before(self, tensors: Sequence[Any], mark: object) -> bool | None:
+        """See the function `made_before` (`mark` is not None here): None by default."""
+        return None
+
     def on_grad(self, t: Any, fn: Callable[[Any], None]) -> bool:
         """See the function `on_grad`: `register_tensor_hook` by default."""
         from .api import register_tensor_hook
@@ -714,6 +722,25 @@ def derived(tensors: Sequence[Any], arguments: Sequence[Any] = ()) -> bool | Non
     argument tensors, whose histories from before the call are not walked. None where the
     backend cannot tell (a long history not given as an argument; a traced call)."""
     return ops_for(tensors[0]).derived(tensors, arguments) if tensors else False
+
+
+def history_mark(like: Any) -> object:
+    """A mark of the autograd history this thread has made so far (torch: the sequence number
+    its next autograd node gets), which `made_before` compares with; None where the backend
+    cannot tell. `like`: a tensor or module of the backend."""
+    return ops_for(like).history_mark()
+
+
+def made_before(tensors: Sequence[Any], mark: object) -> bool | None:
+    """Whether one of `tensors`, a module call's outputs, has an autograd history older than
+    `mark` (`history_mark` as the call started): a tensor made before the call (a state an
+    earlier layer set, `return self.mem`; an argument returned unchanged), whose gradient
+    sums every use of it, not the call's grad_output; what GradientMonitor asks of a module's
+    outputs. A leaf (a parameter) has no history and is not told. None where the backend
+    cannot tell (no mark; a call traced by a compiler)."""
+    if mark is None or not tensors:
+        return None
+    return ops_for(tensors[0]).made_before(tensors, mark)
 
 
 def copy_into(buffer: Any, t: Any) -> Any:

@@ -32,6 +32,8 @@ def _dims(axis: Axis) -> Any:
 # `change_mark`'s key in a grad node's metadata, and its numbers (1, 2, ...: 0 is a leaf's)
 _MARK = "unihook.change_mark"
 _marks = itertools.count(1)
+# the sequence number this thread's next autograd node gets (a peek: no node is made)
+_next_sequence_nr: Callable[[], int] | None = getattr(torch._C._autograd, "_get_sequence_nr", None)
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32)
 _FLOATS = (torch.float32, torch.float64)
 
@@ -458,6 +460,24 @@ class TorchOps(Ops):
         held = [a.grad_fn for a in arguments]  # (held: their ids are the stops)
         stops = frozenset(id(node) for node in held if node is not None)
         return history_reaches(outputs, _edges, _sequence_nr, None, stops)
+
+    def history_mark(self) -> object:
+        # the number this thread's next autograd node gets: numbers count up per thread (a
+        # node another thread makes during the call may be numbered lower: then the call is
+        # left out, conservatively); traced by dynamo there is no graph to read
+        if _next_sequence_nr is None or torch.compiler.is_compiling():
+            return None
+        return _next_sequence_nr()
+
+    def made_before(self, tensors: Sequence[Any], mark: object) -> bool | None:
+        if torch.compiler.is_compiling():
+            return None
+        assert isinstance(mark, int)
+        for t in tensors:
+            node = t.grad_fn
+            if node is not None and node._sequence_nr() < mark:
+                return True
+        return False
 
     def change_mark(self, t: Any, settled: bool) -> object:
         # The tensor's autograd history: an in-place op autograd records replaces `grad_fn`;

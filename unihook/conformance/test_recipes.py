@@ -269,6 +269,38 @@ def test_gradient_monitor_of_a_module_returning_one_output_from_another(
         assert "inner.fc" in step
 
 
+def test_gradient_monitor_of_a_module_returning_a_tensor_made_before_the_call(
+    backend: Any,
+) -> None:
+    """A module returning a tensor made before its call that is not one of its arguments (a
+    state an earlier layer set: ``return self.mem``): the gradient reaching that tensor sums
+    every use of it, the caller's of the output and the others', not the call's grad_output
+    (here 8.94, the caller's alone, where the tensor's is 13.4), so the call is left out with
+    the RuntimeWarning (until 2026-12-01 that sum was its norm, silently: helper-74's attack);
+    the layer that made the tensor keeps its norm. Where the backend cannot mark the history
+    as a call starts (`ops.history_mark` None: paddle, MindSpore) the sum is still recorded
+    (README, GradientMonitor)."""
+
+    def forward(self: Any, x: Any) -> Any:
+        h = self.pre(x)
+        self.inner.mem = h
+        return ops.sum(h) + ops.sum(self.inner(x)) * 2.0
+
+    inner = backend.module(lambda self, x: self.mem)
+    model = backend.module(forward, {"pre": backend.linear(3, 4), "inner": inner})
+    if ops.history_mark(model) is None:
+        pytest.xfail(f"{backend.name} cannot mark the autograd history as a call starts")
+    x = np.random.default_rng(9).normal(size=(5, 3)).astype(np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        with GradientMonitor(model) as monitor:
+            backend.backward(model(backend.tensor(x)))
+    said = [str(w.message) for w in caught if "made before the call" in str(w.message)]
+    step = monitor.history[-1]
+    assert "inner" not in step and said and "'inner'" in said[0], (step, said)
+    assert step["pre"] == pytest.approx(180.0**0.5, rel=1e-6)  # (1 + 2)² x 20: its grad_output
+
+
 def test_gradient_monitor_tells_a_returned_input_per_thread(backend: Any) -> None:
     """A module shared by two threads whose calls overlap: on thread A it changes its input in
     place and returns it (its gradient is its grad_output: recorded), on thread B it returns

@@ -49,6 +49,8 @@ from .sinks import Writer, write_records
 
 # a call's argument tensors' change marks, by id: (a weak reference to it, its mark)
 _Marks = dict[int, tuple["weakref.ref[Any]", object]]
+# a call's arguments' marks and the autograd history as it started (`ops.history_mark`)
+_Call = tuple[_Marks, object]
 
 __all__ = ["GradientMonitor", "NonFiniteGradientError"]
 
@@ -57,6 +59,10 @@ _POLICIES = ("raise", "warn", "ignore")
 # why a module's grad_output norm is left out (`_left_out`)
 _RETURNED = (
     "returned its input unchanged as its output, whose gradient sums every use of that input"
+)
+_MADE_BEFORE = (
+    "returned a tensor made before the call that is not one of its arguments (a state kept "
+    "from earlier), whose gradient sums every use of that tensor"
 )
 _FROM_ANOTHER = (
     "returned a tensor twice or one computed from another (or the backend cannot tell which), "
@@ -228,7 +234,7 @@ class GradientMonitor(Synced):
 
         # per thread and module, its running calls' arguments' change marks as they started
         # (`_before`; a module shared by threads has calls running on each at once)
-        self._versions: dict[tuple[int, str], list[_Marks]] = {}
+        self._versions: dict[tuple[int, str], list[_Call]] = {}
         # the modules seen returning an input as their output, unchanged (`_left_out`: said once)
         self._returning: set[str] = set()
 
@@ -392,7 +398,8 @@ class GradientMonitor(Synced):
             if id(t) not in marks:
                 marks[id(t)] = (weakref.ref(t), ops.change_mark(t, settled=settled))
                 settled = False
-        self._versions.setdefault((get_ident(), name), []).append(marks)
+        call = (marks, ops.history_mark(module))
+        self._versions.setdefault((get_ident(), name), []).append(call)
 
     def _after(self, module: Any, args: Any, output: Any, *, name: str) -> None:
         key = (get_ident(), name)
@@ -404,7 +411,7 @@ class GradientMonitor(Synced):
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
         stack = self._versions.get((get_ident(), name))
-        marks = stack[-1] if stack else {}
+        marks, mark = stack[-1] if stack else ({}, None)
         # (in backward: a part of the model recomputed by a checkpoint; a reentrant one's
         # outputs are those the gradients come through, a non-reentrant one's get none; of a
         # forward `every` skipped when the hooks were placed ahead for the next one)
@@ -417,6 +424,9 @@ class GradientMonitor(Synced):
         tensors = tensors_of(output, module)
         if _returns_an_input(tensors, marks):  # (that call only: said once)
             self._left_out(name, _RETURNED)
+            return
+        if ops.made_before(tensors, mark):  # (None: the backend cannot tell, recorded)
+            self._left_out(name, _MADE_BEFORE)
             return
         if len(tensors) > 1 and _one_from_another(tensors, marks):
             self._left_out(name, _FROM_ANOTHER)
@@ -458,7 +468,9 @@ class GradientMonitor(Synced):
         `norm = nn.Identity()`; until 2026-11-30 that sum was recorded, silently), or one
         returning a tensor and another computed from it (`return f, f.sum()`: BERT's sequence
         and pooled outputs), whose hook on the first sums its use inside the call with the
-        caller's (until 2026-12-01 recorded: helper-72's attack). Only a module backward hook
+        caller's (until 2026-12-01 recorded: helper-72's attack), or one returning a tensor
+        made before the call that is not an argument (`return self.mem`: every use of it,
+        where the backend tells, `ops.made_before`; helper-74's). Only a module backward hook
         can tell them apart, by handing the caller aliases of the outputs; a monitor placing
         one would change what the model computes where the framework cannot follow in-place
         ops through it (paddle, MindSpore) and make torch raise where it ran, so the call is
