@@ -33,7 +33,9 @@ def _dims(axis: Axis) -> Any:
 _MARK = "unihook.change_mark"
 _marks = itertools.count(1)
 # the sequence number this thread's next autograd node gets (a peek: no node is made)
-_next_sequence_nr: Callable[[], int] | None = getattr(torch._C._autograd, "_get_sequence_nr", None)
+_next_sequence_nr: Callable[[], int] | None = getattr(
+    getattr(torch._C, "_autograd", None), "_get_sequence_nr", None
+)
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32)
 _FLOATS = (torch.float32, torch.float64)
 

@@ -49,8 +49,9 @@ from .sinks import Writer, write_records
 
 # a call's argument tensors' change marks, by id: (a weak reference to it, its mark)
 _Marks = dict[int, tuple["weakref.ref[Any]", object]]
-# a call's arguments' marks and the autograd history as it started (`ops.history_mark`)
-_Call = tuple[_Marks, object]
+# a call's arguments' marks, the autograd history as it started (`ops.history_mark`), and
+# its place among the calls started (`_started`)
+_Call = tuple[_Marks, object, int]
 
 __all__ = ["GradientMonitor", "NonFiniteGradientError"]
 
@@ -61,8 +62,12 @@ _RETURNED = (
     "returned its input unchanged as its output, whose gradient sums every use of that input"
 )
 _MADE_BEFORE = (
-    "returned a tensor made before the call that is not one of its arguments (a state kept "
-    "from earlier), whose gradient sums every use of that tensor"
+    "returned a tensor made before the call (or on another thread) that is not one of its "
+    "arguments (a state kept from earlier), whose gradient sums every use of that tensor"
+)
+_RETURNED_AGAIN = (
+    "returned a tensor that a later call returned again (a state it kept), whose gradient "
+    "sums both calls' uses"
 )
 _FROM_ANOTHER = (
     "returned a tensor twice or one computed from another (or the backend cannot tell which), "
@@ -117,10 +122,14 @@ class _Step:
         "leaves",
         "dropping",
         "grad_sync",
+        "hooked",
         "__weakref__",  # (a backend may hold `drop_leaves` weakly until a backward ends)
     )
 
     def __init__(self, world: tuple[int, int] | None, serial: int = 0) -> None:
+        # the output tensors hooked, by id: the names their hook adds to, and the calls
+        # started by then (see `_record`, `_unhook_earlier`)
+        self.hooked: dict[int, tuple[weakref.ref[Any], list[str], int]] = {}
         self.norms: dict[str, float] = {}
         self.squares: dict[str, float] = {}  # this rank's, over every backward of the forward
         self.logged = False  # in `history` once its first gradient arrived
@@ -237,6 +246,7 @@ class GradientMonitor(Synced):
         self._versions: dict[tuple[int, str], list[_Call]] = {}
         # the modules seen returning an input as their output, unchanged (`_left_out`: said once)
         self._returning: set[str] = set()
+        self._started = 0  # calls started (`_before`): which came before which
 
         def hooks(group: HookGroup) -> None:
             group.add("", register_forward_pre_hook(model, self._new_step, with_kwargs=True))
@@ -398,7 +408,8 @@ class GradientMonitor(Synced):
             if id(t) not in marks:
                 marks[id(t)] = (weakref.ref(t), ops.change_mark(t, settled=settled))
                 settled = False
-        call = (marks, ops.history_mark(module))
+        self._started += 1
+        call = (marks, ops.history_mark(module), self._started)
         self._versions.setdefault((get_ident(), name), []).append(call)
 
     def _after(self, module: Any, args: Any, output: Any, *, name: str) -> None:
@@ -411,7 +422,7 @@ class GradientMonitor(Synced):
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
         stack = self._versions.get((get_ident(), name))
-        marks, mark = stack[-1] if stack else ({}, None)
+        marks, mark, started = stack[-1] if stack else ({}, None, 0)
         # (in backward: a part of the model recomputed by a checkpoint; a reentrant one's
         # outputs are those the gradients come through, a non-reentrant one's get none; of a
         # forward `every` skipped when the hooks were placed ahead for the next one)
@@ -427,6 +438,7 @@ class GradientMonitor(Synced):
             return
         if ops.made_before(tensors, mark):  # (None: the backend cannot tell, recorded)
             self._left_out(name, _MADE_BEFORE)
+            self._unhook_earlier(step, tensors, started)
             return
         if len(tensors) > 1 and _one_from_another(tensors, marks):
             self._left_out(name, _FROM_ANOTHER)
@@ -454,12 +466,28 @@ class GradientMonitor(Synced):
                     continue
             elif not ops.on_grad(tensor, hook):
                 continue  # no gradient will come (no_grad, or a constant output)
+            step.hooked[id(tensor)] = (weakref.ref(tensor), names, self._started)
             if key is not None:
                 kind = self._slots.kind(key)
                 if kind != SAMPLE:  # compared across ranks (kept until decided: NEW)
                     seen = step.seen[key] = Seen(tensor, step.batch, kind == NEW, args)
                     seen.names = names
             self._last = (tensor, version, names)
+
+    def _unhook_earlier(self, step: _Step, tensors: Sequence[Any], started: int) -> None:
+        """A call (the `started`-th) returning a tensor a call of this forward that came before
+        it returned (a module keeping its output, `self.cache`, called twice; until 2026-12-01
+        the first call's norm summed both calls' uses: helper-76's attack): the earlier call's
+        hook on it sees this call's uses too, where torch's hook on that call sees its own, so
+        that call goes too. A call inside this one (a child whose output it returns) stays."""
+        for tensor in tensors:
+            found = step.hooked.get(id(tensor))
+            if found is None or found[0]() is not tensor or found[2] >= started:
+                continue
+            names = found[1]
+            for name in names:
+                self._left_out(name, _RETURNED_AGAIN)
+            names.clear()  # (its hook adds to no module now)
 
     def _left_out(self, name: str, why: str) -> None:
         """A module whose output tensor's gradient is not its grad_output: one returning an
@@ -494,6 +522,8 @@ class GradientMonitor(Synced):
             return
         if not step.logged or step.world is not None or step.leaves:
             self._merge_at_end(step, grad)
+        if not names:  # (its calls were left out after the hook was placed: _unhook_earlier)
+            return
         squares = ops.sum_squares(grad)
         for name in names:
             total = step.squares.get(name, 0.0) + squares
