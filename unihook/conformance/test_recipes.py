@@ -276,10 +276,13 @@ def test_gradient_monitor_of_a_module_returning_a_tensor_made_before_the_call(
     state an earlier layer set: ``return self.mem``): the gradient reaching that tensor sums
     every use of it, the caller's of the output and the others', not the call's grad_output
     (here 8.94, the caller's alone, where the tensor's is 13.4), so the call is left out with
-    the RuntimeWarning (until 2026-12-01 that sum was its norm, silently: helper-74's attack);
-    the layer that made the tensor keeps its norm. Where the backend cannot mark the history
-    as a call starts (`ops.history_mark` None: paddle, MindSpore) the sum is still recorded
-    (README, GradientMonitor)."""
+    the RuntimeWarning (until 2026-12-01 that sum was its norm, silently: helper-74's attack).
+    The layer that returned the tensor first goes too: its hook sees the later call's uses,
+    which torch's hook on it sees where the caller kept its output (as here) and does not
+    where the layer kept it itself (a cache returned again: helper-76's attack); a tensor
+    hook cannot tell which. Where the backend cannot mark the history as a call starts
+    (`ops.history_mark` None: paddle, MindSpore) the sum is still recorded (README,
+    GradientMonitor)."""
 
     def forward(self: Any, x: Any) -> Any:
         h = self.pre(x)
@@ -295,10 +298,11 @@ def test_gradient_monitor_of_a_module_returning_a_tensor_made_before_the_call(
         warnings.simplefilter("always", RuntimeWarning)
         with GradientMonitor(model) as monitor:
             backend.backward(model(backend.tensor(x)))
-    said = [str(w.message) for w in caught if "made before the call" in str(w.message)]
+    said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
     step = monitor.history[-1]
-    assert "inner" not in step and said and "'inner'" in said[0], (step, said)
-    assert step["pre"] == pytest.approx(180.0**0.5, rel=1e-6)  # (1 + 2)² x 20: its grad_output
+    assert "inner" not in step and "pre" not in step and "" in step, (step, said)
+    assert len(said) == 2 and "'inner'" in said[0] and "made before the call" in said[0], said
+    assert "'pre'" in said[1] and "a later call returned again" in said[1], said
 
 
 def test_gradient_monitor_tells_a_returned_input_per_thread(backend: Any) -> None:
