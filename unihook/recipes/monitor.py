@@ -520,9 +520,11 @@ class GradientMonitor(Synced):
             # torch's full backward hook machinery (BackwardHookFunction) calls the hooks of an
             # output the loss does not use with None: no gradient reached it
             return
+        if not names and step.world is None:
+            return  # (its calls were left out after the hook was placed: _unhook_earlier)
         if not step.logged or step.world is not None or step.leaves:
-            self._merge_at_end(step, grad)
-        if not names:  # (its calls were left out after the hook was placed: _unhook_earlier)
+            self._merge_at_end(step, grad)  # (ranks: also for a left-out call's, to merge)
+        if not names:
             return
         squares = ops.sum_squares(grad)
         for name in names:
