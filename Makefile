@@ -54,14 +54,9 @@ ATTACKS := tests/test_attack_h56.py tests/test_attack_h57.py tests/test_attack_h
 
 # the slowest tests each step lists (`make test DURATIONS=150` to see where the time goes)
 DURATIONS ?= 15
-# One thread per framework in each step: the two steps run side by side on two cores, where
-# each framework's own pool of threads spun against the other step's (the same two test files
-# run twice at once: 43 s each with one thread, 57 s with torch's default two). A test that
-# needs a framework's default count removes the variable for its child.
-ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 test-dev: $(STAMP)
-	$(ONE_THREAD) $(PY) -m pytest -q --durations=$(DURATIONS) $(ATTACKS:%=--ignore=%)
+	$(PY) -m pytest -q --durations=$(DURATIONS) $(ATTACKS:%=--ignore=%)
 
 # the wheel in a fresh venv with MindSpore only (its packages are this venv's), and the README's
 # quickstart beside the three frameworks
@@ -70,8 +65,7 @@ MS_PACKAGE := $(foreach t,quickstart_from_the_wheel_with_one_framework[mindspore
 	'tests/test_package.py::test_$(t)')
 
 test-mindspore: $(MS_STAMP)
-	$(ONE_THREAD) UNIHOOK_CONFORMANCE_BACKEND=mindspore $(MS_PY) -m pytest -q \
-		--durations=$(DURATIONS) unihook/conformance \
+	UNIHOOK_CONFORMANCE_BACKEND=mindspore $(MS_PY) -m pytest -q --durations=$(DURATIONS) unihook/conformance \
 		tests/test_differential_kits.py tests/test_differential_backward.py \
 		tests/test_differential_forward.py tests/test_mindspore_native.py tests/test_demo.py \
 		tests/test_bench_smoke_mindspore.py tests/test_kept_inputs_mindspore.py $(ATTACKS) \
