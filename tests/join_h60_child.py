@@ -483,4 +483,7 @@ if __name__ == "__main__":
     from children import start_ranks
 
     scenario, world, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    start_ranks(lambda rank: globals()[scenario](rank, world), world, prefix, timeout=5)
+    # a collective waits 30 s (one rank compiling while the other waits, on a loaded host);
+    # the tests of scenarios known to hang (strict xfails) set 5
+    timeout = float(os.environ.get("COLLECTIVE_TIMEOUT", "30"))
+    start_ranks(lambda rank: globals()[scenario](rank, world), world, prefix, timeout=timeout)

@@ -4,7 +4,8 @@ wrapper has its synced recipes before it (`TorchOps.on_join`, `Synced._check_in_
 
 Each test marked FINDING failed on 36abfd8; the others (HELD) are what the attack tried that
 held, kept as guards. The multi-rank tests run one scenario of tests/join_h59_child.py on gloo
-CPU ranks (a collective waits 5 s; the whole run is killed after BOUND seconds)."""
+CPU ranks (a collective waits 30 s, 5 s in the scenarios known to hang; the whole run is
+killed after BOUND seconds)."""
 
 from __future__ import annotations
 
@@ -32,12 +33,18 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (  # noq
 from unihook.recipes import DropHook  # noqa: E402
 
 CHILD = Path(__file__).with_name("join_h59_child.py")
-BOUND = 45  # seconds for one scenario's ranks
+BOUND = 150  # seconds for one scenario's ranks (up to 27 s alone; over 45 s on a loaded host)
 
 
-def _ranks(scenario: str, world: int, tmp_path: Path) -> list[dict[str, Any]]:
+# for a scenario known to wait in unpaired collectives (a strict xfail): its ranks give up soon
+HANGS = {"COLLECTIVE_TIMEOUT": "5"}
+
+
+def _ranks(
+    scenario: str, world: int, tmp_path: Path, env: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     """What each rank pickled; a HANG or a CRASH fails the test (`run_ranks`)."""
-    return run_ranks(CHILD, [scenario, str(world)], world, tmp_path, BOUND)
+    return run_ranks(CHILD, [scenario, str(world)], world, tmp_path, BOUND, env)
 
 
 def _no_collective_failure(ranks: list[dict[str, Any]]) -> None:
@@ -96,7 +103,7 @@ def test_recipe_made_inside_a_join(tmp_path: Path) -> None:
     _ops.py:474); a synced recipe made inside a Join of its wrapper merges at each forward
     while the rank that ran out does not know it. Oracle: a unihook error on every rank, or
     one process's numbers over the batches run (`child.one_process`)."""
-    ranks = _ranks("recipe_made_inside_join", 2, tmp_path)
+    ranks = _ranks("recipe_made_inside_join", 2, tmp_path, HANGS)
     _no_collective_failure(ranks)
     if all(got["errors"] for got in ranks):
         for got in ranks:
@@ -137,7 +144,7 @@ def test_deepcopied_ddp_joins_with_its_own_hook(tmp_path: Path) -> None:
     it returns DDP's join hook for the original, the twin's forward finds no join state, and
     `stats.remove()` takes the attribute off the original only. The plain-torch control
     (`deepcopied_twin_plain`) passes."""
-    found = _ranks("deepcopied_twins", 2, tmp_path)
+    found = _ranks("deepcopied_twins", 2, tmp_path, HANGS)
     plain = [got["plain"] for got in found]
     assert all(got["errors"] == [] and got["spread"] == 0.0 for got in plain), plain
     for rank, got in enumerate(got["hooked"] for got in found):

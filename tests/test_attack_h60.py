@@ -4,7 +4,8 @@ places in ActivationStats' merge vector, the part wrappers, and the Join check
 
 Each test marked FINDING fails on d259886; the others (HELD) are what the attack tried that
 held, kept as guards. The multi-rank tests run one scenario of tests/join_h60_child.py on gloo
-CPU ranks (a collective waits 5 s; the whole run is killed after BOUND seconds)."""
+CPU ranks (a collective waits 30 s, 5 s in the scenarios known to hang; the whole run is
+killed after BOUND seconds)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ from unihook.errors import HookArgumentError  # noqa: E402
 from unihook.recipes import ActivationStats, DropHook, GradientMonitor  # noqa: E402
 
 CHILD = Path(__file__).with_name("join_h60_child.py")
-BOUND = 45  # seconds for one scenario's ranks
+# for a scenario known to wait in unpaired collectives (a strict xfail): its ranks give up soon
+HANGS = {"COLLECTIVE_TIMEOUT": "5"}
+BOUND = 150  # seconds for one scenario's ranks (up to 27 s alone; over 45 s on a loaded host)
 
 
 def _ranks(
@@ -229,7 +232,7 @@ def test_uneven_no_sync_accumulation_with_every_2_raises_on_every_rank(tmp_path:
 
     Repro: 2 ranks; ActivationStats(ddp, every=2), GradientMonitor(ddp, every=2); rank r
     accumulates 2 + r micro-batches per step, all but the last under ddp.no_sync()."""
-    ranks = _ranks("every_no_sync", 2, tmp_path)
+    ranks = _ranks("every_no_sync", 2, tmp_path, HANGS)
     for rank, got in enumerate(ranks):
         assert got["plain"] == [], (rank, "DDP alone runs these steps", got["plain"])
         assert got["every=2"] == ["RankMismatchError"], (rank, got["every=2"])

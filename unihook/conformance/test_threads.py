@@ -32,7 +32,7 @@ WORKERS = 4
 ITERATIONS = 25
 CHURNERS = 2
 TIMEOUT = 600  # seconds for all scenarios of one backend: a deadlock fails, it does not hang
-# (MindSpore's serialised threads take about 2 minutes alone, more beside another suite)
+# (MindSpore's serialised threads take about 45 s alone, twice that beside another suite)
 
 SCENARIOS = (
     "shared_model",
@@ -759,6 +759,11 @@ def _main(backend: str, names: Sequence[str] = SCENARIOS) -> None:
     # took about 70 ms here: MindSpore's finalizer scenario 26 s, 0.3 s so)
     gc.collect()
     gc.freeze()
+    # The churners loop without blocking: a worker whose framework op released the GIL waited
+    # up to a whole switch interval (5 ms) for it back at each op, which made MindSpore's
+    # scenarios take 106 s. At 0.5 ms the threads interleave ten times as often, for a third of
+    # the time (more points of each call meet a churner's registration, not fewer).
+    sys.setswitchinterval(0.0005)
     verdicts = {}
     for name in names:
         try:
