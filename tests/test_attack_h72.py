@@ -439,7 +439,9 @@ def test_torch_monitor_threads_and_keyword_identity_held() -> None:
 @pytest.mark.xfail(
     strict=True,
     reason="FINDING 6: after a KeyboardInterrupt inside a forward, a submodule called on its "
-    "own becomes a history entry (_running stays > 0)",
+    "own before the next forward of the model becomes a history entry (that forward ends the "
+    "interrupted one since 2026-12-01: conformance test_gradient_monitor_after_forwards_left_"
+    "by_a_keyboard_interrupt)",
 )
 def test_torch_monitor_after_a_keyboard_interrupt_in_forward() -> None:
     """FINDING 6 (low: residue, spurious entries). Repro: GradientMonitor on

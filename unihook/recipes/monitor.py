@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import heapq
 import math
+import sys
 import warnings
 import weakref
 from collections import deque
@@ -232,8 +233,10 @@ class GradientMonitor(Synced):
         # the last output hooked: (tensor, its version, the names sharing its gradient hook)
         self._last: tuple[Any, Any, list[str]] | None = None
         # forwards of `model` running: a module called outside them (a submodule on its own,
-        # the inner model of a wrapper, GradCAM's forward) is not part of a recorded step
+        # the inner model of a wrapper, GradCAM's forward) is not part of a recorded step; per
+        # thread, the `_started` count as each began (see `_left_behind`)
         self._running = 0
+        self._running_on: dict[int, list[int]] = {}
         self._parameters_hooked = False  # (see _new_step)
         self._slots = Slots()  # per sample or shared: each output's merge (see _shared)
         self._deciding: _Step | None = None  # the forward whose slots the ranks decide at its end
@@ -280,7 +283,11 @@ class GradientMonitor(Synced):
         return self._with_grad and ops.in_backward(module)
 
     def _new_step(self, module: Any, args: Any, kwargs: Any) -> None:
+        running = self._running_on.get(get_ident())
+        if running and not _inside_a_call_of(module):
+            self._left_behind(running)
         self._running += 1
+        self._running_on.setdefault(get_ident(), []).append(self._started)
         if self._repeats(module):
             return
         if not ops.in_backward(module):
@@ -318,13 +325,33 @@ class GradientMonitor(Synced):
                         self._hooks.add(name, register_tensor_hook(param, self._parameter_grad))
 
     def _forget(self, module: Any, args: Any, output: Any) -> None:
-        self._running = max(0, self._running - 1)
+        running = self._running_on.get(get_ident())
+        if running:  # (none: the hooks were placed while this forward ran)
+            running.pop()
+            self._running -= 1
+            if not running:
+                del self._running_on[get_ident()]
         self._last = None
         step = self._step
         if step.inputs:  # a slot still undecided at the merge compares the inputs too
             if self._slots.wants_inputs(step.seen.items()):
                 step.inputs_header = inputs_header(step.inputs)
             step.inputs = ()
+
+    def _left_behind(self, running: list[int]) -> None:
+        """The forwards counted as running on this thread were left by a BaseException (a
+        KeyboardInterrupt: torch runs no `always_call` hook then, nor `_after`): they end
+        now, with their calls' marks (the calls that started after the first of them)."""
+        thread, first = get_ident(), running[0]
+        self._running -= len(running)
+        del self._running_on[thread]
+        for key in [key for key in list(self._versions) if key[0] == thread]:  # (others add)
+            stack = [call for call in self._versions[key] if call[2] <= first]
+            if stack:
+                self._versions[key] = stack
+            else:
+                del self._versions[key]
+        self._last = None
 
     def _settle(self, module: Any, args: Any, output: Any) -> None:
         """The end of a forward while the ranks have not yet told data from parameters (the
@@ -705,6 +732,25 @@ class GradientMonitor(Synced):
         from .plots import plot
 
         return plot(monitor=self, path=path, all_ranks=all_ranks)
+
+
+def _inside_a_call_of(model: Any) -> bool:
+    """Whether a call of `model` on this thread encloses the one whose pre-hook runs: a frame
+    whose `self` is `model` above the framework's call method (`type(model).__call__`) of the
+    starting call. True where that method is not found (cannot tell: as if nested). Frame by
+    frame, so read only where a forward of `model` is counted as running on this thread."""
+    entry = getattr(type(model).__call__, "__code__", None)
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not entry:
+        frame = frame.f_back
+    if frame is None:
+        return True
+    frame = frame.f_back
+    while frame is not None:
+        if frame.f_locals.get("self") is model:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _one_from_another(tensors: Sequence[Any], marks: _Marks) -> bool:
