@@ -735,10 +735,12 @@ class GradientMonitor(Synced):
 
 
 def _inside_a_call_of(model: Any) -> bool:
-    """Whether a call of `model` on this thread encloses the one whose pre-hook runs: a frame
-    whose `self` is `model` above the framework's call method (`type(model).__call__`) of the
-    starting call. True where that method is not found (cannot tell: as if nested). Frame by
-    frame, so read only where a forward of `model` is counted as running on this thread."""
+    """Whether a call of `model` on this thread encloses the one whose pre-hook runs: above
+    the frame of the framework's call method (`type(model).__call__`) of the starting call,
+    another frame of it whose `self` is `model` (a method of the model calling it, as a
+    Lightning-style `training_step` does, is no call of it). True where that method is not
+    found (cannot tell: as if nested). Frame by frame, so read only where a forward of `model`
+    is counted as running on this thread."""
     entry = getattr(type(model).__call__, "__code__", None)
     frame = sys._getframe(1)
     while frame is not None and frame.f_code is not entry:
@@ -747,7 +749,7 @@ def _inside_a_call_of(model: Any) -> bool:
         return True
     frame = frame.f_back
     while frame is not None:
-        if frame.f_locals.get("self") is model:
+        if frame.f_code is entry and frame.f_locals.get("self") is model:
             return True
         frame = frame.f_back
     return False
