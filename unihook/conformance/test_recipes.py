@@ -310,10 +310,12 @@ def test_gradient_monitor_after_forwards_left_by_a_keyboard_interrupt(backend: A
     `always_call` forward hook for a BaseException, so the monitor's end of that forward never
     ran, and it counted the model as running for good (a submodule called on its own was
     recorded from then on; each interrupted call's marks stayed: helper-72's FINDING 6). The
-    next forward of the model ends the ones left behind (no call of the model encloses it):
-    its step is the one an uninterrupted run records, nothing of the interrupted calls is
-    left, and a model calling itself is still one forward. (A submodule called on its own
-    between the interruption and the next forward is still recorded: README, Recipes.)"""
+    next forward of the model from the same place ends the ones left behind (it starts no
+    deeper in the stack than they did, where a call inside another runs deeper): its step
+    is the one an uninterrupted run records, nothing of the interrupted calls is left, and a
+    model calling itself is still one forward (tests/test_attack_h78.py: decorated
+    `__call__`, `_call_impl`). (A submodule called on its own between the interruption and
+    the next forward is still recorded: README, Recipes.)"""
     armed = [False]
 
     def boom(self: Any, h: Any) -> Any:

@@ -234,9 +234,9 @@ class GradientMonitor(Synced):
         self._last: tuple[Any, Any, list[str]] | None = None
         # forwards of `model` running: a module called outside them (a submodule on its own,
         # the inner model of a wrapper, GradCAM's forward) is not part of a recorded step; per
-        # thread, the `_started` count as each began (see `_left_behind`)
+        # thread, the `_started` count as each began and its stack depth (see `_left_behind`)
         self._running = 0
-        self._running_on: dict[int, list[int]] = {}
+        self._running_on: dict[int, list[tuple[int, int]]] = {}
         self._parameters_hooked = False  # (see _new_step)
         self._slots = Slots()  # per sample or shared: each output's merge (see _shared)
         self._deciding: _Step | None = None  # the forward whose slots the ranks decide at its end
@@ -283,11 +283,12 @@ class GradientMonitor(Synced):
         return self._with_grad and ops.in_backward(module)
 
     def _new_step(self, module: Any, args: Any, kwargs: Any) -> None:
-        running = self._running_on.get(get_ident())
-        if running and not _inside_a_call_of(module):
-            self._left_behind(running)
+        thread, depth = get_ident(), _stack_depth()
+        running = self._running_on.get(thread)
+        if running and any(at >= depth for _, at in running):
+            self._left_behind(running, depth)
         self._running += 1
-        self._running_on.setdefault(get_ident(), []).append(self._started)
+        self._running_on.setdefault(thread, []).append((self._started, depth))
         if self._repeats(module):
             return
         if not ops.in_backward(module):
@@ -338,15 +339,30 @@ class GradientMonitor(Synced):
                 step.inputs_header = inputs_header(step.inputs)
             step.inputs = ()
 
-    def _left_behind(self, running: list[int]) -> None:
-        """The forwards counted as running on this thread were left by a BaseException (a
-        KeyboardInterrupt: torch runs no `always_call` hook then, nor `_after`): they end
-        now, with their calls' marks (the calls that started after the first of them)."""
-        thread, first = get_ident(), running[0]
-        self._running -= len(running)
-        del self._running_on[thread]
+    def _left_behind(self, running: list[tuple[int, int]], depth: int) -> None:
+        """A forward of the model starts at stack depth `depth` where forwards counted as
+        running on this thread started at that depth or deeper: none of those encloses it (a
+        call inside another runs at least two frames deeper: the enclosing forward's own and
+        the call's), so a BaseException left them (a KeyboardInterrupt: no `always_call`
+        hook, nor `_after`, runs then). They end now, with the marks of the calls that
+        started in them. (Called from a shallower place, they end at a later forward.)"""
+        thread = get_ident()
+        kept = [entry for entry in running if entry[1] < depth]
+        self._running -= len(running) - len(kept)
+        if kept:
+            self._running_on[thread] = kept
+        else:
+            del self._running_on[thread]
+
+        def stale(call: _Call) -> bool:  # started in a forward that ends now
+            owner = None
+            for start, at in running:  # (in the order they started)
+                if start < call[2]:
+                    owner = at >= depth
+            return bool(owner)
+
         for key in [key for key in list(self._versions) if key[0] == thread]:  # (others add)
-            stack = [call for call in self._versions[key] if call[2] <= first]
+            stack = [call for call in self._versions[key] if not stale(call)]
             if stack:
                 self._versions[key] = stack
             else:
@@ -734,25 +750,13 @@ class GradientMonitor(Synced):
         return plot(monitor=self, path=path, all_ranks=all_ranks)
 
 
-def _inside_a_call_of(model: Any) -> bool:
-    """Whether a call of `model` on this thread encloses the one whose pre-hook runs: above
-    the frame of the framework's call method (`type(model).__call__`) of the starting call,
-    another frame of it whose `self` is `model` (a method of the model calling it, as a
-    Lightning-style `training_step` does, is no call of it). True where that method is not
-    found (cannot tell: as if nested). Frame by frame, so read only where a forward of `model`
-    is counted as running on this thread."""
-    entry = getattr(type(model).__call__, "__code__", None)
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code is not entry:
-        frame = frame.f_back
-    if frame is None:
-        return True
-    frame = frame.f_back
+def _stack_depth() -> int:
+    """The frames on this thread's stack below the caller's (a few us: once per forward of the
+    model, no walk per module call)."""
+    frame, depth = sys._getframe(1), 0
     while frame is not None:
-        if frame.f_code is entry and frame.f_locals.get("self") is model:
-            return True
-        frame = frame.f_back
-    return False
+        frame, depth = frame.f_back, depth + 1
+    return depth
 
 
 def _one_from_another(tensors: Sequence[Any], marks: _Marks) -> bool:
