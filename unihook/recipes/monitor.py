@@ -344,30 +344,26 @@ class GradientMonitor(Synced):
         running on this thread started at that depth or deeper: none of those encloses it (a
         call inside another runs at least two frames deeper: the enclosing forward's own and
         the call's), so a BaseException left them (a KeyboardInterrupt: no `always_call`
-        hook, nor `_after`, runs then). They end now, with the marks of the calls that
-        started in them. (Called from a shallower place, they end at a later forward.)"""
+        hook, nor `_after`, runs then). They end now. Where none is left running on this
+        thread, so do the marks of the calls that started since the first of them began;
+        while one still runs (it caught the exception), its own calls' marks cannot be told
+        from theirs and all stay (`_record` reads only the newest of a module's: helper-79's
+        attack). (Called from a shallower place, they end at a later forward.)"""
         thread = get_ident()
         kept = [entry for entry in running if entry[1] < depth]
         self._running -= len(running) - len(kept)
+        self._last = None
         if kept:
             self._running_on[thread] = kept
-        else:
-            del self._running_on[thread]
-
-        def stale(call: _Call) -> bool:  # started in a forward that ends now
-            owner = None
-            for start, at in running:  # (in the order they started)
-                if start < call[2]:
-                    owner = at >= depth
-            return bool(owner)
-
+            return
+        del self._running_on[thread]
+        first = running[0][0]
         for key in [key for key in list(self._versions) if key[0] == thread]:  # (others add)
-            stack = [call for call in self._versions[key] if not stale(call)]
+            stack = [call for call in self._versions[key] if call[2] <= first]
             if stack:
                 self._versions[key] = stack
             else:
                 del self._versions[key]
-        self._last = None
 
     def _settle(self, module: Any, args: Any, output: Any) -> None:
         """The end of a forward while the ranks have not yet told data from parameters (the
