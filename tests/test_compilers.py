@@ -709,6 +709,84 @@ def test_torch_global_hook_after_compiling_while_another_thread_runs_a_compiled_
     assert resets == []
 
 
+# dynamo's compile lock watched while a compiled model runs forward and backward on one thread and
+# global hooks come and go on another (tests/test_attack_h68.py's FINDING 6 scenario)
+LOCK_ORDER = r"""
+import threading, time, warnings
+
+warnings.filterwarnings("ignore")
+import torch, torch._dynamo, unihook
+from torch._dynamo import convert_frame
+from unihook._locks import held_here
+
+
+class Watched:
+    # dynamo's compile lock (read from its module at each use), noting who asks for it while
+    # holding a registry lock of unihook's: a registration holds it while it takes those
+    def __init__(self, lock):
+        self.lock, self.inverted = lock, []
+
+    def __enter__(self):
+        if held_here():
+            self.inverted.append(threading.current_thread().name)
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc):
+        return self.lock.__exit__(*exc)
+
+
+watched = convert_frame.compile_lock = Watched(convert_frame.compile_lock)
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+f = torch.compile(m, backend="eager")
+x = torch.linspace(-1, 1, 6).reshape(2, 3)
+grads, churns, done = [], [0], threading.Event()
+
+
+def runner():
+    try:
+        for _ in range(20):
+            xx = x.clone().requires_grad_()
+            (f(xx) * torch.tensor([1.0, -2.0])).sum().backward()
+            grads.append(tuple(round(v, 5) for v in xx.grad.flatten().tolist()))
+    finally:
+        done.set()
+
+
+def churner():
+    while not done.is_set():
+        handles = [
+            unihook.register_module_full_backward_hook(lambda mod, gi, go: None, backend="torch"),
+            unihook.register_module_forward_pre_hook(lambda mod, a: None, backend="torch"),
+        ]
+        time.sleep(0.001)
+        for handle in handles:
+            handle.remove()
+        churns[0] += 1
+
+
+threads = [threading.Thread(target=runner, name="runner"), threading.Thread(target=churner)]
+[t.start() for t in threads]
+[t.join(100) for t in threads]
+print([len(grads), len(set(grads)), churns[0] > 0, sorted(set(watched.inverted))])
+"""
+
+
+def test_torch_no_thread_waits_for_dynamos_lock_while_it_holds_a_registry_lock() -> None:
+    """A global hook comes and goes holding dynamo's compile lock (no frame compiles meanwhile),
+    and takes unihook's registry locks inside it. The thread running a compiled model held a
+    registry lock (a removed global state's last call ending) while dynamo's frame callback,
+    which sees every call on that thread, asked for the compile lock: a deadlock, about one run
+    in three of tests/test_attack_h68.py's churn (CI on 2bc407d). Dynamo is paused on a thread
+    while it holds a registry lock (`unihook.backend.add_compiler_pause`), and unihook never
+    asks for dynamo's lock under one itself: no thread asks for it in that order (which shows on
+    most runs, where the deadlock itself needs the other thread to hold dynamo's lock then)."""
+    pytest.importorskip("torch")
+    from children import last_value, run_code
+
+    assert last_value(run_code(LOCK_ORDER, timeout=240)) == [20, 1, True, []]
+
+
 ROOT_BESIDE_GLOBAL = r"""
 import warnings
 

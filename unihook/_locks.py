@@ -12,6 +12,13 @@ function, a backward jump. Two rules keep unihook consistent wherever it lands:
   that opened the record (`registering`) runs them if it does not return the handle. A removal
   that is cut short finishes (`unihook.handles.Handle.remove`): removers are idempotent, and a
   second run completes what the first left.
+
+A framework whose compiler hooks every Python call on a thread (torch.compile's dynamo: its frame
+callback takes dynamo's compile lock to look at a frame it has not seen) would have a thread
+holding a registry lock wait for the compiler's lock, while another thread holding that one
+(unihook's global hooks come and go while no frame compiles) waits for the registry lock: a
+deadlock. So the backend pauses its compiler on a thread while that holds a registry lock
+(`add_compiler_pause`): unihook's own bookkeeping runs as it is written.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from .errors import BackendStateError
 __all__ = [
     "Collecting",
     "RegistryLock",
+    "add_compiler_pause",
     "held_here",
     "inside_registration",
     "undo",
@@ -31,6 +39,35 @@ __all__ = [
 ]
 
 _locks: list[RegistryLock] = []  # every one (a handful, module-level): see `held_here`
+_pauses: list[Callable[[], Callable[[], object] | None]] = []  # see `add_compiler_pause`
+# per thread: what resumes the compilers paused at each registry lock it entered (innermost last)
+_resumes = threading.local()
+
+
+def add_compiler_pause(pause: Callable[[], Callable[[], object] | None]) -> None:
+    """Have `pause()` run as a thread enters any registry lock, and what it returns (if not
+    None) as the thread lets go of it: a backend whose framework compiles Python by hooking
+    every call on a thread turns that off there (see this module's docstring). Called by a
+    backend when it is loaded; once per pause."""
+    if all(pause is not known for known in _pauses):
+        _pauses.append(pause)
+
+
+def _pause() -> None:
+    resumes = [r for r in (pause() for pause in _pauses) if r is not None] if _pauses else []
+    # (a Ctrl-C landing before the append leaves the compiler off on this thread until the
+    # framework puts it back: dynamo does at the end of the compiled call; the code runs as
+    # written meanwhile)
+    try:
+        _resumes.stack.append(resumes)
+    except AttributeError:  # (this thread's first lock)
+        _resumes.stack = [resumes]
+
+
+def _resume() -> None:
+    stack: list[list[Callable[[], object]]] = getattr(_resumes, "stack", [])
+    for resume in reversed(stack.pop() if stack else []):
+        resume()
 
 
 class RegistryLock:
@@ -62,6 +99,7 @@ class RegistryLock:
         if self.mutex._is_owned():  # type: ignore[attr-defined]
             # a backstop: the registration functions refuse before changing anything
             raise BackendStateError(_INSIDE.format(what="change its hooks"))
+        _pause()
         self._entered.append(None)
 
     def __exit__(self, *exc: object) -> None:
@@ -71,6 +109,7 @@ class RegistryLock:
             self._entered.pop()
         except IndexError:  # (never: each exit follows its entry's append)
             pass
+        _resume()
         while self._deferred:
             try:
                 remove = self._deferred.pop(0)

@@ -32,7 +32,9 @@ backends use them.
   global hook registered inside a compiled function is registered through
   `escape(call, "registration")`, outside the compiler; so are a removal (`Handle.remove`,
   "removal") and `unihook.backends()` ("backends"), each named for the compiler's error
-  where it cannot leave its graph.
+  where it cannot leave its graph. `add_compiler_pause(pause)` if that compiler hooks every
+  Python call on a thread (dynamo's frame callback, which takes dynamo's compile lock): it is
+  paused while the thread holds a registry lock (see ``unihook._locks``).
 - **Ops**: a backend's ``unihook_ops`` returns a subclass of `unihook.ops.Ops` (the base class of
   the ops facet: defaults where one is right, NotImplementedError naming the method where
   not); `map_dataclass` maps the fields of a dataclass output (``tensors_in``);
@@ -55,7 +57,7 @@ from ._describe import Site, type_name
 from ._history import history_reaches
 from ._imports import cancel_when_imported, install_when_imported, when_imported
 from ._kept_inputs import check_kept_input, check_returned_input, kept_inputs, note_changes
-from ._locks import RegistryLock, undo_if_unfinished
+from ._locks import RegistryLock, add_compiler_pause, undo_if_unfinished
 from ._module_backward import (
     Autograd,
     Dispatchers,
@@ -82,6 +84,7 @@ __all__ = [
     "RegistryLock",
     "Site",
     "add_compiler_escape",
+    "add_compiler_pause",
     "add_global_backward_hook",
     "cancel_when_imported",
     "check_grad",

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from unihook.backend import (
     Site,
     add_compiler_escape,
+    add_compiler_pause,
     check_grad,
     checked_kwargs_pre_hook,
     global_label,
@@ -64,7 +65,22 @@ def _dynamo_tracing() -> bool:
     return torch is not None and torch.compiler.is_dynamo_compiling()
 
 
+def _pause_dynamo() -> Callable[[], object] | None:
+    """Dynamo's frame callback off on this thread (while it holds a registry lock, see
+    `add_compiler_pause`): on a thread running a compiled call, the callback looks at each
+    frame it has not seen (after a reset, every one) under dynamo's compile lock, which a
+    global hook coming or going holds while it waits for a registry lock (a deadlock: CI on
+    2bc407d, tests/test_attack_h68.py)."""
+    if "torch._dynamo" not in sys.modules:
+        return None  # (no callback is set before dynamo is imported)
+    from torch._C._dynamo.eval_frame import set_eval_frame
+
+    prior = set_eval_frame(None)
+    return None if prior is None else partial(set_eval_frame, prior)
+
+
 add_compiler_escape(_outside_compiler, _dynamo_tracing)
+add_compiler_pause(_pause_dynamo)
 
 
 def _check_version(installed: str) -> None:

@@ -207,6 +207,7 @@ def watch_hooks() -> Callable[[], None]:
                 _switched = False
 
     undo_if_unfinished(release)
+    switched = False
     with _lock, _lock.mutex:
         _watching.add(token)
         if not _reasons_given and _cancel_reason is None:
@@ -215,9 +216,12 @@ def watch_hooks() -> Callable[[], None]:
             when_imported("torch._dynamo", _give_reason)
         dynamo = sys.modules.get("torch._dynamo")
         if dynamo is not None and dynamo.config.skip_nnmodule_hook_guards:
-            _switched = True  # (before the switch: `release` turns it back)
+            _switched = switched = True  # (before the switch: `release` turns it back)
             dynamo.config.skip_nnmodule_hook_guards = False
-            forget_compiled()  # compiled without the guards: blind to hooks added since
+    if switched:
+        # compiled without the guards: blind to hooks added since. (Outside the lock: dynamo's
+        # lock is never asked for under a registry lock, see unihook._locks.)
+        forget_compiled()
     return release
 
 
