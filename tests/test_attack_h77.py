@@ -50,7 +50,9 @@ FINDINGS (strict xfails below), by severity:
    self.k.out.sum()``: 'k' recorded 11.31 where native is 2.83, no warning. README's
    paragraph names only "a later call" returning it again. Expected: left out, or README
    listing it among what is left.
-3. (low-medium: an earlier history entry rewritten) a module memoising ACROSS forwards
+3. FIXED (`_unhook_earlier` also looks at the hooks of earlier forwards still alive,
+   `GradientMonitor._earlier`). (low-medium: an earlier history entry rewritten) a module
+   memoising ACROSS forwards
    (``if self.cache is None: self.cache = self.fc(x) * 1.0; return self.cache``), two steps
    with ``backward(retain_graph=True)``: step 2's call is left out (made before), but
    `_unhook_earlier` only looks in step 2's `hooked`, so step 1's hook on the cached tensor
@@ -485,7 +487,6 @@ def test_kept_output_read_directly_records_the_sum() -> None:
     assert _broken(model, ["k"], x, lambda out: out) == []
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 3: a later step rewrites an earlier entry")
 def test_memo_across_steps_rewrites_the_earlier_entry() -> None:
     class P(nn.Module):
         def __init__(self) -> None:

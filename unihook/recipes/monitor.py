@@ -250,6 +250,9 @@ class GradientMonitor(Synced):
         # the modules seen returning an input as their output, unchanged (`_left_out`: said once)
         self._returning: set[str] = set()
         self._started = 0  # calls started (`_before`): which came before which
+        # the output tensors earlier forwards hooked that are still alive, by id: their hooks'
+        # names (see `_unhook_earlier`; `_Step.hooked` has the running forward's)
+        self._earlier: dict[int, tuple[weakref.ref[Any], list[str]]] = {}
 
         def hooks(group: HookGroup) -> None:
             group.add("", register_forward_pre_hook(model, self._new_step, with_kwargs=True))
@@ -304,6 +307,7 @@ class GradientMonitor(Synced):
         if self._step.pending and self._step.merge is not None:
             self._cancel_merge(self._step.merge)  # (its backward raised: it never ended)
         self._forwards_seen += 1
+        self._keep_hooked(self._step)
         step = self._step = _Step(self._merging(module, self.sync), self._forwards_seen)
         if step.world is None:
             return
@@ -513,17 +517,33 @@ class GradientMonitor(Synced):
                     seen.names = names
             self._last = (tensor, version, names)
 
+    def _keep_hooked(self, step: _Step) -> None:
+        """The outputs `step` (the forward before a new one) hooked that are still alive join
+        `_earlier`, whose dead ones go (after a backward, most are)."""
+        earlier = {k: v for k, v in self._earlier.items() if v[1] and v[0]() is not None}
+        for key, (ref, names, _) in step.hooked.items():
+            if names and ref() is not None:
+                earlier[key] = (ref, names)
+        self._earlier = earlier
+
     def _unhook_earlier(self, step: _Step, tensors: Sequence[Any], started: int) -> None:
-        """A call (the `started`-th) returning a tensor a call of this forward that came before
-        it returned (a module keeping its output, `self.cache`, called twice; until 2026-12-01
-        the first call's norm summed both calls' uses: helper-76's attack): the earlier call's
-        hook on it sees this call's uses too, where torch's hook on that call sees its own, so
-        that call goes too. A call inside this one (a child whose output it returns) stays."""
+        """A call (the `started`-th) returning a tensor a call that came before it returned (a
+        module keeping its output, `self.cache`, called twice; until 2026-12-01 the first
+        call's norm summed both calls' uses: helper-76's attack): the earlier call's hook on it
+        sees this call's uses too, where torch's hook on that call sees its own, so that call
+        goes too. A call inside this one (a child whose output it returns) stays. The earlier
+        call may be of an earlier forward (memoised across steps): its entry, in `history`
+        already, would have taken this forward's uses too (helper-77's FINDING 3); it keeps
+        what its own backward gave."""
         for tensor in tensors:
             found = step.hooked.get(id(tensor))
-            if found is None or found[0]() is not tensor or found[2] >= started:
-                continue
-            names = found[1]
+            if found is not None and found[0]() is tensor and found[2] < started:
+                names = found[1]
+            else:
+                before = self._earlier.get(id(tensor))
+                if before is None or before[0]() is not tensor:
+                    continue
+                names = before[1]
             for name in names:
                 self._left_out(name, _RETURNED_AGAIN)
             names.clear()  # (its hook adds to no module now)
