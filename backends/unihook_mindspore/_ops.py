@@ -189,8 +189,10 @@ class MindSporeOps(Ops):
             )
         if _tape._session is not None:
             # the conformance kit's tape records every forward: its imperative backward
-            if input_grad:
-                _tape.track(x)  # (a `leaf`: a Parameter of ours, given a `.grad`)
+            if input_grad or isinstance(x, mindspore.Parameter):
+                # (a `leaf`: a Parameter of ours, given a `.grad`; GradCAM passes one without
+                # asking for its gradient, for the layers no parameter precedes)
+                _tape.track(x)
             self.backward(fn(x))
             return self.grad_of(x) if input_grad else None
         # mindspore.grad with respect to the input (grad_position 0; GuidedBackprop's map), not

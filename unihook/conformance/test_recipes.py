@@ -528,6 +528,35 @@ def test_grad_cam_targets(backend: Any) -> None:
     cam.remove()
 
 
+def _pooled_first(kit: Any) -> Any:
+    """`classifier` behind an average pool on the image: no parameter precedes the pool."""
+    return kit.module(
+        lambda self, x: self.net(self.pool(x)),
+        {"pool": kit.avg_pool2d(2), "net": classifier(kit)},
+    )
+
+
+def test_grad_cam_of_a_layer_no_parameter_precedes(backend: Any) -> None:
+    # The pool's output needs no gradient of its own: GradCAM differentiates the (floating)
+    # input too, on a copy (until 2026-12-01 torch and paddle raised "no gradient reached")
+    model, x = _pooled_first(backend), images(backend, size=12)
+    with GradCAM(model, "pool") as cam:
+        maps = cam(x)
+    assert maps.shape == (2, 12, 12) and maps.max() == 1.0 and maps.std() > 0
+    assert no_hooks_left(backend, model)
+    assert backend.grad(x) is None  # (the caller's tensor is left alone)
+
+
+def test_grad_cam_of_a_layer_no_parameter_precedes_equal_on_every_backend() -> None:
+    def run(kit: Any) -> np.ndarray:
+        with GradCAM(_pooled_first(kit), "pool") as cam:
+            return cam(images(kit, size=12))
+
+    first, *others = on_every_backend(run)
+    for other in others:
+        np.testing.assert_allclose(other, first, rtol=1e-5, atol=1e-5)
+
+
 def test_guided_backprop_equal_on_every_backend() -> None:
     def run(kit: Any) -> tuple[np.ndarray, np.ndarray]:
         model = classifier(kit)

@@ -256,7 +256,9 @@ class GradCAM(Recipe):
 
         try:
             # the forward runs inside: a functional autograd (MindSpore) differentiates it
-            ops.forward_backward(forward, x, self.model, caller=type(self).__name__)
+            ops.forward_backward(
+                forward, _differentiable(x), self.model, caller=type(self).__name__
+            )
         finally:
             keepers.remove()
         size = ops.to_numpy(x).shape[2:]
@@ -314,6 +316,17 @@ class GradCAMPlusPlus(GradCAM):
         alpha = squared / (2 * squared + total * squared * gradient + 1e-6)
         alpha = np.where(gradient != 0, alpha, 0)
         return (np.maximum(gradient, 0) * alpha).sum(axis=(2, 3))
+
+
+def _differentiable(x: Any) -> Any:
+    """A floating input as a fresh leaf that requires grad, as captum's layer attributions
+    make it: a layer before any parameter (a pool or a normalisation on the image) then gets
+    its gradient, where its output needed none and no gradient reached it (torch and paddle
+    raised, MindSpore, which differentiates the input, gave the map: helper-61's attack).
+    Other inputs (token ids) as they are; `x` itself is left alone."""
+    if "float" not in str(getattr(x, "dtype", "")).lower():
+        return x
+    return ops.leaf(x)
 
 
 def _forward_calls(kept: list[list[Any]]) -> list[tuple[Any, Any]]:
