@@ -1113,6 +1113,59 @@ def test_torch_fullgraph_errors_name_what_unihook_does(late: bool, case: str) ->
         assert out[case][1:] == [False, []], out[case]  # (the trace failed: nothing ran)
 
 
+# the first use of unihook in a fresh process inside a compiled function (no backend loaded
+# yet); FULLGRAPH and WHAT are set by the test
+FIRST_USE = r"""
+import warnings
+
+warnings.filterwarnings("ignore")
+import torch, unihook
+
+m = torch.nn.Linear(2, 2)
+calls, handles = [], []
+
+
+def fn(x):
+    if WHAT == "backends":
+        unihook.backends()
+    elif WHAT == "global":
+        handles.append(unihook.register_module_forward_hook(lambda mod, a, o: calls.append(1)))
+    else:
+        handles.append(unihook.register_forward_hook(m, lambda mod, a, o: calls.append(1)))
+    return m(x) * 2
+
+
+try:
+    y = torch.compile(fn, backend="eager", fullgraph=FULLGRAPH)(torch.ones(2))
+    hooked = len(calls) >= (WHAT != "backends")
+    result = ["ok", y.tolist() == (m(torch.ones(2)) * 2).tolist(), hooked]
+except Exception as error:
+    result = [type(error).__name__, str(error)]
+for handle in handles:
+    handle.remove()
+print(repr(result))
+"""
+
+
+@pytest.mark.parametrize("what", ["backends", "global", "module"])
+@pytest.mark.parametrize("fullgraph", ["fullgraph", "graph_breaks"])
+def test_torch_first_use_of_unihook_inside_a_compiled_function(fullgraph: str, what: str) -> None:
+    """The first unihook call of a process made inside a compiled function loads the backends
+    outside dynamo, with a graph break; under fullgraph=True dynamo's error gives unihook's
+    reason (was: "Dynamo does not know how to enter a `lock` context manager", from the
+    plugin manager's lock: no backend was loaded yet to add its escape)."""
+    pytest.importorskip("torch")
+    from children import last_value, run_code
+
+    head = f"FULLGRAPH = {fullgraph == 'fullgraph'}\nWHAT = {what!r}\n"
+    got = last_value(run_code(head + FIRST_USE, timeout=120))
+    if fullgraph == "graph_breaks":
+        assert got == ["ok", True, True]
+    else:
+        assert got[0] == "Unsupported", got
+        assert "unihook loads its backends" in got[1] and "fullgraph=True" in got[1], got
+
+
 def test_torch_removal_and_backends_inside_a_compiled_function_without_fullgraph() -> None:
     """Without fullgraph a handle removed inside a compiled function, and `unihook.backends()`
     there, run outside dynamo (a graph break), as in eager."""

@@ -35,9 +35,26 @@ def plugin_manager() -> pluggy.PluginManager:
     """The process-wide plugin manager with every backend of the entry-point group loaded."""
     pm = _pm
     if pm is None:
-        with _lock:
-            pm = _pm if _pm is not None else _build()
+        pm = _load()
     return pm
+
+
+def _load() -> pluggy.PluginManager:
+    with _lock:
+        return _pm if _pm is not None else _build()
+
+
+# The first use of unihook in a process may come inside a function a compiler traces, before
+# any backend could add its escape (`add_compiler_escape`). torch.compile's dynamo reads these
+# marks on a function it would trace (as on a `torch._dynamo.disable` wrapper): it calls
+# `_load` with a graph break, and where it cannot break the graph (fullgraph=True) its error
+# gives this reason instead of "does not know how to enter a lock".
+_load._torchdynamo_disable = True  # type: ignore[attr-defined]
+_load._torchdynamo_disable_msg = (  # type: ignore[attr-defined]
+    "unihook loads its backends (the `unihook` entry points) at its first use in a process, "
+    "outside the compiler, with a graph break: torch.compile(fullgraph=True) cannot take that; "
+    "call unihook.backends() once before calling the compiled function"
+)
 
 
 def _build() -> pluggy.PluginManager:
