@@ -73,7 +73,8 @@ FINDINGS (strict xfails below), by severity:
    numbers nodes per thread (`at::sequence_number` is thread_local), so the worker's nodes
    (numbered from 0) fall under the main thread's floor. Expected: left out with the warning
    (or recorded as 6.32).
-2. (low: silently wrong norm, backends disagree) paddle: a module returning a tensor made
+2. FIXED (`GradientMonitor._hooked_before`: `mem` is the earlier layer's hooked output).
+   (low: silently wrong norm, backends disagree) paddle: a module returning a tensor made
    before the call that is not an argument (a state another layer set: ``return self.mem,
    self.fc(x)``), called with ``x = mem * 3``: the walk stops at the argument's node, so
    ``ops.derived`` says False and GradientMonitor records 26.1 where the grad_output norm is
@@ -299,7 +300,6 @@ def test_a_walk_past_the_budget_is_left_out_with_the_warning() -> None:
     assert "inner" not in step and any("'inner'" in s for s in said), (step, said)
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 2: paddle's walk stops at the arguments' nodes")
 def test_finding2_paddle_a_state_made_before_the_call_reached_through_the_argument() -> None:
     pytest.importorskip("paddle")
     code = """

@@ -42,7 +42,9 @@ HELD (pinned below):
 
 FINDINGS (strict xfails below), by severity:
 
-1. (medium: silently wrong norm) sequence numbers are per thread, so a state made on one
+1. FIXED where the state is an output an earlier monitored call returned (as in both repros:
+   `GradientMonitor._hooked_before`). (medium: silently wrong norm) sequence numbers are per
+   thread, so a state made on one
    thread and returned by a call on another is compared with the other thread's counter:
    (a) ``h = pre(x); inner.mem = h; o = pool.submit(inner, x).result();
    loss = h.sum() + 2 * o.sum() + 3 * h.sum()`` after the main thread made a few hundred
@@ -77,7 +79,8 @@ FINDINGS (strict xfails below), by severity:
    node is numbered during the call: recorded 14.14 where the native norm is 5.66. The same
    model with ``v.grad_fn`` read once before the call is left out with the warning (held).
    Expected: left out (or 5.66).
-5. (low: README claim) under ``torch.compile(model, backend="eager")`` (also "aot_eager")
+5. FIXED where the state is an output an earlier monitored call returned (as in the repro).
+   (low: README claim) under ``torch.compile(model, backend="eager")`` (also "aot_eager")
    the hooks are traced, `history_mark` is None and the call returning the state is recorded:
    13.42 where the native norm is 8.94, no warning; README says such a module "is left out on
    torch with the warning" and names only paddle and MindSpore as recording the sum (while
@@ -489,7 +492,6 @@ class _Threaded(nn.Module):
         return h.sum() + 2.0 * out.sum() + 3.0 * h.sum()
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 1a: a state returned by a call on another thread")
 def test_finding1a_the_call_on_a_fresh_worker_thread() -> None:
     torch.manual_seed(0)
     _busy(500)
@@ -506,7 +508,6 @@ def test_finding1a_the_call_on_a_fresh_worker_thread() -> None:
     assert ("inner" not in step and said) or step["inner"] == pytest.approx(want), step
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 1b: a state made on a busier thread")
 def test_finding1b_the_state_made_on_a_busy_worker_thread() -> None:
     torch.manual_seed(0)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -657,7 +658,6 @@ print(repr((sum(seen) ** 0.5, monitor.history[-1].get("inner"), said)))
 """
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 5: a compiled model records the state's sum")
 def test_finding5_a_compiled_model_returning_a_state() -> None:
     done = run_code(_COMPILED.replace("BACKEND", '"eager"'), timeout=120)
     want, got, said = last_value(done)

@@ -107,8 +107,6 @@ def _torch_case(kind: str, mode: str, when: str, native: bool = False) -> dict[s
     # a fresh dynamo per case: no cache entry, and no recompile limit reached (past it dynamo
     # would run eagerly and the case would pass without compiling)
     torch._dynamo.reset()
-    # torch's default, as in a process where unihook registers its first hook after compiling
-    torch._dynamo.config.skip_nnmodule_hook_guards = True
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     names = {id(m): n for n, m in model.named_modules()}

@@ -32,6 +32,7 @@ __all__ = [
     "Collecting",
     "RegistryLock",
     "add_compiler_pause",
+    "defer_while_locked",
     "held_here",
     "inside_registration",
     "undo",
@@ -53,21 +54,34 @@ def add_compiler_pause(pause: Callable[[], Callable[[], object] | None]) -> None
         _pauses.append(pause)
 
 
-def _pause() -> None:
+def _pause(lock: RegistryLock) -> None:
     resumes = [r for r in (pause() for pause in _pauses) if r is not None] if _pauses else []
     # (a Ctrl-C landing before the append leaves the compiler off on this thread until the
     # framework puts it back: dynamo does at the end of the compiled call; the code runs as
     # written meanwhile)
     try:
-        _resumes.stack.append(resumes)
+        _resumes.stack.append((lock, resumes))
     except AttributeError:  # (this thread's first lock)
-        _resumes.stack = [resumes]
+        _resumes.stack = [(lock, resumes)]
 
 
 def _resume() -> None:
-    stack: list[list[Callable[[], object]]] = getattr(_resumes, "stack", [])
-    for resume in reversed(stack.pop() if stack else []):
+    stack: list[tuple[RegistryLock, list[Callable[[], object]]]] = getattr(_resumes, "stack", [])
+    for resume in reversed(stack.pop()[1] if stack else []):
         resume()
+
+
+def defer_while_locked(action: Callable[[], None]) -> bool:
+    """Whether this thread holds a registry lock: then `action` runs once it lets go of the
+    outermost one it holds (a caller that gets True returns at once). For a removal that takes
+    a lock of the framework's (torch's global hooks take dynamo's compile lock first), asked
+    for by a finalizer the garbage collector ran inside a registration or removal: taken there,
+    it would be taken under a registry lock, the order that deadlocks (helper-80's FINDING 4)."""
+    stack: list[tuple[RegistryLock, list[Callable[[], object]]]] = getattr(_resumes, "stack", [])
+    if not stack or not stack[0][0].held():
+        return False
+    stack[0][0]._deferred.append(action)
+    return True
 
 
 class RegistryLock:
@@ -99,7 +113,7 @@ class RegistryLock:
         if self.mutex._is_owned():  # type: ignore[attr-defined]
             # a backstop: the registration functions refuse before changing anything
             raise BackendStateError(_INSIDE.format(what="change its hooks"))
-        _pause()
+        _pause(self)
         self._entered.append(None)
 
     def __exit__(self, *exc: object) -> None:

@@ -20,7 +20,9 @@ backends use them.
   forward hooks, `show_value` for what a message says was received.
 - **Locks**: `RegistryLock` for a backend's registry (``with lock, lock.mutex:``), so a removal
   a finalizer asks for while the thread holds it (the garbage collector runs anywhere) waits
-  instead of deadlocking, and a Ctrl-C never leaves it held.
+  instead of deadlocking, and a Ctrl-C never leaves it held. `defer_while_locked(action)`
+  for a removal that takes a lock of the framework's: asked for by a finalizer inside a
+  registration, it runs when the thread lets go of its registry locks.
 - **Ctrl-C**: `undo_if_unfinished(remover)` before each step of a registration: a
   registration cut short (a KeyboardInterrupt anywhere in it) is undone; removers must be
   idempotent (see ``unihook._locks``).
@@ -57,7 +59,7 @@ from ._describe import Site, type_name
 from ._history import history_reaches
 from ._imports import cancel_when_imported, install_when_imported, when_imported
 from ._kept_inputs import check_kept_input, check_returned_input, kept_inputs, note_changes
-from ._locks import RegistryLock, add_compiler_pause, undo_if_unfinished
+from ._locks import RegistryLock, add_compiler_pause, defer_while_locked, undo_if_unfinished
 from ._module_backward import (
     Autograd,
     Dispatchers,
@@ -93,6 +95,7 @@ __all__ = [
     "check_returned_input",
     "check_pre_kwargs_result",
     "checked_kwargs_pre_hook",
+    "defer_while_locked",
     "global_label",
     "has_module_backward",
     "held_tensors",

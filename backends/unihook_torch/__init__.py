@@ -17,6 +17,7 @@ from unihook.backend import (
     add_compiler_pause,
     check_grad,
     checked_kwargs_pre_hook,
+    defer_while_locked,
     global_label,
     install_when_imported,
     kwargs_post_hook,
@@ -353,6 +354,9 @@ def unihook_register_global_hook(
         forget_compiled()
 
         def remover() -> None:
+            # (dynamo's lock is never asked for under a registry lock: see unihook._locks)
+            if defer_while_locked(remover):
+                return
             with compiles_held():
                 remove()
             cancel()

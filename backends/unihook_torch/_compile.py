@@ -9,7 +9,8 @@ Three dynamo behaviours would silently skip them:
    module call, then the eager code, so the hooks see exactly eager's arguments and gradients.
 2. Dynamo does not guard on an empty hook dict (``skip_nnmodule_hook_guards``, True by
    default): a hook added after compiling is ignored, native hooks included (one removed is
-   seen). `watch_hooks` turns that guard on when unihook registers a torch hook, so adding one
+   seen). `watch_hooks` turns that guard on, for every thread (`_hook_guards`), when unihook
+   registers a torch hook, so adding one
    recompiles the frames that saw the module; removing unihook's last hook turns it back off.
    Code compiled before the switch, and all compiled code when a global hook (native or
    unihook's ``Module._call_impl`` wrapper, which no guard watches) comes or goes, is dropped
@@ -203,7 +204,7 @@ def watch_hooks() -> Callable[[], None]:
             dynamo = sys.modules.get("torch._dynamo")
             if _switched and dynamo is not None:
                 # torch's default back: code compiled meanwhile keeps its (now extra) guards
-                dynamo.config.skip_nnmodule_hook_guards = True
+                _set_hook_guards_skipped(dynamo, True)
                 _switched = False
 
     undo_if_unfinished(release)
@@ -215,14 +216,40 @@ def watch_hooks() -> Callable[[], None]:
             _cancel_reason = partial(cancel_when_imported, "torch._dynamo", _give_reason)
             when_imported("torch._dynamo", _give_reason)
         dynamo = sys.modules.get("torch._dynamo")
-        if dynamo is not None and dynamo.config.skip_nnmodule_hook_guards:
+        if dynamo is not None and _hook_guards_skipped(dynamo):
             _switched = switched = True  # (before the switch: `release` turns it back)
-            dynamo.config.skip_nnmodule_hook_guards = False
+            _set_hook_guards_skipped(dynamo, False)
     if switched:
         # compiled without the guards: blind to hooks added since. (Outside the lock: dynamo's
         # lock is never asked for under a registry lock, see unihook._locks.)
         forget_compiled()
     return release
+
+
+def _hook_guards(dynamo: Any) -> Any:
+    """dynamo's config entry of ``skip_nnmodule_hook_guards``, or None where torch keeps none.
+
+    Since torch 2.13 a value set by assignment (``config.x = v``) holds on the thread that set
+    it only (a ContextVar: each new thread starts from the defaults), so a frame compiled on
+    another thread read True, had no guard on empty hook dicts, and missed a hook unihook added
+    later, on every thread that reused it; and each new thread's first registration switched
+    again and dropped every compiled frame (helper-80's FINDINGS 1 and 3). unihook changes the
+    entry's default instead, which every thread reads unless it set a value of its own."""
+    config = getattr(getattr(dynamo.config, "_config", None), "get", None)
+    return None if config is None else config("skip_nnmodule_hook_guards")
+
+
+def _hook_guards_skipped(dynamo: Any) -> bool:
+    entry = _hook_guards(dynamo)
+    return bool(dynamo.config.skip_nnmodule_hook_guards if entry is None else entry.default)
+
+
+def _set_hook_guards_skipped(dynamo: Any, skipped: bool) -> None:
+    entry = _hook_guards(dynamo)
+    if entry is None:
+        dynamo.config.skip_nnmodule_hook_guards = skipped
+    else:
+        entry.default = skipped
 
 
 def watch_call_impl() -> Callable[[], None]:
@@ -265,8 +292,10 @@ def forget_compiled() -> None:
         return
     from torch._dynamo import convert_frame
 
-    with _held_gil(), convert_frame.compile_lock:
-        # (dynamo's lock: a frame compiling on another thread meanwhile is dropped too)
+    # (dynamo's lock first: a frame compiling on another thread meanwhile is dropped too; and
+    # a thread holding it, whose finalizer removes a global hook, asks for `_holding` next:
+    # the other order deadlocked, helper-80's FINDING 2)
+    with convert_frame.compile_lock, _held_gil():
         if not _compiled_frame_elsewhere(convert_frame):
             dynamo.reset_code_caches()
             return

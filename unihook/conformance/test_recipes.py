@@ -280,9 +280,9 @@ def test_gradient_monitor_of_a_module_returning_a_tensor_made_before_the_call(
     The layer that returned the tensor first goes too: its hook sees the later call's uses,
     which torch's hook on it sees where the caller kept its output (as here) and does not
     where the layer kept it itself (a cache returned again: helper-76's attack); a tensor
-    hook cannot tell which. Where the backend cannot mark the history as a call starts
-    (`ops.history_mark` None: paddle, MindSpore) the sum is still recorded (README,
-    GradientMonitor)."""
+    hook cannot tell which. The tensor is told by the earlier call's hook on it, also where
+    the backend cannot mark the history as a call starts (`ops.history_mark` None: paddle,
+    MindSpore; until 2026-12-01 they recorded the sum)."""
 
     def forward(self: Any, x: Any) -> Any:
         h = self.pre(x)
@@ -291,8 +291,6 @@ def test_gradient_monitor_of_a_module_returning_a_tensor_made_before_the_call(
 
     inner = backend.module(lambda self, x: self.mem)
     model = backend.module(forward, {"pre": backend.linear(3, 4), "inner": inner})
-    if ops.history_mark(model) is None:
-        pytest.xfail(f"{backend.name} cannot mark the autograd history as a call starts")
     x = np.random.default_rng(9).normal(size=(5, 3)).astype(np.float32)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)

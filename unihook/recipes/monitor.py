@@ -479,7 +479,9 @@ class GradientMonitor(Synced):
         if _returns_an_input(tensors, marks):  # (that call only: said once)
             self._left_out(name, _RETURNED)
             return
-        if ops.made_before(tensors, mark):  # (None: the backend cannot tell, recorded)
+        # (made_before None: the backend cannot tell; an output an earlier call was hooked on
+        # tells anyway)
+        if ops.made_before(tensors, mark) or self._hooked_before(step, tensors, marks, started):
             self._left_out(name, _MADE_BEFORE)
             self._unhook_earlier(step, tensors, started)
             return
@@ -525,6 +527,30 @@ class GradientMonitor(Synced):
             if names and ref() is not None:
                 earlier[key] = (ref, names)
         self._earlier = earlier
+
+    def _hooked_before(
+        self, step: _Step, tensors: Sequence[Any], marks: _Marks, started: int
+    ) -> bool:
+        """Whether a call (the `started`-th) returns a tensor, not one of its arguments, that
+        an earlier call was hooked on (one of this forward's that is no call inside this one,
+        or of an earlier forward, still alive): made before the call, whatever its autograd
+        history says. torch's numbers count per thread (a state made on another thread passed
+        for a new one: helper-76's FINDING 1), a state changed in place in the call has a new
+        node (its FINDING 3), and paddle and MindSpore tell no number (their `made_before` is
+        None): each recorded the sum of every use of the state. (An argument is
+        `_returns_an_input`'s: an in-place ReLU's output is its changed input; a leaf, a
+        returned parameter, has no history to compare.)"""
+        for tensor in tensors:
+            key = id(tensor)
+            found = step.hooked.get(key)
+            if found is None or found[0]() is not tensor or found[2] >= started:
+                before = self._earlier.get(key)
+                if before is None or before[0]() is not tensor:
+                    continue
+            argument = marks.get(key)
+            if (argument is None or argument[0]() is not tensor) and not ops.is_leaf(tensor):
+                return True
+        return False
 
     def _unhook_earlier(self, step: _Step, tensors: Sequence[Any], started: int) -> None:
         """A call (the `started`-th) returning a tensor a call that came before it returned (a

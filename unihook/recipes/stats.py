@@ -130,6 +130,7 @@ class ActivationStats(Synced):
         self._world = self._merging(model, sync)
         self._names: list[str] = []  # the modules hooked: the layout of the ranks' vectors
         self._skipping = False  # this forward of the model is not recorded (see _counted)
+        self._opened = 0  # forwards of the model whose start this recipe saw, not ended yet
         self._training = True  # the mode of the running forward of the model
         self._grad_sync: bool | None = None  # whether its wrapper all-reduces its gradients
         self._stats: dict[str, _Running] = {}
@@ -182,8 +183,13 @@ class ActivationStats(Synced):
         tensors = tensors_of(output, module)
         if not tensors:
             return
+        running = self._stats.get(name)
+        if running is None:
+            # its pre-hook did not run: the call started before this recipe was made (inside a
+            # forward of the model, by a hook or another thread; until 2026-12-01 KeyError
+            # there: helper-80's FINDING 5)
+            return
         merged = self._world is not None  # the running numbers come from the merged steps
-        running = self._stats[name]
         step = self._step.get(name)
         if step is None:
             step = self._step[name] = _Running(order=running.order)
@@ -226,6 +232,7 @@ class ActivationStats(Synced):
         if ops.in_backward(module):  # the model's recomputation: this forward's state stays
             return
         self._step = {}
+        self._opened += 1
         self._world = self._merging(module, self.sync)
         self._training = bool(ops.unwrap(module).training)  # (what the merge says it is about)
         self._grad_sync = ops.grad_sync(module) if self._world is not None else None
@@ -240,6 +247,10 @@ class ActivationStats(Synced):
         if ops.in_backward(module):
             return
         self._last = None
+        if not self._opened:  # a forward that started before this recipe: not a step of it
+            self._step = {}
+            return
+        self._opened -= 1
         if self._skipping:
             self._skipping = False
             return
