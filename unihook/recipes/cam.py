@@ -121,6 +121,11 @@ def token_maps(
     return transform
 
 
+def _resized(maps: np.ndarray, size: tuple[int, ...]) -> np.ndarray:
+    """`maps` at the input's (height, width), or as they are where the input has none."""
+    return _resize_bilinear(maps, *size) if size else maps
+
+
 def _resize_bilinear(maps: np.ndarray, height: int, width: int) -> np.ndarray:
     """Bilinear resize of (N, h, w) maps with half-pixel centres (align_corners=False, as
     torch's interpolate and OpenCV's INTER_LINEAR when upsampling)."""
@@ -251,6 +256,10 @@ class GradCAM(Recipe):
             # placed once the backend took the call (MindSpore's GRAPH_MODE refused, naming it)
             for (name, layer), calls in zip(self._layers, kept if not keepers else ()):
                 keepers.add(name, register_forward_hook(layer, self._keeper(calls), name=name))
+            if inputs is not x:
+                # the leaf's copy, not the leaf: a model may change its input in place, which
+                # torch and paddle refuse on a leaf that requires grad (helper-81's attack)
+                inputs = inputs * 1
             score, self.target_classes = _score(self.model(inputs), target)
             return score
 
@@ -261,7 +270,10 @@ class GradCAM(Recipe):
             )
         finally:
             keepers.remove()
-        size = ops.to_numpy(x).shape[2:]
+        shape = ops.to_numpy(x).shape
+        # an image's height and width; other inputs (token ids: a `reshape_transform` makes
+        # the layer's output NCHW) leave the maps at the layer's size
+        size = shape[2:] if len(shape) == 4 else ()
         maps = [self._map(name, calls, size) for name, calls in zip(self.layers, kept)]
         if self.convention == "pytorch-grad-cam":  # its aggregate_multi_layers, even for one
             return _scale_pgc(np.maximum(np.mean(maps, axis=0), 0)).astype(np.float32)
@@ -284,8 +296,8 @@ class GradCAM(Recipe):
         weights = self._weights(activation, gradient)
         cams = np.maximum((weights[:, :, None, None] * activation).sum(axis=1), 0)
         if self.convention == "pytorch-grad-cam":
-            return _resize_bilinear(_scale_pgc(cams), *size)
-        return _normalise(_resize_bilinear(cams, *size))
+            return _resized(_scale_pgc(cams), size)
+        return _normalise(_resized(cams, size))
 
     def _nchw(self, tensor: Any, name: str) -> np.ndarray:
         value = tensor if self.reshape_transform is None else self.reshape_transform(tensor)
