@@ -1,19 +1,26 @@
 """Programs a test runs in a fresh interpreter (what may crash, hang, or change a process for
-good): this checkout's `unihook` and `backends/` on the path, paddle's and MindSpore's logs
-quiet. `run_code` returns what happened; `last_value` reads the literal it printed last.
+good), or in a fork of a zygote that imported the frameworks they import first (`preloads`,
+`Forked`): this checkout's `unihook` and `backends/` on the path, paddle's and MindSpore's
+logs quiet. `run_code` returns what happened; `last_value` reads the literal it printed last.
 `run_ranks` runs a script of gloo CPU ranks (tests/join_*_child.py), which start them with
 `start_ranks` (this file is on their path: a script's own folder is)."""
 
 from __future__ import annotations
 
 import ast
+import atexit
+import contextlib
+import json
 import os
 import pickle
+import select
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 import traceback
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -25,19 +32,169 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_code(
-    code: str, *, timeout: float = 300, python: str = sys.executable
+    code: str, *, timeout: float = 300, python: str = sys.executable, fresh: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """`code` (dedented) run by `python` (this one by default), its output captured; a run
-    past `timeout` seconds raises `subprocess.TimeoutExpired`."""
-    path = [str(ROOT), str(ROOT / "backends"), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path)), "GLOG_minloglevel": "2"}
+    past `timeout` seconds raises `subprocess.TimeoutExpired`. Code that imports torch or
+    paddle before doing anything else (`preloads`) runs in a fork of a zygote that imported
+    them once (`Forked`; torch's import takes about 3 s of CPU), unless `fresh`."""
+    env = child_env()
+    code = textwrap.dedent(code)
+    preloaded = () if fresh else preloads(code)
+    if preloaded:
+        with tempfile.TemporaryDirectory() as out:
+            forked = Forked(
+                preloaded, ["-c"], env, Path(out, "stdout"), Path(out, "stderr"),
+                code=code, python=python,
+            )  # fmt: skip
+            try:
+                forked.wait(timeout)
+            except subprocess.TimeoutExpired:
+                forked.kill()
+                raise
+            return subprocess.CompletedProcess(
+                ["-c", code],
+                forked.wait(),
+                Path(out, "stdout").read_text(errors="replace"),
+                Path(out, "stderr").read_text(errors="replace"),
+            )
     return subprocess.run(
-        [python, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
+        [python, "-c", code], capture_output=True, text=True, env=env, timeout=timeout
     )
+
+
+# what a zygote may import ahead of a program, in the program's own order (not MindSpore:
+# importing paddle first breaks its import, and its import was not tried in a fork)
+_PRELOADABLE = ("numpy", "torch", "paddle")
+
+
+def preloads(code: str) -> tuple[str, ...]:
+    """The frameworks `code` imports before running anything else: its leading import
+    statements, read up to the first module that is neither the standard library's nor
+    preloadable (a zygote importing those first gives the program the state its own imports
+    would)."""
+    try:
+        body = ast.parse(code).body
+    except SyntaxError:
+        return ()
+    found: list[str] = []
+    for statement in body:
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+            continue  # (a docstring)
+        if isinstance(statement, ast.Import):
+            names = [alias.name for alias in statement.names]
+        elif isinstance(statement, ast.ImportFrom) and statement.level == 0 and statement.module:
+            names = [statement.module]
+        else:
+            break
+        for name in names:
+            top = name.partition(".")[0]
+            if top in _PRELOADABLE:
+                if top not in found:
+                    found.append(top)
+            elif top not in sys.stdlib_module_names:
+                return tuple(found)
+    return tuple(found)
+
+
+def child_env() -> dict[str, str]:
+    """A child's environment: this checkout's `unihook` and `backends/` on its path, paddle's
+    and MindSpore's logs quiet."""
+    path = [str(ROOT), str(ROOT / "backends"), os.environ.get("PYTHONPATH", "")]
+    joined = os.pathsep.join(filter(None, path))
+    return {**os.environ, "PYTHONPATH": joined, "GLOG_minloglevel": "2"}
+
+
+class Forked:
+    """A program run in a fork of a zygote (tests/zygote.py) that imported `preloaded`: like
+    ``subprocess.Popen([python, "-c", code])`` (`argv` ``["-c"]``) or ``Popen([python, FILE,
+    ...])`` (`argv` ``[FILE, ...]``, no `code`), output to the files given, in a session of its
+    own with `session`. One zygote per interpreter, modules and environment, for the whole
+    test session."""
+
+    _zygotes: dict[tuple[Any, ...], subprocess.Popen[bytes]] = {}
+
+    def __init__(
+        self,
+        preloaded: Sequence[str],
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        stdout: Path,
+        stderr: Path,
+        *,
+        code: str | None = None,
+        python: str = sys.executable,
+        session: bool = False,
+    ) -> None:
+        key = (python, tuple(preloaded), tuple(sorted(env.items())))
+        zygote = self._zygotes.get(key)
+        if zygote is None or zygote.poll() is not None:
+            zygote = self._zygotes[key] = subprocess.Popen(
+                [python, str(ROOT / "tests" / "zygote.py"), ",".join(preloaded)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=dict(env),
+            )
+        self._zygote = zygote
+        self._session = session
+        self._buffer = b""
+        request = {
+            "argv": list(argv),
+            "code": code,
+            "filename": None if code is not None else argv[0],
+            "cwd": os.getcwd(),
+            "stdout": str(stdout),
+            "stderr": str(stderr),
+            "session": session,
+        }
+        assert zygote.stdin is not None
+        zygote.stdin.write((json.dumps(request) + "\n").encode())
+        zygote.stdin.flush()
+        self.pid: int = self._message(None)["pid"]
+        self.returncode: int | None = None
+
+    def _message(self, timeout: float | None) -> dict[str, Any]:
+        fd = self._zygote.stdout.fileno()  # type: ignore[union-attr]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([fd], [], [], left)[0]:
+                raise subprocess.TimeoutExpired(["zygote", str(self.pid)], timeout or 0.0)
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise RuntimeError(f"the zygote ended ({self._zygote.wait()})")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit code (minus the signal's number for a signal, as Popen's); past `timeout`
+        seconds `subprocess.TimeoutExpired`."""
+        if self.returncode is None:
+            self.returncode = int(self._message(timeout)["status"])
+        return self.returncode
+
+    @classmethod
+    def end_zygotes(cls) -> None:
+        """At exit: each zygote ends at the end of its input (a zombie no more)."""
+        for zygote in cls._zygotes.values():
+            with contextlib.suppress(OSError):
+                zygote.stdin.close()  # type: ignore[union-attr]
+            try:
+                zygote.wait(10)
+            except subprocess.TimeoutExpired:
+                zygote.kill()
+                zygote.wait()
+
+    def kill(self) -> None:
+        """SIGKILL to its session (with `session`) or to it, then wait."""
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                (os.killpg if self._session else os.kill)(self.pid, signal.SIGKILL)
+            self.wait()
+
+
+atexit.register(Forked.end_zygotes)
 
 
 def last_value(done: subprocess.CompletedProcess[str]) -> Any:
@@ -70,19 +227,13 @@ def run_ranks(
     out.mkdir(parents=True, exist_ok=True)
     prefix = out / "case"
     log = out / "output.txt"
-    with open(log, "w") as output:
-        process = subprocess.Popen(
-            [sys.executable, str(script), *args, str(prefix)],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env=environ,
-            start_new_session=True,
-        )
+    argv = [str(script), *args, str(prefix)]
+    # (the scripts import torch first: forked from a zygote that did, see run_code)
+    process = Forked(preloads(script.read_text()), argv, environ, log, log, session=True)
     try:
         process.wait(timeout=bound)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        process.kill()
         pytest.fail(f"HANG: the ranks did not finish within {bound} s:\n{log.read_text()[-3000:]}")
     found = []
     for rank in range(world):

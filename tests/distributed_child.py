@@ -18,6 +18,7 @@ import os
 import pickle
 import socket
 import sys
+import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -841,7 +842,8 @@ def rank_main(rank: int, framework: str, out: str, port: int, fail: bool) -> Non
     assert ops.world(fw.tensor(np.zeros(1, np.float32))) == (rank, WORLD)
     result: dict[str, Any] = {"rank": rank}
     if fail:
-        if rank == 1:
+        if rank == 1:  # (when: the test bounds the time from here to the launcher's end)
+            Path(out, "failed_at").write_text(repr(time.time()))
             raise RuntimeError("rank 1 fails on purpose")
         recipe_scenario(fw, fw.wrap(fw.model(weights())), rank, LR)  # waits for rank 1
     result["hooks"] = hook_scenario(fw, fw.wrap(fw.model(weights())), rank)
@@ -1037,8 +1039,9 @@ def spawn(fn: Any, args: tuple[Any, ...], framework: str, port: int, world: int 
     if framework == "torch":
         import torch.multiprocessing as mp
 
-        # a rank that raises makes spawn terminate the others and raise here
-        mp.spawn(fn, args=args, nprocs=world)
+        # a rank that raises makes it terminate the others and raise here; forked, the ranks
+        # start with torch imported (spawned, each imported it again: about 3 s of CPU each)
+        mp.start_processes(fn, args=args, nprocs=world, start_method="fork")
     else:
         import paddle.distributed as pdist
 
@@ -1051,10 +1054,14 @@ def main(argv: list[str]) -> None:
     port = run_port()
     if argv[2:] == ["join"]:
         spawn(join_main, (out, port), framework, port)
-    elif framework == "torch":
-        spawn(rank_main, (framework, out, port, fail), framework, port)
     else:
-        spawn(_paddle_rank, (framework, out, 0, fail), framework, port)
+        try:
+            if framework == "torch":
+                spawn(rank_main, (framework, out, port, fail), framework, port)
+            else:
+                spawn(_paddle_rank, (framework, out, 0, fail), framework, port)
+        finally:  # (when the launcher let go of its ranks: see failed_at)
+            Path(out, "ended_at").write_text(repr(time.time()))
 
 
 if __name__ == "__main__":
