@@ -48,8 +48,7 @@ def _input(fw: str, requires_grad: bool) -> Any:
 def _stale_entries_take_the_id(model: Any, args: tuple[Any, ...]) -> None:
     """Give every entry left for `model` the id of `args` (the running call's)."""
     states = [_globals[name] for name in FRAMEWORKS if name in _globals]
-    ref = _states._refs.get(model)
-    own = None if ref is None else ref()
+    own = _states.get(model)
     states += [] if own is None else [own]
     for state in states:
         stack = getattr(state.local, "stack", None) or []

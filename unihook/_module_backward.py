@@ -1361,17 +1361,19 @@ class _States:
     over the model) would make the model immortal, where torch frees it with the cycle."""
 
     def __init__(self) -> None:
-        self._refs: weakref.WeakKeyDictionary[Any, weakref.ref[ModuleBackward]] = (
-            weakref.WeakKeyDictionary()
-        )
-        # a module's removed states whose dispatchers are still pinned: a call that started
-        # before may still be theirs
-        self._retired: weakref.WeakKeyDictionary[Any, list[weakref.ref[ModuleBackward]]] = (
-            weakref.WeakKeyDictionary()
-        )
+        # module -> (its current state or None, its removed states whose dispatchers are
+        # still pinned, oldest first: a call that started before may still be theirs), weakly.
+        # One tuple per module, replaced whole at each change (under `_lock`): `dispatching`
+        # reads it without the lock, on the thread of a call, while another thread registers
+        # and removes. Kept in two tables it read the current state (none: the last hook just
+        # removed) and then the removed ones (none any more: a hook registered meanwhile
+        # revived the state), found neither, and the global dispatcher took the global hooks
+        # of a call the module's own dispatcher had taken them for: they ran twice.
+        self._entries: weakref.WeakKeyDictionary[Any, _Entries] = weakref.WeakKeyDictionary()
 
     def get(self, module: Any) -> ModuleBackward | None:
-        ref = self._refs.get(module)
+        entry = self._entries.get(module)
+        ref = None if entry is None else entry[0]
         return None if ref is None else ref()
 
     def __contains__(self, module: Any) -> bool:
@@ -1384,19 +1386,23 @@ class _States:
         return state
 
     def __setitem__(self, module: Any, state: ModuleBackward) -> None:
-        self._refs[module] = weakref.ref(state)
+        entry = self._entries.get(module)
+        self._entries[module] = (weakref.ref(state), () if entry is None else entry[1])
 
     def __delitem__(self, module: Any) -> None:
-        ref = self._refs[module]
-        retired = [r for r in self._retired.get(module, ()) if _pinned(r()) and r is not ref]
-        # (retired first: a removal cut short between the two still finds the state)
-        self._retired[module] = [*retired, ref]
-        self._refs.pop(module, None)
+        entry = self._entries.get(module)
+        ref = None if entry is None else entry[0]
+        if entry is None or ref is None:
+            raise KeyError(module)
+        state = ref()
+        retired = tuple(r for r in entry[1] if _pinned(r()) and r() is not state)
+        self._entries[module] = (None, (*retired, ref))  # (one step: see __init__)
 
     def revivable(self, module: Any) -> ModuleBackward | None:
         """The module's last removed state if its dispatchers are still pinned (a call that
         started before its removal is in flight): a new hook goes in it (see `revive`)."""
-        for ref in reversed(self._retired.get(module, ())):
+        entry = self._entries.get(module)
+        for ref in reversed(() if entry is None else entry[1]):
             state = ref()
             if _pinned(state):
                 return state
@@ -1406,26 +1412,32 @@ class _States:
         """Make `state` (`revivable`) the module's current one again. The framework may hold a
         snapshot of the module's hooks with its dispatchers: a newer state's would not be in
         it, and two states' dispatchers in one snapshot would both take the call (see
-        `ModuleBackward._pass_on`). (Each step leaves what a removal, undoing a registration
-        cut short, restores.)"""
-        self[module] = state
+        `ModuleBackward._pass_on`). Current and out of the removed ones in one step (see
+        `__init__`); then not removed (each step leaves what a removal, undoing a
+        registration cut short, restores)."""
+        entry = self._entries.get(module)
+        retired = () if entry is None else tuple(r for r in entry[1] if r() is not state)
+        self._entries[module] = (weakref.ref(state), retired)
         state.removed = False
-        ref = self._refs[module]
-        self._retired[module] = [r for r in self._retired.get(module, ()) if r is not ref]
 
     def dispatching(
         self, module: Any, args: tuple[Any, ...], frame: FrameType | None
     ) -> ModuleBackward | None:
-        """The module's own state, current or removed, if it took this call."""
-        ref = self._refs.get(module)
-        state = None if ref is None else ref()
-        if state is not None and _took_globals(state, module, args, frame):
-            return state
-        for ref in self._retired.get(module, ()):
+        """The module's own state, current or removed, if it took this call. (One read of the
+        module's entry: see `__init__`.)"""
+        entry = self._entries.get(module)
+        if entry is None:
+            return None
+        current, retired = entry
+        for ref in retired if current is None else (current, *retired):
             state = ref()
             if state is not None and _took_globals(state, module, args, frame):
                 return state
         return None
+
+
+# (the module's current state, its removed ones still pinned: see `_States`)
+_Entries = tuple["weakref.ref[ModuleBackward] | None", "tuple[weakref.ref[ModuleBackward], ...]"]
 
 
 def _took_globals(
