@@ -17,8 +17,13 @@ registers after them. So while unihook has a key in a hook dict, the module hold
   copy of the old one): torch's own backward hooks live elsewhere and survive that, so the
   pinned keys (the backward dispatchers) follow the module into the new dict, which becomes
   the origin of a new HookDict. The signal is free: the module held the only reference to
-  the HookDict, which is finalized at the assignment (`HookDict.__del__`, `_follow`); the
-  always-called flag table of the post dispatcher is watched the same way (`Pinned`).
+  the HookDict, which is finalized at the assignment (`HookDict.__del__`, `_follow`). The
+  flag tables (the keys of hooks called with kwargs, or always) that hold a key of unihook's
+  are watched the same way (`_Flagged`): the key follows the module into its new table.
+- MindSpore creates a cell's hook dicts and flag tables on first read, unlocked: a call on
+  another thread that found none yet assigns a new empty one over the one a registration
+  just wrote to. The same signals repair that: when `Access.recreated` says the framework
+  dropped a hook dict so, unihook's own hooks follow it too, not only the pinned ones.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from __future__ import annotations
 import sys
 import weakref
 from collections import OrderedDict
-from functools import partial
 from itertools import count
 from typing import Any, Callable, Iterable, Protocol
 
@@ -37,6 +41,12 @@ __all__ = ["Access", "HookDict", "Pinned", "pin", "unpin"]
 
 class Access(Protocol):
     """How a backend reads and replaces a module's own hook dict."""
+
+    def recreated(self, owner: Any, attr: str, /) -> bool:
+        """Whether the framework itself is assigning `owner` a new hook dict `attr` (asked
+        by the finalizer of the one it drops): its lazy creation raced a registration, not
+        a library's choice, and unihook's own hooks follow into the new one."""
+        ...
 
     def get(self, owner: Any, attr: str, /) -> OrderedDict[int, Any]: ...
 
@@ -246,17 +256,26 @@ class HookDict(OrderedDict[int, Any]):
         # hook dict. The pinned keys follow the module there (see the module docstring).
         # (getattr: a Ctrl-C landing in __init__ leaves one without its attributes;
         # `finalizing` bound now: at interpreter exit this module's globals may be gone first)
-        if getattr(self, "_origin", None) is None or not self.pinned or finalizing():
+        if getattr(self, "_origin", None) is None or finalizing():
             return
         owner = self.owner()
-        if owner is None or self._access is None:
+        access = self._access
+        if owner is None or access is None:
             return  # (the module died)
         pinned = [
             (key, OrderedDict.__getitem__(self, key), key in self.tail)
             for key in self.pinned
             if OrderedDict.__contains__(self, key)
         ]
-        _follow(owner, self._attr, self._access, pinned, set(self.owned))
+        # (a backend's global dispatchers are not followed: it pins them again at the call)
+        own = set(self.pinned) | self.uncopied
+        others = (
+            [(key, value) for key, value in self._copy() if key in self.owned and key not in own]
+            if access.recreated(owner, self._attr)
+            else []
+        )
+        if pinned or others:
+            _follow(owner, self._attr, access, pinned, set(self.owned), others)
 
     def __reduce__(self) -> Any:
         """Pickled (torch.save of a whole module), the dict is a plain one with its forward
@@ -380,6 +399,79 @@ _lock = RegistryLock()  # registrations from several threads
 _versions = count()  # HookDict versions
 
 
+class _Flagged:
+    """A module's flag table (a framework's keys of the hooks it calls with kwargs, or
+    always) that holds keys of unihook's: dropped by the module (a library assigned another,
+    or MindSpore's lazy creation raced a registration), the keys follow the module into its
+    current table (`_table_dropped`), else the framework calls the hook with the wrong
+    arguments (a TypeError) or not on an exception."""
+
+    __slots__ = ("ref", "owner", "attr", "access", "keys")
+
+    def __init__(self, table: Any, owner: Any, attr: str, access: Access) -> None:
+        ident = id(table)
+        self.ref = weakref.ref(table, lambda ref: _table_dropped(ident, ref))
+        self.owner = weakref.ref(owner)
+        self.attr = attr
+        self.access = access
+        self.keys: set[int] = set()
+
+
+_flagged: dict[int, _Flagged] = {}  # id(table) -> its watch, while the table lives
+
+
+def _flag(owner: Any, attr: str, key: int, access: Access) -> None:
+    """Put `key` in `owner`'s flag table `attr`, watched; under `_lock`."""
+    table = access.get(owner, attr)
+    table[key] = True
+    _watch(owner, attr, table, key, access)
+
+
+def _watch(owner: Any, attr: str, table: Any, key: int, access: Access) -> None:
+    """Watch `key` in `table`, `owner`'s flag table `attr`."""
+    watch = _flagged.get(id(table))
+    if watch is None or watch.ref() is not table:
+        try:
+            watch = _flagged[id(table)] = _Flagged(table, owner, attr, access)
+        except TypeError:  # (a plain dict a library assigned cannot be referred to weakly)
+            return
+    watch.keys.add(key)
+
+
+def _unflag(owner: Any, attr: str, key: int, access: Access) -> None:
+    """Take `key` out of `owner`'s flag table `attr`, unwatched; under `_lock`."""
+    table = access.get(owner, attr)
+    table.pop(key, None)
+    watch = _flagged.get(id(table))
+    if watch is not None and watch.ref() is table:
+        watch.keys.discard(key)
+        if not watch.keys:  # (no residue: the table is the framework's alone again)
+            del _flagged[id(table)]
+
+
+def _table_dropped(ident: int, ref: weakref.ref[Any]) -> None:
+    """The flag table a `_Flagged` watched is gone: its keys go in the module's current one."""
+    watch = _flagged.get(ident)
+    if watch is None or watch.ref is not ref:
+        return  # (a later table under the same id)
+    del _flagged[ident]
+    owner = watch.owner()
+    if owner is None or not watch.keys or sys.is_finalizing():
+        return  # (the module died, or its flags were all removed)
+    _reflag(owner, watch)
+
+
+def _reflag(owner: Any, watch: _Flagged) -> None:
+    if _lock.deferred(lambda: _reflag(owner, watch)):
+        return
+    with _lock, _lock.mutex:
+        for key in watch.keys:
+            try:
+                _flag(owner, watch.attr, key, watch.access)
+            except (AttributeError, KeyError):
+                return  # (deleted: the framework's own call fails on the module then)
+
+
 def pin(
     owner: Any,
     attr: str,
@@ -395,9 +487,9 @@ def pin(
 ) -> None:
     """Insert unihook's hook `key` into `owner`'s hook dict `attr`: pinned last (`last`; with
     `tail`, after the other pinned ones, whenever they come), or first (`prepend`), or before
-    the pinned ones. `flags`: the owner's flag tables (attributes) the caller put `key` in
-    too; not `copied`: a deep copy of the owner goes without it (and its flags), a backend's
-    global dispatcher that the copy gets at its first call."""
+    the pinned ones. `flags`: the owner's flag tables (attributes) to put `key` in, before
+    it (the framework reads them live); not `copied`: a deep copy of the owner goes without
+    it (and its flags), a backend's global dispatcher that the copy gets at its first call."""
     if _lock.deferred(
         lambda: pin(
             owner,
@@ -414,6 +506,8 @@ def pin(
     ):
         return
     with _lock, _lock.mutex:
+        for table in flags:
+            _flag(owner, table, key, access)
         hooks = _pin(owner, attr, key, hook, access, last=last, prepend=prepend, tail=tail)
         if flags:
             hooks.flags[key] = flags
@@ -468,11 +562,13 @@ def _follow(
     access: Access,
     pinned: list[tuple[int, Any, bool]],
     owned: set[int],
+    others: list[tuple[int, Any]],
 ) -> None:
     """`owner` dropped its HookDict `attr` for another dict (a library assigned one): pin
-    there the keys `pinned` (key, hook, tail) of the dropped one, in order, and keep as
-    unihook's the other `owned` keys a copy of the dropped dict brought along."""
-    if _lock.deferred(lambda: _follow(owner, attr, access, pinned, owned)):
+    there the keys `pinned` (key, hook, tail) of the dropped one, in order, and the `others`
+    (key, hook: unihook's own hooks, on a lazy backend), and keep as unihook's the other
+    `owned` keys a copy of the dropped dict brought along."""
+    if _lock.deferred(lambda: _follow(owner, attr, access, pinned, owned, others)):
         return
     with _lock, _lock.mutex:
         try:
@@ -487,9 +583,15 @@ def _follow(
         else:
             for key, _, _ in pinned:  # a copy of the dropped dict: they go back pinned
                 current.pop(key, None)
+        for key, hook in others:
+            if key not in current:
+                current = _pin(
+                    owner, attr, key, hook, access, last=False, prepend=False, tail=False
+                )
         for key, hook, tail in pinned:
-            hooks = _pin(owner, attr, key, hook, access, last=True, prepend=False, tail=tail)
-            hooks.owned.update(k for k in owned if OrderedDict.__contains__(hooks, k))
+            current = _pin(owner, attr, key, hook, access, last=True, prepend=False, tail=tail)
+        if isinstance(current, HookDict):
+            current.owned.update(k for k in owned if OrderedDict.__contains__(current, k))
 
 
 def _retired_dispatcher(hook: Any) -> bool:
@@ -499,32 +601,42 @@ def _retired_dispatcher(hook: Any) -> bool:
     return bool(getattr(state, "removed", False)) and getattr(state, "dispatchers", 0) is None
 
 
-def unpin(owner: Any, attr: str, key: int, access: Access) -> None:
-    """Remove unihook's hook `key`; the last one out puts the origin back. Idempotent: it
-    undoes a `pin` cut short (a Ctrl-C) and finishes an `unpin` cut short."""
-    if _lock.deferred(lambda: unpin(owner, attr, key, access)):
+def unpin(owner: Any, attr: str, key: int, access: Access, *, flags: tuple[str, ...] = ()) -> None:
+    """Remove unihook's hook `key`, then its flags in the tables `flags`; the last one out
+    puts the origin back. Idempotent: it undoes a `pin` cut short (a Ctrl-C) and finishes an
+    `unpin` cut short."""
+    # (the flags go with the key, deferred with it: a flag gone first left the key to run
+    # meanwhile as a hook without kwargs, a TypeError in the framework's call)
+    if _lock.deferred(lambda: unpin(owner, attr, key, access, flags=flags)):
         return
     with _lock, _lock.mutex:
-        hooks = access.get(owner, attr)
-        if not isinstance(hooks, HookDict):
-            # a dict a library assigned that unihook's keys did not follow into (it kept the
-            # HookDict it replaced, or that one held no dispatcher): a copy holds the key too
-            if isinstance(hooks, dict):
-                hooks.pop(key, None)
-            entry = _retired.get(id(hooks))
-            if entry is not None and entry[1]._origin is hooks:
-                # a `pin` cut short between installing its retired HookDict and the swap: it
-                # would hold the origin, and the hooks, for ever
-                _retire(entry[1], owner, attr, access)
-            return
-        hooks.pop(key, None)
-        # (and where `pin` was cut short before the key went in)
-        hooks.owned.discard(key)
-        if key in hooks.pinned:
-            hooks.pinned.remove(key)
-        hooks.tail.discard(key)
-        if not hooks.owned:
-            _retire(hooks, owner, attr, access)
+        _unpin(owner, attr, key, access)
+        for table in flags:
+            _unflag(owner, table, key, access)
+
+
+def _unpin(owner: Any, attr: str, key: int, access: Access) -> None:
+    """`unpin`'s key, under `_lock`."""
+    hooks = access.get(owner, attr)
+    if not isinstance(hooks, HookDict):
+        # a dict a library assigned that unihook's keys did not follow into (it kept the
+        # HookDict it replaced, or that one held no dispatcher): a copy holds the key too
+        if isinstance(hooks, dict):
+            hooks.pop(key, None)
+        entry = _retired.get(id(hooks))
+        if entry is not None and entry[1]._origin is hooks:
+            # a `pin` cut short between installing its retired HookDict and the swap: it
+            # would hold the origin, and the hooks, for ever
+            _retire(entry[1], owner, attr, access)
+        return
+    hooks.pop(key, None)
+    # (and where `pin` was cut short before the key went in)
+    hooks.owned.discard(key)
+    if key in hooks.pinned:
+        hooks.pinned.remove(key)
+    hooks.tail.discard(key)
+    if not hooks.owned:
+        _retire(hooks, owner, attr, access)
 
 
 def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
@@ -579,7 +691,7 @@ class Pinned:
     """A module's backward dispatchers, pinned last in its forward pre- and post-hook dicts
     (``unihook._module_backward.Dispatchers``); the post one is always called."""
 
-    __slots__ = ("owner", "pre", "post", "always", "access", "watch", "__weakref__")
+    __slots__ = ("owner", "pre", "post", "always", "access", "__weakref__")
 
     def __init__(
         self,
@@ -594,16 +706,6 @@ class Pinned:
         self.post: tuple[str, int] = post
         self.always: str = always
         self.access: Access = access
-        self.watch: weakref.ref[Any] | None = None  # the always-called flag table (`_watch`)
-
-    def _watch(self, flags: Any) -> None:
-        """A library may assign the module a new always-called flag table as it may a hook dict
-        (torch's own backward hooks do not depend on it): when the table holding the post
-        dispatcher's flag is dropped, the flag follows the module to its new one."""
-        try:
-            self.watch = weakref.ref(flags, partial(_flags_dropped, weakref.ref(self)))
-        except TypeError:  # (a plain dict a library assigned cannot be referred to weakly)
-            self.watch = None
 
     @classmethod
     def install(
@@ -622,9 +724,6 @@ class Pinned:
         pinned = cls(owner, (pre_attr, pre_key), (post_attr, post_key), always, access)
         undo_if_unfinished(pinned.remove)  # (inside a registration)
         try:
-            flags = access.get(owner, always)
-            flags[post_key] = True
-            pinned._watch(flags)
             pin(owner, pre_attr, pre_key, pre, access, last=True, prepend=False, tail=tail)
             pin(
                 owner,
@@ -648,29 +747,14 @@ class Pinned:
         """The same dispatchers in a deep copy `owner` of the module, whose always-called flag
         table is `flags`."""
         pinned = Pinned(owner, self.pre, self.post, self.always, self.access)
-        pinned._watch(flags)
+        # (no lock: the copy is not another thread's yet, and may not hold the table yet)
+        _watch(owner, self.always, flags, self.post[1], self.access)
         return pinned
 
     def remove(self) -> None:
         """Unpin both (idempotent: undoes an `install` cut short, finishes a removal too)."""
-        self.watch = None
         owner = self.owner()
         if owner is None:
             return
-        for attr, key in (self.pre, self.post):
-            unpin(owner, attr, key, self.access)
-        self.access.get(owner, self.always).pop(self.post[1], None)
-
-
-def _flags_dropped(pinned_ref: weakref.ref[Pinned], _: object) -> None:
-    """The always-called flag table `Pinned._watch` watched is gone: see there."""
-    pinned = pinned_ref()
-    owner = None if pinned is None else pinned.owner()
-    if pinned is None or owner is None or pinned.watch is None or sys.is_finalizing():
-        return  # (removed, or the module died)
-    try:
-        flags = pinned.access.get(owner, pinned.always)
-    except (AttributeError, KeyError):
-        return  # (deleted: the framework's own call fails on the module then)
-    flags[pinned.post[1]] = True
-    pinned._watch(flags)
+        unpin(owner, *self.pre, self.access)
+        unpin(owner, *self.post, self.access, flags=(self.always,))

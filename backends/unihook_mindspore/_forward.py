@@ -10,12 +10,14 @@ dicts live in ``_lazy_*`` attributes behind read-only properties that create the
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from functools import partial
 from typing import Any, Callable
 
 from mindspore.common.hook_handle import HookHandle
+from mindspore.nn import Cell
 
 from unihook.backend import Pinned, pin, undo_if_unfinished, unpin
 
@@ -40,9 +42,31 @@ def new_id() -> int:
     return hook_id
 
 
+# the code of the lazy properties that create a cell's hook dicts
+_GETTERS = {attr: getattr(Cell, attr).fget.__code__ for attr in (_PRE[0], _POST[0])}
+
+
 class Access:
     """A cell's hook dicts: read through Cell's lazy properties, replaced in the ``_lazy_``
-    attribute behind them (Cell.__setattr__ would file an OrderedDict as a plain attribute)."""
+    attribute behind them (Cell.__setattr__ would file an OrderedDict as a plain attribute).
+
+    The properties create a dict on first read, unlocked: a call on another thread that read
+    None before a registration created the dict assigns a new empty one over it when it
+    resumes, and the hooks (and flags) registered meanwhile were lost. unihook's follow into
+    the new one (`unihook._pinned`)."""
+
+    @staticmethod
+    def recreated(owner: Any, attr: str) -> bool:
+        # the dropped dict's finalizer runs inside the property that assigned the new one
+        getter = _GETTERS.get(attr)
+        frame = sys._getframe(1)
+        for _ in range(4):  # (this, the finalizer, the property)
+            if frame is None:
+                return False
+            if frame.f_code is getter:
+                return True
+            frame = frame.f_back
+        return False
 
     @staticmethod
     def get(cell: Any, attr: str) -> OrderedDict[int, Any]:
@@ -67,22 +91,16 @@ def add_hook(
     hook_id = new_id()
     # (a registration cut short by a Ctrl-C is undone: see unihook._locks)
     undo_if_unfinished(partial(remove_hook, cell, hook_id, pre=pre))
+    flags = (kwargs_attr,) * with_kwargs + tuple(always_attr) * always_call
     with _lock:
-        # MindSpore reads the flags live: set before the hook can run
-        if with_kwargs:
-            Access.get(cell, kwargs_attr)[hook_id] = True
-        if always_call:
-            Access.get(cell, always_attr[0])[hook_id] = True
-        pin(cell, hooks_attr, hook_id, hook, Access, last=False, prepend=prepend)
+        pin(cell, hooks_attr, hook_id, hook, Access, last=False, prepend=prepend, flags=flags)
     return hook_id
 
 
 def remove_hook(cell: Any, hook_id: int, *, pre: bool) -> None:
     hooks_attr, flag_attrs = _PRE if pre else _POST
     with _lock:
-        unpin(cell, hooks_attr, hook_id, Access)
-        for attr in flag_attrs:
-            Access.get(cell, attr).pop(hook_id, None)
+        unpin(cell, hooks_attr, hook_id, Access, flags=flag_attrs)
 
 
 def add_dispatchers(cell: Any, pre: Callable[..., Any], post: Callable[..., Any]) -> Pinned:

@@ -177,8 +177,6 @@ def _pin_forward(cell: Any, slot: int, key: int) -> None:
     # which else fired the global hooks twice there, and kept one after their removal)
     attr, flags = _SLOTS[slot]
     run = _run_pre if slot == 0 else _run_post
-    for table in flags:
-        Access.get(cell, table)[key] = True
     pin(cell, attr, key, run, Access, last=False, prepend=True, flags=flags, copied=False)
 
 
@@ -240,9 +238,7 @@ _waiting: dict[int, tuple[Any, int]] = {}
 
 def _unpin_slot(cell: Any, which: int, key: int) -> None:
     attr, flags = _SLOTS[which]
-    unpin(cell, attr, key, Access)
-    for flag in flags:
-        Access.get(cell, flag).pop(key, None)
+    unpin(cell, attr, key, Access, flags=flags)
 
 
 def _strip(which: int) -> None:

@@ -50,6 +50,10 @@ class Access:
     """The layer's own hook dicts: its attributes."""
 
     @staticmethod
+    def recreated(owner: Any, attr: str) -> bool:
+        return False  # (paddle creates them in Layer.__init__)
+
+    @staticmethod
     def get(layer: Any, attr: str) -> OrderedDict[int, Any]:
         hooks: OrderedDict[int, Any] = layer.__dict__[attr]
         return hooks
@@ -76,13 +80,9 @@ def add_hook(
     """Register `hook` under `hook_id` (`new_id`, taken before: `remove_hook` undoes a
     registration cut short)."""
     hooks_attr, (kwargs_attr, *always_attr) = _PRE if pre else _POST
+    flags = (kwargs_attr,) * with_kwargs + tuple(always_attr) * always_call
     with _lock, _lock.mutex:
-        # paddle reads the flags live: set before the hook can run
-        if with_kwargs:
-            Access.get(layer, kwargs_attr)[hook_id] = True
-        if always_call:
-            Access.get(layer, always_attr[0])[hook_id] = True
-        pin(layer, hooks_attr, hook_id, hook, Access, last=False, prepend=prepend)
+        pin(layer, hooks_attr, hook_id, hook, Access, last=False, prepend=prepend, flags=flags)
     retranslate()  # (the layer's first hook: `Access.put` dropped it already)
 
 
@@ -92,9 +92,7 @@ def remove_hook(layer: Any, hook_id: int, *, pre: bool) -> None:
         return
     hooks_attr, flag_attrs = _PRE if pre else _POST
     with _lock, _lock.mutex:
-        unpin(layer, hooks_attr, hook_id, Access)
-        for attr in flag_attrs:
-            Access.get(layer, attr).pop(hook_id, None)
+        unpin(layer, hooks_attr, hook_id, Access, flags=flag_attrs)
 
 
 def add_dispatchers(layer: Any, pre: Callable[..., Any], post: Callable[..., Any]) -> Pinned:

@@ -191,6 +191,10 @@ class _TorchDispatchers:
     the output, runs before them, as torch's BackwardHook runs after every forward hook."""
 
     @staticmethod
+    def recreated(owner: Any, attr: str) -> bool:
+        return False  # (torch creates a module's hook dicts in __init__)
+
+    @staticmethod
     def get(module: Any, attr: str) -> Any:
         return module.__dict__[attr]
 
