@@ -69,7 +69,8 @@ test-mindspore: $(MS_STAMP)
 		tests/test_differential_kits.py tests/test_differential_backward.py \
 		tests/test_differential_forward.py tests/test_mindspore_native.py tests/test_demo.py \
 		tests/test_bench_smoke_mindspore.py tests/test_kept_inputs_mindspore.py \
-		tests/test_attack_h82.py tests/test_flag_tables.py tests/test_lazy_dicts_mindspore.py $(ATTACKS) \
+		tests/test_attack_h82.py tests/test_flag_tables.py tests/test_lazy_dicts_mindspore.py \
+		tests/test_attack_h83.py $(ATTACKS) \
 		$(MS_PACKAGE)
 
 # ruff, and pyright in standard mode on unihook/ and backends/ ([tool.pyright] in pyproject.toml),

@@ -262,20 +262,24 @@ class HookDict(OrderedDict[int, Any]):
         access = self._access
         if owner is None or access is None:
             return  # (the module died)
+        flags = self.flags
         pinned = [
-            (key, OrderedDict.__getitem__(self, key), key in self.tail)
+            (key, OrderedDict.__getitem__(self, key), key in self.tail, flags.get(key, ()))
             for key in self.pinned
             if OrderedDict.__contains__(self, key)
         ]
-        # (a backend's global dispatchers are not followed: it pins them again at the call)
+        # unihook's own hooks: they follow where the framework itself dropped the dict, else
+        # they go as the framework's own do, and so do their flags. (A backend's global
+        # dispatchers are left out: it pins them again at the call.)
         own = set(self.pinned) | self.uncopied
-        others = (
-            [(key, value) for key, value in self._copy() if key in self.owned and key not in own]
-            if access.recreated(owner, self._attr)
-            else []
-        )
+        others = [
+            (key, value, flags.get(key, ()))
+            for key, value in self._copy()
+            if key in self.owned and key not in own
+        ]
         if pinned or others:
-            _follow(owner, self._attr, access, pinned, set(self.owned), others)
+            follow = access.recreated(owner, self._attr)
+            _follow(owner, self._attr, access, pinned, set(self.owned), others, follow)
 
     def __reduce__(self) -> Any:
         """Pickled (torch.save of a whole module), the dict is a plain one with its forward
@@ -333,7 +337,7 @@ class HookDict(OrderedDict[int, Any]):
                 self._leave_flags(key, owner, memo)
                 continue
             if state is not None and id(state) not in memo and copied is not owner:
-                memo[id(state)] = _copy_state(state, copied, owner, memo)
+                memo[id(state)] = _copy_state(state, copied)
             value = deepcopy(value, memo)
             OrderedDict.__setitem__(new, key, value)
             if key not in self.pinned:
@@ -345,6 +349,13 @@ class HookDict(OrderedDict[int, Any]):
         if not new.owned:  # (only removed or global dispatchers were here)
             memo[id(self)] = origin
             return origin
+        if copied is not owner and self._access is not None:
+            # the copy's flag tables (the copies its owner gets: memo) are watched as these
+            # (no lock: the copy is not another thread's yet, and may not hold them yet)
+            for key, attrs in new.flags.items():
+                for attr in attrs:
+                    table = deepcopy(self._access.get(owner, attr), memo)
+                    _watch(copied, attr, table, key, self._attr, self._access)
         return new
 
     def _leave_flags(self, key: int, owner: Any, memo: dict[int, Any]) -> None:
@@ -367,17 +378,13 @@ def _leave_out(state: Any, owner: Any, memo: dict[int, Any]) -> None:
         deepcopy(flags, memo).pop(pinned.post[1], None)  # (the copy the module's copy gets)
 
 
-def _copy_state(state: Any, owner: Any, original: Any, memo: dict[int, Any]) -> Any:
-    from copy import deepcopy
-
+def _copy_state(state: Any, owner: Any) -> Any:
     from ._module_backward import ModuleBackward, _states
 
     new = ModuleBackward(state.autograd, state.is_global)
     new.pre_hooks = dict(state.pre_hooks)
     new.full_hooks = dict(state.full_hooks)
-    pinned = state.dispatchers
-    flags = pinned.access.get(original, pinned.always)
-    new.dispatchers = pinned.rebound(owner, deepcopy(flags, memo))  # (the copy's: memo)
+    new.dispatchers = state.dispatchers.rebound(owner)
     _states[owner] = new
     return new
 
@@ -414,28 +421,32 @@ class _Flagged:
         self.owner = weakref.ref(owner)
         self.attr = attr
         self.access = access
-        self.keys: set[int] = set()
+        self.keys: dict[int, str] = {}  # key -> the owner's hook dict (attribute) it is in
 
 
 _flagged: dict[int, _Flagged] = {}  # id(table) -> its watch, while the table lives
 
 
-def _flag(owner: Any, attr: str, key: int, access: Access) -> None:
-    """Put `key` in `owner`'s flag table `attr`, watched; under `_lock`."""
+def _flag(owner: Any, attr: str, key: int, hooks: str, access: Access) -> None:
+    """Put `key`, a hook in `owner`'s hook dict `hooks`, in its flag table `attr`, watched;
+    under `_lock`."""
     table = access.get(owner, attr)
     table[key] = True
-    _watch(owner, attr, table, key, access)
+    _watch(owner, attr, table, key, hooks, access)
 
 
-def _watch(owner: Any, attr: str, table: Any, key: int, access: Access) -> None:
-    """Watch `key` in `table`, `owner`'s flag table `attr`."""
+def _watch(owner: Any, attr: str, table: Any, key: int, hooks: str, access: Access) -> None:
+    """Watch `key` (in `hooks`) in `table`, `owner`'s flag table `attr`."""
     watch = _flagged.get(id(table))
-    if watch is None or watch.ref() is not table:
-        try:
-            watch = _flagged[id(table)] = _Flagged(table, owner, attr, access)
-        except TypeError:  # (a plain dict a library assigned cannot be referred to weakly)
-            return
-    watch.keys.add(key)
+    if watch is not None and watch.ref() is table:
+        watch.keys[key] = hooks
+        return
+    try:
+        watch = _Flagged(table, owner, attr, access)
+    except TypeError:  # (a plain dict a library assigned cannot be referred to weakly)
+        return
+    watch.keys[key] = hooks
+    _flagged[id(table)] = watch  # (last: a run a Ctrl-C cut short leaves no empty watch)
 
 
 def _unflag(owner: Any, attr: str, key: int, access: Access) -> None:
@@ -444,7 +455,7 @@ def _unflag(owner: Any, attr: str, key: int, access: Access) -> None:
     table.pop(key, None)
     watch = _flagged.get(id(table))
     if watch is not None and watch.ref() is table:
-        watch.keys.discard(key)
+        watch.keys.pop(key, None)
         if not watch.keys:  # (no residue: the table is the framework's alone again)
             del _flagged[id(table)]
 
@@ -458,16 +469,37 @@ def _table_dropped(ident: int, ref: weakref.ref[Any]) -> None:
     owner = watch.owner()
     if owner is None or not watch.keys or sys.is_finalizing():
         return  # (the module died, or its flags were all removed)
+    try:
+        # At once, without the lock: its holder (another thread, or this one inside a
+        # registration) may let a call run the key meanwhile, which the framework would call
+        # without its flag. A removal unflags after it takes the key: checked again after.
+        table = watch.access.get(owner, watch.attr)
+        for key, attr in list(watch.keys.items()):
+            if _owns(owner, attr, key, watch.access):
+                table[key] = True
+                if not _owns(owner, attr, key, watch.access):
+                    table.pop(key, None)
+    except (AttributeError, KeyError):
+        return  # (deleted: the framework's own call fails on the module then)
     _reflag(owner, watch)
 
 
+def _owns(owner: Any, attr: str, key: int, access: Access) -> bool:
+    """Whether `key` is unihook's hook in `owner`'s hook dict `attr`."""
+    hooks = access.get(owner, attr)
+    return isinstance(hooks, HookDict) and key in hooks.owned
+
+
 def _reflag(owner: Any, watch: _Flagged) -> None:
+    """`_table_dropped`'s keys, watched in the module's current table; under `_lock`."""
     if _lock.deferred(lambda: _reflag(owner, watch)):
         return
     with _lock, _lock.mutex:
-        for key in watch.keys:
+        for key, attr in watch.keys.items():
             try:
-                _flag(owner, watch.attr, key, watch.access)
+                # (a removal that ran meanwhile took the flag out of the new table already)
+                if _owns(owner, attr, key, watch.access):
+                    _flag(owner, watch.attr, key, attr, watch.access)
             except (AttributeError, KeyError):
                 return  # (deleted: the framework's own call fails on the module then)
 
@@ -507,10 +539,15 @@ def pin(
         return
     with _lock, _lock.mutex:
         for table in flags:
-            _flag(owner, table, key, access)
+            _flag(owner, table, key, attr, access)
         hooks = _pin(owner, attr, key, hook, access, last=last, prepend=prepend, tail=tail)
         if flags:
             hooks.flags[key] = flags
+            # Again: a flag table dropped since (MindSpore's lazy creation on another thread)
+            # lost the flag, and its watch gives it back only once this thread lets go.
+            for table in flags:
+                if key not in access.get(owner, table):
+                    _flag(owner, table, key, attr, access)
         if not copied:
             hooks.uncopied.add(key)
 
@@ -560,15 +597,17 @@ def _follow(
     owner: Any,
     attr: str,
     access: Access,
-    pinned: list[tuple[int, Any, bool]],
+    pinned: list[tuple[int, Any, bool, tuple[str, ...]]],
     owned: set[int],
-    others: list[tuple[int, Any]],
+    others: list[tuple[int, Any, tuple[str, ...]]],
+    follow: bool,
 ) -> None:
     """`owner` dropped its HookDict `attr` for another dict (a library assigned one): pin
-    there the keys `pinned` (key, hook, tail) of the dropped one, in order, and the `others`
-    (key, hook: unihook's own hooks, on a lazy backend), and keep as unihook's the other
-    `owned` keys a copy of the dropped dict brought along."""
-    if _lock.deferred(lambda: _follow(owner, attr, access, pinned, owned, others)):
+    there the keys `pinned` (key, hook, tail, flag tables) of the dropped one, in order, and
+    the `others` (key, hook, flag tables: unihook's own hooks) if `follow` (else their flags
+    go, unless the new dict is a copy holding them), and keep as unihook's the other `owned`
+    keys a copy of the dropped dict brought along."""
+    if _lock.deferred(lambda: _follow(owner, attr, access, pinned, owned, others, follow)):
         return
     with _lock, _lock.mutex:
         try:
@@ -581,15 +620,24 @@ def _follow(
             # (put back by whoever dropped it, or a deep copy of it)
             pinned = [entry for entry in pinned if entry[0] not in current.pinned]
         else:
-            for key, _, _ in pinned:  # a copy of the dropped dict: they go back pinned
+            for key, *_ in pinned:  # a copy of the dropped dict: they go back pinned
                 current.pop(key, None)
-        for key, hook in others:
-            if key not in current:
-                current = _pin(
-                    owner, attr, key, hook, access, last=False, prepend=False, tail=False
-                )
-        for key, hook, tail in pinned:
+        for key, hook, flags in others:
+            if key in current:  # (a copy of the dropped dict: it stays, with its flags)
+                continue
+            if not follow:
+                for table in flags:
+                    _unflag(owner, table, key, access)
+                continue
+            for table in flags:
+                _flag(owner, table, key, attr, access)
+            current = _pin(owner, attr, key, hook, access, last=False, prepend=False, tail=False)
+            current.flags[key] = flags
+        for key, hook, tail, flags in pinned:
+            for table in flags:
+                _flag(owner, table, key, attr, access)
             current = _pin(owner, attr, key, hook, access, last=True, prepend=False, tail=tail)
+            current.flags[key] = flags
         if isinstance(current, HookDict):
             current.owned.update(k for k in owned if OrderedDict.__contains__(current, k))
 
@@ -743,13 +791,10 @@ class Pinned:
             raise
         return pinned
 
-    def rebound(self, owner: Any, flags: Any) -> Pinned:
-        """The same dispatchers in a deep copy `owner` of the module, whose always-called flag
-        table is `flags`."""
-        pinned = Pinned(owner, self.pre, self.post, self.always, self.access)
-        # (no lock: the copy is not another thread's yet, and may not hold the table yet)
-        _watch(owner, self.always, flags, self.post[1], self.access)
-        return pinned
+    def rebound(self, owner: Any) -> Pinned:
+        """The same dispatchers in a deep copy `owner` of the module (`HookDict.__deepcopy__`
+        watches the copy's flag tables)."""
+        return Pinned(owner, self.pre, self.post, self.always, self.access)
 
     def remove(self) -> None:
         """Unpin both (idempotent: undoes an `install` cut short, finishes a removal too)."""

@@ -10,14 +10,12 @@ dicts live in ``_lazy_*`` attributes behind read-only properties that create the
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import OrderedDict
 from functools import partial
 from typing import Any, Callable
 
 from mindspore.common.hook_handle import HookHandle
-from mindspore.nn import Cell
 
 from unihook.backend import Pinned, pin, undo_if_unfinished, unpin
 
@@ -42,10 +40,6 @@ def new_id() -> int:
     return hook_id
 
 
-# the code of the lazy properties that create a cell's hook dicts
-_GETTERS = {attr: getattr(Cell, attr).fget.__code__ for attr in (_PRE[0], _POST[0])}
-
-
 class Access:
     """A cell's hook dicts: read through Cell's lazy properties, replaced in the ``_lazy_``
     attribute behind them (Cell.__setattr__ would file an OrderedDict as a plain attribute).
@@ -57,16 +51,10 @@ class Access:
 
     @staticmethod
     def recreated(owner: Any, attr: str) -> bool:
-        # the dropped dict's finalizer runs inside the property that assigned the new one
-        getter = _GETTERS.get(attr)
-        frame = sys._getframe(1)
-        for _ in range(4):  # (this, the finalizer, the property)
-            if frame is None:
-                return False
-            if frame.f_code is getter:
-                return True
-            frame = frame.f_back
-        return False
+        # Always: nothing but the properties assigns these dicts (no setter, no public API),
+        # so a dropped one is that race. (Not told by the stack: the registering thread may
+        # still hold the dropped one, finalized once its `pin` returns.)
+        return True
 
     @staticmethod
     def get(cell: Any, attr: str) -> OrderedDict[int, Any]:

@@ -70,7 +70,17 @@ _backward: _Backward | None = None  # the current global state's
 _installed: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 
 
-def _run_pre(cell: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+# MindSpore reads a hook's with_kwargs flag live, after it took its snapshot of the hooks: a
+# dispatcher another thread unpins meanwhile (the last global hook removed; or a call that
+# entered `Cell.__call__` before the wrapper, not counted in `_in_call`) is called without
+# kwargs, its flag gone. It is out: the call runs no global hook there, as one that read the
+# hooks after the removal (the call's kwargs are not known to give them).
+
+
+def _run_pre(cell: Any, args: tuple[Any, ...], *flagged: dict[str, Any]) -> Any:
+    if not flagged:
+        return None
+    kwargs = flagged[0]
     changed = False
     for hook, with_kwargs in tuple(_pre.values()):
         if with_kwargs:
@@ -88,7 +98,10 @@ def _run_pre(cell: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return (args, kwargs) if changed else None
 
 
-def _run_post(cell: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+def _run_post(cell: Any, args: tuple[Any, ...], *flagged: Any) -> Any:
+    if len(flagged) != 2:
+        return None
+    kwargs, output = flagged
     changed = False
     # MindSpore calls an always_call hook from inside its `except Exception:` around construct:
     # then only the global always_call hooks run
@@ -124,9 +137,15 @@ def _ensure(cell: Any) -> None:
         hooks = Access.get(cell, attr)
         if hooks is not None and _first_key(hooks) != key:
             if key in hooks:  # a hook prepended since: globals go first
-                hooks.move_to_end(key, last=False)
+                try:
+                    hooks.move_to_end(key, last=False)
+                except KeyError:  # (removed meanwhile by another thread: the hooks went)
+                    continue
             else:  # a library assigned the cell a new hook dict: torch's global hooks live
-                _pin_forward(cell, slot, key)  # outside a module's, and survive that
+                with _lock, _lock.mutex:  # outside a module's, and survive that
+                    # (unless they went meanwhile: a removal on another thread took the key)
+                    if entry[slot] == key and key not in Access.get(cell, attr):
+                        _pin_forward(cell, slot, key)
 
 
 def _first_key(hooks: Any) -> Any:
