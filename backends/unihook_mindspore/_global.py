@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
+from collections import OrderedDict
 from functools import partial
 from itertools import count
 from typing import Any, Callable
@@ -139,13 +140,16 @@ def _ensure(cell: Any) -> None:
             if key in hooks:  # a hook prepended since: globals go first
                 try:
                     hooks.move_to_end(key, last=False)
-                except KeyError:  # (removed meanwhile by another thread: the hooks went)
                     continue
-            else:  # a library assigned the cell a new hook dict: torch's global hooks live
-                with _lock, _lock.mutex:  # outside a module's, and survive that
-                    # (unless they went meanwhile: a removal on another thread took the key)
-                    if entry[slot] == key and key not in Access.get(cell, attr):
-                        _pin_forward(cell, slot, key)
+                except KeyError:  # in its origin only (a pin a Ctrl-C cut short), or gone
+                    pass
+            # a library assigned the cell a new hook dict: torch's global hooks live outside a
+            # module's, and survive that; and a pin cut short is finished
+            with _lock, _lock.mutex:
+                # (unless they went meanwhile: a removal on another thread took the key)
+                hooks = Access.get(cell, attr)
+                if entry[slot] == key and not OrderedDict.__contains__(hooks, key):
+                    _pin_forward(cell, slot, key)
 
 
 def _first_key(hooks: Any) -> Any:
