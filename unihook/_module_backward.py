@@ -153,6 +153,7 @@ class ModuleBackward:
     def __init__(self, autograd: Autograd, is_global: bool = False) -> None:
         self.autograd = autograd
         self.is_global = is_global
+        self.ref: weakref.ref[ModuleBackward] = weakref.ref(self)  # (once: see `_shared_took`)
         # the ids of the code objects of the framework's call function: a code object's hash
         # reads its whole contents (microseconds), an int's is free
         self.call_ids: frozenset[int] = frozenset(map(id, autograd.call_codes))
@@ -409,7 +410,7 @@ class ModuleBackward:
             return self._pass_on(module, args, stack, pos)
         with_globals, taken = not self.is_global, False
         if self.is_global:
-            own = _states.dispatching(module, args, caller)
+            own = _states.dispatching(module, args, caller) or _shared_took(module, args, caller)
             if own is not None:
                 stack[pos] = (id(args), ref, _Own(own, own.local.stack[-1][2]), frame)
                 return None
@@ -421,6 +422,8 @@ class ModuleBackward:
             shared = _globals.get(self.autograd.backend)
             taken = shared is not None and shared.dispatching(module, args, caller)
             with_globals = not (taken or _around.module is module)
+            if shared is not None and with_globals:
+                _around.own = self.ref  # (see `_shared_took`)
         ag = self.autograd
         if not ag.grad_enabled():
             stack[pos] = (id(args), ref, None, frame)
@@ -817,12 +820,19 @@ class _Stack(list[_Entry]):
     __eq__ = object.__eq__  # type: ignore[assignment]
 
 
+def _NO_MODULE() -> None:
+    """The module reference of a `hold` mark: none."""
+
+
 class _Around(threading.local):
     """The module whose call torch's wrapper of `_call_impl` runs around on this thread
     (`around`); None on a thread's first read (a class default: no AttributeError to catch
-    on the hot path)."""
+    on the hot path). `own`: a weak reference to the module state whose dispatcher last took
+    a call and its global hooks on this thread while global backward hooks existed (see
+    `_shared_took`), None if none."""
 
     module: Any = None
+    own: weakref.ref[ModuleBackward] | None = None
 
 
 _around = _Around()
@@ -835,10 +845,6 @@ class _Passed:
 
 
 _PASSED = _Passed()
-
-
-def _NO_MODULE() -> None:
-    """The module reference of a `hold` mark: none."""
 
 
 def _takes_keywords(module: Any, n_args: int) -> bool:
@@ -1450,6 +1456,18 @@ def _took_globals(
         return False
     call = state.local.stack[-1][2]
     return call.with_globals
+
+
+def _shared_took(
+    module: Any, args: tuple[Any, ...], frame: FrameType | None
+) -> ModuleBackward | None:
+    """The module state that took this call of `module` and its global hooks though it is not
+    `module`'s: a shallow copy (``copy.copy``) shares the original's hook dicts, and so its
+    dispatchers, which run for the copy's calls too (as torch's own backward hooks do). It is
+    the last one that took a call on this thread (`_Around.own`), if that call is this one."""
+    ref = _around.own
+    own = None if ref is None else ref()
+    return own if own is not None and _took_globals(own, module, args, frame) else None
 
 
 def _pinned(state: ModuleBackward | None) -> bool:

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Protocol
 
 from ._locks import RegistryLock, undo_if_unfinished
 
-__all__ = ["Access", "HookDict", "Pinned", "pin", "unpin"]
+__all__ = ["Access", "HookDict", "Pinned", "pin", "pinned_key", "unpin"]
 
 
 class Access(Protocol):
@@ -258,6 +258,15 @@ class HookDict(OrderedDict[int, Any]):
         # `finalizing` bound now: at interpreter exit this module's globals may be gone first)
         if getattr(self, "_origin", None) is None or finalizing():
             return
+        try:
+            self._dropped()
+        except KeyboardInterrupt:
+            # a finalizer: the interpreter swallows a Ctrl-C landing here ("Exception
+            # ignored"), and the hooks would stop following for good. `_follow` can run twice.
+            self._dropped()
+
+    def _dropped(self) -> None:
+        """`__del__`'s work: the module dropped this dict while installed."""
         owner = self.owner()
         access = self._access
         if owner is None or access is None:
@@ -268,17 +277,19 @@ class HookDict(OrderedDict[int, Any]):
             for key in self.pinned
             if OrderedDict.__contains__(self, key)
         ]
-        # unihook's own hooks: they follow where the framework itself dropped the dict, else
-        # they go as the framework's own do, and so do their flags. (A backend's global
-        # dispatchers are left out: it pins them again at the call.)
-        own = set(self.pinned) | self.uncopied
+        # unihook's own hooks: they follow where the framework itself dropped the dict (a
+        # backend's global dispatchers too, first again: the call in flight that made the new
+        # dict runs them), else they go as the framework's own do, and so do their flags (a
+        # global dispatcher is left out then: its backend pins it again at the next call).
+        follow = access.recreated(owner, self._attr)
+        own = set(self.pinned) | (set() if follow else self.uncopied)
+        uncopied = self.uncopied
         others = [
-            (key, value, flags.get(key, ()))
+            (key, value, flags.get(key, ()), key in uncopied)
             for key, value in self._copy()
             if key in self.owned and key not in own
         ]
         if pinned or others:
-            follow = access.recreated(owner, self._attr)
             _follow(owner, self._attr, access, pinned, set(self.owned), others, follow)
 
     def __reduce__(self) -> Any:
@@ -462,10 +473,27 @@ def _unflag(owner: Any, attr: str, key: int, access: Access) -> None:
 
 def _table_dropped(ident: int, ref: weakref.ref[Any]) -> None:
     """The flag table a `_Flagged` watched is gone: its keys go in the module's current one."""
-    watch = _flagged.get(ident)
-    if watch is None or watch.ref is not ref:
-        return  # (a later table under the same id)
-    del _flagged[ident]
+    found: list[_Flagged] = []
+    try:
+        _give_back(ident, ref, found)
+    except KeyboardInterrupt:
+        # A weakref callback: the interpreter swallows a Ctrl-C landing here ("Exception
+        # ignored"), and the flags would be lost for good (the framework then calls the hooks
+        # without them). Each step can run twice.
+        _give_back(ident, ref, found)
+
+
+def _give_back(ident: int, ref: weakref.ref[Any], found: list[_Flagged]) -> None:
+    """`_table_dropped`'s work; the watch goes in `found` first (a run cut short took it out
+    of `_flagged` already)."""
+    if not found:
+        watch = _flagged.get(ident)
+        if watch is None or watch.ref is not ref:
+            return  # (a later table under the same id)
+        found.append(watch)
+    watch = found[0]
+    if _flagged.get(ident) is watch:
+        del _flagged[ident]
     owner = watch.owner()
     if owner is None or not watch.keys or sys.is_finalizing():
         return  # (the module died, or its flags were all removed)
@@ -574,6 +602,7 @@ def _pin(
         ident = id(current)
         entry = _retired.get(ident)
         hooks = entry[1] if entry is not None and entry[0]() is current else HookDict()
+        hooks.__class__ = HookDict  # (a retired one: installed again)
         hooks._install(current, owner, attr, access)
         access.put(owner, attr, hooks)
         # (out of `_retired` once installed: it holds its origin strongly. Taken out first, a
@@ -599,12 +628,13 @@ def _follow(
     access: Access,
     pinned: list[tuple[int, Any, bool, tuple[str, ...]]],
     owned: set[int],
-    others: list[tuple[int, Any, tuple[str, ...]]],
+    others: list[tuple[int, Any, tuple[str, ...], bool]],
     follow: bool,
 ) -> None:
     """`owner` dropped its HookDict `attr` for another dict (a library assigned one): pin
     there the keys `pinned` (key, hook, tail, flag tables) of the dropped one, in order, and
-    the `others` (key, hook, flag tables: unihook's own hooks) if `follow` (else their flags
+    the `others` (key, hook, flag tables, uncopied: unihook's own hooks, a backend's global
+    dispatcher first) if `follow` (else their flags
     go, unless the new dict is a copy holding them), and keep as unihook's the other `owned`
     keys a copy of the dropped dict brought along."""
     if _lock.deferred(lambda: _follow(owner, attr, access, pinned, owned, others, follow)):
@@ -622,7 +652,7 @@ def _follow(
         else:
             for key, *_ in pinned:  # a copy of the dropped dict: they go back pinned
                 current.pop(key, None)
-        for key, hook, flags in others:
+        for key, hook, flags, uncopied in others:
             if key in current:  # (a copy of the dropped dict: it stays, with its flags)
                 continue
             if not follow:
@@ -631,8 +661,10 @@ def _follow(
                 continue
             for table in flags:
                 _flag(owner, table, key, attr, access)
-            current = _pin(owner, attr, key, hook, access, last=False, prepend=False, tail=False)
+            current = _pin(owner, attr, key, hook, access, last=False, prepend=uncopied, tail=False)
             current.flags[key] = flags
+            if uncopied:
+                current.uncopied.add(key)
         for key, hook, tail, flags in pinned:
             for table in flags:
                 _flag(owner, table, key, attr, access)
@@ -647,6 +679,18 @@ def _retired_dispatcher(hook: Any) -> bool:
     are over (`ModuleBackward.retire` took it out)."""
     state = getattr(hook, "__self__", None)
     return bool(getattr(state, "removed", False)) and getattr(state, "dispatchers", 0) is None
+
+
+def pinned_key(owner: Any, attr: str, hook: Any, access: Access) -> int | None:
+    """The key of unihook's `hook` in `owner`'s hook dict `attr`, if it is there: pinned in
+    a dict that `owner`, a shallow copy (``copy.copy``), shares with another module."""
+    hooks = access.get(owner, attr)
+    if not isinstance(hooks, HookDict):
+        return None
+    for key, value in hooks._copy():
+        if value is hook and key in hooks.owned:
+            return key
+    return None
 
 
 def unpin(owner: Any, attr: str, key: int, access: Access, *, flags: tuple[str, ...] = ()) -> None:
@@ -710,14 +754,52 @@ def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
     # global table would keep them, and the module they often refer to, alive. A call on
     # another thread that read the dict just before may still iterate it: each value runs
     # the origin's hook of that key, if there is one still.
-    for k in list(hooks):
+    for k, _ in hooks._copy():
         if not isinstance(OrderedDict.__getitem__(hooks, k), _Forwarding):
             OrderedDict.__setitem__(hooks, k, _Forwarding(origin_ref, k))
     hooks._snap = None  # (it held the hooks too)
     hooks._origin = None
     hooks._changed()
+    hooks.__class__ = _RetiredHookDict
     if access.get(owner, attr) is hooks:
         access.put(owner, attr, origin)
+
+
+class _RetiredHookDict(HookDict):
+    """A HookDict once unihook's last key left it (`_retire`). The module got the origin back;
+    a shallow copy of it (``copy.copy``), which shared the dict, may still hold this one: it
+    mirrors the origin, each value running the origin's hook of its key (`_Forwarding`), so
+    that a native hook registered or removed there reaches the copy too, as without unihook.
+    Its size is the origin's (the frameworks read it first: empty, their no-hook path)."""
+
+    def __len__(self) -> int:
+        # (no change here: `list(d)` reads the size of a dict it iterates)
+        ref = self._origin_ref
+        origin = None if ref is None else ref()
+        return 0 if origin is None else len(origin)
+
+    def items(self) -> Any:  # type: ignore[override]
+        ref = self._origin_ref
+        origin = None if ref is None else ref()
+        mine = [k for k, _ in self._copy()]
+        if origin is None:
+            for key in mine:  # (the origin died with its module: nothing to run)
+                OrderedDict.pop(self, key, None)
+        elif mine != list(origin):
+            for key in mine:
+                if key not in origin:
+                    OrderedDict.pop(self, key, None)
+            for key in list(origin):  # in the origin's order
+                if not OrderedDict.__contains__(self, key):
+                    OrderedDict.__setitem__(self, key, _Forwarding(ref, key))  # type: ignore[arg-type]
+                try:
+                    OrderedDict.move_to_end(self, key)
+                except KeyError:  # (removed meanwhile by another thread)
+                    continue
+        else:
+            return super().items()
+        self._changed()
+        return super().items()
 
 
 class _Forwarding:
@@ -790,6 +872,23 @@ class Pinned:
             pinned.remove()
             raise
         return pinned
+
+    @classmethod
+    def find(
+        cls,
+        owner: Any,
+        hooks: tuple[tuple[str, Any], tuple[str, Any]],
+        always: str,
+        access: Access,
+    ) -> Pinned | None:
+        """`hooks` (pre, post) as pinned already in `owner`'s dicts, if both are: a shallow
+        copy (``copy.copy``) shares the original's hook dicts, where a second pair would run
+        twice per call."""
+        keys = [pinned_key(owner, attr, hook, access) for attr, hook in hooks]
+        if keys[0] is None or keys[1] is None:
+            return None
+        (pre_attr, _), (post_attr, _) = hooks
+        return cls(owner, (pre_attr, keys[0]), (post_attr, keys[1]), always, access)
 
     def rebound(self, owner: Any) -> Pinned:
         """The same dispatchers in a deep copy `owner` of the module (`HookDict.__deepcopy__`

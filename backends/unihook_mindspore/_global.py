@@ -34,6 +34,7 @@ from unihook.backend import (
     check_pre_kwargs_result,
     global_label,
     pin,
+    pinned_key,
     show_value,
     undo_if_unfinished,
     unpin,
@@ -165,16 +166,21 @@ def _install(cell: Any) -> list[Any]:
     entry = _installed.get(cell)
     if entry is None:
         entry = _installed[cell] = [None, None, None]
+    # (a shallow copy of a cell they are pinned in shares its dicts: they serve it too)
     if _pre and entry[0] is None:
-        key = entry[0] = new_id()
-        _pin_forward(cell, 0, key)
+        shared = pinned_key(cell, "_forward_pre_hook", _run_pre, Access)
+        entry[0] = new_id() if shared is None else shared
+        if shared is None:
+            _pin_forward(cell, 0, entry[0])
     if _post and entry[1] is None:
         waiting = _waiting.pop(id(cell), None)
+        shared = pinned_key(cell, "_forward_hook", _run_post, Access)
         if waiting is not None:  # still pinned, its removal waiting for a call's end
             entry[1] = waiting[1]
         else:
-            key = entry[1] = new_id()
-            _pin_forward(cell, 1, key)
+            entry[1] = new_id() if shared is None else shared
+            if shared is None:
+                _pin_forward(cell, 1, entry[1])
     # Installed beside the cell's own backward dispatchers too: whichever runs first in a call
     # takes the global hooks (unihook._module_backward). Taking them out while own ones exist
     # lost calls: another thread removing the cell's last own hook between this check and the
@@ -182,13 +188,16 @@ def _install(cell: Any) -> list[Any]:
     backward = _backward
     if backward is not None and entry[2] is not backward:
         if cell not in backward.pins:
-            backward.pins[cell] = Pinned.install(
-                cell,
-                backward.hooks,
-                "_forward_hook_always_called",
-                new_id,
-                Access,
-                tail=True,  # after the cell's own ones, which take the global hooks when present
+            always = "_forward_hook_always_called"
+            backward.pins[cell] = Pinned.find(cell, backward.hooks, always, Access) or (
+                Pinned.install(
+                    cell,
+                    backward.hooks,
+                    always,
+                    new_id,
+                    Access,
+                    tail=True,  # after the cell's own ones, which take the globals when present
+                )
             )
         entry[2] = backward
     return entry
@@ -222,24 +231,31 @@ def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
 def _held_call(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     _ensure(self)
     key = id(self)
-    with _in_call_lock:
-        entry = _in_call.get(key)
-        if entry is None:
-            _in_call[key] = [1, self]
-        else:
-            entry[0] += 1
+    mark = object()  # this call's, in `_in_call` while it runs
     try:
+        # (counted inside the try: a Ctrl-C landing right after would leave it counted for
+        # ever, the cell held and its waiting dispatcher pinned)
+        with _in_call_lock:
+            entry = _in_call.get(key)
+            if entry is None:
+                _in_call[key] = [self, mark]
+            else:
+                entry.append(mark)
         # MindSpore's own, read at import: another thread may have put it back since this
         # call entered the wrapper
         return _CELL_CALL(self, *args, **kwargs)
     finally:
         with _in_call_lock:
-            entry = _in_call[key]
-            entry[0] -= 1
-            left = entry[0]
-            if not left:
-                del _in_call[key]
-        if not left and key in _waiting:
+            entry = _in_call.get(key)
+            if entry is not None:
+                for k in range(len(entry) - 1, 0, -1):
+                    if entry[k] is mark:
+                        del entry[k]
+                        break
+                if len(entry) == 1:
+                    del _in_call[key]
+            left = key not in _in_call
+        if left and key in _waiting:
             _left(self)
 
 
@@ -254,7 +270,7 @@ _SLOTS = (("_forward_pre_hook", ("_forward_pre_hook_with_kwargs",)), ("_forward_
 # a cell's forward hooks after construct, as torch reads its global ones: a cell's global post
 # dispatcher stays until its calls end (`_waiting`: id -> cell, key), so that a global forward
 # hook registered during a call, after the last one was removed there, fires for it.
-_in_call: dict[int, list[Any]] = {}  # id -> [calls in flight, the cell]
+_in_call: dict[int, list[Any]] = {}  # id -> [the cell, a mark per call in flight]
 _in_call_lock = threading.Lock()
 _waiting: dict[int, tuple[Any, int]] = {}
 
@@ -316,7 +332,7 @@ def _sync() -> None:
     else:
         # MindSpore reads a cell's forward hooks after construct, as torch its global ones: a
         # cell in a call (on any thread) gets the post dispatcher now, to run for that call
-        for _, cell in list(_in_call.values()):
+        for cell, *_ in list(_in_call.values()):
             entry = _installed.get(cell)
             if entry is None or entry[1] is None:
                 _install(cell)

@@ -1,0 +1,139 @@
+"""A shallow copy of a hooked module (``copy.copy(m)``) shares the original's hook dicts, as in
+torch: the hooks registered on either run for both, each once per call, with the module called.
+Global hooks run once per call of either, as torch's, which live outside the modules: a copy
+never gets a second set of unihook's global dispatchers beside the ones the shared dicts hold.
+Removing every hook leaves both modules as native registration alone would."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+import unihook
+
+W = [[1.0, 2.0, 3.0], [-4.0, -5.0, -6.0]]
+B = [1.0, 2.0]
+X = [[1.0, -1.0, 2.0]]
+
+
+def _register(kit: Any, module: Any, own: str, seen: list[tuple[str, Any]]) -> list[Any]:
+    def record(name: str) -> Any:
+        return lambda m, *_: seen.append((name, m))
+
+    if own == "backward":
+        return [
+            unihook.register_full_backward_hook(module, record("own_full")),
+            unihook.register_full_backward_pre_hook(module, record("own_pre")),
+        ]
+    if own == "forward":
+        return [
+            unihook.register_forward_pre_hook(module, record("own_fwd_pre")),
+            unihook.register_forward_hook(module, record("own_fwd")),
+        ]
+    return []
+
+
+def _register_globals(kit: Any, seen: list[tuple[str, Any]]) -> list[Any]:
+    def record(name: str) -> Any:
+        return lambda m, *_: seen.append((name, m))
+
+    return [
+        unihook.register_module_forward_pre_hook(record("g_fwd_pre"), backend=kit.name),
+        unihook.register_module_forward_hook(
+            lambda m, a, k, o: seen.append(("g_fwd", m)), with_kwargs=True, backend=kit.name
+        ),
+        unihook.register_module_full_backward_pre_hook(record("g_pre"), backend=kit.name),
+        unihook.register_module_full_backward_hook(record("g_full"), backend=kit.name),
+    ]
+
+
+def _step(kit: Any, module: Any) -> None:
+    x = kit.tensor(X, requires_grad=True)
+    kit.backward(module(x).sum())
+
+
+def _expected(own: str) -> list[str]:
+    names = ["g_fwd_pre", "g_fwd", "g_pre", "g_full"]
+    if own == "backward":
+        names += ["own_pre", "own_full"]
+    elif own == "forward":
+        names += ["own_fwd_pre", "own_fwd"]
+    return sorted(names)
+
+
+@pytest.mark.parametrize("copied", ["after_a_call", "before_a_call", "before_the_globals"])
+@pytest.mark.parametrize("native_pre", [False, True], ids=["", "native_pre"])
+@pytest.mark.parametrize("own", ["none", "backward", "forward"])
+def test_a_shallow_copy_runs_each_hook_once_per_call(
+    backend: Any, own: str, native_pre: bool, copied: str
+) -> None:
+    kit = backend
+    module = kit.linear(3, 2, W, B)
+    natives = []
+    if native_pre:
+        natives.append(kit.native_hook(module, "forward_pre", lambda m, args: None))
+    seen: list[tuple[str, Any]] = []
+    handles = _register(kit, module, own, seen)
+    twin = None
+    try:
+        if copied == "before_the_globals":
+            twin = copy.copy(module)
+        handles += _register_globals(kit, seen)
+        if copied == "before_a_call":
+            twin = copy.copy(module)
+        _step(kit, module)
+        if twin is None:
+            twin = copy.copy(module)
+        for called in (twin, module, twin):
+            seen.clear()
+            _step(kit, called)
+            assert sorted(name for name, _ in seen) == _expected(own), f"{called is twin=}"
+            assert all(m is called for _, m in seen), "a hook saw the other module"
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert twin is not None
+    seen.clear()
+    _step(kit, module)
+    _step(kit, twin)
+    assert seen == []
+    plain = kit.linear(3, 2, W, B)
+    if native_pre:
+        kit.native_hook(plain, "forward_pre", lambda m, args: None)
+    assert kit.hook_counts(module) == kit.hook_counts(plain)
+    assert kit.hook_counts(twin) == kit.hook_counts(plain)
+    for remove in natives:
+        remove()
+    # (a copy may still hold the dict unihook had installed, retired: it mirrors the original's
+    # own at its next call, then back on the framework's no-hook path)
+    _step(kit, twin)
+    assert kit.hook_counts(twin) == kit.hook_counts(kit.linear(3, 2, W, B))
+    assert kit.hook_counts(module) == kit.hook_counts(twin)
+
+
+@pytest.mark.parametrize("on", ["original", "copy"])
+def test_native_hooks_after_unihooks_are_gone_run_on_both(backend: Any, on: str) -> None:
+    # without unihook both modules hold one dict: a native hook registered on either, once
+    # unihook's last hook went, runs for both calls, and its removal reaches both
+    kit = backend
+    module = kit.linear(3, 2, W, B)
+    handle = unihook.register_forward_pre_hook(module, lambda m, args: None)
+    twin = copy.copy(module)
+    _step(kit, twin)
+    handle.remove()
+    seen: list[Any] = []
+    remove = kit.native_hook(
+        module if on == "original" else twin, "forward_pre", lambda m, args: seen.append(m)
+    )
+    _step(kit, module)
+    _step(kit, twin)
+    assert seen == [module, twin]
+    remove()
+    seen.clear()
+    _step(kit, module)
+    _step(kit, twin)
+    assert seen == []
+    assert kit.hook_counts(module) == kit.hook_counts(kit.linear(3, 2, W, B))
+    assert kit.hook_counts(twin) == kit.hook_counts(module)
