@@ -1697,3 +1697,46 @@ def test_gradient_monitor_records_an_lstm_whose_outputs_come_apart() -> None:
             ms.grad(loss)(x)
     assert "" in monitor.history[-1]
     assert not [w for w in caught if "GradientMonitor" in str(w.message)]
+
+
+@pytest.mark.parametrize("kind", ["module_forward_pre", "module_forward", "module_full_backward"])
+def test_global_hooks_refuse_a_jit_function_that_calls_cells(
+    kind: str, tmp_path: Any, monkeypatch: Any
+) -> None:
+    """`@mindspore.jit` compiles the function and calls its cells without `Cell.__call__`:
+    global hooks would not run for them, silently. While one exists, such a graph raises
+    `BackendStateError` naming the kind and a cell (at each call: its compile is cached); a
+    graph without cells runs; once the hooks are gone, the graph runs and MindSpore is back."""
+    from unihook_mindspore.testkit import MindSporeKit
+
+    monkeypatch.chdir(tmp_path)  # (MindSpore writes its graph dumps to the working directory)
+    before = MindSporeKit().native_state()
+    net = ms.nn.SequentialCell(_dense())
+    x = ms.Tensor(np.ones((1, 2), np.float32))
+
+    @ms.jit
+    def cells(x: Any) -> Any:
+        return net(x).sum()
+
+    @ms.jit
+    def no_cells(x: Any) -> Any:
+        return (x * 2).sum()
+
+    seen: list[Any] = []
+    register = getattr(unihook, f"register_{kind}_hook")
+    handle = register(lambda m, *_: seen.append(m), backend="mindspore")
+    try:
+        for _ in range(2):
+            with pytest.raises(unihook.BackendStateError) as raised:
+                cells(x)
+            message = str(raised.value)
+            assert kind in message and "@mindspore.jit" in message and "'cells'" in message
+            assert isinstance(raised.value, RuntimeError)
+        assert float(no_cells(x).asnumpy()) == 4.0
+        seen.clear()
+        assert float(net(x).sum().asnumpy()) == 3.0  # eagerly, the forward hooks run
+        assert (net in seen) == (kind != "module_full_backward")
+    finally:
+        handle.remove()
+    assert float(cells(x).asnumpy()) == 3.0
+    assert MindSporeKit().native_state() == before
