@@ -408,7 +408,7 @@ class ModuleBackward:
         pos = len(stack) - 1
         if self.removed:
             return self._pass_on(module, args, stack, pos)
-        with_globals, taken = not self.is_global, False
+        with_globals, taken, beside = not self.is_global, False, False
         if self.is_global:
             own = _states.dispatching(module, args, caller) or _shared_took(module, args, caller)
             if own is not None:
@@ -423,12 +423,18 @@ class ModuleBackward:
             taken = shared is not None and shared.dispatching(module, args, caller)
             with_globals = not (taken or _around.module is module)
             if shared is not None and with_globals:
-                _around.own = self.ref  # (see `_shared_took`)
+                # another module state's dispatchers in the same dicts (a shallow copy's and
+                # its original's) took this call before: the global hooks are theirs
+                if _shared_took(module, args, caller) is not None:
+                    with_globals, beside = False, True
+                _around.own = self.ref  # (the last to take it: see `_shared_took`)
         ag = self.autograd
         if not ag.grad_enabled():
             stack[pos] = (id(args), ref, None, frame)
             return None
         call = _Call(module, self, len(args), with_globals)
+        if beside:
+            call.beside = True
         if self.mark is not None:
             call.mark = self.mark()
         idx, tensors, need_grad = _tensors_in(args, ag)
@@ -1180,6 +1186,7 @@ class _Call:
         "after_backward",
         "mark",
         "with_globals",
+        "beside",
         "held",
         "__weakref__",  # (a backend may hold `_input_side_skipped` weakly)
     )
@@ -1197,6 +1204,9 @@ class _Call:
         # Snapshots, as torch: hooks registered or removed after forward leave this call alone.
         # Global hooks first, as torch runs them before the module's own.
         self.with_globals = with_globals  # (see _took_globals)
+        # another module state's dispatchers in the same dicts took this call and the global
+        # hooks before this one (`_shared_took`): the global state must not take them either
+        self.beside = False
         self.held: Sequence[Any] = ()  # the tensor arguments, strongly (see pre_dispatch)
         shared = _globals.get(owner.autograd.backend) if with_globals else None
         if shared is None:
@@ -1455,7 +1465,7 @@ def _took_globals(
     if not state.dispatching(module, args, frame):
         return False
     call = state.local.stack[-1][2]
-    return call.with_globals
+    return call.with_globals or call.beside
 
 
 def _shared_took(

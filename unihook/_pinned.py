@@ -602,7 +602,6 @@ def _pin(
         ident = id(current)
         entry = _retired.get(ident)
         hooks = entry[1] if entry is not None and entry[0]() is current else HookDict()
-        hooks.__class__ = HookDict  # (a retired one: installed again)
         hooks._install(current, owner, attr, access)
         access.put(owner, attr, hooks)
         # (out of `_retired` once installed: it holds its origin strongly. Taken out first, a
@@ -610,6 +609,8 @@ def _pin(
         # registered through it; left in, the module's death would not free them.)
         _retired.pop(ident, None)
     hooks.owned.add(key)
+    if key in hooks.pinned:  # (a run a Ctrl-C cut short before the key went in)
+        hooks.pinned.remove(key)
     if tail:
         hooks.tail.add(key)
         hooks.pinned.append(key)
@@ -647,8 +648,13 @@ def _follow(
         # (a follow that waited for the lock: dispatchers retired meanwhile stay out)
         pinned = [entry for entry in pinned if not _retired_dispatcher(entry[1])]
         if isinstance(current, HookDict) and current._origin is not None:
-            # (put back by whoever dropped it, or a deep copy of it)
-            pinned = [entry for entry in pinned if entry[0] not in current.pinned]
+            # (put back by whoever dropped it, or a deep copy of it; or pinned by a run of this
+            # a Ctrl-C cut short: in `pinned` but not in the dict yet)
+            pinned = [
+                entry
+                for entry in pinned
+                if not (entry[0] in current.pinned and OrderedDict.__contains__(current, entry[0]))
+            ]
         else:
             for key, *_ in pinned:  # a copy of the dropped dict: they go back pinned
                 current.pop(key, None)
@@ -760,46 +766,8 @@ def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
     hooks._snap = None  # (it held the hooks too)
     hooks._origin = None
     hooks._changed()
-    hooks.__class__ = _RetiredHookDict
     if access.get(owner, attr) is hooks:
         access.put(owner, attr, origin)
-
-
-class _RetiredHookDict(HookDict):
-    """A HookDict once unihook's last key left it (`_retire`). The module got the origin back;
-    a shallow copy of it (``copy.copy``), which shared the dict, may still hold this one: it
-    mirrors the origin, each value running the origin's hook of its key (`_Forwarding`), so
-    that a native hook registered or removed there reaches the copy too, as without unihook.
-    Its size is the origin's (the frameworks read it first: empty, their no-hook path)."""
-
-    def __len__(self) -> int:
-        # (no change here: `list(d)` reads the size of a dict it iterates)
-        ref = self._origin_ref
-        origin = None if ref is None else ref()
-        return 0 if origin is None else len(origin)
-
-    def items(self) -> Any:  # type: ignore[override]
-        ref = self._origin_ref
-        origin = None if ref is None else ref()
-        mine = [k for k, _ in self._copy()]
-        if origin is None:
-            for key in mine:  # (the origin died with its module: nothing to run)
-                OrderedDict.pop(self, key, None)
-        elif mine != list(origin):
-            for key in mine:
-                if key not in origin:
-                    OrderedDict.pop(self, key, None)
-            for key in list(origin):  # in the origin's order
-                if not OrderedDict.__contains__(self, key):
-                    OrderedDict.__setitem__(self, key, _Forwarding(ref, key))  # type: ignore[arg-type]
-                try:
-                    OrderedDict.move_to_end(self, key)
-                except KeyError:  # (removed meanwhile by another thread)
-                    continue
-        else:
-            return super().items()
-        self._changed()
-        return super().items()
 
 
 class _Forwarding:

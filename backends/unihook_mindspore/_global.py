@@ -246,18 +246,27 @@ def _held_call(self: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # call entered the wrapper
         return _CELL_CALL(self, *args, **kwargs)
     finally:
-        with _in_call_lock:
-            entry = _in_call.get(key)
-            if entry is not None:
-                for k in range(len(entry) - 1, 0, -1):
-                    if entry[k] is mark:
-                        del entry[k]
-                        break
-                if len(entry) == 1:
-                    del _in_call[key]
-            left = key not in _in_call
+        try:
+            left = _uncount(key, mark)
+        except KeyboardInterrupt:  # (a Ctrl-C here would leave the call counted for ever)
+            _uncount(key, mark)
+            raise
         if left and key in _waiting:
             _left(self)
+
+
+def _uncount(key: int, mark: object) -> bool:
+    """The call `mark` of the cell `key` is over (idempotent); whether none is left."""
+    with _in_call_lock:
+        entry = _in_call.get(key)
+        if entry is not None:
+            for k in range(len(entry) - 1, 0, -1):
+                if entry[k] is mark:
+                    del entry[k]
+                    break
+            if len(entry) == 1:
+                del _in_call[key]
+        return key not in _in_call
 
 
 # The code of the functions that run one cell call: MindSpore's `Cell.__call__` (this module is
@@ -285,13 +294,17 @@ def _strip(which: int) -> None:
     """Take forward dispatcher slot `which` (0 pre, 1 post) out of every cell, a post one
     out of a cell in a call once its calls end; a slot is forgotten only once out (a run a
     Ctrl-C cut short is finished by the next)."""
-    for cell, entry in list(_installed.items()):
+    cells = list(_installed.items())
+    # (a shallow copy shares its original's dicts, and so the key: it stays for a call of
+    # either in flight, whose end takes it out)
+    kept = {entry[1] for cell, entry in cells if id(cell) in _in_call} if which == 1 else set()
+    for cell, entry in cells:
         key = entry[which]
         if key is None:
             continue
         if which == 1 and id(cell) in _in_call:
             _waiting[id(cell)] = (cell, key)
-        else:
+        elif key not in kept:
             _unpin_slot(cell, which, key)
         entry[which] = None
 

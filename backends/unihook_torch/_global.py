@@ -88,14 +88,16 @@ def _pin(module: Any) -> None:
             if _dispatch is not None and module not in _pinned_in:
                 hooks = (("_forward_pre_hooks", _dispatch[2]), ("_forward_hooks", _dispatch[3]))
                 always = "_forward_hooks_always_called"
-                # (a shallow copy of a module they are pinned in shares its dicts)
-                pinned = Pinned.find(module, hooks, always, access) or Pinned.install(
+                # (a shallow copy of a module they are pinned in shares its dicts: it has them)
+                shared = Pinned.find(module, hooks, always, access)
+                pinned = shared or Pinned.install(
                     module, hooks, always, access.new_id, access, tail=True
                 )
                 try:
                     _pinned_in[module] = pinned
                 except BaseException:  # (a Ctrl-C: the next call pins again, once)
-                    pinned.remove()
+                    if shared is None:  # (else they are the original's too)
+                        pinned.remove()
                     raise
 
 
