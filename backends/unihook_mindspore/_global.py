@@ -26,7 +26,6 @@ from typing import Any, Callable
 import mindspore
 import mindspore.nn.cell as cell_module
 from mindspore import nn
-from mindspore.graph import api as graph_api
 
 from unihook.backend import (
     Pinned,
@@ -40,7 +39,7 @@ from unihook.backend import (
     undo_if_unfinished,
     unpin,
 )
-from unihook.errors import BackendStateError, HookReturnTypeError
+from unihook.errors import HookReturnTypeError
 
 from . import NAME
 from ._forward import Access, new_id
@@ -336,67 +335,6 @@ def _unpin_backward(backward: _Backward) -> None:
             entry[2] = None
 
 
-# -- `@mindspore.jit`: a function it compiles calls its cells without `Cell.__call__` (the
-# graph parser reads their hook dicts instead), so the global dispatchers never go in and the
-# global hooks would not run for them, silently. While global hooks exist, a compile that
-# reads a cell's hooks raises instead, at each call of that graph (a graph compiled before the
-# first global hook is not known: README, MindSpore).
-
-_JIT_COMPILE: Callable[..., Any] = graph_api._JitExecutor.compile
-_PRE_HOOKS: property = Cell.__dict__["_forward_pre_hook"]  # MindSpore's lazy property
-_compiling: dict[int, list[Any]] = {}  # thread -> the cells its compile read, while it runs
-_compiling_lock = threading.Lock()
-# the graphs that read a cell's hooks: the first such cell, weakly (the message names it)
-_hooked_phases: dict[str, Callable[[], Any]] = {}
-
-
-def _read_pre_hooks(cell: Any) -> Any:
-    seen = _compiling.get(threading.get_ident())
-    if seen is not None:
-        seen.append(cell)
-    return _PRE_HOOKS.fget(cell)  # type: ignore[misc]
-
-
-_READ_PRE_HOOKS = property(_read_pre_hooks)
-
-
-def _jit_compile(self: Any, method_name: str, *args: Any, **kwargs: Any) -> Any:
-    """``_JitExecutor.compile`` while global hooks exist (see above)."""
-    if not (_pre or _post or _backward is not None):
-        return _JIT_COMPILE(self, method_name, *args, **kwargs)
-    seen: list[Any] = []
-    ident = threading.get_ident()
-    outer = _compiling.get(ident)  # (a compile inside a compile: a nested jit function)
-    try:
-        with _compiling_lock:
-            _compiling[ident] = seen
-            Cell._forward_pre_hook = _READ_PRE_HOOKS  # type: ignore[assignment]
-        phase = _JIT_COMPILE(self, method_name, *args, **kwargs)
-    finally:
-        with _compiling_lock:
-            if outer is None:
-                _compiling.pop(ident, None)
-            else:
-                _compiling[ident] = outer
-                outer.extend(seen)
-            if not _compiling:
-                Cell._forward_pre_hook = _PRE_HOOKS  # type: ignore[assignment]
-    if seen:
-        _hooked_phases[phase] = weakref.ref(seen[0])
-    cell = _hooked_phases.get(phase)
-    if cell is not None and (_pre or _post or _backward is not None):
-        kind = (
-            "module_forward_pre" if _pre else "module_forward" if _post else "module_full_backward"
-        )
-        raise Site.of(kind, NAME, cell()).error(
-            BackendStateError,
-            "cells called outside @mindspore.jit (MindSpore compiles the function and calls "
-            "its cells without Python: global hooks would not run for them)",
-            f"a call of the function {method_name!r} compiled by @mindspore.jit",
-        )
-    return phase
-
-
 def _sync() -> None:
     """Make the cells and ``Cell.__call__`` match the global hooks. Read from the class: a run
     a Ctrl-C cut short is finished by the next."""
@@ -419,11 +357,6 @@ def _sync() -> None:
         if patched:
             Cell.__call__ = _CELL_CALL  # type: ignore[method-assign]
         _installed.clear()
-    jit = graph_api._JitExecutor
-    if wanted and jit.__dict__.get("compile") is not _jit_compile:
-        jit.compile = _jit_compile  # type: ignore[method-assign]
-    elif not wanted and jit.__dict__.get("compile") is _jit_compile:
-        jit.compile = _JIT_COMPILE  # type: ignore[method-assign]
 
 
 def add_backward_dispatchers(pre: Hook, post: Hook) -> Callable[[], None]:

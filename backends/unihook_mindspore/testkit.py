@@ -312,11 +312,8 @@ class MindSporeKit(Kit):
 
     def native_state(self) -> object:
         import mindspore.nn.cell as cell_module
-        from mindspore.graph import api as graph_api
 
         methods = {k: v for k, v in vars(nn.Cell).items() if callable(v)}
-        methods["_forward_pre_hook"] = vars(nn.Cell)["_forward_pre_hook"]
-        methods["jit compile"] = vars(graph_api._JitExecutor)["compile"]
         return (methods, dict(cell_module._global_buffer_registration_hooks))
 
     def buffer(self, data: Any) -> Any:
