@@ -1,7 +1,10 @@
 """helper-86's attack on 7c1d7cd (shallow copies: `_shared_took`, `Pinned.find`, `pinned_key`,
 `_RetiredHookDict`; MindSpore's lazy dicts followed; Ctrl-C retried in finalizers).
 
-Each test named ``test_finding*`` is a FINDING that fails on 7c1d7cd (see the report).
+Each test named ``test_finding*`` is a FINDING that fails on 7c1d7cd (see the report). Fixed
+since: 1, 4-6, 9, 12-15 (1 and 15 by taking `_RetiredHookDict` out again). Still open (strict
+xfails, `OPEN`, on the backends where they fail): 2, 3, 7, 8, 10, 11. FINDING 9's test
+interrupts the same line in `_global._uncount`, where its fix moved it.
 """
 
 from __future__ import annotations
@@ -14,8 +17,56 @@ import weakref
 from collections import Counter
 from typing import Any, Callable
 
+import pytest
+
 import unihook
 from unihook import _pinned
+
+# FINDING -> (backends where it still fails, why)
+OPEN: dict[int, tuple[frozenset[str], str]] = {
+    2: (
+        frozenset({"torch", "paddle"}),
+        "a copy holding a retired HookDict: `_pin` takes it for an installed one",
+    ),
+    3: (
+        frozenset({"torch", "paddle", "mindspore"}),
+        "a removal through a dead module's state does not reach the copy's shared dict",
+    ),
+    7: (
+        frozenset({"torch", "paddle", "mindspore"}),
+        "a Ctrl-C on entering a weakref callback, before any of its code: not retried",
+    ),
+    8: (
+        frozenset({"torch", "paddle", "mindspore"}),
+        "a Ctrl-C on entering a finalizer, before any of its code: not retried",
+    ),
+    10: (
+        frozenset({"torch", "paddle", "mindspore"}),
+        "the shared HookDict's owner is not in the deep copy's memo",
+    ),
+    11: (
+        frozenset({"paddle"}),
+        "a retired HookDict answers `in` from its origin, iterates its own entries",
+    ),
+}
+
+
+def _open(request: Any, finding: int, name: str) -> None:
+    where, why = OPEN[finding]
+    if name in where:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=f"FINDING {finding}: {why}"))
+
+
+@pytest.fixture(autouse=True)
+def _no_residue_for_the_next_tests() -> Any:
+    """The open FINDINGS leave watched flag tables behind (their modules die with the test):
+    later tests check that none is left."""
+    before = set(_pinned._flagged)
+    yield
+    gc.collect()
+    for ident in set(_pinned._flagged) - before:
+        _pinned._flagged.pop(ident, None)
+
 
 W = [[1.0, 2.0, 3.0], [-4.0, -5.0, -6.0]]
 B = [1.0, 2.0]
@@ -60,7 +111,10 @@ def test_finding1_a_backward_hook_on_a_copy_holding_a_retired_dict_never_runs(ba
             handle.remove()
 
 
-def test_finding2_a_copy_and_its_original_hooked_again_leave_residue(backend: Any) -> None:
+def test_finding2_a_copy_and_its_original_hooked_again_leave_residue(
+    backend: Any, request: Any
+) -> None:
+    _open(request, 2, backend.name)
     # the copy's hook is lost (FINDING 1), and once both handles are removed the modules keep
     # unihook's dispatchers and a watched flag table
     kit = backend
@@ -84,7 +138,9 @@ def test_finding2_a_copy_and_its_original_hooked_again_leave_residue(backend: An
 
 def test_finding3_a_backward_hook_runs_after_its_removal_once_the_original_died(
     backend: Any,
+    request: Any,
 ) -> None:
+    _open(request, 3, backend.name)
     # without unihook, the handle removes the hook from the dict the copy shares: it never
     # runs again. Here the copy keeps running the dead original's backward hook
     kit = backend
@@ -229,7 +285,10 @@ def test_finding6_ctrl_c_in_the_pin_of_a_followed_dispatcher_is_not_retried(
     assert kit.hook_counts(module) == kit.hook_counts(kit.linear(3, 2, W, B))
 
 
-def test_finding7_ctrl_c_on_entering_table_dropped_is_not_retried(backend: Any) -> None:
+def test_finding7_ctrl_c_on_entering_table_dropped_is_not_retried(
+    backend: Any, request: Any
+) -> None:
+    _open(request, 7, backend.name)
     # residue / lost flag: the retry covers `_give_back`, but a Ctrl-C landing as the weakref
     # callback `_table_dropped` starts (its first line, before its try: the interpreter checks
     # for signals on entering a function) is swallowed as before: the dispatcher's always_call
@@ -263,7 +322,9 @@ def test_finding7_ctrl_c_on_entering_table_dropped_is_not_retried(backend: Any) 
 
 def test_finding8_ctrl_c_on_entering_the_dropped_dicts_finalizer_is_not_retried(
     backend: Any,
+    request: Any,
 ) -> None:
+    _open(request, 8, backend.name)
     # crash: as FINDING 6, a Ctrl-C landing as `HookDict.__del__` starts (its first line,
     # before its try) is swallowed: the backward dispatchers never follow the new dict, every
     # backward raises BackendStateError
@@ -345,7 +406,10 @@ def test_finding9_ctrl_c_as_held_call_uncounts_the_call_leaks_the_cell_and_its_d
     assert not alive_after_del, "the cell is never collected (held by _in_call)"
 
 
-def test_finding10_a_deep_copy_of_a_shallow_copy_with_backward_hooks_raises(backend: Any) -> None:
+def test_finding10_a_deep_copy_of_a_shallow_copy_with_backward_hooks_raises(
+    backend: Any, request: Any
+) -> None:
+    _open(request, 10, backend.name)
     # crash: `copy.deepcopy(copy.copy(m))`, m with a unihook backward hook. The shared
     # HookDict's owner is the original, which is not in the deep copy's memo: its
     # `__deepcopy__` takes the copy for the original itself, gives it no backward state of its
@@ -366,7 +430,10 @@ def test_finding10_a_deep_copy_of_a_shallow_copy_with_backward_hooks_raises(back
         handle.remove()
 
 
-def test_finding11_a_retired_dict_a_copy_holds_contradicts_itself(backend: Any) -> None:
+def test_finding11_a_retired_dict_a_copy_holds_contradicts_itself(
+    backend: Any, request: Any
+) -> None:
+    _open(request, 11, backend.name)
     # misleading / wrong number (paddle): the copy still holds the retired HookDict; a native
     # hook registered on the original since is counted by `len()` and found by `in`, but
     # iteration, `keys()`, `values()`, `get()` and `[]` do not see it until something calls
