@@ -32,19 +32,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_code(
-    code: str, *, timeout: float = 300, python: str = sys.executable, fresh: bool = False
+    code: str,
+    *args: str,
+    timeout: float = 300,
+    python: str = sys.executable,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """`code` (dedented) run by `python` (this one by default), its output captured; a run
-    past `timeout` seconds raises `subprocess.TimeoutExpired`. Code that imports torch or
-    paddle before doing anything else (`preloads`) runs in a fork of a zygote that imported
-    them once (`Forked`; torch's import takes about 3 s of CPU), unless `fresh`."""
+    """`code` (dedented) run by `python` (this one by default) as ``python -c code ARGS...``,
+    its output captured; a run past `timeout` seconds raises `subprocess.TimeoutExpired`. Code
+    that imports torch or paddle before doing anything else (`preloads`) runs in a fork of a
+    zygote that imported them once (`Forked`; torch's import takes about 3 s of CPU), unless
+    `fresh`."""
     env = child_env()
     code = textwrap.dedent(code)
     preloaded = () if fresh else preloads(code)
     if preloaded:
         with tempfile.TemporaryDirectory() as out:
             forked = Forked(
-                preloaded, ["-c"], env, Path(out, "stdout"), Path(out, "stderr"),
+                preloaded, ["-c", *args], env, Path(out, "stdout"), Path(out, "stderr"),
                 code=code, python=python,
             )  # fmt: skip
             try:
@@ -53,26 +58,33 @@ def run_code(
                 forked.kill()
                 raise
             return subprocess.CompletedProcess(
-                ["-c", code],
+                ["-c", code, *args],
                 forked.wait(),
                 Path(out, "stdout").read_text(errors="replace"),
                 Path(out, "stderr").read_text(errors="replace"),
             )
     return subprocess.run(
-        [python, "-c", code], capture_output=True, text=True, env=env, timeout=timeout
+        [python, "-c", code, *args], capture_output=True, text=True, env=env, timeout=timeout
     )
 
 
 # what a zygote may import ahead of a program, in the program's own order (not MindSpore:
 # importing paddle first breaks its import, and its import was not tried in a fork)
 _PRELOADABLE = ("numpy", "torch", "paddle")
+# and the modules of theirs a zygote imports too where a program does (torch._dynamo's import
+# takes about 2 s of CPU beside torch's 3); not others, which give a zygote of their own each
+_PRELOADABLE_MODULES = ("torch._dynamo",)
 
 
 def preloads(code: str) -> tuple[str, ...]:
-    """The frameworks `code` imports before running anything else: its leading import
-    statements, read up to the first module that is neither the standard library's nor
-    preloadable (a zygote importing those first gives the program the state its own imports
-    would)."""
+    """The frameworks `code` imports before running anything else (and ``torch._dynamo`` where
+    it imports that there): its leading import statements, read up to the first module that is
+    neither the standard library's nor preloadable (a zygote importing those first gives the
+    program the state its own imports would). A call ignoring every warning among them
+    (``warnings.filterwarnings("ignore")``, or ``simplefilter``) is read past: the program's
+    stderr shows none of what the imports warn either way (the zygote's imports warn on its own
+    stderr), and its filters end with "ignore" first, the filters the imports added (none that
+    raises) after it."""
     try:
         body = ast.parse(code).body
     except SyntaxError:
@@ -81,6 +93,8 @@ def preloads(code: str) -> tuple[str, ...]:
     for statement in body:
         if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
             continue  # (a docstring)
+        if _ignores_warnings(statement):
+            continue
         if isinstance(statement, ast.Import):
             names = [alias.name for alias in statement.names]
         elif isinstance(statement, ast.ImportFrom) and statement.level == 0 and statement.module:
@@ -90,11 +104,31 @@ def preloads(code: str) -> tuple[str, ...]:
         for name in names:
             top = name.partition(".")[0]
             if top in _PRELOADABLE:
-                if top not in found:
-                    found.append(top)
+                # the framework, and dynamo where the program imports it there (in its order)
+                heavy = [m for m in _PRELOADABLE_MODULES if f"{name}.".startswith(f"{m}.")]
+                for module in (top, *heavy):
+                    if module not in found:
+                        found.append(module)
             elif top not in sys.stdlib_module_names:
                 return tuple(found)
     return tuple(found)
+
+
+def _ignores_warnings(statement: ast.stmt) -> bool:
+    """`statement` is ``warnings.filterwarnings("ignore")`` or ``warnings.simplefilter("ignore")``
+    exactly."""
+    call = statement.value if isinstance(statement, ast.Expr) else None
+    return (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and isinstance(call.func.value, ast.Name)
+        and call.func.value.id == "warnings"
+        and call.func.attr in ("filterwarnings", "simplefilter")
+        and not call.keywords
+        and len(call.args) == 1
+        and isinstance(call.args[0], ast.Constant)
+        and call.args[0].value == "ignore"
+    )
 
 
 def child_env() -> dict[str, str]:
@@ -126,6 +160,9 @@ class Forked:
         python: str = sys.executable,
         session: bool = False,
     ) -> None:
+        # (not pytest's name of the test running, which changes at each test: a zygote per
+        # test, its imports paid again; no program reads it)
+        env = {k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}
         key = (python, tuple(preloaded), tuple(sorted(env.items())))
         zygote = self._zygotes.get(key)
         if zygote is None or zygote.poll() is not None:
@@ -133,7 +170,7 @@ class Forked:
                 [python, str(ROOT / "tests" / "zygote.py"), ",".join(preloaded)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                env=dict(env),
+                env=env,
             )
         self._zygote = zygote
         self._session = session

@@ -18,6 +18,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -236,24 +238,35 @@ def _child(framework: str, mode: str) -> None:
 
 @functools.cache
 def _results(framework: str, mode: str) -> tuple[int, str, dict[tuple[str, str], Any]]:
-    env = dict(os.environ, GLOG_minloglevel="2", PYTHONWARNINGS="ignore")
+    from children import Forked, child_env, preloads
+
+    env = dict(child_env(), PYTHONWARNINGS="ignore")
     # Importing paddle in this process sets OMP_NUM_THREADS=1: the child gets torch's default
     # threads whatever this process imported first (inductor's cache keys hold the count).
     env.pop("OMP_NUM_THREADS", None)
-    # one child at a time: on two cores, concurrent compiles took longer than a sequence
-    proc = subprocess.run(
-        [sys.executable, __file__, framework, mode],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
+    # one child at a time: on two cores, concurrent compiles took longer than a sequence. Each
+    # a fork of a zygote that imported the framework the child's cases import (`Forked`), one
+    # per framework for the whole session: what the child imports before them reads no state
+    # of the framework's (`_child`: paddle reads MIN_GRAPH_SIZE at each translation).
+    with open(__file__, encoding="utf-8") as f:
+        preloaded = (*preloads(f.read()), framework)
+    if framework == "torch":
+        preloaded += ("torch._dynamo",)  # (`_torch_case`'s import)
+    with tempfile.TemporaryDirectory() as out:
+        stdout, stderr = Path(out, "stdout"), Path(out, "stderr")
+        child = Forked(preloaded, [__file__, framework, mode], env, stdout, stderr)
+        try:
+            code = child.wait(900)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            raise
+        lines, err = stdout.read_text(errors="replace"), stderr.read_text(errors="replace")
     cases = {}
-    for line in proc.stdout.splitlines():
+    for line in lines.splitlines():
         if line.startswith("{"):
             case = json.loads(line)
             cases[case["kind"], case["when"]] = case
-    return proc.returncode, proc.stderr[-3000:], cases
+    return code, err[-3000:], cases
 
 
 def _case(framework: str, mode: str, kind: str, when: str) -> dict[str, Any]:
@@ -376,10 +389,9 @@ for _ in range(2):
 
 def test_paddle_sot_global_hook_that_breaks_the_graph() -> None:
     pytest.importorskip("paddle")
-    env = dict(os.environ, GLOG_minloglevel="2")
-    proc = subprocess.run(
-        [sys.executable, "-c", SOT_BREAKING_HOOK], capture_output=True, text=True, env=env
-    )
+    from children import run_code
+
+    proc = run_code(SOT_BREAKING_HOOK)
     assert proc.returncode == 0, proc.stderr[-3000:]
     eager, *compiled = proc.stdout.splitlines()[-3:]
     assert compiled == [eager, eager]
@@ -407,9 +419,9 @@ def test_torch_dynamo_setting_restored_after_the_last_hook() -> None:
     """unihook turns dynamo's hook guards on while it has a torch hook (a hook added after
     compiling must recompile); removing the last one puts torch's default back: no residue."""
     pytest.importorskip("torch")
-    proc = subprocess.run(
-        [sys.executable, "-c", DYNAMO_SETTING_RESTORED], capture_output=True, text=True
-    )
+    from children import run_code
+
+    proc = run_code(DYNAMO_SETTING_RESTORED)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["True", "False", "True"]
 
@@ -447,12 +459,9 @@ def test_torch_fullgraph_backward_hooks_raise_naming_the_reason(kind: str, first
     dispatchers run between graph breaks): dynamo's error (a RuntimeError) says so, naming
     unihook and fullgraph, whether dynamo was imported before the hook or after it."""
     pytest.importorskip("torch")
-    proc = subprocess.run(
-        [sys.executable, "-c", FULLGRAPH_BACKWARD, kind, first],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    from children import run_code
+
+    proc = run_code(FULLGRAPH_BACKWARD, kind, first, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["error"] == "Unsupported" and got["runtime"], got
@@ -476,9 +485,9 @@ def test_torch_waiting_for_dynamo_leaves_no_import_hook() -> None:
     of its graph breaks) with one import hook, gone with the last hook; dynamo is not
     imported for it."""
     pytest.importorskip("torch")
-    proc = subprocess.run(
-        [sys.executable, "-c", IMPORT_HOOK_RESTORED], capture_output=True, text=True
-    )
+    from children import run_code
+
+    proc = run_code(IMPORT_HOOK_RESTORED)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["1", "True", "False"]
 
@@ -513,10 +522,9 @@ def test_paddle_full_graph_registration_drops_the_programs_with_the_layer() -> N
     with it drops that program (the next call builds again and raises), not the programs of
     other models; removing the hook lets the model build and run again."""
     pytest.importorskip("paddle")
-    env = dict(os.environ, GLOG_minloglevel="2")
-    proc = subprocess.run(
-        [sys.executable, "-c", FULL_GRAPH_PROGRAMS], capture_output=True, text=True, env=env
-    )
+    from children import run_code
+
+    proc = run_code(FULL_GRAPH_PROGRAMS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-3:] == ["(0,", "1)", "True"], proc.stdout
 
@@ -552,9 +560,9 @@ def test_torch_hooks_removed_inside_a_compiled_forward() -> None:
     with eager's gradient, and leaves nothing on the module. (A global backward hook removed
     there: `test_torch_hooks_on_the_compiled_module_beside_global_backward_hooks`.)"""
     pytest.importorskip("torch")
-    proc = subprocess.run(
-        [sys.executable, "-c", REMOVED_IN_COMPILED_FORWARD], capture_output=True, text=True
-    )
+    from children import run_code
+
+    proc = run_code(REMOVED_IN_COMPILED_FORWARD)
     assert proc.returncode == 0, proc.stderr[-3000:]
     native, ours = json.loads(proc.stdout.strip().splitlines()[-1])
     assert native["calls"] == 1
@@ -604,7 +612,9 @@ def test_torch_module_compiled_in_place_before_global_hooks() -> None:
     in place inside it), and removing them puts torch's `Module.__call__` and `_call_impl`
     back."""
     pytest.importorskip("torch")
-    proc = subprocess.run([sys.executable, "-c", COMPILED_IN_PLACE], capture_output=True, text=True)
+    from children import run_code
+
+    proc = run_code(COMPILED_IN_PLACE)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[-3:] == [
         "['Sequential', 'Linear', 'ReLU', 'backward ReLU', 'backward Linear', "
@@ -1069,11 +1079,20 @@ print(repr(out))
 """
 
 
+def _set_after_imports(code: str, **values: Any) -> str:
+    """`code` with `values` assigned after its first ``import torch`` line, its leading imports
+    still leading (`children.preloads`: forked from a zygote that imported torch)."""
+    head, sep, tail = code.partition("\nimport torch")
+    line, newline, rest = tail.partition("\n")
+    assigned = "".join(f"{name} = {value!r}\n" for name, value in values.items())
+    return head + sep + line + newline + assigned + rest
+
+
 @functools.cache
 def _fullgraph_escapes(late: bool) -> dict[str, Any]:
     from children import last_value, run_code
 
-    return last_value(run_code(f"LATE = {late}\n" + FULLGRAPH_ESCAPES, timeout=300))
+    return last_value(run_code(_set_after_imports(FULLGRAPH_ESCAPES, LATE=late), timeout=300))
 
 
 FULLGRAPH_REASONS = {
@@ -1155,8 +1174,8 @@ def test_torch_first_use_of_unihook_inside_a_compiled_function(fullgraph: str, w
     pytest.importorskip("torch")
     from children import last_value, run_code
 
-    head = f"FULLGRAPH = {fullgraph == 'fullgraph'}\nWHAT = {what!r}\n"
-    got = last_value(run_code(head + FIRST_USE, timeout=120))
+    code = _set_after_imports(FIRST_USE, FULLGRAPH=fullgraph == "fullgraph", WHAT=what)
+    got = last_value(run_code(code, timeout=120))
     if fullgraph == "graph_breaks":
         assert got == ["ok", True, True]
     else:
