@@ -283,9 +283,8 @@ class HookDict(OrderedDict[int, Any]):
         # global dispatcher is left out then: its backend pins it again at the next call).
         follow = access.recreated(owner, self._attr)
         own = set(self.pinned) | (set() if follow else self.uncopied)
-        uncopied = self.uncopied
         others = [
-            (key, value, flags.get(key, ()), key in uncopied)
+            (key, value, flags.get(key, ()), key in self.uncopied)
             for key, value in self._copy()
             if key in self.owned and key not in own
         ]
@@ -635,9 +634,9 @@ def _follow(
     """`owner` dropped its HookDict `attr` for another dict (a library assigned one): pin
     there the keys `pinned` (key, hook, tail, flag tables) of the dropped one, in order, and
     the `others` (key, hook, flag tables, uncopied: unihook's own hooks, a backend's global
-    dispatcher first) if `follow` (else their flags
-    go, unless the new dict is a copy holding them), and keep as unihook's the other `owned`
-    keys a copy of the dropped dict brought along."""
+    dispatcher first) if `follow` (else their flags go, unless the new dict is a copy holding
+    them), and keep as unihook's the other `owned` keys a copy of the dropped dict brought
+    along."""
     if _lock.deferred(lambda: _follow(owner, attr, access, pinned, owned, others, follow)):
         return
     with _lock, _lock.mutex:
