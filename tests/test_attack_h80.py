@@ -305,7 +305,8 @@ print([len(grads), len(set(grads)), churns[0] > 0, sorted(set(watched.inverted))
 
 
 def test_per_module_hooks_churned_beside_a_compiled_model_held() -> None:
-    assert last_value(run_code(HELD_CHURN, timeout=120)) == [6, 1, True, []]
+    done = run_code(HELD_CHURN, timeout=120)
+    assert last_value(done) == [6, 1, True, []], done.stderr[-8000:]
 
 
 F1 = r"""

@@ -57,6 +57,7 @@ from ._checks import (
     show_value,
 )
 from ._describe import Site, type_name
+from ._global_table import add_to_global_table
 from ._history import history_reaches
 from ._imports import cancel_when_imported, install_when_imported, when_imported
 from ._kept_inputs import check_kept_input, check_returned_input, kept_inputs, note_changes
@@ -89,6 +90,7 @@ __all__ = [
     "add_compiler_escape",
     "add_compiler_pause",
     "add_global_backward_hook",
+    "add_to_global_table",
     "cancel_when_imported",
     "check_grad",
     "check_grad_like",

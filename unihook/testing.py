@@ -225,7 +225,8 @@ class Kit:
         native handle's remove. Every kit takes "forward_pre" (``register_forward_pre_hook``)
         and "forward" (the forward post-hook) on a module; the others `native_kinds` lists:
         "tensor" (`target` a tensor), "full_backward" and "full_backward_pre" (a module),
-        "module_forward_pre" and "module_forward" (global: `target` None). A kind the
+        "module_forward_pre", "module_forward" and "module_{parameter,buffer,module}_registration"
+        (global: `target` None). A kind the
         framework has no registration for with torch's contract raises `NotImplementedError`."""
         raise self._missing("native_hook")
 

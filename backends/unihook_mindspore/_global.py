@@ -19,7 +19,6 @@ import sys
 import threading
 import weakref
 from collections import OrderedDict
-from functools import partial
 from itertools import count
 from typing import Any, Callable
 
@@ -31,6 +30,7 @@ from unihook.backend import (
     Pinned,
     RegistryLock,
     Site,
+    add_to_global_table,
     check_pre_kwargs_result,
     global_label,
     pin,
@@ -462,12 +462,14 @@ def _checked(kind: str, hook: Hook) -> Hook:
 def _add_registration(kind: str, hook: Hook) -> Callable[[], None]:
     checked = _checked(kind, hook)
     if kind == "buffer_registration":
-        # MindSpore's registration makes the handle inside: a removal recorded before finds
-        # the hook by what only it is, this registration's function
-        remove = partial(_drop_buffer_hook, checked)
-        undo_if_unfinished(remove)
-        cell_module.register_cell_buffer_registration_hook(checked)
-        return remove
+        # as MindSpore's `register_cell_buffer_registration_hook`, in a table its loop reads a
+        # snapshot of (another thread's registration would stop a loop mid-way: see there)
+        return add_to_global_table(
+            cell_module,
+            "_global_buffer_registration_hooks",
+            checked,
+            lambda table: new_id(),
+        )
     what = kind.split("_")[0]
     key = next(_ids)
 
@@ -484,12 +486,6 @@ def _add_registration(kind: str, hook: Hook) -> Callable[[], None]:
         _registration[what][key] = checked
         _sync_patch(what)
     return remove
-
-
-def _drop_buffer_hook(checked: Hook) -> None:
-    hooks = cell_module._global_buffer_registration_hooks
-    for key in [key for key, value in hooks.items() if value is checked]:
-        hooks.pop(key, None)
 
 
 def _sync_patch(what: str) -> None:

@@ -80,7 +80,8 @@ class MindSporeKit(Kit):
     create_graph = False
     grad_non_leaves = False
 
-    native_kinds = frozenset({"tensor"})  # (its Cell backward hooks have another contract)
+    # (its Cell backward hooks have another contract)
+    native_kinds = frozenset({"tensor", "module_buffer_registration"})
 
     def __init__(self) -> None:
         self._taped = True  # (until `native_autograd`)
@@ -295,6 +296,10 @@ class MindSporeKit(Kit):
             register = target.register_forward_pre_hook
         elif kind == "forward":
             register = target.register_forward_hook
+        elif kind == "module_buffer_registration":
+            import mindspore.nn.cell as cell_module
+
+            register = cell_module.register_cell_buffer_registration_hook
         else:
             raise NotImplementedError(f"native_hook [kit mindspore]: no native {kind!r} hook")
         return register(hook, **options).remove  # type: ignore[no-any-return]

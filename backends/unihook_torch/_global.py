@@ -31,6 +31,7 @@ from unihook.backend import (
     Pinned,
     RegistryLock,
     Site,
+    add_to_global_table,
     check_pre_kwargs_result,
     global_label,
     kwargs_post_hook,
@@ -493,9 +494,16 @@ def add(kind: str, hook: Hook, with_kwargs: bool, always_call: bool) -> Callable
         from ._backward import add_global
 
         return add_global(kind, hook)
-    else:  # torch's `register_module_{kind}_hook`
-        hooks = getattr(torch_module, f"_global_{kind}_hooks")
-        native = insert(hooks, _checked_registration(kind, hook), [])
+    else:  # as torch's `register_module_{kind}_hook`, in a table torch's loops read a
+        # snapshot of (another thread's registration would stop a loop mid-way: see there)
+        from torch.utils.hooks import RemovableHandle
+
+        return add_to_global_table(
+            torch_module,
+            f"_global_{kind}_hooks",
+            _checked_registration(kind, hook),
+            lambda table: RemovableHandle(table).id,
+        )
     remove: Callable[[], None] = native.remove
     return remove
 

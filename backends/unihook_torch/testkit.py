@@ -38,6 +38,9 @@ _MODULE_NATIVE = {
 _GLOBAL_NATIVE = {
     "module_forward_pre": "register_module_forward_pre_hook",
     "module_forward": "register_module_forward_hook",
+    "module_parameter_registration": "register_module_parameter_registration_hook",
+    "module_buffer_registration": "register_module_buffer_registration_hook",
+    "module_module_registration": "register_module_module_registration_hook",
 }
 
 

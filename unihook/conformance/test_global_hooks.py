@@ -304,6 +304,68 @@ def test_module_registration_replacement(backend: Any) -> None:
     assert np.allclose(backend.numpy(out), [0.0])
 
 
+@pytest.mark.parametrize("what", ["parameter", "buffer", "module"])
+def test_registration_hooks_changed_by_another_thread_while_a_registration_runs_them(
+    backend: Any, what: str
+) -> None:
+    """A registration runs the registration hooks there were as it started, whatever another
+    thread registers or removes meanwhile, unihook's or native (torch and MindSpore loop over
+    their live dict: "OrderedDict mutated during iteration", the registration lost)."""
+    register = getattr(unihook, f"register_module_{what}_registration_hook")
+    native_kind = f"module_{what}_registration"
+    has_native = native_kind in backend.native_kinds
+    log: list[str] = []
+    inside, resume = threading.Event(), threading.Event()
+
+    def logging(tag: str) -> Any:
+        return lambda mod, name, value: log.append(f"{tag} {name}")
+
+    def first(mod: Any, name: str, value: Any) -> None:
+        log.append(f"first {name}")
+        if name == "a":
+            inside.set()
+            resume.wait(10)
+
+    removers = [backend.native_hook(None, native_kind, logging("native"))] if has_native else []
+    handles = [
+        register(first, backend=backend.name),
+        register(logging("second"), backend=backend.name),
+    ]
+
+    def other() -> None:
+        inside.wait(10)
+        handles.pop().remove()
+        handles.append(register(logging("late"), backend=backend.name))
+        if has_native:
+            removers.append(backend.native_hook(None, native_kind, logging("native late")))
+        resume.set()
+
+    action, value = {
+        "parameter": (backend.register_parameter, lambda: backend.parameter([1.0])),
+        "buffer": (backend.register_buffer, lambda: backend.tensor([1.0])),
+        "module": (backend.add_module, backend.relu_module),
+    }[what]
+    holder = backend.module(lambda self, x: x)
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        action(holder, "a", value())
+        thread.join()
+        action(holder, "b", value())
+    finally:
+        resume.set()
+        thread.join()
+        for handle in handles:
+            handle.remove()
+        for remove in removers:
+            remove()
+    native = ["native a"] * has_native
+    after = ["native b"] * has_native
+    late = ["native late b"] * has_native
+    assert log == [*native, "first a", "second a", *after, "first b", "late b", *late]
+    assert hasattr(holder, "a") and hasattr(holder, "b")
+
+
 # -- global backward hooks -----------------------------------------------------------------
 
 
