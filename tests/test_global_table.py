@@ -1,11 +1,12 @@
 """torch's global registration hook dicts while unihook has hooks there (unihook/_global_table.py):
 native handles made before, during and after keep removing their hooks, the order is the
 registration order, and the dict torch had goes back, the same object, with exactly the native
-hooks; nothing is kept once they are gone."""
+hooks; nothing keeps a removed hook alive."""
 
 from __future__ import annotations
 
 import gc
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -61,7 +62,12 @@ def test_native_handles_order_and_the_dict_put_back(what: str) -> None:
     during.remove()
     assert getattr(torch_module, attr) is origin and not origin
     assert log == ["n0 a", "u1 a", "n1 a", "u2 a", "u1 b", "n1 b", "u2 b", "n1 c"]
-    again = register(logging("u3"), backend="torch")
-    again.remove()  # (a retire prunes the tables whose native hooks are gone)
-    assert _global_table._retired == []
+    hook = logging("gone")
+    gone = weakref.ref(hook)
+    native(hook).remove()
+    register(hook, backend="torch").remove()
+    del hook
+    gc.collect()
+    assert gone() is None  # (kept by nothing: not by the table, which lives on)
+    assert not _global_table._tables[id(torch_module), attr].own
     assert getattr(torch_module, attr) is origin and not origin

@@ -7,21 +7,28 @@ _global_buffer_registration_hooks.values(): ...``. A hook that another thread ad
 there while such a loop is inside a hook makes the loop raise "OrderedDict mutated during
 iteration": that registration is lost (the frameworks' own registration functions do the
 same). So unihook never changes a dict such a loop may be reading. While it has hooks there,
-the module attribute holds a `GlobalTable` in place of the dict it found (the origin), and
-unihook changes the table instead:
+the module attribute holds the `GlobalTable` of that attribute in place of the dict it found
+(the origin), which keeps holding the native hooks, alone:
 
-- ``values()`` is a snapshot: a loop reads the hooks there were as it started, whatever
-  changes meanwhile (as torch's forward hooks, which it snapshots at each call);
-- a native hook registered meanwhile (its handle refers to the table) goes into the origin
-  too, in the same order; one that an older handle removes from the origin is left out;
-- when unihook's last hook there goes, the origin goes back, holding exactly the native hooks.
-  A table through which native hooks were registered lives on (`_retired`) while they remain
-  in the origin, so their handles still remove them.
+- unihook's hooks are in the table only; ``values()`` is a snapshot of both, merged by key
+  (the framework's handle ids, from one counter: registration order, as the framework's own
+  loop), so a loop reads the hooks there were as it started, whatever changes meanwhile (as
+  torch's forward hooks, which it snapshots at each call);
+- every native change made through the table (a handle made on it, ``pop``, ``clear``) is one
+  change of the origin, and a native registration or removal made straight on the origin (a
+  handle older than the table, or a registration that read the attribute before the table
+  went in) is in the next snapshot: nothing to keep in step;
+- when unihook's last hook there goes, the origin goes back, the same object, holding exactly
+  the native hooks. The table lives on for the process (one per attribute), so a native
+  handle made on it still removes its hook from the origin.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
+from collections.abc import Iterator, MutableMapping
+from operator import itemgetter
 from typing import Any, Callable
 
 from ._locks import RegistryLock, undo_if_unfinished
@@ -30,44 +37,70 @@ from ._pinned import _snapshot
 __all__ = ["GlobalTable", "add_to_global_table"]
 
 _lock = RegistryLock()
-# tables put back while native hooks registered through them remained (see the docstring)
-_retired: list[GlobalTable] = []
-_MISSING = object()
+_tables: dict[tuple[int, str], GlobalTable] = {}  # (id(owner), attr) -> its table, for good
+_by_key = itemgetter(0)
 
 
-class GlobalTable(OrderedDict[int, Any]):
+class GlobalTable(MutableMapping[int, Any]):
     """A framework's global hook dict while unihook has hooks in it (see the module
-    docstring)."""
+    docstring): a mapping of the origin's hooks and unihook's."""
 
     def __init__(self, origin: OrderedDict[int, Any]) -> None:
-        super().__init__()
         self.origin = origin
-        self.own: set[int] = set()  # unihook's keys
-        self.native: set[int] = set()  # the keys of native hooks registered through this table
-        for key, value in _snapshot(origin.items):  # (not `update`: it calls __setitem__)
-            OrderedDict.__setitem__(self, key, value)
+        self.own: dict[int, Any] = {}  # unihook's hooks, in registration order
+
+    def items_now(self) -> tuple[tuple[int, Any], ...]:
+        """The hooks, native and unihook's, in registration order (a snapshot)."""
+        native = _snapshot(self.origin.items)
+        own = _snapshot(self.own.items)
+        return tuple(heapq.merge(native, own, key=_by_key))
+
+    def values(self) -> tuple[Any, ...]:  # type: ignore[override]
+        # (what the framework's loop reads)
+        return tuple(hook for _, hook in self.items_now())
+
+    def __getitem__(self, key: int) -> Any:
+        own = self.own.get(key, self)
+        return self.origin[key] if own is self else own
 
     def __setitem__(self, key: int, value: Any) -> None:
         # a native registration (the framework's handle is made on this table, then this)
-        self.native.add(key)
         self.origin[key] = value
-        super().__setitem__(key, value)
-
-    def __contains__(self, key: object) -> bool:
-        return super().__contains__(key) or key in self.origin
 
     def __delitem__(self, key: int) -> None:
-        # a native handle's removal (OrderedDict's C pop would bypass this: handles use del)
-        here = OrderedDict.pop(self, key, _MISSING) is not _MISSING
-        there = self.origin.pop(key, _MISSING) is not _MISSING
-        self.native.discard(key)
-        if not (here or there):
+        # a native handle's removal, or pop / popitem / clear (MutableMapping's, through this)
+        if self.origin.pop(key, self) is self and self.own.pop(key, self) is self:
             raise KeyError(key)
 
-    def values(self) -> tuple[Any, ...]:  # type: ignore[override]
-        own, origin = self.own, self.origin
-        items = _snapshot(lambda: OrderedDict.items(self))
-        return tuple(value for key, value in items if key in own or key in origin)
+    def __contains__(self, key: object) -> bool:
+        return key in self.origin or key in self.own
+
+    def __iter__(self) -> Iterator[int]:
+        return iter([key for key, _ in self.items_now()])
+
+    def __len__(self) -> int:
+        return len(self.origin) + len(self.own)
+
+    def popitem(self, last: bool = True) -> tuple[int, Any]:
+        """As OrderedDict's: the last hook (the first with ``last=False``), removed."""
+        items = self.items_now()
+        if not items:
+            raise KeyError("dictionary is empty")
+        key, value = items[-1 if last else 0]
+        del self[key]
+        return key, value
+
+    def copy(self) -> OrderedDict[int, Any]:
+        """An OrderedDict of the same hooks, as the framework's own dict copies."""
+        return OrderedDict(self.items_now())
+
+    def __reduce__(self) -> Any:
+        # copied, deep-copied (a native handle's deepcopy takes its dict) or pickled: a plain
+        # OrderedDict of the same hooks, as the framework's own
+        return (OrderedDict, (), None, None, iter(self.items_now()))
+
+    def __repr__(self) -> str:
+        return repr(self.copy())
 
 
 def add_to_global_table(
@@ -75,8 +108,8 @@ def add_to_global_table(
 ) -> Callable[[], None]:
     """Put `hook` last in ``owner.attr``, a framework's global hook OrderedDict that its own
     code loops over (see the module docstring), under the key ``new_key(table)`` (the id of a
-    native removal handle made on the table, so no native key is the same); return its
-    remover, which is idempotent and also undoes an addition a Ctrl-C cut short."""
+    native removal handle made on the table: the framework's counter); return its remover,
+    which is idempotent and also undoes an addition a Ctrl-C cut short."""
     tables: list[GlobalTable] = []
     keys: list[int] = []
 
@@ -86,25 +119,20 @@ def add_to_global_table(
         with _lock, _lock.mutex:
             for table in tables:
                 for key in keys:
-                    table.own.discard(key)
-                    OrderedDict.pop(table, key, None)
+                    table.own.pop(key, None)
                 if not table.own and getattr(owner, attr) is table:
-                    _retire(table)  # (first: a Ctrl-C landing between leaves it kept, no more)
                     setattr(owner, attr, table.origin)
 
     undo_if_unfinished(remove)
     with _lock, _lock.mutex:
-        found = getattr(owner, attr)
-        table = found if isinstance(found, GlobalTable) else GlobalTable(found)
+        table = _tables.get((id(owner), attr))
+        if table is None:
+            table = _tables[id(owner), attr] = GlobalTable(getattr(owner, attr))
         tables.append(table)
-        if table is not found:
-            setattr(owner, attr, table)
         keys.append(new_key(table))
-        table.own.add(keys[0])
-        OrderedDict.__setitem__(table, keys[0], hook)
+        table.own[keys[0]] = hook
+        found = getattr(owner, attr)
+        if found is not table:
+            table.origin = found  # (the same dict, unless a library put another one there)
+            setattr(owner, attr, table)
     return remove
-
-
-def _retire(table: GlobalTable) -> None:
-    """`table` goes: it lives on while native hooks registered through it remain."""
-    _retired[:] = [t for t in (*_retired, table) if any(k in t.origin for k in tuple(t.native))]
