@@ -32,7 +32,7 @@ import sys
 import weakref
 from collections import OrderedDict
 from itertools import count
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from ._locks import RegistryLock, undo_if_unfinished
 
@@ -220,6 +220,19 @@ class HookDict(OrderedDict[int, Any]):
         if snap is None or snap[0] != version or len(snap[1]) != size:
             snap = self._snap = (version, self._copy())
         return snap[1]
+
+    # Snapshots too: dynamo iterates a module's hook dicts live while it compiles
+    # (``nn_module_get_all_hooks``: ``for name in hooks``), where a dispatcher another thread's
+    # call pins meanwhile made the compile raise "OrderedDict mutated during iteration" (torch
+    # registers and removes hooks while no frame compiles: unihook_torch._watched).
+    def __iter__(self) -> Iterator[int]:
+        return iter([key for key, _ in self._copy()])
+
+    def keys(self) -> tuple[int, ...]:  # type: ignore[override]
+        return tuple(key for key, _ in self._copy())
+
+    def values(self) -> tuple[Any, ...]:  # type: ignore[override]
+        return tuple(value for _, value in self._copy())
 
     def _follow_origin(self, origin: OrderedDict[int, Any]) -> None:
         """The origin changed behind this dict: a native handle created before this dict was

@@ -112,15 +112,25 @@ def _module(obj: object, kind: str, name: str | None) -> Any:
     return obj
 
 
-def _watched(kind: str, remove: Callable[[], object]) -> Handle:
-    """The handle of a module hook: while it lives, dynamo guards on hook dicts (torch.compile:
-    a hook added after compiling recompiles)."""
-    from ._compile import watch_hooks
+def _watched(kind: str, register: Callable[[], Callable[[], object]]) -> Handle:
+    """The handle of a module hook, which `register` puts in (it returns the removal): while
+    it lives, dynamo guards on hook dicts (torch.compile: a hook added after compiling
+    recompiles). It goes in and out while no frame compiles (dynamo's lock): dynamo iterates a
+    module's hook dicts live as it compiles (``nn_module_get_all_hooks``), and one another
+    thread changed meanwhile failed that compile ("OrderedDict mutated during iteration", or a
+    KeyError): see `_compile.hooks_changeable`."""
+    from ._compile import hooks_changeable, watch_hooks
 
+    with hooks_changeable():
+        remove = register()
     release = watch_hooks()
 
     def remover() -> None:
-        remove()
+        # (dynamo's lock is never asked for under a registry lock: see unihook._locks)
+        if defer_while_locked(remover):
+            return
+        with hooks_changeable():
+            remove()
         release()
 
     return Handle(NAME, kind, remover)
@@ -174,12 +184,15 @@ def unihook_register_forward_pre_hook(
     if m is None:
         return None
     if not with_kwargs:
-        native = _insert(m, "forward_pre", hook, prepend=prepend)
-        return _watched("forward_pre", native.remove)
+        return _watched(
+            "forward_pre", lambda: _insert(m, "forward_pre", hook, prepend=prepend).remove
+        )
     # torch raises a bare RuntimeError for a bad (args, kwargs) return: check it ourselves.
-    hook = checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, m, name))
-    native = _insert(m, "forward_pre", hook, prepend=prepend, with_kwargs=True)
-    return _watched("forward_pre", native.remove)
+    checked = checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, m, name))
+    return _watched(
+        "forward_pre",
+        lambda: _insert(m, "forward_pre", checked, prepend=prepend, with_kwargs=True).remove,
+    )
 
 
 @hookimpl
@@ -194,19 +207,21 @@ def unihook_register_forward_hook(
     m = _module(module, "forward", name)
     if m is None:
         return None
-    if not with_kwargs:
-        native = _insert(m, "forward", hook, prepend=prepend, always_call=always_call)
-        return _watched("forward", native.remove)
     # Removed mid-call, torch would call it without kwargs (a TypeError): see kwargs_post_hook.
-    native = _insert(
-        m,
+    called = kwargs_post_hook(hook) if with_kwargs else hook
+    return _watched(
         "forward",
-        kwargs_post_hook(hook),
-        prepend=prepend,
-        with_kwargs=True,
-        always_call=always_call,
+        lambda: (
+            _insert(
+                m,
+                "forward",
+                called,
+                prepend=prepend,
+                with_kwargs=with_kwargs,
+                always_call=always_call,
+            ).remove
+        ),
     )
-    return _watched("forward", native.remove)
 
 
 # kind -> torch's registration method, the hook dict and the flag tables it fills (torch 2.13's
@@ -313,7 +328,7 @@ def unihook_register_full_backward_pre_hook(
     from ._backward import register
 
     return _watched(
-        "full_backward_pre", register(m, "full_backward_pre", hook, prepend, name).remove
+        "full_backward_pre", lambda: register(m, "full_backward_pre", hook, prepend, name).remove
     )
 
 
@@ -326,7 +341,9 @@ def unihook_register_full_backward_hook(
         return None
     from ._backward import register
 
-    return _watched("full_backward", register(m, "full_backward", hook, prepend, name).remove)
+    return _watched(
+        "full_backward", lambda: register(m, "full_backward", hook, prepend, name).remove
+    )
 
 
 @hookimpl

@@ -43,6 +43,7 @@ __all__ = [
     "EagerUnderCompile",
     "compiles_held",
     "forget_compiled",
+    "hooks_changeable",
     "outside_compiler",
     "outside_dynamo",
     "watch_call_impl",
@@ -381,6 +382,41 @@ def compiles_held() -> Iterator[None]:
 
     with convert_frame.compile_lock:
         yield
+
+
+@contextmanager
+def hooks_changeable() -> Iterator[None]:
+    """While a module's hooks change: no frame compiles (dynamo's lock, once dynamo is
+    imported), and no other thread is in dynamo's loop over a module's hook dicts
+    (``nn_module_get_all_hooks``, which its frame callback runs outside that lock for each
+    frame it looks at). Dynamo iterates them live: a hook another thread registered or removed
+    meanwhile failed the compiled call ("OrderedDict mutated during iteration", or a KeyError;
+    CI on ad2b675). The test and the change run without another thread running Python in
+    between (`_held_gil`); a thread in that loop is waited for (a few microseconds)."""
+    if "torch._dynamo" not in sys.modules:
+        yield
+        return
+    from torch._dynamo import convert_frame, utils
+
+    reading = utils.nn_module_get_all_hooks.__code__
+    with convert_frame.compile_lock:
+        while True:
+            with _held_gil():
+                if not _running_elsewhere(reading):
+                    yield
+                    return
+            time.sleep(0.0001)
+
+
+def _running_elsewhere(code: Any) -> bool:
+    """Whether a thread other than this one has a frame of `code` on its stack."""
+    me = threading.get_ident()
+    for ident, frame in _current_frames().items():
+        while ident != me and frame is not None:
+            if frame.f_code is code:
+                return True
+            frame = frame.f_back
+    return False
 
 
 @contextmanager
