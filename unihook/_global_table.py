@@ -12,23 +12,23 @@ the module attribute holds the `GlobalTable` of that attribute in place of the d
 
 - unihook's hooks are in the table only; ``values()`` is a snapshot of both, merged by key
   (the framework's handle ids, from one counter: registration order, as the framework's own
-  loop), so a loop reads the hooks there were as it started, whatever changes meanwhile (as
-  torch's forward hooks, which it snapshots at each call);
+  loop, unless a library inserts a hook under a key it took earlier), so a loop reads the
+  hooks there were as it started, whatever changes meanwhile (as torch's forward hooks, which
+  it snapshots at each call);
 - every native change made through the table (a handle made on it, ``pop``, ``clear``) is one
   change of the origin, and a native registration or removal made straight on the origin (a
   handle older than the table, or a registration that read the attribute before the table
   went in) is in the next snapshot: nothing to keep in step;
 - when unihook's last hook there goes, the origin goes back, the same object, holding exactly
-  the native hooks. The table lives on for the process (one per attribute), so a native
-  handle made on it still removes its hook from the origin.
+  the native hooks. The table lives on for the process (one per attribute, keeping the origin
+  only weakly then), so a native handle made on it still removes its hook from the origin.
 """
 
 from __future__ import annotations
 
-import heapq
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, MutableMapping
-from operator import itemgetter
 from typing import Any, Callable
 
 from ._locks import RegistryLock, undo_if_unfinished
@@ -38,7 +38,6 @@ __all__ = ["GlobalTable", "add_to_global_table"]
 
 _lock = RegistryLock()
 _tables: dict[tuple[int, str], GlobalTable] = {}  # (id(owner), attr) -> its table, for good
-_by_key = itemgetter(0)
 
 
 class GlobalTable(MutableMapping[int, Any]):
@@ -46,14 +45,44 @@ class GlobalTable(MutableMapping[int, Any]):
     docstring): a mapping of the origin's hooks and unihook's."""
 
     def __init__(self, origin: OrderedDict[int, Any]) -> None:
-        self.origin = origin
         self.own: dict[int, Any] = {}  # unihook's hooks, in registration order
+        self._origin: OrderedDict[int, Any] | None = origin  # strong while installed
+        self._origin_ref = weakref.ref(origin)
 
-    def items_now(self) -> tuple[tuple[int, Any], ...]:
-        """The hooks, native and unihook's, in registration order (a snapshot)."""
+    def attach(self, origin: OrderedDict[int, Any]) -> None:
+        """Stand for `origin` (installed)."""
+        self._origin, self._origin_ref = origin, weakref.ref(origin)
+
+    def detach(self) -> OrderedDict[int, Any]:
+        """`origin`, which goes back; the table no longer keeps it alive (a library may drop
+        it, and the native hooks in it with it)."""
+        origin = self.origin
+        self._origin = None
+        return origin
+
+    @property
+    def origin(self) -> OrderedDict[int, Any]:
+        """The framework's dict, holding the native hooks (an empty one once it was dropped:
+        a handle made on the table then removes nothing)."""
+        origin = self._origin if self._origin is not None else self._origin_ref()
+        return OrderedDict() if origin is None else origin
+
+    def items_now(self) -> tuple[tuple[Any, Any], ...]:
+        """The hooks, native and unihook's, in registration order (a snapshot): each of
+        unihook's goes before the first native key that is a larger int (a key of another
+        type, a library's own, keeps its place among the native ones). A plain loop: dynamo
+        traces it where a compiled function registers a buffer (fullgraph too)."""
         native = _snapshot(self.origin.items)
         own = _snapshot(self.own.items)
-        return tuple(heapq.merge(native, own, key=_by_key))
+        merged: list[tuple[Any, Any]] = []
+        i = 0
+        for key, value in native:
+            while i < len(own) and type(key) is int and own[i][0] < key:
+                merged.append(own[i])
+                i += 1
+            merged.append((key, value))
+        merged.extend(own[i:])
+        return tuple(merged)
 
     def values(self) -> tuple[Any, ...]:  # type: ignore[override]
         # (what the framework's loop reads)
@@ -64,8 +93,12 @@ class GlobalTable(MutableMapping[int, Any]):
         return self.origin[key] if own is self else own
 
     def __setitem__(self, key: int, value: Any) -> None:
-        # a native registration (the framework's handle is made on this table, then this)
-        self.origin[key] = value
+        # a native registration (the framework's handle is made on this table, then this), or
+        # a library rewriting a hook in place (a profiler wrapping each: unihook's stay here)
+        if key in self.own:
+            self.own[key] = value
+        else:
+            self.origin[key] = value
 
     def __delitem__(self, key: int) -> None:
         # a native handle's removal, or pop / popitem / clear (MutableMapping's, through this)
@@ -77,6 +110,20 @@ class GlobalTable(MutableMapping[int, Any]):
 
     def __iter__(self) -> Iterator[int]:
         return iter([key for key, _ in self.items_now()])
+
+    def __reversed__(self) -> Iterator[int]:
+        return iter([key for key, _ in reversed(self.items_now())])
+
+    def __eq__(self, other: object) -> bool:
+        # as OrderedDict's: the order counts against another ordered one
+        if isinstance(other, (OrderedDict, GlobalTable)):
+            return self.items_now() == tuple(other.items())
+        return dict(self.items_now()) == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __or__(self, other: Any) -> OrderedDict[int, Any]:
+        return self.copy() | other
 
     def __len__(self) -> int:
         return len(self.origin) + len(self.own)
@@ -121,7 +168,7 @@ def add_to_global_table(
                 for key in keys:
                     table.own.pop(key, None)
                 if not table.own and getattr(owner, attr) is table:
-                    setattr(owner, attr, table.origin)
+                    setattr(owner, attr, table.detach())
 
     undo_if_unfinished(remove)
     with _lock, _lock.mutex:
@@ -133,6 +180,6 @@ def add_to_global_table(
         table.own[keys[0]] = hook
         found = getattr(owner, attr)
         if found is not table:
-            table.origin = found  # (the same dict, unless a library put another one there)
+            table.attach(found)  # (the same dict, unless a library put another one there)
             setattr(owner, attr, table)
     return remove
