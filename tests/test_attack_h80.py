@@ -526,9 +526,7 @@ class Mutex:
         r = realm.__enter__()
         if threading.current_thread().name == "B" and armed[0]:
             armed[0] = False
-            # (C may not get dynamo's lock now: B's module registration holds it first,
-            # unihook_torch._compile.hooks_changeable; then B goes on after the wait)
-            b_in.set(); c_has.wait(1); time.sleep(0.2)
+            b_in.set(); c_has.wait(5); time.sleep(0.2)
             gc.collect()
         return r
     def __exit__(self, *e):
@@ -555,7 +553,7 @@ def c():
     unihook.register_module_full_backward_hook(lambda m, gi, go: None, backend="torch")
 tb = threading.Thread(target=b, name="B", daemon=True)
 tc = threading.Thread(target=c, name="C", daemon=True)
-tb.start(); tc.start(); tb.join(10); tc.join(10)
+tb.start(); tc.start(); tb.join(4); tc.join(1)
 print([tb.is_alive(), tc.is_alive(), sorted(set(inverted))], flush=True)
 os._exit(0)
 """

@@ -38,7 +38,7 @@ def pause(frame, event, arg):
     ):
         if not inside.is_set():
             inside.set()
-            registered.wait(1.0)  # (it waits for the compile: the wait times out)
+            registered.wait(0.3)  # (it waits for this loop to end: the wait times out)
     return pause
 
 

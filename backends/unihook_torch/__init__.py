@@ -115,10 +115,9 @@ def _module(obj: object, kind: str, name: str | None) -> Any:
 def _watched(kind: str, register: Callable[[], Callable[[], object]]) -> Handle:
     """The handle of a module hook, which `register` puts in (it returns the removal): while
     it lives, dynamo guards on hook dicts (torch.compile: a hook added after compiling
-    recompiles). It goes in and out while no frame compiles (dynamo's lock): dynamo iterates a
-    module's hook dicts live as it compiles (``nn_module_get_all_hooks``), and one another
-    thread changed meanwhile failed that compile ("OrderedDict mutated during iteration", or a
-    KeyError): see `_compile.hooks_changeable`."""
+    recompiles). It goes in and out while no other thread is in one of dynamo's live loops
+    over a module's hook dicts, where a change failed the compiled call: see
+    `_compile.hooks_changeable`."""
     from ._compile import hooks_changeable, watch_hooks
 
     with hooks_changeable():
@@ -126,9 +125,6 @@ def _watched(kind: str, register: Callable[[], Callable[[], object]]) -> Handle:
     release = watch_hooks()
 
     def remover() -> None:
-        # (dynamo's lock is never asked for under a registry lock: see unihook._locks)
-        if defer_while_locked(remover):
-            return
         with hooks_changeable():
             remove()
         release()

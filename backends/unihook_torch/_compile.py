@@ -362,8 +362,8 @@ def _current_frames() -> dict[int, Any]:
     started freed a `threading.local`, whose cleanup takes that lock (CPython 3.11): the
     process hung (CI on 67e982e, a ModuleBackward collected)."""
     enabled = gc.isenabled()
-    gc.disable()
-    try:
+    try:  # (a Ctrl-C landing after the disable still enables it again: helper-90's FINDING 4)
+        gc.disable()
         return sys._current_frames()
     finally:
         if enabled:
@@ -386,34 +386,36 @@ def compiles_held() -> Iterator[None]:
 
 @contextmanager
 def hooks_changeable() -> Iterator[None]:
-    """While a module's hooks change: no frame compiles (dynamo's lock, once dynamo is
-    imported), and no other thread is in dynamo's loop over a module's hook dicts
-    (``nn_module_get_all_hooks``, which its frame callback runs outside that lock for each
-    frame it looks at). Dynamo iterates them live: a hook another thread registered or removed
-    meanwhile failed the compiled call ("OrderedDict mutated during iteration", or a KeyError;
-    CI on ad2b675). The test and the change run without another thread running Python in
-    between (`_held_gil`); a thread in that loop is waited for (a few microseconds)."""
-    if "torch._dynamo" not in sys.modules:
-        yield
-        return
-    from torch._dynamo import convert_frame, utils
-
-    reading = utils.nn_module_get_all_hooks.__code__
-    with convert_frame.compile_lock:
-        while True:
-            with _held_gil():
-                if not _running_elsewhere(reading):
-                    yield
-                    return
+    """While a module's hooks change: no other thread is in one of dynamo's live loops over a
+    module's hook dicts (``nn_module_get_all_hooks``, which its frame callback runs outside
+    its compile lock for each frame it looks at, and ``get_items_from_dict``, which tracing
+    runs). A hook another thread registered or removed there failed the compiled call
+    ("OrderedDict mutated during iteration", or a KeyError; CI on ad2b675). Such a thread is
+    waited for (microseconds; at most `_WAIT` seconds, then the change goes ahead as torch's
+    own would). Neither dynamo's lock nor the GIL is held meanwhile: a finalizer that loop ran
+    on the other thread may change hooks too (a deadlock, helper-90's FINDING 1), and another
+    busy thread is not stalled (FINDING 5). A thread that enters such a loop between the look
+    and the change (a GIL switch in those microseconds) is not waited for."""
+    dynamo = sys.modules.get("torch._dynamo")
+    utils = getattr(dynamo, "utils", None)
+    if utils is not None:
+        reading = {utils.nn_module_get_all_hooks.__code__, utils.get_items_from_dict.__code__}
+        deadline = time.monotonic() + _WAIT
+        while _running_elsewhere(reading) and time.monotonic() < deadline:
             time.sleep(0.0001)
+    yield
 
 
-def _running_elsewhere(code: Any) -> bool:
-    """Whether a thread other than this one has a frame of `code` on its stack."""
+# the longest a hook change waits for another thread to leave dynamo's loop over hook dicts
+_WAIT = 1.0
+
+
+def _running_elsewhere(codes: set[Any]) -> bool:
+    """Whether a thread other than this one has a frame of one of `codes` on its stack."""
     me = threading.get_ident()
     for ident, frame in _current_frames().items():
         while ident != me and frame is not None:
-            if frame.f_code is code:
+            if frame.f_code in codes:
                 return True
             frame = frame.f_back
     return False
