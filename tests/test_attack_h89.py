@@ -60,9 +60,9 @@ def _fire(calls: list[str]) -> list[str]:
     return list(calls)
 
 
-# FINDINGS left open (README, Threads): unihook's hooks are merged with the native ones by key,
-# not by when they went in (1); a library that swaps torch's dict out around a registration and
-# puts the table back keeps the native hooks only in the dict it swapped out (3); no move_to_end.
+# FINDINGS left open (README, Threads): a library that swaps torch's dict out around a
+# registration and puts the table back keeps the native hooks only in the dict it swapped out
+# (3). FINDING 1 and move_to_end: fixed (the table keeps the order keys went in).
 
 
 @pytest.fixture(autouse=True)
@@ -77,10 +77,9 @@ def _clean() -> Any:
         origin.clear()
 
 
-# --- FINDING 1: order by key, not by insertion --------------------------------------------
+# --- FINDING 1: order by key, not by insertion (fixed) -----------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="helper-89's FINDING 1: open (see README, Threads)")
 def test_finding_native_hook_inserted_later_under_an_older_key_runs_before_unihooks() -> None:
     """torch runs its global hooks in the dict's insertion order. A library that reserves a
     handle (its key) once and switches its hook on and off by ``dict[key] = hook`` /
@@ -184,7 +183,6 @@ def test_finding_rewriting_a_unihook_key_runs_its_hook_twice_and_after_removal()
     assert (during, after) == ((["wrapped", "u"], 1, 1), ([], True))
 
 
-@pytest.mark.xfail(strict=True, reason="helper-89's FINDING 1: open (see README, Threads)")
 @pytest.mark.skipif(not MS_PY.exists(), reason="no MindSpore venv")
 def test_finding_1_and_4_on_mindspore_too() -> None:
     """MindSpore's buffer hooks (HookHandle.unique_id keys): the same two results."""
@@ -267,7 +265,7 @@ def test_finding_fullgraph_compile_of_a_buffer_registration_with_a_unihook_hook(
 @pytest.mark.parametrize(
     "op",
     [
-        pytest.param("move_to_end", marks=pytest.mark.xfail(strict=True, reason="FINDING 6: open")),
+        "move_to_end",
         "reversed",
         "or",
         "eq_is_ordered",

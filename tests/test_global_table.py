@@ -6,6 +6,7 @@ hooks; nothing keeps a removed hook alive."""
 from __future__ import annotations
 
 import gc
+import random
 import weakref
 from collections import OrderedDict
 from typing import Any
@@ -71,3 +72,80 @@ def test_native_handles_order_and_the_dict_put_back(what: str) -> None:
     assert gone() is None  # (kept by nothing: not by the table, which lives on)
     assert not _global_table._tables[id(torch_module), attr].own
     assert getattr(torch_module, attr) is origin and not origin
+
+
+_OPS = ("native", "unihook", "remove", "rewrite", "reinsert", "move", "fire")
+
+
+def _play(ops: list[tuple[str, int, bool]], *, oracle: bool) -> tuple[list[list[str]], list[str]]:
+    """`ops` on torch's buffer registration hooks; unihook's registrations made natively when
+    `oracle` (torch's own dict is then the reference: every hook runs in insertion order). The
+    calls of each registration, and the native hooks left once unihook's went."""
+    attr = "_global_buffer_registration_hooks"
+    origin = getattr(torch_module, attr)
+    log: list[str] = []
+    fired: list[list[str]] = []
+    handles: list[tuple[str, Any]] = []  # (tag, handle), alive ones
+
+    def logging(tag: str) -> Any:
+        return lambda module, name, value: log.append(tag)
+
+    holder = torch.nn.Module()
+    try:
+        for n, (op, i, last) in enumerate(ops):
+            natives = [(t, h) for t, h in handles if t.startswith("n")]
+            if op == "native" or (op == "unihook" and oracle):
+                tag = f"{op[0]}{n}"
+                handles.append(
+                    (tag, torch_module.register_module_buffer_registration_hook(logging(tag)))
+                )
+            elif op == "unihook":
+                tag = f"u{n}"
+                handle = unihook.register_module_buffer_registration_hook(
+                    logging(tag), backend="torch"
+                )
+                handles.append((tag, handle))
+            elif op == "remove" and handles:
+                tag, handle = handles.pop(i % len(handles))
+                handle.remove()
+            elif op in ("rewrite", "reinsert") and natives:
+                tag, handle = natives[i % len(natives)]
+                d = getattr(torch_module, attr)
+                if op == "reinsert":  # (a library switching its hook off and on under its key)
+                    del d[handle.id]
+                d[handle.id] = logging(tag)
+            elif op == "move" and natives:
+                getattr(torch_module, attr).move_to_end(natives[i % len(natives)][1].id, last)
+            elif op == "fire":
+                log.clear()
+                holder.register_buffer(f"b{n}", torch.ones(1))
+                fired.append(list(log))
+        for tag, handle in handles:
+            if tag.startswith("u"):
+                handle.remove()
+        assert getattr(torch_module, attr) is origin
+        log.clear()
+        holder.register_buffer("last", torch.ones(1))
+        left = list(log)
+        for _, handle in handles:
+            handle.remove()
+        assert getattr(torch_module, attr) is origin and not origin
+    finally:  # (a failure leaves torch as it was for the next tests)
+        for _, handle in handles:
+            handle.remove()
+    return fired, left
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_order_is_the_order_hooks_went_in_as_in_torchs_dict(seed: int) -> None:
+    """Generated sequences of native and unihook registrations, removals, a library's rewrites
+    of a key, a key deleted and put in again, and ``move_to_end``: each registration runs the
+    hooks in the order torch's own dict would, unihook's registered natively as the oracle,
+    and the native hooks left when unihook's went are in that order too."""
+    rng = random.Random(seed)
+    for _ in range(150):
+        ops = [
+            (rng.choice(_OPS), rng.randrange(10), rng.random() < 0.5)
+            for _ in range(rng.randrange(1, 30))
+        ]
+        assert _play(ops, oracle=False) == _play(ops, oracle=True), ops

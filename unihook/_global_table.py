@@ -10,11 +10,12 @@ same). So unihook never changes a dict such a loop may be reading. While it has 
 the module attribute holds the `GlobalTable` of that attribute in place of the dict it found
 (the origin), which keeps holding the native hooks, alone:
 
-- unihook's hooks are in the table only; ``values()`` is a snapshot of both, merged by key
-  (the framework's handle ids, from one counter: registration order, as the framework's own
-  loop, unless a library inserts a hook under a key it took earlier), so a loop reads the
-  hooks there were as it started, whatever changes meanwhile (as torch's forward hooks, which
-  it snapshots at each call);
+- unihook's hooks are in the table only; ``values()`` is a snapshot of both in insertion
+  order, as the framework's own loop reads its dict: the table keeps the order of the keys it
+  saw go in (the origin's when it was installed, then each one put through it; a key put in
+  again after its removal goes last, ``move_to_end`` moves it), and a native key put straight
+  into the origin meanwhile goes last. A loop reads the hooks there were as it started,
+  whatever changes meanwhile (as torch's forward hooks, which it snapshots at each call);
 - every native change made through the table (a handle made on it, ``pop``, ``clear``) is one
   change of the origin, and a native registration or removal made straight on the origin (a
   handle older than the table, or a registration that read the attribute before the table
@@ -48,10 +49,29 @@ class GlobalTable(MutableMapping[int, Any]):
         self.own: dict[int, Any] = {}  # unihook's hooks, in registration order
         self._origin: OrderedDict[int, Any] | None = origin  # strong while installed
         self._origin_ref = weakref.ref(origin)
+        # the keys, native and unihook's, in the order they went in (replaced whole, never
+        # changed in place, by the writers, who hold the framework's or unihook's lock or the
+        # GIL: a loop's snapshot reads one order); a key gone from both dicts is skipped
+        self._order: dict[Any, None] = dict.fromkeys(key for key, _ in _snapshot(origin.items))
 
     def attach(self, origin: OrderedDict[int, Any]) -> None:
-        """Stand for `origin` (installed)."""
+        """Stand for `origin` (installed): its hooks first, in its order, then unihook's."""
         self._origin, self._origin_ref = origin, weakref.ref(origin)
+        found = (*_snapshot(origin.items), *_snapshot(self.own.items))
+        self._order = dict.fromkeys(key for key, _ in found)
+
+    def add(self, key: int, hook: Any) -> None:
+        """One of unihook's hooks, last."""
+        self.own[key] = hook
+        self._put_last(key)
+
+    def _put_last(self, key: Any) -> None:
+        order = self._order
+        if len(order) > 2 * (len(self.own) + len(self.origin)) + 16:  # keys removed elsewhere
+            order = {k: None for k in order if k in self.own or k in self.origin}
+        order = {k: None for k in order if k != key}
+        order[key] = None
+        self._order = order
 
     def detach(self) -> OrderedDict[int, Any]:
         """`origin`, which goes back; the table no longer keeps it alive (a library may drop
@@ -68,20 +88,19 @@ class GlobalTable(MutableMapping[int, Any]):
         return OrderedDict() if origin is None else origin
 
     def items_now(self) -> tuple[tuple[Any, Any], ...]:
-        """The hooks, native and unihook's, in registration order (a snapshot): each of
-        unihook's goes before the first native key that is a larger int (a key of another
-        type, a library's own, keeps its place among the native ones). A plain loop: dynamo
+        """The hooks, native and unihook's, in the order they went in (a snapshot; a native key
+        put straight into the origin, not through the table, last). A plain loop: dynamo
         traces it where a compiled function registers a buffer (fullgraph too)."""
-        native = _snapshot(self.origin.items)
-        own = _snapshot(self.own.items)
+        native = dict(_snapshot(self.origin.items))
+        own = dict(_snapshot(self.own.items))
         merged: list[tuple[Any, Any]] = []
-        i = 0
-        for key, value in native:
-            while i < len(own) and type(key) is int and own[i][0] < key:
-                merged.append(own[i])
-                i += 1
-            merged.append((key, value))
-        merged.extend(own[i:])
+        for key in tuple(self._order):
+            if key in own:
+                merged.append((key, own.pop(key)))
+            elif key in native:
+                merged.append((key, native.pop(key)))
+        merged.extend(native.items())
+        merged.extend(own.items())
         return tuple(merged)
 
     def values(self) -> tuple[Any, ...]:  # type: ignore[override]
@@ -94,16 +113,31 @@ class GlobalTable(MutableMapping[int, Any]):
 
     def __setitem__(self, key: int, value: Any) -> None:
         # a native registration (the framework's handle is made on this table, then this), or
-        # a library rewriting a hook in place (a profiler wrapping each: unihook's stay here)
+        # a library rewriting a hook in place (a profiler wrapping each: unihook's stay here):
+        # a key already in keeps its place, a new one goes last (as in an OrderedDict)
         if key in self.own:
             self.own[key] = value
-        else:
-            self.origin[key] = value
+            return
+        new = key not in self.origin
+        self.origin[key] = value
+        if new:
+            self._put_last(key)
 
     def __delitem__(self, key: int) -> None:
         # a native handle's removal, or pop / popitem / clear (MutableMapping's, through this)
         if self.origin.pop(key, self) is self and self.own.pop(key, self) is self:
             raise KeyError(key)
+        self._order = {k: None for k in self._order if k != key}
+
+    def move_to_end(self, key: int, last: bool = True) -> None:
+        """As OrderedDict's: `key` runs last (first with ``last=False``); a native key moves in
+        the origin too, which goes back in that order."""
+        if key not in self:
+            raise KeyError(key)
+        if key in self.origin:
+            self.origin.move_to_end(key, last)
+        rest = {k: None for k in self._order if k != key}
+        self._order = {**rest, key: None} if last else {key: None, **rest}
 
     def __contains__(self, key: object) -> bool:
         return key in self.origin or key in self.own
@@ -177,9 +211,10 @@ def add_to_global_table(
             table = _tables[id(owner), attr] = GlobalTable(getattr(owner, attr))
         tables.append(table)
         keys.append(new_key(table))
-        table.own[keys[0]] = hook
         found = getattr(owner, attr)
         if found is not table:
             table.attach(found)  # (the same dict, unless a library put another one there)
+        table.add(keys[0], hook)
+        if found is not table:
             setattr(owner, attr, table)
     return remove

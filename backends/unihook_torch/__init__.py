@@ -117,7 +117,10 @@ def _watched(kind: str, register: Callable[[], Callable[[], object]]) -> Handle:
     it lives, dynamo guards on hook dicts (torch.compile: a hook added after compiling
     recompiles). It goes in and out while no other thread is in one of dynamo's live loops
     over a module's hook dicts, where a change failed the compiled call: see
-    `_compile.hooks_changeable`."""
+    `_compile.hooks_changeable`. Made inside a compiled function, it is made outside dynamo,
+    with a graph break (under fullgraph=True, the error says why), as a global hook is."""
+    if _dynamo_tracing():
+        return _outside_compiler(partial(_watched, kind, register), "module_registration")
     from ._compile import hooks_changeable, watch_hooks
 
     with hooks_changeable():

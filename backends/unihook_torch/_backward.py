@@ -21,7 +21,6 @@ from torch.utils.hooks import RemovableHandle
 from unihook.backend import (
     Autograd,
     Dispatchers,
-    Pinned,
     Site,
     add_global_backward_hook,
     check_grad_like,
@@ -31,7 +30,7 @@ from unihook.handles import Handle
 
 from . import NAME
 from ._alias import InputAlias, changed, guard, mark, span, use, watch, watch_inputs
-from ._compile import EagerUnderCompile, outside_dynamo
+from ._compile import EagerUnderCompile, WatchedPinned, outside_dynamo
 from ._global import TORCH_CALL_CODE, WRAPPER_CODES
 
 Grads = Sequence[Any]
@@ -312,7 +311,9 @@ class TorchAutograd(Autograd):
         pre, post = EagerUnderCompile(pre), EagerUnderCompile(post)
         hooks = (("_forward_pre_hooks", pre), ("_forward_hooks", post))
         always = "_forward_hooks_always_called"
-        return Pinned.install(module, hooks, always, _TorchDispatchers.new_id, _TorchDispatchers)
+        return WatchedPinned.install(
+            module, hooks, always, _TorchDispatchers.new_id, _TorchDispatchers
+        )
 
 
 _AUTOGRAD = TorchAutograd()

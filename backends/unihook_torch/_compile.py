@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from unihook.backend import (
+    Pinned,
     RegistryLock,
     cancel_when_imported,
     undo_if_unfinished,
@@ -41,6 +42,7 @@ from unihook.backend import (
 
 __all__ = [
     "EagerUnderCompile",
+    "WatchedPinned",
     "compiles_held",
     "forget_compiled",
     "hooks_changeable",
@@ -80,6 +82,11 @@ ESCAPE_REASONS = {
         "unihook registers a global hook made inside a compiled function outside dynamo, with "
         "a graph break: torch.compile(fullgraph=True) cannot take that registration; register "
         "the hook before calling the compiled function, or compile without fullgraph"
+    ),
+    "module_registration": (
+        "unihook registers a module hook made inside a compiled function outside dynamo, with a "
+        "graph break: torch.compile(fullgraph=True) cannot take that registration; register the "
+        "hook before calling the compiled function, or compile without fullgraph"
     ),
     "removal": (
         "unihook removes a hook (Handle.remove) inside a compiled function outside dynamo, "
@@ -408,6 +415,25 @@ def hooks_changeable() -> Iterator[None]:
 
 # the longest a hook change waits for another thread to leave dynamo's loop over hook dicts
 _WAIT = 1.0
+
+
+class WatchedPinned(Pinned):
+    """Backward dispatchers pinned in a module's hook dicts, which go in (lazily, at a call's
+    start, for the global hooks) and out (at the end of the last call of a removed state) while
+    no other thread is in one of dynamo's loops over hook dicts, as a hook does: a
+    `hooks_changeable` change (helper-90's FINDING 7: a call ending on one thread failed the
+    compiled call tracing on another)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def install(cls, *args: Any, **kwargs: Any) -> Pinned:
+        with hooks_changeable():
+            return super().install(*args, **kwargs)
+
+    def remove(self) -> None:
+        with hooks_changeable():
+            super().remove()
 
 
 def _running_elsewhere(codes: set[Any]) -> bool:

@@ -90,8 +90,8 @@ def _pin(module: Any) -> None:
                 hooks = (("_forward_pre_hooks", _dispatch[2]), ("_forward_hooks", _dispatch[3]))
                 always = "_forward_hooks_always_called"
                 # (a shallow copy of a module they are pinned in shares its dicts: it has them)
-                shared = Pinned.find(module, hooks, always, access)
-                pinned = shared or Pinned.install(
+                shared = _compile.WatchedPinned.find(module, hooks, always, access)
+                pinned = shared or _compile.WatchedPinned.install(
                     module, hooks, always, access.new_id, access, tail=True
                 )
                 try:
