@@ -65,14 +65,17 @@ FINDINGS (strict xfails below), by severity:
    route) shows without the new check: ``self.kept = self.fc(x); return self.kept`` and the
    caller also using ``inner.kept``: 13.42 vs 4.47, silently (older than edef0ac; noted, not
    pinned separately). Expected: `inner` absent from the step (or 10.0).
-3. (medium: silently wrong norm) a state changed in place inside the call and returned:
+3. FIXED where the module keeps the state itself (`self.mem`, as here: `monitor._kept`, since
+   helper-77's FINDINGS 1 and 2); open for a state kept in a list or on another object.
+   (medium: silently wrong norm) a state changed in place inside the call and returned:
    ``self.mem.add_(1); return self.mem`` (or ``self.mem[0] = 0.0``), the caller also using
    `h` after the call (``2 * inner(x).sum() + 3 * h.sum()``): the in-place op gives `mem` a
    node made during the call, so `made_before` is False: recorded 22.36 (5 x sqrt(20)) where
    the native grad_output norm is 8.94. Native hooks are defined here (the state is not an
    argument, so no BackwardHookFunction view is modified in place). Expected: left out (the
    returned tensor is the state object made before the call) or 8.94.
-4. (low-medium: silently wrong norm) a view of a state made before the call whose base was
+4. FIXED where the module keeps the view itself (as 3); open elsewhere. (low-medium: silently
+   wrong norm) a view of a state made before the call whose base was
    changed in place before the call: ``v = h[:2]; h.mul_(2); inner.mem = v``, inner returning
    `v`, the caller also using `v` after the call: `v.grad_fn` is stale and torch regenerates
    it lazily at its first read, which is `made_before`'s own read inside `_record`, so the
@@ -573,7 +576,6 @@ class _InPlace(nn.Module):
         return 2.0 * self.inner(x).sum() + 3.0 * h.sum()
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 3: a state changed in place in the call")
 @pytest.mark.parametrize("how", ["add_", "setitem"])
 def test_finding3_a_state_changed_in_place_and_returned(how: str) -> None:
     torch.manual_seed(0)
@@ -609,7 +611,6 @@ def test_held_a_stale_view_read_before_the_call_is_left_out() -> None:
     assert "inner" not in step and any("made before the call" in s for s in said), said
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 4: a stale view's node is remade at the read")
 def test_finding4_a_view_whose_base_changed_in_place_before_the_call() -> None:
     torch.manual_seed(0)
     model = _StaleView(False)

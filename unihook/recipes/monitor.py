@@ -10,7 +10,7 @@ import math
 import sys
 import warnings
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from threading import get_ident
 from types import SimpleNamespace
@@ -70,6 +70,11 @@ _RETURNED_AGAIN = (
     "returned a tensor that a later call returned again (a state it kept), whose gradient "
     "sums both calls' uses"
 )
+_KEPT = (
+    "returned a tensor it also keeps (an attribute, `self.out = ...`, or an entry of a dict "
+    "attribute; or a module inside it kept it), whose gradient sums every use of it, also "
+    "where that attribute is read"
+)
 _FROM_ANOTHER = (
     "returned a tensor twice or one computed from another (or the backend cannot tell which), "
     "whose gradient sums its use inside the call with the caller's"
@@ -124,6 +129,7 @@ class _Step:
         "dropping",
         "grad_sync",
         "hooked",
+        "kept",
         "__weakref__",  # (a backend may hold `drop_leaves` weakly until a backward ends)
     )
 
@@ -131,6 +137,9 @@ class _Step:
         # the output tensors hooked, by id: the names their hook adds to, and the calls
         # started by then (see `_record`, `_unhook_earlier`)
         self.hooked: dict[int, tuple[weakref.ref[Any], list[str], int]] = {}
+        # the outputs left out as kept by the module that made them (`_kept`), by id: a
+        # container returning one goes too
+        self.kept: dict[int, weakref.ref[Any]] = {}
         self.norms: dict[str, float] = {}
         self.squares: dict[str, float] = {}  # this rank's, over every backward of the forward
         self.logged = False  # in `history` once its first gradient arrived
@@ -486,6 +495,11 @@ class GradientMonitor(Synced):
             self._left_out(name, _MADE_BEFORE)
             self._unhook_earlier(step, tensors, started)
             return
+        if _kept(module, tensors, step.kept):
+            for tensor in tensors:
+                step.kept[id(tensor)] = weakref.ref(tensor)
+            self._left_out(name, _KEPT)
+            return
         if len(tensors) > 1 and _one_from_another(tensors, marks):
             self._left_out(name, _FROM_ANOTHER)
             return
@@ -804,6 +818,29 @@ def _stack_depth() -> int:
     while frame is not None:
         frame, depth = frame.f_back, depth + 1
     return depth
+
+
+def _kept(module: Any, tensors: Sequence[Any], kept: dict[int, weakref.ref[Any]]) -> bool:
+    """Whether `module` keeps one of `tensors`, its outputs, as an attribute or an entry of a
+    dict attribute (paddle files a tensor attribute among its buffers), or a module inside it
+    kept one (`kept`): then whoever reads it later (the caller, a later module: helper-77's
+    FINDINGS 1 and 2) adds to the gradient its hook sees, where torch's hook on the call sees
+    only what comes through the output it returned. Not seen: a tensor kept in a list, on
+    another object, or computed from the output. (By id: `tensors` are alive, so an equal id
+    is the same object. About 3 us a call. A leaf, a parameter it returns, is `_record`'s.)"""
+    ids = {id(t) for t in tensors if not ops.is_leaf(t)}
+    if kept and any(key in kept and id(kept[key]()) == key for key in ids):
+        return True
+    values = list(getattr(module, "__dict__", {}).values())
+    if not ids.isdisjoint(map(id, values)):
+        return True
+    for value in values:
+        if type(value) in _DICTS and value and not ids.isdisjoint(map(id, list(value.values()))):
+            return True
+    return False
+
+
+_DICTS = (dict, OrderedDict)
 
 
 def _one_from_another(tensors: Sequence[Any], marks: _Marks) -> bool:
