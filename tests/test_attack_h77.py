@@ -71,7 +71,9 @@ FINDINGS (strict xfails below), by severity:
    left out before its hook is placed (an nn.Identity under the same `where`) gives
    ``history == []``; the distributed merge pops such an empty entry "as one process".
    Expected: no entry.
-5. (low: silently wrong norm; README narrower than the fault, same root as helper-61's pinned
+5. FIXED (`GradientMonitor._inner_output`: a call returning the output of a call inside it
+   that is not the last one hooked is left out with the warning). (low: silently wrong norm;
+   README narrower than the fault, same root as helper-61's pinned
    xfail) a container returning a child's output that it also fed to a LATER child
    (``h = self.a(x); self.aux = self.b(h); return h``; caller ``2 * p(x).sum() + 5 *
    p.aux.sum()``): `h` is not the last child's output, so 'p' gets a hook of its own, which
@@ -552,7 +554,6 @@ class _AuxTop(nn.Module):
         return out
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 5: a non-last child's output read inside")
 def test_container_returning_a_non_last_childs_output_it_read() -> None:
     torch.manual_seed(0)
     model = _AuxTop()

@@ -547,10 +547,11 @@ print([sorted(k for k in e if k.endswith('.id')) for e in mon.history])
 """
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="FINDING 3: torch.compile: nn.Identity's sum recorded in the first step",
+)
 def test_compiled_identity_left_out_from_the_first_step() -> None:
-    """FINDING 3's repro passes since 2026-12-02 (`monitor._kept` changed which of the
-    monitor's frames dynamo compiles before its recompile limit); the cause, a monitor hook
-    traced by dynamo in the first step, is not removed (README)."""
     assert last_value(run_code(COMPILED, timeout=150)) == [[], [], []]
 
 

@@ -10,7 +10,7 @@ import math
 import sys
 import warnings
 import weakref
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Mapping
 from threading import get_ident
 from types import SimpleNamespace
@@ -75,6 +75,10 @@ _KEPT = (
     "attribute; or a module inside it kept it), whose gradient sums every use of it, also "
     "where that attribute is read"
 )
+_FROM_INSIDE = (
+    "returned the output of a call inside it that a later call inside it got as an argument, "
+    "whose gradient sums that use with the caller's"
+)
 _FROM_ANOTHER = (
     "returned a tensor twice or one computed from another (or the backend cannot tell which), "
     "whose gradient sums its use inside the call with the caller's"
@@ -130,6 +134,8 @@ class _Step:
         "grad_sync",
         "hooked",
         "kept",
+        "left",
+        "consumed",
         "__weakref__",  # (a backend may hold `drop_leaves` weakly until a backward ends)
     )
 
@@ -137,9 +143,15 @@ class _Step:
         # the output tensors hooked, by id: the names their hook adds to, and the calls
         # started by then (see `_record`, `_unhook_earlier`)
         self.hooked: dict[int, tuple[weakref.ref[Any], list[str], int]] = {}
-        # the outputs left out as kept by the module that made them (`_kept`), by id: a
-        # container returning one goes too
-        self.kept: dict[int, weakref.ref[Any]] = {}
+        # the outputs left out as kept by the module that made them (`_kept`), by id, and the
+        # calls started by then: a container returning one goes too, and a later call
+        # returning one was made before it (`_hooked_before`)
+        self.kept: dict[int, tuple[weakref.ref[Any], int]] = {}
+        # the modules left out of this forward (`_left_out`): a call of one that was recorded
+        # is not its grad_output alone (helper-92's FINDING 6)
+        self.left: set[str] = set()
+        # the tensors calls got as arguments, by id: the latest such call's start (`_started`)
+        self.consumed: dict[int, int] = {}
         self.norms: dict[str, float] = {}
         self.squares: dict[str, float] = {}  # this rank's, over every backward of the forward
         self.logged = False  # in `history` once its first gradient arrived
@@ -263,6 +275,9 @@ class GradientMonitor(Synced):
         # names (see `_unhook_earlier`; `_Step.hooked` has the running forward's)
         self._earlier: dict[int, tuple[weakref.ref[Any], list[str]]] = {}
         self._prune_at = 256  # (see `_keep_hooked`)
+        # the outputs earlier forwards kept (`_kept`), still alive, by id (`_keep_hooked`)
+        self._kept_before: dict[int, weakref.ref[Any]] = {}
+        self._kept_prune_at = 256
 
         def hooks(group: HookGroup) -> None:
             group.add("", register_forward_pre_hook(model, self._new_step, with_kwargs=True))
@@ -462,6 +477,9 @@ class GradientMonitor(Synced):
                 marks[id(t)] = (weakref.ref(t), ops.change_mark(t, settled=settled))
                 settled = False
         self._started += 1
+        consumed = self._step.consumed
+        for key in marks:  # (`_inner_output`)
+            consumed[key] = self._started
         call = (marks, ops.history_mark(module), self._started)
         self._versions.setdefault((get_ident(), name), []).append(call)
 
@@ -487,7 +505,12 @@ class GradientMonitor(Synced):
             call = step.calls[name] = step.calls.get(name, -1) + 1
         tensors = tensors_of(output, module)
         if _returns_an_input(tensors, marks):  # (that call only: said once)
+            last = self._last
             self._left_out(name, _RETURNED)
+            if last is not None and any(t is last[0] for t in tensors):
+                # passed on unchanged (a last nn.Identity, an eval Dropout): still the last
+                # output a container returning it shares (`_inner_output`)
+                self._last = last
             return
         # (made_before None: the backend cannot tell; an output an earlier call was hooked on
         # tells anyway)
@@ -497,8 +520,11 @@ class GradientMonitor(Synced):
             return
         if _kept(module, tensors, step.kept):
             for tensor in tensors:
-                step.kept[id(tensor)] = weakref.ref(tensor)
+                step.kept[id(tensor)] = (weakref.ref(tensor), self._started)
             self._left_out(name, _KEPT)
+            return
+        if self._inner_output(step, tensors, started):
+            self._left_out(name, _FROM_INSIDE)
             return
         if len(tensors) > 1 and _one_from_another(tensors, marks):
             self._left_out(name, _FROM_ANOTHER)
@@ -546,6 +572,14 @@ class GradientMonitor(Synced):
             earlier = {k: v for k, v in earlier.items() if v[1] and v[0]() is not None}
             self._earlier = earlier
             self._prune_at = 2 * len(earlier) + 256
+        # the outputs kept (`_kept`), which a later forward may return (helper-92's FINDING 9)
+        kept = self._kept_before
+        for key, (ref, _) in step.kept.items():
+            if ref() is not None:
+                kept[key] = ref
+        if len(kept) > self._kept_prune_at:
+            kept = self._kept_before = {k: r for k, r in kept.items() if r() is not None}
+            self._kept_prune_at = 2 * len(kept) + 256
 
     def _hooked_before(
         self, step: _Step, tensors: Sequence[Any], marks: _Marks, started: int
@@ -564,10 +598,40 @@ class GradientMonitor(Synced):
             found = step.hooked.get(key)
             if found is None or found[0]() is not tensor or found[2] >= started:
                 before = self._earlier.get(key)
-                if before is None or before[0]() is not tensor:
+                if (before is None or before[0]() is not tensor) and not self._kept_earlier(
+                    step, tensor, started
+                ):
                     continue
             argument = marks.get(key)
             if (argument is None or argument[0]() is not tensor) and not ops.is_leaf(tensor):
+                return True
+        return False
+
+    def _kept_earlier(self, step: _Step, tensor: Any, started: int) -> bool:
+        """Whether a call before the `started`-th, of this forward or an earlier one, kept
+        `tensor` (`_kept`: left out, so not hooked)."""
+        kept = step.kept.get(id(tensor))
+        if kept is not None and kept[0]() is tensor and kept[1] < started:
+            return True
+        ref = self._kept_before.get(id(tensor))
+        return ref is not None and ref() is tensor
+
+    def _inner_output(self, step: _Step, tensors: Sequence[Any], started: int) -> bool:
+        """Whether a call (the `started`-th) returns an output of a call inside it that a
+        later call inside it got as an argument (``h = self.a(x); self.aux = self.b(h); return
+        h``): those uses reach the same tensor hook, which torch's hook on this call does not
+        see (helper-77's FINDING 5). The last output hooked, which a container returning its
+        last child's output shares (`_last`), came after every call (one passing it on
+        unchanged, an nn.Identity, keeps it the last); the uses by ops that are no module
+        call are not seen (`self.aux = (h * h).mean()`)."""
+        last = self._last
+        for tensor in tensors:
+            if last is not None and last[0] is tensor:
+                continue
+            found = step.hooked.get(id(tensor))
+            if found is None or found[0]() is not tensor or found[2] < started:
+                continue  # (not a call inside this one's: `_hooked_before`)
+            if step.consumed.get(id(tensor), -1) > found[2]:
                 return True
         return False
 
@@ -608,6 +672,7 @@ class GradientMonitor(Synced):
         ops through it (paddle, MindSpore) and make torch raise where it ran, so the call is
         left out of the history, said once per module."""
         self._last = None
+        self._step.left.add(name)
         if name not in self._returning:
             self._returning.add(name)
             warnings.warn(
@@ -626,6 +691,8 @@ class GradientMonitor(Synced):
             return
         if not names and step.world is None:
             return  # (its calls were left out after the hook was placed: _unhook_earlier)
+        if step.left and not step.left.isdisjoint(names):  # (another call of it was left out)
+            names = [name for name in names if name not in step.left]
         if not step.logged or step.world is not None or step.leaves:
             self._merge_at_end(step, grad)  # (ranks: also for a left-out call's, to merge)
         if not names:
@@ -820,27 +887,36 @@ def _stack_depth() -> int:
     return depth
 
 
-def _kept(module: Any, tensors: Sequence[Any], kept: dict[int, weakref.ref[Any]]) -> bool:
-    """Whether `module` keeps one of `tensors`, its outputs, as an attribute or an entry of a
-    dict attribute (paddle files a tensor attribute among its buffers), or a module inside it
-    kept one (`kept`): then whoever reads it later (the caller, a later module: helper-77's
-    FINDINGS 1 and 2) adds to the gradient its hook sees, where torch's hook on the call sees
-    only what comes through the output it returned. Not seen: a tensor kept in a list, on
-    another object, or computed from the output. (By id: `tensors` are alive, so an equal id
-    is the same object. About 3 us a call. A leaf, a parameter it returns, is `_record`'s.)"""
-    ids = {id(t) for t in tensors if not ops.is_leaf(t)}
-    if kept and any(key in kept and id(kept[key]()) == key for key in ids):
-        return True
+def _kept(
+    module: Any, tensors: Sequence[Any], kept: dict[int, tuple[weakref.ref[Any], int]]
+) -> bool:
+    """Whether `module` keeps one of `tensors`, its outputs, as an attribute or an item of a
+    dict, list or tuple attribute (paddle files a tensor attribute among its buffers; an RNN
+    its state as a tuple), or a module inside it kept one (`kept`): then whoever reads it
+    later (the caller, a later module: helper-77's FINDINGS 1 and 2) adds to the gradient its
+    hook sees, where torch's hook on the call sees only what comes through the output it
+    returned. Not seen: a tensor kept deeper (a dict in a dict), in a container of more than
+    `_LOOKED` items, on another object, by a hook that runs after the monitor's, or a view
+    or copy of the output. (By id: `tensors` are alive, so an equal id is the same object.
+    A few us a call. A leaf, a parameter it returns, is `_record`'s: asked only of a tensor
+    found, as under torch.compile that read breaks the graph.)"""
+    ids = {id(t) for t in tensors}
+    found = {key for key in ids if key in kept and id(kept[key][0]()) == key}
     values = list(getattr(module, "__dict__", {}).values())
-    if not ids.isdisjoint(map(id, values)):
-        return True
+    found.update(ids.intersection(map(id, values)))
     for value in values:
-        if type(value) in _DICTS and value and not ids.isdisjoint(map(id, list(value.values()))):
-            return True
-    return False
+        if isinstance(value, dict):
+            if value and len(value) <= _LOOKED:
+                found.update(ids.intersection(map(id, list(value.values()))))
+        elif type(value) in _SEQUENCES and value and len(value) <= _LOOKED:
+            found.update(ids.intersection(map(id, value)))
+    return bool(found) and any(id(t) in found and not ops.is_leaf(t) for t in tensors)
 
 
-_DICTS = (dict, OrderedDict)
+# the containers `_kept` looks in, up to `_LOOKED` items (a vocabulary dict of 100,000
+# entries cost 7 ms a call: helper-92's FINDING 8)
+_SEQUENCES = (list, tuple)
+_LOOKED = 256
 
 
 def _one_from_another(tensors: Sequence[Any], marks: _Marks) -> bool:
