@@ -50,7 +50,7 @@ test:
 # the two halves then take about as long (19:22 and 22:20 with h56 here, 2026-12-01)
 ATTACKS := tests/test_attack_h57.py tests/test_attack_h58.py \
 	tests/test_attack_h61.py tests/test_attack_h64.py tests/test_attack_h67.py tests/test_attack_h68.py \
-	tests/test_attack_h71.py tests/test_attack_h72.py tests/test_attack_h73.py
+	tests/test_attack_h71.py tests/test_attack_h72.py tests/test_attack_h73.py tests/test_attack_h91.py
 
 # the slowest tests each step lists (`make test DURATIONS=150` to see where the time goes)
 DURATIONS ?= 15

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, MutableMapping
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, MutableMapping
 from typing import Any, Callable
 
 from ._locks import RegistryLock, undo_if_unfinished
@@ -53,6 +53,9 @@ class GlobalTable(MutableMapping[int, Any]):
         # changed in place, by the writers, who hold the framework's or unihook's lock or the
         # GIL: a loop's snapshot reads one order); a key gone from both dicts is skipped
         self._order: dict[Any, None] = dict.fromkeys(key for key, _ in _snapshot(origin.items))
+        # unihook's keys whose handles live: one a library takes out and puts back
+        # (``d[k] = d.pop(k)``) stays unihook's, and goes with its handle (helper-91's FINDING 5)
+        self._mine: set[Any] = set()
 
     def attach(self, origin: OrderedDict[int, Any]) -> None:
         """Stand for `origin` (installed): its hooks first, in its order, then unihook's."""
@@ -62,8 +65,14 @@ class GlobalTable(MutableMapping[int, Any]):
 
     def add(self, key: int, hook: Any) -> None:
         """One of unihook's hooks, last."""
+        self._mine.add(key)
         self.own[key] = hook
         self._put_last(key)
+
+    def drop(self, key: int) -> None:
+        """One of unihook's hooks, gone with its handle."""
+        self._mine.discard(key)
+        self.own.pop(key, None)
 
     def _put_last(self, key: Any) -> None:
         order = self._order
@@ -115,8 +124,11 @@ class GlobalTable(MutableMapping[int, Any]):
         # a native registration (the framework's handle is made on this table, then this), or
         # a library rewriting a hook in place (a profiler wrapping each: unihook's stay here):
         # a key already in keeps its place, a new one goes last (as in an OrderedDict)
-        if key in self.own:
+        if key in self.own or key in self._mine:
+            new = key not in self.own
             self.own[key] = value
+            if new:
+                self._put_last(key)
             return
         new = key not in self.origin
         self.origin[key] = value
@@ -159,6 +171,25 @@ class GlobalTable(MutableMapping[int, Any]):
     def __or__(self, other: Any) -> OrderedDict[int, Any]:
         return self.copy() | other
 
+    def __ror__(self, other: Any) -> OrderedDict[int, Any]:
+        return OrderedDict(other) | self.copy()
+
+    def __ior__(self, other: Any) -> GlobalTable:
+        # in place, as OrderedDict's (a new dict would leave unihook's hooks in it as native
+        # ones, and a library's alias of the table unchanged: helper-91's FINDING 1)
+        self.update(other)
+        return self
+
+    def keys(self) -> KeysView[int]:  # (reversible, as an OrderedDict's)
+        return _Keys(self)
+
+    def items(self) -> ItemsView[int, Any]:
+        return _Items(self)
+
+    @classmethod
+    def fromkeys(cls, keys: Any, value: Any = None) -> OrderedDict[Any, Any]:
+        return OrderedDict.fromkeys(keys, value)
+
     def __len__(self) -> int:
         return len(self.origin) + len(self.own)
 
@@ -184,6 +215,17 @@ class GlobalTable(MutableMapping[int, Any]):
         return repr(self.copy())
 
 
+class _Keys(KeysView[int]):
+    def __reversed__(self) -> Iterator[int]:
+        return reversed(self._mapping)  # type: ignore[call-overload]
+
+
+class _Items(ItemsView[int, Any]):
+    def __reversed__(self) -> Iterator[tuple[int, Any]]:
+        mapping: Mapping[int, Any] = self._mapping
+        return iter(reversed(mapping.items_now()))  # type: ignore[attr-defined]
+
+
 def add_to_global_table(
     owner: Any, attr: str, hook: Callable[..., Any], new_key: Callable[[Any], int]
 ) -> Callable[[], None]:
@@ -200,7 +242,7 @@ def add_to_global_table(
         with _lock, _lock.mutex:
             for table in tables:
                 for key in keys:
-                    table.own.pop(key, None)
+                    table.drop(key)
                 if not table.own and getattr(owner, attr) is table:
                     setattr(owner, attr, table.detach())
 
