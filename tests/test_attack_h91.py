@@ -63,7 +63,8 @@ FINDINGS (strict xfails below for those open; each asserts the right behaviour):
    ``reversed(d.items())``, ``reversed(d.values())`` (values() is a tuple: fine) raise
    TypeError, ``{} | d`` raises TypeError, ``d.fromkeys`` is missing; all work on torch's
    OrderedDict (and so stop working only while unihook has a global registration hook).
-3. (high, latency) with ``torch._dynamo`` imported (any program that compiled anything, or
+3. (open; skipped unless UNIHOOK_SLOW_ATTACKS is set: timing-based) (high, latency) with
+   ``torch._dynamo`` imported (any program that compiled anything, or
    imported a library that imports dynamo) and ONE other thread running Python (a data
    loader's, a progress bar's), a training step that registers a unihook full backward hook,
    runs forward+backward and removes it takes ~100 ms instead of ~0.5 ms, the same step in
@@ -456,6 +457,11 @@ print(repr((before, after)))
 """
 
 
+@pytest.mark.skipif(
+    not os.environ.get("UNIHOOK_SLOW_ATTACKS"),
+    reason="FINDING 3 (open, README): timing-based (it passed in the MindSpore venv once); "
+    "UNIHOOK_SLOW_ATTACKS=1 runs it",
+)
 @pytest.mark.xfail(strict=True, reason="FINDING 3: ~100 ms per step beside a busy thread")
 def test_finding_3_a_step_with_a_backward_hook_beside_a_busy_thread_after_dynamo_import() -> None:
     from children import last_value, run_code
