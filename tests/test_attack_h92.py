@@ -82,7 +82,8 @@ with 1):
    holds for the older "returned its input unchanged" reason, said once per module). Expected:
    'k' absent from the step (drop the module's name for the whole step once one call of it is
    left out).
-7. (low: silently wrong norm) a non-parameter LEAF output kept (``y = self.fc(x).detach()
+7. FIXED (only the module's own parameters are exempt). (low: silently wrong norm) a
+   non-parameter LEAF output kept (``y = self.fc(x).detach()
    .requires_grad_(); self.out = y; return y``, the usual way to read an intermediate's
    ``.grad``): leaves are exempt from `_kept` (meant for a returned parameter), so 'l' records
    13.27 vs native 4.84, no warning. Expected: left out (exempt parameters only).
@@ -704,7 +705,6 @@ class _LeafUser(nn.Module):
         return self.t(self.l(x))
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 7: a kept non-parameter leaf is exempt")
 def test_finding7_kept_leaf_that_is_no_parameter() -> None:
     torch.manual_seed(0)
     model = _LeafUser()

@@ -898,8 +898,8 @@ def _kept(
     returned. Not seen: a tensor kept deeper (a dict in a dict), in a container of more than
     `_LOOKED` items, on another object, by a hook that runs after the monitor's, or a view
     or copy of the output. (By id: `tensors` are alive, so an equal id is the same object.
-    A few us a call. A leaf, a parameter it returns, is `_record`'s: asked only of a tensor
-    found, as under torch.compile that read breaks the graph.)"""
+    A few us a call. A parameter it returns is `_record`'s; a leaf that is none, kept, goes
+    (helper-92's FINDING 7). Its parameters are asked for only once a tensor was found.)"""
     ids = {id(t) for t in tensors}
     found = {key for key in ids if key in kept and id(kept[key][0]()) == key}
     values = list(getattr(module, "__dict__", {}).values())
@@ -910,7 +910,10 @@ def _kept(
                 found.update(ids.intersection(map(id, list(value.values()))))
         elif type(value) in _SEQUENCES and value and len(value) <= _LOOKED:
             found.update(ids.intersection(map(id, value)))
-    return bool(found) and any(id(t) in found and not ops.is_leaf(t) for t in tensors)
+    if not found:
+        return False
+    parameters = {id(p) for p, _, _ in ops.own_parameters(module)}
+    return any(id(t) in found and id(t) not in parameters for t in tensors)
 
 
 # the containers `_kept` looks in, up to `_LOOKED` items (a vocabulary dict of 100,000
