@@ -396,7 +396,8 @@ def hooks_changeable() -> Iterator[None]:
     """While a module's hooks change: no other thread is in one of dynamo's live loops over a
     module's hook dicts (``nn_module_get_all_hooks``, which its frame callback runs outside
     its compile lock for each frame it looks at, and ``get_items_from_dict``, which tracing
-    runs). A hook another thread registered or removed there failed the compiled call
+    runs), nor building a frame's guards (`CheckFunctionManager`, which reads hook dicts by
+    key: a KeyError). A hook another thread registered or removed there failed the compiled call
     ("OrderedDict mutated during iteration", or a KeyError; CI on ad2b675). Such a thread is
     waited for (microseconds; at most `_WAIT` seconds, then the change goes ahead as torch's
     own would). Neither dynamo's lock nor the GIL is held meanwhile: a finalizer that loop ran
@@ -407,6 +408,11 @@ def hooks_changeable() -> Iterator[None]:
     utils = getattr(dynamo, "utils", None)
     if utils is not None:
         reading = {utils.nn_module_get_all_hooks.__code__, utils.get_items_from_dict.__code__}
+        guards = getattr(dynamo, "guards", None)
+        if guards is not None:
+            # its guards read hook dicts by key: a hook removed meanwhile failed the compiled
+            # call with a KeyError (CI on b7d90c3, helper-80's held churn)
+            reading.add(guards.CheckFunctionManager.__init__.__code__)
         deadline = time.monotonic() + _WAIT
         while _running_elsewhere(reading) and time.monotonic() < deadline:
             time.sleep(0.0001)
