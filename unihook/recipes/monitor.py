@@ -71,9 +71,9 @@ _RETURNED_AGAIN = (
     "sums both calls' uses"
 )
 _KEPT = (
-    "returned a tensor it also keeps (an attribute, `self.out = ...`, or an entry of a dict "
-    "attribute; or a module inside it kept it), whose gradient sums every use of it, also "
-    "where that attribute is read"
+    "returned a tensor that a module of the model holds at the end of the forward (an "
+    "attribute, `self.out = ...`, or an item of a dict, list or tuple attribute, also one "
+    "level deeper), whose gradient sums every use of it, also where that attribute is read"
 )
 _FROM_INSIDE = (
     "returned the output of a call inside it that a later call inside it got as an argument, "
@@ -134,6 +134,7 @@ class _Step:
         "grad_sync",
         "hooked",
         "kept",
+        "shared",
         "left",
         "consumed",
         "__weakref__",  # (a backend may hold `drop_leaves` weakly until a backward ends)
@@ -143,10 +144,13 @@ class _Step:
         # the output tensors hooked, by id: the names their hook adds to, and the calls
         # started by then (see `_record`, `_unhook_earlier`)
         self.hooked: dict[int, tuple[weakref.ref[Any], list[str], int]] = {}
-        # the outputs left out as kept by the module that made them (`_kept`), by id, and the
-        # calls started by then: a container returning one goes too, and a later call
-        # returning one was made before it (`_hooked_before`)
+        # the outputs left out at the end of the forward as kept by a module (`_kept`), by
+        # id, and the calls started by then: a later call returning one was made before it
+        # (`_hooked_before`)
         self.kept: dict[int, tuple[weakref.ref[Any], int]] = {}
+        # the name lists of the other hooks on an output hooked again (a container returning
+        # it in a tuple), by id: `_kept` leaves them all out
+        self.shared: dict[int, list[list[str]]] = {}
         # the modules left out of this forward (`_left_out`): a call of one that was recorded
         # is not its grad_output alone (helper-92's FINDING 6)
         self.left: set[str] = set()
@@ -278,6 +282,8 @@ class GradientMonitor(Synced):
         # the outputs earlier forwards kept (`_kept`), still alive, by id (`_keep_hooked`)
         self._kept_before: dict[int, weakref.ref[Any]] = {}
         self._kept_prune_at = 256
+        # every module of the model, hooked or not: where `_kept` looks for kept outputs
+        self._holders = [held for _, held in ops.named_modules(inner)]
 
         def hooks(group: HookGroup) -> None:
             group.add("", register_forward_pre_hook(model, self._new_step, with_kwargs=True))
@@ -290,7 +296,9 @@ class GradientMonitor(Synced):
             # (after `_record`; also when the forward raised: a recursive call's inner call
             # must not leave its marks for the outer one)
             group.extend(attach(inner, self._after, where=where, always_call=True))
-            # registered after attach's hooks: the forward's outputs are all recorded
+            # registered after attach's hooks: the forward's outputs are all recorded (and
+            # kept, also by a user's hook on a module that runs after the monitor's)
+            group.add("", register_forward_hook(model, self._kept))
             group.add("", register_forward_hook(model, self._settle))
             group.add("", register_forward_hook(model, self._forget, always_call=True))
 
@@ -411,6 +419,36 @@ class GradientMonitor(Synced):
             if kind == SAMPLE:
                 del step.seen[key]
 
+    def _kept(self, module: Any, args: Any, output: Any) -> None:
+        """The end of a forward: an output hooked in it that a module of the model holds (an
+        attribute, ``self.out = y``; an item of a dict, list or tuple attribute, or of one
+        inside it: paddle files a tensor attribute among its buffers, an RNN its state as a
+        tuple) is read again wherever that is read (the caller, a later module, a loss over
+        captured features), and its gradient hook sums those uses, where torch's hook on the
+        call sees only what comes through the output returned (helper-77's FINDINGS 1 and 2).
+        Every call hooked on it is left out, a container returning it too. Looked for once the
+        forward ended, in every module (also those `where` leaves out: helper-92's FINDING 1),
+        so that a hook of the user's keeping an output after the monitor's ran is seen (its
+        FINDING 2); until 2026-12-02 each call looked in its own module. Not seen: an output
+        kept on another object, deeper, in a container of more than `_LOOKED` items, by a hook
+        on the model that runs after this one, or a view or copy of it kept. A module's own
+        parameter it returns is not kept (it is `_record`'s)."""
+        step = self._step
+        if not step.hooked or not ops.grad_enabled(module) or self._repeats(module):
+            return
+        for holder, key in _held(self._holders, step.hooked):
+            ref, names, _ = step.hooked[key]
+            tensor = ref()
+            if tensor is None or (
+                ops.is_leaf(tensor) and any(p is tensor for p, _, _ in ops.own_parameters(holder))
+            ):
+                continue
+            step.kept[key] = (ref, self._started)
+            for hooked in (names, *step.shared.get(key, ())):
+                for name in hooked:
+                    self._left_out(name, _KEPT)
+                hooked.clear()  # (its hook adds to no module now)
+
     def _decide_table(self, step: _Step, stamp: int) -> dict[Any, int]:
         """The ranks' decision of every output of `step`'s forward (one exchange of them)."""
         names = self._names
@@ -518,11 +556,6 @@ class GradientMonitor(Synced):
             self._left_out(name, _MADE_BEFORE)
             self._unhook_earlier(step, tensors, started)
             return
-        if _kept(module, tensors, step.kept):
-            for tensor in tensors:
-                step.kept[id(tensor)] = (weakref.ref(tensor), self._started)
-            self._left_out(name, _KEPT)
-            return
         if self._inner_output(step, tensors, started):
             self._left_out(name, _FROM_INSIDE)
             return
@@ -552,6 +585,9 @@ class GradientMonitor(Synced):
                     continue
             elif not ops.on_grad(tensor, hook):
                 continue  # no gradient will come (no_grad, or a constant output)
+            held = step.hooked.get(id(tensor))
+            if held is not None and held[0]() is tensor:  # (a container's tuple: see `_kept`)
+                step.shared.setdefault(id(tensor), []).append(held[1])
             step.hooked[id(tensor)] = (weakref.ref(tensor), names, self._started)
             if key is not None:
                 kind = self._slots.kind(key)
@@ -609,7 +645,7 @@ class GradientMonitor(Synced):
 
     def _kept_earlier(self, step: _Step, tensor: Any, started: int) -> bool:
         """Whether a call before the `started`-th, of this forward or an earlier one, kept
-        `tensor` (`_kept`: left out, so not hooked)."""
+        `tensor` (`_kept`: left out at the end of that forward)."""
         kept = step.kept.get(id(tensor))
         if kept is not None and kept[0]() is tensor and kept[1] < started:
             return True
@@ -887,38 +923,34 @@ def _stack_depth() -> int:
     return depth
 
 
-def _kept(
-    module: Any, tensors: Sequence[Any], kept: dict[int, tuple[weakref.ref[Any], int]]
-) -> bool:
-    """Whether `module` keeps one of `tensors`, its outputs, as an attribute or an item of a
-    dict, list or tuple attribute (paddle files a tensor attribute among its buffers; an RNN
-    its state as a tuple), or a module inside it kept one (`kept`): then whoever reads it
-    later (the caller, a later module: helper-77's FINDINGS 1 and 2) adds to the gradient its
-    hook sees, where torch's hook on the call sees only what comes through the output it
-    returned. Not seen: a tensor kept deeper (a dict in a dict), in a container of more than
-    `_LOOKED` items, on another object, by a hook that runs after the monitor's, or a view
-    or copy of the output. (By id: `tensors` are alive, so an equal id is the same object.
-    A few us a call. A parameter it returns is `_record`'s; a leaf that is none, kept, goes
-    (helper-92's FINDING 7). Its parameters are asked for only once a tensor was found.)"""
-    ids = {id(t) for t in tensors}
-    found = {key for key in ids if key in kept and id(kept[key][0]()) == key}
-    values = list(getattr(module, "__dict__", {}).values())
-    found.update(ids.intersection(map(id, values)))
+def _held(modules: Sequence[Any], wanted: Mapping[int, Any]) -> Iterator[tuple[Any, int]]:
+    """(module, id) for each object with an id in `wanted` that one of `modules` holds: as an
+    attribute, or an item of a dict, list or tuple attribute or of one inside it, containers
+    of at most `_LOOKED` items (a few us a module: by id, the objects found are alive)."""
+    keys = wanted.keys()
+    for module in modules:
+        ids: list[int] = []
+        _ids_within(list(getattr(module, "__dict__", {}).values()), _DEEPER, ids)
+        for key in keys & set(ids):
+            yield module, key
+
+
+def _ids_within(values: list[Any], deeper: int, ids: list[int]) -> None:
+    ids.extend(map(id, values))
+    if not deeper:
+        return
     for value in values:
         if isinstance(value, dict):
             if value and len(value) <= _LOOKED:
-                found.update(ids.intersection(map(id, list(value.values()))))
+                _ids_within(list(value.values()), deeper - 1, ids)
         elif type(value) in _SEQUENCES and value and len(value) <= _LOOKED:
-            found.update(ids.intersection(map(id, value)))
-    if not found:
-        return False
-    parameters = {id(p) for p, _, _ in ops.own_parameters(module)}
-    return any(id(t) in found and id(t) not in parameters for t in tensors)
+            _ids_within(list(value), deeper - 1, ids)
 
 
-# the containers `_kept` looks in, up to `_LOOKED` items (a vocabulary dict of 100,000
-# entries cost 7 ms a call: helper-92's FINDING 8)
+# the containers `_held` looks in, how many levels down and up to how many items (a vocabulary
+# dict of 100,000 entries cost 7 ms a call: helper-92's FINDING 8)
 _SEQUENCES = (list, tuple)
+_DEEPER = 2
 _LOOKED = 256
 
 

@@ -1,0 +1,93 @@
+"""GradientMonitor against torch's own module hooks: the oracle the monitor's tests share.
+
+The promise: a module's entry equals the norm of the grad_output torch's native
+``register_full_backward_pre_hook`` sees (over its calls), or the module is absent from the
+step and a RuntimeWarning containing "GradientMonitor" names it; never a silently wrong
+number."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any, Callable
+
+import pytest
+
+from unihook.recipes import GradientMonitor
+
+Loss = Callable[[Any, Any], Any]  # (model, output) -> scalar
+Prepare = Callable[[Any], Any]  # (model) -> what undoes it: e.g. a user's hooks on the model
+
+
+def native_norms(
+    model: Any, names: list[str], x: Any, loss: Loss, prepare: Prepare | None = None
+) -> dict[str, float]:
+    """torch's full backward pre-hooks on a deep copy (`prepare` applied to it first), each
+    grad_output's norm over the module's calls."""
+    ref = copy.deepcopy(model)
+    if prepare is not None:
+        prepare(ref)
+    seen: dict[str, float] = {}
+
+    def hook(name: str) -> Any:
+        def fn(module: Any, grad_output: Any) -> None:
+            squares = sum(float(g.double().pow(2).sum()) for g in grad_output if g is not None)
+            seen[name] = seen.get(name, 0.0) + squares
+
+        return fn
+
+    for name in names:
+        ref.get_submodule(name).register_full_backward_pre_hook(hook(name))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loss(ref, ref(x)).backward()
+    return {name: squares**0.5 for name, squares in seen.items()}
+
+
+def monitored(
+    model: Any,
+    x: Any,
+    loss: Loss,
+    prepare: Prepare | None = None,
+    first: bool = False,
+    **kwargs: Any,
+) -> tuple[dict[str, float], list[str]]:
+    """The monitor's last entry for one forward and backward of `model` (`prepare` applied
+    after the monitor was made, or before it if `first`, undone after), and the monitor's
+    warnings."""
+    undo = prepare(model) if prepare is not None and first else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        try:
+            with GradientMonitor(model, **kwargs) as monitor:
+                if prepare is not None and not first:
+                    undo = prepare(model)
+                loss(model, model(x)).backward()
+        finally:
+            if undo is not None:
+                undo()
+    said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
+    return (dict(monitor.history[-1]) if monitor.history else {}), said
+
+
+def broken(
+    model: Any,
+    names: list[str],
+    x: Any,
+    loss: Loss,
+    prepare: Prepare | None = None,
+    first: bool = False,
+    **kwargs: Any,
+) -> list[str]:
+    """The modules whose entry breaks the promise (see the module's docstring)."""
+    native = native_norms(model, names, x, loss, prepare)
+    step, said = monitored(model, x, loss, prepare, first, **kwargs)
+    found = []
+    for name in names:
+        if name in step:
+            want = native.get(name)
+            if want is None or step[name] != pytest.approx(want, rel=1e-5):
+                found.append(f"{name!r}: recorded {step[name]:.4f}, native {want}")
+        elif name in native and not any(repr(name) in s for s in said):
+            found.append(f"{name!r}: absent without a warning")
+    return found
