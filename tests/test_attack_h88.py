@@ -520,15 +520,17 @@ def test_held_hooks_that_raise_or_register_hooks_inside_a_registration() -> None
 
 def test_held_nothing_grows_over_cycles_and_old_handles_work() -> None:
     """Many install/put-back cycles, a native hook made in each tenure and kept: one table
-    per attribute, whatever the cycles; every old handle removes its hook."""
+    per dict, whatever the cycles; every old handle removes its hook."""
     origin = getattr(tm, ATTR)
     natives = []
+    tables = len(gt._tables)
     for _ in range(50):
         u = _uni(lambda m, n, v: None)
         natives.append(_native(lambda m, n, v: None))
         u.remove()
         gc.collect()
-    assert len(origin) == 50 and len(gt._tables) <= len(KINDS)
+    assert len(origin) == 50 and len(gt._tables) <= tables + 1
+    assert [key[1:] for key in gt._tables if key[2] == id(origin)] == [(ATTR, id(origin))]
     for h in natives:
         h.remove()
     assert not origin and getattr(tm, ATTR) is origin

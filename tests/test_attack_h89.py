@@ -60,9 +60,8 @@ def _fire(calls: list[str]) -> list[str]:
     return list(calls)
 
 
-# FINDINGS left open (README, Threads): a library that swaps torch's dict out around a
-# registration and puts the table back keeps the native hooks only in the dict it swapped out
-# (3). FINDING 1 and move_to_end: fixed (the table keeps the order keys went in).
+# FINDINGS 1 and move_to_end: fixed (the table keeps the order keys went in); 3: fixed (one
+# table per dict).
 
 
 @pytest.fixture(autouse=True)
@@ -120,35 +119,39 @@ def test_finding_a_non_int_key_in_the_dict_makes_every_registration_raise() -> N
 # --- FINDING 3: a library's save / swap / restore of the dict -----------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="helper-89's FINDING 3: open (see README, Threads)")
-def test_finding_swap_and_restore_around_a_unihook_registration_loses_native_hooks() -> None:
-    """A library that silences the global hooks for a while (``saved = module._global_...;
-    module._global_... = OrderedDict(); ...; module._global_... = saved``) while unihook has a
-    hook, and unihook registers another meanwhile: `add_to_global_table` rebinds the table's
-    origin to the library's temporary dict, so the restored `saved` (the table) now reads the
-    temporary one: the native hooks never fire again, and after unihook's last removal torch's
-    dict is the temporary one (the original, with its native hooks, is gone)."""
+def _swap_and_restore(register: Callable[..., Any]) -> tuple[list[str], bool, bool]:
+    """A native hook, then `register`'s u1; a library's quiet section (``saved = d; d =
+    OrderedDict(); ...; d = saved``) during which `register` makes u2; the hooks that fire
+    after it, whether torch's dict is back once u1 and u2 went, holding the native hook alone."""
     calls: list[str] = []
     origin = getattr(tm, ATTR)
     native = _native(_Rec(calls, "native"))
-    h1 = _uni(_Rec(calls, "u1"))
+    h1 = register(_Rec(calls, "u1"))
     saved = getattr(tm, ATTR)
     setattr(tm, ATTR, OrderedDict())  # the library's quiet section
-    h2 = _uni(_Rec(calls, "u2"))
+    h2 = register(_Rec(calls, "u2"))
     setattr(tm, ATTR, saved)  # ... ends
     try:
         got = _fire(calls)
         h2.remove()
         h1.remove()
-        assert (got, getattr(tm, ATTR) is origin, list(origin)) == (
-            ["native", "u1", "u2"],
-            True,
-            [native.id],
-        )
+        return got, getattr(tm, ATTR) is origin, list(origin) == [native.id]
     finally:
         native.remove()
         h2.remove()
         h1.remove()
+
+
+def test_finding_swap_and_restore_around_a_unihook_registration_keeps_native_hooks() -> None:
+    """FIXED (one table per dict: `_global_table._table_for`). A library that silences the
+    global hooks for a while while unihook has a hook, and unihook registers another
+    meanwhile: `add_to_global_table` rebound the table's origin to the library's temporary
+    dict, so the restored `saved` (the table) read the temporary one: the native hooks never
+    fired again, and after unihook's last removal torch's dict was the temporary one (the
+    original, with its native hooks, gone). Now as with torch's own registrations (the
+    oracle): the native hook and u1 fire, u2 went with the library's dict, torch's dict is
+    back with its native hook."""
+    assert _swap_and_restore(_uni) == _swap_and_restore(_native) == (["native", "u1"], True, True)
 
 
 # --- FINDING 4: a native write under one of unihook's keys --------------------------------

@@ -70,7 +70,7 @@ def test_native_handles_order_and_the_dict_put_back(what: str) -> None:
     del hook
     gc.collect()
     assert gone() is None  # (kept by nothing: not by the table, which lives on)
-    assert not _global_table._tables[id(torch_module), attr].own
+    assert not _global_table._tables[id(torch_module), attr, id(origin)].own
     assert getattr(torch_module, attr) is origin and not origin
 
 

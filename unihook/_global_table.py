@@ -38,7 +38,10 @@ from ._pinned import _snapshot
 __all__ = ["GlobalTable", "add_to_global_table"]
 
 _lock = RegistryLock()
-_tables: dict[tuple[int, str], GlobalTable] = {}  # (id(owner), attr) -> its table, for good
+# (id(owner), attr, id(origin)) -> the table standing for that origin, for good (its origin
+# held weakly once detached; those whose origin died go when the entries doubled)
+_tables: dict[tuple[int, str, int], GlobalTable] = {}
+_prune_at = 64
 
 
 class GlobalTable(MutableMapping[int, Any]):
@@ -62,6 +65,10 @@ class GlobalTable(MutableMapping[int, Any]):
         self._origin, self._origin_ref = origin, weakref.ref(origin)
         found = (*_snapshot(origin.items), *_snapshot(self.own.items))
         self._order = dict.fromkeys(key for key, _ in found)
+
+    def stands_for(self, origin: Any) -> bool:
+        """Whether the table stands (or stood) for `origin`: None for one whose dict is gone."""
+        return self._origin_ref() is origin
 
     def add(self, key: int, hook: Any) -> None:
         """One of unihook's hooks, last."""
@@ -248,15 +255,33 @@ def add_to_global_table(
 
     undo_if_unfinished(remove)
     with _lock, _lock.mutex:
-        table = _tables.get((id(owner), attr))
-        if table is None:
-            table = _tables[id(owner), attr] = GlobalTable(getattr(owner, attr))
+        found = getattr(owner, attr)
+        table = found if isinstance(found, GlobalTable) else _table_for(owner, attr, found)
         tables.append(table)
         keys.append(new_key(table))
-        found = getattr(owner, attr)
-        if found is not table:
-            table.attach(found)  # (the same dict, unless a library put another one there)
         table.add(keys[0], hook)
         if found is not table:
             setattr(owner, attr, table)
     return remove
+
+
+def _table_for(owner: Any, attr: str, origin: OrderedDict[int, Any]) -> GlobalTable:
+    """The table standing for `origin`, the dict ``owner.attr`` holds: one per dict, so that a
+    library that saves the table, puts a dict of its own there for a while (a quiet section,
+    during which unihook registers) and restores the table finds it as it was, standing for
+    the framework's dict with the native hooks (until 2026-12-02 the table was made to stand
+    for the library's dict: they were lost for good, helper-89's FINDING 3). A hook unihook
+    registers meanwhile goes to the library's dict's table, and with it, as a native one
+    does."""
+    global _prune_at
+    key = (id(owner), attr, id(origin))
+    table = _tables.get(key)
+    if table is not None and table.stands_for(origin):
+        table.attach(origin)  # (back after its last hook went: as it is now)
+        return table
+    if len(_tables) >= _prune_at:
+        for old in [k for k, t in _tables.items() if t.stands_for(None) and not t.own]:
+            del _tables[old]
+        _prune_at = 2 * len(_tables) + 64
+    table = _tables[key] = GlobalTable(origin)
+    return table
