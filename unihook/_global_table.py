@@ -21,8 +21,9 @@ the module attribute holds the `GlobalTable` of that attribute in place of the d
   handle older than the table, or a registration that read the attribute before the table
   went in) is in the next snapshot: nothing to keep in step;
 - when unihook's last hook there goes, the origin goes back, the same object, holding exactly
-  the native hooks. The table lives on for the process (one per attribute, keeping the origin
-  only weakly then), so a native handle made on it still removes its hook from the origin.
+  the native hooks. The table lives on for the process (one per dict it stood for, keeping
+  the origin only weakly then), so a native handle made on it still removes its hook from the
+  origin.
 """
 
 from __future__ import annotations
