@@ -125,6 +125,7 @@ nn = torch.nn
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from monitor_oracle import broken, monitored, native_norms  # noqa: E402
 
 from unihook.recipes import GradientMonitor  # noqa: E402
 
@@ -132,47 +133,16 @@ Loss = Callable[[Any], Any]
 
 
 def _native_norms(model: Any, names: list[str], x: Any, loss: Loss) -> dict[str, float]:
-    """The oracle: torch's full backward pre-hooks on a deep copy, each grad_output norm."""
-    ref = copy.deepcopy(model)
-    seen: dict[str, float] = {}
-
-    def hook(name: str) -> Any:
-        def fn(module: Any, grad_output: Any) -> None:
-            squares = sum(float(g.double().pow(2).sum()) for g in grad_output if g is not None)
-            seen[name] = seen.get(name, 0.0) + squares
-
-        return fn
-
-    for name in names:
-        ref.get_submodule(name).register_full_backward_pre_hook(hook(name))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        loss(ref(x)).backward()
-    return {name: squares**0.5 for name, squares in seen.items()}
+    return native_norms(model, names, x, lambda _, out: loss(out))
 
 
 def _monitored(model: Any, x: Any, loss: Loss, **kwargs: Any) -> tuple[dict[str, float], list]:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", RuntimeWarning)
-        with GradientMonitor(model, **kwargs) as monitor:
-            loss(model(x)).backward()
-    said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
-    return (dict(monitor.history[-1]) if monitor.history else {}), said
+    return monitored(model, x, lambda _, out: loss(out), **kwargs)
 
 
 def _holds(model: Any, names: list[str], x: Any, loss: Loss = lambda out: out) -> list[str]:
     """The promise for each of `names`: the broken ones, described."""
-    native = _native_norms(model, names, x, loss)
-    step, said = _monitored(model, x, loss)
-    broken = []
-    for name in names:
-        if name in step:
-            want = native.get(name)
-            if want is None or step[name] != pytest.approx(want, rel=1e-5):
-                broken.append(f"{name}: recorded {step[name]:.4f}, native {want}")
-        elif name in native and not any(repr(name) in s for s in said):
-            broken.append(f"{name}: absent without a warning ({said})")
-    return broken
+    return broken(model, names, x, lambda _, out: loss(out))
 
 
 def _busy(nodes: int) -> None:

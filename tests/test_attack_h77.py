@@ -89,7 +89,6 @@ FINDING 1), paddle and MindSpore (no `made_before` there), distributed merges.
 
 from __future__ import annotations
 
-import copy
 import gc
 import math
 import warnings
@@ -100,6 +99,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
+
+from monitor_oracle import broken, monitored, native_norms  # noqa: E402
 
 from unihook.recipes import GradientMonitor  # noqa: E402
 from unihook.recipes.monitor import NonFiniteGradientError  # noqa: E402
@@ -114,51 +115,23 @@ def _clear_states(model: Any) -> None:
                 module.__dict__[attr] = None
 
 
-def _native_norms(model: Any, names: list[str], x: Any, loss: Loss) -> dict[str, float]:
-    """The oracle: torch's full backward pre-hooks on a deep copy, each grad_output norm."""
+def _cleared(model: Any) -> Callable[[], None]:
     _clear_states(model)
-    ref = copy.deepcopy(model)
-    seen: dict[str, float] = {}
+    return lambda: _clear_states(model)
 
-    def hook(name: str) -> Any:
-        def fn(module: Any, grad_output: Any) -> None:
-            squares = sum(float(g.double().pow(2).sum()) for g in grad_output if g is not None)
-            seen[name] = seen.get(name, 0.0) + squares
 
-        return fn
-
-    for name in names:
-        ref.get_submodule(name).register_full_backward_pre_hook(hook(name))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        loss(ref(x)).backward()
-    _clear_states(ref)
-    return {name: squares**0.5 for name, squares in seen.items()}
+def _native_norms(model: Any, names: list[str], x: Any, loss: Loss) -> dict[str, float]:
+    _clear_states(model)
+    return native_norms(model, names, x, lambda _, out: loss(out), _cleared)
 
 
 def _monitored(model: Any, x: Any, loss: Loss, **kwargs: Any) -> tuple[dict[str, float], list]:
-    _clear_states(model)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", RuntimeWarning)
-        with GradientMonitor(model, **kwargs) as monitor:
-            loss(model(x)).backward()
-    _clear_states(model)
-    said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
-    return (dict(monitor.history[-1]) if monitor.history else {}), said
+    return monitored(model, x, lambda _, out: loss(out), _cleared, **kwargs)
 
 
 def _broken(model: Any, names: list[str], x: Any, loss: Loss, **kwargs: Any) -> list[str]:
-    native = _native_norms(model, names, x, loss)
-    step, said = _monitored(model, x, loss, **kwargs)
-    broken = []
-    for name in names:
-        if name in step:
-            want = native.get(name)
-            if want is None or step[name] != pytest.approx(want, rel=1e-5):
-                broken.append(f"{name}: recorded {step[name]:.4f}, native {want}")
-        elif name in native and not any(repr(name) in s for s in said):
-            broken.append(f"{name}: absent without a warning ({said})")
-    return broken
+    _clear_states(model)
+    return broken(model, names, x, lambda _, out: loss(out), _cleared, **kwargs)
 
 
 def _names(model: Any) -> list[str]:
