@@ -941,9 +941,10 @@ def _ids_within(values: list[Any], deeper: int, ids: list[int]) -> None:
         return
     for value in values:
         if isinstance(value, dict):
-            if value and len(value) <= _LOOKED:
-                _ids_within(list(value.values()), deeper - 1, ids)
-        elif type(value) in _SEQUENCES and value and len(value) <= _LOOKED:
+            # (dict's own methods: a subclass's `values` or `__len__` may run any code)
+            if 0 < dict.__len__(value) <= _LOOKED:
+                _ids_within(list(dict.values(value)), deeper - 1, ids)
+        elif type(value) in _SEQUENCES and 0 < len(value) <= _LOOKED:
             _ids_within(list(value), deeper - 1, ids)
 
 
