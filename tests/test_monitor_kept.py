@@ -110,3 +110,50 @@ def test_captures_before_the_monitor_too() -> None:
     for seed in range(6):
         model, names, x, loss, prepare = _case(seed, PLACES)
         assert broken(model, names, x, loss, prepare, first=True) == [], seed
+
+
+class _KeepsInput(nn.Module):
+    """A Linear keeping the tensor its call got (``self.last_input = x``: logging, or a
+    hand-written backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.last_input: Any = None
+
+    def forward(self, x: Any) -> Any:
+        self.last_input = x
+        return self.fc(x)
+
+
+def _reads_kept_inputs(model: Any, out: Any) -> Any:
+    kept = [m.last_input for m in model.modules() if isinstance(m, _KeepsInput)]
+    return 2.0 * out.sum() + sum(3.0 * (k * k).sum() for k in kept)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_module_keeping_its_input_leaves_out_only_the_calls_around_it(seed: int) -> None:
+    """A module keeping the tensor it got holds the alias torch hands it: the calls that made
+    that tensor count its reads (their norms are recorded, equal to torch's); the containers
+    returning it after that call do not (left out, warned)."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    blocks = [nn.Linear(4, 4), nn.Sequential(nn.Tanh(), _KeepsInput())]
+    blocks += [rng.choice([nn.Tanh, _KeepsInput])() for _ in range(3)]
+    model = nn.Sequential(*blocks)
+    names = [name for name, _ in model.named_modules()]
+    x = torch.randn(3, 4)
+    assert broken(model, names, x, _reads_kept_inputs) == []
+    step, _ = monitored(model, x, _reads_kept_inputs)
+    assert "0" in step and "1.0" in step  # (made the tensors kept: 1.1's, 1's input)
+
+
+def test_a_kept_input_of_a_module_where_leaves_out_is_left_out() -> None:
+    """The keeper not monitored (`where=`): no call of it tells that it got the tensor, so the
+    calls that made it are left out (warned), never recorded with the sum."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), _KeepsInput(), nn.Tanh())
+    x = torch.randn(3, 4)
+    assert broken(model, ["0", "2"], x, _reads_kept_inputs, where=["0", "2"]) == []
+    step, said = monitored(model, x, _reads_kept_inputs, where=["0", "2"])
+    assert "0" not in step and any("'0'" in s for s in said)

@@ -137,6 +137,7 @@ class _Step:
         "shared",
         "left",
         "consumed",
+        "readers",
         "__weakref__",  # (a backend may hold `drop_leaves` weakly until a backward ends)
     )
 
@@ -156,6 +157,8 @@ class _Step:
         self.left: set[str] = set()
         # the tensors calls got as arguments, by id: the latest such call's start (`_started`)
         self.consumed: dict[int, int] = {}
+        # the same tensors: the monitored modules whose calls got each (`_kept`)
+        self.readers: dict[int, set[str]] = {}
         self.norms: dict[str, float] = {}
         self.squares: dict[str, float] = {}  # this rank's, over every backward of the forward
         self.logged = False  # in `history` once its first gradient arrived
@@ -283,7 +286,7 @@ class GradientMonitor(Synced):
         self._kept_before: dict[int, weakref.ref[Any]] = {}
         self._kept_prune_at = 256
         # every module of the model, hooked or not: where `_kept` looks for kept outputs
-        self._holders = [held for _, held in ops.named_modules(inner)]
+        self._holders = ops.named_modules(inner)
 
         def hooks(group: HookGroup) -> None:
             group.add("", register_forward_pre_hook(model, self._new_step, with_kwargs=True))
@@ -436,18 +439,23 @@ class GradientMonitor(Synced):
         step = self._step
         if not step.hooked or not ops.grad_enabled(module) or self._repeats(module):
             return
-        for holder, key in _held(self._holders, step.hooked):
+        for holder, module, key in _held(self._holders, step.hooked):
             ref, names, _ = step.hooked[key]
             tensor = ref()
             if tensor is None or (
-                ops.is_leaf(tensor) and any(p is tensor for p, _, _ in ops.own_parameters(holder))
+                ops.is_leaf(tensor) and any(p is tensor for p, _, _ in ops.own_parameters(module))
             ):
                 continue
             step.kept[key] = (ref, self._started)
+            # A module keeping what a call of it got (``self.last_input = x``) holds the alias
+            # torch handed it: the calls that made the tensor count its reads too; only those
+            # around that call, which return the tensor after it, do not.
+            reader = holder in step.readers.get(key, ())
             for hooked in (names, *step.shared.get(key, ())):
-                for name in hooked:
+                out = [name for name in hooked if not reader or _encloses(name, holder)]
+                for name in out:
                     self._left_out(name, _KEPT)
-                hooked.clear()  # (its hook adds to no module now)
+                hooked[:] = [name for name in hooked if name not in out]
 
     def _decide_table(self, step: _Step, stamp: int) -> dict[Any, int]:
         """The ranks' decision of every output of `step`'s forward (one exchange of them)."""
@@ -515,9 +523,10 @@ class GradientMonitor(Synced):
                 marks[id(t)] = (weakref.ref(t), ops.change_mark(t, settled=settled))
                 settled = False
         self._started += 1
-        consumed = self._step.consumed
-        for key in marks:  # (`_inner_output`)
+        consumed, readers = self._step.consumed, self._step.readers
+        for key in marks:  # (`_inner_output`, `_kept`)
             consumed[key] = self._started
+            readers.setdefault(key, set()).add(name)
         call = (marks, ops.history_mark(module), self._started)
         self._versions.setdefault((get_ident(), name), []).append(call)
 
@@ -923,16 +932,24 @@ def _stack_depth() -> int:
     return depth
 
 
-def _held(modules: Sequence[Any], wanted: Mapping[int, Any]) -> Iterator[tuple[Any, int]]:
-    """(module, id) for each object with an id in `wanted` that one of `modules` holds: as an
-    attribute, or an item of a dict, list or tuple attribute or of one inside it, containers
-    of at most `_LOOKED` items (a few us a module: by id, the objects found are alive)."""
+def _held(
+    modules: Sequence[tuple[str, Any]], wanted: Mapping[int, Any]
+) -> Iterator[tuple[str, Any, int]]:
+    """(name, module, id) for each object with an id in `wanted` that one of `modules` holds:
+    as an attribute, or an item of a dict, list or tuple attribute or of one inside it,
+    containers of at most `_LOOKED` items (a few us a module: by id, the objects found are
+    alive)."""
     keys = wanted.keys()
-    for module in modules:
+    for name, module in modules:
         ids: list[int] = []
         _ids_within(list(getattr(module, "__dict__", {}).values()), _DEEPER, ids)
         for key in keys & set(ids):
-            yield module, key
+            yield name, module, key
+
+
+def _encloses(name: str, inner: str) -> bool:
+    """Whether module `name` is `inner` or contains it (qualified names)."""
+    return not name or name == inner or inner.startswith(name + ".")
 
 
 def _ids_within(values: list[Any], deeper: int, ids: list[int]) -> None:
