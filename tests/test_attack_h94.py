@@ -57,23 +57,24 @@ HELD (pinned below unless said):
   ``nn.Sequential`` of N Linear+Tanh pairs, ``where=["0"]``, per forward: N=200 1818 us
   (0c76291: 998, no monitor 914), N=1000 10.1 ms (7.2, 4.9), N=3000 40.2 ms (26.5, 22.0); a
   12-layer TransformerEncoder (125 modules) training step with ``where=["2"]``: 9.5 ms vs
-  8.7 ms at 0c76291 (no monitor 6.7-9.0 ms). Not pinned as a finding (documented); see 5.
+  8.7 ms at 0c76291 (no monitor 6.7-9.0 ms). Not pinned as a finding (documented); see 6.
 
 FINDINGS (strict xfails below), by severity:
 
-1. (HIGH: silently wrong norm; REGRESSION; torch, paddle and MindSpore) an output a module
-   keeps during the forward but that is no longer held when the forward ends: read by a
-   later part of the forward and then dropped (``self.a.out = None`` after use, a list the
-   model drains, a shared ``ctx["prev"]`` the next block overwrites, a forward hook on the
-   model registered BEFORE the monitor that clears captures). `_kept` only sees what is held
-   at the end. Minimal (``_Clean``): ``K.forward: y = fc(x) * 1.0; self.out = y; return
-   y``; parent ``h = self.a(x); out = self.b(tanh(h)) + 3 * self.a.out; self.a.out = None``,
-   loss ``(out * out).sum()``: 'a' recorded 36.36 where native is 6.78, no warning (paddle:
-   36.36 vs 6.78; MindSpore, pinned: 'a' 77.50 vs native 7.11, equal to 'a.fc' which sums
-   both uses, where 0c76291 left 'a' out). Generated chains (`_chain`): 28 of 40 seeds
-   broken at e6e1153, 0 of 40 at 0c76291 (its per-call look saw the keeper holding its
-   output when the call ended). Expected: left out (e.g. keep the per-call look in the
-   keeper's own ``__dict__`` beside the end walk) or native.
+1. (HIGH: silently wrong norm; REGRESSION; torch, paddle and MindSpore) an output a module keeps
+   during the forward but that is no longer held when the forward ends: read by a later part of
+   the forward and then dropped (``self.a.out = None`` after use, a list the model drains, a
+   shared ``ctx["prev"]`` the next block overwrites, a forward hook on the model registered
+   BEFORE the monitor that clears captures). `_kept` only sees what is held at the end. Minimal
+   (``_Clean``): ``K.forward: y = fc(x) * 1.0; self.out = y; return y``; parent ``h = self.a(x);
+   out = self.b(tanh(h)) + 3 * self.a.out; self.a.out = None``, loss ``(out * out).sum()``: 'a'
+   recorded 36.36 where native is 6.78, no warning (paddle: 36.36 vs 6.78; MindSpore, pinned:
+   'a' 77.50 vs native 7.11, equal to 'a.fc' which sums both uses, where 0c76291 left 'a' out).
+   One keeper shared by two containers (``A = Seq(k); B = Seq(k)``; the first call's output
+   read, then overwritten by the second call): 'A' 21.32 where native is 2.58, no warning for
+   'A'. Generated chains (`_chain`): 28 of 40 seeds broken at e6e1153, 0 of 40 at 0c76291 (its
+   per-call look saw the keeper holding its output when the call ended). Expected: left out
+   (e.g. keep the per-call look in the keeper's own ``__dict__`` beside the end walk) or native.
 2. (medium: silently wrong norm; REGRESSION) a forward ended by an exception: `_kept` is no
    `always_call` hook, so nothing is looked for. The early-exit feature probe (a forward
    hook on a layer stores its output and raises ``Stop``; the user catches it and
@@ -657,6 +658,30 @@ def test_finding1_generated_chains_dropping_kept_outputs() -> None:
         if bad:
             found[seed] = bad
     assert found == {}
+
+
+class _SharedKeeper(nn.Module):
+    """One keeper in two containers (a weight-shared block in two branches)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        k = _K()
+        self.A = nn.Sequential(k)
+        self.B = nn.Sequential(k)
+        self.mid = nn.Linear(4, 4)
+
+    def forward(self, x: Any) -> Any:
+        h = self.A(x)
+        aux = self.A[0].out  # the first call's kept output, overwritten by the second call
+        return self.B(torch.tanh(self.mid(h))) + 2 * aux
+
+
+@pytest.mark.xfail(strict=True, reason="FINDING 1: a shared keeper's first output overwritten")
+def test_finding1_shared_keeper_in_two_containers() -> None:
+    torch.manual_seed(0)
+    model = _SharedKeeper()
+    # 'A': recorded 21.32, native 2.58 ('A.0' and 'B' left out, warned)
+    assert broken(model, _names(model), torch.randn(3, 4), _square) == []
 
 
 def _paddle_clean() -> tuple[Any, Any, dict[str, float]]:
