@@ -152,6 +152,15 @@ FINDINGS (strict xfails below), by severity:
    entry: after one training step and three evaluation forwards, 'b' 3.16 -> 5.00, 'a'
    1.57 -> 2.56. (The training step itself, with ``create_graph=True``, equals native.)
    Expected: that entry unchanged (a step of its own, or nothing recorded).
+13. (medium: crash; not a regression, 0c76291 the same) one model run on two threads with
+   grad enabled (forwards only suffice): `_new_step` on one thread iterates the running
+   step's ``hooked`` (`_keep_hooked`: ``for key, ... in step.hooked.items()``, and the
+   pruning comprehension over ``_earlier``) while the other thread's `_record` adds to it:
+   ``RuntimeError: dictionary changed size during iteration`` out of the model's call, in
+   0.1-2 s with 300 Linears (5 of 5 runs; 3 threads x 150 training steps of a 90-module
+   model: 1 crash per run). README: "one model may run on several threads", and for the
+   recipes "forwards running at once on several threads are not told apart", not that they
+   raise. Expected: no exception (iterate over a copy, ``list(step.hooked.items())``).
 
 MindSpore: FINDINGS 1 and 5 pinned through ``ms.grad`` in a subprocess (the MindSpore venv;
 both XPASS against 0c76291). Not covered for lack of time: distributed merges,
@@ -1405,3 +1414,39 @@ def test_held_mixed_keepers_captures_parents_identities(seed: int) -> None:
     """0 of 80 seeds broken at e6e1153 (50 of 80 at 0c76291: these six among them)."""
     model, names, x, loss, prepare, first = _mixed(seed)
     assert broken(model, names, x, loss, prepare, first=first) == []
+
+
+# ------------------------------------------------------------------ FINDING 13
+
+
+@pytest.mark.xfail(strict=True, reason="FINDING 13: forwards on two threads: dict changed size")
+def test_finding13_forwards_on_two_threads_raise() -> None:
+    import sys
+
+    model = nn.Sequential(*[nn.Linear(2, 2) for _ in range(300)])
+    errors: list[str] = []
+    stop = threading.Event()
+    start = time.monotonic()
+
+    def work() -> None:
+        x = torch.randn(1, 2)
+        while not stop.is_set() and time.monotonic() - start < 20:
+            try:
+                model(x)
+            except RuntimeError as error:  # (the monitor's, from its forward pre-hook)
+                errors.append(str(error))
+                stop.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with GradientMonitor(model):
+            threads = [threading.Thread(target=work) for _ in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+    finally:
+        sys.setswitchinterval(interval)
+    # "dictionary changed size during iteration" within 0.1-2 s (5 runs of 5)
+    assert errors == []
