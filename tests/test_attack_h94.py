@@ -47,6 +47,10 @@ HELD (pinned below unless said):
 - paddle: a ResNet-style block (``out += x``), LSTM, GRU, a 2-layer TransformerEncoder,
   MultiHeadAttention, LayerNorm, Embedding: nothing left out but the documented LSTM / GRU
   (by hand, as at 0c76291).
+- ``torch.compile(model, backend="eager")`` with a keeper held to the end: left out with
+  the warning, the others native, two steps (by hand). A tuple output reordered by its
+  container, the child keeping one element: native or warned (8 combinations by hand; a
+  LIST output has no native hook at all, torch warns: not counted).
 - Forces computed inside the forward (``autograd.grad(energy, pos, create_graph=True)``) in
   a training step: native (pinned; but see FINDING 12 for evaluations).
 - No quadratic cost in the hooked outputs: `_held`'s ``keys & set(ids)`` per module; full
@@ -64,8 +68,9 @@ FINDINGS (strict xfails below), by severity:
 1. (HIGH: silently wrong norm; REGRESSION; torch, paddle and MindSpore) an output a module keeps
    during the forward but that is no longer held when the forward ends: read by a later part of
    the forward and then dropped (``self.a.out = None`` after use, a list the model drains, a
-   shared ``ctx["prev"]`` the next block overwrites, a forward hook on the model registered
-   BEFORE the monitor that clears captures). `_kept` only sees what is held at the end. Minimal
+   shared ``ctx["prev"]`` the next block overwrites; a forward hook on the model registered
+   BEFORE the monitor that moves captures off the model: the same sum, also at 0c76291).
+   `_kept` only sees what is held at the end. Minimal
    (``_Clean``): ``K.forward: y = fc(x) * 1.0; self.out = y; return y``; parent ``h = self.a(x);
    out = self.b(tanh(h)) + 3 * self.a.out; self.a.out = None``, loss ``(out * out).sum()``: 'a'
    recorded 36.36 where native is 6.78, no warning (paddle: 36.36 vs 6.78; MindSpore, pinned:
@@ -150,7 +155,8 @@ FINDINGS (strict xfails below), by severity:
    (grad is off at the model's pre-hook), but the calls inside run with grad, are hooked on
    the LAST TRAINING step, and the inner ``autograd.grad`` adds their gradients to its
    entry: after one training step and three evaluation forwards, 'b' 3.16 -> 5.00, 'a'
-   1.57 -> 2.56. (The training step itself, with ``create_graph=True``, equals native.)
+   1.57 -> 2.56 (paddle, by hand, with ``paddle.grad``: 'b' 3.16 -> 5.00, 'a' 3.63 ->
+   5.95). (The training step itself, with ``create_graph=True``, equals native.)
    Expected: that entry unchanged (a step of its own, or nothing recorded).
 13. (medium: crash; not a regression, 0c76291 the same) one model run on two threads with
    grad enabled (forwards only suffice): `_new_step` on one thread iterates the running
