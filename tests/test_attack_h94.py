@@ -63,7 +63,8 @@ HELD (pinned below unless said):
   12-layer TransformerEncoder (125 modules) training step with ``where=["2"]``: 9.5 ms vs
   8.7 ms at 0c76291 (no monitor 6.7-9.0 ms). Not pinned as a finding (documented); see 6.
 
-FINDINGS (strict xfails below), by severity:
+FINDINGS (strict xfails below), numbered as found; by severity: HIGH 1; medium 2, 3, 12, 13;
+medium-low 4, 5; low-medium 6, 7, 8, 11; low 9, 10.
 
 1. (HIGH: silently wrong norm; REGRESSION; torch, paddle and MindSpore) an output a module keeps
    during the forward but that is no longer held when the forward ends: read by a later part of
