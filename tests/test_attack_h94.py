@@ -66,7 +66,9 @@ HELD (pinned below unless said):
 FINDINGS (strict xfails below), numbered as found; by severity: HIGH 1; medium 2, 3, 12, 13;
 medium-low 4, 5; low-medium 6, 7, 8, 11; low 9, 10.
 
-1. (HIGH: silently wrong norm; REGRESSION; torch, paddle and MindSpore) an output a module keeps
+1. FIXED (`monitor._keeps`: the per-call look in the module's own attributes is back, beside
+   the end walk). (HIGH: silently wrong norm; REGRESSION; torch, paddle and MindSpore) an output a
+   module keeps
    during the forward but that is no longer held when the forward ends: read by a later part of
    the forward and then dropped (``self.a.out = None`` after use, a list the model drains, a
    shared ``ctx["prev"]`` the next block overwrites; a forward hook on the model registered
@@ -81,27 +83,32 @@ medium-low 4, 5; low-medium 6, 7, 8, 11; low 9, 10.
    'A'. Generated chains (`_chain`): 28 of 40 seeds broken at e6e1153, 0 of 40 at 0c76291 (its
    per-call look saw the keeper holding its output when the call ended). Expected: left out
    (e.g. keep the per-call look in the keeper's own ``__dict__`` beside the end walk) or native.
-2. (medium: silently wrong norm; REGRESSION) a forward ended by an exception: `_kept` is no
+2. FIXED (the per-call look; `_kept` is an always_call hook). (medium: silently wrong norm;
+   REGRESSION) a forward ended by an exception: `_kept` is no
    `always_call` hook, so nothing is looked for. The early-exit feature probe (a forward
    hook on a layer stores its output and raises ``Stop``; the user catches it and
    backpropagates a loss over the stored output and a keeper's ``self.out``): the keeper '1'
    records 10.12 where native is 1.13, no warning (0c76291: left out, warned). Also a
    KeyboardInterrupt. paddle the same (by hand: '1' 20.41, equal to '1.fc', no warning;
    left out at 0c76291). Expected: left out (look also when the forward raised).
-3. (medium: silently wrong norm beside a warning; REGRESSION) a model calling itself after
+3. FIXED (the per-call look). (medium: silently wrong norm beside a warning; REGRESSION) a model
+   calling itself after
    a keeper's call (``h = self.k(x, depth); if depth: h = self(tanh(h), depth - 1)``, the
    keeper storing ``self.outs[depth] = y``): the nested forward starts a new `_Step`, so the
    outer forward's outputs hooked before it are in a step `_kept` never looks at (it reads
    `self._step` at each end): the first history entry holds 'k' 16.25 (the sum of its uses)
    where native is 3.66 over both calls, beside a warning naming 'k' for the other entry;
    0c76291 left 'k' out of both entries. Expected: 'k' absent from every entry (or native).
-4. (medium-low: silently wrong norm; REGRESSION; threads) a forward on thread A (keeper
+4. FIXED (the per-call look). (medium-low: silently wrong norm; REGRESSION; threads) a forward on
+   thread A (keeper
    ``self.out = y`` read by the loss) while thread B runs a whole forward of the same model
    that does not call the keeper: at A's end `self._step` is B's step, so A's keeper is not
    found: 'k' 12.87 where native is 1.73, no warning (0c76291: left out, warned). README
    allows entries to mix across threads, but says "each call's numbers are its own".
    Expected: left out.
-5. (medium-low: modules lost that torch records; REGRESSION; torch and paddle) a module
+5. FIXED (`_Step.readers`: a monitored holder that got the tensor as an argument leaves out
+   only the modules around its call). (medium-low: modules lost that torch records;
+   REGRESSION; torch and paddle) a module
    holding one of its ARGUMENTS (``self.inp = x``; a K-FAC / Shampoo-style forward pre-hook
    ``setattr(m, "a_in", args[0])``; a down-block keeping its skip input) makes the module
    that produced that argument "kept": left out with the warning, though the holder keeps
@@ -114,7 +121,9 @@ medium-low 4, 5; low-medium 6, 7, 8, 11; low 9, 10.
    U-Net's forward, read by the decoder, left on ``self`` to the next forward) now loses the
    whole encoder (6 of 10 modules of a small U-Net, warned), which 0c76291 recorded at the
    native norms.
-6. (low-medium: slowdown; REGRESSION) `_LOOKED` = 256 bounds each container, not the walk:
+6. FIXED (the second level only in containers of at most `_NESTED` = 32 items, at most
+   about `_BUDGET` = 4096 objects a module). (low-medium: slowdown; REGRESSION) `_LOOKED` = 256
+   bounds each container, not the walk:
    an attribute holding 256 lists of 256 items (a lookup table, an adjacency list, a dict of
    dicts) is 65,536 ids a forward. 4 modules with ``self.table = [[i] * 256 for i in
    range(256)]`` and ``self.d`` = 256 dicts of 256 items: 32.5 ms per forward (29.7 ms with
@@ -128,7 +137,8 @@ medium-low 4, 5; low-medium 6, 7, 8, 11; low 9, 10.
    native (both calls) is 0.503, history[-2] 'k' 0.243. (helper-78 noted the same split for
    a model called from a submodule's hook and did not pin it; its recursion tests call
    ``self(h)`` before any module.) Expected: one entry, native norms.
-8. (low-medium: silently wrong norm; not a regression; README says "a dict, list or tuple
+8. FIXED (tuple and list subclasses, by their base types' methods). (low-medium: silently
+   wrong norm; not a regression; README says "a dict, list or tuple
    attribute") a namedtuple attribute (``self.state = State(h=y, c=c)``; PackedSequence is
    one): `_ids_within` looks in ``type(value) in (list, tuple)`` only: '1' 8.26 where native
    is 1.84, no warning. (A UserDict, deque, set or SimpleNamespace attribute: the same, which
@@ -144,13 +154,15 @@ medium-low 4, 5; low-medium 6, 7, 8, 11; low 9, 10.
    ('lstm' of ``out, (hn, cn) = self.lstm(x)``, loss uses ``hn``): 4.98 vs native 4.45, no
    warning (2.78 vs 1.65 in another draw). Expected: match torch, or README saying the
    monitor's norm covers nested outputs.
-11. (low-medium: leak; not a regression) a module keeping its output (``self.out = y``,
+11. FIXED (`_gradient_of`: the hook holds the monitor weakly). (low-medium: leak; not a
+   regression) a module keeping its output (``self.out = y``,
    GradCAM-style activations) after ``monitor.remove(); del monitor, model``: the kept
    tensor's gradient hook (a ``functools.partial`` of the bound ``_gradient``) holds the
    monitor, which holds the model, and torch does not traverse tensor hooks, so the cycle is
    never collected: the model and its buffers (4 MB in the test) stay alive. Expected: after
    ``remove()`` no hook holds the monitor (a weak reference in the partial).
-12. (medium: silently changes an entry already in `history`; not a regression) an
+12. FIXED (a forward of the model begun without gradients records nothing). (medium:
+   silently changes an entry already in `history`; not a regression) an
    evaluation under ``no_grad`` of a model that computes gradients inside its forward under
    ``enable_grad`` (forces as -dE/dpos: interatomic potentials): `_new_step` starts no step
    (grad is off at the model's pre-hook), but the calls inside run with grad, are hooked on
@@ -159,7 +171,8 @@ medium-low 4, 5; low-medium 6, 7, 8, 11; low 9, 10.
    1.57 -> 2.56 (paddle, by hand, with ``paddle.grad``: 'b' 3.16 -> 5.00, 'a' 3.63 ->
    5.95). (The training step itself, with ``create_graph=True``, equals native.)
    Expected: that entry unchanged (a step of its own, or nothing recorded).
-13. (medium: crash; not a regression, 0c76291 the same) one model run on two threads with
+13. FIXED (`_keep_hooked` reads copies). (medium: crash; not a regression, 0c76291 the
+   same) one model run on two threads with
    grad enabled (forwards only suffice): `_new_step` on one thread iterates the running
    step's ``hooked`` (`_keep_hooked`: ``for key, ... in step.hooked.items()``, and the
    pruning comprehension over ``_earlier``) while the other thread's `_record` adds to it:
@@ -662,7 +675,6 @@ class _Clean(nn.Module):
         return out
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 1: kept, read, dropped before the end: sum")
 def test_finding1_kept_read_then_dropped_torch() -> None:
     torch.manual_seed(0)
     model = _Clean()
@@ -670,7 +682,6 @@ def test_finding1_kept_read_then_dropped_torch() -> None:
     assert broken(model, _names(model), torch.randn(3, 4), _square) == []
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 1: generated keepers dropped before the end")
 def test_finding1_generated_chains_dropping_kept_outputs() -> None:
     found = {}
     for seed in range(10):  # (at 0c76291: none of 40 seeds broken; here 28 of 40)
@@ -697,7 +708,6 @@ class _SharedKeeper(nn.Module):
         return self.B(torch.tanh(self.mid(h))) + 2 * aux
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 1: a shared keeper's first output overwritten")
 def test_finding1_shared_keeper_in_two_containers() -> None:
     torch.manual_seed(0)
     model = _SharedKeeper()
@@ -742,7 +752,6 @@ def _paddle_clean() -> tuple[Any, Any, dict[str, float]]:
     return twin, paddle.to_tensor(x.numpy()), native
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 1: kept, read, dropped before the end (paddle)")
 def test_finding1_kept_read_then_dropped_paddle() -> None:
     twin, x, native = _paddle_clean()
     with warnings.catch_warnings(record=True) as caught:
@@ -765,7 +774,6 @@ class _Stop(Exception):
     pass
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 2: a forward ended by an exception: no look")
 def test_finding2_early_exit_by_exception() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), _K(), nn.Tanh(), nn.Linear(4, 4), nn.Linear(4, 4))
@@ -834,7 +842,6 @@ def _rec_loss(model: Any, out: Any) -> Any:
     return (out * out).sum() + 3 * sum((v * v).sum() for v in model.k.outs.values())
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 3: outputs before a nested forward never looked")
 def test_finding3_keeper_before_a_recursive_call() -> None:
     torch.manual_seed(0)
     model, x = _Rec(True), torch.randn(3, 4)
@@ -864,7 +871,6 @@ def test_finding7_recursion_after_a_module_call_splits_the_step() -> None:
 # ------------------------------------------------------------------ FINDING 4
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 4: a keeper on one thread while another runs")
 def test_finding4_keeper_on_a_thread_while_another_forward_runs() -> None:
     gate, go = threading.Event(), threading.Event()
 
@@ -927,7 +933,6 @@ class _SaveIn(nn.Module):
         return self.fc(x)
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 5: a module holding its argument loses its maker")
 def test_finding5_module_holding_its_input() -> None:
     torch.manual_seed(0)
     model, x = (
@@ -940,7 +945,6 @@ def test_finding5_module_holding_its_input() -> None:
     assert said == [] and set(step) == set(native)
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 5: K-FAC-style input capture loses modules")
 def test_finding5_kfac_input_capture_pre_hooks() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Linear(4, 4))
@@ -961,7 +965,6 @@ def test_finding5_kfac_input_capture_pre_hooks() -> None:
     assert all(step[n] == pytest.approx(native[n], rel=1e-5) for n in native)
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 5: a layer holding its argument (paddle)")
 def test_finding5_module_holding_its_input_paddle() -> None:
     paddle = pytest.importorskip("paddle")
     pnn = paddle.nn
@@ -1015,7 +1018,6 @@ def _ids_per_forward(model: Any, where: Any, monkeypatch: Any) -> int:
     return counted[0]
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 6: nested containers of <= 256 items each")
 def test_finding6_nested_small_containers_walked_every_forward(monkeypatch: Any) -> None:
     model = nn.Sequential(*[_Table(256) for _ in range(4)])
     # ~525,000 ids a forward (32 ms; 0c76291: 0.2 ms), also with where=["0"]
@@ -1104,7 +1106,6 @@ def test_held_tuple_state_attribute() -> None:
     assert broken(model, _names(model), torch.randn(3, 4), _state_loss) == []
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 8: a namedtuple attribute is not looked in")
 def test_finding8_namedtuple_state_attribute() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), _KState("namedtuple"), nn.Linear(4, 4))
@@ -1151,7 +1152,6 @@ def test_finding10_lstm_states_in_the_loss() -> None:
 # ------------------------------------------------------------------ FINDING 11
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 11: a kept output's hook keeps monitor + model")
 def test_finding11_model_and_monitor_leak_after_remove() -> None:
     model = nn.Sequential(nn.Linear(4, 4), _K(), nn.Tanh())
     model.register_buffer("big", torch.zeros(1000, 1000))
@@ -1198,7 +1198,6 @@ def test_held_forces_in_the_forward_train_step_is_native() -> None:
     assert broken(model, ["", "a", "b"], torch.randn(5, 3), _force_loss) == []
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 12: no_grad evaluations add to the last entry")
 def test_finding12_evaluation_with_inner_grad_changes_the_last_entry() -> None:
     torch.manual_seed(0)
     model = _Forces()
@@ -1308,7 +1307,6 @@ def _mindspore_run() -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 1 and 5 on MindSpore")
 def test_findings1_and_5_mindspore() -> None:
     run = _mindspore_run()
     w, b = [torch.tensor(a) for a in run["w"]], [torch.tensor(a) for a in run["b"]]
@@ -1426,7 +1424,6 @@ def test_held_mixed_keepers_captures_parents_identities(seed: int) -> None:
 # ------------------------------------------------------------------ FINDING 13
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 13: forwards on two threads: dict changed size")
 def test_finding13_forwards_on_two_threads_raise() -> None:
     import sys
 

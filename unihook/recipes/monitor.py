@@ -264,7 +264,8 @@ class GradientMonitor(Synced):
         # the inner model of a wrapper, GradCAM's forward) is not part of a recorded step; per
         # thread, the `_started` count as each began and its stack depth (see `_left_behind`)
         self._running = 0
-        self._running_on: dict[int, list[tuple[int, int]]] = {}
+        # (and whether it began with gradients: one begun without records nothing)
+        self._running_on: dict[int, list[tuple[int, int, bool]]] = {}
         self._parameters_hooked = False  # (see _new_step)
         self._slots = Slots()  # per sample or shared: each output's merge (see _shared)
         self._deciding: _Step | None = None  # the forward whose slots the ranks decide at its end
@@ -301,7 +302,7 @@ class GradientMonitor(Synced):
             group.extend(attach(inner, self._after, where=where, always_call=True))
             # registered after attach's hooks: the forward's outputs are all recorded (and
             # kept, also by a user's hook on a module that runs after the monitor's)
-            group.add("", register_forward_hook(model, self._kept))
+            group.add("", register_forward_hook(model, self._kept, always_call=True))
             group.add("", register_forward_hook(model, self._settle))
             group.add("", register_forward_hook(model, self._forget, always_call=True))
 
@@ -324,10 +325,11 @@ class GradientMonitor(Synced):
     def _new_step(self, module: Any, args: Any, kwargs: Any) -> None:
         thread, depth = get_ident(), _stack_depth()
         running = self._running_on.get(thread)
-        if running and any(at >= depth for _, at in running):
+        if running and any(entry[1] >= depth for entry in running):
             self._left_behind(running, depth)
         self._running += 1
-        self._running_on.setdefault(thread, []).append((self._started, depth))
+        entry = (self._started, depth, ops.grad_enabled(module))
+        self._running_on.setdefault(thread, []).append(entry)
         if self._repeats(module):
             return
         if not ops.in_backward(module):
@@ -379,7 +381,7 @@ class GradientMonitor(Synced):
                 step.inputs_header = inputs_header(step.inputs)
             step.inputs = ()
 
-    def _left_behind(self, running: list[tuple[int, int]], depth: int) -> None:
+    def _left_behind(self, running: list[tuple[int, int, bool]], depth: int) -> None:
         """A forward of the model starts at stack depth `depth` where forwards counted as
         running on this thread started at that depth or deeper: none of those encloses it (a
         call inside another runs at least two frames deeper: the enclosing forward's own and
@@ -546,6 +548,13 @@ class GradientMonitor(Synced):
         # forward `every` skipped when the hooks were placed ahead for the next one)
         if not self._running and (self._placed_ahead or not ops.in_backward(module)):
             return
+        running = self._running_on.get(get_ident())
+        if running and not running[-1][2]:
+            # a forward of the model begun without gradients (an evaluation under no_grad)
+            # that enables them inside (forces, -dE/dx): its gradients belong to no step (until
+            # 2026-12-02 they were added to the last training step's entry: helper-94's
+            # FINDING 12)
+            return
         step = self._step
         call = -1
         if step.world is not None:
@@ -564,6 +573,11 @@ class GradientMonitor(Synced):
         if ops.made_before(tensors, mark) or self._hooked_before(step, tensors, marks, started):
             self._left_out(name, _MADE_BEFORE)
             self._unhook_earlier(step, tensors, started)
+            return
+        if _keeps(module, tensors, step.kept):
+            for tensor in tensors:
+                step.kept[id(tensor)] = (weakref.ref(tensor), self._started)
+            self._left_out(name, _KEPT)
             return
         if self._inner_output(step, tensors, started):
             self._left_out(name, _FROM_INSIDE)
@@ -584,7 +598,10 @@ class GradientMonitor(Synced):
                 continue
             names = [name]
             key = None if call < 0 else (name, call, position)
-            hook = functools.partial(self._gradient, step, names, key)
+            # (the monitor held weakly: a module keeping its output keeps the hook, which torch
+            # does not collect through, and would keep the monitor and the model: helper-94's
+            # FINDING 11)
+            hook = functools.partial(_gradient_of, weakref.ref(self), step, names, key)
             if ops.is_leaf(tensor):
                 # a parameter the module returns: a hook on it stays for every later backward,
                 # so a removable one, removed at the end of this step's first backward
@@ -610,20 +627,21 @@ class GradientMonitor(Synced):
         `_earlier`, whose dead ones go once it doubled: outputs a user keeps (every step's
         loss) cost no walk per step (helper-81's attack: 340 us a forward after 2000 steps)."""
         earlier = self._earlier
-        for key, (ref, names, _) in step.hooked.items():
+        # (copies, read at once: another thread's forward may add to them meanwhile)
+        for key, (ref, names, _) in list(step.hooked.items()):
             if names and ref() is not None:
                 earlier[key] = (ref, names)
         if len(earlier) > self._prune_at:
-            earlier = {k: v for k, v in earlier.items() if v[1] and v[0]() is not None}
+            earlier = {k: v for k, v in list(earlier.items()) if v[1] and v[0]() is not None}
             self._earlier = earlier
             self._prune_at = 2 * len(earlier) + 256
         # the outputs kept (`_kept`), which a later forward may return (helper-92's FINDING 9)
         kept = self._kept_before
-        for key, (ref, _) in step.kept.items():
+        for key, (ref, _) in list(step.kept.items()):
             if ref() is not None:
                 kept[key] = ref
         if len(kept) > self._kept_prune_at:
-            kept = self._kept_before = {k: r for k, r in kept.items() if r() is not None}
+            kept = self._kept_before = {k: r for k, r in list(kept.items()) if r() is not None}
             self._kept_prune_at = 2 * len(kept) + 256
 
     def _hooked_before(
@@ -826,6 +844,7 @@ class GradientMonitor(Synced):
         in the same order."""
         step.pending = False
         step.merged = True
+        step.merge = None  # (it holds the monitor: a kept output's hook holds the step)
         names = self._names
         index = {name: i for i, name in enumerate(names)}
         count = len(names)
@@ -923,6 +942,14 @@ class GradientMonitor(Synced):
         return plot(monitor=self, path=path, all_ranks=all_ranks)
 
 
+def _gradient_of(
+    monitor: weakref.ref[GradientMonitor], step: _Step, names: list[str], key: Key | None, grad: Any
+) -> None:
+    found = monitor()
+    if found is not None:
+        found._gradient(step, names, key, grad)
+
+
 def _stack_depth() -> int:
     """The frames on this thread's stack below the caller's (a few us: once per forward of the
     model, no walk per module call)."""
@@ -954,22 +981,50 @@ def _encloses(name: str, inner: str) -> bool:
 
 def _ids_within(values: list[Any], deeper: int, ids: list[int]) -> None:
     ids.extend(map(id, values))
-    if not deeper:
-        return
+    if not deeper or (deeper < _DEEPER and len(values) > _NESTED):
+        return  # (a table's rows are not looked in: helper-94's FINDING 6)
     for value in values:
-        if isinstance(value, dict):
-            # (dict's own methods: a subclass's `values` or `__len__` may run any code)
-            if 0 < dict.__len__(value) <= _LOOKED:
-                _ids_within(list(dict.values(value)), deeper - 1, ids)
-        elif type(value) in _SEQUENCES and 0 < len(value) <= _LOOKED:
-            _ids_within(list(value), deeper - 1, ids)
+        if not isinstance(value, _CONTAINERS):
+            continue
+        # (the base types' own methods: a subclass's `values` or `__iter__` may run any code;
+        # a namedtuple is a tuple: helper-94's FINDING 8)
+        kind = dict if isinstance(value, dict) else tuple if isinstance(value, tuple) else list
+        if 0 < kind.__len__(value) <= _LOOKED:
+            items = dict.values(value) if kind is dict else kind.__iter__(value)
+            _ids_within(list(items), deeper - 1, ids)
+            if len(ids) > _BUDGET:
+                return
 
 
-# the containers `_held` looks in, how many levels down and up to how many items (a vocabulary
-# dict of 100,000 entries cost 7 ms a call: helper-92's FINDING 8)
-_SEQUENCES = (list, tuple)
+def _keeps(
+    module: Any, tensors: Sequence[Any], kept: dict[int, tuple[weakref.ref[Any], int]]
+) -> bool:
+    """Whether `module` holds one of `tensors`, its call's outputs, as its call ends (where
+    `_held` looks), or a call inside it kept one (`kept`): the look `_kept` makes at the end
+    of the forward does not see an output kept, read by a later part of the forward and
+    dropped before its end (helper-94's FINDING 1), nor one of a forward that raised, a
+    nested one or another thread's (its FINDINGS 2 to 4). A parameter of the module it
+    returns is `_record`'s."""
+    ids = {id(t) for t in tensors}
+    found = {key for key in ids if key in kept and id(kept[key][0]()) == key}
+    held: list[int] = []
+    _ids_within(list(getattr(module, "__dict__", {}).values()), _DEEPER, held)
+    found.update(ids.intersection(held))
+    if not found:
+        return False
+    parameters = {id(p) for p, _, _ in ops.own_parameters(module)}
+    return any(id(t) in found and id(t) not in parameters for t in tensors)
+
+
+# the containers `_held` looks in: dicts, lists and tuples (subclasses too), two levels down,
+# of at most `_LOOKED` items (a vocabulary dict of 100,000 entries cost 7 ms a call:
+# helper-92's FINDING 8), the second level only in containers of at most `_NESTED` items, and
+# at most about `_BUDGET` objects a module
+_CONTAINERS = (dict, list, tuple)
 _DEEPER = 2
 _LOOKED = 256
+_NESTED = 32
+_BUDGET = 4096
 
 
 def _one_from_another(tensors: Sequence[Any], marks: _Marks) -> bool:
