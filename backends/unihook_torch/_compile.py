@@ -270,21 +270,24 @@ def _alive(ref: Any) -> Any:
 
 def _switch_off(dynamo: Any) -> tuple[int, Any] | None:
     """Turn the hook guards off (torch's default) and return what dynamo had compiled by then
-    (`_compiled`), or None if a frame was compiling: it may build its guards after the switch,
-    blind, counted before the mark. dynamo's lock is held across the switch if it is free, not
-    waited for (never under a registry lock: see unihook._locks)."""
-    convert_frame = dynamo.convert_frame
-    lock = convert_frame.compile_lock
-    if lock._is_owned():  # this thread's (`compiles_held`, or a hook dynamo ran converting)
-        _set_hook_guards_skipped(dynamo, True)
-        return None if _converting_here(convert_frame) else _compiled(dynamo)
-    try:
-        free = lock.acquire(blocking=False)
-        _set_hook_guards_skipped(dynamo, True)
-        return _compiled(dynamo) if free else None
-    finally:
-        if lock._is_owned():  # (also after a Ctrl-C landing right after the acquire)
-            lock.release()
+    (`_compiled`), or None if a frame was compiling: one that made its code before the mark may
+    build its guards after the switch, blind. (In this order: a frame compiling after the look
+    made its code after the mark. dynamo's lock is not asked for: see unihook._locks.)"""
+    compiled = _compiled(dynamo)
+    compiling = _converting_anywhere(dynamo.convert_frame)
+    _set_hook_guards_skipped(dynamo, True)
+    return None if compiling else compiled
+
+
+def _converting_anywhere(convert_frame: Any) -> bool:
+    """Whether a thread, this one too, is inside dynamo's conversion of a frame (or waits for
+    its lock to make one)."""
+    for frame in _current_frames().values():
+        while frame is not None:
+            if frame.f_code.co_filename == convert_frame.__file__:
+                return True
+            frame = frame.f_back
+    return False
 
 
 def _hook_guards(dynamo: Any) -> Any:
