@@ -245,8 +245,9 @@ def _compiled(dynamo: Any) -> tuple[int, Any]:
     last. It makes a frame's code before it builds the frame's guards (which read the setting),
     so a frame compiling meanwhile counts only once it can be blind. Both start again at
     ``torch._dynamo.reset()``, which drops every compiled frame (a reset followed by as many
-    compiles makes another last code). Read at registration only, importing nothing."""
-    made = dynamo.convert_frame.output_codes.seen
+    compiles makes another last code). Read at registration only, importing nothing (dynamo
+    still being imported on another thread has compiled nothing)."""
+    made = getattr(getattr(_converter(dynamo), "output_codes", None), "seen", ())
     last = made[-1]() if made else None
     return len(made), None if last is None else weakref.ref(last)
 
@@ -274,20 +275,26 @@ def _switch_off(dynamo: Any) -> tuple[int, Any] | None:
     build its guards after the switch, blind. (In this order: a frame compiling after the look
     made its code after the mark. dynamo's lock is not asked for: see unihook._locks.)"""
     compiled = _compiled(dynamo)
-    compiling = _converting_anywhere(dynamo.convert_frame)
+    compiling = _converting_anywhere(dynamo)
     _set_hook_guards_skipped(dynamo, True)
     return None if compiling else compiled
 
 
-def _converting_anywhere(convert_frame: Any) -> bool:
+def _converting_anywhere(dynamo: Any) -> bool:
     """Whether a thread, this one too, is inside dynamo's conversion of a frame (or waits for
     its lock to make one)."""
-    for frame in _current_frames().values():
+    converter = getattr(_converter(dynamo), "__file__", None)
+    for frame in () if converter is None else _current_frames().values():
         while frame is not None:
-            if frame.f_code.co_filename == convert_frame.__file__:
+            if frame.f_code.co_filename == converter:
                 return True
             frame = frame.f_back
     return False
+
+
+def _converter(dynamo: Any) -> Any:
+    """``torch._dynamo.convert_frame``, or None before its import finished."""
+    return getattr(dynamo, "convert_frame", None)
 
 
 def _hook_guards(dynamo: Any) -> Any:
