@@ -12,9 +12,10 @@ Three dynamo behaviours would silently skip them:
    seen). `watch_hooks` turns that guard on, for every thread (`_hook_guards`), when unihook
    registers a torch hook, so adding one
    recompiles the frames that saw the module; removing unihook's last hook turns it back off.
-   Code compiled before the switch, and all compiled code when a global hook (native or
-   unihook's ``Module._call_impl`` wrapper, which no guard watches) comes or goes, is dropped
-   (`forget_compiled`): the next call recompiles.
+   Code compiled while it was off (`_compiled_blind`), and all compiled code when a global
+   hook (native or unihook's ``Module._call_impl`` wrapper, which no guard watches) comes or
+   goes, is dropped (`forget_compiled`): the next call recompiles. Code compiled while it was
+   on keeps its guards on the hook dicts: it stays.
 3. Dynamo recognises torch's own ``Module._call_impl`` by identity, taken when dynamo is
    imported: `watch_call_impl` corrects it if unihook's wrapper was installed by then.
 """
@@ -25,6 +26,7 @@ import gc
 import sys
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from functools import partial
 from itertools import count
@@ -185,6 +187,9 @@ _lock = RegistryLock()
 _watching: set[int] = set()  # the unihook torch hooks alive (a token each)
 _tokens = count()
 _switched = False  # unihook turned the guards on: it turns them off again
+# What dynamo had compiled when unihook last turned the guards off (`_compiled`), or None when
+# a frame was compiling then; at first, what it has compiled before it compiles anything.
+_compiled_when_off: tuple[int, Any] | None = (0, None)
 _cancel_reason: Callable[[], None] | None = None  # waits for dynamo's import while hooks live
 
 
@@ -198,7 +203,7 @@ def watch_hooks() -> Callable[[], None]:
 
     def release() -> None:
         # idempotent (a registration cut short is undone by it: see unihook._locks)
-        global _switched, _cancel_reason
+        global _switched, _cancel_reason, _compiled_when_off
         if _lock.deferred(release):
             return
         with _lock, _lock.mutex:
@@ -212,11 +217,11 @@ def watch_hooks() -> Callable[[], None]:
             dynamo = sys.modules.get("torch._dynamo")
             if _switched and dynamo is not None:
                 # torch's default back: code compiled meanwhile keeps its (now extra) guards
-                _set_hook_guards_skipped(dynamo, True)
+                _compiled_when_off = _switch_off(dynamo)
                 _switched = False
 
     undo_if_unfinished(release)
-    switched = False
+    blind = False
     with _lock, _lock.mutex:
         _watching.add(token)
         if not _reasons_given and _cancel_reason is None:
@@ -225,13 +230,71 @@ def watch_hooks() -> Callable[[], None]:
             when_imported("torch._dynamo", _give_reason)
         dynamo = sys.modules.get("torch._dynamo")
         if dynamo is not None and _hook_guards_skipped(dynamo):
-            _switched = switched = True  # (before the switch: `release` turns it back)
+            _switched = True  # (before the switch: `release` turns it back)
             _set_hook_guards_skipped(dynamo, False)
-    if switched:
+            blind = _compiled_blind(dynamo)
+    if blind:
         # compiled without the guards: blind to hooks added since. (Outside the lock: dynamo's
         # lock is never asked for under a registry lock, see unihook._locks.)
         forget_compiled()
     return release
+
+
+def _compiled(dynamo: Any) -> tuple[int, Any]:
+    """What dynamo has compiled: how many code objects it made, and a weak reference to the
+    last. It makes a frame's code before it builds the frame's guards (which read the setting),
+    so a frame compiling meanwhile counts only once it can be blind. Both start again at
+    ``torch._dynamo.reset()``, which drops every compiled frame (a reset followed by as many
+    compiles makes another last code). Read at registration only, importing nothing (dynamo
+    still being imported on another thread has compiled nothing)."""
+    made = getattr(getattr(_converter(dynamo), "output_codes", None), "seen", ())
+    last = made[-1]() if made else None
+    return len(made), None if last is None else weakref.ref(last)
+
+
+def _compiled_blind(dynamo: Any) -> bool:
+    """Whether dynamo may have built a frame's guards with the hook guards off since unihook
+    last turned them off (on any thread). A frame compiled while they were on guards the hook
+    dicts whatever the setting says later: a hook registered and removed each step no longer
+    drops every compiled frame each step (helper-91's FINDING 4), nor waits for `_held_gil`
+    beside a busy thread (FINDING 3)."""
+    mark = _compiled_when_off
+    if mark is None:
+        return True
+    made, last = _compiled(dynamo)
+    return made != mark[0] or _alive(last) is not _alive(mark[1])
+
+
+def _alive(ref: Any) -> Any:
+    return None if ref is None else ref()
+
+
+def _switch_off(dynamo: Any) -> tuple[int, Any] | None:
+    """Turn the hook guards off (torch's default) and return what dynamo had compiled by then
+    (`_compiled`), or None if a frame was compiling: one that made its code before the mark may
+    build its guards after the switch, blind. (In this order: a frame compiling after the look
+    made its code after the mark. dynamo's lock is not asked for: see unihook._locks.)"""
+    compiled = _compiled(dynamo)
+    compiling = _converting_anywhere(dynamo)
+    _set_hook_guards_skipped(dynamo, True)
+    return None if compiling else compiled
+
+
+def _converting_anywhere(dynamo: Any) -> bool:
+    """Whether a thread, this one too, is inside dynamo's conversion of a frame (or waits for
+    its lock to make one)."""
+    converter = getattr(_converter(dynamo), "__file__", None)
+    for frame in () if converter is None else _current_frames().values():
+        while frame is not None:
+            if frame.f_code.co_filename == converter:
+                return True
+            frame = frame.f_back
+    return False
+
+
+def _converter(dynamo: Any) -> Any:
+    """``torch._dynamo.convert_frame``, or None before its import finished."""
+    return getattr(dynamo, "convert_frame", None)
 
 
 def _hook_guards(dynamo: Any) -> Any:
