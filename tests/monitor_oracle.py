@@ -24,9 +24,19 @@ def native_norms(
 ) -> dict[str, float]:
     """torch's full backward pre-hooks on a deep copy (`prepare` applied to it first), each
     grad_output's norm over the module's calls."""
+
+    def run(ref: Any) -> None:
+        if prepare is not None:
+            prepare(ref)
+        loss(ref, ref(x)).backward()
+
+    return native_run(model, names, run)
+
+
+def native_run(model: Any, names: list[str], run: Callable[[Any], Any]) -> dict[str, float]:
+    """torch's full backward pre-hooks on a deep copy, through `run(copy)` (forward and
+    backward as the caller wants), each module's grad_output norm over its calls."""
     ref = copy.deepcopy(model)
-    if prepare is not None:
-        prepare(ref)
     seen: dict[str, float] = {}
 
     def hook(name: str) -> Any:
@@ -40,7 +50,7 @@ def native_norms(
         ref.get_submodule(name).register_full_backward_pre_hook(hook(name))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        loss(ref, ref(x)).backward()
+        run(ref)
     return {name: squares**0.5 for name, squares in seen.items()}
 
 
