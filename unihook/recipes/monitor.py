@@ -150,9 +150,9 @@ class _Step:
         # the output tensors hooked, by id: the names their hook adds to, and the calls
         # started by then (see `_record`, `_unhook_earlier`)
         self.hooked: dict[int, tuple[weakref.ref[Any], list[str], int]] = {}
-        # the outputs left out at the end of the forward as kept by a module (`_kept`), by
-        # id, and the calls started by then: a later call returning one was made before it
-        # (`_hooked_before`)
+        # the outputs left out as kept by a module (`_keeps` as a call ends, `_kept` as the
+        # forward ends), by id, and the calls started by then: a container returning one goes
+        # too, and a later call returning one was made before it (`_hooked_before`)
         self.kept: dict[int, tuple[weakref.ref[Any], int]] = {}
         # the name lists of the other hooks on an output hooked again (a container returning
         # it in a tuple), by id: `_kept` leaves them all out
@@ -436,21 +436,22 @@ class GradientMonitor(Synced):
         tuple) is read again wherever that is read (the caller, a later module, a loss over
         captured features), and its gradient hook sums those uses, where torch's hook on the
         call sees only what comes through the output returned (helper-77's FINDINGS 1 and 2).
-        Every call hooked on it is left out, a container returning it too. Looked for once the
-        forward ended, in every module (also those `where` leaves out: helper-92's FINDING 1),
-        so that a hook of the user's keeping an output after the monitor's ran is seen (its
-        FINDING 2); until 2026-12-02 each call looked in its own module. Not seen: an output
-        kept on another object, deeper, in a container of more than `_LOOKED` items, by a hook
+        Every call hooked on it is left out, a container returning it too. Looked for as the
+        forward ends (also when it raised), in every module (also those `where` leaves out:
+        helper-92's FINDING 1), so that a hook of the user's keeping an output after the
+        monitor's ran is seen (its FINDING 2); each call also looks in its own module as it
+        ends (`_keeps`: an output kept and dropped before the forward ends). Not seen: an
+        output kept on another object, deeper, in larger containers (`_ids_within`), by a hook
         on the model that runs after this one, or a view or copy of it kept. A module's own
         parameter it returns is not kept (it is `_record`'s)."""
         step = self._step
         if not step.hooked or not ops.grad_enabled(module) or self._repeats(module):
             return
-        for holder, module, key in _held(self._holders, step.hooked):
+        for holder, held_by, key in _held(self._holders, step.hooked):
             ref, names, _ = step.hooked[key]
             tensor = ref()
             if tensor is None or (
-                ops.is_leaf(tensor) and any(p is tensor for p, _, _ in ops.own_parameters(module))
+                ops.is_leaf(tensor) and any(p is tensor for p, _, _ in ops.own_parameters(held_by))
             ):
                 continue
             step.kept[key] = (ref, self._started)
