@@ -1197,7 +1197,10 @@ def test_finding12_evaluation_with_inner_grad_changes_the_last_entry() -> None:
 
 # ------------------------------------------------------------------ MindSpore (FINDINGS 1, 5)
 
-_MINDSPORE = "/work/main/.venv-mindspore/bin/python"
+# the MindSpore venv `make test` makes in the checkout
+_MINDSPORE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-mindspore", "bin", "python"
+)
 
 _MS_SCRIPT = r"""
 import json, sys, warnings
