@@ -142,7 +142,6 @@ class _Step:
         "shared",
         "left",
         "consumed",
-        "readers",
         "__weakref__",  # (a backend may hold `drop_leaves` weakly until a backward ends)
     )
 
@@ -162,8 +161,6 @@ class _Step:
         self.left: set[str] = set()
         # the tensors calls got as arguments, by id: the latest such call's start (`_started`)
         self.consumed: dict[int, int] = {}
-        # the same tensors: the monitored modules whose calls got each (`_kept`)
-        self.readers: dict[int, set[str]] = {}
         self.norms: dict[str, float] = {}
         self.squares: dict[str, float] = {}  # this rank's, over every backward of the forward
         self.logged = False  # in `history` once its first gradient arrived
@@ -283,6 +280,8 @@ class GradientMonitor(Synced):
         self._versions: dict[tuple[int, str], list[_Call]] = {}
         # the modules seen returning an input as their output, unchanged (`_left_out`: said once)
         self._returning: set[str] = set()
+        # the modules that ran with gradients in a forward begun without (`_record`: said once)
+        self._unrecorded: set[str] = set()
         self._started = 0  # calls started (`_before`): which came before which
         # the output tensors earlier forwards hooked that are still alive, by id: their hooks'
         # names (see `_unhook_earlier`; `_Step.hooked` has the running forward's)
@@ -292,7 +291,7 @@ class GradientMonitor(Synced):
         self._kept_before: dict[int, weakref.ref[Any]] = {}
         self._kept_prune_at = 256
         # every module of the model, hooked or not: where `_kept` looks for kept outputs
-        self._holders = ops.named_modules(inner)
+        self._holders = [held for _, held in ops.named_modules(inner)]
 
         def hooks(group: HookGroup) -> None:
             group.add("", register_forward_pre_hook(model, self._new_step, with_kwargs=True))
@@ -447,23 +446,22 @@ class GradientMonitor(Synced):
         step = self._step
         if not step.hooked or not ops.grad_enabled(module) or self._repeats(module):
             return
-        for holder, held_by, key in _held(self._holders, step.hooked):
+        for holder, key in _held(self._holders, step.hooked):
             ref, names, _ = step.hooked[key]
             tensor = ref()
             if tensor is None or (
-                ops.is_leaf(tensor) and any(p is tensor for p, _, _ in ops.own_parameters(held_by))
+                ops.is_leaf(tensor) and any(p is tensor for p, _, _ in ops.own_parameters(holder))
             ):
                 continue
             step.kept[key] = (ref, self._started)
-            # A module keeping what a call of it got (``self.last_input = x``) holds the alias
-            # torch handed it: the calls that made the tensor count its reads too; only those
-            # around that call, which return the tensor after it, do not.
-            reader = holder in step.readers.get(key, ())
+            # Every call hooked on it goes, also where the holder is a module whose call got it
+            # (``self.last_input = x``), which holds the alias torch handed it, so that the
+            # calls that made it count its reads: a forward hook of the user's on the maker
+            # storing the raw output there looks the same (helper-95's FINDING 1).
             for hooked in (names, *step.shared.get(key, ())):
-                out = [name for name in hooked if not reader or _encloses(name, holder)]
-                for name in out:
+                for name in hooked:
                     self._left_out(name, _HELD)
-                hooked[:] = [name for name in hooked if name not in out]
+                hooked.clear()  # (its hook adds to no module now)
 
     def _decide_table(self, step: _Step, stamp: int) -> dict[Any, int]:
         """The ranks' decision of every output of `step`'s forward (one exchange of them)."""
@@ -531,10 +529,9 @@ class GradientMonitor(Synced):
                 marks[id(t)] = (weakref.ref(t), ops.change_mark(t, settled=settled))
                 settled = False
         self._started += 1
-        consumed, readers = self._step.consumed, self._step.readers
-        for key in marks:  # (`_inner_output`, `_kept`)
+        consumed = self._step.consumed
+        for key in marks:  # (`_inner_output`)
             consumed[key] = self._started
-            readers.setdefault(key, set()).add(name)
         call = (marks, ops.history_mark(module), self._started)
         self._versions.setdefault((get_ident(), name), []).append(call)
 
@@ -559,7 +556,17 @@ class GradientMonitor(Synced):
             # a forward of the model begun without gradients (an evaluation under no_grad)
             # that enables them inside (forces, -dE/dx): its gradients belong to no step (until
             # 2026-12-02 they were added to the last training step's entry: helper-94's
-            # FINDING 12)
+            # FINDING 12), said once per module (a head trained under enable_grad inside a
+            # frozen model's no_grad call: helper-95's FINDING 7)
+            if ops.grad_enabled(module) and name not in self._unrecorded:
+                self._unrecorded.add(name)
+                warnings.warn(
+                    f"GradientMonitor: module {name!r} ran with gradients inside a forward of "
+                    "the model begun without them (under no_grad): its grad_output norms are "
+                    "not recorded",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             return
         step = self._step
         call = -1
@@ -965,24 +972,16 @@ def _stack_depth() -> int:
     return depth
 
 
-def _held(
-    modules: Sequence[tuple[str, Any]], wanted: Mapping[int, Any]
-) -> Iterator[tuple[str, Any, int]]:
-    """(name, module, id) for each object with an id in `wanted` that one of `modules` holds:
-    as an attribute, or an item of a dict, list or tuple attribute or of one inside it,
-    containers of at most `_LOOKED` items (a few us a module: by id, the objects found are
-    alive)."""
+def _held(modules: Sequence[Any], wanted: Mapping[int, Any]) -> Iterator[tuple[Any, int]]:
+    """(module, id) for each object with an id in `wanted` that one of `modules` holds: as an
+    attribute, or an item of a dict, list or tuple attribute or of one inside it (see
+    `_ids_within`; a few us a module: by id, the objects found are alive)."""
     keys = wanted.keys()
-    for name, module in modules:
+    for module in modules:
         ids: list[int] = []
         _ids_within(list(getattr(module, "__dict__", {}).values()), _DEEPER, ids)
         for key in keys & set(ids):
-            yield name, module, key
-
-
-def _encloses(name: str, inner: str) -> bool:
-    """Whether module `name` is `inner` or contains it (qualified names)."""
-    return not name or name == inner or inner.startswith(name + ".")
+            yield module, key
 
 
 def _ids_within(values: list[Any], deeper: int, ids: list[int]) -> None:
@@ -990,12 +989,15 @@ def _ids_within(values: list[Any], deeper: int, ids: list[int]) -> None:
     if not deeper or (deeper < _DEEPER and len(values) > _NESTED):
         return  # (a table's rows are not looked in: helper-94's FINDING 6)
     for value in values:
-        if not isinstance(value, _CONTAINERS):
+        # (by type: `isinstance` reads `__class__`, which a proxy forwards and may raise from:
+        # helper-95's FINDING 6)
+        cls = type(value)
+        if not issubclass(cls, _CONTAINERS):
             continue
         # (the base types' own methods, inline, a quarter faster than a helper: a subclass's
         # `values` or `__iter__` may run any code; a namedtuple is a tuple: helper-94's
         # FINDING 8)
-        kind: Any = dict if isinstance(value, dict) else tuple if isinstance(value, tuple) else list
+        kind: Any = dict if issubclass(cls, dict) else tuple if issubclass(cls, tuple) else list
         if 0 < kind.__len__(value) <= _LOOKED:
             items = dict.values(value) if kind is dict else kind.__iter__(value)  # pyright: ignore[reportArgumentType]
             _ids_within(list(items), deeper - 1, ids)
@@ -1015,7 +1017,9 @@ def _keeps(
     ids = {id(t) for t in tensors}
     found = {key for key in ids if key in kept and id(kept[key][0]()) == key}
     held: list[int] = []
-    _ids_within(list(getattr(module, "__dict__", {}).values()), _DEEPER, held)
+    # (one level: the look runs at every call, so a table the module holds costs each call,
+    # 170 us with a deeper look: helper-95's FINDING 11; `_kept` looks deeper once)
+    _ids_within(list(getattr(module, "__dict__", {}).values()), 1, held)
     found.update(ids.intersection(held))
     if not found:
         return False
