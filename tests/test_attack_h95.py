@@ -286,7 +286,7 @@ def _pair_loss(model: Any, out: Any) -> Any:
 def test_finding1_hook_keeps_the_raw_output_on_its_reader() -> None:
     torch.manual_seed(0)
     model = _Pair()
-    # 'a': recorded 14.07, native 2.73, no warning
+    # 'a': recorded 13.71, native 2.66, no warning
     assert broken(model, _names(model), torch.randn(3, 4), _pair_loss, _on_consumer) == []
 
 
@@ -392,7 +392,7 @@ def test_finding2_the_holder_never_got_the_tensor() -> None:
 def test_finding2_reader_by_a_reused_id() -> None:
     torch.manual_seed(0)
     model = _Triple()
-    # 'b': recorded 9.62, native 2.41, no warning
+    # 'b': recorded 10.97, native 2.74, no warning
     assert broken(model, _names(model), torch.randn(3, 4), _triple_loss, _b_on_t) == []
 
 
@@ -402,6 +402,104 @@ def test_finding2_paddle() -> None:
     # 'b': recorded 10.97, native 2.74, no warning
     assert step.get("b", native["b"]) == pytest.approx(native["b"], rel=1e-4)
     assert "b" in step or any("'b'" in s for s in said)
+
+
+# ---- MindSpore (FINDING 1; FINDING 2 did not reproduce there: 'b' left out, warned)
+
+_MINDSPORE = "/work/main/.venv-mindspore/bin/python"
+
+_MS_SCRIPT = r"""
+import json, sys, warnings
+import numpy as np
+import mindspore as ms
+from unihook.recipes import GradientMonitor
+
+rng = np.random.default_rng(0)
+w = [rng.normal(size=(4, 4)).astype(np.float32) * 0.5 for _ in range(2)]
+b = [rng.normal(size=4).astype(np.float32) * 0.1 for _ in range(2)]
+x = ms.Tensor(rng.normal(size=(3, 4)).astype(np.float32))
+
+
+def dense(i):
+    d = ms.nn.Dense(4, 4)
+    d.weight.set_data(ms.Tensor(w[i]))
+    d.bias.set_data(ms.Tensor(b[i]))
+    return d
+
+
+class Triple(ms.nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.a = dense(0)
+        self.t = ms.nn.Tanh()
+        self.b = dense(1)
+
+    def construct(self, v):
+        return self.b(self.t(self.a(v))) * 1.0
+
+
+found = {}
+for producer, holder in (("a", "t"), ("b", "t")):
+    net = Triple()
+    def hook(cell, inputs, output, net=net, holder=holder):
+        setattr(getattr(net, holder), "feat", output)
+    getattr(net, producer).register_forward_hook(hook)
+    def loss(v, net=net, holder=holder):
+        out = net(v)
+        return (out * out).sum() + 3 * (getattr(net, holder).feat ** 2).sum()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with GradientMonitor(net) as monitor:
+            ms.grad(loss)(x)
+    said = [str(c.message) for c in caught if "GradientMonitor" in str(c.message)]
+    found[producer] = [dict(monitor.history[-1]) if monitor.history else {}, said]
+json.dump({"found": found, "w": [a.tolist() for a in w], "b": [a.tolist() for a in b],
+           "x": x.asnumpy().tolist()}, sys.stdout)
+"""
+
+
+def _mindspore_run() -> dict[str, Any]:
+    import json
+    import subprocess
+
+    if not os.path.exists(_MINDSPORE):
+        pytest.skip("no MindSpore environment")
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    env = dict(os.environ, PYTHONPATH=f"{root}:{root}/backends", GLOG_minloglevel="2")
+    done = subprocess.run(
+        [_MINDSPORE, "-c", _MS_SCRIPT],
+        cwd=here,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.xfail(strict=True, reason="FINDING 1: MindSpore, a capture on the cell reading it")
+def test_finding1_mindspore() -> None:
+    run = _mindspore_run()
+    w, b = [torch.tensor(a) for a in run["w"]], [torch.tensor(a) for a in run["b"]]
+    twin = _Triple()
+    with torch.no_grad():
+        for layer, i in ((twin.a, 0), (twin.b, 1)):
+            layer.weight.copy_(w[i])
+            layer.bias.copy_(b[i])
+
+    def prepare(model: Any) -> Any:
+        return model.a.register_forward_hook(lambda m, i, o: setattr(model.t, "feat", o)).remove
+
+    native = native_norms(twin, _names(twin), torch.tensor(run["x"]), _triple_loss, prepare)
+    step, said = run["found"]["a"]
+    # the twin is the same model: the root's norm agrees with torch's
+    assert step[""] == pytest.approx(native[""], rel=1e-4)
+    # 'a': recorded 26.54, native 2.26, no warning
+    assert ("a" not in step and any("'a'" in s for s in said)) or step["a"] == pytest.approx(
+        native["a"], rel=1e-4
+    )
 
 
 # ------------------------------------------------------------------ FINDING 3
@@ -482,7 +580,7 @@ def _capture_on_itself(model: Any) -> Any:
 def test_finding5_capture_read_and_cleared_inside_the_forward() -> None:
     torch.manual_seed(0)
     model = _FeatureHookNet()
-    # 'body.0': recorded 1.27, native 0.31, no warning (registered before the monitor: warned)
+    # 'body.0': recorded 1.35, native 0.33, no warning (registered before the monitor: warned)
     assert broken(model, _names(model), torch.randn(3, 4), _square, _capture_on_itself) == []
 
 
@@ -544,3 +642,49 @@ def test_finding7_gradients_enabled_inside_a_no_grad_forward() -> None:
     assert (entries and entries[-1].get("head") == pytest.approx(native["head"])) or any(
         "'head'" in s for s in said
     )
+
+
+# ------------------------------------------------------------------ FINDING 8
+
+
+class _AuxBlock(nn.Module):
+    """Returns `pre`'s output after `inner` read it (an auxiliary head inside the block)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Linear(4, 4)
+        self.inner = nn.Linear(4, 4)
+
+    def forward(self, x: Any) -> Any:
+        h = self.pre(x)
+        self.aux = self.inner(h)
+        return h
+
+
+class _AuxNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.b = _AuxBlock()
+        self.out = nn.Linear(4, 4)
+
+    def forward(self, x: Any) -> Any:
+        return self.out(self.b(x))
+
+
+def _aux_loss(model: Any, out: Any) -> Any:
+    return (out * out).sum() + 2 * (model.b.aux**2).sum()
+
+
+def test_held_aux_block_with_every_module_monitored() -> None:
+    torch.manual_seed(0)
+    model = _AuxNet()
+    assert broken(model, _names(model), torch.randn(3, 4), _aux_loss) == []
+
+
+@pytest.mark.xfail(strict=True, reason="FINDING 8: where= leaves out the inner producer")
+def test_finding8_block_returning_an_inner_output_where_leaves_out_the_child() -> None:
+    torch.manual_seed(0)
+    model = _AuxNet()
+    where = ["b", "out"]  # (the blocks, not their layers)
+    # 'b': recorded 4.83, native 1.94, no warning (0c76291 the same)
+    assert broken(model, where, torch.randn(3, 4), _aux_loss, where=where) == []
