@@ -33,7 +33,8 @@ HELD (pinned below unless said):
   ``__iter__``, ``__len__`` raise (the base types' methods are used), a list holding itself,
   a 100,000-item tuple, ``__torch_function__`` tensor subclasses (alone, in a list). (An
   object whose ``__class__`` raises: FINDING 6.)
-- `_encloses`: "layer1" does not enclose "layer10.x" (``startswith(name + ".")``, by reading).
+- `_encloses` by dotted prefix: a K-FAC holder 'layer10' of what 'layer1' made leaves
+  'layer1' recorded, native, no warning.
 - Gradient accumulation (three forward+backward, or three forwards and one backward): one
   entry per forward, as documented (by hand).
 - Cost (1 torch thread, best of 7 x 10 steps, load ~1.5 from another helper; by hand, see
@@ -359,6 +360,28 @@ def test_held_weird_attribute_values_do_not_crash() -> None:
             with GradientMonitor(model) as monitor:
                 model(torch.randn(2, 4)).sum().backward()
         assert set(monitor.history[-1]) == {"", "0", "1"}
+
+
+class _Prefix(nn.Module):
+    """'layer1' makes what 'layer10' gets (and keeps: a K-FAC pre-hook)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer1 = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+        self.layer10 = nn.Linear(4, 4)
+
+    def forward(self, x: Any) -> Any:
+        return self.layer10(self.layer1(x))
+
+
+def test_held_encloses_is_by_dotted_prefix() -> None:
+    torch.manual_seed(0)
+    model = _Prefix()
+    step, said = monitored(model, torch.randn(3, 4), _square, _kfac)
+    assert said == [] and set(step) == set(_names(model))
+    torch.manual_seed(0)
+    model = _Prefix()
+    assert broken(model, _names(model), torch.randn(3, 4), _square, _kfac) == []
 
 
 # ------------------------------------------------------------------ FINDING 1
