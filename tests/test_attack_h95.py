@@ -37,6 +37,16 @@ HELD (pinned below unless said):
 - Where 156f05d loses more than 0c76291 in the second generator without parent stashes
   (359 vs 159 of 2422 native entries; 60 seeds compared): a parent's dict state holding its
   child's output (README's documented leave-out) and FINDING 4, nothing else.
+- ``every=2`` over six steps with no_grad evaluation forwards before and after each, a
+  keeper read by the loss and K-FAC pre-hooks: three entries, each the native norms of its
+  step, keeper and container warned (by hand).
+- A model calling itself under ``no_grad`` inside its training forward (a mean teacher on
+  the same weights), also under a non-reentrant ``checkpoint`` of the whole model, ``every``
+  1 and 2: one entry per recorded step, native (by hand).
+- A reader keeping what it got through a keyword argument, a list or a dict argument
+  (``self.r(x=h)``, ``self.r(items=[h])``, ``self.r(d={"h": h})``): native (by hand).
+- ``del monitor`` without ``remove()``, a backward pending: the model's hooks keep the
+  monitor, that backward and later ones are recorded (by hand).
 - Memory: a user keeping every step's loss tensor (not ``.item()``) keeps each step's graph
   nodes and, through the root output's hook, its `_Step`: +57 KB RSS a step over the 168 KB
   without the monitor (0c76291: +50 KB), 6-layer TransformerEncoder; not a finding.
