@@ -154,8 +154,9 @@ FINDINGS (strict xfails below), numbered as found; by severity: medium-high 1; m
    containers holding no output (e.g. the per-call look at the first level only, the deeper
    levels once at the end; or remember containers seen without tensors by id and length).
 
-Not covered for lack of time: distributed merges, torch.compile, threads beyond reading the
-code (`_held`'s ``keys & set(ids)`` is one C-level pass under the GIL).
+Not covered for lack of time: distributed merges, torch.compile, threads beyond one run and
+reading the code (`_held`'s ``keys & set(ids)`` is one C-level pass under the GIL), MindSpore
+beyond FINDINGS 1 and 2.
 """
 
 from __future__ import annotations
