@@ -32,6 +32,12 @@ HELD (plain tests below unless marked probe):
 - (probe, not unihook's) ``torch.compile(fn, fullgraph=True).aot_compile(...)``: the AOT
   function ignores a hook added later, unihook's and torch's own alike, also when compiled
   while another unihook hook kept the guards on (torch checks no guard there);
+- (probe) compiled autograd (``compiled_autograd._enable``, aot_eager) with a tensor hook
+  on a weight and a full backward hook added after the first compiled step: gradients and
+  hook calls eager's;
+- (probe) one or two threads serving the compiled model while the main thread registers a
+  doubling forward hook for 50 ms, 20 times: every call started while it was registered
+  (10322) doubled (two threads hit ``recompile_limit``: helper-91's open FINDING 4);
 - (probe, measurement; the timing test below with UNIHOOK_SLOW_ATTACKS) a register/remove
   pair on one Linear: 26 us with dynamo imported (69 us before the import: the first
   registration's warm-up is in both), against 128 us at 0c76291 (the old switch-on always
@@ -107,6 +113,16 @@ FINDINGS (strict xfails below for those open; each asserts the right behaviour):
    hook in a loop across the main thread's ``import torch._dynamo``: ~870 pairs fine, then
    every registration raises until the import is done (5 of 5 runs). Expected: no error (the
    callback waits for the import to finish, as `_converter` does for convert_frame).
+5. (low, crash under a documented torch mode; a limit of the design, 0c76291 the same) under
+   ``torch.compiler.set_stance("fail_on_recompile")`` (how a server asserts it never
+   recompiles), unihook's first hook on ANY module, one in no compiled model too, makes the
+   next call of a model compiled before it raise ``RuntimeError: Detected recompile when
+   torch.compile stance is 'fail_on_recompile'``: the model was compiled while the guards
+   were off, so the switch-on drops it. torch's own hook on that module changes nothing.
+   Repro: ``cm = torch.compile(m); cm(x)``; ``with set_stance("fail_on_recompile"):
+   unihook.register_forward_hook(other, f); cm(x)`` -> raises. Expected: as with torch's
+   own hook, no error (at least not for a module the compiled model does not hold; README
+   says nothing of it either).
 """
 
 from __future__ import annotations
@@ -517,3 +533,41 @@ def test_finding_4_a_registration_while_another_thread_imports_dynamo_raises() -
     from children import last_value, run_code
 
     assert last_value(run_code(IMPORTING, timeout=240, fresh=True)) == []
+
+
+STANCE = """
+import warnings
+warnings.simplefilter("ignore")
+import torch, torch._dynamo, unihook
+
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+other = torch.nn.Linear(2, 2)  # in no compiled model
+x = torch.ones(4, 3)
+compiled = torch.compile(m, backend="eager")
+compiled(x)
+out = {}
+with torch.compiler.set_stance("fail_on_recompile"):
+    for name, register in (
+        ("torch", other.register_forward_hook),
+        ("unihook", lambda hook: unihook.register_forward_hook(other, hook)),
+    ):
+        h = register(lambda *a: None)
+        try:
+            compiled(x)
+            out[name] = "ok"
+        except Exception as exc:
+            out[name] = repr(exc)[:120]
+        h.remove()
+print(repr(out))
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="FINDING 5: under fail_on_recompile a unihook hook on an unrelated module breaks a compiled model",
+)
+def test_finding_5_fail_on_recompile_model_breaks_at_a_hook_on_an_unrelated_module() -> None:
+    from children import last_value, run_code
+
+    assert last_value(run_code(STANCE, timeout=240)) == {"torch": "ok", "unihook": "ok"}
