@@ -80,8 +80,9 @@ FINDINGS (strict xfails below for those open; each asserts the right behaviour):
 
 2. (medium, silent skipped hook; a regression of h93: 0c76291 passes) a registration cut
    short after its switch-on found blind frames and before `forget_compiled` dropped them
-   (a Ctrl-C landing there, e.g. while it waits for dynamo's compile lock or in `_held_gil`,
-   or any error out of `forget_compiled`) is undone (`undo_if_unfinished` -> ``release``),
+   (a Ctrl-C landing there, e.g. in `_held_gil` or in dynamo's reset, or any error out of
+   `forget_compiled`; one landing while it waits for a thread compiling is safe: that
+   switch-off marks None) is undone (`undo_if_unfinished` -> ``release``),
    and that undo's switch-off takes a new mark which counts the blind frames as already seen:
    the next registration finds "nothing compiled since" and drops nothing, so a model
    compiled before unihook's first hook ignores every unihook hook added to it from then on
@@ -95,7 +96,7 @@ FINDINGS (strict xfails below for those open; each asserts the right behaviour):
 
    Expected: eager's (the drop the undone switch-on owed is still owed: e.g. the undo's
    switch-off keeps the old mark, or marks None).
-3. (medium, transient silent skipped hook; not a regression: 0c76291 the same) a registration
+3. (medium-high, transient silent skipped hook; not a regression: 0c76291 the same) a registration
    made while another thread's first registration is still between its switch-on and the
    end of its `forget_compiled` (waiting for dynamo's compile lock, held for the whole of a
    third thread's compile: seconds with inductor) returns at once (the guards are already on:
