@@ -54,7 +54,9 @@ HELD (plain tests below unless marked probe):
 
 FINDINGS (strict xfails below for those open; each asserts the right behaviour):
 
-1. (medium, silent skipped hook; a regression of h93: 0c76291 passes) `_compiled_blind` takes "as many codes as at the mark, and
+1. FIXED (`_compiled_blind`: a newest code that died tells nothing). (medium, silent skipped
+   hook; a regression of h93: 0c76291 passes) `_compiled_blind` takes "as many codes as at the
+   mark, and
    the last one the same" for "nothing compiled since", but when both last codes are dead the
    comparison is ``None is None``: after a ``torch._dynamo.reset()`` (or
    ``torch.compiler.reset()``, which restarts the count) a model compiled blind survives the
@@ -78,7 +80,8 @@ FINDINGS (strict xfails below for those open; each asserts the right behaviour):
    mark and now can't tell "the same" from "another one that died": e.g. take it as blind, or
    count compiles in a counter the reset does not restart).
 
-2. (medium, silent skipped hook; a regression of h93: 0c76291 passes) a registration cut
+2. FIXED (`_drop_owed`: a switch-off marks None while a drop is owed). (medium, silent
+   skipped hook; a regression of h93: 0c76291 passes) a registration cut
    short after its switch-on found blind frames and before `forget_compiled` dropped them
    (a Ctrl-C landing there, e.g. in `_held_gil` or in dynamo's reset, or any error out of
    `forget_compiled`; one landing while it waits for a thread compiling is safe: that
@@ -96,7 +99,8 @@ FINDINGS (strict xfails below for those open; each asserts the right behaviour):
 
    Expected: eager's (the drop the undone switch-on owed is still owed: e.g. the undo's
    switch-off keeps the old mark, or marks None).
-3. (medium-high, transient silent skipped hook; not a regression: 0c76291 the same) a registration
+3. FIXED (`_drop_owed`: every registration drops while one is owed). (medium-high, transient
+   silent skipped hook; not a regression: 0c76291 the same) a registration
    made while another thread's first registration is still between its switch-on and the
    end of its `forget_compiled` (waiting for dynamo's compile lock, held for the whole of a
    third thread's compile: seconds with inductor) returns at once (the guards are already on:
@@ -161,16 +165,21 @@ def register(kind, mod, log, tag):
     if kind == "fwd":
         return unihook.register_forward_hook(mod, lambda m, a, o: (log.append(tag), o * 2)[1])
     if kind == "pre":
-        return unihook.register_forward_pre_hook(mod, lambda m, a: (log.append(tag), (a[0] + 1,))[1])
+        return unihook.register_forward_pre_hook(mod, lambda m, a: (log.append(tag), (a[0] +
+   1,))[1])
     if kind == "bwd":
-        return unihook.register_full_backward_hook(mod, lambda m, gi, go: (log.append(tag), None)[1])
+        return unihook.register_full_backward_hook(mod, lambda m, gi, go: (log.append(tag),
+   None)[1])
     if kind == "bpre":
-        return unihook.register_full_backward_pre_hook(mod, lambda m, go: (log.append(tag), (go[0] * 3,))[1])
+        return unihook.register_full_backward_pre_hook(mod, lambda m, go: (log.append(tag), (go[0]
+   * 3,))[1])
     if kind == "fwdk":
-        return unihook.register_forward_hook(mod, lambda m, a, k, o: (log.append(tag), o - 1)[1], with_kwargs=True)
+        return unihook.register_forward_hook(mod, lambda m, a, k, o: (log.append(tag), o - 1)[1],
+   with_kwargs=True)
     if kind == "tens":
         return unihook.register_tensor_hook(mod.weight, lambda g: (log.append(tag), g * 2)[1])
-    return unihook.register_module_forward_hook(lambda m, a, o: (log.append(tag + type(m).__name__), None)[1], backend="torch")
+    return unihook.register_module_forward_hook(lambda m, a, o: (log.append(tag +
+   type(m).__name__), None)[1], backend="torch")
 
 
 def play(seed, steps):
@@ -343,10 +352,6 @@ print(repr(out))
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 1: after a dynamo reset, a blind frame survives the switch-on when the newest code died",
-)
 def test_finding_1_blind_model_kept_when_the_newest_code_died_after_a_reset() -> None:
     from children import last_value, run_code
 
@@ -436,10 +441,6 @@ print(repr((torch.allclose(got, 2 * plain), calls)))
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 2: a registration undone before its drop marks the blind frames as seen",
-)
 def test_finding_2_a_registration_interrupted_before_its_drop_leaves_the_blind_model_for_good() -> (
     None
 ):
@@ -494,10 +495,6 @@ print(repr((torch.allclose(got, 2 * plain), calls)))
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 3: a registration beside another's pending drop is skipped by the blind frames",
-)
 def test_finding_3_a_registration_beside_another_threads_pending_drop_is_skipped() -> None:
     from children import last_value, run_code
 
@@ -614,10 +611,6 @@ print(repr(missed))
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 3: two threads' first registrations at once: the call after one skips its hook",
-)
 def test_finding_3_two_threads_registering_at_once_the_next_call_skips_the_hook() -> None:
     from children import last_value, run_code
 

@@ -190,6 +190,11 @@ _switched = False  # unihook turned the guards on: it turns them off again
 # What dynamo had compiled when unihook last turned the guards off (`_compiled`), or None when
 # a frame was compiling then; at first, what it has compiled before it compiles anything.
 _compiled_when_off: tuple[int, Any] | None = (0, None)
+# A switch-on found code compiled blind and no drop finished since: every registration drops it
+# (one made meanwhile returned before the first one's drop, and its hook was skipped: helper-96's
+# FINDING 3), and a switch-off marks None (a registration cut short before its drop took a
+# mark that counted the blind code as seen: FINDING 2).
+_drop_owed = False
 _cancel_reason: Callable[[], None] | None = None  # waits for dynamo's import while hooks live
 
 
@@ -198,7 +203,7 @@ def watch_hooks() -> Callable[[], None]:
     every registration; returns the release, for the handle). Before dynamo is imported nothing
     is compiled, and a hook dict that is not empty when dynamo compiles is guarded anyway:
     dynamo is never imported for this."""
-    global _switched, _cancel_reason
+    global _switched, _cancel_reason, _drop_owed
     token = next(_tokens)
 
     def release() -> None:
@@ -217,7 +222,8 @@ def watch_hooks() -> Callable[[], None]:
             dynamo = sys.modules.get("torch._dynamo")
             if _switched and dynamo is not None:
                 # torch's default back: code compiled meanwhile keeps its (now extra) guards
-                _compiled_when_off = _switch_off(dynamo)
+                mark = _switch_off(dynamo)
+                _compiled_when_off = None if _drop_owed else mark
                 _switched = False
 
     undo_if_unfinished(release)
@@ -232,11 +238,14 @@ def watch_hooks() -> Callable[[], None]:
         if dynamo is not None and _hook_guards_skipped(dynamo):
             _switched = True  # (before the switch: `release` turns it back)
             _set_hook_guards_skipped(dynamo, False)
-            blind = _compiled_blind(dynamo)
+            _drop_owed = _drop_owed or _compiled_blind(dynamo)
+        blind = _drop_owed
     if blind:
         # compiled without the guards: blind to hooks added since. (Outside the lock: dynamo's
         # lock is never asked for under a registry lock, see unihook._locks.)
         forget_compiled()
+        with _lock, _lock.mutex:
+            _drop_owed = False  # (the guards are on: nothing compiled since is blind)
     return release
 
 
@@ -262,7 +271,12 @@ def _compiled_blind(dynamo: Any) -> bool:
     if mark is None:
         return True
     made, last = _compiled(dynamo)
-    return made != mark[0] or _alive(last) is not _alive(mark[1])
+    if not made and not mark[0]:
+        return False  # nothing compiled, then or since
+    # (a newest code that died tells nothing: after a reset as many compiles may have made
+    # another one that died too, `torch._dynamo.export`'s: helper-96's FINDING 1)
+    newest = _alive(last)
+    return made != mark[0] or newest is None or newest is not _alive(mark[1])
 
 
 def _alive(ref: Any) -> Any:
