@@ -170,7 +170,6 @@ beyond FINDINGS 1 and 2.
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import random
@@ -182,7 +181,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from monitor_oracle import broken, monitored, native_norms  # noqa: E402
+from monitor_oracle import broken, monitored, native_norms, native_run  # noqa: E402
 
 from unihook.recipes import GradientMonitor  # noqa: E402
 
@@ -199,25 +198,7 @@ def _said(caught: Any) -> list[str]:
     return [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
 
 
-def _native_run(model: Any, names: list[str], run: Any) -> dict[str, float]:
-    """torch's full backward pre-hooks on a deep copy, through `run(copy)`, each module's
-    norm over its calls."""
-    ref = copy.deepcopy(model)
-    seen: dict[str, float] = {}
-
-    def hook(name: str) -> Any:
-        def fn(module: Any, grad_output: Any) -> None:
-            squares = sum(float(g.double().pow(2).sum()) for g in grad_output if g is not None)
-            seen[name] = seen.get(name, 0.0) + squares
-
-        return fn
-
-    for name in names:
-        ref.get_submodule(name).register_full_backward_pre_hook(hook(name))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run(ref)
-    return {name: math.sqrt(squares) for name, squares in seen.items()}
+_native_run = native_run
 
 
 def _monitor_run(model: Any, run: Any, **kwargs: Any) -> tuple[list[dict[str, float]], list[str]]:
