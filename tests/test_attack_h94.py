@@ -1433,7 +1433,7 @@ def test_finding13_forwards_on_two_threads_raise() -> None:
 
     def work() -> None:
         x = torch.randn(1, 2)
-        while not stop.is_set() and time.monotonic() - start < 20:
+        while not stop.is_set() and time.monotonic() - start < 5:
             try:
                 model(x)
             except RuntimeError as error:  # (the monitor's, from its forward pre-hook)

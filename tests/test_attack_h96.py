@@ -484,6 +484,8 @@ while time.monotonic() < deadline:  # until the first registration waits inside 
     if "forget_compiled" in names:
         break
     time.sleep(0.01)
+# (the registration below drops too, so it waits for dynamo's lock: the long compile ends soon)
+threading.Timer(2.0, go.set).start()
 calls = []
 h = unihook.register_forward_hook(m[2], lambda mod, a, o: (calls.append(1), o * 2)[1])
 got = compiled(x)  # after this thread's registration returned
