@@ -8,6 +8,9 @@ number."""
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
 import warnings
 from typing import Any, Callable
 
@@ -101,3 +104,24 @@ def broken(
         elif name in native and not any(repr(name) in s for s in said):
             found.append(f"{name!r}: absent without a warning")
     return found
+
+
+# the MindSpore venv `make test` makes in the checkout
+MINDSPORE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-mindspore", "bin", "python"
+)
+
+
+def run_in_mindspore(script: str) -> Any:
+    """Run `script` in the MindSpore venv (this checkout's unihook on its path) and return the
+    JSON it prints last; skip where there is no such venv."""
+    if not os.path.exists(MINDSPORE):
+        pytest.skip("no MindSpore environment")
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    env = dict(os.environ, PYTHONPATH=f"{root}:{root}/backends", GLOG_minloglevel="2")
+    done = subprocess.run(
+        [MINDSPORE, "-c", script], cwd=here, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

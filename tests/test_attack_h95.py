@@ -181,7 +181,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from monitor_oracle import broken, monitored, native_norms, native_run  # noqa: E402
+from monitor_oracle import broken, monitored, native_norms, native_run, run_in_mindspore  # noqa: E402
 
 from unihook.recipes import GradientMonitor  # noqa: E402
 
@@ -553,8 +553,6 @@ def test_finding2_paddle() -> None:
 
 # ---- MindSpore (FINDING 1; FINDING 2 did not reproduce there: 'b' left out, warned)
 
-_MINDSPORE = "/work/main/.venv-mindspore/bin/python"
-
 _MS_SCRIPT = r"""
 import json, sys, warnings
 import numpy as np
@@ -606,24 +604,7 @@ json.dump({"found": found, "w": [a.tolist() for a in w], "b": [a.tolist() for a 
 
 
 def _mindspore_run() -> dict[str, Any]:
-    import json
-    import subprocess
-
-    if not os.path.exists(_MINDSPORE):
-        pytest.skip("no MindSpore environment")
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(here)
-    env = dict(os.environ, PYTHONPATH=f"{root}:{root}/backends", GLOG_minloglevel="2")
-    done = subprocess.run(
-        [_MINDSPORE, "-c", _MS_SCRIPT],
-        cwd=here,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_in_mindspore(_MS_SCRIPT)
 
 
 def test_finding1_mindspore() -> None:
