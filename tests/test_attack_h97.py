@@ -121,6 +121,7 @@ low-medium 4; low 3.
    `_running` stays 1 after the thread ended, and ``model.a(x)`` on its own changes
    history[-1]['a'] from 2.74 to 5.51. Expected: the hooks removed only once no forward
    of the model runs (or the running forwards' calls kept hooked), `_running` back to 0.
+   paddle the same (pinned: '' 4.08 where ``every=1`` gives 4.91, `_running` stays 1).
 
 Not covered for lack of time: MindSpore, distributed merges, torch.compile, threads beyond
 reading the code (h94's FINDING 4 pattern goes through the per-call look: FINDING 1 applies).
@@ -970,3 +971,65 @@ def test_finding6_threads_every_2() -> None:
     before, after, running = _threads(2)
     # `_running` stays 1 (the finished thread's forward): history[-1]['a'] 2.74 -> 5.51
     assert before == after and running == 0
+
+
+def _paddle_self_calling(every: int) -> tuple[list[dict[str, float]], list[dict[str, float]], int]:
+    paddle = pytest.importorskip("paddle")
+    pnn = paddle.nn
+
+    class PSelfCalling(pnn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.k = pnn.Linear(4, 4)
+            self.a = pnn.Linear(4, 4)
+
+        def forward(self, x: Any, depth: int = 1) -> Any:
+            h = self.k(x)
+            if depth:
+                h = self(paddle.tanh(h), depth - 1)
+            return self.a(h)
+
+    paddle.seed(0)
+    model, x = PSelfCalling(), paddle.randn([3, 4])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        monitor = GradientMonitor(model, every=every)
+        for _ in range(3):
+            (model(x) ** 2).sum().backward()
+        before = [dict(entry) for entry in monitor.history]
+        (model.a(x) ** 2).sum().backward()
+    monitor.remove()
+    return before, [dict(entry) for entry in monitor.history], monitor._running
+
+
+@pytest.mark.xfail(strict=True, reason="FINDING 6: paddle, every=N, a forward nested in another")
+def test_finding6_paddle_self_calling_model_every_2() -> None:
+    reference, _, _ = _paddle_self_calling(1)
+    before, after, running = _paddle_self_calling(2)
+    # '' and 'a' 4.08 where every=1 gives 4.91; `_running` stays 1, model.a alone changes
+    # history[-1]
+    assert running == 0 and before == after
+    assert before[-1][""] == pytest.approx(reference[-1][""], rel=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 7, 21])
+def test_held_every_n_generated(seed: int) -> None:
+    # each entry native or warned: 59 of 60 seeds by hand (seed 36: FINDING 2)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    net = _Net(rng, _MODES, False)
+    names, x = _names(net), torch.randn(3, 4)
+    every = rng.choice([2, 3])
+    where = None if rng.random() < 0.6 else rng.sample(names, rng.randint(1, len(names)))
+    native = native_norms(net, where or names, x, _net_loss)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        with GradientMonitor(net, every=every, where=where) as monitor:
+            for _ in range(6):
+                with torch.no_grad():
+                    net(x)
+                _net_loss(net, net(x)).backward()
+    said = _said(caught)
+    assert len(monitor.history) == 6 // every
+    for entry in monitor.history:
+        assert _promise_kept(native, dict(entry), said)
