@@ -103,10 +103,10 @@ low-medium 4; low 3.
    the module's backward hook, so torch's grad_output leaves that term out and the output's
    tensor hook sums it in. ``Sequential(Linear, Tanh, Linear, Tanh, Linear)``, the hook on
    '0' and '2', registered after the monitor: '0' 2.31 where native is 1.22, '2' 1.95 vs
-   1.39, no warning; before the monitor the same; paddle the same (pinned). Expected: native (a tensor hook on an
-   alias the monitor returns from a forward hook run after the user's, as torch's
-   BackwardHookFunction does), or left out where a forward hook of the user's runs on the
-   module, or README saying so.
+   1.39, no warning; before the monitor the same; paddle the same (pinned). Expected:
+   native (a tensor hook on an alias the monitor returns from a forward hook run after the
+   user's, as torch's BackwardHookFunction does), or left out where a forward hook of the
+   user's runs on the module, or README saying so.
 6. (medium: silently wrong norms, and later calls added to a past entry; not a regression)
    with ``every`` > 1 the counter `_count` removes the hooks at the end of each forward of
    the model, also while another forward of it is still running (one nested in it, or on
