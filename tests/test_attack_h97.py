@@ -102,9 +102,10 @@ low-medium 4; low 3.
    items: a cell holding 15 lists of 256 ints (no tensor), unrolled 200 times with
    ``where=["cell"]``: 77.6 ms a step where the same cell without lists takes 17.0 ms (no
    monitor 5.6 ms; 0c76291 65.8 ms); with 16 lists the step takes 32.4 ms, since the look
-   gives up (FINDING 1). Pinned by the ids walked (~790,000 a forward). Expected: a call's
-   cost independent of containers holding no output (e.g. remember containers seen without
-   a tensor by id and length, or look only at containers holding tensors).
+   gives up (FINDING 1). Pinned by the ids walked (~780,000 a forward; 4,670 without the
+   lists). Expected: a call's cost independent of containers holding no output (e.g.
+   remember containers seen without a tensor by id and length, or look only at containers
+   holding tensors).
 
 5. (medium-low: silently wrong norm; not a regression; README names a view or a copy kept,
    not this) a user's forward hook computing a loss term from the module's output (an
@@ -765,7 +766,7 @@ def test_finding4_per_call_walk_of_first_level_containers(monkeypatch: Any) -> N
     with GradientMonitor(model, where=["cell"]):
         counted[0] = 0
         model(torch.randn(2, 8)).sum().backward()
-    # ~790,000 ids a forward: 200 calls x 15 x 256 (77.6 ms a step where the cell without the
+    # ~780,000 ids a forward: 200 calls x 15 x 256 (77.6 ms a step where the cell without the
     # lists takes 17.0 ms; 0c76291 65.8 ms)
     assert counted[0] < 50_000
 
