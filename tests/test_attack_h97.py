@@ -40,6 +40,10 @@ HELD (pinned below unless said):
 - ``every`` 2 or 3 over six steps with a ``no_grad`` forward before each, generated keepers,
   random ``where=`` in 40%: each entry native or warned, 59 of 60 seeds (seed 36: FINDING 2;
   by hand).
+- The whole model under ``torch.utils.checkpoint``, reentrant and not, a ``no_grad``
+  forward of it between each forward and its backward, ``every`` 1 and 2, six steps of
+  different inputs: the entries of the recorded steps, each native (by hand; a PART under a
+  reentrant checkpoint: FINDING 8).
 - Ordinary models lose nothing but the documented (p=0 dropouts, never-called containers):
   a 2-layer TransformerEncoder, LSTM + GRU + Linear, Conv/BN/ReLU/pool/Linear (pinned); a
   TransformerDecoder over an Embedding (by hand).
