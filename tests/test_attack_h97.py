@@ -49,6 +49,8 @@ HELD (pinned below unless said):
   TransformerDecoder over an Embedding (by hand).
 - Three threads x 40 steps on generated models, ``every`` 1 or 2: no error from the
   monitor (the models' own shared ``self.out`` races between threads); but see FINDING 6.
+- A forward begun under ``no_grad`` training two heads under ``enable_grad`` (one a
+  Sequential), three steps: no entry, each of the four modules named once (by hand).
 - Re-entrant models and exceptions: nothing new beyond FINDING 1 (which reopens helper-94's
   FINDING 3, nested forward, for keepers over 32 entries: pinned) and FINDING 6.
 
