@@ -791,6 +791,7 @@ def test_finding4_per_call_walk_of_first_level_containers(monkeypatch: Any) -> N
 
 
 @pytest.mark.skipif(not os.environ.get("UNIHOOK_SLOW_ATTACKS"), reason="timing")
+@pytest.mark.xfail(strict=True, reason="FINDING 4: the per-call look walks flat lists (timed)")
 def test_finding4_timed() -> None:
     import math
     import time
