@@ -1003,9 +1003,9 @@ def _ids_per_forward(model: Any, where: Any, monkeypatch: Any) -> int:
     counted = [0]
     original = monitor_module._ids_within
 
-    def counting(values: list[Any], deeper: int, ids: list[int]) -> None:
+    def counting(values: list[Any], *args: Any) -> None:
         counted[0] += len(values)
-        original(values, deeper, ids)
+        original(values, *args)
 
     monkeypatch.setattr(monitor_module, "_ids_within", counting)
     with GradientMonitor(model, where=where):

@@ -1014,9 +1014,9 @@ def test_finding11_per_call_walk_of_unrelated_containers(monkeypatch: Any) -> No
     counted = [0]
     original = monitor_module._ids_within
 
-    def counting(values: list[Any], deeper: int, ids: list[int]) -> None:
+    def counting(values: list[Any], *args: Any) -> None:
         counted[0] += len(values)
-        original(values, deeper, ids)
+        original(values, *args)
 
     monkeypatch.setattr(monitor_module, "_ids_within", counting)
     model = _Unrolled(32, 256)

@@ -153,6 +153,13 @@ class Ops:
     def own_parameters(self, module: Any) -> list[tuple[Any, int, bool]]:
         raise self._missing("own_parameters")
 
+    def attribute_values(self, module: Any) -> list[Any]:
+        """The values of `module`'s attributes where code may keep a tensor (``self.out = y``,
+        a dict or list attribute): those of its ``__dict__``. A backend leaves out the tables
+        its framework gives every module that hold no tensor of the user's (hooks, submodules,
+        parameters): GradientMonitor looks in them at every module call."""
+        return list(getattr(module, "__dict__", {}).values())
+
     def as_tensor(self, array: Any, like: Any) -> Any:
         raise self._missing("as_tensor")
 
@@ -627,6 +634,12 @@ def own_parameters(module: Any) -> list[tuple[Any, int, bool]]:
     running statistics are not parameters on any backend (paddle keeps them as non-trainable
     parameters, torch as buffers)."""
     return ops_for(module).own_parameters(module)
+
+
+def attribute_values(module: Any) -> list[Any]:
+    """The values of `module`'s attributes where code may keep a tensor (see
+    `Ops.attribute_values`)."""
+    return ops_for(module).attribute_values(module)
 
 
 def tensors_in(value: Any, like: Any) -> list[Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import weakref
 from typing import Any, Callable, Iterator, Sequence, Union
@@ -153,6 +154,12 @@ class MindSporeOps(Ops):
             for name, p in module.parameters_and_names(expand=False)
             if not (stats and name in ("moving_mean", "moving_variance"))
         ]
+
+    def attribute_values(self, module: Any) -> list[Any]:
+        # a tensor attribute stays in `__dict__`; the rest of what every Cell has (60 tables
+        # and flags) holds hooks, cells, Parameters and compile state
+        skip = _bookkeeping()
+        return [v for k, v in module.__dict__.items() if k not in skip]
 
     def as_tensor(self, array: Any, like: Any) -> Any:
         return Tensor(np.asarray(array), dtype=like.dtype)
@@ -307,3 +314,9 @@ class _Once:
     def run(self) -> None:
         _Once._waiting.discard(self)
         self.fn()
+
+
+@functools.cache
+def _bookkeeping() -> frozenset[str]:
+    """The attributes every Cell has that hold no tensor of the user's (`attribute_values`)."""
+    return frozenset(mindspore.nn.Cell().__dict__) - {"_buffers"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy as _copy
 import dataclasses
+import functools
 import sys
 from typing import Any, Callable, Iterator, Sequence, Union
 
@@ -199,6 +200,12 @@ class PaddleOps(Ops):
             if not (stats and name in ("_mean", "_variance"))
         ]
 
+    def attribute_values(self, module: Any) -> list[Any]:
+        # paddle files a tensor attribute among the buffers (`_buffers`); the rest of what
+        # every Layer has holds hooks, sublayers, Parameters and paddle's own state
+        skip = _bookkeeping()
+        return [v for k, v in module.__dict__.items() if k not in skip]
+
     def as_tensor(self, array: Any, like: Any) -> Any:
         return paddle.to_tensor(np.asarray(array), dtype=like.dtype, place=like.place)
 
@@ -355,3 +362,9 @@ class PaddleOps(Ops):
         from . import _autograd_guard as guard
 
         guard.at_backward_end(fn)
+
+
+@functools.cache
+def _bookkeeping() -> frozenset[str]:
+    """The attributes every Layer has that hold no tensor of the user's (`attribute_values`)."""
+    return frozenset(paddle.nn.Layer().__dict__) - {"_buffers", "_customized_attrs"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import itertools
 import math
 import sys
@@ -384,6 +385,12 @@ class TorchOps(Ops):
             module = _unit_wrapped(module)
         return list(found.values())
 
+    def attribute_values(self, module: Any) -> list[Any]:
+        # a tensor kept in an attribute is in `__dict__`, or in `_buffers` under a buffer's
+        # name; the rest of what every Module has holds hooks, submodules and Parameters
+        skip = _bookkeeping()
+        return [v for k, v in module.__dict__.items() if k not in skip]
+
     def as_tensor(self, array: Any, like: Any) -> Any:
         return torch.as_tensor(np.asarray(array), dtype=like.dtype, device=like.device)
 
@@ -672,3 +679,9 @@ class TorchOps(Ops):
             # what DDP does with its own notice, first in the list: its reducer then divides the
             # gradients by the ranks not joined where `divide_by_initial_world_size=False`
             ddp.reducer._set_forward_pass_work_handle(work, ddp._divide_by_initial_world_size)
+
+
+@functools.cache
+def _bookkeeping() -> frozenset[str]:
+    """The attributes every Module has that hold no tensor of the user's (`attribute_values`)."""
+    return frozenset(torch.nn.Module().__dict__) - {"_buffers"}

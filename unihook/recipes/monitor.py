@@ -748,7 +748,12 @@ class GradientMonitor(Synced):
         ops through it (paddle, MindSpore) and make torch raise where it ran, so the call is
         left out of the history, said once per module."""
         self._last = None
-        self._step.left.add(name)
+        step = self._step
+        step.left.add(name)
+        # (gradients may have reached it already: a backward inside the forward, forces as
+        # ``autograd.grad(energy, pos)``, before the end walk left it out: helper-97's FINDING 7)
+        for recorded in (step.norms, step.squares, step.sample):
+            recorded.pop(name, None)
         if name not in self._returning:
             self._returning.add(name)
             warnings.warn(
@@ -974,34 +979,39 @@ def _stack_depth() -> int:
 
 def _held(modules: Sequence[Any], wanted: Mapping[int, Any]) -> Iterator[tuple[Any, int]]:
     """(module, id) for each object with an id in `wanted` that one of `modules` holds: as an
-    attribute, or an item of a dict, list or tuple attribute or of one inside it (see
-    `_ids_within`; a few us a module: by id, the objects found are alive)."""
+    attribute, or an item of a container attribute or of one inside it (see `_ids_within`; a
+    few us a module: by id, the objects found are alive)."""
     keys = wanted.keys()
     for module in modules:
         ids: list[int] = []
-        _ids_within(list(getattr(module, "__dict__", {}).values()), _DEEPER, ids)
+        _ids_within(ops.attribute_values(module), _DEEPER, ids, _BUDGET)
         for key in keys & set(ids):
             yield module, key
 
 
-def _ids_within(values: list[Any], deeper: int, ids: list[int]) -> None:
+def _ids_within(
+    values: list[Any], deeper: int, ids: list[int], budget: int, top: bool = True
+) -> None:
+    """The ids of `values` (a module's attribute values, `top`, or a container's items) and
+    of the items of the containers among them, `deeper` levels down, until `budget` ids."""
     ids.extend(map(id, values))
-    if not deeper or (deeper < _DEEPER and len(values) > _NESTED):
-        return  # (a table's rows are not looked in: helper-94's FINDING 6)
+    # (below the attributes, a table's rows are not looked in: helper-94's FINDING 6; the
+    # attributes are, however many: helper-97's FINDING 1)
+    if not deeper or (not top and len(values) > _NESTED):
+        return
     for value in values:
         # (by type: `isinstance` reads `__class__`, which a proxy forwards and may raise from:
         # helper-95's FINDING 6)
         cls = type(value)
         if not issubclass(cls, _CONTAINERS):
             continue
-        # (the base types' own methods, inline, a quarter faster than a helper: a subclass's
-        # `values` or `__iter__` may run any code; a namedtuple is a tuple: helper-94's
-        # FINDING 8)
-        kind: Any = dict if issubclass(cls, dict) else tuple if issubclass(cls, tuple) else list
+        # (the base types' own methods: a subclass's `values` or `__iter__` may run any code;
+        # a namedtuple is a tuple: helper-94's FINDING 8)
+        kind: Any = next(base for base in _CONTAINERS if issubclass(cls, base))
         if 0 < kind.__len__(value) <= _LOOKED:
-            items = dict.values(value) if kind is dict else kind.__iter__(value)  # pyright: ignore[reportArgumentType]
-            _ids_within(list(items), deeper - 1, ids)
-            if len(ids) > _BUDGET:
+            items = dict.values(value) if kind is dict else kind.__iter__(value)
+            _ids_within(list(items), deeper - 1, ids, budget, False)
+            if len(ids) > budget:
                 return
 
 
@@ -1017,9 +1027,10 @@ def _keeps(
     ids = {id(t) for t in tensors}
     found = {key for key in ids if key in kept and id(kept[key][0]()) == key}
     held: list[int] = []
-    # (one level: the look runs at every call, so a table the module holds costs each call,
-    # 170 us with a deeper look: helper-95's FINDING 11; `_kept` looks deeper once)
-    _ids_within(list(getattr(module, "__dict__", {}).values()), 1, held)
+    # (one level and `_CALL_BUDGET` ids: the look runs at every call, so a table the module
+    # holds costs each call, 170 us with a deeper look: helper-95's FINDING 11, 380 us for 15
+    # lists of 256 numbers: helper-97's FINDING 4; `_kept` looks deeper once)
+    _ids_within(ops.attribute_values(module), 1, held, _CALL_BUDGET)
     found.update(ids.intersection(held))
     if not found:
         return False
@@ -1027,15 +1038,17 @@ def _keeps(
     return any(id(t) in found and id(t) not in parameters for t in tensors)
 
 
-# the containers `_held` looks in: dicts, lists and tuples (subclasses too), two levels down,
-# of at most `_LOOKED` items (a vocabulary dict of 100,000 entries cost 7 ms a call:
-# helper-92's FINDING 8), the second level only in containers of at most `_NESTED` items, and
-# at most about `_BUDGET` objects a module
-_CONTAINERS = (dict, list, tuple)
+# the containers `_held` looks in (subclasses too; a deque, a set: helper-97's FINDING 3), two
+# levels down, of at most `_LOOKED` items (a vocabulary dict of 100,000 entries cost 7 ms a
+# call: helper-92's FINDING 8), the second level only in containers of at most `_NESTED`
+# items, and at most about `_BUDGET` objects a module; as a call ends, its module's first
+# level only, about `_CALL_BUDGET` objects
+_CONTAINERS: tuple[Any, ...] = (dict, list, tuple, deque, set, frozenset)
 _DEEPER = 2
 _LOOKED = 256
 _NESTED = 32
 _BUDGET = 4096
+_CALL_BUDGET = 256
 
 
 def _one_from_another(tensors: Sequence[Any], marks: _Marks) -> bool:
