@@ -130,7 +130,9 @@ medium-low 5, 7; low-medium 4, 8; low 3.
    native (a tensor hook on an alias the monitor returns from a forward hook run after the
    user's, as torch's BackwardHookFunction does), or left out where a forward hook of the
    user's runs on the module, or README saying so.
-6. (medium: silently wrong norms, and later calls added to a past entry; not a regression)
+6. FIXED (`Recipe._count` counts a forward that ended while another of the model runs when
+   the last ends; `_enter` keeps them per thread by stack depth, a dead thread's dropped).
+   (medium: silently wrong norms, and later calls added to a past entry; not a regression)
    with ``every`` > 1 the counter `_count` removes the hooks at the end of each forward of
    the model, also while another forward of it is still running (one nested in it, or on
    another thread): the running forward's later calls are not hooked, its `_kept`, `_after`
@@ -945,7 +947,6 @@ def test_held_self_calling_model_every_1() -> None:
     assert [dict(e) for e in monitor.history] == entries
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 6: every=N, a forward nested in another")
 def test_finding6_self_calling_model_every_2() -> None:
     reference, _ = _self_calling(1)
     entries, monitor = _self_calling(2)
@@ -958,7 +959,6 @@ def test_finding6_self_calling_model_every_2() -> None:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 6: every=N, a stale running forward")
 def test_finding6_self_calling_model_leaves_a_running_forward() -> None:
     entries, monitor = _self_calling(2)
     # `_running` stays 1: model.a called alone afterwards changed history[-1]['a'] 0.87 -> 4.86
@@ -1020,7 +1020,6 @@ def test_held_threads_every_1() -> None:
     assert before == after and running == 0
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 6: every=N, another thread's forward")
 def test_finding6_threads_every_2() -> None:
     before, after, running = _threads(2)
     # `_running` stays 1 (the finished thread's forward): history[-1]['a'] 2.74 -> 5.51
@@ -1056,7 +1055,6 @@ def _paddle_self_calling(every: int) -> tuple[list[dict[str, float]], list[dict[
     return before, [dict(entry) for entry in monitor.history], monitor._running
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 6: paddle, every=N, a forward nested in another")
 def test_finding6_paddle_self_calling_model_every_2() -> None:
     reference, _, _ = _paddle_self_calling(1)
     before, after, running = _paddle_self_calling(2)

@@ -7,7 +7,6 @@ import dataclasses
 import functools
 import heapq
 import math
-import sys
 import warnings
 import weakref
 from collections import deque
@@ -29,7 +28,7 @@ from unihook import (
     register_tensor_hook,
 )
 
-from ._scope import Synced, check_every, check_history, tensors_of, where_of
+from ._scope import Synced, check_every, check_history, stack_depth, tensors_of, where_of
 from ._shared import (
     BACKWARD,
     FORWARD_TABLE,
@@ -327,7 +326,7 @@ class GradientMonitor(Synced):
         return self._with_grad and ops.in_backward(module)
 
     def _new_step(self, module: Any, args: Any, kwargs: Any) -> None:
-        thread, depth = get_ident(), _stack_depth()
+        thread, depth = get_ident(), stack_depth()
         running = self._running_on.get(thread)
         if running and any(entry[1] >= depth for entry in running):
             self._left_behind(running, depth)
@@ -966,15 +965,6 @@ def _gradient_of(
     found = monitor()
     if found is not None:
         found._gradient(step, names, key, grad)
-
-
-def _stack_depth() -> int:
-    """The frames on this thread's stack below the caller's (a few us: once per forward of the
-    model, no walk per module call)."""
-    frame, depth = sys._getframe(1), 0
-    while frame is not None:
-        frame, depth = frame.f_back, depth + 1
-    return depth
 
 
 def _held(modules: Sequence[Any], wanted: Mapping[int, Any]) -> Iterator[tuple[Any, int]]:
