@@ -989,20 +989,35 @@ def _ids_within(
     # attributes are, however many: helper-97's FINDING 1)
     if not deeper or (not top and len(values) > _NESTED):
         return
+    kinds = _kinds
     for value in values:
         # (by type: `isinstance` reads `__class__`, which a proxy forwards and may raise from:
-        # helper-95's FINDING 6)
+        # helper-95's FINDING 6; the base a type is, or None, once per type)
         cls = type(value)
-        if not issubclass(cls, _CONTAINERS):
+        kind = kinds.get(cls, _UNSEEN)
+        if kind is _UNSEEN:
+            kind = _kind_of(cls)
+        if kind is None:
             continue
         # (the base types' own methods: a subclass's `values` or `__iter__` may run any code;
         # a namedtuple is a tuple: helper-94's FINDING 8)
-        kind: Any = next(base for base in _CONTAINERS if issubclass(cls, base))
         if 0 < kind.__len__(value) <= _LOOKED:
             items = dict.values(value) if kind is dict else kind.__iter__(value)
-            _ids_within(list(items), deeper - 1, ids, budget, False)
+            if deeper == 1:  # (the last level: its items' ids only)
+                ids.extend(map(id, items))
+            else:
+                _ids_within(list(items), deeper - 1, ids, budget, False)
             if len(ids) > budget:
                 return
+
+
+def _kind_of(cls: type) -> Any:
+    """The container type of `_CONTAINERS` that `cls` is or subclasses, or None (kept in
+    `_kinds` for the first 4096 types seen)."""
+    kind = next((base for base in _CONTAINERS if issubclass(cls, base)), None)
+    if len(_kinds) < 4096:
+        _kinds[cls] = kind
+    return kind
 
 
 def _keeps(
@@ -1034,6 +1049,8 @@ def _keeps(
 # items, and at most about `_BUDGET` objects a module; as a call ends, its module's first
 # level only, about `_CALL_BUDGET` objects
 _CONTAINERS: tuple[Any, ...] = (dict, list, tuple, deque, set, frozenset)
+_kinds: dict[type, Any] = {}  # (`_kind_of`)
+_UNSEEN = object()
 _DEEPER = 2
 _LOOKED = 256
 _NESTED = 32
