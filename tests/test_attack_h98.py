@@ -61,7 +61,9 @@ HELD (plain tests below unless marked probe):
 
 FINDINGS (strict xfails below for those open; each asserts the right behaviour):
 
-1. (high, performance; a REGRESSION of 19b7542: 9ca6b26 passes) once anything was compiled
+1. FIXED (`_compiled` takes dynamo's record of the last code, the weak reference its tracker
+   keeps, not the code: a drop frees the code, not the record). (high, performance; a
+   REGRESSION of 19b7542: 9ca6b26 passes) once anything was compiled
    and then dropped, every register/remove pair drops all compiled code again, as long as
    nothing compiles in between: `forget_compiled` kills every code object, so the switch-off
    mark is ``(n, dead)``, and since 19b7542 a dead newest code counts as "compiled since"
@@ -78,7 +80,8 @@ FINDINGS (strict xfails below for those open; each asserts the right behaviour):
    Expected: one drop (a drop that finished leaves nothing blind: e.g. the mark taken at a
    switch-off after a finished drop, with nothing compiled since, is not "dead = compiled",
    or a compile counter the reset does not restart).
-2. (medium, silent skipped hook for good; not a regression of 19b7542, whose fix narrowed
+2. FIXED (`_drop_owed` set before the switch-on, until the look). (medium, silent skipped
+   hook for good; not a regression of 19b7542, whose fix narrowed
    it: 9ca6b26 fails at 30 call points, HEAD at 7; 0c76291 dropped at every switch-on) h96's
    FINDING 2 survives in the window between the switch-on and the assignment of
    `_drop_owed`: a Ctrl-C landing in ``_set_hook_guards_skipped``, ``_hook_guards``,
@@ -95,7 +98,8 @@ FINDINGS (strict xfails below for those open; each asserts the right behaviour):
 
    Expected: eager's (e.g. `release` marks None when the switch-on it undoes had not
    reached `_drop_owed`, or the blindness is read before ``_switched = True``).
-3. (medium-high, crash of a registration; not a regression: 9ca6b26 the same) a thread's
+3. FIXED (the walks compare codes by id and read ``co_filename`` with getattr). (medium-high,
+   crash of a registration; not a regression: 9ca6b26 the same) a thread's
    registration while the main thread's compiled forward is being recompiled with a unihook
    registration inside it (the first torch hook, on one of the model's modules) raises
    ``TypeError: unhashable type: 'dict'`` from `_compile._running_elsewhere`
@@ -329,10 +333,6 @@ def test_held_a_pair_inside_a_compiled_forward_beside_a_first_registration() -> 
     assert last_value(run_code(INSIDE, "5", "4", "2", timeout=240)) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 3: a registration beside a compile with a registration inside raises TypeError (a dangling frame walked)",
-)
 def test_finding_3_registration_beside_a_compiled_forward_registering_raises_type_error() -> None:
     from children import last_value, run_code
 
@@ -387,10 +387,6 @@ print(repr((alone, timed)))
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 1: every register/remove pair drops all compiled code once a drop happened (REGRESSION of 19b7542)",
-)
 def test_finding_1_every_pair_drops_again_after_the_first_drop() -> None:
     from children import last_value, run_code
 
@@ -399,9 +395,6 @@ def test_finding_1_every_pair_drops_again_after_the_first_drop() -> None:
 
 
 @pytest.mark.skipif(not SLOW, reason="timing-based: set UNIHOOK_SLOW_ATTACKS")
-@pytest.mark.xfail(
-    strict=True, reason="FINDING 1: ~100 ms a pair beside a busy thread (9ca6b26: 0.08 ms)"
-)
 def test_finding_1_a_pair_beside_a_busy_thread_costs_a_switch_interval() -> None:
     from children import last_value, run_code
 
@@ -442,10 +435,6 @@ print(repr((torch.allclose(got, 2 * plain), calls)))
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 2: a Ctrl-C between the switch-on and _drop_owed's assignment leaves the blind model for good",
-)
 def test_finding_2_interrupt_before_drop_owed_is_set_leaves_the_blind_model() -> None:
     from children import last_value, run_code
 

@@ -26,7 +26,6 @@ import gc
 import sys
 import threading
 import time
-import weakref
 from contextlib import contextmanager
 from functools import partial
 from itertools import count
@@ -236,9 +235,14 @@ def watch_hooks() -> Callable[[], None]:
             when_imported("torch._dynamo", _give_reason)
         dynamo = sys.modules.get("torch._dynamo")
         if dynamo is not None and _hook_guards_skipped(dynamo):
+            owed = _drop_owed
+            # (owed until the look below: a registration cut short before it, a Ctrl-C, left
+            # none owed, and its undo's switch-off counted the blind code as seen: helper-98's
+            # FINDING 2; at worst one drop too many)
+            _drop_owed = True
             _switched = True  # (before the switch: `release` turns it back)
             _set_hook_guards_skipped(dynamo, False)
-            _drop_owed = _drop_owed or _compiled_blind(dynamo)
+            _drop_owed = owed or _compiled_blind(dynamo)
         blind = _drop_owed
     if blind:
         # compiled without the guards: blind to hooks added since. (Outside the lock: dynamo's
@@ -250,15 +254,16 @@ def watch_hooks() -> Callable[[], None]:
 
 
 def _compiled(dynamo: Any) -> tuple[int, Any]:
-    """What dynamo has compiled: how many code objects it made, and a weak reference to the
-    last. It makes a frame's code before it builds the frame's guards (which read the setting),
-    so a frame compiling meanwhile counts only once it can be blind. Both start again at
-    ``torch._dynamo.reset()``, which drops every compiled frame (a reset followed by as many
-    compiles makes another last code). Read at registration only, importing nothing (dynamo
-    still being imported on another thread has compiled nothing)."""
+    """What dynamo has compiled: how many code objects it made, and its record of the last
+    (the weak reference its tracker keeps, one per code made: the record, not the code, which
+    a drop frees). It makes a frame's code before it builds the frame's guards (which read the
+    setting), so a frame compiling meanwhile counts only once it can be blind. The count starts
+    again at ``torch._dynamo.reset()``, which drops every compiled frame (a reset followed by
+    as many compiles makes another last record, also where its code died: helper-96's
+    FINDING 1). Read at registration only, importing nothing (dynamo still being imported on
+    another thread has compiled nothing)."""
     made = getattr(getattr(_converter(dynamo), "output_codes", None), "seen", ())
-    last = made[-1]() if made else None
-    return len(made), None if last is None else weakref.ref(last)
+    return len(made), made[-1] if made else None
 
 
 def _compiled_blind(dynamo: Any) -> bool:
@@ -271,16 +276,9 @@ def _compiled_blind(dynamo: Any) -> bool:
     if mark is None:
         return True
     made, last = _compiled(dynamo)
-    if not made and not mark[0]:
-        return False  # nothing compiled, then or since
-    # (a newest code that died tells nothing: after a reset as many compiles may have made
-    # another one that died too, `torch._dynamo.export`'s: helper-96's FINDING 1)
-    newest = _alive(last)
-    return made != mark[0] or newest is None or newest is not _alive(mark[1])
-
-
-def _alive(ref: Any) -> Any:
-    return None if ref is None else ref()
+    # (by the record, not its code: a drop frees the codes, and a dead code taken for one
+    # compiled since dropped again at every switch-on: helper-98's FINDING 1)
+    return made != mark[0] or last is not mark[1]
 
 
 def _switch_off(dynamo: Any) -> tuple[int, Any] | None:
@@ -300,7 +298,7 @@ def _converting_anywhere(dynamo: Any) -> bool:
     converter = getattr(_converter(dynamo), "__file__", None)
     for frame in () if converter is None else _current_frames().values():
         while frame is not None:
-            if frame.f_code.co_filename == converter:
+            if _file_of(frame.f_code) == converter:
                 return True
             frame = frame.f_back
     return False
@@ -420,10 +418,17 @@ def _compiled_frame_elsewhere(convert_frame: Any) -> bool:
     for frame in others:
         while frame is not None:
             code = frame.f_code
-            if id(code) in compiled or code.co_filename in dynamo_files:
+            if id(code) in compiled or _file_of(code) in dynamo_files:
                 return True
             frame = frame.f_back
     return False
+
+
+def _file_of(code: Any) -> Any:
+    """`code`'s file name. Another thread's frame, read while dynamo converts a frame there,
+    has answered ``f_code`` with a dict (helper-98's FINDING 3): its walk takes no attribute
+    of it for granted, nor hashes it (by id)."""
+    return getattr(code, "co_filename", None)
 
 
 def _converting_here(convert_frame: Any) -> bool:
@@ -521,10 +526,10 @@ class WatchedPinned(Pinned):
 
 def _running_elsewhere(codes: set[Any]) -> bool:
     """Whether a thread other than this one has a frame of one of `codes` on its stack."""
-    me = threading.get_ident()
+    me, ids = threading.get_ident(), {id(code) for code in codes}
     for ident, frame in _current_frames().items():
         while ident != me and frame is not None:
-            if frame.f_code in codes:
+            if id(frame.f_code) in ids:  # (by id: `_file_of`)
                 return True
             frame = frame.f_back
     return False
