@@ -497,10 +497,6 @@ print(repr(bad))
 
 
 @pytest.mark.skipif(not SLOW, reason="a sweep of ~100 compiles (~20 s): set UNIHOOK_SLOW_ATTACKS")
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 2: 7 of 96 Ctrl-C points (the switch-on before _drop_owed) leave the blind model",
-)
 def test_finding_2_ctrl_c_sweep_over_a_first_registration() -> None:
     from children import last_value, run_code
 
