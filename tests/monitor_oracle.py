@@ -106,6 +106,27 @@ def broken(
     return found
 
 
+# The start of a MindSpore twin's script: two seeded Dense(4, 4) weights, `dense(i)` the i-th,
+# and an input `x` (3, 4)
+MINDSPORE_DENSES = r"""
+import json, sys, warnings
+import numpy as np
+import mindspore as ms
+from unihook.recipes import GradientMonitor
+
+rng = np.random.default_rng(0)
+w = [rng.normal(size=(4, 4)).astype(np.float32) * 0.5 for _ in range(2)]
+b = [rng.normal(size=4).astype(np.float32) * 0.1 for _ in range(2)]
+x = ms.Tensor(rng.normal(size=(3, 4)).astype(np.float32))
+
+
+def dense(i):
+    d = ms.nn.Dense(4, 4)
+    d.weight.set_data(ms.Tensor(w[i]))
+    d.bias.set_data(ms.Tensor(b[i]))
+    return d
+"""
+
 # the MindSpore venv `make test` makes in the checkout
 MINDSPORE = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-mindspore", "bin", "python"

@@ -206,7 +206,14 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from monitor_oracle import broken, monitored, native_norms, native_run, run_in_mindspore  # noqa: E402
+from monitor_oracle import (  # noqa: E402
+    MINDSPORE_DENSES,
+    broken,
+    monitored,
+    native_norms,
+    native_run,
+    run_in_mindspore,
+)
 
 import unihook.recipes.monitor as monitor_module  # noqa: E402
 from unihook.recipes import GradientMonitor  # noqa: E402
@@ -1212,23 +1219,9 @@ def test_finding12_evaluation_with_inner_grad_changes_the_last_entry() -> None:
 
 # ------------------------------------------------------------------ MindSpore (FINDINGS 1, 5)
 
-_MS_SCRIPT = r"""
-import json, sys, warnings
-import numpy as np
-import mindspore as ms
-from unihook.recipes import GradientMonitor
-
-rng = np.random.default_rng(0)
-w = [rng.normal(size=(4, 4)).astype(np.float32) * 0.5 for _ in range(2)]
-b = [rng.normal(size=4).astype(np.float32) * 0.1 for _ in range(2)]
-x = ms.Tensor(rng.normal(size=(3, 4)).astype(np.float32))
-
-
-def dense(i):
-    d = ms.nn.Dense(4, 4)
-    d.weight.set_data(ms.Tensor(w[i]))
-    d.bias.set_data(ms.Tensor(b[i]))
-    return d
+_MS_SCRIPT = (
+    MINDSPORE_DENSES
+    + r"""
 
 
 class K(ms.nn.Cell):
@@ -1278,6 +1271,7 @@ for case in ("clean", "savein"):
 json.dump({"found": found, "w": [a.tolist() for a in w], "b": [a.tolist() for a in b],
            "x": x.asnumpy().tolist()}, sys.stdout)
 """
+)
 
 
 def _mindspore_run() -> dict[str, Any]:

@@ -192,7 +192,13 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from monitor_oracle import broken, native_norms, native_run, run_in_mindspore  # noqa: E402
+from monitor_oracle import (  # noqa: E402
+    MINDSPORE_DENSES,
+    broken,
+    native_norms,
+    native_run,
+    run_in_mindspore,
+)
 
 from unihook.recipes import GradientMonitor  # noqa: E402
 
@@ -1165,23 +1171,9 @@ def test_finding5_paddle() -> None:
 
 # ---- MindSpore (FINDING 1: a Cell has 60 ``__dict__`` entries before any of the user's)
 
-_MS_SCRIPT = r"""
-import json, sys, warnings
-import numpy as np
-import mindspore as ms
-from unihook.recipes import GradientMonitor
-
-rng = np.random.default_rng(0)
-w = [rng.normal(size=(4, 4)).astype(np.float32) * 0.5 for _ in range(2)]
-b = [rng.normal(size=4).astype(np.float32) * 0.1 for _ in range(2)]
-x = ms.Tensor(rng.normal(size=(3, 4)).astype(np.float32))
-
-
-def dense(i):
-    d = ms.nn.Dense(4, 4)
-    d.weight.set_data(ms.Tensor(w[i]))
-    d.bias.set_data(ms.Tensor(b[i]))
-    return d
+_MS_SCRIPT = (
+    MINDSPORE_DENSES
+    + r"""
 
 
 class Keeps(ms.nn.Cell):
@@ -1225,6 +1217,7 @@ json.dump({"step": dict(monitor.history[-1]) if monitor.history else {}, "said":
            "w": [a.tolist() for a in w], "b": [a.tolist() for a in b],
            "x": x.asnumpy().tolist(), "entries": len(net.a.__dict__)}, sys.stdout)
 """
+)
 
 
 def test_finding1_mindspore_list_attribute() -> None:
