@@ -272,6 +272,11 @@ class TorchOps(Ops):
         return torch.linalg.vector_norm(t, ord=p)
 
     def sum_squares(self, t: Any) -> float:
+        if torch._C._functorch.is_functorch_wrapped_tensor(t):
+            # a gradient inside torch.func's transforms (``grad``, ``vjp``): functorch's
+            # wrapper, which has no storage (numpy's view of it raised out of the user's
+            # transform: helper-95's FINDING 9)
+            return float(torch.linalg.vector_norm(t.detach(), dtype=torch.float64)) ** 2
         view = _float_view(t)
         if view is not None:
             return cpu_sum_squares(view)
