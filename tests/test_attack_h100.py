@@ -36,7 +36,7 @@ HELD (pinned below unless said):
   (`forget_compiled` counted); pinned 1 seed (4 with UNIHOOK_SLOW_ATTACKS).
 
 FINDINGS (strict xfails below, each asserting the right behaviour), by severity: medium 1, 2;
-low-medium 3, 4, 5; low 6.
+low-medium 3, 4, 5; low 6, 7.
 
 1. (medium: `every=N` stuck, whole history wrong; REGRESSION; torch and paddle,
    GradientMonitor and ActivationStats) a KeyboardInterrupt (any BaseException: SystemExit)
@@ -103,6 +103,17 @@ low-medium 3, 4, 5; low 6.
    lists instead of sets both record 12.87, the documented bound). Expected: as
    FINDING 2 (the bound spent on containers that may hold a tensor), or README's bound
    naming sets and deques.
+7. (low: helper-97's FINDING 6 back for threads `threading` does not know; not a
+   regression, f946fe9 did this on every thread) `_running_elsewhere` takes a thread for
+   dead unless ``threading.enumerate()`` lists it, and drops its running forward: a thread
+   started by ``_thread.start_new_thread`` or by C code (a native thread pool calling back
+   into Python, a Qt QThread) that never called ``threading.current_thread()`` is never
+   listed. h97's gated model (the thread's forward paused inside while the main thread
+   runs a forward and backward), ``every=2``, the thread from ``_thread``: the step
+   records a lone 'g.fc' entry, `_running` stays 1, ``model.a(x)`` alone then changes
+   history[-1] (a ``threading.Thread``: held). Expected: liveness from
+   ``sys._current_frames()`` (every thread state), or the thread's own entry kept until
+   its `_count`.
 
 Not covered for lack of time: distributed `sync` with `_left_out`, MindSpore `every`,
 threads with stale entries after an ident is reused (a thread dying by SystemExit
@@ -306,6 +317,62 @@ def test_finding5_always_overlapping_forwards_on_two_threads() -> None:
         recorded = len(stats.history)
         stats.remove()
     assert recorded == 4  # 12 (f946fe9: 4)
+
+
+class _Paused(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.g = nn.Linear(4, 4)
+        self.a = nn.Linear(4, 4)
+        self.release: Any = None
+        self.reached: Any = None
+
+    def forward(self, x: Any) -> Any:
+        h = self.g(x)
+        if self.release is not None and threading.get_ident() != threading.main_thread().ident:
+            self.reached.set()
+            self.release.wait(5)
+        return self.a(torch.tanh(h))
+
+
+def _paused_thread(start: Any) -> tuple[bool, int]:
+    torch.manual_seed(0)
+    model, x = _Paused(), torch.randn(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mon = GradientMonitor(model, every=2)
+        model.release, model.reached, done = threading.Event(), threading.Event(), threading.Event()
+
+        def work() -> None:
+            try:
+                (model(x) ** 2).sum().backward()
+            finally:
+                done.set()
+
+        start(work)
+        model.reached.wait(5)
+        (model(x) ** 2).sum().backward()  # the main thread's forward ends meanwhile
+        model.release.set()
+        done.wait(5)
+        model.release = None
+        for _ in range(2):
+            (model(x) ** 2).sum().backward()
+        before = [dict(entry) for entry in mon.history]
+        (model.a(x) ** 2).sum().backward()  # a submodule on its own
+        mon.remove()
+    return before == [dict(entry) for entry in mon.history], mon._running
+
+
+def test_held_paused_forward_on_a_threading_thread() -> None:
+    assert _paused_thread(lambda fn: threading.Thread(target=fn).start()) == (True, 0)
+
+
+@pytest.mark.xfail(strict=True, reason="FINDING 7: a thread threading does not list")
+def test_finding7_paused_forward_on_a_raw_thread() -> None:
+    import _thread
+
+    # (False, 1): history[-1] changed by the lone call, `_running` stays 1
+    assert _paused_thread(lambda fn: _thread.start_new_thread(fn, ())) == (True, 0)
 
 
 # ---------------------------------------------------------------- FINDING 2: the call budget
