@@ -35,6 +35,13 @@ HELD (pinned below unless said):
   ``torch._dynamo.reset()``, ``torch.compiler.reset()``; dynamic None/True/False): 11 seeds
   x 25 steps, every compiled call equals eager's, no 10-pair loop dropped more than once
   (`forget_compiled` counted); pinned 1 seed (4 with UNIHOOK_SLOW_ATTACKS).
+- `every` 2 and 3 against ``every=1`` (`_every_case`: 1-3 Linear+Tanh blocks and a head,
+  the first block under a non-reentrant checkpoint in half, 12 steps each a forward and
+  backward, a ``no_grad`` forward or a forward raising ValueError inside, random inputs
+  some requiring grad): history equals ``every=1``'s entries 0, N, 2N... exactly, 0 of 40
+  seeds x 2 (pinned 4, 40 with UNIHOOK_SLOW_ATTACKS). A reentrant checkpoint leaves the
+  part out of the logged steps (README), nested self-calls split entries (helper-94's
+  FINDING 7): not compared.
 - Liveness: a forward paused on a ``threading.Thread`` while the main thread runs a whole
   step (helper-97's FINDING 6 harness), ``every=2``: history untouched by a lone submodule
   call, `_running` 0 (pinned; a ``_thread`` thread: FINDING 7).
@@ -385,6 +392,61 @@ def test_finding7_paused_forward_on_a_raw_thread() -> None:
 
     # (False, 1): history[-1] changed by the lone call, `_running` stays 1
     assert _paused_thread(lambda fn: _thread.start_new_thread(fn, ())) == (True, 0)
+
+
+class _EveryNet(nn.Module):
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            [nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(rng.randint(1, 3))]
+        )
+        self.head = nn.Linear(4, 4)
+        self.mode = "plain"
+        self.ck = rng.random() < 0.5
+
+    def forward(self, x: Any) -> Any:
+        from torch.utils.checkpoint import checkpoint
+
+        for i, block in enumerate(self.blocks):
+            if self.ck and i == 0 and torch.is_grad_enabled():
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        if self.mode == "raise":
+            raise ValueError("boom")
+        return self.head(x)
+
+
+def _every_case(seed: int, every: int) -> list[dict[str, float]]:
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    model = _EveryNet(rng)
+    xs = [torch.randn(2, 4, requires_grad=rng.random() < 0.3) for _ in range(12)]
+    steps = [rng.choice(["plain", "plain", "nograd", "raise"]) for _ in range(12)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mon = GradientMonitor(model, every=every)
+        for step, x in zip(steps, xs):
+            model.mode = "raise" if step == "raise" else "plain"
+            if step == "nograd":
+                with torch.no_grad():
+                    model(x)
+            elif step == "raise":
+                with pytest.raises(ValueError):
+                    model(x)
+            else:
+                (model(x) ** 2).sum().backward()
+        mon.remove()
+    return [dict(entry) for entry in mon.history]
+
+
+@pytest.mark.parametrize("seed", range(40) if SLOW else [0, 13, 21, 27])
+def test_held_every_against_every_1(seed: int) -> None:
+    reference = _every_case(seed, 1)
+    for every in (2, 3):
+        got, want = _every_case(seed, every), reference[::every]
+        assert [set(e) for e in got] == [set(e) for e in want]
+        assert all(g[k] == pytest.approx(w[k], rel=1e-5) for g, w in zip(got, want) for k in w)
 
 
 # ---------------------------------------------------------------- FINDING 2: the call budget
