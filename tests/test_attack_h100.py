@@ -91,12 +91,11 @@ low-medium 3, 4, 5; low 6, 7.
 4. (low-medium: leak; REGRESSION) `_kinds` keeps a strong reference to up to 4096 types of
    attribute values for the life of the process, with everything they reference: a class
    made per instance (``class Memo(dict)`` defined in ``__init__`` whose ``__missing__``
-   reads ``self``; ``collections.namedtuple`` / ``type(...)`` per model; torch.fx makes a
-   class per GraphModule) keeps its module (weights included) alive after
+   reads ``self``; a ``collections.namedtuple`` or ``type(...)`` made per model; the types
+   of container items are cached too) keeps its module (weights included) alive after
    ``monitor.remove()`` and ``del model`` (f946fe9: freed). Expected: a
    ``weakref.WeakKeyDictionary`` (or a cache on the class itself), nothing kept after
    remove.
-
 5. (low-medium: `every=N` gives no saving, N times the history and sink writes; the count
    is a REGRESSION, though f946fe9's 4 entries were partly hooked: helper-97's FINDING 6)
    `_count` defers every count while any forward of the model runs on any thread, so
@@ -104,7 +103,7 @@ low-medium 3, 4, 5; low 6, 7.
    starts its next forward before the other's ends) are never counted until both stop,
    and the hooks placed for forward 0 stay for all of them: ActivationStats ``every=3``,
    two threads alternating 12 overlapping ``no_grad`` forwards (events, deterministic):
-   12 entries (f946fe9: 4), `_forwards` 0 until the last ends. Expected: 0, N, 2N... of
+   12 entries (f946fe9: 4), all 12 counted at once when the last ends. Expected: 0, N, 2N... of
    the forwards recorded (e.g. the forward's number taken at `_enter` deciding whether it
    is recorded, only the hook removal deferred while a recorded forward runs).
 6. (low: silently wrong norm; REGRESSION, the README's ~4096-object bound of the end walk
