@@ -67,7 +67,9 @@ low-medium 3, 4, 5; low 6, 7.
    with ``sys._getframe`` ancestry; or count a forward whose `_enter` has no matching exit
    before the next `_enter` at any depth when no frame of the model's forward is on the
    stack).
-2. (medium: silently wrong norm; REGRESSION) the per-call look `_keeps` stops at
+2. (medium: silently wrong norm; REGRESSION, though README now says the per-call look
+   "stops after about 256 objects": the objects counted are any, tensors or not) the
+   per-call look `_keeps` stops at
    `_CALL_BUDGET` (256) ids, counting the ids of every first-level container before the
    one that keeps the output (the cut added for helper-97's FINDING 4), so a module with a
    few config lists (256 numbers in all) ahead of ``self.out = [y]`` no longer sees its
@@ -108,8 +110,8 @@ low-medium 3, 4, 5; low 6, 7.
    12 entries (f946fe9: 4), all 12 counted at once when the last ends. Expected: 0, N, 2N... of
    the forwards recorded (e.g. the forward's number taken at `_enter` deciding whether it
    is recorded, only the hook removal deferred while a recorded forward runs).
-6. (low: silently wrong norm; REGRESSION, the README's ~4096-object bound of the end walk
-   now spent on sets) sets and deques are looked in now (helper-97's FINDING 3), so their
+6. (low: silently wrong norm; REGRESSION within README's documented "about 4096 objects a
+   module", now spent on sets too) sets and deques are looked in now (helper-97's FINDING 3), so their
    items count toward `_held`'s `_BUDGET` too: a keeper with 17 sets of 250 ints (stop
    words, vocabularies, seen ids) ahead of ``self.out = [y]`` kept to the end and read by
    the loss: 'a' 12.87 where native is 1.73, no warning (f946fe9: left out, warned; with
