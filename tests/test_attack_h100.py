@@ -42,6 +42,10 @@ HELD (pinned below unless said):
   seeds x 2 (pinned 4, 40 with UNIHOOK_SLOW_ATTACKS). A reentrant checkpoint leaves the
   part out of the logged steps (README), nested self-calls split entries (helper-94's
   FINDING 7): not compared.
+- helper-98's Ctrl-C sweeps at HEAD (a KeyboardInterrupt at each of the registration's 96
+  call points over a model compiled blind; the last removal's 37, retried or not): all
+  pass (``UNIHOOK_SLOW_ATTACKS=1 pytest tests/test_attack_h98.py -k sweep``, 48 s; not
+  pinned here).
 - Liveness: a forward paused on a ``threading.Thread`` while the main thread runs a whole
   step (helper-97's FINDING 6 harness), ``every=2``: history untouched by a lone submodule
   call, `_running` 0 (pinned; a ``_thread`` thread: FINDING 7).
