@@ -50,10 +50,13 @@ HELD (pinned below unless said):
   step (helper-97's FINDING 6 harness), ``every=2``: history untouched by a lone submodule
   call, `_running` 0 (pinned; a ``_thread`` thread: FINDING 7).
 
-FINDINGS (strict xfails below, each asserting the right behaviour), by severity: medium 1, 2;
+FINDINGS (strict xfails below for 5 and 6, each asserting the right behaviour), by severity:
+medium 1, 2;
 low-medium 3, 4, 5; low 6, 7.
 
-1. (medium: `every=N` stuck, whole history wrong; REGRESSION; torch and paddle,
+1. FIXED (`_enter` keeps the place and code of the frame calling it; `_running_now` drops
+   an entry whose frame is no longer there). (medium: `every=N` stuck, whole history
+   wrong; REGRESSION; torch and paddle,
    GradientMonitor and ActivationStats) a KeyboardInterrupt (any BaseException: SystemExit)
    inside a forward of the model runs no ``always_call`` hook, so `_enter`'s entry for it
    stays in `_inside`. `_enter` drops only entries at the new forward's depth or deeper; a
@@ -71,7 +74,8 @@ low-medium 3, 4, 5; low 6, 7.
    with ``sys._getframe`` ancestry; or count a forward whose `_enter` has no matching exit
    before the next `_enter` at any depth when no frame of the model's forward is on the
    stack).
-2. (medium: silently wrong norm; REGRESSION, though README now says the per-call look
+2. FIXED (the per-call look's budget back to `_BUDGET`: helper-97's FINDING 4 open again).
+   (medium: silently wrong norm; REGRESSION, though README now says the per-call look
    "stops after about 256 objects": the objects counted are any, tensors or not) the
    per-call look `_keeps` stops at
    `_CALL_BUDGET` (256) ids, counting the ids of every first-level container before the
@@ -87,7 +91,8 @@ low-medium 3, 4, 5; low 6, 7.
    out, warned; pinned; f946fe9 there missed every container: helper-97's FINDING 1). Expected: the cut independent of containers holding no tensor (the budget counted
    on tensors, or containers without tensors remembered by id and length, or looked at
    after those holding a tensor), or README saying a module's first 256 ids only.
-3. (low-medium: the user's forward raises; REGRESSION) `_kinds` is a dict keyed by the type
+3. FIXED (`_kinds` keyed by the type's id, with a weak reference to it). (low-medium: the
+   user's forward raises; REGRESSION) `_kinds` is a dict keyed by the type
    of each attribute value, so the type's metaclass ``__hash__``/``__eq__`` run: a
    metaclass defining ``__eq__`` without ``__hash__`` makes its classes unhashable, and an
    attribute of such a class raises ``TypeError: unhashable type: 'Meta'`` from the
@@ -96,7 +101,8 @@ low-medium 3, 4, 5; low 6, 7.
    ``TypeError: descriptor '__len__' requires a 'list' object``. f946fe9 (``issubclass``)
    records both. Expected: recorded (key by ``id(cls)`` with the class kept, or fall back
    to ``issubclass`` when the lookup raises / check ``kind`` against ``cls.__mro__``).
-4. (low-medium: leak; REGRESSION) `_kinds` keeps a strong reference to up to 4096 types of
+4. FIXED (as 3). (low-medium: leak; REGRESSION) `_kinds` keeps a strong reference to up to
+   4096 types of
    attribute values for the life of the process, with everything they reference: a class
    made per instance (``class Memo(dict)`` defined in ``__init__`` whose ``__missing__``
    reads ``self``; a ``collections.namedtuple`` or ``type(...)`` made per model; the types
@@ -122,7 +128,8 @@ low-medium 3, 4, 5; low 6, 7.
    lists instead of sets both record 12.87, the documented bound). Expected: as
    FINDING 2 (the bound spent on containers that may hold a tensor), or README's bound
    naming sets and deques.
-7. (low: helper-97's FINDING 6 back for threads `threading` does not know; not a
+7. FIXED (`_running_now` reads every thread's stack, `sys._current_frames()`). (low:
+   helper-97's FINDING 6 back for threads `threading` does not know; not a
    regression, f946fe9 did this on every thread) `_running_elsewhere` takes a thread for
    dead unless ``threading.enumerate()`` lists it, and drops its running forward: a thread
    started by ``_thread.start_new_thread`` or by C code (a native thread pool calling back
@@ -210,20 +217,17 @@ def test_held_forward_raising_an_exception_then_deeper_forwards() -> None:
     assert got == want
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 1: a KeyboardInterrupt leaves a stale forward")
 def test_finding1_interrupted_off_forward_records_nothing_more() -> None:
     got, want = _interrupted(GradientMonitor, 2, False, KeyboardInterrupt())
     assert got == want  # 1 (f946fe9: 4)
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 1: a KeyboardInterrupt leaves a stale forward")
 @pytest.mark.parametrize("recipe", [GradientMonitor, ActivationStats])
 def test_finding1_interrupted_recorded_forward_records_every_forward(recipe: Any) -> None:
     got, want = _interrupted(recipe, 3, True, KeyboardInterrupt())
     assert got == want  # 9 (f946fe9: 3)
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 1: SystemExit the same")
 def test_finding1_system_exit() -> None:
     got, want = _interrupted(GradientMonitor, 2, False, SystemExit())
     assert got == want
@@ -268,7 +272,6 @@ def test_held_paddle_forward_raising_an_exception() -> None:
     assert _paddle_interrupted(ValueError("x")) == 4
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 1: paddle, a KeyboardInterrupt")
 def test_finding1_paddle_keyboard_interrupt() -> None:
     assert _paddle_interrupted(KeyboardInterrupt()) == 4  # 1
 
@@ -393,7 +396,6 @@ def test_held_paused_forward_on_a_threading_thread() -> None:
     assert _paused_thread(lambda fn: threading.Thread(target=fn).start()) == (True, 0)
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 7: a thread threading does not list")
 def test_finding7_paused_forward_on_a_raw_thread() -> None:
     import _thread
 
@@ -522,13 +524,11 @@ def test_held_budget_generated_below_the_budget(seed: int) -> None:
     assert items < 240 and ok
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 2: ten config lists hide the kept output")
 def test_finding2_ten_config_lists_before_the_kept_output() -> None:
     ok, _ = _keeper_with_lists([30] * 10, 10, 0)
     assert ok  # 'a' 36.36 where native is 6.78, no warning (f946fe9: left out, warned)
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 2: paddle, ten config lists")
 def test_finding2_paddle_ten_config_lists() -> None:
     paddle = pytest.importorskip("paddle")
 
@@ -633,7 +633,6 @@ json.dump({"step": dict(monitor.history[-1]) if monitor.history else {}, "said":
 """
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 2: MindSpore, ten config lists")
 def test_finding2_mindspore_ten_config_lists() -> None:
     from monitor_oracle import run_in_mindspore
 
@@ -642,7 +641,6 @@ def test_finding2_mindspore_ten_config_lists() -> None:
     assert "a" not in run["step"] and any("'a'" in said for said in run["said"])
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 2: generated, 10 of 100 seeds")
 def test_finding2_generated() -> None:
     seeds = range(100) if SLOW else [5, 6, 17, 24, 50]
     broken = [seed for seed in seeds if not _budget_case(seed)[0]]
@@ -715,7 +713,6 @@ def _with_attributes(*values: Any) -> dict[str, float]:
             mon.remove()
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 3: an unhashable class (metaclass __eq__)")
 def test_finding3_attribute_of_an_unhashable_class() -> None:
     class Meta(type):
         def __eq__(cls, other: object) -> bool:
@@ -727,7 +724,6 @@ def test_finding3_attribute_of_an_unhashable_class() -> None:
     assert "0" in _with_attributes(Config())  # TypeError: unhashable type: 'Meta'
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 3: classes whose metaclass takes them for equal")
 def test_finding3_classes_equal_by_their_metaclass() -> None:
     class Meta(type):
         def __eq__(cls, other: object) -> bool:
@@ -746,7 +742,6 @@ def test_finding3_classes_equal_by_their_metaclass() -> None:
     assert "0" in _with_attributes(Sizes([1, 2]), Config())
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 4: `_kinds` keeps a per-instance class")
 def test_finding4_a_class_made_per_instance_keeps_its_module() -> None:
     class K(nn.Module):
         def __init__(self) -> None:

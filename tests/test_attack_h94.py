@@ -1010,9 +1010,11 @@ def _ids_per_forward(model: Any, where: Any, monkeypatch: Any) -> int:
     counted = [0]
     original = monitor_module._ids_within
 
-    def counting(values: list[Any], *args: Any) -> None:
-        counted[0] += len(values)
-        original(values, *args)
+    def counting(values: list[Any], deeper: int, ids: list[int], *args: Any) -> None:
+        before = len(ids)  # (the ids a look gathers, its nested calls' too)
+        original(values, deeper, ids, *args)
+        if args[1:2] != (False,):  # (a look, not a nested call: counted once)
+            counted[0] += len(ids) - before
 
     monkeypatch.setattr(monitor_module, "_ids_within", counting)
     with GradientMonitor(model, where=where):

@@ -1037,9 +1037,11 @@ def test_finding11_per_call_walk_of_unrelated_containers(monkeypatch: Any) -> No
     counted = [0]
     original = monitor_module._ids_within
 
-    def counting(values: list[Any], *args: Any) -> None:
-        counted[0] += len(values)
-        original(values, *args)
+    def counting(values: list[Any], deeper: int, ids: list[int], *args: Any) -> None:
+        before = len(ids)  # (the ids a look gathers, its nested calls' too)
+        original(values, deeper, ids, *args)
+        if args[1:2] != (False,):  # (a look, not a nested call: counted once)
+            counted[0] += len(ids) - before
 
     monkeypatch.setattr(monitor_module, "_ids_within", counting)
     model = _Unrolled(32, 256)

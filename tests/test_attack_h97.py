@@ -108,8 +108,8 @@ medium-low 5, 7; low-medium 4, 8; low 3.
    loss: 'k' 11.34 where native is 1.12 (set 9.22 vs 1.10), no warning; a
    ``collections.UserList`` the same. Expected: deques and sets looked into as lists (the
    walk by type takes them as cheaply), or README's "Left" list naming them.
-4. FIXED (bounded: the per-call look stops after about `_CALL_BUDGET`, 256, ids; 11.5 ms a
-   step against 9.1 ms without the lists, by hand, idle). (low-medium: slowdown; not a
+4. OPEN again (a budget of 256 ids a call fixed it, and hid an output kept behind a few
+   lists of numbers: helper-100's FINDING 2; back to `_BUDGET`). (low-medium: slowdown; not a
    regression, helper-95's FINDING 11 fixed for the second
    level only) the per-call look still walks every first-level container of up to 256
    items: a cell holding 15 lists of 256 ints (no tensor), unrolled 200 times with
@@ -790,15 +790,18 @@ class _Unrolled(nn.Module):
         return x
 
 
+@pytest.mark.xfail(strict=True, reason="FINDING 4: the per-call look walks flat lists")
 def test_finding4_per_call_walk_of_first_level_containers(monkeypatch: Any) -> None:
     import unihook.recipes.monitor as monitor_module
 
     counted = [0]
     original = monitor_module._ids_within
 
-    def counting(values: list[Any], *args: Any) -> None:
-        counted[0] += len(values)
-        original(values, *args)
+    def counting(values: list[Any], deeper: int, ids: list[int], *args: Any) -> None:
+        before = len(ids)  # (the ids a look gathers, its nested calls' too)
+        original(values, deeper, ids, *args)
+        if args[1:2] != (False,):  # (a look, not a nested call: counted once)
+            counted[0] += len(ids) - before
 
     monkeypatch.setattr(monitor_module, "_ids_within", counting)
     model = _Unrolled(15)
@@ -806,13 +809,12 @@ def test_finding4_per_call_walk_of_first_level_containers(monkeypatch: Any) -> N
         counted[0] = 0
         model(torch.randn(2, 8)).sum().backward()
     # ~780,000 ids a forward: 200 calls x 15 x 256 (77.6 ms a step where the cell without the
-    # lists takes 17.0 ms; 0c76291 65.8 ms); now at most about `_CALL_BUDGET` + 256 a call
-    # (and the end walk's `_BUDGET` once a module)
-    bound = 200 * (monitor_module._CALL_BUDGET + 256 + 64) + 2 * monitor_module._BUDGET
-    assert counted[0] < bound, counted
+    # lists takes 17.0 ms; 0c76291 65.8 ms)
+    assert counted[0] < 50_000, counted
 
 
 @pytest.mark.skipif(not os.environ.get("UNIHOOK_SLOW_ATTACKS"), reason="timing")
+@pytest.mark.xfail(strict=True, reason="FINDING 4: the per-call look walks flat lists (timed)")
 def test_finding4_timed() -> None:
     import math
     import time

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import gc
 import itertools
 import sys
 import threading
@@ -80,6 +81,30 @@ def stack_depth() -> int:
     return depth
 
 
+def _codes(frame: Any) -> list[Any]:
+    """The code objects of `frame` and the frames below it, the outermost first."""
+    codes = []
+    while frame is not None:
+        codes.append(frame.f_code)
+        frame = frame.f_back
+    codes.reverse()
+    return codes
+
+
+def _thread_frames() -> dict[int, Any]:
+    """`sys._current_frames()` with the garbage collector off: it holds the interpreter's lock
+    on its thread list while it makes frame objects, and a collection freeing a
+    `threading.local` there takes that lock (a hang on CPython 3.11: the torch backend's
+    `_compile` says more)."""
+    enabled = gc.isenabled()
+    try:
+        gc.disable()
+        return sys._current_frames()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _placed(build: Callable[[HookGroup], None]) -> HookGroup:
     """The hooks `build` places in a group; where it raises (a `where` that matches nothing),
     the ones it placed before go."""
@@ -108,7 +133,7 @@ class Recipe(Removable):
         self._placed_ahead = False  # see _count
         # `every` > 1: the forwards of the model running, per thread (their stack depths), and
         # those ended while another ran, not yet counted (`_count`)
-        self._inside: dict[int, list[int]] = {}
+        self._inside: dict[int, list[tuple[int, Any]]] = {}
         self._owed = 0
 
     def _schedule(self, model: Any, every: int, build: Callable[[HookGroup], None]) -> None:
@@ -126,12 +151,16 @@ class Recipe(Removable):
         self._hooks.add("", register_forward_hook(model, self._count, always_call=True))
 
     def _enter(self, module: Any, args: Any) -> None:
-        """A forward of the model starts: running until `_count` ends it, per thread, by the
-        stack depth it began at (one left by a BaseException, a KeyboardInterrupt, which runs
-        no `always_call` hook, ends when a forward begins at its depth or above it)."""
-        depth = stack_depth()
-        running = [d for d in self._inside.get(threading.get_ident(), ()) if d < depth]
-        running.append(depth)
+        """A forward of the model starts: running until `_count` ends it, per thread, as the
+        place and code of the frame that called this hook (a forward left by a BaseException, a
+        KeyboardInterrupt, which runs no `always_call` hook, is no longer on its thread's
+        stack: `_running_now`)."""
+        caller = sys._getframe(1)
+        depth = len(_codes(caller))
+        running = [
+            entry for entry in self._inside.get(threading.get_ident(), ()) if entry[0] < depth
+        ]
+        running.append((depth, caller.f_code))
         self._inside[threading.get_ident()] = running
 
     def _counted(self, module: Any) -> bool:
@@ -152,7 +181,7 @@ class Recipe(Removable):
         if not self._counted(module):
             return
         self._owed += 1
-        if self._inside and self._running_elsewhere():
+        if self._inside and self._running_now():
             # another forward of the model runs (this one was inside it, or it runs on another
             # thread): its later calls keep their hooks, it is counted when the last ends
             # (until 2026-12-02 they lost them: helper-97's FINDING 6)
@@ -161,11 +190,19 @@ class Recipe(Removable):
         for _ in range(owed):
             self._advance()
 
-    def _running_elsewhere(self) -> bool:
-        """Whether a forward of the model runs now, on a thread that is alive."""
-        alive = {thread.ident for thread in threading.enumerate()}
-        for ident in [ident for ident in list(self._inside) if ident not in alive]:
-            self._inside.pop(ident, None)
+    def _running_now(self) -> bool:
+        """Whether a forward of the model runs now: one whose frame is still where it was on
+        its thread's stack (every thread's, `threading`'s or not: helper-100's FINDING 7); one
+        a BaseException left, or a dead thread's, goes (its FINDING 1)."""
+        stacks = _thread_frames()
+        for ident, entries in list(self._inside.items()):
+            top = stacks.get(ident)
+            codes = [] if top is None else _codes(top)
+            alive = [e for e in entries if e[0] <= len(codes) and codes[e[0] - 1] is e[1]]
+            if alive:
+                self._inside[ident] = alive
+            else:
+                self._inside.pop(ident, None)
         return bool(self._inside)
 
     def _advance(self) -> bool:

@@ -994,9 +994,8 @@ def _ids_within(
         # (by type: `isinstance` reads `__class__`, which a proxy forwards and may raise from:
         # helper-95's FINDING 6; the base a type is, or None, once per type)
         cls = type(value)
-        kind = kinds.get(cls, _UNSEEN)
-        if kind is _UNSEEN:
-            kind = _kind_of(cls)
+        known = kinds.get(id(cls))
+        kind = known[1] if known is not None and known[0]() is cls else _kind_of(cls)
         if kind is None:
             continue
         # (the base types' own methods: a subclass's `values` or `__iter__` may run any code;
@@ -1016,7 +1015,7 @@ def _kind_of(cls: type) -> Any:
     `_kinds` for the first 4096 types seen)."""
     kind = next((base for base in _CONTAINERS if issubclass(cls, base)), None)
     if len(_kinds) < 4096:
-        _kinds[cls] = kind
+        _kinds[id(cls)] = (weakref.ref(cls), kind)
     return kind
 
 
@@ -1032,10 +1031,11 @@ def _keeps(
     ids = {id(t) for t in tensors}
     found = {key for key in ids if key in kept and id(kept[key][0]()) == key}
     held: list[int] = []
-    # (one level and `_CALL_BUDGET` ids: the look runs at every call, so a table the module
-    # holds costs each call, 170 us with a deeper look: helper-95's FINDING 11, 380 us for 15
-    # lists of 256 numbers: helper-97's FINDING 4; `_kept` looks deeper once)
-    _ids_within(ops.attribute_values(module), 1, held, _CALL_BUDGET)
+    # (one level: the look runs at every call, so a table the module holds costs each call,
+    # 170 us with a deeper look: helper-95's FINDING 11; `_kept` looks deeper once. Lists of
+    # numbers cost each call too, 380 us for 15 of 256: helper-97's FINDING 4, open; a
+    # smaller budget hid an output kept behind a few of them: helper-100's FINDING 2)
+    _ids_within(ops.attribute_values(module), 1, held, _BUDGET)
     found.update(ids.intersection(held))
     if not found:
         return False
@@ -1047,15 +1047,16 @@ def _keeps(
 # levels down, of at most `_LOOKED` items (a vocabulary dict of 100,000 entries cost 7 ms a
 # call: helper-92's FINDING 8), the second level only in containers of at most `_NESTED`
 # items, and at most about `_BUDGET` objects a module; as a call ends, its module's first
-# level only, about `_CALL_BUDGET` objects
+# level only
 _CONTAINERS: tuple[Any, ...] = (dict, list, tuple, deque, set, frozenset)
-_kinds: dict[type, Any] = {}  # (`_kind_of`)
-_UNSEEN = object()
+# (`_kind_of`) by the type's id, with a weak reference to it: a type's own hash and equality
+# may raise or take two types for one (helper-100's FINDING 3), and a type made per model
+# must not be kept (its FINDING 4)
+_kinds: dict[int, tuple[weakref.ref[type], Any]] = {}
 _DEEPER = 2
 _LOOKED = 256
 _NESTED = 32
 _BUDGET = 4096
-_CALL_BUDGET = 256
 
 
 def _one_from_another(tensors: Sequence[Any], marks: _Marks) -> bool:
