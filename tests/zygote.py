@@ -22,6 +22,7 @@ interpreter do not use it.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -81,4 +82,9 @@ def serve() -> None:
 if __name__ == "__main__":
     for name in filter(None, sys.argv[1].split(",")):
         __import__(name)
+    # what the imports made is never collected in a child (as tests/conftest.py does for the
+    # test session): a child's collections scan only what it made, and they do not write to
+    # (copy) every page the imports filled
+    gc.collect()
+    gc.freeze()
     serve()
