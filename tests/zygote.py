@@ -16,8 +16,9 @@ printed with exit code 1). Its environment is the zygote's, which started with t
 OMP_NUM_THREADS): what the program's own imports would have left.
 
 What a fork keeps that a fresh interpreter would not have: numpy's global random state (the
-same in every child; `random` reseeds itself at a fork). Programs that need a fresh
-interpreter do not use it.
+same in every child; `random` reseeds itself at a fork), and the imports' objects frozen out
+of the garbage collector (`gc.freeze`: they die by their reference counts only). Programs
+that need a fresh interpreter do not use it.
 """
 
 from __future__ import annotations
