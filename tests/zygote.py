@@ -16,12 +16,14 @@ printed with exit code 1). Its environment is the zygote's, which started with t
 OMP_NUM_THREADS): what the program's own imports would have left.
 
 What a fork keeps that a fresh interpreter would not have: numpy's global random state (the
-same in every child; `random` reseeds itself at a fork). Programs that need a fresh
-interpreter do not use it.
+same in every child; `random` reseeds itself at a fork), and the imports' objects frozen out
+of the garbage collector (`gc.freeze`: they die by their reference counts only). Programs
+that need a fresh interpreter do not use it.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -81,4 +83,9 @@ def serve() -> None:
 if __name__ == "__main__":
     for name in filter(None, sys.argv[1].split(",")):
         __import__(name)
+    # what the imports made is never collected in a child (as tests/conftest.py does for the
+    # test session): a child's collections scan only what it made, and they do not write to
+    # (copy) every page the imports filled
+    gc.collect()
+    gc.freeze()
     serve()

@@ -57,6 +57,41 @@ def isolated(function: str, backend: str, module: str = __name__) -> None:
     assert result.stdout.endswith("done\n"), result.stdout[-3000:]
 
 
+# What `_isolated_together` ran, per backend: (exit code, output)
+_together: dict[str, tuple[int, str]] = {}
+
+
+def _isolated_together(function: str, kit: Any) -> None:
+    """`isolated(function, ...)`, where the functions of this module that run isolated all run
+    in one fresh interpreter per backend, one after the other (each import of the frameworks
+    took seconds: one per test before): each reports "done NAME" or its traceback; a crash
+    fails the functions it did not reach."""
+    names = ["some_inputs", "stop_gradient_between"]
+    names += ["some_inputs_create_graph"] if creates_graph(kit) else []
+    assert function in names
+    if kit.name not in _together:
+        code = (
+            f"import sys, importlib, traceback; sys.path[:0] = {sys.path!r}\n"
+            "from unihook.conformance import kit\n"
+            f"k = kit({kit.name!r})\n"
+            f"module = importlib.import_module({__name__!r})\n"
+            f"for name in {names!r}:\n"
+            "    try:\n"
+            "        getattr(module, name)(k)\n"
+            "    except BaseException:\n"
+            "        print('failed', name, traceback.format_exc(), flush=True)\n"
+            "    else:\n"
+            "        print('done', name, flush=True)\n"
+        )
+        env = dict(os.environ, GLOG_minloglevel="2")
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env
+        )
+        _together[kit.name] = (result.returncode, result.stdout + result.stderr[-5000:])
+    code, output = _together[kit.name]
+    assert f"done {function}\n" in output, f"exit code {code}: {output[-8000:]}"
+
+
 # -- a. a leaf hook's gradient is its own --------------------------------------------------------
 
 
@@ -112,7 +147,7 @@ def _two_in_two_out(kit: Any) -> Any:
 def test_grad_wrt_some_inputs_of_a_hooked_module(backend: Any) -> None:
     """paddle raised "should return None at 1 position"; torch's hooks see every input's
     gradient the module's backward computed (and zeros for one no gradient reached)."""
-    isolated("some_inputs", backend.name)
+    _isolated_together("some_inputs", backend)
 
 
 def some_inputs(kit: Any) -> None:
@@ -142,7 +177,7 @@ def some_inputs(kit: Any) -> None:
 
 
 def test_grad_wrt_inputs_with_a_stop_gradient_input_between(backend: Any) -> None:
-    isolated("stop_gradient_between", backend.name)
+    _isolated_together("stop_gradient_between", backend)
 
 
 def stop_gradient_between(kit: Any) -> None:
@@ -164,7 +199,7 @@ def test_grad_wrt_some_inputs_with_create_graph(backend: Any) -> None:
     """Double backward through the subset's gradient."""
     if not creates_graph(backend):
         pytest.skip(f"{backend.name}: no create_graph in its kit (docs/MINDSPORE.md)")
-    isolated("some_inputs_create_graph", backend.name)
+    _isolated_together("some_inputs_create_graph", backend)
 
 
 def some_inputs_create_graph(kit: Any) -> None:
