@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, Sequence, Union
 
 import mindspore
 import numpy as np
-from mindspore import ops
+from mindspore import nn, ops
 from mindspore.graph.api import _pynative_executor
 from mindspore.nn.layer.normalization import _BatchNorm
 
@@ -319,4 +319,4 @@ class _Once:
 @functools.cache
 def _bookkeeping() -> frozenset[str]:
     """The attributes every Cell has that hold no tensor of the user's (`attribute_values`)."""
-    return frozenset(mindspore.nn.Cell().__dict__) - {"_buffers"}
+    return frozenset(nn.Cell().__dict__) - {"_buffers"}

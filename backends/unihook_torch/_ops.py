@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
+from torch._C._functorch import is_functorch_wrapped_tensor
 
 from unihook.backend import history_reaches, map_dataclass
 from unihook.errors import HookArgumentError
@@ -272,7 +273,7 @@ class TorchOps(Ops):
         return torch.linalg.vector_norm(t, ord=p)
 
     def sum_squares(self, t: Any) -> float:
-        if torch._C._functorch.is_functorch_wrapped_tensor(t):
+        if is_functorch_wrapped_tensor(t):
             # a gradient inside torch.func's transforms (``grad``, ``vjp``): functorch's
             # wrapper, which has no storage (numpy's view of it raised out of the user's
             # transform: helper-95's FINDING 9)
