@@ -163,7 +163,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from monitor_oracle import native_norms  # noqa: E402
+from monitor_oracle import MINDSPORE_DENSES, native_norms  # noqa: E402
 
 from unihook.recipes import ActivationStats, GradientMonitor  # noqa: E402
 
@@ -569,23 +569,9 @@ def test_finding2_paddle_ten_config_lists() -> None:
     assert "a" not in entry and any("'a'" in str(w.message) for w in caught)
 
 
-_MS_TEN_LISTS = r"""
-import json, sys, warnings
-import numpy as np
-import mindspore as ms
-from unihook.recipes import GradientMonitor
-
-rng = np.random.default_rng(0)
-w = [rng.normal(size=(4, 4)).astype(np.float32) * 0.5 for _ in range(2)]
-b = [rng.normal(size=4).astype(np.float32) * 0.1 for _ in range(2)]
-x = ms.Tensor(rng.normal(size=(3, 4)).astype(np.float32))
-
-
-def dense(i):
-    d = ms.nn.Dense(4, 4)
-    d.weight.set_data(ms.Tensor(w[i]))
-    d.bias.set_data(ms.Tensor(b[i]))
-    return d
+_MS_TEN_LISTS = (
+    MINDSPORE_DENSES
+    + r"""
 
 
 class Keeps(ms.nn.Cell):
@@ -631,6 +617,7 @@ json.dump({"step": dict(monitor.history[-1]) if monitor.history else {}, "said":
            "w": [a.tolist() for a in w], "b": [a.tolist() for a in b],
            "x": x.asnumpy().tolist(), "entries": len(net.a.__dict__)}, sys.stdout)
 """
+)
 
 
 def test_finding2_mindspore_ten_config_lists() -> None:
