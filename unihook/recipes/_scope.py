@@ -131,8 +131,9 @@ class Recipe(Removable):
         self._build: Callable[[HookGroup], None] | None = None
         self._active = HookGroup()
         self._placed_ahead = False  # see _count
-        # `every` > 1: the forwards of the model running, per thread (their stack depths), and
-        # those ended while another ran, not yet counted (`_count`)
+        # `every` > 1: the forwards of the model running, per thread (the place on its stack
+        # and the code of the frame calling `_enter`), and those ended while another ran, not
+        # yet counted (`_count`)
         self._inside: dict[int, list[tuple[int, Any]]] = {}
         self._owed = 0
 
