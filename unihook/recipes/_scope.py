@@ -157,7 +157,7 @@ class Recipe(Removable):
         KeyboardInterrupt, which runs no `always_call` hook, is no longer on its thread's
         stack: `_running_now`)."""
         caller = sys._getframe(1)
-        depth = len(_codes(caller))
+        depth = stack_depth() - 1  # (the caller's place: the frames from it down)
         running = [
             entry for entry in self._inside.get(threading.get_ident(), ()) if entry[0] < depth
         ]
