@@ -106,6 +106,21 @@ def broken(
     return found
 
 
+def names(model: Any) -> list[str]:
+    """Every module's qualified name (torch)."""
+    return [name for name, _ in model.named_modules()]
+
+
+def square(model: Any, out: Any) -> Any:
+    """The loss most attacks take: the output's sum of squares."""
+    return (out * out).sum()
+
+
+def said(caught: Any) -> list[str]:
+    """The GradientMonitor warnings among `caught`."""
+    return [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
+
+
 # The start of a MindSpore twin's script: two seeded Dense(4, 4) weights, `dense(i)` the i-th,
 # and an input `x` (3, 4)
 MINDSPORE_DENSES = r"""
