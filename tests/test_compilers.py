@@ -795,6 +795,62 @@ def test_torch_no_thread_waits_for_dynamos_lock_while_it_holds_a_registry_lock()
     assert last_value(run_code(LOCK_ORDER, timeout=240)) == [20, 1, True, []]
 
 
+# a module hook removed on one thread while another compiles the module: its trace read the
+# hook, a backend (here a slow one) compiles, and then dynamo builds the guards, which read the
+# hook dicts by the keys the trace saw
+REMOVED_WHILE_COMPILING = r"""
+import threading, time, warnings
+
+warnings.filterwarnings("ignore")
+import torch, torch._dynamo, unihook
+
+in_backend, go = threading.Event(), threading.Event()
+
+
+def backend(gm, inputs):
+    in_backend.set()
+    go.wait(30)
+    return gm.forward
+
+
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+handle = unihook.register_forward_pre_hook(m[0], lambda mod, a: None)
+f = torch.compile(m, backend=backend)
+out, errors, removed = [], [], threading.Event()
+
+
+def runner():
+    try:
+        out.append(round(f(torch.ones(2, 3)).sum().item(), 5))
+    except Exception as e:
+        errors.append(type(e).__name__)
+
+
+compiling = threading.Thread(target=runner)
+compiling.start()
+assert in_backend.wait(60)
+remover = threading.Thread(target=lambda: (handle.remove(), removed.set()))
+remover.start()
+time.sleep(0.2)
+early = removed.is_set()
+go.set()
+compiling.join(60)
+remover.join(60)
+print([early, removed.is_set(), errors, out == [round(m(torch.ones(2, 3)).sum().item(), 5)]])
+"""
+
+
+def test_torch_module_hook_removed_while_another_thread_compiles_waits_for_the_compile() -> None:
+    """The removal waits until the other thread's compile is done (at most a second): removed
+    between the trace and the guards, the compiled call failed with dynamo's KeyError
+    (tests/test_attack_h80.py's held churn, once in a local CI run on 8205360)."""
+    pytest.importorskip("torch")
+    from children import last_value, run_code
+
+    assert last_value(run_code(REMOVED_WHILE_COMPILING, timeout=120)) == [False, True, [], True]
+
+
 ROOT_BESIDE_GLOBAL = r"""
 import warnings
 

@@ -478,14 +478,15 @@ def hooks_changeable() -> Iterator[None]:
     """While a module's hooks change: no other thread is in one of dynamo's live loops over a
     module's hook dicts (``nn_module_get_all_hooks``, which its frame callback runs outside
     its compile lock for each frame it looks at, and ``get_items_from_dict``, which tracing
-    runs), nor building a frame's guards (`CheckFunctionManager`, which reads hook dicts by
-    key: a KeyError). A hook another thread registered or removed there failed the compiled call
-    ("OrderedDict mutated during iteration", or a KeyError; CI on ad2b675). Such a thread is
-    waited for (microseconds; at most `_WAIT` seconds, then the change goes ahead as torch's
-    own would). Neither dynamo's lock nor the GIL is held meanwhile: a finalizer that loop ran
-    on the other thread may change hooks too (a deadlock, helper-90's FINDING 1), and another
-    busy thread is not stalled (FINDING 5). A thread that enters such a loop between the look
-    and the change (a GIL switch in those microseconds) is not waited for."""
+    runs), nor compiling a frame (``_compile``: its guards, built after the trace and the
+    backend's compile, read the hook dicts by the keys the trace saw: a KeyError). A hook
+    another thread registered or removed there failed the compiled call ("OrderedDict mutated
+    during iteration", or a KeyError; CI on ad2b675). Such a thread is waited for (as long as
+    its compile, at most `_WAIT` seconds, then the change goes ahead as torch's own would).
+    Neither dynamo's lock nor the GIL is held meanwhile: a finalizer that loop ran on the other
+    thread may change hooks too (a deadlock, helper-90's FINDING 1), and another busy thread is
+    not stalled (FINDING 5). A thread that enters such a loop between the look and the change
+    (a GIL switch in those microseconds) is not waited for."""
     dynamo = sys.modules.get("torch._dynamo")
     utils = getattr(dynamo, "utils", None)
     if utils is not None:
@@ -495,6 +496,11 @@ def hooks_changeable() -> Iterator[None]:
             # its guards read hook dicts by key: a hook removed meanwhile failed the compiled
             # call with a KeyError (CI on b7d90c3, helper-80's held churn)
             reading.add(guards.CheckFunctionManager.__init__.__code__)
+        convert_frame = getattr(dynamo, "convert_frame", None)
+        if convert_frame is not None:
+            # and they read the keys its trace saw, a backend's compile later: a hook removed
+            # in between failed the call as well (KeyError, CI41 on 8205360)
+            reading.add(convert_frame._compile.__code__)
         deadline = time.monotonic() + _WAIT
         while _running_elsewhere(reading) and time.monotonic() < deadline:
             time.sleep(0.0001)
