@@ -120,6 +120,77 @@ def toy_backend(tmp_path: Path) -> Path:
     return tmp_path
 
 
+# a module whose import another thread starts and which waits for the test: `fail` raises
+SLOW_MODULE = """
+import threading
+started, go = threading.Event(), threading.Event()
+holder = __import__("unihook_slow_holder")
+holder.started.set()
+assert holder.go.wait(30)
+if holder.fail:
+    raise ImportError("unihook's test: failed on purpose")
+DONE = True
+"""
+
+
+def test_when_imported_during_an_import_on_another_thread_runs_at_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A callback asked for while another thread imports the module runs as that import
+    ends, on the module as it ends (helper-96's FINDING 4: run at once, on a module still
+    being imported, torch's backend raised AttributeError); one whose import fails runs at the
+    next import that succeeds; ``imported`` tells a module under way from one imported."""
+    import importlib.machinery
+    import threading
+    import types
+
+    from unihook.backend import imported, when_imported
+
+    def slow_import(name: str, fail: bool, during: Any) -> list[BaseException]:
+        """Import `name` on another thread, calling `during()` while it waits."""
+        holder = types.SimpleNamespace(started=threading.Event(), go=threading.Event(), fail=fail)
+        monkeypatch.setitem(sys.modules, "unihook_slow_holder", holder)
+        errors: list[BaseException] = []
+
+        def load() -> None:
+            try:
+                importlib.import_module(name)
+            except ImportError as error:
+                errors.append(error)
+
+        thread = threading.Thread(target=load)
+        thread.start()
+        assert holder.started.wait(30)
+        assert name in sys.modules and imported(name) is None
+        during()
+        holder.go.set()
+        thread.join(30)
+        return errors
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[object] = []
+    for name in ("unihook_slow_ok", "unihook_slow_failing"):
+        (tmp_path / f"{name}.py").write_text(SLOW_MODULE)
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+    def ask(name: str) -> None:
+        when_imported(name, lambda module: seen.append((name, module.DONE)))
+        assert seen == []
+
+    assert slow_import("unihook_slow_ok", False, lambda: ask("unihook_slow_ok")) == []
+    assert seen == [("unihook_slow_ok", True)]
+    assert type(sys.modules["unihook_slow_ok"].__spec__) is importlib.machinery.ModuleSpec
+    assert imported("unihook_slow_ok") is sys.modules["unihook_slow_ok"]
+    seen.clear()
+    failing = "unihook_slow_failing"
+    errors = slow_import(failing, True, lambda: ask(failing))
+    assert [type(e) for e in errors] == [ImportError] and seen == []
+    assert slow_import(failing, False, lambda: None) == []
+    assert seen == [(failing, True)]
+    for name in ("unihook_slow_ok", failing):
+        monkeypatch.delitem(sys.modules, name)
+
+
 def test_third_party_backend_is_found_through_the_entry_point_group(toy_backend: Path) -> None:
     out = run_python(
         """

@@ -13,27 +13,87 @@ from ._locks import undo_if_unfinished
 if TYPE_CHECKING:
     from importlib.abc import Loader
 
-__all__ = ["cancel_when_imported", "install_when_imported", "when_imported"]
+__all__ = ["cancel_when_imported", "imported", "install_when_imported", "when_imported"]
 
 _callbacks: dict[str, list[Callable[[ModuleType], None]]] = {}
 _lock = threading.RLock()
 _searching: set[str] = set()
 
 
-def when_imported(name: str, callback: Callable[[ModuleType], None]) -> Callable[[], None]:
-    """Call `callback(module)` now if top-level module `name` is imported, else right after it
-    is. Return a function that cancels a callback that has not run yet:
-    ``cancel_when_imported(name, callback)``, which a caller may take before (a Ctrl-C may land
-    between the registration and its return)."""
+def imported(name: str) -> ModuleType | None:
+    """Module `name` if its import has finished, else None. While another thread imports it
+    (torch._dynamo's import takes seconds) it is in ``sys.modules`` already, without most of
+    its attributes (helper-96's FINDING 4: a registration there raised AttributeError)."""
     module = sys.modules.get(name)
-    if module is not None:
+    return None if module is None or _importing(module) else module
+
+
+def _importing(module: ModuleType) -> bool:
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def when_imported(name: str, callback: Callable[[ModuleType], None]) -> Callable[[], None]:
+    """Call `callback(module)` now if module `name` is imported, else right after it is (at
+    the end of an import under way on another thread, too). Return a function that cancels a
+    callback that has not run yet: ``cancel_when_imported(name, callback)``, which a caller
+    may take before (a Ctrl-C may land between the registration and its return)."""
+    module = sys.modules.get(name)
+    if module is not None and not _importing(module):
         callback(module)
         return _nothing
     with _lock:
         _callbacks.setdefault(name, []).append(callback)
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
+    if module is not None:
+        _fire_at_end(name, module)
     return partial(cancel_when_imported, name, callback)
+
+
+def _fire_at_end(name: str, module: ModuleType) -> None:
+    """Fire `name`'s callbacks as the import of `module`, under way, ends: our finder did not
+    see it begin, so its loader is not ours (`_Loader`). Python's import marks its spec
+    ``_initializing = False`` as the module's code has run (failed or not: a failed one has
+    left ``sys.modules``), on the importing thread, before the import returns: the spec's
+    class gets an attribute setter that fires there. Already over: fired here."""
+    spec = module.__spec__
+    with _lock:
+        kind = type(spec)
+        if kind.__setattr__ is not _end_setattr:
+            spec.__class__ = _ending_class(kind)
+    if not _importing(module):  # (over before the setter went in, or since)
+        _restore_class(spec)
+        if sys.modules.get(name) is module:
+            _fire(name, module)
+
+
+def _end_setattr(spec: Any, attr: str, value: Any) -> None:
+    object.__setattr__(spec, attr, value)
+    if attr == "_initializing" and not value:
+        _restore_class(spec)
+        module = sys.modules.get(spec.name)
+        if module is not None and getattr(module, "__spec__", None) is spec:
+            _fire(spec.name, module)
+
+
+def _restore_class(spec: Any) -> None:
+    kind = type(spec)
+    if kind.__setattr__ is _end_setattr:
+        spec.__class__ = kind.__bases__[0]
+
+
+def _ending_class(kind: type) -> type:
+    """`kind` (``ModuleSpec``) with `_end_setattr`: no attribute of its own (a class an
+    instance can take and give back)."""
+    made = _ending.get(kind)
+    if made is None:
+        made = _ending[kind] = type(
+            kind.__name__, (kind,), {"__slots__": (), "__setattr__": _end_setattr}
+        )
+    return made
+
+
+_ending: dict[type, type] = {}
 
 
 def cancel_when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:

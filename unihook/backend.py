@@ -59,7 +59,7 @@ from ._checks import (
 from ._describe import Site, type_name
 from ._global_table import add_to_global_table
 from ._history import history_reaches
-from ._imports import cancel_when_imported, install_when_imported, when_imported
+from ._imports import cancel_when_imported, imported, install_when_imported, when_imported
 from ._kept_inputs import check_kept_input, check_returned_input, kept_inputs, note_changes
 from ._locks import RegistryLock, add_compiler_pause, defer_while_locked, undo_if_unfinished
 from ._module_backward import (
@@ -103,6 +103,7 @@ __all__ = [
     "has_module_backward",
     "held_tensors",
     "history_reaches",
+    "imported",
     "install_when_imported",
     "items_of",
     "kept_inputs",

@@ -37,6 +37,7 @@ from unihook.backend import (
     Pinned,
     RegistryLock,
     cancel_when_imported,
+    imported,
     undo_if_unfinished,
     when_imported,
 )
@@ -233,7 +234,7 @@ def watch_hooks() -> Callable[[], None]:
             # (the cancel first, then what it cancels)
             _cancel_reason = partial(cancel_when_imported, "torch._dynamo", _give_reason)
             when_imported("torch._dynamo", _give_reason)
-        dynamo = sys.modules.get("torch._dynamo")
+        dynamo = imported("torch._dynamo")  # (another thread importing it compiles nothing yet)
         if dynamo is not None and _hook_guards_skipped(dynamo):
             owed = _drop_owed
             # (owed until the look below: a registration cut short before it, a Ctrl-C, left
@@ -370,7 +371,7 @@ def forget_compiled() -> None:
     as when this thread is alone (helper-71's attack). The test and the reset run without
     another thread running Python in between (`_held_gil`): one that entered a compiled frame
     after the test would be reset under."""
-    dynamo = sys.modules.get("torch._dynamo")
+    dynamo = imported("torch._dynamo")
     if dynamo is None:
         return
     from torch._dynamo import convert_frame
@@ -464,7 +465,7 @@ def compiles_held() -> Iterator[None]:
     """No frame compiles meanwhile (dynamo's lock, once dynamo is imported): a global hook
     coming or going changes what the guards of a frame compiling on another thread read
     (`InternalTorchDynamoError` there: helper-73's attack)."""
-    if "torch._dynamo" not in sys.modules:
+    if imported("torch._dynamo") is None:
         yield
         return
     from torch._dynamo import convert_frame
@@ -487,7 +488,7 @@ def hooks_changeable() -> Iterator[None]:
     thread may change hooks too (a deadlock, helper-90's FINDING 1), and another busy thread is
     not stalled (FINDING 5). A thread that enters such a loop between the look and the change
     (a GIL switch in those microseconds) is not waited for."""
-    dynamo = sys.modules.get("torch._dynamo")
+    dynamo = imported("torch._dynamo")
     utils = getattr(dynamo, "utils", None)
     if utils is not None:
         reading = {utils.nn_module_get_all_hooks.__code__, utils.get_items_from_dict.__code__}
@@ -559,7 +560,7 @@ def _held_gil() -> Iterator[None]:
 _holding = threading.RLock()
 
 
-if "torch._dynamo" in sys.modules:
+if imported("torch._dynamo") is not None:
     # Imported after dynamo (the first torch hook, registered inside a compiled forward): the
     # direct ways out now. (Else `watch_hooks` takes them when dynamo is imported while a
     # torch hook lives; imported after the last one went, the lazy ones stay, with the same
