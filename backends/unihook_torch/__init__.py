@@ -38,7 +38,18 @@ _version_checked = False
 
 
 def _torch() -> Any:
-    return sys.modules.get("torch")
+    # (kept once seen: a claim that dynamo traces (a hook made inside a compiled function)
+    # reads ``sys.modules`` once less, which dynamo iterates to wrap it: another thread's
+    # import meanwhile failed the compiled call, helper-98's FINDING 5, still open)
+    if not _seen:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        _seen.append(torch)
+    return _seen[0]
+
+
+_seen: list[Any] = []
 
 
 def _owns(obj: object) -> bool:
