@@ -29,7 +29,9 @@ backends use them.
   idempotent (see ``unihook._locks``).
 - **Laziness**: `when_imported` / `install_when_imported` run code when the framework gets
   imported, without importing it (a global hook registered before the framework);
-  `cancel_when_imported` cancels a callback (taken before registering it).
+  `cancel_when_imported` cancels a callback (taken before registering it). A module another
+  thread is importing is in ``sys.modules`` half made: `imported(name)` is None until its
+  import ends, and a callback asked for meanwhile runs as it ends.
 - **Compilers**: `add_compiler_escape(escape, tracing)`, when the backend is loaded, if its
   framework compiles Python by tracing it (torch.compile's dynamo): while `tracing()`, a
   global hook registered inside a compiled function is registered through
