@@ -337,13 +337,16 @@ class GradientMonitor(Synced):
             return
         if not ops.in_backward(module):
             self._with_grad = ops.grad_enabled(module)
-        self._placed_ahead = False
         self._deciding = None
         if not ops.grad_enabled(module):
             # no gradient will come: the step of the last forward with gradients stays (an
             # evaluation between a forward and its backward, on one rank, must not start a
-            # step that its backward's parameter gradients would merge)
+            # step that its backward's parameter gradients would merge), and so do hooks
+            # placed ahead for the next one (`every`: that forward's backward, a reentrant
+            # checkpoint's recomputation in it, is not recorded; until 2026-12-02 it was,
+            # into the last recorded step: helper-97's FINDING 8)
             return
+        self._placed_ahead = False
         self._step.drop_leaves()  # (a step whose backward never came)
         if self._step.pending and self._step.merge is not None:
             self._cancel_merge(self._step.merge)  # (its backward raised: it never ended)
