@@ -57,18 +57,22 @@ def _fire_at_end(name: str, module: ModuleType) -> None:
     left ``sys.modules``), on the importing thread, before the import returns: the spec's
     class gets an attribute setter that fires there. Already over: fired here."""
     spec = module.__spec__
+    watched = True
     with _lock:
         kind = type(spec)
         if kind.__setattr__ is not _end_setattr:
-            spec.__class__ = _ending_class(kind)
-    if not _importing(module):  # (over before the setter went in, or since)
+            try:
+                spec.__class__ = _ending_class(kind)
+            except TypeError:  # (a spec type of C, or one that takes no subclass: now, then)
+                watched = False
+    if not watched or not _importing(module):  # (over before the setter went in, or since)
         _restore_class(spec)
         if sys.modules.get(name) is module:
             _fire(name, module)
 
 
 def _end_setattr(spec: Any, attr: str, value: Any) -> None:
-    object.__setattr__(spec, attr, value)
+    super(type(spec), spec).__setattr__(attr, value)  # (the spec class's own)
     if attr == "_initializing" and not value:
         _restore_class(spec)
         module = sys.modules.get(spec.name)
