@@ -159,7 +159,9 @@ class MindSporeOps(Ops):
         # a tensor attribute stays in `__dict__`; the rest of what every Cell has (60 tables
         # and flags) holds hooks, cells, Parameters and compile state
         skip = _bookkeeping()
-        return [v for k, v in module.__dict__.items() if k not in skip]
+        # (the items in one C call: another thread's new attribute during a walk of the
+        # dict raised out of the forward, helper-101's FINDING 3)
+        return [v for k, v in list(module.__dict__.items()) if k not in skip]
 
     def as_tensor(self, array: Any, like: Any) -> Any:
         return Tensor(np.asarray(array), dtype=like.dtype)

@@ -482,8 +482,10 @@ def hooks_changeable() -> Iterator[None]:
     runs), nor compiling a frame (``_compile``: its guards, built after the trace and the
     backend's compile, read the hook dicts by the keys the trace saw: a KeyError). A hook
     another thread registered or removed there failed the compiled call ("OrderedDict mutated
-    during iteration", or a KeyError; CI on ad2b675). Such a thread is waited for (as long as
-    its compile, at most `_WAIT` seconds, then the change goes ahead as torch's own would).
+    during iteration", or a KeyError; a hook added there was left out of the compiled code
+    its guards passed, as torch's own is; CI on ad2b675). Such a thread is waited for, as long
+    as its compile, at most `_WAIT` seconds from the first wait for it (`_waited_for`), then
+    the change goes ahead as torch's own would.
     Neither dynamo's lock nor the GIL is held meanwhile: a finalizer that loop ran on the other
     thread may change hooks too (a deadlock, helper-90's FINDING 1), and another busy thread is
     not stalled (FINDING 5). A thread that enters such a loop between the look and the change
@@ -502,10 +504,26 @@ def hooks_changeable() -> Iterator[None]:
             # and they read the keys its trace saw, a backend's compile later: a hook removed
             # in between failed the call as well (KeyError, CI41 on 8205360)
             reading.add(convert_frame._compile.__code__)
-        deadline = time.monotonic() + _WAIT
-        while _running_elsewhere(reading) and time.monotonic() < deadline:
-            time.sleep(0.0001)
+        pause = 0.0001
+        while _waited_for(_running_elsewhere(reading)):
+            time.sleep(pause)
+            pause = min(2 * pause, 0.005)  # (a look walks every stack: a compile is slowed)
     yield
+
+
+def _waited_for(running: set[int]) -> bool:
+    """Whether one of the `running` frames (ids) is waited for: it has been seen running for
+    less than `_WAIT` seconds. A longer one (a compile, inductor's) is waited for once, by
+    every change together: a thread registering hooks on modules that compile never read
+    waited a second per hook (helper-101's FINDING 1)."""
+    for key in [key for key in _first_seen if key not in running]:
+        _first_seen.pop(key, None)  # (ended)
+    now = time.monotonic()
+    return any(now - _first_seen.setdefault(key, now) < _WAIT for key in running)
+
+
+# when `hooks_changeable` first saw each frame it waits for that is still running, by id
+_first_seen: dict[int, float] = {}
 
 
 # the longest a hook change waits for another thread to leave dynamo's loop over hook dicts
@@ -531,15 +549,15 @@ class WatchedPinned(Pinned):
             super().remove()
 
 
-def _running_elsewhere(codes: set[Any]) -> bool:
-    """Whether a thread other than this one has a frame of one of `codes` on its stack."""
-    me, ids = threading.get_ident(), {id(code) for code in codes}
+def _running_elsewhere(codes: set[Any]) -> set[int]:
+    """The frames (ids) of `codes` on the stacks of the threads other than this one."""
+    me, ids, found = threading.get_ident(), {id(code) for code in codes}, set()
     for ident, frame in _current_frames().items():
         while ident != me and frame is not None:
             if id(frame.f_code) in ids:  # (by id: `_file_of`)
-                return True
+                found.add(id(frame))
             frame = frame.f_back
-    return False
+    return found
 
 
 @contextmanager

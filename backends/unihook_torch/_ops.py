@@ -395,7 +395,9 @@ class TorchOps(Ops):
         # a tensor kept in an attribute is in `__dict__`, or in `_buffers` under a buffer's
         # name; the rest of what every Module has holds hooks, submodules and Parameters
         skip = _bookkeeping()
-        return [v for k, v in module.__dict__.items() if k not in skip]
+        # (the items in one C call: another thread's new attribute during a walk of the
+        # dict raised out of the forward, helper-101's FINDING 3)
+        return [v for k, v in list(module.__dict__.items()) if k not in skip]
 
     def as_tensor(self, array: Any, like: Any) -> Any:
         return torch.as_tensor(np.asarray(array), dtype=like.dtype, device=like.device)

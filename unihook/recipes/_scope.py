@@ -33,7 +33,9 @@ __all__ = [
     "check_every",
     "check_history",
     "resolve",
-    "stack_depth",
+    "hook_caller",
+    "running_at",
+    "stack_frames",
     "tensors_of",
     "where_of",
 ]
@@ -72,23 +74,33 @@ def _run_queued() -> None:
         raise failed
 
 
-def stack_depth() -> int:
-    """The frames on this thread's stack below the caller's (a few us: once per forward of the
-    model, no walk per module call)."""
-    frame, depth = sys._getframe(1), 0
+def stack_frames(frame: Any) -> list[Any]:
+    """`frame` and the frames below it, the outermost first (a few us: once per forward of
+    the model, no walk per module call). A forward's place is its frame's position there and
+    the frame itself: one a BaseException left is gone, also where another frame of the same
+    code took its place (torch's ``_call_impl.<locals>.inner``, which every hooked module call
+    runs: helper-101's FINDING 2). This thread's stack only (`Recipe._running_now`)."""
+    frames = []
     while frame is not None:
-        frame, depth = frame.f_back, depth + 1
-    return depth
-
-
-def _codes(frame: Any) -> list[Any]:
-    """The code objects of `frame` and the frames below it, the outermost first."""
-    codes = []
-    while frame is not None:
-        codes.append(frame.f_code)
+        frames.append(frame)
         frame = frame.f_back
-    codes.reverse()
-    return codes
+    frames.reverse()
+    return frames
+
+
+def hook_caller(frame: Any) -> Any:
+    """The framework's frame calling a hook of unihook's, from `frame`, the hook's caller: the
+    first frame below unihook's own wrappers (a keyword pre-hook's, the global hooks'), which
+    return with the hook, where the framework's lives as long as the module call."""
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("unihook"):
+        frame = frame.f_back
+    return frame
+
+
+def running_at(frames: list[Any], depth: int, frame: Any) -> bool:
+    """Whether `frame`, placed at `depth` (`stack_frames`' length then), is still there on the
+    stack `frames`."""
+    return depth <= len(frames) and frames[depth - 1] is frame
 
 
 def _thread_frames() -> dict[int, Any]:
@@ -132,10 +144,14 @@ class Recipe(Removable):
         self._active = HookGroup()
         self._placed_ahead = False  # see _count
         # `every` > 1: the forwards of the model running, per thread (the place on its stack
-        # and the code of the frame calling `_enter`), and those ended while another ran, not
-        # yet counted (`_count`)
-        self._inside: dict[int, list[tuple[int, Any]]] = {}
+        # and the frame calling `_enter`, and the exception being handled there), and those
+        # ended while another ran, not yet counted (`_count`)
+        self._inside: dict[int, list[tuple[int, Any, BaseException | None]]] = {}
         self._owed = 0
+        # `_enter`, `_count` and `remove` one thread at a time: two threads advancing at once
+        # overwrote a placed group unremoved (hooks left after `remove()`, forwards counted
+        # twice: helper-101's FINDING 6)
+        self._counting = threading.RLock()
 
     def _schedule(self, model: Any, every: int, build: Callable[[HookGroup], None]) -> None:
         """Place the hooks `build` makes for forwards 0, N, 2N... of `model` (and their
@@ -153,31 +169,38 @@ class Recipe(Removable):
 
     def _enter(self, module: Any, args: Any) -> None:
         """A forward of the model starts: running until `_count` ends it, per thread, as the
-        place and code of the frame that called this hook (a forward left by a BaseException, a
+        place and the frame that called this hook (a forward left by a BaseException, a
         KeyboardInterrupt, which runs no `always_call` hook, is no longer on its thread's
         stack: `_running_now`)."""
-        caller = sys._getframe(1)
-        depth = stack_depth() - 1  # (the caller's place: the frames from it down)
-        running = [
-            entry for entry in self._inside.get(threading.get_ident(), ()) if entry[0] < depth
-        ]
-        running.append((depth, caller.f_code))
-        self._inside[threading.get_ident()] = running
+        frames = stack_frames(hook_caller(sys._getframe(1)))
+        depth, ident = len(frames), threading.get_ident()
+        handled = sys.exc_info()[1]  # (`_count`: a forward run inside an `except` block)
+        with self._counting:
+            running = [e for e in self._inside.get(ident, ()) if running_at(frames, *e[:2])]
+            running.append((depth, frames[-1], handled))
+            self._inside[ident] = running
 
     def _counted(self, module: Any) -> bool:
         """Whether the running forward of the model counts towards `every` (and is recorded)."""
         return True
 
     def _count(self, module: Any, args: Any, output: Any) -> None:
-        running = self._inside.get(threading.get_ident())
-        if running:
-            running.pop()
-            if not running:
-                del self._inside[threading.get_ident()]
-        if output is None and sys.exc_info()[0] is not None:
+        with self._counting:
+            self._count_locked(module, output)
+
+    def _count_locked(self, module: Any, output: Any) -> None:
+        ident = threading.get_ident()
+        running = self._inside.get(ident)
+        entry = running.pop() if running else None
+        if running is not None and not running:
+            self._inside.pop(ident, None)
+        handled = sys.exc_info()[1]
+        if output is None and handled is not None and (entry is None or handled is not entry[2]):
             # the forward raised (torch's `_StopRecomputationError` ends a checkpoint's
             # recomputation so): not a forward; and the frameworks iterate the model's hook
-            # dict itself there, which placing or removing hooks would change under them
+            # dict itself there, which placing or removing hooks would change under them. (One
+            # returning None inside an `except` block of its caller's is a forward: until
+            # 2026-12-02 it was not counted, helper-101's FINDING 4.)
             return
         if not self._counted(module):
             return
@@ -192,14 +215,20 @@ class Recipe(Removable):
             self._advance()
 
     def _running_now(self) -> bool:
-        """Whether a forward of the model runs now: one whose frame is still where it was on
-        its thread's stack (every thread's, `threading`'s or not: helper-100's FINDING 7); one
-        a BaseException left, or a dead thread's, goes (its FINDING 1)."""
-        stacks = _thread_frames()
+        """Whether a forward of the model runs now: on this thread, one whose frame is still
+        where it was on the stack (one a BaseException left goes: helper-100's FINDING 1); on
+        another, any of a thread still alive (`threading`'s or not: its FINDING 7), whose
+        next `_enter` drops those a BaseException left there. Another thread's stack is not
+        walked: CPython 3.11 crashed (SIGSEGV) following ``f_back`` from the frames
+        ``sys._current_frames()`` gave, of threads waiting for `_counting` (helper-101's
+        FINDING 6 test, once in six runs)."""
+        alive_threads, me = _thread_frames(), threading.get_ident()
+        mine = stack_frames(sys._getframe())
         for ident, entries in list(self._inside.items()):
-            top = stacks.get(ident)
-            codes = [] if top is None else _codes(top)
-            alive = [e for e in entries if e[0] <= len(codes) and codes[e[0] - 1] is e[1]]
+            if ident not in alive_threads:
+                self._inside.pop(ident, None)
+                continue
+            alive = [e for e in entries if ident != me or running_at(mine, *e[:2])]
             if alive:
                 self._inside[ident] = alive
             else:
@@ -316,9 +345,10 @@ class Recipe(Removable):
         )
 
     def remove(self) -> None:
-        self._build = None
-        self._hooks.remove()
-        self._active.remove()
+        with self._counting:  # (not while another thread places the next forward's hooks)
+            self._build = None
+            self._hooks.remove()
+            self._active.remove()
 
 
 class Synced(Recipe):

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import heapq
 import math
+import sys
 import warnings
 import weakref
 from collections import deque
@@ -28,7 +29,16 @@ from unihook import (
     register_tensor_hook,
 )
 
-from ._scope import Synced, check_every, check_history, stack_depth, tensors_of, where_of
+from ._scope import (
+    Synced,
+    check_every,
+    check_history,
+    hook_caller,
+    running_at,
+    stack_frames,
+    tensors_of,
+    where_of,
+)
 from ._shared import (
     BACKWARD,
     FORWARD_TABLE,
@@ -263,10 +273,11 @@ class GradientMonitor(Synced):
         self._last: tuple[Any, Any, list[str]] | None = None
         # forwards of `model` running: a module called outside them (a submodule on its own,
         # the inner model of a wrapper, GradCAM's forward) is not part of a recorded step; per
-        # thread, the `_started` count as each began and its stack depth (see `_left_behind`)
+        # thread, the `_started` count as each began, its place on the stack (see
+        # `_left_behind`), whether it began with gradients (one begun without records nothing)
+        # and the frame that called `_new_step`
         self._running = 0
-        # (and whether it began with gradients: one begun without records nothing)
-        self._running_on: dict[int, list[tuple[int, int, bool]]] = {}
+        self._running_on: dict[int, list[tuple[int, int, bool, Any]]] = {}
         self._parameters_hooked = False  # (see _new_step)
         self._slots = Slots()  # per sample or shared: each output's merge (see _shared)
         self._deciding: _Step | None = None  # the forward whose slots the ranks decide at its end
@@ -326,12 +337,13 @@ class GradientMonitor(Synced):
         return self._with_grad and ops.in_backward(module)
 
     def _new_step(self, module: Any, args: Any, kwargs: Any) -> None:
-        thread, depth = get_ident(), stack_depth()
+        thread, frames = get_ident(), stack_frames(hook_caller(sys._getframe(1)))
+        depth = len(frames)
         running = self._running_on.get(thread)
-        if running and any(entry[1] >= depth for entry in running):
-            self._left_behind(running, depth)
+        if running and not all(running_at(frames, entry[1], entry[3]) for entry in running):
+            self._left_behind(running, frames)
         self._running += 1
-        entry = (self._started, depth, ops.grad_enabled(module))
+        entry = (self._started, depth, ops.grad_enabled(module), frames[-1])
         self._running_on.setdefault(thread, []).append(entry)
         if self._repeats(module):
             return
@@ -387,18 +399,18 @@ class GradientMonitor(Synced):
                 step.inputs_header = inputs_header(step.inputs)
             step.inputs = ()
 
-    def _left_behind(self, running: list[tuple[int, int, bool]], depth: int) -> None:
-        """A forward of the model starts at stack depth `depth` where forwards counted as
-        running on this thread started at that depth or deeper: none of those encloses it (a
-        call inside another runs at least two frames deeper: the enclosing forward's own and
-        the call's), so a BaseException left them (a KeyboardInterrupt: no `always_call`
-        hook, nor `_after`, runs then). They end now. Where none is left running on this
-        thread, so do the marks of the calls that started since the first of them began;
-        while one still runs (it caught the exception), its own calls' marks cannot be told
-        from theirs and all stay (`_record` reads only the newest of a module's: helper-79's
-        attack). (Called from a shallower place, they end at a later forward.)"""
+    def _left_behind(self, running: list[tuple[int, int, bool, Any]], frames: list[Any]) -> None:
+        """A forward of the model starts on the stack `frames` where forwards counted as
+        running on this thread are not (their frame is not at its place: `running_at`), so a
+        BaseException left them (a KeyboardInterrupt: no `always_call` hook, nor `_after`,
+        runs then; until 2026-12-02 only those at its depth or deeper ended, and one left at a
+        shallower place kept a submodule's later lone call in the last step: helper-101's
+        FINDING 5). They end now. Where none is left running on this thread, so do the marks
+        of the calls that started since the first of them began; while one still runs (it
+        caught the exception), its own calls' marks cannot be told from theirs and all stay
+        (`_record` reads only the newest of a module's: helper-79's attack)."""
         thread = get_ident()
-        kept = [entry for entry in running if entry[1] < depth]
+        kept = [entry for entry in running if running_at(frames, entry[1], entry[3])]
         self._running -= len(running) - len(kept)
         self._last = None
         if kept:
