@@ -23,20 +23,38 @@ _searching: set[str] = set()
 def imported(name: str) -> ModuleType | None:
     """Module `name` if its import has finished, else None. While another thread imports it
     (torch._dynamo's import takes seconds) it is in ``sys.modules`` already, without most of
-    its attributes (helper-96's FINDING 4: a registration there raised AttributeError)."""
+    its attributes (helper-96's FINDING 4: a registration there raised AttributeError). Inside
+    the callbacks of its import (`when_imported`), on their thread, it is imported."""
     module = sys.modules.get(name)
-    return None if module is None or _importing(module) else module
+    if module is None or (_importing(module) and id(module) not in _firing_here()):
+        return None
+    return module
 
 
-def _importing(module: ModuleType) -> bool:
-    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+def _firing_here() -> set[int]:
+    """The modules (ids) whose callbacks this thread runs (`_fire`)."""
+    firing: set[int] | None = getattr(_firing, "ids", None)
+    if firing is None:
+        firing = _firing.ids = set()
+    return firing
+
+
+_firing = threading.local()
+
+
+def _importing(module: Any) -> bool:
+    try:  # (a `sys.modules` entry's attributes may run any code: helper-102's FINDING 4)
+        return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+    except Exception:
+        return False
 
 
 def when_imported(name: str, callback: Callable[[ModuleType], None]) -> Callable[[], None]:
     """Call `callback(module)` now if module `name` is imported, else right after it is (at
-    the end of an import under way on another thread, too). Return a function that cancels a
-    callback that has not run yet: ``cancel_when_imported(name, callback)``, which a caller
-    may take before (a Ctrl-C may land between the registration and its return)."""
+    the end of an import under way on another thread, too: before that import returns and
+    `imported` gives the module, as for one that starts later). Return a function that
+    cancels a callback that has not run yet: ``cancel_when_imported(name, callback)``, which a
+    caller may take before (a Ctrl-C may land between the registration and its return)."""
     module = sys.modules.get(name)
     if module is not None and not _importing(module):
         callback(module)
@@ -55,29 +73,44 @@ def _fire_at_end(name: str, module: ModuleType) -> None:
     see it begin, so its loader is not ours (`_Loader`). Python's import marks its spec
     ``_initializing = False`` as the module's code has run (failed or not: a failed one has
     left ``sys.modules``), on the importing thread, before the import returns: the spec's
-    class gets an attribute setter that fires there. Already over: fired here."""
+    class gets an attribute setter that fires there, before the mark (`_end_setattr`). Already
+    over: fired here. A spec whose class takes no other (not a ModuleSpec): fired now, on the
+    module as it is, as before 2026-12-02."""
     spec = module.__spec__
     watched = True
     with _lock:
+        _ending_names.setdefault(id(spec), set()).add(name)
         kind = type(spec)
         if kind.__setattr__ is not _end_setattr:
             try:
                 spec.__class__ = _ending_class(kind)
-            except TypeError:  # (a spec type of C, or one that takes no subclass: now, then)
+            except TypeError:  # (a spec type of C, or one that takes no subclass)
                 watched = False
     if not watched or not _importing(module):  # (over before the setter went in, or since)
         _restore_class(spec)
-        if sys.modules.get(name) is module:
-            _fire(name, module)
+        _fire_names(spec)
 
 
 def _end_setattr(spec: Any, attr: str, value: Any) -> None:
-    super(type(spec), spec).__setattr__(attr, value)  # (the spec class's own)
-    if attr == "_initializing" and not value:
-        _restore_class(spec)
-        module = sys.modules.get(spec.name)
-        if module is not None and getattr(module, "__spec__", None) is spec:
-            _fire(spec.name, module)
+    base: Any = type(spec).__bases__[0]
+    try:
+        if attr == "_initializing" and not value:
+            _restore_class(spec)
+            _fire_names(spec)
+    finally:
+        base.__setattr__(spec, attr, value)  # (the spec class's own)
+
+
+def _fire_names(spec: Any) -> None:
+    """Fire the callbacks of the names whose import `spec` made, under whatever `sys.modules`
+    holds for each (the module may have put another object there, or be there under a second
+    name: helper-102's FINDING 1); none for a name it left (a failed import)."""
+    with _lock:
+        names = _ending_names.pop(id(spec), set())
+    for name in sorted(names):
+        module = sys.modules.get(name)
+        if module is not None:
+            _fire(name, module)
 
 
 def _restore_class(spec: Any) -> None:
@@ -86,18 +119,30 @@ def _restore_class(spec: Any) -> None:
         spec.__class__ = kind.__bases__[0]
 
 
+def _reduce_as_base(spec: Any, protocol: Any) -> Any:
+    """Pickled (and copied) as the spec class it stands for (helper-102's FINDING 3)."""
+    import copyreg
+
+    rebuild = copyreg._reconstructor  # type: ignore[attr-defined]  # pyright: ignore[reportAttributeAccessIssue]
+    return rebuild, (type(spec).__bases__[0], object, None), dict(vars(spec))
+
+
 def _ending_class(kind: type) -> type:
     """`kind` (``ModuleSpec``) with `_end_setattr`: no attribute of its own (a class an
     instance can take and give back)."""
     made = _ending.get(kind)
     if made is None:
         made = _ending[kind] = type(
-            kind.__name__, (kind,), {"__slots__": (), "__setattr__": _end_setattr}
+            kind.__name__,
+            (kind,),
+            {"__slots__": (), "__setattr__": _end_setattr, "__reduce_ex__": _reduce_as_base},
         )
     return made
 
 
 _ending: dict[type, type] = {}
+# the names asked for while an import under way runs, by its spec's id (`_fire_names`)
+_ending_names: dict[int, set[str]] = {}
 
 
 def cancel_when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:
@@ -122,8 +167,15 @@ def _fire(name: str, module: ModuleType) -> None:
         pending = _callbacks.pop(name, [])
         if not _callbacks and _FINDER in sys.meta_path:
             sys.meta_path.remove(_FINDER)
-    for callback in pending:
-        callback(module)
+    firing = _firing_here()
+    outer = id(module) in firing
+    firing.add(id(module))
+    try:
+        for callback in pending:
+            callback(module)
+    finally:
+        if not outer:
+            firing.discard(id(module))
 
 
 class _Loader:

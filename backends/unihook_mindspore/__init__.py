@@ -21,6 +21,7 @@ from unihook.backend import (
     check_grad,
     checked_kwargs_pre_hook,
     global_label,
+    imported,
     install_when_imported,
     kwargs_post_hook,
     type_name,
@@ -37,8 +38,8 @@ NAME = "mindspore"
 
 
 def _types() -> tuple[type, type] | None:
-    nn = sys.modules.get("mindspore.nn")
-    ms = sys.modules.get("mindspore")
+    nn = imported("mindspore.nn")  # (another thread importing it: not yet)
+    ms = imported("mindspore")
     if nn is None or ms is None:
         return None
     return nn.Cell, ms.Tensor

@@ -20,6 +20,7 @@ from unihook.backend import (
     check_grad,
     checked_kwargs_pre_hook,
     global_label,
+    imported,
     install_when_imported,
     kwargs_post_hook,
     type_name,
@@ -43,7 +44,7 @@ _LONE_REFS = _lone_refs()  # sys.getrefcount of an object that one local variabl
 
 
 def _paddle() -> Any:
-    return sys.modules.get("paddle")
+    return imported("paddle")  # (another thread importing it: not yet)
 
 
 def _outside_compiler(call: Callable[[], Any], doing: str) -> Any:

@@ -19,6 +19,7 @@ from unihook.backend import (
     checked_kwargs_pre_hook,
     defer_while_locked,
     global_label,
+    imported,
     install_when_imported,
     kwargs_post_hook,
     type_name,
@@ -42,7 +43,7 @@ def _torch() -> Any:
     # reads ``sys.modules`` once less, which dynamo iterates to wrap it: another thread's
     # import meanwhile failed the compiled call, helper-98's FINDING 5, still open)
     if not _seen:
-        torch = sys.modules.get("torch")
+        torch = imported("torch")  # (another thread importing it: not yet, helper-102's F10)
         if torch is None:
             return None
         _seen.append(torch)

@@ -219,7 +219,7 @@ def watch_hooks() -> Callable[[], None]:
             if cancel is not None:
                 cancel()  # (a no-op once it ran) no import hook left behind
                 _cancel_reason = None
-            dynamo = sys.modules.get("torch._dynamo")
+            dynamo = imported("torch._dynamo")
             if _switched and dynamo is not None:
                 # torch's default back: code compiled meanwhile keeps its (now extra) guards
                 mark = _switch_off(dynamo)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from torch._C._functorch import is_functorch_wrapped_tensor
 
-from unihook.backend import history_reaches, map_dataclass
+from unihook.backend import history_reaches, imported, map_dataclass
 from unihook.errors import HookArgumentError
 from unihook.ops import Moments, Ops, cpu_moments, cpu_sum_squares, drop_block_rate
 
@@ -56,7 +56,7 @@ def _wrapper_types() -> tuple[type, ...]:
     """The data-parallel wrappers that hold the model as ``.module``. FSDP only when its package
     was imported (an FSDP object cannot exist otherwise; importing it costs 0.3 s)."""
     found: list[type] = [torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel]
-    fsdp = sys.modules.get("torch.distributed.fsdp")
+    fsdp = imported("torch.distributed.fsdp")
     if fsdp is not None:
         found.append(fsdp.FullyShardedDataParallel)
     return tuple(found)
@@ -68,13 +68,13 @@ def _unit_wrapped(module: Any) -> Any:
     (``_orig_mod``), ``checkpoint_wrapper`` / ``offload_wrapper``
     (``_checkpoint_wrapped_module``). Each has the wrapped module as its only child; torch
     names parameters without these parts (FSDP's ``clean_tensor_name``), and so do the recipes.
-    Looked up in ``sys.modules``: none can exist before its package was imported."""
+    Looked up in ``sys.modules`` (`imported`): none can exist before its package was imported."""
     # (`named_modules` lists the outermost wrapper, whose hooks run once per call: inside a
     # checkpoint a hook runs again in the recomputation, and a random one, DropHook's, draws
     # another mask; but not compile's, whose hooks do not run inside another compiled region,
     # where the module inside it is traced with its hooks)
     for package, kind, attribute in _UNIT_WRAPPERS:
-        found = sys.modules.get(package)
+        found = imported(package)
         if found is not None and isinstance(module, getattr(found, kind)):
             return getattr(module, attribute)
     return None
@@ -94,7 +94,7 @@ _UNIT_WRAPPERS = (
 def _compiled(module: Any) -> Any:
     """The module inside ``torch.compile``'s OptimizedModule (``_orig_mod``), or `module`: torch
     recommends compiling the DDP wrapper."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    eval_frame = imported("torch._dynamo.eval_frame")
     while eval_frame is not None and isinstance(module, eval_frame.OptimizedModule):
         module = module._orig_mod
     return module
@@ -112,7 +112,7 @@ def _data_parallel_groups(like: Any) -> list[Any] | None:
             return None
         replicate = getattr(like, "_inter_node_pg", None)  # HYBRID_SHARD (FSDP1)
         return [group] if replicate is None else [group, replicate]
-    fsdp = sys.modules.get("torch.distributed.fsdp")
+    fsdp = imported("torch.distributed.fsdp")
     if fsdp is not None and isinstance(like, fsdp.FSDPModule):
         for module in like.modules():  # the root may hold no parameter of its own
             if isinstance(module, fsdp.FSDPModule):
@@ -151,7 +151,7 @@ class _CheckedJoinHook:
 def _join_being_built() -> Any:
     """The torch ``Join`` whose construction calls its joinables' ``join_hook`` on this thread
     (found in the calling frames), or None."""
-    join = sys.modules.get("torch.distributed.algorithms.join")
+    join = imported("torch.distributed.algorithms.join")
     if join is None:
         return None
     code = join.Join.__init__.__code__
@@ -562,7 +562,7 @@ class TorchOps(Ops):
         return bool(torch._C._current_graph_task_id() != -1)
 
     def world(self, like: Any) -> tuple[int, int] | None:
-        dist = sys.modules.get("torch.distributed")
+        dist = imported("torch.distributed")
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return None
         groups = _data_parallel_groups(like)
@@ -579,7 +579,7 @@ class TorchOps(Ops):
         wrapper = _compiled(like)
         if isinstance(wrapper, torch.nn.parallel.DistributedDataParallel):
             return bool(wrapper.require_backward_grad_sync)  # (False in `no_sync()`)
-        fsdp = sys.modules.get("torch.distributed.fsdp")
+        fsdp = imported("torch.distributed.fsdp")
         if fsdp is not None and isinstance(wrapper, fsdp.FullyShardedDataParallel):
             return bool(wrapper._sync_gradients)  # (FSDP1's `no_sync()` clears it)
         return None
