@@ -123,7 +123,7 @@ HELD (pinned below unless said):
 
 - `stack_depth() - 1` equals the old ``len(_codes(caller))`` (the refactor in 8b67021): the
   same frames counted, from hooks, generators, threads (pinned, since turned to
-  `stack_frames`, which replaced both).
+  `executing`, which replaced both).
 - `every` 2 and 3 against ``every=1``'s entries 0, N, 2N... with forwards called from
   random call depths (0-5 frames), from generators, from inside another module's (unihook or
   torch) forward hook, a forward raising ValueError, ``no_grad`` forwards (`_depth_case`):
@@ -527,31 +527,30 @@ def test_finding6_recipe_removed_while_another_thread_runs() -> None:
 # ------------------------------------------------------------------------------ HELD
 
 
-def test_held_stack_frames_count_the_frames_below() -> None:
-    # (helper-101's `stack_depth` check, turned to `stack_frames` by the fix of FINDING 2)
-    def count(frame: Any) -> int:
-        n = 0
-        while frame is not None:
-            frame, n = frame.f_back, n + 1
-        return n
-
-    def probe() -> tuple[int, int, bool]:
-        caller = sys._getframe(1)
-        frames = _scope.stack_frames(caller)
-        here = frames[-1] is caller and _scope.running_at(frames, len(frames), caller)
-        return len(frames), count(caller), here
+def test_held_a_running_frame_is_executing_an_ended_one_is_not() -> None:
+    # (helper-101's `stack_depth` check, turned to `executing` by the fixes of FINDINGS 2 and 6)
+    def probe() -> bool:
+        return _scope.executing(sys._getframe(1))
 
     def gen() -> Any:
         yield _nest(3, lambda: probe())
 
     found = [_nest(d, probe) for d in range(5)] + list(gen())
-    results: list[tuple[int, int, bool]] = []
+    results: list[bool] = []
     import threading
 
     t = threading.Thread(target=lambda: results.append(_nest(2, probe)))
     t.start()
     t.join()
-    assert all(a == b and here for a, b, here in found + results)
+    ended: list[Any] = []
+
+    def leave() -> None:
+        ended.append(sys._getframe())
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        leave()
+    assert all(found + results) and not _scope.executing(ended[0])
 
 
 class _Net(nn.Module):

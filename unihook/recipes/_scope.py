@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 import functools
-import gc
+import inspect
 import itertools
 import sys
 import threading
@@ -33,9 +33,8 @@ __all__ = [
     "check_every",
     "check_history",
     "resolve",
+    "executing",
     "hook_caller",
-    "running_at",
-    "stack_frames",
     "tensors_of",
     "where_of",
 ]
@@ -74,20 +73,6 @@ def _run_queued() -> None:
         raise failed
 
 
-def stack_frames(frame: Any) -> list[Any]:
-    """`frame` and the frames below it, the outermost first (a few us: once per forward of
-    the model, no walk per module call). A forward's place is its frame's position there and
-    the frame itself: one a BaseException left is gone, also where another frame of the same
-    code took its place (torch's ``_call_impl.<locals>.inner``, which every hooked module call
-    runs: helper-101's FINDING 2). This thread's stack only (`Recipe._running_now`)."""
-    frames = []
-    while frame is not None:
-        frames.append(frame)
-        frame = frame.f_back
-    frames.reverse()
-    return frames
-
-
 def hook_caller(frame: Any) -> Any:
     """The framework's frame calling a hook of unihook's, from `frame`, the hook's caller: the
     first frame below unihook's own wrappers (a keyword pre-hook's, the global hooks'), which
@@ -97,24 +82,25 @@ def hook_caller(frame: Any) -> Any:
     return frame
 
 
-def running_at(frames: list[Any], depth: int, frame: Any) -> bool:
-    """Whether `frame`, placed at `depth` (`stack_frames`' length then), is still there on the
-    stack `frames`."""
-    return depth <= len(frames) and frames[depth - 1] is frame
-
-
-def _thread_frames() -> dict[int, Any]:
-    """`sys._current_frames()` with the garbage collector off: it holds the interpreter's lock
-    on its thread list while it makes frame objects, and a collection freeing a
-    `threading.local` there takes that lock (a hang on CPython 3.11: the torch backend's
-    `_compile` says more)."""
-    enabled = gc.isenabled()
+def executing(frame: Any) -> bool:
+    """Whether `frame` (a framework's frame that called a forward's hook: `hook_caller`) still
+    runs, on whichever thread: one a BaseException left (a KeyboardInterrupt, a task's
+    CancelledError: no `always_call` hook runs then) has ended. Asked of the frame itself, no
+    stack is walked (CPython 3.11 crashed, SIGSEGV, following ``f_back`` from the frames
+    ``sys._current_frames()`` gave: helper-101's FINDING 6 test), and no code is compared (torch's
+    ``_call_impl.<locals>.inner`` runs every hooked module call: its FINDING 2). An ended frame
+    is cleared, which lets go of what its locals held (the forward's inputs: helper-103's
+    FINDING 1)."""
+    if frame.f_code.co_flags & _SUSPENDABLE:
+        return True  # (clearing a generator's frame would close it)
     try:
-        gc.disable()
-        return sys._current_frames()
-    finally:
-        if enabled:
-            gc.enable()
+        frame.clear()  # (RuntimeError while it runs)
+    except RuntimeError:
+        return True
+    return False
+
+
+_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 def _placed(build: Callable[[HookGroup], None]) -> HookGroup:
@@ -143,10 +129,10 @@ class Recipe(Removable):
         self._build: Callable[[HookGroup], None] | None = None
         self._active = HookGroup()
         self._placed_ahead = False  # see _count
-        # `every` > 1: the forwards of the model running, per thread (the place on its stack
-        # and the frame calling `_enter`, and the exception being handled there), and those
-        # ended while another ran, not yet counted (`_count`)
-        self._inside: dict[int, list[tuple[int, Any, BaseException | None]]] = {}
+        # `every` > 1: the forwards of the model running, per thread (the frame calling
+        # `_enter` and the exception being handled there), and those ended while another ran,
+        # not yet counted (`_count`)
+        self._inside: dict[int, list[tuple[Any, BaseException | None]]] = {}
         self._owed = 0
         # `_enter`, `_count` and `remove` one thread at a time: two threads advancing at once
         # overwrote a placed group unremoved (hooks left after `remove()`, forwards counted
@@ -169,15 +155,13 @@ class Recipe(Removable):
 
     def _enter(self, module: Any, args: Any) -> None:
         """A forward of the model starts: running until `_count` ends it, per thread, as the
-        place and the frame that called this hook (a forward left by a BaseException, a
-        KeyboardInterrupt, which runs no `always_call` hook, is no longer on its thread's
-        stack: `_running_now`)."""
-        frames = stack_frames(hook_caller(sys._getframe(1)))
-        depth, ident = len(frames), threading.get_ident()
+        frame that called this hook (a forward left by a BaseException, a KeyboardInterrupt,
+        which runs no `always_call` hook, has ended: `executing`)."""
+        caller, ident = hook_caller(sys._getframe(1)), threading.get_ident()
         handled = sys.exc_info()[1]  # (`_count`: a forward run inside an `except` block)
         with self._counting:
-            running = [e for e in self._inside.get(ident, ()) if running_at(frames, *e[:2])]
-            running.append((depth, frames[-1], handled))
+            running = [e for e in self._inside.get(ident, ()) if executing(e[0])]
+            running.append((caller, handled))
             self._inside[ident] = running
 
     def _counted(self, module: Any) -> bool:
@@ -195,7 +179,7 @@ class Recipe(Removable):
         if running is not None and not running:
             self._inside.pop(ident, None)
         handled = sys.exc_info()[1]
-        if output is None and handled is not None and (entry is None or handled is not entry[2]):
+        if output is None and handled is not None and (entry is None or handled is not entry[1]):
             # the forward raised (torch's `_StopRecomputationError` ends a checkpoint's
             # recomputation so): not a forward; and the frameworks iterate the model's hook
             # dict itself there, which placing or removing hooks would change under them. (One
@@ -215,20 +199,11 @@ class Recipe(Removable):
             self._advance()
 
     def _running_now(self) -> bool:
-        """Whether a forward of the model runs now: on this thread, one whose frame is still
-        where it was on the stack (one a BaseException left goes: helper-100's FINDING 1); on
-        another, any of a thread still alive (`threading`'s or not: its FINDING 7), whose
-        next `_enter` drops those a BaseException left there. Another thread's stack is not
-        walked: CPython 3.11 crashed (SIGSEGV) following ``f_back`` from the frames
-        ``sys._current_frames()`` gave, of threads waiting for `_counting` (helper-101's
-        FINDING 6 test, once in six runs)."""
-        alive_threads, me = _thread_frames(), threading.get_ident()
-        mine = stack_frames(sys._getframe())
+        """Whether a forward of the model runs now, on any thread (`threading`'s or not:
+        helper-100's FINDING 7): one whose frame still runs (`executing`; one a BaseException
+        left, or a dead thread's, goes: its FINDING 1, helper-103's FINDING 1)."""
         for ident, entries in list(self._inside.items()):
-            if ident not in alive_threads:
-                self._inside.pop(ident, None)
-                continue
-            alive = [e for e in entries if ident != me or running_at(mine, *e[:2])]
+            alive = [e for e in entries if executing(e[0])]
             if alive:
                 self._inside[ident] = alive
             else:

@@ -33,9 +33,8 @@ from ._scope import (
     Synced,
     check_every,
     check_history,
+    executing,
     hook_caller,
-    running_at,
-    stack_frames,
     tensors_of,
     where_of,
 )
@@ -273,11 +272,11 @@ class GradientMonitor(Synced):
         self._last: tuple[Any, Any, list[str]] | None = None
         # forwards of `model` running: a module called outside them (a submodule on its own,
         # the inner model of a wrapper, GradCAM's forward) is not part of a recorded step; per
-        # thread, the `_started` count as each began, its place on the stack (see
-        # `_left_behind`), whether it began with gradients (one begun without records nothing)
-        # and the frame that called `_new_step`
+        # thread, the `_started` count as each began, whether it began with gradients (one
+        # begun without records nothing) and the frame that called `_new_step` (see
+        # `_left_behind`)
         self._running = 0
-        self._running_on: dict[int, list[tuple[int, int, bool, Any]]] = {}
+        self._running_on: dict[int, list[tuple[int, bool, Any]]] = {}
         self._parameters_hooked = False  # (see _new_step)
         self._slots = Slots()  # per sample or shared: each output's merge (see _shared)
         self._deciding: _Step | None = None  # the forward whose slots the ranks decide at its end
@@ -306,8 +305,8 @@ class GradientMonitor(Synced):
         def hooks(group: HookGroup) -> None:
             group.add("", register_forward_pre_hook(model, self._new_step, with_kwargs=True))
             attached = attach(inner, self._record, where=where)
+            group.extend(attached)  # (first: a Ctrl-C in `names` left them, helper-103's F5)
             self._names = attached.names
-            group.extend(attached)
             group.extend(
                 attach(inner, self._before, kind="forward_pre", where=where, with_kwargs=True)
             )
@@ -337,13 +336,12 @@ class GradientMonitor(Synced):
         return self._with_grad and ops.in_backward(module)
 
     def _new_step(self, module: Any, args: Any, kwargs: Any) -> None:
-        thread, frames = get_ident(), stack_frames(hook_caller(sys._getframe(1)))
-        depth = len(frames)
+        thread, caller = get_ident(), hook_caller(sys._getframe(1))
         running = self._running_on.get(thread)
-        if running and not all(running_at(frames, entry[1], entry[3]) for entry in running):
-            self._left_behind(running, frames)
+        if running:
+            self._left_behind(thread)
         self._running += 1
-        entry = (self._started, depth, ops.grad_enabled(module), frames[-1])
+        entry = (self._started, ops.grad_enabled(module), caller)
         self._running_on.setdefault(thread, []).append(entry)
         if self._repeats(module):
             return
@@ -399,31 +397,34 @@ class GradientMonitor(Synced):
                 step.inputs_header = inputs_header(step.inputs)
             step.inputs = ()
 
-    def _left_behind(self, running: list[tuple[int, int, bool, Any]], frames: list[Any]) -> None:
-        """A forward of the model starts on the stack `frames` where forwards counted as
-        running on this thread are not (their frame is not at its place: `running_at`), so a
-        BaseException left them (a KeyboardInterrupt: no `always_call` hook, nor `_after`,
-        runs then; until 2026-12-02 only those at its depth or deeper ended, and one left at a
-        shallower place kept a submodule's later lone call in the last step: helper-101's
-        FINDING 5). They end now. Where none is left running on this thread, so do the marks
-        of the calls that started since the first of them began; while one still runs (it
-        caught the exception), its own calls' marks cannot be told from theirs and all stay
-        (`_record` reads only the newest of a module's: helper-79's attack)."""
-        thread = get_ident()
-        kept = [entry for entry in running if running_at(frames, entry[1], entry[3])]
+    def _left_behind(self, thread: int) -> None:
+        """The forwards counted as running on `thread` whose frame has ended (`executing`): a
+        BaseException left them (a KeyboardInterrupt, a task's CancelledError: no
+        `always_call` hook, nor `_after`, runs then; until 2026-12-02 only those at the depth
+        a new forward started at or deeper ended, and one left at a shallower place, or on a
+        thread that ran no forward since, kept a submodule's later lone call in the last step:
+        helper-101's FINDING 5, helper-103's FINDING 2). They end now. Where none is left
+        running on `thread`, so do the marks of the calls that started since the first of
+        them began; while one still runs (it caught the exception), its own calls' marks
+        cannot be told from theirs and all stay (`_record` reads only the newest of a
+        module's: helper-79's attack)."""
+        running = self._running_on.get(thread, [])
+        kept = [entry for entry in running if executing(entry[2])]
+        if len(kept) == len(running):
+            return
         self._running -= len(running) - len(kept)
         self._last = None
         if kept:
             self._running_on[thread] = kept
             return
-        del self._running_on[thread]
+        self._running_on.pop(thread, None)
         first = running[0][0]
         for key in [key for key in list(self._versions) if key[0] == thread]:  # (others add)
-            stack = [call for call in self._versions[key] if call[2] <= first]
+            stack = [call for call in self._versions.get(key, ()) if call[2] <= first]
             if stack:
                 self._versions[key] = stack
             else:
-                del self._versions[key]
+                self._versions.pop(key, None)
 
     def _settle(self, module: Any, args: Any, output: Any) -> None:
         """The end of a forward while the ranks have not yet told data from parameters (the
@@ -563,10 +564,16 @@ class GradientMonitor(Synced):
         # (in backward: a part of the model recomputed by a checkpoint; a reentrant one's
         # outputs are those the gradients come through, a non-reentrant one's get none; of a
         # forward `every` skipped when the hooks were placed ahead for the next one)
+        if self._running and get_ident() not in self._running_on:
+            # a call outside any forward on this thread while one runs on another, or seems
+            # to: one a BaseException left there, or a dead thread's, ends now (helper-103's
+            # FINDING 2)
+            for thread in list(self._running_on):
+                self._left_behind(thread)
         if not self._running and (self._placed_ahead or not ops.in_backward(module)):
             return
         running = self._running_on.get(get_ident())
-        if running and not running[-1][2]:
+        if running and not running[-1][1]:
             # a forward of the model begun without gradients (an evaluation under no_grad)
             # that enables them inside (forces, -dE/dx): its gradients belong to no step (until
             # 2026-12-02 they were added to the last training step's entry: helper-94's
