@@ -80,9 +80,9 @@ FINDINGS (strict xfails below for those open; each asserts the right behaviour):
    even though nothing was ever compiled. Expected: a step with dynamo imported no slower than
    a few x the same step before the import. (The README mentions ~0.3 s per pair of a GLOBAL
    hook beside a busy thread; this is any module hook, one per step, nothing compiled.)
-4. FIXED, the served model too since 2026-12-02 (9b04a90: a hook change waits for another
-   thread's compile, so no compile of the serving thread straddles a switch; 5 of 5 runs,
-   one a CI's). FIXED but for the served model (`_compile._compiled_blind`: frames compiled while the
+4. Since 2026-12-02 (9b04a90: a hook change waits for another thread's compile) the served
+   model's cycle depends on timing: none in 5 runs (4 idle, 1 a CI's), 13 graphs in the next
+   CI run, under load: a non-strict xfail, open. FIXED but for the served model (`_compile._compiled_blind`: frames compiled while the
    guards were on stay: 6 steps -> 2 graphs, 20 steps 0.1 ms each against 45 ms; the served
    model, below, is still open: see its test). (high, performance) a unihook hook registered
    and removed each step on a module that is
@@ -777,6 +777,11 @@ print(repr((errors, counters["stats"]["unique_graphs"], hit[:1])))
 """
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="FINDING 4 (open): the served model's recompile cycle, timing-dependent since "
+    "2026-12-02: no cycle in 5 runs (idle), 13 graphs in a CI run under load",
+)
 def test_finding_4_a_model_served_on_another_thread_falls_back_to_eager() -> None:
     """Thread B serves a compiled model; thread A trains something else with a backward hook
     registered and removed each step (on a module B never sees). Each of A's first
