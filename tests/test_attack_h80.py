@@ -206,6 +206,9 @@ class Collecting:
     def __exit__(self, *e):
         return real.__exit__(*e)
 
+    def __repr__(self):  # (its owner: unihook reads it)
+        return repr(real)
+
 
 for h in hs:
     h.remove()
@@ -261,6 +264,9 @@ class Watched:
 
     def __exit__(self, *exc):
         return self.lock.__exit__(*exc)
+
+    def __repr__(self):  # (its owner: unihook reads it)
+        return repr(self.lock)
 
 
 watched = convert_frame.compile_lock = Watched(convert_frame.compile_lock)
@@ -357,6 +363,14 @@ real = convert_frame.compile_lock
 armed = [True]
 
 
+def callers():
+    frame, names = sys._getframe(2), []
+    for _ in range(4):
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return names
+
+
 class Watched:
     # dynamo's lock; on B, inside `compiles_held`, the collector runs (as any allocation can make
     # it) once D holds `_holding` and asks for this lock
@@ -365,7 +379,7 @@ class Watched:
         if me == "D" and _compile._holding._is_owned():
             d_ready.set()
         r = real.__enter__()
-        if me == "B" and armed[0] and sys._getframe(1).f_code.co_name == "compiles_held":
+        if me == "B" and armed[0] and "compiles_held" in callers():
             armed[0] = False
             b_has.set()
             d_ready.wait(1)  # (set where D holds `_holding` and waits for this lock)
@@ -375,6 +389,9 @@ class Watched:
 
     def __exit__(self, *e):
         return real.__exit__(*e)
+
+    def __repr__(self):  # (its owner: unihook reads it)
+        return repr(real)
 
 
 class Dropper:
@@ -517,6 +534,9 @@ class Watched:
     def __exit__(self, *e):
         return real.__exit__(*e)
 
+    def __repr__(self):  # (its owner: unihook reads it)
+        return repr(real)
+
 realm = MB._lock.mutex
 armed = [True]
 class Mutex:
@@ -531,6 +551,9 @@ class Mutex:
         return r
     def __exit__(self, *e):
         return realm.__exit__(*e)
+
+    def __repr__(self):  # (its owner: unihook reads it)
+        return repr(realm)
     def _is_owned(self):
         return realm._is_owned()
 

@@ -742,6 +742,9 @@ class Watched:
     def __exit__(self, *exc):
         return self.lock.__exit__(*exc)
 
+    def __repr__(self):  # (its owner: unihook reads it)
+        return repr(self.lock)
+
 
 watched = convert_frame.compile_lock = Watched(convert_frame.compile_lock)
 torch.manual_seed(0)
@@ -909,6 +912,90 @@ def test_torch_hook_changes_wait_for_a_long_compile_once() -> None:
 
     took = last_value(run_code(ADDED_WHILE_COMPILING, "3", "others", timeout=120))
     assert 0.9 <= took <= 1.6
+
+
+HELD_BY_UNIHOOK = r"""
+import sys, threading, time
+import torch, torch._dynamo, unihook
+from unihook_torch import _compile
+
+m = torch.nn.Linear(2, 2)
+inside, done = threading.Event(), threading.Event()
+
+
+def hold():
+    # what a global hook coming or going does: dynamo's lock first, then (here: a sleep) the
+    # registry lock another thread's module hook change may hold
+    with _compile.compiles_held():
+        inside.set()
+        done.wait(5)
+
+
+thread = threading.Thread(target=hold)
+thread.start()
+inside.wait(5)
+start = time.monotonic()
+unihook.register_forward_hook(m, lambda *a: None).remove()
+took = time.monotonic() - start
+done.set()
+thread.join()
+print(took)
+"""
+
+
+def test_torch_hook_changes_do_not_wait_for_dynamos_lock_held_by_unihook() -> None:
+    """A hook change waits for another thread's compile, told by dynamo's compile lock held
+    there; not for that lock held by unihook itself (`compiles_held`, a global hook coming or
+    going, which may wait for the changing thread's registry lock next): a second lost."""
+    pytest.importorskip("torch")
+    from children import last_value, run_code
+
+    assert last_value(run_code(HELD_BY_UNIHOOK, timeout=120)) < 0.5
+
+
+def test_torch_hook_changes_read_only_the_top_frames_of_other_threads(monkeypatch: Any) -> None:
+    """A hook change looks at another thread's top frames only (`_near_tops`): CPython 3.11
+    reads freed memory following ``f_back`` through another thread's stack (helper-98's FINDING
+    3: a frame's ``f_code`` was a dict), and a walk of every stack cost each change
+    O(threads x depth)."""
+    import threading
+
+    pytest.importorskip("torch")
+    import torch._dynamo
+    from unihook_torch import _compile
+
+    class Frame:
+        """A stack 50 frames deep that counts the reads of its links."""
+
+        reads = 0
+
+        def __init__(self, depth: int) -> None:
+            self.f_code = Frame.__init__.__code__
+            self.depth = depth
+
+        @property
+        def f_back(self) -> Any:
+            Frame.reads += 1
+            return Frame(self.depth + 1) if self.depth < 50 else None
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    real = sys._current_frames
+    try:
+        assert other.ident is not None
+        fake = dict(real())
+        fake[other.ident] = Frame(0)
+        monkeypatch.setattr(sys, "_current_frames", lambda: fake)
+        with _compile.hooks_changeable():
+            changing = Frame.reads
+        compiling = _compile._converting_anywhere(torch._dynamo)
+    finally:
+        monkeypatch.setattr(sys, "_current_frames", real)
+        stop.set()
+        other.join()
+    assert 0 < changing <= _compile._NEAR
+    assert not compiling and Frame.reads <= 2 * _compile._NEAR
 
 
 ROOT_BESIDE_GLOBAL = r"""

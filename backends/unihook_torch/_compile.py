@@ -23,6 +23,7 @@ Three dynamo behaviours would silently skip them:
 from __future__ import annotations
 
 import gc
+import re
 import sys
 import threading
 import time
@@ -294,15 +295,16 @@ def _switch_off(dynamo: Any) -> tuple[int, Any] | None:
 
 
 def _converting_anywhere(dynamo: Any) -> bool:
-    """Whether a thread, this one too, is inside dynamo's conversion of a frame (or waits for
-    its lock to make one)."""
-    converter = getattr(_converter(dynamo), "__file__", None)
-    for frame in () if converter is None else _current_frames().values():
-        while frame is not None:
-            if _file_of(frame.f_code) == converter:
-                return True
-            frame = frame.f_back
-    return False
+    """Whether a thread, this one too, is inside dynamo's conversion of a frame (holds its
+    compile lock: `_compiling_elsewhere`) or waits for that lock to make one (dynamo's
+    callback, in ``convert_frame``, near the top of its stack: `_near_tops`)."""
+    converter = _converter(dynamo)
+    file = getattr(converter, "__file__", None)
+    if file is None:
+        return False
+    if _compiling_elsewhere(converter) is not None or _converting_here(converter):
+        return True
+    return any(_file_of(code) == file for _, code in _near_tops())
 
 
 def _converter(dynamo: Any) -> Any:
@@ -379,7 +381,7 @@ def forget_compiled() -> None:
     # (dynamo's lock first: a frame compiling on another thread meanwhile is dropped too; and
     # a thread holding it, whose finalizer removes a global hook, asks for `_holding` next:
     # the other order deadlocked, helper-80's FINDING 2)
-    with convert_frame.compile_lock, _held_gil():
+    with _compile_lock(convert_frame), _held_gil():
         if not _compiled_frame_elsewhere(convert_frame) and not _converting_here(convert_frame):
             dynamo.reset_code_caches()
             return
@@ -408,21 +410,26 @@ def _compiled_frame_elsewhere(convert_frame: Any) -> bool:
     frame conversion on its stack): there it may be in dynamo's C frame callback, whose
     compiled frame is not on the stack yet and which holds the frame's cache entries across
     the lock it waits for to compile one (a reset then freed them under it: SIGSEGV under
-    load, CI on 67e982e)."""
-    others = [f for ident, f in _current_frames().items() if ident != threading.get_ident()]
-    if not others:
-        return False
+    load, CI on 67e982e). The one walk of whole stacks left (see `_near_tops`): it runs where
+    no other thread runs Python (`_held_gil`, dynamo's lock held), with the collector off (no
+    finalizer of the frames it makes lets another thread in), so no stack changes under it."""
     from torch._dynamo import eval_frame
 
     compiled = {id(code) for code in (w() for w in convert_frame.output_codes.seen) if code}
     dynamo_files = {eval_frame.__file__, convert_frame.__file__}
-    for frame in others:
-        while frame is not None:
-            code = frame.f_code
-            if id(code) in compiled or _file_of(code) in dynamo_files:
-                return True
-            frame = frame.f_back
-    return False
+    me, enabled = threading.get_ident(), gc.isenabled()
+    try:
+        gc.disable()
+        for ident, frame in _current_frames().items():
+            while ident != me and frame is not None:
+                code = frame.f_code
+                if id(code) in compiled or _file_of(code) in dynamo_files:
+                    return True
+                frame = frame.f_back
+        return False
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _file_of(code: Any) -> Any:
@@ -470,17 +477,34 @@ def compiles_held() -> Iterator[None]:
         return
     from torch._dynamo import convert_frame
 
-    with convert_frame.compile_lock:
+    with _compile_lock(convert_frame):
         yield
 
 
 @contextmanager
+def _compile_lock(convert_frame: Any) -> Iterator[None]:
+    """dynamo's compile lock, taken by unihook (its thread listed in `_holders` meanwhile: a
+    hook change on another thread does not wait for it, `_compiling_elsewhere`; it may be
+    waiting for that change's registry lock)."""
+    with convert_frame.compile_lock:
+        _holders.append(threading.get_ident())  # (a Ctrl-C before the try: a later compile
+        try:  # of this thread's is taken for unihook's, not waited for, as torch's own hooks)
+            yield
+        finally:
+            _holders.remove(threading.get_ident())
+
+
+# the threads that hold dynamo's compile lock for unihook (once per hold: it is reentrant)
+_holders: list[int] = []
+
+
+@contextmanager
 def hooks_changeable() -> Iterator[None]:
-    """While a module's hooks change: no other thread is in one of dynamo's live loops over a
+    """While a module's hooks change: no other thread is in dynamo's live loop over a
     module's hook dicts (``nn_module_get_all_hooks``, which its frame callback runs outside
-    its compile lock for each frame it looks at, and ``get_items_from_dict``, which tracing
-    runs), nor compiling a frame (``_compile``: its guards, built after the trace and the
-    backend's compile, read the hook dicts by the keys the trace saw: a KeyError). A hook
+    its compile lock for each frame it looks at), nor compiling a frame (holding that lock:
+    tracing reads the hook dicts live, ``get_items_from_dict``, and the guards, built after the
+    trace and the backend's compile, read them by the keys the trace saw: a KeyError). A hook
     another thread registered or removed there failed the compiled call ("OrderedDict mutated
     during iteration", or a KeyError; a hook added there was left out of the compiled code
     its guards passed, as torch's own is; CI on ad2b675). Such a thread is waited for, as long
@@ -493,22 +517,29 @@ def hooks_changeable() -> Iterator[None]:
     dynamo = imported("torch._dynamo")
     utils = getattr(dynamo, "utils", None)
     if utils is not None:
-        reading = {utils.nn_module_get_all_hooks.__code__, utils.get_items_from_dict.__code__}
-        guards = getattr(dynamo, "guards", None)
-        if guards is not None:
-            # its guards read hook dicts by key: a hook removed meanwhile failed the compiled
-            # call with a KeyError (CI on b7d90c3, helper-80's held churn)
-            reading.add(guards.CheckFunctionManager.__init__.__code__)
+        looping = utils.nn_module_get_all_hooks.__code__
         convert_frame = getattr(dynamo, "convert_frame", None)
-        if convert_frame is not None:
-            # and they read the keys its trace saw, a backend's compile later: a hook removed
-            # in between failed the call as well (KeyError, CI41 on 8205360)
-            reading.add(convert_frame._compile.__code__)
         pause = 0.0001
-        while _waited_for(_running_elsewhere(reading)):
+        while _waited_for(_reading_elsewhere(convert_frame, looping)):
             time.sleep(pause)
-            pause = min(2 * pause, 0.005)  # (a look walks every stack: a compile is slowed)
+            pause = min(2 * pause, 0.005)
     yield
+
+
+def _reading_elsewhere(convert_frame: Any, looping: Any) -> set[Any]:
+    """What another thread does now that reads a module's hook dicts: its compile (it holds
+    dynamo's compile lock, keyed by its thread and the compiles started: `_compiling_elsewhere`;
+    the trace, the guards built after it and the backend's compile all run under that lock) and
+    dynamo's loop over a module's hook dicts that its frame callback runs outside the lock
+    (``looping``, keyed by the frame's id). That loop calls no Python function: a thread the
+    GIL left inside it has it on top of its stack (or under a trace function's frames), so
+    only the top frames are read (`_near_tops`)."""
+    busy: set[Any] = set()
+    compiling = None if convert_frame is None else _compiling_elsewhere(convert_frame)
+    if compiling is not None:
+        busy.add(compiling)
+    busy.update(key for key, code in _near_tops() if code is looping)
+    return busy
 
 
 def _waited_for(running: set[int]) -> bool:
@@ -549,15 +580,42 @@ class WatchedPinned(Pinned):
             super().remove()
 
 
-def _running_elsewhere(codes: set[Any]) -> set[int]:
-    """The frames (ids) of `codes` on the stacks of the threads other than this one."""
-    me, ids, found = threading.get_ident(), {id(code) for code in codes}, set()
+def _compiling_elsewhere(convert_frame: Any) -> tuple[int, int] | None:
+    """The thread other than this one that holds dynamo's compile lock, with the count of
+    compiles started (together a compile's key for `_waited_for`), or None. Read from the
+    lock's repr (``owner=<thread id>``, C's RLock and Python's alike): an acquire and release
+    to test it would leave dynamo's lock held where a Ctrl-C lands between them."""
+    found = _OWNER.search(repr(getattr(convert_frame, "compile_lock", None)))
+    owner = int(found.group(1)) if found is not None else 0
+    if not owner or owner == threading.get_ident() or owner in _holders:
+        return None
+    started = getattr(convert_frame, "FRAME_COMPILE_COUNTER", None)
+    return owner, sum(started.values()) if isinstance(started, dict) else 0
+
+
+_OWNER = re.compile(r"\bowner=(\d+)")
+
+
+def _near_tops() -> list[tuple[int, Any]]:
+    """(frame id, code) of the `_NEAR` top frames of each thread other than this one.
+    No deeper: CPython 3.11 reads freed memory following ``f_back`` through another thread's
+    stack (a frame answered ``f_code`` with a dict: helper-98's FINDING 3; a recipe's walk
+    crashed with SIGSEGV: helper-101's FINDING 6 test; cpython#99110's kin), and a walk of every
+    stack made each hook change cost O(threads x depth) (16 threads 40 deep: 390 us a
+    register / remove pair, 97 us alone)."""
+    me, found = threading.get_ident(), []
     for ident, frame in _current_frames().items():
-        while ident != me and frame is not None:
-            if id(frame.f_code) in ids:  # (by id: `_file_of`)
-                found.add(id(frame))
+        for _ in range(_NEAR if ident != me else 0):
+            if frame is None:
+                break
+            found.append((id(frame), frame.f_code))
             frame = frame.f_back
     return found
+
+
+# how many top frames of another thread `_near_tops` reads: the frame itself, and under a
+# trace function's (a debugger's) its call and a wait inside it
+_NEAR = 4
 
 
 @contextmanager
