@@ -114,12 +114,18 @@ def _end_setattr(spec: Any, attr: str, value: Any) -> None:
 def _fire_names(spec: Any) -> None:
     """Fire the callbacks of the names whose import `spec` made, under whatever `sys.modules`
     holds for each (the module may have put another object there, or be there under a second
-    name: helper-102's FINDING 1); none for a name it left (a failed import)."""
+    name: helper-102's FINDING 1); none for a name it left (a failed import), nor for one a
+    callback of another name took out meanwhile (until 2026-12-02 a KeyError out of the
+    import: helper-104's FINDING 4); its callbacks wait for its next import."""
     with _lock:
         names = _ending_names.pop(id(spec), set())
-    _each(
-        lambda name: _fire(name, sys.modules[name]), [n for n in sorted(names) if n in sys.modules]
-    )
+    _each(_fire_present, sorted(names))
+
+
+def _fire_present(name: str) -> None:
+    module = sys.modules.get(name)
+    if module is not None:
+        _fire(name, module)
 
 
 def _each(call: Callable[[Any], None], items: list[Any]) -> None:

@@ -23,6 +23,7 @@ __all__ = [
     "after_backward",
     "all_finite",
     "all_gather",
+    "call_frame",
     "as_tensor",
     "backward",
     "clamp",
@@ -237,6 +238,12 @@ class Ops:
     def in_backward(self, like: Any) -> bool:
         """Whether this thread runs a backward now (see `in_backward`): False by default."""
         return False
+
+    def call_frame(self, frame: Any) -> Any:
+        """The frame that runs a module call, from `frame`, the framework's frame that called
+        one of its forward hooks (see `call_frame`): that frame itself by default, for a
+        framework that calls the hooks inline (torch's ``inner``, paddle's layer call)."""
+        return frame
 
     def is_leaf(self, t: Any) -> bool:
         """Whether `t` is a leaf of the autograd graph (see `is_leaf`): False by default."""
@@ -788,6 +795,15 @@ def grad_enabled(like: Any) -> bool:
     """Whether `like`'s framework (a tensor or a module names it) records gradients now: False
     under torch's ``no_grad`` / ``inference_mode`` and paddle's ``no_grad``."""
     return bool(ops_for(like).grad_enabled(like))
+
+
+def call_frame(module: Any, frame: Any) -> Any:
+    """The frame that runs `module`'s call, from `frame`, the framework's frame that called one
+    of its forward hooks (the first below unihook's own): it runs as long as the call does, and
+    ends with it also where a BaseException left the call, which no hook sees (the recipes'
+    `every` tells such a forward by it). A framework that calls the hooks from a helper that
+    returns before the forward (MindSpore's ``Cell._run_forward_pre_hook``) gives its caller."""
+    return ops_for(module).call_frame(frame)
 
 
 def in_backward(like: Any) -> bool:

@@ -269,6 +269,16 @@ class MindSporeOps(Ops):
         node = getattr(t, "_grad_node", None)
         return None if node is None else node._unique_id()
 
+    def call_frame(self, frame: Any) -> Any:
+        # A Cell runs its forward hooks from helpers that return before (pre) or after the
+        # forward (`_run_forward_pre_hook`, `_run_forward_hook`, behind `jit_forbidden`): the
+        # call runs as long as `_run_construct_inner`, their caller. (Taken for the call, the
+        # pre-hook's helper had ended at once: GradientMonitor recorded nothing, `every`
+        # counted no forward as running; 2026-12-02.)
+        while frame is not None and frame.f_code.co_name in _HOOK_RUNNERS:
+            frame = frame.f_back
+        return frame
+
     def in_backward(self, like: Any) -> bool:
         # the autodiff engine this thread runs, -1 outside one: a cell recomputed in the
         # backward (`Cell.recompute()`, reentrant or not) runs inside it, as torch's checkpoint
@@ -322,3 +332,7 @@ class _Once:
 def _bookkeeping() -> frozenset[str]:
     """The attributes every Cell has that hold no tensor of the user's (`attribute_values`)."""
     return frozenset(nn.Cell().__dict__) - {"_buffers"}
+
+
+# the helpers a Cell's call runs its forward hooks from (mindspore 2.10), see `call_frame`
+_HOOK_RUNNERS = frozenset({"_run_forward_pre_hook", "_run_forward_hook", "jit_forbidden"})

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from unihook import capture, ops, register_forward_hook
+from unihook import capture, ops, register_forward_hook, register_forward_pre_hook
 from unihook.conformance import kits
 from unihook.recipes import (
     ActivationStats,
@@ -433,6 +433,66 @@ def test_gradient_monitor_after_forwards_left_by_a_keyboard_interrupt(backend: A
         assert (monitor._running, monitor._running_on) == (0, {})
     assert len(monitor.history) == 2 and monitor.history[0].keys() == {"", "fc"}
     assert no_hooks_left(backend, model)
+
+
+def test_call_frame_runs_as_long_as_the_module_call(backend: Any) -> None:
+    """`ops.call_frame` gives the frame that runs a module's call, from the framework's frame
+    that called its forward pre-hook: it still runs inside the forward and has ended after the
+    call, also one a KeyboardInterrupt left (CPython tracks a frame object with its garbage
+    collector once the frame ended). On MindSpore the hooks run from helpers that return
+    before the forward: taken for the call, the pre-hook's helper had ended at once."""
+    import gc
+    import sys
+
+    frames: list[Any] = []
+    inside: list[bool] = []
+
+    def pre(module: Any, args: Any) -> None:
+        frame: Any = sys._getframe(1)
+        while frame.f_globals.get("__name__", "").startswith("unihook"):
+            frame = frame.f_back
+        frames.append(ops.call_frame(module, frame))
+
+    def body(self: Any, h: Any) -> Any:
+        inside.append(not gc.is_tracked(frames[-1]))  # (running: untracked)
+        if len(frames) == 2:
+            raise KeyboardInterrupt
+        return h * 2.0
+
+    model = backend.module(body)
+    register_forward_pre_hook(model, pre)
+    model(backend.tensor(np.ones((1, 2), np.float32)))
+    with pytest.raises(KeyboardInterrupt):
+        model(backend.tensor(np.ones((1, 2), np.float32)))
+    assert inside == [True, True]
+    assert all(gc.is_tracked(frame) for frame in frames)
+
+
+def test_gradient_monitor_leaves_out_a_lone_call_after_an_interrupted_forward(
+    backend: Any,
+) -> None:
+    """A submodule called on its own after a forward of the model that a KeyboardInterrupt
+    left is not a step: that forward has ended (until 2026-12-02 the lone call was recorded:
+    helper-104's FINDING 1a), on a thread of its own too."""
+    armed = [False]
+
+    def boom(self: Any, h: Any) -> Any:
+        if armed[0]:
+            raise KeyboardInterrupt
+        return h * 2.0
+
+    model = backend.sequential(backend.linear(3, 3), backend.module(boom), backend.linear(3, 2))
+    head = dict(backend.named_modules(model))["2"]
+    x = np.random.default_rng(11).normal(size=(2, 3)).astype(np.float32)
+    with GradientMonitor(model) as monitor:
+        backend.backward(ops.sum(model(backend.tensor(x))))
+        armed[0] = True
+        with pytest.raises(KeyboardInterrupt):
+            model(backend.tensor(x))
+        armed[0] = False
+        backend.backward(ops.sum(head(backend.tensor(x[:, :3]))))
+        assert monitor._running == 0
+    assert len(monitor.history) == 1 and monitor.history[0].keys() == {"", "0", "1", "2"}
 
 
 def test_gradient_monitor_tells_a_returned_input_per_thread(backend: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import gc
 import inspect
 import itertools
 import sys
@@ -73,13 +74,13 @@ def _run_queued() -> None:
         raise failed
 
 
-def hook_caller(frame: Any) -> Any:
-    """The framework's frame calling a hook of unihook's, from `frame`, the hook's caller: the
-    first frame below unihook's own wrappers (a keyword pre-hook's, the global hooks'), which
-    return with the hook, where the framework's lives as long as the module call."""
+def hook_caller(module: Any, frame: Any) -> Any:
+    """The framework's frame running the call of `module` whose hook of unihook's was called
+    from `frame`: below unihook's own wrappers (a keyword pre-hook's, the global hooks'), which
+    return with the hook, the frame that lives as long as the module call (`ops.call_frame`)."""
     while frame is not None and frame.f_globals.get("__name__", "").startswith("unihook"):
         frame = frame.f_back
-    return frame
+    return frame if frame is None else ops.call_frame(module, frame)
 
 
 def executing(frame: Any) -> bool:
@@ -88,16 +89,14 @@ def executing(frame: Any) -> bool:
     CancelledError: no `always_call` hook runs then) has ended. Asked of the frame itself, no
     stack is walked (CPython 3.11 crashed, SIGSEGV, following ``f_back`` from the frames
     ``sys._current_frames()`` gave: helper-101's FINDING 6 test), and no code is compared (torch's
-    ``_call_impl.<locals>.inner`` runs every hooked module call: its FINDING 2). An ended frame
-    is cleared, which lets go of what its locals held (the forward's inputs: helper-103's
-    FINDING 1)."""
-    if frame.f_code.co_flags & _SUSPENDABLE:
-        return True  # (clearing a generator's frame would close it)
-    try:
-        frame.clear()  # (RuntimeError while it runs)
-    except RuntimeError:
-        return True
-    return False
+    ``_call_impl.<locals>.inner`` runs every hooked module call: its FINDING 2).
+    CPython leaves a frame object untracked by the garbage collector while its thread runs it
+    and tracks it once it has ended (3.10 to 3.13, measured; a generator's suspended frame is
+    untracked from 3.11, hence taken for running). Until 2026-12-02 an ended frame was told by
+    ``frame.clear()``, which emptied the locals of a traceback the user kept (helper-104's
+    FINDING 3); the entries holding one now go when they are looked at, and with them what
+    its locals held (the forward's inputs: helper-103's FINDING 1)."""
+    return bool(frame.f_code.co_flags & _SUSPENDABLE) or not gc.is_tracked(frame)
 
 
 _SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
@@ -157,7 +156,7 @@ class Recipe(Removable):
         """A forward of the model starts: running until `_count` ends it, per thread, as the
         frame that called this hook (a forward left by a BaseException, a KeyboardInterrupt,
         which runs no `always_call` hook, has ended: `executing`)."""
-        caller, ident = hook_caller(sys._getframe(1)), threading.get_ident()
+        caller, ident = hook_caller(module, sys._getframe(1)), threading.get_ident()
         handled = sys.exc_info()[1]  # (`_count`: a forward run inside an `except` block)
         with self._counting:
             running = [e for e in self._inside.get(ident, ()) if executing(e[0])]
@@ -175,6 +174,10 @@ class Recipe(Removable):
     def _count_locked(self, module: Any, output: Any) -> None:
         ident = threading.get_ident()
         running = self._inside.get(ident)
+        if running:
+            # (a forward a BaseException left inside this one, which caught it: its entry is
+            # not this one's; until 2026-12-02 this one's stayed, helper-104's FINDING 2)
+            running[:] = [e for e in running if executing(e[0])]
         entry = running.pop() if running else None
         if running is not None and not running:
             self._inside.pop(ident, None)
@@ -324,6 +327,30 @@ class Recipe(Removable):
             self._build = None
             self._hooks.remove()
             self._active.remove()
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Drop what a forward under way holds (the frames of the running ones, and so their
+        inputs): a forward a KeyboardInterrupt left, then `remove()` (a ``with`` block the
+        Ctrl-C left), kept its batch while the user kept the recipe to read its history
+        (helper-104's FINDING 6). A copy made for a copy of the model starts from here too."""
+        self._inside = {}
+        self._owed = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A deep copy of the model copies its hooks, and so the recipes they call, as torch
+        copies its own (until 2026-12-02 ``TypeError: cannot pickle '_thread.RLock'``:
+        helper-104's FINDING 8, ``AveragedModel`` and every EMA copy): the copy gets a lock of
+        its own and no forward under way (frames do not copy)."""
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        del copy.__dict__["_counting"]
+        copy._let_go()
+        return copy.__dict__
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._counting = threading.RLock()
 
 
 class Synced(Recipe):

@@ -336,13 +336,13 @@ class GradientMonitor(Synced):
         return self._with_grad and ops.in_backward(module)
 
     def _new_step(self, module: Any, args: Any, kwargs: Any) -> None:
-        thread, caller = get_ident(), hook_caller(sys._getframe(1))
-        running = self._running_on.get(thread)
-        if running:
-            self._left_behind(thread)
-        self._running += 1
+        thread, caller = get_ident(), hook_caller(module, sys._getframe(1))
         entry = (self._started, ops.grad_enabled(module), caller)
-        self._running_on.setdefault(thread, []).append(entry)
+        with self._counting:  # (another thread's lone call may end this thread's ended ones)
+            if self._running_on.get(thread):
+                self._left_behind(thread)
+            self._running += 1
+            self._running_on.setdefault(thread, []).append(entry)
         if self._repeats(module):
             return
         if not ops.in_backward(module):
@@ -384,12 +384,19 @@ class GradientMonitor(Synced):
                         self._hooks.add(name, register_tensor_hook(param, self._parameter_grad))
 
     def _forget(self, module: Any, args: Any, output: Any) -> None:
-        running = self._running_on.get(get_ident())
-        if running:  # (none: the hooks were placed while this forward ran)
-            running.pop()
-            self._running -= 1
-            if not running:
-                del self._running_on[get_ident()]
+        thread = get_ident()
+        with self._counting:
+            running = self._running_on.get(thread)
+            if running and not executing(running[-1][2]):
+                # a call inside this forward that a BaseException left, which this one caught:
+                # the last entry is not this one's (helper-104's FINDING 2)
+                self._left_behind(thread)
+                running = self._running_on.get(thread)
+            if running:  # (none: the hooks were placed while this forward ran)
+                running.pop()
+                self._running -= 1
+                if not running:
+                    del self._running_on[thread]
         self._last = None
         step = self._step
         if step.inputs:  # a slot still undecided at the merge compares the inputs too
@@ -408,6 +415,10 @@ class GradientMonitor(Synced):
         them began; while one still runs (it caught the exception), its own calls' marks
         cannot be told from theirs and all stay (`_record` reads only the newest of a
         module's: helper-79's attack)."""
+        with self._counting:  # (that thread may start a forward meanwhile: helper-104 F5)
+            self._end_left_behind(thread)
+
+    def _end_left_behind(self, thread: int) -> None:
         running = self._running_on.get(thread, [])
         kept = [entry for entry in running if executing(entry[2])]
         if len(kept) == len(running):
@@ -564,12 +575,19 @@ class GradientMonitor(Synced):
         # (in backward: a part of the model recomputed by a checkpoint; a reentrant one's
         # outputs are those the gradients come through, a non-reentrant one's get none; of a
         # forward `every` skipped when the hooks were placed ahead for the next one)
-        if self._running and get_ident() not in self._running_on:
-            # a call outside any forward on this thread while one runs on another, or seems
-            # to: one a BaseException left there, or a dead thread's, ends now (helper-103's
-            # FINDING 2)
-            for thread in list(self._running_on):
-                self._left_behind(thread)
+        if self._running:
+            mine = self._running_on.get(get_ident())
+            if not mine:
+                # a call outside any forward on this thread while one runs on another, or seems
+                # to: one a BaseException left there, or a dead thread's, ends now
+                # (helper-103's FINDING 2)
+                for thread in list(self._running_on):
+                    self._left_behind(thread)
+            elif not executing(mine[-1][2]):
+                # this thread's: a forward a Ctrl-C left here, or a dead thread's whose id
+                # this one got (helper-104's FINDINGS 1, 1a); then the others' too
+                for thread in [get_ident(), *self._running_on]:
+                    self._left_behind(thread)
         if not self._running and (self._placed_ahead or not ops.in_backward(module)):
             return
         running = self._running_on.get(get_ident())
@@ -972,6 +990,10 @@ class GradientMonitor(Synced):
         self._removed = True
         self._step.drop_leaves()
         super().remove()
+
+    def _let_go(self) -> None:
+        super()._let_go()
+        self._running, self._running_on, self._last = 0, {}, None
 
     def plot(self, path: str | None = None, *, all_ranks: bool = False) -> Any:
         """Per-module gradient norms over the recorded backwards, log scale (matplotlib Figure;

@@ -267,6 +267,10 @@ class ActivationStats(Synced):
             self._history.append(self._step)
         self._step = {}
 
+    def _let_go(self) -> None:
+        super()._let_go()
+        self._last = None
+
     def _add(self, merged: dict[str, _Running]) -> None:
         """A forward's numbers merged across ranks: in `rows()` and `history`."""
         for name, step in merged.items():
