@@ -601,8 +601,8 @@ def _near_tops() -> list[tuple[int, Any]]:
     No deeper: CPython 3.11 reads freed memory following ``f_back`` through another thread's
     stack (a frame answered ``f_code`` with a dict: helper-98's FINDING 3; a recipe's walk
     crashed with SIGSEGV: helper-101's FINDING 6 test; cpython#99110's kin), and a walk of every
-    stack made each hook change cost O(threads x depth) (16 threads 40 deep: 390 us a
-    register / remove pair, 97 us alone)."""
+    stack made each hook change cost O(threads x depth) (16 threads 40 deep: 217 to 273 us a
+    register / remove pair, 87 to 89 us now; 54 to 63 us alone either way)."""
     me, found = threading.get_ident(), []
     for ident, frame in _current_frames().items():
         for _ in range(_NEAR if ident != me else 0):

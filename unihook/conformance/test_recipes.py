@@ -473,7 +473,7 @@ def test_gradient_monitor_leaves_out_a_lone_call_after_an_interrupted_forward(
 ) -> None:
     """A submodule called on its own after a forward of the model that a KeyboardInterrupt
     left is not a step: that forward has ended (until 2026-12-02 the lone call was recorded:
-    helper-104's FINDING 1a), on a thread of its own too."""
+    helper-104's FINDING 1a)."""
     armed = [False]
 
     def boom(self: Any, h: Any) -> Any:
@@ -490,7 +490,7 @@ def test_gradient_monitor_leaves_out_a_lone_call_after_an_interrupted_forward(
         with pytest.raises(KeyboardInterrupt):
             model(backend.tensor(x))
         armed[0] = False
-        backend.backward(ops.sum(head(backend.tensor(x[:, :3]))))
+        backend.backward(ops.sum(head(backend.tensor(x))))
         assert monitor._running == 0
     assert len(monitor.history) == 1 and monitor.history[0].keys() == {"", "0", "1", "2"}
 
