@@ -436,15 +436,9 @@ def test_torch_monitor_threads_and_keyword_identity_held() -> None:
     assert monitor._versions == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINDING 6: after a KeyboardInterrupt inside a forward, a submodule called on its "
-    "own before the next forward of the model becomes a history entry (that forward ends the "
-    "interrupted one since 2026-12-01: conformance test_gradient_monitor_after_forwards_left_"
-    "by_a_keyboard_interrupt)",
-)
 def test_torch_monitor_after_a_keyboard_interrupt_in_forward() -> None:
-    """FINDING 6 (low: residue, spurious entries). Repro: GradientMonitor on
+    """FINDING 6, FIXED 2026-12-02 (the interrupted forward ends at the lone call: its frame
+    has ended, `executing`; helper-104's FINDING 1a). (low: residue, spurious entries). Repro: GradientMonitor on
     ``Sequential(Linear, Boom, Linear)``, one step, then a forward where Boom raises
     KeyboardInterrupt (a Ctrl-C); then ``net[2](torch.ones(2, 3,
     requires_grad=True)).sum().backward()``: `history` gains an entry ``{'2': 2.0}``;
