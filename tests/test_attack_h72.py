@@ -438,9 +438,9 @@ def test_torch_monitor_threads_and_keyword_identity_held() -> None:
 
 def test_torch_monitor_after_a_keyboard_interrupt_in_forward() -> None:
     """FINDING 6, FIXED 2026-12-02 (the interrupted forward ends at the lone call: its frame
-    has ended, `executing`; helper-104's FINDING 1a). (low: residue, spurious entries). Repro: GradientMonitor on
-    ``Sequential(Linear, Boom, Linear)``, one step, then a forward where Boom raises
-    KeyboardInterrupt (a Ctrl-C); then ``net[2](torch.ones(2, 3,
+    has ended, `executing`; helper-104's FINDING 1a). (low: residue, spurious entries).
+    Repro: GradientMonitor on ``Sequential(Linear, Boom, Linear)``, one step, then a forward
+    where Boom raises KeyboardInterrupt (a Ctrl-C); then ``net[2](torch.ones(2, 3,
     requires_grad=True)).sum().backward()``: `history` gains an entry ``{'2': 2.0}``;
     ``monitor._running`` is 1 and ``monitor._versions`` keeps the interrupted calls' marks.
     torch runs always_call forward hooks for an Exception only, so `_after` and `_forget` never
