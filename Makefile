@@ -52,7 +52,8 @@ test:
 ATTACKS := tests/test_attack_h57.py tests/test_attack_h58.py \
 	tests/test_attack_h61.py tests/test_attack_h64.py tests/test_attack_h67.py tests/test_attack_h68.py \
 	tests/test_attack_h71.py tests/test_attack_h72.py tests/test_attack_h73.py tests/test_attack_h91.py \
-	tests/test_attack_h96.py tests/test_attack_h98.py tests/test_attack_h102.py
+	tests/test_attack_h96.py tests/test_attack_h98.py tests/test_attack_h102.py \
+	tests/test_attack_h108.py
 
 # the slowest tests each step lists (`make test DURATIONS=150` to see where the time goes)
 DURATIONS ?= 15

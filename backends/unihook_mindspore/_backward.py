@@ -147,15 +147,6 @@ class _Identity(_Function):
             for result, grad, (shape, dtype) in zip(results, grads, ctx.shapes):
                 if grad is None and result is not None:
                     check_grad_like(result, shape, dtype, "mindspore.Tensor", _is_tensor, ctx.site)
-        if results is not grads and any(r is None for r in results):
-            # a hook's None for a gradient that came: MindSpore's engine would prune what is
-            # before it, the cell's own nodes (a pre-hook's None) and the cells before, whose
-            # hooks torch calls (with None at the cell that got it, then zeros): zeros go on,
-            # as paddle's backend sends them (docs/MINDSPORE.md §11 item 4)
-            results = [
-                zeros(*ctx.shapes[i]) if r is None and g is not None else r
-                for i, (r, g) in enumerate(zip(results, grads))
-            ]
         if ctx.dead:
             results = [None if i in ctx.dead else r for i, r in enumerate(results)]
         return (None, None, None, *results)
