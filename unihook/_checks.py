@@ -5,6 +5,7 @@ TypeError; plain HookReturnError (a RuntimeError) for a wrong length, shape or d
 from __future__ import annotations
 
 import sys
+from functools import partial
 from types import FrameType
 from typing import Any, Callable
 
@@ -132,39 +133,46 @@ def _kwargs_in(frame: FrameType | None) -> dict[str, Any]:
 
 def checked_kwargs_pre_hook(hook: Callable[..., Any], site: Site) -> Callable[..., Any]:
     """Wrap a with_kwargs forward pre-hook so a bad return raises HookReturnError (and see
-    above: called without kwargs, it gets a copy of them, and may replace the args only)."""
+    above: called without kwargs, it gets a copy of them, and may replace the args only).
+    A partial, not a closure: ``copy.deepcopy`` of the module copies it with `hook` (a bound
+    method's object copied, as torch copies its own hooks), where it takes a function as it
+    is (a deep copy's hook called the original's object: helper-107's FINDING 4)."""
+    wrapper = partial(_kwargs_pre_hook, hook, site)
+    wrapper.__wrapped__ = hook  # type: ignore[attr-defined]
+    return wrapper
 
-    def kwargs_pre_hook(module: Any, args: Any, *rest: Any) -> Any:
-        if rest:
-            return check_pre_kwargs_result(hook(module, args, *rest), site)
-        kwargs = _kwargs_in(sys._getframe(1))
-        result = hook(module, args, dict(kwargs))
-        if result is None:
-            return None
-        new_args, new_kwargs = check_pre_kwargs_result(result, site)
-        if new_kwargs != kwargs:
-            # the framework takes a plain pre-hook's return as the args; the call's kwargs
-            # dict may be one a user's hook returned (changing it would change theirs)
-            raise site.error(
-                HookReturnError,
-                "the call's kwargs back: removed during the call by an earlier hook, the hook "
-                "still runs for it, as a plain pre-hook (the framework reads the with_kwargs "
-                "flag live), whose return replaces the args only",
-                f"other kwargs: {show_value(new_kwargs)}",
-            )
-        return new_args
 
-    kwargs_pre_hook.__wrapped__ = hook  # type: ignore[attr-defined]
-    return kwargs_pre_hook
+def _kwargs_pre_hook(
+    hook: Callable[..., Any], site: Site, module: Any, args: Any, *rest: Any
+) -> Any:
+    if rest:
+        return check_pre_kwargs_result(hook(module, args, *rest), site)
+    kwargs = _kwargs_in(sys._getframe(1))
+    result = hook(module, args, dict(kwargs))
+    if result is None:
+        return None
+    new_args, new_kwargs = check_pre_kwargs_result(result, site)
+    if new_kwargs != kwargs:
+        # the framework takes a plain pre-hook's return as the args; the call's kwargs dict
+        # may be one a user's hook returned (changing it would change theirs)
+        raise site.error(
+            HookReturnError,
+            "the call's kwargs back: removed during the call by an earlier hook, the hook "
+            "still runs for it, as a plain pre-hook (the framework reads the with_kwargs "
+            "flag live), whose return replaces the args only",
+            f"other kwargs: {show_value(new_kwargs)}",
+        )
+    return new_args
 
 
 def kwargs_post_hook(hook: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a with_kwargs forward hook (see above)."""
+    """Wrap a with_kwargs forward hook (see above; a partial, as `checked_kwargs_pre_hook`)."""
+    wrapper = partial(_kwargs_post_hook, hook)
+    wrapper.__wrapped__ = hook  # type: ignore[attr-defined]
+    return wrapper
 
-    def kwargs_hook(module: Any, args: Any, *rest: Any) -> Any:
-        if len(rest) == 1:
-            rest = (_kwargs_in(sys._getframe(1)), rest[0])
-        return hook(module, args, *rest)
 
-    kwargs_hook.__wrapped__ = hook  # type: ignore[attr-defined]
-    return kwargs_hook
+def _kwargs_post_hook(hook: Callable[..., Any], module: Any, args: Any, *rest: Any) -> Any:
+    if len(rest) == 1:
+        rest = (_kwargs_in(sys._getframe(1)), rest[0])
+    return hook(module, args, *rest)

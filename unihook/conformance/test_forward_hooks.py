@@ -607,3 +607,46 @@ def test_a_with_kwargs_pre_hook_removed_by_an_earlier_one_cannot_replace_the_kwa
         np.testing.assert_allclose(backend.numpy(model(backend.tensor([1.0]))), [2.0])
     finally:
         remove_first.remove()
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def pre(self, module: Any, args: Any, kwargs: Any) -> None:
+        self.calls += 1
+
+    def post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        self.calls += 1
+
+
+def test_a_deep_copy_copies_a_with_kwargs_hooks_object(backend: Any) -> None:
+    """As torch copies its own hooks: a deep copy of the module calls a copy of a bound method
+    hook's object, with_kwargs too (until 2026-12-03 unihook's wrapper, a closure, which a
+    deep copy keeps as it is, called the original's: helper-107's FINDING 4)."""
+    import copy
+
+    kit = backend
+    counter = _Counter()
+    m = kit.linear(3, 2)
+    unihook.register_forward_pre_hook(m, counter.pre, with_kwargs=True)
+    unihook.register_forward_hook(m, counter.post, with_kwargs=True)
+    twin = copy.deepcopy(m)
+    twin(kit.tensor([[1.0, 2.0, 3.0]]))
+    assert counter.calls == 0
+    copies = [hook.__self__ for hook in _bound_hooks(kit, twin)]
+    assert copies and all(c is not counter and c.calls == 2 for c in copies)
+    m(kit.tensor([[1.0, 2.0, 3.0]]))
+    assert counter.calls == 2
+
+
+def _bound_hooks(kit: Any, module: Any) -> list[Any]:
+    """The bound methods of `_Counter` among `module`'s forward hooks (through unihook's
+    wrappers: ``__wrapped__``)."""
+    found = []
+    for hooks in kit.hook_dicts(module).values():
+        for hook in list(getattr(hooks, "values", lambda: hooks)()):
+            hook = getattr(hook, "__wrapped__", hook)
+            if isinstance(getattr(hook, "__self__", None), _Counter):
+                found.append(hook)
+    return found

@@ -346,6 +346,14 @@ class Recipe(Removable):
         copy.__dict__.update(self.__dict__)
         del copy.__dict__["_counting"]
         copy._let_go()
+        # ... and no handle, nor the builder of `every`'s hooks: torch's handles name the
+        # original's hook dicts (weakly: a copy's removed the original's hooks) and the
+        # builder places hooks on the original model (a copy with `every` > 1 placed them
+        # there for the original recipe, which then recorded the forwards it skips:
+        # helper-107's FINDING 1, AveragedModel). The copy's recipe keeps the hooks the copy
+        # has (every forward of the copy, its own numbers; the original's stay its own).
+        copy._build = None
+        copy._hooks, copy._active = HookGroup(), HookGroup()
         return copy.__dict__
 
     def __setstate__(self, state: dict[str, Any]) -> None:
