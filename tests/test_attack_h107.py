@@ -94,6 +94,8 @@ HELD (passing tests kept below, and probes not kept):
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from children import last_value, run_code
 
@@ -379,6 +381,9 @@ print([run(False), run(True)])
 """
 
 
+@pytest.mark.skipif(
+    not os.environ.get("UNIHOOK_SLOW_ATTACKS"), reason="~20 s (a compile): UNIHOOK_SLOW_ATTACKS"
+)
 @pytest.mark.xfail(
     strict=True,
     reason="helper-107 FINDING 5 (open, older than 4d2ac88): under torch.compile a forward "
