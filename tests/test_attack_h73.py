@@ -271,13 +271,15 @@ def test_torch_gradcam_on_threads() -> None:
 
 
 def test_torch_gradcam_compiled_held() -> None:
-    """HELD: GradCAM of a torch.compile'd model gives the eager maps (twice: recompiles)."""
+    """HELD: GradCAM of a torch.compile'd model gives the eager maps (twice: recompiles).
+    (aot_eager: inductor's code generation, 50 s of `make test` on a fresh machine, is not
+    what the hooks see; tests/test_compilers.py runs each hook kind under inductor.)"""
     torch = pytest.importorskip("torch")
     from unihook.recipes.cam import GradCAM
 
     model, xs = _threads_model()
     ref = [GradCAM(model, "L")(x, target=k) for k, x in enumerate(xs[:2])]
-    compiled = torch.compile(model)
+    compiled = torch.compile(model, backend="aot_eager")
     for k in range(2):
         np.testing.assert_allclose(GradCAM(compiled, "L")(xs[k], target=k), ref[k], atol=1e-5)
 
