@@ -4,8 +4,9 @@ frame, `hook_caller` / `ops.call_frame`, `Recipe._enter` / `_count_locked` / `_r
 `hooks_changeable`, `_compiling_elsewhere` from dynamo's compile lock, `_near_tops`).
 
 (Merged 2026-12-03: FINDINGS 1 to 1e, 3, 3c and 3d pass since the deep copy fix (a copied
-recipe gets no builder and no handle; with_kwargs wrappers are partials); 2, 3b, 4, 5, 5b and 6
-are open, xfails.)
+recipe gets no builder and no handle; with_kwargs wrappers are partials); 5 and 5b since the
+torch backend reads values and hooks gradients under functorch's wrappers (tests/test_vmap.py);
+2, 3b, 4 and 6 are open, xfails.)
 
 FINDINGS (tests failed when found):
 
@@ -506,13 +507,6 @@ def test_finding_3d_deep_copys_recipe_records_nothing_on_paddle(cls: Any) -> Non
 # ------------------------------------------------ FINDING 5: ActivationStats under torch.vmap
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "helper-109 FINDING 5 (open, older): ActivationStats under torch.func.vmap raises torch's "
-        "error"
-    ),
-)
 def test_finding_5_activation_stats_under_vmap() -> None:
     """Repro::
 
@@ -544,13 +538,6 @@ def test_finding_5_activation_stats_under_vmap() -> None:
         stats.remove()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "helper-109 FINDING 5b (open, older): GradientMonitor under torch.func.vmap records "
-        "nothing, silently"
-    ),
-)
 def test_finding_5b_gradient_monitor_under_vmap_records_nothing_silently() -> None:
     """Repro::
 

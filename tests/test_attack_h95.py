@@ -130,8 +130,8 @@ FINDINGS (strict xfails below), numbered as found; by severity: medium-high 1; m
    ``model(x)`` (0c76291 ran: it compared ``type(value)``). Expected: no exception (test
    ``type(value)`` against the container types, or ``issubclass(type(value), ...)``).
 9. FIXED for ``grad`` and ``vjp`` (the torch backend's `sum_squares` reduces functorch's
-   wrapper with torch ops); under ``vmap(grad(...))`` the hook's ``float`` raises vmap's
-   ".item()" error: open (strict xfail, README). (medium-low: crash; not a regression)
+   wrapper with torch ops); for ``vmap(grad(...))`` since 2026-12-03 (it reads the values
+   under functorch's wrappers: tests/test_vmap.py checks the norms). (medium-low: crash)
    ``torch.func.grad`` (MAML, per-sample gradients
    with ``vmap(grad(...))``, ``functional_call``) over a monitored model: the tensor hook
    receives functorch's GradTrackingTensor and `ops.sum_squares` raises "Cannot access data
@@ -898,7 +898,6 @@ def test_finding9_torch_func_grad() -> None:
     ), (transformed, eager)
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 9: vmap over grad raises in the gradient hook")
 def test_finding9_vmap_over_torch_func_grad() -> None:
     from torch.func import functional_call, grad, vmap
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
-from torch._C._functorch import is_functorch_wrapped_tensor
+from torch._C._functorch import get_unwrapped, is_batchedtensor, is_functorch_wrapped_tensor
 
 from unihook.backend import history_reaches, imported, map_dataclass
 from unihook.errors import HookArgumentError
@@ -204,6 +204,27 @@ def _strided(t: Any, values_only: bool) -> Any:
     return x.resolve_neg()  # (numpy cannot view a tensor with the negative bit)
 
 
+def _values(t: Any) -> Any:
+    """`t`'s values, a functorch-wrapped tensor's (one inside torch.func's transforms: the
+    wrappers have no storage, and numpy's view of one raised out of the user's transform:
+    helper-95's FINDING 9, helper-109's FINDING 5): the tensor under the wrappers, under
+    `vmap` the whole batch's, as eager computes them on it (vmap runs a module once per
+    call). Read under `_DisableFuncTorch` (a `detach` of it inside a `grad` wraps it again)."""
+    while is_functorch_wrapped_tensor(t):
+        t = get_unwrapped(t)
+    return t
+
+
+def _outside_vmap(t: Any) -> Any:
+    """`t` under the BatchedTensors of the `torch.func.vmap` calls around it: a hook on a
+    BatchedTensor never fires (torch's own module backward hooks run nothing under vmap
+    either), one on the tensor under it gets the batch's gradient, eager's (helper-109's
+    FINDING 5b). A `torch.func.grad` inside the vmap keeps its wrapper: its hooks fire."""
+    while is_batchedtensor(t):
+        t = get_unwrapped(t)
+    return t
+
+
 def _float_view(t: Any) -> Any:
     """numpy's view of `t` when it is a strided float32 or float64 CPU tensor without the
     negative bit (the recipes' activations and gradients), else None: without `_strided`'s
@@ -274,10 +295,8 @@ class TorchOps(Ops):
 
     def sum_squares(self, t: Any) -> float:
         if is_functorch_wrapped_tensor(t):
-            # a gradient inside torch.func's transforms (``grad``, ``vjp``): functorch's
-            # wrapper, which has no storage (numpy's view of it raised out of the user's
-            # transform: helper-95's FINDING 9)
-            return float(torch.linalg.vector_norm(t.detach(), dtype=torch.float64)) ** 2
+            with torch._C._DisableFuncTorch():
+                return self.sum_squares(_values(t))
         view = _float_view(t)
         if view is not None:
             return cpu_sum_squares(view)
@@ -288,6 +307,9 @@ class TorchOps(Ops):
         return float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
 
     def moments(self, t: Any) -> Moments:
+        if is_functorch_wrapped_tensor(t):
+            with torch._C._DisableFuncTorch():
+                return self.moments(_values(t))
         view = _float_view(t)
         if view is not None:
             return cpu_moments(view)
@@ -430,13 +452,14 @@ class TorchOps(Ops):
 
     def on_grad(self, t: Any, fn: Callable[[Any], None]) -> bool:
         # `unihook.ops.on_grad`: torch's own hook; an exception `fn` raises keeps its type
+        t = _outside_vmap(t)
         if not t.requires_grad:
             return False
         t.register_hook(fn)
         return True
 
     def is_leaf(self, t: Any) -> bool:
-        return t.grad_fn is None
+        return _outside_vmap(t).grad_fn is None  # (a BatchedTensor has no grad_fn)
 
     def derived(self, tensors: Sequence[Any], arguments: Sequence[Any]) -> bool | None:
         # grad_fn graphs, walked down to the earliest output's sequence number (a node on a
@@ -449,7 +472,7 @@ class TorchOps(Ops):
             return None
         outputs: list[tuple[Any, int | None, Any]] = []
         floor: int | None = sys.maxsize
-        for t in tensors:
+        for t in map(_outside_vmap, tensors):
             if not t.requires_grad:
                 continue
             node, index = t.grad_fn, t.output_nr
@@ -474,7 +497,7 @@ class TorchOps(Ops):
         # (a worker's, CUDA's backward threads' under `autograd.grad(create_graph=True)`) may
         # be numbered below the floor (helper-74's attack). Then down to the arguments' nodes,
         # without the floor: the call's own graph.
-        held = [a.grad_fn for a in arguments]  # (held: their ids are the stops)
+        held = [_outside_vmap(a).grad_fn for a in arguments]  # (held: their ids are the stops)
         stops = frozenset(id(node) for node in held if node is not None)
         return history_reaches(outputs, _edges, _sequence_nr, None, stops)
 
@@ -491,7 +514,7 @@ class TorchOps(Ops):
             return None
         assert isinstance(mark, int)
         for t in tensors:
-            node = t.grad_fn
+            node = _outside_vmap(t).grad_fn
             if node is not None and node._sequence_nr() < mark:
                 return True
         return False
@@ -513,6 +536,7 @@ class TorchOps(Ops):
             # traced in-place ops; its autograd history is not there to read (until 2026-11-30
             # None, nothing told: the sum was reported, helper-68's attack)
             return "traced", t._version
+        t = _outside_vmap(t)
         node = t.grad_fn
         if node is None:
             return 0 if t.requires_grad else None
@@ -526,7 +550,7 @@ class TorchOps(Ops):
         if torch.compiler.is_compiling():  # a traced tensor's counter says nothing of the run's
             return None
         try:
-            return t._version
+            return _outside_vmap(t)._version  # (a BatchedTensor's counter stays at 0)
         except RuntimeError:  # inference tensors keep no version counter
             return None
 
