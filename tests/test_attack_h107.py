@@ -9,8 +9,8 @@ deep copies letting go of forwards under way, `Recipe.__getstate__`).
 (Merged 2026-12-03. FINDING 1: the original is no longer touched (a deep copy's recipe gets no
 builder and no handle); that the copy's own recipe with ``every`` > 1 records none of the
 copy's forwards stays open, a strict xfail. FINDING 4 fixed: unihook's with_kwargs wrappers
-are partials, which a deep copy copies with the hook. FINDINGS 2, 3 (threads: non-strict) and
-5 open, xfails.)
+are partials, which a deep copy copies with the hook. FINDING 5 fixed 2026-12-03
+(`ops.forward_raised`). FINDINGS 2 and 3 (threads: non-strict) open, xfails.)
 
 FINDINGS (each a failing test below when found):
 
@@ -95,6 +95,7 @@ HELD (passing tests kept below, and probes not kept):
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 from children import last_value, run_code
@@ -351,13 +352,13 @@ def test_finding_4_a_deep_copys_recipe_records_nothing(kind: str) -> None:
 
 RAISED_UNDER_COMPILE = r"""
 import sys, torch, torch.nn as nn, unihook
-from unihook.recipes import ActivationStats
+from unihook.recipes import ActivationStats, GradientMonitor
 
 
-def run(compiled):
+def run(cls, compiled):
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    r = ActivationStats(m, every=2)
+    r = cls(m, every=2)
     n = [0]
 
     def boom(mod, a, o):
@@ -373,32 +374,72 @@ def run(compiled):
             f(x).sum().backward()
         except ValueError:
             pass
-    means = [round(float(e["2"]["mean"]), 5) for e in r.history]
-    return [r._forwards, means]
+    pick = (lambda e: e["mean"]) if cls is ActivationStats else float
+    values = [round(float(pick(e["2"])), 5) for e in r.history]
+    return [r._forwards, values]
 
 
-print([run(False), run(True)])
+cls = {"stats": ActivationStats, "grad": GradientMonitor}[sys.argv[1]]
+print([run(cls, False), run(cls, True)])
 """
 
 
 @pytest.mark.skipif(
     not os.environ.get("UNIHOOK_SLOW_ATTACKS"), reason="~20 s (a compile): UNIHOOK_SLOW_ATTACKS"
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="helper-107 FINDING 5 (open, older than 4d2ac88): under torch.compile a forward "
-    "that raised counts towards every",
-)
-def test_finding_5_a_forward_that_raised_counts_towards_every_under_compile() -> None:
+@pytest.mark.parametrize("kind", ["stats", "grad"])
+def test_finding_5_a_forward_that_raised_counts_towards_every_under_compile(kind: str) -> None:
     """Repro: ``ActivationStats(m, every=2)``, a unihook forward hook on ``m[1]`` raising
     ValueError in the 2nd forward (caught by the caller), 6 forwards + backwards, eager vs
     ``torch.compile(m, backend="eager")``. Expected (README: under torch.compile every kind
     gives eager's numbers): the same ``_forwards`` and recorded means. Observed: eager 5
     forwards counted (the raised one is not a forward: `_count`), compiled 6, so the
     compiled run records other steps (x0, x2, x4 instead of x0, x3, x5): silently
-    different history. GradientMonitor: the same (probe, not pinned)."""
-    eager, compiled = last_value(run_code(RAISED_UNDER_COMPILE, timeout=150))
+    different history. GradientMonitor: the same. (Passes since 2026-12-03: the torch backend
+    tells a raised forward by the frame calling the ``always_call`` hook, `_call_impl`'s own;
+    eagerly checked by the next test.)"""
+    eager, compiled = last_value(run_code(RAISED_UNDER_COMPILE, kind, timeout=150))
+    assert eager[0] == 5 and len(eager[1]) == 3, eager  # (x0, x3, x5: the raised one is not)
     assert compiled == eager
+
+
+def test_finding_5_torch_tells_a_raised_forward_by_the_frame_calling_its_hooks() -> None:
+    """What the fix of FINDING 5 reads of torch (eagerly, in a second): ``Module._call_impl``
+    calls an ``always_call`` forward hook from its own frame only after the forward raised,
+    from its ``inner`` otherwise, also for a forward returning None inside an ``except``."""
+    import sys
+
+    import unihook
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.how = "plain"
+
+        def forward(self, x: Any) -> Any:
+            if self.how == "raise":
+                raise ValueError("x")
+            return None if self.how == "none" else x * 2
+
+    net = Net()
+    seen: list[bool] = []
+
+    def hook(module: Any, args: Any, output: Any) -> None:
+        seen.append(unihook.ops.forward_raised(module, sys._getframe(1)))
+
+    handle = net.register_forward_hook(hook, always_call=True)
+    try:
+        for net.how in ("plain", "none", "raise"):
+            try:
+                try:
+                    raise KeyError("handled by the caller")
+                except KeyError:
+                    net(torch.ones(2))
+            except ValueError:
+                pass
+    finally:
+        handle.remove()
+    assert seen == [False, False, True]
 
 
 PADDLE_DEEPCOPY = r"""

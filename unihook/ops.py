@@ -39,6 +39,7 @@ __all__ = [
     "float64_copy",
     "float64_default",
     "forward_backward",
+    "forward_raised",
     "grad_enabled",
     "grad_sync",
     "in_backward",
@@ -244,6 +245,11 @@ class Ops:
         one of its forward hooks (see `call_frame`): that frame itself by default, for a
         framework that calls the hooks inline (torch's ``inner``, paddle's layer call)."""
         return frame
+
+    def forward_raised(self, frame: Any) -> bool:
+        """Whether `frame` (see `call_frame`) calls an ``always_call`` forward hook because the
+        forward raised (see `forward_raised`): False by default."""
+        return False
 
     def is_leaf(self, t: Any) -> bool:
         """Whether `t` is a leaf of the autograd graph (see `is_leaf`): False by default."""
@@ -804,6 +810,14 @@ def call_frame(module: Any, frame: Any) -> Any:
     `every` tells such a forward by it). A framework that calls the hooks from a helper that
     returns before the forward (MindSpore's ``Cell._run_forward_pre_hook``) gives its caller."""
     return ops_for(module).call_frame(frame)
+
+
+def forward_raised(module: Any, frame: Any) -> bool:
+    """Whether `frame`, the frame running `module`'s call (`call_frame`), calls its
+    ``always_call`` forward hooks because the forward raised. False where the framework does
+    not tell it by the frame: the exception being handled tells then (``sys.exc_info()``,
+    which torch.compile's code leaves empty)."""
+    return bool(ops_for(module).forward_raised(frame))
 
 
 def in_backward(like: Any) -> bool:

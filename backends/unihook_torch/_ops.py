@@ -38,6 +38,8 @@ _marks = itertools.count(1)
 _next_sequence_nr: Callable[[], int] | None = getattr(
     getattr(torch._C, "_autograd", None), "_get_sequence_nr", None
 )
+# `Module._call_impl`'s name and file: dynamo runs code of its own in a compiled frame
+_CALL_IMPL = (torch.nn.Module._call_impl.__name__, torch.nn.Module._call_impl.__code__.co_filename)
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32)
 _FLOATS = (torch.float32, torch.float64)
 
@@ -580,6 +582,14 @@ class TorchOps(Ops):
 
     def grad_enabled(self, like: Any) -> bool:
         return torch.is_grad_enabled()
+
+    def forward_raised(self, frame: Any) -> bool:
+        # `Module._call_impl` calls the forward hooks from its `inner` (eager and compiled),
+        # and the `always_call` ones itself only in its `except` block, once the forward
+        # raised. Under torch.compile that block runs as dynamo's code, where `sys.exc_info()`
+        # is empty: a forward that raised counted towards `every` (helper-107's FINDING 5).
+        code = getattr(frame, "f_code", None)
+        return code is not None and (code.co_name, code.co_filename) == _CALL_IMPL
 
     def in_backward(self, like: Any) -> bool:
         # the id of the graph task autograd's engine runs on this thread, -1 outside one

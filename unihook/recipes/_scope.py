@@ -168,10 +168,13 @@ class Recipe(Removable):
         return True
 
     def _count(self, module: Any, args: Any, output: Any) -> None:
+        raised = output is None and ops.forward_raised(
+            module, hook_caller(module, sys._getframe(1))
+        )
         with self._counting:
-            self._count_locked(module, output)
+            self._count_locked(module, output, raised)
 
-    def _count_locked(self, module: Any, output: Any) -> None:
+    def _count_locked(self, module: Any, output: Any, raised: bool) -> None:
         ident = threading.get_ident()
         running = self._inside.get(ident)
         if running:
@@ -182,12 +185,16 @@ class Recipe(Removable):
         if running is not None and not running:
             self._inside.pop(ident, None)
         handled = sys.exc_info()[1]
-        if output is None and handled is not None and (entry is None or handled is not entry[1]):
+        if raised or (
+            output is None and handled is not None and (entry is None or handled is not entry[1])
+        ):
             # the forward raised (torch's `_StopRecomputationError` ends a checkpoint's
-            # recomputation so): not a forward; and the frameworks iterate the model's hook
-            # dict itself there, which placing or removing hooks would change under them. (One
-            # returning None inside an `except` block of its caller's is a forward: until
-            # 2026-12-02 it was not counted, helper-101's FINDING 4.)
+            # recomputation so; `raised`: the frame calling this hook says so, where
+            # torch.compile's code handles no exception, helper-107's FINDING 5): not a
+            # forward; and the frameworks iterate the model's hook dict itself there, which
+            # placing or removing hooks would change under them. (One returning None inside
+            # an `except` block of its caller's is a forward: until 2026-12-02 it was not
+            # counted, helper-101's FINDING 4.)
             return
         if not self._counted(module):
             return
