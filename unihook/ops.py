@@ -68,6 +68,7 @@ __all__ = [
     "sum_squares",
     "tensors_in",
     "to_numpy",
+    "tracing",
     "unwrap",
     "version",
     "world",
@@ -249,6 +250,11 @@ class Ops:
     def forward_raised(self, frame: Any) -> bool:
         """Whether `frame` (see `call_frame`) calls an ``always_call`` forward hook because the
         forward raised (see `forward_raised`): False by default."""
+        return False
+
+    def tracing(self, like: Any) -> bool:
+        """Whether this thread traces a forward into a graph (see `tracing`): False by
+        default."""
         return False
 
     def is_leaf(self, t: Any) -> bool:
@@ -818,6 +824,14 @@ def forward_raised(module: Any, frame: Any) -> bool:
     not tell it by the frame: the exception being handled tells then (``sys.exc_info()``,
     which torch.compile's code leaves empty)."""
     return bool(ops_for(module).forward_raised(frame))
+
+
+def tracing(like: Any) -> bool:
+    """Whether this thread traces a forward of `like`'s framework into a graph (torch's
+    ``torch.jit.trace``, which runs the module again to check its graph, and wants the same
+    hooks there): not a forward of the model for the recipes' `every`. False on a backend
+    that cannot tell."""
+    return bool(ops_for(like).tracing(like))
 
 
 def in_backward(like: Any) -> bool:

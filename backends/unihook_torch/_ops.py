@@ -591,6 +591,9 @@ class TorchOps(Ops):
         code = getattr(frame, "f_code", None)
         return code is not None and (code.co_name, code.co_filename) == _CALL_IMPL
 
+    def tracing(self, like: Any) -> bool:
+        return torch._C._is_tracing()  # (`torch.jit.is_tracing`, which is not exported)
+
     def in_backward(self, like: Any) -> bool:
         # the id of the graph task autograd's engine runs on this thread, -1 outside one
         return bool(torch._C._current_graph_task_id() != -1)

@@ -196,6 +196,11 @@ class Recipe(Removable):
             # an `except` block of its caller's is a forward: until 2026-12-02 it was not
             # counted, helper-101's FINDING 4.)
             return
+        if ops.tracing(module):
+            # torch.jit.trace's runs (the trace, its check's second trace): not forwards of
+            # the model, and both must see the same hooks (until 2026-12-03 the check saw
+            # `every` take them away: "Graphs differed", helper-109's FINDING 6)
+            return
         if not self._counted(module):
             return
         self._owed += 1
