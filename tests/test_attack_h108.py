@@ -10,8 +10,9 @@ documented difference (README, MindSpore) and counted as equal.
 
 (Merged 2026-12-03: 15dec69's zeros were reverted, so FINDINGS 1 and 1b pass; the calls it
 restored are missing again, the "held" tests that read them and FINDINGS 2 and 6 are strict
-xfails, `_PRUNED`; the paddle FINDINGS 3, 4 and MindSpore's 5 are open, strict xfails. The paddle
-children run in this venv, which has paddle.)
+xfails, `_PRUNED`; the paddle FINDINGS 3, 4 are open, strict xfails; MindSpore's 5 and 5b pass
+since 2026-12-03 (integer and bool slots: None or zeros to the hooks, MindSpore's own gradient
+on). The paddle children run in this venv, which has paddle.)
 
 FINDINGS (each test below fails now; at 15dec69^, with its `_backward.py`, 1 and 1b pass, 2
 and 6 fail differently: the hook call the commit restored was missing):
@@ -288,18 +289,14 @@ def test_finding_4b_paddle_global_noop_backward_hook_gives_nan():
     assert got[1] == got[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="helper-108 FINDING 5 (MindSpore, open): bool and int outputs get tensors in "
-    "grad_output",
-)
 def test_finding_5_bool_and_int_outputs_get_tensors_in_grad_output():
     """A cell returning ``(a * 2, a > 0, (a * 3).astype(int32))``, all three used in the loss
     through float casts, a full backward hook recording grad_output. Expected (torch):
     grad_output ``(g, None, None)``: a comparison's and an integer tensor's slots need no grad.
     Observed: a Bool tensor (True) and an Int32 tensor in those slots, passed on to hooks that
     (as torch's) treat a non-None slot as a gradient (a GradientMonitor-like norm of a bool
-    tensor, a replacement of the wrong dtype)."""
+    tensor, a replacement of the wrong dtype). (Passes since 2026-12-03: the identities show
+    None there, zeros on the input side, and hand MindSpore its own gradient on.)"""
     x = torch.tensor([[1.0, 2.0]], requires_grad=True)
     seen = {}
     t = _torch_module(lambda a: (a * 2, a > 0, (a * 3).to(torch.int32)))
@@ -309,26 +306,27 @@ def test_finding_5_bool_and_int_outputs_get_tensors_in_grad_output():
     assert seen["torch"][1] is None and seen["torch"][2] is None
 
     cell = _ms_cell(lambda a: (a * 2, a > 0, (a * 3).astype(ms.int32)))
-    unihook.register_full_backward_hook(cell, lambda m, gi, go: seen.__setitem__("ms", go))
 
     def loss(x):
         a, b, i = cell(x)
         return (a * b.astype(ms.float32) + i.astype(ms.float32)).sum()
 
-    ms.grad(loss)(ms.Tensor(np.array([[1.0, 2.0]], np.float32)))
+    x0 = ms.Tensor(np.array([[1.0, 2.0]], np.float32))
+    plain = ms.grad(loss)(x0).asnumpy()
+    unihook.register_full_backward_hook(cell, lambda m, gi, go: seen.__setitem__("ms", go))
+    unihook.register_full_backward_pre_hook(cell, lambda m, go: seen.__setitem__("pre", go))
+    hooked = ms.grad(loss)(x0).asnumpy()
     assert [g is None for g in seen["ms"]] == [False, True, True], seen["ms"]
+    assert [g is None for g in seen["pre"]] == [False, True, True], seen["pre"]
+    np.testing.assert_array_equal(hooked, plain)  # (MindSpore's own, through the casts too)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="helper-108 FINDING 5b (MindSpore, open): int and bool inputs get MindSpore's gradient",
-)
 def test_finding_5b_int_and_bool_inputs_get_nonzero_grad_input():
     """A cell ``c(a, i, b) = a * i + b.float()`` called with ``x``, ``(x * 3).int32`` and
     ``x > 0``. Expected (torch): grad_input ``(3 6, zeros int32, zeros bool)``: tensors that need
     no grad get zeros. Observed: ``(3 6, [1 2] int32, [True True])``: MindSpore's gradient
     through the casts (its own, the same without hooks) shown to the hook as if those inputs
-    were differentiable."""
+    were differentiable. (Passes since 2026-12-03.)"""
     x0 = np.array([[1.0, 2.0]], np.float32)
     seen = {}
     t = _torch_module(lambda a, i, b: a * i + b.float())
@@ -338,8 +336,14 @@ def test_finding_5b_int_and_bool_inputs_get_nonzero_grad_input():
     assert not seen["torch"][1].any() and not seen["torch"][2].any()
 
     cell = _ms_cell(lambda a, i, b: a * i + b.astype(ms.float32))
+
+    def loss(x):
+        return cell(x, (x * 3).astype(ms.int32), x > 0).sum()
+
+    plain = ms.grad(loss)(ms.Tensor(x0)).asnumpy()
     unihook.register_full_backward_hook(cell, lambda m, gi, go: seen.__setitem__("ms", gi))
-    ms.grad(lambda x: cell(x, (x * 3).astype(ms.int32), x > 0).sum())(ms.Tensor(x0))
+    hooked = ms.grad(loss)(ms.Tensor(x0)).asnumpy()
+    np.testing.assert_array_equal(hooked, plain)  # (MindSpore's own, through the casts too)
     gi = seen["ms"]
     np.testing.assert_allclose(gi[0].asnumpy(), seen["torch"][0].numpy())
     assert gi[1] is None or not gi[1].asnumpy().any(), gi[1]

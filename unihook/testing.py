@@ -91,6 +91,11 @@ class Kit:
     def cat(self, tensors: Sequence[Any], axis: int) -> Any:
         raise self._missing("cat")
 
+    def cast(self, tensor: Any, dtype: str) -> Any:
+        """`tensor` as `dtype` ("int32", "bool", "float64", ...), differentiably where the
+        framework is."""
+        raise self._missing("cast")
+
     def zeros_like(self, tensor: Any) -> Any:
         raise self._missing("zeros_like")
 

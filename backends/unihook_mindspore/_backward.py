@@ -75,6 +75,10 @@ from ._global import CALL_CODES
 
 Grads = Sequence[Any]
 Tensor = mindspore.Tensor
+# the dtypes a gradient is of: torch's identity gives an integer or bool tensor none
+_DIFFERENTIABLE = frozenset(
+    (*mindspore.common.dtype.float_type, *mindspore.common.dtype.complex_type)
+)
 # `_share(Tensor, t)`: another tensor object sharing t's memory, version counter and autograd
 # data (as `Tensor(t)`, which takes 5 us against 0.8, measured); `h[0] = c` (MindSpore's
 # `assign_value`) gives t's object another tensor, and leaves this one as it was
@@ -98,6 +102,12 @@ class _Identity(_Function):
         # MindSpore sends a gradient to an input that needs none (a plain tensor recorded in a
         # grad session); torch's identity marks it non-differentiable: zeros, or None
         ctx.dead = [i for i, x in enumerate(xs) if not x._requires_grad]
+        # ... and to an integer or bool tensor (`a > 0`, an `astype(int32)`) its own gradient
+        # through the cast, which torch has none of: the hooks see zeros, or None, where torch's
+        # do; MindSpore gets its own, as without hooks (helper-108's FINDINGS 5, 5b)
+        ctx.integral = [
+            i for i, x in enumerate(xs) if x._requires_grad and x.dtype not in _DIFFERENTIABLE
+        ]
         # shares memory and is no view: in-place ops after the module work (module docstring)
         aliases = tuple(stop_gradient(x) for x in xs)
         # ... but has a version counter of its own: an in-place op on an output's alias would
@@ -136,9 +146,10 @@ class _Identity(_Function):
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
         if ctx.probes:
             _carry_versions(ctx, grads)
-        if ctx.dead:
+        came = grads
+        if ctx.dead or ctx.integral:
             filled = list(grads)
-            for i in ctx.dead:
+            for i in (*ctx.dead, *ctx.integral):
                 shape, dtype = ctx.shapes[i]
                 filled[i] = zeros(shape, dtype) if ctx.materialize else None
             grads = tuple(filled)
@@ -147,8 +158,12 @@ class _Identity(_Function):
             for result, grad, (shape, dtype) in zip(results, grads, ctx.shapes):
                 if grad is None and result is not None:
                     check_grad_like(result, shape, dtype, "mindspore.Tensor", _is_tensor, ctx.site)
-        if ctx.dead:
-            results = [None if i in ctx.dead else r for i, r in enumerate(results)]
+        if ctx.dead or ctx.integral:
+            results = list(results)
+            for i in ctx.dead:
+                results[i] = None
+            for i in ctx.integral:
+                results[i] = came[i]
         return (None, None, None, *results)
 
 

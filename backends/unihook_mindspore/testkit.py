@@ -138,6 +138,9 @@ class MindSporeKit(Kit):
     def relu(self, tensor: Any) -> Any:
         return ops.relu(tensor)
 
+    def cast(self, tensor: Any, dtype: str) -> Any:
+        return tensor.astype(getattr(mindspore, dtype))
+
     def cat(self, tensors: Sequence[Any], axis: int) -> Any:
         return ops.cat(list(tensors), axis=axis)
 

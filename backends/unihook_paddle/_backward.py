@@ -110,11 +110,13 @@ class _Node:
         "on_backward",
         "shapes",
         "materialize",
+        "integral",
         "__weakref__",
     )
-    on_backward: Callable[[Grads], Grads]  # these three are set by _UnihookIdentity.forward
+    on_backward: Callable[[Grads], Grads]  # these four are set by _UnihookIdentity.forward
     shapes: list[tuple[Any, Any]]
     materialize: bool
+    integral: list[int]
 
     def __init__(self, site: Site, held_until: int) -> None:
         self.site = site
@@ -196,6 +198,12 @@ class _UnihookIdentity(PyLayer):  # (paddle names its node after it: see TRUST)
         node.on_backward = on_backward
         node.shapes = [(x.shape, x.dtype) for x in xs]
         node.materialize = materialize
+        # integer and bool tensors: paddle sends them a gradient (its own through a cast,
+        # `astype("int32")`), torch's identity none: the hooks see zeros, or None, where
+        # torch's do; paddle gets its own on, as without hooks (helper-108's FINDING 5)
+        node.integral = [
+            i for i, x in enumerate(xs) if not (x.is_floating_point() or x.is_complex())
+        ]
         ctx.node = weakref.ref(node)
         ctx.set_materialize_grads(materialize)
         return tuple(_alias(x) for x in xs)
@@ -224,6 +232,13 @@ def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
         # maybe a view of a retained .grad (user code may zero it in place; torch's
         # retain_grad keeps a copy): the hooks get their own
         grads = tuple(None if g is None else g.clone() for g in grads)
+    came = grads
+    if node.integral:
+        shown = list(grads)
+        for i in node.integral:
+            shape, dtype = node.shapes[i]
+            shown[i] = paddle.zeros(shape, dtype) if node.materialize else None
+        grads = tuple(shown)
     results = node.on_backward(grads)
     node.ran()
     exposed = results is not grads
@@ -243,6 +258,8 @@ def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
     for i, (result, (shape, dtype)) in enumerate(zip(results, node.shapes)):
         if exposed and grads[i] is None and result is not None:
             _check_slot(result, shape, dtype, node)
+        if i in node.integral:
+            result = came[i]
         if i in pruned:
             out.append(None)
         elif result is None:

@@ -66,6 +66,9 @@ class PaddleKit(Kit):
     def relu(self, tensor: Any) -> Any:
         return paddle.nn.functional.relu(tensor)
 
+    def cast(self, tensor: Any, dtype: str) -> Any:
+        return tensor.astype(dtype)
+
     def cat(self, tensors: Sequence[Any], axis: int) -> Any:
         return paddle.concat(list(tensors), axis=axis)
 

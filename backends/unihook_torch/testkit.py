@@ -72,6 +72,9 @@ class TorchKit(Kit):
     def relu(self, tensor: Any) -> Any:
         return torch.relu(tensor)
 
+    def cast(self, tensor: Any, dtype: str) -> Any:
+        return tensor.to(getattr(torch, dtype))
+
     def cat(self, tensors: Sequence[Any], axis: int) -> Any:
         return torch.cat(list(tensors), dim=axis)
 

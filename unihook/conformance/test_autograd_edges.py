@@ -397,6 +397,37 @@ def test_integer_output_gets_none(backend: Any) -> None:
     close(log.calls[1][1], ([2, 2, 2],))
 
 
+def test_integer_and_bool_tensors_computed_from_the_graph_get_no_gradient(backend: Any) -> None:
+    """An int32 cast and a comparison of a differentiable tensor, out of a hooked module and
+    into another: torch's hooks see None in their `grad_output` slots and
+    zeros in their `grad_input` slots (they need no gradient). Paddle and MindSpore send them
+    their own gradient through the cast, which stays theirs: the model's gradient is the
+    framework's without hooks (until 2026-12-03 the hooks saw it: helper-108's FINDING 5)."""
+    kit = backend
+    make = kit.module(lambda self, x: (x * 2, x > 0, kit.cast(x * 3, "int32")))
+    take = kit.module(lambda self, a, i, b: a * kit.cast(i, "float32") + kit.cast(b, "float32"))
+
+    def loss(x: Any) -> Any:  # (each used once: paddle cannot add up int gradients)
+        a, b, i = make(x)
+        return take(a, i, b).sum()
+
+    x0 = [[1.0, -2.0]]
+    x = kit.tensor(x0, requires_grad=True)
+    kit.backward(loss(x))
+    plain = kit.grad(x)
+    made, took = Log(kit, make), Log(kit, take)
+    x = kit.tensor(x0, requires_grad=True)
+    kit.backward(loss(x))
+    np.testing.assert_array_equal(kit.grad(x), plain)
+    (_, _, pre_out), (_, _, full_out) = made.calls
+    for grad_output in (pre_out, full_out):
+        assert [g is None for g in grad_output] == [False, True, True], grad_output
+    (_, (ga, gi, gb), _) = took.calls[1]
+    assert ga is not None
+    assert gi.dtype.kind == "i" and not gi.any(), gi
+    assert gb.dtype.kind == "b" and not gb.any(), gb
+
+
 def test_shared_submodule_fires_per_call(backend: Any) -> None:
     kit = backend
     lin = kit.linear(2, 2, [[1.0, 2.0], [3.0, 4.0]], [0.0, 0.0])
