@@ -446,8 +446,10 @@ def test_finding_4_hook_removed_during_a_compile_longer_than_a_second() -> None:
 
 
 def test_held_hook_removed_during_a_half_second_compile() -> None:
-    """The same with a 0.5 s compile: the removal waits for it, the compiled call succeeds."""
-    out = _slow_compile(0.5)
+    """The same with a 0.3 s compile: the removal waits for it, the compiled call succeeds.
+    (0.5 s until 2026-12-04: with the trace, a compile past `_WAIT` on a loaded machine, CI60
+    beside a helper session: FINDING 4's failure, not this case's.)"""
+    out = _slow_compile(0.3)
     assert out.get("ok") and out["waited"] > 0.1, out
 
 
