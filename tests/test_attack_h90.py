@@ -62,7 +62,7 @@ def _run(code: str, *args: str, timeout: float = 60) -> object:
 
 
 _LOOP_FINALIZER = r"""
-import sys, threading, time, gc, faulthandler
+import inspect, sys, threading, time, gc, faulthandler
 import torch, torch._dynamo, unihook
 from torch._dynamo import utils
 
@@ -80,7 +80,7 @@ class Owner:  # an object whose death removes its hook (weakref.finalize, __del_
 
 f = torch.compile(m, backend="eager")
 inside = threading.Event()
-looping = utils.nn_module_get_all_hooks.__code__
+looping = inspect.unwrap(utils.nn_module_get_all_hooks).__code__  # (unihook marks its runs)
 
 
 def pause(frame, event, arg):
@@ -557,7 +557,7 @@ def test_hooks_changed_on_another_thread_after_compiling_held() -> None:
 
 
 _INTERRUPTED_WAIT = r"""
-import sys, threading, time, _thread, faulthandler, warnings
+import inspect, sys, threading, time, _thread, faulthandler, warnings
 warnings.simplefilter("ignore")
 faulthandler.dump_traceback_later(20, exit=True)
 import torch, torch._dynamo, unihook
@@ -567,7 +567,7 @@ m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(
 kept = unihook.register_full_backward_hook(m[0], lambda mod, gi, go: None)
 f = torch.compile(m, backend="eager")
 inside, release = threading.Event(), threading.Event()
-looping = utils.nn_module_get_all_hooks.__code__
+looping = inspect.unwrap(utils.nn_module_get_all_hooks).__code__  # (unihook marks its runs)
 def pause(frame, event, arg):
     local = frame.f_locals
     if event == "line" and local.get("mod") is m[0] and "hook_name" in local \

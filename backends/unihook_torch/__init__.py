@@ -369,7 +369,13 @@ def unihook_register_global_hook(
         return None
 
     def install() -> Callable[[], None]:
-        from ._compile import compiles_held, forget_compiled, watch_call_impl, watch_hooks
+        from ._compile import (
+            compiled_frames_out,
+            compiles_held,
+            forget_compiled,
+            watch_call_impl,
+            watch_hooks,
+        )
         from ._global import add
 
         # torch.compile: no guard sees a global hook come or go (native or unihook's): the
@@ -385,10 +391,10 @@ def unihook_register_global_hook(
             # (dynamo's lock is never asked for under a registry lock: see unihook._locks)
             if defer_while_locked(remover):
                 return
-            with compiles_held():
+            with compiled_frames_out():
                 remove()
+                forget_compiled()  # (before another thread can enter a frame compiled with it)
             cancel()
-            forget_compiled()
             release()
 
         return remover

@@ -46,6 +46,7 @@ from unihook.backend import (
 __all__ = [
     "EagerUnderCompile",
     "WatchedPinned",
+    "compiled_frames_out",
     "compiles_held",
     "forget_compiled",
     "hooks_changeable",
@@ -137,6 +138,7 @@ def _give_reason(dynamo: Any) -> None:
         doing: dynamo.disable(_call, reason=reason) for doing, reason in ESCAPE_REASONS.items()
     }
     _reasons_given = True
+    _watch_hook_loop(dynamo)  # (dynamo imported while torch hooks of unihook's live)
 
 
 def outside_compiler(call: Callable[[], Any], doing: str) -> Any:
@@ -216,6 +218,7 @@ def watch_hooks() -> Callable[[], None]:
             _watching.discard(token)
             if _watching:
                 return
+            _unwatch_hook_loop()
             cancel = _cancel_reason
             if cancel is not None:
                 cancel()  # (a no-op once it ran) no import hook left behind
@@ -236,6 +239,8 @@ def watch_hooks() -> Callable[[], None]:
             _cancel_reason = partial(cancel_when_imported, "torch._dynamo", _give_reason)
             when_imported("torch._dynamo", _give_reason)
         dynamo = imported("torch._dynamo")  # (another thread importing it compiles nothing yet)
+        if dynamo is not None:
+            _watch_hook_loop(dynamo)
         if dynamo is not None and _hook_guards_skipped(dynamo):
             owed = _drop_owed
             # (owed until the look below: a registration cut short before it, a Ctrl-C, left
@@ -499,6 +504,84 @@ _holders: list[int] = []
 
 
 @contextmanager
+def compiled_frames_out() -> Iterator[None]:
+    """While a global hook goes: no other thread runs a frame dynamo compiled (dynamo's lock
+    held too, as `compiles_held`, and no other thread runs Python meanwhile: `_held_gil`). A
+    compiled frame that traced the hook in replays the hook's side effects after its graph,
+    reaching the hook again by where it was (``_global_forward_hooks[0]``, ``_pre_snapshot[0]``):
+    one removed while a frame ran failed that call with KeyError or IndexError (helper-107's
+    FINDING 3), and a hook moved into its place would have taken its side effects. Another
+    thread in a compiled frame is waited for until it is between compiled calls, at most
+    `_WAIT` seconds from the first wait for one, then the change goes ahead (as torch's own
+    removal would, then)."""
+    if imported("torch._dynamo") is None:
+        yield
+        return
+    from torch._dynamo import convert_frame
+
+    pause = 0.0001
+    while True:
+        with _compile_lock(convert_frame), _held_gil():
+            running = {_ELSEWHERE} if _compiled_frame_elsewhere(convert_frame) else set()
+            if not _waited_for(running, _first_seen_running):
+                yield
+                return
+        time.sleep(pause)
+        pause = min(2 * pause, 0.005)
+
+
+_ELSEWHERE = 0  # (`_waited_for`'s key for "a compiled frame runs on another thread")
+# when `compiled_frames_out` first saw another thread in a compiled frame, while it still is
+_first_seen_running: dict[int, float] = {}
+
+
+def _watch_hook_loop(dynamo: Any) -> None:
+    """While unihook has a torch hook: dynamo's loop over a module's hook dicts
+    (``nn_module_get_all_hooks``, looked up in its module at each call) marks the thread in it
+    (`_in_hook_loop`), for `hooks_changeable`: the top frames `_near_tops` reads missed the
+    loop under a trace function's own calls (a debugger's: helper-107's and helper-109's
+    FINDING 2). A loop entered before this went in is still found by its frame."""
+    global _loop_original
+    utils: Any = getattr(dynamo, "utils", None)
+    original = getattr(utils, "nn_module_get_all_hooks", None)
+    if original is None:
+        return
+    with _loop_lock:
+        if _loop_original is not None or not _watching:
+            return
+
+        def nn_module_get_all_hooks(*args: Any, **kwargs: Any) -> Any:
+            mark = object()  # (its id keys this run: `_waited_for` times each run)
+            try:
+                _in_hook_loop[id(mark)] = threading.get_ident()
+                return original(*args, **kwargs)
+            finally:
+                _in_hook_loop.pop(id(mark), None)
+
+        nn_module_get_all_hooks.__wrapped__ = original  # type: ignore[attr-defined]
+        _loop_original = original
+        utils.nn_module_get_all_hooks = nn_module_get_all_hooks
+
+
+def _unwatch_hook_loop() -> None:
+    """dynamo's own loop back (the last unihook torch hook went)."""
+    global _loop_original
+    with _loop_lock:
+        original, _loop_original = _loop_original, None
+        utils: Any = getattr(imported("torch._dynamo"), "utils", None)
+        current = getattr(utils, "nn_module_get_all_hooks", None)
+        if original is not None and getattr(current, "__wrapped__", None) is original:
+            utils.nn_module_get_all_hooks = original
+
+
+# dynamo's loop over hook dicts, while `_watch_hook_loop`'s wrapper replaces it
+_loop_original: Any = None
+_loop_lock = threading.Lock()  # (a leaf: nothing is asked for under it)
+# the runs of dynamo's hook loop under way: the thread of each, by the id of the run's mark
+_in_hook_loop: dict[int, int] = {}
+
+
+@contextmanager
 def hooks_changeable() -> Iterator[None]:
     """While a module's hooks change: no other thread is in dynamo's live loop over a
     module's hook dicts (``nn_module_get_all_hooks``, which its frame callback runs outside
@@ -517,10 +600,10 @@ def hooks_changeable() -> Iterator[None]:
     dynamo = imported("torch._dynamo")
     utils = getattr(dynamo, "utils", None)
     if utils is not None:
-        looping = utils.nn_module_get_all_hooks.__code__
+        looping = getattr(_loop_original or utils.nn_module_get_all_hooks, "__code__", None)
         convert_frame = getattr(dynamo, "convert_frame", None)
         pause = 0.0001
-        while _waited_for(_reading_elsewhere(convert_frame, looping)):
+        while _waited_for(_reading_elsewhere(convert_frame, looping), _first_seen):
             time.sleep(pause)
             pause = min(2 * pause, 0.005)
     yield
@@ -533,28 +616,32 @@ def _reading_elsewhere(convert_frame: Any, looping: Any) -> set[Any]:
     dynamo's loop over a module's hook dicts that its frame callback runs outside the lock
     (``looping``, keyed by the frame's id). That loop calls no Python function: a thread the
     GIL left inside it has it on top of its stack (or under a trace function's frames), so
-    only the top frames are read (`_near_tops`)."""
+    only the top frames are read (`_near_tops`); a run under a trace function's deeper calls
+    is found by its mark (`_watch_hook_loop`)."""
     busy: set[Any] = set()
     compiling = None if convert_frame is None else _compiling_elsewhere(convert_frame)
     if compiling is not None:
         busy.add(compiling)
     busy.update(key for key, code in _near_tops() if code is looping)
+    me = threading.get_ident()
+    busy.update(key for key, ident in list(_in_hook_loop.items()) if ident != me)
     return busy
 
 
-def _waited_for(running: set[int]) -> bool:
+def _waited_for(running: set[Any], seen: dict[Any, float]) -> bool:
     """Whether one of the `running` frames (ids) is waited for: it has been seen running for
-    less than `_WAIT` seconds. A longer one (a compile, inductor's) is waited for once, by
-    every change together: a thread registering hooks on modules that compile never read
-    waited a second per hook (helper-101's FINDING 1)."""
-    for key in [key for key in _first_seen if key not in running]:
-        _first_seen.pop(key, None)  # (ended)
+    less than `_WAIT` seconds (`seen`: when each still running was first seen). A longer one
+    (a compile, inductor's) is waited for once, by every change together: a thread registering
+    hooks on modules that compile never read waited a second per hook (helper-101's FINDING
+    1)."""
+    for key in [key for key in seen if key not in running]:
+        seen.pop(key, None)  # (ended)
     now = time.monotonic()
-    return any(now - _first_seen.setdefault(key, now) < _WAIT for key in running)
+    return any(now - seen.setdefault(key, now) < _WAIT for key in running)
 
 
 # when `hooks_changeable` first saw each frame it waits for that is still running, by id
-_first_seen: dict[int, float] = {}
+_first_seen: dict[Any, float] = {}
 
 
 # the longest a hook change waits for another thread to leave dynamo's loop over hook dicts
