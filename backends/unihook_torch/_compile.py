@@ -409,29 +409,39 @@ def forget_compiled() -> None:
 
 
 def _compiled_frame_elsewhere(convert_frame: Any) -> bool:
-    """Whether a thread other than this one runs a frame dynamo compiled (one of its
-    transformed code objects is on that thread's stack: threads `threading` does not know, as
-    `_thread`'s, too) or is inside a compiled callable (dynamo's `compile_wrapper` or its
-    frame conversion on its stack): there it may be in dynamo's C frame callback, whose
-    compiled frame is not on the stack yet and which holds the frame's cache entries across
-    the lock it waits for to compile one (a reset then freed them under it: SIGSEGV under
-    load, CI on 67e982e). The one walk of whole stacks left (see `_near_tops`): it runs where
-    no other thread runs Python (`_held_gil`, dynamo's lock held), with the collector off (no
-    finalizer of the frames it makes lets another thread in), so no stack changes under it."""
+    """Whether a thread other than this one runs a frame dynamo compiled: see
+    `_threads_in_compiled_frames`."""
+    return bool(_threads_in_compiled_frames(convert_frame, first=True))
+
+
+def _threads_in_compiled_frames(convert_frame: Any, *, first: bool = False) -> set[int]:
+    """The threads other than this one (all, or the `first` found) that run a frame dynamo
+    compiled (one of its transformed code objects is on that thread's stack: threads
+    `threading` does not know, as `_thread`'s, too) or are inside a compiled callable
+    (dynamo's `compile_wrapper` or its frame conversion on its stack): there it may be in
+    dynamo's C frame callback, whose compiled frame is not on the stack yet and which holds
+    the frame's cache entries across the lock it waits for to compile one (a reset then freed
+    them under it: SIGSEGV under load, CI on 67e982e). The one walk of whole stacks left (see
+    `_near_tops`): it runs where no other thread runs Python (`_held_gil`, dynamo's lock
+    held), with the collector off (no finalizer of the frames it makes lets another thread
+    in), so no stack changes under it."""
     from torch._dynamo import eval_frame
 
     compiled = {id(code) for code in (w() for w in convert_frame.output_codes.seen) if code}
     dynamo_files = {eval_frame.__file__, convert_frame.__file__}
-    me, enabled = threading.get_ident(), gc.isenabled()
+    me, enabled, found = threading.get_ident(), gc.isenabled(), set[int]()
     try:
         gc.disable()
         for ident, frame in _current_frames().items():
             while ident != me and frame is not None:
                 code = frame.f_code
                 if id(code) in compiled or _file_of(code) in dynamo_files:
-                    return True
+                    found.add(ident)
+                    if first:
+                        return found
+                    break
                 frame = frame.f_back
-        return False
+        return found
     finally:
         if enabled:
             gc.enable()
@@ -512,8 +522,9 @@ def compiled_frames_out() -> Iterator[None]:
     one removed while a frame ran failed that call with KeyError or IndexError (helper-107's
     FINDING 3), and a hook moved into its place would have taken its side effects. Another
     thread in a compiled frame is waited for until it is between compiled calls, at most
-    `_WAIT` seconds from the first wait for one, then the change goes ahead (as torch's own
-    removal would, then)."""
+    `_WAIT` seconds, then the change goes ahead (as torch's own removal would, then); each
+    removal waits afresh (a frame is not told from the next call's: with the first wait's
+    time kept, a removal after one that gave up did not wait at all, helper-113)."""
     if imported("torch._dynamo") is None:
         yield
         return
@@ -522,16 +533,18 @@ def compiled_frames_out() -> Iterator[None]:
     pause = 0.0001
     while True:
         with _compile_lock(convert_frame), _held_gil():
-            running = {_ELSEWHERE} if _compiled_frame_elsewhere(convert_frame) else set()
+            # (by thread: one parked in a compiled frame for good, a `torch.compiler.disable`d
+            # wait, is waited for once, and another still until it is between calls)
+            running = _threads_in_compiled_frames(convert_frame)
             if not _waited_for(running, _first_seen_running):
+                _first_seen_running.clear()
                 yield
                 return
         time.sleep(pause)
         pause = min(2 * pause, 0.005)
 
 
-_ELSEWHERE = 0  # (`_waited_for`'s key for "a compiled frame runs on another thread")
-# when `compiled_frames_out` first saw another thread in a compiled frame, while it still is
+# when `compiled_frames_out` first saw each other thread in a compiled frame, while it still is
 _first_seen_running: dict[int, float] = {}
 
 
@@ -551,12 +564,14 @@ def _watch_hook_loop(dynamo: Any) -> None:
             return
 
         def nn_module_get_all_hooks(*args: Any, **kwargs: Any) -> Any:
-            mark = object()  # (its id keys this run: `_waited_for` times each run)
+            # (a number of its own keys this run, for `_waited_for`: an id of an object, freed
+            # and reused by a later run, took that run for one waited for already: helper-113)
+            run = next(_loop_runs)
             try:
-                _in_hook_loop[id(mark)] = threading.get_ident()
+                _in_hook_loop[run] = threading.get_ident()
                 return original(*args, **kwargs)
             finally:
-                _in_hook_loop.pop(id(mark), None)
+                _in_hook_loop.pop(run, None)
 
         nn_module_get_all_hooks.__wrapped__ = original  # type: ignore[attr-defined]
         _loop_original = original
@@ -577,8 +592,9 @@ def _unwatch_hook_loop() -> None:
 # dynamo's loop over hook dicts, while `_watch_hook_loop`'s wrapper replaces it
 _loop_original: Any = None
 _loop_lock = threading.Lock()  # (a leaf: nothing is asked for under it)
-# the runs of dynamo's hook loop under way: the thread of each, by the id of the run's mark
+# the runs of dynamo's hook loop under way: the thread of each, by the run's number
 _in_hook_loop: dict[int, int] = {}
+_loop_runs = count(-1, -1)  # (negative: no frame id, `_near_tops`' keys, is one)
 
 
 @contextmanager
