@@ -531,21 +531,16 @@ def compiled_frames_out() -> Iterator[None]:
     from torch._dynamo import convert_frame
 
     pause = 0.0001
+    seen: dict[int, float] = {}  # (this removal's: when it first saw each thread in one)
     while True:
         with _compile_lock(convert_frame), _held_gil():
             # (by thread: one parked in a compiled frame for good, a `torch.compiler.disable`d
             # wait, is waited for once, and another still until it is between calls)
-            running = _threads_in_compiled_frames(convert_frame)
-            if not _waited_for(running, _first_seen_running):
-                _first_seen_running.clear()
+            if not _waited_for(_threads_in_compiled_frames(convert_frame), seen):
                 yield
                 return
         time.sleep(pause)
         pause = min(2 * pause, 0.005)
-
-
-# when `compiled_frames_out` first saw each other thread in a compiled frame, while it still is
-_first_seen_running: dict[int, float] = {}
 
 
 def _watch_hook_loop(dynamo: Any) -> None:
