@@ -35,7 +35,7 @@ import torch
 from unihook.backend import ModuleBackward, Site, held_tensors, walk_tensors
 from unihook.errors import InPlaceError
 
-from ._compile import EagerUnderCompile
+from ._compile import EagerUnderCompile, not_a_compile_root
 from ._global import RUN_CODE, TORCH_CALL_CODE
 
 __all__ = ["InputAlias", "adopt", "changed", "mark", "span", "use", "watch", "watch_inputs"]
@@ -248,6 +248,7 @@ class InputAlias(torch.Tensor):
     are watched too), it pickles as a plain tensor."""
 
     @classmethod
+    @partial(not_a_compile_root, callees_too=True)
     def __torch_function__(
         cls,
         func: Callable[..., Any],

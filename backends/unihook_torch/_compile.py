@@ -18,6 +18,13 @@ Three dynamo behaviours would silently skip them:
    on keeps its guards on the hook dicts: it stays.
 3. Dynamo recognises torch's own ``Module._call_impl`` by identity, taken when dynamo is
    imported: `watch_call_impl` corrects it if unihook's wrapper was installed by then.
+4. Where a compiled function breaks its graph, the calls it makes eagerly run with dynamo's
+   frame callback on: dynamo compiles each function they enter, where it stands for an
+   ``OptimizedModule`` argument its ``_orig_mod``. torch's own ``Module.__call__`` and
+   ``_call_impl`` (and the hook loops in them) are never such a root, so torch's hooks see the
+   ``OptimizedModule``; unihook's functions in their place (the ``_call_impl`` wrapper, the
+   dispatchers) are not either (`not_a_compile_root`), else their hooks saw the inner module,
+   or missed the call (helper-113's FINDING 3).
 """
 
 from __future__ import annotations
@@ -30,14 +37,19 @@ import time
 from contextlib import contextmanager
 from functools import partial
 from itertools import count
-from typing import Any, Callable, Iterator
+from types import CodeType
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
 from unihook.backend import (
+    HookDict,
+    ModuleBackward,
     Pinned,
     RegistryLock,
+    Site,
     cancel_when_imported,
+    check_pre_kwargs_result,
     imported,
     undo_if_unfinished,
     when_imported,
@@ -50,11 +62,67 @@ __all__ = [
     "compiles_held",
     "forget_compiled",
     "hooks_changeable",
+    "not_a_compile_root",
     "outside_compiler",
     "outside_dynamo",
     "watch_call_impl",
     "watch_hooks",
 ]
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# unihook's functions dynamo never compiles as a frame of their own (point 4 above): their code,
+# and whether the functions they call run eagerly too (else dynamo may compile those)
+_NOT_ROOTS: dict[CodeType, bool] = {}
+_reasons_given = False  # dynamo is imported and `_give_reason` has run
+
+
+def not_a_compile_root(fn: F, *, callees_too: bool = False) -> F:
+    """Mark `fn` (a function or a method) as one dynamo never compiles as a frame of its own,
+    as torch's ``Module._call_impl``: called eagerly with dynamo's frame callback on (a
+    compiled function's graph break), it runs eagerly; traced from a compiled frame, it is
+    traced. `callees_too`: what it calls runs eagerly too (a dispatcher: unihook's code only).
+    A ``functools.partial`` marks its function."""
+    function: Any = fn
+    if isinstance(function, partial):
+        function = function.func
+    _NOT_ROOTS[function.__code__] = callees_too
+    if _reasons_given:
+        _mark_not_roots()
+    return fn
+
+
+# The core's functions the wrapper and torch's hook loops call on their own (a hook dict's items,
+# the global backward state's bookkeeping, a hook's checks): eager, with what they call.
+for _fn in (
+    HookDict.items,
+    ModuleBackward.hold,
+    ModuleBackward.let_go,
+    ModuleBackward.inside,
+    ModuleBackward.outer,
+    ModuleBackward.around,
+    ModuleBackward.end_around,
+    Site.of,
+    check_pre_kwargs_result,
+):
+    not_a_compile_root(_fn, callees_too=True)
+
+
+def _mark_not_roots() -> None:
+    # (torch 2.6 and later; the mark lives on the code object, which no dynamo reset clears
+    # but that of a code it compiled: these it never does)
+    try:
+        from torch._C._dynamo import eval_frame
+    except ImportError:
+        return
+    action = getattr(eval_frame, "_FrameAction", None)
+    strategy = getattr(eval_frame, "_FrameExecStrategy", None)
+    if action is None or strategy is None:
+        return
+    for code, callees_too in tuple(_NOT_ROOTS.items()):
+        then = action.SKIP if callees_too else action.DEFAULT
+        eval_frame.set_code_exec_strategy(code, strategy(action.SKIP, then))
 
 
 @torch._disable_dynamo  # pyright: ignore[reportPrivateImportUsage] (the lazy one, see below)
@@ -128,7 +196,6 @@ _dispatch_outside: Callable[..., Any] = _lazy(FULLGRAPH_REASON)
 _escape_outside: dict[str, Callable[..., Any]] = {
     doing: _lazy(reason) for doing, reason in ESCAPE_REASONS.items()
 }
-_reasons_given = False
 
 
 def _give_reason(dynamo: Any) -> None:
@@ -138,6 +205,7 @@ def _give_reason(dynamo: Any) -> None:
         doing: dynamo.disable(_call, reason=reason) for doing, reason in ESCAPE_REASONS.items()
     }
     _reasons_given = True
+    _mark_not_roots()
     _watch_hook_loop(dynamo)  # (dynamo imported while torch hooks of unihook's live)
 
 
@@ -178,6 +246,7 @@ class EagerUnderCompile:
     def __self__(self) -> Any:
         return getattr(self.fn, "__self__", None)
 
+    @partial(not_a_compile_root, callees_too=True)
     def __call__(self, *args: Any) -> Any:
         # False when run, True while dynamo traces (it folds the call): the graph holds only
         # the call outside dynamo. About 0.3 us per call in eager, two calls per module call.

@@ -20,6 +20,7 @@ import sys
 import warnings
 import weakref
 from collections import OrderedDict
+from functools import partial
 from itertools import count
 from typing import Any, Callable
 
@@ -41,7 +42,7 @@ from unihook.backend import (
 from unihook.errors import HookReturnTypeError
 
 from . import NAME, _compile, insert
-from ._compile import EagerUnderCompile, _dynamo_compiling
+from ._compile import EagerUnderCompile, _dynamo_compiling, not_a_compile_root
 
 Hook = Callable[..., Any]
 
@@ -65,19 +66,21 @@ _dispatch: (
 _pinned_in: weakref.WeakKeyDictionary[Any, Pinned] = weakref.WeakKeyDictionary()
 
 
+@partial(not_a_compile_root, callees_too=True)
 def _pin_dispatchers(module: Any) -> Any:
     """torch's BackwardHook sees the args after every forward pre-hook: a module with some (its
     own, torch's global ones, or its own backward dispatchers) gets the global dispatchers
     pinned last in its own hook dicts (``unihook._pinned``) until the global backward hooks
     are gone. Beside a module's own dispatchers, whichever runs first in a call takes the
     global hooks (``unihook._module_backward``)."""
-    if module not in _pinned_in:
-        if _dynamo_compiling():
-            # outside dynamo (its lock, a process-wide change): a graph break, as the
-            # dispatchers pinned take one; under fullgraph=True, their error (FULLGRAPH_REASON)
-            _compile._dispatch_outside(_pin, module)
-        else:
-            _pin(module)
+    if _dynamo_compiling():
+        # outside dynamo (its lock, a process-wide change): a graph break, as the dispatchers
+        # pinned take one; under fullgraph=True, their error (FULLGRAPH_REASON). Also the test:
+        # dynamo, reading the modules pinned in, takes an OptimizedModule there for the module
+        # it wraps, and fails an assertion when it traces that one.
+        _compile._dispatch_outside(_pin, module)
+    elif module not in _pinned_in:
+        _pin(module)
     return module._forward_pre_hooks
 
 
@@ -102,12 +105,14 @@ def _pin(module: Any) -> None:
                     raise
 
 
+@not_a_compile_root
 def _call_impl(self: Any, *args: Any, **kwargs: Any) -> Any:
     if not _installed:  # bound while installed (``Module.compile()``), now gone
         return _torch_call_impl(self, *args, **kwargs)
     return _run(self, _torch_call_impl, args, kwargs)
 
 
+@not_a_compile_root
 def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
     """``Module.__call__`` while the wrapper is in: torch's ``_wrapped_call_impl``, but a
     module compiled in place (``module.compile()``) before the wrapper went in has a compiled
@@ -130,6 +135,7 @@ def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
     return compiled(*args, **kwargs)
 
 
+@not_a_compile_root
 def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     """The wrapper around `call`, torch's `_call_impl` (or a compiled one) for `self`."""
     own = self._forward_pre_hooks
@@ -162,10 +168,14 @@ def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     mark = None if compiling else state.hold()
     try:
         dispatch = _dispatch
-        if dispatch is None or (own and self in _pinned_in):
-            # While dynamo traces, the module marked around may be the OptimizedModule of the
-            # one traced (its own call goes through this wrapper): dynamo, comparing them,
-            # takes it for the module it already tracks and fails an assertion. Asked outside.
+        # While dynamo traces, the module marked around, or one the dispatchers are pinned in,
+        # may be the OptimizedModule of the one traced (its own call goes through this
+        # wrapper): dynamo, comparing them, takes it for the module it already tracks and
+        # fails an assertion. Asked outside.
+        if dispatch is None or (
+            own
+            and (_compile._dispatch_outside(_is_pinned, self) if compiling else _is_pinned(self))
+        ):
             inside = (
                 _compile._dispatch_outside(state.inside, self) if compiling else state.inside(self)
             )
@@ -199,11 +209,17 @@ def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
             state.let_go(mark)
 
 
+@partial(not_a_compile_root, callees_too=True)
+def _is_pinned(module: Any) -> bool:
+    return module in _pinned_in
+
+
 RUN_CODE = _run.__code__  # (its frames hold what `_alias` counts)
 # the wrapper's frames: a module call on the stack (see `unihook._module_backward._call_frames`)
 WRAPPER_CODES = frozenset({_call_impl.__code__, _call.__code__, _run.__code__})
 
 
+@partial(not_a_compile_root, callees_too=True)
 def _keys(hooks: OrderedDict[int, Hook]) -> tuple[int, ...]:
     while True:
         try:
@@ -212,6 +228,7 @@ def _keys(hooks: OrderedDict[int, Hook]) -> tuple[int, ...]:
             continue
 
 
+@not_a_compile_root
 def _call_original(
     self: Any,
     call: Callable[..., Any],
@@ -262,6 +279,7 @@ def _call_original(
             wrapper.skip.discard(here)
 
 
+@partial(not_a_compile_root, callees_too=True)
 def _backward_dispatcher(hook: Any, own_too: bool) -> bool:
     """Whether `hook` is a global state's dispatcher pinned in a module (`own_too`: or the
     module's own backward pre-dispatcher): it tells a call that is not its own by itself
@@ -275,6 +293,7 @@ def _backward_dispatcher(hook: Any, own_too: bool) -> bool:
     return bool(is_global) or (own_too and is_global is False)
 
 
+@partial(not_a_compile_root, callees_too=True)
 def _fast_path(module: Any) -> bool:
     """Whether torch's `_call_impl` takes its no-hook path for `module` (unihook's global hooks
     run in the wrapper: torch does not see them)."""
@@ -291,6 +310,7 @@ def _fast_path(module: Any) -> bool:
     )
 
 
+@not_a_compile_root
 def _late_forward_hooks(module: Any, args: Any, kwargs: Any, result: Any) -> Any:
     """The forward hooks registered during a call torch ran on its no-hook path, run as its
     hook path runs them."""
@@ -307,6 +327,7 @@ def _late_forward_hooks(module: Any, args: Any, kwargs: Any, result: Any) -> Any
     return result
 
 
+@not_a_compile_root
 def _late_always_called(module: Any, args: Any, kwargs: Any) -> None:
     """torch's hook path when forward raised (torch 2.13's `_call_impl`): the always-called
     forward hooks registered during the call run with the output None (the global ones
@@ -356,6 +377,7 @@ class _FromNextCall:
     def __self__(self) -> Any:
         return getattr(self.hook, "__self__", None)
 
+    @not_a_compile_root
     def __call__(self, *args: Any) -> Any:
         if self.skip:
             # torch's hook loop calls this from `_call_impl` (or a function inside it), which
@@ -488,7 +510,7 @@ def add(kind: str, hook: Hook, with_kwargs: bool, always_call: bool) -> Callable
             (torch_module._global_forward_hooks_always_called, always_call),
         ]
         if with_kwargs:  # (removed mid-call: see kwargs_post_hook)
-            hook = kwargs_post_hook(hook)
+            hook = not_a_compile_root(kwargs_post_hook(hook))
         native = insert(torch_module._global_forward_hooks, hook, flags)
     elif kind in ("full_backward_pre", "full_backward"):
         from ._backward import add_global
