@@ -335,7 +335,7 @@ def test_finding5_ctrl_c_in_placed_leaves_no_hooks() -> None:
 
 
 def test_finding5_ctrl_c_in_monitors_build_leaves_no_hooks() -> None:
-    assert _left_after_ctrl_c(GradientMonitor, "hooks", "self._names = attached.names") == 0
+    assert _left_after_ctrl_c(GradientMonitor, "_place", "self._names = attached.names") == 0
 
 
 # ---------------------------------------------------------------------------------- HELD

@@ -8,9 +8,10 @@ deep copies letting go of forwards under way, `Recipe.__getstate__`).
 
 (Merged 2026-12-03. FINDINGS 2 and 3 fixed 2026-12-04 (`_watch_hook_loop`,
 `compiled_frames_out`). FINDING 1: the original is no longer touched (a deep copy's recipe
-gets no builder and no handle); that the copy's own recipe with ``every`` > 1 records none of
-the copy's forwards stays open, a strict xfail. FINDING 4 fixed: unihook's with_kwargs
-wrappers are partials, which a deep copy copies with the hook. FINDING 5 fixed 2026-12-03
+gets no handle, and its builder is the copy's); the copy's own recipe with ``every`` > 1
+records the copy's forwards ``every`` picks (2026-12-04, `tests/test_recipe_copies_every.py`).
+FINDING 4 fixed: unihook's with_kwargs wrappers are partials, which a deep copy copies with
+the hook. FINDING 5 fixed 2026-12-03
 (`ops.forward_raised`).)
 
 FINDINGS (each a failing test below when found):
@@ -148,13 +149,11 @@ def test_finding_1_deepcopy_with_every_places_hooks_on_the_original(kind: str) -
     assert got[0] == 1 and got[2] == 0, got
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="helper-107 FINDING 1 (rest, open): a deep copy's recipe with every > 1 places no "
-    "hooks (no builder for the copy: README), so it records none of the copy's forwards",
-)
 @pytest.mark.parametrize("kind", ["stats", "grad"])
 def test_finding_1_the_copys_recipe_with_every_records_its_forwards(kind: str) -> None:
+    """The rest of FINDING 1 (fixed 2026-12-04: the copy's builder is the copy's, and the hooks
+    copied with the model run for one forward only; generated runs in
+    `tests/test_recipe_copies_every.py`): the copy records its forward 2."""
     assert last_value(run_code(DEEPCOPY_EVERY, kind, timeout=120))[1] == 2
 
 

@@ -52,6 +52,7 @@ class RankMismatchError(UnihookError, RuntimeError):
 
 
 _created = itertools.count()  # the recipes' order of creation, which every rank shares
+_generations = itertools.count()  # of the hooks `every`'s builders place (see `_Placed`)
 # the merges queued in the running backward, with their recipe's number (see `merge_at_end`)
 _queued: list[tuple[tuple[int, int], Callable[[], None]]] = []
 
@@ -127,6 +128,9 @@ class Recipe(Removable):
         self._forwards = 0
         self._build: Callable[[HookGroup], None] | None = None
         self._active = HookGroup()
+        # of the hooks that run (`_Placed`), and of those placed for the next forward, which
+        # run from its start (`_enter`)
+        self._generation = self._next_generation = next(_generations)
         self._placed_ahead = False  # see _count
         # `every` > 1: the forwards of the model running, per thread (the frame calling
         # `_enter` and the exception being handled there), and those ended while another ran,
@@ -143,14 +147,27 @@ class Recipe(Removable):
         backward) only. Between them the recipe costs one hook call per forward of `model`:
         a counter that removes the hooks after a logged forward (a backward hook removed after
         the forward still fires in that forward's backward) and puts them back before the next.
+        `build` is a method of the recipe's, its hooks wrapped by `_own`: a deep copy of the
+        model copies the recipe, and the copy's builder places the copy's hooks on the copy.
         """
         self._every = every
-        self._active = _placed(build)
         if every == 1:
+            self._active = _placed(build)
             return
-        self._build = build
+        # (`_enter` before the pre-hooks placed: a forward's hooks are of the generation it
+        # sets)
         self._hooks.add("", register_forward_pre_hook(model, self._enter))
+        try:
+            self._active = _placed(build)
+        except BaseException:  # (a `where` that matches nothing: no hook left)
+            self._hooks.remove()
+            raise
+        self._build = build
         self._hooks.add("", register_forward_hook(model, self._count, always_call=True))
+
+    def _own(self, hook: Callable[..., Any]) -> Callable[..., Any]:
+        """`hook` (a method of the recipe's) as `every`'s builder places it (`_Placed`)."""
+        return hook if self._every == 1 else _Placed(hook, self._next_generation)
 
     def _enter(self, module: Any, args: Any) -> None:
         """A forward of the model starts: running until `_count` ends it, per thread, as the
@@ -159,6 +176,8 @@ class Recipe(Removable):
         caller, ident = hook_caller(module, sys._getframe(1)), threading.get_ident()
         handled = sys.exc_info()[1]  # (`_count`: a forward run inside an `except` block)
         with self._counting:
+            # (no forward runs since the hooks were placed: `_advance` waits for them all)
+            self._generation = self._next_generation
             running = [e for e in self._inside.get(ident, ()) if executing(e[0])]
             running.append((caller, handled))
             self._inside[ident] = running
@@ -233,6 +252,8 @@ class Recipe(Removable):
             return recorded
         self._forwards += 1
         self._active.remove()  # the module's own hooks run from a snapshot: this call is done
+        # (and, from the next forward on, a copy's copies of them: `_Placed`)
+        self._next_generation = next(_generations)
         if self._forwards % self._every == 0 and self._build is not None:
             self._active = _placed(self._build)
             # placed for the next forward: this one's backward is not recorded (a reentrant
@@ -339,6 +360,8 @@ class Recipe(Removable):
             self._build = None
             self._hooks.remove()
             self._active.remove()
+            # (and a copy's copies of them: `_Placed`)
+            self._generation = self._next_generation = next(_generations)
             self._let_go()
 
     def _let_go(self) -> None:
@@ -358,19 +381,50 @@ class Recipe(Removable):
         copy.__dict__.update(self.__dict__)
         del copy.__dict__["_counting"]
         copy._let_go()
-        # ... and no handle, nor the builder of `every`'s hooks: torch's handles name the
-        # original's hook dicts (weakly: a copy's removed the original's hooks) and the
-        # builder places hooks on the original model (a copy with `every` > 1 placed them
-        # there for the original recipe, which then recorded the forwards it skips:
-        # helper-107's FINDING 1, AveragedModel). The copy's recipe keeps the hooks the copy
-        # has (every forward of the copy, its own numbers; the original's stay its own).
-        copy._build = None
+        # ... and no handle: torch's handles name the original's hook dicts (weakly: a copy's
+        # removed the original's hooks). The copy's recipe keeps the hooks the copy has (its
+        # own numbers; the original's stay its own): with `every` > 1 the builder, a method,
+        # becomes the copy's (its model the copy), and the hooks it placed, copied with the
+        # model, run for the copy's next forward only (`_Placed`). (Until 2026-12-03 the
+        # builder placed the copy's hooks on the original, for the original recipe, which
+        # then recorded forwards it skips; until 2026-12-04 the copy had none, and recorded
+        # no forward, or every one: helper-107's FINDING 1, AveragedModel.)
         copy._hooks, copy._active = HookGroup(), HookGroup()
         return copy.__dict__
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._counting = threading.RLock()
+        if getattr(self._build, "__self__", self) is not self:
+            # a shallow copy (`copy.copy`): the builder is the original's, for its model
+            self._build = None
+
+
+class _Placed:
+    """A hook of a recipe's that `every`'s builder placed, for the forward it was placed for:
+    it runs while the recipe's hooks are of its generation (set as each forward of the model
+    starts, `_enter`). A deep copy of the model copies it for the recipe's copy, which has no
+    handle to remove it: it runs in the copy's next forward, the one it was placed for, and
+    from the one after on (`_advance`: a new generation) does nothing, the copy's builder
+    placing the copy's own."""
+
+    __slots__ = ("__wrapped__", "generation")
+
+    __wrapped__: Any
+
+    def __init__(self, hook: Callable[..., Any], generation: int) -> None:
+        self.__wrapped__ = hook  # (`attach` reads its signature through this)
+        self.generation = generation
+
+    @property
+    def __self__(self) -> Any:
+        return getattr(self.__wrapped__, "__self__", None)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        hook = self.__wrapped__
+        if self.generation != hook.__self__._generation:
+            return None
+        return hook(*args, **kwargs)
 
 
 class Synced(Recipe):

@@ -302,25 +302,28 @@ class GradientMonitor(Synced):
         # every module of the model, hooked or not: where `_kept` looks for kept outputs
         self._holders = [held for _, held in ops.named_modules(inner)]
 
-        def hooks(group: HookGroup) -> None:
-            group.add("", register_forward_pre_hook(model, self._new_step, with_kwargs=True))
-            attached = attach(inner, self._record, where=where)
-            group.extend(attached)  # (first: a Ctrl-C in `names` left them, helper-103's F5)
-            self._names = attached.names
-            group.extend(
-                attach(inner, self._before, kind="forward_pre", where=where, with_kwargs=True)
-            )
-            # (after `_record`; also when the forward raised: a recursive call's inner call
-            # must not leave its marks for the outer one)
-            group.extend(attach(inner, self._after, where=where, always_call=True))
-            # registered after attach's hooks: the forward's outputs are all recorded (and
-            # kept, also by a user's hook on a module that runs after the monitor's)
-            group.add("", register_forward_hook(model, self._kept, always_call=True))
-            group.add("", register_forward_hook(model, self._settle))
-            group.add("", register_forward_hook(model, self._forget, always_call=True))
-
-        self._schedule(model, every, hooks)
+        self._inner, self._where = inner, where
+        self._schedule(model, every, self._place)
         self._watch_joins()
+
+    def _place(self, group: HookGroup) -> None:
+        """The hooks of a recorded forward (`_schedule`)."""
+        model, inner, where, own = self._model, self._inner, self._where, self._own
+        group.add("", register_forward_pre_hook(model, own(self._new_step), with_kwargs=True))
+        attached = attach(inner, own(self._record), where=where)
+        group.extend(attached)  # (first: a Ctrl-C in `names` left them, helper-103's F5)
+        self._names = attached.names
+        group.extend(
+            attach(inner, own(self._before), kind="forward_pre", where=where, with_kwargs=True)
+        )
+        # (after `_record`; also when the forward raised: a recursive call's inner call must
+        # not leave its marks for the outer one)
+        group.extend(attach(inner, own(self._after), where=where, always_call=True))
+        # registered after attach's hooks: the forward's outputs are all recorded (and kept,
+        # also by a user's hook on a module that runs after the monitor's)
+        group.add("", register_forward_hook(model, own(self._kept), always_call=True))
+        group.add("", register_forward_hook(model, own(self._settle)))
+        group.add("", register_forward_hook(model, own(self._forget), always_call=True))
 
     def _counted(self, module: Any) -> bool:
         # `every` counts the forwards that record gradients: one under no_grad (an evaluation,

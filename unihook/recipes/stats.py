@@ -149,18 +149,21 @@ class ActivationStats(Synced):
         self._calls: dict[str, int] = {}
         self._seen: dict[Key, tuple[Seen, ops.Moments]] = {}
 
-        def hooks(group: HookGroup) -> None:
-            # A pre-hook fixes each module's place at its first call: rows come in call order
-            # (a container before its children), not in order of completion.
-            group.add("", register_forward_pre_hook(model, self._open, with_kwargs=True))
-            group.extend(attach(inner, self._started, kind="forward_pre", where=where))
-            attached = attach(inner, self._record, where=where)
-            self._names = attached.names
-            group.extend(attached)
-            group.add("", register_forward_hook(model, self._close, always_call=True))
-
-        self._schedule(model, every, hooks)
+        self._inner, self._where = inner, where
+        self._schedule(model, every, self._place)
         self._watch_joins()
+
+    def _place(self, group: HookGroup) -> None:
+        """The hooks of a recorded forward (`_schedule`)."""
+        model, inner, where, own = self._model, self._inner, self._where, self._own
+        # A pre-hook fixes each module's place at its first call: rows come in call order (a
+        # container before its children), not in order of completion.
+        group.add("", register_forward_pre_hook(model, own(self._open), with_kwargs=True))
+        group.extend(attach(inner, own(self._started), kind="forward_pre", where=where))
+        attached = attach(inner, own(self._record), where=where)
+        self._names = attached.names
+        group.extend(attached)
+        group.add("", register_forward_hook(model, own(self._close), always_call=True))
 
     def _counted(self, module: Any) -> bool:
         # Merging ranks, a forward under no_grad (an evaluation, which one rank may run alone)
