@@ -682,14 +682,18 @@ def hooks_changeable() -> Iterator[None]:
     if utils is not None:
         looping = getattr(_loop_original or utils.nn_module_get_all_hooks, "__code__", None)
         convert_frame = getattr(dynamo, "convert_frame", None)
+        # No run of the loop is marked before unihook has a torch hook (the first one comes
+        # now): one that began before, under a trace function's deeper calls, is found on the
+        # whole stacks (helper-113's FINDING 2: "OrderedDict mutated during iteration")
+        deep = _loop_original is None
         pause = 0.0001
-        while _waited_for(_reading_elsewhere(convert_frame, looping), _first_seen):
+        while _waited_for(_reading_elsewhere(convert_frame, looping, deep), _first_seen):
             time.sleep(pause)
             pause = min(2 * pause, 0.005)
     yield
 
 
-def _reading_elsewhere(convert_frame: Any, looping: Any) -> set[Any]:
+def _reading_elsewhere(convert_frame: Any, looping: Any, deep: bool = False) -> set[Any]:
     """What another thread does now that reads a module's hook dicts: its compile (it holds
     dynamo's compile lock, keyed by its thread and the compiles started: `_compiling_elsewhere`;
     the trace, the guards built after it and the backend's compile all run under that lock) and
@@ -697,12 +701,12 @@ def _reading_elsewhere(convert_frame: Any, looping: Any) -> set[Any]:
     (``looping``, keyed by the frame's id). That loop calls no Python function: a thread the
     GIL left inside it has it on top of its stack (or under a trace function's frames), so
     only the top frames are read (`_near_tops`); a run under a trace function's deeper calls
-    is found by its mark (`_watch_hook_loop`)."""
+    is found by its mark (`_watch_hook_loop`), or, `deep`, on the whole stacks."""
     busy: set[Any] = set()
     compiling = None if convert_frame is None else _compiling_elsewhere(convert_frame)
     if compiling is not None:
         busy.add(compiling)
-    busy.update(key for key, code in _near_tops() if code is looping)
+    busy.update(key for key, code in (_whole_stacks() if deep else _near_tops()) if code is looping)
     me = threading.get_ident()
     busy.update(key for key, ident in list(_in_hook_loop.items()) if ident != me)
     return busy
@@ -777,6 +781,24 @@ def _near_tops() -> list[tuple[int, Any]]:
                 break
             found.append((id(frame), frame.f_code))
             frame = frame.f_back
+    return found
+
+
+def _whole_stacks() -> list[tuple[int, Any]]:
+    """(frame id, code) of every frame of each thread other than this one: read where no
+    other thread runs Python (`_held_gil`) with the collector off, so no stack changes under
+    it (see `_near_tops`). Only while unihook has no torch hook (`hooks_changeable`)."""
+    me, found, enabled = threading.get_ident(), [], gc.isenabled()
+    with _held_gil():
+        try:
+            gc.disable()
+            for ident, frame in _current_frames().items():
+                while ident != me and frame is not None:
+                    found.append((id(frame), frame.f_code))
+                    frame = frame.f_back
+        finally:
+            if enabled:
+                gc.enable()
     return found
 
 
