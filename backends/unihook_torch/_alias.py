@@ -731,6 +731,12 @@ def _path_refs(returned: Any) -> int | None:
     (`EagerUnderCompile`), directly or through `post_dispatch_beside` (one more). (Reading
     `f_locals` gives the frame a dict of its locals: one more reference each, so `_held` runs
     once per call.)"""
+    if _in_call(object()) != _MOVED:
+        # Calls copy their arguments here (a frame evaluation function of PEP 523's is on:
+        # dynamo's frame callback, which runs a compiled function's calls at a graph break):
+        # one reference more per frame, so a returned output was taken for kept and came out
+        # of the compiled model an InputAlias (helper-114's FINDING 1)
+        return None
     caller = sys._getframe(4)  # (this, _held, watch, post_dispatch, its caller)
     extra = 0
     if caller.f_code is _BESIDE:
@@ -745,6 +751,13 @@ def _path_refs(returned: Any) -> int | None:
     return None
 
 
+def _in_call(o: object) -> int:
+    return sys.getrefcount(o)
+
+
+# `_in_call(object())` where calls move their arguments into the callee's frame (Python 3.11's
+# own: its local and getrefcount's argument)
+_MOVED = 2
 _EAGER_CALL = EagerUnderCompile.__call__.__code__
 _BESIDE = ModuleBackward.post_dispatch_beside.__code__
 _RUN = RUN_CODE
