@@ -23,6 +23,7 @@ import os
 
 import pytest
 from children import last_value, run_code
+from test_attack_h109 import _TRACED_LOOP
 
 pytest.importorskip("torch")
 
@@ -150,59 +151,11 @@ def test_finding_1_a_thread_parked_in_a_compiled_region_does_not_hide_another() 
 
 # FINDING 2: the first unihook hook, while a debugged thread is in dynamo's loop over a module
 # that has only torch's own hooks (no run of that loop is marked before unihook has a hook)
-FIRST_HOOK_IN_LOOP = r"""
-import inspect, sys, threading
-import torch, torch.nn as nn, unihook
-import torch._dynamo.utils as U
-
-depth = int(sys.argv[1])
-torch.manual_seed(0)
-m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
-calls = []
-m[0].register_forward_pre_hook(lambda mod, a: print("", end=""))  # a graph break
-for _ in range(3):
-    m[0].register_forward_hook(lambda mod, a, o: calls.append(1))
-cm = torch.compile(m, backend="eager")
-loop = inspect.unwrap(U.nn_module_get_all_hooks)
-src, first = inspect.getsourcelines(loop)
-LINE = first + [i for i, s in enumerate(src) if "hook = hooks[hook_name]" in s][0]
-in_loop, go, fired = threading.Event(), threading.Event(), []
-
-def helper(n):  # what a debugger's trace function calls (pdb: dispatch_line, user_line...)
-    if n > 0:
-        return helper(n - 1)
-    in_loop.set()
-    go.wait(0.5)  # (a GIL switch anywhere in here: the other thread runs)
-
-def tracer(frame, event, arg):
-    if frame.f_code is loop.__code__:
-        loc = frame.f_locals
-        if (event == "line" and not fired and frame.f_lineno == LINE
-                and loc.get("hooks") is getattr(loc.get("mod"), "_forward_hooks", 0)):
-            fired.append(1)
-            helper(depth)
-    return tracer
-
-out = {}
-def run():
-    sys.settrace(tracer)
-    try:
-        cm(torch.randn(2, 4))
-        out["ok"] = True
-    except BaseException as e:
-        out["err"] = repr(e)
-    finally:
-        sys.settrace(None)
-
-t = threading.Thread(target=run)
-t.start()
-assert in_loop.wait(60)
-unihook.register_forward_hook(m[0], lambda mod, a, o: calls.append(2))  # unihook's first
-go.set()
-t.join(60)
-out["calls"] = len(calls)
-print(repr(out))
-"""
+# (helper-109's script, with torch's own forward hooks on the module instead of unihook's)
+FIRST_HOOK_IN_LOOP = _TRACED_LOOP.replace(
+    "    unihook.register_forward_hook(m[0], lambda mod, a, o: calls.append(1))",
+    "    m[0].register_forward_hook(lambda mod, a, o: calls.append(1))",
+)
 
 
 @pytest.mark.parametrize("depth", [0, 2, 6])
