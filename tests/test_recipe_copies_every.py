@@ -109,3 +109,102 @@ def test_a_deep_copys_recipe_with_every_records_the_forwards_every_picks(
     run = _runs(framework)[index]
     got = _results(framework)[index]
     assert got[:2] == [True, True], (run, got)
+
+
+PREDICATE = r"""
+import copy, gc, sys
+import torch, torch.nn as nn
+from unihook.recipes import ActivationStats, GradientMonitor
+
+out = []
+for cls in (ActivationStats, GradientMonitor):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    recipe = cls(model, every=2, where=lambda name, module: module is model[0])
+    ema = copy.deepcopy(model)
+    copied = next(o for o in gc.get_objects() if isinstance(o, cls) and o._model is ema)
+    for _ in range(4):
+        ema(torch.randn(3, 4)).sum().backward()
+    out.append([len(copied.history), [sorted(entry) for entry in copied.history]])
+print(out)
+"""
+
+
+def test_a_copys_recipe_picks_the_modules_a_predicate_picked() -> None:
+    """A `where` predicate may pick modules by identity (``module is model[0]``), which a deep
+    copy leaves pointing at the original's: the copy's builder matched nothing and the copy
+    recorded its first forward only, silently (helper-115's FINDING 1). The copy takes the
+    names the predicate picked."""
+    pytest.importorskip("torch")
+    got = last_value(run_code(PREDICATE, timeout=120))
+    assert got == [[2, [["0"], ["0"]]]] * 2
+
+
+REMOVED_COPY = r"""
+import copy, gc, sys
+import torch, torch.nn as nn
+from unihook.recipes import ActivationStats, GradientMonitor
+
+out = []
+for cls in (ActivationStats, GradientMonitor):
+    for every in (1, 2):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        recipe = cls(m, every=every)
+        m2 = copy.deepcopy(m)
+        copied = next(o for o in gc.get_objects() if isinstance(o, cls) and o._model is m2)
+        copied.remove()
+        for _ in range(4):
+            m2(torch.randn(3, 4)).sum().backward()
+        out.append(len(copied.history))
+print(out)
+"""
+
+
+def test_a_removed_copys_recipe_records_nothing() -> None:
+    """The copy's `remove()` has no handle to take the copied hooks away; they must do
+    nothing from then on (ActivationStats with every=1 kept recording: helper-115's FINDING
+    2)."""
+    pytest.importorskip("torch")
+    assert last_value(run_code(REMOVED_COPY, timeout=120)) == [0, 0, 0, 0]
+
+
+COMPILED_EVERY = r"""
+import os, warnings
+import torch, torch.nn as nn
+from torch._dynamo import convert_frame
+from unihook.recipes import ActivationStats, GradientMonitor
+warnings.simplefilter("ignore")
+
+out = []
+for cls in (ActivationStats, GradientMonitor):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    recipe = cls(m, every=2)
+    cm = torch.compile(m, backend="eager")
+    for _ in range(12):
+        cm(torch.randn(3, 4)).sum().backward()
+    compiled = {
+        (code.co_name, os.path.basename(code.co_filename))
+        for weak in convert_frame.input_codes.seen
+        if (code := weak()) is not None and os.sep + "unihook" in code.co_filename
+    }
+    # `every`'s counting and placing, and the wrapper of what it placed
+    eager = {("_enter", "_scope.py"), ("_count", "_scope.py"), ("_count_locked", "_scope.py"),
+             ("_advance", "_scope.py"), ("_place", "stats.py"), ("_place", "monitor.py"),
+             ("__call__", "_scope.py"), ("_insert", "__init__.py"), ("_watched", "__init__.py")}
+    out.append([len(recipe.history), sorted(compiled & eager)])
+    recipe.remove()
+print(out)
+"""
+
+
+def test_every_under_torch_compile_counts_and_places_eagerly() -> None:
+    """Under ``torch.compile``, `every`'s counting hooks (which place and remove hooks) and the
+    wrapper of the hooks they place (`_Placed`) run eagerly where torch calls them on its own:
+    dynamo compiled them as frames of their own, and the registration code under them, up to
+    its recompile limit, with its warning (helper-115's FINDING 3; the registration's before
+    it). (The recipe's own hooks are compiled as a user's are.)"""
+    pytest.importorskip("torch")
+    assert last_value(run_code(COMPILED_EVERY, timeout=300)) == [[6, []], [6, []]]

@@ -10,6 +10,7 @@ from types import FrameType
 from typing import Any, Callable
 
 from ._describe import Site, type_name
+from ._entries import eager_entry
 from .errors import HookReturnError, HookReturnTypeError
 
 __all__ = [
@@ -29,6 +30,7 @@ def shape_of(tensor: Any) -> tuple[int, ...]:
     return tuple(tensor.shape)
 
 
+@partial(eager_entry, callees_too=True)
 def check_pre_kwargs_result(result: object, site: Site) -> Any:
     """A with_kwargs forward pre-hook returns None or `(args, kwargs)`."""
     if result is None:
@@ -142,6 +144,7 @@ def checked_kwargs_pre_hook(hook: Callable[..., Any], site: Site) -> Callable[..
     return wrapper
 
 
+@eager_entry
 def _kwargs_pre_hook(
     hook: Callable[..., Any], site: Site, module: Any, args: Any, *rest: Any
 ) -> Any:
@@ -172,6 +175,7 @@ def kwargs_post_hook(hook: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+@eager_entry
 def _kwargs_post_hook(hook: Callable[..., Any], module: Any, args: Any, *rest: Any) -> Any:
     if len(rest) == 1:
         rest = (_kwargs_in(sys._getframe(1)), rest[0])

@@ -31,9 +31,11 @@ from __future__ import annotations
 import sys
 import weakref
 from collections import OrderedDict
+from functools import partial
 from itertools import count
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
+from ._entries import eager_entry
 from ._locks import RegistryLock, undo_if_unfinished
 
 __all__ = ["Access", "HookDict", "Pinned", "pin", "pinned_key", "unpin"]
@@ -205,6 +207,7 @@ class HookDict(OrderedDict[int, Any]):
             super().__setitem__(key, value)
         self._changed()
 
+    @partial(eager_entry, callees_too=True)
     def items(self) -> Any:  # type: ignore[override]
         # once per hooked module call (twice with pre-hooks): a cached snapshot until a change
         if self.guard is not None:

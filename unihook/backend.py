@@ -37,9 +37,12 @@ backends use them.
   global hook registered inside a compiled function is registered through
   `escape(call, "registration")`, outside the compiler; so are a removal (`Handle.remove`,
   "removal") and `unihook.backends()` ("backends"), each named for the compiler's error
-  where it cannot leave its graph. `add_compiler_pause(pause)` if that compiler hooks every
-  Python call on a thread (dynamo's frame callback, which takes dynamo's compile lock): it is
-  paused while the thread holds a registry lock (see ``unihook._locks``).
+  where it cannot leave its graph. `eager_entries()`: the core's functions the framework
+  calls on its own (the adapters and wrappers unihook places as hooks), which such a compiler
+  must not compile as frames of their own (`eager_entry` marks one: the recipes' wrappers).
+  `add_compiler_pause(pause)` if that compiler hooks every Python call on a thread (dynamo's
+  frame callback, which takes dynamo's compile lock): it is paused while the thread holds a
+  registry lock (see ``unihook._locks``).
 - **Ops**: a backend's ``unihook_ops`` returns a subclass of `unihook.ops.Ops` (the base class of
   the ops facet: defaults where one is right, NotImplementedError naming the method where
   not); `map_dataclass` maps the fields of a dataclass output (``tensors_in``);
@@ -59,6 +62,7 @@ from ._checks import (
     show_value,
 )
 from ._describe import Site, type_name
+from ._entries import eager_entries, eager_entry
 from ._global_table import add_to_global_table
 from ._history import history_reaches
 from ._imports import cancel_when_imported, imported, install_when_imported, when_imported
@@ -90,6 +94,8 @@ __all__ = [
     "RegistryLock",
     "Site",
     "add_compiler_escape",
+    "eager_entries",
+    "eager_entry",
     "add_compiler_pause",
     "add_global_backward_hook",
     "add_to_global_table",

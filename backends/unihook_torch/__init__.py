@@ -198,12 +198,8 @@ def unihook_register_forward_pre_hook(
         return _watched(
             "forward_pre", lambda: _insert(m, "forward_pre", hook, prepend=prepend).remove
         )
-    from ._compile import not_a_compile_root
-
     # torch raises a bare RuntimeError for a bad (args, kwargs) return: check it ourselves.
-    checked = not_a_compile_root(
-        checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, m, name))
-    )
+    checked = checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, m, name))
     return _watched(
         "forward_pre",
         lambda: _insert(m, "forward_pre", checked, prepend=prepend, with_kwargs=True).remove,
@@ -222,10 +218,8 @@ def unihook_register_forward_hook(
     m = _module(module, "forward", name)
     if m is None:
         return None
-    from ._compile import not_a_compile_root
-
     # Removed mid-call, torch would call it without kwargs (a TypeError): see kwargs_post_hook.
-    called = not_a_compile_root(kwargs_post_hook(hook)) if with_kwargs else hook
+    called = kwargs_post_hook(hook) if with_kwargs else hook
     return _watched(
         "forward",
         lambda: (

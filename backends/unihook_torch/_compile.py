@@ -43,13 +43,12 @@ from typing import Any, Callable, Iterator, TypeVar
 import torch
 
 from unihook.backend import (
-    HookDict,
     ModuleBackward,
     Pinned,
     RegistryLock,
     Site,
     cancel_when_imported,
-    check_pre_kwargs_result,
+    eager_entries,
     imported,
     undo_if_unfinished,
     when_imported,
@@ -84,19 +83,23 @@ def not_a_compile_root(fn: F, *, callees_too: bool = False) -> F:
     compiled function's graph break), it runs eagerly; traced from a compiled frame, it is
     traced. `callees_too`: what it calls runs eagerly too (a dispatcher: unihook's code only).
     A ``functools.partial`` marks its function."""
-    function: Any = fn
-    if isinstance(function, partial):
-        function = function.func
-    _NOT_ROOTS[function.__code__] = callees_too
+    _NOT_ROOTS[_code_of(fn)] = callees_too
     if _reasons_given:
         _mark_not_roots()
     return fn
 
 
-# The core's functions the wrapper and torch's hook loops call on their own (a hook dict's items,
-# the global backward state's bookkeeping, a hook's checks): eager, with what they call.
+def _code_of(fn: Callable[..., Any]) -> CodeType:
+    function: Any = fn
+    if isinstance(function, partial):
+        function = function.func
+    return function.__code__
+
+
+# The core's functions unihook's `_call_impl` wrapper calls (the global backward state's
+# bookkeeping, an error's site): eager, with what they call. (Those torch calls on its own, the
+# core lists: `eager_entries`.)
 for _fn in (
-    HookDict.items,
     ModuleBackward.hold,
     ModuleBackward.let_go,
     ModuleBackward.inside,
@@ -104,9 +107,22 @@ for _fn in (
     ModuleBackward.around,
     ModuleBackward.end_around,
     Site.of,
-    check_pre_kwargs_result,
 ):
     not_a_compile_root(_fn, callees_too=True)
+_entries_marked = 0  # how many of the core's `eager_entries` are in `_NOT_ROOTS`
+
+
+def _mark_entries() -> None:
+    """The core's `eager_entries` not marked yet (a module imported since adds its own: the
+    recipes'), marked."""
+    global _entries_marked
+    entries = eager_entries()
+    if len(entries) != _entries_marked:
+        for fn, callees_too in entries.items():
+            _NOT_ROOTS[_code_of(fn)] = callees_too
+        _entries_marked = len(entries)
+        if _reasons_given:
+            _mark_not_roots()
 
 
 def _mark_not_roots() -> None:
@@ -205,6 +221,7 @@ def _give_reason(dynamo: Any) -> None:
         doing: dynamo.disable(_call, reason=reason) for doing, reason in ESCAPE_REASONS.items()
     }
     _reasons_given = True
+    _mark_entries()
     _mark_not_roots()
     _watch_hook_loop(dynamo)  # (dynamo imported while torch hooks of unihook's live)
 
@@ -308,6 +325,7 @@ def watch_hooks() -> Callable[[], None]:
             _cancel_reason = partial(cancel_when_imported, "torch._dynamo", _give_reason)
             when_imported("torch._dynamo", _give_reason)
         dynamo = imported("torch._dynamo")  # (another thread importing it compiles nothing yet)
+        _mark_entries()
         if dynamo is not None:
             _watch_hook_loop(dynamo)
         if dynamo is not None and _hook_guards_skipped(dynamo):

@@ -510,7 +510,7 @@ def add(kind: str, hook: Hook, with_kwargs: bool, always_call: bool) -> Callable
             (torch_module._global_forward_hooks_always_called, always_call),
         ]
         if with_kwargs:  # (removed mid-call: see kwargs_post_hook)
-            hook = not_a_compile_root(kwargs_post_hook(hook))
+            hook = kwargs_post_hook(hook)
         native = insert(torch_module._global_forward_hooks, hook, flags)
     elif kind in ("full_backward_pre", "full_backward"):
         from ._backward import add_global

@@ -23,6 +23,7 @@ from unihook import (
     register_forward_hook,
     register_forward_pre_hook,
 )
+from unihook.backend import eager_entry
 from unihook.errors import UnihookError
 from unihook.handles import Removable
 
@@ -53,6 +54,9 @@ class RankMismatchError(UnihookError, RuntimeError):
 
 _created = itertools.count()  # the recipes' order of creation, which every rank shares
 _generations = itertools.count()  # of the hooks `every`'s builders place (see `_Placed`)
+# `every`'s counting hooks: torch calls them on its own, and they only count and place hooks
+# (a compiler kept off them and what they call: `eager_entry`)
+_counting_entry = functools.partial(eager_entry, callees_too=True)
 # the merges queued in the running backward, with their recipe's number (see `merge_at_end`)
 _queued: list[tuple[tuple[int, int], Callable[[], None]]] = []
 
@@ -169,6 +173,7 @@ class Recipe(Removable):
         """`hook` (a method of the recipe's) as `every`'s builder places it (`_Placed`)."""
         return hook if self._every == 1 else _Placed(hook, self._next_generation)
 
+    @_counting_entry
     def _enter(self, module: Any, args: Any) -> None:
         """A forward of the model starts: running until `_count` ends it, per thread, as the
         frame that called this hook (a forward left by a BaseException, a KeyboardInterrupt,
@@ -186,6 +191,7 @@ class Recipe(Removable):
         """Whether the running forward of the model counts towards `every` (and is recorded)."""
         return True
 
+    @_counting_entry
     def _count(self, module: Any, args: Any, output: Any) -> None:
         raised = output is None and ops.forward_raised(
             module, hook_caller(module, sys._getframe(1))
@@ -390,6 +396,11 @@ class Recipe(Removable):
         # then recorded forwards it skips; until 2026-12-04 the copy had none, and recorded
         # no forward, or every one: helper-107's FINDING 1, AveragedModel.)
         copy._hooks, copy._active = HookGroup(), HookGroup()
+        where, names = copy.__dict__.get("_where"), copy.__dict__.get("_names")
+        if callable(where) and names:
+            # a predicate may pick the original's modules (`module is model[0]`), which a deep
+            # copy keeps as they are: the copy's builder takes the names it picked (helper-115)
+            copy.__dict__["_where"] = [_escape(name) for name in names]
         return copy.__dict__
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -420,6 +431,7 @@ class _Placed:
     def __self__(self) -> Any:
         return getattr(self.__wrapped__, "__self__", None)
 
+    @eager_entry
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hook = self.__wrapped__
         if self.generation != hook.__self__._generation:

@@ -174,14 +174,15 @@ class ActivationStats(Synced):
         return self._merging(module, self.sync) is None or ops.grad_enabled(module)
 
     def _started(self, module: Any, args: Any, *, name: str) -> None:
-        if self._skipping or ops.in_backward(module):  # (a recomputation: see _counted)
+        # (removed: a copy's hooks, which its `remove()` has no handle to take away)
+        if self._skipping or self._removed or ops.in_backward(module):  # (or a recomputation)
             return
         if name not in self._stats:
             self._stats[name] = _Running(order=len(self._stats))
             self._fresh.append(name)
 
     def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
-        if self._skipping or ops.in_backward(module):
+        if self._skipping or self._removed or ops.in_backward(module):
             return
         tensors = tensors_of(output, module)
         if not tensors:
