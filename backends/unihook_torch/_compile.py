@@ -220,8 +220,8 @@ def _give_reason(dynamo: Any) -> None:
     _escape_outside = {
         doing: dynamo.disable(_call, reason=reason) for doing, reason in ESCAPE_REASONS.items()
     }
+    _mark_entries()  # (all of them marked below, once)
     _reasons_given = True
-    _mark_entries()
     _mark_not_roots()
     _watch_hook_loop(dynamo)  # (dynamo imported while torch hooks of unihook's live)
 
