@@ -7,7 +7,8 @@ frame, `hook_caller` / `ops.call_frame`, `Recipe._enter` / `_count_locked` / `_r
 recipe gets no builder and no handle; with_kwargs wrappers are partials); 5 and 5b since the
 torch backend reads values and hooks gradients under functorch's wrappers (tests/test_vmap.py);
 6 since the runs torch.jit.trace traces are not counted (`ops.tracing`); 2 since 2026-12-04
-(dynamo's hook loop marks its thread: `_watch_hook_loop`); 3b and 4 are open, xfails.)
+(dynamo's hook loop marks its thread: `_watch_hook_loop`); 3b since 2026-12-04
+(`ActivationStats._fold`); 4 is open, an xfail.)
 
 FINDINGS (tests failed when found):
 
@@ -289,13 +290,6 @@ def test_finding_3_deep_copys_recipe_records_nothing(cls: Any) -> None:
         recipe.remove()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "helper-109 FINDING 3b (open): a copy made mid-forward carries the running totals of the "
-        "original's half-done forward"
-    ),
-)
 def test_finding_3b_deepcopy_mid_forward_carries_the_originals_half_step() -> None:
     """Repro: a forward hook on ``m[1]`` (a user's EMA update, a checkpointing callback) does
     ``twin = copy.deepcopy(m)`` during a forward of `m` watched by
@@ -306,7 +300,9 @@ def test_finding_3b_deepcopy_mid_forward_carries_the_originals_half_step() -> No
     history entry counts modules '0' and '1' twice: the original's half-done step (`_step`,
     the calls of the forward the copy was made in) was copied and merged with the copy's own
     forward: the copy's first entry mixes another model's activations into its statistics
-    (each of '0' and '1' has 2 calls, one of them the original's).
+    (each of '0' and '1' has 2 calls, one of them the original's). Fixed 2026-12-04: a
+    forward's calls reach the running numbers as it ends (`ActivationStats._fold`), and a copy
+    starts with no forward under way.
     """
     m = _mlp()
     recipe = ActivationStats(m, sync=False)

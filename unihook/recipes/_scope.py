@@ -3,6 +3,7 @@ as modules, qualified names or lists of either; `every=N` hooks one forward in N
 
 from __future__ import annotations
 
+import copy as copy_module
 import difflib
 import functools
 import gc
@@ -401,7 +402,15 @@ class Recipe(Removable):
             # a predicate may pick the original's modules (`module is model[0]`), which a deep
             # copy keeps as they are: the copy's builder takes the names it picked (helper-115)
             copy.__dict__["_where"] = [_escape(name) for name in names]
+        copy._copied()
         return copy.__dict__
+
+    def _copied(self) -> None:
+        """This object is a copy's state being made (`__getstate__`): replace (never change:
+        the dict's values are the original's) what is of the original's forwards, which the
+        copy never ran, and what does not pickle (weak references to the original's tensors;
+        until 2026-12-04 pickling a model carrying a recipe, ``torch.save(model)``, raised:
+        helper-115's FINDING 4)."""
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -409,6 +418,25 @@ class Recipe(Removable):
         if getattr(self._build, "__self__", self) is not self:
             # a shallow copy (`copy.copy`): the builder is the original's, for its model
             self._build = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        """A deep copy of the model copies its recipes (`__getstate__`). One of a part of it
+        only (a submodule, a wrapper's inner model: ``copy.deepcopy(ddp.module)``), or of the
+        recipe alone, copied the whole model with the recipe (helper-115's FINDING 5): the
+        copy is then the recipe's numbers so far, removed, holding no module; the hooks the
+        part carries call it and do nothing. (Pickling has no such view of what is copied: a
+        pickled submodule carries the model, as a torch hook bound to it would.)"""
+        model = self.__dict__.get("_model")
+        copy = object.__new__(type(self))
+        memo[id(self)] = copy
+        state = self.__getstate__()
+        if model is not None and id(model) not in memo:
+            state.update(
+                _model=None, _inner=None, _holders=[], _where=None, _build=None, _removed=True
+            )
+            state["_generation"] = state["_next_generation"] = next(_generations)
+        copy.__setstate__(copy_module.deepcopy(state, memo))
+        return copy
 
 
 class _Placed:
@@ -553,6 +581,12 @@ class Synced(Recipe):
             self._let_go_of_notifier()
         if self._notifier is None:
             self._unwatch_joins()
+
+    def _copied(self) -> None:
+        super()._copied()
+        # (a copy is in no Join: `on_join` is a wrapper's, which a copy of the model is not)
+        self._unwatch_joins, self._joined, self._notifier = _no_join, None, None
+        self._join_config = None
 
     def _let_go_of_notifier(self) -> None:
         notifier, self._notifier = self._notifier, None

@@ -550,6 +550,8 @@ class GradientMonitor(Synced):
         positional ones and those in keyword arguments and containers (`forward(input=h)`,
         `forward([h])`), so a pre-hook of the user's that moves them after this one changes
         nothing (until 2026-12-01 positional marks went by position: helper-72's attack)."""
+        if self._removed:  # (a copy's hooks, which its `remove()` has no handle to take away)
+            return
         marks: _Marks = {}
         settled = True  # (the first read settles the pipeline for the others)
         plain = not kwargs and all(ops.is_tensor(a) for a in args)  # (the usual call)
@@ -997,6 +999,23 @@ class GradientMonitor(Synced):
     def _let_go(self) -> None:
         super()._let_go()
         self._running, self._running_on, self._last = 0, {}, None
+
+    def _copied(self) -> None:
+        super()._copied()
+        # no forward under way, nor any output of the original's (held weakly: no pickle)
+        self._step, self._deciding, self._shadowed = _Step(None, self._forwards_seen), None, None
+        self._versions, self._earlier, self._kept_before = {}, {}, {}
+        self._prune_at = self._kept_prune_at = 256
+        # `_serials` is by id of the entries of `history`, which the copy's are not: by place
+        serials = self._serials
+        del self.__dict__["_serials"]
+        self._serial_places = [serials.get(id(entry), -1) for entry in self.history]
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        places = state.pop("_serial_places", None)
+        super().__setstate__(state)
+        if places is not None:
+            self._serials = {id(e): n for e, n in zip(self.history, places) if n >= 0}
 
     def plot(self, path: str | None = None, *, all_ranks: bool = False) -> Any:
         """Per-module gradient norms over the recorded backwards, log scale (matplotlib Figure;

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
+import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -148,6 +150,7 @@ class ActivationStats(Synced):
         self._inputs: Sequence[Any] = ()
         self._calls: dict[str, int] = {}
         self._seen: dict[Key, tuple[Seen, ops.Moments]] = {}
+        self._folding = threading.Lock()  # `_step` changes (`_record_own`, `_fold`, `rows`)
 
         self._inner, self._where = inner, where
         self._schedule(model, every, self._place)
@@ -193,33 +196,17 @@ class ActivationStats(Synced):
             # forward of the model, by a hook or another thread; until 2026-12-01 KeyError
             # there: helper-80's FINDING 5)
             return
-        merged = self._world is not None  # the running numbers come from the merged steps
+        if self._world is None:
+            self._record_own(name, running, tensors)
+            return
+        # merged across ranks: the running numbers come from the merged steps (`_add`)
         step = self._step.get(name)
         if step is None:
             step = self._step[name] = _Running(order=running.order)
-        if not merged:
-            running.calls += 1
         step.calls += 1
-        call = -1
-        if merged:  # (see _shared: each output tensor of a call is a slot)
-            call = self._calls[name] = self._calls.get(name, -1) + 1
+        call = self._calls[name] = self._calls.get(name, -1) + 1  # (see _shared: slots)
         for position, tensor in enumerate(tensors):
-            version, last = ops.object_version(tensor), self._last
-            same = (
-                last is not None
-                and last[0] is tensor
-                and version is not None
-                and version == last[1]
-            )
-            if same and last is not None:
-                moments, seen = last[2], last[3]
-            else:
-                moments, seen = ops.moments(tensor), None
-            if not merged:
-                running.merge(moments)
-                step.merge(moments)
-                self._last = (tensor, version, moments, None)
-                continue
+            version, moments, seen = self._moments(tensor)
             key = (name, call, position)
             kind = self._slots.kind(key)
             if kind == SAMPLE:
@@ -232,10 +219,35 @@ class ActivationStats(Synced):
                 self._seen[key] = (seen, moments)
             self._last = (tensor, version, moments, seen)
 
+    def _record_own(self, name: str, running: _Running, tensors: Sequence[Any]) -> None:
+        """`_record` of this process's numbers alone (not merged across ranks): into this
+        forward's step, folded into the running numbers as it ends (`_fold`)."""
+        found = []
+        for tensor in tensors:
+            version, moments, _ = self._moments(tensor)
+            self._last = (tensor, version, moments, None)
+            found.append(moments)
+        with self._folding:  # (another thread's forward may end the step meanwhile: `_fold`)
+            step = self._step.get(name)
+            if step is None:
+                step = self._step[name] = _Running(order=running.order)
+            step.calls += 1
+            for moments in found:
+                step.merge(moments)
+
+    def _moments(self, tensor: Any) -> tuple[Any, ops.Moments, Seen | None]:
+        """`tensor`'s version, its moments and what the ranks compare of it: those of the last
+        output reduced when it is that tensor, unchanged (a container returning its last
+        child's)."""
+        version, last = ops.object_version(tensor), self._last
+        if last is not None and last[0] is tensor and version is not None and version == last[1]:
+            return version, last[2], last[3]
+        return version, ops.moments(tensor), None
+
     def _open(self, module: Any, args: Any, kwargs: Any) -> None:
         if ops.in_backward(module):  # the model's recomputation: this forward's state stays
             return
-        self._step = {}
+        self._fold()
         self._opened += 1
         self._world = self._merging(module, self.sync)
         self._training = bool(ops.unwrap(module).training)  # (what the merge says it is about)
@@ -252,7 +264,7 @@ class ActivationStats(Synced):
             return
         self._last = None
         if not self._opened:  # a forward that started before this recipe: not a step of it
-            self._step = {}
+            self._fold()
             return
         self._opened -= 1
         if self._skipping:
@@ -269,7 +281,30 @@ class ActivationStats(Synced):
             self._inputs, self._seen = (), {}
         elif self._step:
             self._history.append(self._step)
-        self._step = {}
+        self._fold()
+
+    def _fold(self) -> None:
+        """The calls recorded since the last fold (a forward's, or calls of modules outside
+        one) into the running numbers, which `rows()` reads with them meanwhile. Not as each
+        call ends: a deep copy made during a forward (by a hook) then took the original's
+        half forward as its own (helper-109's FINDING 3b). Merged across ranks, the running
+        numbers are the merged steps' (`_add`)."""
+        with self._folding:
+            step, self._step = self._step, {}
+            if self._world is None:
+                for name, part in step.items():
+                    self._stats[name].add(part)
+
+    def _copied(self) -> None:
+        super()._copied()
+        # (no forward under way: the original's running one is not the copy's)
+        self._step, self._opened, self._skipping, self._fresh = {}, 0, False, []
+        self._calls, self._seen, self._inputs, self._batch = {}, {}, (), -1
+        del self.__dict__["_folding"]  # (a lock: the copy's own, `__setstate__`)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._folding = threading.Lock()
 
     def _let_go(self) -> None:
         super()._let_go()
@@ -386,7 +421,15 @@ class ActivationStats(Synced):
         return plot(stats=self, path=path, all_ranks=all_ranks)
 
     def rows(self) -> list[dict[str, Any]]:
-        return _rows(self._stats)
+        if self._world is not None or not self._step:
+            return _rows(self._stats)
+        # (during a forward: with its calls so far, see `_fold`)
+        with self._folding:
+            stats = dict(self._stats)
+            for name, part in self._step.items():
+                total = stats[name] = dataclasses.replace(stats[name])
+                total.add(part)
+        return _rows(stats)
 
     def report(self) -> str:
         rows = self.rows()
