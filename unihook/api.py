@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from types import MappingProxyType
 from typing import Any, Callable, Literal, overload
 
@@ -293,27 +294,19 @@ def _callable(kind: str, target: object, name: str | None, hook: object) -> Hook
 def _guarded(kind: str, module: object, name: str | None, hook: object, when: When) -> Hook:
     """`hook` itself, or a wrapper running it only while `when` holds for the module.
 
-    "train" and "eval" cost one attribute check per call; a callable costs one call.
+    "train" and "eval" cost one attribute check per call; a callable costs one call. The
+    wrapper is a partial of a module-level function: a module carrying it pickles
+    (``torch.save(model)``) where `hook` does (a closure did not).
     """
     checked = _callable(kind, module, name, hook)
     if when is None:
         return checked
     if when == "train":
-
-        def guarded(module: Any, *rest: Any) -> Any:
-            return checked(module, *rest) if module.training else None
-
+        guarded = functools.partial(_in_training, checked)
     elif when == "eval":
-
-        def guarded(module: Any, *rest: Any) -> Any:
-            return None if module.training else checked(module, *rest)
-
+        guarded = functools.partial(_in_evaluation, checked)
     elif callable(when):
-        test = when
-
-        def guarded(module: Any, *rest: Any) -> Any:
-            return checked(module, *rest) if test(module) else None
-
+        guarded = functools.partial(_while, when, checked)
     else:
         raise HookArgumentError(
             f"{_site(kind, module, name)}: `when` must be one of {{None, 'train', 'eval'}} or a "
@@ -321,3 +314,15 @@ def _guarded(kind: str, module: object, name: str | None, hook: object, when: Wh
         )
     guarded.__wrapped__ = checked  # type: ignore[attr-defined]
     return guarded
+
+
+def _in_training(hook: Hook, module: Any, *rest: Any) -> Any:
+    return hook(module, *rest) if module.training else None
+
+
+def _in_evaluation(hook: Hook, module: Any, *rest: Any) -> Any:
+    return None if module.training else hook(module, *rest)
+
+
+def _while(test: Callable[[Any], bool], hook: Hook, module: Any, *rest: Any) -> Any:
+    return hook(module, *rest) if test(module) else None

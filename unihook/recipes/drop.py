@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 from unihook import HookArgumentError, ops, register_forward_hook
@@ -80,16 +81,19 @@ class DropHook(Recipe):
             self.remove()
             raise
 
+    # (partials of module-level functions: a model carrying them pickles, `torch.save(model)`)
     @staticmethod
     def _dropout(p: float) -> Any:
-        def hook(module: Any, args: Any, output: Any) -> Any:
-            return ops.dropout(output, p, training=True)
-
-        return hook
+        return functools.partial(_dropout, p)
 
     @staticmethod
     def _drop_block(p: float, block_size: int) -> Any:
-        def hook(module: Any, args: Any, output: Any) -> Any:
-            return ops.drop_block(output, p, block_size, training=True)
+        return functools.partial(_drop_block, p, block_size)
 
-        return hook
+
+def _dropout(p: float, module: Any, args: Any, output: Any) -> Any:
+    return ops.dropout(output, p, training=True)
+
+
+def _drop_block(p: float, block_size: int, module: Any, args: Any, output: Any) -> Any:
+    return ops.drop_block(output, p, block_size, training=True)

@@ -1,0 +1,83 @@
+"""A module carrying hooks registered with `when` (and DropHook's) pickles, as one carrying the
+same functions registered natively does (``torch.save(model)``, a checkpoint of the whole
+model): until 2026-12-04 the `when` wrapper and DropHook's hooks were closures, and pickling
+raised "Can't pickle local object". The loaded copy's hooks keep their `when`."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import pytest
+
+import unihook
+from unihook.recipes import DropHook
+
+CALLS: list[str] = []
+
+
+def record(module: Any, args: Any, output: Any) -> None:
+    CALLS.append(type(module).__name__)
+
+
+def frozen(module: Any) -> bool:
+    return getattr(module, "frozen", False)
+
+
+def _model(framework: str) -> Any:
+    if framework == "torch":
+        import torch.nn as nn
+
+        return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    import paddle.nn as nn
+
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def _batch(framework: str) -> Any:
+    if framework == "torch":
+        import torch
+
+        return torch.ones(64, 4)
+    import paddle
+
+    return paddle.ones([64, 4])
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_hooks_registered_with_when_pickle_and_keep_their_when(framework: str) -> None:
+    pytest.importorskip(framework)
+    model = _model(framework)
+    unihook.register_forward_hook(model[0], record, when="train")
+    unihook.register_forward_hook(model[1], record, when="eval")
+    unihook.register_forward_hook(model[2], record, when=frozen)
+    copy = pickle.loads(pickle.dumps(model))
+    x = _batch(framework)
+    seen = []
+    for training, is_frozen in ((True, False), (False, False), (False, True)):
+        copy.train() if training else copy.eval()
+        copy[2].frozen = is_frozen
+        CALLS.clear()
+        copy(x)
+        seen.append(list(CALLS))
+    assert seen == [["Linear"], ["ReLU"], ["ReLU", "Linear"]]
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_a_model_carrying_drop_hook_pickles(framework: str) -> None:
+    pytest.importorskip(framework)
+    model = _model(framework)
+    DropHook(model, "1", 0.5)
+    copy = pickle.loads(pickle.dumps(model))
+    outputs: list[Any] = []
+    unihook.register_forward_hook(copy[1], lambda module, args, output: outputs.append(output))
+    x = _batch(framework)
+    fractions = []
+    for training in (True, False):
+        copy.train() if training else copy.eval()
+        copy(x)
+        values = outputs[-1].detach().numpy() if framework == "torch" else outputs[-1].numpy()
+        fractions.append(float((values == 0).mean()))
+    relu_zeros = fractions[1]  # (in eval: no drop)
+    # a value is zero in training if the ReLU made it so or the drop (p=0.5) did
+    assert abs(fractions[0] - (0.5 + 0.5 * relu_zeros)) < 0.1, fractions
