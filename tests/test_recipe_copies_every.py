@@ -333,3 +333,67 @@ print(True)
 def test_a_pickled_paddle_layers_recipe_with_every_places_its_hooks() -> None:
     pytest.importorskip("paddle")
     assert last_value(run_code(PADDLE_PICKLED, timeout=120)) is True
+
+
+ORDERS = r"""
+import copy, gc, io, signal, torch, torch.nn as nn
+from unihook.recipes import ActivationStats
+
+def calls(r):
+    return [row["calls"] for row in r.rows()]
+
+def copies_of(model):
+    return [o for o in gc.get_objects() if isinstance(o, ActivationStats) and o._model is model]
+
+out = []
+# (helper-116's FINDING 2) the recipe or a submodule reached before the model in a container
+for order in ("model first", "recipe first", "head first", "object"):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    s = ActivationStats(m)
+    m(torch.randn(3, 4))
+    if order == "model first":
+        m2 = copy.deepcopy([m, s])[0]
+    elif order == "recipe first":
+        m2 = copy.deepcopy({"stats": s, "model": m})["model"]
+    elif order == "head first":
+        m2 = copy.deepcopy({"head": m[0], "model": m})["model"]
+    else:
+        class Trainer: pass
+        t = Trainer(); t.stats, t.model = s, m
+        m2 = copy.deepcopy(t).model
+    for _ in range(2):
+        m2(torch.randn(3, 4))
+    out.append([calls(r) for r in copies_of(m2)])
+    s.remove()
+# (helper-116's FINDING 1) calls outside a forward of the model are the copies' numbers too
+m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+s = ActivationStats(m)
+m(torch.randn(3, 4)); m[0](torch.randn(3, 4))
+buf = io.BytesIO(); torch.save(m, buf); buf.seek(0)
+loaded = torch.load(buf, weights_only=False)
+out.append([calls(s), calls(copy.deepcopy(s)), calls(copies_of(copy.deepcopy(m))[0]),
+            calls(copies_of(loaded)[0])])
+# (helper-116's FINDING 4) rows() from a signal handler while a call holds the step's lock
+seen = []
+signal.signal(signal.SIGALRM, lambda *_: seen.append(len(s.rows())))
+signal.setitimer(signal.ITIMER_REAL, 1e-4, 1e-4)
+for _ in range(2000):
+    m[0](torch.randn(3, 4))
+signal.setitimer(signal.ITIMER_REAL, 0)
+out.append(bool(seen))
+print(out)
+"""
+
+
+def test_copies_made_through_containers_and_outside_calls() -> None:
+    """Where the deep copy reaches the recipe (or a submodule) before the model, in a dict or
+    an object holding both, the copied model's recipe records it (helper-116's FINDING 2: it
+    was a removed copy); calls of modules outside a forward of the model are in every copy's
+    rows (FINDING 1); ``rows()`` from a signal handler does not wait for the lock the
+    interrupted call holds (FINDING 4: a hang)."""
+    pytest.importorskip("torch")
+    got = last_value(run_code(ORDERS, timeout=300))
+    assert got[:4] == [[[3, 3, 3, 3]]] * 4
+    assert got[4] == [[1, 2, 1, 1]] * 4
+    assert got[5] is True

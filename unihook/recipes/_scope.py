@@ -421,22 +421,47 @@ class Recipe(Removable):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         """A deep copy of the model copies its recipes (`__getstate__`). One of a part of it
-        only (a submodule, a wrapper's inner model: ``copy.deepcopy(ddp.module)``), or of the
-        recipe alone, copied the whole model with the recipe (helper-115's FINDING 5): the
-        copy is then the recipe's numbers so far, removed, holding no module; the hooks the
-        part carries call it and do nothing. (Pickling has no such view of what is copied: a
-        pickled submodule carries the model, as a torch hook bound to it would.)"""
+        only (``copy.deepcopy(model.head)``, ``copy.deepcopy(ddp.module)``), or of the recipe
+        alone, copied the whole model with the recipe (helper-115's FINDING 5): the copy is
+        then the recipe's numbers so far, removed, holding no module; the hooks the part
+        carries call it and do nothing. Told by what the deep copy was asked to copy (its
+        outermost call's argument): where that is anything else (a dict or an object holding
+        the recipe and the model, in whatever order), the model is copied with the recipe,
+        the one copy of it the rest of the deep copy refers to (helper-116's FINDING 2). (A
+        pickle has no such view: a pickled submodule carries the model.)"""
         model = self.__dict__.get("_model")
         copy = object.__new__(type(self))
         memo[id(self)] = copy
         state = self.__getstate__()
-        if model is not None and id(model) not in memo:
+        if model is not None and id(model) not in memo and self._part(_deepcopy_root(memo)):
             state.update(
                 _model=None, _inner=None, _holders=[], _where=None, _build=None, _removed=True
             )
             state["_generation"] = state["_next_generation"] = next(_generations)
         copy.__setstate__(copy_module.deepcopy(state, memo))
         return copy
+
+    def _part(self, root: Any) -> bool:
+        """Whether `root` is this recipe, or a module of its model other than the model."""
+        if root is self:
+            return True
+        model = self.__dict__.get("_model")
+        inner = self.__dict__.get("_inner", model)
+        if root is None or root is model:
+            return False
+        return any(module is root for _, module in ops.named_modules(inner))
+
+
+def _deepcopy_root(memo: dict[int, Any]) -> Any:
+    """What the deep copy using `memo` was asked to copy (the argument of its outermost
+    ``copy.deepcopy`` call), or None."""
+    root, frame = None, sys._getframe(1)
+    code = copy_module.deepcopy.__code__
+    while frame is not None:
+        if frame.f_code is code and frame.f_locals.get("memo") is memo:
+            root = frame.f_locals.get("x")
+        frame = frame.f_back
+    return root
 
 
 class _Placed:

@@ -150,7 +150,7 @@ class ActivationStats(Synced):
         self._inputs: Sequence[Any] = ()
         self._calls: dict[str, int] = {}
         self._seen: dict[Key, tuple[Seen, ops.Moments]] = {}
-        self._folding = threading.Lock()  # `_step` changes (`_record_own`, `_fold`, `rows`)
+        self._folding = threading.RLock()  # `_step` changes (`_record_own`, `_fold`, `rows`)
 
         self._inner, self._where = inner, where
         self._schedule(model, every, self._place)
@@ -297,14 +297,17 @@ class ActivationStats(Synced):
 
     def _copied(self) -> None:
         super()._copied()
-        # (no forward under way: the original's running one is not the copy's)
+        # (no forward under way: the original's running one is not the copy's; calls made
+        # outside a forward are the copy's numbers too: helper-116's FINDING 1)
+        if not self._opened and self._step and self._world is None:
+            self._stats = self._totals()
         self._step, self._opened, self._skipping, self._fresh = {}, 0, False, []
         self._calls, self._seen, self._inputs, self._batch = {}, {}, (), -1
         del self.__dict__["_folding"]  # (a lock: the copy's own, `__setstate__`)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self._folding = threading.Lock()
+        self._folding = threading.RLock()
 
     def _let_go(self) -> None:
         super()._let_go()
@@ -423,13 +426,16 @@ class ActivationStats(Synced):
     def rows(self) -> list[dict[str, Any]]:
         if self._world is not None or not self._step:
             return _rows(self._stats)
-        # (during a forward: with its calls so far, see `_fold`)
+        return _rows(self._totals())  # (during a forward: with its calls so far, see `_fold`)
+
+    def _totals(self) -> dict[str, _Running]:
+        """The running numbers with the calls not folded yet (new objects where they differ)."""
         with self._folding:
             stats = dict(self._stats)
             for name, part in self._step.items():
                 total = stats[name] = dataclasses.replace(stats[name])
                 total.add(part)
-        return _rows(stats)
+        return stats
 
     def report(self) -> str:
         rows = self.rows()
