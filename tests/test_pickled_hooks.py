@@ -81,3 +81,31 @@ def test_a_model_carrying_drop_hook_pickles(framework: str) -> None:
     relu_zeros = fractions[1]  # (in eval: no drop)
     # a value is zero in training if the ReLU made it so or the drop (p=0.5) did
     assert abs(fractions[0] - (0.5 + 0.5 * relu_zeros)) < 0.1, fractions
+
+
+def test_a_pickled_paddle_layers_hook_dicts_iterate_a_snapshot() -> None:
+    """paddle iterates a layer's live hook dict in its call: the loaded copy's dicts are
+    `SnapshotDict`s, so a hook registering another during the call (a recipe's placing, with
+    `every` > 1) works as on torch, and native handles still remove their hooks."""
+    pytest.importorskip("paddle")
+    model = _model("paddle")
+    unihook.register_forward_hook(model, record)
+    copy = pickle.loads(pickle.dumps(model))
+    assert type(copy._forward_post_hooks).__name__ == "SnapshotDict"
+    added: list[Any] = []
+
+    def adder(layer: Any, args: Any, output: Any) -> None:
+        if not added:
+            added.append(layer.register_forward_post_hook(record))
+
+    handle = copy.register_forward_post_hook(adder)
+    x = _batch("paddle")
+    CALLS.clear()
+    copy(x)
+    copy(x)
+    assert CALLS == ["Sequential"] * 3  # (the added hook from the second call on)
+    added[0].remove()
+    handle.remove()
+    CALLS.clear()
+    copy(x)
+    assert CALLS == ["Sequential"]

@@ -38,11 +38,14 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 from ._entries import eager_entry
 from ._locks import RegistryLock, undo_if_unfinished
 
-__all__ = ["Access", "HookDict", "Pinned", "pin", "pinned_key", "unpin"]
+__all__ = ["Access", "HookDict", "Pinned", "SnapshotDict", "pin", "pinned_key", "unpin"]
 
 
 class Access(Protocol):
-    """How a backend reads and replaces a module's own hook dict."""
+    """How a backend reads and replaces a module's own hook dict. Optional attribute:
+    ``iterates_live = True`` where the framework iterates the live hook dict in a module's
+    call (paddle, MindSpore; torch copies it first): a pickled module's hook dicts then come
+    back as `SnapshotDict`s (`HookDict.__reduce__`)."""
 
     def recreated(self, owner: Any, attr: str, /) -> bool:
         """Whether the framework itself is assigning `owner` a new hook dict `attr` (asked
@@ -53,6 +56,26 @@ class Access(Protocol):
     def get(self, owner: Any, attr: str, /) -> OrderedDict[int, Any]: ...
 
     def put(self, owner: Any, attr: str, hooks: OrderedDict[int, Any], /) -> None: ...
+
+
+class SnapshotDict(OrderedDict[int, Any]):
+    """A module's hook dict as a pickled `HookDict` comes back where the framework iterates
+    the live dict (`Access.iterates_live`): a plain dict whose iteration is a snapshot, as the
+    HookDict's. The loaded module's hooks (a recipe's, with `every` > 1) place hooks on it
+    during its call, the first of which installs a HookDict over this one and mirrors into it:
+    paddle, iterating a plain OrderedDict, raised "OrderedDict mutated during iteration"."""
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(super().__iter__()))
+
+    def keys(self) -> tuple[int, ...]:  # type: ignore[override]
+        return tuple(super().keys())
+
+    def values(self) -> tuple[Any, ...]:  # type: ignore[override]
+        return tuple(super().values())
+
+    def items(self) -> tuple[tuple[int, Any], ...]:  # type: ignore[override]
+        return tuple(super().items())
 
 
 class HookDict(OrderedDict[int, Any]):
@@ -315,7 +338,8 @@ class HookDict(OrderedDict[int, Any]):
         if any(key not in waiting for key in self.pinned):
             raise self._pickling_error()
         items = [(k, v) for k, v in OrderedDict.items(self) if k not in waiting]
-        return (OrderedDict, (), None, None, iter(items))
+        live = getattr(self._access, "iterates_live", False)
+        return (SnapshotDict if live else OrderedDict, (), None, None, iter(items))
 
     def _removed_keys(self) -> set[int]:
         """The pinned keys of dispatchers whose backward hooks are all removed."""

@@ -12,8 +12,10 @@ backends use them.
   module has its own.
 - **Pinned hook dicts**: `pin` / `unpin` keep unihook's dispatchers last in a module's forward
   hook dict (`HookDict`), `Pinned` installs a pair of them as `Dispatchers`; `Access` is how a
-  backend reads and replaces its framework's hook dicts. `pinned_key` and `Pinned.find` find
-  a dispatcher already pinned in dicts a shallow copy shares with its original.
+  backend reads and replaces its framework's hook dicts (`iterates_live`: its framework
+  iterates them live in a call, so a pickled one comes back as a snapshotting dict).
+  `pinned_key` and `Pinned.find` find a dispatcher already pinned in dicts a shallow copy
+  shares with its original.
 - **Error sites**: `Site` names a hook in messages (`Site.error` builds the exception),
   `global_label` maps a global hookspec kind to its handle kind, `type_name` the short type.
 - **Return-value checks**: `check_grad` / `check_grad_like` for gradients a hook returns,
@@ -79,7 +81,7 @@ from ._module_backward import (
     register_backward_hook,
     walk_tensors,
 )
-from ._pinned import Access, HookDict, Pinned, pin, pinned_key, unpin
+from ._pinned import Access, HookDict, Pinned, SnapshotDict, pin, pinned_key, unpin
 from ._plugins import add_compiler_escape
 from ._structures import map_dataclass
 from .kinds import global_label
@@ -93,6 +95,7 @@ __all__ = [
     "Pinned",
     "RegistryLock",
     "Site",
+    "SnapshotDict",
     "add_compiler_escape",
     "add_compiler_pause",
     "add_global_backward_hook",

@@ -49,6 +49,8 @@ class Access:
     resumes, and the hooks (and flags) registered meanwhile were lost. unihook's follow into
     the new one (`unihook._pinned`)."""
 
+    iterates_live = True  # (a layer's call iterates its dicts: `SnapshotDict`)
+
     @staticmethod
     def recreated(owner: Any, attr: str) -> bool:
         # Always: nothing but the properties assigns these dicts (no setter, no public API),

@@ -49,6 +49,8 @@ _ID_LOCK = threading.Lock()
 class Access:
     """The layer's own hook dicts: its attributes."""
 
+    iterates_live = True  # (a layer's call iterates its dicts: `SnapshotDict`)
+
     @staticmethod
     def recreated(owner: Any, attr: str) -> bool:
         return False  # (paddle creates them in Layer.__init__)

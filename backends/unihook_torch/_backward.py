@@ -189,6 +189,8 @@ class _TorchDispatchers:
     (``unihook._pinned``), so a native hook registered after them, even one replacing args or
     the output, runs before them, as torch's BackwardHook runs after every forward hook."""
 
+    iterates_live = False  # (`_call_impl` copies the dicts' items first)
+
     @staticmethod
     def recreated(owner: Any, attr: str) -> bool:
         return False  # (torch creates a module's hook dicts in __init__)
