@@ -109,3 +109,20 @@ def test_a_pickled_paddle_layers_hook_dicts_iterate_a_snapshot() -> None:
     CALLS.clear()
     copy(x)
     assert CALLS == ["Sequential"]
+
+
+def test_a_pickled_paddle_layers_hooks_refuse_a_full_graph_build() -> None:
+    """paddle.jit.to_static(full_graph=True) is refused on a layer with unihook's hooks
+    (they would run once, with symbolic values); on a loaded copy the dicts are SnapshotDicts,
+    which ran the hooks in the build silently (helper-117's FINDING 1): the same error now,
+    naming the layer."""
+    pytest.importorskip("paddle")
+    import paddle
+
+    model = _model("paddle")
+    unihook.register_forward_hook(model[0], record)
+    copy = pickle.loads(pickle.dumps(model))
+    for layer in (model, copy):
+        static = paddle.jit.to_static(layer, full_graph=True)
+        with pytest.raises(unihook.UnsupportedHookError, match="forward hook on Linear"):
+            static(_batch("paddle"))

@@ -328,7 +328,7 @@ def test_a_pickled_paddle_layers_recipe_with_every_places_its_hooks() -> None:
 
 
 ORDERS = r"""
-import copy, gc, io, signal, torch, torch.nn as nn
+import copy, gc, io, pickle, signal, torch, torch.nn as nn
 from unihook.recipes import ActivationStats
 
 def calls(r):
@@ -358,6 +358,28 @@ for order in ("model first", "recipe first", "head first", "object"):
         m2(torch.randn(3, 4))
     out.append([calls(r) for r in copies_of(m2)])
     s.remove()
+# (helper-117's FINDING 3) a submodule holding its model: its deep copy copies the model
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+s = ActivationStats(m)
+object.__setattr__(m[0], "owner", [m])
+m2 = copy.deepcopy(m[0]).owner[0]
+m2(torch.randn(3, 4))
+out.append([calls(r) for r in copies_of(m2)])
+s.remove()
+# (helper-117's FINDING 2) every > 1: a submodule called between forwards of a copy
+for every in (2, 3):
+    for how in ("deepcopy", "pickle", "fresh"):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        s = ActivationStats(m, every=every)
+        if how == "deepcopy":
+            m, s = (lambda d: (d["m"], d["s"]))(copy.deepcopy({"m": m, "s": s}))
+        elif how == "pickle":
+            m, s = (lambda d: (d["m"], d["s"]))(pickle.loads(pickle.dumps({"m": m, "s": s})))
+        for _ in range(every + 1):
+            m(torch.randn(3, 4)); m[0](torch.randn(3, 4))
+        out.append(calls(s))
 # (helper-116's FINDING 1) calls outside a forward of the model are the copies' numbers too
 m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
 s = ActivationStats(m)
@@ -383,9 +405,13 @@ def test_copies_made_through_containers_and_outside_calls() -> None:
     an object holding both, the copied model's recipe records it (helper-116's FINDING 2: it
     was a removed copy); calls of modules outside a forward of the model are in every copy's
     rows (FINDING 1); ``rows()`` from a signal handler does not wait for the lock the
-    interrupted call holds (FINDING 4: a hang)."""
+    interrupted call holds (FINDING 4: a hang). A submodule holding its model copies the model,
+    whose recipe records (helper-117's FINDING 3); with `every` > 1 a submodule called between
+    a copy's forwards is not recorded, as by the original (its FINDING 2)."""
     pytest.importorskip("torch")
     got = last_value(run_code(ORDERS, timeout=300))
     assert got[:4] == [[[3, 3, 3, 3]]] * 4
-    assert got[4] == [[1, 2, 1, 1]] * 4
-    assert got[5] is True
+    assert got[4] == [[1, 1, 1, 1]]  # (live: an inert copy has no rows; helper-117 FINDING 3)
+    assert got[5:11] == [[2, 2, 2, 2]] * 6  # (recorded: forwards 0 and `every`)
+    assert got[11] == [[1, 2, 1, 1]] * 4
+    assert got[12] is True

@@ -65,6 +65,18 @@ class SnapshotDict(OrderedDict[int, Any]):
     during its call, the first of which installs a HookDict over this one and mirrors into it:
     paddle, iterating a plain OrderedDict, raised "OrderedDict mutated during iteration"."""
 
+    # As the pickled HookDict had them (`HookDict.__reduce__`): the backend's check of the
+    # calling context, run before each call's hooks (paddle: a to_static(full_graph=True)
+    # build is refused, SOT breaks the graph; until 2026-12-04 a loaded copy's hooks ran
+    # in a static build once, silently: helper-117's FINDING 1), which reads `owned` and
+    # `pinned` (no backward dispatcher pickles) and `owner()` (unknown here).
+    guard: Callable[[Any], None] | None = None
+    owned: frozenset[int] = frozenset()
+    pinned: tuple[int, ...] = ()
+
+    def owner(self) -> Any:
+        return None
+
     def __iter__(self) -> Iterator[int]:
         return iter(list(super().__iter__()))
 
@@ -75,6 +87,8 @@ class SnapshotDict(OrderedDict[int, Any]):
         return tuple(super().values())
 
     def items(self) -> tuple[tuple[int, Any], ...]:  # type: ignore[override]
+        if self.guard is not None:
+            self.guard(self)
         return tuple(super().items())
 
 
@@ -338,8 +352,11 @@ class HookDict(OrderedDict[int, Any]):
         if any(key not in waiting for key in self.pinned):
             raise self._pickling_error()
         items = [(k, v) for k, v in OrderedDict.items(self) if k not in waiting]
-        live = getattr(self._access, "iterates_live", False)
-        return (SnapshotDict if live else OrderedDict, (), None, None, iter(items))
+        if not getattr(self._access, "iterates_live", False):
+            return (OrderedDict, (), None, None, iter(items))
+        owned = frozenset(k for k, _ in items if k in self.owned)
+        state = {"guard": self.guard, "owned": owned} if self.guard is not None else None
+        return (SnapshotDict, (), state, None, iter(items))
 
     def _removed_keys(self) -> set[int]:
         """The pinned keys of dispatchers whose backward hooks are all removed."""

@@ -227,7 +227,23 @@ def _guard(hooks: HookDict, kind: str) -> None:
     if builds_full_graph():
         if hooks.owned.issubset(hooks.pinned):  # only the backward dispatchers
             kind = "full_backward"
-        raise full_graph_error(kind, hooks.owner())
+        raise full_graph_error(kind, hooks.owner() or _calling_layer(hooks))
+
+
+def _calling_layer(hooks: Any) -> Any:
+    """The layer whose call reads `hooks` (a pickled layer's `SnapshotDict` knows no owner):
+    the `self` of a calling frame holding them, or None."""
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            break
+        layer = frame.f_locals.get("self")
+        if isinstance(layer, paddle.nn.Layer) and any(
+            vars(layer).get(attr) is hooks for attr in ("_forward_pre_hooks", "_forward_post_hooks")
+        ):
+            return layer
+        frame = frame.f_back
+    return None
 
 
 # Raised as SOT simulates a hooked layer's hook table: a graph break, so that the layer's call

@@ -11,6 +11,7 @@ import inspect
 import itertools
 import sys
 import threading
+import types
 import weakref
 import zlib
 from typing import Any, Callable, Sequence, Union, cast
@@ -442,14 +443,50 @@ class Recipe(Removable):
         return copy
 
     def _part(self, root: Any) -> bool:
-        """Whether `root` is this recipe, or a module of its model other than the model."""
+        """Whether `root` is this recipe, or a module of its model other than the model from
+        which a deep copy does not reach the model but through this recipe (a submodule
+        holding its parent reaches it: the model is copied anyway, helper-117's FINDING 3)."""
         if root is self:
             return True
         model = self.__dict__.get("_model")
         inner = self.__dict__.get("_inner", model)
         if root is None or root is model:
             return False
-        return any(module is root for _, module in ops.named_modules(inner))
+        if not any(module is root for _, module in ops.named_modules(inner)):
+            return False
+        return not _reaches(root, {id(model), id(inner)}, avoid=id(self))
+
+
+# what a deep copy keeps as it is (atomic): the objects it refers to are not copied through it
+_ATOMIC = (
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.CodeType,
+    types.FrameType,
+    weakref.ref,
+)
+
+
+def _reaches(root: Any, targets: set[int], avoid: int, budget: int = 200_000) -> bool:
+    """Whether one of `targets` (ids) is among the objects `root` refers to, directly or not,
+    as a deep copy follows them (not through atomic ones, nor through the object `avoid`).
+    Past `budget` objects: assumed so (the model is then copied, as a deep copy of anything
+    else holding the recipe copies it)."""
+    seen, todo = {id(root), avoid}, [root]
+    while todo:
+        for found in gc.get_referents(todo.pop()):
+            key = id(found)
+            if key in targets:
+                return True
+            if key in seen or isinstance(found, _ATOMIC):
+                continue
+            seen.add(key)
+            if len(seen) > budget:
+                return True
+            todo.append(found)
+    return False
 
 
 def _deepcopy_root(memo: dict[int, Any]) -> Any:
@@ -487,7 +524,14 @@ class _Placed:
     @eager_entry
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hook = self.__wrapped__
-        if self.generation != hook.__self__._generation:
+        recipe = hook.__self__
+        if self.generation != recipe._generation:
+            return None
+        if not recipe._inside and (not args or args[0] is not recipe._model):
+            # a module called on its own, no forward of the model running: the original's
+            # hooks of the last forward are gone (`_advance`), a copy's stay and do nothing
+            # (they recorded it: helper-117's FINDING 2). (The model's own hooks after
+            # `_count` in its call run: that call's.)
             return None
         return hook(*args, **kwargs)
 
