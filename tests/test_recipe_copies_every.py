@@ -388,6 +388,15 @@ buf = io.BytesIO(); torch.save(m, buf); buf.seek(0)
 loaded = torch.load(buf, weights_only=False)
 out.append([calls(s), calls(copy.deepcopy(s)), calls(copies_of(copy.deepcopy(m))[0]),
             calls(copies_of(loaded)[0])])
+# (helper-118's FINDING 1) a part holding much plain data (a vocabulary) is copied alone
+m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+s = ActivationStats(m)
+m[0].vocab = {str(i): i for i in range(300_000)}
+sequentials = lambda: sum(type(o) is nn.Sequential for o in gc.get_objects())
+before = sequentials()
+head = copy.deepcopy(m[0])
+out.append(sequentials() == before)
+s.remove()
 # (helper-116's FINDING 4) rows() from a signal handler while a call holds the step's lock
 seen = []
 signal.signal(signal.SIGALRM, lambda *_: seen.append(len(s.rows())))
@@ -407,11 +416,14 @@ def test_copies_made_through_containers_and_outside_calls() -> None:
     rows (FINDING 1); ``rows()`` from a signal handler does not wait for the lock the
     interrupted call holds (FINDING 4: a hang). A submodule holding its model copies the model,
     whose recipe records (helper-117's FINDING 3); with `every` > 1 a submodule called between
-    a copy's forwards is not recorded, as by the original (its FINDING 2)."""
+    a copy's forwards is not recorded, as by the original (its FINDING 2). A part holding much
+    plain data (a vocabulary) is copied alone (helper-118's FINDING 1: the walk's budget went
+    on its entries, and the model was copied)."""
     pytest.importorskip("torch")
     got = last_value(run_code(ORDERS, timeout=300))
     assert got[:4] == [[[3, 3, 3, 3]]] * 4
     assert got[4] == [[1, 1, 1, 1]]  # (live: an inert copy has no rows; helper-117 FINDING 3)
     assert got[5:11] == [[2, 2, 2, 2]] * 6  # (recorded: forwards 0 and `every`)
     assert got[11] == [[1, 2, 1, 1]] * 4
-    assert got[12] is True
+    assert got[12] is True  # (a part holding a vocabulary: no model copied with it)
+    assert got[13] is True
