@@ -1697,3 +1697,43 @@ def test_gradient_monitor_records_an_lstm_whose_outputs_come_apart() -> None:
             ms.grad(loss)(x)
     assert "" in monitor.history[-1]
     assert not [w for w in caught if "GradientMonitor" in str(w.message)]
+
+
+class PassCell(ms.nn.Cell):
+    """A cell MindSpore pickles (no primitive: a Dense's Reshape does not pickle)."""
+
+    def construct(self, x: Any) -> Any:
+        return x
+
+
+def _said(name: str, said: list[str], cell: Any, args: Any, output: Any) -> None:
+    said.append(name)
+
+
+def test_a_hook_registered_after_a_load_keeps_the_loaded_ones() -> None:
+    """A pickled cell with unihook's hooks comes back with their ids; MindSpore's handle counter
+    moves past them as it loads (`unihook._pinned._loaded`), so that a hook registered after
+    the load in a fresh process, which counts from 0, does not replace a loaded one (silently:
+    helper-117's FINDING 4). The fresh process is simulated: the counter is set back to 0."""
+    import functools
+    import pickle
+
+    from mindspore.common.hook_handle import HookHandle
+
+    said: list[str] = []
+    cell = PassCell()
+    handle = unihook.register_forward_hook(cell, functools.partial(_said, "saved", said))
+    data = pickle.dumps(cell)
+    handle.remove()
+    before = HookHandle.unique_id
+    HookHandle.unique_id = 0
+    try:
+        loaded = pickle.loads(data)
+        assert HookHandle.unique_id > max(loaded._forward_hook)
+        # (the loaded hook appends to the loaded copy of `said`)
+        kept = next(iter(loaded._forward_hook.values())).args[1]
+        unihook.register_forward_hook(loaded, functools.partial(_said, "new", kept))
+        loaded(ms.Tensor(np.ones((1, 2), np.float32)))
+    finally:
+        HookHandle.unique_id = max(before, HookHandle.unique_id)
+    assert kept == ["saved", "new"]

@@ -5,10 +5,13 @@ raised "Can't pickle local object". The loaded copy's hooks keep their `when`.""
 
 from __future__ import annotations
 
+import functools
+import os
 import pickle
 from typing import Any
 
 import pytest
+from children import last_value, run_code
 
 import unihook
 from unihook.recipes import DropHook
@@ -126,3 +129,93 @@ def test_a_pickled_paddle_layers_hooks_refuse_a_full_graph_build() -> None:
         static = paddle.jit.to_static(layer, full_graph=True)
         with pytest.raises(unihook.UnsupportedHookError, match="forward hook on Linear"):
             static(_batch("paddle"))
+
+
+_SAVE_AND_LOAD = r"""
+import pickle, sys
+framework, path, step, how, tests = sys.argv[1:6]
+sys.path.insert(0, tests)
+if framework == "torch":
+    import torch as fw, torch.nn as nn
+    x = fw.ones(1, 2)
+else:
+    import paddle as fw, paddle.nn as nn
+    x = fw.ones([1, 2])
+import unihook
+from test_pickled_hooks import named
+
+def pre(m, hook, **options):
+    if how == "unihook":
+        return unihook.register_forward_pre_hook(m, hook, **options)
+    return m.register_forward_pre_hook(hook, **options)
+
+def post(m, hook):
+    if how == "unihook":
+        return unihook.register_forward_hook(m, hook)
+    return (m.register_forward_hook if framework == "torch" else m.register_forward_post_hook)(hook)
+
+if step == "save":
+    m = nn.Linear(2, 2)
+    pre(m, named("saved pre"))
+    if framework == "torch":  # (paddle has no keyword pre-hooks)
+        pre(m, named("saved kwargs pre", kwargs=True), with_kwargs=True)
+    post(m, named("saved post"))
+    with open(path, "wb") as f:
+        pickle.dump(m, f)
+else:
+    with open(path, "rb") as f:
+        m = pickle.load(f)
+    # a fresh process: its handle ids start where the saving one's did
+    pre(m, named("new pre"))
+    post(m, named("new post"))
+    try:
+        m(x)
+        print(repr(named.calls))
+    except TypeError as e:
+        print(repr(type(e).__name__))
+"""
+
+
+class _Named:
+    """Hooks that say their name as they run (module-level: they pickle by reference)."""
+
+    calls: list[str] = []
+
+    def __call__(self, name: str, kwargs: bool = False) -> Any:
+        return functools.partial(_say_kwargs if kwargs else _say, name)
+
+
+def _say(name: str, module: Any, *rest: Any) -> None:
+    _Named.calls.append(name)
+
+
+def _say_kwargs(name: str, module: Any, args: Any, kwargs: Any) -> None:
+    _Named.calls.append(name)
+
+
+named = _Named()
+
+
+def _loaded_calls(framework: str, how: str, path: str) -> Any:
+    tests = os.path.dirname(os.path.abspath(__file__))
+    saved = run_code(_SAVE_AND_LOAD, framework, path, "save", how, tests)
+    assert saved.returncode == 0, saved.stderr
+    return last_value(run_code(_SAVE_AND_LOAD, framework, path, "load", how, tests))
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_hooks_registered_after_a_load_keep_the_loaded_ones(framework: str, tmp_path: Any) -> None:
+    """A process loading a pickled module counts handle ids from 0, like the one that saved it:
+    a hook registered after the load drew a loaded hook's id and replaced it silently, or took
+    its ``with_kwargs`` flag and raised TypeError (helper-117's FINDING 4; torch and paddle do
+    so with their own pickled hooks). Where unihook's hook dict is what pickles (paddle, a
+    layer with unihook's hooks), the counter moves past the loaded ids as it loads. On torch
+    unihook's forward hooks are torch's own, in torch's dicts: as torch's (README)."""
+    pytest.importorskip(framework)
+    got = _loaded_calls(framework, "unihook", str(tmp_path / "unihook.pkl"))
+    if framework == "paddle":
+        assert got == ["saved pre", "new pre", "saved post", "new post"]
+        native = _loaded_calls(framework, "native", str(tmp_path / "native.pkl"))
+        assert native == ["new pre", "new post"]  # (paddle's own: the loaded hooks replaced)
+    else:
+        assert got == _loaded_calls(framework, "native", str(tmp_path / "native.pkl"))

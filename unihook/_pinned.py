@@ -42,10 +42,12 @@ __all__ = ["Access", "HookDict", "Pinned", "SnapshotDict", "pin", "pinned_key", 
 
 
 class Access(Protocol):
-    """How a backend reads and replaces a module's own hook dict. Optional attribute:
+    """How a backend reads and replaces a module's own hook dict. Optional attributes:
     ``iterates_live = True`` where the framework iterates the live hook dict in a module's
     call (paddle, MindSpore; torch copies it first): a pickled module's hook dicts then come
-    back as `SnapshotDict`s (`HookDict.__reduce__`)."""
+    back as `SnapshotDict`s (`HookDict.__reduce__`). ``reserve_ids(top)``, a module-level
+    function (pickled by name), moves the framework's handle counter past `top` (see
+    `_loaded`)."""
 
     def recreated(self, owner: Any, attr: str, /) -> bool:
         """Whether the framework itself is assigning `owner` a new hook dict `attr` (asked
@@ -90,6 +92,19 @@ class SnapshotDict(OrderedDict[int, Any]):
         if self.guard is not None:
             self.guard(self)
         return tuple(super().items())
+
+
+def _loaded(
+    kind: type[OrderedDict[int, Any]], reserve: Callable[[int], None] | None, top: int
+) -> OrderedDict[int, Any]:
+    """A pickled `HookDict` as it loads (`HookDict.__reduce__`): an empty `kind`, once the
+    backend's handle counter has moved past `top`, its largest key. A fresh process counts from
+    0, and a hook registered after the load drew a loaded one's id: it replaced that hook
+    silently, or took its flags (``with_kwargs``) and raised TypeError (helper-117's FINDING 4;
+    torch and paddle do so with their own pickled hooks)."""
+    if reserve is not None:
+        reserve(top)
+    return kind()
 
 
 class HookDict(OrderedDict[int, Any]):
@@ -352,11 +367,13 @@ class HookDict(OrderedDict[int, Any]):
         if any(key not in waiting for key in self.pinned):
             raise self._pickling_error()
         items = [(k, v) for k, v in OrderedDict.items(self) if k not in waiting]
+        reserve = getattr(self._access, "reserve_ids", None)
+        top = max((k for k, _ in items), default=-1)
         if not getattr(self._access, "iterates_live", False):
-            return (OrderedDict, (), None, None, iter(items))
+            return (_loaded, (OrderedDict, reserve, top), None, None, iter(items))
         owned = frozenset(k for k, _ in items if k in self.owned)
         state = {"guard": self.guard, "owned": owned} if self.guard is not None else None
-        return (SnapshotDict, (), state, None, iter(items))
+        return (_loaded, (SnapshotDict, reserve, top), state, None, iter(items))
 
     def _removed_keys(self) -> set[int]:
         """The pinned keys of dispatchers whose backward hooks are all removed."""

@@ -40,6 +40,12 @@ def new_id() -> int:
     return hook_id
 
 
+def reserve_ids(top: int) -> None:
+    """MindSpore's hook id counter past `top` (a loaded cell's hook keys: ``unihook._pinned``)."""
+    with _ids:
+        HookHandle.unique_id = max(HookHandle.unique_id, top + 1)
+
+
 class Access:
     """A cell's hook dicts: read through Cell's lazy properties, replaced in the ``_lazy_``
     attribute behind them (Cell.__setattr__ would file an OrderedDict as a plain attribute).
@@ -50,6 +56,7 @@ class Access:
     the new one (`unihook._pinned`)."""
 
     iterates_live = True  # (a layer's call iterates its dicts: `SnapshotDict`)
+    reserve_ids = staticmethod(reserve_ids)
 
     @staticmethod
     def recreated(owner: Any, attr: str) -> bool:

@@ -46,10 +46,17 @@ def new_id() -> int:
 _ID_LOCK = threading.Lock()
 
 
+def reserve_ids(top: int) -> None:
+    """paddle's hook id counter past `top` (a loaded layer's hook keys: ``unihook._pinned``)."""
+    with _ID_LOCK:
+        HookRemoveHelper.next_hook_id = max(HookRemoveHelper.next_hook_id, top + 1)
+
+
 class Access:
     """The layer's own hook dicts: its attributes."""
 
     iterates_live = True  # (a layer's call iterates its dicts: `SnapshotDict`)
+    reserve_ids = staticmethod(reserve_ids)
 
     @staticmethod
     def recreated(owner: Any, attr: str) -> bool:

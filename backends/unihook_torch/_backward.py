@@ -184,12 +184,19 @@ def _reshape_like(original: Any, alias: Any) -> None:
 _ID_LOCK = threading.Lock()
 
 
+def reserve_ids(top: int) -> None:
+    """torch's handle counter past `top` (a loaded module's hook keys: ``unihook._pinned``)."""
+    with _ID_LOCK:
+        RemovableHandle.next_id = max(RemovableHandle.next_id, top + 1)
+
+
 class _TorchDispatchers:
     """Where the dispatchers live: pinned last in the module's own hook dicts
     (``unihook._pinned``), so a native hook registered after them, even one replacing args or
     the output, runs before them, as torch's BackwardHook runs after every forward hook."""
 
     iterates_live = False  # (`_call_impl` copies the dicts' items first)
+    reserve_ids = staticmethod(reserve_ids)
 
     @staticmethod
     def recreated(owner: Any, attr: str) -> bool:

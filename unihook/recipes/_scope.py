@@ -240,6 +240,19 @@ class Recipe(Removable):
         for _ in range(owed):
             self._advance()
 
+    def _forward_runs(self) -> bool:
+        """`_running_now` without changing `_inside` (a hook's question, asked without the
+        lock): this thread's innermost forward, else any. An entry a forward left by a
+        BaseException (a KeyboardInterrupt: no `always_call` hook ran) does not count: until
+        2026-12-04 a submodule called on its own after one was recorded (helper-119)."""
+        inside = self._inside
+        if not inside:
+            return False
+        entries = inside.get(threading.get_ident())
+        if entries and executing(entries[-1][0]):
+            return True
+        return any(executing(e[0]) for entries in list(inside.values()) for e in entries)
+
     def _running_now(self) -> bool:
         """Whether a forward of the model runs now, on any thread (`threading`'s or not:
         helper-100's FINDING 7): one whose frame still runs (`executing`; one a BaseException
@@ -535,7 +548,7 @@ class _Placed:
         recipe = hook.__self__
         if self.generation != recipe._generation:
             return None
-        if not recipe._inside and (not args or args[0] is not recipe._model):
+        if (not args or args[0] is not recipe._model) and not recipe._forward_runs():
             # a module called on its own, no forward of the model running: the original's
             # hooks of the last forward are gone (`_advance`), a copy's stay and do nothing
             # (they recorded it: helper-117's FINDING 2). (The model's own hooks after
