@@ -246,8 +246,6 @@ class Recipe(Removable):
         BaseException (a KeyboardInterrupt: no `always_call` hook ran) does not count: until
         2026-12-04 a submodule called on its own after one was recorded (helper-119)."""
         inside = self._inside
-        if not inside:
-            return False
         entries = inside.get(threading.get_ident())
         if entries and executing(entries[-1][0]):
             return True
@@ -447,13 +445,31 @@ class Recipe(Removable):
         copy = object.__new__(type(self))
         memo[id(self)] = copy
         state = self.__getstate__()
-        if model is not None and id(model) not in memo and self._part(_deepcopy_root(memo)):
+        root = _deepcopy_root(memo)
+        if (
+            model is not None
+            and id(model) not in memo
+            and (self._part(root) or self._rebuilt(root, memo))
+        ):
             state.update(
                 _model=None, _inner=None, _holders=[], _where=None, _build=None, _removed=True
             )
             state["_generation"] = state["_next_generation"] = next(_generations)
         copy.__setstate__(copy_module.deepcopy(state, memo))
         return copy
+
+    def _rebuilt(self, root: Any, memo: dict[int, Any]) -> bool:
+        """Whether the model is a wrapper that a deep copy (of it, or of what holds it) rebuilds
+        around a copy of the module it wraps, made first (torch.compile's
+        ``OptimizedModule.__reduce__``): the new wrapper has none of the old one's hooks, where
+        the recipe starts each forward, and copying it from here rebuilt it around the
+        half-made copy (AttributeError, until 2026-12-04). The copy carries no recipe then, as
+        the copy of a wrapper whose recipe's hooks are all on it (``every`` > 1, between
+        forwards). (A copy of a part of the wrapped module: `_part`.)"""
+        inner = self.__dict__.get("_inner")
+        if inner is None or inner is self.__dict__.get("_model") or id(inner) not in memo:
+            return False
+        return not any(module is root for _, module in ops.named_modules(inner))
 
     def _part(self, root: Any) -> bool:
         """Whether `root` is this recipe, or a module of its model other than the model from
@@ -548,12 +564,15 @@ class _Placed:
         recipe = hook.__self__
         if self.generation != recipe._generation:
             return None
-        if (not args or args[0] is not recipe._model) and not recipe._forward_runs():
-            # a module called on its own, no forward of the model running: the original's
-            # hooks of the last forward are gone (`_advance`), a copy's stay and do nothing
-            # (they recorded it: helper-117's FINDING 2). (The model's own hooks after
-            # `_count` in its call run: that call's.)
-            return None
+        if not recipe._inside or not recipe._forward_runs():
+            if not args or args[0] is not recipe._model:
+                # a module called on its own, no forward of the model running: the original's
+                # hooks of the last forward are gone (`_advance`), a copy's stay and do nothing
+                # (they recorded it: helper-117's FINDING 2). (The model's own hooks after
+                # `_count` in its call run: that call's. `_model` is read only then: under
+                # torch.compile, dynamo tracing a compiled wrapper's hook took its read of the
+                # wrapper for a second variable of the module it traces: AssertionError.)
+                return None
         return hook(*args, **kwargs)
 
 
