@@ -150,7 +150,8 @@ FINDINGS (strict xfails below), numbered as found; by severity: medium-high 1; m
    trains a head under ``enable_grad`` (a frozen body): the head's gradient comes, torch's
    hook sees it, the monitor records nothing and says nothing (paddle the same). Expected:
    the head recorded in an entry of its own, or a warning naming it.
-10. (low: silently wrong norm; not a regression; README: "an attribute") an output kept in a
+10. FIXED 2026-12-04 (`unihook.ops.slot_values`, read by every backend's `attribute_values`).
+   (low: silently wrong norm; not a regression; README: "an attribute") an output kept in a
    ``__slots__`` attribute of the module (``__slots__ = ("out",)``; ``self.out = y``) is in
    no ``__dict__``: 'k' 12.87 where native is 1.73, no warning. Expected: left out (read the
    slots of the module's class too), or README saying ``__dict__`` only.
@@ -983,7 +984,6 @@ class _SlotNet(nn.Module):
         return self.b(torch.tanh(self.k(x)))
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 10: an output kept in a __slots__ attribute")
 def test_finding10_output_kept_in_a_slot() -> None:
     torch.manual_seed(0)
     model = _SlotNet()

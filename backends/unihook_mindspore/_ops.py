@@ -16,7 +16,14 @@ from mindspore.nn.layer.normalization import _BatchNorm
 
 from unihook.backend import history_reaches, map_dataclass
 from unihook.errors import BackendStateError
-from unihook.ops import Moments, Ops, cpu_moments, cpu_sum_squares, drop_block_rate
+from unihook.ops import (
+    Moments,
+    Ops,
+    cpu_moments,
+    cpu_sum_squares,
+    drop_block_rate,
+    slot_values,
+)
 
 from ._serial import exclusive
 
@@ -161,7 +168,8 @@ class MindSporeOps(Ops):
         skip = _bookkeeping()
         # (the items in one C call: another thread's new attribute during a walk of the
         # dict raised out of the forward, helper-101's FINDING 3)
-        return [v for k, v in list(module.__dict__.items()) if k not in skip]
+        # (and its `__slots__` attributes': helper-95's FINDING 10)
+        return [v for k, v in list(module.__dict__.items()) if k not in skip] + slot_values(module)
 
     def as_tensor(self, array: Any, like: Any) -> Any:
         return Tensor(np.asarray(array), dtype=like.dtype)

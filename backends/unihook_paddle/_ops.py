@@ -18,7 +18,14 @@ from paddle.utils.layers_utils import map_structure
 
 from unihook.backend import history_reaches, map_dataclass
 from unihook.errors import HookTargetError
-from unihook.ops import Moments, Ops, cpu_moments, cpu_sum_squares, drop_block_rate
+from unihook.ops import (
+    Moments,
+    Ops,
+    cpu_moments,
+    cpu_sum_squares,
+    drop_block_rate,
+    slot_values,
+)
 
 Axis = Union[None, int, Sequence[int]]
 
@@ -206,7 +213,8 @@ class PaddleOps(Ops):
         skip = _bookkeeping()
         # (the items in one C call: another thread's new attribute during a walk of the
         # dict raised out of the forward, helper-101's FINDING 3)
-        return [v for k, v in list(module.__dict__.items()) if k not in skip]
+        # (and its `__slots__` attributes': helper-95's FINDING 10)
+        return [v for k, v in list(module.__dict__.items()) if k not in skip] + slot_values(module)
 
     def as_tensor(self, array: Any, like: Any) -> Any:
         return paddle.to_tensor(np.asarray(array), dtype=like.dtype, place=like.place)

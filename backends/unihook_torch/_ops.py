@@ -20,7 +20,14 @@ from torch._C._functorch import get_unwrapped, is_batchedtensor, is_functorch_wr
 
 from unihook.backend import history_reaches, imported, map_dataclass
 from unihook.errors import HookArgumentError
-from unihook.ops import Moments, Ops, cpu_moments, cpu_sum_squares, drop_block_rate
+from unihook.ops import (
+    Moments,
+    Ops,
+    cpu_moments,
+    cpu_sum_squares,
+    drop_block_rate,
+    slot_values,
+)
 
 Axis = Union[None, int, Sequence[int]]
 
@@ -421,7 +428,8 @@ class TorchOps(Ops):
         skip = _bookkeeping()
         # (the items in one C call: another thread's new attribute during a walk of the
         # dict raised out of the forward, helper-101's FINDING 3)
-        return [v for k, v in list(module.__dict__.items()) if k not in skip]
+        # (and its `__slots__` attributes': helper-95's FINDING 10)
+        return [v for k, v in list(module.__dict__.items()) if k not in skip] + slot_values(module)
 
     def as_tensor(self, array: Any, like: Any) -> Any:
         return torch.as_tensor(np.asarray(array), dtype=like.dtype, device=like.device)

@@ -1,0 +1,130 @@
+"""A module keeping its output in a ``__slots__`` attribute (not in ``__dict__``) keeps it as one
+keeping it in ``__dict__`` does: GradientMonitor leaves its output out (or records torch's
+native norm), where until 2026-12-04 it recorded the sum of every use of the output (helper-95's
+FINDING 10). `unihook.ops.slot_values` reads the slots, which every backend's
+`attribute_values` adds."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+from monitor_oracle import broken, names
+
+from unihook.ops import slot_values
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+
+class _Base(nn.Module):
+    __slots__ = ("kept_in_base",)
+
+
+def _keeper(where: str) -> Any:
+    """A block whose forward keeps its output in the slot `where` names ("list": in a list in a
+    slot; "unset": keeps nothing, its slot never set)."""
+
+    class Keeper(_Base):
+        __slots__ = ("out", "__private", "holder")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: Any) -> Any:
+            y = self.fc(x) * 1.0
+            if where == "slot":
+                self.out = y
+            elif where == "private":
+                self.__private = y
+            elif where == "base":
+                self.kept_in_base = y
+            elif where == "list":
+                self.holder = [y]
+            return y
+
+        def kept(self) -> Any:
+            return {
+                "slot": lambda: self.out,
+                "private": lambda: self.__private,
+                "base": lambda: self.kept_in_base,
+                "list": lambda: self.holder[0],
+            }[where]()
+
+    return Keeper()
+
+
+class _Net(nn.Module):
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.k = _keeper(where)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x: Any) -> Any:
+        return self.b(torch.tanh(self.k(x)))
+
+
+@pytest.mark.parametrize("where", ["slot", "private", "base", "list", "unset"])
+def test_an_output_kept_in_a_slot_is_seen(where: str) -> None:
+    torch.manual_seed(0)
+    model = _Net(where)
+
+    def loss(model: Any, out: Any) -> Any:
+        extra = 0.0 if where == "unset" else 3 * (model.k.kept() ** 2).sum()
+        return (out * out).sum() + extra
+
+    assert broken(model, names(model), torch.randn(3, 4), loss) == []
+
+
+def test_slot_values_reads_set_slots_only_and_runs_no_property() -> None:
+    class A:
+        __slots__ = "single"
+
+    class B(A):
+        __slots__ = ("__hidden", "unset", "__weakref__")
+
+        def __init__(self) -> None:
+            self.single = 1
+            self.__hidden = 2
+
+    class C(B):
+        @property
+        def unset(self) -> Any:  # (a property over a base's slot: not run)
+            raise AssertionError("ran")
+
+    assert sorted(slot_values(C())) == [1, 2]
+    assert slot_values(object()) == [] and slot_values(nn.Linear(1, 1)) == []
+
+
+def test_paddle_a_slot_keeper_is_told_as_a_dict_keeper() -> None:
+    paddle = pytest.importorskip("paddle")
+    from unihook.recipes import GradientMonitor
+
+    def run(in_slot: bool) -> tuple[Any, list[str]]:
+        class Keeper(paddle.nn.Layer):
+            __slots__ = ("out",) if in_slot else ()
+
+            def __init__(self) -> None:
+                super().__init__()
+                self.fc = paddle.nn.Linear(4, 4)
+
+            def forward(self, x: Any) -> Any:
+                y = self.fc(x) * 1.0
+                self.out = [y]  # (a tensor attribute paddle files among its buffers)
+                return y
+
+        paddle.seed(0)
+        model = paddle.nn.Sequential(Keeper(), paddle.nn.Tanh(), paddle.nn.Linear(4, 4))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with GradientMonitor(model) as monitor:
+                out = model(paddle.ones([3, 4]))
+                assert ("out" in vars(model[0])) is not in_slot
+                ((out * out).sum() + 3 * (model[0].out[0] ** 2).sum()).backward()
+        said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
+        entry = {k: round(v, 5) for k, v in monitor.history[-1].items()}
+        return entry, said
+
+    assert run(True) == run(False)
