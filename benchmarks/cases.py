@@ -611,17 +611,53 @@ def _bwd_only(
 
 # -- 3. recipes in a training loop: forward + backward + SGD step on the CNN --
 
+
+class _Removed:
+    """Native hooks as a recipe: `remove()` removes them all (`recipes`' floors)."""
+
+    def __init__(self, removers: list[Remover]) -> None:
+        self.removers = removers
+
+    def remove(self) -> None:
+        for remove in self.removers:
+            remove()
+
+
 STATS_TARGET = Target(1.10, "<= 1.10x")
 MONITOR_TARGET = Target(1.05, "<= 1.05x")
 OFF_STEP_TARGET = Target(1.01, "<= 1.01x")
 EVERY = 10
 
 
+def _floor(fw: Framework, model: Any, kind: str) -> Callable[[], list[Remover]]:
+    """The recipes' arithmetic alone, in native hooks on every module: `unihook.ops.moments`
+    of each output ("stats"), or `unihook.ops.sum_squares` of each output's gradient, in a
+    tensor hook each forward hook places ("monitor"). What a recipe can cost at least,
+    whatever its bookkeeping: the floor its target is measured against."""
+    from unihook import ops
+
+    def moments(module: Any, args: Any, output: Any) -> None:
+        if ops.is_tensor(output):
+            ops.moments(ops.detach(output))
+
+    def squares(grad: Any) -> None:
+        ops.sum_squares(grad)
+
+    def gradient(module: Any, args: Any, output: Any) -> None:
+        if ops.is_tensor(output):
+            ops.on_grad(output, squares)  # (the framework's own tensor hook)
+
+    hook = moments if kind == "stats" else gradient
+    return lambda: [fw.native_hook(m, "forward", hook) for _, m in fw.named_modules(model)]
+
+
 def recipes(fws: list[Framework], sizes: Sizes) -> Case:
     """ActivationStats and GradientMonitor on every module of the CNN against the bare step,
     logging every step, and on the steps `every=10` skips. Each sample creates the recipe and
     runs one untimed step (the logged forward 0) first: the timed step is a steady-state logged
-    step (every=1) or an off-step (every=10); `plain` also runs its untimed step first."""
+    step (every=1) or an off-step (every=10); `plain` also runs its untimed step first. The
+    floors (`_floor`, where the framework has native tensor hooks) time the same arithmetic in
+    native hooks, without the recipes' bookkeeping."""
     from unihook.recipes import ActivationStats, GradientMonitor
 
     variants: list[Variant] = []
@@ -653,6 +689,16 @@ def recipes(fws: list[Framework], sizes: Sizes) -> Case:
             return setup
 
         p = fw.name
+        if fw.name != "mindspore":  # (MindSpore's autograd is functional: no backward here)
+            for kind in ("stats", "monitor"):
+                place = _floor(fw, model, kind)
+
+                def floor(place: Callable[[], list[Remover]] = place) -> Any:
+                    removers = place()
+                    return _Removed(removers)
+
+                variants.append(Variant(f"{p} {kind} floor", with_recipe(floor)))
+                metrics.append(ratio(f"{p} {kind} floor", f"{p} plain"))
         variants += [
             Variant(f"{p} plain", with_recipe(None)),
             Variant(f"{p} stats", with_recipe(lambda m=model: ActivationStats(m))),
