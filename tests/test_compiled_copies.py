@@ -74,3 +74,49 @@ def test_a_deep_copy_of_a_compiled_model_carries_no_recipe(
     expected, _ = _run(kind, every, before, None)
     got, _ = _run(kind, every, before, how)
     assert got == expected
+
+
+def test_a_pickled_compiled_model_loads_without_the_recipe() -> None:
+    """``torch.save`` of a compiled model with a recipe on it wrote a file whose load raised
+    AttributeError (helper-121's FINDING 2): the loaded copy carries no recipe now, as a deep
+    copy, and runs."""
+    import io
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    compiled = torch.compile(model, backend="eager")
+    with GradientMonitor(compiled) as monitor:
+        compiled(torch.randn(3, 4)).sum().backward()
+        buffer = io.BytesIO()
+        torch.save(compiled, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        loaded(torch.randn(3, 4)).sum().backward()
+        compiled(torch.randn(3, 4)).sum().backward()
+    assert len(monitor.history) == 2
+    assert not [r for r in gc.get_objects() if type(r) is GradientMonitor and r._model is loaded]
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_a_copy_of_a_data_parallel_model_reached_through_its_module_keeps_its_recipe(
+    every: int,
+) -> None:
+    """A deep copy of an object holding a model before its wrapper (a trainer's ``self.model``
+    then ``self.wrapped``): DataParallel copies its state after itself, so the copy's recipe
+    watches the copied wrapper and records its forwards, as before 78c0762, which made it a
+    removed copy (helper-121's FINDING 1)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    wrapped = nn.DataParallel(model)
+    monitor = GradientMonitor(wrapped, every=every)
+    try:
+        for _ in range(every):  # (every > 1: the hooks placed on the inner modules)
+            wrapped(torch.randn(3, 4)).sum().backward()
+        copied = copy.deepcopy({"model": model, "wrapped": wrapped})["wrapped"]
+        found = [r for r in gc.get_objects() if type(r) is GradientMonitor and r._model is copied]
+        assert len(found) == 1 and not found[0]._removed
+        before = len(found[0].history)
+        copied(torch.randn(3, 4)).sum().backward()
+        assert len(found[0].history) == before + 1
+    finally:
+        monitor.remove()

@@ -98,6 +98,37 @@ def test_slot_values_reads_set_slots_only_and_runs_no_property() -> None:
     assert slot_values(object()) == [] and slot_values(nn.Linear(1, 1)) == []
 
 
+def test_slot_values_finds_slots_however_declared_and_keeps_no_class() -> None:
+    """Slots given as an iterator (consumed as the class is made), a private one of a class
+    named with underscores only (not mangled), ``__slots__`` reassigned after: read from the
+    classes' descriptors (helper-121's FINDING 5). The table keeps no class alive (its
+    FINDING 4)."""
+    import gc
+    import weakref
+
+    class Iterated:
+        __slots__ = iter(("a", "b"))
+
+    class ___:
+        __slots__ = ("__p",)
+
+        def __init__(self) -> None:
+            self.__p = "private"
+
+    class Reassigned:
+        __slots__ = ("c",)
+
+    Reassigned.__slots__ = ()  # type: ignore[misc]
+    first, second, third = Iterated(), ___(), Reassigned()
+    first.a, first.b, third.c = 1, 2, 3  # type: ignore[attr-defined]
+    assert sorted(slot_values(first)) == [1, 2]
+    assert slot_values(second) == ["private"] and slot_values(third) == [3]
+    gone = weakref.ref(Iterated)
+    del Iterated, first
+    gc.collect()
+    assert gone() is None
+
+
 def test_paddle_a_slot_keeper_is_told_as_a_dict_keeper() -> None:
     paddle = pytest.importorskip("paddle")
     from unihook.recipes import GradientMonitor

@@ -517,37 +517,42 @@ def slot_values(obj: Any) -> list[Any]:
     cls = type(obj)  # (not `__class__`, which a proxy forwards)
     known = _slots.get(id(cls))
     if known is None or known[0]() is not cls:
-        known = (weakref.ref(cls), _slot_descriptors(cls))
-        if len(_slots) < 4096:  # (a type made per model: kept weakly, and not past a bound)
+        known = (weakref.ref(cls), _slot_places(cls))
+        if len(_slots) >= _SLOTS_KEPT:  # (the types gone, once the table is full)
+            for key in [key for key, entry in list(_slots.items()) if entry[0]() is None]:
+                _slots.pop(key, None)
+        if id(cls) in _slots or len(_slots) < _SLOTS_KEPT:
             _slots[id(cls)] = known
-    values = []
-    for descriptor in known[1]:
-        try:
-            values.append(descriptor.__get__(obj, cls))
-        except AttributeError:  # (a slot not set)
-            continue
+    if not known[1]:
+        return []
+    values, mro = [], cls.__mro__
+    for index, name in known[1]:
+        descriptor = mro[index].__dict__.get(name)
+        if type(descriptor) is types.MemberDescriptorType:
+            try:
+                values.append(descriptor.__get__(obj, cls))
+            except AttributeError:  # (a slot not set)
+                continue
     return values
 
 
-def _slot_descriptors(cls: type) -> tuple[Any, ...]:
-    """The member descriptors of the ``__slots__`` of `cls` and its bases."""
-    found = []
-    for klass in cls.__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if not isinstance(name, str) or name in ("__dict__", "__weakref__"):
-                continue
-            if name.startswith("__") and not name.endswith("__"):  # (a private name, mangled)
-                name = f"_{klass.__name__.lstrip('_')}{name}"
-            descriptor = klass.__dict__.get(name)
-            if type(descriptor) is types.MemberDescriptorType:
-                found.append(descriptor)
-    return tuple(found)
+def _slot_places(cls: type) -> tuple[tuple[int, str], ...]:
+    """Where the slots of `cls` and its bases are: (index in the MRO, name) of each member
+    descriptor a class of it defines (read from the class, not from ``__slots__``, which may
+    have been an iterator, or reassigned since; names as mangled). Names, not the descriptors,
+    which hold their class: the table keeps no type alive."""
+    return tuple(
+        (index, name)
+        for index, klass in enumerate(cls.__mro__)
+        for name, value in list(vars(klass).items())
+        if type(value) is types.MemberDescriptorType and value.__objclass__ is klass
+    )
 
 
-# `slot_values`' descriptors by the type's id, with a weak reference to it (a type's own hash
-# and equality may raise: see the recipes' `_kinds`)
-_slots: dict[int, tuple[weakref.ref[type], tuple[Any, ...]]] = {}
+# `slot_values`' places by the type's id, with a weak reference to it (a type's own hash and
+# equality may raise: see the recipes' `_kinds`), for at most `_SLOTS_KEPT` types at once
+_slots: dict[int, tuple[weakref.ref[type], tuple[tuple[int, str], ...]]] = {}
+_SLOTS_KEPT = 4096
 
 
 def _flat(a: Any) -> Any:

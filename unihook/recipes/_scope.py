@@ -415,6 +415,8 @@ class Recipe(Removable):
             # copy keeps as they are: the copy's builder takes the names it picked (helper-115)
             copy.__dict__["_where"] = [_escape(name) for name in names]
         copy._copied()
+        if _rebuilt(copy.__dict__.get("_model"), copy.__dict__.get("_inner")):
+            _inert(copy.__dict__)
         return copy.__dict__
 
     def _copied(self) -> None:
@@ -445,31 +447,10 @@ class Recipe(Removable):
         copy = object.__new__(type(self))
         memo[id(self)] = copy
         state = self.__getstate__()
-        root = _deepcopy_root(memo)
-        if (
-            model is not None
-            and id(model) not in memo
-            and (self._part(root) or self._rebuilt(root, memo))
-        ):
-            state.update(
-                _model=None, _inner=None, _holders=[], _where=None, _build=None, _removed=True
-            )
-            state["_generation"] = state["_next_generation"] = next(_generations)
+        if model is not None and id(model) not in memo and self._part(_deepcopy_root(memo)):
+            _inert(state)
         copy.__setstate__(copy_module.deepcopy(state, memo))
         return copy
-
-    def _rebuilt(self, root: Any, memo: dict[int, Any]) -> bool:
-        """Whether the model is a wrapper that a deep copy (of it, or of what holds it) rebuilds
-        around a copy of the module it wraps, made first (torch.compile's
-        ``OptimizedModule.__reduce__``): the new wrapper has none of the old one's hooks, where
-        the recipe starts each forward, and copying it from here rebuilt it around the
-        half-made copy (AttributeError, until 2026-12-04). The copy carries no recipe then, as
-        the copy of a wrapper whose recipe's hooks are all on it (``every`` > 1, between
-        forwards). (A copy of a part of the wrapped module: `_part`.)"""
-        inner = self.__dict__.get("_inner")
-        if inner is None or inner is self.__dict__.get("_model") or id(inner) not in memo:
-            return False
-        return not any(module is root for _, module in ops.named_modules(inner))
 
     def _part(self, root: Any) -> bool:
         """Whether `root` is this recipe, or a module of its model other than the model from
@@ -524,6 +505,27 @@ def _reaches(root: Any, targets: set[int], avoid: int, budget: int = 200_000) ->
                 return True
             todo.append(found)
     return False
+
+
+def _inert(state: dict[str, Any]) -> None:
+    """A copy's `state` made that of a removed recipe holding no module (its numbers kept)."""
+    state.update(_model=None, _inner=None, _holders=[], _where=None, _build=None, _removed=True)
+    state["_generation"] = state["_next_generation"] = next(_generations)
+
+
+def _rebuilt(model: Any, inner: Any) -> bool:
+    """Whether `model` is a wrapper of `inner` that a copy (deep copy or pickle) rebuilds
+    around a copy of `inner` made first, by its class's own ``__reduce__`` (torch.compile's
+    ``OptimizedModule``; DataParallel, DDP, a plain Module copy their state after them). The
+    new wrapper has none of the old one's hooks, where the recipe starts each forward, and a
+    copy of the recipe, reached through `inner`'s hooks, copied the wrapper again around the
+    half-made copy of `inner`: AttributeError (a pickle: at the load). Until 2026-12-04 it
+    raised so; the copy carries no recipe now, as when the recipe's hooks are all on the
+    wrapper (``every`` > 1, between forwards)."""
+    if model is None or inner is None or inner is model:
+        return False
+    cls = type(model)
+    return cls.__reduce__ is not object.__reduce__ or cls.__reduce_ex__ is not object.__reduce_ex__
 
 
 def _deepcopy_root(memo: dict[int, Any]) -> Any:
