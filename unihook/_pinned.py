@@ -45,9 +45,10 @@ class Access(Protocol):
     """How a backend reads and replaces a module's own hook dict. Optional attributes:
     ``iterates_live = True`` where the framework iterates the live hook dict in a module's
     call (paddle, MindSpore; torch copies it first): a pickled module's hook dicts then come
-    back as `SnapshotDict`s (`HookDict.__reduce__`). ``reserve_ids(top)``, a module-level
-    function (pickled by name), moves the framework's handle counter past `top` (see
-    `_loaded`)."""
+    back as `SnapshotDict`s (`HookDict.__reduce__`). ``ids_drawn()`` (the framework's handle
+    counter: the next id) and ``reserve_ids(top)`` (moves it past `top`), with the Access a
+    module-level class (a pickle names it): a pickled module's hooks keep their ids in the
+    loading process (see `_loaded`)."""
 
     def recreated(self, owner: Any, attr: str, /) -> bool:
         """Whether the framework itself is assigning `owner` a new hook dict `attr` (asked
@@ -75,9 +76,17 @@ class SnapshotDict(OrderedDict[int, Any]):
     guard: Callable[[Any], None] | None = None
     owned: frozenset[int] = frozenset()
     pinned: tuple[int, ...] = ()
+    access: Any = None  # the backend's Access (`_loaded`), for a pickle of this one
 
     def owner(self) -> Any:
         return None
+
+    def __reduce__(self) -> Any:
+        """Pickled again (a loaded copy saved): as the HookDict it came from (`_loaded`)."""
+        items = list(OrderedDict.items(self))
+        state = {k: v for k, v in self.__dict__.items() if k != "access"} or None
+        top = _top(self.access, (k for k, _ in items))
+        return (_loaded, (SnapshotDict, self.access, top), state, None, iter(items))
 
     def __iter__(self) -> Iterator[int]:
         return iter(list(super().__iter__()))
@@ -94,17 +103,27 @@ class SnapshotDict(OrderedDict[int, Any]):
         return tuple(super().items())
 
 
-def _loaded(
-    kind: type[OrderedDict[int, Any]], reserve: Callable[[int], None] | None, top: int
-) -> OrderedDict[int, Any]:
-    """A pickled `HookDict` as it loads (`HookDict.__reduce__`): an empty `kind`, once the
-    backend's handle counter has moved past `top`, its largest key. A fresh process counts from
-    0, and a hook registered after the load drew a loaded one's id: it replaced that hook
-    silently, or took its flags (``with_kwargs``) and raised TypeError (helper-117's FINDING 4;
-    torch and paddle do so with their own pickled hooks)."""
-    if reserve is not None:
-        reserve(top)
-    return kind()
+def _loaded(kind: type[OrderedDict[int, Any]], access: Any, top: int) -> OrderedDict[int, Any]:
+    """A pickled `HookDict` (or `SnapshotDict`) as it loads: an empty `kind`, once the
+    backend's handle counter has moved past `top`, the last id the saving process had drawn
+    when it pickled (`_top`). A fresh process counts from 0, and a hook registered after the
+    load drew the id of a loaded one (unihook's, or a native one of any layer the pickle
+    holds): it replaced that hook silently, or took its flags (``with_kwargs``) and raised
+    TypeError (helper-117's FINDING 4; torch and paddle do so with their own pickled hooks;
+    until helper-120's FINDING 1 only this dict's keys were passed). The `SnapshotDict`
+    keeps `access`, so that a copy loaded and saved again does the same (its FINDING 2)."""
+    if access is not None:
+        access.reserve_ids(top)
+    loaded = kind()
+    if isinstance(loaded, SnapshotDict):
+        loaded.access = access
+    return loaded
+
+
+def _top(access: Any, keys: Iterable[int]) -> int:
+    """The last id drawn so far in this process, or the largest of `keys` if larger."""
+    drawn = access.ids_drawn() - 1 if access is not None else -1
+    return max(drawn, max(keys, default=-1))
 
 
 class HookDict(OrderedDict[int, Any]):
@@ -367,13 +386,13 @@ class HookDict(OrderedDict[int, Any]):
         if any(key not in waiting for key in self.pinned):
             raise self._pickling_error()
         items = [(k, v) for k, v in OrderedDict.items(self) if k not in waiting]
-        reserve = getattr(self._access, "reserve_ids", None)
-        top = max((k for k, _ in items), default=-1)
+        access = self._access if hasattr(self._access, "reserve_ids") else None
+        top = _top(access, (k for k, _ in items))
         if not getattr(self._access, "iterates_live", False):
-            return (_loaded, (OrderedDict, reserve, top), None, None, iter(items))
+            return (_loaded, (OrderedDict, access, top), None, None, iter(items))
         owned = frozenset(k for k, _ in items if k in self.owned)
         state = {"guard": self.guard, "owned": owned} if self.guard is not None else None
-        return (_loaded, (SnapshotDict, reserve, top), state, None, iter(items))
+        return (_loaded, (SnapshotDict, access, top), state, None, iter(items))
 
     def _removed_keys(self) -> set[int]:
         """The pinned keys of dispatchers whose backward hooks are all removed."""

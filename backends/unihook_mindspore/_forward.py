@@ -40,6 +40,12 @@ def new_id() -> int:
     return hook_id
 
 
+def ids_drawn() -> int:
+    """The framework's hook id counter: the next id (``unihook._pinned``)."""
+    drawn: int = HookHandle.unique_id
+    return drawn
+
+
 def reserve_ids(top: int) -> None:
     """MindSpore's hook id counter past `top` (a loaded cell's hook keys: ``unihook._pinned``)."""
     with _ids:
@@ -56,6 +62,7 @@ class Access:
     the new one (`unihook._pinned`)."""
 
     iterates_live = True  # (a layer's call iterates its dicts: `SnapshotDict`)
+    ids_drawn = staticmethod(ids_drawn)
     reserve_ids = staticmethod(reserve_ids)
 
     @staticmethod

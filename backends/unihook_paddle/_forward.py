@@ -46,6 +46,12 @@ def new_id() -> int:
 _ID_LOCK = threading.Lock()
 
 
+def ids_drawn() -> int:
+    """The framework's hook id counter: the next id (``unihook._pinned``)."""
+    drawn: int = HookRemoveHelper.next_hook_id
+    return drawn
+
+
 def reserve_ids(top: int) -> None:
     """paddle's hook id counter past `top` (a loaded layer's hook keys: ``unihook._pinned``)."""
     with _ID_LOCK:
@@ -56,6 +62,7 @@ class Access:
     """The layer's own hook dicts: its attributes."""
 
     iterates_live = True  # (a layer's call iterates its dicts: `SnapshotDict`)
+    ids_drawn = staticmethod(ids_drawn)
     reserve_ids = staticmethod(reserve_ids)
 
     @staticmethod

@@ -184,6 +184,12 @@ def _reshape_like(original: Any, alias: Any) -> None:
 _ID_LOCK = threading.Lock()
 
 
+def ids_drawn() -> int:
+    """The framework's hook id counter: the next id (``unihook._pinned``)."""
+    drawn: int = RemovableHandle.next_id
+    return drawn
+
+
 def reserve_ids(top: int) -> None:
     """torch's handle counter past `top` (a loaded module's hook keys: ``unihook._pinned``)."""
     with _ID_LOCK:
@@ -196,6 +202,7 @@ class _TorchDispatchers:
     the output, runs before them, as torch's BackwardHook runs after every forward hook."""
 
     iterates_live = False  # (`_call_impl` copies the dicts' items first)
+    ids_drawn = staticmethod(ids_drawn)
     reserve_ids = staticmethod(reserve_ids)
 
     @staticmethod
