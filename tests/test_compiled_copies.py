@@ -120,3 +120,13 @@ def test_a_copy_of_a_data_parallel_model_reached_through_its_module_keeps_its_re
         assert len(found[0].history) == before + 1
     finally:
         monitor.remove()
+
+
+def test_a_shallow_copy_of_a_recipe_on_a_compiled_model_shares_the_model() -> None:
+    """`copy.copy` rebuilds no wrapper: the copy shares the model and is not removed, as for
+    any model (helper-122's FINDING 5: 3e43b9e made it a removed copy)."""
+    model = nn.Sequential(nn.Linear(4, 2))
+    compiled = torch.compile(model, backend="eager")
+    with ActivationStats(compiled) as stats:
+        shallow = copy.copy(stats)
+        assert shallow._model is compiled and not shallow._removed

@@ -518,32 +518,39 @@ def slot_values(obj: Any) -> list[Any]:
     known = _slots.get(id(cls))
     if known is None or known[0]() is not cls:
         known = (weakref.ref(cls), _slot_places(cls))
-        if len(_slots) >= _SLOTS_KEPT:  # (the types gone, once the table is full)
-            for key in [key for key, entry in list(_slots.items()) if entry[0]() is None]:
+        if len(_slots) >= _SLOTS_KEPT and id(cls) not in _slots:
+            # full: the types gone go, or all (a rescan per call of a type left out cost
+            # 1.8 ms: helper-122's FINDING 1)
+            dead = [key for key, entry in list(_slots.items()) if entry[0]() is None]
+            for key in dead or list(_slots):
                 _slots.pop(key, None)
-        if id(cls) in _slots or len(_slots) < _SLOTS_KEPT:
-            _slots[id(cls)] = known
+        _slots[id(cls)] = known
     if not known[1]:
         return []
-    values, mro = [], cls.__mro__
-    for index, name in known[1]:
-        descriptor = mro[index].__dict__.get(name)
-        if type(descriptor) is types.MemberDescriptorType:
+    values = []
+    for owner, name in known[1]:
+        klass = owner()
+        descriptor = None if klass is None else vars(klass).get(name)
+        # (the defining class's own descriptor: not one another class's put there, helper-122's
+        # FINDING 3; found whatever the class's bases became since, its FINDING 2)
+        if type(descriptor) is types.MemberDescriptorType and descriptor.__objclass__ is klass:
             try:
                 values.append(descriptor.__get__(obj, cls))
-            except AttributeError:  # (a slot not set)
+            except (AttributeError, TypeError):  # (a slot not set)
                 continue
     return values
 
 
-def _slot_places(cls: type) -> tuple[tuple[int, str], ...]:
-    """Where the slots of `cls` and its bases are: (index in the MRO, name) of each member
-    descriptor a class of it defines (read from the class, not from ``__slots__``, which may
-    have been an iterator, or reassigned since; names as mangled). Names, not the descriptors,
-    which hold their class: the table keeps no type alive."""
+def _slot_places(cls: type) -> tuple[tuple[weakref.ref[type], str], ...]:
+    """Where the slots of `cls` and its bases are: (the class, weakly; name) of each member
+    descriptor a class of its MRO defines and that has ``__slots__`` (read from the class, not
+    from ``__slots__``, which may have been an iterator, or reassigned since; names as
+    mangled; a C type's members are not slots: helper-122's FINDING 4). The descriptors are not
+    kept: they hold their class."""
     return tuple(
-        (index, name)
-        for index, klass in enumerate(cls.__mro__)
+        (weakref.ref(klass), name)
+        for klass in cls.__mro__
+        if "__slots__" in vars(klass)
         for name, value in list(vars(klass).items())
         if type(value) is types.MemberDescriptorType and value.__objclass__ is klass
     )
@@ -551,7 +558,7 @@ def _slot_places(cls: type) -> tuple[tuple[int, str], ...]:
 
 # `slot_values`' places by the type's id, with a weak reference to it (a type's own hash and
 # equality may raise: see the recipes' `_kinds`), for at most `_SLOTS_KEPT` types at once
-_slots: dict[int, tuple[weakref.ref[type], tuple[tuple[int, str], ...]]] = {}
+_slots: dict[int, tuple[weakref.ref[type], tuple[tuple[weakref.ref[type], str], ...]]] = {}
 _SLOTS_KEPT = 4096
 
 

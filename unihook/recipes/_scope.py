@@ -395,7 +395,11 @@ class Recipe(Removable):
         """A deep copy of the model copies its hooks, and so the recipes they call, as torch
         copies its own (until 2026-12-02 ``TypeError: cannot pickle '_thread.RLock'``:
         helper-104's FINDING 8, ``AveragedModel`` and every EMA copy): the copy gets a lock of
-        its own and no forward under way (frames do not copy)."""
+        its own and no forward under way (frames do not copy). Its model a wrapper that a
+        copy rebuilds (`_rebuilt`), the copy is removed."""
+        return self._state(rebuilt=True)
+
+    def _state(self, rebuilt: bool) -> dict[str, Any]:
         copy = object.__new__(type(self))
         copy.__dict__.update(self.__dict__)
         del copy.__dict__["_counting"]
@@ -415,9 +419,17 @@ class Recipe(Removable):
             # copy keeps as they are: the copy's builder takes the names it picked (helper-115)
             copy.__dict__["_where"] = [_escape(name) for name in names]
         copy._copied()
-        if _rebuilt(copy.__dict__.get("_model"), copy.__dict__.get("_inner")):
+        if rebuilt and _rebuilt(copy.__dict__.get("_model"), copy.__dict__.get("_inner")):
             _inert(copy.__dict__)
         return copy.__dict__
+
+    def __copy__(self) -> Any:
+        """A shallow copy (`copy.copy`): the state `__getstate__` gives, the model shared;
+        one of a recipe on a compiled model too, which no copy of the wrapper rebuilds
+        (helper-122's FINDING 5)."""
+        copy = object.__new__(type(self))
+        copy.__setstate__(self._state(rebuilt=False))
+        return copy
 
     def _copied(self) -> None:
         """This object is a copy's state being made (`__getstate__`): replace (never change:
