@@ -34,24 +34,18 @@ _STEPS = st.lists(
 
 
 def _framework(name: str) -> Any:
+    """(nn, a module class raising KeyboardInterrupt while armed, to_tensor, seed)."""
     if name == "torch":
         import torch
 
-        class Raise(torch.nn.Module):
-            armed = False
-
-            def forward(self, x: Any) -> Any:
-                if self.armed:
-                    raise KeyboardInterrupt
-                return x * 1.0
-
-        def tensor(a: Any) -> Any:
-            return torch.tensor(a)
-
-        return torch.nn, Raise, tensor, lambda m: torch.manual_seed(0)
+        return torch.nn, _raising(torch.nn.Module), torch.tensor, lambda: torch.manual_seed(0)
     import paddle
 
-    class PRaise(paddle.nn.Layer):
+    return paddle.nn, _raising(paddle.nn.Layer), paddle.to_tensor, lambda: paddle.seed(0)
+
+
+def _raising(base: Any) -> Any:
+    class Raise(base):  # type: ignore[misc,valid-type]
         armed = False
 
         def forward(self, x: Any) -> Any:
@@ -59,15 +53,12 @@ def _framework(name: str) -> Any:
                 raise KeyboardInterrupt
             return x * 1.0
 
-    def ptensor(a: Any) -> Any:
-        return paddle.to_tensor(a)
-
-    return paddle.nn, PRaise, ptensor, lambda m: paddle.seed(0)
+    return Raise
 
 
 def _run(framework: str, kind: str, every: int, steps: list[tuple[str, int]]) -> Any:
     nn, raising, tensor, seed = _framework(framework)
-    seed(None)
+    seed()
     # four modules a forward passes, each of which may raise before its own work
     blocks = [nn.Sequential(raising(), nn.Linear(4, 4)) for _ in range(4)]
     model = nn.Sequential(*blocks)
