@@ -120,12 +120,17 @@ def test_a_pickled_paddle_layers_hooks_refuse_a_full_graph_build() -> None:
     which ran the hooks in the build silently (helper-117's FINDING 1): the same error now,
     naming the layer."""
     pytest.importorskip("paddle")
+    import copy as copies
+
     import paddle
 
     model = _model("paddle")
     unihook.register_forward_hook(model[0], record)
-    copy = pickle.loads(pickle.dumps(model))
-    for layer in (model, copy):
+    loaded = pickle.loads(pickle.dumps(model))
+    deep = copies.deepcopy(model)  # (until 2026-12-04 without the check: helper-123's F4)
+    unihook.register_forward_hook(loaded[1], record)  # (a HookDict over a SnapshotDict)
+    others = (copies.deepcopy(loaded), pickle.loads(pickle.dumps(deep)))
+    for layer in (model, loaded, deep, *others):
         static = paddle.jit.to_static(layer, full_graph=True)
         with pytest.raises(unihook.UnsupportedHookError, match="forward hook on Linear"):
             static(_batch("paddle"))
@@ -265,3 +270,47 @@ def test_a_load_keeps_the_native_hooks_of_every_layer_also_saved_again(
         assert done.returncode == 0, done.stderr
     got = last_value(run_code(_MIXED, path, "load", tests))
     assert got == ["A native pre", "A unihook", "A new unihook", "B native", "B new native"]
+
+
+def test_an_earlier_pickle_and_an_earlier_access_still_work() -> None:
+    """A pickle of the session before named the backend's `reserve_ids` function where
+    `_loaded` now takes the Access class (helper-123's FINDING 1: AttributeError at the
+    load); a third party's Access with `reserve_ids` only (the contract before `ids_drawn`)
+    pickles by the keys (its FINDING 2)."""
+    pytest.importorskip("paddle")
+    from collections import OrderedDict
+
+    from paddle.nn.layer.layers import HookRemoveHelper
+    from unihook_paddle._forward import reserve_ids
+
+    from unihook._pinned import HookDict, SnapshotDict, _loaded
+
+    before = HookRemoveHelper.next_hook_id
+    loaded = _loaded(SnapshotDict, reserve_ids, before + 5)
+    assert type(loaded) is SnapshotDict and loaded.access is None
+    assert HookRemoveHelper.next_hook_id == before + 6
+
+    hooks = HookDict()
+    hooks._install(OrderedDict(), _Owner(), "_hooks", _KeysOnlyAccess)
+    OrderedDict.__setitem__(hooks, before + 9, record)
+    again = pickle.loads(pickle.dumps(hooks))
+    assert list(again) == [before + 9] and _KeysOnlyAccess.reserved == [before + 9]
+
+
+class _Owner:
+    pass
+
+
+class _KeysOnlyAccess:
+    """A third party's Access of the contract before `ids_drawn`."""
+
+    iterates_live = True
+    reserved: list[int] = []
+
+    @staticmethod
+    def reserve_ids(top: int) -> None:
+        _KeysOnlyAccess.reserved.append(top)
+
+    @staticmethod
+    def recreated(owner: Any, attr: str) -> bool:
+        return False

@@ -209,3 +209,26 @@ def test_slot_values_beyond_its_table_of_live_types() -> None:
         assert slot_values(obj) == [i]
         assert len(ops._slots) <= ops._SLOTS_KEPT
     assert [slot_values(obj) for obj in made[:3]] == [[0], [1], [2]]
+
+
+def test_slot_values_after_a_base_swapped_out_is_gone() -> None:
+    """A class given other bases after its first call, the old base then collected: its slot
+    (the same storage, now the new base's) is still read (helper-123's FINDING 3)."""
+    import gc
+
+    class Old:
+        __slots__ = ("out",)
+
+    class New:
+        __slots__ = ("out",)
+
+    class Keeper(Old):
+        pass
+
+    keeper = Keeper()
+    keeper.out = "kept"  # type: ignore[attr-defined]
+    assert slot_values(keeper) == ["kept"]
+    Keeper.__bases__ = (New,)
+    del Old
+    gc.collect()
+    assert slot_values(keeper) == [keeper.out]

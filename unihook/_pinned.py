@@ -112,17 +112,23 @@ def _loaded(kind: type[OrderedDict[int, Any]], access: Any, top: int) -> Ordered
     TypeError (helper-117's FINDING 4; torch and paddle do so with their own pickled hooks;
     until helper-120's FINDING 1 only this dict's keys were passed). The `SnapshotDict`
     keeps `access`, so that a copy loaded and saved again does the same (its FINDING 2)."""
-    if access is not None:
-        access.reserve_ids(top)
+    # (a pickle of the session before passed the backend's `reserve_ids` function itself:
+    # helper-123's FINDING 1)
+    reserve = getattr(access, "reserve_ids", access)
+    if callable(reserve):
+        reserve(top)
     loaded = kind()
-    if isinstance(loaded, SnapshotDict):
+    if isinstance(loaded, SnapshotDict) and hasattr(access, "reserve_ids"):
         loaded.access = access
     return loaded
 
 
 def _top(access: Any, keys: Iterable[int]) -> int:
     """The last id drawn so far in this process, or the largest of `keys` if larger."""
-    drawn = access.ids_drawn() - 1 if access is not None else -1
+    # (an Access with `reserve_ids` only, a third party's of the earlier contract: the keys,
+    # helper-123's FINDING 2)
+    ids_drawn = getattr(access, "ids_drawn", None)
+    drawn = ids_drawn() - 1 if ids_drawn is not None else -1
     return max(drawn, max(keys, default=-1))
 
 
@@ -449,6 +455,10 @@ class HookDict(OrderedDict[int, Any]):
         new.tail = {key for key in self.tail if key in new}
         new.owned = {key for key in self.owned if key in new}
         new.flags = {key: attrs for key, attrs in self.flags.items() if key in new}
+        # the backend's check of the calling context goes with the hooks (paddle: a
+        # to_static(full_graph=True) build of the copy is refused as the original's;
+        # until 2026-12-04 the copy's hooks ran in the build: helper-123's FINDING 4)
+        new.guard = self.guard
         if not new.owned:  # (only removed or global dispatchers were here)
             memo[id(self)] = origin
             return origin

@@ -527,6 +527,9 @@ def slot_values(obj: Any) -> list[Any]:
         _slots[id(cls)] = known
     if not known[1]:
         return []
+    if any(owner() is None for owner, _ in known[1]):
+        # a base gone since (its subclass given other bases: helper-123's FINDING 3)
+        known = _slots[id(cls)] = (known[0], _slot_places(cls))
     values = []
     for owner, name in known[1]:
         klass = owner()
@@ -543,14 +546,15 @@ def slot_values(obj: Any) -> list[Any]:
 
 def _slot_places(cls: type) -> tuple[tuple[weakref.ref[type], str], ...]:
     """Where the slots of `cls` and its bases are: (the class, weakly; name) of each member
-    descriptor a class of its MRO defines and that has ``__slots__`` (read from the class, not
-    from ``__slots__``, which may have been an iterator, or reassigned since; names as
-    mangled; a C type's members are not slots: helper-122's FINDING 4). The descriptors are not
-    kept: they hold their class."""
+    descriptor a class of its MRO with ``__slots__`` defines (read from the class, not from
+    ``__slots__``, which may have been an iterator, or reassigned since; names as mangled; a C
+    type's members are not slots: helper-122's FINDING 4; a class whose ``__slots__`` was
+    deleted is not read: helper-123's 3b). The descriptors are not kept: they hold their
+    class."""
     return tuple(
         (weakref.ref(klass), name)
         for klass in cls.__mro__
-        if "__slots__" in vars(klass)
+        if "__slots__" in vars(klass)  # (a C type's members are not slots)
         for name, value in list(vars(klass).items())
         if type(value) is types.MemberDescriptorType and value.__objclass__ is klass
     )
