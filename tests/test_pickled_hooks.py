@@ -272,45 +272,27 @@ def test_a_load_keeps_the_native_hooks_of_every_layer_also_saved_again(
     assert got == ["A native pre", "A unihook", "A new unihook", "B native", "B new native"]
 
 
-def test_an_earlier_pickle_and_an_earlier_access_still_work() -> None:
-    """A pickle of the session before named the backend's `reserve_ids` function where
-    `_loaded` now takes the Access class (helper-123's FINDING 1: AttributeError at the
-    load); a third party's Access with `reserve_ids` only (the contract before `ids_drawn`)
-    pickles by the keys (its FINDING 2)."""
+def test_a_pickle_of_the_earlier_format_loads() -> None:
+    """A layer pickled before 2026-12-04 (its hook dict a plain SnapshotDict, no `_loaded`)
+    loads, its hooks with it (README)."""
     pytest.importorskip("paddle")
     from collections import OrderedDict
 
-    from paddle.nn.layer.layers import HookRemoveHelper
-    from unihook_paddle._forward import reserve_ids
+    from unihook._pinned import SnapshotDict
 
-    from unihook._pinned import HookDict, SnapshotDict, _loaded
-
-    before = HookRemoveHelper.next_hook_id
-    loaded = _loaded(SnapshotDict, reserve_ids, before + 5)
-    assert type(loaded) is SnapshotDict and loaded.access is None
-    assert HookRemoveHelper.next_hook_id == before + 6
-
-    hooks = HookDict()
-    hooks._install(OrderedDict(), _Owner(), "_hooks", _KeysOnlyAccess)
-    OrderedDict.__setitem__(hooks, before + 9, record)
-    again = pickle.loads(pickle.dumps(hooks))
-    assert list(again) == [before + 9] and _KeysOnlyAccess.reserved == [before + 9]
+    earlier = _EarlierFormat([(3, record)])
+    loaded = pickle.loads(pickle.dumps(earlier))
+    assert type(loaded) is SnapshotDict and list(loaded.items()) == [(3, record)]
+    assert loaded.access is None and OrderedDict.__len__(loaded) == 1
 
 
-class _Owner:
-    pass
+class _EarlierFormat:
+    """Pickles as a HookDict of ae871c6 did (`(SnapshotDict, (), state, None, items)`)."""
 
+    def __init__(self, items: list[tuple[int, Any]]) -> None:
+        self.items = items
 
-class _KeysOnlyAccess:
-    """A third party's Access of the contract before `ids_drawn`."""
+    def __reduce__(self) -> Any:
+        from unihook._pinned import SnapshotDict
 
-    iterates_live = True
-    reserved: list[int] = []
-
-    @staticmethod
-    def reserve_ids(top: int) -> None:
-        _KeysOnlyAccess.reserved.append(top)
-
-    @staticmethod
-    def recreated(owner: Any, attr: str) -> bool:
-        return False
+        return (SnapshotDict, (), {"owned": frozenset()}, None, iter(self.items))

@@ -46,9 +46,9 @@ class Access(Protocol):
     ``iterates_live = True`` where the framework iterates the live hook dict in a module's
     call (paddle, MindSpore; torch copies it first): a pickled module's hook dicts then come
     back as `SnapshotDict`s (`HookDict.__reduce__`). ``ids_drawn()`` (the framework's handle
-    counter: the next id) and ``reserve_ids(top)`` (moves it past `top`), with the Access a
-    module-level class (a pickle names it): a pickled module's hooks keep their ids in the
-    loading process (see `_loaded`)."""
+    counter: the next id) and ``reserve_ids(top)`` (moves it past `top`), both or neither,
+    with the Access a module-level class (a pickle names it): a pickled module's hooks keep
+    their ids in the loading process (see `_loaded`)."""
 
     def recreated(self, owner: Any, attr: str, /) -> bool:
         """Whether the framework itself is assigning `owner` a new hook dict `attr` (asked
@@ -112,23 +112,17 @@ def _loaded(kind: type[OrderedDict[int, Any]], access: Any, top: int) -> Ordered
     TypeError (helper-117's FINDING 4; torch and paddle do so with their own pickled hooks;
     until helper-120's FINDING 1 only this dict's keys were passed). The `SnapshotDict`
     keeps `access`, so that a copy loaded and saved again does the same (its FINDING 2)."""
-    # (a pickle of the session before passed the backend's `reserve_ids` function itself:
-    # helper-123's FINDING 1)
-    reserve = getattr(access, "reserve_ids", access)
-    if callable(reserve):
-        reserve(top)
+    if access is not None:
+        access.reserve_ids(top)
     loaded = kind()
-    if isinstance(loaded, SnapshotDict) and hasattr(access, "reserve_ids"):
+    if isinstance(loaded, SnapshotDict):
         loaded.access = access
     return loaded
 
 
 def _top(access: Any, keys: Iterable[int]) -> int:
     """The last id drawn so far in this process, or the largest of `keys` if larger."""
-    # (an Access with `reserve_ids` only, a third party's of the earlier contract: the keys,
-    # helper-123's FINDING 2)
-    ids_drawn = getattr(access, "ids_drawn", None)
-    drawn = ids_drawn() - 1 if ids_drawn is not None else -1
+    drawn = access.ids_drawn() - 1 if access is not None else -1
     return max(drawn, max(keys, default=-1))
 
 
@@ -392,7 +386,8 @@ class HookDict(OrderedDict[int, Any]):
         if any(key not in waiting for key in self.pinned):
             raise self._pickling_error()
         items = [(k, v) for k, v in OrderedDict.items(self) if k not in waiting]
-        access = self._access if hasattr(self._access, "reserve_ids") else None
+        # (an Access without the pair, a third party's: the ids stay as they come)
+        access = self._access if hasattr(self._access, "ids_drawn") else None
         top = _top(access, (k for k, _ in items))
         if not getattr(self._access, "iterates_live", False):
             return (_loaded, (OrderedDict, access, top), None, None, iter(items))
