@@ -299,8 +299,6 @@ class GradientMonitor(Synced):
         # the outputs earlier forwards kept (`_kept`), still alive, by id (`_keep_hooked`)
         self._kept_before: dict[int, weakref.ref[Any]] = {}
         self._kept_prune_at = 256
-        # every module of the model, hooked or not: where `_kept` looks for kept outputs
-        self._holders = [held for _, held in ops.named_modules(inner)]
 
         self._inner, self._where = inner, where
         self._schedule(model, every, self._place)
@@ -475,7 +473,10 @@ class GradientMonitor(Synced):
         step = self._step
         if not step.hooked or not ops.grad_enabled(module) or self._repeats(module):
             return
-        for holder, key in _held(self._holders, step.hooked):
+        # every module of the model, hooked or not, as it is now: also one set in after the
+        # monitor was made (helper-94's FINDING 9; about 1.5 us a module, a third of `_held`'s)
+        holders = [held for _, held in ops.named_modules(self._inner)]
+        for holder, key in _held(holders, step.hooked):
             ref, names, _ = step.hooked[key]
             tensor = ref()
             if tensor is None or (
@@ -1056,14 +1057,19 @@ def _ids_within(
     if not deeper or (not top and len(values) > _NESTED):
         return
     kinds = _kinds
+    containers: list[tuple[Any, Any]] = []
+    sets: list[tuple[Any, Any]] = []
     for value in values:
         # (by type: `isinstance` reads `__class__`, which a proxy forwards and may raise from:
         # helper-95's FINDING 6; the base a type is, or None, once per type)
         cls = type(value)
         known = kinds.get(id(cls))
         kind = known[1] if known is not None and known[0]() is cls else _kind_of(cls)
-        if kind is None:
-            continue
+        if kind is not None:
+            (sets if kind is set or kind is frozenset else containers).append((kind, value))
+    # sets last: an output in one is rare (a tensor hashes by id), and sets of numbers (stop
+    # words, ids seen) spent the budget ahead of a list holding one (helper-100's FINDING 6)
+    for kind, value in containers + sets:
         # (the base types' own methods: a subclass's `values` or `__iter__` may run any code;
         # a namedtuple is a tuple: helper-94's FINDING 8)
         if 0 < kind.__len__(value) <= _LOOKED:
