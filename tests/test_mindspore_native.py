@@ -1737,3 +1737,34 @@ def test_a_hook_registered_after_a_load_keeps_the_loaded_ones() -> None:
     finally:
         HookHandle.unique_id = max(before, HookHandle.unique_id)
     assert kept == ["saved", "new"]
+
+
+def test_a_hook_registered_on_a_cell_loaded_with_native_hooks_keeps_them() -> None:
+    """A cell pickled with MindSpore's own forward hooks (plain dicts, which `_loaded` never
+    sees) in a fresh process, whose counter draws 0, 1, ... again: unihook's registration
+    draws past the loaded keys (`new_key`; until 2026-12-04 it replaced the loaded hook with
+    id 0 silently). The fresh process is simulated: the counter is set back to 0."""
+    import functools
+    import pickle
+
+    from mindspore.common.hook_handle import HookHandle
+
+    said: list[str] = []
+    cell = PassCell()
+    handles = [
+        cell.register_forward_hook(functools.partial(_said, f"saved {i}", said)) for i in range(3)
+    ]
+    data = pickle.dumps(cell)
+    for handle in handles:
+        handle.remove()
+    before = HookHandle.unique_id
+    HookHandle.unique_id = 0
+    try:
+        loaded = pickle.loads(data)
+        kept = next(iter(loaded._forward_hook.values())).args[1]
+        unihook.register_forward_hook(loaded, functools.partial(_said, "new", kept))
+        unihook.register_forward_pre_hook(loaded, lambda cell, args: kept.append("new pre"))
+        loaded(ms.Tensor(np.ones((1, 2), np.float32)))
+    finally:
+        HookHandle.unique_id = max(before, HookHandle.unique_id)
+    assert kept == ["new pre", "saved 0", "saved 1", "saved 2", "new"]

@@ -214,16 +214,86 @@ def test_hooks_registered_after_a_load_keep_the_loaded_ones(framework: str, tmp_
     a hook registered after the load drew a loaded hook's id and replaced it silently, or took
     its ``with_kwargs`` flag and raised TypeError (helper-117's FINDING 4; torch and paddle do
     so with their own pickled hooks). Where unihook's hook dict is what pickles (paddle, a
-    layer with unihook's hooks), the counter moves past the loaded ids as it loads. On torch
-    unihook's forward hooks are torch's own, in torch's dicts: as torch's (README)."""
+    layer with unihook's hooks), the counter moves past the loaded ids as it loads; where the
+    framework's plain dict does (torch), unihook's registration draws past its keys
+    (`new_key`; until 2026-12-04 torch's loaded hooks were replaced, as by torch's own)."""
     pytest.importorskip(framework)
     got = _loaded_calls(framework, "unihook", str(tmp_path / "unihook.pkl"))
+    native = _loaded_calls(framework, "native", str(tmp_path / "native.pkl"))
     if framework == "paddle":
         assert got == ["saved pre", "new pre", "saved post", "new post"]
-        native = _loaded_calls(framework, "native", str(tmp_path / "native.pkl"))
         assert native == ["new pre", "new post"]  # (paddle's own: the loaded hooks replaced)
     else:
-        assert got == _loaded_calls(framework, "native", str(tmp_path / "native.pkl"))
+        assert got == ["saved pre", "saved kwargs pre", "new pre", "saved post", "new post"]
+        # (torch's own: "new pre" drew "saved pre"'s id)
+        assert native == ["new pre", "saved kwargs pre", "saved post", "new post"]
+
+
+_NATIVE_LOADED = r"""
+import pickle, sys
+framework, path, step, tests = sys.argv[1:5]
+sys.path.insert(0, tests)
+if framework == "torch":
+    import torch as fw, torch.nn as nn
+    x = fw.ones(1, 2, requires_grad=True)
+    post = "register_forward_hook"
+else:
+    import paddle as fw, paddle.nn as nn
+    x = fw.ones([1, 2]); x.stop_gradient = False
+    post = "register_forward_post_hook"
+import unihook
+from test_pickled_hooks import named
+
+if step == "save":  # the framework's own hooks only: its plain dicts pickle, ids 0 to 7
+    m = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
+    for i in range(4):
+        m[0].register_forward_pre_hook(named(f"saved pre {i}"))
+        getattr(m[0], post)(named(f"saved post {i}"))
+    with open(path, "wb") as f:
+        pickle.dump(m, f)
+    sys.exit()
+with open(path, "rb") as f:
+    m = pickle.load(f)
+# a fresh process: the framework's counter draws 0, 1, ... again; every kind unihook places in
+# the module's dicts: its own forward hooks, the dispatchers of module and global backward hooks
+handles = [
+    unihook.register_forward_pre_hook(m[0], named("new pre")),
+    unihook.register_forward_hook(m[0], named("new post")),
+    unihook.register_full_backward_hook(m[0], named("new backward")),
+    unihook.register_full_backward_pre_hook(m[0], named("new backward pre")),
+    unihook.register_module_full_backward_hook(named("global backward"), backend=framework),
+]
+m(x).sum().backward()
+calls = list(named.calls)
+for handle in handles:
+    handle.remove()
+named.calls.clear()
+m(x)
+print(repr([calls, named.calls]))
+"""
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_unihook_hooks_on_a_module_loaded_with_native_hooks_keep_them(
+    framework: str, tmp_path: Any
+) -> None:
+    """A module pickled with the framework's own hooks (plain dicts: no unihook in the saving
+    process), loaded in a fresh process, then unihook's hooks of every kind placed in its
+    dicts: each drew a loaded hook's id (0, 1, ...) and replaced it silently, until
+    2026-12-04. Now every loaded hook runs, and after the removals exactly they do."""
+    pytest.importorskip(framework)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    path = str(tmp_path / "native.pkl")
+    saved = run_code(_NATIVE_LOADED, framework, path, "save", tests)
+    assert saved.returncode == 0, saved.stderr
+    calls, after = last_value(run_code(_NATIVE_LOADED, framework, path, "load", tests))
+    pres = [f"saved pre {i}" for i in range(4)]
+    posts = [f"saved post {i}" for i in range(4)]
+    assert calls[:5] == [*pres, "new pre"]
+    assert calls[5:10] == [*posts, "new post"]
+    # (the global hook once per module: the Tanh, the Linear, the Sequential)
+    assert sorted(calls[10:]) == [*["global backward"] * 3, "new backward", "new backward pre"]
+    assert after == [*pres, *posts]
 
 
 _MIXED = r"""

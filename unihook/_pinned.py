@@ -38,7 +38,16 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 from ._entries import eager_entry
 from ._locks import RegistryLock, undo_if_unfinished
 
-__all__ = ["Access", "HookDict", "Pinned", "SnapshotDict", "pin", "pinned_key", "unpin"]
+__all__ = [
+    "Access",
+    "HookDict",
+    "Pinned",
+    "SnapshotDict",
+    "new_key",
+    "pin",
+    "pinned_key",
+    "unpin",
+]
 
 
 class Access(Protocol):
@@ -629,6 +638,32 @@ def _reflag(owner: Any, watch: _Flagged) -> None:
                 return  # (deleted: the framework's own call fails on the module then)
 
 
+def new_key(new_id: Callable[[], int], access: Access, owner: Any, *attrs: str) -> int:
+    """An id from `new_id` (the backend's draw from the framework's counter) that none of
+    `owner`'s hook dicts `attrs` holds. A module loaded from another process's pickle brings
+    that process's ids, in a plain dict where they are its native hooks' (`_loaded` sees
+    only unihook's), and this process's counter draws them again: registered under one, a
+    hook replaced the loaded one silently (torch's and paddle's own registrations do). The
+    counter moves past the dicts' keys (`Access.reserve_ids`), else the draws go on."""
+    key = new_id()
+    tables = [table for table in (_table(access, owner, attr) for attr in attrs) if table]
+    if not any(key in table for table in tables):
+        return key
+    reserve = getattr(access, "reserve_ids", None)
+    if reserve is not None:
+        reserve(max(k for table in tables for k in list(table) if type(k) is int))
+    while any(key in table for table in tables):
+        key = new_id()
+    return key
+
+
+def _table(access: Access, owner: Any, attr: str) -> Any:
+    try:
+        return access.get(owner, attr)
+    except (AttributeError, KeyError):  # (not made yet: nothing to collide with)
+        return None
+
+
 def pin(
     owner: Any,
     attr: str,
@@ -915,7 +950,8 @@ class Pinned:
         """Pin `hooks` (pre, post) last in `owner`'s dicts; `tail` ones stay after the others
         (a backend's global dispatchers after a module's own)."""
         (pre_attr, pre), (post_attr, post) = hooks
-        pre_key, post_key = new_id(), new_id()
+        pre_key = new_key(new_id, access, owner, pre_attr)
+        post_key = new_key(new_id, access, owner, post_attr, always)
         pinned = cls(owner, (pre_attr, pre_key), (post_attr, post_key), always, access)
         undo_if_unfinished(pinned.remove)  # (inside a registration)
         try:

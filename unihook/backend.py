@@ -15,7 +15,8 @@ backends use them.
   backend reads and replaces its framework's hook dicts (`iterates_live`: its framework
   iterates them live in a call, so a pickled one comes back as a snapshotting dict).
   `pinned_key` and `Pinned.find` find a dispatcher already pinned in dicts a shallow copy
-  shares with its original.
+  shares with its original; `new_key` draws a hook's id past the keys a module loaded from
+  another process's pickle brought.
 - **Error sites**: `Site` names a hook in messages (`Site.error` builds the exception),
   `global_label` maps a global hookspec kind to its handle kind, `type_name` the short type.
 - **Return-value checks**: `check_grad` / `check_grad_like` for gradients a hook returns,
@@ -81,7 +82,7 @@ from ._module_backward import (
     register_backward_hook,
     walk_tensors,
 )
-from ._pinned import Access, HookDict, Pinned, SnapshotDict, pin, pinned_key, unpin
+from ._pinned import Access, HookDict, Pinned, SnapshotDict, new_key, pin, pinned_key, unpin
 from ._plugins import add_compiler_escape
 from ._structures import map_dataclass
 from .kinds import global_label
@@ -121,6 +122,7 @@ __all__ = [
     "kwargs_post_hook",
     "map_dataclass",
     "note_changes",
+    "new_key",
     "pin",
     "pinned_key",
     "register_backward_hook",

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from mindspore.common.hook_handle import HookHandle
 
-from unihook.backend import Pinned, pin, undo_if_unfinished, unpin
+from unihook.backend import Pinned, new_key, pin, undo_if_unfinished, unpin
 
 __all__ = ["Access", "add_dispatchers", "add_hook", "remove_hook", "new_id"]
 
@@ -92,7 +92,7 @@ def add_hook(
     always_call: bool = False,
 ) -> int:
     hooks_attr, (kwargs_attr, *always_attr) = _PRE if pre else _POST
-    hook_id = new_id()
+    hook_id = new_key(new_id, Access, cell, hooks_attr)
     # (a registration cut short by a Ctrl-C is undone: see unihook._locks)
     undo_if_unfinished(partial(remove_hook, cell, hook_id, pre=pre))
     flags = (kwargs_attr,) * with_kwargs + tuple(always_attr) * always_call

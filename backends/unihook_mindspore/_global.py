@@ -33,6 +33,7 @@ from unihook.backend import (
     add_to_global_table,
     check_pre_kwargs_result,
     global_label,
+    new_key,
     pin,
     pinned_key,
     show_value,
@@ -169,7 +170,7 @@ def _install(cell: Any) -> list[Any]:
     # (a shallow copy of a cell they are pinned in shares its dicts: they serve it too)
     if _pre and entry[0] is None:
         shared = pinned_key(cell, "_forward_pre_hook", _run_pre, Access)
-        entry[0] = new_id() if shared is None else shared
+        entry[0] = new_key(new_id, Access, cell, _SLOTS[0][0]) if shared is None else shared
         if shared is None:
             _pin_forward(cell, 0, entry[0])
     if _post and entry[1] is None:
@@ -178,7 +179,7 @@ def _install(cell: Any) -> list[Any]:
         if waiting is not None:  # still pinned, its removal waiting for a call's end
             entry[1] = waiting[1]
         else:
-            entry[1] = new_id() if shared is None else shared
+            entry[1] = new_key(new_id, Access, cell, _SLOTS[1][0]) if shared is None else shared
             if shared is None:
                 _pin_forward(cell, 1, entry[1])
     # Installed beside the cell's own backward dispatchers too: whichever runs first in a call

@@ -157,7 +157,7 @@ def unihook_conformance_kit() -> object | None:
 
 def _add_forward_hook(layer: Any, kind: str, hook: Callable[..., Any], **options: Any) -> Handle:
     """The hook in `layer`'s own dicts (``_forward``); its removal recorded first."""
-    from ._forward import add_hook, new_id, remove_hook
+    from ._forward import add_hook, id_for, remove_hook
 
     pre = kind == "forward_pre"
     if options["with_kwargs"]:
@@ -168,7 +168,7 @@ def _add_forward_hook(layer: Any, kind: str, hook: Callable[..., Any], **options
         else:
             hook = kwargs_post_hook(hook)
     del options["name"]
-    hook_id = new_id()
+    hook_id = id_for(layer, pre)
     layer_ref = weakref.ref(layer)
 
     def remove() -> None:

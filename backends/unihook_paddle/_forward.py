@@ -18,11 +18,11 @@ from typing import Any, Callable
 
 from paddle.nn.layer.layers import HookRemoveHelper
 
-from unihook.backend import HookDict, Pinned, RegistryLock, pin, unpin
+from unihook.backend import HookDict, Pinned, RegistryLock, new_key, pin, unpin
 
 from ._static import forget_programs, guard_forward, guard_forward_pre, retranslate
 
-__all__ = ["Access", "add_dispatchers", "add_hook", "new_id", "remove_hook"]
+__all__ = ["Access", "add_dispatchers", "add_hook", "id_for", "new_id", "remove_hook"]
 
 _PRE = ("_forward_pre_hooks", ("_forward_pre_hooks_with_kwargs_flag",))
 _POST = (
@@ -44,6 +44,11 @@ def new_id() -> int:
 
 
 _ID_LOCK = threading.Lock()
+
+
+def id_for(layer: Any, pre: bool) -> int:
+    """An id for a hook of `layer`'s: past the ids a layer loaded from a pickle brought."""
+    return new_key(new_id, Access, layer, (_PRE if pre else _POST)[0])
 
 
 def ids_drawn() -> int:

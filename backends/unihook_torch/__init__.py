@@ -269,12 +269,27 @@ def _insert(
     own = _own_methods.get(kind)
     if own is None:
         own = _own_methods[kind] = getattr(_torch().nn.Module, method)
+    state = m.__dict__
     if getattr(type(m), method) is not own:
+        _past_loaded([state.get(table) for table in (hooks, *tables)])
         options = {"always_call": always_call} if kind == "forward" else {}
         return getattr(m, method)(hook, prepend=prepend, with_kwargs=with_kwargs, **options)
-    state = m.__dict__
     flags = list(zip([state[table] for table in tables], (with_kwargs, always_call)))
     return insert(state[hooks], hook, flags, prepend=prepend)
+
+
+def _past_loaded(tables: list[Any]) -> None:
+    """torch's handle counter past the keys of a module's hook `tables` when it would draw
+    one of them: a module loaded from another process's pickle brings that process's ids,
+    which this process's counter draws again, and torch's registration then replaces the
+    loaded hook silently (unihook.backend.new_key does the same for the dispatchers)."""
+    from torch.utils.hooks import RemovableHandle
+
+    from ._backward import reserve_ids
+
+    present = [table for table in tables if table]
+    if any(RemovableHandle.next_id in table for table in present):
+        reserve_ids(max(k for table in present for k in list(table) if type(k) is int))
 
 
 def insert(
@@ -285,6 +300,7 @@ def insert(
     first with `prepend`), the handle's removal recorded first (`undo_if_unfinished`)."""
     from torch.utils.hooks import RemovableHandle
 
+    _past_loaded([hooks, *(table for table, _ in flags)])
     native = RemovableHandle(hooks, extra_dict=[table for table, _ in flags])
     undo_if_unfinished(native.remove)
     hooks[native.id] = hook
