@@ -366,3 +366,33 @@ class _EarlierFormat:
         from unihook._pinned import SnapshotDict
 
         return (SnapshotDict, (), {"owned": frozenset()}, None, iter(self.items))
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_a_module_a_global_backward_hook_reached_pickles(framework: str) -> None:
+    """A global module backward hook pins its dispatchers in every module it reaches; a pickle
+    leaves them out as a deep copy does (until 2026-12-04 `torch.save(model)` raised
+    HookTargetError for each such module: helper-124's FINDING 1). The loaded copy keeps its
+    own hooks and gets the global dispatchers at its first call, while the hook is there."""
+    pytest.importorskip(framework)
+    model = _model(framework)
+    unihook.register_forward_pre_hook(model[0], named("own pre"))
+    seen: list[str] = []
+    handle = unihook.register_module_full_backward_hook(
+        lambda module, grad_input, grad_output: seen.append(type(module).__name__),
+        backend=framework,
+    )
+    try:
+        x = _batch(framework)
+        model(x).sum().backward()
+        first = list(seen)
+        copy = pickle.loads(pickle.dumps(model))
+        seen.clear()
+        _Named.calls.clear()
+        copy(x).sum().backward()
+        assert seen == first and _Named.calls == ["own pre"]
+    finally:
+        handle.remove()
+    seen.clear()
+    copy(x).sum().backward()
+    assert seen == []

@@ -389,12 +389,16 @@ class HookDict(OrderedDict[int, Any]):
 
     def __reduce__(self) -> Any:
         """Pickled (torch.save of a whole module), the dict is a plain one with its forward
-        hooks; backward hooks' per-call state does not pickle: say so plainly. (The
-        dispatchers of removed backward hooks, kept for a call in flight, are left out.)"""
-        waiting = self._removed_keys()
-        if any(key not in waiting for key in self.pinned):
+        hooks; backward hooks' per-call state does not pickle: say so plainly. Left out, as
+        a deep copy leaves them: the dispatchers of removed backward hooks (kept for a call
+        in flight) and of global ones (the loaded module gets those at its first call where
+        they are registered; until 2026-12-04 they made every module a global backward hook
+        had reached refuse to pickle: helper-124's FINDING 1), a backend's global forward
+        dispatcher."""
+        left = self._left_out()
+        if any(key not in left for key in self.pinned):
             raise self._pickling_error()
-        items = [(k, v) for k, v in OrderedDict.items(self) if k not in waiting]
+        items = [(k, v) for k, v in OrderedDict.items(self) if k not in left]
         # (an Access without the pair, a third party's: the ids stay as they come)
         access = self._access if hasattr(self._access, "ids_drawn") else None
         top = _top(access, (k for k, _ in items))
@@ -404,13 +408,14 @@ class HookDict(OrderedDict[int, Any]):
         state = {"guard": self.guard, "owned": owned} if self.guard is not None else None
         return (_loaded, (SnapshotDict, access, top), state, None, iter(items))
 
-    def _removed_keys(self) -> set[int]:
-        """The pinned keys of dispatchers whose backward hooks are all removed."""
-        return {
-            key
-            for key in self.pinned
-            if getattr(getattr(self.get(key), "__self__", None), "removed", False)
-        }
+    def _left_out(self) -> set[int]:
+        """The keys a pickle leaves out (`__reduce__`)."""
+        left = set(self.uncopied)
+        for key in self.pinned:
+            state = getattr(self.get(key), "__self__", None)
+            if getattr(state, "removed", False) or getattr(state, "is_global", False):
+                left.add(key)
+        return left
 
     def _pickling_error(self) -> Exception:
         from ._describe import Site
