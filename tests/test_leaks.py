@@ -453,6 +453,30 @@ def test_a_hook_referring_to_its_model_does_not_keep_it_alive(backend: Any, kind
     handle.remove()
 
 
+@pytest.mark.parametrize("kind", [*KINDS, "recipes"])
+def test_a_module_class_made_per_model_is_not_kept_alive(backend: Any, kind: str) -> None:
+    """A class made per model (by a factory, hypothesis, a config) holds what its methods
+    refer to: once the model and its hooks are gone, nothing of unihook's keeps it (until
+    2026-12-04 ops' and the plugin manager's tables by type kept every class they saw, with
+    its closures: helper-124's FINDING 4)."""
+    from unihook.recipes import ActivationStats, GradientMonitor
+
+    target = Target(backend)
+    made = type("Made", (type(target.model),), {})
+    target.model = made(_linear_forward, {"lin": backend.linear(2, 2)})
+    if kind == "recipes":
+        with ActivationStats(target.model), GradientMonitor(target.model):
+            target.trigger()
+    else:
+        handle = KINDS[kind](target, lambda *a: None, backend.name)
+        target.trigger()
+        handle.remove()
+    ref = weakref.ref(made)
+    del made, target
+    gc.collect()
+    assert ref() is None
+
+
 class _Boom(Exception):
     pass
 

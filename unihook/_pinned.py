@@ -438,6 +438,15 @@ class HookDict(OrderedDict[int, Any]):
         from copy import deepcopy
 
         owner = None if self._owner is None else self._owner()
+        if owner is not None and id(owner) not in memo and self.pinned:
+            # the dict reached before its module, or without it (``copy.deepcopy(m._forward
+            # _hooks)``): the module is copied first, as a deep copy of a bound method copies
+            # its object (the dispatchers serve the module's state; until 2026-12-04 copying
+            # them alone raised TypeError: helper-124's FINDING 5), and this is its copy's
+            deepcopy(owner, memo)
+            found = memo.get(id(self))
+            if found is not None:
+                return found  # type: ignore[no-any-return]
         copied = memo.get(id(owner), owner)
         new = HookDict()
         memo[id(self)] = new

@@ -7,6 +7,8 @@ import threading
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
+from ._by_type import ByType
+
 if TYPE_CHECKING:
     import pluggy
 
@@ -79,8 +81,8 @@ def disabled_backends() -> list[str]:
     return [name.strip() for name in os.environ.get(DISABLE_ENV, "").split(",") if name.strip()]
 
 
-# (hook name, type of target) -> the hookimpl that answered for it
-_owners: dict[tuple[str, type], Any] = {}
+# hook name -> type of target -> the hookimpl that answered for it
+_owners: dict[str, ByType[Any]] = {}
 
 
 def call_owner(hook_name: str, target: object, **kwargs: Any) -> Any:
@@ -88,8 +90,10 @@ def call_owner(hook_name: str, target: object, **kwargs: Any) -> Any:
     the first non-None result wins), remembering which plugin answered for this type of
     target: ownership goes by type, so later calls for the type go straight to that plugin,
     without pluggy's dispatch (about 4.5 us of a registration)."""
-    key = (hook_name, type(target))
-    impl = _owners.get(key)
+    owners = _owners.get(hook_name)
+    if owners is None:
+        owners = _owners.setdefault(hook_name, ByType())
+    impl = owners.get(type(target))
     if impl is not None:
         result = impl.function(*[kwargs[arg] for arg in impl.argnames])
         if result is not None:
@@ -101,7 +105,7 @@ def call_owner(hook_name: str, target: object, **kwargs: Any) -> Any:
     for impl in reversed(impls):
         result = impl.function(*[kwargs[arg] for arg in impl.argnames])
         if result is not None:
-            _owners[key] = impl
+            owners.put(type(target), impl)
             return result
     return None
 

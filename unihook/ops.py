@@ -15,6 +15,7 @@ import types
 import weakref
 from typing import Any, Callable, ContextManager, Sequence, Union
 
+from ._by_type import ByType
 from ._describe import type_name
 from ._plugins import plugin_manager
 from .errors import NoBackendError, NoGradError
@@ -316,22 +317,21 @@ class Ops:
         return None
 
 
-_cache: dict[type, Ops] = {}
+_cache: ByType[Ops] = ByType()
 
 
 def ops_for(obj: object) -> Ops:
-    """The Ops of the backend owning `obj` (cached per type)."""
-    try:
-        return _cache[type(obj)]
-    except KeyError:
-        pass
+    """The Ops of the backend owning `obj` (cached per type, keeping no type alive)."""
+    found = _cache.get(type(obj))
+    if found is not None:
+        return found
     found = plugin_manager().hook.unihook_ops(obj=obj)
     if found is None:
         raise NoBackendError(
             f"unihook.ops: expected a tensor or module of an installed backend. "
             f"Received: {type_name(obj)}."
         )
-    _cache[type(obj)] = found
+    _cache.put(type(obj), found)
     return found
 
 
