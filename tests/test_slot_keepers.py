@@ -232,3 +232,27 @@ def test_slot_values_after_a_base_swapped_out_is_gone() -> None:
     del Old
     gc.collect()
     assert slot_values(keeper) == [keeper.out]
+
+
+def test_slot_values_after_a_base_swapped_out_lives_on() -> None:
+    """The same with the old base alive (another class, a module, still refers to it): its
+    descriptor no longer applies to the keeper, and the slot is found again in the new base
+    (helper-124's FINDING 2: nothing was read, and GradientMonitor recorded the sum)."""
+
+    class Old:
+        __slots__ = ("out",)
+
+    class New:
+        __slots__ = ("out",)
+
+    class Keeper(Old):
+        pass
+
+    keeper = Keeper()
+    keeper.out = "kept"  # type: ignore[attr-defined]
+    assert slot_values(keeper) == ["kept"]
+    Keeper.__bases__ = (New,)
+    keeper.out = "kept again"  # type: ignore[attr-defined]
+    assert slot_values(keeper) == ["kept again"]
+    assert slot_values(keeper) == ["kept again"]  # (the table rescanned once)
+    assert Old.__slots__ == ("out",)  # (alive to here)

@@ -527,21 +527,37 @@ def slot_values(obj: Any) -> list[Any]:
         _slots[id(cls)] = known
     if not known[1]:
         return []
-    if any(owner() is None for owner, _ in known[1]):
-        # a base gone since (its subclass given other bases: helper-123's FINDING 3)
+    values, stale = _read_slots(obj, cls, known[1])
+    if stale:
+        # a base gone since, or not a base any more (its subclass given other bases:
+        # helper-123's FINDING 3, helper-124's FINDING 2 where the old one lives on)
         known = _slots[id(cls)] = (known[0], _slot_places(cls))
+        values, _ = _read_slots(obj, cls, known[1])
+    return values
+
+
+def _read_slots(
+    obj: Any, cls: type, places: tuple[tuple[weakref.ref[type], str], ...]
+) -> tuple[list[Any], bool]:
+    """The values of `obj`'s slots at `places` that are set, and whether a place is stale."""
     values = []
-    for owner, name in known[1]:
+    stale = False
+    for owner, name in places:
         klass = owner()
-        descriptor = None if klass is None else vars(klass).get(name)
+        if klass is None:
+            stale = True
+            continue
+        descriptor = vars(klass).get(name)
         # (the defining class's own descriptor: not one another class's put there, helper-122's
         # FINDING 3; found whatever the class's bases became since, its FINDING 2)
         if type(descriptor) is types.MemberDescriptorType and descriptor.__objclass__ is klass:
             try:
                 values.append(descriptor.__get__(obj, cls))
-            except (AttributeError, TypeError):  # (a slot not set)
+            except AttributeError:  # (a slot not set)
                 continue
-    return values
+            except TypeError:  # (`obj` is no `klass` now)
+                stale = True
+    return values, stale
 
 
 def _slot_places(cls: type) -> tuple[tuple[weakref.ref[type], str], ...]:
