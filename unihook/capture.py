@@ -122,6 +122,30 @@ class _Checked(Mapping[str, Any]):
         return len(self._records)
 
 
+class _Own:
+    """A hook of a capture's, as placed on the model: a copy of the model (a deep copy, an EMA
+    or AveragedModel made in the capture's scope; a pickle) copies it inert. The capture
+    records the model it was made on; until 2026-12-04 a deep copy's forwards were recorded
+    into it, mixed with the model's, and a pickle raised "Can't pickle local object"
+    (helper-124's FINDINGS 3 and 3b)."""
+
+    __slots__ = ("hook",)
+
+    def __init__(self, hook: Callable[..., None] | None) -> None:
+        self.hook = hook
+
+    def __call__(self, *args: Any) -> None:
+        hook = self.hook
+        if hook is not None:
+            hook(*args)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Own:
+        return _Own(None)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Own, (None,))
+
+
 class Capture(Removable):
     """What `capture` records, by qualified module name.
 
@@ -182,21 +206,21 @@ class Capture(Removable):
         outer = getattr(registering, "steps", None)
         try:
             registering.steps = steps
-            start = api.register_forward_pre_hook(model, self._next_forward)
+            start = api.register_forward_pre_hook(model, _Own(self._next_forward))
             self._group.add("", start)
             for name, module in selected:
                 flags = _flags(module)
                 site = {w: _sites(name, w, flags, start.backend) for w in _WHAT}
                 inputs_site = site["inputs"] if inputs else None
                 if reuse and outputs:
-                    hook = self._reusing_hook(name, site["output"], inputs_site)
+                    hook = _Own(self._reusing_hook(name, site["output"], inputs_site))
                     self._group.add(name, api.register_forward_hook(module, hook, name=name))
                 elif outputs or inputs:
                     output_site = site["output"] if outputs else None
-                    hook = self._forward_hook(name, output_site, inputs_site)
+                    hook = _Own(self._forward_hook(name, output_site, inputs_site))
                     self._group.add(name, api.register_forward_hook(module, hook, name=name))
                 if grads:
-                    hook = self._grad_hook(name, site["grads"])
+                    hook = _Own(self._grad_hook(name, site["grads"]))
                     self._group.add(
                         name, api.register_full_backward_pre_hook(module, hook, name=name)
                     )
