@@ -121,7 +121,10 @@ class MindSporeOps(Ops):
         n, c, h, w = t.shape
         size = min(block_size, h, w)
         gamma = drop_block_rate(h, w, size, p)
-        seeds = (ops.rand((n, c, h - size + 1, w - size + 1)) < gamma).astype(t.dtype)
+        # the mask and its count in float32 at least: a float16 count over 65,504 was inf, the
+        # scale 0 and the output zeros; bfloat16 rounded it (helper-125's FINDING 1)
+        work = t.dtype if t.dtype in (mindspore.float32, mindspore.float64) else mindspore.float32
+        seeds = (ops.rand((n, c, h - size + 1, w - size + 1)) < gamma).astype(work)
         if size == h == w:  # one seed per map, whose block is the map (a clamped block)
             blocks = ops.broadcast_to(seeds, (n, c, h, w))
         else:
@@ -129,7 +132,7 @@ class MindSporeOps(Ops):
             pool: Callable[..., Any] = ops.max_pool2d  # (mint's has no CPU kernel either)
             blocks = pool(pool(padded, (size, 1), stride=1), (1, size), stride=1)
         keep = 1 - blocks
-        return t * keep * (keep.size / ops.clamp(keep.sum(), min=1))
+        return t * (keep * (keep.size / ops.clamp(keep.sum(), min=1))).astype(t.dtype)
 
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
         return list(module.cells_and_names())

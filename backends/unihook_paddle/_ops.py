@@ -187,14 +187,20 @@ class PaddleOps(Ops):
         gamma = drop_block_rate(h, w, size, p)
         # seeds only where a whole block fits; a size x size max pool over them padded by
         # size - 1 spreads each seed over its block
-        seeds = (paddle.rand([n, c, h - size + 1, w - size + 1]) < gamma).astype(t.dtype)
+        # the mask and its count in float32 at least: a float16 count over 65,504 was inf (and
+        # CPU has no float16 pad kernel); bfloat16 rounded it (helper-125's FINDING 1)
+        work = t.dtype if t.dtype in (paddle.float32, paddle.float64) else paddle.float32
+        seeds = (paddle.rand([n, c, h - size + 1, w - size + 1]) < gamma).astype(work)
         if size == h == w:  # one seed per map, whose block is the map (a clamped block)
             blocks = seeds.expand([n, c, h, w])
         else:  # separable: O(size), not O(size**2), per point
             padded = F.pad(seeds, [size - 1] * 4)
             blocks = F.max_pool2d(F.max_pool2d(padded, (size, 1), stride=1), (1, size), stride=1)
         keep = 1 - blocks
-        return t * keep * (keep.numel().astype(t.dtype) / keep.sum().clip(min=1))
+        scaled = keep * (keep.numel().astype(work) / keep.sum().clip(min=1))
+        if work == t.dtype:
+            return t * scaled
+        return (t.astype(work) * scaled).astype(t.dtype)  # (no float16 multiply on the CPU)
 
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
         return list(module.named_sublayers(include_self=True))

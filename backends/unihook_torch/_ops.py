@@ -381,14 +381,17 @@ class TorchOps(Ops):
         # seeds only where a whole block fits; a size x size max pool over them padded by
         # size - 1 spreads each seed over its block
         shape = (n, c, h - size + 1, w - size + 1)
-        seeds = (torch.rand(shape, device=t.device) < gamma).to(t.dtype)
+        # the mask and its count in float32 at least: a float16 count over 65,504 was inf, the
+        # scale 0 and the output zeros; bfloat16 rounded it (helper-125's FINDING 1)
+        work = t.dtype if t.dtype in (torch.float32, torch.float64) else torch.float32
+        seeds = (torch.rand(shape, device=t.device) < gamma).to(work)
         if size == h == w:  # one seed per map, whose block is the map (a clamped block)
             blocks = seeds.expand(n, c, h, w)
         else:  # separable: O(size), not O(size**2), per point (1.2 s for the clamped block)
             padded = F.pad(seeds, [size - 1] * 4)
             blocks = F.max_pool2d(F.max_pool2d(padded, (size, 1), stride=1), (1, size), stride=1)
         keep = 1 - blocks
-        return t * keep * (keep.numel() / keep.sum().clamp(min=1))
+        return t * (keep * (keep.numel() / keep.sum().clamp(min=1))).to(t.dtype)
 
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
         # torch's own walk (depth first, a shared module once, under its first name), but the

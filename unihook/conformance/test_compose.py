@@ -218,6 +218,18 @@ def test_ops_dropout_and_drop_block(backend: Any) -> None:
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_ops_drop_block_in_low_precision(backend: Any, dtype: str) -> None:
+    """The mask's count in float32 at least: a float16 count of more than 65,504 kept values
+    overflowed, the scale was 0 and every value dropped (helper-125's FINDING 1)."""
+    t = backend.cast(backend.tensor(np.ones((2, 64, 28, 28), dtype="float32")), dtype)
+    blocked = ops.to_numpy(ops.drop_block(t, 0.1, block_size=7, training=True)).astype("float64")
+    kept = (blocked != 0).mean()
+    assert 0.85 < kept < 0.95
+    # each kept value is 1 / kept rounded to the dtype (bfloat16: 8 bits)
+    assert abs(blocked.mean() - 1.0) < (2e-3 if dtype == "float16" else 6e-3)
+
+
 def test_ops_on_a_foreign_object() -> None:
     with pytest.raises(unihook.NoBackendError):
         ops.mean(np.ones(3))
