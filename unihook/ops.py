@@ -138,6 +138,11 @@ class Ops:
     def moments(self, t: Any) -> Moments:
         raise self._missing("moments")
 
+    def is_floating(self, t: Any) -> bool:
+        """Whether `t` holds real values: floating, complex (or quantized) ones, not integers
+        or bools (ActivationStats leaves those out beside real ones). The default: True."""
+        return True
+
     def abs(self, t: Any) -> Any:
         raise self._missing("abs")
 
@@ -392,6 +397,11 @@ def sum_squares(t: Any) -> float:
     """The sum of the squares of all elements, accumulated in float64 (the same number on every
     backend, where a float32 `norm` over a million elements is off by 1e-4 relative)."""
     return ops_for(t).sum_squares(t)
+
+
+def is_floating(t: Any) -> bool:
+    """Whether `t` holds real values (floating, complex or quantized), not integers or bools."""
+    return ops_for(t).is_floating(t)
 
 
 def moments(t: Any) -> Moments:

@@ -97,6 +97,9 @@ class MindSporeOps(Ops):
         # gradient counts |z|^2, its real and imaginary parts)
         return cpu_sum_squares(self.to_numpy(t))
 
+    def is_floating(self, t: Any) -> bool:
+        return bool(t.is_floating_point() or t.is_complex())
+
     def moments(self, t: Any) -> Moments:
         # (on the host: MindSpore's CPU reductions in float64 cost more than the copy; a
         # complex output counts its real and imaginary parts as values, as on torch and paddle)

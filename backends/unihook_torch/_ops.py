@@ -315,7 +315,12 @@ class TorchOps(Ops):
         # a float32 square is exact in float64: the cast makes the float64 sum the only rounding
         return float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
 
+    def is_floating(self, t: Any) -> bool:
+        return bool(t.is_floating_point() or t.is_complex() or t.is_quantized)
+
     def moments(self, t: Any) -> Moments:
+        if t.is_quantized:  # (an eager-quantized model's: its real values; helper-125's F4)
+            t = t.dequantize()
         if is_functorch_wrapped_tensor(t):
             with torch._C._DisableFuncTorch():
                 return self.moments(_values(t))

@@ -55,6 +55,25 @@ def test_activation_stats_counts_nonfinite(backend: Any) -> None:
     assert row["nonfinite"] == 1 and row["max"] == 1.0
 
 
+def test_activation_stats_leave_out_integer_tensors_beside_real_ones(backend: Any) -> None:
+    """Max pooling's indices, topk's, a PackedSequence's batch sizes: the integer and bool
+    tensors a module returns beside its activations are not in its row (helper-125's
+    FINDING 8: a max pool's mean 64.5 where its values' is 1.0); an output of integers alone
+    keeps its numbers."""
+    with_indices = backend.module(
+        lambda self, x: (x * 2.0, backend.cast(x * 100.0, "int64"), x > 0), {}
+    )
+    only_indices = backend.module(lambda self, x: backend.cast(x * 100.0, "int64"), {})
+    x = backend.tensor([[0.5, -1.0, 2.0]])
+    with ActivationStats(with_indices) as mixed, ActivationStats(only_indices) as integral:
+        with_indices(x)
+        only_indices(x)
+    (row,) = mixed.rows()
+    assert (row["mean"], row["min"], row["max"]) == (1.0, -2.0, 4.0)
+    (row,) = integral.rows()
+    assert (row["mean"], row["min"], row["max"]) == (50.0, -100.0, 200.0)
+
+
 def test_activation_stats_equal_on_every_backend() -> None:
     def run(kit: Any) -> list[dict[str, Any]]:
         model = classifier(kit)

@@ -190,6 +190,13 @@ class ActivationStats(Synced):
         tensors = tensors_of(output, module)
         if not tensors:
             return
+        if len(tensors) > 1:
+            # the integer and bool tensors beside real ones are bookkeeping (max pooling's
+            # indices, a PackedSequence's batch sizes, topk's indices), not activations: until
+            # 2026-12-04 they went into the row (helper-125's FINDING 8)
+            real = [t for t in tensors if ops.is_floating(t)]
+            if real:
+                tensors = real
         running = self._stats.get(name)
         if running is None:
             # its pre-hook did not run: the call started before this recipe was made (inside a
