@@ -10,7 +10,13 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from unihook import capture, ops, register_forward_hook, register_forward_pre_hook
+from unihook import (
+    HookArgumentError,
+    capture,
+    ops,
+    register_forward_hook,
+    register_forward_pre_hook,
+)
 from unihook.conformance import kits
 from unihook.recipes import (
     ActivationStats,
@@ -655,6 +661,22 @@ def test_drop_hook_arguments(backend: Any) -> None:
         DropHook(model, {"layer9": 0.1})
     with pytest.raises(ValueError, match=r"must be in \[0, 1\)"):
         DropHook(model, {"layer1": 1.5})
+    # the same module twice: once (helper-125's FINDING 7: dropped twice), or refused with two
+    # probabilities
+    with pytest.raises(HookArgumentError, match="one probability"):
+        DropHook(model, {"layer1": 0.1, ops.named_modules(model)[1][1]: 0.2})
+    seq = backend.sequential(backend.relu_module())
+    backend.set_training(seq, True)
+    relu = ops.named_modules(seq)[1][1]
+    x = backend.tensor(np.ones((1, 4000), "float32"))
+    for targets, p in ((["0", "0"], 0.3), ({"0": 0.3, relu: 0.3}, None)):
+        with DropHook(seq, targets, p):
+            dropped = float((backend.numpy(seq(x)) == 0).mean())
+        assert 0.25 < dropped < 0.35, (targets, dropped)
+    # DropBlock takes NCHW outputs: another rank is said plainly
+    with DropHook(seq, "0", 0.3, mode="dropblock"):
+        with pytest.raises(HookArgumentError, match="expected an output of 4 dimensions"):
+            seq(backend.tensor(np.ones((2, 3, 8), "float32")))
 
 
 def test_grad_cam_equal_on_every_backend() -> None:

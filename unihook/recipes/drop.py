@@ -67,6 +67,7 @@ class DropHook(Recipe):
         for (name, _), q in chosen:
             if not 0.0 <= q < 1.0:
                 raise ValueError(f"drop probability for {name!r} must be in [0, 1). Received: {q}")
+        chosen = _once(chosen)
         super().__init__()
         try:
             for (name, module), q in chosen:
@@ -96,4 +97,26 @@ def _dropout(p: float, module: Any, args: Any, output: Any) -> Any:
 
 
 def _drop_block(p: float, block_size: int, module: Any, args: Any, output: Any) -> Any:
+    shape = getattr(output, "shape", None) if ops.is_tensor(output) else None
+    if shape is None or len(shape) != 4:
+        received = f"shape {tuple(shape)}" if shape is not None else type(output).__name__
+        raise HookArgumentError(
+            f"DropHook(mode='dropblock') on a {type(module).__name__}: expected an output of 4 "
+            f"dimensions (N, C, H, W). Received: {received}"
+        )
     return ops.drop_block(output, p, block_size, training=True)
+
+
+def _once(chosen: list[tuple[tuple[str, Any], float]]) -> list[tuple[tuple[str, Any], float]]:
+    """Each module once: given twice (a name and the module, a name repeated, two names of a
+    shared module) it was dropped twice, 0.51 for 0.3 (helper-125's FINDING 7); with two
+    probabilities, which one is meant is not known."""
+    first: dict[int, tuple[tuple[str, Any], float]] = {}
+    for (name, module), q in chosen:
+        seen = first.setdefault(id(module), ((name, module), q))
+        if seen[1] != q:
+            raise HookArgumentError(
+                f"`targets` must give each module one probability. Received: {seen[1]} for "
+                f"{seen[0][0]!r} and {q} for {name!r}, the same module"
+            )
+    return list(first.values())
