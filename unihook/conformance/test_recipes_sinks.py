@@ -75,6 +75,28 @@ def test_tensorboard_event_file(backend: Any, tmp_path: Path) -> None:
     assert not any(step in (1, 3) for _, step in scalars)
 
 
+def test_tensorboard_tags_are_one_per_module(backend: Any, tmp_path: Path) -> None:
+    """A module whose name TensorBoard cleans ("odd name") beside one named as the cleaned
+    name, and a submodule named like the model's tag: each its own curve, the names that need
+    no cleaning and the model keeping theirs (helper-125's FINDING 3: one curve for two)."""
+    renamed = backend.module(
+        lambda self, x: getattr(self, "odd name")(self.odd_name(self._model_(x))), {}
+    )
+    children = (backend.relu_module(), backend.linear(2, 2), backend.relu_module())
+    for name, module in zip(("odd name", "odd_name", "_model_"), children):
+        backend.add_module(renamed, name, module)
+    writer = summary_writer(str(tmp_path))
+    with ActivationStats(renamed) as stats:
+        renamed(backend.tensor([[1.0, -2.0]]))
+        stats.write(writer, step=0)
+    writer.close()
+    tags = {value.tag for event in read_events(tmp_path) for value in event.summary.value}
+    means = {tag for tag in tags if tag.endswith("/mean") and tag.count("/") == 2}
+    assert means == {
+        f"activations/{name}/mean" for name in ("_model_", "odd_name", "odd_name_2", "_model__2")
+    }
+
+
 def test_history_holds_each_forward_alone(backend: Any) -> None:
     model = classifier(backend)
     x = images(backend)

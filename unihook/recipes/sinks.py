@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence
 
-__all__ = ["ROOT_TAG", "Writer", "summary_writer", "write_records"]
+__all__ = ["ROOT_TAG", "Writer", "summary_writer", "tags", "write_records"]
 
 ROOT_TAG = "_model_"  # the model's own row ("" in the recipes)
 
@@ -36,11 +36,11 @@ def write_records(
 ) -> None:
     """Scalars ``<prefix>/<module>/<key>`` per row (the model itself as ``_model_``, which is
     what TensorBoard's tag rules make of "(model)"), and per key a histogram
-    ``<prefix>/<key>`` of its values across the modules (finite ones)."""
+    ``<prefix>/<key>`` of its values across the modules (finite ones). `tags` gives each
+    module a tag of its own."""
     import numpy as np
 
-    for row in rows:
-        module = row["name"] or ROOT_TAG
+    for row, module in zip(rows, tags([row["name"] for row in rows])):
         for key in keys:
             writer.add_scalar(f"{prefix}/{module}/{key}", float(row[key]), step)
     for key in keys:
@@ -48,3 +48,30 @@ def write_records(
         values = values[np.isfinite(values)]
         if values.size:
             writer.add_histogram(f"{prefix}/{key}", values, step)
+
+
+def tags(names: Sequence[str]) -> list[str]:
+    """The tag of each module name: the name, as TensorBoard's writers would clean it (a
+    character outside ``A-Z a-z 0-9 _ . - /`` becomes ``_``; the model, "", is `ROOT_TAG`),
+    and where that tag is taken, with ``_2``, ``_3``... after it; the model, then the names
+    that need no cleaning, take theirs first. Until 2026-12-04 a module named "odd name" and
+    one named "odd_name" (or a submodule named ``_model_`` and the model) wrote one curve
+    between them (helper-125's FINDING 3)."""
+    import re
+
+    cleaned = [re.sub(r"[^A-Za-z0-9_.\-/]", "_", name) if name else ROOT_TAG for name in names]
+    # (the model first, then the names as they are, then the cleaned ones)
+    order = sorted(
+        range(len(names)), key=lambda i: (names[i] != "", cleaned[i] != names[i] and names[i] != "")
+    )
+    taken: set[str] = set()
+    found = [""] * len(names)
+    for i in order:
+        tag = unique = cleaned[i]
+        n = 1
+        while unique in taken:
+            n += 1
+            unique = f"{tag}_{n}"
+        taken.add(unique)
+        found[i] = unique
+    return found
