@@ -84,8 +84,7 @@ class ActivationStats(Synced):
     in them. Each output is reduced where it lives (a CPU tensor through a zero-copy numpy view,
     numpy's pairwise sums being the fastest there; another device's with the framework's ops)
     with the two-pass variance per call and Chan's formula across calls: only seven numbers per
-    tensor reach the host. A container returning its last child's output (the same tensor,
-    unchanged) reuses the child's numbers.
+    tensor reach the host.
 
     `where`: None (every module), a glob or a list of globs, ``callable(name, module) -> bool``,
     or modules of `model` (alone or in a list, with names). `every=N`: record forwards 0, N,
@@ -141,7 +140,7 @@ class ActivationStats(Synced):
         self._history: deque[dict[str, _Running]] = deque(maxlen=max_history)
         self._written: object = None
         # the last output reduced: (tensor, its version, its moments, what the ranks compare
-        # of it), which a container returning its last child's output reuses
+        # of it), whose last a container returning its last child's output shares
         self._last: tuple[Any, Any, ops.Moments, Seen | None] | None = None
         # merging (see _shared): each output's kind, and this forward's model batch, inputs,
         # calls per module and the outputs not known per sample, with their moments
@@ -243,13 +242,16 @@ class ActivationStats(Synced):
                 step.merge(moments)
 
     def _moments(self, tensor: Any) -> tuple[Any, ops.Moments, Seen | None]:
-        """`tensor`'s version, its moments and what the ranks compare of it: those of the last
-        output reduced when it is that tensor, unchanged (a container returning its last
-        child's)."""
+        """`tensor`'s version, its moments and what the ranks compare of it: the moments are
+        its own at each call, also where a container returns its last child's output (until
+        2026-12-04 the child's numbers were reused while the version counter had not moved,
+        which writes through ``.data``, a numpy view or paddle's ``copy_`` do not move:
+        helper-125's FINDING 2); what the ranks compare is the child's for that tensor."""
         version, last = ops.object_version(tensor), self._last
+        seen = None
         if last is not None and last[0] is tensor and version is not None and version == last[1]:
-            return version, last[2], last[3]
-        return version, ops.moments(tensor), None
+            seen = last[3]
+        return version, ops.moments(tensor), seen
 
     def _open(self, module: Any, args: Any, kwargs: Any) -> None:
         if ops.in_backward(module):  # the model's recomputation: this forward's state stays
