@@ -237,9 +237,16 @@ class Ops:
         """The forward ``fn(x)`` (a scalar) and its backward, returning the gradient with
         respect to `x` when `input_grad`: `backward` of ``fn(x)`` and `grad_of(x)` by default
         (a framework that differentiates a function overrides). `caller` names the recipe or
-        function in its errors."""
-        self.backward(fn(x))
+        function in its errors. The framework records gradients inside (`recording`), as
+        captum does: a map asked for in an evaluation loop's no_grad."""
+        with self.recording():
+            self.backward(fn(x))
         return self.grad_of(x) if input_grad else None
+
+    def recording(self) -> ContextManager[None]:
+        """A context in which the framework records gradients (torch's ``enable_grad``), for
+        `forward_backward`: a no-op by default."""
+        return contextlib.nullcontext()
 
     def grad_enabled(self, like: Any) -> bool:
         """Whether the framework records gradients now: True by default."""

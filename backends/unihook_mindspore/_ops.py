@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -200,6 +201,21 @@ class MindSporeOps(Ops):
         _tape.backward(t)
 
     def forward_backward(
+        self, fn: Callable[[Any], Any], x: Any, input_grad: bool, caller: str
+    ) -> Any:
+        with self.recording():  # (called under `_no_grad`: an evaluation loop's)
+            return self._forward_backward(fn, x, input_grad, caller)
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        before = _pynative_executor.enable_grad()
+        _pynative_executor.set_enable_grad(True)
+        try:
+            yield
+        finally:
+            _pynative_executor.set_enable_grad(before)
+
+    def _forward_backward(
         self, fn: Callable[[Any], Any], x: Any, input_grad: bool, caller: str
     ) -> Any:
         from . import _tape

@@ -145,6 +145,9 @@ class PaddleOps(Ops):
             x = paddle.as_real(x)
         return float(x.astype("float64").square().sum())
 
+    def recording(self) -> Any:
+        return paddle.set_grad_enabled(True)
+
     def is_floating(self, t: Any) -> bool:
         return bool(t.is_floating_point() or t.is_complex())
 

@@ -315,6 +315,15 @@ class TorchOps(Ops):
         # a float32 square is exact in float64: the cast makes the float64 sum the only rounding
         return float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
 
+    def recording(self) -> Any:
+        # (GradCAM called under no_grad raised torch's bare "element 0 of tensors does not
+        # require grad": helper-125's FINDING 5)
+        stack = contextlib.ExitStack()
+        if torch.is_inference_mode_enabled():  # (out of it: its tensors record nothing)
+            stack.enter_context(torch.inference_mode(False))
+        stack.enter_context(torch.enable_grad())
+        return stack
+
     def is_floating(self, t: Any) -> bool:
         return bool(t.is_floating_point() or t.is_complex() or t.is_quantized)
 
@@ -443,7 +452,9 @@ class TorchOps(Ops):
         return torch.as_tensor(np.asarray(array), dtype=like.dtype, device=like.device)
 
     def leaf(self, t: Any) -> Any:
-        return t.detach().clone().requires_grad_(True)
+        # (out of inference mode: an inference tensor's clone there records nothing)
+        with torch.inference_mode(False):
+            return t.detach().clone().requires_grad_(True)
 
     def float64_copy(self, module: Any) -> Any:
         # `double()` casts the floating parameters and buffers (their .grad too), nothing else

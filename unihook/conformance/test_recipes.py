@@ -697,12 +697,37 @@ def test_grad_cam_targets(backend: Any) -> None:
     cam = GradCAM(classifier(backend), "layer4")
     top = cam(images(backend))
     assert cam.target_classes is not None
+    classes = [int(c) for c in cam.target_classes]
     assert list(cam.target_classes) == list(backend.numpy(cam.model(images(backend))).argmax(1))
     other = cam(images(backend), target=[(c + 1) % 3 for c in cam.target_classes])
     assert not np.allclose(top, other)
     with pytest.raises(ValueError, match="`target_layers` must be a module of `model`"):
         GradCAM(cam.model, "layer*")
+    # a tensor or array of indices (0-d: every sample's); an index out of the scores' range,
+    # -1 too, is refused (helper-125's FINDING 6: numpy's IndexError, -1 taken for the last)
+    np.testing.assert_array_equal(cam(images(backend), target=backend.tensor(classes)), top)
+    one = cam(images(backend), target=backend.tensor(np.array(1)))
+    assert list(cam.target_classes) == [1, 1]
+    np.testing.assert_array_equal(one, cam(images(backend), target=1))
+    for wrong in (3, -1):
+        with pytest.raises(HookArgumentError, match=r"must be in \[0, 3\)"):
+            cam(images(backend), target=wrong)
     cam.remove()
+    pair = backend.module(lambda self, x: (self.net(x), x), {"net": classifier(backend)})
+    with pytest.raises(HookArgumentError, match="must be a tensor of scores"):
+        GradCAM(pair, "net.layer4")(images(backend))
+
+
+def test_grad_cam_and_guided_backprop_under_no_grad(backend: Any) -> None:
+    """Called in an evaluation loop's no_grad, they record their own gradients, as captum
+    does (helper-125's FINDING 5: torch's bare "element 0 of tensors does not require
+    grad")."""
+    model = classifier(backend)
+    x = images(backend)
+    maps, gradient = GradCAM(model, "layer4")(x), GuidedBackprop(model)(x)
+    with backend.no_grad():
+        np.testing.assert_allclose(GradCAM(model, "layer4")(x), maps, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(GuidedBackprop(model)(x), gradient, rtol=1e-6, atol=1e-7)
 
 
 def _pooled_first(kit: Any) -> Any:

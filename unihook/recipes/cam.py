@@ -60,8 +60,17 @@ class ClassifierOutputTarget:
 def _score(output: Any, target: Target) -> tuple[Any, np.ndarray]:
     """The sum over the batch of each sample's target score, and the class indices (-1 where a
     callable target has no `category`)."""
+    if not ops.is_tensor(output):  # (helper-125's FINDING 6: NoBackendError about a tuple)
+        raise HookArgumentError(
+            f"the model's output must be a tensor of scores, (N, classes): wrap a model "
+            f"returning more to return them. Received: {type(output).__name__}"
+        )
     logits = ops.to_numpy(output)
     n = logits.shape[0]
+    if ops.is_tensor(target) or isinstance(target, np.ndarray):
+        # a tensor or array of class indices: 0-d for every sample, else one per sample
+        indices = np.asarray(ops.to_numpy(target) if ops.is_tensor(target) else target)
+        target = int(indices) if indices.ndim == 0 else [int(c) for c in indices.reshape(-1)]
     if target is None:
         target = [int(c) for c in logits.reshape(n, -1).argmax(axis=1)]
     elif isinstance(target, (int, np.integer)) or callable(target):
@@ -73,6 +82,13 @@ def _score(output: Any, target: Target) -> tuple[Any, np.ndarray]:
             f"Received: {len(targets)} targets"
         )
     classes = np.array([_category(t) for t in targets])
+    count = logits.reshape(n, -1).shape[1]
+    wrong = [int(c) for t, c in zip(targets, classes) if not callable(t) and not 0 <= c < count]
+    if wrong:  # (numpy's IndexError, or -1 taken for the last class: its FINDING 6)
+        raise HookArgumentError(
+            f"a class index must be in [0, {count}), the model's {count} scores. "
+            f"Received: {wrong[0]}"
+        )
     if all(isinstance(t, (int, np.integer)) for t in targets):
         mask = np.zeros(logits.shape, dtype=logits.dtype)
         mask[np.arange(n), classes] = 1.0
