@@ -404,8 +404,8 @@ def test_finding9_ctrl_c_as_held_call_uncounts_the_call_leaks_the_cell_and_its_d
 
 
 def test_finding10_a_deep_copy_of_a_shallow_copy_keeps_its_backward_hooks(backend: Any) -> None:
-    # crash (fixed 2026-12-04): `copy.deepcopy(copy.copy(m))`, m with a unihook backward hook. The shared
-    # HookDict's owner is the original, which is not in the deep copy's memo: its
+    # crash (fixed 2026-12-04): `copy.deepcopy(copy.copy(m))`, m with a unihook backward
+    # hook. The shared HookDict's owner is the original, which is not in the deep copy's memo: its
     # `__deepcopy__` takes the copy for the original itself, gives it no backward state of its
     # own, and deep-copies the dispatcher's bound method: its module state (a thread-local)
     # raises TypeError. torch's own deep copy of such a copy keeps the hooks
