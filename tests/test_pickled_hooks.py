@@ -401,10 +401,10 @@ def test_a_module_a_global_backward_hook_reached_pickles(framework: str) -> None
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
 def test_a_hook_dict_deep_copied_before_or_without_its_module(framework: str) -> None:
     """``copy.deepcopy`` reaching a module's hook dict before its module, or without it, while
-    unihook's backward dispatchers are in it: the module is copied first, as a deep copy of a
-    bound method copies its object (until 2026-12-04 TypeError "cannot pickle
-    '_thread._local' object": helper-124's FINDING 5). With the module after it, the
-    module's copy is the one the dict belongs to: its backward hook fires for the copy."""
+    unihook's backward dispatchers are in it: refused with HookTargetError, a TypeError as
+    deepcopy's own (until 2026-12-04 TypeError "cannot pickle '_thread._local' object":
+    helper-124's FINDING 5; copying the module first left the copy a hidden module's dict:
+    helper-127's FINDING 1). Without backward hooks the dict copies as a plain one."""
     import copy
 
     pytest.importorskip(framework)
@@ -412,15 +412,16 @@ def test_a_hook_dict_deep_copied_before_or_without_its_module(framework: str) ->
     post = "register_forward_hook" if framework == "torch" else "register_forward_post_hook"
     attr = "_forward_hooks" if framework == "torch" else "_forward_post_hooks"
     getattr(model[0], post)(named("native post"))
-    seen: list[Any] = []
-    unihook.register_full_backward_hook(model[0], lambda m, gi, go: seen.append(m))
+    handle = unihook.register_full_backward_hook(model[0], lambda m, gi, go: None)
     x = _batch(framework)
     model(x).sum().backward()
-    hooks = copy.deepcopy(getattr(model[0], attr))
-    assert [getattr(v, "args", None) for v in hooks.values()].count(("native post",)) == 1
-    dict_copy, model_copy = copy.deepcopy([getattr(model[0], attr), model])
-    assert getattr(model_copy[0], attr) is dict_copy
-    seen.clear()
+    for structure in (getattr(model[0], attr), [getattr(model[0], attr), model]):
+        with pytest.raises(unihook.HookTargetError, match="its module deep-copied with it"):
+            copy.deepcopy(structure)
+    model_copy = copy.deepcopy([model, getattr(model[0], attr)])[0]  # (the module first)
     _Named.calls.clear()
     model_copy(x).sum().backward()
-    assert seen == [model_copy[0]] and _Named.calls == ["native post"]
+    assert _Named.calls == ["native post"]
+    handle.remove()
+    hooks = copy.deepcopy(getattr(model[0], attr))
+    assert [getattr(v, "args", None) for v in hooks.values()] == [("native post",)]

@@ -408,6 +408,30 @@ class HookDict(OrderedDict[int, Any]):
         state = {"guard": self.guard, "owned": owned} if self.guard is not None else None
         return (_loaded, (SnapshotDict, access, top), state, None, iter(items))
 
+    def _serves_backward(self) -> bool:
+        """Whether a dispatcher of live backward hooks of this module's own is pinned here."""
+        for key in self.pinned:
+            state = getattr(self.get(key), "__self__", None)
+            if not (getattr(state, "removed", False) or getattr(state, "is_global", False)):
+                return True
+        return False
+
+    def _copy_error(self, owner: Any) -> Exception:
+        from ._describe import Site
+        from .errors import HookTargetError
+
+        state = getattr(self.get(self.pinned[0]), "__self__", None)
+        backend = getattr(getattr(state, "autograd", None), "backend", "?")
+        # (until 2026-12-04 a TypeError about a thread-local, helper-124's FINDING 5; copying
+        # the module first instead left the copy a hidden module's dict: helper-127's FINDING 1)
+        return Site.of("full_backward", backend, owner).error(
+            HookTargetError,  # a TypeError, as deepcopy's own for what it cannot copy
+            "its module deep-copied with it, the module first (a deep copy of the dict alone, "
+            "of a shallow copy of the module, or by a __deepcopy__ that copies __dict__ before "
+            "the module is in the memo cannot give its backward hooks a module)",
+            "a deep copy of the module's hook dict without the module",
+        )
+
     def _left_out(self) -> set[int]:
         """The keys a pickle leaves out (`__reduce__`)."""
         left = set(self.uncopied)
@@ -438,15 +462,10 @@ class HookDict(OrderedDict[int, Any]):
         from copy import deepcopy
 
         owner = None if self._owner is None else self._owner()
-        if owner is not None and id(owner) not in memo and self.pinned:
-            # the dict reached before its module, or without it (``copy.deepcopy(m._forward
-            # _hooks)``): the module is copied first, as a deep copy of a bound method copies
-            # its object (the dispatchers serve the module's state; until 2026-12-04 copying
-            # them alone raised TypeError: helper-124's FINDING 5), and this is its copy's
-            deepcopy(owner, memo)
-            found = memo.get(id(self))
-            if found is not None:
-                return found  # type: ignore[no-any-return]
+        if id(owner) not in memo and self._serves_backward():
+            # the dict reached before its module, or without it: its backward dispatchers
+            # serve the module's state, which a copy can only have with the module's copy
+            raise self._copy_error(owner)
         copied = memo.get(id(owner), owner)
         new = HookDict()
         memo[id(self)] = new
