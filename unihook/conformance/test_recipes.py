@@ -703,15 +703,26 @@ def test_grad_cam_targets(backend: Any) -> None:
     assert not np.allclose(top, other)
     with pytest.raises(ValueError, match="`target_layers` must be a module of `model`"):
         GradCAM(cam.model, "layer*")
+
     # a tensor or array of indices (0-d: every sample's); an index out of the scores' range,
     # -1 too, is refused (helper-125's FINDING 6: numpy's IndexError, -1 taken for the last)
-    np.testing.assert_array_equal(cam(images(backend), target=backend.tensor(classes)), top)
-    one = cam(images(backend), target=backend.tensor(np.array(1)))
+    def indices(value: Any) -> Any:
+        return backend.cast(backend.tensor(value), "int64")
+
+    np.testing.assert_array_equal(cam(images(backend), target=indices(classes)), top)
+    one = cam(images(backend), target=indices(np.array(1)))
     assert list(cam.target_classes) == [1, 1]
     np.testing.assert_array_equal(one, cam(images(backend), target=1))
     for wrong in (3, -1):
         with pytest.raises(HookArgumentError, match=r"must be in \[0, 3\)"):
             cam(images(backend), target=wrong)
+    # scores, probabilities, a mask are no indices (helper-126's FINDING 2: truncated)
+    wrong_kinds: list[Any] = [backend.tensor([1.7, 0.2]), np.array(1.9), np.array([True]), 1.7]
+    for scores in wrong_kinds:
+        with pytest.raises(HookArgumentError, match="integer dtype|Received: 1.7"):
+            cam(images(backend), target=scores)
+    listed = cam(images(backend), target=[indices(np.array(classes[0])), classes[1]])
+    np.testing.assert_array_equal(listed, top)
     cam.remove()
     pair = backend.module(lambda self, x: (self.net(x), x), {"net": classifier(backend)})
     with pytest.raises(HookArgumentError, match="must be a tensor of scores"):

@@ -97,6 +97,18 @@ def test_tensorboard_tags_are_one_per_module(backend: Any, tmp_path: Path) -> No
     }
 
 
+def test_tensorboard_tags_stay_from_step_to_step(tmp_path: Path) -> None:
+    """A module absent from a step (a head called every other step) moves no other module's
+    tag: each keeps its tag for the recipe's life (helper-126's FINDING 1: "odd?name"'s curve
+    alternated with "odd name"'s)."""
+    from unihook.recipes.sinks import tags
+
+    known: dict[str, str] = {}
+    first = tags(["", "odd name", "odd?name"], known)
+    assert tags(["", "odd?name"], known) == [first[0], first[2]]
+    assert tags(["odd_name", "", "odd name"], known) == ["odd_name_3", first[0], first[1]]
+
+
 def test_history_holds_each_forward_alone(backend: Any) -> None:
     model = classifier(backend)
     x = images(backend)

@@ -67,15 +67,21 @@ def _score(output: Any, target: Target) -> tuple[Any, np.ndarray]:
         )
     logits = ops.to_numpy(output)
     n = logits.shape[0]
-    if ops.is_tensor(target) or isinstance(target, np.ndarray):
+    given: Any = target
+    if _is_array(given):
         # a tensor or array of class indices: 0-d for every sample, else one per sample
-        indices = np.asarray(ops.to_numpy(target) if ops.is_tensor(target) else target)
-        target = int(indices) if indices.ndim == 0 else [int(c) for c in indices.reshape(-1)]
-    if target is None:
-        target = [int(c) for c in logits.reshape(n, -1).argmax(axis=1)]
-    elif isinstance(target, (int, np.integer)) or callable(target):
-        target = [target] * n
-    targets = list(target)  # type: ignore[arg-type]
+        indices = _indices(given)
+        given = int(indices) if indices.ndim == 0 else [int(c) for c in indices.reshape(-1)]
+    if given is None:
+        given = [int(c) for c in logits.reshape(n, -1).argmax(axis=1)]
+    elif isinstance(given, (int, np.integer)) or callable(given):
+        given = [given] * n
+    elif not isinstance(given, (list, tuple)):
+        raise HookArgumentError(
+            f"`target` must be None, a class index, a callable, a tensor or array of class "
+            f"indices, or one per sample ({n}). Received: {given!r}"
+        )
+    targets: list[Any] = [int(_indices(t)) if _is_array(t) else t for t in given]
     if len(targets) != n:
         raise HookArgumentError(
             f"`target` must be None, a class index, a callable, or one per sample ({n}). "
@@ -100,6 +106,23 @@ def _score(output: Any, target: Target) -> tuple[Any, np.ndarray]:
         )
         score = part.sum() if score is None else score + part.sum()
     return score, classes
+
+
+def _is_array(value: Any) -> bool:
+    return ops.is_tensor(value) or isinstance(value, np.ndarray)
+
+
+def _indices(value: Any) -> np.ndarray:
+    """A tensor or array of class indices as numpy, of an integer dtype: a float or bool one
+    (scores, probabilities, a mask) is refused, as torch's indexing refuses float indices
+    (until 2026-12-04 truncated to indices, silently: helper-126's FINDING 2)."""
+    indices = np.asarray(ops.to_numpy(value) if ops.is_tensor(value) else value)
+    if indices.dtype.kind not in "iu":
+        raise HookArgumentError(
+            f"a tensor or array of class indices must be of an integer dtype. Received: "
+            f"dtype {indices.dtype}"
+        )
+    return indices
 
 
 def _category(target: SampleTarget) -> int:

@@ -268,6 +268,7 @@ class GradientMonitor(Synced):
         self._step = _Step(None)
         self._names: list[str] = []  # the modules hooked: the layout of the ranks' vectors
         self._written: object = None
+        self._tags: dict[str, str] = {}  # module name -> its TensorBoard tag (`write`)
         # the last output hooked: (tensor, its version, the names sharing its gradient hook)
         self._last: tuple[Any, Any, list[str]] | None = None
         # forwards of `model` running: a module called outside them (a submodule on its own,
@@ -989,7 +990,9 @@ class GradientMonitor(Synced):
             return False
         self._written = last = self.history[-1]
         rows = [{"name": name, "norm": norm} for name, norm in last.items()]
-        write_records(writer, "gradients", rows, ("norm",), step)
+        write_records(
+            writer, "gradients", rows, ("norm",), step, vars(self).setdefault("_tags", {})
+        )
         return True
 
     def remove(self) -> None:

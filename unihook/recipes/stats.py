@@ -139,6 +139,7 @@ class ActivationStats(Synced):
         self._step: dict[str, _Running] = {}  # this forward's, merged into `history` at its end
         self._history: deque[dict[str, _Running]] = deque(maxlen=max_history)
         self._written: object = None
+        self._tags: dict[str, str] = {}  # module name -> its TensorBoard tag (`write`)
         # the last output reduced: (tensor, its version, its moments, what the ranks compare
         # of it), whose last a container returning its last child's output shares
         self._last: tuple[Any, Any, ops.Moments, Seen | None] | None = None
@@ -422,7 +423,14 @@ class ActivationStats(Synced):
         if not self._history or self._history[-1] is self._written:
             return False
         self._written = self._history[-1]
-        write_records(writer, "activations", _rows(self._history[-1]), STATS, step)
+        write_records(
+            writer,
+            "activations",
+            _rows(self._history[-1]),
+            STATS,
+            step,
+            vars(self).setdefault("_tags", {}),
+        )
         return True
 
     def plot(self, path: str | None = None, *, all_ranks: bool = False) -> Any:
