@@ -425,3 +425,53 @@ def test_a_hook_dict_deep_copied_before_or_without_its_module(framework: str) ->
     handle.remove()
     hooks = copy.deepcopy(getattr(model[0], attr))
     assert [getattr(v, "args", None) for v in hooks.values()] == [("native post",)]
+
+
+_STALE_FLAGS = r"""
+import pickle, sys
+framework, path, step, tests = sys.argv[1:5]
+sys.path.insert(0, tests)
+if framework == "torch":
+    import torch as fw, torch.nn as nn
+    x = fw.ones(1, 2, requires_grad=True)
+    post = "register_forward_hook"
+else:
+    import paddle as fw, paddle.nn as nn
+    x = fw.ones([1, 2]); x.stop_gradient = False
+    post = "register_forward_post_hook"
+import unihook
+from test_pickled_hooks import named
+
+if step == "save":  # hooks with_kwargs, then the dicts cleared: the flags stay behind
+    m = nn.Linear(2, 2)
+    for i in range(3):
+        m.register_forward_pre_hook(named("gone"), with_kwargs=True)
+        getattr(m, post)(named("gone"), with_kwargs=True)
+    m._forward_pre_hooks.clear()
+    (m._forward_hooks if framework == "torch" else m._forward_post_hooks).clear()
+    with open(path, "wb") as f:
+        pickle.dump(m, f)
+    sys.exit()
+with open(path, "rb") as f:
+    m = pickle.load(f)
+unihook.register_full_backward_hook(m, named("new backward"))  # (its dispatchers first)
+unihook.register_forward_pre_hook(m, named("new pre"))
+unihook.register_forward_hook(m, named("new post"))
+m(x).sum().backward()
+print(repr(named.calls))
+"""
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_new_ids_avoid_the_flags_a_cleared_dict_left(framework: str, tmp_path: Any) -> None:
+    """A module whose hook dicts were cleared (``m._forward_pre_hooks.clear()``: a "remove
+    every hook" idiom) keeps its with_kwargs flags; pickled and loaded in a fresh process, an
+    id drawn there that one flags was called with kwargs (helper-126's FINDING 5: TypeError
+    from the backward dispatcher, a hook given an extra argument). New ids avoid them too."""
+    pytest.importorskip(framework)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    path = str(tmp_path / "stale.pkl")
+    saved = run_code(_STALE_FLAGS, framework, path, "save", tests)
+    assert saved.returncode == 0, saved.stderr
+    got = last_value(run_code(_STALE_FLAGS, framework, path, "load", tests))
+    assert got == ["new pre", "new post", "new backward"]

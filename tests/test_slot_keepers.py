@@ -7,6 +7,7 @@ FINDING 10). `unihook.ops.slot_values` reads the slots, which every backend's
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Any
 
 import pytest
@@ -211,10 +212,9 @@ def test_slot_values_beyond_its_table_of_live_types() -> None:
     assert [slot_values(obj) for obj in made[:3]] == [[0], [1], [2]]
 
 
-def test_slot_values_after_a_base_swapped_out_is_gone() -> None:
-    """A class given other bases after its first call, the old base then collected: its slot
-    (the same storage, now the new base's) is still read (helper-123's FINDING 3)."""
-    import gc
+def _swapped_keeper() -> tuple[Any, type]:
+    """A keeper whose class, read once with base Old, is given base New (both with slot
+    ``out``), and Old."""
 
     class Old:
         __slots__ = ("out",)
@@ -229,8 +229,19 @@ def test_slot_values_after_a_base_swapped_out_is_gone() -> None:
     keeper.out = "kept"  # type: ignore[attr-defined]
     assert slot_values(keeper) == ["kept"]
     Keeper.__bases__ = (New,)
-    del Old
+    return keeper, Old
+
+
+def test_slot_values_after_a_base_swapped_out_is_gone() -> None:
+    """A class given other bases after its first call, the old base then collected: its slot
+    (the same storage, now the new base's) is still read (helper-123's FINDING 3)."""
+    import gc
+
+    keeper, old = _swapped_keeper()
+    gone = weakref.ref(old)
+    del old
     gc.collect()
+    assert gone() is None
     assert slot_values(keeper) == [keeper.out]
 
 
@@ -238,21 +249,8 @@ def test_slot_values_after_a_base_swapped_out_lives_on() -> None:
     """The same with the old base alive (another class, a module, still refers to it): its
     descriptor no longer applies to the keeper, and the slot is found again in the new base
     (helper-124's FINDING 2: nothing was read, and GradientMonitor recorded the sum)."""
-
-    class Old:
-        __slots__ = ("out",)
-
-    class New:
-        __slots__ = ("out",)
-
-    class Keeper(Old):
-        pass
-
-    keeper = Keeper()
-    keeper.out = "kept"  # type: ignore[attr-defined]
-    assert slot_values(keeper) == ["kept"]
-    Keeper.__bases__ = (New,)
-    keeper.out = "kept again"  # type: ignore[attr-defined]
+    keeper, old = _swapped_keeper()  # (`old` held to the end)
+    keeper.out = "kept again"
     assert slot_values(keeper) == ["kept again"]
     assert slot_values(keeper) == ["kept again"]  # (the table rescanned once)
-    assert Old.__slots__ == ("out",)  # (alive to here)
+    assert old.__slots__ == ("out",)

@@ -985,12 +985,15 @@ class Pinned:
         new_id: Callable[[], int],
         access: Access,
         tail: bool = False,
+        flags: tuple[str, ...] = (),
     ) -> Pinned:
         """Pin `hooks` (pre, post) last in `owner`'s dicts; `tail` ones stay after the others
-        (a backend's global dispatchers after a module's own)."""
+        (a backend's global dispatchers after a module's own). `flags`: the owner's other flag
+        tables (with_kwargs), whose keys the new ids avoid too (a flag left behind by a
+        cleared dict: helper-126's FINDING 5)."""
         (pre_attr, pre), (post_attr, post) = hooks
-        pre_key = new_key(new_id, access, owner, pre_attr)
-        post_key = new_key(new_id, access, owner, post_attr, always)
+        pre_key = new_key(new_id, access, owner, pre_attr, always, *flags)
+        post_key = new_key(new_id, access, owner, post_attr, always, *flags)
         pinned = cls(owner, (pre_attr, pre_key), (post_attr, post_key), always, access)
         undo_if_unfinished(pinned.remove)  # (inside a registration)
         try:

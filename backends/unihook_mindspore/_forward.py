@@ -92,7 +92,7 @@ def add_hook(
     always_call: bool = False,
 ) -> int:
     hooks_attr, (kwargs_attr, *always_attr) = _PRE if pre else _POST
-    hook_id = new_key(new_id, Access, cell, hooks_attr)
+    hook_id = new_key(new_id, Access, cell, hooks_attr, kwargs_attr, *always_attr)
     # (a registration cut short by a Ctrl-C is undone: see unihook._locks)
     undo_if_unfinished(partial(remove_hook, cell, hook_id, pre=pre))
     flags = (kwargs_attr,) * with_kwargs + tuple(always_attr) * always_call
@@ -110,4 +110,6 @@ def remove_hook(cell: Any, hook_id: int, *, pre: bool) -> None:
 def add_dispatchers(cell: Any, pre: Callable[..., Any], post: Callable[..., Any]) -> Pinned:
     hooks = ((_PRE[0], pre), (_POST[0], post))
     with _lock:
-        return Pinned.install(cell, hooks, _POST[1][1], new_id, Access)
+        return Pinned.install(
+            cell, hooks, _POST[1][1], new_id, Access, flags=(_PRE[1][0], _POST[1][0])
+        )

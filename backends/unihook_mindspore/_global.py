@@ -170,7 +170,7 @@ def _install(cell: Any) -> list[Any]:
     # (a shallow copy of a cell they are pinned in shares its dicts: they serve it too)
     if _pre and entry[0] is None:
         shared = pinned_key(cell, "_forward_pre_hook", _run_pre, Access)
-        entry[0] = new_key(new_id, Access, cell, _SLOTS[0][0]) if shared is None else shared
+        entry[0] = new_key(new_id, Access, cell, *_KEYED) if shared is None else shared
         if shared is None:
             _pin_forward(cell, 0, entry[0])
     if _post and entry[1] is None:
@@ -179,7 +179,7 @@ def _install(cell: Any) -> list[Any]:
         if waiting is not None:  # still pinned, its removal waiting for a call's end
             entry[1] = waiting[1]
         else:
-            entry[1] = new_key(new_id, Access, cell, _SLOTS[1][0]) if shared is None else shared
+            entry[1] = new_key(new_id, Access, cell, *_KEYED) if shared is None else shared
             if shared is None:
                 _pin_forward(cell, 1, entry[1])
     # Installed beside the cell's own backward dispatchers too: whichever runs first in a call
@@ -198,6 +198,7 @@ def _install(cell: Any) -> list[Any]:
                     new_id,
                     Access,
                     tail=True,  # after the cell's own ones, which take the globals when present
+                    flags=_KEYED,
                 )
             )
         entry[2] = backward
@@ -276,6 +277,8 @@ CALL_CODES = frozenset({_CELL_CALL.__code__, _call.__code__})
 
 _POST_FLAGS = ("_forward_hook_with_kwargs", "_forward_hook_always_called")
 _SLOTS = (("_forward_pre_hook", ("_forward_pre_hook_with_kwargs",)), ("_forward_hook", _POST_FLAGS))
+# a cell's hook dicts and flag tables, whose keys a new id avoids (`new_key`)
+_KEYED = tuple(name for attr, flags in _SLOTS for name in (attr, *flags))
 # The cells in a call (the wrapper counts them, by id: alive while counted). MindSpore reads
 # a cell's forward hooks after construct, as torch reads its global ones: a cell's global post
 # dispatcher stays until its calls end (`_waiting`: id -> cell, key), so that a global forward

@@ -48,7 +48,8 @@ _ID_LOCK = threading.Lock()
 
 def id_for(layer: Any, pre: bool) -> int:
     """An id for a hook of `layer`'s: past the ids a layer loaded from a pickle brought."""
-    return new_key(new_id, Access, layer, (_PRE if pre else _POST)[0])
+    hooks, flags = _PRE if pre else _POST
+    return new_key(new_id, Access, layer, hooks, *flags)
 
 
 def ids_drawn() -> int:
@@ -119,6 +120,8 @@ def remove_hook(layer: Any, hook_id: int, *, pre: bool) -> None:
 def add_dispatchers(layer: Any, pre: Callable[..., Any], post: Callable[..., Any]) -> Pinned:
     hooks = ((_PRE[0], pre), (_POST[0], post))
     with _lock, _lock.mutex:
-        pinned = Pinned.install(layer, hooks, _POST[1][1], new_id, Access)
+        pinned = Pinned.install(
+            layer, hooks, _POST[1][1], new_id, Access, flags=(_PRE[1][0], _POST[1][0])
+        )
     retranslate()
     return pinned

@@ -196,6 +196,10 @@ def reserve_ids(top: int) -> None:
         RemovableHandle.next_id = max(RemovableHandle.next_id, top + 1)
 
 
+# torch 2.13's with_kwargs flag tables of a module's forward hook dicts
+KWARGS_FLAGS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs")
+
+
 class _TorchDispatchers:
     """Where the dispatchers live: pinned last in the module's own hook dicts
     (``unihook._pinned``), so a native hook registered after them, even one replacing args or
@@ -328,7 +332,7 @@ class TorchAutograd(Autograd):
         hooks = (("_forward_pre_hooks", pre), ("_forward_hooks", post))
         always = "_forward_hooks_always_called"
         return WatchedPinned.install(
-            module, hooks, always, _TorchDispatchers.new_id, _TorchDispatchers
+            module, hooks, always, _TorchDispatchers.new_id, _TorchDispatchers, flags=KWARGS_FLAGS
         )
 
 

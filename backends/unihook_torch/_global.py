@@ -86,6 +86,7 @@ def _pin_dispatchers(module: Any) -> Any:
 
 def _pin(module: Any) -> None:
     if module not in _pinned_in:
+        from ._backward import KWARGS_FLAGS
         from ._backward import _TorchDispatchers as access
 
         with _lock, _lock.mutex:
@@ -95,7 +96,7 @@ def _pin(module: Any) -> None:
                 # (a shallow copy of a module they are pinned in shares its dicts: it has them)
                 shared = _compile.WatchedPinned.find(module, hooks, always, access)
                 pinned = shared or _compile.WatchedPinned.install(
-                    module, hooks, always, access.new_id, access, tail=True
+                    module, hooks, always, access.new_id, access, tail=True, flags=KWARGS_FLAGS
                 )
                 try:
                     _pinned_in[module] = pinned

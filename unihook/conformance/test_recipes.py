@@ -727,12 +727,13 @@ def test_grad_cam_targets(backend: Any) -> None:
     pair = backend.module(lambda self, x: (self.net(x), x), {"net": classifier(backend)})
     with pytest.raises(HookArgumentError, match="must be a tensor of scores"):
         GradCAM(pair, "net.layer4")(images(backend))
-    # a tensor whose rows are not the samples' (helper-126's FINDING 4: mixed silently)
-    pooled = backend.module(
-        lambda self, x: ops.sum(self.net(x), axis=0, keepdim=True), {"net": classifier(backend)}
+    # a tensor that is no (N, classes) for class indices (helper-126's FINDING 4: used as it
+    # was, or numpy's IndexError)
+    summed = backend.module(
+        lambda self, x: ops.sum(self.net(x), axis=1), {"net": classifier(backend)}
     )
-    with pytest.raises(HookArgumentError, match="N the 2 samples given"):
-        GradCAM(pooled, "net.layer4")(images(backend), target=0)
+    with pytest.raises(HookArgumentError, match=r"\(N, classes\)"):
+        GradCAM(summed, "net.layer4")(images(backend), target=0)
 
 
 def test_grad_cam_and_guided_backprop_under_no_grad(backend: Any) -> None:

@@ -57,7 +57,7 @@ class ClassifierOutputTarget:
         return model_output[:, self.category]
 
 
-def _score(output: Any, target: Target, samples: int) -> tuple[Any, np.ndarray]:
+def _score(output: Any, target: Target) -> tuple[Any, np.ndarray]:
     """The sum over the batch of each sample's target score, and the class indices (-1 where a
     callable target has no `category`)."""
     if not ops.is_tensor(output):  # (helper-125's FINDING 6: NoBackendError about a tuple)
@@ -66,16 +66,15 @@ def _score(output: Any, target: Target, samples: int) -> tuple[Any, np.ndarray]:
             f"returning more to return them. Received: {type(output).__name__}"
         )
     logits = ops.to_numpy(output)
-    # one row per sample (a transposed or pooled output mixed the samples' scores); class
-    # indices take (N, classes), a callable any row (helper-126's FINDING 4)
+    # a row per sample: class indices take (N, classes), a callable any row (helper-126's
+    # FINDING 4; the samples' axis of the input is not told: a sequence-first model's is 1)
     rows = callable(target) or (
         isinstance(target, (list, tuple)) and any(callable(t) for t in target)
     )
-    if logits.ndim == 0 or logits.shape[0] != samples or (logits.ndim != 2 and not rows):
+    if logits.ndim == 0 or (logits.ndim != 2 and not rows):
         raise HookArgumentError(
-            f"the model's output must be a tensor of scores, (N, classes), N the {samples} "
-            f"samples given (any row per sample for a callable target). Received: shape "
-            f"{logits.shape}"
+            f"the model's output must be a tensor of scores, (N, classes) (any row per "
+            f"sample for a callable target). Received: shape {logits.shape}"
         )
     n = logits.shape[0]
     given: Any = target
@@ -310,7 +309,7 @@ class GradCAM(Recipe):
                 # the leaf's copy, not the leaf: a model may change its input in place, which
                 # torch and paddle refuse on a leaf that requires grad (helper-81's attack)
                 inputs = inputs * 1
-            score, self.target_classes = _score(self.model(inputs), target, len(inputs))
+            score, self.target_classes = _score(self.model(inputs), target)
             return score
 
         try:
@@ -450,7 +449,7 @@ class GuidedBackprop(Recipe):
 
     def __call__(self, x: Any, target: Target = None) -> np.ndarray:
         def forward(inputs: Any) -> Any:
-            return _score(self.model(inputs), target, len(inputs))[0]
+            return _score(self.model(inputs), target)[0]
 
         clamps = HookGroup()
 
