@@ -2,9 +2,9 @@
 `_RetiredHookDict`; MindSpore's lazy dicts followed; Ctrl-C retried in finalizers).
 
 Each test named ``test_finding*`` is a FINDING that fails on 7c1d7cd (see the report). Fixed
-since: 1, 4-6, 9, 12-15 (1 and 15 by taking `_RetiredHookDict` out again); 10 is refused
-with HookTargetError (2026-12-04). Still open (strict xfails, `OPEN`, on the backends where
-they fail): 2, 3, 7, 8, 11. FINDING 9's test
+since: 1, 4-6, 9, 12-15 (1 and 15 by taking `_RetiredHookDict` out again). Still open (strict
+xfails, `OPEN`, on the backends where they fail): 2, 3, 7, 8, 10 (refused plainly since
+2026-12-04), 11. FINDING 9's test
 interrupts the same line in `_global._uncount`, where its fix moved it.
 """
 
@@ -40,6 +40,10 @@ OPEN: dict[int, tuple[frozenset[str], str]] = {
     8: (
         frozenset({"torch", "paddle", "mindspore"}),
         "a Ctrl-C on entering a finalizer, before any of its code: not retried",
+    ),
+    10: (
+        frozenset({"torch", "paddle", "mindspore"}),
+        "refused with HookTargetError: the shared HookDict's owner is not in the deep copy's memo",
     ),
     11: (
         frozenset({"paddle"}),
@@ -403,21 +407,39 @@ def test_finding9_ctrl_c_as_held_call_uncounts_the_call_leaks_the_cell_and_its_d
     assert not alive_after_del, "the cell is never collected (held by _in_call)"
 
 
-def test_finding10_a_deep_copy_of_a_shallow_copy_with_backward_hooks_raises(backend: Any) -> None:
-    # crash: `copy.deepcopy(copy.copy(m))`, m with a unihook backward hook. The shared
-    # HookDict's owner is the original, which is not in the deep copy's memo: its dispatchers
-    # serve the original's state. torch's own deep copy of such a copy keeps the hooks; unihook
-    # refuses it with HookTargetError (until 2026-12-04 a TypeError about a thread-local;
-    # copying the original first, for a day, left the copy a hidden module's dict, and its own
-    # deep copy raised: helper-127's FINDING 1)
+def test_finding10_a_deep_copy_of_a_shallow_copy_keeps_its_backward_hooks(
+    backend: Any, request: Any
+) -> None:
+    _open(request, 10, backend.name)
+    # `copy.deepcopy(copy.copy(m))`, m with a unihook backward hook. The shared HookDict's
+    # owner is the original, which is not in the deep copy's memo: its dispatchers serve the
+    # original's state. torch's own deep copy of such a copy keeps the hooks (the oracle);
+    # unihook refuses it (below)
+    kit = backend
+    module = kit.linear(3, 2, W, B)
+    seen: list[Any] = []
+    handle = unihook.register_full_backward_hook(module, lambda m, *_: seen.append(m))
+    try:
+        _step(kit, module)
+        deep = copy.deepcopy(copy.copy(module))
+        seen.clear()
+        _step(kit, deep)
+        assert seen == [deep]
+    finally:
+        handle.remove()
+
+
+def test_finding10_the_deep_copy_is_refused_plainly(backend: Any) -> None:
+    # until 2026-12-04 a TypeError about a thread-local; copying the original first, for a
+    # day, left the copy a hidden module's dict, whose own deep copy raised (helper-127's
+    # FINDING 1): HookTargetError, a TypeError as deepcopy's own, naming the cause
     kit = backend
     module = kit.linear(3, 2, W, B)
     handle = unihook.register_full_backward_hook(module, lambda m, *_: None)
     try:
         _step(kit, module)
-        twin = copy.copy(module)
         with pytest.raises(unihook.HookTargetError, match="its module deep-copied with it"):
-            copy.deepcopy(twin)
+            copy.deepcopy(copy.copy(module))
     finally:
         handle.remove()
 
