@@ -229,7 +229,8 @@ def test_hooks_registered_after_a_load_keep_the_loaded_ones(framework: str, tmp_
         assert native == ["new pre", "saved kwargs pre", "saved post", "new post"]
 
 
-_NATIVE_LOADED = r"""
+# the child programs' start: a framework, its input needing grad, its forward hook method
+_CHILD = r"""
 import pickle, sys
 framework, path, step, tests = sys.argv[1:5]
 sys.path.insert(0, tests)
@@ -243,7 +244,11 @@ else:
     post = "register_forward_post_hook"
 import unihook
 from test_pickled_hooks import named
+"""
 
+_NATIVE_LOADED = (
+    _CHILD
+    + r"""
 if step == "save":  # the framework's own hooks only: its plain dicts pickle, ids 0 to 7
     m = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
     for i in range(4):
@@ -271,6 +276,7 @@ named.calls.clear()
 m(x)
 print(repr([calls, named.calls]))
 """
+)
 
 
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
@@ -427,21 +433,9 @@ def test_a_hook_dict_deep_copied_before_or_without_its_module(framework: str) ->
     assert [getattr(v, "args", None) for v in hooks.values()] == [("native post",)]
 
 
-_STALE_FLAGS = r"""
-import pickle, sys
-framework, path, step, tests = sys.argv[1:5]
-sys.path.insert(0, tests)
-if framework == "torch":
-    import torch as fw, torch.nn as nn
-    x = fw.ones(1, 2, requires_grad=True)
-    post = "register_forward_hook"
-else:
-    import paddle as fw, paddle.nn as nn
-    x = fw.ones([1, 2]); x.stop_gradient = False
-    post = "register_forward_post_hook"
-import unihook
-from test_pickled_hooks import named
-
+_STALE_FLAGS = (
+    _CHILD
+    + r"""
 if step == "save":  # hooks with_kwargs, then the dicts cleared: the flags stay behind
     m = nn.Linear(2, 2)
     for i in range(3):
@@ -460,6 +454,7 @@ unihook.register_forward_hook(m, named("new post"))
 m(x).sum().backward()
 print(repr(named.calls))
 """
+)
 
 
 @pytest.mark.parametrize("framework", ["torch", "paddle"])

@@ -18,7 +18,7 @@ from typing import Any, Callable, ContextManager, Sequence, Union
 from ._by_type import ByType
 from ._describe import type_name
 from ._plugins import plugin_manager
-from .errors import NoBackendError, NoGradError
+from .errors import HookArgumentError, NoBackendError, NoGradError
 
 __all__ = [
     "Ops",
@@ -691,6 +691,13 @@ def dropout(t: Any, p: float, training: bool) -> Any:
 
 def drop_block(t: Any, p: float, block_size: int = 7, training: bool = True) -> Any:
     """DropBlock (Ghiasi et al. 2018) on an NCHW tensor when `training`, identity otherwise."""
+    shape = getattr(t, "shape", None) if is_tensor(t) else None
+    if shape is None or len(shape) != 4:  # (Python's unpacking error: helper-126's FINDING 6)
+        received = f"shape {tuple(shape)}" if shape is not None else type_name(t)
+        raise HookArgumentError(
+            f"unihook.ops.drop_block: expected a tensor of 4 dimensions (N, C, H, W). "
+            f"Received: {received}"
+        )
     return ops_for(t).drop_block(t, p, block_size, training)
 
 

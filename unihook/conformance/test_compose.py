@@ -216,6 +216,8 @@ def test_ops_dropout_and_drop_block(backend: Any) -> None:
     assert np.array_equal(
         ops.to_numpy(ops.drop_block(t, 0.3, 3, training=False)), np.ones((2, 3, 16, 16))
     )
+    with pytest.raises(unihook.HookArgumentError, match="expected a tensor of 4 dimensions"):
+        ops.drop_block(backend.tensor(np.ones((2, 3, 16), dtype="float32")), 0.3)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

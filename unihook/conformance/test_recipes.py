@@ -675,7 +675,7 @@ def test_drop_hook_arguments(backend: Any) -> None:
         assert 0.25 < dropped < 0.35, (targets, dropped)
     # DropBlock takes NCHW outputs: another rank is said plainly
     with DropHook(seq, "0", 0.3, mode="dropblock"):
-        with pytest.raises(HookArgumentError, match="expected an output of 4 dimensions"):
+        with pytest.raises(HookArgumentError, match="expected a tensor of 4 dimensions"):
             seq(backend.tensor(np.ones((2, 3, 8), "float32")))
 
 

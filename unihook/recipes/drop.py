@@ -97,14 +97,7 @@ def _dropout(p: float, module: Any, args: Any, output: Any) -> Any:
 
 
 def _drop_block(p: float, block_size: int, module: Any, args: Any, output: Any) -> Any:
-    shape = getattr(output, "shape", None) if ops.is_tensor(output) else None
-    if shape is None or len(shape) != 4:
-        received = f"shape {tuple(shape)}" if shape is not None else type(output).__name__
-        raise HookArgumentError(
-            f"DropHook(mode='dropblock') on a {type(module).__name__}: expected an output of 4 "
-            f"dimensions (N, C, H, W). Received: {received}"
-        )
-    return ops.drop_block(output, p, block_size, training=True)
+    return ops.drop_block(output, p, block_size, training=True)  # (it checks the NCHW rank)
 
 
 def _once(chosen: list[tuple[tuple[str, Any], float]]) -> list[tuple[tuple[str, Any], float]]:
