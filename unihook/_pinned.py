@@ -395,9 +395,9 @@ class HookDict(OrderedDict[int, Any]):
         they are registered; until 2026-12-04 they made every module a global backward hook
         had reached refuse to pickle: helper-124's FINDING 1), a backend's global forward
         dispatcher."""
-        left = self._left_out()
-        if any(key not in left for key in self.pinned):
+        if self._serves_backward():
             raise self._pickling_error()
+        left = self._left_out()
         items = [(k, v) for k, v in OrderedDict.items(self) if k not in left]
         # (an Access without the pair, a third party's: the ids stay as they come)
         access = self._access if hasattr(self._access, "ids_drawn") else None
@@ -410,11 +410,8 @@ class HookDict(OrderedDict[int, Any]):
 
     def _serves_backward(self) -> bool:
         """Whether a dispatcher of live backward hooks of this module's own is pinned here."""
-        for key in self.pinned:
-            state = getattr(self.get(key), "__self__", None)
-            if not (getattr(state, "removed", False) or getattr(state, "is_global", False)):
-                return True
-        return False
+        left = self._left_out()
+        return any(key not in left for key in self.pinned)
 
     def _copy_error(self, owner: Any) -> Exception:
         from ._describe import Site
