@@ -42,6 +42,7 @@ __all__ = [
     "float64_copy",
     "float64_default",
     "forward_backward",
+    "forward_hook_dicts",
     "forward_raised",
     "grad_enabled",
     "grad_sync",
@@ -275,6 +276,11 @@ class Ops:
     def is_leaf(self, t: Any) -> bool:
         """Whether `t` is a leaf of the autograd graph (see `is_leaf`): False by default."""
         return False
+
+    def forward_hook_dicts(self, module: Any) -> tuple[Any, Any]:
+        """`module`'s own forward pre-hook and forward hook dicts, ``(pre, post)``, each None
+        where it has none (see `forward_hook_dicts`): ``(None, None)`` by default."""
+        return (None, None)
 
     def float64_copy(self, module: Any) -> Any:
         """A float64 deep copy of a module, or None (the default: `compare` then runs without
@@ -797,6 +803,15 @@ def on_grad(t: Any, fn: Callable[[Any], None]) -> bool:
     replace gradients), `register_tensor_hook` otherwise. Not removable: it goes with `t`.
     False, with nothing registered, when `t` gets no gradient (no_grad, a constant)."""
     return bool(ops_for(t).on_grad(t, fn))
+
+
+def forward_hook_dicts(module: Any) -> tuple[Any, Any]:
+    """`module`'s own forward pre-hook and forward hook dicts, ``(pre, post)``: the ordered
+    dicts (hook id -> hook) the framework runs them from, in their order, each None where the
+    module has none yet. A recipe with `every` > 1, placing its hooks anew for each recorded
+    forward, puts them back in their places there. ``(None, None)`` on a backend that does not
+    say: the hooks placed anew then run after those registered since."""
+    return ops_for(module).forward_hook_dicts(module)
 
 
 def is_leaf(t: Any) -> bool:

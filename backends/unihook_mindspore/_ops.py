@@ -155,6 +155,11 @@ class MindSporeOps(Ops):
         # under `_no_grad` nothing is recorded: an evaluation (`every=N` leaves it uncounted)
         return bool(_pynative_executor.enable_grad() and _pynative_executor.requires_grad())
 
+    def forward_hook_dicts(self, module: Any) -> tuple[Any, Any]:
+        # (the attributes behind Cell's lazy properties: reading those would create the dicts)
+        state = vars(module)
+        return state.get("_lazy_forward_pre_hook"), state.get("_lazy_forward_hook")
+
     def is_leaf(self, t: Any) -> bool:
         # a Parameter (a cell returning its own, a positional table): a gradient hook on it
         # fires in every later backward (a grad session's inputs are new tensors each time)

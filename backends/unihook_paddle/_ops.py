@@ -282,6 +282,10 @@ class PaddleOps(Ops):
         guard.hold(hook)
         return True
 
+    def forward_hook_dicts(self, module: Any) -> tuple[Any, Any]:
+        state = vars(module)
+        return state.get("_forward_pre_hooks"), state.get("_forward_post_hooks")
+
     def is_leaf(self, t: Any) -> bool:
         return bool(t.is_leaf)
 

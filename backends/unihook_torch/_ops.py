@@ -487,6 +487,10 @@ class TorchOps(Ops):
         t.register_hook(fn)
         return True
 
+    def forward_hook_dicts(self, module: Any) -> tuple[Any, Any]:
+        state = vars(module)
+        return state.get("_forward_pre_hooks"), state.get("_forward_hooks")
+
     def is_leaf(self, t: Any) -> bool:
         return _outside_vmap(t).grad_fn is None  # (a BatchedTensor has no grad_fn)
 

@@ -29,6 +29,8 @@ from unihook.backend import eager_entry
 from unihook.errors import UnihookError
 from unihook.handles import Removable
 
+from ._places import Places
+
 __all__ = [
     "RankMismatchError",
     "Recipe",
@@ -134,6 +136,8 @@ class Recipe(Removable):
         self._forwards = 0
         self._build: Callable[[HookGroup], None] | None = None
         self._active = HookGroup()
+        self._places = Places()  # (`every` > 1: where its hooks go back to)
+        self._scheduled: Any = None  # (`every` > 1: the model its builder places hooks on)
         # of the hooks that run (`_Placed`), and of those placed for the next forward, which
         # run from its start (`_enter`)
         self._generation = self._next_generation = next(_generations)
@@ -164,11 +168,11 @@ class Recipe(Removable):
         # sets)
         self._hooks.add("", register_forward_pre_hook(model, self._enter))
         try:
-            self._active = _placed(build)
+            self._active = self._places.place(model, functools.partial(_placed, build))
         except BaseException:  # (a `where` that matches nothing: no hook left)
             self._hooks.remove()
             raise
-        self._build = build
+        self._build, self._scheduled = build, model
         self._hooks.add("", register_forward_hook(model, self._count, always_call=True))
 
     def _own(self, hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -270,11 +274,14 @@ class Recipe(Removable):
         if self._build is None:  # (every=1: the hooks stay)
             return recorded
         self._forwards += 1
+        self._places.leave()
         self._active.remove()  # the module's own hooks run from a snapshot: this call is done
         # (and, from the next forward on, a copy's copies of them: `_Placed`)
         self._next_generation = next(_generations)
         if self._forwards % self._every == 0 and self._build is not None:
-            self._active = _placed(self._build)
+            self._active = self._places.place(
+                self._scheduled, functools.partial(_placed, self._build)
+            )
             # placed for the next forward: this one's backward is not recorded (a reentrant
             # checkpoint recomputes parts of it there, through these hooks)
             self._placed_ahead = True
@@ -412,7 +419,7 @@ class Recipe(Removable):
         # builder placed the copy's hooks on the original, for the original recipe, which
         # then recorded forwards it skips; until 2026-12-04 the copy had none, and recorded
         # no forward, or every one: helper-107's FINDING 1, AveragedModel.)
-        copy._hooks, copy._active = HookGroup(), HookGroup()
+        copy._hooks, copy._active, copy._places = HookGroup(), HookGroup(), Places()
         where, names = copy.__dict__.get("_where"), copy.__dict__.get("_names")
         if callable(where) and names:
             # a predicate may pick the original's modules (`module is model[0]`), which a deep

@@ -91,7 +91,7 @@ def _score(output: Any, target: Target) -> tuple[Any, np.ndarray]:
             f"`target` must be None, a class index, a callable, a tensor or array of class "
             f"indices, or one per sample ({n}). Received: {given!r}"
         )
-    targets: list[Any] = [int(_indices(t)) if _is_array(t) else t for t in given]
+    targets: list[Any] = [_index(t) if _is_array(t) else t for t in given]
     if len(targets) != n:
         raise HookArgumentError(
             f"`target` must be None, a class index, a callable, or one per sample ({n}). "
@@ -133,6 +133,18 @@ def _indices(value: Any) -> np.ndarray:
             f"dtype {indices.dtype}"
         )
     return indices
+
+
+def _index(value: Any) -> int:
+    """One sample's class index given as a tensor or array: 0-d (until 2026-12-05 a 1-element
+    one raised numpy's bare TypeError: helper-126's FINDING 7b)."""
+    index = _indices(value)
+    if index.ndim != 0:
+        raise HookArgumentError(
+            f"a class index in a list of targets must be a 0-d tensor or array, one per "
+            f"sample. Received: shape {index.shape}"
+        )
+    return int(index)
 
 
 def _category(target: SampleTarget) -> int:

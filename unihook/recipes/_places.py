@@ -1,0 +1,103 @@
+"""Where a recipe's hooks sit among a module's forward hooks while `every` > 1 places them
+anew for each recorded forward: back in the places they had, as with `every=1`, which places
+them once (after the hooks registered before the recipe, before those registered after it).
+Until 2026-12-05 the hooks placed anew went after every hook registered since: a user's hook
+replacing a module's output was seen in forwards N, 2N... and not in forward 0, one history
+mixing two quantities (helper-126's FINDING 3)."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, TypeVar
+
+from unihook import ops
+
+__all__ = ["Places"]
+
+_T = TypeVar("_T")
+# (id of a module, 0 for its forward pre-hook dict or 1 for its forward hook dict)
+_Slot = tuple[int, int]
+
+
+def _dicts(model: Any) -> dict[_Slot, tuple[Any, Any]]:
+    """The forward hook dicts of `model`'s modules, with the module, by slot."""
+    found: dict[_Slot, tuple[Any, Any]] = {}
+    for _, module in ops.named_modules(model):
+        for at, hooks in enumerate(ops.forward_hook_dicts(module)):
+            if hooks is not None:
+                found[(id(module), at)] = (module, hooks)
+    return found
+
+
+class Places:
+    """The keys a recipe's hooks hold in the forward hook dicts of its model's modules, and,
+    once they are removed, the order of each dict then (`leave`), for the next `place`."""
+
+    def __init__(self) -> None:
+        # slot -> (the module, weakly; the recipe's keys there, in the dict's order)
+        self._held: dict[_Slot, tuple[weakref.ref[Any], tuple[int, ...]]] = {}
+        # slot -> (the module, weakly; the dict's keys as the hooks left; theirs among them)
+        self._left: dict[_Slot, tuple[weakref.ref[Any], tuple[int, ...], tuple[int, ...]]] = {}
+
+    def place(self, model: Any, build: Callable[[], _T]) -> _T:
+        """Run `build` (which registers the recipe's hooks on `model`'s modules) and put the
+        keys it added where the ones `leave` saw were: the builder registers the same hooks in
+        the same order each time, its n-th key in a dict takes the place of the n-th one left.
+        (A key registered meanwhile by another thread would be taken for the recipe's: it
+        moves, and keeps running.)"""
+        before = {slot: set(hooks) for slot, (_, hooks) in _dicts(model).items()}
+        built = build()
+        held: dict[_Slot, tuple[weakref.ref[Any], tuple[int, ...]]] = {}
+        for slot, (module, hooks) in _dicts(model).items():
+            known = before.get(slot, ())
+            ours = tuple(key for key in hooks if key not in known)
+            if not ours:
+                continue
+            try:
+                ref = weakref.ref(module)
+            except TypeError:  # (a module type without weak references: not kept in place)
+                continue
+            held[slot] = (ref, ours)
+            left = self._left.get(slot)
+            if left is not None and left[0]() is module and len(left[2]) == len(ours):
+                _put_back(hooks, left[1], dict(zip(left[2], ours)))
+        self._held, self._left = held, {}
+        return built
+
+    def leave(self) -> None:
+        """Note each dict's order before the recipe's hooks are removed from it."""
+        if not self._held:
+            return
+        left = {}
+        for slot, (ref, ours) in self._held.items():
+            module = ref()
+            hooks = None if module is None else ops.forward_hook_dicts(module)[slot[1]]
+            if hooks is not None:
+                left[slot] = (ref, tuple(hooks), ours)
+        self._held, self._left = {}, left
+
+
+def _put_back(hooks: Any, order: tuple[int, ...], renamed: dict[int, int]) -> None:
+    """Move the new keys (`renamed`: old key -> new) of `hooks` where the old ones were in
+    `order`: after the nearest key before it still there, else before the nearest one after
+    it (keys registered since came first, or last), else first."""
+    new = set(renamed.values())
+    target = [key for key in hooks if key not in new]
+    for at, old in enumerate(order):
+        key = renamed.get(old)
+        if key is not None:
+            target.insert(_spot(order, at, target, renamed), key)
+    if target != list(hooks):
+        for key in target:  # (a HookDict keeps its pinned keys, the dispatchers, last)
+            hooks.move_to_end(key)
+
+
+def _spot(order: tuple[int, ...], at: int, target: list[int], renamed: dict[int, int]) -> int:
+    for key in reversed(order[:at]):
+        key = renamed.get(key, key)
+        if key in target:
+            return target.index(key) + 1
+    for key in order[at + 1 :]:
+        if key not in renamed and key in target:
+            return target.index(key)
+    return 0
