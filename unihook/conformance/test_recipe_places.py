@@ -1,7 +1,7 @@
 """A recipe with `every` > 1 places its hooks anew for each recorded forward; they run where
 `every=1` runs them among a module's forward hooks: after those registered before the recipe,
 before those registered after it (native or unihook's), whatever was registered or removed
-between the recorded forwards (helper-126's FINDING 3: until 2026-12-05 forwards N, 2N...
+between the recorded forwards (helper-126's FINDING 3: until 2026-12-04 forwards N, 2N...
 saw the output of a hook registered after the recipe, forward 0 did not)."""
 
 from __future__ import annotations

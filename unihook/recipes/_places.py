@@ -1,7 +1,7 @@
 """Where a recipe's hooks sit among a module's forward hooks while `every` > 1 places them
 anew for each recorded forward: back in the places they had, as with `every=1`, which places
 them once (after the hooks registered before the recipe, before those registered after it).
-Until 2026-12-05 the hooks placed anew went after every hook registered since: a user's hook
+Until 2026-12-04 the hooks placed anew went after every hook registered since: a user's hook
 replacing a module's output was seen in forwards N, 2N... and not in forward 0, one history
 mixing two quantities (helper-126's FINDING 3)."""
 

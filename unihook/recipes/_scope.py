@@ -126,6 +126,8 @@ def _placed(build: Callable[[HookGroup], None]) -> HookGroup:
 class Recipe(Removable):
     """Removes every hook it placed on `remove()` or when its `with` block exits."""
 
+    _model: Any  # (set by the recipe: the model it watches)
+
     def __init__(self) -> None:
         self._created = next(_created)
         self._layout: list[str] | None = None  # `name:Type` of the modules all ranks watch
@@ -137,7 +139,6 @@ class Recipe(Removable):
         self._build: Callable[[HookGroup], None] | None = None
         self._active = HookGroup()
         self._places = Places()  # (`every` > 1: where its hooks go back to)
-        self._scheduled: Any = None  # (`every` > 1: the model its builder places hooks on)
         # of the hooks that run (`_Placed`), and of those placed for the next forward, which
         # run from its start (`_enter`)
         self._generation = self._next_generation = next(_generations)
@@ -172,7 +173,7 @@ class Recipe(Removable):
         except BaseException:  # (a `where` that matches nothing: no hook left)
             self._hooks.remove()
             raise
-        self._build, self._scheduled = build, model
+        self._build = build
         self._hooks.add("", register_forward_hook(model, self._count, always_call=True))
 
     def _own(self, hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -279,9 +280,7 @@ class Recipe(Removable):
         # (and, from the next forward on, a copy's copies of them: `_Placed`)
         self._next_generation = next(_generations)
         if self._forwards % self._every == 0 and self._build is not None:
-            self._active = self._places.place(
-                self._scheduled, functools.partial(_placed, self._build)
-            )
+            self._active = self._places.place(self._model, functools.partial(_placed, self._build))
             # placed for the next forward: this one's backward is not recorded (a reentrant
             # checkpoint recomputes parts of it there, through these hooks)
             self._placed_ahead = True

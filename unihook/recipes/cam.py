@@ -136,7 +136,7 @@ def _indices(value: Any) -> np.ndarray:
 
 
 def _index(value: Any) -> int:
-    """One sample's class index given as a tensor or array: 0-d (until 2026-12-05 a 1-element
+    """One sample's class index given as a tensor or array: 0-d (until 2026-12-04 a 1-element
     one raised numpy's bare TypeError: helper-126's FINDING 7b)."""
     index = _indices(value)
     if index.ndim != 0:
