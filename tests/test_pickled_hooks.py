@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import pickle
+from collections import OrderedDict
 from typing import Any
 
 import pytest
@@ -406,11 +407,14 @@ def test_a_module_a_global_backward_hook_reached_pickles(framework: str) -> None
 
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
 def test_a_hook_dict_deep_copied_before_or_without_its_module(framework: str) -> None:
-    """``copy.deepcopy`` reaching a module's hook dict before its module, or without it, while
-    unihook's backward dispatchers are in it: refused with HookTargetError, a TypeError as
-    deepcopy's own (until 2026-12-04 TypeError "cannot pickle '_thread._local' object":
-    helper-124's FINDING 5; copying the module first left the copy a hidden module's dict:
-    helper-127's FINDING 1). Without backward hooks the dict copies as a plain one."""
+    """``copy.deepcopy`` reaching a module's hook dict before its module while unihook's
+    backward dispatchers are in it: refused with HookTargetError, a TypeError as deepcopy's
+    own (until 2026-12-04 TypeError "cannot pickle '_thread._local' object": helper-124's
+    FINDING 5; copying the module first left the copy a hidden module's dict: helper-127's
+    FINDING 1). The dict alone (a hook transfer, ``other._forward_hooks =
+    copy.deepcopy(m._forward_hooks)``) copies as torch's: its forward hooks, in a plain dict,
+    run for the other module, whose backward is its own (helper-127's FINDING 4: refused).
+    Without backward hooks the dict copies as a plain one."""
     import copy
 
     pytest.importorskip(framework)
@@ -421,9 +425,17 @@ def test_a_hook_dict_deep_copied_before_or_without_its_module(framework: str) ->
     handle = unihook.register_full_backward_hook(model[0], lambda m, gi, go: None)
     x = _batch(framework)
     model(x).sum().backward()
-    for structure in (getattr(model[0], attr), [getattr(model[0], attr), model]):
-        with pytest.raises(unihook.HookTargetError, match="its module deep-copied with it"):
-            copy.deepcopy(structure)
+    with pytest.raises(unihook.HookTargetError, match="its module deep-copied with it"):
+        copy.deepcopy([getattr(model[0], attr), model])
+    other = _model(framework)[0]
+    transferred = copy.deepcopy(getattr(model[0], attr))
+    assert type(transferred) is OrderedDict
+    assert [getattr(v, "args", None) for v in transferred.values()] == [("native post",)]
+    object.__setattr__(other, attr, transferred)
+    _Named.calls.clear()
+    other(x).sum().backward()
+    model(x).sum().backward()
+    assert _Named.calls == ["native post", "native post"]
     model_copy = copy.deepcopy([model, getattr(model[0], attr)])[0]  # (the module first)
     _Named.calls.clear()
     model_copy(x).sum().backward()

@@ -423,10 +423,10 @@ class HookDict(OrderedDict[int, Any]):
         # the module first instead left the copy a hidden module's dict: helper-127's FINDING 1)
         return Site.of("full_backward", backend, owner).error(
             HookTargetError,  # a TypeError, as deepcopy's own for what it cannot copy
-            "its module deep-copied with it, the module first (a deep copy of the dict alone, "
-            "of a shallow copy of the module, or by a __deepcopy__ that copies __dict__ before "
-            "the module is in the memo cannot give its backward hooks a module)",
-            "a deep copy of the module's hook dict without the module",
+            "its module deep-copied with it, the module first (a deep copy of a shallow copy "
+            "of the module, or by a __deepcopy__ that copies __dict__ before the module is in "
+            "the memo, cannot give its backward hooks a module)",
+            "a deep copy reaching the module's hook dict before the module",
         )
 
     def _left_out(self) -> set[int]:
@@ -460,8 +460,14 @@ class HookDict(OrderedDict[int, Any]):
 
         owner = None if self._owner is None else self._owner()
         if id(owner) not in memo and self._serves_backward():
-            # the dict reached before its module, or without it: its backward dispatchers
-            # serve the module's state, which a copy can only have with the module's copy
+            if not memo:
+                # the dict alone, the root of the copy (`other._forward_hooks =
+                # copy.deepcopy(m._forward_hooks)`, a hook transfer): what torch's dict holds,
+                # its forward hooks; torch's backward hooks live in other dicts (until
+                # 2026-12-04 refused: helper-127's FINDING 4)
+                return self._forward_hooks_copy(memo)
+            # the dict reached before its module: its backward dispatchers serve the
+            # module's state, which a copy can only have with the module's copy
             raise self._copy_error(owner)
         copied = memo.get(id(owner), owner)
         new = HookDict()
@@ -503,6 +509,18 @@ class HookDict(OrderedDict[int, Any]):
                 for attr in attrs:
                     table = deepcopy(self._access.get(owner, attr), memo)
                     _watch(copied, attr, table, key, self._attr, self._access)
+        return new
+
+    def _forward_hooks_copy(self, memo: dict[int, Any]) -> OrderedDict[int, Any]:
+        """A plain dict of deep copies of the forward hooks here, in their order, without
+        unihook's dispatchers: what the framework's own dict would hold."""
+        from copy import deepcopy
+
+        new: OrderedDict[int, Any] = OrderedDict()
+        memo[id(self)] = new
+        for key, value in self.items():
+            if key not in self.pinned and key not in self.uncopied:
+                new[key] = deepcopy(value, memo)
         return new
 
     def _leave_flags(self, key: int, owner: Any, memo: dict[int, Any]) -> None:
