@@ -10,7 +10,8 @@ FINDING 4).
 
 The oracle is the same run with ``every=1`` recipes (whose copies record every forward of the
 copy, each on its own): each history must be that run's entries at the forwards ``every``
-picks. Generated runs: forwards of the original and of the copy interleaved at random, the
+picks, also with a forward hook registered on both after the copy (the hooks placed anew
+go back to their places, the copy's too). Generated runs: forwards of the original and of the copy interleaved at random, the
 copy made after 0 to 5 forwards (the hooks placed for the next forward or not), each run in a
 child process per framework.
 """
@@ -69,6 +70,10 @@ def run(kind, every, before, steps, copier):
     for _ in range(before):
         step(m)
     m2 = copied(m, copier)
+    for model in (m, m2):  # (after the recipe: its hooks run before it, whatever `every` is)
+        last = model[2]
+        getattr(last, "register_forward_hook", getattr(last, "register_forward_post_hook", None))(
+            lambda module, args, out: out * 3)
     # (the copy's recipe: nothing else refers to it but the copy's hooks)
     found = [o for o in gc.get_objects() if isinstance(o, cls) and o._model is m2]
     assert len(found) == 1, found

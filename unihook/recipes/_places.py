@@ -7,7 +7,6 @@ mixing two quantities (helper-126's FINDING 3)."""
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, Callable, TypeVar
 
 from unihook import ops
@@ -15,17 +14,18 @@ from unihook import ops
 __all__ = ["Places"]
 
 _T = TypeVar("_T")
-# (id of a module, 0 for its forward pre-hook dict or 1 for its forward hook dict)
-_Slot = tuple[int, int]
+# (a module's qualified name in the model, 0 for its forward pre-hook dict or 1 for its forward
+# hook dict): by name, the places hold for a copy of the model too
+_Slot = tuple[str, int]
 
 
-def _dicts(model: Any) -> dict[_Slot, tuple[Any, Any]]:
-    """The forward hook dicts of `model`'s modules, with the module, by slot."""
-    found: dict[_Slot, tuple[Any, Any]] = {}
-    for _, module in ops.named_modules(model):
+def _dicts(model: Any) -> dict[_Slot, Any]:
+    """The forward hook dicts of `model`'s modules, by slot."""
+    found: dict[_Slot, Any] = {}
+    for name, module in ops.named_modules(model):
         for at, hooks in enumerate(ops.forward_hook_dicts(module)):
             if hooks is not None:
-                found[(id(module), at)] = (module, hooks)
+                found[(name, at)] = hooks
     return found
 
 
@@ -34,10 +34,15 @@ class Places:
     once they are removed, the order of each dict then (`leave`), for the next `place`."""
 
     def __init__(self) -> None:
-        # slot -> (the module, weakly; the recipe's keys there, in the dict's order)
-        self._held: dict[_Slot, tuple[weakref.ref[Any], tuple[int, ...]]] = {}
-        # slot -> (the module, weakly; the dict's keys as the hooks left; theirs among them)
-        self._left: dict[_Slot, tuple[weakref.ref[Any], tuple[int, ...], tuple[int, ...]]] = {}
+        self._held: dict[_Slot, tuple[int, ...]] = {}  # the recipe's keys, in the dict's order
+        # the dict's keys as the hooks left, and theirs among them
+        self._left: dict[_Slot, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+    def copy(self) -> Places:
+        """Another object with the same places (a copy of the recipe: its own)."""
+        new = Places()
+        new._held, new._left = dict(self._held), dict(self._left)
+        return new
 
     def place(self, model: Any, build: Callable[[], _T]) -> _T:
         """Run `build` (which registers the recipe's hooks on `model`'s modules) and put the
@@ -45,35 +50,31 @@ class Places:
         the same order each time, its n-th key in a dict takes the place of the n-th one left.
         (A key registered meanwhile by another thread would be taken for the recipe's: it
         moves, and keeps running.)"""
-        before = {slot: set(hooks) for slot, (_, hooks) in _dicts(model).items()}
+        before = {slot: set(hooks) for slot, hooks in _dicts(model).items()}
         built = build()
-        held: dict[_Slot, tuple[weakref.ref[Any], tuple[int, ...]]] = {}
-        for slot, (module, hooks) in _dicts(model).items():
+        held: dict[_Slot, tuple[int, ...]] = {}
+        for slot, hooks in _dicts(model).items():
             known = before.get(slot, ())
             ours = tuple(key for key in hooks if key not in known)
             if not ours:
                 continue
-            try:
-                ref = weakref.ref(module)
-            except TypeError:  # (a module type without weak references: not kept in place)
-                continue
-            held[slot] = (ref, ours)
+            held[slot] = ours
             left = self._left.get(slot)
-            if left is not None and left[0]() is module and len(left[2]) == len(ours):
-                _put_back(hooks, left[1], dict(zip(left[2], ours)))
+            if left is not None and len(left[1]) == len(ours):
+                _put_back(hooks, left[0], dict(zip(left[1], ours)))
         self._held, self._left = held, {}
         return built
 
-    def leave(self) -> None:
+    def leave(self, model: Any) -> None:
         """Note each dict's order before the recipe's hooks are removed from it."""
         if not self._held:
             return
+        dicts = _dicts(model)
         left = {}
-        for slot, (ref, ours) in self._held.items():
-            module = ref()
-            hooks = None if module is None else ops.forward_hook_dicts(module)[slot[1]]
+        for slot, ours in self._held.items():
+            hooks = dicts.get(slot)
             if hooks is not None:
-                left[slot] = (ref, tuple(hooks), ours)
+                left[slot] = (tuple(hooks), ours)
         self._held, self._left = {}, left
 
 

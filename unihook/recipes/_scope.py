@@ -275,7 +275,7 @@ class Recipe(Removable):
         if self._build is None:  # (every=1: the hooks stay)
             return recorded
         self._forwards += 1
-        self._places.leave()
+        self._places.leave(self._model)
         self._active.remove()  # the module's own hooks run from a snapshot: this call is done
         # (and, from the next forward on, a copy's copies of them: `_Placed`)
         self._next_generation = next(_generations)
@@ -418,7 +418,7 @@ class Recipe(Removable):
         # builder placed the copy's hooks on the original, for the original recipe, which
         # then recorded forwards it skips; until 2026-12-04 the copy had none, and recorded
         # no forward, or every one: helper-107's FINDING 1, AveragedModel.)
-        copy._hooks, copy._active, copy._places = HookGroup(), HookGroup(), Places()
+        copy._hooks, copy._active, copy._places = HookGroup(), HookGroup(), self._places.copy()
         where, names = copy.__dict__.get("_where"), copy.__dict__.get("_names")
         if callable(where) and names:
             # a predicate may pick the original's modules (`module is model[0]`), which a deep
