@@ -11,9 +11,9 @@ FINDING 4).
 The oracle is the same run with ``every=1`` recipes (whose copies record every forward of the
 copy, each on its own): each history must be that run's entries at the forwards ``every``
 picks, also with a forward hook registered on both after the copy (the hooks placed anew
-go back to their places, the copy's too). Generated runs: forwards of the original and of the copy interleaved at random, the
-copy made after 0 to 5 forwards (the hooks placed for the next forward or not), each run in a
-child process per framework.
+go back to their places, the copy's too). Generated runs: forwards of the original and of
+the copy interleaved at random, the copy made after 0 to 5 forwards (the hooks placed for the
+next forward or not), each run in a child process per framework.
 """
 
 from __future__ import annotations
