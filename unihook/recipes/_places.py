@@ -48,8 +48,8 @@ class Places:
         """Run `build` (which registers the recipe's hooks on `model`'s modules) and put the
         keys it added where the ones `leave` saw were: the builder registers the same hooks in
         the same order each time, its n-th key in a dict takes the place of the n-th one left.
-        (A key registered meanwhile by another thread would be taken for the recipe's: it
-        moves, and keeps running.)"""
+        (A key another thread registers meanwhile is taken for the recipe's: the counts then
+        differ, and that dict's new keys stay last this time.)"""
         before = {slot: set(hooks) for slot, hooks in _dicts(model).items()}
         built = build()
         held: dict[_Slot, tuple[int, ...]] = {}
