@@ -6,6 +6,7 @@ FINDING 10). `unihook.ops.slot_values` reads the slots, which every backend's
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 from typing import Any
@@ -120,10 +121,23 @@ def test_slot_values_finds_slots_however_declared_and_keeps_no_class() -> None:
         __slots__ = ("c",)
 
     Reassigned.__slots__ = ()  # type: ignore[misc]
-    first, second, third = Iterated(), ___(), Reassigned()
-    first.a, first.b, third.c = 1, 2, 3  # type: ignore[attr-defined]
+
+    class Deleted:
+        __slots__ = ("d",)
+
+    del Deleted.__slots__  # (its slot lives on: helper-124's FINDING 6, until 2026-12-04 unread)
+
+    class OverPartial(functools.partial):  # (a C type's members are no slots: not read)
+        __slots__ = ("e",)
+
+    first, second, third, fourth = Iterated(), ___(), Reassigned(), Deleted()
+    first.a, first.b, third.c, fourth.d = 1, 2, 3, 4  # type: ignore[attr-defined]
     assert sorted(slot_values(first)) == [1, 2]
     assert slot_values(second) == ["private"] and slot_values(third) == [3]
+    assert slot_values(fourth) == [4]
+    over = OverPartial(print, 5)
+    over.e = 6
+    assert slot_values(over) == [6]
     gone = weakref.ref(Iterated)
     del Iterated, first
     gc.collect()

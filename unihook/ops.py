@@ -588,15 +588,26 @@ def _slot_places(cls: type) -> tuple[tuple[weakref.ref[type], str], ...]:
     descriptor a class of its MRO with ``__slots__`` defines (read from the class, not from
     ``__slots__``, which may have been an iterator, or reassigned since; names as mangled; a C
     type's members are not slots: helper-122's FINDING 4; a class whose ``__slots__`` was
-    deleted is not read: helper-123's 3b). The descriptors are not kept: they hold their
-    class."""
+    deleted is read too: until 2026-12-04 it was not, helper-124's FINDING 6). The descriptors
+    are not kept: they hold their class."""
     return tuple(
         (weakref.ref(klass), name)
         for klass in cls.__mro__
-        if "__slots__" in vars(klass)  # (a C type's members are not slots)
+        if "__slots__" in vars(klass) or _defined_in_python(klass)
         for name, value in list(vars(klass).items())
         if type(value) is types.MemberDescriptorType and value.__objclass__ is klass
     )
+
+
+_HEAPTYPE, _IMMUTABLETYPE = 1 << 9, 1 << 8  # (CPython's type flags)
+
+
+def _defined_in_python(klass: type) -> bool:
+    """Whether `klass` is a class statement's (or ``type()``'s): a heap type that is not
+    immutable. A C type is static, or, made from a spec (functools.partial since 3.11), marked
+    immutable; its members are not slots."""
+    flags = klass.__flags__
+    return bool(flags & _HEAPTYPE) and not flags & _IMMUTABLETYPE
 
 
 # `slot_values`' places by the type's id, with a weak reference to it (a type's own hash and
