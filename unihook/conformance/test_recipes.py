@@ -724,7 +724,8 @@ def test_grad_cam_targets(backend: Any) -> None:
     listed = cam(images(backend), target=[indices(np.array(classes[0])), classes[1]])
     np.testing.assert_array_equal(listed, top)
     # one sample's index in a list is 0-d (helper-126's FINDING 7b: numpy's bare TypeError)
-    for one_element in (indices(np.array([classes[0]])), np.array([classes[0]])):
+    one_elements: list[Any] = [indices(np.array([classes[0]])), np.array([classes[0]])]
+    for one_element in one_elements:
         with pytest.raises(HookArgumentError, match=r"must be a 0-d .* Received: shape \(1,\)"):
             cam(images(backend), target=[one_element, classes[1]])
     cam.remove()
