@@ -1,4 +1,5 @@
-"""Generated: forward hooks registered (native or unihook's, prepended or not) and removed
+"""Generated: forward hooks registered (native or unihook's, prepended or not; backward
+hooks, whose dispatchers unihook pins last in the same dicts) and removed
 between the forwards of a model watched by ActivationStats / GradientMonitor: `every=N`
 records in forwards 0, N, 2N... what `every=1` records there (the recipe's hooks placed anew
 go back to their places: helper-126's FINDING 3). The modules keep a hook registered before
@@ -18,7 +19,7 @@ from unihook.recipes import ActivationStats, GradientMonitor
 
 # (add / remove / nothing, native or unihook's, prepend, module 0, 1 or the model, factor, pick)
 _OPS = st.tuples(
-    st.sampled_from(["add", "remove", "none"]),
+    st.sampled_from(["add", "add", "remove", "none", "backward"]),
     st.sampled_from(["native", "unihook"]),
     st.booleans(),
     st.integers(0, 2),
@@ -60,6 +61,14 @@ def _run(name: str, every: int, ops: list[Any], recipe: type) -> list[dict[str, 
     for what, how, prepend, at, factor, pick in ops:
         if what == "add":
             add(how, prepend, at, factor)
+        elif what == "backward":  # (its dispatchers pinned last in the module's hook dicts)
+            module = model[at] if at < 2 else model
+            removers.append(
+                unihook.register_full_backward_hook(
+                    module,
+                    lambda m, gi, go, c=factor: tuple(None if g is None else g * c for g in gi),
+                ).remove
+            )
         elif what == "remove" and len(removers) > _KEPT:
             removers.pop(_KEPT + pick % (len(removers) - _KEPT))()
         out = model(x)
@@ -74,6 +83,7 @@ def _run(name: str, every: int, ops: list[Any], recipe: type) -> list[dict[str, 
 
 
 @pytest.mark.parametrize("name", ["torch", "paddle"])
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     ops=st.lists(_OPS, min_size=1, max_size=8),
