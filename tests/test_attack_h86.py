@@ -159,6 +159,35 @@ def test_finding3_a_backward_hook_runs_after_its_removal_once_the_original_died(
     assert kit.hook_counts(twin) == kit.hook_counts(kit.linear(3, 2, W, B))
 
 
+def test_finding3_a_hook_removed_after_its_module_died_stops_on_the_copy(backend: Any) -> None:
+    # the silent half of FINDING 3: the removed hook ran on for the copy (its residue, the
+    # dispatchers left passing on in the copy's dicts, is the strict xfail above)
+    kit = backend
+    module = kit.linear(3, 2, W, B)
+    seen: list[Any] = []
+    handle = unihook.register_full_backward_hook(module, lambda m, *_: seen.append("full"))
+    pre = unihook.register_full_backward_pre_hook(module, lambda m, *_: seen.append("pre"))
+    twin = copy.copy(module)
+    ref = weakref.ref(module)
+    del module
+    gc.collect()
+    assert ref() is None
+    _step(kit, twin)
+    assert sorted(seen) == ["full", "pre"]
+    handle.remove()
+    seen.clear()
+    _step(kit, twin)
+    assert seen == ["pre"]
+    pre.remove()
+    seen.clear()
+    _step(kit, twin)
+    assert seen == []
+    later = unihook.register_full_backward_hook(twin, lambda m, *_: seen.append("twin"))
+    _step(kit, twin)
+    assert seen == ["twin"]
+    later.remove()
+
+
 def _global_counts(kit: Any, top: Any, modules: dict[str, Any]) -> Counter[tuple[str, str]]:
     seen: list[tuple[str, int]] = []
     handles = [

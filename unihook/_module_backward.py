@@ -1516,7 +1516,14 @@ def register_backward_hook(
             return
         with _lock, _lock.mutex:
             m, state = module_ref(), into[0]() if into else None
-            if m is None or state is None:
+            if state is None:
+                return
+            if m is None:
+                # the module died, a shallow copy sharing its hook dicts runs the dispatchers
+                # still: the hook leaves the state they serve (until 2026-12-04 it kept
+                # running there: helper-86's FINDING 3). The state stays live, and its
+                # dispatchers in the copy's dicts, which no removal can reach now.
+                state.discard(key)
                 return
             if _states.get(m) is state:
                 if not state.discard(key):
