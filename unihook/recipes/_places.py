@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable, TypeVar
 
 from unihook import ops
+from unihook.backend import HookDict
 
 __all__ = ["Places"]
 
@@ -84,21 +85,26 @@ def _put_back(hooks: Any, order: tuple[int, ...], renamed: dict[int, int]) -> No
     it (keys registered since came first, or last), else first."""
     new = set(renamed.values())
     target = [key for key in hooks if key not in new]
+    # (unihook's backward dispatchers, pinned last: keys registered since went before them,
+    # so they tell nothing of a place; until 2026-12-04 taken for one: helper-128's F3)
+    pinned = set(hooks.pinned) if isinstance(hooks, HookDict) else set()
     for at, old in enumerate(order):
         key = renamed.get(old)
         if key is not None:
-            target.insert(_spot(order, at, target, renamed), key)
+            target.insert(_spot(order, at, target, renamed, pinned), key)
     if target != list(hooks):
         for key in target:  # (a HookDict keeps its pinned keys, the dispatchers, last)
             hooks.move_to_end(key)
 
 
-def _spot(order: tuple[int, ...], at: int, target: list[int], renamed: dict[int, int]) -> int:
+def _spot(
+    order: tuple[int, ...], at: int, target: list[int], renamed: dict[int, int], pinned: set[int]
+) -> int:
     for key in reversed(order[:at]):
         key = renamed.get(key, key)
         if key in target:
             return target.index(key) + 1
     for key in order[at + 1 :]:
-        if key not in renamed and key in target:
+        if key not in renamed and key not in pinned and key in target:
             return target.index(key)
     return 0
