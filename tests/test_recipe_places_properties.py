@@ -159,3 +159,45 @@ def test_a_key_another_thread_registers_during_a_placement_costs_that_time_only(
     expected, got = run(1)[::2], run(2)
     # (the forward the race hit may differ; every one after it must not)
     np.testing.assert_allclose(got[2:], expected[2:], rtol=1e-5)
+
+
+def test_a_hook_dict_without_an_order_and_a_placement_cut_short(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A library's hook dict that cannot be reordered (a dict subclass) is left as it is: until
+    2026-12-04 an AttributeError in the model's forward (helper-128's FINDING 9). A Ctrl-C
+    after the builder placed the hooks, while they are put back: they go, as for a build cut
+    short (its FINDING 8: they stayed after `remove()`)."""
+    import unihook.recipes._places as places
+
+    torch = pytest.importorskip("torch")
+
+    class Hooks(dict):  # type: ignore[type-arg]
+        pass
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 3))
+    model[1]._forward_hooks = Hooks()
+    x = torch.randn(2, 4)
+    stats = ActivationStats(model, every=2)
+    model[1].register_forward_hook(lambda m, args, out: out + 100)
+    for _ in range(4):
+        model(x)
+    stats.remove()
+    assert len(model[1]._forward_hooks) == 1 and len(stats.history) == 2
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 3))
+    stats = ActivationStats(model, every=2)
+    model[1].register_forward_hook(lambda m, args, out: out + 100)
+    model(x)  # (recorded: its hooks go at its end)
+
+    def interrupted(*args: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(places, "_put_back", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        model(x)  # (its end places the hooks for the next forward)
+    monkeypatch.undo()
+    stats.remove()
+    assert [len(model[1]._forward_hooks), len(model._forward_hooks)] == [1, 0]
+    assert [len(model._forward_pre_hooks), len(model[1]._forward_pre_hooks)] == [0, 0]

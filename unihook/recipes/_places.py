@@ -7,14 +7,13 @@ mixing two quantities (helper-126's FINDING 3)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
-from unihook import ops
+from unihook import HookGroup, ops
 from unihook.backend import HookDict
 
 __all__ = ["Places"]
 
-_T = TypeVar("_T")
 # (a module's qualified name in the model, 0 for its forward pre-hook dict or 1 for its forward
 # hook dict): by name, the places hold for a copy of the model too
 _Slot = tuple[str, int]
@@ -47,7 +46,7 @@ class Places:
         new._held, new._left, new._kept = dict(self._held), dict(self._left), dict(self._kept)
         return new
 
-    def place(self, model: Any, build: Callable[[], _T]) -> _T:
+    def place(self, model: Any, build: Callable[[], HookGroup]) -> HookGroup:
         """Run `build` (which registers the recipe's hooks on `model`'s modules) and put the
         keys it added where the ones `leave` saw were: the builder registers the same hooks in
         the same order each time, its n-th key in a dict takes the place of the n-th one left.
@@ -55,6 +54,16 @@ class Places:
         differ, and that dict's new keys stay last this time only.)"""
         before = {slot: set(hooks) for slot, hooks in _dicts(model).items()}
         built = build()
+        try:
+            self._put_back_all(model, before)
+        except BaseException:
+            # (a Ctrl-C here: the hooks placed go, as a build cut short; until 2026-12-04
+            # they stayed, unremovable: helper-128's FINDING 8)
+            built.remove()
+            raise
+        return built
+
+    def _put_back_all(self, model: Any, before: dict[_Slot, set[int]]) -> None:
         held: dict[_Slot, tuple[int, ...]] = {}
         kept: dict[_Slot, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         for slot, hooks in _dicts(model).items():
@@ -72,7 +81,6 @@ class Places:
                 # then was noted, the wrong place kept for good: helper-128's FINDING 6)
                 kept[slot] = left
         self._held, self._left, self._kept = held, {}, kept
-        return built
 
     def leave(self, model: Any) -> None:
         """Note each dict's order before the recipe's hooks are removed from it."""
@@ -102,7 +110,9 @@ def _put_back(hooks: Any, order: tuple[int, ...], renamed: dict[int, int]) -> No
         key = renamed.get(old)
         if key is not None:
             target.insert(_spot(order, at, target, renamed, pinned), key)
-    if target != list(hooks):
+    if target != list(hooks) and hasattr(hooks, "move_to_end"):
+        # (a library's dict without an order to change stays as it is: until 2026-12-04 an
+        # AttributeError in the model's forward, helper-128's FINDING 9)
         for key in target:  # (a HookDict keeps its pinned keys, the dispatchers, last)
             hooks.move_to_end(key)
 
