@@ -1,25 +1,47 @@
 """Which module of one model stands for which module of its port.
 
 By qualified name when the two models share names (most hand ports and PaConvert's keep them),
-then the modules left on both sides by order; else all by call order and module type: the
-called modules of each side, in order of completion, are matched as a longest common
-subsequence of their type names (``Conv2d`` and paddle's ``Conv2D`` are one type), so a wrapper
-with no counterpart on the other side is skipped. The models themselves ("") always pair.
-`layer_map` pairs modules by hand before either rule.
+a shared name whose two modules are of different types (a port that inserted a module into a
+`Sequential`, shifting the indices after it) left to the next rule; then the modules left on
+both sides by order among the children of modules already paired; else all by call order and
+module type. By order: the called modules of each side, in order of completion, are matched
+as a longest common subsequence of their type names (``Conv2d`` and paddle's ``Conv2D`` are
+one type), so a wrapper with no counterpart on the other side is skipped, and the modules left
+between two matches pair in order where both sides left as many, one type for one type, with
+the same output shapes (a torch ``Flatten`` and the port's own ``Flat``; a block class each
+framework names its own way). The models themselves ("") always pair. `layer_map` pairs
+modules by hand before either rule; a name in it that did not run (a ``ModuleList``) pairs the
+modules under it by their names below it.
 """
 
 from __future__ import annotations
 
-import difflib
+import warnings
 from typing import Mapping, Sequence
 
-__all__ = ["align", "parent", "type_key"]
+import numpy as np
+
+__all__ = ["Signatures", "align", "parent", "type_key"]
+
+Called = Sequence[tuple[str, str]]
+# per qualified name, the shapes of the tensors its first call returned (None: unknown)
+Signatures = Mapping[str, object]
+
+# Above this many cells (modules left in a times modules left in b) the longest common
+# subsequence's table (2 bytes a cell) is not built: difflib's longest runs instead, with a
+# warning (layer_map or shared names pair such models).
+LCS_CELLS = 100_000_000
 
 
 def type_key(type_name: str) -> str:
     """A class name as both frameworks spell it: torch's ``BatchNorm2d`` is paddle's
     ``BatchNorm2D``, ``MultiheadAttention`` is ``MultiHeadAttention``."""
     return type_name.lower()
+
+
+def parent(name: str) -> str:
+    """The qualified name of the module holding `name` ("" for the model's children)."""
+    return name.rsplit(".", 1)[0] if "." in name else ""
 
 
 def _check(names: Sequence[str], wanted: list[str], side: str) -> None:
@@ -33,76 +55,203 @@ def _check(names: Sequence[str], wanted: list[str], side: str) -> None:
         )
 
 
+def _expand(manual: dict[str, str], names_a: Sequence[str], names_b: Sequence[str]) -> None:
+    """Entries naming a module that did not run on either side (a ``ModuleList``: torch's
+    ``layers`` as the port's ``blocks``) pair the modules that ran under it, by their names
+    below it, where the other side has that name."""
+    ran_a, ran_b = set(names_a), set(names_b)
+    for name_a, name_b in list(manual.items()):
+        if name_a in ran_a or name_b in ran_b:
+            continue
+        below = [n for n in names_a if n.startswith(name_a + ".")]
+        found = {n: name_b + n[len(name_a) :] for n in below if name_b + n[len(name_a) :] in ran_b}
+        if found:
+            del manual[name_a]
+            for n, m in found.items():
+                manual.setdefault(n, m)
+
+
 def align(
-    called_a: Sequence[tuple[str, str]],
-    called_b: Sequence[tuple[str, str]],
+    called_a: Called,
+    called_b: Called,
     layer_map: Mapping[str, str] | None = None,
+    signatures: tuple[Signatures, Signatures] | None = None,
 ) -> tuple[list[tuple[str, str]], str]:
     """(name in a, name in b) pairs, in a's order, and the rule used ("name" or "order").
     `called_a` / `called_b`: (qualified name, class name) of each module that ran, in order of
-    its first completion."""
+    its first completion; `signatures`: each side's output shapes by name."""
     manual = dict(layer_map or {})
-    _check([n for n, _ in called_a], list(manual), "first")
-    _check([n for n, _ in called_b], list(manual.values()), "second")
+    names_a, names_b = [n for n, _ in called_a], [n for n, _ in called_b]
+    _expand(manual, names_a, names_b)
+    _check(names_a, list(manual), "first")
+    _check(names_b, list(manual.values()), "second")
     twice = sorted({n for n in manual.values() if list(manual.values()).count(n) > 1})
     if twice:
         raise ValueError(
             "`layer_map` must pair each module of the second model at most once. Received: "
             + ", ".join(f"{[a for a, b in manual.items() if b == n]} -> {n!r}" for n in twice)
         )
+    order = _Order(signatures)
     rest_a = [(n, t) for n, t in called_a if n not in manual]
     taken_b = set(manual.values())
     rest_b = [(n, t) for n, t in called_b if n not in taken_b]
-    names_b = {n for n, _ in rest_b}
-    shared = {n for n, _ in rest_a if n in names_b}
+    types_b = dict(rest_b)
+    shared = {n for n, _ in rest_a if n in types_b}
     pairs = dict(manual)
     if len(shared) * 2 >= min(len(rest_a), len(rest_b)):
         rule = "name"
-        pairs.update((n, n) for n in shared)
-        _renamed(
-            [(n, t) for n, t in rest_a if n not in shared],
-            [(n, t) for n, t in rest_b if n not in shared],
+        # A shared name on modules of different types (the port inserted a Dropout into a
+        # Sequential: its ReLU is "head.2" where a's is "head.1") is left to the order of
+        # the children below; where that pairs neither, the name pairs them after all (each
+        # framework's own class for one module, which the two models call alike).
+        same = {
+            n for n, t in rest_a if n in shared and (not n or type_key(t) == type_key(types_b[n]))
+        }
+        pairs.update((n, n) for n in same)
+        order.renamed(
+            [(n, t) for n, t in rest_a if n not in same],
+            [(n, t) for n, t in rest_b if n not in same],
             pairs,
+            (set(names_a), set(names_b)),
         )
+        taken = set(pairs.values())
+        pairs.update((n, n) for n, _ in rest_a if n in shared and n not in pairs and n not in taken)
     else:
         rule = "order"
-        if "" in names_b and any(n == "" for n, _ in rest_a):
+        if "" in types_b and any(n == "" for n, _ in rest_a):
             pairs[""] = ""
             rest_a = [(n, t) for n, t in rest_a if n]
             rest_b = [(n, t) for n, t in rest_b if n]
-        _by_order(rest_a, rest_b, pairs)
-    order = {n: i for i, (n, _) in enumerate(called_a)}
-    return sorted(pairs.items(), key=lambda p: order[p[0]]), rule
+        order.pair(rest_a, rest_b, pairs)
+    position = {n: i for i, n in enumerate(names_a)}
+    return sorted(pairs.items(), key=lambda p: position[p[0]]), rule
 
 
-Called = Sequence[tuple[str, str]]
+class _Order:
+    """Pairing by call order and type (`signatures`: each side's output shapes by name)."""
+
+    def __init__(self, signatures: tuple[Signatures, Signatures] | None) -> None:
+        self._shapes = signatures or ({}, {})
+
+    def pair(self, called_a: Called, called_b: Called, pairs: dict[str, str]) -> None:
+        """Pair a longest common subsequence of the two lists' type names, then the gaps
+        between its matches that correspond one to one (`_alike`)."""
+        matches = _lcs([type_key(t) for _, t in called_a], [type_key(t) for _, t in called_b])
+        for i, j in matches:
+            pairs[called_a[i][0]] = called_b[j][0]
+        bounds = [(-1, -1), *matches, (len(called_a), len(called_b))]
+        for (i0, j0), (i1, j1) in zip(bounds, bounds[1:]):
+            gap_a, gap_b = called_a[i0 + 1 : i1], called_b[j0 + 1 : j1]
+            if gap_a and len(gap_a) == len(gap_b) and self._alike(gap_a, gap_b):
+                pairs.update((x, y) for (x, _), (y, _) in zip(gap_a, gap_b))
+
+    def _alike(self, gap_a: Called, gap_b: Called) -> bool:
+        """Whether two runs of modules stand for each other in order: one type in b for
+        each type in a and the other way round, and the same output shapes where known."""
+        to_b: dict[str, str] = {}
+        to_a: dict[str, str] = {}
+        for (name_a, kind_a), (name_b, kind_b) in zip(gap_a, gap_b):
+            key_a, key_b = type_key(kind_a), type_key(kind_b)
+            if to_b.setdefault(key_a, key_b) != key_b or to_a.setdefault(key_b, key_a) != key_a:
+                return False
+            shape_a, shape_b = self._shapes[0].get(name_a), self._shapes[1].get(name_b)
+            if shape_a is not None and shape_b is not None and shape_a != shape_b:
+                return False
+        return True
+
+    def renamed(
+        self,
+        rest_a: Called,
+        rest_b: Called,
+        pairs: dict[str, str],
+        ran: tuple[set[str], set[str]],
+    ) -> None:
+        """The modules a port renamed (torch's `downsample` as `shortcut`), by order and type
+        among the modules under paired ones (shallowest first, so a renamed module's
+        children follow it): a module with no counterpart elsewhere in the model stays
+        unpaired. A module's holder is its closest ancestor that ran: a ``ModuleList`` (which
+        never runs) the port renamed holds nothing, its blocks are the model's."""
+        kids_a: dict[str, list[tuple[str, str]]] = {}
+        kids_b: dict[str, list[tuple[str, str]]] = {}
+        for name, kind in rest_a:
+            kids_a.setdefault(_holder(name, ran[0]), []).append((name, kind))
+        for name, kind in rest_b:
+            kids_b.setdefault(_holder(name, ran[1]), []).append((name, kind))
+        for holder in sorted(kids_a, key=lambda n: n.count(".") + bool(n)):
+            if holder in pairs:
+                self.pair(kids_a[holder], kids_b.get(pairs[holder], []), pairs)
 
 
-def _by_order(called_a: Called, called_b: Called, pairs: dict[str, str]) -> None:
-    """Pair the longest common subsequence of the two lists' type names."""
-    keys_a = [type_key(t) for _, t in called_a]
-    keys_b = [type_key(t) for _, t in called_b]
+def _holder(name: str, ran: set[str]) -> str:
+    """The closest ancestor of `name` that ran ("" when none did)."""
+    found = parent(name) if name else ""
+    while found and found not in ran:
+        found = parent(found)
+    return found
+
+
+def _lcs(keys_a: list[str], keys_b: list[str]) -> list[tuple[int, int]]:
+    """Index pairs of a longest common subsequence of two lists, each element of a matched
+    as early in b as the subsequence allows."""
+    n, m = len(keys_a), len(keys_b)
+    start = 0
+    while start < min(n, m) and keys_a[start] == keys_b[start]:
+        start += 1
+    end = 0  # (a common prefix and suffix are part of a longest common subsequence)
+    while end < min(n, m) - start and keys_a[n - 1 - end] == keys_b[m - 1 - end]:
+        end += 1
+    middle = _lcs_table(keys_a[start : n - end], keys_b[start : m - end])
+    return (
+        [(k, k) for k in range(start)]
+        + [(start + i, start + j) for i, j in middle]
+        + [(n - end + k, m - end + k) for k in range(end)]
+    )
+
+
+def _lcs_table(keys_a: list[str], keys_b: list[str]) -> list[tuple[int, int]]:
+    n, m = len(keys_a), len(keys_b)
+    if not n or not m:
+        return []
+    if n * m > LCS_CELLS:
+        return _longest_runs(keys_a, keys_b)
+    codes = {k: c for c, k in enumerate(dict.fromkeys(keys_a + keys_b))}
+    code_a = np.array([codes[k] for k in keys_a])
+    code_b = np.array([codes[k] for k in keys_b])
+    # table[i, j]: the length of a longest common subsequence of keys_a[i:] and keys_b[j:],
+    # a row at a time: table[i, j] = max over k >= j of (table[i + 1, k], or
+    # table[i + 1, k + 1] + 1 where a[i] == b[k]), a reversed running maximum
+    table = np.zeros((n + 1, m + 1), np.uint16 if min(n, m) < 65535 else np.uint32)
+    for i in range(n - 1, -1, -1):
+        below = table[i + 1]
+        found = np.maximum(below[:-1], np.where(code_b == code_a[i], below[1:] + 1, 0))
+        table[i, :-1] = np.maximum.accumulate(found[::-1])[::-1]
+    out: list[tuple[int, int]] = []
+    i = j = 0
+    while i < n and j < m:
+        if code_a[i] == code_b[j]:  # (a match is always part of a longest one from here)
+            out.append((i, j))
+            i, j = i + 1, j + 1
+        elif table[i + 1, j] >= table[i, j + 1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _longest_runs(keys_a: list[str], keys_b: list[str]) -> list[tuple[int, int]]:
+    import difflib
+
+    warnings.warn(
+        f"compare: {len(keys_a)} x {len(keys_b)} modules to align by order: matched by "
+        "longest runs of their types, not a longest common subsequence, which can pair "
+        "modules of a repeated type wrongly; pair them by hand (`layer_map`) or give the "
+        "modules the same names in both models",
+        RuntimeWarning,
+        stacklevel=5,
+    )
     matcher = difflib.SequenceMatcher(None, keys_a, keys_b, autojunk=False)
-    for block in matcher.get_matching_blocks():
-        for k in range(block.size):
-            pairs[called_a[block.a + k][0]] = called_b[block.b + k][0]
-
-
-def parent(name: str) -> str:
-    """The qualified name of the module holding `name` ("" for the model's children)."""
-    return name.rsplit(".", 1)[0] if "." in name else ""
-
-
-def _renamed(rest_a: Called, rest_b: Called, pairs: dict[str, str]) -> None:
-    """The modules a port renamed (torch's `downsample` as `shortcut`), by order and type among
-    the children of paired parents only (shallowest first, so a renamed module's children
-    follow it): a module with no counterpart elsewhere in the model stays unpaired."""
-    kids_a: dict[str, list[tuple[str, str]]] = {}
-    kids_b: dict[str, list[tuple[str, str]]] = {}
-    for name, kind in rest_a:
-        kids_a.setdefault(parent(name), []).append((name, kind))
-    for name, kind in rest_b:
-        kids_b.setdefault(parent(name), []).append((name, kind))
-    for holder in sorted(kids_a, key=lambda n: n.count(".") + bool(n)):
-        if holder in pairs:
-            _by_order(kids_a[holder], kids_b.get(pairs[holder], []), pairs)
+    return [
+        (block.a + k, block.b + k)
+        for block in matcher.get_matching_blocks()
+        for k in range(block.size)
+    ]

@@ -430,6 +430,23 @@ def _first_completions(trace: Trace) -> list[tuple[str, str]]:
     return [(n, trace.types.get(n, "?")) for n in names]
 
 
+def _aligned(a: Trace, b: Trace, layer_map: Any) -> tuple[list[tuple[str, str]], str]:
+    """`align` of the modules that ran in a and b (with their first outputs' shapes)."""
+    return align(_first_completions(a), _first_completions(b), layer_map, (_shapes(a), _shapes(b)))
+
+
+def _shapes(trace: Trace) -> dict[str, object]:
+    """Per module, the shapes of the tensors its first call returned (as `_adapt`s them)."""
+    found: dict[str, object] = {}
+    if trace.steps:
+        step = trace.steps[0]
+        for name, values in zip(step.forward, step.outputs):
+            if name not in found:
+                adapted = _adapt(trace, name, values)
+                found[name] = tuple(None if v is None else tuple(v.shape) for v in adapted)
+    return found
+
+
 def _occurrences(names: Sequence[str]) -> dict[str, list[int]]:
     found: dict[str, list[int]] = {}
     for i, name in enumerate(names):
@@ -458,6 +475,7 @@ class _ForwardFloors:
         self._sources = step.sources if len(step.sources) == n else [[] for _ in range(n)]
         self._free = step.input_scales if len(step.input_scales) == n else [0.0] * n
         self._out = [0.0] * n
+        self.inputs = [0.0] * n  # `reaching` of each call settled
 
     def reaching(self, i: int) -> float:
         """The floor under call `i`'s inputs (the calls before it have been `settle`d)."""
@@ -465,6 +483,7 @@ class _ForwardFloors:
 
     def settle(self, i: int, diff: Diff | None, atol: float, rtol: float) -> None:
         """Record what call `i` passes on, given how its outputs compared (None: unpaired)."""
+        self.inputs[i] = self.reaching(i)
         own = _scale(self._step.outputs[i], self._cap)
         clean = diff is not None and not diff.note and diff.abs <= atol + CLEAN_SHARE * rtol * own
         self._out[i] = own if clean else max(self.reaching(i), own)
@@ -531,7 +550,7 @@ def _events(step: Step) -> dict[tuple[str, int], int]:
 def _report(
     a: Trace, b: Trace, atol: float, rtol: float, layer_map: Any, exact: Exact | None = None
 ) -> Report:
-    pairs, rule = align(_first_completions(a), _first_completions(b), layer_map)
+    pairs, rule = _aligned(a, b, layer_map)
     paired_b = {nb for _, nb in pairs}
     report = Report(
         (a.backend, b.backend),
@@ -545,6 +564,9 @@ def _report(
         [n for n, _ in _first_completions(b) if n not in paired_b],
     )
     to_b = dict(pairs)
+    # per step, each parameter's gradient floor (`_param_floors`), in a's run and its reference
+    grad_floors: list[Floors | None] = []
+    grad_floors_r: list[Floors | None] = []
     for s, (sa, sb) in enumerate(zip(a.steps, b.steps)):
         refs = _exact_steps(exact, s, sa, sb)
         rows: dict[tuple[str, int], Row] = {}
@@ -662,8 +684,63 @@ def _report(
             if report.first_backward is None and row.grad_failed:
                 report.first_backward = row.name_a
                 _diverged(report, s)
-    _compare_params(report, a, b, exact)
+        grad_floors.append(_param_floors(a, sa, floor_grad, floors.inputs))
+        grad_floors_r.append(
+            None
+            if refs is None or exact is None or floors_r is None
+            else _param_floors(exact[0], refs[0], floor_grad_r, floors_r.inputs)
+        )
+    _compare_params(report, a, b, exact, grad_floors, grad_floors_r)
     return report
+
+
+# per parameter, its gradient's noise floor in one step (None: see `_param_floors`)
+Floors = list[Union[float, None]]
+
+
+def _param_floors(
+    trace: Trace, step: Step, floor_grad: dict[tuple[str, int], float], inputs: list[float]
+) -> Floors:
+    """Per parameter of `trace`, the scale of the rounding noise its gradient from `step`
+    can carry (None: its module had no backward, see `_compare_params`). A parameter's
+    gradient sums, per element, one term per position its module's output had in each call
+    (a bias: the output gradient there; a weight: that times an input), so a gradient that
+    is zero in exact arithmetic (a bias before a train-mode BatchNorm) is rounding noise of
+    the size of that sum: GRAD_SHARE of (positions x the module's gradient floor x its
+    largest input, or 1 where the inputs are smaller) over its calls. A branch behind a small
+    LayerScale has small terms, and so a small floor: its gradients are compared at their
+    size, not at the model's largest gradient's."""
+    n = len(step.forward)
+    calls: list[tuple[str, int]] = []
+    seen: dict[str, int] = {}
+    for name in step.forward:
+        seen[name] = seen.get(name, -1) + 1
+        calls.append((name, seen[name]))
+    index = {call: i for i, call in enumerate(calls)}
+    sizes: dict[str, list[tuple[tuple[int, ...], float]]] = {}
+    for name, call, grads in zip(step.backward, step.backward_calls, step.grad_outputs):
+        i = index.get((name, call))
+        found = [g for g in grads if g is not None]
+        if i is None or i >= n or not found:
+            continue
+        largest = max(found, key=lambda g: g.size)
+        reach = inputs[i] if i < len(inputs) else 0.0
+        weight = floor_grad.get((name, call), 0.0) * max(1.0, reach)
+        sizes.setdefault(name, []).append((tuple(largest.shape), weight))
+    out: Floors = []
+    for param, _, shape in trace.params:
+        events = sizes.get(param.rpartition(".")[0])
+        if not events:
+            out.append(None)
+            continue
+        total = 0.0
+        for grad_shape, weight in events:
+            # positions: the output's size over its channels, which the parameter's largest
+            # dimension found among the output's (past the batch's) stands for
+            channels = max((d for d in shape if d in grad_shape[1:]), default=1)
+            total += math.prod(grad_shape) / channels * weight
+        out.append(GRAD_SHARE * total)
+    return out
 
 
 NOISE_NOTE = "noise amplified by the optimizer"
@@ -692,7 +769,16 @@ def _delta(after: Any, before: Any) -> Any:
     return after - before
 
 
-def _compare_params(report: Report, a: Trace, b: Trace, exact: Exact | None) -> None:
+def _compare_params(
+    report: Report,
+    a: Trace,
+    b: Trace,
+    exact: Exact | None,
+    floors: Sequence[Floors | None],
+    floors_r: Sequence[Floors | None],
+) -> None:
+    """`floors`: per step, each parameter's gradient floor (`_param_floors`); `floors_r`
+    the same for a's reference (None in a step where it ran other module calls)."""
     if exact is not None and (exact[0].params != a.params or exact[1].params != b.params):
         exact = None  # (not copies of a and b: their values would not line up)
     shapes_a = [(n, shape) for n, _, shape in a.params]
@@ -718,12 +804,16 @@ def _compare_params(report: Report, a: Trace, b: Trace, exact: Exact | None) -> 
     ) -> None:
         if not values_a or not values_b:
             return
-        # A gradient that is zero in exact arithmetic (a bias before a train-mode BatchNorm)
-        # is rounding noise of its own size: gradients are measured against the largest
-        # parameter gradient of the model instead of their own.
-        scale = _scale(values_a) if what == "grad" else 0.0
-        scale_r = _scale(values_r[0]) if values_r is not None and what == "grad" else 0.0
         for i, j in pairs:
+            # A gradient that is zero in exact arithmetic (a bias before a train-mode
+            # BatchNorm) is rounding noise of the size of what it sums: measured against its
+            # floor (`_param_floors`), or the model's largest parameter gradient where its
+            # module had no backward (a parameter used outside its module's forward)
+            scale = scale_r = 0.0
+            if what == "grad":
+                scale = _grad_floor(floors, step, i, values_a)
+                if values_r is not None:
+                    scale_r = _grad_floor(floors_r, step, i, values_r[0])
             diff = _diff([values_a[i]], [values_b[j]], atol, rtol, scale)
             if values_r is not None and i < len(values_r[0]) and j < len(values_r[1]):
                 exact_ij = ([values_r[0][i]], [values_r[1][j]])
@@ -767,7 +857,6 @@ def _compare_params(report: Report, a: Trace, b: Trace, exact: Exact | None) -> 
             _scale([v for i, v in enumerate(moved_a) if i not in trained]),
             _scale([v for i, v in enumerate(moved_a) if i in trained]),
         )
-        floor = atol + rtol * _scale(grads_a) if grads_a else -1.0
         scales_r = (0.0, 0.0)
         if moved_r is not None:
             scales_r = (
@@ -782,7 +871,10 @@ def _compare_params(report: Report, a: Trace, b: Trace, exact: Exact | None) -> 
                 exact_ij = ([moved_r[0][i]], [moved_r[1][j]])
                 agreement = _diff(*exact_ij, atol, rtol, scales_r[i in trained])
                 diff = _as_rounding(diff, [x], [y], exact_ij, agreement, atol, rtol, scale)
-            if diff.failed and floor >= 0 and i < len(grads_a) and j < len(grads_b):
+            if diff.failed and i < len(grads_a) and j < len(grads_b):
+                # (the gradient's own noise floor, not the model's: a small gradient computed
+                # wrong, behind a LayerScale, moves Adam's update by as much as a large one)
+                floor = atol + rtol * _grad_floor(floors, s, i, grads_a)
                 diff = _excuse_noise(x, y, grads_a[i], grads_b[j], floor, atol, rtol, scale, diff)
             if cross and a.params[i][0].endswith("running_var") and diff.failed:
                 torch_side = (x, y, start_b[j]) if a.backend == "torch" else (y, x, start_a[i])
@@ -795,6 +887,14 @@ def _compare_params(report: Report, a: Trace, b: Trace, exact: Exact | None) -> 
         grads_r = None if refs is None else (refs[0].param_grads, refs[1].param_grads)
         stage(s, "grad", sa.param_grads, sb.param_grads, grads_r)
         updated(s, sa, sb, start_a, start_b, refs)
+
+
+def _grad_floor(floors: Sequence[Floors | None], step: int, i: int, grads: Arrays) -> float:
+    """Parameter `i`'s gradient floor at `step` (`_param_floors`), else the largest gradient
+    of `grads` (every parameter's)."""
+    found = floors[step] if 0 <= step < len(floors) else None
+    floor = found[i] if found is not None and i < len(found) else None
+    return _scale(grads) if floor is None else floor
 
 
 def _batch_count(step: Step, name: str, running_var: Any) -> int | None:
@@ -1105,7 +1205,7 @@ def _renames(pairs: list[tuple[str, str]]) -> dict[str, str]:
 def _resync(a: Runner, b: Runner, layer_map: Mapping[str, str] | None) -> Arrays:
     """Write a's parameters and buffers into b (as `copy_weights`, modules paired as
     `compare` aligns them); b's values after."""
-    modules, _ = align(_first_completions(a.trace), _first_completions(b.trace), layer_map)
+    modules, _ = _aligned(a.trace, b.trace, layer_map)
     pairs, _ = match(
         [(e.name, e.shape) for e in a.params],
         [(e.name, e.shape) for e in b.params],

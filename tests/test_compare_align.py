@@ -1,0 +1,195 @@
+"""compare's module alignment (issue 14, helper-129's FINDINGS 1, 2 and 8): a port with an extra
+module, a Sequential whose indices shifted, a renamed ModuleList. A correct port is `ok` with
+every module paired to its counterpart; a mistake is named at its module."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import paddle
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from unihook.recipes import compare, copy_weights
+from unihook.recipes._align import align
+
+pnn = paddle.nn
+
+
+def batch(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# -- the longest common subsequence --------------------------------------------------------
+
+
+def lcs_length(a: list[str], b: list[str]) -> int:
+    table = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
+    for i, j in itertools.product(reversed(range(len(a))), reversed(range(len(b)))):
+        table[i][j] = (
+            table[i + 1][j + 1] + 1 if a[i] == b[j] else max(table[i + 1][j], table[i][j + 1])
+        )
+    return table[0][0]
+
+
+types = st.lists(st.sampled_from(["Linear", "ReLU", "Conv2d", "Dropout"]), max_size=14)
+
+
+@settings(max_examples=300, deadline=None)
+@given(types, types)
+def test_order_pairs_a_longest_common_subsequence_of_the_types(a: list[str], b: list[str]) -> None:
+    called_a = [(f"a{i}", t) for i, t in enumerate(a)]
+    called_b = [(f"b{i}", t) for i, t in enumerate(b)]
+    # ("" missing on purpose: the order rule then pairs everything by type)
+    pairs, rule = align(called_a, called_b)
+    assert rule == ("order" if a and b else "name")
+    index_a = {n: i for i, (n, _) in enumerate(called_a)}
+    index_b = {n: i for i, (n, _) in enumerate(called_b)}
+    typed = [(index_a[x], index_b[y]) for x, y in pairs if a[index_a[x]] == b[index_b[y]]]
+    # the pairs of one type are a common subsequence (increasing on both sides) of the longest
+    # length; pairs across types only fill a gap one to one
+    assert len(typed) == lcs_length(a, b)
+    ordered = sorted(index_a[x] for x, _ in pairs)
+    assert [index_b[dict(pairs)[f"a{i}"]] for i in ordered] == sorted(index_b[y] for _, y in pairs)
+
+
+def test_a_long_renamed_model_aligns_by_order_quickly() -> None:
+    kinds = ["Conv2d", "BatchNorm2d", "ReLU"] * 1000
+    called_a = [(f"features.{i}", t) for i, t in enumerate(kinds)]
+    called_b = [(f"stem_{i}", t) for i, t in enumerate(kinds[:1500] + ["Identity"] + kinds[1500:])]
+    pairs, rule = align(called_a, called_b)
+    assert rule == "order" and len(pairs) == 3000
+    assert dict(pairs)["features.1499"] == "stem_1499"
+    assert dict(pairs)["features.1500"] == "stem_1501"
+
+
+# -- an extra module in a renamed port (FINDING 1) --------------------------------------------
+
+
+class PaddleWithDropout(pnn.Layer):  # torch's Sequential of three Linears, renamed, + Dropout
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.drop = pnn.Linear(8, 8), pnn.Dropout(0.1)
+        self.fc2, self.fc3 = pnn.Linear(8, 8), pnn.Linear(8, 8)
+
+    def forward(self, x: Any) -> Any:
+        return self.fc3(self.fc2(self.drop(self.fc1(x))))
+
+
+def test_an_extra_module_in_a_renamed_port_does_not_shift_the_pairs() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)).eval()
+    twin = PaddleWithDropout()
+    twin.eval()
+    copy_weights(model, twin, layer_map={"0": "fc1", "1": "fc2", "2": "fc3"})
+    report = compare(model, twin, batch((6, 8)))
+    assert report.ok and report.rule == "order", str(report)
+    assert report.pairs == [("0", "fc1"), ("1", "fc2"), ("2", "fc3"), ("", "")]
+    assert report.unpaired_b == ["drop"]
+    twin.fc2.weight.set_value(twin.fc2.weight.numpy() * 1.01)
+    report = compare(model, twin, batch((6, 8)))
+    assert report.first_forward == "1" and report.first_parameter == "1.weight"
+
+
+# -- a Sequential whose indices shifted (FINDING 2) ------------------------------------------
+
+
+class TorchHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x)
+
+
+class PaddleHead(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = pnn.Sequential(pnn.Linear(4, 8), pnn.Dropout(0.1), pnn.ReLU(), pnn.Linear(8, 4))
+
+    def forward(self, x: Any) -> Any:
+        return self.head(x)
+
+
+def test_a_shared_name_on_modules_of_other_types_is_paired_by_order() -> None:
+    torch.manual_seed(0)
+    model, twin = TorchHead().eval(), PaddleHead()
+    twin.eval()
+    copy_weights(model, twin, layer_map={"head.2": "head.3"})
+    report = compare(model, twin, batch((6, 4)))
+    assert report.ok and report.rule == "name", str(report)
+    assert ("head.1", "head.2") in report.pairs and ("head.2", "head.3") in report.pairs
+    assert report.unpaired_b == ["head.1"]
+
+
+# -- a renamed ModuleList (FINDING 8) ---------------------------------------------------------
+
+
+class TorchBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.act = nn.Linear(8, 8), nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.fc(x))
+
+
+class PaddleBlock(pnn.Layer):
+    def __init__(self, approximate: bool = False) -> None:
+        super().__init__()
+        self.fc, self.act = pnn.Linear(8, 8), pnn.GELU(approximate=approximate)
+
+    def forward(self, x: Any) -> Any:
+        return x + self.act(self.fc(x))
+
+
+class TorchLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Tanh())
+        self.layers = nn.ModuleList([TorchBlock(), TorchBlock()])
+        self.norm, self.head = nn.LayerNorm(8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x))
+
+
+class PaddleBlocks(pnn.Layer):  # torch's `layers` named `blocks`
+    def __init__(self, approximate: bool = False) -> None:
+        super().__init__()
+        self.stem = pnn.Sequential(pnn.Linear(8, 8), pnn.LayerNorm(8), pnn.Tanh())
+        self.blocks = pnn.LayerList([PaddleBlock(approximate), PaddleBlock()])
+        self.norm, self.head = pnn.LayerNorm(8), pnn.Linear(8, 3)
+
+    def forward(self, x: Any) -> Any:
+        x = self.stem(x)
+        for layer in self.blocks:
+            x = layer(x)
+        return self.head(self.norm(x))
+
+
+@pytest.mark.parametrize("layer_map", [None, {"layers": "blocks"}])
+def test_a_renamed_module_list_pairs_its_blocks(layer_map: Any) -> None:
+    torch.manual_seed(0)
+    model = TorchLayers().eval()
+    x = 3 * batch((16, 8))
+    twin = PaddleBlocks()
+    twin.eval()
+    copy_weights(model, twin, layer_map={"layers": "blocks"})
+    report = compare(model, twin, x, layer_map=layer_map)
+    assert report.ok and report.unpaired_a == [] and report.unpaired_b == [], str(report)
+    assert ("layers.0.act", "blocks.0.act") in report.pairs
+    wrong = PaddleBlocks(approximate=True)  # block 0's GELU tanh-approximated
+    wrong.eval()
+    copy_weights(model, wrong, layer_map={"layers": "blocks"})
+    report = compare(model, wrong, x, layer_map=layer_map)
+    assert report.first_forward == "layers.0.act", str(report)

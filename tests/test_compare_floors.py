@@ -1,0 +1,186 @@
+"""compare's noise floors (issue 14, helper-129's FINDING 6): a parameter gradient is measured
+at its own size, with a floor from what it sums (its module's output gradients and inputs), not
+against the model's largest gradient. A wrong gradient behind a small LayerScale is named, also
+through an Adam step; a bias whose gradient is zero in exact arithmetic (before a train-mode
+BatchNorm) still passes without the float64 references."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import paddle
+import pytest
+import torch
+from torch import nn
+
+from unihook.recipes import compare, copy_weights
+
+pnn = paddle.nn
+C = 8
+
+
+class PaddleMatmul(paddle.autograd.PyLayer):
+    """x @ w with the right input gradient and the weight gradient times `FACTOR`."""
+
+    FACTOR = 1.0
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, w: Any) -> Any:
+        ctx.save_for_backward(x, w)
+        return paddle.matmul(x, w)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        x, w = ctx.saved_tensor()
+        grad_w = paddle.matmul(x, grad, transpose_x=True)
+        return paddle.matmul(grad, w, transpose_y=True), PaddleMatmul.FACTOR * grad_w
+
+
+class TorchPointwise(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(0.3 * torch.randn(C, C))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight
+
+
+class PaddlePointwise(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = self.create_parameter([C, C])
+
+    def forward(self, x: Any) -> Any:
+        return PaddleMatmul.apply(x, self.weight)
+
+
+class TorchScale(nn.Module):
+    def __init__(self, gamma: float) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(gamma * torch.ones(C))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class PaddleScale(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gamma = self.create_parameter([C])
+
+    def forward(self, x: Any) -> Any:
+        return x * self.gamma
+
+
+class TorchBranch(nn.Module):  # head(x + ls(tanh(pw(x)))): ConvNeXt's LayerScale branch
+    def __init__(self, gamma: float) -> None:
+        super().__init__()
+        self.pw, self.ls, self.head = TorchPointwise(), TorchScale(gamma), nn.Linear(C, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x + self.ls(torch.tanh(self.pw(x))))
+
+
+class PaddleBranch(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pw, self.ls, self.head = PaddlePointwise(), PaddleScale(), pnn.Linear(C, 3)
+
+    def forward(self, x: Any) -> Any:
+        return self.head(x + self.ls(paddle.tanh(self.pw(x))))
+
+
+def branch_pair(gamma: float) -> tuple[nn.Module, pnn.Layer]:
+    torch.manual_seed(0)
+    model, twin = TorchBranch(gamma), PaddleBranch()
+    copy_weights(model, twin)
+    return model, twin
+
+
+def batch(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("gamma", [1e-6, 1e-3, 1.0])
+@pytest.mark.parametrize("factor", [1.0, 2.0, -1.0])
+def test_a_wrong_gradient_behind_a_small_layer_scale_is_named(
+    gamma: float, factor: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(PaddleMatmul, "FACTOR", factor)
+    model, twin = branch_pair(gamma)
+    report = compare(model, twin, batch((16, C)))
+    if factor == 1.0:
+        assert report.ok, str(report)
+        return
+    assert report.first_parameter == "pw.weight", str(report)
+    (row,) = [p for p in report.params if p.name_a == "pw.weight" and p.diff.failed]
+    assert row.stage == "grad" and row.step == 0
+
+
+@pytest.mark.parametrize("factor", [1.0, -1.0])
+def test_an_adam_update_from_a_wrong_small_gradient_is_not_excused_as_noise(
+    factor: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(PaddleMatmul, "FACTOR", factor)
+    model, twin = branch_pair(1e-6)
+    opt_a = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt_b = paddle.optimizer.Adam(learning_rate=1e-3, parameters=twin.parameters())
+    optimizers = (lambda: (opt_a.step(), opt_a.zero_grad()),
+                  lambda: (opt_b.step(), opt_b.clear_grad()))  # fmt: skip
+    report = compare(model, twin, batch((16, C)), steps=2, optimizers=optimizers)
+    if factor == 1.0:
+        assert report.ok, str(report)
+        return
+    failed = {(p.stage, p.step) for p in report.params if p.name_a == "pw.weight" and p.diff.failed}
+    assert {("grad", 0), ("updated", 0)} <= failed, str(report)
+
+
+class TorchConvBatchNorm(nn.Module):  # conv biases before train-mode BatchNorms: zero gradients
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        )  # fmt: skip
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).mean((2, 3)))
+
+
+class PaddleConvBatchNorm(pnn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = pnn.Sequential(
+            pnn.Conv2D(3, 16, 3, padding=1), pnn.BatchNorm2D(16), pnn.ReLU(),
+            pnn.Conv2D(16, 16, 3, padding=1), pnn.BatchNorm2D(16), pnn.ReLU(),
+        )  # fmt: skip
+        self.head = pnn.Linear(16, 4)
+
+    def forward(self, x: Any) -> Any:
+        return self.head(self.body(x).mean((2, 3)))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bias_gradients_zero_in_exact_arithmetic_pass_without_references(seed: int) -> None:
+    torch.manual_seed(seed)
+    model, twin = TorchConvBatchNorm().train(), PaddleConvBatchNorm()
+    copy_weights(model, twin)
+    twin.train()
+    x = batch((8, 3, 16, 16), seed)
+    report = compare(model, twin, x, reference=False)
+    assert report.ok, str(report)
+    grads = {p.name_a: p.diff for p in report.params if p.stage == "grad"}
+    conv = model.body[0]
+    assert isinstance(conv, nn.Conv2d) and conv.bias is not None
+    bias, weight = conv.bias.grad, conv.weight.grad
+    assert bias is not None and weight is not None
+    assert bias.abs().max().item() < 1e-5 * weight.abs().max().item()  # (noise only)
+    assert not grads["body.0.bias"].failed
+    # the loss of b 1% larger: every gradient is, the head's bias named at its own size
+    wrong = compare(
+        model, twin, x, reference=False, loss=(lambda o: o.sum(), lambda o: 1.01 * o.sum())
+    )
+    grads = {p.name_a: p.diff for p in wrong.params if p.stage == "grad"}
+    assert grads["head.bias"].failed and 0.009 < grads["head.bias"].rel < 0.011
