@@ -184,3 +184,99 @@ def test_bias_gradients_zero_in_exact_arithmetic_pass_without_references(seed: i
     )
     grads = {p.name_a: p.diff for p in wrong.params if p.stage == "grad"}
     assert grads["head.bias"].failed and 0.009 < grads["head.bias"].rel < 0.011
+
+
+# -- a module whose output is much smaller than its inputs (helper-129's FINDING 5) ----------
+
+
+class TorchChannelScale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(1e-6 * torch.linspace(0.1, 2.0, C))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma[:, None, None]  # NCHW: per channel
+
+
+class PaddleChannelScale(pnn.Layer):
+    def __init__(self, last_axis: bool) -> None:
+        super().__init__()
+        self.gamma, self.last_axis = self.create_parameter([C]), last_axis
+
+    def forward(self, x: Any) -> Any:
+        # the port's mistake: broadcast over W (C == W, so it runs), the NHWC habit
+        return x * (self.gamma if self.last_axis else self.gamma[:, None, None])
+
+
+class TorchScaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dw, self.ls, self.head = (
+            nn.Conv2d(C, C, 3, padding=1),
+            TorchChannelScale(),
+            nn.Conv2d(C, 2, 1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x + self.ls(self.dw(x)))
+
+
+class PaddleScaled(pnn.Layer):
+    def __init__(self, last_axis: bool) -> None:
+        super().__init__()
+        self.dw, self.ls = pnn.Conv2D(C, C, 3, padding=1), PaddleChannelScale(last_axis)
+        self.head = pnn.Conv2D(C, 2, 1)
+
+    def forward(self, x: Any) -> Any:
+        return self.head(x + self.ls(self.dw(x)))
+
+
+@pytest.mark.parametrize("last_axis", [False, True])
+def test_a_wrong_small_output_is_named_at_its_module(last_axis: bool) -> None:
+    torch.manual_seed(0)
+    model, twin = TorchScaled().eval(), PaddleScaled(last_axis)
+    twin.eval()
+    copy_weights(model, twin)
+    report = compare(model, twin, batch((2, C, C, C)))
+    if not last_axis:
+        assert report.ok, str(report)
+        return
+    assert report.first_forward == "ls" and report.first_backward == "ls", str(report)
+    assert report.reference == "float64 copies of both models"
+    # without the references the output passes on its inputs' noise floor (README)
+    assert compare(model, twin, batch((2, C, C, C)), reference=False).first_forward is None
+
+
+class TorchShift(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1e4
+
+
+class TorchCenter(nn.Module):  # x - mean(x) on values around 1e4: noise of their size
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(-1, keepdim=True)
+
+
+class PaddleShift(pnn.Layer):
+    def forward(self, x: Any) -> Any:
+        return x + 1e4
+
+
+class PaddleCenter(pnn.Layer):
+    def forward(self, x: Any) -> Any:  # (the same function, rounded another way)
+        return x - paddle.cumsum(x[..., ::-1], -1)[..., -1:] / C
+
+
+@pytest.mark.parametrize("reference", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_an_output_that_cancels_passes_on_its_inputs_noise(reference: bool, seed: int) -> None:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(C, C), TorchShift(), TorchCenter(), nn.Linear(C, 2))
+    twin = pnn.Sequential(pnn.Linear(C, C), PaddleShift(), PaddleCenter(), pnn.Linear(C, 2))
+    copy_weights(model, twin)
+    report = compare(model, twin, batch((16, C), seed), reference=reference)
+    assert report.ok, str(report)
+    if reference:  # (it passed on the noise floor, the references said it is rounding)
+        assert report.reference == "float64 copies of both models"
+        (row,) = [r for r in report.table if r.name_a == "2"]
+        assert row.output.note.startswith("float32 rounding")

@@ -93,3 +93,14 @@ def test_frozen_parameters_namedtuple_outputs_and_names() -> None:
     assert type_name(paddle.nn.Conv2D(1, 1, 1)) == "Conv2d"
     assert type_name(paddle.nn.BatchNorm1D(2)) == "BatchNorm1d"
     assert type_name(paddle.nn.LayerList()) == "ModuleList"
+
+
+def test_legacy_paddle_batch_norm_statistics_are_not_parameters() -> None:
+    # paddle.nn.BatchNorm (PaddleClas / PaddleOCR style) is no _BatchNormBase: its _mean and
+    # _variance are running statistics all the same (helper-129's FINDING 3)
+    twin = paddle.nn.Sequential(paddle.nn.Conv2D(3, 4, 3), paddle.nn.BatchNorm(4))
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    ours, theirs = summary(twin, paddle.ones([2, 3, 8, 8])), summary(model, torch.ones(2, 3, 8, 8))
+    assert ours.total_params == theirs.total_params == 120
+    assert ours.trainable_params == 120 and ours.rows[2].params == 8
+    assert ours.rows[2].trainable == "yes"

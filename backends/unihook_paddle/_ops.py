@@ -212,7 +212,9 @@ class PaddleOps(Ops):
         return list(module.named_sublayers(include_self=True))
 
     def own_parameters(self, module: Any) -> list[tuple[Any, int, bool]]:
-        stats = isinstance(module, _BatchNormBase)  # running statistics, buffers in torch
+        # running statistics, buffers in torch: the 2.x layers' and the legacy
+        # `paddle.nn.BatchNorm`'s (PaddleClas / PaddleOCR style), which is no _BatchNormBase
+        stats = isinstance(module, (_BatchNormBase, paddle.nn.BatchNorm))
         return [
             (p, int(p.size), not p.stop_gradient)
             for name, p in module.named_parameters(include_sublayers=False)

@@ -12,6 +12,7 @@ import pytest
 
 from unihook import (
     HookArgumentError,
+    HookTargetError,
     capture,
     ops,
     register_forward_hook,
@@ -677,6 +678,17 @@ def test_drop_hook_arguments(backend: Any) -> None:
     with DropHook(seq, "0", 0.3, mode="dropblock"):
         with pytest.raises(HookArgumentError, match="expected a tensor of 4 dimensions"):
             seq(backend.tensor(np.ones((2, 3, 8), "float32")))
+    # a module returning a tuple (an LSTM, an attention layer): which tensor to drop is not
+    # known; said naming the module, as a TypeError (torch's dropout on a tuple), not a bare
+    # NoBackendError (helper-129's FINDING 4)
+    pair = backend.module(lambda self, x: (self.fc(x), x), {"fc": backend.linear(4, 4)})
+    backend.set_training(pair, True)
+    for mode in ("dropout", "dropblock"):
+        with DropHook(pair, "", 0.3, mode=mode):
+            with pytest.raises(HookTargetError, match=r"on module '' \(.*\): expected the module "
+                               r"to return a tensor. Received: tuple") as raised:  # fmt: skip
+                pair(backend.tensor(np.ones((2, 4), "float32")))
+            assert isinstance(raised.value, TypeError)
 
 
 def test_grad_cam_equal_on_every_backend() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Mapping
 
-from unihook import HookArgumentError, ops, register_forward_hook
+from unihook import HookArgumentError, HookTargetError, NoBackendError, ops, register_forward_hook
 
 from ._scope import Recipe, Targets, resolve
 
@@ -71,7 +71,11 @@ class DropHook(Recipe):
         super().__init__()
         try:
             for (name, module), q in chosen:
-                hook = self._dropout(q) if mode == "dropout" else self._drop_block(q, block_size)
+                hook = (
+                    functools.partial(_dropout, name, q)
+                    if mode == "dropout"
+                    else functools.partial(_drop_block, name, q, block_size)
+                )
                 # first among the module's forward hooks, also those registered before: every
                 # other hook sees the dropped output, the one the call returns and whose
                 # gradient is its grad_output (until 2026-12-01 a GradientMonitor made before
@@ -82,22 +86,33 @@ class DropHook(Recipe):
             self.remove()
             raise
 
-    # (partials of module-level functions: a model carrying them pickles, `torch.save(model)`)
-    @staticmethod
-    def _dropout(p: float) -> Any:
-        return functools.partial(_dropout, p)
 
-    @staticmethod
-    def _drop_block(p: float, block_size: int) -> Any:
-        return functools.partial(_drop_block, p, block_size)
+# (the hooks: partials of module-level functions, so a model carrying them pickles,
+# `torch.save(model)`)
 
 
-def _dropout(p: float, module: Any, args: Any, output: Any) -> Any:
-    return ops.dropout(output, p, training=True)
+def _dropout(name: str, p: float, module: Any, args: Any, output: Any) -> Any:
+    try:
+        return ops.dropout(output, p, training=True)
+    except NoBackendError:
+        raise _not_a_tensor("dropout", name, module, output) from None
 
 
-def _drop_block(p: float, block_size: int, module: Any, args: Any, output: Any) -> Any:
-    return ops.drop_block(output, p, block_size, training=True)  # (it checks the NCHW rank)
+def _drop_block(name: str, p: float, block_size: int, module: Any, args: Any, output: Any) -> Any:
+    if not ops.is_tensor(output):
+        raise _not_a_tensor("dropblock", name, module, output)
+    return ops.drop_block(output, p, block_size, training=True)  # (it checks NCHW's rank)
+
+
+def _not_a_tensor(mode: str, name: str, module: Any, output: Any) -> HookTargetError:
+    """A target returning a tuple, a dict (an LSTM, an attention layer): which of its tensors
+    to drop is not known (torch's dropout on a tuple: TypeError)."""
+    backend = type(module).__module__.partition(".")[0]
+    return HookTargetError(
+        f"DropHook(mode={mode!r}) on module {name!r} ({type(module).__name__}, {backend}): "
+        f"expected the module to return a tensor. Received: {type(output).__name__}. Target "
+        "the module that takes that output, or a submodule returning a tensor"
+    )
 
 
 def _once(chosen: list[tuple[tuple[str, Any], float]]) -> list[tuple[tuple[str, Any], float]]:
