@@ -193,3 +193,49 @@ def test_a_renamed_module_list_pairs_its_blocks(layer_map: Any) -> None:
     copy_weights(model, wrong, layer_map={"layers": "blocks"})
     report = compare(model, wrong, x, layer_map=layer_map)
     assert report.first_forward == "layers.0.act", str(report)
+
+
+# -- dict outputs whose keys differ (FINDING 7) -----------------------------------------------
+
+
+class TorchDictHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 5), nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"cls": self.a(x), "reg": self.b(x)}
+
+
+class PaddleDictHead(pnn.Layer):
+    def __init__(self, keys: tuple[str, str]) -> None:
+        super().__init__()
+        self.a, self.b, self.keys = pnn.Linear(4, 5), pnn.Linear(4, 5), keys
+
+    def forward(self, x: Any) -> Any:
+        return {self.keys[0]: self.a(x), self.keys[1]: self.b(x)}
+
+
+@pytest.mark.parametrize("keys", [("cls", "reg"), ("score", "bbox")])
+def test_dict_outputs_with_other_keys_are_a_structural_divergence(
+    keys: tuple[str, str], tmp_path: Any
+) -> None:
+    from unihook.recipes import compare_dumps, dump
+
+    torch.manual_seed(0)
+    model, twin = TorchDictHead(), PaddleDictHead(keys)
+    copy_weights(model, twin)
+    x = batch((4, 4))
+    loss = (lambda o: o["cls"].sum() + o["reg"].sum(), lambda o: sum(v.sum() for v in o.values()))
+    dump(model, x, tmp_path / "a.npz", loss=loss[0])
+    dump(twin, x, tmp_path / "b.npz", loss=loss[1])
+    for report in (
+        compare(model, twin, x, loss=loss),
+        compare_dumps(tmp_path / "a.npz", tmp_path / "b.npz"),
+    ):
+        if keys == ("cls", "reg"):
+            assert report.ok, str(report)
+            continue
+        assert report.first_forward == "", str(report)
+        (row,) = [r for r in report.table if r.name_a == ""]
+        assert row.output.note == "dict keys {cls, reg} vs {bbox, score}"

@@ -420,7 +420,7 @@ class Recipe(Removable):
         # no forward, or every one: helper-107's FINDING 1, AveragedModel.)
         copy._hooks, copy._active, copy._places = HookGroup(), HookGroup(), self._places.copy()
         where, names = copy.__dict__.get("_where"), copy.__dict__.get("_names")
-        if callable(where) and names:
+        if callable(where) and names and not isinstance(where, Chosen):
             # a predicate may pick the original's modules (`module is model[0]`), which a deep
             # copy keeps as they are: the copy's builder takes the names it picked (helper-115)
             copy.__dict__["_where"] = [_escape(name) for name in names]
@@ -987,6 +987,22 @@ def where_of(model: Any, where: Any) -> Where:
                 f"bool, or {_EXPECTED}. Received: {_describe(item)}{why}."
             )
     return names
+
+
+class Chosen:
+    """A recipe's `where` once its first placement chose the modules: those, by qualified
+    name. `every` > 1 places the hooks anew for each recorded forward; a module added to the
+    model since is not hooked, as the hooks of `every=1`, placed once, are not (until
+    2026-12-04 the later placements hooked it: helper-128's FINDING 5)."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = frozenset(names)
+
+    def __call__(self, name: str, module: Any) -> bool:
+        return name in self.names
+
+    def __repr__(self) -> str:
+        return f"Chosen({sorted(self.names)!r})"
 
 
 def _escape(name: str) -> str:

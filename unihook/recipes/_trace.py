@@ -52,6 +52,9 @@ class Step:
     # the scale of the rounding noise its output (and gradients) can carry
     sources: list[list[int]] = field(default_factory=list)
     input_scales: list[float] = field(default_factory=list)
+    # per call: the keys of the dicts in its output, in `_leaves`' order ("" without a dict):
+    # two outputs whose dicts' keys differ pair their tensors by sorted position, not by key
+    keys: list[str] = field(default_factory=list)
     backward: list[str] = field(default_factory=list)  # a name per backward, in backward order
     backward_calls: list[int] = field(default_factory=list)  # the forward call each answers
     grad_outputs: list[Arrays] = field(default_factory=list)
@@ -141,6 +144,25 @@ def _call_args(inputs: Inputs, model: Any, grad: bool) -> tuple[tuple[Any, ...],
         args, kwargs = (inputs,), {}
     args = tuple(_convert(v, model, backend, grad) for v in args)
     return args, {k: _convert(v, model, backend, grad) for k, v in kwargs.items()}
+
+
+def dict_keys(value: Any) -> str:
+    """The keys of the dicts in `value`, nested as `_leaves` walks it ("" when it has none):
+    ``{bbox, score}``; a dict inside a tuple ``({a, b}, {c})``."""
+    if ops.is_tensor(value):
+        return ""
+    if isinstance(value, Mapping):
+        keys = sorted(value, key=str)
+        inner = [dict_keys(value[k]) for k in keys]
+        return "{" + ", ".join(f"{k}: {i}" if i else str(k) for k, i in zip(keys, inner)) + "}"
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    else:
+        return ""
+    inner = [dict_keys(item) for item in items]
+    return f"({', '.join(inner)})" if any(inner) else ""
 
 
 def _leaves(value: Any) -> list[Any]:
@@ -344,6 +366,7 @@ def _step(model: Any, inputs: Inputs, loss: Loss | None, backward: bool) -> Step
             for name in step.forward:
                 k = done[name] = done.get(name, -1) + 1
                 step.outputs.append(_arrays(_leaves(calls[name][k])))
+                step.keys.append(dict_keys(calls[name][k]))
             if backward:
                 _backward(_objective(output, loss, model), model)
                 step.backward_calls = _calls_answered(step, counts, seen)
@@ -479,6 +502,7 @@ def _meta(trace: Trace, arrays: dict[str, Any]) -> dict[str, Any]:
             record[what] = [keys(v) for v in getattr(step, what)]
         record["input_scales"] = step.input_scales
         record["sources"] = step.sources
+        record["keys"] = step.keys
         record["param_grads"] = keys(step.param_grads)
         record["updated"] = keys(step.updated)
         if step.start is not None:
@@ -558,6 +582,7 @@ def _trace(meta: dict[str, Any], data: Any) -> Trace:
         scales = record.get("input_scales") or [0.0] * len(step.forward)
         step.input_scales = [float(v) for v in scales]
         step.sources = [[int(i) for i in v] for v in record.get("sources") or []]
+        step.keys = [str(k) for k in record.get("keys") or []]
         step.param_grads = values(record["param_grads"])
         if "start" in record:
             step.start = values(record["start"])

@@ -474,6 +474,11 @@ def _no_backward(trace: Trace, name: str, side: str) -> Diff:
     return Diff(np.inf, np.inf, True, f"no backward in {side}")
 
 
+def _keys(step: Step, i: int) -> str | None:
+    """The dict keys of call `i`'s output (None: not recorded, a dump of format 2)."""
+    return step.keys[i] if i < len(step.keys) else None
+
+
 def _first_completions(trace: Trace) -> list[tuple[str, str]]:
     names = dict.fromkeys(trace.steps[0].forward) if trace.steps else {}
     return [(n, trace.types.get(n, "?")) for n in names]
@@ -665,6 +670,13 @@ def _report(
                     floor_r = INPUT_SHARE * floors_r.reaching(i)
                     floors_r.settle(i, _diff(*values_r, atol, rtol, floor_r), atol, rtol)
                 diff = _judge(values_a, values_b, floor, values_r, floor_r, atol, rtol, report)
+                keys_a, keys_b = _keys(sa, i), _keys(sb, j[k])
+                if keys_a != keys_b and keys_a is not None and keys_b is not None:
+                    # (their tensors paired by sorted key position: a port renaming its
+                    # output's keys differs there, whatever the numbers)
+                    mismatch = Diff(np.inf, np.inf, True, f"dict keys {keys_a} vs {keys_b}")
+                    mismatch.add(diff)
+                    diff = mismatch
                 floors.settle(i, diff, atol, rtol)
             else:
                 diff = Diff(np.inf, np.inf, True, f"call {k} did not happen in b")

@@ -30,6 +30,7 @@ from unihook import (
 )
 
 from ._scope import (
+    Chosen,
     Synced,
     check_every,
     check_history,
@@ -312,6 +313,7 @@ class GradientMonitor(Synced):
         attached = attach(inner, own(self._record), where=where)
         group.extend(attached)  # (first: a Ctrl-C in `names` left them, helper-103's F5)
         self._names = attached.names
+        self._where = Chosen(attached.names)
         group.extend(
             attach(inner, own(self._before), kind="forward_pre", where=where, with_kwargs=True)
         )

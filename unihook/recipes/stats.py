@@ -14,7 +14,7 @@ import numpy as np
 
 from unihook import HookGroup, attach, ops, register_forward_hook, register_forward_pre_hook
 
-from ._scope import Synced, check_every, check_history, tensors_of, where_of
+from ._scope import Chosen, Synced, check_every, check_history, tensors_of, where_of
 from ._shared import (
     EVALUATION_FORWARD,
     JOINED,
@@ -165,6 +165,7 @@ class ActivationStats(Synced):
         group.extend(attach(inner, own(self._started), kind="forward_pre", where=where))
         attached = attach(inner, own(self._record), where=where)
         self._names = attached.names
+        self._where = Chosen(attached.names)
         group.extend(attached)
         group.add("", register_forward_hook(model, own(self._close), always_call=True))
 
