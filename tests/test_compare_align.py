@@ -239,3 +239,52 @@ def test_dict_outputs_with_other_keys_are_a_structural_divergence(
         assert report.first_forward == "", str(report)
         (row,) = [r for r in report.table if r.name_a == ""]
         assert row.output.note == "dict keys {cls, reg} vs {bbox, score}"
+
+
+# -- an index shift onto modules of the same type (helper-133's FINDING A) --------------------
+
+
+def test_an_index_shift_onto_modules_of_the_same_type_pairs_by_order() -> None:
+    a = [("0", "Linear"), ("1", "ReLU"), ("2", "Linear"), ("3", "Linear"), ("", "Sequential")]
+    b = [("0", "Linear"), ("1", "ReLU"), ("2", "Dropout"), ("3", "Linear"), ("4", "Linear"),
+         ("", "Sequential")]  # fmt: skip
+    pairs, rule = align(a, b)
+    assert rule == "name" and pairs == [("0", "0"), ("1", "1"), ("2", "3"), ("3", "4"), ("", "")]
+
+
+def test_children_pair_by_name_only_under_parents_paired_by_name() -> None:
+    # Sequential(Enc, Dec) against Sequential(Identity, Enc, Dec): a's 1.fc is b's 2.fc
+    a = [("0.fc", "Linear"), ("0", "Enc"), ("1.fc", "Linear"), ("1", "Dec"), ("", "Sequential")]
+    b = [("0", "Identity"), ("1.fc", "Linear"), ("1", "Enc"), ("2.fc", "Linear"), ("2", "Dec"),
+         ("", "Sequential")]  # fmt: skip
+    pairs, _ = align(a, b)
+    assert pairs == [("0.fc", "1.fc"), ("0", "1"), ("1.fc", "2.fc"), ("1", "2"), ("", "")]
+
+
+def test_a_module_list_shifted_by_an_inserted_block_pairs_its_blocks() -> None:
+    kinds = ["BlockA", "BlockA", "BlockB"]
+    a = [x for i, k in enumerate(kinds) for x in ((f"layers.{i}.fc", "Linear"), (f"layers.{i}", k))]
+    b = [("layers.0", "Identity")] + [
+        x
+        for i, k in enumerate(kinds)
+        for x in ((f"layers.{i + 1}.fc", "Linear"), (f"layers.{i + 1}", k))
+    ]
+    pairs, _ = align([*a, ("head", "Linear"), ("", "Net")], [*b, ("head", "Linear"), ("", "Net")])
+    assert dict(pairs) == {
+        **{f"layers.{i}": f"layers.{i + 1}" for i in range(3)},
+        **{f"layers.{i}.fc": f"layers.{i + 1}.fc" for i in range(3)},
+        "head": "head",
+        "": "",
+    }
+
+
+def test_a_sequential_shifted_onto_the_same_types_is_ok() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 4)).eval()
+    twin = pnn.Sequential(
+        pnn.Linear(4, 8), pnn.ReLU(), pnn.Dropout(0.1), pnn.Linear(8, 8), pnn.Linear(8, 4)
+    )
+    twin.eval()
+    copy_weights(model, twin, layer_map={"2": "3", "3": "4"})
+    report = compare(model, twin, batch((6, 4)))
+    assert report.ok and report.unpaired_b == ["2"], str(report)

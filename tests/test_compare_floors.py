@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from unihook.recipes import compare, copy_weights
+from unihook.recipes.compare import RTOL
 
 pnn = paddle.nn
 C = 8
@@ -33,7 +34,8 @@ class PaddleMatmul(paddle.autograd.PyLayer):
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:
         x, w = ctx.saved_tensor()
-        grad_w = paddle.matmul(x, grad, transpose_x=True)
+        flat_x, flat_grad = x.reshape([-1, x.shape[-1]]), grad.reshape([-1, grad.shape[-1]])
+        grad_w = paddle.matmul(flat_x, flat_grad, transpose_x=True)
         return paddle.matmul(grad, w, transpose_y=True), PaddleMatmul.FACTOR * grad_w
 
 
@@ -116,6 +118,24 @@ def test_a_wrong_gradient_behind_a_small_layer_scale_is_named(
     assert report.first_parameter == "pw.weight", str(report)
     (row,) = [p for p in report.params if p.name_a == "pw.weight" and p.diff.failed]
     assert row.stage == "grad" and row.step == 0
+
+
+@pytest.mark.parametrize("factor", [1.0, 2.0, -1.0, 0.0])
+def test_a_wrong_gradient_behind_a_small_layer_scale_is_named_over_many_positions(
+    factor: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 8 x 1024 positions: a floor growing with them exceeded such a gradient (helper-133's
+    # FINDING B), with or without the references
+    monkeypatch.setattr(PaddleMatmul, "FACTOR", factor)
+    model, twin = branch_pair(1e-6)
+    for reference in (True, False):
+        report = compare(model, twin, batch((8, 1024, C)), reference=reference)
+        if factor == 1.0:
+            assert report.ok, str(report)
+            continue
+        assert report.first_parameter == "pw.weight", str(report)
+        (row,) = [p for p in report.params if p.name_a == "pw.weight" and p.diff.failed]
+        assert row.stage == "grad" and row.diff.rel > 100 * RTOL
 
 
 @pytest.mark.parametrize("factor", [1.0, -1.0])
@@ -243,8 +263,12 @@ def test_a_wrong_small_output_is_named_at_its_module(last_axis: bool) -> None:
         return
     assert report.first_forward == "ls" and report.first_backward == "ls", str(report)
     assert report.reference == "float64 copies of both models"
-    # without the references the output passes on its inputs' noise floor (README)
-    assert compare(model, twin, batch((2, C, C, C)), reference=False).first_forward is None
+    # without the references the output passes on its inputs' noise floor (README), and the
+    # report says so (helper-133's FINDING E)
+    unverified = compare(model, twin, batch((2, C, C, C)), reference=False)
+    assert unverified.first_forward is None
+    assert "checks passing on a noise floor only, not verified: " in unverified.reference
+    assert "not verified" in str(unverified).splitlines()[1]
 
 
 class TorchShift(nn.Module):

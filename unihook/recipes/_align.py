@@ -100,13 +100,7 @@ def align(
     pairs = dict(manual)
     if len(shared) * 2 >= min(len(rest_a), len(rest_b)):
         rule = "name"
-        # A shared name on modules of different types (the port inserted a Dropout into a
-        # Sequential: its ReLU is "head.2" where a's is "head.1") is left to the order of
-        # the children below; where that pairs neither, the name pairs them after all (each
-        # framework's own class for one module, which the two models call alike).
-        same = {
-            n for n, t in rest_a if n in shared and (not n or type_key(t) == type_key(types_b[n]))
-        }
+        same = _by_name(rest_a, types_b, shared, (set(names_a), set(names_b)))
         pairs.update((n, n) for n in same)
         order.renamed(
             [(n, t) for n, t in rest_a if n not in same],
@@ -125,6 +119,38 @@ def align(
         order.pair(rest_a, rest_b, pairs)
     position = {n: i for i, n in enumerate(names_a)}
     return sorted(pairs.items(), key=lambda p: position[p[0]]), rule
+
+
+def _by_name(
+    rest_a: Called, types_b: Mapping[str, str], shared: set[str], ran: tuple[set[str], set[str]]
+) -> set[str]:
+    """The shared names that pair by name, shallowest first. Not: a name on modules of
+    different types (left to the order of the children of its parent; where that pairs
+    neither, the name pairs them after all: each framework's own class for one module);
+    the indexed children of a module where one index holds modules of different types (the
+    port inserted a Dropout into a Sequential or a ModuleList: the indices after it shifted,
+    onto modules of the same type too); a name whose closest ancestor that ran does not pair
+    by its name on both sides (``1.fc`` under a's ``1``, paired with b's ``2``)."""
+    types_a = dict(rest_a)
+
+    def alike(name: str) -> bool:
+        return type_key(types_a[name]) == type_key(types_b[name])
+
+    shifted = {parent(n) for n in shared if n.rpartition(".")[2].isdigit() and not alike(n)}
+    taken: set[str] = set()
+    for name in sorted(shared, key=lambda n: n.count(".") + bool(n)):
+        if not name:
+            taken.add(name)  # (the models themselves)
+            continue
+        holder = _holder(name, ran[0])
+        if (
+            alike(name)
+            and parent(name) not in shifted
+            and holder == _holder(name, ran[1])
+            and (holder in taken or holder not in shared)
+        ):
+            taken.add(name)
+    return taken
 
 
 class _Order:
