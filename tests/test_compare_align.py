@@ -288,3 +288,41 @@ def test_a_sequential_shifted_onto_the_same_types_is_ok() -> None:
     copy_weights(model, twin, layer_map={"2": "3", "3": "4"})
     report = compare(model, twin, batch((6, 4)))
     assert report.ok and report.unpaired_b == ["2"], str(report)
+
+
+# -- a port running a block's shortcut first (helper-133's FINDING D) -------------------------
+
+
+class TorchDownBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.bn1, self.relu = nn.Conv2d(4, 8, 3, 2, 1), nn.BatchNorm2d(8), nn.ReLU()
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, 1, 1), nn.BatchNorm2d(8)
+        self.downsample = nn.Sequential(nn.Conv2d(4, 8, 1, 2), nn.BatchNorm2d(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x))))) + self.downsample(x)
+
+
+class PaddleShortcutFirst(pnn.Layer):  # renamed, flat, and the shortcut computed first
+    def __init__(self) -> None:
+        super().__init__()
+        self.c_a, self.n_a, self.act = pnn.Conv2D(4, 8, 3, 2, 1), pnn.BatchNorm2D(8), pnn.ReLU()
+        self.c_b, self.n_b = pnn.Conv2D(8, 8, 3, 1, 1), pnn.BatchNorm2D(8)
+        self.short_conv, self.short_bn = pnn.Conv2D(4, 8, 1, 2), pnn.BatchNorm2D(8)
+
+    def forward(self, x: Any) -> Any:
+        shortcut = self.short_bn(self.short_conv(x))
+        return self.n_b(self.c_b(self.act(self.n_a(self.c_a(x))))) + shortcut
+
+
+def test_a_shortcut_run_first_pairs_by_parameter_shapes() -> None:
+    torch.manual_seed(0)
+    model, twin = TorchDownBlock().eval(), PaddleShortcutFirst()
+    twin.eval()
+    names = {"conv1": "c_a", "bn1": "n_a", "conv2": "c_b", "bn2": "n_b",
+             "downsample.0": "short_conv", "downsample.1": "short_bn"}  # fmt: skip
+    copy_weights(model, twin, layer_map=names)
+    report = compare(model, twin, batch((2, 4, 8, 8)))
+    assert report.ok and report.rule == "order", str(report)
+    assert {**names, "relu": "act", "": ""} == dict(report.pairs)

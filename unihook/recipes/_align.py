@@ -76,10 +76,13 @@ def align(
     called_b: Called,
     layer_map: Mapping[str, str] | None = None,
     signatures: tuple[Signatures, Signatures] | None = None,
+    weights: tuple[Signatures, Signatures] | None = None,
 ) -> tuple[list[tuple[str, str]], str]:
     """(name in a, name in b) pairs, in a's order, and the rule used ("name" or "order").
     `called_a` / `called_b`: (qualified name, class name) of each module that ran, in order of
-    its first completion; `signatures`: each side's output shapes by name."""
+    its first completion; `signatures`: each side's output shapes by name; `weights`: each
+    side's own parameters' shapes by name (each shape's dimensions sorted: torch's Linear
+    weight is paddle's transposed), a module without parameters left out."""
     manual = dict(layer_map or {})
     names_a, names_b = [n for n, _ in called_a], [n for n, _ in called_b]
     _expand(manual, names_a, names_b)
@@ -91,7 +94,7 @@ def align(
             "`layer_map` must pair each module of the second model at most once. Received: "
             + ", ".join(f"{[a for a, b in manual.items() if b == n]} -> {n!r}" for n in twice)
         )
-    order = _Order(signatures)
+    order = _Order(signatures, weights)
     rest_a = [(n, t) for n, t in called_a if n not in manual]
     taken_b = set(manual.values())
     rest_b = [(n, t) for n, t in called_b if n not in taken_b]
@@ -154,15 +157,33 @@ def _by_name(
 
 
 class _Order:
-    """Pairing by call order and type (`signatures`: each side's output shapes by name)."""
+    """Pairing by call order and type (`signatures`: each side's output shapes by name;
+    `weights`: its parameters' shapes)."""
 
-    def __init__(self, signatures: tuple[Signatures, Signatures] | None) -> None:
+    def __init__(
+        self,
+        signatures: tuple[Signatures, Signatures] | None,
+        weights: tuple[Signatures, Signatures] | None = None,
+    ) -> None:
         self._shapes = signatures or ({}, {})
+        self._weights = weights or ({}, {})
 
     def pair(self, called_a: Called, called_b: Called, pairs: dict[str, str]) -> None:
-        """Pair a longest common subsequence of the two lists' type names, then the gaps
-        between its matches that correspond one to one (`_alike`)."""
-        matches = _lcs([type_key(t) for _, t in called_a], [type_key(t) for _, t in called_b])
+        """Pair a longest common subsequence of the two lists' modules of one type (and,
+        where both have parameters, of the same parameter shapes: a 3x3 conv is no 1x1
+        conv), then the gaps between its matches that correspond one to one (`_alike`),
+        then the modules left whose type, parameter and output shapes no other module left
+        on either side shares (a port that runs a block's shortcut before its main branch:
+        the pairs cross)."""
+        weights_a, weights_b = (
+            [self._weights[k].get(n) for n, _ in called]
+            for k, called in enumerate((called_a, called_b))
+        )
+        matches = _lcs(
+            [type_key(t) for _, t in called_a],
+            [type_key(t) for _, t in called_b],
+            (weights_a, weights_b),
+        )
         for i, j in matches:
             pairs[called_a[i][0]] = called_b[j][0]
         bounds = [(-1, -1), *matches, (len(called_a), len(called_b))]
@@ -170,6 +191,18 @@ class _Order:
             gap_a, gap_b = called_a[i0 + 1 : i1], called_b[j0 + 1 : j1]
             if gap_a and len(gap_a) == len(gap_b) and self._alike(gap_a, gap_b):
                 pairs.update((x, y) for (x, _), (y, _) in zip(gap_a, gap_b))
+        taken = set(pairs.values())
+        left = (
+            [(n, t) for n, t in called_a if n not in pairs],
+            [(n, t) for n, t in called_b if n not in taken],
+        )
+        keys = [
+            [(type_key(t), self._weights[k].get(n), self._shapes[k].get(n)) for n, t in side]
+            for k, side in enumerate(left)
+        ]
+        for (name, _), key in zip(left[0], keys[0]):
+            if key[1] and keys[0].count(key) == 1 and keys[1].count(key) == 1:
+                pairs[name] = left[1][keys[1].index(key)][0]
 
     def _alike(self, gap_a: Called, gap_b: Called) -> bool:
         """Whether two runs of modules stand for each other in order: one type in b for
@@ -216,17 +249,38 @@ def _holder(name: str, ran: set[str]) -> str:
     return found
 
 
-def _lcs(keys_a: list[str], keys_b: list[str]) -> list[tuple[int, int]]:
+def _lcs(
+    keys_a: list[str], keys_b: list[str], extra: tuple[list[object], list[object]] | None = None
+) -> list[tuple[int, int]]:
     """Index pairs of a longest common subsequence of two lists, each element of a matched
-    as early in b as the subsequence allows."""
+    as early in b as the subsequence allows. Two elements match when their keys are equal
+    and their `extra` values (each list's, by position) are too, or either is falsy."""
     n, m = len(keys_a), len(keys_b)
+    more_a, more_b = extra or ([None] * n, [None] * m)
+    values = {v: c for c, v in enumerate(dict.fromkeys(v for v in (*more_a, *more_b) if v))}
+    codes = {k: c for c, k in enumerate(dict.fromkeys(keys_a + keys_b))}
+    code_a = np.array([codes[k] for k in keys_a], np.int64)
+    code_b = np.array([codes[k] for k in keys_b], np.int64)
+    # (-1: no value, matching any)
+    value_a = np.array([values[v] if v else -1 for v in more_a], np.int64)
+    value_b = np.array([values[v] if v else -1 for v in more_b], np.int64)
+
+    def match(i: int, j: int) -> bool:
+        return bool(
+            code_a[i] == code_b[j]
+            and (value_a[i] == value_b[j] or value_a[i] < 0 or value_b[j] < 0)
+        )
+
     start = 0
-    while start < min(n, m) and keys_a[start] == keys_b[start]:
+    while start < min(n, m) and match(start, start):
         start += 1
     end = 0  # (a common prefix and suffix are part of a longest common subsequence)
-    while end < min(n, m) - start and keys_a[n - 1 - end] == keys_b[m - 1 - end]:
+    while end < min(n, m) - start and match(n - 1 - end, m - 1 - end):
         end += 1
-    middle = _lcs_table(keys_a[start : n - end], keys_b[start : m - end])
+    middle = _lcs_table(
+        code_a[start : n - end], code_b[start : m - end],
+        value_a[start : n - end], value_b[start : m - end],
+    )  # fmt: skip
     return (
         [(k, k) for k in range(start)]
         + [(start + i, start + j) for i, j in middle]
@@ -234,27 +288,29 @@ def _lcs(keys_a: list[str], keys_b: list[str]) -> list[tuple[int, int]]:
     )
 
 
-def _lcs_table(keys_a: list[str], keys_b: list[str]) -> list[tuple[int, int]]:
-    n, m = len(keys_a), len(keys_b)
+def _lcs_table(
+    code_a: np.ndarray, code_b: np.ndarray, value_a: np.ndarray, value_b: np.ndarray
+) -> list[tuple[int, int]]:
+    n, m = len(code_a), len(code_b)
     if not n or not m:
         return []
     if n * m > LCS_CELLS:
-        return _longest_runs(keys_a, keys_b)
-    codes = {k: c for c, k in enumerate(dict.fromkeys(keys_a + keys_b))}
-    code_a = np.array([codes[k] for k in keys_a])
-    code_b = np.array([codes[k] for k in keys_b])
-    # table[i, j]: the length of a longest common subsequence of keys_a[i:] and keys_b[j:],
-    # a row at a time: table[i, j] = max over k >= j of (table[i + 1, k], or
-    # table[i + 1, k + 1] + 1 where a[i] == b[k]), a reversed running maximum
+        return _longest_runs(code_a.tolist(), code_b.tolist())
+    # table[i, j]: the length of a longest common subsequence of a[i:] and b[j:], a row at a
+    # time: table[i, j] = max over k >= j of (table[i + 1, k], or table[i + 1, k + 1] + 1
+    # where a[i] matches b[k]), a reversed running maximum
     table = np.zeros((n + 1, m + 1), np.uint16 if min(n, m) < 65535 else np.uint32)
     for i in range(n - 1, -1, -1):
         below = table[i + 1]
-        found = np.maximum(below[:-1], np.where(code_b == code_a[i], below[1:] + 1, 0))
+        same = (code_b == code_a[i]) & ((value_b == value_a[i]) | (value_b < 0) | (value_a[i] < 0))
+        found = np.maximum(below[:-1], np.where(same, below[1:] + 1, 0))
         table[i, :-1] = np.maximum.accumulate(found[::-1])[::-1]
     out: list[tuple[int, int]] = []
     i = j = 0
     while i < n and j < m:
-        if code_a[i] == code_b[j]:  # (a match is always part of a longest one from here)
+        value_i, value_j = value_a[i], value_b[j]
+        if code_a[i] == code_b[j] and (value_i == value_j or value_i < 0 or value_j < 0):
+            # (a match is always part of a longest one from here)
             out.append((i, j))
             i, j = i + 1, j + 1
         elif table[i + 1, j] >= table[i, j + 1]:
@@ -264,7 +320,7 @@ def _lcs_table(keys_a: list[str], keys_b: list[str]) -> list[tuple[int, int]]:
     return out
 
 
-def _longest_runs(keys_a: list[str], keys_b: list[str]) -> list[tuple[int, int]]:
+def _longest_runs(keys_a: list[int], keys_b: list[int]) -> list[tuple[int, int]]:
     import difflib
 
     warnings.warn(

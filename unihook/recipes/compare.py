@@ -487,8 +487,27 @@ def _first_completions(trace: Trace) -> list[tuple[str, str]]:
 
 
 def _aligned(a: Trace, b: Trace, layer_map: Any) -> tuple[list[tuple[str, str]], str]:
-    """`align` of the modules that ran in a and b (with their first outputs' shapes)."""
-    return align(_first_completions(a), _first_completions(b), layer_map, (_shapes(a), _shapes(b)))
+    """`align` of the modules that ran in a and b (with their first outputs' shapes and
+    their parameters')."""
+    return align(
+        _first_completions(a),
+        _first_completions(b),
+        layer_map,
+        (_shapes(a), _shapes(b)),
+        (_weights(a), _weights(b)),
+    )
+
+
+def _weights(trace: Trace) -> dict[str, object]:
+    """Per module with parameters or buffers of its own, their shapes, each shape's
+    dimensions sorted (torch's Linear weight is paddle's transposed), torch's
+    `num_batches_tracked` left out (paddle has none)."""
+    found: dict[str, list[tuple[int, ...]]] = {}
+    for name, _, shape in trace.params:
+        owner, _, leaf = name.rpartition(".")
+        if leaf != "num_batches_tracked":
+            found.setdefault(owner, []).append(tuple(sorted(shape)))
+    return {owner: tuple(sorted(shapes)) for owner, shapes in found.items()}
 
 
 def _shapes(trace: Trace) -> dict[str, object]:
@@ -696,8 +715,10 @@ def _report(
         order: list[Row] = []
         events_b = _events(sb)
         events_r = ({}, {}) if refs is None else (_events(refs[0]), _events(refs[1]))
-        clean: dict[tuple[str, int], float] = {}  # (module, call) -> its gradient's own size
-        clean_r: dict[tuple[str, int], float] = {}
+        # (module, call) -> the size of the difference its parameters' gradients inherit
+        # from its output gradient's (`_param_floors`), in a's run and in its reference
+        inherited: dict[tuple[str, int], float] = {}
+        inherited_r: dict[tuple[str, int], float] = {}
         answered_b: set[int] = set()
         for i, (name, call) in enumerate(zip(sa.backward, sa.backward_calls)):
             row = rows.get((name, call))
@@ -729,12 +750,9 @@ def _report(
                 row.grad_output = _judge(
                     grad_output, grad_b, scale, grads_r, scale_r, atol, rtol, report
                 )
-                if not _diff(grad_output, grad_b, atol, rtol).failed:
-                    # both models agree on it to its own size: its noise is below that, and
-                    # so is the noise of the parameter gradients it makes (`_param_floors`)
-                    clean[(name, call)] = _scale(grad_output)
-                    if grads_r is not None:  # (the references' floor alike, of their values)
-                        clean_r[(name, call)] = _scale(grads_r[0])
+                inherited[(name, call)] = _inherited(grad_output, grad_b, rtol)
+                if grads_r is not None:  # (the references' floor alike, of their values)
+                    inherited_r[(name, call)] = _inherited(*grads_r, rtol)
                 row.grad_input = _judge(
                     sa.grad_inputs[i],
                     sb.grad_inputs[j],
@@ -760,11 +778,11 @@ def _report(
             if report.first_backward is None and row.grad_failed:
                 report.first_backward = row.name_a
                 _diverged(report, s)
-        grad_floors.append(_param_floors(a, sa, floor_grad, clean, floors.inputs))
+        grad_floors.append(_param_floors(a, sa, floor_grad, inherited, floors.inputs))
         grad_floors_r.append(
             None
             if refs is None or exact is None or floors_r is None
-            else _param_floors(exact[0], refs[0], floor_grad_r, clean_r, floors_r.inputs)
+            else _param_floors(exact[0], refs[0], floor_grad_r, inherited_r, floors_r.inputs)
         )
     _compare_params(report, a, b, exact, grad_floors, grad_floors_r)
     return report
@@ -779,7 +797,7 @@ def _param_floors(
     trace: Trace,
     step: Step,
     floor_grad: dict[tuple[str, int], float],
-    clean: dict[tuple[str, int], float],
+    inherited: dict[tuple[str, int], float],
     inputs: list[float],
 ) -> Floors:
     """Per parameter of `trace`, the scale of the rounding noise its gradient from `step`
@@ -787,12 +805,16 @@ def _param_floors(
     gradient sums, per element, one term per position its module's output had in each call
     (a bias: the output gradient there; a weight: that times an input), so a gradient that
     is zero in exact arithmetic (a bias before a train-mode BatchNorm) is rounding noise of
-    the size of that sum: GRAD_SHARE of (positions x the module's output gradient x its
-    largest input, or 1 where the inputs are smaller) over its calls. The output gradient's
-    own size where both models agree on it to that size (`clean`): a branch behind a small
-    LayerScale has small terms, and so a small floor; else its floor (`floor_grad`, the noise
-    of the gradients downstream), and the floor is marked as such: a check passing on it only
-    runs the references (`_judge`)."""
+    the size of that sum. Where the module's output gradients were compared, the floor is
+    what the difference between the two models' parameter gradients can inherit from theirs:
+    positions x (their largest difference and a few ulps of their size: `_inherited`, over
+    `rtol`) x the module's largest input (or 1 where the inputs are smaller), over its calls.
+    A branch behind a small LayerScale whose output gradients agree has a small floor (a
+    wrong weight gradient is named), a gradient summing noise (attention's q and k through
+    the softmax on nearly equal tokens) a floor as large as that noise. Elsewhere (a module
+    with no counterpart) GRAD_SHARE of positions x its gradient floor (`floor_grad`, the
+    noise of the gradients downstream), marked as not tight: a check passing on it only runs
+    the references (`_judge`)."""
     n = len(step.forward)
     calls: list[tuple[str, int]] = []
     seen: dict[str, int] = {}
@@ -808,9 +830,9 @@ def _param_floors(
             continue
         largest = max(found, key=lambda g: g.size)
         reach = max(1.0, inputs[i] if i < len(inputs) else 0.0)
-        own = clean.get((name, call))
-        term = floor_grad.get((name, call), 0.0) if own is None else own
-        sizes.setdefault(name, []).append((tuple(largest.shape), term * reach, own is not None))
+        known = inherited.get((name, call))
+        term = GRAD_SHARE * floor_grad.get((name, call), 0.0) if known is None else known
+        sizes.setdefault(name, []).append((tuple(largest.shape), term * reach, known is not None))
     out: Floors = []
     for param, _, shape in trace.params:
         events = sizes.get(param.rpartition(".")[0])
@@ -823,8 +845,23 @@ def _param_floors(
             # dimension found among the output's (past the batch's) stands for
             channels = max((d for d in shape if d in grad_shape[1:]), default=1)
             total += math.prod(grad_shape) / channels * weight
-        out.append((GRAD_SHARE * total, all(tight for _, _, tight in events)))
+        out.append((total, all(tight for _, _, tight in events)))
     return out
+
+
+def _inherited(a: Arrays, b: Arrays, rtol: float) -> float:
+    """What a parameter gradient's difference can inherit, per term, from its module's
+    output gradients `a` and `b` (`_param_floors`): their largest difference and 8 ulps of
+    their size (the two sums' own rounding), over `rtol` (a floor: the limit is rtol x it)."""
+    if rtol <= 0:
+        return 0.0
+    worst = 0.0
+    for x, y in zip(a, b):
+        if x is not None and y is not None and x.shape == y.shape and x.size:
+            gap, size = _gap(x, y)
+            ulp = float(np.finfo(x.dtype).eps) if x.dtype.kind == "f" else 0.0
+            worst = max(worst, gap + 8 * ulp * size)
+    return worst / rtol if math.isfinite(worst) else 0.0
 
 
 NOISE_NOTE = "noise amplified by the optimizer"
