@@ -139,7 +139,7 @@ def test_a_wrong_gradient_behind_a_small_layer_scale_is_named_over_many_position
 
 
 @pytest.mark.parametrize("factor", [1.0, -1.0])
-def test_an_adam_update_from_a_wrong_small_gradient_is_not_excused_as_noise(
+def test_a_wrong_small_gradient_is_named_with_an_adam_step(
     factor: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(PaddleMatmul, "FACTOR", factor)
@@ -152,8 +152,11 @@ def test_an_adam_update_from_a_wrong_small_gradient_is_not_excused_as_noise(
     if factor == 1.0:
         assert report.ok, str(report)
         return
+    # named at its gradient in step 0 (the update's difference, which the gradients explain,
+    # is not named again for it)
     failed = {(p.stage, p.step) for p in report.params if p.name_a == "pw.weight" and p.diff.failed}
-    assert {("grad", 0), ("updated", 0)} <= failed, str(report)
+    assert ("grad", 0) in failed and report.step == 0, str(report)
+    assert report.first_parameter == "pw.weight"
 
 
 class TorchConvBatchNorm(nn.Module):  # conv biases before train-mode BatchNorms: zero gradients
@@ -341,4 +344,21 @@ def test_attention_on_nearly_equal_tokens_passes(seed: int) -> None:
     # (without the references q's output gradient itself is named: README, Limits of the
     # noise floors)
     report = compare(model, twin, tokens)
+    assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_adam_steps_on_a_correct_conv_port_pass(seed: int) -> None:
+    # Adam divides each element by its own gradient's scale: elements whose gradients are
+    # small against the tensor's largest carry rounding of a larger share into the update
+    # (helper-133's FINDING C: most seeds failed at step 1)
+    torch.manual_seed(seed)
+    model, twin = TorchConvBatchNorm().train(), PaddleConvBatchNorm()
+    copy_weights(model, twin)
+    twin.train()
+    opt_a = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt_b = paddle.optimizer.Adam(learning_rate=1e-3, parameters=twin.parameters())
+    optimizers = (lambda: (opt_a.step(), opt_a.zero_grad()),
+                  lambda: (opt_b.step(), opt_b.clear_grad()))  # fmt: skip
+    report = compare(model, twin, batch((8, 3, 32, 32), seed), steps=3, optimizers=optimizers)
     assert report.ok, str(report)

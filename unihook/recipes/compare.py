@@ -997,7 +997,10 @@ def _compare_params(
                 # (the gradient's own noise floor, not the model's: a small gradient computed
                 # wrong, behind a LayerScale, moves Adam's update by as much as a large one)
                 floor = atol + rtol * _grad_floor(floors, s, i, grads_a)[0]
-                diff = _excuse_noise(x, y, grads_a[i], grads_b[j], floor, atol, rtol, scale, diff)
+                share = _grad_share(a.steps[: s + 1], b.steps[: s + 1], i, j)
+                diff = _excuse_noise(
+                    x, y, grads_a[i], grads_b[j], floor, atol, rtol, scale, diff, share
+                )
             if cross and a.params[i][0].endswith("running_var") and diff.failed:
                 torch_side = (x, y, start_b[j]) if a.backend == "torch" else (y, x, start_a[i])
                 diff = _running_var(diff, *torch_side, _batch_count(sa, a.params[i][0], x), atol)
@@ -1099,11 +1102,19 @@ def _excuse_noise(
     rtol: float,
     scale: float,
     diff: Diff,
+    share: Any = None,
 ) -> Diff:
     """Adam's first steps move a parameter by about lr * sign(gradient) whatever the
     gradient's size: where both models' gradient is below the grad stage's noise floor, the
-    two updates differ by up to 2 * lr on rounding noise alone. Those elements are reported,
-    not failed, when the rest of the update agrees."""
+    two updates differ by up to 2 * lr on rounding noise alone. And Adam divides each
+    element by its own gradient's scale: an element whose two gradients differ by a share
+    of their size (`share`, element by element, the largest over the steps so far, whose
+    gradients Adam's moments hold) moves by up to twice that share of its update
+    differently in the two models, twice that share of the tensor's largest update (Adam's
+    moments mix the steps' gradients: where they cancel, the update is smaller than the
+    error each brings), however small the gradient is against the tensor's largest. Those elements are reported, not
+    failed, when the rest of the update agrees: what the gradients explain was judged at
+    the grad stage; an optimizer computing another update differs where they agree."""
     if x is None or y is None or grad_a is None or grad_b is None:
         return diff
     if not (x.shape == y.shape == grad_a.shape == grad_b.shape):
@@ -1118,6 +1129,12 @@ def _excuse_noise(
     noise = (np.abs(grad_a) <= floor) & (np.abs(grad_b) <= floor)
     if not worst > own_floor:
         noise &= small
+    if share is not None and share.shape == x.shape:
+        # (against the largest update of the tensor: Adam's moments mix the steps'
+        # gradients, and where they cancel, the error of each is that of a larger update)
+        with np.errstate(invalid="ignore"):
+            reach = 2 * share * max(_magnitude(x), _magnitude(y))
+            noise |= np.abs(x.astype(np.float64) - y) <= reach
     if not noise.any():
         return diff
     rest = _diff([np.where(noise, 0, x)], [np.where(noise, 0, y)], atol, rtol, scale)
@@ -1129,8 +1146,26 @@ def _excuse_noise(
         diff.rel,
         False,
         f"{NOISE_NOTE}: {int(noise.sum())} of {x.size} elements have a gradient below the "
-        f"noise floor ({floor:.1e}) in both models; their updates differ by up to {worst:.1e}",
+        f"noise floor ({floor:.1e}) in both models, or two gradients differing by as large a "
+        f"share as their updates; those updates differ by up to {worst:.1e}",
     )
+
+
+def _grad_share(steps_a: Sequence[Step], steps_b: Sequence[Step], i: int, j: int) -> Any:
+    """Element by element, the largest share by which parameter i's gradient in a and j's in
+    b differ over `steps` (|ga - gb| / max(|ga|, |gb|)); None when not known."""
+    found = None
+    for sa, sb in zip(steps_a, steps_b):
+        if i >= len(sa.param_grads) or j >= len(sb.param_grads):
+            return None
+        ga, gb = sa.param_grads[i], sb.param_grads[j]
+        if ga is None or gb is None or ga.shape != gb.shape:
+            return None
+        ga, gb = ga.astype(np.float64), gb.astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.nan_to_num(np.abs(ga - gb) / np.maximum(np.abs(ga), np.abs(gb)))
+        found = share if found is None else np.maximum(found, share)
+    return found
 
 
 def _check_tolerance(name: str, value: Any) -> float:
