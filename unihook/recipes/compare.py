@@ -1112,9 +1112,10 @@ def _excuse_noise(
     gradients Adam's moments hold) moves by up to twice that share of its update
     differently in the two models, twice that share of the tensor's largest update (Adam's
     moments mix the steps' gradients: where they cancel, the update is smaller than the
-    error each brings), however small the gradient is against the tensor's largest. Those elements are reported, not
-    failed, when the rest of the update agrees: what the gradients explain was judged at
-    the grad stage; an optimizer computing another update differs where they agree."""
+    error each brings), however small the gradient is against the tensor's largest. Those
+    elements are reported, not failed, when the rest of the update agrees: what the
+    gradients explain was judged at the grad stage; an optimizer computing another update
+    differs where they agree."""
     if x is None or y is None or grad_a is None or grad_b is None:
         return diff
     if not (x.shape == y.shape == grad_a.shape == grad_b.shape):
