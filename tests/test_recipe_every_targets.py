@@ -66,3 +66,57 @@ def test_a_module_added_after_the_recipe_is_not_hooked_whatever_every(
         assert all("extra" not in entry for entry in names), (every, names)
         seen.append(names[-1])
     assert seen[0] == seen[1] == sorted(["", "fc"])
+
+
+def optional_model(framework: str) -> tuple[Any, Any]:
+    """A model calling `fc` when it has one (else passing its input on), and `head`."""
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+
+        class Net(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.fc, self.head = torch.nn.Linear(3, 3), torch.nn.Linear(3, 2)
+
+            def forward(self, x: Any) -> Any:
+                return self.head(x if self.fc is None else self.fc(x))
+
+        return Net(), torch.ones(2, 3)
+    paddle = pytest.importorskip("paddle")
+
+    class Layer(paddle.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc, self.head = paddle.nn.Linear(3, 3), paddle.nn.Linear(3, 2)
+
+        def forward(self, x: Any) -> Any:
+            fc = getattr(self, "fc", None)
+            return self.head(x if fc is None else fc(x))
+
+    return Layer(), paddle.ones([2, 3])
+
+
+@pytest.mark.parametrize("recipe", [ActivationStats, GradientMonitor])
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_a_module_taken_out_and_put_back_is_hooked_again_whatever_every(
+    framework: str, recipe: type
+) -> None:
+    # (helper-135's FINDING 3: a module missing at one placement was lost for good)
+    seen = []
+    for every in (1, 2, 3):
+        model, x = optional_model(framework)
+        fc = model.fc
+        with recipe(model, every=every) as watching:
+            backward(model(x))
+            if framework == "torch":
+                model.fc = None
+            else:
+                del model.fc
+            for _ in range(3):
+                backward(model(x))
+            model.fc = fc
+            for _ in range(6):
+                backward(model(x))
+            history = watching.history
+        seen.append(sorted(history[-1]))
+    assert seen[0] == seen[1] == seen[2] == sorted(["", "fc", "head"]), seen

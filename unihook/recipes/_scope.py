@@ -990,16 +990,29 @@ def where_of(model: Any, where: Any) -> Where:
 
 
 class Chosen:
-    """A recipe's `where` once its first placement chose the modules: those, by qualified
-    name. `every` > 1 places the hooks anew for each recorded forward; a module added to the
-    model since is not hooked, as the hooks of `every=1`, placed once, are not (until
-    2026-12-04 the later placements hooked it: helper-128's FINDING 5)."""
+    """A recipe's `where` once its first placement chose the modules: those modules (and,
+    in a copy, which has other modules, their qualified names). `every` > 1 places the hooks
+    anew for each recorded forward, on the modules `every=1`'s hooks, placed once, stay on:
+    a module added to the model since is not hooked, one taken out and put back is (until
+    2026-12-04 a later placement hooked an added module, and a module missing at one
+    placement was lost for good: helper-128's FINDING 5, helper-135's FINDING 3)."""
 
-    def __init__(self, names: Sequence[str]) -> None:
-        self.names = frozenset(names)
+    def __init__(self, chosen: Sequence[tuple[str, Any]]) -> None:
+        self.names = frozenset(name for name, _ in chosen)
+        self._modules: weakref.WeakSet[Any] | None = weakref.WeakSet()
+        try:
+            self._modules.update(module for _, module in chosen)
+        except TypeError:  # (a module that takes no weak reference: by name)
+            self._modules = None
 
     def __call__(self, name: str, module: Any) -> bool:
-        return name in self.names
+        if self._modules is None:
+            return name in self.names
+        return module in self._modules
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy (deepcopy, pickle) has other modules: it chooses by name
+        return {"names": self.names, "_modules": None}
 
     def __repr__(self) -> str:
         return f"Chosen({sorted(self.names)!r})"

@@ -5,7 +5,14 @@ from __future__ import annotations
 import functools
 from typing import Any, Mapping
 
-from unihook import HookArgumentError, HookTargetError, NoBackendError, ops, register_forward_hook
+from unihook import (
+    HookArgumentError,
+    HookTargetError,
+    NoBackendError,
+    backend_of,
+    ops,
+    register_forward_hook,
+)
 
 from ._scope import Recipe, Targets, resolve
 
@@ -107,9 +114,9 @@ def _drop_block(name: str, p: float, block_size: int, module: Any, args: Any, ou
 def _not_a_tensor(mode: str, name: str, module: Any, output: Any) -> HookTargetError:
     """A target returning a tuple, a dict (an LSTM, an attention layer): which of its tensors
     to drop is not known (torch's dropout on a tuple: TypeError)."""
-    backend = type(module).__module__.partition(".")[0]
     return HookTargetError(
-        f"DropHook(mode={mode!r}) on module {name!r} ({type(module).__name__}, {backend}): "
+        f"DropHook(mode={mode!r}) on module {name!r} ({type(module).__name__}, backend "
+        f"{backend_of(module)}): "
         f"expected the module to return a tensor. Received: {type(output).__name__}. Target "
         "the module that takes that output, or a submodule returning a tensor"
     )

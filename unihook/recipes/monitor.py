@@ -27,6 +27,7 @@ from unihook import (
     register_forward_hook,
     register_forward_pre_hook,
     register_tensor_hook,
+    select,
 )
 
 from ._scope import (
@@ -308,12 +309,13 @@ class GradientMonitor(Synced):
 
     def _place(self, group: HookGroup) -> None:
         """The hooks of a recorded forward (`_schedule`)."""
+        if not isinstance(self._where, Chosen):  # (the first placement chooses)
+            self._where = Chosen(select(self._inner, self._where))
         model, inner, where, own = self._model, self._inner, self._where, self._own
         group.add("", register_forward_pre_hook(model, own(self._new_step), with_kwargs=True))
         attached = attach(inner, own(self._record), where=where)
         group.extend(attached)  # (first: a Ctrl-C in `names` left them, helper-103's F5)
         self._names = attached.names
-        self._where = Chosen(attached.names)
         group.extend(
             attach(inner, own(self._before), kind="forward_pre", where=where, with_kwargs=True)
         )

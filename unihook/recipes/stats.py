@@ -12,7 +12,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from unihook import HookGroup, attach, ops, register_forward_hook, register_forward_pre_hook
+from unihook import (
+    HookGroup,
+    attach,
+    ops,
+    register_forward_hook,
+    register_forward_pre_hook,
+    select,
+)
 
 from ._scope import Chosen, Synced, check_every, check_history, tensors_of, where_of
 from ._shared import (
@@ -158,6 +165,8 @@ class ActivationStats(Synced):
 
     def _place(self, group: HookGroup) -> None:
         """The hooks of a recorded forward (`_schedule`)."""
+        if not isinstance(self._where, Chosen):  # (the first placement chooses)
+            self._where = Chosen(select(self._inner, self._where))
         model, inner, where, own = self._model, self._inner, self._where, self._own
         # A pre-hook fixes each module's place at its first call: rows come in call order (a
         # container before its children), not in order of completion.
@@ -165,7 +174,6 @@ class ActivationStats(Synced):
         group.extend(attach(inner, own(self._started), kind="forward_pre", where=where))
         attached = attach(inner, own(self._record), where=where)
         self._names = attached.names
-        self._where = Chosen(attached.names)
         group.extend(attached)
         group.add("", register_forward_hook(model, own(self._close), always_call=True))
 
