@@ -326,3 +326,30 @@ def test_a_shortcut_run_first_pairs_by_parameter_shapes() -> None:
     report = compare(model, twin, batch((2, 4, 8, 8)))
     assert report.ok and report.rule == "order", str(report)
     assert {**names, "relu": "act", "": ""} == dict(report.pairs)
+
+
+def test_modules_with_other_parameter_shapes_never_pair() -> None:
+    # a port computing the 1x1 branch first: its convs cross (helper-134's FINDING 3: the
+    # gap step paired the 3x3 conv with the 1x1)
+    a = [("s.c3", "Conv2d"), ("s.b3", "BatchNorm2d"), ("s.c1", "Conv2d"), ("s.b1", "BatchNorm2d"),
+         ("", "Net")]  # fmt: skip
+    b = [("one", "Conv2d"), ("one_bn", "BatchNorm2d"), ("three", "Conv2d"),
+         ("three_bn", "BatchNorm2d"), ("", "Net")]  # fmt: skip
+    norm = ((8,), (8,), (8,), (8,))
+    weights_a = {"s.c3": ((3, 3, 3, 8), (8,)), "s.c1": ((1, 1, 3, 8), (8,)), "s.b3": norm,
+                 "s.b1": norm}  # fmt: skip
+    weights_b = {"three": ((3, 3, 3, 8), (8,)), "one": ((1, 1, 3, 8), (8,)), "one_bn": norm,
+                 "three_bn": norm}  # fmt: skip
+    pairs = dict(align(a, b, weights=(weights_a, weights_b))[0])
+    assert pairs["s.c3"] == "three" and pairs["s.c1"] == "one"
+
+
+def test_a_layer_map_of_a_module_list_across_an_index_shift_is_left_to_the_rules() -> None:
+    # (helper-134's FINDING 4: the names were paired across the shift, a block with a Dropout)
+    a = [x for i in range(3) for x in ((f"blocks.{i}.fc", "Linear"), (f"blocks.{i}", "Blk"))]
+    b = [("layers.0.fc", "Linear"), ("layers.0", "Blk"), ("layers.1", "Dropout")] + [
+        x for i in (2, 3) for x in ((f"layers.{i}.fc", "Linear"), (f"layers.{i}", "Blk"))
+    ]
+    for layer_map in (None, {"blocks": "layers"}):
+        pairs = dict(align([*a, ("", "Net")], [*b, ("", "Net")], layer_map)[0])
+        assert pairs["blocks.1"] == "layers.2" and pairs["blocks.2.fc"] == "layers.3.fc"

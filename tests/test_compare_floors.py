@@ -362,3 +362,48 @@ def test_adam_steps_on_a_correct_conv_port_pass(seed: int) -> None:
                   lambda: (opt_b.step(), opt_b.clear_grad()))  # fmt: skip
     report = compare(model, twin, batch((8, 3, 32, 32), seed), steps=3, optimizers=optimizers)
     assert report.ok, str(report)
+
+
+# -- a difference downstream does not hide a wrong weight gradient (helper-134's FINDING 2) ---
+
+
+class PaddleKinkTanh(paddle.autograd.PyLayer):
+    """tanh whose input gradient is off in one element (a kink flipped by rounding)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:
+        y = paddle.tanh(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        (y,) = ctx.saved_tensor()
+        out = grad * (1 - y * y)
+        bump = paddle.zeros_like(out)
+        bump[0, 0, 0] = 0.5 * out[0, 0, 0]
+        return out + bump
+
+
+class PaddleKink(pnn.Layer):
+    def forward(self, x: Any) -> Any:
+        return PaddleKinkTanh.apply(x)
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.1, -1.0])
+def test_a_wrong_weight_gradient_is_named_behind_a_difference_downstream(
+    factor: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(PaddleMatmul, "FACTOR", factor)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(C, C), nn.Tanh(), TorchPointwise(), nn.Tanh(), nn.Linear(C, 3))
+    twin = pnn.Sequential(
+        pnn.Linear(C, C), pnn.Tanh(), PaddlePointwise(), PaddleKink(), pnn.Linear(C, 3)
+    )
+    copy_weights(model, twin)
+    report = compare(model, twin, batch((4, 1024, C)), reference=False)
+    assert report.first_backward == "3", str(report)  # (the kink, where it is)
+    if factor == 1.0:  # the weight gradient behind it inherits its difference: not named
+        assert report.first_parameter is None, str(report)
+    else:
+        assert report.first_parameter == "2.weight", str(report)

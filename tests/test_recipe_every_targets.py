@@ -120,3 +120,33 @@ def test_a_module_taken_out_and_put_back_is_hooked_again_whatever_every(
             history = watching.history
         seen.append(sorted(history[-1]))
     assert seen[0] == seen[1] == seen[2] == sorted(["", "fc", "head"]), seen
+
+
+@pytest.mark.parametrize("recipe", [ActivationStats, GradientMonitor])
+def test_a_forward_interrupted_while_the_hooks_are_placed_is_not_counted(
+    recipe: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a Ctrl-C in the places' put-back (helper-130's FINDING 3: the count went on and the
+    # next recorded forward had no hooks): the forward raises, is not counted, and the
+    # forwards that completed are recorded as without it, 0, 2, 4... of them
+    import unihook.recipes._places as places
+
+    model, x, _ = model_and_input("torch")
+    real = places._put_back
+    calls = []
+
+    def interrupt(*args: Any) -> None:
+        if not calls:
+            calls.append(1)
+            raise KeyboardInterrupt
+        real(*args)
+
+    with recipe(model, every=2) as watching:
+        backward(model(x))
+        monkeypatch.setattr(places, "_put_back", interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            backward(model(x))  # (its hooks for the next forward: interrupted)
+        for _ in range(6):
+            backward(model(x))
+        assert len(watching.history) == 4  # of 7 completed forwards: 0, 2, 4, 6
+        assert all(sorted(entry) == ["", "fc"] for entry in watching.history)

@@ -55,18 +55,23 @@ def _check(names: Sequence[str], wanted: list[str], side: str) -> None:
         )
 
 
-def _expand(manual: dict[str, str], names_a: Sequence[str], names_b: Sequence[str]) -> None:
+def _expand(manual: dict[str, str], called_a: Called, called_b: Called) -> None:
     """Entries naming a module that did not run on either side (a ``ModuleList``: torch's
-    ``layers`` as the port's ``blocks``) pair the modules that ran under it, by their names
-    below it, where the other side has that name."""
-    ran_a, ran_b = set(names_a), set(names_b)
+    ``layers`` as the port's ``blocks``) pair the modules that ran under it by their names
+    below it, where the other side has each of them on a module of the same type; where
+    one differs (an index shift in the list) the entry is left to the rules, which pair
+    such lists (until 2026-12-04 the names were paired across the shift: helper-134's
+    FINDING 4)."""
+    types_a, types_b = dict(called_a), dict(called_b)
     for name_a, name_b in list(manual.items()):
-        if name_a in ran_a or name_b in ran_b:
+        if name_a in types_a or name_b in types_b:
             continue
-        below = [n for n in names_a if n.startswith(name_a + ".")]
-        found = {n: name_b + n[len(name_a) :] for n in below if name_b + n[len(name_a) :] in ran_b}
-        if found:
-            del manual[name_a]
+        below = [n for n in types_a if n.startswith(name_a + ".")]
+        found = {n: name_b + n[len(name_a) :] for n in below}
+        if not found:
+            continue  # (`_check` names it)
+        del manual[name_a]
+        if all(type_key(types_a[n]) == type_key(types_b.get(m, "")) for n, m in found.items()):
             for n, m in found.items():
                 manual.setdefault(n, m)
 
@@ -85,7 +90,7 @@ def align(
     weight is paddle's transposed), a module without parameters left out."""
     manual = dict(layer_map or {})
     names_a, names_b = [n for n, _ in called_a], [n for n, _ in called_b]
-    _expand(manual, names_a, names_b)
+    _expand(manual, called_a, called_b)
     _check(names_a, list(manual), "first")
     _check(names_b, list(manual.values()), "second")
     twice = sorted({n for n in manual.values() if list(manual.values()).count(n) > 1})
@@ -215,6 +220,10 @@ class _Order:
                 return False
             shape_a, shape_b = self._shapes[0].get(name_a), self._shapes[1].get(name_b)
             if shape_a is not None and shape_b is not None and shape_a != shape_b:
+                return False
+            # (a 3x3 conv is no 1x1 conv here either: helper-134's FINDING 3)
+            weights_a, weights_b = self._weights[0].get(name_a), self._weights[1].get(name_b)
+            if weights_a and weights_b and weights_a != weights_b:
                 return False
         return True
 

@@ -280,7 +280,16 @@ class Recipe(Removable):
         # (and, from the next forward on, a copy's copies of them: `_Placed`)
         self._next_generation = next(_generations)
         if self._forwards % self._every == 0 and self._build is not None:
-            self._active = self._places.place(self._model, functools.partial(_placed, self._build))
+            try:
+                self._active = self._places.place(
+                    self._model, functools.partial(_placed, self._build)
+                )
+            except BaseException:
+                # (a Ctrl-C: this forward raises, and is not counted, as any forward that
+                # raises; the next one places the hooks again. Until 2026-12-04 the count
+                # went on, the next recorded forward had no hooks: helper-130's FINDING 3)
+                self._forwards -= 1
+                raise
             # placed for the next forward: this one's backward is not recorded (a reentrant
             # checkpoint recomputes parts of it there, through these hooks)
             self._placed_ahead = True
