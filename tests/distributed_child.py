@@ -431,8 +431,10 @@ def evaluation_first_scenario(fw: Framework, model: Any, rank: int) -> list[dict
 def mismatch_scenario(fw: Framework, rank: int) -> dict[str, str]:
     """Rank 1's model has a module more (`extra`), or a Tanh where rank 0's has a ReLU
     (`types`), both with no parameters, so DDP accepts them; or rank 1 makes either change
-    after the first merge (`late`, `late_types`: every=2 re-hooks the tree): each synced recipe
-    must raise RankMismatchError on every rank, not hang, abort or merge the two."""
+    after the first merge (`late`, `late_types`, with every=2, which places its hooks anew on
+    the modules it chose first): each synced recipe must raise RankMismatchError on every rank
+    where the ranks watch different modules (not `late`: the module added is not watched),
+    not hang, abort or merge the two."""
     x, coefficients = batch()
     found = {}
     for recipe in (ActivationStats, GradientMonitor):

@@ -574,17 +574,23 @@ class _ForwardFloors:
         self._out[i] = own if clean else max(self.reaching(i), own)
 
 
+def _call_keys(step: Step) -> list[tuple[str, int]]:
+    """(module, its call's index among the module's calls) of each call of `step`."""
+    keys: list[tuple[str, int]] = []
+    seen: dict[str, int] = {}
+    for name in step.forward:
+        seen[name] = seen.get(name, -1) + 1
+        keys.append((name, seen[name]))
+    return keys
+
+
 def _grad_floors(trace: Trace, step: Step, cap: float = math.inf) -> dict[tuple[str, int], float]:
     """The scale of the rounding noise in each module call's gradients, per (module, call):
     its own largest gradient, or GRAD_SHARE of the largest gradient reaching its output and,
     recursively, the outputs of the modules that consumed it, when larger."""
     n = len(step.forward)
     sources = step.sources if len(step.sources) == n else [[] for _ in range(n)]
-    keys: list[tuple[str, int]] = []
-    seen: dict[str, int] = {}
-    for name in step.forward:
-        seen[name] = seen.get(name, -1) + 1
-        keys.append((name, seen[name]))
+    keys = _call_keys(step)
     index = {key: i for i, key in enumerate(keys)}
     own = [0.0] * n
     for name, call, grads in zip(step.backward, step.backward_calls, step.grad_outputs):
@@ -834,12 +840,7 @@ def _param_floors(
     noise of the gradients downstream), marked as not tight: a check passing on it only runs
     the references (`_judge`)."""
     n = len(step.forward)
-    calls: list[tuple[str, int]] = []
-    seen: dict[str, int] = {}
-    for name in step.forward:
-        seen[name] = seen.get(name, -1) + 1
-        calls.append((name, seen[name]))
-    index = {call: i for i, call in enumerate(calls)}
+    index = {call: i for i, call in enumerate(_call_keys(step))}
     # per module, per call: (its output gradient's shape, the loose floor's term, the sums
     # `_inherited` found or None, (its largest input or 1, the spread of its terms))
     sizes: dict[str, list[tuple[tuple[int, ...], float, Sums | None, tuple[float, float]]]] = {}
