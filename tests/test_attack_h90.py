@@ -44,6 +44,8 @@ registrations.
 from __future__ import annotations
 
 import subprocess
+import sys
+import threading
 
 import pytest
 from children import last_value, run_code
@@ -605,3 +607,32 @@ print(state + [got, errs])
 
 def test_ctrl_c_in_the_wait_for_dynamos_loop_held() -> None:
     assert _run(_INTERRUPTED_WAIT, timeout=90) == ["interrupted", True, True, [True], []]
+
+
+def test_threads_waiting_for_dynamos_loops_share_their_first_seen_times() -> None:
+    # Two threads changing hooks read and change `_first_seen` together: a loop over it while
+    # the other popped a key failed a registration beside compiled calls ("dictionary changed
+    # size during iteration", CI on 59b67ae, this file's churn test).
+    from unihook_torch import _compile
+
+    errors: list[str] = []
+
+    def wait(base: int) -> None:
+        try:
+            for i in range(30000):
+                _compile._waited_for({base + i % 50, base + (i * 7) % 50}, _compile._first_seen)
+        except Exception as error:
+            errors.append(repr(error))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=wait, args=(k * 1000,)) for k in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+        _compile._first_seen.clear()
+    assert errors == []

@@ -735,15 +735,20 @@ def _waited_for(running: set[Any], seen: dict[Any, float]) -> bool:
     less than `_WAIT` seconds (`seen`: when each still running was first seen). A longer one
     (a compile, inductor's) is waited for once, by every change together: a thread registering
     hooks on modules that compile never read waited a second per hook (helper-101's FINDING
-    1)."""
-    for key in [key for key in seen if key not in running]:
-        seen.pop(key, None)  # (ended)
-    now = time.monotonic()
-    return any(now - seen.setdefault(key, now) < _WAIT for key in running)
+    1). Threads changing hooks share `_first_seen`: read and changed under `_seen_lock` (a
+    loop over it while another thread popped a key failed a registration with "dictionary
+    changed size during iteration": CI on 59b67ae)."""
+    with _seen_lock:
+        for key in [key for key in tuple(seen) if key not in running]:
+            seen.pop(key, None)  # (ended)
+        now = time.monotonic()
+        return any(now - seen.setdefault(key, now) < _WAIT for key in running)
 
 
 # when `hooks_changeable` first saw each frame it waits for that is still running, by id
 _first_seen: dict[Any, float] = {}
+# (reentrant: a finalizer run under it may change a hook; nothing else is asked for under it)
+_seen_lock = threading.RLock()
 
 
 # the longest a hook change waits for another thread to leave dynamo's loop over hook dicts
