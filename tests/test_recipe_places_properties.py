@@ -3,7 +3,8 @@ hooks, whose dispatchers unihook pins last in the same dicts) and removed
 between the forwards of a model watched by ActivationStats / GradientMonitor: `every=N`
 records in forwards 0, N, 2N... what `every=1` records there (the recipe's hooks placed anew
 go back to their places: helper-126's FINDING 3). The modules keep a hook registered before
-the recipe (with none left, a hook prepended since goes after the recipe's: README)."""
+the recipe, or all hooks go through unihook (with none left, a hook the framework's own
+registration prepended since goes after the recipe's: README)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,14 @@ def _framework(name: str) -> Any:
     return nn.Sequential(nn.Linear(3, 3), nn.Tanh()), framework.randn([2, 3])
 
 
-def _run(name: str, every: int, ops: list[Any], recipe: type) -> list[dict[str, float]]:
+def _run(
+    name: str, every: int, ops: list[Any], recipe: type, anchored: bool = True
+) -> list[dict[str, float]]:
+    """`anchored`: each module keeps `_KEPT` hooks registered before the recipe; else none,
+    and every hook goes through unihook (which notes the prepended ones)."""
     model, x = _framework(name)
     removers: list[Callable[[], Any]] = []
+    kept = _KEPT if anchored else 0
 
     def add(how: str, prepend: bool, at: int, factor: int) -> None:
         module = model[at] if at < 2 else model
@@ -54,13 +60,14 @@ def _run(name: str, every: int, ops: list[Any], recipe: type) -> list[dict[str, 
         else:
             removers.append(module.register_forward_post_hook(hook).remove)
 
-    add("native", False, 1, 7)
-    add("unihook", False, 0, 3)
-    add("native", False, 2, 2)
+    if anchored:
+        add("native", False, 1, 7)
+        add("unihook", False, 0, 3)
+        add("native", False, 2, 2)
     watching = recipe(model, every=every)
     for what, how, prepend, at, factor, pick in ops:
         if what == "add":
-            add(how, prepend, at, factor)
+            add(how if anchored else "unihook", prepend, at, factor)
         elif what == "backward":  # (its dispatchers pinned last in the module's hook dicts)
             module = model[at] if at < 2 else model
             removers.append(
@@ -69,8 +76,8 @@ def _run(name: str, every: int, ops: list[Any], recipe: type) -> list[dict[str, 
                     lambda m, gi, go, c=factor: tuple(None if g is None else g * c for g in gi),
                 ).remove
             )
-        elif what == "remove" and len(removers) > _KEPT:
-            removers.pop(_KEPT + pick % (len(removers) - _KEPT))()
+        elif what == "remove" and len(removers) > kept:
+            removers.pop(kept + pick % (len(removers) - kept))()
         out = model(x)
         if recipe is GradientMonitor:
             out.sum().backward()
@@ -106,6 +113,42 @@ def test_every_records_what_every_one_records(
 ) -> None:
     expected = _run(name, 1, ops, recipe)[::every]
     got = _run(name, every, ops, recipe)
+    assert [list(step) for step in got] == [list(step) for step in expected]
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(list(a.values()), list(b.values()), rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["torch", "paddle"])
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    ops=st.lists(_OPS, min_size=1, max_size=8),
+    every=st.sampled_from([2, 3]),
+    recipe=st.sampled_from([ActivationStats, GradientMonitor]),
+)
+# (helper-128's FINDING 1: a hook prepended on an off-step, on a module with no other hook)
+@example(
+    ops=[("none", "unihook", False, 0, 1, 0), ("add", "unihook", True, 1, 5, 0)]
+    + [("none", "unihook", False, 0, 1, 0)] * 2,
+    every=2,
+    recipe=ActivationStats,
+)
+# (helper-130's FINDING 2: a hook beside the recipe's removed, then one prepended)
+@example(
+    ops=[("add", "unihook", False, 1, 3, 0), ("remove", "unihook", False, 0, 1, 0)]
+    + [("add", "unihook", True, 1, 5, 0)] * 2
+    + [("none", "unihook", False, 0, 1, 0)] * 2,
+    every=2,
+    recipe=GradientMonitor,
+)
+def test_every_records_what_every_one_records_beside_hooks_unihook_prepended(
+    name: str, ops: list[Any], every: int, recipe: type
+) -> None:
+    # No hook stays beside the recipe's: the order cannot say where one registered since goes;
+    # unihook notes the ones it prepended (until 2026-12-05 the recipe's went first: a DropHook
+    # made on an off-step dropped what every=2 recorded after it, helper-128's FINDING 2)
+    expected = _run(name, 1, ops, recipe, anchored=False)[::every]
+    got = _run(name, every, ops, recipe, anchored=False)
     assert [list(step) for step in got] == [list(step) for step in expected]
     for a, b in zip(got, expected):
         np.testing.assert_allclose(list(a.values()), list(b.values()), rtol=1e-5)
@@ -201,3 +244,32 @@ def test_a_hook_dict_without_an_order_and_a_placement_cut_short(
     stats.remove()
     assert [len(model[1]._forward_hooks), len(model._forward_hooks)] == [1, 0]
     assert [len(model._forward_pre_hooks), len(model[1]._forward_pre_hooks)] == [0, 0]
+
+
+@pytest.mark.parametrize("name", ["torch", "paddle"])
+def test_a_drop_hook_made_between_recorded_forwards_is_seen_as_with_every_one(name: str) -> None:
+    # DropHook's hook goes first (prepend): made on an off-step, on a module with no other
+    # hook, the recipe's placed anew went before it (helper-128's FINDING 2: every=2 recorded
+    # the output before the drop, every=1 the dropped one)
+    from unihook.recipes import DropHook
+
+    def run(every: int) -> list[tuple[float, float]]:
+        framework = pytest.importorskip(name)
+        seed = framework.manual_seed if name == "torch" else framework.seed
+        seed(0)
+        nn = framework.nn
+        model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3))
+        x = framework.randn([16, 4])
+        with ActivationStats(model, every=every) as stats:
+            for step in range(5):
+                if step == 1:
+                    drop = DropHook(model, "0", p=0.5)
+                seed(100 + step)
+                model(x)
+            drop.remove()
+            return [(row["0"]["mean"], row["0"]["zeros"]) for row in stats.history]
+
+    expected = run(1)[::2]
+    got = run(2)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    assert got[1][1] > 0.3  # (the drop seen)

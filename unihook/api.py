@@ -15,6 +15,7 @@ from ._plugins import (
     outside_compilers,
     plugin_manager,
 )
+from ._prepended import keys_of, note_prepended
 from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
 from .handles import Handle
 from .hooktypes import (
@@ -210,7 +211,10 @@ def _register(kind: HookKind, target: object, **options: Any) -> Handle:
     # one returns, with no point between where a Ctrl-C can land). See unihook._locks.
     steps: list[Callable[[], object]] = []
     outer = getattr(registering, "steps", None)
+    # (a forward hook going first: which key it got, for the recipes' places; see _prepended)
+    at = _AT.get(kind) if options.get("prepend") else None
     try:
+        before = None if at is None else keys_of(target, at)
         registering.steps = steps
         handle: Handle | None = call_owner(
             f"unihook_register_{kind}_hook",
@@ -220,6 +224,8 @@ def _register(kind: HookKind, target: object, **options: Any) -> Handle:
         )
         if handle is None:
             raise _not_taken(kind, target, options.get("name"))
+        if before is not None and at is not None:
+            note_prepended(target, at, before)
         registering.steps = outer
         if isinstance(outer, Collecting):  # (undone with attach's, if that one is)
             outer.append(handle.remove)
@@ -228,6 +234,10 @@ def _register(kind: HookKind, target: object, **options: Any) -> Handle:
         registering.steps = outer
         undo(steps, error)
         raise
+
+
+# the forward hook dicts' index in `unihook.ops.forward_hook_dicts` by kind
+_AT = {"forward_pre": 0, "forward": 1}
 
 
 def _not_taken(kind: HookKind, target: object, name: str | None) -> Exception:

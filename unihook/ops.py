@@ -43,6 +43,7 @@ __all__ = [
     "float64_default",
     "forward_backward",
     "forward_hook_dicts",
+    "prepended_keys",
     "forward_raised",
     "grad_enabled",
     "grad_sync",
@@ -823,6 +824,16 @@ def forward_hook_dicts(module: Any) -> tuple[Any, Any]:
     forward, puts them back in their places there. ``(None, None)`` on a backend that does not
     say: the hooks placed anew then run after those registered since."""
     return ops_for(module).forward_hook_dicts(module)
+
+
+def prepended_keys(module: Any, at: int) -> frozenset[int]:
+    """The keys in `module`'s forward pre-hook (`at` 0) or forward hook (1) dict (see
+    `forward_hook_dicts`) of the hooks unihook registered there with ``prepend=True``: placed
+    anew, a recipe's hooks go after them wherever the dict's order cannot say (a hook the
+    framework's own registration prepended cannot be told from one appended there)."""
+    from ._prepended import prepended
+
+    return prepended(module, at)
 
 
 def is_leaf(t: Any) -> bool:

@@ -19,13 +19,13 @@ __all__ = ["Places"]
 _Slot = tuple[str, int]
 
 
-def _dicts(model: Any) -> dict[_Slot, Any]:
-    """The forward hook dicts of `model`'s modules, by slot."""
-    found: dict[_Slot, Any] = {}
+def _dicts(model: Any) -> dict[_Slot, tuple[Any, Any]]:
+    """The forward hook dicts of `model`'s modules, with their module, by slot."""
+    found: dict[_Slot, tuple[Any, Any]] = {}
     for name, module in ops.named_modules(model):
         for at, hooks in enumerate(ops.forward_hook_dicts(module)):
             if hooks is not None:
-                found[(name, at)] = hooks
+                found[(name, at)] = (module, hooks)
     return found
 
 
@@ -52,7 +52,7 @@ class Places:
         the same order each time, its n-th key in a dict takes the place of the n-th one left.
         (A key another thread registers meanwhile is taken for the recipe's: the counts then
         differ, and that dict's new keys stay last this time only.)"""
-        before = {slot: set(hooks) for slot, hooks in _dicts(model).items()}
+        before = {slot: set(hooks) for slot, (_, hooks) in _dicts(model).items()}
         built = build()
         try:
             self._put_back_all(model, before)
@@ -66,7 +66,7 @@ class Places:
     def _put_back_all(self, model: Any, before: dict[_Slot, set[int]]) -> None:
         held: dict[_Slot, tuple[int, ...]] = {}
         kept: dict[_Slot, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        for slot, hooks in _dicts(model).items():
+        for slot, (module, hooks) in _dicts(model).items():
             known = before.get(slot, ())
             ours = tuple(key for key in hooks if key not in known)
             if not ours:
@@ -74,7 +74,8 @@ class Places:
             held[slot] = ours
             left = self._left.get(slot)
             if left is not None and len(left[1]) == len(ours):
-                _put_back(hooks, left[0], dict(zip(left[1], ours)))
+                first = ops.prepended_keys(module, slot[1])
+                _put_back(hooks, left[0], dict(zip(left[1], ours)), first)
             elif left is not None:
                 # another thread's key among the new ones: not put back this time, and the
                 # order left stays the place for the next time (until 2026-12-04 the order
@@ -89,18 +90,22 @@ class Places:
         dicts = _dicts(model)
         left = {}
         for slot, ours in self._held.items():
-            hooks = dicts.get(slot)
+            found = dicts.get(slot)
             if slot in self._kept:
                 left[slot] = self._kept[slot]
-            elif hooks is not None:
-                left[slot] = (tuple(hooks), ours)
+            elif found is not None:
+                left[slot] = (tuple(found[1]), ours)
         self._held, self._left, self._kept = {}, left, {}
 
 
-def _put_back(hooks: Any, order: tuple[int, ...], renamed: dict[int, int]) -> None:
+def _put_back(
+    hooks: Any, order: tuple[int, ...], renamed: dict[int, int], first: frozenset[int]
+) -> None:
     """Move the new keys (`renamed`: old key -> new) of `hooks` where the old ones were in
     `order`: after the nearest key before it still there, else before the nearest one after
-    it (keys registered since came first, or last), else first."""
+    it (keys registered since came first, or last), else first, after the hooks registered
+    since with prepend (`first`: through unihook; the framework's own registration is not
+    told from an append, and goes after them)."""
     new = set(renamed.values())
     target = [key for key in hooks if key not in new]
     # (unihook's backward dispatchers, pinned last: keys registered since went before them,
@@ -109,7 +114,7 @@ def _put_back(hooks: Any, order: tuple[int, ...], renamed: dict[int, int]) -> No
     for at, old in enumerate(order):
         key = renamed.get(old)
         if key is not None:
-            target.insert(_spot(order, at, target, renamed, pinned), key)
+            target.insert(_spot(order, at, target, renamed, pinned, first), key)
     if target != list(hooks) and hasattr(hooks, "move_to_end"):
         # (a library's dict without an order to change stays as it is: until 2026-12-04 an
         # AttributeError in the model's forward, helper-128's FINDING 9)
@@ -118,7 +123,12 @@ def _put_back(hooks: Any, order: tuple[int, ...], renamed: dict[int, int]) -> No
 
 
 def _spot(
-    order: tuple[int, ...], at: int, target: list[int], renamed: dict[int, int], pinned: set[int]
+    order: tuple[int, ...],
+    at: int,
+    target: list[int],
+    renamed: dict[int, int],
+    pinned: set[int],
+    first: frozenset[int],
 ) -> int:
     for key in reversed(order[:at]):
         key = renamed.get(key, key)
@@ -127,4 +137,7 @@ def _spot(
     for key in order[at + 1 :]:
         if key not in renamed and key not in pinned and key in target:
             return target.index(key)
-    return 0
+    spot = 0
+    while spot < len(target) and target[spot] in first:
+        spot += 1
+    return spot
