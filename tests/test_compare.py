@@ -1564,16 +1564,41 @@ def _close_tokens(seed: int) -> np.ndarray:
     return (rs.randn(4, 1, 8) + 1e-3 * rs.randn(4, 6, 8)).astype(np.float32)
 
 
+class _TorchShift(nn.Module):
+    """(x + 1e4) - 1e4: x in exact arithmetic, float32's rounding of 1e4 (~1e-3) in it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x + 1e4) - 1e4
+
+
+class _PaddleShift(pnn.Layer):
+    """The same function, rounded on another grid: (x + 3e4) - 3e4."""
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return (x + 3e4) - 3e4
+
+
+def _shift_pair() -> tuple[nn.Module, pnn.Layer]:
+    """A correct port only the float64 references tell from a wrong one: each model's module
+    amplifies the rounding of its inputs a thousandfold, each its own way."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), _TorchShift(), nn.Linear(8, 3))
+    twin = pnn.Sequential(pnn.Linear(4, 8), _PaddleShift(), pnn.Linear(8, 3))
+    copy_weights(model, twin)
+    return model, twin
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_reference_excuses_rounding_the_model_amplifies(seed: int) -> None:
-    # Nearly equal tokens: q's and k's gradients cancel to zero in exact arithmetic, and no
-    # module links them to the softmax's gradient, so the noise floors alone name one of them
-    # (README, "Limits of the noise floors"). The float64 run of model a shows that b is as
-    # close to the exact values as a is: a correct port, in both directions.
+    # Nearly equal tokens: q's and k's gradients cancel to zero in exact arithmetic (at the
+    # softmax, a function of the attention's forward): measured against what reaches the
+    # attention's output, they pass on that floor (until 2026-12-05 on their own size, and
+    # the floors alone named one of them), which the float64 runs verify.
     model, twin = _attention_pair(seed)
     x = _close_tokens(seed)
     without = compare(model, twin, x, reference=False)
-    assert not without.ok and without.reference == "off (reference=False)"
+    assert without.ok, str(without)
+    assert "checks passing on a noise floor only, not verified" in without.reference
     for report in _both_ways(model, twin, x):
         assert report.ok, str(report)
         assert report.reference == "float64 copies of both models"
@@ -1582,17 +1607,29 @@ def test_reference_excuses_rounding_the_model_amplifies(seed: int) -> None:
         assert any("float64 runs" in n for n in notes), "the checks that failed say why they pass"
     # a mistake in the attention (the scores scaled by 1/d instead of 1/sqrt(d)) still fails
     model, wrong = _attention_pair(seed, scale=1 / 16)
-    report = compare(model, wrong, x)
-    assert not report.ok and (report.first_forward or report.first_backward or "").startswith("1.")
+    for reference in (True, False):
+        report = compare(model, wrong, x, reference=reference)
+        named = report.first_forward or report.first_backward or ""
+        assert not report.ok and named.startswith("1."), str(report)
+
+
+def test_reference_excuses_rounding_a_module_amplifies() -> None:
+    # (x + 1e4) - 1e4 against (x + 3e4) - 3e4: ~1e-3 apart in float32, where the floors, from
+    # the inputs' size (~1), allow 1e-5: the float64 runs show both as close to x as a is
+    model, twin = _shift_pair()
+    x = batch((3, 4))
+    assert compare(model, twin, x, reference=False).first_forward == "1"
+    for report in _both_ways(model, twin, x):
+        assert report.ok and report.reference == "float64 copies of both models", str(report)
 
 
 def test_reference_leaves_model_a_as_it_was() -> None:
     # the float64 run is a copy's: model a's parameters and the gradients its own run leaves
-    # in .grad are those of a comparison without it (the attention pair needs the reference)
+    # in .grad are those of a comparison without it (the shift pair needs the reference)
     found = []
     for reference in (False, True):
-        model, twin = _attention_pair(0)
-        report = compare(model, twin, _close_tokens(0), reference=reference)
+        model, twin = _shift_pair()
+        report = compare(model, twin, batch((3, 4)), reference=reference)
         assert report.ok == reference, str(report)
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         grads = [p.grad.detach().clone() for p in model.parameters()]
@@ -1694,8 +1731,8 @@ def test_reference_not_with_optimizers() -> None:
 
 
 def test_reference_goes_with_a_dump(tmp_path: Path) -> None:
-    model, twin = _attention_pair(0)
-    x = _close_tokens(0)
+    model, twin = _shift_pair()
+    x = batch((3, 4))
     dump(model, x, tmp_path / "a.npz")
     dump(twin, x, tmp_path / "b.npz")
     dump(twin, x, tmp_path / "b0.npz", reference=False)
@@ -1709,8 +1746,8 @@ def test_reference_goes_with_a_dump(tmp_path: Path) -> None:
 
 
 def test_dumped_reference_damaged_is_left_out(tmp_path: Path) -> None:
-    model, twin = _attention_pair(0)
-    x = _close_tokens(0)
+    model, twin = _shift_pair()
+    x = batch((3, 4))
     dump(model, x, tmp_path / "a.npz")
     dump(twin, x, tmp_path / "b.npz")
     with np.load(tmp_path / "b.npz") as data:

@@ -407,3 +407,31 @@ def test_a_wrong_weight_gradient_is_named_behind_a_difference_downstream(
         assert report.first_parameter is None, str(report)
     else:
         assert report.first_parameter == "2.weight", str(report)
+        # its floor (what the difference downstream can explain) is above its own size: the
+        # note says so and gives the error against its own max too (helper-134's FINDING 1)
+        (note,) = [r.diff.note for r in report.params if r.name_a == "2.weight" and r.diff.failed]
+        assert " of its floor " in note, note
+        own = float(note.split(" of its floor ")[1].split(" (")[1].split(" of its max")[0])
+        assert own > 0.05, note
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.05])
+def test_outputs_of_a_small_physical_scale_are_measured_against_their_size(factor: float) -> None:
+    # Inputs ~1e-9 (lengths in metres at the nanoscale): until 2026-12-05 the absolute
+    # tolerance (1e-10) was a tenth of the outputs, and a 5% wrong one passed forward
+    # (helper-129's FINDING 9); it only keeps all-zero tensors from failing on denormals now.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8, bias=False), nn.Tanh(), nn.Linear(8, 4, bias=False))
+    twin = pnn.Sequential(
+        pnn.Linear(8, 8, bias_attr=False), pnn.Tanh(), pnn.Linear(8, 4, bias_attr=False)
+    )
+    model.double()
+    twin.to(dtype="float64")
+    copy_weights(model, twin)
+    twin[2].weight.set_value(twin[2].weight.numpy() * factor)
+    x = 1e-9 * np.random.RandomState(0).randn(16, 8)
+    report = compare(model, twin, x)
+    if factor == 1.0:
+        assert report.ok, str(report)
+    else:
+        assert report.first_forward == "2", str(report)

@@ -70,8 +70,9 @@ NOISE_NOTE_REF = "float32 rounding: the float64 runs of both models agree"
 # of 0 flipped in one framework (1 element; about one seed in five on the train-mode nets),
 # which no tolerance separates from a bug. A wrong port is off by 1.4e-4 (tanh-approximated
 # GELU) to 1 (a transposed weight). ATOL only keeps all-zero tensors from failing on denormal
-# noise.
-ATOL = 1e-10
+# noise (float32's are below 1.2e-38; until 2026-12-05 1e-10, which let a 5% error pass on
+# outputs of size 1e-9: helper-129's FINDING 9).
+ATOL = 1e-37
 RTOL = 1e-4
 # A module's output is measured against a tenth of the largest value reaching it as well as
 # its own max: an output that cancels to zero in exact arithmetic (an average after a
@@ -146,15 +147,20 @@ def _diff(a: Arrays, b: Arrays, atol: float, rtol: float, scale: float = 0.0) ->
         if x.shape != y.shape:
             out.add(Diff(np.inf, np.inf, True, f"shape {list(x.shape)} vs {list(y.shape)}"))
             continue
-        worst, ref = _gap(x, y)
-        ref = max(ref, scale)
+        worst, own = _gap(x, y)
+        ref = max(own, scale)
         rel = worst / ref if ref > 0 else (0.0 if worst == 0 else np.inf)
         limit = atol + rtol * ref
         note = ""
         if worst > limit:  # a few elements only: often a kink (ReLU, max) flipped by rounding
             with np.errstate(invalid="ignore"):  # (inf - inf: NaN, counted as failing)
                 bad = int(np.count_nonzero(~(np.abs(x.astype(np.float64) - y) <= limit)))
-            note = f"max abs {worst:.1e}, rel {rel:.1e} in {bad} of {x.size} elements"
+            # (`rel` is of the floor where that is larger: said, with the tensor's own, which
+            # until 2026-12-05 went unsaid, a 2x wrong gradient printed as rel 2e-4: helper-134)
+            of = (
+                f" of its floor {ref:.1e} ({worst / own:.1e} of its max)" if scale > own > 0 else ""
+            )
+            note = f"max abs {worst:.1e}, rel {rel:.1e}{of} in {bad} of {x.size} elements"
             if x.size >= 100 and bad <= max(4, x.size // 500):
                 note += f" ({KINK_NOTE})"
         out.add(Diff(worst, rel, worst > limit, note))
@@ -602,6 +608,18 @@ def _grad_floors(trace: Trace, step: Step, cap: float = math.inf) -> dict[tuple[
         for j in found:
             if j < i:
                 consumers[j].append(i)
+    # A call whose output no module takes (a function of the parent's forward does: attention's
+    # query and key, through a matmul) reaches its parent's output: the parent's call that
+    # ends next (until 2026-12-05 its own size: their gradients, cancelling at the softmax,
+    # failed against their own noise where an absolute tolerance of 1e-10 did not hide it)
+    parent_next: dict[str, int] = {}
+    for i in reversed(range(n)):
+        name = step.forward[i]
+        if not consumers[i] and name:
+            parent = parent_next.get(name.rpartition(".")[0])
+            if parent is not None:
+                consumers[i].append(parent)
+        parent_next[name] = i
     # `reach`: the largest gradient downstream; a module's floor is its own gradient's scale,
     # or a share of what reaches it when that is larger (a gradient that cancels is noise of
     # its consumers' size, but a genuinely small one, behind a LayerScale, is its own scale)
