@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import paddle
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from models_ref import ARCHS, build
 
-from unihook import HookArgumentError, ops
+from unihook import HookArgumentError, HookTargetError, ops
 from unihook.conformance import kit
 from unihook.recipes import ActivationStats, DropHook, GradCAM, GradientMonitor
 from unihook.recipes.cam import _resize_bilinear
@@ -551,3 +551,27 @@ def test_cpu_reductions_of_strided_complex_arrays(layout: Any) -> None:
         ((parts - parts.mean()) ** 2).sum()
     )
     assert ops.cpu_sum_squares(a) == pytest.approx(float((parts**2).sum()))
+
+
+@pytest.mark.parametrize(
+    ("make", "received"),
+    [
+        (lambda x: (x * 10).long(), "dtype torch.int64"),
+        (lambda x: x > 0, "dtype torch.bool"),
+        (lambda x: torch.complex(x, x), "dtype torch.complex64"),
+        (lambda x: x.to_sparse(), "a sparse tensor"),
+    ],
+)
+@pytest.mark.parametrize("mode", ["dropout", "dropblock"])
+def test_drop_hook_on_an_output_it_cannot_drop_names_the_module(
+    make: Callable[[torch.Tensor], torch.Tensor], received: str, mode: str
+) -> None:
+    # (helper-135's FINDING 2: torch's own error, naming no module)
+    class Head(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return make(x)
+
+    model = torch.nn.Sequential(torch.nn.Identity(), Head())
+    with DropHook(model, "1", 0.3, mode=mode):
+        with pytest.raises(HookTargetError, match=f"module '1' .*Received: {received}"):
+            model(torch.randn(2, 3, 4, 4))

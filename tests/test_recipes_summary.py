@@ -104,3 +104,7 @@ def test_legacy_paddle_batch_norm_statistics_are_not_parameters() -> None:
     assert ours.total_params == theirs.total_params == 120
     assert ours.trainable_params == 120 and ours.rows[2].params == 8
     assert ours.rows[2].trainable == "yes"
+    # named as torch's class for its input's rank: the twins' tables are the same text
+    assert str(ours) == str(theirs)
+    flat = summary(paddle.nn.Sequential(paddle.nn.BatchNorm(4)), paddle.ones([2, 4]))
+    assert flat.rows[1].type == "BatchNorm1d"

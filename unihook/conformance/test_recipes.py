@@ -676,8 +676,17 @@ def test_drop_hook_arguments(backend: Any) -> None:
         assert 0.25 < dropped < 0.35, (targets, dropped)
     # DropBlock takes NCHW outputs: another rank is said plainly
     with DropHook(seq, "0", 0.3, mode="dropblock"):
-        with pytest.raises(HookArgumentError, match="expected a tensor of 4 dimensions"):
+        with pytest.raises(
+            HookArgumentError, match="on module '0' .*: expected the module to return a tensor of 4"
+        ):
             seq(backend.tensor(np.ones((2, 3, 8), "float32")))
+    # an integer output: said naming the module (helper-135's FINDING 2: the framework's
+    # error, naming none)
+    same = backend.module(lambda self, x: x + 0)
+    backend.set_training(same, True)
+    with DropHook(same, "", 0.3):
+        with pytest.raises(HookTargetError, match=r"on module '' .*a floating-point tensor"):
+            same(backend.tensor(np.ones((2, 3)), dtype="int32"))
     # a module returning a tuple (an LSTM, an attention layer): which tensor to drop is not
     # known; said naming the module, as a TypeError (torch's dropout on a tuple), not a bare
     # NoBackendError (helper-129's FINDING 4)

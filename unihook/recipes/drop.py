@@ -8,7 +8,6 @@ from typing import Any, Mapping
 from unihook import (
     HookArgumentError,
     HookTargetError,
-    NoBackendError,
     backend_of,
     ops,
     register_forward_hook,
@@ -99,26 +98,49 @@ class DropHook(Recipe):
 
 
 def _dropout(name: str, p: float, module: Any, args: Any, output: Any) -> Any:
-    try:
-        return ops.dropout(output, p, training=True)
-    except NoBackendError:
-        raise _not_a_tensor("dropout", name, module, output) from None
+    _check("dropout", name, module, output)
+    return ops.dropout(output, p, training=True)
 
 
 def _drop_block(name: str, p: float, block_size: int, module: Any, args: Any, output: Any) -> Any:
+    _check("dropblock", name, module, output)
+    return ops.drop_block(output, p, block_size, training=True)
+
+
+def _check(mode: str, name: str, module: Any, output: Any) -> None:
+    """What the drop needs of the module's output: a tensor (not a tuple or a dict: which of
+    their tensors to drop is not known), of a real floating dtype, dense, and NCHW for
+    DropBlock. Until 2026-12-05 an integer, complex or sparse output, or DropBlock's on a
+    tensor of another rank, raised the framework's error naming no module (helper-135's
+    FINDING 2)."""
     if not ops.is_tensor(output):
-        raise _not_a_tensor("dropblock", name, module, output)
-    return ops.drop_block(output, p, block_size, training=True)  # (it checks NCHW's rank)
+        raise _wrong_output(mode, name, module, "a tensor", type(output).__name__)
+    dtype = str(getattr(output, "dtype", ""))
+    # (the frameworks' dtype names: torch.float32, paddle.bfloat16, MindSpore's Float16)
+    if "float" not in dtype.lower():
+        raise _wrong_output(mode, name, module, "a floating-point tensor", f"dtype {dtype}")
+    sparse = getattr(output, "is_sparse", False)  # (torch: a property, paddle: a method)
+    if sparse() if callable(sparse) else sparse:
+        raise _wrong_output(mode, name, module, "a dense tensor", "a sparse tensor")
+    shape = tuple(getattr(output, "shape", ()))
+    if mode == "dropblock" and len(shape) != 4:
+        # (a HookArgumentError, as `ops.drop_block`'s, which said no module)
+        expected = "a tensor of 4 dimensions (N, C, H, W)"
+        raise _wrong_output(mode, name, module, expected, f"shape {shape}", HookArgumentError)
 
 
-def _not_a_tensor(mode: str, name: str, module: Any, output: Any) -> HookTargetError:
-    """A target returning a tuple, a dict (an LSTM, an attention layer): which of its tensors
-    to drop is not known (torch's dropout on a tuple: TypeError)."""
-    return HookTargetError(
+def _wrong_output(
+    mode: str,
+    name: str,
+    module: Any,
+    expected: str,
+    received: str,
+    error: type[HookTargetError | HookArgumentError] = HookTargetError,
+) -> Exception:
+    return error(
         f"DropHook(mode={mode!r}) on module {name!r} ({type(module).__name__}, backend "
-        f"{backend_of(module)}): "
-        f"expected the module to return a tensor. Received: {type(output).__name__}. Target "
-        "the module that takes that output, or a submodule returning a tensor"
+        f"{backend_of(module)}): expected the module to return {expected}. Received: "
+        f"{received}. Target the module that takes that output, or a submodule returning one"
     )
 
 
