@@ -111,8 +111,13 @@ def _run(
 def test_every_records_what_every_one_records(
     name: str, ops: list[Any], every: int, recipe: type
 ) -> None:
-    expected = _run(name, 1, ops, recipe)[::every]
-    got = _run(name, every, ops, recipe)
+    _records_alike(name, ops, every, recipe, anchored=True)
+
+
+def _records_alike(name: str, ops: list[Any], every: int, recipe: type, anchored: bool) -> None:
+    """`every`'s rows are `every=1`'s rows 0, N, 2N...: the same modules, the same values."""
+    expected = _run(name, 1, ops, recipe, anchored)[::every]
+    got = _run(name, every, ops, recipe, anchored)
     assert [list(step) for step in got] == [list(step) for step in expected]
     for a, b in zip(got, expected):
         np.testing.assert_allclose(list(a.values()), list(b.values()), rtol=1e-5)
@@ -147,11 +152,7 @@ def test_every_records_what_every_one_records_beside_hooks_unihook_prepended(
     # No hook stays beside the recipe's: the order cannot say where one registered since goes;
     # unihook notes the ones it prepended (until 2026-12-05 the recipe's went first: a DropHook
     # made on an off-step dropped what every=2 recorded after it, helper-128's FINDING 2)
-    expected = _run(name, 1, ops, recipe, anchored=False)[::every]
-    got = _run(name, every, ops, recipe, anchored=False)
-    assert [list(step) for step in got] == [list(step) for step in expected]
-    for a, b in zip(got, expected):
-        np.testing.assert_allclose(list(a.values()), list(b.values()), rtol=1e-5)
+    _records_alike(name, ops, every, recipe, anchored=False)
 
 
 def test_a_key_another_thread_registers_during_a_placement_costs_that_time_only(
