@@ -28,9 +28,11 @@ def keys_of(module: Any, at: int) -> frozenset[int]:
 
     try:
         hooks = ops.forward_hook_dicts(module)[at]
-    except (LookupError, TypeError, NotImplementedError):
+        # (RuntimeError: another thread changed the dict while it was read; the key is then
+        # not noted, and the recipes' places take the hook for one appended)
+        return frozenset() if hooks is None else frozenset(hooks)
+    except (LookupError, TypeError, NotImplementedError, RuntimeError):
         return frozenset()
-    return frozenset() if hooks is None else frozenset(hooks)
 
 
 def note_prepended(module: Any, at: int, before: frozenset[int]) -> None:
