@@ -76,6 +76,7 @@ class Trace:
     backward: bool = True  # whether the run had a backward
     # parameters whose .grad was nonzero before a run with an optimizer (it consumed it too)
     stale: list[str] = field(default_factory=list)
+    optimized: bool = False  # whether an optimizer stepped after each backward
     # a dump's float64 run of the same model (`compare`'s reference), or why there is none
     reference: Trace | None = None
     reference_note: str = "none: not dumped"
@@ -395,6 +396,7 @@ class Runner:
             [(e.name, e.native, e.shape) for e in self.params],
             [e.read() for e in self.params],
             backward=backward,
+            optimized=optimizer is not None,
         )
         if optimizer is not None and backward:
             self.trace.stale = self.stale()
@@ -516,6 +518,7 @@ def _meta(trace: Trace, arrays: dict[str, Any]) -> dict[str, Any]:
         "initial": keys(trace.initial),
         "backward": trace.backward,
         "stale": trace.stale,
+        "optimized": trace.optimized,
         "steps": steps,
     }
 
@@ -573,6 +576,7 @@ def _trace(meta: dict[str, Any], data: Any) -> Trace:
         values(meta["initial"]),
         backward=bool(meta.get("backward", True)),
         stale=list(meta.get("stale", [])),
+        optimized=bool(meta.get("optimized", False)),
     )
     for record in meta["steps"]:
         step = Step(record["forward"], backward=record["backward"])

@@ -37,7 +37,7 @@ from ._trace import (
     save,
     widen,
 )
-from ._weights import copy_weights, match
+from ._weights import copy_weights, entries, match
 
 __all__ = ["ATOL", "RTOL", "Report", "compare", "compare_dumps", "copy_weights", "dump"]
 
@@ -247,12 +247,19 @@ def _judge(
     leaned = own.failed and not diff.failed
     report._leaned += leaned
     if exact is None:
+        if leaned:
+            report._unverified.append(diff)
         return diff
     if not leaned:
         return _as_rounding(
             diff, a, b, exact, _diff(*exact, atol, rtol, floor_r), atol, rtol, floor
         )
-    narrow = _precision_ratio(a) * floor_r
+    # float64's share of the noise reaching the module, as the float32 run measures it (the
+    # float64 runs' own floors drop an offset their rounding still carries: x - mean over
+    # values of ~1e3 is clean in float64 and leaves 1e3 * 1e-16 behind), with NOISE_FACTOR's
+    # room for what the module amplifies (a BatchNorm's 1 / sqrt(eps) on a constant input);
+    # a small value computed wrong is ~1e7 times above it
+    narrow = NOISE_FACTOR * _precision_ratio(a) * max(floor, floor_r)
     judged = _as_rounding(own, a, b, exact, _diff(*exact, atol, rtol, narrow), atol, rtol, floor)
     if judged.failed:
         judged.note += (
@@ -398,6 +405,8 @@ class Report:
     reference: str = "none"
     # whether a check passed on its noise floor only (`_judge`): the references then run
     _leaned: int = field(default=0, init=False, repr=False, compare=False)
+    # those no reference judged (by identity: `_unverified` finds their rows)
+    _unverified: list[Diff] = field(default_factory=list, init=False, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -1027,15 +1036,21 @@ def _compare_params(
                 scale, tight = _grad_floor(floors, step, i, values_a)
                 if values_r is not None:
                     scale_r, _ = _grad_floor(floors_r, step, i, values_r[0])
+            stale = [w for w, n, t in (("a", a.params[i][1], a), ("b", b.params[j][1], b))
+                     if n in t.stale]  # fmt: skip
             exact_ij = None
-            if values_r is not None and i < len(values_r[0]) and j < len(values_r[1]):
+            # (a stale gradient an optimizer steps on is in no reference: it runs none)
+            if (
+                values_r is not None
+                and not (stale and step == 0)
+                and i < len(values_r[0])
+                and j < len(values_r[1])
+            ):
                 exact_ij = ([values_r[0][i]], [values_r[1][j]])
             pair_a, pair_b = [values_a[i]], [values_b[j]]
             # (a floor from gradients both models agree on bounds the noise: no reference
             # needed for a check passing on it; one from noisier gradients downstream does not)
             diff = _judge(pair_a, pair_b, scale, exact_ij, scale_r, atol, rtol, report, tight)
-            stale = [w for w, n, t in (("a", a.params[i][1], a), ("b", b.params[j][1], b))
-                     if n in t.stale]  # fmt: skip
             if diff.failed and stale:
                 diff.note += f"; {STALE_NOTE} (in {' and '.join(stale)})"
             add(step, what, i, j, diff)
@@ -1057,15 +1072,16 @@ def _compare_params(
         # statistics, which move by ~0.1-1) against the rest: Adam's updates are ~lr.
         moved_a = [_delta(v, w) for v, w in zip(sa.updated, start_a)]
         moved_b = [_delta(v, w) for v, w in zip(sb.updated, start_b)]
-        # (the reference runs no optimizer: only a forward's running statistics move)
-        # (the references run no optimizer: only a forward's running statistics move)
+        grads_a, grads_b = sa.param_grads, sb.param_grads
+        trained = {i for i, j in pairs if _trained(grads_a, i) or _trained(grads_b, j)}
+        # The references run no optimizer: only a forward's running statistics move there,
+        # and an optimizer's update of a parameter has no reference.
         moved_r = None
         if refs is not None and exact is not None:
             moved_r = tuple(
-                [_delta(v, w) for v, w in zip(r.updated, e.initial)] for r, e in zip(refs, exact)
+                [_delta(v, w) for v, w in zip(r.updated, e.initial if r.start is None else r.start)]
+                for r, e in zip(refs, exact)
             )
-        grads_a, grads_b = sa.param_grads, sb.param_grads
-        trained = {i for i, j in pairs if _trained(grads_a, i) or _trained(grads_b, j)}
         scales = (
             _scale([v for i, v in enumerate(moved_a) if i not in trained]),
             _scale([v for i, v in enumerate(moved_a) if i in trained]),
@@ -1080,7 +1096,12 @@ def _compare_params(
             x, y = moved_a[i], moved_b[j]
             scale = max(scales[i in trained], _ulp_floor(start_a[i], rtol))
             diff = _diff([x], [y], atol, rtol, scale)
-            if moved_r is not None and i < len(moved_r[0]) and j < len(moved_r[1]):
+            if (
+                moved_r is not None
+                and not (a.optimized and i in trained)
+                and i < len(moved_r[0])
+                and j < len(moved_r[1])
+            ):
                 exact_ij = ([moved_r[0][i]], [moved_r[1][j]])
                 agreement = _diff(*exact_ij, atol, rtol, scales_r[i in trained])
                 diff = _as_rounding(diff, [x], [y], exact_ij, agreement, atol, rtol, scale)
@@ -1331,13 +1352,15 @@ def compare(
     backward adds stay in ``.grad``. Run dropout in eval mode (or with p=0): its random masks
     differ between the models.
 
-    `reference` (without `optimizers`): when a check failed, also run float64 deep copies of
-    both models (their hooks included) on the same inputs, and excuse a failed check where
-    the two float64 runs agree within the tolerance and b's float32 run is as close to its
-    float64 run as a's is (NOISE_FACTOR): the float32 rounding a model amplifies.
-    `report.reference` says whether they ran. They cost a float64 run of each model and the
-    copies' memory, only when a check failed. A model that cannot run in float64 is compared
-    without them, with a RuntimeWarning.
+    `reference`: when a check failed, also run float64 deep copies of both models (their
+    hooks included) on the same inputs, and excuse a failed check where the two float64 runs
+    agree within the tolerance and b's float32 run is as close to its float64 run as a's is
+    (NOISE_FACTOR): the float32 rounding a model amplifies. With `optimizers` they run each
+    step's forward and backward from the weights it started from (they run no optimizer).
+    `report.reference` says whether they ran, and names the checks that passed on a noise
+    floor only with no reference to judge them. They cost a float64 run of each model and
+    the copies' memory, only when a check failed. A model that cannot run in float64 is
+    compared without them, with a RuntimeWarning.
 
     Raises ValueError for a tolerance that is not a finite number >= 0, `steps` not an
     integer >= 1 (or > 1 without optimizers), a `loss` or `optimizers` of the wrong kind.
@@ -1380,8 +1403,6 @@ def compare(
     report = _report(a, b, atol, rtol, layer_map)
     if not reference:
         report.reference = "off (reference=False)"
-    elif optimizers is not None:
-        report.reference = "none: not with optimizers"
     elif report.ok and not report._leaned:
         # the references only judge failed checks and those that passed on a noise floor
         # only: there are none
@@ -1398,18 +1419,42 @@ def compare(
         if ref_a is not None and ref_b is not None:
             report = _report(a, b, atol, rtol, layer_map, (ref_a, ref_b))
         report.reference = why if ref_a is None else why_b
+        if ref_a is not None and ref_b is not None:
+            report.reference += _no_updates(a)
     _unverified(report)
     return report
 
 
+def _no_updates(trace: Trace) -> str:
+    """What the references leave out of an optimizer's run (they run no optimizer)."""
+    if not trace.optimized:
+        return ""
+    return " (each step's forward and backward, from its start: not the optimizer's updates)"
+
+
 def _unverified(report: Report) -> None:
     """Say in `report.reference` how many checks passed on a noise floor only where no
-    float64 references judged them (`_judge`): a small output computed wrong passes there."""
-    if report._leaned and not report.reference.startswith(REFERENCE_DONE):
-        report.reference += (
-            f"; checks passing on a noise floor only, not verified: {report._leaned} (a "
-            "module's output or gradient much smaller than what reaches it: README, Verdict)"
-        )
+    float64 references judged them (`_judge`), and where: a small output computed wrong
+    passes there."""
+    if not report._unverified:
+        return
+    held = {id(d) for d in report._unverified}
+    where = [
+        f"{row.name_a or '(model)'} {what} (step {row.step})"
+        for row in report.table
+        for what in ("output", "grad_output", "grad_input")
+        if id(getattr(row, what)) in held
+    ]
+    where += [f"{p.name_a} ({p.stage}, step {p.step})" for p in report.params if id(p.diff) in held]
+    shown = ", ".join(where[:UNVERIFIED_SHOWN]) + (", ..." if len(where) > UNVERIFIED_SHOWN else "")
+    report.reference += (
+        f"; checks passing on a noise floor only, not verified: {len(report._unverified)}: "
+        f"{shown} (a module's output or gradient much smaller than what reaches it: README, "
+        "Verdict)"
+    )
+
+
+UNVERIFIED_SHOWN = 4  # of the unverified checks, those `report.reference` names
 
 
 REFERENCE_DONE = "float64 copies of both models"
@@ -1434,7 +1479,7 @@ def _reference(
         # float64 by default meanwhile (tensors the forward makes: an RNN cell's state); the
         # random state is put back after
         with ops.float64_default(wide):
-            exact = run(wide, widen(inputs), loss=loss, backward=backward)
+            exact = _run_from_starts(wide, inputs, loss, backward, trace)
     except Exception as error:  # noqa: BLE001 - optional: the comparison goes on without it
         return None, _no_reference(
             f"the float64 copy of model {which} failed: {type(error).__name__}: {error}"
@@ -1449,6 +1494,32 @@ def _reference(
             f"the float64 copy of model {which} does not hold its parameters and buffers"
         )
     return exact, REFERENCE_DONE
+
+
+def _run_from_starts(
+    wide: Any, inputs: Inputs, loss: Loss | None, backward: bool, trace: Trace
+) -> Trace:
+    """The float64 copy `wide`'s run of `trace`'s steps. After an optimizer (which moved the
+    model's parameters: the copy holds where it left them) each step starts from the values
+    `trace`'s step started from, and runs no optimizer: its forward and backward are
+    references, its update is not."""
+    if not trace.optimized:
+        return run(wide, widen(inputs), loss=loss, backward=backward)
+    params = entries(wide)
+    starts = [[None if v is None else v.astype(np.float64) for v in s] for s in _starts(trace)]
+    for entry, value in zip(params, starts[0]):
+        if value is not None:
+            entry.write(value)
+    runner = Runner(wide, widen(inputs), loss=loss, backward=backward)
+    try:
+        for start in starts:
+            for entry, value in zip(runner.params, start):
+                if value is not None:
+                    entry.write(value)
+            runner.step(start)
+    finally:
+        runner.restore()
+    return runner.trace
 
 
 def _no_reference(why: str) -> str:
@@ -1491,9 +1562,9 @@ def dump(
     reference: bool = True,
 ) -> None:
     """Run `model` as `compare` would and write everything it compares to `path` (one .npz
-    file, numpy arrays and JSON: no framework is needed to read it). `reference` (without
-    `optimizer`): the float64 run `compare` makes of each model, dumped with it, which
-    `compare_dumps` uses when both files hold one."""
+    file, numpy arrays and JSON: no framework is needed to read it). `reference`: the float64
+    run `compare` makes of each model (with an `optimizer`, each step's forward and backward),
+    dumped with it, which `compare_dumps` uses when both files hold one."""
     steps = _check_steps(steps)
     if loss is not None and not callable(loss):
         raise ValueError(f"`loss` must be None or a callable. Received: loss={loss!r}")
@@ -1503,8 +1574,6 @@ def dump(
     trace = run(model, inputs, loss=loss, backward=backward, steps=steps, optimizer=optimizer)
     if not reference:
         trace.reference_note = "off (reference=False)"
-    elif optimizer is not None:
-        trace.reference_note = "none: not with optimizers"
     else:
         trace.reference, why = _reference(model, "dumped", inputs, loss, backward, trace)
         trace.reference_note = DUMPED if trace.reference is not None else why
@@ -1540,7 +1609,7 @@ def compare_dumps(
     exact = None if a.reference is None or b.reference is None else (a.reference, b.reference)
     report = _report(a, b, atol, rtol, layer_map, exact)
     if exact is not None:
-        report.reference = REFERENCE_DONE
+        report.reference = REFERENCE_DONE + _no_updates(a)
     else:
         why = a.reference_note if a.reference is None else b.reference_note
         report.reference = f"{why} (in {os.fspath(path_a if a.reference is None else path_b)!r})"
