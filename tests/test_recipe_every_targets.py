@@ -4,7 +4,8 @@ to the model after the recipe was hooked from the next placement on, with every=
 
 from __future__ import annotations
 
-from typing import Any
+import random
+from typing import Any, Callable
 
 import pytest
 
@@ -150,3 +151,93 @@ def test_a_forward_interrupted_while_the_hooks_are_placed_is_not_counted(
             backward(model(x))
         assert len(watching.history) == 4  # of 7 completed forwards: 0, 2, 4, 6
         assert all(sorted(entry) == ["", "fc"] for entry in watching.history)
+
+
+def _layers_model(framework: str) -> tuple[Any, Any, Callable[[], Any]]:
+    """(model running `layers` in order then `spare` when set, input, a new Linear)."""
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+
+        class Net(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.layers = torch.nn.ModuleList(torch.nn.Linear(3, 3) for _ in range(4))
+                self.spare: Any = None
+
+            def forward(self, x: Any) -> Any:
+                for layer in self.layers:
+                    x = torch.tanh(layer(x))
+                return x if self.spare is None else self.spare(x)
+
+        torch.manual_seed(0)
+        return Net(), torch.randn(2, 3), lambda: torch.nn.Linear(3, 3)
+    paddle = pytest.importorskip("paddle")
+
+    class Layer(paddle.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = paddle.nn.LayerList([paddle.nn.Linear(3, 3) for _ in range(4)])
+            self.spare: Any = None
+
+        def forward(self, x: Any) -> Any:
+            for layer in self.layers:
+                x = paddle.tanh(layer(x))
+            spare = getattr(self, "spare", None)
+            return x if spare is None else spare(x)
+
+    paddle.seed(0)
+    return Layer(), paddle.randn([2, 3]), lambda: paddle.nn.Linear(3, 3)
+
+
+def _restructure(model: Any, new: Callable[[], Any], rng: random.Random) -> None:
+    """One change of the model's structure between forwards: its modules swapped, moved to
+    another attribute, taken out, or a new one put in."""
+    layers = model.layers
+    change = rng.choice(["swap", "to_spare", "from_spare", "drop", "insert", "reverse"])
+    if change == "swap" and len(layers) > 1:
+        i, j = rng.sample(range(len(layers)), 2)
+        first, second = layers[i], layers[j]
+        layers[i], layers[j] = second, first
+    elif change == "to_spare" and len(layers) > 1:
+        model.spare = layers[rng.randrange(len(layers))]
+        del layers[[i for i, m in enumerate(layers) if m is model.spare][0]]
+    elif change == "from_spare" and getattr(model, "spare", None) is not None:
+        layers.insert(rng.randrange(len(layers) + 1), model.spare)
+        model.spare = None
+    elif change == "drop" and len(layers) > 1:
+        del layers[rng.randrange(len(layers))]
+    elif change == "insert":
+        layers.insert(rng.randrange(len(layers) + 1), new())
+    elif change == "reverse":
+        order = list(layers)[::-1]
+        for i, module in enumerate(order):
+            layers[i] = module
+
+
+@pytest.mark.parametrize("recipe", [ActivationStats, GradientMonitor])
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_modules_swapped_moved_or_renamed_are_filed_as_every_1_files_them(
+    framework: str, recipe: type
+) -> None:
+    # every=1's hooks stay on the modules it chose, under the names they had: every > 1's
+    # placements file each module's rows under that name too, wherever the module went
+    # (helper-135's FINDING 1: two swapped modules' rows were exchanged, a renamed one lost)
+    def value(entry: Any) -> float:
+        return round(float(entry["mean"] if isinstance(entry, dict) else entry), 5)
+
+    for seed in range(12):
+        rng = random.Random(seed)
+        changes = [rng.random() < 0.6 for _ in range(8)]
+        histories = {}
+        for every in (1, 2, 3):
+            model, x, new = _layers_model(framework)
+            change_rng = random.Random(seed + 1000)
+            with recipe(model, every=every) as watching:
+                for step, change in enumerate(changes):
+                    if change and step:
+                        _restructure(model, new, change_rng)
+                    backward(model(x))
+                history = watching.history
+            histories[every] = [{k: value(v) for k, v in e.items()} for e in history]
+        for every in (2, 3):
+            assert histories[every] == histories[1][::every], (seed, every, histories)

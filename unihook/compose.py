@@ -8,7 +8,7 @@ once, at attach time (``functools.partial``, no Python frame per call).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterator, Literal, Sequence, Union, overload
+from typing import Any, Callable, Iterator, Literal, Sequence, Union, cast, overload
 
 from . import api
 from ._describe import type_name
@@ -36,7 +36,7 @@ from .ops import named_modules, part
 
 __all__ = ["HookGroup", "attach", "select", "KINDS"]
 
-Where = Union[None, str, Sequence[str], Callable[[str, Any], bool]]
+Where = Union[None, str, Sequence[str], Sequence[tuple[str, Any]], Callable[[str, Any], bool]]
 
 #: The default of attach's options: an option not given is not passed on.
 _UNSET: Any = object()
@@ -92,8 +92,9 @@ def select(model: Any, where: Where = None) -> list[tuple[str, Any]]:
     """The (qualified name, module) pairs of `model` that `where` selects, model included.
 
     `where`: None (all), a glob on qualified names ("layer3.*.conv*"; the model itself is ""),
-    a list of globs, or ``callable(name, module) -> bool``. A glob that matches nothing raises
-    ValueError listing the nearest names.
+    a list of globs, ``callable(name, module) -> bool``, or (name, module) pairs, as this
+    returns them (taken as they are: the modules under those names, also one the model no
+    longer holds). A glob that matches nothing raises ValueError listing the nearest names.
     """
     return _select(model, where, "select")
 
@@ -104,6 +105,8 @@ def _label(what: str, model: Any) -> str:
 
 
 def _select(model: Any, where: Where, what: str) -> list[tuple[str, Any]]:
+    if _are_pairs(where):
+        return list(cast(Sequence[tuple[str, Any]], where))
     modules = named_modules(model)
     if where is None:
         return modules
@@ -118,11 +121,13 @@ def _select(model: Any, where: Where, what: str) -> list[tuple[str, Any]]:
         return [(n, m) for n, m in modules if chosen(n, m)]
     from fnmatch import fnmatchcase  # lazily: it imports re
 
-    patterns = [where] if isinstance(where, str) else list(where)
-    if not all(isinstance(p, str) for p in patterns):
+    given = [where] if isinstance(where, str) else list(where)
+    patterns = [p for p in given if isinstance(p, str)]
+    if len(patterns) != len(given):
         raise HookArgumentError(
             f"{_label(what, model)}: `where` must be one of {{None, a glob string, a list of "
-            f"globs, callable(name, module) -> bool}}. Received: where={api._short(where)}."
+            f"globs, callable(name, module) -> bool, (name, module) pairs}}. Received: "
+            f"where={api._short(where)}."
         )
     names = [n for n, _ in modules]
     for pattern in patterns:
@@ -136,6 +141,15 @@ def _select(model: Any, where: Where, what: str) -> list[tuple[str, Any]]:
                 f"{', '.join(repr(n) for n in near)}"
             )
     return [(n, m) for n, m in modules if any(fnmatchcase(n, p) for p in patterns)]
+
+
+def _are_pairs(where: Where) -> bool:
+    """Whether `where` is (name, module) pairs, as `select` gives them."""
+    return (
+        isinstance(where, (list, tuple))
+        and bool(where)
+        and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in where)
+    )
 
 
 # The overloads tie the hook's signature to `kind` (and to `with_kwargs`), and list the options

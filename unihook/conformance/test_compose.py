@@ -66,6 +66,26 @@ def test_where_forms(backend: Any) -> None:
     picked.remove()
 
 
+def test_where_pairs_are_taken_as_they_are(backend: Any) -> None:
+    # (name, module) pairs, as `select` gives them: the modules under those names, whatever
+    # the model holds now (how the recipes keep every=1's modules with every > 1)
+    model = net(backend)
+    pairs = unihook.select(model, "layer*.conv1")
+    first = pairs[0][1]
+    seen: list[str] = []
+    with unihook.attach(model, lambda m, a, o, *, name: seen.append(name), where=pairs) as group:
+        assert group.names == ["layer1.conv1", "layer2.conv1"]
+        model(image(backend))
+        assert seen == ["layer1.conv1", "layer2.conv1"]
+        first(image(backend))  # called on its own: its hook files it under the given name
+        assert seen[-1] == "layer1.conv1"
+    renamed = unihook.attach(model, lambda *a: None, where=[("stem", first)])
+    assert renamed.names == ["stem"]
+    renamed.remove()
+    with pytest.raises(ValueError, match=r"\(name, module\) pairs\}"):
+        unihook.attach(model, lambda *a: None, where=[("stem", first), 3])  # type: ignore[list-item]
+
+
 def test_glob_matching_nothing_lists_near_names(backend: Any) -> None:
     with pytest.raises(ValueError, match=r"matches no module.*'layer1.conv1'"):
         unihook.attach(net(backend), lambda *a: None, where="layer1.conv")

@@ -429,7 +429,7 @@ class Recipe(Removable):
         # no forward, or every one: helper-107's FINDING 1, AveragedModel.)
         copy._hooks, copy._active, copy._places = HookGroup(), HookGroup(), self._places.copy()
         where, names = copy.__dict__.get("_where"), copy.__dict__.get("_names")
-        if callable(where) and names and not isinstance(where, Chosen):
+        if callable(where) and names:
             # a predicate may pick the original's modules (`module is model[0]`), which a deep
             # copy keeps as they are: the copy's builder takes the names it picked (helper-115)
             copy.__dict__["_where"] = [_escape(name) for name in names]
@@ -999,25 +999,41 @@ def where_of(model: Any, where: Any) -> Where:
 
 
 class Chosen:
-    """A recipe's `where` once its first placement chose the modules: those modules (and,
-    in a copy, which has other modules, their qualified names). `every` > 1 places the hooks
-    anew for each recorded forward, on the modules `every=1`'s hooks, placed once, stay on:
-    a module added to the model since is not hooked, one taken out and put back is (until
-    2026-12-04 a later placement hooked an added module, and a module missing at one
-    placement was lost for good: helper-128's FINDING 5, helper-135's FINDING 3)."""
+    """A recipe's `where` once its first placement chose the modules: those modules under the
+    names they had then (in a copy, which has other modules, their qualified names). `every`
+    > 1 places the hooks anew for each recorded forward, where `every=1`'s hooks, placed once,
+    stay: on those modules, filed under those names, wherever they went since (a module
+    renamed, moved, swapped with another, or taken out and put back); a module added to the
+    model since is not hooked (until 2026-12-04 a later placement hooked an added module, and
+    a module missing at one placement was lost for good: helper-128's FINDING 5, helper-135's
+    FINDING 3; until 2026-12-05 a module was filed under the name it had at each placement:
+    two swapped modules' rows were exchanged, helper-135's FINDING 1)."""
 
     def __init__(self, chosen: Sequence[tuple[str, Any]]) -> None:
         self.names = frozenset(name for name, _ in chosen)
-        self._modules: weakref.WeakSet[Any] | None = weakref.WeakSet()
+        self._modules: weakref.WeakKeyDictionary[Any, str] | None = weakref.WeakKeyDictionary()
         try:
-            self._modules.update(module for _, module in chosen)
+            for name, module in chosen:
+                self._modules.setdefault(module, name)
         except TypeError:  # (a module that takes no weak reference: by name)
             self._modules = None
 
-    def __call__(self, name: str, module: Any) -> bool:
+    def pairs(self, model: Any) -> Sequence[tuple[str, Any]] | Callable[[str, Any], bool]:
+        """`where` for `attach` on `model`: the chosen modules, by the names they were chosen
+        under (in `model`'s order, then those it no longer holds), or by name in a copy."""
         if self._modules is None:
-            return name in self.names
-        return module in self._modules
+            return lambda name, module: name in self.names
+        chosen, found = self._modules, []
+        seen: set[int] = set()
+        for _, module in ops.named_modules(model):
+            # (a part's wrapper, torch.compile of a submodule since, stands for the part)
+            inner = ops.part(module)
+            first = chosen.get(module, chosen.get(inner)) if _weak(inner) else None
+            if first is not None and id(inner) not in seen:
+                seen.add(id(inner))
+                found.append((first, module))
+        found += [(n, m) for m, n in list(chosen.items()) if id(m) not in seen]
+        return found
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy (deepcopy, pickle) has other modules: it chooses by name
@@ -1025,6 +1041,15 @@ class Chosen:
 
     def __repr__(self) -> str:
         return f"Chosen({sorted(self.names)!r})"
+
+
+def _weak(module: Any) -> bool:
+    """Whether `module` takes a weak reference (a WeakKeyDictionary's key)."""
+    try:
+        weakref.ref(module)
+    except TypeError:
+        return False
+    return True
 
 
 def _escape(name: str) -> str:

@@ -311,7 +311,8 @@ class GradientMonitor(Synced):
         """The hooks of a recorded forward (`_schedule`)."""
         if not isinstance(self._where, Chosen):  # (the first placement chooses)
             self._where = Chosen(select(self._inner, self._where))
-        model, inner, where, own = self._model, self._inner, self._where, self._own
+        model, inner, own = self._model, self._inner, self._own
+        where = self._where.pairs(inner)  # (walked once for the hooks below)
         group.add("", register_forward_pre_hook(model, own(self._new_step), with_kwargs=True))
         attached = attach(inner, own(self._record), where=where)
         group.extend(attached)  # (first: a Ctrl-C in `names` left them, helper-103's F5)

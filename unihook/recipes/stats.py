@@ -167,7 +167,8 @@ class ActivationStats(Synced):
         """The hooks of a recorded forward (`_schedule`)."""
         if not isinstance(self._where, Chosen):  # (the first placement chooses)
             self._where = Chosen(select(self._inner, self._where))
-        model, inner, where, own = self._model, self._inner, self._where, self._own
+        model, inner, own = self._model, self._inner, self._own
+        where = self._where.pairs(inner)  # (walked once for the hooks below)
         # A pre-hook fixes each module's place at its first call: rows come in call order (a
         # container before its children), not in order of completion.
         group.add("", register_forward_pre_hook(model, own(self._open), with_kwargs=True))
