@@ -1030,7 +1030,7 @@ class Chosen:
             inner = ops.part(module)
             first = chosen.get(module, chosen.get(inner)) if _weak(inner) else None
             if first is not None and id(inner) not in seen:
-                seen.add(id(inner))
+                seen.update((id(inner), id(module)))
                 found.append((first, module))
         found += [(n, m) for m, n in list(chosen.items()) if id(m) not in seen]
         return found
