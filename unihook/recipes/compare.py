@@ -206,6 +206,15 @@ def _as_rounding(
         # element by element either: where a cancels to exact zeros, b's rounding lands
         # elsewhere than a's (attention's q and k gradients on nearly equal tokens).
         limit = atol + rtol * max(_magnitude(x), scale)
+        # Where a's float32 run cancelled to an exact zero its float64 run does not hold, a's
+        # error is that value's size, no measure of its rounding: b's errors there are held to
+        # a's largest, and the distributions compare the other values (with optimizers, q's
+        # gradient held exact zeros in more than half its values in 1 of 150 generated ports)
+        cancelled = (x == 0) & (ra != 0)
+        if cancelled.any() and not cancelled.all():
+            if float(error_b[cancelled].max()) > NOISE_FACTOR * float(error_a.max()) + limit:
+                return diff
+            error_a, error_b = error_a[~cancelled], error_b[~cancelled]
         quantiles_a = np.quantile(error_a, NOISE_QUANTILES)
         quantiles_b = np.quantile(error_b, NOISE_QUANTILES)
         if not bool(np.all(quantiles_b <= NOISE_FACTOR * quantiles_a + limit)):
