@@ -1,4 +1,4 @@
-"""The forward (pre-)hooks registered through unihook with ``prepend=True``, by module.
+"""The forward (pre-)hooks registered through unihook with ``prepend=True``, by their keys.
 
 A recipe with `every` > 1 removes its hooks between recorded forwards and puts them back in
 their places (``recipes._places``). Where no hook that stood beside them is left, the dict's
@@ -6,51 +6,78 @@ order cannot say whether a hook registered meanwhile went first (prepend) or las
 say it for the hooks unihook registered (`DropHook`'s, a user's through unihook). Until
 2026-12-05 the recipe's hooks went first, before them (helper-128's FINDINGS 1 and 2: an
 ActivationStats with every=2 recorded the output before a DropHook made on an off-step).
+
+The notes go by key (a framework draws its hooks' keys from one counter per process), with the
+dict's type, not by module: a deep copy of the model keeps its dicts' keys, and so its notes,
+and modules that compare equal keep theirs apart (until 2026-12-05 they were kept by module,
+by equality, and lost in a copy: helper-139's FINDINGS 2 and 4).
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any
 
 __all__ = ["keys_of", "prepended", "note_prepended"]
 
-# module -> the keys of its hooks registered with prepend, per dict (0: pre-hooks, 1: hooks)
-_prepended: weakref.WeakKeyDictionary[Any, tuple[frozenset[int], frozenset[int]]] = (
-    weakref.WeakKeyDictionary()
-)
+# (the dict's type, a key) -> the dict it was noted in, weakly (None: it takes no weak
+# reference); pruned of keys gone from their dicts as the notes double
+_noted: dict[tuple[type, int], weakref.ref[Any] | None] = {}
+_pruned_at = 64
+_lock = threading.Lock()
 
 
-def keys_of(module: Any, at: int) -> frozenset[int]:
-    """The keys of `module`'s forward pre-hook (`at` 0) or forward hook (1) dict now, empty
-    where the backend does not say (``Ops.forward_hook_dicts``)."""
+def _dict_of(module: Any, at: int) -> Any:
     from . import ops
 
+    return ops.forward_hook_dicts(module)[at]
+
+
+def keys_of(module: Any, at: int) -> frozenset[int] | None:
+    """The keys of `module`'s forward pre-hook (`at` 0) or forward hook (1) dict now, empty
+    where the backend does not say (``Ops.forward_hook_dicts``); None where the dict could not
+    be read (another thread changed it meanwhile: then nothing is noted)."""
     try:
-        hooks = ops.forward_hook_dicts(module)[at]
-        # (RuntimeError: another thread changed the dict while it was read; the key is then
-        # not noted, and the recipes' places take the hook for one appended)
+        hooks = _dict_of(module, at)
         return frozenset() if hooks is None else frozenset(hooks)
-    except (LookupError, TypeError, NotImplementedError, RuntimeError):
+    except (LookupError, TypeError, NotImplementedError):
         return frozenset()
+    except RuntimeError:
+        return None
 
 
-def note_prepended(module: Any, at: int, before: frozenset[int]) -> None:
-    """Note the keys `module`'s dict `at` has now and did not have `before` a registration with
-    prepend (its hook's); keys gone from the dict since are forgotten."""
+def note_prepended(module: Any, at: int, before: frozenset[int] | None) -> None:
+    """Note the keys `module`'s dict `at` has now and did not have `before` a registration
+    with prepend (its hook's); nothing where either read failed (the places then take the hook
+    for one appended, as one the framework prepended)."""
+    global _pruned_at
     now = keys_of(module, at)
-    try:
-        noted = list(_prepended.get(module, (frozenset(), frozenset())))
-        noted[at] = (noted[at] & now) | (now - before)
-        _prepended[module] = (noted[0], noted[1])
-    except TypeError:  # (a module no weak reference can point to: nothing noted)
+    if before is None or now is None or not now - before:
         return
+    hooks = _dict_of(module, at)
+    try:
+        ref: weakref.ref[Any] | None = weakref.ref(hooks)
+    except TypeError:
+        ref = None
+    with _lock:
+        for key in now - before:
+            _noted[(type(hooks), key)] = ref
+        if len(_noted) > 2 * _pruned_at:
+            for found, held in list(_noted.items()):
+                alive = None if held is None else held()
+                if held is not None and (alive is None or found[1] not in alive):
+                    del _noted[found]
+            _pruned_at = max(64, len(_noted))
 
 
 def prepended(module: Any, at: int) -> frozenset[int]:
     """The keys in `module`'s forward pre-hook (`at` 0) or forward hook (1) dict of hooks
-    unihook registered there with prepend."""
+    unihook registered with prepend (there, or in the dict it was copied from)."""
     try:
-        return _prepended.get(module, (frozenset(), frozenset()))[at]
-    except TypeError:
+        hooks = _dict_of(module, at)
+        keys = () if hooks is None else tuple(hooks)
+    except (LookupError, TypeError, NotImplementedError, RuntimeError):
         return frozenset()
+    kind = type(hooks)
+    return frozenset(key for key in keys if (kind, key) in _noted)

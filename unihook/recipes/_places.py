@@ -21,10 +21,14 @@ __all__ = ["Places"]
 _Slot = tuple[str, int]
 
 
-def _dicts(model: Any) -> dict[_Slot, tuple[Any, Any]]:
-    """The forward hook dicts of `model`'s modules, with their module, by slot."""
+# the modules a recipe's hooks may sit on, each under the name it keeps its place by
+Modules = Callable[[], "list[tuple[str, Any]]"]
+
+
+def _dicts(modules: Modules) -> dict[_Slot, tuple[Any, Any]]:
+    """The forward hook dicts of the `modules`, with their module, by slot."""
     found: dict[_Slot, tuple[Any, Any]] = {}
-    for name, module in ops.named_modules(model):
+    for name, module in modules():
         for at, hooks in enumerate(ops.forward_hook_dicts(module)):
             if hooks is not None:
                 found[(name, at)] = (module, hooks)
@@ -63,18 +67,18 @@ class Places:
         new._held, new._left, new._kept = dict(self._held), dict(self._left), dict(self._kept)
         return new
 
-    def place(self, model: Any, build: Callable[[], HookGroup]) -> HookGroup:
-        """Run `build` (which registers the recipe's hooks on `model`'s modules) and put the
+    def place(self, modules: Modules, build: Callable[[], HookGroup]) -> HookGroup:
+        """Run `build` (which registers the recipe's hooks on the `modules`) and put the
         keys it added where the ones `leave` saw were: the builder registers the same hooks in
         the same order each time, its n-th key in a dict takes the place of the n-th one left.
         (A key another thread registers meanwhile is taken for the recipe's: the counts then
         differ, and that dict's new keys stay last this time only.)"""
         with _collector_paused():
-            before = {slot: set(hooks) for slot, (_, hooks) in _dicts(model).items()}
+            before = {slot: set(hooks) for slot, (_, hooks) in _dicts(modules).items()}
         built = build()
         try:
             with _collector_paused():
-                self._put_back_all(model, before)
+                self._put_back_all(modules, before)
         except BaseException:
             # (a Ctrl-C here: the hooks placed go, as a build cut short; until 2026-12-04
             # they stayed, unremovable: helper-128's FINDING 8)
@@ -82,21 +86,24 @@ class Places:
             raise
         return built
 
-    def _put_back_all(self, model: Any, before: dict[_Slot, set[int]]) -> None:
+    def _put_back_all(self, modules: Modules, before: dict[_Slot, set[int]]) -> None:
         held: dict[_Slot, tuple[int, ...]] = {}
         kept: dict[_Slot, tuple[tuple[int, ...], tuple[int, ...]]] = {}
-        for slot, (module, hooks) in _dicts(model).items():
+        for slot, (module, hooks) in _dicts(modules).items():
             known = before.get(slot, ())
-            ours = tuple(key for key in hooks if key not in known)
+            # (one read of the keys: another thread may change the dict meanwhile, and a
+            # Python loop over it then raised in the user's forward, helper-139's FINDING 1)
+            keys = tuple(hooks)
+            ours = tuple(key for key in keys if key not in known)
             if not ours:
                 continue
             held[slot] = ours
             left = self._left.get(slot)
-            if left is None or len(left[1]) == len(ours) == len(hooks):
+            if left is None or len(left[1]) == len(ours) == len(keys):
                 continue  # (no place left, or only the recipe's hooks: nothing to put back)
             if len(left[1]) == len(ours):
                 first = ops.prepended_keys(module, slot[1])
-                _put_back(hooks, left[0], dict(zip(left[1], ours)), first)
+                _put_back(hooks, keys, left[0], dict(zip(left[1], ours)), first)
             else:
                 # another thread's key among the new ones: not put back this time, and the
                 # order left stays the place for the next time (until 2026-12-04 the order
@@ -104,15 +111,15 @@ class Places:
                 kept[slot] = left
         self._held, self._left, self._kept = held, {}, kept
 
-    def leave(self, model: Any) -> None:
+    def leave(self, modules: Modules) -> None:
         """Note each dict's order before the recipe's hooks are removed from it."""
         if not self._held:
             return
         with _collector_paused():
-            self._leave(model)
+            self._leave(modules)
 
-    def _leave(self, model: Any) -> None:
-        dicts = _dicts(model)
+    def _leave(self, modules: Modules) -> None:
+        dicts = _dicts(modules)
         left = {}
         for slot, ours in self._held.items():
             found = dicts.get(slot)
@@ -124,7 +131,11 @@ class Places:
 
 
 def _put_back(
-    hooks: Any, order: tuple[int, ...], renamed: dict[int, int], first: frozenset[int]
+    hooks: Any,
+    keys: tuple[int, ...],
+    order: tuple[int, ...],
+    renamed: dict[int, int],
+    first: frozenset[int],
 ) -> None:
     """Move the new keys (`renamed`: old key -> new) of `hooks` where the old ones were in
     `order`: after the nearest key before it still there, else before the nearest one after
@@ -132,7 +143,7 @@ def _put_back(
     since with prepend (`first`: through unihook; the framework's own registration is not
     told from an append, and goes after them)."""
     new = set(renamed.values())
-    target = [key for key in hooks if key not in new]
+    target = [key for key in keys if key not in new]
     # (unihook's backward dispatchers, pinned last: keys registered since went before them,
     # so they tell nothing of a place; until 2026-12-04 taken for one: helper-128's F3)
     pinned = set(hooks.pinned) if isinstance(hooks, HookDict) else set()
@@ -140,11 +151,29 @@ def _put_back(
         key = renamed.get(old)
         if key is not None:
             target.insert(_spot(order, at, target, renamed, pinned, first), key)
-    if target != list(hooks) and hasattr(hooks, "move_to_end"):
+    if target != list(keys) and hasattr(hooks, "move_to_end"):
         # (a library's dict without an order to change stays as it is: until 2026-12-04 an
         # AttributeError in the model's forward, helper-128's FINDING 9)
-        for key in target:  # (a HookDict keeps its pinned keys, the dispatchers, last)
+        _reorder(hooks, target)
+
+
+def _reorder(hooks: Any, target: list[int]) -> None:
+    """Put `hooks`' keys in `target`'s order (a HookDict keeps its pinned keys, the
+    dispatchers, last). Another thread may change the dict meanwhile: a key it removed is
+    passed over, one it registered goes last, as it would have (until 2026-12-05 a KeyError
+    in the user's forward, helper-139's FINDING 1)."""
+    for key in target:
+        try:
             hooks.move_to_end(key)
+        except KeyError:
+            continue
+    placed = set(target)
+    for key in tuple(hooks):
+        if key not in placed:
+            try:
+                hooks.move_to_end(key)
+            except KeyError:
+                continue
 
 
 def _spot(

@@ -169,12 +169,19 @@ class Recipe(Removable):
         # sets)
         self._hooks.add("", register_forward_pre_hook(model, self._enter))
         try:
-            self._active = self._places.place(model, functools.partial(_placed, build))
+            self._active = self._places.place(
+                self._hooked_modules, functools.partial(_placed, build)
+            )
         except BaseException:  # (a `where` that matches nothing: no hook left)
             self._hooks.remove()
             raise
         self._build = build
         self._hooks.add("", register_forward_hook(model, self._count, always_call=True))
+
+    def _hooked_modules(self) -> list[tuple[str, Any]]:
+        """The modules `every`'s hooks may sit on, each under the name it keeps its place by
+        (`Places`): the model's, by their qualified names."""
+        return ops.named_modules(self._model)
 
     def _own(self, hook: Callable[..., Any]) -> Callable[..., Any]:
         """`hook` (a method of the recipe's) as `every`'s builder places it (`_Placed`)."""
@@ -275,14 +282,14 @@ class Recipe(Removable):
         if self._build is None:  # (every=1: the hooks stay)
             return recorded
         self._forwards += 1
-        self._places.leave(self._model)
+        self._places.leave(self._hooked_modules)
         self._active.remove()  # the module's own hooks run from a snapshot: this call is done
         # (and, from the next forward on, a copy's copies of them: `_Placed`)
         self._next_generation = next(_generations)
         if self._forwards % self._every == 0 and self._build is not None:
             try:
                 self._active = self._places.place(
-                    self._model, functools.partial(_placed, self._build)
+                    self._hooked_modules, functools.partial(_placed, self._build)
                 )
             except BaseException:
                 # (a Ctrl-C: this forward raises, and is not counted, as any forward that
@@ -1011,10 +1018,13 @@ class Chosen:
 
     def __init__(self, chosen: Sequence[tuple[str, Any]]) -> None:
         self.names = frozenset(name for name, _ in chosen)
-        self._modules: weakref.WeakKeyDictionary[Any, str] | None = weakref.WeakKeyDictionary()
+        # id -> (the module, weakly; its first name): by identity, not equality (two modules
+        # comparing equal are two modules: until 2026-12-05 a WeakKeyDictionary took them for
+        # one, and the second was not hooked, helper-139's FINDING 4)
+        self._modules: dict[int, tuple[weakref.ref[Any], str]] | None = {}
         try:
             for name, module in chosen:
-                self._modules.setdefault(module, name)
+                self._modules.setdefault(id(module), (weakref.ref(module), name))
         except TypeError:  # (a module that takes no weak reference: by name)
             self._modules = None
 
@@ -1028,11 +1038,39 @@ class Chosen:
         for _, module in ops.named_modules(model):
             # (a part's wrapper, torch.compile of a submodule since, stands for the part)
             inner = ops.part(module)
-            first = chosen.get(module, chosen.get(inner)) if _weak(inner) else None
+            first = _first_name(chosen, module) or _first_name(chosen, inner)
             if first is not None and id(inner) not in seen:
                 seen.update((id(inner), id(module)))
                 found.append((first, module))
-        found += [(n, m) for m, n in list(chosen.items()) if id(m) not in seen]
+        for key, (ref, name) in list(chosen.items()):
+            module = ref()
+            if module is None:
+                del chosen[key]  # (gone: its id may be another module's next)
+            elif key not in seen:
+                found.append((name, module))
+        return found
+
+    def slots(self, walked: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """`walked` (a model's modules by qualified name) for `Places`: the chosen modules by
+        their first names, also those the model no longer holds, so a module moved keeps its
+        place among its hooks (until 2026-12-05 its place was noted under its name then, and
+        not found under the new one: helper-139's FINDING 3)."""
+        if self._modules is None:
+            return list(walked)
+        chosen, found = self._modules, []
+        seen: set[int] = set()
+        for _, module in walked:
+            inner = ops.part(module)
+            first = _first_name(chosen, module) or _first_name(chosen, inner)
+            if first is not None:
+                seen.update((id(inner), id(module)))
+                found.append((first, module))
+        taken = {name for name, _ in found}
+        found += [(n, m) for n, m in walked if id(m) not in seen and n not in taken]
+        for key, (ref, name) in list(chosen.items()):
+            module = ref()
+            if module is not None and key not in seen:
+                found.append((name, module))
         return found
 
     def __getstate__(self) -> dict[str, Any]:
@@ -1043,13 +1081,10 @@ class Chosen:
         return f"Chosen({sorted(self.names)!r})"
 
 
-def _weak(module: Any) -> bool:
-    """Whether `module` takes a weak reference (a WeakKeyDictionary's key)."""
-    try:
-        weakref.ref(module)
-    except TypeError:
-        return False
-    return True
+def _first_name(chosen: dict[int, tuple[weakref.ref[Any], str]], module: Any) -> str | None:
+    """The name `module` was chosen under, if it was (its id held by it, not a dead one's)."""
+    found = chosen.get(id(module))
+    return found[1] if found is not None and found[0]() is module else None
 
 
 def _escape(name: str) -> str:

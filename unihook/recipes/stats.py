@@ -163,6 +163,11 @@ class ActivationStats(Synced):
         self._schedule(model, every, self._place)
         self._watch_joins()
 
+    def _hooked_modules(self) -> list[tuple[str, Any]]:
+        walked = ops.named_modules(self._model)
+        where = self._where
+        return where.slots(walked) if isinstance(where, Chosen) else walked
+
     def _place(self, group: HookGroup) -> None:
         """The hooks of a recorded forward (`_schedule`)."""
         if not isinstance(self._where, Chosen):  # (the first placement chooses)
