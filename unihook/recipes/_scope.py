@@ -1033,12 +1033,31 @@ class Chosen:
         under (in `model`'s order, then those it no longer holds), or by name in a copy."""
         if self._modules is None:
             return lambda name, module: name in self.names
-        chosen, found = self._modules, []
+        return self._found(ops.named_modules(model))[0]
+
+    def slots(self, walked: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """`walked` (a model's modules by qualified name) for `Places`: the chosen modules by
+        their first names, also those the model no longer holds, so a module moved keeps its
+        place among its hooks (until 2026-12-05 its place was noted under its name then, and
+        not found under the new one: helper-139's FINDING 3); the others by their names."""
+        if self._modules is None:
+            return list(walked)
+        found, seen = self._found(walked)
+        taken = {name for name, _ in found}
+        return found + [(n, m) for n, m in walked if id(m) not in seen and n not in taken]
+
+    def _found(self, walked: Sequence[tuple[str, Any]]) -> tuple[list[tuple[str, Any]], set[int]]:
+        """The chosen modules under their first names (those in `walked` in its order, then
+        the rest alive), and the ids of the walked ones."""
+        chosen, found = self._modules or {}, []
         seen: set[int] = set()
-        for _, module in ops.named_modules(model):
-            # (a part's wrapper, torch.compile of a submodule since, stands for the part)
-            inner = ops.part(module)
-            first = _first_name(chosen, module) or _first_name(chosen, inner)
+        for _, module in walked:
+            # (a part's wrapper, torch.compile of a submodule since, stands for the part;
+            # asked only of a module not chosen itself: a backend's call per module)
+            first, inner = _first_name(chosen, module), module
+            if first is None:
+                inner = ops.part(module)
+                first = None if inner is module else _first_name(chosen, inner)
             if first is not None and id(inner) not in seen:
                 seen.update((id(inner), id(module)))
                 found.append((first, module))
@@ -1048,30 +1067,7 @@ class Chosen:
                 del chosen[key]  # (gone: its id may be another module's next)
             elif key not in seen:
                 found.append((name, module))
-        return found
-
-    def slots(self, walked: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
-        """`walked` (a model's modules by qualified name) for `Places`: the chosen modules by
-        their first names, also those the model no longer holds, so a module moved keeps its
-        place among its hooks (until 2026-12-05 its place was noted under its name then, and
-        not found under the new one: helper-139's FINDING 3)."""
-        if self._modules is None:
-            return list(walked)
-        chosen, found = self._modules, []
-        seen: set[int] = set()
-        for _, module in walked:
-            inner = ops.part(module)
-            first = _first_name(chosen, module) or _first_name(chosen, inner)
-            if first is not None:
-                seen.update((id(inner), id(module)))
-                found.append((first, module))
-        taken = {name for name, _ in found}
-        found += [(n, m) for n, m in walked if id(m) not in seen and n not in taken]
-        for key, (ref, name) in list(chosen.items()):
-            module = ref()
-            if module is not None and key not in seen:
-                found.append((name, module))
-        return found
+        return found, seen
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy (deepcopy, pickle) has other modules: it chooses by name
