@@ -1846,6 +1846,101 @@ def test_reference_excuses_no_update_of_a_parameter(kind: str) -> None:
     assert failed and {p.stage for p in failed} == {"updated"}, str(report)
 
 
+class _Teacher(nn.Module):
+    """A Linear with a teacher copy its step callable moves (MoCo / BYOL / DINO's EMA), as a
+    buffer or a frozen parameter."""
+
+    def __init__(self, frozen: bool) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        if frozen:
+            self.ema = nn.Parameter(torch.zeros(6, 6), requires_grad=False)
+        else:
+            self.register_buffer("ema", torch.zeros(6, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+@pytest.mark.parametrize("decay_b", [0.9, 0.5, 1.1])
+def test_reference_excuses_no_move_an_optimizer_step_made(frozen: bool, decay_b: float) -> None:
+    # The references run no optimizer: an entry the step moved (the teacher's EMA) has no
+    # reference move; their zero moves excused any of b's within 8x a's (helper-138's
+    # FINDING 1)
+    torch.manual_seed(0)
+    model, twin = _Teacher(frozen), _Teacher(frozen)
+    twin.load_state_dict(model.state_dict())
+
+    def stepper(m: _Teacher, decay: float) -> Callable[[], None]:
+        opt = torch.optim.SGD(m.lin.parameters(), lr=0.1, momentum=0.9)
+
+        def step() -> None:
+            opt.step()
+            opt.zero_grad()
+            with torch.no_grad():
+                m.ema.mul_(decay).add_((1 - decay) * m.lin.weight)
+
+        return step
+
+    optimizers = (stepper(model, 0.9), stepper(twin, decay_b))
+    report = compare(model, twin, batch((5, 6)), steps=2, optimizers=optimizers)
+    if decay_b == 0.9:
+        assert report.ok, str(report)
+        return
+    assert report.first_parameter == "ema", str(report)
+    assert report.reference.startswith("float64 copies of both models"), str(report)
+
+
+class _Rotary(nn.Module):
+    """Linear, a rotary embedding by a complex buffer (`conj`: rotated the wrong way), Linear."""
+
+    def __init__(self, conj: bool) -> None:
+        super().__init__()
+        self.l1, self.l2, self.conj = nn.Linear(16, 16), nn.Linear(16, 16), conj
+        t = torch.arange(8)[:, None] * (0.1 ** (torch.arange(8)[None] / 8))
+        self.register_buffer("freqs", torch.polar(torch.ones_like(t), t).to(torch.complex64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.view_as_complex(self.l1(x).reshape(x.shape[0], 8, 8, 2).contiguous())
+        freqs = self.freqs.conj() if self.conj else self.freqs
+        return self.l2(torch.view_as_real(h * freqs).reshape(x.shape[0], 8, 16))
+
+
+@pytest.mark.parametrize("optimizer", [False, True])
+def test_reference_keeps_complex_buffers_complex(optimizer: bool) -> None:
+    # the float64 copy started from the values cast to float64: a complex buffer lost its
+    # imaginary part, and a RoPE rotated the wrong way passed as rounding (helper-138's
+    # FINDING 2)
+    torch.manual_seed(0)
+    model, twin = _Rotary(False), _Rotary(True)
+    twin.load_state_dict(model.state_dict())
+    optimizers = None
+    if optimizer:
+        opt_a = torch.optim.SGD(model.parameters(), lr=0.1)
+        opt_b = torch.optim.SGD(twin.parameters(), lr=0.1)
+        optimizers = (lambda: (opt_a.step(), opt_a.zero_grad()),
+                      lambda: (opt_b.step(), opt_b.zero_grad()))  # fmt: skip
+    report = compare(model, twin, batch((2, 8, 16)), steps=2 if optimizer else 1,
+                     optimizers=optimizers)  # fmt: skip
+    assert report.first_forward == "l2" or report.first_forward == "", str(report)
+    assert not report.ok and report.reference.startswith("float64 copies"), str(report)
+
+
+def test_reference_does_not_excuse_gradients_a_step_left_in_grad() -> None:
+    # a's step callable does not clear .grad, b's does: a's gradients build up over the steps,
+    # which the references (each backward's own gradient) do not hold; a's float32 "error"
+    # against them excused b's (helper-138's FINDING 3)
+    model, twin = _attention_pair(0)
+    opt_a = torch.optim.SGD(model.parameters(), lr=1e-2)
+    opt_b = paddle.optimizer.SGD(1e-2, parameters=twin.parameters())
+    optimizers = (opt_a.step, lambda: (opt_b.step(), opt_b.clear_grad()))
+    report = compare(model, twin, _close_tokens(0), steps=3, optimizers=optimizers)
+    assert not report.ok and report.first_parameter is not None, str(report)
+    found = [p for p in report.params if p.stage == "grad" and p.step == 1 and p.diff.failed]
+    assert found and not any("float64 runs" in p.diff.note for p in found), str(report)
+
+
 def test_reference_with_optimizers_goes_with_a_dump(tmp_path: Path) -> None:
     x = _close_tokens(1)
     for name, pair in (("a", 0), ("b", 1)):

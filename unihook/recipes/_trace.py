@@ -64,6 +64,9 @@ class Step:
     # parameters and buffers before the step: None where they are the previous step's
     # `updated` (or `initial`), as in every dump; set by `compare` after it re-synced b to a
     start: Arrays | None = None
+    # with an optimizer, the parameter entries whose .grad held a nonzero gradient before the
+    # backward (it steps on that too: a step that did not clear it, a stale one)
+    carried: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -427,6 +430,8 @@ class Runner:
                 g if g is None or b is None or self.optimizer is not None else g - b
                 for g, b in zip(after, before)
             ]
+            if self.optimizer is not None:
+                step.carried = [i for i, b in enumerate(before) if b is not None and np.any(b)]
         if self.optimizer is not None:
             self.optimizer()
         # with or without an optimizer: the forward moved the buffers (running statistics)
@@ -505,6 +510,7 @@ def _meta(trace: Trace, arrays: dict[str, Any]) -> dict[str, Any]:
         record["input_scales"] = step.input_scales
         record["sources"] = step.sources
         record["keys"] = step.keys
+        record["carried"] = step.carried
         record["param_grads"] = keys(step.param_grads)
         record["updated"] = keys(step.updated)
         if step.start is not None:
@@ -587,6 +593,7 @@ def _trace(meta: dict[str, Any], data: Any) -> Trace:
         step.input_scales = [float(v) for v in scales]
         step.sources = [[int(i) for i in v] for v in record.get("sources") or []]
         step.keys = [str(k) for k in record.get("keys") or []]
+        step.carried = [int(i) for i in record.get("carried") or []]
         step.param_grads = values(record["param_grads"])
         if "start" in record:
             step.start = values(record["start"])
