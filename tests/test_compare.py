@@ -2177,6 +2177,23 @@ def test_reference_leaves_out_the_values_a_cancelled_to_exact_zeros(loss_at_zero
     assert judged.failed == loss_at_zeros, judged
 
 
+@pytest.mark.parametrize("off", [1.0, 1.5])
+def test_reference_allows_b_its_own_rounding_where_a_is_exact(off: float) -> None:
+    # Both of a's runs hold exact zeros (q's gradient, the attention last, its softmax
+    # saturated), b's float64 run 1e-21: its float32 run is that rounded to float32, 1e-28
+    # off, against a's 0 (helper-138's FINDING 4: 6 of 200 generated SGD ports). Off by 50%
+    # it is no rounding.
+    compare_module = importlib.import_module("unihook.recipes.compare")
+    exact_b = 2.6e-21 * np.random.RandomState(0).randn(160)
+    a, exact_a = np.zeros(160, np.float32), np.zeros(160)
+    b = (exact_b * off).astype(np.float32)
+    diff = compare_module._diff([a], [b], ATOL, RTOL)
+    judged = compare_module._as_rounding(
+        diff, [a], [b], ([exact_a], [exact_b]), compare_module.Diff(), ATOL, RTOL, 0.0
+    )
+    assert diff.failed and judged.failed == (off != 1.0), judged
+
+
 @pytest.mark.xfail(strict=True, reason="known limit: README, The float64 references")
 @pytest.mark.parametrize(("noisy", "rows"), [(1, 1), (4, 3), (17, None)])
 def test_reference_precision_loss_as_wide_as_a_rounding_elsewhere_limit(
