@@ -7,10 +7,13 @@ say it for the hooks unihook registered (`DropHook`'s, a user's through unihook)
 2026-12-05 the recipe's hooks went first, before them (helper-128's FINDINGS 1 and 2: an
 ActivationStats with every=2 recorded the output before a DropHook made on an off-step).
 
-The notes go by key (a framework draws its hooks' keys from one counter per process), with the
-dict's type, not by module: a deep copy of the model keeps its dicts' keys, and so its notes,
-and modules that compare equal keep theirs apart (until 2026-12-05 they were kept by module,
-by equality, and lost in a copy: helper-139's FINDINGS 2 and 4).
+The notes go by key (a framework draws its hooks' keys from one counter per process) and by
+backend (torch's and paddle's counters both start at 0, and both keep OrderedDicts), not by
+module: a deep copy of the model keeps its dicts' keys, and so its notes, and modules that
+compare equal keep theirs apart (until 2026-12-05 they were kept by module, by equality, and
+lost in a copy: helper-139's FINDINGS 2 and 4). Removing the hook forgets its note (until
+2026-12-05 they piled up, and a paddle key could pass for a torch one's): a copy whose first
+recorded forward comes after that places the recipe's hooks before the copy's hook once.
 """
 
 from __future__ import annotations
@@ -19,19 +22,21 @@ import threading
 import weakref
 from typing import Any
 
-__all__ = ["keys_of", "prepended", "note_prepended"]
+__all__ = ["Note", "forget_prepended", "keys_of", "note_prepended", "prepended"]
 
-# (the dict's type, a key) -> the dict it was noted in, weakly (None: it takes no weak
-# reference); pruned of keys gone from their dicts as the notes double
-_noted: dict[tuple[type, int], weakref.ref[Any] | None] = {}
+Note = tuple[type, int]  # (the backend's Ops type, a key)
+
+# a note -> the dict it was noted in, weakly (None: a dict that takes no weak reference);
+# pruned of those whose dict is gone as the notes double (a model dropped with its hooks on)
+_noted: dict[Note, weakref.ref[Any] | None] = {}
 _pruned_at = 64
 _lock = threading.Lock()
 
 
-def _dict_of(module: Any, at: int) -> Any:
+def _dict_of(module: Any, at: int) -> tuple[type, Any]:
     from . import ops
 
-    return ops.forward_hook_dicts(module)[at]
+    return type(ops.ops_for(module)), ops.forward_hook_dicts(module)[at]
 
 
 def keys_of(module: Any, at: int) -> frozenset[int] | None:
@@ -39,7 +44,7 @@ def keys_of(module: Any, at: int) -> frozenset[int] | None:
     where the backend does not say (``Ops.forward_hook_dicts``); None where the dict could not
     be read (another thread changed it meanwhile: then nothing is noted)."""
     try:
-        hooks = _dict_of(module, at)
+        hooks = _dict_of(module, at)[1]
         return frozenset() if hooks is None else frozenset(hooks)
     except (LookupError, TypeError, NotImplementedError):
         return frozenset()
@@ -47,37 +52,45 @@ def keys_of(module: Any, at: int) -> frozenset[int] | None:
         return None
 
 
-def note_prepended(module: Any, at: int, before: frozenset[int] | None) -> None:
+def note_prepended(module: Any, at: int, before: frozenset[int] | None, into: list[Note]) -> None:
     """Note the keys `module`'s dict `at` has now and did not have `before` a registration
-    with prepend (its hook's); nothing where either read failed (the places then take the hook
-    for one appended, as one the framework prepended)."""
+    with prepend (its hook's), each added to `into` first (for `forget_prepended`, which the
+    caller set up to undo this); nothing where either read failed (the places then take the
+    hook for one appended, as one the framework prepended)."""
     global _pruned_at
     now = keys_of(module, at)
     if before is None or now is None or not now - before:
         return
-    hooks = _dict_of(module, at)
+    backend, hooks = _dict_of(module, at)
     try:
         ref: weakref.ref[Any] | None = weakref.ref(hooks)
     except TypeError:
         ref = None
     with _lock:
         for key in now - before:
-            _noted[(type(hooks), key)] = ref
+            into.append((backend, key))
+            _noted[(backend, key)] = ref
         if len(_noted) > 2 * _pruned_at:
-            for found, held in list(_noted.items()):
+            for note, held in list(_noted.items()):
                 alive = None if held is None else held()
-                if held is not None and (alive is None or found[1] not in alive):
-                    del _noted[found]
+                if held is not None and (alive is None or note[1] not in alive):
+                    del _noted[note]
             _pruned_at = max(64, len(_noted))
+
+
+def forget_prepended(notes: list[Note]) -> None:
+    """Forget `notes` (a removed hook's, or a registration's that did not finish). Idempotent."""
+    with _lock:
+        for note in notes:
+            _noted.pop(note, None)
 
 
 def prepended(module: Any, at: int) -> frozenset[int]:
     """The keys in `module`'s forward pre-hook (`at` 0) or forward hook (1) dict of hooks
     unihook registered with prepend (there, or in the dict it was copied from)."""
     try:
-        hooks = _dict_of(module, at)
+        backend, hooks = _dict_of(module, at)
         keys = () if hooks is None else tuple(hooks)
     except (LookupError, TypeError, NotImplementedError, RuntimeError):
         return frozenset()
-    kind = type(hooks)
-    return frozenset(key for key in keys if (kind, key) in _noted)
+    return frozenset(key for key in keys if (backend, key) in _noted)

@@ -15,7 +15,7 @@ from ._plugins import (
     outside_compilers,
     plugin_manager,
 )
-from ._prepended import keys_of, note_prepended
+from ._prepended import Note, forget_prepended, keys_of, note_prepended
 from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
 from .handles import Handle
 from .hooktypes import (
@@ -225,7 +225,12 @@ def _register(kind: HookKind, target: object, **options: Any) -> Handle:
         if handle is None:
             raise _not_taken(kind, target, options.get("name"))
         if before is not None and at is not None:
-            note_prepended(target, at, before)
+            noted: list[Note] = []
+            forget = functools.partial(forget_prepended, noted)
+            steps.append(forget)  # (before the notes: a Ctrl-C in between leaves none)
+            note_prepended(target, at, before, noted)
+            if noted:  # removing the hook forgets them
+                handle = Handle(handle.backend, handle.kind, _then(handle.remove, forget))
         registering.steps = outer
         if isinstance(outer, Collecting):  # (undone with attach's, if that one is)
             outer.append(handle.remove)
@@ -234,6 +239,14 @@ def _register(kind: HookKind, target: object, **options: Any) -> Handle:
         registering.steps = outer
         undo(steps, error)
         raise
+
+
+def _then(remove: Callable[[], object], forget: Callable[[], object]) -> Callable[[], None]:
+    def remover() -> None:  # (both idempotent: a second run after a Ctrl-C finishes it)
+        remove()
+        forget()
+
+    return remover
 
 
 # the forward hook dicts' index in `unihook.ops.forward_hook_dicts` by kind
