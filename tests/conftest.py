@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import warnings
+from typing import Any, Iterator
 
 os.environ.setdefault("GLOG_minloglevel", "2")  # paddle's C++ INFO logging
 warnings.filterwarnings("ignore", message="No ccache found")
@@ -21,8 +23,50 @@ pytest_plugins: list[str] = ["unihook.conformance.plugin"]  # the option, in a c
 
 _file: list[object] = [None]  # the test file running
 
+# torch's global hook dicts, unihook's global backward states and the garbage collector: a
+# test leaving a hook makes every later module call of that backend dispatch, one leaving the
+# collector off (a race in unihook's pauses, 2026-12-05) made 616 later tests fail: the test
+# that left it fails itself, by name
+_TORCH_GLOBALS = (
+    "_global_forward_pre_hooks",
+    "_global_forward_hooks",
+    "_global_backward_pre_hooks",
+    "_global_backward_hooks",
+)
+_globals_before: dict[str, frozenset[Any]] = {}
+
+
+def _global_hooks() -> dict[str, frozenset[Any]]:
+    found: dict[str, frozenset[Any]] = {}
+    torch_module = sys.modules.get("torch.nn.modules.module")
+    for name in _TORCH_GLOBALS if torch_module is not None else ():
+        found[f"torch {name}"] = frozenset(getattr(torch_module, name, {}))
+    backward = sys.modules.get("unihook._module_backward")
+    if backward is not None:
+        found["unihook's global backward hooks"] = frozenset(getattr(backward, "_globals", {}))
+    return found
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    yield
+    after = _global_hooks()
+    left = {
+        name: sorted(map(str, keys - _globals_before.get(name, frozenset())))
+        for name, keys in after.items()
+        if keys - _globals_before.get(name, frozenset())
+    }
+    if not gc.isenabled():
+        gc.enable()
+        raise AssertionError(f"{item.nodeid} left the garbage collector disabled")
+    if left:
+        raise AssertionError(f"{item.nodeid} left global hooks registered: {left}")
+    return None
+
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    _globals_before.clear()
+    _globals_before.update(_global_hooks())
     # At the start of each test file, what lives (the frameworks the collection imported, and
     # what earlier files imported lazily: dynamo, FSDP, paddle's jit, 300k objects by the
     # conformance suite) is never collected from here on: a full collection, the tests' own

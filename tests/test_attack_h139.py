@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import copy
 import pickle
-import sys
-import threading
-import time
 from typing import Any, Callable
 
 import pytest
+from racing import racing
 
 import unihook
 from unihook.recipes import ActivationStats, DropHook, GradientMonitor
@@ -45,36 +43,23 @@ def test_a_placement_beside_a_thread_changing_the_hooks_does_not_raise(framework
         x, first = paddle.randn([4, 8]), model[0]
     user = unihook.register_forward_hook(first, lambda m, a, o: o * 2)
     stats = ActivationStats(model, every=2)
-    stop, errors, counts = threading.Event(), [], [0, 0]
+    errors, counts = [], [0, 0]
 
     def forwards() -> None:
-        while not stop.is_set():
-            try:
-                model(x)
-                counts[0] += 1
-            except Exception as error:  # noqa: BLE001 - what the test looks for
-                errors.append(error)
+        try:
+            model(x)
+            counts[0] += 1
+        except Exception as error:  # noqa: BLE001 - what the test looks for
+            errors.append(error)
 
     def churn() -> None:
-        while not stop.is_set():
-            handle = unihook.register_forward_hook(
-                first, lambda m, a, o: None, prepend=counts[1] % 2 == 0
-            )
-            handle.remove()
-            counts[1] += 1
+        handle = unihook.register_forward_hook(
+            first, lambda m, a, o: None, prepend=counts[1] % 2 == 0
+        )
+        handle.remove()
+        counts[1] += 1
 
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    threads = [threading.Thread(target=forwards), threading.Thread(target=churn)]
-    try:
-        for thread in threads:
-            thread.start()
-        time.sleep(3)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join()
-        sys.setswitchinterval(interval)
+    racing([forwards, churn], 3)
     stats.remove()
     user.remove()
     assert not errors, errors[:3]

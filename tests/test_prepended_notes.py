@@ -1,13 +1,15 @@
 """The notes of the forward hooks unihook registered with prepend (`unihook._prepended`, for
-the places of a recipe with `every` > 1): removing the hook forgets its note (the interruption
-harness found them piling up, 2026-12-05), a copy of the model keeps its places when the
-original's hook goes, and torch's and paddle's keys, drawn from two counters that both start
-at 0, are kept apart."""
+the places of a recipe with `every` > 1), kept on the framework's hook dict: removing the hook
+forgets its note and leaves the dict as it was (a table of notes grew with each registration:
+the interruption harness, 2026-12-05), a copy of the model keeps its own when the original's
+hook goes (helper-141's FINDING 2), and a paddle key never passes for a torch one's."""
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+import pickle
+import signal
+from typing import Any, Callable
 
 import pytest
 
@@ -23,37 +25,70 @@ def _means(stats: ActivationStats) -> list[dict[str, float]]:
     return [{k: round(float(r["mean"]), 5) for k, r in e.items()} for e in stats.history]
 
 
-def test_removing_a_prepended_hook_forgets_its_note() -> None:
+@pytest.mark.parametrize("backward", [False, True], ids=["plain", "beside_backward"])
+def test_removing_a_prepended_hook_leaves_the_dicts_as_they_were(backward: bool) -> None:
     model = nn.Sequential(nn.Linear(3, 3))
-    before = dict(_prepended._noted)
-    handles = [
+    dicts = ops.forward_hook_dicts(model[0])
+    before = [(d, dict(vars(d))) for d in dicts]
+    handles = [unihook.register_full_backward_hook(model[0], lambda *a: None)] if backward else []
+    handles += [
         unihook.register_forward_hook(model[0], lambda m, i, o: o, prepend=True),
         unihook.register_forward_pre_hook(model[0], lambda m, a: None, prepend=True),
     ]
     assert ops.prepended_keys(model[0], 0) and ops.prepended_keys(model[0], 1)
-    assert len(_prepended._noted) == len(before) + 2
-    for handle in handles:
+    for handle in reversed(handles):
         handle.remove()
         handle.remove()  # (idempotent)
-    assert _prepended._noted == before
+    assert [(d, dict(vars(d))) for d in ops.forward_hook_dicts(model[0])] == before
 
 
-def test_a_copy_keeps_its_places_when_the_originals_hook_goes() -> None:
+def _double(module: Any, args: Any, out: Any) -> Any:  # (pickles, as a lambda would not)
+    return out * 2
+
+
+def _paddle_model() -> tuple[Any, Any, Callable[[Any], Any]]:
+    paddle = pytest.importorskip("paddle")
+    paddle.seed(0)
+    model = paddle.nn.Sequential(paddle.nn.Linear(4, 4), paddle.nn.Tanh())
+    x = paddle.randn([3, 4])
+
+    def prepended(m: Any) -> Any:
+        return unihook.register_forward_hook(m[0], _double, prepend=True)
+
+    return model, x, prepended
+
+
+def _torch_model() -> tuple[Any, Any, Callable[[Any], Any]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    return model, torch.randn(3, 4), lambda m: DropHook(m, "0", p=0.5)
+
+
+def _pickled(held: Any) -> Any:
+    return pickle.loads(pickle.dumps(held))
+
+
+@pytest.mark.parametrize("how", [copy.deepcopy, _pickled], ids=["deep", "pickle"])
+@pytest.mark.parametrize("make", [_torch_model, _paddle_model], ids=["torch", "paddle"])
+@pytest.mark.parametrize("first_recorded", [False, True])
+def test_a_copy_keeps_its_places_when_the_originals_hook_goes(
+    make: Callable[[], tuple[Any, Any, Callable[[Any], Any]]],
+    how: Callable[[Any], Any],
+    first_recorded: bool,
+) -> None:
     def run(every: int, remove_original: bool) -> list[dict[str, float]]:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
-        x = torch.randn(3, 4)
+        model, x, prepend = make()
         stats = ActivationStats(model, every=every)
         model(x)
-        drop = DropHook(model, "0", p=0.5)  # made on an off-step of every=2: it goes first
-        model2, stats2 = copy.deepcopy((model, stats))
+        hook = prepend(model)  # made on an off-step of every=2: it goes first
+        model2, stats2 = how((model, stats))
         torch.manual_seed(1)
-        model2(x)  # (a recorded forward: the copy's places hold its DropHook from here)
-        if remove_original:
-            drop.remove()
+        if first_recorded:
+            model2(x)
+        if remove_original:  # (its note was forgotten, the copy's with it, for good)
+            hook.remove()
             stats.remove()
-            del model, stats
-        for _ in range(3):
+        for _ in range(5 - first_recorded):
             model2(x)
         return _means(stats2)
 
@@ -76,3 +111,24 @@ def test_torch_and_paddle_keys_are_kept_apart(monkeypatch: Any) -> None:
     finally:
         native.remove()
         first.remove()
+
+
+def test_a_removal_in_a_signal_handler_while_noting_does_not_wait_for_itself() -> None:
+    # helper-141's FINDING 1: the notes' lock was not reentrant; a handler removing a hook
+    # on the thread holding it (noting one) waited for ever
+    model = nn.Linear(2, 2)
+    held = [unihook.register_forward_hook(model, lambda m, i, o: o, prepend=True)]
+    acquire = _prepended._lock.acquire
+
+    def handler(signum: int, frame: Any) -> None:
+        held.pop().remove()
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        with _prepended._lock:  # (as a registration noting holds it)
+            signal.raise_signal(signal.SIGALRM)
+        assert acquire(timeout=1)
+        _prepended._lock.release()
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert not held and not ops.prepended_keys(model, 1)

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from ._entries import eager_entry
 from ._locks import RegistryLock, undo_if_unfinished
+from ._prepended import carry_notes, notes_state
 
 __all__ = [
     "Access",
@@ -402,11 +403,12 @@ class HookDict(OrderedDict[int, Any]):
         # (an Access without the pair, a third party's: the ids stay as they come)
         access = self._access if hasattr(self._access, "ids_drawn") else None
         top = _top(access, (k for k, _ in items))
+        notes = notes_state(self, (k for k, _ in items))  # (the prepended hooks' keys)
         if not getattr(self._access, "iterates_live", False):
-            return (_loaded, (OrderedDict, access, top), None, None, iter(items))
+            return (_loaded, (OrderedDict, access, top), notes or None, None, iter(items))
         owned = frozenset(k for k, _ in items if k in self.owned)
-        state = {"guard": self.guard, "owned": owned} if self.guard is not None else None
-        return (_loaded, (SnapshotDict, access, top), state, None, iter(items))
+        guard = {"guard": self.guard, "owned": owned} if self.guard is not None else {}
+        return (_loaded, (SnapshotDict, access, top), {**guard, **notes} or None, None, iter(items))
 
     def _serves_backward(self) -> bool:
         """Whether a dispatcher of live backward hooks of this module's own is pinned here."""
@@ -491,6 +493,7 @@ class HookDict(OrderedDict[int, Any]):
             OrderedDict.__setitem__(new, key, value)
             if key not in self.pinned:
                 origin[key] = value
+        carry_notes(self, origin)
         new.pinned = [key for key in self.pinned if key in new]
         new.tail = {key for key in self.tail if key in new}
         new.owned = {key for key in self.owned if key in new}
@@ -521,6 +524,7 @@ class HookDict(OrderedDict[int, Any]):
         for key, value in self.items():
             if key not in self.pinned and key not in self.uncopied:
                 new[key] = deepcopy(value, memo)
+        carry_notes(self, new)
         return new
 
     def _leave_flags(self, key: int, owner: Any, memo: dict[int, Any]) -> None:

@@ -7,13 +7,13 @@ say it for the hooks unihook registered (`DropHook`'s, a user's through unihook)
 2026-12-05 the recipe's hooks went first, before them (helper-128's FINDINGS 1 and 2: an
 ActivationStats with every=2 recorded the output before a DropHook made on an off-step).
 
-The notes go by key (a framework draws its hooks' keys from one counter per process) and by
-backend (torch's and paddle's counters both start at 0, and both keep OrderedDicts), not by
-module: a deep copy of the model keeps its dicts' keys, and so its notes, and modules that
-compare equal keep theirs apart (until 2026-12-05 they were kept by module, by equality, and
-lost in a copy: helper-139's FINDINGS 2 and 4). Removing the hook forgets its note (until
-2026-12-05 they piled up, and a paddle key could pass for a torch one's): a copy whose first
-recorded forward comes after that places the recipe's hooks before the copy's hook once.
+The notes live on the framework's hook dict itself (an attribute, deleted with its last
+key): a deep copy or pickle of the model carries them with the keys (`HookDict`'s copies
+carry them too, `carry_notes`), modules that compare equal keep theirs apart, a paddle key
+never passes for a torch one's, and removing the original's hook leaves a copy's note. Until
+2026-12-05 they were kept by module, by equality, and lost in a copy (helper-139's FINDINGS 2
+and 4), then in one table by key, which grew with each registration (the interruption
+harness) and, forgetting a removed hook's, lost a copy's for good (helper-141's FINDING 2).
 """
 
 from __future__ import annotations
@@ -22,21 +22,43 @@ import threading
 import weakref
 from typing import Any
 
-__all__ = ["Note", "forget_prepended", "keys_of", "note_prepended", "prepended"]
+__all__ = [
+    "NOTES",
+    "carry_notes",
+    "forget_prepended",
+    "keys_of",
+    "note_prepended",
+    "notes_state",
+    "prepended",
+]
 
-Note = tuple[type, int]  # (the backend's Ops type, a key)
-
-# a note -> the dict it was noted in, weakly (None: a dict that takes no weak reference);
-# pruned of those whose dict is gone as the notes double (a model dropped with its hooks on)
-_noted: dict[Note, weakref.ref[Any] | None] = {}
-_pruned_at = 64
-_lock = threading.Lock()
+NOTES = "_unihook_prepended"  # the attribute: a frozenset of keys
+# (reentrant: a signal handler removing a hook on the thread that notes one waits for no one)
+_lock = threading.RLock()
 
 
-def _dict_of(module: Any, at: int) -> tuple[type, Any]:
+def _home(hooks: Any) -> Any:
+    """Where `hooks`' notes live: a `HookDict`'s origin (the framework's own dict, which
+    outlives it: the module gets it back when unihook's last key leaves), else the dict."""
+    origin = getattr(hooks, "_origin", None)  # (only a HookDict has one; no import cycle)
+    return hooks if origin is None else origin
+
+
+def _dict_of(module: Any, at: int) -> Any:
     from . import ops
 
-    return type(ops.ops_for(module)), ops.forward_hook_dicts(module)[at]
+    return ops.forward_hook_dicts(module)[at]
+
+
+def _notes(home: Any) -> frozenset[int]:
+    return getattr(home, NOTES, None) or frozenset()
+
+
+def _set_notes(home: Any, keys: frozenset[int]) -> None:
+    if keys:
+        setattr(home, NOTES, keys)
+    elif NOTES in getattr(home, "__dict__", ()):
+        delattr(home, NOTES)  # (the framework's dict as it was)
 
 
 def keys_of(module: Any, at: int) -> frozenset[int] | None:
@@ -44,7 +66,7 @@ def keys_of(module: Any, at: int) -> frozenset[int] | None:
     where the backend does not say (``Ops.forward_hook_dicts``); None where the dict could not
     be read (another thread changed it meanwhile: then nothing is noted)."""
     try:
-        hooks = _dict_of(module, at)[1]
+        hooks = _dict_of(module, at)
         return frozenset() if hooks is None else frozenset(hooks)
     except (LookupError, TypeError, NotImplementedError):
         return frozenset()
@@ -52,45 +74,58 @@ def keys_of(module: Any, at: int) -> frozenset[int] | None:
         return None
 
 
-def note_prepended(module: Any, at: int, before: frozenset[int] | None, into: list[Note]) -> None:
+def note_prepended(module: Any, at: int, before: frozenset[int] | None, into: list[Any]) -> None:
     """Note the keys `module`'s dict `at` has now and did not have `before` a registration
-    with prepend (its hook's), each added to `into` first (for `forget_prepended`, which the
-    caller set up to undo this); nothing where either read failed (the places then take the
-    hook for one appended, as one the framework prepended)."""
-    global _pruned_at
+    with prepend (its hook's); `into` gets the place first (for `forget_prepended`, which the
+    caller set up to undo this). Nothing where either read failed (the places then take the
+    hook for one appended, as one the framework prepended) or the dict takes no attribute."""
     now = keys_of(module, at)
     if before is None or now is None or not now - before:
         return
-    backend, hooks = _dict_of(module, at)
+    home = _home(_dict_of(module, at))
     try:
-        ref: weakref.ref[Any] | None = weakref.ref(hooks)
+        ref = weakref.ref(home)
     except TypeError:
-        ref = None
+        return
     with _lock:
-        for key in now - before:
-            into.append((backend, key))
-            _noted[(backend, key)] = ref
-        if len(_noted) > 2 * _pruned_at:
-            for note, held in list(_noted.items()):
-                alive = None if held is None else held()
-                if held is not None and (alive is None or note[1] not in alive):
-                    del _noted[note]
-            _pruned_at = max(64, len(_noted))
+        into.append((ref, now - before))
+        try:
+            _set_notes(home, _notes(home) | (now - before))
+        except (AttributeError, TypeError):
+            into.clear()  # (a dict without attributes: a third party's backend)
 
 
-def forget_prepended(notes: list[Note]) -> None:
-    """Forget `notes` (a removed hook's, or a registration's that did not finish). Idempotent."""
+def forget_prepended(noted: list[Any]) -> None:
+    """Forget the notes `note_prepended` put in `noted` (a removed hook's, or a registration's
+    that did not finish) in the dict they were made in; a copy's stay. Idempotent."""
     with _lock:
-        for note in notes:
-            _noted.pop(note, None)
+        for ref, keys in noted:
+            home = ref()
+            if home is not None and _notes(home) & keys:
+                _set_notes(home, _notes(home) - keys)
+
+
+def carry_notes(source: Any, copy: Any) -> None:
+    """Give `copy` (a copy of the hook dict `source`, made by unihook) the notes of the keys
+    it holds."""
+    keys = _notes(_home(source)) & frozenset(copy)
+    if keys:
+        _set_notes(_home(copy), keys)
+
+
+def notes_state(source: Any, keys: Any) -> dict[str, frozenset[int]]:
+    """The pickle state that gives a loaded copy of the hook dict `source`, holding `keys`,
+    their notes: ``{NOTES: ...}``, or empty."""
+    found = _notes(_home(source)) & frozenset(keys)
+    return {NOTES: found} if found else {}
 
 
 def prepended(module: Any, at: int) -> frozenset[int]:
     """The keys in `module`'s forward pre-hook (`at` 0) or forward hook (1) dict of hooks
     unihook registered with prepend (there, or in the dict it was copied from)."""
     try:
-        backend, hooks = _dict_of(module, at)
-        keys = () if hooks is None else tuple(hooks)
+        hooks = _dict_of(module, at)
+        keys = frozenset(()) if hooks is None else frozenset(hooks)
     except (LookupError, TypeError, NotImplementedError, RuntimeError):
         return frozenset()
-    return frozenset(key for key in keys if (backend, key) in _noted)
+    return keys & _notes(_home(hooks))

@@ -15,7 +15,7 @@ from ._plugins import (
     outside_compilers,
     plugin_manager,
 )
-from ._prepended import Note, forget_prepended, keys_of, note_prepended
+from ._prepended import forget_prepended, keys_of, note_prepended
 from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
 from .handles import Handle
 from .hooktypes import (
@@ -225,7 +225,7 @@ def _register(kind: HookKind, target: object, **options: Any) -> Handle:
         if handle is None:
             raise _not_taken(kind, target, options.get("name"))
         if before is not None and at is not None:
-            noted: list[Note] = []
+            noted: list[Any] = []
             forget = functools.partial(forget_prepended, noted)
             steps.append(forget)  # (before the notes: a Ctrl-C in between leaves none)
             note_prepended(target, at, before, noted)

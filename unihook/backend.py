@@ -27,6 +27,8 @@ backends use them.
   instead of deadlocking, and a Ctrl-C never leaves it held. `defer_while_locked(action)`
   for a removal that takes a lock of the framework's: asked for by a finalizer inside a
   registration, it runs when the thread lets go of its registry locks.
+  `collector_paused()`: the garbage collector off while any thread is inside one (counted
+  across threads: pausing it by hand on two threads at once could leave it off for good).
 - **Ctrl-C**: `undo_if_unfinished(remover)` before each step of a registration: a
   registration cut short (a KeyboardInterrupt anywhere in it) is undone; removers must be
   idempotent (see ``unihook._locks``).
@@ -64,6 +66,7 @@ from ._checks import (
     kwargs_post_hook,
     show_value,
 )
+from ._collector import collector_paused
 from ._describe import Site, type_name
 from ._entries import eager_entries, eager_entry
 from ._global_table import add_to_global_table
@@ -106,6 +109,7 @@ __all__ = [
     "check_grad_like",
     "check_kept_input",
     "check_returned_input",
+    "collector_paused",
     "check_pre_kwargs_result",
     "checked_kwargs_pre_hook",
     "defer_while_locked",

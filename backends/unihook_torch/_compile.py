@@ -29,7 +29,6 @@ Three dynamo behaviours would silently skip them:
 
 from __future__ import annotations
 
-import gc
 import re
 import sys
 import threading
@@ -48,6 +47,7 @@ from unihook.backend import (
     RegistryLock,
     Site,
     cancel_when_imported,
+    collector_paused,
     eager_entries,
     imported,
     undo_if_unfinished,
@@ -516,9 +516,8 @@ def _threads_in_compiled_frames(convert_frame: Any, *, first: bool = False) -> s
 
     compiled = {id(code) for code in (w() for w in convert_frame.output_codes.seen) if code}
     dynamo_files = {eval_frame.__file__, convert_frame.__file__}
-    me, enabled, found = threading.get_ident(), gc.isenabled(), set[int]()
-    try:
-        gc.disable()
+    me, found = threading.get_ident(), set[int]()
+    with collector_paused():
         for ident, frame in _current_frames().items():
             while ident != me and frame is not None:
                 code = frame.f_code
@@ -529,9 +528,6 @@ def _threads_in_compiled_frames(convert_frame: Any, *, first: bool = False) -> s
                     break
                 frame = frame.f_back
         return found
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _file_of(code: Any) -> Any:
@@ -560,13 +556,8 @@ def _current_frames() -> dict[int, Any]:
     on its thread list while it makes frame objects, and a collection those allocations
     started freed a `threading.local`, whose cleanup takes that lock (CPython 3.11): the
     process hung (CI on 67e982e, a ModuleBackward collected)."""
-    enabled = gc.isenabled()
-    try:  # (a Ctrl-C landing after the disable still enables it again: helper-90's FINDING 4)
-        gc.disable()
+    with collector_paused():  # (counted across threads: see unihook's _collector)
         return sys._current_frames()
-    finally:
-        if enabled:
-            gc.enable()
 
 
 @contextmanager
@@ -811,17 +802,12 @@ def _whole_stacks() -> list[tuple[int, Any]]:
     """(frame id, code) of every frame of each thread other than this one: read where no
     other thread runs Python (`_held_gil`) with the collector off, so no stack changes under
     it (see `_near_tops`). Only while unihook has no torch hook (`hooks_changeable`)."""
-    me, found, enabled = threading.get_ident(), [], gc.isenabled()
-    with _held_gil():
-        try:
-            gc.disable()
-            for ident, frame in _current_frames().items():
-                while ident != me and frame is not None:
-                    found.append((id(frame), frame.f_code))
-                    frame = frame.f_back
-        finally:
-            if enabled:
-                gc.enable()
+    me, found = threading.get_ident(), []
+    with _held_gil(), collector_paused():
+        for ident, frame in _current_frames().items():
+            while ident != me and frame is not None:
+                found.append((id(frame), frame.f_code))
+                frame = frame.f_back
     return found
 
 

@@ -7,12 +7,10 @@ mixing two quantities (helper-126's FINDING 3)."""
 
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from unihook import HookGroup, ops
-from unihook.backend import HookDict
+from unihook.backend import HookDict, collector_paused
 
 __all__ = ["Places"]
 
@@ -33,21 +31,6 @@ def _dicts(modules: Modules) -> dict[_Slot, tuple[Any, Any]]:
             if hooks is not None:
                 found[(name, at)] = (module, hooks)
     return found
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The garbage collector off while the places are read and put back: the slots of a large
-    model are thousands of small objects, whose allocation started collections of the whole
-    heap (on 1000 modules, 70% of the scans' time: helper-128's places benchmark). Another
-    thread's pause ending meanwhile turns it back on early: a cost, not an error."""
-    enabled = gc.isenabled()
-    try:
-        gc.disable()
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class Places:
@@ -73,11 +56,14 @@ class Places:
         the same order each time, its n-th key in a dict takes the place of the n-th one left.
         (A key another thread registers meanwhile is taken for the recipe's: the counts then
         differ, and that dict's new keys stay last this time only.)"""
-        with _collector_paused():
+        # The collector off while the places are read and put back: the slots of a large model
+        # are thousands of small objects, whose allocation started collections of the whole
+        # heap (on 1000 modules, 70% of the scans' time: helper-128's places benchmark).
+        with collector_paused():
             before = {slot: set(hooks) for slot, (_, hooks) in _dicts(modules).items()}
         built = build()
         try:
-            with _collector_paused():
+            with collector_paused():
                 self._put_back_all(modules, before)
         except BaseException:
             # (a Ctrl-C here: the hooks placed go, as a build cut short; until 2026-12-04
@@ -115,7 +101,7 @@ class Places:
         """Note each dict's order before the recipe's hooks are removed from it."""
         if not self._held:
             return
-        with _collector_paused():
+        with collector_paused():
             self._leave(modules)
 
     def _leave(self, modules: Modules) -> None:
