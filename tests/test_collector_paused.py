@@ -6,6 +6,7 @@ runs; the dev suite then failed 616 tests, 2026-12-05)."""
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
 from racing import racing
@@ -62,3 +63,146 @@ def test_places_beside_a_thread_registering_hooks_leave_the_collector_on() -> No
     enabled = gc.isenabled()
     gc.enable()
     assert enabled
+
+
+# Interrupts (helper-143, 2026-12-05): a pause left counted left the collector off for good.
+# Each scenario runs in a child process (SIGINTs sent to it), which prints the collector's
+# state, the pauses still counted, and a count of what it checks.
+
+INTERRUPTED_LEAVING = r"""
+import gc, os, signal, threading, time
+from unihook import _collector
+from unihook.backend import collector_paused
+
+hold, release = threading.Event(), threading.Event()
+
+def other():
+    with _collector._lock:  # (another thread's pause coming in or going out meanwhile)
+        hold.set()
+        release.wait(2)
+
+thread = threading.Thread(target=other)
+caught = 0
+try:
+    with collector_paused():
+        thread.start()
+        hold.wait()
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        threading.Timer(0.6, release.set).start()
+except KeyboardInterrupt:
+    caught += 1
+thread.join()
+print((gc.isenabled(), len(_collector._in), caught))
+"""
+
+
+def test_a_ctrl_c_while_leaving_waits_for_the_lock_still_leaves() -> None:
+    """FINDING 1: the Ctrl-C landed in the wait for the lock, before the count went down."""
+    from children import last_value, run_code
+
+    assert last_value(run_code(INTERRUPTED_LEAVING, timeout=60)) == (True, 0, 1)
+
+
+HAMMERED = r"""
+import gc, os, signal, sys, threading, time
+from unihook import _collector
+from unihook.backend import collector_paused
+
+user_off = sys.argv[1] == "off"
+if user_off:
+    gc.disable()
+armed = [True]
+
+def handler(sig, frame):
+    if armed[0]:
+        raise KeyboardInterrupt
+
+signal.signal(signal.SIGINT, handler)
+end = time.monotonic() + 3
+
+def kicker():
+    while time.monotonic() < end:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.0003)
+
+def pausing():
+    while time.monotonic() < end:
+        with collector_paused():
+            pass
+
+def attempt():
+    error = None
+    try:
+        pausing()
+    except KeyboardInterrupt as caught:
+        error = caught  # (kept: the frame, the error and its traceback make a cycle)
+    return error is not None
+
+others = [threading.Thread(target=pausing) for _ in range(2)]
+kick = threading.Thread(target=kicker)
+interrupts = wrong = 0
+try:
+    for thread in [*others, kick]:
+        thread.start()
+except KeyboardInterrupt:
+    pass
+while kick.is_alive():
+    try:
+        interrupts += attempt()
+        if user_off and gc.isenabled():
+            wrong += 1  # (on while the user had it off; off is fine: another thread pauses)
+    except KeyboardInterrupt:
+        pass
+armed[0] = False
+for thread in [*others, kick]:
+    thread.join()
+with collector_paused():  # (lets go of one this thread abandoned)
+    pass
+print((gc.isenabled() != user_off, len(_collector._in), wrong, interrupts > 10))
+"""
+
+
+@pytest.mark.parametrize("user", ["on", "off"])
+def test_ctrl_c_anywhere_in_pauses_on_threads_leaves_the_collector_as_it_was(user: str) -> None:
+    """FINDINGS 1, 2 and 4: Ctrl-Cs landing anywhere in pauses (contextlib's ``__enter__`` /
+    ``__exit__`` around a generator left it counted, held by a cycle only the collector frees;
+    one after ``gc.isenabled()`` returned, before its value was kept, enabled it for a user who
+    had it off)."""
+    from children import last_value, run_code
+
+    assert last_value(run_code(HAMMERED, user, timeout=120)) == (True, 0, 0, True)
+
+
+FORKED = r"""
+import gc, os, threading
+from unihook.backend import collector_paused
+
+inside, done = threading.Event(), threading.Event()
+
+def paused():
+    with collector_paused():
+        inside.set()
+        done.wait()
+
+thread = threading.Thread(target=paused)
+thread.start()
+inside.wait()
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(write, b"1" if gc.isenabled() else b"0")
+    os._exit(0)
+os.waitpid(pid, 0)
+child = os.read(read, 1) == b"1"
+done.set()
+thread.join()
+print((child, gc.isenabled()))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_fork_while_another_thread_pauses_leaves_the_childs_collector_on() -> None:
+    """FINDING 6 (multiprocessing's fork, DataLoader workers): the child has no such thread."""
+    from children import last_value, run_code
+
+    assert last_value(run_code(FORKED, timeout=60)) == (True, True)

@@ -1207,6 +1207,48 @@ def test_torch_hook_changes_read_only_the_top_frames_of_other_threads(monkeypatc
     assert not compiling and Frame.reads <= 2 * _compile._NEAR
 
 
+def test_torch_hook_changes_stop_at_what_is_not_a_frame(monkeypatch: Any) -> None:
+    """Another thread's stack read while it changes may hand back what is no frame (under load
+    a link read a list: "'list' object has no attribute 'f_code'", a registration failed, the
+    dev suite on 2026-12-05): the walks stop there, the hook change goes on."""
+    import threading
+
+    pytest.importorskip("torch")
+    import torch._dynamo
+    from unihook_torch import _compile
+
+    import unihook
+
+    kept = unihook.register_forward_hook(torch.nn.Linear(1, 1), lambda *a: None)
+
+    class Frame:
+        f_code = test_torch_hook_changes_stop_at_what_is_not_a_frame.__code__
+        f_back: Any = [1, 2]  # (the freed link)
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    real = sys._current_frames
+    try:
+        assert other.ident is not None
+        fake = dict(real())
+        fake[other.ident] = Frame()
+        monkeypatch.setattr(sys, "_current_frames", lambda: fake)
+        near = _compile._near_tops()
+        whole = _compile._whole_stacks()
+        compiling = _compile._converting_anywhere(torch._dynamo)
+        handle = unihook.register_forward_pre_hook(torch.nn.Linear(1, 1), lambda *a: None)
+        handle.remove()
+    finally:
+        monkeypatch.setattr(sys, "_current_frames", real)
+        stop.set()
+        other.join()
+        kept.remove()
+    assert (id(fake[other.ident]), Frame.f_code) in near
+    assert (id(fake[other.ident]), Frame.f_code) in whole
+    assert not compiling
+
+
 ROOT_BESIDE_GLOBAL = r"""
 import warnings
 

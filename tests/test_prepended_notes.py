@@ -132,3 +132,69 @@ def test_a_removal_in_a_signal_handler_while_noting_does_not_wait_for_itself() -
     finally:
         signal.signal(signal.SIGALRM, previous)
     assert not held and not ops.prepended_keys(model, 1)
+
+
+def _double(m: Any, i: Any, o: Any) -> Any:
+    return o * 2
+
+
+def _add1(m: Any, i: Any, o: Any) -> Any:
+    return o + 1
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_a_hook_another_thread_appends_while_one_is_prepended_is_not_noted(
+    framework: str, monkeypatch: Any
+) -> None:
+    """helper-143's FINDING 3: the keys new after a registration with prepend were all noted,
+    a hook another thread appended meanwhile too (508 of 132,753 registrations beside such a
+    thread), and an every=2 recipe then recorded that hook's output (1.348 for 0.348)."""
+    if framework == "torch":
+        import unihook_torch as backend
+
+        def model_of() -> Any:
+            torch.manual_seed(0)
+            return nn.Sequential(nn.Linear(4, 4), nn.Tanh()), torch.randn(3, 4)
+
+        def append(layer: Any) -> None:
+            nn.Module.register_forward_hook(layer, _add1)
+
+        where, name = backend, "_insert"
+    else:
+        paddle = pytest.importorskip("paddle")
+        from unihook_paddle import _forward as where  # type: ignore[no-redef]
+
+        def model_of() -> Any:
+            paddle.seed(0)
+            return paddle.nn.Sequential(paddle.nn.Linear(4, 4), paddle.nn.Tanh()), paddle.randn(
+                [3, 4]
+            )
+
+        def append(layer: Any) -> None:
+            layer.register_forward_post_hook(_add1)
+
+        name = "add_hook"
+    real = getattr(where, name)
+    racing: list[bool] = []
+
+    def registering(layer: Any, *args: Any, **kwargs: Any) -> Any:
+        made = real(layer, *args, **kwargs)
+        if racing:  # (the other thread's registration, in the window)
+            racing.clear()
+            append(layer)
+        return made
+
+    monkeypatch.setattr(where, name, registering)
+
+    def run(every: int) -> list[float]:
+        model, x = model_of()
+        stats = ActivationStats(model, every=every)
+        for step in range(4):
+            if step == 1:
+                racing.append(True)
+                unihook.register_forward_hook(model[0], _double, prepend=True)
+            model(x)
+        stats.remove()
+        return [round(float(entry["0"]["mean"]), 5) for entry in stats.history]
+
+    assert run(2) == run(1)[::2]

@@ -74,25 +74,48 @@ def keys_of(module: Any, at: int) -> frozenset[int] | None:
         return None
 
 
-def note_prepended(module: Any, at: int, before: frozenset[int] | None, into: list[Any]) -> None:
-    """Note the keys `module`'s dict `at` has now and did not have `before` a registration
-    with prepend (its hook's); `into` gets the place first (for `forget_prepended`, which the
-    caller set up to undo this). Nothing where either read failed (the places then take the
-    hook for one appended, as one the framework prepended) or the dict takes no attribute."""
+def note_prepended(
+    module: Any, at: int, before: frozenset[int] | None, into: list[Any], hook: Any
+) -> None:
+    """Note the key of `hook` (registered with prepend) in `module`'s dict `at`: the keys it
+    has now and did not have `before`, and among them those holding `hook` (or a wrapper of
+    it, by ``__wrapped__``) where any does (another thread's hook appended meanwhile got a
+    key too: helper-143's FINDING 3, an every=2 recipe's hook then went after it); `into`
+    gets the place first (for `forget_prepended`, which the caller set up to undo this).
+    Nothing where either read failed (the places then take the hook for one appended, as
+    one the framework prepended) or the dict takes no attribute."""
     now = keys_of(module, at)
     if before is None or now is None or not now - before:
         return
-    home = _home(_dict_of(module, at))
+    hooks = _dict_of(module, at)
+    new = now - before
+    ours = frozenset(key for key in new if _holds(hooks.get(key), hook))
+    new = ours or new
+    home = _home(hooks)
     try:
         ref = weakref.ref(home)
     except TypeError:
         return
     with _lock:
-        into.append((ref, now - before))
+        into.append((ref, new))
         try:
-            _set_notes(home, _notes(home) | (now - before))
+            _set_notes(home, _notes(home) | new)
         except (AttributeError, TypeError):
             into.clear()  # (a dict without attributes: a third party's backend)
+
+
+def _holds(value: Any, hook: Any) -> bool:
+    """Whether the dict's `value` is `hook` or wraps it (``__wrapped__``, a few deep)."""
+    for _ in range(_DEPTH):
+        if value is hook:
+            return True
+        value = getattr(value, "__wrapped__", None)
+        if value is None:
+            return False
+    return False
+
+
+_DEPTH = 8  # (a backend's wrapper of unihook's `when` wrapper of the hook: 3)
 
 
 def forget_prepended(noted: list[Any]) -> None:

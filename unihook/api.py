@@ -203,6 +203,9 @@ def register_full_backward_hook(
 
 
 def _register(kind: HookKind, target: object, **options: Any) -> Handle:
+    flag = not_a_flag(options)
+    if flag:
+        raise HookArgumentError(f"{_site(kind, target, options.get('name'))}: {flag}")
     if held_here():  # (a finalizer run inside a registration: refused before any change)
         backend = plugin_manager().hook.unihook_backend_of(obj=target) or "none"
         raise inside_registration(Site.of(kind, backend, target, options.get("name")))
@@ -228,7 +231,7 @@ def _register(kind: HookKind, target: object, **options: Any) -> Handle:
             noted: list[Any] = []
             forget = functools.partial(forget_prepended, noted)
             steps.append(forget)  # (before the notes: a Ctrl-C in between leaves none)
-            note_prepended(target, at, before, noted)
+            note_prepended(target, at, before, noted, options.get("hook"))
             if noted:  # removing the hook forgets them
                 handle = Handle(handle.backend, handle.kind, _then(handle.remove, forget))
         registering.steps = outer
@@ -298,6 +301,20 @@ def _short(obj: object) -> str:
     except Exception as error:  # noqa: BLE001 (the error about the value must not fail)
         text = f"<{type_name(obj)}: repr raised {type_name(error)}>"
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def not_a_flag(options: dict[str, Any]) -> str:
+    """What is wrong with the first of `options`' flags (prepend, with_kwargs, always_call)
+    that is neither a bool nor 0 or 1, or "". torch takes any value, by its truth: a
+    ``prepend="no"`` went first, a ``with_kwargs="no"`` called the hook with the kwargs."""
+    for key in _FLAGS:
+        value = options.get(key, False)
+        if not (isinstance(value, bool) or (type(value) is int and value in (0, 1))):
+            return f"`{key}` must be a bool. Received: {key}={_short(value)}."
+    return ""
+
+
+_FLAGS = ("prepend", "with_kwargs", "always_call")
 
 
 def _site(kind: str, target: object, name: str | None) -> Site:

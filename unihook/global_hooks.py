@@ -11,7 +11,7 @@ from typing import Any, Callable, Literal, overload
 from ._describe import Site
 from ._locks import Collecting, held_here, inside_registration, registering, undo
 from ._plugins import outside_compilers, plugin_manager
-from .api import _backends, _no_backend_hint, _short
+from .api import _backends, _no_backend_hint, _short, not_a_flag
 from .errors import HookArgumentError, NoBackendError, UnsupportedHookError
 from .handles import Handle
 from .hooktypes import (
@@ -131,6 +131,9 @@ def _register(
     site = Site(global_label(kind), backend or ",".join(installed) or "none", "every module")
     if not callable(hook):
         raise HookArgumentError(f"{site}: `hook` must be callable. Received: hook={_short(hook)}.")
+    flag = not_a_flag({"with_kwargs": with_kwargs, "always_call": always_call})
+    if flag:
+        raise HookArgumentError(f"{site}: {flag}")
     if held_here():  # (a finalizer run inside a registration: refused before any change)
         raise inside_registration(site)
     if backend is not None and backend not in installed:

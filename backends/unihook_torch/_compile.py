@@ -519,14 +519,14 @@ def _threads_in_compiled_frames(convert_frame: Any, *, first: bool = False) -> s
     me, found = threading.get_ident(), set[int]()
     with collector_paused():
         for ident, frame in _current_frames().items():
-            while ident != me and frame is not None:
+            while ident != me and _a_frame(frame):
                 code = frame.f_code
                 if id(code) in compiled or _file_of(code) in dynamo_files:
                     found.add(ident)
                     if first:
                         return found
                     break
-                frame = frame.f_back
+                frame = getattr(frame, "f_back", None)
         return found
 
 
@@ -547,7 +547,7 @@ def _converting_here(convert_frame: Any) -> bool:
     while frame is not None:
         if frame.f_code.co_filename == convert_frame.__file__:
             return True
-        frame = frame.f_back
+        frame = frame.f_back  # (this thread's own stack: it does not change under the walk)
     return False
 
 
@@ -787,15 +787,23 @@ def _near_tops() -> list[tuple[int, Any]]:
     stack (a frame answered ``f_code`` with a dict: helper-98's FINDING 3; a recipe's walk
     crashed with SIGSEGV: helper-101's FINDING 6 test; cpython#99110's kin), and a walk of every
     stack made each hook change cost O(threads x depth) (16 threads 40 deep: 217 to 273 us a
-    register / remove pair, 87 to 89 us now; 54 to 63 us alone either way)."""
+    register / remove pair, 87 to 89 us now; 54 to 63 us alone either way). A walk stops at
+    what is not a frame: under load one read a list there (AttributeError: 'list' object has
+    no attribute 'f_code', a hook registration failed; the dev suite, 2026-12-05)."""
     me, found = threading.get_ident(), []
     for ident, frame in _current_frames().items():
         for _ in range(_NEAR if ident != me else 0):
-            if frame is None:
+            if not _a_frame(frame):  # (None at the bottom)
                 break
             found.append((id(frame), frame.f_code))
-            frame = frame.f_back
+            frame = getattr(frame, "f_back", None)
     return found
+
+
+def _a_frame(frame: Any) -> bool:
+    """Whether a walk of another thread's stack may read `frame`'s links: not at the bottom
+    (None), nor at what is no frame (see `_near_tops`)."""
+    return hasattr(frame, "f_code")
 
 
 def _whole_stacks() -> list[tuple[int, Any]]:
@@ -805,9 +813,9 @@ def _whole_stacks() -> list[tuple[int, Any]]:
     me, found = threading.get_ident(), []
     with _held_gil(), collector_paused():
         for ident, frame in _current_frames().items():
-            while ident != me and frame is not None:
+            while ident != me and _a_frame(frame):
                 found.append((id(frame), frame.f_code))
-                frame = frame.f_back
+                frame = getattr(frame, "f_back", None)
     return found
 
 

@@ -80,6 +80,47 @@ def test_when_invalid(backend: Any) -> None:
     _names(error, "forward", f"'{NAME}'", backend.name, "`when` must be one of")
 
 
+@pytest.mark.parametrize(
+    ("kind", "flag"),
+    [
+        ("forward_pre", "prepend"),
+        ("forward_pre", "with_kwargs"),
+        ("forward", "prepend"),
+        ("forward", "with_kwargs"),
+        ("forward", "always_call"),
+        ("full_backward_pre", "prepend"),
+        ("full_backward", "prepend"),
+    ],
+)
+@pytest.mark.parametrize("value", ["no", None, 2])
+def test_flag_not_a_bool(backend: Any, kind: str, flag: str, value: object) -> None:
+    """torch takes any value by its truth (``prepend="no"`` went first): a flag is a bool (or
+    0 / 1), and nothing is registered when it is not."""
+    register = getattr(unihook, f"register_{kind}_hook")
+    m = backend.linear(3, 2)
+    error = _raises(
+        lambda: register(m, lambda *a: None, name=NAME, **{flag: value}),
+        unihook.HookArgumentError,
+        TypeError,
+    )
+    _names(error, kind, f"'{NAME}'", backend.name, f"`{flag}` must be a bool")
+    assert f"{flag}={value!r}" in str(error)
+    assert not any(backend.hook_counts(m).values())
+    register(m, lambda *a: None, **{flag: 1}).remove()  # (0 and 1 pass)
+
+
+@pytest.mark.parametrize("flag", ["with_kwargs", "always_call"])
+def test_global_flag_not_a_bool(backend: Any, flag: str) -> None:
+    error = _raises(
+        lambda: unihook.register_module_forward_hook(
+            lambda *a: None, backend=backend.name, **{flag: "yes"}
+        ),
+        unihook.HookArgumentError,
+        TypeError,
+    )
+    _names(error, "module_forward", "every module", backend.name, f"`{flag}` must be a bool")
+
+
 def test_global_hook_not_callable(backend: Any) -> None:
     error = _raises(
         lambda: unihook.register_module_forward_hook(5, backend=backend.name),  # type: ignore[arg-type]
