@@ -1192,7 +1192,7 @@ def test_torch_hook_changes_read_only_the_top_frames_of_other_threads(monkeypatc
     real = sys._current_frames
     try:
         assert other.ident is not None
-        fake = dict(real())
+        fake: dict[int, Any] = dict(real())
         fake[other.ident] = Frame(0)
         monkeypatch.setattr(sys, "_current_frames", lambda: fake)
         with _compile.hooks_changeable():
@@ -1231,7 +1231,7 @@ def test_torch_hook_changes_stop_at_what_is_not_a_frame(monkeypatch: Any) -> Non
     real = sys._current_frames
     try:
         assert other.ident is not None
-        fake = dict(real())
+        fake: dict[int, Any] = dict(real())
         fake[other.ident] = Frame()
         monkeypatch.setattr(sys, "_current_frames", lambda: fake)
         near = _compile._near_tops()

@@ -822,8 +822,8 @@ def test_torch_native_backward_hooks_and_ours_chain_in_registration_order(
             double = lambda mod, go: (go[0] * 2,)  # noqa: E731
             native = m.register_full_backward_pre_hook
             mine = unihook.register_full_backward_pre_hook
-        first = partial(mine, m) if ours and unihook_first else native
-        second = partial(mine, m) if ours and not unihook_first else native
+        first: Any = partial(mine, m) if ours and unihook_first else native
+        second: Any = partial(mine, m) if ours and not unihook_first else native
         handles = [first(add1), second(double, prepend=prepend)]
         m(x).sum().backward()
         for handle in handles:

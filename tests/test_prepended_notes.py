@@ -134,11 +134,11 @@ def test_a_removal_in_a_signal_handler_while_noting_does_not_wait_for_itself() -
     assert not held and not ops.prepended_keys(model, 1)
 
 
-def _double(m: Any, i: Any, o: Any) -> Any:
+def _times_two(m: Any, i: Any, o: Any) -> Any:
     return o * 2
 
 
-def _add1(m: Any, i: Any, o: Any) -> Any:
+def _plus_one(m: Any, i: Any, o: Any) -> Any:
     return o + 1
 
 
@@ -157,7 +157,7 @@ def test_a_hook_another_thread_appends_while_one_is_prepended_is_not_noted(
             return nn.Sequential(nn.Linear(4, 4), nn.Tanh()), torch.randn(3, 4)
 
         def append(layer: Any) -> None:
-            nn.Module.register_forward_hook(layer, _add1)
+            nn.Module.register_forward_hook(layer, _plus_one)
 
         where, name = backend, "_insert"
     else:
@@ -171,7 +171,7 @@ def test_a_hook_another_thread_appends_while_one_is_prepended_is_not_noted(
             )
 
         def append(layer: Any) -> None:
-            layer.register_forward_post_hook(_add1)
+            layer.register_forward_post_hook(_plus_one)
 
         name = "add_hook"
     real = getattr(where, name)
@@ -192,7 +192,7 @@ def test_a_hook_another_thread_appends_while_one_is_prepended_is_not_noted(
         for step in range(4):
             if step == 1:
                 racing.append(True)
-                unihook.register_forward_hook(model[0], _double, prepend=True)
+                unihook.register_forward_hook(model[0], _times_two, prepend=True)
             model(x)
         stats.remove()
         return [round(float(entry["0"]["mean"]), 5) for entry in stats.history]

@@ -106,15 +106,15 @@ def _drop_abandoned(entry: tuple[int, FrameType, int] | None) -> bool:
     mine = [key for key, (owner, _, _) in _in.items() if owner == thread]
     if not mine:
         return False
-    running = set[int]()
+    gone = {id(_in[key][1]) for key in mine}  # (until found running: most are a frame up)
     frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        running.add(id(frame))
+    while frame is not None and gone:
+        gone.discard(id(frame))
         frame = frame.f_back
     abandoned = [
         key
         for key in mine
-        if id(_in[key][1]) not in running
+        if id(_in[key][1]) in gone
         or (entry is not None and _in[key][1] is entry[1] and _in[key][2] == entry[2])
     ]
     for key in abandoned:

@@ -526,7 +526,7 @@ def _threads_in_compiled_frames(convert_frame: Any, *, first: bool = False) -> s
                     if first:
                         return found
                     break
-                frame = getattr(frame, "f_back", None)
+                frame = _back(frame)
         return found
 
 
@@ -796,8 +796,13 @@ def _near_tops() -> list[tuple[int, Any]]:
             if not _a_frame(frame):  # (None at the bottom)
                 break
             found.append((id(frame), frame.f_code))
-            frame = getattr(frame, "f_back", None)
+            frame = _back(frame)
     return found
+
+
+def _back(frame: Any) -> Any:
+    """The frame below `frame` in another thread's stack, or None (see `_a_frame`)."""
+    return getattr(frame, "f_back", None)
 
 
 def _a_frame(frame: Any) -> bool:
@@ -815,7 +820,7 @@ def _whole_stacks() -> list[tuple[int, Any]]:
         for ident, frame in _current_frames().items():
             while ident != me and _a_frame(frame):
                 found.append((id(frame), frame.f_code))
-                frame = getattr(frame, "f_back", None)
+                frame = _back(frame)
     return found
 
 

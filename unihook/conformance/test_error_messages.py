@@ -111,9 +111,10 @@ def test_flag_not_a_bool(backend: Any, kind: str, flag: str, value: object) -> N
 
 @pytest.mark.parametrize("flag", ["with_kwargs", "always_call"])
 def test_global_flag_not_a_bool(backend: Any, flag: str) -> None:
+    options: dict[str, Any] = {flag: "yes"}
     error = _raises(
         lambda: unihook.register_module_forward_hook(
-            lambda *a: None, backend=backend.name, **{flag: "yes"}
+            lambda *a: None, backend=backend.name, **options
         ),
         unihook.HookArgumentError,
         TypeError,
