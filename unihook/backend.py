@@ -27,8 +27,10 @@ backends use them.
   instead of deadlocking, and a Ctrl-C never leaves it held. `defer_while_locked(action)`
   for a removal that takes a lock of the framework's: asked for by a finalizer inside a
   registration, it runs when the thread lets go of its registry locks.
-  `collector_paused()`: the garbage collector off while any thread is inside one (counted
-  across threads: pausing it by hand on two threads at once could leave it off for good).
+  `collector_paused()`: the garbage collector off while any thread is inside one (``with
+  collector_paused():``; counted across threads: pausing it by hand on two threads at once
+  could leave it off for good; a Ctrl-C anywhere in one leaves nothing counted; not across a
+  ``yield``).
 - **Ctrl-C**: `undo_if_unfinished(remover)` before each step of a registration: a
   registration cut short (a KeyboardInterrupt anywhere in it) is undone; removers must be
   idempotent (see ``unihook._locks``).
