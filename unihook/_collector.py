@@ -125,7 +125,10 @@ def _drop_abandoned(entry: tuple[int, FrameType, int] | None) -> bool:
 def collector_paused() -> _Pause:
     """No garbage collection inside (``with collector_paused():``), on any thread (a
     collection another thread's allocation starts included), for as long as any thread is
-    inside one; the collector's state when the first came in is back when the last leaves."""
+    inside one; the collector's state when the first came in is back when the last leaves.
+    Enter it with a ``with`` statement of its own: one entered through a helper frame
+    (``ExitStack.enter_context``, a wrapper's ``__enter__``) or by hand in a loop is taken
+    for abandoned at the thread's next pause (helper-145's and helper-146's FINDING 1, open)."""
     return _Pause()
 
 
