@@ -5,13 +5,16 @@ runs; the dev suite then failed 616 tests, 2026-12-05)."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+from collections.abc import Iterator
 
 import pytest
 from racing import racing
 
 import unihook
+from unihook import _collector
 from unihook.backend import collector_paused
 from unihook.recipes import ActivationStats
 
@@ -206,3 +209,146 @@ def test_a_fork_while_another_thread_pauses_leaves_the_childs_collector_on() -> 
     from children import last_value, run_code
 
     assert last_value(run_code(FORKED, timeout=60)) == (True, True)
+
+
+# Helper frames (helper-145's and helper-146's FINDING 1, 2026-12-05): each pause was judged by
+# the frame that called its ``__enter__``; one entered through another frame was let go at the
+# thread's next pause while still in, and the collector enabled inside it.
+
+
+class _Wrapper:
+    def __init__(self) -> None:
+        self._pause = collector_paused()
+
+    def __enter__(self) -> None:
+        self._pause.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._pause.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _around() -> Iterator[None]:
+    with collector_paused():
+        yield
+
+
+def _by_hand() -> contextlib.AbstractContextManager[None]:
+    pauses = [collector_paused() for _ in range(3)]
+    for pause in pauses:  # (one line enters them all)
+        pause.__enter__()
+    stack = contextlib.ExitStack()
+    for pause in pauses:
+        stack.push(pause.__exit__)
+    return stack
+
+
+ENTERED = {
+    "exit_stack": lambda: _entered_by(contextlib.ExitStack()),
+    "wrapper": _Wrapper,
+    "contextmanager": _around,
+    "by_hand_in_a_loop": _by_hand,
+}
+
+
+def _entered_by(stack: contextlib.ExitStack) -> contextlib.ExitStack:
+    stack.enter_context(collector_paused())
+    return stack
+
+
+@pytest.mark.parametrize("how", list(ENTERED))
+def test_a_pause_entered_through_another_frame_stays_in(how: str) -> None:
+    assert gc.isenabled()
+    try:
+        with ENTERED[how]():
+            _pause()  # (the thread's next pause: it judged the other one abandoned)
+            _pause()
+            inside = gc.isenabled()
+        assert (inside, gc.isenabled(), len(_collector._in)) == (False, True, 0)
+    finally:
+        gc.enable()
+
+
+def test_a_pause_is_entered_once() -> None:
+    pause = collector_paused()
+    with pause:
+        with pytest.raises(RuntimeError, match="entered once"):
+            pause.__enter__()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+# A Ctrl-C before the first line of a pause's ``__exit__`` (simulated by a trace function at
+# its call): the pause is let go when the with statement drops it, and where the error kept
+# makes a cycle that holds it, at the thread's next pause, or when its outer pause leaves, or
+# when its thread ends. A finalizer that pauses, run by the letting go, must not record "off"
+# as the state to restore (helper-146's FINDING 2).
+CUT_SHORT = r"""
+import gc, sys, threading
+from unihook import _collector
+from unihook.backend import collector_paused
+
+scenario = sys.argv[1]
+kept = []
+
+class Pausing:
+    def __del__(self):
+        with collector_paused():
+            pass
+
+def tracer(frame, event, arg):
+    if frame.f_code is _collector._Pause.__exit__.__code__ and event == "call":
+        raise KeyboardInterrupt
+    return None
+
+def cut_short():
+    local = Pausing()
+    sys.settrace(tracer)
+    try:
+        with collector_paused():
+            pass
+    finally:
+        sys.settrace(None)
+
+def caught(keep):
+    try:
+        cut_short()
+    except KeyboardInterrupt as error:
+        if keep:
+            kept.append(error)  # (error -> traceback -> frames -> ... : freed by the collector)
+            here = error  # (this frame in the cycle too)
+
+def outer():
+    with collector_paused():
+        caught(True)
+        return gc.isenabled()
+
+counted = len(_collector._in)
+if scenario == "dropped":
+    caught(False)
+elif scenario == "kept":
+    caught(True)
+    counted = len(_collector._in)
+    with collector_paused():
+        pass
+elif scenario == "kept_in_an_outer_pause":
+    assert not outer()
+elif scenario == "kept_on_a_thread_that_ends":
+    thread = threading.Thread(target=caught, args=(True,))
+    thread.start()
+    thread.join()
+print((counted, gc.isenabled(), len(_collector._in)))
+"""
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    ["dropped", "kept", "kept_in_an_outer_pause", "kept_on_a_thread_that_ends"],
+)
+def test_a_pause_whose_exit_a_ctrl_c_cut_short_is_let_go(scenario: str) -> None:
+    from children import last_value, run_code
+
+    counted, enabled, left = last_value(run_code(CUT_SHORT, scenario, timeout=60))
+    assert (enabled, left) == (True, 0)
+    if scenario == "kept":
+        assert counted == 1  # (held by the cycle until the next pause: what the test tests)

@@ -11,21 +11,29 @@ collector was enabled when the first came in.
 A Ctrl-C must not leave a pause counted (helper-143, 2026-12-05): one landing while leaving
 waited for the lock skipped the count's decrement (FINDING 1), and one landing in contextlib's
 ``__enter__`` / ``__exit__`` around a generator left the generator, still counted, to a
-reference cycle only the paused collector frees (FINDING 2): the collector off for good either
-way. So a pause is an object: leaving retries until it is counted out, then raises the
-interrupt; entering, interrupted, leaves again. CPython runs a signal handler, and switches
-threads, only at the end of a call or at a backward jump: each step below that changes the
-count makes no call before its last (``gc.disable()``, ``gc.enable()``), so no handler and no
-other thread sees it half made. One step cannot be made so: a Python ``__exit__`` (and
-``__enter__``) may be interrupted before its first line. A pause left counted so is let go
-at this thread's next pause: each pause knows the frame and instruction of its ``with``, and
-one is abandoned where that frame no longer runs, or where that same ``with`` comes in again
-(a loop, or the next time round). A fork while another thread pauses leaves the child's count
-without that thread's pauses (FINDING 6: the child's collector stayed off). A pause does not
-span a ``yield``: a suspended frame counts as one that no longer runs.
+reference cycle only the paused collector frees (FINDING 2). So a pause is an object: leaving
+retries until it is counted out, then raises the interrupt; entering, interrupted, leaves
+again. CPython runs a signal handler, and switches threads, only at the end of a call or at a
+backward jump: each step below that changes the count makes no call before its last
+(``gc.disable()``, ``gc.enable()``), and the count passes through 0 only at a leave's last step,
+so no handler and no other thread sees it half made. One step cannot be made so: a Python
+``__exit__`` may be interrupted before its first line. A pause left counted so is let go by its
+finalizer when the ``with`` statement drops it, and, where a cycle (the error kept) holds it, at
+its thread's next pause, if a ``with`` statement of a function's own entered it (a frame that
+runs on its thread's stack, a generator's excepted): abandoned where that frame no longer runs,
+where that same statement comes in again, or where a pause such a statement entered before it
+leaves; or when its thread ends. (Until the evening of 2026-12-05 every
+pause was judged by the frame that called its ``__enter__``: one entered by
+``ExitStack.enter_context``, a wrapper or by hand in a loop was let go while in, the collector
+enabled inside it, and the frames the lock's holder dropped ran finalizers that paused in the
+middle: helper-145's and helper-146's FINDINGS 1 and 2.) A fork while another thread pauses
+leaves the child's count without that thread's pauses (FINDING 6: the child's collector stayed
+off).
 
 Not kept: a user's ``gc.disable()`` made while a pause is in (the collector is off already,
-and the last pause out enables it if it was on when the first came in).
+and the last pause out enables it if it was on when the first came in); a pause across a
+greenlet switch (its frame runs off the thread's stack: taken for done by the thread's next
+pause).
 """
 
 from __future__ import annotations
@@ -35,16 +43,24 @@ import os
 import sys
 import threading
 from itertools import count
+from opcode import opmap
 from types import FrameType, TracebackType
 
 __all__ = ["collector_paused"]
 
-# (reentrant: a signal handler pausing on a thread inside; replaced in a forked child)
+# (reentrant: a signal handler or a finalizer pausing on a thread inside; replaced in a forked
+# child)
 _lock = threading.RLock()
-# the pauses in, by key: the thread of each, the frame of its ``with`` and where in it
-_in: dict[int, tuple[int, FrameType, int]] = {}
+# the pauses in, by key: the thread of each and, for one entered by a ``with`` statement of its
+# own, that statement's frame and code (by id: nothing freed under the lock) and offset; else 0s
+_in: dict[int, tuple[int, int, int, int]] = {}
 _restore = [False]  # whether the collector was enabled when the first pause came in
 _keys = count(1)
+# the instruction that calls a ``with`` statement's ``__enter__`` (3.10: SETUP_WITH; none from
+# 3.14 on: there the pauses are let go of by their finalizer alone)
+_WITH = {opmap[name] for name in ("BEFORE_WITH", "SETUP_WITH") if name in opmap}
+_SUSPENDABLE = 0x20 | 0x80 | 0x100 | 0x200  # generator, coroutine, iterable and async generator
+_thread = threading.local()  # (its value of a thread is freed when that thread ends)
 
 
 class _Pause:
@@ -56,20 +72,25 @@ class _Pause:
         self._key = 0  # (counted while not 0)
 
     def __enter__(self) -> None:
-        caller = sys._getframe(1)
-        key, entry = next(_keys), (threading.get_ident(), caller, caller.f_lasti)
+        if self._key:
+            raise RuntimeError("a collector pause is entered once; make one per with statement")
+        thread, site = threading.get_ident(), _site(sys._getframe(1))
+        if getattr(_thread, "end", None) is None:
+            _thread.end = _ThreadEnd(thread)
+        key = next(_keys)
         try:
             with _lock:
                 enabled = gc.isenabled()
-                dropped = _drop_abandoned(entry)
                 first = not _in  # (from here to the disable: no call)
-                _in[key] = entry
+                _in[key] = (thread, *site)
                 self._key = key
-                if first and not dropped:  # (else the state the abandoned ones left)
+                if first:
                     _restore[0] = enabled
                 gc.disable()
+                if not first:
+                    _let_go(_abandoned(key, site))
         except BaseException:
-            self._leave()
+            self._leave(False)
             raise
 
     def __exit__(
@@ -78,57 +99,114 @@ class _Pause:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._leave()
+        self._leave(True)
 
-    def _leave(self) -> None:
+    def __del__(self) -> None:
+        # (one whose __exit__ a Ctrl-C cut short before its first line, and the with statement
+        # gone: let go of here; where a cycle holds it, at its thread's next pause)
+        if self._key:
+            self._leave(False)
+
+    def _leave(self, done: bool) -> None:
+        """Count this pause out; where its own ``with`` statement is `done`, with it the
+        thread's pauses entered by a ``with`` statement after it (abandoned: a statement that
+        came in after this one, on this thread's stack, is done before it)."""
         interrupted: BaseException | None = None
         while self._key:
             try:
                 with _lock:  # (a Ctrl-C in the wait: tried again)
-                    key = self._key  # (from here to the enable: no call)
-                    self._key = 0
-                    if key in _in:
+                    key = self._key
+                    if done and key in _in and len(_in) > 1 and _in[key][1]:
+                        _let_go(_after(key))
+                    if key in _in:  # (from here to the enable: no call)
                         del _in[key]
-                    if _in:
-                        _drop_abandoned(None)
-                    if not _in and _restore[0]:
-                        gc.enable()
+                        if not _in and _restore[0]:
+                            gc.enable()
+                    self._key = 0
             except BaseException as error:
                 interrupted = error
         if interrupted is not None:
             raise interrupted
 
 
-def _drop_abandoned(entry: tuple[int, FrameType, int] | None) -> bool:
-    """Let go of this thread's pauses whose frame no longer runs, or which `entry` (a pause
-    coming in) comes in at again; whether there were any."""
-    thread = threading.get_ident()
-    mine = [key for key, (owner, _, _) in _in.items() if owner == thread]
-    if not mine:
-        return False
-    gone = {id(_in[key][1]) for key in mine}  # (until found running: most are a frame up)
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None and gone:
-        gone.discard(id(frame))
-        frame = frame.f_back
-    abandoned = [
-        key
-        for key in mine
-        if id(_in[key][1]) in gone
-        or (entry is not None and _in[key][1] is entry[1] and _in[key][2] == entry[2])
+def _site(frame: FrameType) -> tuple[int, int, int]:
+    """Where `frame` enters a pause: its id, its code's and the offset, if it is a ``with``
+    statement of a function's own (a frame that is on its thread's stack while it runs); 0s
+    where it is a call (``ExitStack.enter_context``, a wrapper's ``__enter__``, by hand) or a
+    generator's or coroutine's (suspended, it runs off the stack)."""
+    code, offset = frame.f_code, frame.f_lasti
+    if code.co_flags & _SUSPENDABLE or code.co_code[offset] not in _WITH:
+        return (0, 0, 0)
+    return (id(frame), id(code), offset)
+
+
+def _abandoned(key: int, coming: tuple[int, int, int]) -> list[int]:
+    """(under the lock, the pause `key` coming in at site `coming`) This thread's other pauses
+    a ``with`` statement entered that is done: its frame no longer runs on the thread, or it
+    is the one coming in again (a loop, or the next time round)."""
+    thread = _in[key][0]
+    mine = [
+        (other, entry[1:])
+        for other, entry in tuple(_in.items())  # (one read: other threads change it)
+        if entry[0] == thread and entry[1] and other != key
     ]
-    for key in abandoned:
-        _in.pop(key, None)
-    return bool(abandoned)
+    if not mine:
+        return []
+    running: dict[int, int] = {}
+    wanted = {site[0] for _, site in mine}
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and wanted:  # (most are a frame or two up: the walk stops there)
+        if id(frame) in wanted:
+            wanted.discard(id(frame))
+            running[id(frame)] = id(frame.f_code)
+        frame = frame.f_back
+    return [other for other, site in mine if running.get(site[0]) != site[1] or site == coming]
+
+
+def _after(key: int) -> list[int]:
+    """(under the lock) `key`'s thread's pauses a ``with`` statement entered after it."""
+    thread = _in[key][0]
+    return [
+        other
+        for other, entry in tuple(_in.items())
+        if other > key and entry[0] == thread and entry[1]
+    ]
+
+
+def _let_go(keys: list[int]) -> None:
+    """(under the lock, with another pause in: the count stays above 0) Take `keys` out."""
+    for key in keys:
+        if key in _in:
+            del _in[key]
+
+
+class _ThreadEnd:
+    """Lets go of a thread's pauses when it ends (one a cycle holds: helper-145's FINDING 3)."""
+
+    __slots__ = ("_thread",)
+
+    def __init__(self, thread: int) -> None:
+        self._thread = thread
+
+    def __del__(self) -> None:
+        with _lock:
+            left = [key for key, entry in tuple(_in.items()) if entry[0] == self._thread]
+            if not left:
+                return
+            *others, last = left
+            _let_go(others)
+            if last in _in:  # (from here to the enable: no call)
+                del _in[last]
+                if not _in and _restore[0]:
+                    gc.enable()
 
 
 def collector_paused() -> _Pause:
     """No garbage collection inside (``with collector_paused():``), on any thread (a
     collection another thread's allocation starts included), for as long as any thread is
     inside one; the collector's state when the first came in is back when the last leaves.
-    Enter it with a ``with`` statement of its own: one entered through a helper frame
-    (``ExitStack.enter_context``, a wrapper's ``__enter__``) or by hand in a loop is taken
-    for abandoned at the thread's next pause (helper-145's and helper-146's FINDING 1, open)."""
+    One pause per ``with`` statement (or ``ExitStack.enter_context``, a wrapper's
+    ``__enter__``)."""
     return _Pause()
 
 
@@ -145,7 +223,7 @@ def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.RLock()
     me = threading.get_ident()
-    for key in [key for key, (thread, _, _) in _in.items() if thread != me]:
+    for key in [key for key, entry in _in.items() if entry[0] != me]:
         del _in[key]
     if not _in and _restore[0]:
         gc.enable()
