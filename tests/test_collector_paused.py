@@ -352,3 +352,29 @@ def test_a_pause_whose_exit_a_ctrl_c_cut_short_is_let_go(scenario: str) -> None:
     assert (enabled, left) == (True, 0)
     if scenario == "kept":
         assert counted == 1  # (held by the cycle until the next pause: what the test tests)
+
+
+AT_THE_END = r"""
+import sys, threading
+from unihook.backend import collector_paused
+
+with collector_paused():  # (this thread's end-of-thread note made)
+    pass
+held = collector_paused()
+held.__enter__()  # (in at the interpreter's end)
+thread = threading.Thread(target=lambda: collector_paused().__enter__())
+thread.start()
+thread.join()
+threading._kept = sys.modules["unihook._collector"]  # (alive until its names are cleared)
+print("done")
+"""
+
+
+def test_pauses_in_at_the_interpreters_end_say_nothing() -> None:
+    """A thread's end-of-thread note freed as the interpreter ends, the module's names cleared
+    (after each pytest run of the repo's tests, 2026-12-05), raised ("'NoneType' object does
+    not support the context manager protocol"); so could a pause in then."""
+    from children import run_code
+
+    done = run_code(AT_THE_END, timeout=60)
+    assert (done.returncode, done.stdout.strip(), done.stderr.strip()) == (0, "done", "")

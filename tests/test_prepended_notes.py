@@ -143,12 +143,15 @@ def _plus_one(m: Any, i: Any, o: Any) -> Any:
 
 
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
+@pytest.mark.parametrize("same", [False, True], ids=["another_function", "the_same_function"])
 def test_a_hook_another_thread_appends_while_one_is_prepended_is_not_noted(
-    framework: str, monkeypatch: Any
+    framework: str, same: bool, monkeypatch: Any
 ) -> None:
     """helper-143's FINDING 3: the keys new after a registration with prepend were all noted,
     a hook another thread appended meanwhile too (508 of 132,753 registrations beside such a
-    thread), and an every=2 recipe then recorded that hook's output (1.348 for 0.348)."""
+    thread), and an every=2 recipe then recorded that hook's output (1.348 for 0.348); and
+    helper-145's FINDING 4: the same function appended (one logging hook on many modules)."""
+    appended = _times_two if same else _plus_one
     if framework == "torch":
         import unihook_torch as backend
 
@@ -157,7 +160,7 @@ def test_a_hook_another_thread_appends_while_one_is_prepended_is_not_noted(
             return nn.Sequential(nn.Linear(4, 4), nn.Tanh()), torch.randn(3, 4)
 
         def append(layer: Any) -> None:
-            nn.Module.register_forward_hook(layer, _plus_one)
+            nn.Module.register_forward_hook(layer, appended)
 
         where, name = backend, "_insert"
     else:
@@ -171,7 +174,7 @@ def test_a_hook_another_thread_appends_while_one_is_prepended_is_not_noted(
             )
 
         def append(layer: Any) -> None:
-            layer.register_forward_post_hook(_plus_one)
+            layer.register_forward_post_hook(appended)
 
         name = "add_hook"
     real = getattr(where, name)

@@ -103,8 +103,9 @@ class _Pause:
 
     def __del__(self) -> None:
         # (one whose __exit__ a Ctrl-C cut short before its first line, and the with statement
-        # gone: let go of here; where a cycle holds it, at its thread's next pause)
-        if self._key:
+        # gone: let go of here; where a cycle holds it, at its thread's next pause; not at the
+        # interpreter's end, the module's names cleared)
+        if self._key and _lock is not None:
             self._leave(False)
 
     def _leave(self, done: bool) -> None:
@@ -189,6 +190,8 @@ class _ThreadEnd:
         self._thread = thread
 
     def __del__(self) -> None:
+        if _lock is None:  # (the interpreter's end: the module's names cleared)
+            return
         with _lock:
             left = [key for key, entry in tuple(_in.items()) if entry[0] == self._thread]
             if not left:

@@ -80,7 +80,8 @@ def note_prepended(
     """Note the key of `hook` (registered with prepend) in `module`'s dict `at`: the keys it
     has now and did not have `before`, and among them those holding `hook` (or a wrapper of
     it, by ``__wrapped__``) where any does (another thread's hook appended meanwhile got a
-    key too: helper-143's FINDING 3, an every=2 recipe's hook then went after it); `into`
+    key too: helper-143's FINDING 3, an every=2 recipe's hook then went after it), the first
+    of these where it leads the dict; `into`
     gets the place first (for `forget_prepended`, which the caller set up to undo this).
     Nothing where either read failed (the places then take the hook for one appended, as
     one the framework prepended) or the dict takes no attribute."""
@@ -89,8 +90,8 @@ def note_prepended(
         return
     hooks = _dict_of(module, at)
     new = now - before
-    ours = frozenset(key for key in new if _holds(hooks.get(key), hook))
-    new = ours or new
+    holding = [key for key in new if _holds(hooks.get(key), hook)]
+    new = frozenset(_front(tuple(hooks), new, holding) or holding or new)
     home = _home(hooks)
     try:
         ref = weakref.ref(home)
@@ -102,6 +103,18 @@ def note_prepended(
             _set_notes(home, _notes(home) | new)
         except (AttributeError, TypeError):
             into.clear()  # (a dict without attributes: a third party's backend)
+
+
+def _front(order: tuple[int, ...], new: frozenset[int], holding: list[int]) -> list[int]:
+    """The first of the `holding` keys in the `order` of the dict, if the keys before it are
+    new too: the one prepended (another thread may append the same function meanwhile, one
+    logging hook put on many modules: helper-145's FINDING 4)."""
+    for key in order:
+        if key in holding:
+            return [key]
+        if key not in new:
+            return []
+    return []
 
 
 def _holds(value: Any, hook: Any) -> bool:
