@@ -118,6 +118,13 @@ class Autograd:
     # Optional: `own_modules`, the prefix of the `__module__` of the framework's own module
     # classes (``"torch.nn."``), whose one-argument forward reads no tensor a user set on the
     # module (see `_refuse_shared_inputs`).
+    # Optional, together: for a framework with module backward hooks of its own, which the
+    # backend hides from it while the module has unihook's and runs among unihook's, in the
+    # order of registration (`prepend` first) whoever registered them: `rank(prepend)`, a
+    # unihook hook's place in that order, drawn at its registration (an int: the order
+    # ascending, a prepended one before every other registered so far); `natives(module)`,
+    # the framework's own pre-hooks and full hooks of `module` hidden so, each a list of
+    # (rank, (hook, site)) in the framework's order, or None where there are none.
 
     @staticmethod
     def rebase(original: Any, alias: Any, site: Site, /) -> Any:
@@ -209,6 +216,12 @@ class ModuleBackward:
             self.deferring = (data_only, after_backward)
         self.pre_hooks: dict[int, tuple[Hook, Site | None]] = {}
         self.full_hooks: dict[int, tuple[Hook, Site | None]] = {}
+        # optional, together (see Autograd): the framework's own hooks run among these
+        rank: Callable[[bool], int] | None = getattr(autograd, "rank", None)
+        natives: Callable[[Any], Any] | None = getattr(autograd, "natives", None)
+        self.rank = rank if natives is not None and not is_global else None
+        self.natives = natives if rank is not None and not is_global else None
+        self.ranks: dict[int, int] = {}  # key -> rank (replaced whole, as the hook dicts)
         self.local: threading.local = threading.local()
         # every thread's `_stack`, weakly (a thread's goes with it)
         self.stacks: set[weakref.ref[_Stack]] = set()
@@ -228,6 +241,8 @@ class ModuleBackward:
         attr = "pre_hooks" if kind == "full_backward_pre" else "full_hooks"
         if key is None:
             key = next(_ids)
+        if self.rank is not None:
+            self.ranks = {**self.ranks, key: self.rank(prepend)}
         if prepend:
             setattr(self, attr, {key: (hook, site), **getattr(self, attr)})
         else:
@@ -246,6 +261,8 @@ class ModuleBackward:
             self.pre_hooks = {k: v for k, v in self.pre_hooks.items() if k != key}
         if key in self.full_hooks:
             self.full_hooks = {k: v for k, v in self.full_hooks.items() if k != key}
+        if key in self.ranks:
+            self.ranks = {k: v for k, v in self.ranks.items() if k != key}
         return not (self.pre_hooks or self.full_hooks)
 
     def _stack(self) -> _Stack:
@@ -1209,9 +1226,16 @@ class _Call:
         self.beside = False
         self.held: Sequence[Any] = ()  # the tensor arguments, strongly (see pre_dispatch)
         shared = _globals.get(owner.autograd.backend) if with_globals else None
+        found = None if owner.natives is None else owner.natives(module)
+        if found is None:
+            own_pre: Iterable[Any] = owner.pre_hooks.values()
+            own_full: Iterable[Any] = owner.full_hooks.values()
+        else:  # (the framework's own, hidden from it: see Autograd)
+            own_pre = _merged(owner.pre_hooks, owner.ranks, found[0])
+            own_full = _merged(owner.full_hooks, owner.ranks, found[1])
         if shared is None:
-            self.pre_hooks = list(owner.pre_hooks.values())
-            self.full_hooks = list(owner.full_hooks.values())
+            self.pre_hooks = list(own_pre)
+            self.full_hooks = list(own_full)
         else:
             pre, full = list(shared.pre_hooks.values()), list(shared.full_hooks.values())
             if not (pre or full):
@@ -1220,8 +1244,8 @@ class _Call:
                 shared = _globals.get(owner.autograd.backend)
                 if shared is not None:
                     pre, full = list(shared.pre_hooks.values()), list(shared.full_hooks.values())
-            self.pre_hooks = [*pre, *owner.pre_hooks.values()]
-            self.full_hooks = [*full, *owner.full_hooks.values()]
+            self.pre_hooks = [*pre, *own_pre]
+            self.full_hooks = [*full, *own_full]
         self.n_inputs = n_inputs
         self.input_idx: list[int] | None = None
         self.input_node: object = None  # what the backend names the input side's node by
@@ -1331,6 +1355,24 @@ class _Call:
             "replaced dict the module drops), or forward was cut short by a BaseException. "
             "Put the saved dict back before calling the module",
         )
+
+
+def _merged(
+    own: dict[int, tuple[Hook, Site | None]],
+    ranks: dict[int, int],
+    natives: list[tuple[int, tuple[Hook, Site | None]]],
+) -> list[tuple[Hook, Site | None]]:
+    """unihook's hooks `own` and the framework's `natives`, each in its own order, in the
+    order of their ranks (see Autograd)."""
+    merged, i = [], 0
+    for key, entry in own.items():
+        rank = ranks.get(key, 0)
+        while i < len(natives) and natives[i][0] < rank:
+            merged.append(natives[i][1])
+            i += 1
+        merged.append(entry)
+    merged.extend(entry for _, entry in natives[i:])
+    return merged
 
 
 def _tensors_in(values: Sequence[Any], ag: Autograd) -> tuple[list[int], list[Any], bool]:

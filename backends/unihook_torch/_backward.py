@@ -25,6 +25,7 @@ from unihook.backend import (
     add_global_backward_hook,
     check_grad_like,
     register_backward_hook,
+    undo_if_unfinished,
 )
 from unihook.handles import Handle
 
@@ -32,6 +33,7 @@ from . import NAME
 from ._alias import InputAlias, changed, guard, mark, span, use, watch, watch_inputs
 from ._compile import EagerUnderCompile, WatchedPinned, outside_dynamo
 from ._global import TORCH_CALL_CODE, WRAPPER_CODES
+from ._native_backward import Absorption, natives, rank
 
 Grads = Sequence[Any]
 
@@ -305,6 +307,9 @@ class TorchAutograd(Autograd):
     watch = staticmethod(watch)
     watch_inputs = staticmethod(watch_inputs)
     mark = staticmethod(mark)
+    # torch's own module backward hooks run among unihook's (see ._native_backward)
+    rank = staticmethod(rank)
+    natives = staticmethod(natives)
 
     @staticmethod
     def moved(alias: Any, original: Any) -> bool:
@@ -342,10 +347,19 @@ _AUTOGRAD = TorchAutograd()
 def register(
     module: Any, kind: str, hook: Callable[..., Any], prepend: bool, name: str | None
 ) -> Handle:
+    # torch's own backward hooks of the module run among unihook's while it has one
+    absorption = Absorption(module)
+    undo_if_unfinished(absorption.release)
+    absorption.take()
     handle = register_backward_hook(_AUTOGRAD, module, kind, hook, prepend, name)
+
+    def remove() -> None:  # (idempotent, as both)
+        handle.remove()
+        absorption.release()
+
     # torch.compile: removed inside a compiled forward, the removal runs outside dynamo (it
     # reads the threads' frames)
-    return Handle(handle.backend, handle.kind, outside_dynamo(handle.remove))
+    return Handle(handle.backend, handle.kind, outside_dynamo(remove))
 
 
 def add_global(kind: str, hook: Callable[..., Any]) -> Callable[[], None]:
