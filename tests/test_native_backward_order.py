@@ -187,3 +187,124 @@ def test_torch_compile_runs_both_in_order(compiler: str) -> None:
     got, seen = compiled(steps)
     assert seen == want_seen
     assert torch.allclose(got, want)
+
+
+@pytest.mark.parametrize("where", ["forward_pre", "forward", "forward_hook"])
+def test_unihooks_last_hook_removed_during_the_call_leaves_torchs_running(where: str) -> None:
+    """helper-148's FINDING 1: removed by a forward pre-hook of the call, before unihook's
+    pre-dispatch, torch's own hook (left out of the call as it started) did not run: the
+    gradient 10x off."""
+
+    class Lin(torch.nn.Linear):
+        def forward(self, x: Any) -> Any:
+            if where == "forward":
+                handles[0].remove()
+            return super().forward(x)
+
+    def run(ours: bool) -> Any:
+        torch.manual_seed(0)
+        module, seen = Lin(2, 2), []
+        native = module.register_full_backward_hook(lambda m, gi, go: (gi[0] * 10,))
+        register = unihook.register_full_backward_hook if ours else None
+        hook = _hook("full_backward", 1.0, 0.0, seen, 0)
+        handles[:] = [
+            register(module, hook) if register else module.register_full_backward_hook(hook)
+        ]
+        remover = (lambda *a: handles[0].remove()) if where != "forward" else (lambda *a: None)
+        extra = (
+            module.register_forward_pre_hook(remover)
+            if where == "forward_pre"
+            else module.register_forward_hook(remover)
+        )
+        x = torch.ones(1, 2, requires_grad=True)
+        module(x).sum().backward()
+        for handle in (native, extra, handles[0]):
+            handle.remove()
+        return x.grad
+
+    handles: list[Any] = []
+    assert torch.allclose(run(True), run(False))
+    assert not _native_backward._absorbed
+
+
+def test_a_thread_registering_and_removing_leaves_torchs_hook_once_per_backward() -> None:
+    """helper-148's FINDING 2: another thread registering and removing unihook's hook on the
+    module: torch's own ran in about half of the backwards, and some raised
+    BackendStateError."""
+    import sys
+    import threading
+    import time
+
+    module = torch.nn.Linear(4, 4)
+    count = [0]
+    native = module.register_full_backward_hook(lambda *a: count.__setitem__(0, count[0] + 1))
+    stop = threading.Event()
+
+    def toggle() -> None:
+        while not stop.is_set():
+            unihook.register_full_backward_hook(module, lambda *a: None).remove()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=toggle)
+    thread.start()
+    counts: dict[int, int] = {}
+    try:
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            count[0] = 0
+            module(torch.ones(1, 4, requires_grad=True)).sum().backward()
+            counts[count[0]] = counts.get(count[0], 0) + 1
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+        native.remove()
+    assert list(counts) == [1], counts
+    assert not _native_backward._absorbed
+
+
+def test_a_library_replacing_torchs_registration_beside_unihooks() -> None:
+    """helper-148's FINDING 3: a library's replacement of the method, made while unihook's
+    was installed, recursed for ever once unihook installed its own again."""
+    module = torch.nn.Linear(2, 2)
+    handle = unihook.register_full_backward_hook(module, lambda *a: None)
+    unihooks = torch.nn.Module.register_full_backward_hook
+
+    def library(self: Any, hook: Any, prepend: bool = False) -> Any:
+        return unihooks(self, hook, prepend=prepend)
+
+    torch.nn.Module.register_full_backward_hook = library  # type: ignore[method-assign]
+    try:
+        handle.remove()  # (unihook's stays beneath the library's)
+        handle = unihook.register_full_backward_hook(module, lambda *a: None)
+        native = module.register_full_backward_hook(lambda *a: None)
+        native.remove()
+        handle.remove()
+    finally:
+        original = _native_backward._TORCH["register_full_backward_hook"]
+        torch.nn.Module.register_full_backward_hook = original  # type: ignore[method-assign]
+    assert not _native_backward._absorbed
+
+
+def test_a_plain_dict_a_library_assigned_is_torchs_alone() -> None:
+    """helper-148's FINDING 9: ``m._backward_hooks = {}`` (no weak references) failed
+    unihook's registration."""
+    module = torch.nn.Linear(2, 2)
+    module._backward_hooks = {}  # type: ignore[assignment]
+    handle = unihook.register_full_backward_hook(module, lambda *a: None)
+    handle.remove()
+    assert not _native_backward._absorbed
+
+
+def test_a_model_dropped_with_its_hooks_gives_torchs_methods_back() -> None:
+    """helper-148's FINDING 8."""
+    import gc
+
+    module = torch.nn.Linear(2, 2)
+    unihook.register_full_backward_hook(module, lambda *a: None)
+    del module
+    gc.collect()
+    assert not _native_backward._absorbed
+    for name, original in _native_backward._TORCH.items():
+        assert vars(torch.nn.Module)[name] is original

@@ -32,8 +32,7 @@ from unihook.handles import Handle
 from . import NAME
 from ._alias import InputAlias, changed, guard, mark, span, use, watch, watch_inputs
 from ._compile import EagerUnderCompile, WatchedPinned, outside_dynamo
-from ._global import TORCH_CALL_CODE, WRAPPER_CODES
-from ._native_backward import Absorption, natives, rank
+from ._native_backward import CALL_CODES, Absorption, natives, pending, rank
 
 Grads = Sequence[Any]
 
@@ -239,7 +238,7 @@ class TorchAutograd(Autograd):
     own_modules = "torch.nn."  # (see Autograd: their forward reads no user tensor)
     # torch's (`Module._call_impl` may be unihook's wrapper by now: that one calls torch's) and
     # the wrapper, whose global dispatchers may have taken a call before torch's code runs
-    call_codes = frozenset({TORCH_CALL_CODE, *WRAPPER_CODES})
+    call_codes = CALL_CODES
     # C callables, no Python frame: each runs a few times per hooked call (torch.is_tensor is
     # a Python function around the same isinstance)
     is_tensor = staticmethod(torch.Tensor.__instancecheck__)
@@ -310,6 +309,7 @@ class TorchAutograd(Autograd):
     # torch's own module backward hooks run among unihook's (see ._native_backward)
     rank = staticmethod(rank)
     natives = staticmethod(natives)
+    pending = staticmethod(pending)
 
     @staticmethod
     def moved(alias: Any, original: Any) -> bool:
@@ -348,14 +348,16 @@ def register(
     module: Any, kind: str, hook: Callable[..., Any], prepend: bool, name: str | None
 ) -> Handle:
     # torch's own backward hooks of the module run among unihook's while it has one
+    # (absorbed after unihook's hook is in, given back before it leaves: torch leaves its
+    # hooks out of a call only where unihook's dispatchers are there to run them)
+    handle = register_backward_hook(_AUTOGRAD, module, kind, hook, prepend, name)
     absorption = Absorption(module)
     undo_if_unfinished(absorption.release)
     absorption.take()
-    handle = register_backward_hook(_AUTOGRAD, module, kind, hook, prepend, name)
 
     def remove() -> None:  # (idempotent, as both)
-        handle.remove()
         absorption.release()
+        handle.remove()
 
     # torch.compile: removed inside a compiled forward, the removal runs outside dynamo (it
     # reads the threads' frames)

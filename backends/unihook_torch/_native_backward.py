@@ -20,6 +20,7 @@ unihook's too; a dict assigned anew (``m._backward_hooks = OrderedDict()``) is t
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from functools import partial, update_wrapper
@@ -27,11 +28,12 @@ from typing import Any, Callable
 
 import torch
 
-from unihook.backend import Site
+from unihook.backend import Site, hold_call
 
 from . import NAME
+from ._global import TORCH_CALL_CODE, WRAPPER_CODES
 
-__all__ = ["Absorption", "natives", "rank"]
+__all__ = ["Absorption", "natives", "pending", "rank"]
 
 _ATTRS = {"_backward_pre_hooks": "full_backward_pre", "_backward_hooks": "full_backward"}
 _lock = threading.Lock()
@@ -42,6 +44,11 @@ _absorbed: dict[int, list[Any]] = {}
 _originals: dict[str, Any] = {}
 
 Ranked = list[tuple[int, tuple[Callable[..., Any], Site | None]]]
+# .calls: id(module) -> [frame, pre-hooks, full hooks left out, the hold's release or None]
+_started = threading.local()
+_inside = threading.local()  # .method: the replaced method running (see `_call`)
+_module_globals = vars(sys.modules["torch.nn.modules.module"])
+CALL_CODES = frozenset({TORCH_CALL_CODE, *WRAPPER_CODES})  # (TorchAutograd.call_codes)
 
 
 def rank(prepend: bool) -> int:
@@ -52,17 +59,50 @@ def rank(prepend: bool) -> int:
     return -key if prepend else key
 
 
-def natives(module: Any) -> tuple[Ranked, Ranked] | None:
-    """torch's own backward pre-hooks and full hooks in `module`'s absorbed dicts, ranked."""
-    own = module.__dict__
-    pre, full = own.get("_backward_pre_hooks"), own.get("_backward_hooks")
-    if not (pre or full):
+def natives(module: Any, frame: int) -> tuple[Ranked, Ranked] | None:
+    """torch's own backward pre-hooks and full hooks of `module` that torch left out of this
+    call (the call function's frame: `frame`) as it started, ranked; taken once."""
+    calls = getattr(_started, "calls", None)
+    entry = calls.pop(id(module), None) if calls else None
+    if entry is None:
         return None
-    found = (
-        _ranked(pre, module, "full_backward_pre"),
-        _ranked(full, module, "full_backward") if _full(module) else [],
-    )
-    return found if found[0] or found[1] else None
+    if entry[3] is not None:
+        entry[3]()  # (the call's entry holds the dispatchers from here)
+    return (entry[1], entry[2]) if entry[0] == frame else None
+
+
+def pending(module: Any, frame: int) -> bool:
+    """Whether torch left hooks of `module` out of this call as it started (`natives`)."""
+    calls = getattr(_started, "calls", None)
+    entry = calls.get(id(module)) if calls else None
+    return entry is not None and entry[0] == frame and bool(entry[1] or entry[2])
+
+
+def _left_out(module: Any, at: int, hooks: Any, kind: str) -> bool:
+    """Whether torch leaves `hooks` (absorbed) out of this call of `module`: noted then, for
+    it, as they are (torch reads a module's hooks as a call starts; unihook's dispatch runs
+    these, added or removed from now on, or unihook's last hook removed: as torch would). The
+    call is named by the frame of its call function, as the dispatch finds it (torch asks from
+    a closure inside it), and held in flight first (`hold_call`: a removal of unihook's last
+    hook on another thread leaves the dispatchers for it), then the dicts read again: still
+    absorbed, unihook's hook was there when the hold came."""
+    caller: Any = sys._getframe(2)
+    while caller is not None and caller.f_code not in CALL_CODES:
+        caller = caller.f_back
+    frame = 0 if caller is None else id(caller)
+    calls = getattr(_started, "calls", None)
+    if calls is None:
+        calls = _started.calls = {}
+    entry = calls.get(id(module))
+    if entry is None or entry[0] != frame:
+        if entry is not None and entry[3] is not None:
+            entry[3]()  # (one a call cut short before its pre-dispatch left)
+        entry = calls[id(module)] = [frame, [], [], None]
+        entry[3] = hold_call(module, frame)
+    if entry[3] is None or not _absorbs(hooks):
+        return False
+    entry[at] = _ranked(hooks, module, kind)
+    return True
 
 
 def _full(module: Any) -> bool:
@@ -95,7 +135,12 @@ class Absorption:
     __slots__ = ("_refs",)
 
     def __init__(self, module: Any) -> None:
-        self._refs = [weakref.ref(d) for d in map(module.__dict__.get, _ATTRS) if d is not None]
+        self._refs = []
+        for hooks in map(module.__dict__.get, _ATTRS):
+            try:
+                self._refs.append(weakref.ref(hooks))
+            except TypeError:  # (None, or a plain dict a library assigned: torch's alone)
+                pass
 
     def take(self) -> None:
         with _lock:
@@ -130,6 +175,12 @@ def _gone(ident: int, ref: weakref.ref[Any]) -> None:
     entry = _absorbed.get(ident)
     if entry is not None and entry[0] is ref:
         _absorbed.pop(ident, None)
+    if not _absorbed and _lock.acquire(blocking=False):  # (held here: the holder sees to it)
+        try:
+            if not _absorbed:
+                _uninstall()  # (a model dropped with its hooks: torch's methods back)
+        finally:
+            _lock.release()
 
 
 def _install() -> None:
@@ -155,24 +206,38 @@ def _absorbs(hooks: Any) -> bool:
 
 
 def _get_backward_hooks(self: Any) -> Any:
-    full, non_full = _originals["_get_backward_hooks"](self)
     own = self.__dict__.get("_backward_hooks")
-    if own and _full(self) and _absorbs(own):
-        del full[len(full) - len(own) :]  # (torch puts the module's after the global ones)
-    return full, non_full
+    if not (own and _full(self) and _absorbs(own) and _left_out(self, 2, own, "full_backward")):
+        return _call(self, "_get_backward_hooks")
+    # torch's lists without the module's own (one read of the globals: no tail to cut, which
+    # another thread's registration meanwhile made longer or shorter)
+    hooks = list(_module_globals.get("_global_backward_hooks", {}).values())
+    full = _module_globals.get("_global_is_full_backward_hook")
+    return (hooks if full is True else []), (hooks if full is False else [])
 
 
 def _get_backward_pre_hooks(self: Any) -> Any:
-    hooks = _originals["_get_backward_pre_hooks"](self)
     own = self.__dict__.get("_backward_pre_hooks")
-    if own and _absorbs(own):
-        del hooks[len(hooks) - len(own) :]
-    return hooks
+    if not (own and _absorbs(own) and _left_out(self, 1, own, "full_backward_pre")):
+        return _call(self, "_get_backward_pre_hooks")
+    return list(_module_globals.get("_global_backward_pre_hooks", {}).values())
+
+
+def _call(self: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    """The method the class had (a library's replacement of it too) or, called again from
+    inside that (a library that replaced unihook's and calls it), torch's."""
+    if getattr(_inside, "method", None) == method:
+        return _TORCH[method](self, *args, **kwargs)
+    _inside.method = method
+    try:
+        return _originals.get(method, _TORCH[method])(self, *args, **kwargs)
+    finally:
+        _inside.method = None
 
 
 def _noting(method: str, attr: str) -> Callable[..., Any]:
     def register(self: Any, hook: Any, *args: Any, **kwargs: Any) -> Any:
-        handle = _originals[method](self, hook, *args, **kwargs)
+        handle = _call(self, method, hook, *args, **kwargs)
         if kwargs.get("prepend", args[0] if args else False):
             hooks = self.__dict__.get(attr)
             with _lock:
@@ -192,5 +257,7 @@ _REPLACEMENTS: dict[str, Callable[..., Any]] = {
         "register_full_backward_pre_hook", "_backward_pre_hooks"
     ),
 }
+# torch's own methods (a replaced one that calls unihook's again gets these: see `_call`)
+_TORCH = {name: vars(torch.nn.Module)[name] for name in _REPLACEMENTS}
 for _name, _replacement in _REPLACEMENTS.items():  # (torch's names and docs, for help())
-    update_wrapper(_replacement, vars(torch.nn.Module)[_name])
+    update_wrapper(_replacement, _TORCH[_name])
