@@ -378,3 +378,101 @@ def test_pauses_in_at_the_interpreters_end_say_nothing() -> None:
 
     done = run_code(AT_THE_END, timeout=60)
     assert (done.returncode, done.stdout.strip(), done.stderr.strip()) == (0, "done", "")
+
+
+# helper-147's attack of the pauses (2026-12-05)
+HANDED_ON = r"""
+import contextlib, gc, threading
+from unihook.backend import collector_paused
+
+box = {}
+
+def worker():
+    stack = contextlib.ExitStack()
+    stack.enter_context(collector_paused())
+    box["stack"] = stack
+
+thread = threading.Thread(target=worker)
+thread.start()
+thread.join()
+inside = gc.isenabled()
+with box["stack"]:
+    pass
+print((inside, gc.isenabled()))
+"""
+
+FORK_WITH_NONE_IN = r"""
+import gc, os
+from unihook.backend import collector_paused
+
+with collector_paused():
+    pass
+gc.disable()
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(write, b"1" if gc.isenabled() else b"0")
+    os._exit(0)
+os.waitpid(pid, 0)
+print(os.read(read, 1) == b"1")
+"""
+
+FINALIZER_CUT_SHORT = r"""
+import gc, sys
+from unihook import _collector
+from unihook.backend import collector_paused
+
+left = ["__exit__", "__del__"]
+
+class Wrapper:
+    def __enter__(self):
+        self.pause = collector_paused()
+        self.pause.__enter__()
+    def __exit__(self, *exc):
+        self.pause.__exit__(None, None, None)
+
+def tracer(frame, event, arg):
+    code = frame.f_code
+    ours = code.co_filename == _collector.__file__
+    if event == "call" and left and ours and code.co_name == left[0]:
+        left.pop(0)  # (the first in the pause's exit, the second in its finalizer)
+        raise KeyboardInterrupt
+    return None
+
+sys.settrace(tracer)
+try:
+    with Wrapper():
+        pass
+except KeyboardInterrupt:
+    sys.settrace(tracer)  # (CPython unset it: set again, for the finalizer's)
+sys.settrace(None)
+counted = len(_collector._in)
+with collector_paused():  # (the thread's next pause lets go of the one no one holds)
+    pass
+print((left, counted, gc.isenabled(), len(_collector._in)))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        (HANDED_ON, (False, True)),  # FINDING 2: its thread's end let it go while in
+        (FORK_WITH_NONE_IN, False),  # FINDING 3: the child enabled what the user disabled
+    ],
+    ids=["a_pause_handed_to_another_thread", "a_fork_with_no_pause_in"],
+)
+def test_pauses_outlive_their_thread_and_forks_keep_the_users_state(
+    script: str, expected: object
+) -> None:
+    from children import last_value, run_code
+
+    assert last_value(run_code(script, timeout=60)) == expected
+
+
+def test_a_pause_whose_finalizer_a_second_ctrl_c_cut_short_is_let_go() -> None:
+    """FINDING 1: the pause's finalizer, its only way out, cut short at its first line (the
+    second Ctrl-C, dropped as "ignored in __del__") left it counted for good."""
+    from children import last_value, run_code
+
+    assert last_value(run_code(FINALIZER_CUT_SHORT, timeout=60)) == ([], 1, True, 0)

@@ -42,6 +42,7 @@ import gc
 import os
 import sys
 import threading
+import weakref
 from itertools import count
 from opcode import opmap
 from types import FrameType, TracebackType
@@ -52,8 +53,9 @@ __all__ = ["collector_paused"]
 # child)
 _lock = threading.RLock()
 # the pauses in, by key: the thread of each and, for one entered by a ``with`` statement of its
-# own, that statement's frame and code (by id: nothing freed under the lock) and offset; else 0s
-_in: dict[int, tuple[int, int, int, int]] = {}
+# own, that statement's frame and code (by id: nothing freed under the lock) and offset, else 0s;
+# and the pause, weakly
+_in: dict[int, tuple[int, int, int, int, weakref.ref[_Pause]]] = {}
 _restore = [False]  # whether the collector was enabled when the first pause came in
 _keys = count(1)
 # the instruction that calls a ``with`` statement's ``__enter__`` (3.10: SETUP_WITH; none from
@@ -66,7 +68,7 @@ _thread = threading.local()  # (its value of a thread is freed when that thread 
 class _Pause:
     """One pause (see the module's docstring); `collector_paused()` makes them."""
 
-    __slots__ = ("_key",)
+    __slots__ = ("_key", "__weakref__")
 
     def __init__(self) -> None:
         self._key = 0  # (counted while not 0)
@@ -77,12 +79,12 @@ class _Pause:
         thread, site = threading.get_ident(), _site(sys._getframe(1))
         if getattr(_thread, "end", None) is None:
             _thread.end = _ThreadEnd(thread)
-        key = next(_keys)
+        key, ref = next(_keys), weakref.ref(self)
         try:
             with _lock:
                 enabled = gc.isenabled()
                 first = not _in  # (from here to the disable: no call)
-                _in[key] = (thread, *site)
+                _in[key] = (thread, *site, ref)
                 self._key = key
                 if first:
                     _restore[0] = enabled
@@ -105,7 +107,7 @@ class _Pause:
         # (one whose __exit__ a Ctrl-C cut short before its first line, and the with statement
         # gone: let go of here; where a cycle holds it, at its thread's next pause; not at the
         # interpreter's end, the module's names cleared)
-        if self._key and _lock is not None:
+        if getattr(self, "_key", 0) and _lock is not None:  # (a Ctrl-C in __init__: none)
             self._leave(False)
 
     def _leave(self, done: bool) -> None:
@@ -142,17 +144,20 @@ def _site(frame: FrameType) -> tuple[int, int, int]:
 
 
 def _abandoned(key: int, coming: tuple[int, int, int]) -> list[int]:
-    """(under the lock, the pause `key` coming in at site `coming`) This thread's other pauses
-    a ``with`` statement entered that is done: its frame no longer runs on the thread, or it
-    is the one coming in again (a loop, or the next time round)."""
+    """(under the lock, the pause `key` coming in at site `coming`) The pauses no one holds any
+    more (their finalizer's leave cut short: a second Ctrl-C, helper-147's FINDING 1), and
+    this thread's others a ``with`` statement entered that is done: its frame no longer runs
+    on the thread, or it is the one coming in again (a loop, or the next time round)."""
     thread = _in[key][0]
+    entries = tuple(_in.items())  # (one read: other threads change it)
+    dead = [other for other, entry in entries if entry[4]() is None]
     mine = [
-        (other, entry[1:])
-        for other, entry in tuple(_in.items())  # (one read: other threads change it)
+        (other, entry[1:4])
+        for other, entry in entries
         if entry[0] == thread and entry[1] and other != key
     ]
     if not mine:
-        return []
+        return dead
     running: dict[int, int] = {}
     wanted = {site[0] for _, site in mine}
     frame: FrameType | None = sys._getframe(1)
@@ -161,7 +166,9 @@ def _abandoned(key: int, coming: tuple[int, int, int]) -> list[int]:
             wanted.discard(id(frame))
             running[id(frame)] = id(frame.f_code)
         frame = frame.f_back
-    return [other for other, site in mine if running.get(site[0]) != site[1] or site == coming]
+    return dead + [
+        other for other, site in mine if running.get(site[0]) != site[1] or site == coming
+    ]
 
 
 def _after(key: int) -> list[int]:
@@ -193,7 +200,13 @@ class _ThreadEnd:
         if _lock is None:  # (the interpreter's end: the module's names cleared)
             return
         with _lock:
-            left = [key for key, entry in tuple(_in.items()) if entry[0] == self._thread]
+            # (a pause it entered through another frame may be held on by another thread: an
+            # ExitStack handed on; helper-147's FINDING 2)
+            left = [
+                key
+                for key, entry in tuple(_in.items())
+                if entry[0] == self._thread and (entry[1] or entry[4]() is None)
+            ]
             if not left:
                 return
             *others, last = left
@@ -226,9 +239,10 @@ def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.RLock()
     me = threading.get_ident()
-    for key in [key for key, entry in _in.items() if entry[0] != me]:
+    gone = [key for key, entry in _in.items() if entry[0] != me]
+    for key in gone:
         del _in[key]
-    if not _in and _restore[0]:
+    if gone and not _in and _restore[0]:  # (none in before: the user's state, helper-147's F3)
         gc.enable()
 
 
