@@ -22,7 +22,13 @@ finalizer when the ``with`` statement drops it, and, where a cycle (the error ke
 its thread's next pause, if a ``with`` statement of a function's own entered it (a frame that
 runs on its thread's stack, a generator's excepted): abandoned where that frame no longer runs,
 where that same statement comes in again, or where a pause such a statement entered before it
-leaves; or when its thread ends. (Until the evening of 2026-12-05 every
+leaves; or when its thread ends. A pause no one holds any more whose finalizer a second Ctrl-C
+cut short (CPython drops an error raised in a finalizer) is let go at the next pause on any
+thread (each entry holds its pause weakly: helper-147's FINDING 1). Open: a pause entered
+through another frame (``ExitStack.enter_context``, a wrapper) whose exit a Ctrl-C cut short,
+held by a cycle (the error kept, or ExitStack's own), stays counted: only the collector frees
+that cycle (helper-147's real-SIGINT run through ExitStacks: 40 left, the collector off).
+unihook's own pauses are ``with`` statements of their functions. (Until the evening of 2026-12-05 every
 pause was judged by the frame that called its ``__enter__``: one entered by
 ``ExitStack.enter_context``, a wrapper or by hand in a loop was let go while in, the collector
 enabled inside it, and the frames the lock's holder dropped ran finalizers that paused in the
