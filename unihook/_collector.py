@@ -28,8 +28,8 @@ thread (each entry holds its pause weakly: helper-147's FINDING 1). Open: a paus
 through another frame (``ExitStack.enter_context``, a wrapper) whose exit a Ctrl-C cut short,
 held by a cycle (the error kept, or ExitStack's own), stays counted: only the collector frees
 that cycle (helper-147's real-SIGINT run through ExitStacks: 40 left, the collector off).
-unihook's own pauses are ``with`` statements of their functions. (Until the evening of 2026-12-05 every
-pause was judged by the frame that called its ``__enter__``: one entered by
+unihook's own pauses are ``with`` statements of their functions. (Until the evening of
+2026-12-05 every pause was judged by the frame that called its ``__enter__``: one entered by
 ``ExitStack.enter_context``, a wrapper or by hand in a loop was let go while in, the collector
 enabled inside it, and the frames the lock's holder dropped ran finalizers that paused in the
 middle: helper-145's and helper-146's FINDINGS 1 and 2.) A fork while another thread pauses
@@ -52,6 +52,7 @@ import weakref
 from itertools import count
 from opcode import opmap
 from types import FrameType, TracebackType
+from typing import Any
 
 __all__ = ["collector_paused"]
 
@@ -61,7 +62,7 @@ _lock = threading.RLock()
 # the pauses in, by key: the thread of each and, for one entered by a ``with`` statement of its
 # own, that statement's frame and code (by id: nothing freed under the lock) and offset, else 0s;
 # and the pause, weakly
-_in: dict[int, tuple[int, int, int, int, weakref.ref[_Pause]]] = {}
+_in: dict[int, tuple[int, int, int, int, weakref.ref[Any]]] = {}
 _restore = [False]  # whether the collector was enabled when the first pause came in
 _keys = count(1)
 # the instruction that calls a ``with`` statement's ``__enter__`` (3.10: SETUP_WITH; none from
