@@ -118,16 +118,6 @@ class Autograd:
     # Optional: `own_modules`, the prefix of the `__module__` of the framework's own module
     # classes (``"torch.nn."``), whose one-argument forward reads no tensor a user set on the
     # module (see `_refuse_shared_inputs`).
-    # Optional, together: for a framework with module backward hooks of its own, which the
-    # backend hides from it while the module has unihook's and runs among unihook's, in the
-    # order of registration (`prepend` first) whoever registered them: `rank(prepend)`, a
-    # unihook hook's place in that order, drawn at its registration (an int: the order
-    # ascending, a prepended one before every other registered so far); `natives(module,
-    # frame)`, the framework's own pre-hooks and full hooks it left out of this call of
-    # `module` as it started (`frame`: the id of the frame of its call function), each a list
-    # of (rank, (hook, site)) in the framework's order, or None where it left none out (taken
-    # once: each call asks once); `pending(module, frame)`, whether it left any out (asked by a
-    # removed state, which then takes the call to run them).
 
     @staticmethod
     def rebase(original: Any, alias: Any, site: Site, /) -> Any:
@@ -219,15 +209,6 @@ class ModuleBackward:
             self.deferring = (data_only, after_backward)
         self.pre_hooks: dict[int, tuple[Hook, Site | None]] = {}
         self.full_hooks: dict[int, tuple[Hook, Site | None]] = {}
-        # optional, together (see Autograd): the framework's own hooks run among these
-        rank: Callable[[bool], int] | None = getattr(autograd, "rank", None)
-        natives: Callable[[Any, int], Any] | None = getattr(autograd, "natives", None)
-        pending: Callable[[Any, int], bool] | None = getattr(autograd, "pending", None)
-        together = rank is not None and natives is not None and pending is not None
-        self.rank = rank if together and not is_global else None
-        self.natives = natives if together and not is_global else None
-        self.pending = pending if together and not is_global else None
-        self.ranks: dict[int, int] = {}  # key -> rank (replaced whole, as the hook dicts)
         self.local: threading.local = threading.local()
         # every thread's `_stack`, weakly (a thread's goes with it)
         self.stacks: set[weakref.ref[_Stack]] = set()
@@ -247,8 +228,6 @@ class ModuleBackward:
         attr = "pre_hooks" if kind == "full_backward_pre" else "full_hooks"
         if key is None:
             key = next(_ids)
-        if self.rank is not None:
-            self.ranks = {**self.ranks, key: self.rank(prepend)}
         if prepend:
             setattr(self, attr, {key: (hook, site), **getattr(self, attr)})
         else:
@@ -267,8 +246,6 @@ class ModuleBackward:
             self.pre_hooks = {k: v for k, v in self.pre_hooks.items() if k != key}
         if key in self.full_hooks:
             self.full_hooks = {k: v for k, v in self.full_hooks.items() if k != key}
-        if key in self.ranks:
-            self.ranks = {k: v for k, v in self.ranks.items() if k != key}
         return not (self.pre_hooks or self.full_hooks)
 
     def _stack(self) -> _Stack:
@@ -341,31 +318,24 @@ class ModuleBackward:
         # on one side: not told apart.)
         return frame is None or at == 0 or at == id(frame)
 
-    def hold(self, frame: int = 0) -> _Entry:
+    def hold(self) -> _Entry:
         """Mark a call in flight on this thread before the framework reads the module's hooks
         (the wrappers of torch's `_call_impl` and MindSpore's `Cell.__call__`): a
         removal meanwhile leaves the dispatchers pinned for it, and a hook registered then
         revives this state (`_States.revive`) instead of pinning a newer one the framework's
-        snapshot would lack. Give the mark to `let_go` in a ``finally`` that covers the call.
-        `frame`: the id of the call function's frame (default: the caller's)."""
+        snapshot would lack. Give the mark to `let_go` in a ``finally`` that covers the call."""
         try:
             stack = self.local.stack
         except AttributeError:  # (this thread's first call)
             stack = self._stack()
         # (no module, no args: no dispatcher takes it for a call's entry)
-        mark = (0, _NO_MODULE, _PASSED, frame or id(sys._getframe(1)))
+        mark = (0, _NO_MODULE, _PASSED, id(sys._getframe(1)))
         stack.append(mark)
         return mark
 
     def let_go(self, mark: _Entry) -> None:
         """The call `hold` marked is over; removed meanwhile, the last call out retires the
         dispatchers."""
-        self.unmark(mark)
-        if self.removed and self.dispatchers is not None:  # (else retired: no lock to take)
-            self._ended()
-
-    def unmark(self, mark: _Entry) -> None:
-        """Take `hold`'s mark out, the call going on (its own entry holds the dispatchers)."""
         stack = self.local.stack
         if stack and stack[-1] is mark:
             stack.pop()
@@ -374,6 +344,8 @@ class ModuleBackward:
                 if stack[k] is mark:
                     del stack[k]
                     break
+        if self.removed and self.dispatchers is not None:  # (else retired: no lock to take)
+            self._ended()
 
     def around(self, module: Any) -> None:
         """A global state's dispatchers run around `module`'s whole call (torch's wrapper of
@@ -434,7 +406,7 @@ class ModuleBackward:
         frame = 0 if caller is None else id(caller)
         stack.append((id(args), ref, _PASSED, frame))
         pos = len(stack) - 1
-        if self.removed and not self._takes_natives(module, frame):
+        if self.removed:
             return self._pass_on(module, args, stack, pos)
         with_globals, taken, beside = not self.is_global, False, False
         if self.is_global:
@@ -457,16 +429,10 @@ class ModuleBackward:
                     with_globals, beside = False, True
                 _around.own = self.ref  # (the last to take it: see `_shared_took`)
         ag = self.autograd
-        # (taken in every call: one left behind would pass for a later call's)
-        found = None
-        if self.natives is not None:
-            mine = stack[pos]
-            found = self.natives(module, frame)
-            pos = _moved(stack, pos, mine)  # (the framework's hold of the call let go below)
         if not ag.grad_enabled():
             stack[pos] = (id(args), ref, None, frame)
             return None
-        call = _Call(module, self, len(args), with_globals, found)
+        call = _Call(module, self, len(args), with_globals)
         if beside:
             call.beside = True
         if self.mark is not None:
@@ -500,27 +466,6 @@ class ModuleBackward:
         stack[pos] = (id(args), ref, call, frame)
         return args if call.input_idx is not None else None
 
-    def _takes_natives(self, module: Any, frame: int) -> bool:
-        """Removed, whether this state takes the call all the same: the framework left hooks
-        of its own out of it as it started (see Autograd), and no newer state takes it."""
-        if self.pending is None or not self.pending(module, frame):
-            return False
-        newer = _states.get(module)
-        if newer is not None and newer is not self:
-            return False
-        if self.dispatchers is None:
-            # removed before this call's pre-dispatch (by a forward pre-hook of it): out since
-            # no call was in flight; its post-dispatcher must end this one (the framework reads
-            # the forward hooks after forward), and goes again when it does (`_ended`)
-            if _lock.held():
-                return False  # (inside a registration on this thread: cannot wait for it)
-            with _lock, _lock.mutex:
-                if self.dispatchers is None and self.removed:
-                    self.dispatchers = self.autograd.add_dispatchers(
-                        module, self.pre_dispatch, self.post_dispatch
-                    )
-        return True
-
     def _pass_on(
         self, module: Any, args: tuple[Any, ...], stack: _Stack, pos: int
     ) -> tuple[Any, ...] | None:
@@ -540,9 +485,7 @@ class ModuleBackward:
         pin = getattr(newer.dispatchers, "pin", None)
         if pin is not None:
             pin(module)
-        mine = stack[pos]
         replaced = newer.pre_dispatch(module, args)
-        pos = _moved(stack, pos, mine)  # (see pre_dispatch)
         taken = newer.local.stack[-1][2]
         # (this one's post-dispatcher, where it still runs, ends the call for the newer one)
         key = id(args if replaced is None else replaced)
@@ -1249,12 +1192,7 @@ class _Call:
     )
 
     def __init__(
-        self,
-        module: Any,
-        owner: ModuleBackward,
-        n_inputs: int,
-        with_globals: bool,
-        found: tuple[Any, Any] | None = None,
+        self, module: Any, owner: ModuleBackward, n_inputs: int, with_globals: bool
     ) -> None:
         self.module: Any = None  # set by post_dispatch, before any hook can run
         self.tensor_idx: list[int] = []  # where the tensor arguments are
@@ -1271,15 +1209,9 @@ class _Call:
         self.beside = False
         self.held: Sequence[Any] = ()  # the tensor arguments, strongly (see pre_dispatch)
         shared = _globals.get(owner.autograd.backend) if with_globals else None
-        if found is None:  # (`found`: the framework's own, left out of the call: see Autograd)
-            own_pre: Iterable[Any] = owner.pre_hooks.values()
-            own_full: Iterable[Any] = owner.full_hooks.values()
-        else:
-            own_pre = _merged(owner.pre_hooks, owner.ranks, found[0])
-            own_full = _merged(owner.full_hooks, owner.ranks, found[1])
         if shared is None:
-            self.pre_hooks = list(own_pre)
-            self.full_hooks = list(own_full)
+            self.pre_hooks = list(owner.pre_hooks.values())
+            self.full_hooks = list(owner.full_hooks.values())
         else:
             pre, full = list(shared.pre_hooks.values()), list(shared.full_hooks.values())
             if not (pre or full):
@@ -1288,8 +1220,8 @@ class _Call:
                 shared = _globals.get(owner.autograd.backend)
                 if shared is not None:
                     pre, full = list(shared.pre_hooks.values()), list(shared.full_hooks.values())
-            self.pre_hooks = [*pre, *own_pre]
-            self.full_hooks = [*full, *own_full]
+            self.pre_hooks = [*pre, *owner.pre_hooks.values()]
+            self.full_hooks = [*full, *owner.full_hooks.values()]
         self.n_inputs = n_inputs
         self.input_idx: list[int] | None = None
         self.input_node: object = None  # what the backend names the input side's node by
@@ -1399,46 +1331,6 @@ class _Call:
             "replaced dict the module drops), or forward was cut short by a BaseException. "
             "Put the saved dict back before calling the module",
         )
-
-
-def _moved(stack: _Stack, pos: int, entry: _Entry) -> int:
-    """Where `entry`, at `pos` before, is in `stack` now (a `let_go` below it moved it)."""
-    if pos < len(stack) and stack[pos] is entry:
-        return pos
-    for k in range(len(stack) - 1, -1, -1):
-        if stack[k] is entry:
-            return k
-    return pos  # (not there: the caller's write goes where it went)
-
-
-def hold_call(module: Any, frame: int) -> Callable[[], None] | None:
-    """Mark a call of `module` in flight on this thread (`frame`: the id of the frame of the
-    framework's call function) where it has backward hooks of unihook's: its dispatchers stay
-    for it whatever is removed meanwhile (`ModuleBackward.hold`). Returns the release (call
-    it once, from the call's pre-dispatch on: its own entry holds them then), None where there
-    is nothing to hold."""
-    state = _states.get(module)
-    if state is None:
-        return None
-    return partial(state.unmark, state.hold(frame))
-
-
-def _merged(
-    own: dict[int, tuple[Hook, Site | None]],
-    ranks: dict[int, int],
-    natives: list[tuple[int, tuple[Hook, Site | None]]],
-) -> list[tuple[Hook, Site | None]]:
-    """unihook's hooks `own` and the framework's `natives`, each in its own order, in the
-    order of their ranks (see Autograd)."""
-    merged, i = [], 0
-    for key, entry in own.items():
-        rank = ranks.get(key, 0)
-        while i < len(natives) and natives[i][0] < rank:
-            merged.append(natives[i][1])
-            i += 1
-        merged.append(entry)
-    merged.extend(entry for _, entry in natives[i:])
-    return merged
 
 
 def _tensors_in(values: Sequence[Any], ag: Autograd) -> tuple[list[int], list[Any], bool]:

@@ -84,7 +84,6 @@ from ._module_backward import (
     _states,
     add_global_backward_hook,
     held_tensors,
-    hold_call,
     items_of,
     register_backward_hook,
     walk_tensors,
@@ -140,7 +139,6 @@ __all__ = [
     "unpin",
     "walk_tensors",
     "when_imported",
-    "hold_call",
 ]
 
 
