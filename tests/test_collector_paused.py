@@ -176,7 +176,18 @@ def test_ctrl_c_anywhere_in_pauses_on_threads_leaves_the_collector_as_it_was(use
     assert last_value(run_code(HAMMERED, user, timeout=120)) == (True, 0, 0, True)
 
 
-FORKED = r"""
+# (a child script's lines: a fork whose child reports its collector's state on the pipe)
+FORK_REPORTING = r"""
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(write, b"1" if gc.isenabled() else b"0")
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+FORKED = (
+    r"""
 import gc, os, threading
 from unihook.backend import collector_paused
 
@@ -190,17 +201,15 @@ def paused():
 thread = threading.Thread(target=paused)
 thread.start()
 inside.wait()
-read, write = os.pipe()
-pid = os.fork()
-if pid == 0:
-    os.write(write, b"1" if gc.isenabled() else b"0")
-    os._exit(0)
-os.waitpid(pid, 0)
+"""
+    + FORK_REPORTING
+    + r"""
 child = os.read(read, 1) == b"1"
 done.set()
 thread.join()
 print((child, gc.isenabled()))
 """
+)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
@@ -401,21 +410,20 @@ with box["stack"]:
 print((inside, gc.isenabled()))
 """
 
-FORK_WITH_NONE_IN = r"""
+FORK_WITH_NONE_IN = (
+    r"""
 import gc, os
 from unihook.backend import collector_paused
 
 with collector_paused():
     pass
 gc.disable()
-read, write = os.pipe()
-pid = os.fork()
-if pid == 0:
-    os.write(write, b"1" if gc.isenabled() else b"0")
-    os._exit(0)
-os.waitpid(pid, 0)
+"""
+    + FORK_REPORTING
+    + r"""
 print(os.read(read, 1) == b"1")
 """
+)
 
 FINALIZER_CUT_SHORT = r"""
 import gc, sys

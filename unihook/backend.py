@@ -29,9 +29,10 @@ backends use them.
   registration, it runs when the thread lets go of its registry locks.
   `collector_paused()`: the garbage collector off while any thread is inside one (``with
   collector_paused():``; counted across threads: pausing it by hand on two threads at once
-  could leave it off for good; a Ctrl-C anywhere in one leaves nothing counted; one pause
-  per ``with`` statement, ``ExitStack.enter_context`` or wrapper; not across a greenlet
-  switch).
+  could leave it off for good; a Ctrl-C anywhere in a ``with`` statement's pause leaves
+  nothing counted, one entered through ``ExitStack`` or a wrapper and then held by a cycle
+  stays counted: see ``unihook._collector``; one pause per ``with`` statement,
+  ``ExitStack.enter_context`` or wrapper; not across a greenlet switch).
 - **Ctrl-C**: `undo_if_unfinished(remover)` before each step of a registration: a
   registration cut short (a KeyboardInterrupt anywhere in it) is undone; removers must be
   idempotent (see ``unihook._locks``).
