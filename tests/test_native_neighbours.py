@@ -793,21 +793,12 @@ def test_a_forward_hook_registered_inside_forward_fires_as_on_torchs_hook_path(c
 @pytest.mark.parametrize("unihook_first", [True, False], ids=["unihook_first", "native_first"])
 @pytest.mark.parametrize("prepend", [False, True], ids=["appended", "prepended"])
 def test_torch_native_backward_hooks_and_ours_chain_in_registration_order(
-    kind: str, unihook_first: bool, prepend: bool, request: Any
+    kind: str, unihook_first: bool, prepend: bool
 ) -> None:
     """README: hooks chain in registration order, ``prepend=True`` puts one first. The hooks
-    replace what they get (+1, then x2 as registered): the gradient says the order."""
+    replace what they get (+1, then x2 as registered): the gradient says the order. (Until
+    2026-12-05 torch's own ran first whatever the order: helper-144's FINDING 1.)"""
     torch = pytest.importorskip("torch")
-    if unihook_first != prepend:  # (where torch's goes first: the order kept)
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="helper-144's FINDING 1 (open, issue 11): torch's own module backward "
-                "hooks run at torch's BackwardHook nodes, which torch applies after every "
-                "forward (pre-)hook, so before unihook's in the backward, whatever the order "
-                "of registration or prepend",
-            )
-        )
 
     def run(ours: bool) -> Any:
         torch.manual_seed(0)
@@ -816,12 +807,15 @@ def test_torch_native_backward_hooks_and_ours_chain_in_registration_order(
         if kind == "full_backward":
             add1: Any = lambda mod, gi, go: (gi[0] + 1,)  # noqa: E731
             double: Any = lambda mod, gi, go: (gi[0] * 2,)  # noqa: E731
-            native, mine = m.register_full_backward_hook, unihook.register_full_backward_hook
+            mine = unihook.register_full_backward_hook
         else:
             add1 = lambda mod, go: (go[0] + 1,)  # noqa: E731
             double = lambda mod, go: (go[0] * 2,)  # noqa: E731
-            native = m.register_full_backward_pre_hook
             mine = unihook.register_full_backward_pre_hook
+
+        def native(hook: Any, **options: Any) -> Any:  # (looked up when it registers)
+            return getattr(m, f"register_{kind}_hook")(hook, **options)
+
         first: Any = partial(mine, m) if ours and unihook_first else native
         second: Any = partial(mine, m) if ours and not unihook_first else native
         handles = [first(add1), second(double, prepend=prepend)]

@@ -118,6 +118,18 @@ class Autograd:
     # Optional: `own_modules`, the prefix of the `__module__` of the framework's own module
     # classes (``"torch.nn."``), whose one-argument forward reads no tensor a user set on the
     # module (see `_refuse_shared_inputs`).
+    # Optional, together: for a framework with module backward hooks of its own, which the
+    # backend hides from it while the module has unihook's and runs among unihook's, in the
+    # framework's order whoever registered them (global hooks first, then the module's in the
+    # order of registration, `prepend` first): `rank(prepend)`, a unihook hook's place in that
+    # order, drawn at its registration (an int: the order ascending, a prepended one before
+    # every other registered so far; global hooks rank among global hooks); `natives(module,
+    # frame)`, the framework's own global pre-hooks, pre-hooks of `module`, global full hooks
+    # and full hooks it left out of this call of `module` as it started (`frame`: the id of
+    # the frame of its call function), each a list of (rank, (hook, site)) in the
+    # framework's order, or None where it left none out (taken once: each call asks once);
+    # `pending(module, frame)`, whether it left any out (asked by a removed state, which then
+    # takes the call to run them).
 
     @staticmethod
     def rebase(original: Any, alias: Any, site: Site, /) -> Any:
@@ -209,6 +221,15 @@ class ModuleBackward:
             self.deferring = (data_only, after_backward)
         self.pre_hooks: dict[int, tuple[Hook, Site | None]] = {}
         self.full_hooks: dict[int, tuple[Hook, Site | None]] = {}
+        # optional, together (see Autograd): the framework's own hooks run among these
+        rank: Callable[[bool], int] | None = getattr(autograd, "rank", None)
+        natives: Callable[[Any, int], Any] | None = getattr(autograd, "natives", None)
+        pending: Callable[[Any, int], bool] | None = getattr(autograd, "pending", None)
+        together = rank is not None and natives is not None and pending is not None
+        self.rank = rank if together else None  # (global hooks rank beside the framework's)
+        self.natives = natives if together and not is_global else None
+        self.pending = pending if together and not is_global else None
+        self.ranks: dict[int, int] = {}  # key -> rank (replaced whole, as the hook dicts)
         self.local: threading.local = threading.local()
         # every thread's `_stack`, weakly (a thread's goes with it)
         self.stacks: set[weakref.ref[_Stack]] = set()
@@ -228,6 +249,8 @@ class ModuleBackward:
         attr = "pre_hooks" if kind == "full_backward_pre" else "full_hooks"
         if key is None:
             key = next(_ids)
+        if self.rank is not None:
+            self.ranks = {**self.ranks, key: self.rank(prepend)}
         if prepend:
             setattr(self, attr, {key: (hook, site), **getattr(self, attr)})
         else:
@@ -246,6 +269,8 @@ class ModuleBackward:
             self.pre_hooks = {k: v for k, v in self.pre_hooks.items() if k != key}
         if key in self.full_hooks:
             self.full_hooks = {k: v for k, v in self.full_hooks.items() if k != key}
+        if key in self.ranks:
+            self.ranks = {k: v for k, v in self.ranks.items() if k != key}
         return not (self.pre_hooks or self.full_hooks)
 
     def _stack(self) -> _Stack:
@@ -318,24 +343,31 @@ class ModuleBackward:
         # on one side: not told apart.)
         return frame is None or at == 0 or at == id(frame)
 
-    def hold(self) -> _Entry:
+    def hold(self, frame: int = 0) -> _Entry:
         """Mark a call in flight on this thread before the framework reads the module's hooks
         (the wrappers of torch's `_call_impl` and MindSpore's `Cell.__call__`): a
         removal meanwhile leaves the dispatchers pinned for it, and a hook registered then
         revives this state (`_States.revive`) instead of pinning a newer one the framework's
-        snapshot would lack. Give the mark to `let_go` in a ``finally`` that covers the call."""
+        snapshot would lack. Give the mark to `let_go` in a ``finally`` that covers the call.
+        `frame`: the id of the call function's frame (default: the caller's)."""
         try:
             stack = self.local.stack
         except AttributeError:  # (this thread's first call)
             stack = self._stack()
         # (no module, no args: no dispatcher takes it for a call's entry)
-        mark = (0, _NO_MODULE, _PASSED, id(sys._getframe(1)))
+        mark = (0, _NO_MODULE, _PASSED, frame or id(sys._getframe(1)))
         stack.append(mark)
         return mark
 
     def let_go(self, mark: _Entry) -> None:
         """The call `hold` marked is over; removed meanwhile, the last call out retires the
         dispatchers."""
+        self.unmark(mark)
+        if self.removed and self.dispatchers is not None:  # (else retired: no lock to take)
+            self._ended()
+
+    def unmark(self, mark: _Entry) -> None:
+        """Take `hold`'s mark out, the call going on (its own entry holds the dispatchers)."""
         stack = self.local.stack
         if stack and stack[-1] is mark:
             stack.pop()
@@ -344,8 +376,6 @@ class ModuleBackward:
                 if stack[k] is mark:
                     del stack[k]
                     break
-        if self.removed and self.dispatchers is not None:  # (else retired: no lock to take)
-            self._ended()
 
     def around(self, module: Any) -> None:
         """A global state's dispatchers run around `module`'s whole call (torch's wrapper of
@@ -406,7 +436,7 @@ class ModuleBackward:
         frame = 0 if caller is None else id(caller)
         stack.append((id(args), ref, _PASSED, frame))
         pos = len(stack) - 1
-        if self.removed:
+        if self.removed and not self._takes_natives(module, frame):
             return self._pass_on(module, args, stack, pos)
         with_globals, taken, beside = not self.is_global, False, False
         if self.is_global:
@@ -429,10 +459,17 @@ class ModuleBackward:
                     with_globals, beside = False, True
                 _around.own = self.ref  # (the last to take it: see `_shared_took`)
         ag = self.autograd
+        # (taken in every call: one left behind would pass for a later call's)
+        found = None
+        if self.natives is not None:
+            mine = stack[pos]
+            found = self.natives(module, frame)
+            if found is not None:  # (the framework's hold of the call was let go: below it)
+                pos = _moved(stack, pos, mine)
         if not ag.grad_enabled():
             stack[pos] = (id(args), ref, None, frame)
             return None
-        call = _Call(module, self, len(args), with_globals)
+        call = _Call(module, self, len(args), with_globals, found)
         if beside:
             call.beside = True
         if self.mark is not None:
@@ -466,6 +503,27 @@ class ModuleBackward:
         stack[pos] = (id(args), ref, call, frame)
         return args if call.input_idx is not None else None
 
+    def _takes_natives(self, module: Any, frame: int) -> bool:
+        """Removed, whether this state takes the call all the same: the framework left hooks
+        of its own out of it as it started (see Autograd), and no newer state takes it."""
+        if self.pending is None or not self.pending(module, frame):
+            return False
+        newer = _states.get(module)
+        if newer is not None and newer is not self:
+            return False
+        if self.dispatchers is None:
+            # removed before this call's pre-dispatch (by a forward pre-hook of it): out since
+            # no call was in flight; its post-dispatcher must end this one (the framework reads
+            # the forward hooks after forward), and goes again when it does (`_ended`)
+            if _lock.held():
+                return False  # (inside a registration on this thread: cannot wait for it)
+            with _lock, _lock.mutex:
+                if self.dispatchers is None and self.removed:
+                    self.dispatchers = self.autograd.add_dispatchers(
+                        module, self.pre_dispatch, self.post_dispatch
+                    )
+        return True
+
     def _pass_on(
         self, module: Any, args: tuple[Any, ...], stack: _Stack, pos: int
     ) -> tuple[Any, ...] | None:
@@ -485,7 +543,9 @@ class ModuleBackward:
         pin = getattr(newer.dispatchers, "pin", None)
         if pin is not None:
             pin(module)
+        mine = stack[pos]
         replaced = newer.pre_dispatch(module, args)
+        pos = _moved(stack, pos, mine)  # (see pre_dispatch)
         taken = newer.local.stack[-1][2]
         # (this one's post-dispatcher, where it still runs, ends the call for the newer one)
         key = id(args if replaced is None else replaced)
@@ -503,6 +563,14 @@ class ModuleBackward:
         else:
             k = _find(stack, module, args, sys._getframe(1), self.call_ids)
             if k < 0:
+                if self.natives is not None:
+                    # a call no pre-dispatch took ends (a forward pre-hook before it raised:
+                    # the framework runs the always-call forward hooks): what the framework
+                    # left out of it goes, with its hold (kept, an idle thread's kept the
+                    # dispatchers after the last removal: helper-151's FINDING 2)
+                    frame = _call_frame(sys._getframe(1), self.call_ids)
+                    if frame is not None:
+                        self.natives(module, id(frame))
                 if self.removed:
                     self._ended()
                 return None
@@ -1192,7 +1260,12 @@ class _Call:
     )
 
     def __init__(
-        self, module: Any, owner: ModuleBackward, n_inputs: int, with_globals: bool
+        self,
+        module: Any,
+        owner: ModuleBackward,
+        n_inputs: int,
+        with_globals: bool,
+        found: tuple[Any, Any, Any, Any] | None = None,
     ) -> None:
         self.module: Any = None  # set by post_dispatch, before any hook can run
         self.tensor_idx: list[int] = []  # where the tensor arguments are
@@ -1209,19 +1282,11 @@ class _Call:
         self.beside = False
         self.held: Sequence[Any] = ()  # the tensor arguments, strongly (see pre_dispatch)
         shared = _globals.get(owner.autograd.backend) if with_globals else None
-        if shared is None:
+        if shared is None and found is None:
             self.pre_hooks = list(owner.pre_hooks.values())
             self.full_hooks = list(owner.full_hooks.values())
         else:
-            pre, full = list(shared.pre_hooks.values()), list(shared.full_hooks.values())
-            if not (pre or full):
-                # its last hook removed since it was read (another thread), perhaps replaced:
-                # the newer state's, which leaves the call to this one (`_Own`)
-                shared = _globals.get(owner.autograd.backend)
-                if shared is not None:
-                    pre, full = list(shared.pre_hooks.values()), list(shared.full_hooks.values())
-            self.pre_hooks = [*pre, *owner.pre_hooks.values()]
-            self.full_hooks = [*full, *owner.full_hooks.values()]
+            self._take(owner, shared, found)
         self.n_inputs = n_inputs
         self.input_idx: list[int] | None = None
         self.input_node: object = None  # what the backend names the input side's node by
@@ -1236,6 +1301,36 @@ class _Call:
         hooks = self.full_hooks or self.pre_hooks
         site = hooks[0][1] if hooks else None
         self.site = site or Site.of("full_backward", owner.autograd.backend, module)
+
+    def _take(self, owner: ModuleBackward, shared: ModuleBackward | None, found: Any) -> None:
+        """The call's hooks beside the global state `shared` or the framework's own left out
+        of it, `found` (see Autograd): its global hooks ranked among unihook's global ones,
+        first, the module's among the module's. (Snapshots, C calls: another thread's
+        registration adds to the dicts in place; the ranks, replaced whole, read after them:
+        a key added went in them first.)"""
+        pre: list[Any] = []
+        full: list[Any] = []
+        if shared is not None:
+            pre, full = list(shared.pre_hooks.items()), list(shared.full_hooks.items())
+            if not (pre or full):
+                # its last hook removed since it was read (another thread), perhaps replaced:
+                # the newer state's, which leaves the call to this one (`_Own`)
+                shared = _globals.get(owner.autograd.backend)
+                if shared is not None:
+                    pre, full = list(shared.pre_hooks.items()), list(shared.full_hooks.items())
+        if found is None:
+            self.pre_hooks = [entry for _, entry in pre]
+            self.pre_hooks.extend(owner.pre_hooks.values())
+            self.full_hooks = [entry for _, entry in full]
+            self.full_hooks.extend(owner.full_hooks.values())
+            return
+        global_pre, natives_pre, global_full, natives_full = found
+        ranks = {} if shared is None else shared.ranks
+        pre_items, full_items = list(owner.pre_hooks.items()), list(owner.full_hooks.items())
+        self.pre_hooks = _merged(pre, ranks, global_pre)
+        self.pre_hooks.extend(_merged(pre_items, owner.ranks, natives_pre))
+        self.full_hooks = _merged(full, ranks, global_full)
+        self.full_hooks.extend(_merged(full_items, owner.ranks, natives_full))
 
     def args_got(self) -> list[Any]:
         """The arguments forward got: its tensors, None for the rest."""
@@ -1331,6 +1426,62 @@ class _Call:
             "replaced dict the module drops), or forward was cut short by a BaseException. "
             "Put the saved dict back before calling the module",
         )
+
+
+def _moved(stack: _Stack, pos: int, entry: _Entry) -> int:
+    """Where `entry`, at `pos` before, is in `stack` now (a `let_go` below it moved it)."""
+    if pos < len(stack) and stack[pos] is entry:
+        return pos
+    for k in range(len(stack) - 1, -1, -1):
+        if stack[k] is entry:
+            return k
+    return pos  # (not there: the caller's write goes where it went)
+
+
+def call_holder(module: Any) -> Callable[[int], Callable[[], None] | None] | None:
+    """A function marking a call in flight on this thread on the state serving `module`'s
+    backward hooks now, where it has unihook's (None where not): given the id of the frame of
+    the framework's call function, it marks the call (its dispatchers stay for it whatever is
+    removed meanwhile: `ModuleBackward.hold`) and returns the release (call it once, from the
+    call's pre-dispatch on: its own entry holds them then), or None once that state is gone.
+    It holds the state weakly, and serves a shallow copy of `module`, which shares its
+    dispatchers, after `module` is gone."""
+    state = _states.get(module)
+    if state is None:
+        return None
+    return partial(_hold_on, weakref.ref(state))
+
+
+def _hold_on(ref: weakref.ref[ModuleBackward], frame: int) -> Callable[[], None] | None:
+    state = ref()
+    if state is None:
+        return None
+    mark = state.hold(frame)
+    # A removal on another thread that read the stacks before the mark takes the dispatchers
+    # out under the lock: once it is over, they are there for the call or gone for good.
+    with _lock.mutex:
+        if state.dispatchers is not None:
+            return partial(state.unmark, mark)
+    state.unmark(mark)
+    return None
+
+
+def _merged(
+    own: list[tuple[int, tuple[Hook, Site | None]]],
+    ranks: dict[int, int],
+    natives: list[tuple[int, tuple[Hook, Site | None]]],
+) -> list[tuple[Hook, Site | None]]:
+    """unihook's hooks `own` (key, entry) and the framework's `natives`, each in its own
+    order, in the order of their ranks (see Autograd)."""
+    merged, i = [], 0
+    for key, entry in own:
+        rank = ranks.get(key, 0)
+        while i < len(natives) and natives[i][0] < rank:
+            merged.append(natives[i][1])
+            i += 1
+        merged.append(entry)
+    merged.extend(entry for _, entry in natives[i:])
+    return merged
 
 
 def _tensors_in(values: Sequence[Any], ag: Autograd) -> tuple[list[int], list[Any], bool]:

@@ -9,7 +9,10 @@ backends use them.
   identity node, version counters, installing two forward hooks as `Dispatchers`), then
   `register_backward_hook` per module and `add_global_backward_hook` for global ones.
   `ModuleBackward` is the state those dispatchers run; `has_module_backward` tells whether a
-  module has its own.
+  module has its own. A framework with module backward hooks of its own can have them run
+  among unihook's, in the order of registration (the optional `Autograd` members `rank`,
+  `natives`, `pending`): `call_holder(module)` marks a call in flight from the moment the
+  framework reads the module's hooks (the torch backend's ``_native_backward``).
 - **Pinned hook dicts**: `pin` / `unpin` keep unihook's dispatchers last in a module's forward
   hook dict (`HookDict`), `Pinned` installs a pair of them as `Dispatchers`; `Access` is how a
   backend reads and replaces its framework's hook dicts (`iterates_live`: its framework
@@ -84,6 +87,7 @@ from ._module_backward import (
     ModuleBackward,
     _states,
     add_global_backward_hook,
+    call_holder,
     held_tensors,
     items_of,
     register_backward_hook,
@@ -140,6 +144,7 @@ __all__ = [
     "unpin",
     "walk_tensors",
     "when_imported",
+    "call_holder",
 ]
 
 

@@ -25,13 +25,14 @@ from unihook.backend import (
     add_global_backward_hook,
     check_grad_like,
     register_backward_hook,
+    undo_if_unfinished,
 )
 from unihook.handles import Handle
 
 from . import NAME
 from ._alias import InputAlias, changed, guard, mark, span, use, watch, watch_inputs
 from ._compile import EagerUnderCompile, WatchedPinned, outside_dynamo
-from ._global import TORCH_CALL_CODE, WRAPPER_CODES
+from ._native_backward import CALL_CODES, Absorption, natives, pending, rank
 
 Grads = Sequence[Any]
 
@@ -237,7 +238,7 @@ class TorchAutograd(Autograd):
     own_modules = "torch.nn."  # (see Autograd: their forward reads no user tensor)
     # torch's (`Module._call_impl` may be unihook's wrapper by now: that one calls torch's) and
     # the wrapper, whose global dispatchers may have taken a call before torch's code runs
-    call_codes = frozenset({TORCH_CALL_CODE, *WRAPPER_CODES})
+    call_codes = CALL_CODES
     # C callables, no Python frame: each runs a few times per hooked call (torch.is_tensor is
     # a Python function around the same isinstance)
     is_tensor = staticmethod(torch.Tensor.__instancecheck__)
@@ -305,6 +306,10 @@ class TorchAutograd(Autograd):
     watch = staticmethod(watch)
     watch_inputs = staticmethod(watch_inputs)
     mark = staticmethod(mark)
+    # torch's own module backward hooks run among unihook's (see ._native_backward)
+    rank = staticmethod(rank)
+    natives = staticmethod(natives)
+    pending = staticmethod(pending)
 
     @staticmethod
     def moved(alias: Any, original: Any) -> bool:
@@ -342,10 +347,21 @@ _AUTOGRAD = TorchAutograd()
 def register(
     module: Any, kind: str, hook: Callable[..., Any], prepend: bool, name: str | None
 ) -> Handle:
+    # torch's own backward hooks of the module run among unihook's while it has one
+    # (absorbed after unihook's hook is in, given back before it leaves: torch leaves its
+    # hooks out of a call only where unihook's dispatchers are there to run them)
     handle = register_backward_hook(_AUTOGRAD, module, kind, hook, prepend, name)
+    absorption = Absorption(module)
+    undo_if_unfinished(absorption.release)
+    absorption.take()
+
+    def remove() -> None:  # (idempotent, as both)
+        absorption.release()
+        handle.remove()
+
     # torch.compile: removed inside a compiled forward, the removal runs outside dynamo (it
     # reads the threads' frames)
-    return Handle(handle.backend, handle.kind, outside_dynamo(handle.remove))
+    return Handle(handle.backend, handle.kind, outside_dynamo(remove))
 
 
 def add_global(kind: str, hook: Callable[..., Any]) -> Callable[[], None]:
