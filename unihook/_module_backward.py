@@ -226,9 +226,14 @@ class ModuleBackward:
         natives: Callable[[Any, int], Any] | None = getattr(autograd, "natives", None)
         pending: Callable[[Any, int], bool] | None = getattr(autograd, "pending", None)
         together = rank is not None and natives is not None and pending is not None
-        self.rank = rank if together else None  # (global hooks rank beside the framework's)
-        self.natives = natives if together and not is_global else None
-        self.pending = pending if together and not is_global else None
+        # (global hooks rank beside the framework's)
+        self.rank: Callable[[bool], int] | None = rank if together else None
+        self.natives: Callable[[Any, int], Any] | None = (
+            natives if together and not is_global else None
+        )
+        self.pending: Callable[[Any, int], bool] | None = (
+            pending if together and not is_global else None
+        )
         self.ranks: dict[int, int] = {}  # key -> rank (replaced whole, as the hook dicts)
         self.local: threading.local = threading.local()
         # every thread's `_stack`, weakly (a thread's goes with it)
