@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import random
+from collections import OrderedDict
 from typing import Any, Callable
 
 import pytest
@@ -1226,3 +1227,48 @@ def test_a_call_with_the_forward_pre_hooks_set_aside_runs_torchs_hooks() -> None
     assert seen == ["pre", "first", "second"]
     for handle in handles:
         handle.remove()
+
+
+# helper-155's attack (2026-12-05)
+
+
+@pytest.mark.parametrize("library", ["muting", "registering_a_companion"])
+def test_a_library_wrapping_torchs_registration_over_unihooks(library: str) -> None:
+    """helper-155's R1, R2: unihook's registration methods went over a library's (kept to
+    call it): a mute the library lifted kept muting torch's registrations and came back for
+    good, and a wrapper registering a companion hook recursed (330 hooks left behind).
+    unihook's methods now go over torch's own only."""
+    saved = vars(torch.nn.Module)["register_full_backward_hook"]
+    module, seen = torch.nn.Linear(3, 2), []
+    calls = [0]
+
+    def wrapper(self: Any, hook: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if library == "muting":
+            return torch.utils.hooks.RemovableHandle(OrderedDict())
+        self.register_full_backward_pre_hook(lambda m, go: seen.append("companion"))
+        return saved(self, hook, *args, **kwargs)
+
+    first = unihook.register_full_backward_hook(module, lambda m, gi, go: seen.append("first"))
+    torch.nn.Module.register_full_backward_hook = wrapper  # type: ignore[method-assign]
+    first.remove()
+    again = unihook.register_full_backward_hook(module, lambda m, gi, go: seen.append("first"))
+    if library == "muting":
+        torch.nn.Module.register_full_backward_hook = saved  # type: ignore[method-assign]
+    try:
+        native = module.register_full_backward_hook(lambda m, gi, go: seen.append("torch"))
+        module(torch.ones(2, 3, requires_grad=True)).sum().backward()
+    finally:
+        torch.nn.Module.register_full_backward_hook = saved  # type: ignore[method-assign]
+    again.remove()
+    native.remove()
+    # (a library's method was on the class as unihook's hook came: torch's order, torch's
+    # hooks first; every hook once)
+    if library == "muting":
+        assert seen == ["torch", "first"] and calls == [0]
+    else:
+        assert seen == ["companion", "torch", "first"] and calls == [1]
+    assert (
+        vars(torch.nn.Module)["register_full_backward_hook"]
+        is _native_backward._TORCH["register_full_backward_hook"]
+    )

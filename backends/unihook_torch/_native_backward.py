@@ -45,9 +45,6 @@ _lock = threading.Lock()
 # registered in it with prepend since]
 _absorbed: dict[int, list[Any]] = {}
 
-# torch's methods replaced (see the module's docstring): the ones the class had at first
-_originals: dict[str, Any] = {}
-_inside = threading.local()  # .method: the replaced method running (see `_call`)
 Ranked = list[tuple[float, tuple[Callable[..., Any], Site | None]]]
 Found = tuple[Ranked, Ranked]  # torch's global hooks of a kind, the module's own
 _started = threading.local()  # .records: see `_Record`
@@ -329,17 +326,12 @@ def _gone(ident: int, ref: weakref.ref[Any]) -> None:
 def _install() -> None:
     module = torch.nn.Module
     for name, replacement in _REPLACEMENTS.items():
-        current = vars(module)[name]
-        if current is replacement:  # (installed still: every absorbed dict died)
-            continue
-        # a getter over torch's own only: over a library's replacement (which may add,
-        # remove or cache hooks, and be taken off in any order) torch keeps running its
-        # hooks itself (helper-154's FINDING 3: a lifted wrapper came back as unihook's was
-        # taken off); a registration method over anything (it only notes a prepend)
-        if name in _GETTERS and current is not _TORCH[name]:
-            continue
-        _originals[name] = current
-        setattr(module, name, replacement)
+        # over torch's own only: over a library's replacement (which may add, remove or
+        # cache hooks, and be taken off in any order) torch keeps running its hooks itself
+        # (`_pristine`; a lifted wrapper came back as unihook's was taken off, or recursed:
+        # helper-154's FINDING 3, helper-155's)
+        if vars(module)[name] is _TORCH[name]:
+            setattr(module, name, replacement)
 
 
 def _uninstall() -> None:
@@ -347,7 +339,7 @@ def _uninstall() -> None:
     its own: unihook's beneath it then passes everything through to torch's)."""
     for name, replacement in _REPLACEMENTS.items():
         if vars(torch.nn.Module).get(name) is replacement:
-            setattr(torch.nn.Module, name, _originals[name])
+            setattr(torch.nn.Module, name, _TORCH[name])
 
 
 def _entry(hooks: Any) -> list[Any] | None:
@@ -407,8 +399,9 @@ def _pristine(module: Any) -> bool:
         # helper-154's FINDING 4)
         bool(pre_hooks)
         and type(next(reversed(pre_hooks.values()))) is _compile.EagerUnderCompile
-        and getattr(cls, "_get_backward_hooks", None) is _get_backward_hooks
-        and getattr(cls, "_get_backward_pre_hooks", None) is _get_backward_pre_hooks
+        # (each of the four: a prepend registered through a library's replacement goes
+        # unnoted)
+        and all(getattr(cls, name, None) is method for name, method in _REPLACEMENTS.items())
         # (nor one set on the module itself: a memo, helper-154's FINDING 1)
         and "_get_backward_hooks" not in own
         and "_get_backward_pre_hooks" not in own
@@ -433,15 +426,8 @@ _OWN_FRAMES = frozenset(
 
 
 def _call(self: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-    """The method the class had (a library's replacement of a registration method too) or,
-    called again from inside that (a library that replaced unihook's and calls it), torch's."""
-    if getattr(_inside, "method", None) == method:
-        return _TORCH[method](self, *args, **kwargs)
-    _inside.method = method
-    try:
-        return _originals.get(method, _TORCH[method])(self, *args, **kwargs)
-    finally:
-        _inside.method = None
+    """torch's method (unihook's replace torch's own only: see `_install`)."""
+    return _TORCH[method](self, *args, **kwargs)
 
 
 def _noting(method: str, attr: str) -> Callable[..., Any]:
@@ -470,6 +456,5 @@ _REPLACEMENTS: dict[str, Callable[..., Any]] = {
 }
 # torch's own methods (a replaced one that calls unihook's again gets these: see `_call`)
 _TORCH = {name: vars(torch.nn.Module)[name] for name in _REPLACEMENTS}
-_GETTERS = ("_get_backward_hooks", "_get_backward_pre_hooks")
 for _name, _replacement in _REPLACEMENTS.items():  # (torch's names and docs, for help())
     update_wrapper(_replacement, _TORCH[_name])
