@@ -454,7 +454,7 @@ _REPLACEMENTS: dict[str, Callable[..., Any]] = {
         "register_full_backward_pre_hook", "_backward_pre_hooks"
     ),
 }
-# torch's own methods (a replaced one that calls unihook's again gets these: see `_call`)
+# torch's own methods: the ones unihook's replace and call (see `_install`, `_call`)
 _TORCH = {name: vars(torch.nn.Module)[name] for name in _REPLACEMENTS}
 for _name, _replacement in _REPLACEMENTS.items():  # (torch's names and docs, for help())
     update_wrapper(_replacement, _TORCH[_name])
