@@ -791,17 +791,24 @@ def _near_tops() -> list[tuple[int, Any]]:
     what is not a frame: under load one read a list there (AttributeError: 'list' object has
     no attribute 'f_code', a hook registration failed; the dev suite, 2026-12-05)."""
     me, found = threading.get_ident(), []
-    for ident, frame in _current_frames().items():
-        for _ in range(_NEAR if ident != me else 0):
-            if not _a_frame(frame):  # (None at the bottom)
-                break
-            found.append((id(frame), frame.f_code))
-            frame = _back(frame)
+    with collector_paused():  # (see `_back`)
+        for ident, frame in _current_frames().items():
+            for _ in range(_NEAR if ident != me else 0):
+                if not _a_frame(frame):  # (None at the bottom)
+                    break
+                found.append((id(frame), frame.f_code))
+                frame = _back(frame)
     return found
 
 
 def _back(frame: Any) -> Any:
-    """The frame below `frame` in another thread's stack, or None (see `_a_frame`)."""
+    """The frame below `frame` in another thread's stack, or None (see `_a_frame`). Only with
+    the collector off: CPython makes the frame object of the one below there, and a collection
+    that allocation started runs finalizers, which let the other thread run meanwhile: it
+    returned from both frames, and the new object pointed at a popped frame (CPython 3.11:
+    SIGSEGV, or the collector's lists corrupted and a later collection looping for good; the
+    dev suite at `tests/test_collector_paused.py`, CI on 9d449c5; `_near_tops` walked with
+    the collector on)."""
     return getattr(frame, "f_back", None)
 
 
