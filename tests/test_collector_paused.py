@@ -484,3 +484,25 @@ def test_a_pause_whose_finalizer_a_second_ctrl_c_cut_short_is_let_go() -> None:
     from children import last_value, run_code
 
     assert last_value(run_code(FINALIZER_CUT_SHORT, timeout=60)) == ([], 1, True, 0)
+
+
+def test_kept_off_turns_it_off_again_and_the_last_pause_out_on() -> None:
+    """`collector_kept_off()`: a thread's own ``gc.enable()`` inside a pause (its bracket
+    began before the pause came in: the pause took the collector for off)."""
+    from unihook.backend import collector_kept_off
+
+    gc.disable()
+    try:
+        with collector_paused():
+            gc.enable()  # (that thread's bracket ends)
+            collector_kept_off()
+            assert not gc.isenabled()
+        assert gc.isenabled()
+        gc.disable()
+        collector_kept_off()  # (outside a pause: nothing)
+        assert not gc.isenabled()
+        gc.enable()
+        collector_kept_off()
+        assert gc.isenabled()
+    finally:
+        gc.enable()

@@ -25,16 +25,16 @@ from unihook_torch import _compile  # noqa: E402
 
 @pytest.fixture
 def steps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
-    """Whether the collector was on at each step down another thread's stack, while a thread
-    waits 8 calls deep."""
+    """Whether the collector was on at each read of ``f_back`` down another thread's stack,
+    while a thread waits 8 calls deep."""
     seen: list[bool] = []
-    back = _compile._back
 
-    def watched(frame: Any) -> Any:
-        seen.append(gc.isenabled())
-        return back(frame)
+    def getattr_(obj: Any, name: str, *default: Any) -> Any:
+        if name == "f_back":
+            seen.append(gc.isenabled())
+        return getattr(obj, name, *default)
 
-    monkeypatch.setattr(_compile, "_back", watched)
+    monkeypatch.setattr(_compile, "getattr", getattr_, raising=False)  # (the module's name)
     started, stop = threading.Event(), threading.Event()
 
     def deep(n: int) -> None:
@@ -69,4 +69,47 @@ def test_another_threads_stack_is_walked_with_the_collector_off(
     WALKS[walk]()
     assert steps, "the walk took no step down the waiting thread's stack"
     assert not any(steps)
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize("walk", WALKS)
+def test_a_threads_own_gc_bracket_ending_in_the_walk_leaves_it_off(
+    steps: list[bool], walk: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """helper-156's FINDING 1: a thread's own ``gc.disable()`` / ``gc.enable()`` bracket
+    (torch.distributed.checkpoint's ``_gc_context``, ``timeit``), begun before the walk's pause
+    came in and ended during the walk, turned the collector on for the walk's later steps; the
+    collector is on after the walk, as that thread left it."""
+    inside, walking, left = threading.Event(), threading.Event(), threading.Event()
+
+    def bracket() -> None:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            inside.set()
+            walking.wait(30)
+        finally:
+            if enabled:
+                gc.enable()
+            left.set()
+
+    back = _compile._back
+
+    def first_step_waits(frame: Any) -> Any:
+        if not walking.is_set():
+            walking.set()
+            left.wait(30)  # (that thread leaves its bracket now)
+        return back(frame)
+
+    monkeypatch.setattr(_compile, "_back", first_step_waits)
+    other = threading.Thread(target=bracket)
+    other.start()
+    inside.wait(30)
+    try:
+        WALKS[walk]()
+    finally:
+        walking.set()
+        other.join()
+    assert left.is_set()
+    assert len(steps) > 1 and not any(steps)
     assert gc.isenabled()

@@ -36,6 +36,12 @@ middle: helper-145's and helper-146's FINDINGS 1 and 2.) A fork while another th
 leaves the child's count without that thread's pauses (FINDING 6: the child's collector stayed
 off).
 
+A thread's own ``gc.disable()`` / ``gc.enable()`` bracket (torch.distributed.checkpoint's
+``_gc_context``, ``timeit``) begun before the first pause came in enables the collector at its
+end, while the pauses are in: a walk that must not run with it on (the torch backend's walks
+of other threads' stacks) calls `collector_kept_off()` before each step, which disables it
+again and has the last pause out enable it (helper-156's FINDING 1).
+
 Not kept: a user's ``gc.disable()`` made while a pause is in (the collector is off already,
 and the last pause out enables it if it was on when the first came in); a pause across a
 greenlet switch (its frame runs off the thread's stack: taken for done by the thread's next
@@ -54,7 +60,7 @@ from opcode import opmap
 from types import FrameType, TracebackType
 from typing import Any
 
-__all__ = ["collector_paused"]
+__all__ = ["collector_kept_off", "collector_paused"]
 
 # (reentrant: a signal handler or a finalizer pausing on a thread inside; replaced in a forked
 # child)
@@ -137,6 +143,17 @@ class _Pause:
                 interrupted = error
         if interrupted is not None:
             raise interrupted
+
+
+def collector_kept_off() -> None:
+    """(inside a `collector_paused()`) The collector off again where another thread's own
+    ``gc.enable()`` turned it on meanwhile (see the module's docstring); the last pause out
+    enables it then. One call where it is off."""
+    if gc.isenabled():
+        with _lock:
+            if _in and gc.isenabled():
+                _restore[0] = True
+                gc.disable()
 
 
 def _site(frame: FrameType) -> tuple[int, int, int]:

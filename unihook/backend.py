@@ -36,6 +36,8 @@ backends use them.
   nothing counted, one entered through ``ExitStack`` or a wrapper and then held by a cycle
   stays counted: see ``unihook._collector``; one pause per ``with`` statement,
   ``ExitStack.enter_context`` or wrapper; not across a greenlet switch).
+  `collector_kept_off()` inside one: off again where another thread's own
+  ``gc.disable()`` / ``gc.enable()`` bracket turned it on meanwhile.
 - **Ctrl-C**: `undo_if_unfinished(remover)` before each step of a registration: a
   registration cut short (a KeyboardInterrupt anywhere in it) is undone; removers must be
   idempotent (see ``unihook._locks``).
@@ -73,7 +75,7 @@ from ._checks import (
     kwargs_post_hook,
     show_value,
 )
-from ._collector import collector_paused
+from ._collector import collector_kept_off, collector_paused
 from ._describe import Site, type_name
 from ._entries import eager_entries, eager_entry
 from ._global_table import add_to_global_table
@@ -117,6 +119,7 @@ __all__ = [
     "check_grad_like",
     "check_kept_input",
     "check_returned_input",
+    "collector_kept_off",
     "collector_paused",
     "check_pre_kwargs_result",
     "checked_kwargs_pre_hook",

@@ -47,6 +47,7 @@ from unihook.backend import (
     RegistryLock,
     Site,
     cancel_when_imported,
+    collector_kept_off,
     collector_paused,
     eager_entries,
     imported,
@@ -808,7 +809,9 @@ def _back(frame: Any) -> Any:
     returned from both frames, and the new object pointed at a popped frame (CPython 3.11:
     SIGSEGV, or the collector's lists corrupted and a later collection looping for good; the
     dev suite at `tests/test_collector_paused.py`, CI on 9d449c5; `_near_tops` walked with
-    the collector on)."""
+    the collector on). Turned off again where another thread's own bracket turned it on
+    meanwhile (`collector_kept_off`)."""
+    collector_kept_off()
     return getattr(frame, "f_back", None)
 
 
