@@ -6,6 +6,7 @@ registrations and removals, compared with the same sequence registered natively 
 from __future__ import annotations
 
 import copy
+import gc
 import random
 from collections import OrderedDict
 from typing import Any, Callable
@@ -55,7 +56,7 @@ def _plan(seed: int) -> list[tuple[Any, ...]]:
     return steps
 
 
-def _run(steps: list[tuple[Any, ...]], native_only: bool, shallow: bool) -> Any:
+def _run(steps: list[tuple[Any, ...]], native_only: bool, shallow: bool, deep: bool = False) -> Any:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
     target = model[0]
@@ -73,6 +74,10 @@ def _run(steps: list[tuple[Any, ...]], native_only: bool, shallow: bool) -> Any:
             register = getattr(unihook, f"register_{kind}_hook")
             handles.append(register(target, hook, prepend=prepend))
     called = copy.copy(model) if shallow else model  # (a shallow copy shares the dicts)
+    if deep:  # (a deep copy's hooks are copies, without handles: called, then dropped)
+        called = copy.deepcopy(model)
+        for handle in handles:
+            handle.remove()
     x = torch.ones(2, 3, requires_grad=True)
     called(x).sum().backward()
     for handle in handles:
@@ -88,6 +93,21 @@ def test_generated_registrations_chain_as_torchs_own(seed: int) -> None:
     assert seen == want_seen
     assert torch.allclose(got, want)
     assert not _native_backward._absorbed  # (all removed: torch's methods back)
+    assert vars(torch.nn.Module)["_get_backward_hooks"].__module__ == "torch.nn.modules.module"
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_generated_registrations_chain_as_torchs_own_in_a_deep_copy(seed: int) -> None:
+    """helper-148's FINDING 6: in a ``copy.deepcopy`` of a module with unihook's and torch's
+    backward hooks, torch's ran first (the copy's dicts were torch's alone, and unihook's
+    hooks there had lost their ranks)."""
+    steps = _plan(seed)
+    got, seen = _run(steps, native_only=False, shallow=False, deep=True)
+    want, want_seen = _run(steps, native_only=True, shallow=False, deep=True)
+    assert seen == want_seen
+    assert torch.allclose(got, want)
+    gc.collect()  # (the copies gone: their dicts too, and torch's methods back)
+    assert not _native_backward._absorbed
     assert vars(torch.nn.Module)["_get_backward_hooks"].__module__ == "torch.nn.modules.module"
 
 
@@ -1272,3 +1292,44 @@ def test_a_library_wrapping_torchs_registration_over_unihooks(library: str) -> N
         vars(torch.nn.Module)["register_full_backward_hook"]
         is _native_backward._TORCH["register_full_backward_hook"]
     )
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_hooks_registered_on_a_deep_copy_chain_as_torchs_own(seed: int) -> None:
+    """A deep copy's hooks (copies), then a generated sequence registered on the copy: the
+    same order and gradient as with torch's own hooks alone."""
+    before, after = _plan(seed), _plan(seed + 1000)
+
+    def run(native_only: bool) -> Any:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh())
+        seen: list[Any] = []
+        handles: list[Any] = []
+        for model_now, steps in ((model, before), (None, after)):
+            if model_now is None:
+                model_now = model = copy.deepcopy(model)
+                for handle in handles:
+                    handle.remove()
+                handles = []
+            for i, step in enumerate(steps):
+                if step[0] == "remove":
+                    handles[step[1]].remove()
+                    continue
+                _, who, kind, prepend, a, b = step
+                hook = _hook(kind, a, b, seen, i + (len(before) if steps is after else 0))
+                if who == "torch" or native_only:
+                    register = getattr(model_now[0], f"register_{kind}_hook")
+                    handles.append(register(hook, prepend=prepend))
+                else:
+                    register = getattr(unihook, f"register_{kind}_hook")
+                    handles.append(register(model_now[0], hook, prepend=prepend))
+        x = torch.ones(2, 3, requires_grad=True)
+        model(x).sum().backward()
+        for handle in handles:
+            handle.remove()
+        return x.grad, seen
+
+    got, seen = run(native_only=False)
+    want, want_seen = run(native_only=True)
+    assert seen == want_seen
+    assert torch.allclose(got, want)

@@ -129,7 +129,10 @@ class Autograd:
     # the frame of its call function), each a list of (rank, (hook, site)) in the
     # framework's order, or None where it left none out (taken once: each call asks once);
     # `pending(module, frame)`, whether it left any out (asked by a removed state, which then
-    # takes the call to run them).
+    # takes the call to run them). With them, optional: `copy_natives(module, copy, memo)`,
+    # for a deep copy `copy` of `module` that got a copy of its backward state: the framework's
+    # own backward hooks in the copy's dicts (`memo` maps the originals' ids to the copies
+    # ``copy.deepcopy`` made or makes) run among the copy's unihook hooks as in `module`.
 
     @staticmethod
     def rebase(original: Any, alias: Any, site: Site, /) -> Any:

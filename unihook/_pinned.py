@@ -488,7 +488,7 @@ class HookDict(OrderedDict[int, Any]):
                 self._leave_flags(key, owner, memo)
                 continue
             if state is not None and id(state) not in memo and copied is not owner:
-                memo[id(state)] = _copy_state(state, copied, memo)
+                memo[id(state)] = _copy_state(state, owner, copied, memo)
             value = deepcopy(value, memo)
             OrderedDict.__setitem__(new, key, value)
             if key not in self.pinned:
@@ -547,11 +547,13 @@ def _leave_out(state: Any, owner: Any, memo: dict[int, Any]) -> None:
         deepcopy(flags, memo).pop(pinned.post[1], None)  # (the copy the module's copy gets)
 
 
-def _copy_state(state: Any, owner: Any, memo: dict[int, Any]) -> Any:
-    """The backward state of `owner`, a deep copy of `state`'s module: its hooks deep-copied,
-    as torch deep-copies a module's own backward hook dicts (a callable object is copied, a
-    bound method is bound to the copy; until 2026-12-04 they were shared: a capture's
-    recorded the copy's gradients, helper-124's FINDING 3)."""
+def _copy_state(state: Any, original: Any, owner: Any, memo: dict[int, Any]) -> Any:
+    """The backward state of `owner`, a deep copy of `state`'s module `original`: its hooks
+    deep-copied, as torch deep-copies a module's own backward hook dicts (a callable object is
+    copied, a bound method is bound to the copy; until 2026-12-04 they were shared: a
+    capture's recorded the copy's gradients, helper-124's FINDING 3), ranked as they were
+    among the framework's own, whose copies run among them as in `original` (until
+    2026-12-06 the framework ran its own first in the copy: helper-148's FINDING 6)."""
     from copy import deepcopy
 
     from ._module_backward import ModuleBackward, _states
@@ -559,8 +561,12 @@ def _copy_state(state: Any, owner: Any, memo: dict[int, Any]) -> Any:
     new = ModuleBackward(state.autograd, state.is_global)
     new.pre_hooks = {k: (deepcopy(h, memo), s) for k, (h, s) in state.pre_hooks.items()}
     new.full_hooks = {k: (deepcopy(h, memo), s) for k, (h, s) in state.full_hooks.items()}
+    new.ranks = dict(state.ranks)
     new.dispatchers = state.dispatchers.rebound(owner)
     _states[owner] = new
+    copy_natives = getattr(state.autograd, "copy_natives", None)
+    if new.natives is not None and copy_natives is not None:
+        copy_natives(original, owner, memo)
     return new
 
 

@@ -32,7 +32,7 @@ from unihook.handles import Handle
 from . import NAME
 from ._alias import InputAlias, changed, guard, mark, span, use, watch, watch_inputs
 from ._compile import EagerUnderCompile, WatchedPinned, outside_dynamo
-from ._native_backward import CALL_CODES, Absorption, natives, pending, rank
+from ._native_backward import CALL_CODES, Absorption, copy_natives, natives, pending, rank
 
 Grads = Sequence[Any]
 
@@ -310,6 +310,7 @@ class TorchAutograd(Autograd):
     rank = staticmethod(rank)
     natives = staticmethod(natives)
     pending = staticmethod(pending)
+    copy_natives = staticmethod(copy_natives)
 
     @staticmethod
     def moved(alias: Any, original: Any) -> bool:

@@ -26,6 +26,8 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
+from collections.abc import Iterable
+from copy import deepcopy
 from functools import partial, update_wrapper
 from types import CodeType
 from typing import Any, Callable
@@ -37,7 +39,7 @@ from unihook.backend import Site, call_holder
 from . import NAME, _compile
 from ._global import TORCH_CALL_CODE, WRAPPER_CODES
 
-__all__ = ["Absorption", "natives", "pending", "rank"]
+__all__ = ["Absorption", "copy_natives", "natives", "pending", "rank"]
 
 _ATTRS = {"_backward_pre_hooks": "full_backward_pre", "_backward_hooks": "full_backward"}
 _lock = threading.Lock()
@@ -266,10 +268,10 @@ class Absorption:
 
     __slots__ = ("_refs", "_holder")
 
-    def __init__(self, module: Any) -> None:
+    def __init__(self, module: Any, dicts: Iterable[Any] | None = None) -> None:
         self._holder = call_holder(module)  # (the state of unihook's hook, weakly)
         self._refs = []
-        for hooks in map(module.__dict__.get, _ATTRS):
+        for hooks in map(module.__dict__.get, _ATTRS) if dicts is None else dicts:
             try:
                 self._refs.append(weakref.ref(hooks))
             except TypeError:  # (None, or a plain dict a library assigned: torch's alone)
@@ -306,6 +308,23 @@ class Absorption:
         records = getattr(_started, "records", None)
         if records:  # (a call cut short before its pre-dispatch: its frame, its module go)
             _prune(records, sys._getframe())
+
+
+def copy_natives(module: Any, copy: Any, memo: dict[int, Any]) -> None:
+    """(`copy`, a deep copy of `module`, got a copy of its backward state) The copies of
+    `module`'s absorbed dicts are absorbed for `copy`'s state, with the keys torch noted as
+    prepended, for good: the copy's hooks have no handle (they go with the copy, and its
+    dicts' entries with them, `_gone`)."""
+    pairs = [(hooks, deepcopy(hooks, memo)) for hooks in map(module.__dict__.get, _ATTRS)]
+    pairs = [(hooks, copied) for hooks, copied in pairs if _absorbs(hooks)]
+    if not pairs:
+        return
+    Absorption(copy, [copied for _, copied in pairs]).take()
+    with _lock:
+        for hooks, copied in pairs:
+            entry, copied_entry = _entry(hooks), _entry(copied)
+            if entry is not None and copied_entry is not None:
+                copied_entry[2].update(entry[2])
 
 
 def _gone(ident: int, ref: weakref.ref[Any]) -> None:

@@ -917,3 +917,42 @@ def test_base_exception_in_forward_frees_the_model(
     alive = ref() is not None
     handle.remove()
     assert not alive
+
+
+@pytest.mark.parametrize(
+    "kinds",
+    [
+        pytest.param(
+            "pre",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="helper-148's FINDING 10 (open): pre-hooks alone have no input side, "
+                "forward gets the caller's tensors (exact under in-place ops), and an unused "
+                "one gets None",
+            ),
+        ),
+        "full",
+        "pre+full",
+    ],
+)
+def test_an_unused_input_gets_zeros_beside_a_backward_hook(backend: Any, kinds: str) -> None:
+    # torch's BackwardHook passes every tensor input through its own node once the module has
+    # a backward hook of either kind: an input forward never uses gets a gradient of zeros
+    kit = backend
+
+    def forward(self, a, unused):  # type: ignore[no-untyped-def]
+        return a * 2
+
+    m = kit.module(forward)
+    log = Log(kit)
+    if "pre" in kinds:
+        unihook.register_full_backward_pre_hook(m, log.pre("m"))
+    if "full" in kinds:
+        unihook.register_full_backward_hook(m, log.full("m"))
+    x, unused = leaf(kit, [1.0, 2.0]), leaf(kit, [3.0])
+    kit.backward(m(x, unused).sum())
+    np.testing.assert_allclose(kit.grad(x), [2, 2])
+    np.testing.assert_allclose(kit.grad(unused), [0])
+    assert len(log.calls) == len(kinds.split("+"))
+    if "full" in kinds:
+        close(log.calls[-1][2], [[2, 2], [0]])
