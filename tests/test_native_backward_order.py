@@ -1333,3 +1333,31 @@ def test_hooks_registered_on_a_deep_copy_chain_as_torchs_own(seed: int) -> None:
     want, want_seen = run(native_only=True)
     assert seen == want_seen
     assert torch.allclose(got, want)
+
+
+@pytest.mark.parametrize("where", ["module", "global"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_bad_return_of_torchs_own_hook_is_named_torchs(kind: str, where: str) -> None:
+    """helper-148's FINDING 11: torch's own hook, run among unihook's, returning what torch
+    refuses (a gradient of another shape) raised unihook's error naming it as if it were
+    unihook's. Now it says whose it is, and stays a RuntimeError, as torch's own error."""
+    module = torch.nn.Linear(2, 2)
+
+    def bad(*args: Any) -> Any:
+        return (torch.ones(5),)
+
+    from torch.nn.modules import module as torch_module
+
+    ours = getattr(unihook, f"register_{kind}_hook")(module, lambda *args: None)
+    if where == "module":
+        theirs = getattr(module, f"register_{kind}_hook")(bad)
+    else:
+        theirs = getattr(torch_module, f"register_module_{kind}_hook")(bad)
+    try:
+        with pytest.raises(RuntimeError) as caught:
+            module(torch.ones(1, 2, requires_grad=True)).sum().backward()
+    finally:
+        theirs.remove()
+        ours.remove()
+    label = kind if where == "module" else f"module_{kind}"
+    assert str(caught.value).startswith(f"torch's own {label} hook on Linear [backend torch]")

@@ -18,13 +18,16 @@ class Site(NamedTuple):
     """Where a hook sits: what error messages say about it.
 
     `name` is the qualified module name when the caller knows it (attach by pattern), else None
-    and messages use the type name.
+    and messages use the type name. `owner` names the framework for a hook registered through
+    the framework's own API that a backend runs among unihook's (torch's module backward
+    hooks), else None: a unihook hook.
     """
 
     kind: str
     backend: str
     target_type: str
     name: str | None = None
+    owner: str | None = None
 
     @classmethod
     def of(cls, kind: str, backend: str, target: object, name: str | None = None) -> Site:
@@ -32,7 +35,8 @@ class Site(NamedTuple):
 
     def __str__(self) -> str:
         target = f"'{self.name}' ({self.target_type})" if self.name else self.target_type
-        return f"{self.kind} hook on {target} [backend {self.backend}]"
+        whose = f"{self.owner}'s own " if self.owner else ""
+        return f"{whose}{self.kind} hook on {target} [backend {self.backend}]"
 
     def error(self, cls: type[_E], expected: str, received: str) -> _E:
         """`cls` with the standard message: site, what was expected, what was received."""

@@ -198,8 +198,13 @@ def _left_out(
     items = tuple(hooks.items())  # (one read: another thread may register meanwhile)
     if record.release is None or entry is None or not _ranks(items, first):
         return False
-    site = Site.of(kind, NAME, module)
-    record.lists[at] = [(key, (hook, site)) for key, hook in first], _ranked(items, entry[2], site)
+    # (what torch's own hook returns is checked as unihook's: the error names it torch's)
+    site = Site.of(kind, NAME, module)._replace(owner="torch")
+    global_site = site._replace(kind=f"module_{kind}")
+    record.lists[at] = (
+        [(key, (hook, global_site)) for key, hook in first],
+        _ranked(items, entry[2], site),
+    )
     return True
 
 
