@@ -1361,3 +1361,99 @@ def test_a_bad_return_of_torchs_own_hook_is_named_torchs(kind: str, where: str) 
         ours.remove()
     label = kind if where == "module" else f"module_{kind}"
     assert str(caught.value).startswith(f"torch's own {label} hook on Linear [backend torch]")
+
+
+def _global_plan(seed: int) -> list[tuple[Any, ...]]:
+    """Steps: ("add", who, scope, kind, prepend, a, b, at) or ("remove", index of an add);
+    scope "global" (every module) or "module" (the module `at` of the model)."""
+    rng = random.Random(seed)
+    steps: list[tuple[Any, ...]] = []
+    adds = 0
+    for _ in range(rng.randint(2, 7)):
+        if adds and rng.random() < 0.2:
+            steps.append(("remove", rng.randrange(adds)))
+            continue
+        who, scope = rng.choice(("unihook", "torch")), rng.choice(("global", "module"))
+        a, b = rng.choice((2.0, 3.0, 0.5, -1.0)), rng.choice((1.0, -2.0, 0.25))
+        prepend = scope == "module" and rng.random() < 0.4
+        steps.append(("add", who, scope, rng.choice(KINDS), prepend, a, b, rng.randrange(3)))
+        adds += 1
+    return steps
+
+
+def _run_globals(steps: list[tuple[Any, ...]], native_only: bool) -> Any:
+    from torch.nn.modules import module as torch_module
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    seen: list[Any] = []
+    handles: list[Any] = []
+    try:
+        for i, step in enumerate(steps):
+            if step[0] == "remove":
+                handles[step[1]].remove()
+                continue
+            _, who, scope, kind, prepend, a, b, at = step
+            hook = _hook(kind, a, b, seen, i)
+            native = who == "torch" or native_only
+            if scope == "global":
+                register = (
+                    getattr(torch_module, f"register_module_{kind}_hook")
+                    if native
+                    else getattr(unihook, f"register_module_{kind}_hook")
+                )
+                handles.append(register(hook))
+            elif native:
+                handles.append(getattr(model[at], f"register_{kind}_hook")(hook, prepend=prepend))
+            else:
+                register = getattr(unihook, f"register_{kind}_hook")
+                handles.append(register(model[at], hook, prepend=prepend))
+        x = torch.ones(2, 3, requires_grad=True)
+        model(x).sum().backward()
+        return x.grad, seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_generated_global_and_module_hooks_chain_as_torchs_own(seed: int) -> None:
+    """unihook's global backward hooks and torch's own, global and module hooks, on modules
+    with or without unihook hooks of their own: torch's order (global hooks first, by
+    registration; then the module's, by registration, prepended first). Until 2026-12-06 a
+    unihook global full hook ran after torch's own hooks of a module without unihook hooks of
+    its own, and torch's global ones there ran first whatever the order of registration."""
+    steps = _global_plan(seed)
+    got, seen = _run_globals(steps, native_only=False)
+    want, want_seen = _run_globals(steps, native_only=True)
+    assert seen == want_seen
+    assert torch.allclose(got, want)
+    assert not _native_backward._absorbed
+
+
+def test_dispatchers_pinned_by_another_thread_after_the_wrappers_look_lose_no_torch_hook() -> None:
+    """The global backward dispatchers' wrapper runs around a call of a module without hooks of
+    its own; another thread pins them in the module (it has a torch hook now) before torch
+    reads the hooks: the pinned ones leave the call to the wrapper, which took it already, so
+    torch keeps its hook (it runs first, as before 2026-12-06) rather than losing it."""
+    from unihook_torch import _global
+
+    module, seen = torch.nn.Linear(2, 2), []
+    handle = unihook.register_module_full_backward_hook(lambda m, gi, go: seen.append("global"))
+    state = _global.global_backward_state()
+    assert state is not None
+    around = state.around
+
+    def pinning_around(called: Any) -> None:  # (the window: after the look, before the call)
+        if called is module and not seen:
+            module.register_full_backward_hook(lambda m, gi, go: seen.append("torch"))
+            _global._pin(module)
+        around(called)
+
+    state.around = pinning_around  # type: ignore[method-assign]
+    try:
+        module(torch.ones(1, 2, requires_grad=True)).sum().backward()
+    finally:
+        del state.around
+        handle.remove()
+    assert sorted(seen) == ["global", "torch"]

@@ -119,7 +119,8 @@ class Autograd:
     # classes (``"torch.nn."``), whose one-argument forward reads no tensor a user set on the
     # module (see `_refuse_shared_inputs`).
     # Optional, together: for a framework with module backward hooks of its own, which the
-    # backend hides from it while the module has unihook's and runs among unihook's, in the
+    # backend hides from it while the module has unihook's (its own, or the global state's
+    # dispatchers pinned in it) and runs among unihook's, in the
     # framework's order whoever registered them (global hooks first, then the module's in the
     # order of registration, `prepend` first): `rank(prepend)`, a unihook hook's place in that
     # order, drawn at its registration (an int: the order ascending, a prepended one before
@@ -229,14 +230,11 @@ class ModuleBackward:
         natives: Callable[[Any, int], Any] | None = getattr(autograd, "natives", None)
         pending: Callable[[Any, int], bool] | None = getattr(autograd, "pending", None)
         together = rank is not None and natives is not None and pending is not None
-        # (global hooks rank beside the framework's)
+        # (global hooks rank beside the framework's; a global state's dispatchers take the
+        # framework's hooks of a module without unihook hooks of its own)
         self.rank: Callable[[bool], int] | None = rank if together else None
-        self.natives: Callable[[Any, int], Any] | None = (
-            natives if together and not is_global else None
-        )
-        self.pending: Callable[[Any, int], bool] | None = (
-            pending if together and not is_global else None
-        )
+        self.natives: Callable[[Any, int], Any] | None = natives if together else None
+        self.pending: Callable[[Any, int], bool] | None = pending if together else None
         self.ranks: dict[int, int] = {}  # key -> rank (replaced whole, as the hook dicts)
         self.local: threading.local = threading.local()
         # every thread's `_stack`, weakly (a thread's goes with it)
@@ -366,6 +364,10 @@ class ModuleBackward:
         mark = (0, _NO_MODULE, _PASSED, frame or id(sys._getframe(1)))
         stack.append(mark)
         return mark
+
+    def holder(self) -> Callable[[int], Callable[[], None] | None]:
+        """`call_holder` for this state (a global one's: for a module it serves)."""
+        return partial(_hold_on, weakref.ref(self))
 
     def let_go(self, mark: _Entry) -> None:
         """The call `hold` marked is over; removed meanwhile, the last call out retires the
@@ -516,10 +518,12 @@ class ModuleBackward:
         of its own out of it as it started (see Autograd), and no newer state takes it."""
         if self.pending is None or not self.pending(module, frame):
             return False
-        newer = _states.get(module)
+        newer = _globals.get(self.autograd.backend) if self.is_global else _states.get(module)
         if newer is not None and newer is not self:
             return False
         if self.dispatchers is None:
+            if self.is_global:
+                return False  # (held from the framework's read: there while it runs)
             # removed before this call's pre-dispatch (by a forward pre-hook of it): out since
             # no call was in flight; its post-dispatcher must end this one (the framework reads
             # the forward hooks after forward), and goes again when it does (`_ended`)
@@ -1333,8 +1337,12 @@ class _Call:
             self.full_hooks.extend(owner.full_hooks.values())
             return
         global_pre, natives_pre, global_full, natives_full = found
-        ranks = {} if shared is None else shared.ranks
         pre_items, full_items = list(owner.pre_hooks.items()), list(owner.full_hooks.items())
+        if owner.is_global:
+            # a module without unihook hooks of its own: the global hooks by rank among the
+            # framework's global ones, then the framework's of the module
+            shared, pre, full, pre_items, full_items = owner, pre_items, full_items, [], []
+        ranks = {} if shared is None else shared.ranks
         self.pre_hooks = _merged(pre, ranks, global_pre)
         self.pre_hooks.extend(_merged(pre_items, owner.ranks, natives_pre))
         self.full_hooks = _merged(full, ranks, global_full)
@@ -1455,9 +1463,7 @@ def call_holder(module: Any) -> Callable[[int], Callable[[], None] | None] | Non
     It holds the state weakly, and serves a shallow copy of `module`, which shares its
     dispatchers, after `module` is gone."""
     state = _states.get(module)
-    if state is None:
-        return None
-    return partial(_hold_on, weakref.ref(state))
+    return None if state is None else state.holder()
 
 
 def _hold_on(ref: weakref.ref[ModuleBackward], frame: int) -> Callable[[], None] | None:

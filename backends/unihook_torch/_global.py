@@ -64,6 +64,8 @@ _dispatch: (
 ) = None
 # where _backward's dispatchers are pinned (a removed state's stay pinned until its calls end)
 _pinned_in: weakref.WeakKeyDictionary[Any, Pinned] = weakref.WeakKeyDictionary()
+# the same modules' backward hook dicts, absorbed meanwhile (see `_pin`)
+_absorbing: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 @partial(not_a_compile_root, callees_too=True)
@@ -85,9 +87,14 @@ def _pin_dispatchers(module: Any) -> Any:
 
 
 def _pin(module: Any) -> None:
+    """The global dispatchers pinned in `module`, whose backward hook dicts they absorb
+    meanwhile: torch's own hooks of the module run among the global hooks, after them, as
+    torch runs its global hooks first (in torch's BackwardHook they ran first, helper-148's
+    G8; see ``_native_backward``)."""
     if module not in _pinned_in:
         from ._backward import KWARGS_FLAGS
         from ._backward import _TorchDispatchers as access
+        from ._native_backward import Absorption
 
         with _lock, _lock.mutex:
             if _dispatch is not None and module not in _pinned_in:
@@ -98,9 +105,15 @@ def _pin(module: Any) -> None:
                 pinned = shared or _compile.WatchedPinned.install(
                     module, hooks, always, access.new_id, access, tail=True, flags=KWARGS_FLAGS
                 )
+                absorption = Absorption(module, state=_backward)
                 try:
                     _pinned_in[module] = pinned
+                    _absorbing[module] = absorption
+                    absorption.take()
                 except BaseException:  # (a Ctrl-C: the next call pins again, once)
+                    absorption.release()
+                    _absorbing.pop(module, None)
+                    _pinned_in.pop(module, None)
                     if shared is None:  # (else they are the original's too)
                         pinned.remove()
                     raise
@@ -140,7 +153,15 @@ def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
 def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     """The wrapper around `call`, torch's `_call_impl` (or a compiled one) for `self`."""
     own = self._forward_pre_hooks
-    if _dispatch is not None and (own or torch_module._global_forward_pre_hooks):
+    if _dispatch is not None and (
+        own
+        or torch_module._global_forward_pre_hooks
+        # torch's own backward hooks run after unihook's global ones (see `_pin`)
+        or self._backward_hooks
+        or self._backward_pre_hooks
+        or torch_module._global_backward_hooks
+        or torch_module._global_backward_pre_hooks
+    ):
         own = _pin_dispatchers(self)
     keys = _keys(own)
     # unihook's hooks torch does not see, as the call starts (a pre-hook may remove the last)
@@ -211,6 +232,11 @@ def _run(self: Any, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
 
 
 @partial(not_a_compile_root, callees_too=True)
+def global_backward_state() -> ModuleBackward | None:
+    """The state of the global backward hooks, while there are some."""
+    return _backward
+
+
 def _is_pinned(module: Any) -> bool:
     return module in _pinned_in
 
@@ -460,13 +486,15 @@ class _BackwardDispatch:
     """The global backward dispatchers' place in the wrapper (see the module docstring)."""
 
     def __init__(self, state: ModuleBackward) -> None:
-        global _backward, _dispatch, _pinned_in
+        global _backward, _dispatch, _pinned_in, _absorbing
         self.state = state
         # the modules they are pinned in; in `_pinned_in` too, it tells whose they are
         self.pinned_in: weakref.WeakKeyDictionary[Any, Pinned] = weakref.WeakKeyDictionary()
+        self.absorbing: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         undo_if_unfinished(self.remove)
         with _lock, _lock.mutex:
             _pinned_in = self.pinned_in
+            _absorbing = self.absorbing
             _backward = state
             # torch.compile: they run outside dynamo (see ._compile)
             _dispatch = (
@@ -486,16 +514,20 @@ class _BackwardDispatch:
 
     def remove(self) -> None:
         # idempotent: also undoes an installation cut short (a Ctrl-C, see unihook._locks)
-        global _backward, _dispatch, _pinned_in
+        global _backward, _dispatch, _pinned_in, _absorbing
         if _lock.deferred(self.remove):
             return
         with _lock, _lock.mutex:
+            for absorption in list(self.absorbing.values()):
+                absorption.release()  # (torch's hooks back to torch before the dispatchers go)
+            self.absorbing.clear()
             for pinned in list(self.pinned_in.values()):
                 pinned.remove()
             self.pinned_in.clear()
             if _pinned_in is self.pinned_in:  # (else newer global hooks came meanwhile)
                 _backward = _dispatch = None
                 _pinned_in = weakref.WeakKeyDictionary()
+                _absorbing = weakref.WeakKeyDictionary()
             _sync_patch()
 
 

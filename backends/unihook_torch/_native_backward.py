@@ -36,7 +36,7 @@ import torch
 
 from unihook.backend import Site, call_holder
 
-from . import NAME, _compile
+from . import NAME, _compile, _global
 from ._global import TORCH_CALL_CODE, WRAPPER_CODES
 
 __all__ = ["Absorption", "copy_natives", "natives", "pending", "rank"]
@@ -273,8 +273,9 @@ class Absorption:
 
     __slots__ = ("_refs", "_holder")
 
-    def __init__(self, module: Any, dicts: Iterable[Any] | None = None) -> None:
-        self._holder = call_holder(module)  # (the state of unihook's hook, weakly)
+    def __init__(self, module: Any, dicts: Iterable[Any] | None = None, state: Any = None) -> None:
+        # (the state of unihook's hook, weakly: the module's, or `state`, the global hooks')
+        self._holder = call_holder(module) if state is None else state.holder()
         self._refs = []
         for hooks in map(module.__dict__.get, _ATTRS) if dicts is None else dicts:
             try:
@@ -429,7 +430,16 @@ def _pristine(module: Any) -> bool:
         # (nor one set on the module itself: a memo, helper-154's FINDING 1)
         and "_get_backward_hooks" not in own
         and "_get_backward_pre_hooks" not in own
+        # nor a call the global backward dispatchers' wrapper runs around (they were pinned
+        # in the module after the wrapper looked, by another thread: the pinned ones leave
+        # the call to the wrapper, which took it before torch read the hooks)
+        and not _around_by_globals(module)
     )
+
+
+def _around_by_globals(module: Any) -> bool:
+    state = _global.global_backward_state()
+    return state is not None and state.inside(module)
 
 
 _dynamo_compiling = torch.compiler.is_dynamo_compiling  # (False when run, True as traced)
