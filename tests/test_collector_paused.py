@@ -506,3 +506,70 @@ def test_kept_off_turns_it_off_again_and_the_last_pause_out_on() -> None:
         assert gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_pause_coming_in_after_a_threads_bracket_ended_inside_leaves_it_on() -> None:
+    """helper-158's FINDING 1: a thread's own bracket (begun before the first pause came in)
+    ends inside it, then another pause comes in (each walk of other threads' stacks makes one
+    inside its own): it took the collector for off and the last pause out left it off."""
+    gc.disable()  # (that thread's bracket begins)
+    try:
+        with collector_paused():
+            gc.enable()  # (and ends)
+            with collector_paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+
+
+FINALIZER_UNDER_THE_LOCK = r"""
+import faulthandler, gc, sys, threading, time
+from unihook import _collector
+from unihook.backend import collector_paused
+
+faulthandler.dump_traceback_later(60, exit=True)
+held = threading.Lock()  # (a registry lock: the other thread pauses while it holds it)
+go, waiting, fired = threading.Event(), threading.Event(), []
+
+def other():
+    with held:
+        go.wait()
+        waiting.set()
+        with collector_paused():
+            pass
+
+class Finalized:
+    def __init__(self):
+        self.me = self
+    def __del__(self):
+        if _collector._lock._is_owned() and not fired:
+            fired.append(sys._getframe(1).f_code.co_name)
+            go.set(); waiting.wait(); time.sleep(0.2)
+            with held:  # (a finalizer's hook removal waiting for that registry lock)
+                pass
+        elif not fired:
+            Finalized()
+
+threading.Thread(target=other, daemon=True).start()
+Finalized()
+gc.set_threshold(1)
+for i in range(100000):
+    with collector_paused():
+        pass
+    if fired:
+        break
+gc.set_threshold(700)
+print(fired)
+"""
+
+
+def test_no_collection_runs_finalizers_under_the_pauses_lock() -> None:
+    """helper-158's FINDING 3: a pause coming in with the collector on made its entry under
+    the pauses' lock, and a collection that allocation started ran a finalizer there; one
+    waiting for a lock whose holder waited for the pauses' lock deadlocked both threads
+    (here every time, a collection every allocation)."""
+    from children import last_value, run_code
+
+    assert last_value(run_code(FINALIZER_UNDER_THE_LOCK, timeout=120)) == []

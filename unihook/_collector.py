@@ -40,12 +40,20 @@ A thread's own ``gc.disable()`` / ``gc.enable()`` bracket (torch.distributed.che
 ``_gc_context``, ``timeit``) begun before the first pause came in enables the collector at its
 end, while the pauses are in: a walk that must not run with it on (the torch backend's walks
 of other threads' stacks) calls `collector_kept_off()` before each step, which disables it
-again and has the last pause out enable it (helper-156's FINDING 1).
+again and has the last pause out enable it (helper-156's FINDING 1); so does every pause that
+comes in meanwhile (until 2026-12-06 only the first did: a pause entering after such an end,
+the one each walk makes inside its own, left the collector off for good, helper-158's
+FINDING 1).
 
 Not kept: a user's ``gc.disable()`` made while a pause is in (the collector is off already,
-and the last pause out enables it if it was on when the first came in); a pause across a
-greenlet switch (its frame runs off the thread's stack: taken for done by the thread's next
-pause).
+and the last pause out enables it if it was on when the first came in, or was seen on since:
+also where another thread enabled it for a moment meanwhile, helper-158's FINDING 5); a pause
+across a greenlet switch (its frame runs off the thread's stack: taken for done by the
+thread's next pause). Open: another thread's ``gc.enable()`` between `collector_kept_off()`'s
+look and the walk's next read (a thread switch there: helper-158's FINDING 2); the last pause
+out enables the collector holding the pauses' lock, and a collection the ``with`` statement's
+exit call starts there (its argument tuple, where the free list is empty) runs finalizers
+under it.
 """
 
 from __future__ import annotations
@@ -93,13 +101,19 @@ class _Pause:
         if getattr(_thread, "end", None) is None:
             _thread.end = _ThreadEnd(thread)
         key, ref = next(_keys), weakref.ref(self)
+        # (made before the lock: an allocation may start a collection, whose finalizers must
+        # not run under it, where one waiting for a lock whose holder waits for this one
+        # deadlocked: helper-158's FINDING 3)
+        entry = (thread, *site, ref)
         try:
             with _lock:
                 enabled = gc.isenabled()
                 first = not _in  # (from here to the disable: no call)
-                _in[key] = (thread, *site, ref)
+                _in[key] = entry
                 self._key = key
-                if first:
+                if first or enabled:
+                    # (a pause in keeps it off: on, another thread's own bracket ended since,
+                    # and the last pause out enables it: helper-158's FINDING 1)
                     _restore[0] = enabled
                 gc.disable()
                 if not first:

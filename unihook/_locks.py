@@ -124,12 +124,22 @@ class RegistryLock:
         except IndexError:  # (never: each exit follows its entry's append)
             pass
         _resume()
-        while self._deferred:
-            try:
-                remove = self._deferred.pop(0)
-            except IndexError:  # (another thread ran it)
-                return
-            remove()
+        draining = _draining.__dict__.setdefault("locks", set())
+        if id(self) in draining:
+            return  # (a deferred removal's own exit: the loop below runs the rest)
+        draining.add(id(self))
+        try:
+            # (one loop per thread and lock: each removal's own exit ran the rest, nested,
+            # and hundreds of finalizers' removals deferred at once overflowed the stack:
+            # RecursionError, helper-158's FINDING 4)
+            while self._deferred:
+                try:
+                    remove = self._deferred.pop(0)
+                except IndexError:  # (another thread ran it)
+                    return
+                remove()
+        finally:
+            draining.discard(id(self))
 
     def held(self) -> bool:
         """Whether this thread holds the lock."""
@@ -143,6 +153,9 @@ class RegistryLock:
         self._deferred.append(remove)
         return True
 
+
+# the registry locks whose deferred removals this thread runs now (`RegistryLock.__exit__`)
+_draining = threading.local()
 
 _INSIDE = (
     "unihook cannot {what} while it is registering or removing a hook on the same thread: "

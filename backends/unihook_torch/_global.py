@@ -237,6 +237,7 @@ def global_backward_state() -> ModuleBackward | None:
     return _backward
 
 
+@partial(not_a_compile_root, callees_too=True)
 def _is_pinned(module: Any) -> bool:
     return module in _pinned_in
 
