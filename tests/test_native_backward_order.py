@@ -39,6 +39,14 @@ def _hook(kind: str, a: float, b: float, seen: list[Any], tag: int) -> Any:
     return pre
 
 
+def _torchs_methods_back() -> bool:
+    """torch's own methods on ``torch.nn.Module`` (by identity: unihook's carry torch's names,
+    ``__module__`` included, for help(); helper-159 found the name test passing on them)."""
+    return all(
+        vars(torch.nn.Module)[name] is method for name, method in _native_backward._TORCH.items()
+    )
+
+
 def _plan(seed: int) -> list[tuple[Any, ...]]:
     """Steps: ("add", who, kind, prepend, a, b) or ("remove", index of an earlier add)."""
     rng = random.Random(seed)
@@ -93,7 +101,7 @@ def test_generated_registrations_chain_as_torchs_own(seed: int) -> None:
     assert seen == want_seen
     assert torch.allclose(got, want)
     assert not _native_backward._absorbed  # (all removed: torch's methods back)
-    assert vars(torch.nn.Module)["_get_backward_hooks"].__module__ == "torch.nn.modules.module"
+    assert _torchs_methods_back()
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -108,7 +116,7 @@ def test_generated_registrations_chain_as_torchs_own_in_a_deep_copy(seed: int) -
     assert torch.allclose(got, want)
     gc.collect()  # (the copies gone: their dicts too, and torch's methods back)
     assert not _native_backward._absorbed
-    assert vars(torch.nn.Module)["_get_backward_hooks"].__module__ == "torch.nn.modules.module"
+    assert _torchs_methods_back()
 
 
 def test_torchs_methods_come_back_with_the_last_hook() -> None:
@@ -1429,6 +1437,7 @@ def test_generated_global_and_module_hooks_chain_as_torchs_own(seed: int) -> Non
     assert seen == want_seen
     assert torch.allclose(got, want)
     assert not _native_backward._absorbed
+    assert _torchs_methods_back()
 
 
 def test_dispatchers_pinned_by_another_thread_after_the_wrappers_look_lose_no_torch_hook() -> None:

@@ -23,6 +23,7 @@ deadlock. So the backend pauses its compiler on a thread while that holds a regi
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Callable
 
@@ -124,22 +125,27 @@ class RegistryLock:
         except IndexError:  # (never: each exit follows its entry's append)
             pass
         _resume()
-        draining = _draining.__dict__.setdefault("locks", set())
-        if id(self) in draining:
-            return  # (a deferred removal's own exit: the loop below runs the rest)
-        draining.add(id(self))
-        try:
-            # (one loop per thread and lock: each removal's own exit ran the rest, nested,
-            # and hundreds of finalizers' removals deferred at once overflowed the stack:
-            # RecursionError, helper-158's FINDING 4)
-            while self._deferred:
-                try:
-                    remove = self._deferred.pop(0)
-                except IndexError:  # (another thread ran it)
-                    return
-                remove()
-        finally:
-            draining.discard(id(self))
+        if self._deferred and self._draining_above():
+            return  # (a deferred removal's own exit: the loop below it runs the rest)
+        # (one loop per thread and lock: each removal's own exit ran the rest, nested, and
+        # hundreds of finalizers' removals deferred at once overflowed the stack:
+        # RecursionError, helper-158's FINDING 4)
+        while self._deferred:
+            try:
+                remove = self._deferred.pop(0)
+            except IndexError:  # (another thread ran it)
+                return
+            remove()
+
+    def _draining_above(self) -> bool:
+        """Whether an exit of this lock further up this thread's stack runs its deferred
+        removals (read from the stack: nothing a Ctrl-C could leave set)."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code is _EXIT_CODE and frame.f_locals.get("self") is self:
+                return True
+            frame = frame.f_back
+        return False
 
     def held(self) -> bool:
         """Whether this thread holds the lock."""
@@ -154,8 +160,7 @@ class RegistryLock:
         return True
 
 
-# the registry locks whose deferred removals this thread runs now (`RegistryLock.__exit__`)
-_draining = threading.local()
+_EXIT_CODE = RegistryLock.__exit__.__code__
 
 _INSIDE = (
     "unihook cannot {what} while it is registering or removing a hook on the same thread: "

@@ -178,7 +178,10 @@ class HookDict(OrderedDict[int, Any]):
         self.uncopied = set()
         self.owned = set()
         super().clear()
-        for key, value in origin.items():
+        # (a snapshot: another thread's registration, or a finalizer's removal, changing the
+        # origin meanwhile failed a registration with "OrderedDict mutated during iteration",
+        # helper-158's FINDING 6)
+        for key, value in _snapshot(origin.items):
             super().__setitem__(key, value)
         self._changed()
 
@@ -957,7 +960,10 @@ def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
     # another thread that read the dict just before may still iterate it: each value runs
     # the origin's hook of that key, if there is one still.
     for k, _ in hooks._copy():
-        if not isinstance(OrderedDict.__getitem__(hooks, k), _Forwarding):
+        # (a key removed since the copy, by another thread or a finalizer the collector ran
+        # here, is left out: a KeyError failed a removal, helper-158's FINDING 6)
+        value = OrderedDict.get(hooks, k, _Forwarding)
+        if value is not _Forwarding and not isinstance(value, _Forwarding):
             OrderedDict.__setitem__(hooks, k, _Forwarding(origin_ref, k))
     hooks._snap = None  # (it held the hooks too)
     hooks._origin = None
