@@ -124,18 +124,33 @@ class RegistryLock:
             self._entered.pop()
         except IndexError:  # (never: each exit follows its entry's append)
             pass
-        _resume()
+        finally:
+            # (also where a Ctrl-C landed on the pop: the stale entry made a later lock's
+            # removal be taken under it, the order that deadlocks: helper-160's FINDING 3)
+            _resume()
         if self._deferred and self._draining_above():
             return  # (a deferred removal's own exit: the loop below it runs the rest)
-        # (one loop per thread and lock: each removal's own exit ran the rest, nested, and
-        # hundreds of finalizers' removals deferred at once overflowed the stack:
-        # RecursionError, helper-158's FINDING 4)
-        while self._deferred:
+        # One loop per thread and lock: each removal's own exit ran the rest, nested, and
+        # hundreds of finalizers' removals deferred at once overflowed the stack
+        # (RecursionError, helper-158's FINDING 4). Each removal leaves the list once it ran:
+        # a Ctrl-C before or inside it leaves it and the rest to the next exit (taken off
+        # first, it was lost: helper-160's FINDING 2; run again then, removals are
+        # idempotent); one that raises an error leaves the others to run, its error raised
+        # after them (FINDING 1).
+        error: Exception | None = None
+        while True:
             try:
-                remove = self._deferred.pop(0)
-            except IndexError:  # (another thread ran it)
-                return
-            remove()
+                remove = self._deferred[0]
+            except IndexError:  # (none left: another thread may have run the last)
+                break
+            try:
+                remove()
+            except Exception as raised:
+                if error is None:
+                    error = raised
+            _forget(self._deferred, remove)
+        if error is not None:
+            raise error
 
     def _draining_above(self) -> bool:
         """Whether an exit of this lock further up this thread's stack runs its deferred
@@ -161,6 +176,16 @@ class RegistryLock:
 
 
 _EXIT_CODE = RegistryLock.__exit__.__code__
+
+
+def _forget(deferred: list[Callable[[], None]], remove: Callable[[], None]) -> None:
+    """Take `remove` out of `deferred` (one C call: another thread may change the list, or
+    have taken it out already)."""
+    try:
+        deferred.remove(remove)
+    except ValueError:
+        pass
+
 
 _INSIDE = (
     "unihook cannot {what} while it is registering or removing a hook on the same thread: "
