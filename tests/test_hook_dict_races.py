@@ -5,7 +5,7 @@ make the change land at the one step each failed at)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -59,3 +59,82 @@ def test_a_dict_changed_while_unihook_takes_it_over_is_read_again() -> None:
         assert 7 in module._forward_hooks
     finally:
         handle.remove()
+
+
+def _native(framework: str) -> tuple[Any, str, Callable[[Any, Any], int]]:
+    """A layer of `framework`, the attribute of its forward hook dict, and a native
+    registration's first step: the framework's handle made on a dict it read, its id."""
+    if framework == "torch":
+        from torch.utils.hooks import RemovableHandle
+
+        return torch.nn.Linear(2, 2), "_forward_hooks", lambda d, _: RemovableHandle(d).id
+    paddle = pytest.importorskip("paddle")
+    from paddle.nn.layer.layers import HookRemoveHelper
+
+    layer = paddle.nn.Linear(2, 2)
+    return layer, "_forward_post_hooks", lambda d, _: HookRemoveHelper(d)._hook_id
+
+
+def _input(framework: str) -> Any:
+    if framework == "torch":
+        return torch.ones(1, 2)
+    return pytest.importorskip("paddle").ones([1, 2])
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_a_native_hook_removed_and_another_added_behind_unihooks_dict_are_followed(
+    framework: str,
+) -> None:
+    """helper-160's FINDING 4 (a native hook firing twice per call under threads): a native
+    handle made before unihook took the dict over removes its hook from the dict it holds,
+    and a registration that read that dict just before the take-over inserts there. The
+    number of hooks is the same: until 2026-12-06 the removed hook kept running and the
+    added one never ran; torch runs the added one only."""
+    layer, attr, handle_on = _native(framework)
+    seen: list[str] = []
+    register = (
+        layer.register_forward_hook if framework == "torch" else layer.register_forward_post_hook
+    )
+    old = register(lambda *a: seen.append("removed"))
+    origin = getattr(layer, attr)
+    backward = unihook.register_full_backward_hook(layer, lambda *a: None)
+    try:
+        assert isinstance(getattr(layer, attr), HookDict)
+        old.remove()  # (from the dict it was made on)
+        key = handle_on(origin, None)
+        origin[key] = lambda *a: seen.append("added")  # (the racing registration's insert)
+        layer(_input(framework))
+        assert seen == ["added"]
+        seen.clear()
+        register(lambda *a: seen.append("later"))
+        layer(_input(framework))
+        assert seen == ["added", "later"]
+    finally:
+        backward.remove()
+    seen.clear()
+    layer(_input(framework))
+    assert seen == ["added", "later"]
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_a_prepend_whose_insert_went_to_the_dict_unihook_took_over_moves_it(
+    framework: str,
+) -> None:
+    """A registration with prepend reads the hook dict three times (handle, insert, move): an
+    insert into the dict unihook took over just after, then the move in unihook's, raised
+    KeyError from the registration until 2026-12-06, the hook left last."""
+    layer, attr, handle_on = _native(framework)
+    seen: list[str] = []
+    origin = getattr(layer, attr)
+    backward = unihook.register_full_backward_hook(layer, lambda *a: None)
+    forward = unihook.register_forward_hook(layer, lambda *a: seen.append("unihook"))
+    try:
+        key = handle_on(origin, None)
+        origin[key] = lambda *a: seen.append("prepended")
+        getattr(layer, attr).move_to_end(key, last=False)
+        layer(_input(framework))
+        assert seen == ["prepended", "unihook"]
+    finally:
+        forward.remove()
+        backward.remove()
+    assert getattr(layer, attr) is origin and list(origin) == [key]

@@ -157,6 +157,8 @@ class HookDict(OrderedDict[int, Any]):
         # changed the dict carries an older tag, so it is never reused.
         self._version = next(_versions)
         self._snap: tuple[int, tuple[tuple[int, Any], ...]] | None = None
+        # the origin's keys when in step with this dict, at a version (`_expect`)
+        self._expected: tuple[int, tuple[int, ...]] = (-1, ())
         # a backend's check of the calling context, run before each call's hooks (paddle:
         # raise under a to_static program build, where hooks would see symbolic values)
         self.guard: Callable[[HookDict], None] | None = None
@@ -267,6 +269,17 @@ class HookDict(OrderedDict[int, Any]):
         return key, self.pop(key)
 
     def move_to_end(self, key: int, last: bool = True) -> None:
+        if not OrderedDict.__contains__(self, key):
+            # A key in the origin only: a registration with prepend that inserted there just
+            # before the install moves it in the dict it reads now (torch and paddle read the
+            # attribute again): it failed with KeyError, the hook left unprepended.
+            origin = self.origin()
+            if origin is None or key not in origin:
+                raise KeyError(key)
+            origin.move_to_end(key, last)
+            if self._origin is not None:
+                self._follow_origin(origin)
+            return
         super().move_to_end(key, last)
         self._changed()
         if key in self.pinned:
@@ -297,10 +310,21 @@ class HookDict(OrderedDict[int, Any]):
         if self.guard is not None:
             self.guard(self)
         origin = self._origin
+        if origin is not None:
+            # The origin's keys, not only their number (until 2026-12-06): a hook removed
+            # there and another added (an older native handle's removal, a registration that
+            # read the origin just before the install) kept the removed hook running and
+            # never ran the added one (helper-160's FINDING 4: a native hook fired twice).
+            expected = self._expected
+            if expected[0] != self._version:
+                expected = self._expect()
+            try:
+                moved = tuple(origin) != expected[1]
+            except RuntimeError:  # (changed meanwhile by another thread)
+                moved = True
+            if moved:
+                self._follow_origin(origin)
         size = len(self)
-        if origin is not None and len(origin) + len(self.pinned) != size:
-            self._follow_origin(origin)
-            size = len(self)
         version = self._version  # read before the copy: a change during it retags
         snap = self._snap
         # (the size: torch's global wrapper pops a key with OrderedDict.pop for one call)
@@ -321,6 +345,13 @@ class HookDict(OrderedDict[int, Any]):
     def values(self) -> tuple[Any, ...]:  # type: ignore[override]
         return tuple(value for _, value in self._copy())
 
+    def _expect(self) -> tuple[int, tuple[int, ...]]:
+        """The keys the origin holds when in step with this dict: this dict's, in its order,
+        the pinned keys left out; tagged with the version (`items`)."""
+        keys = tuple(key for key, _ in self._copy() if key not in self.pinned)
+        expected = self._expected = (self._version, keys)
+        return expected
+
     def _follow_origin(self, origin: OrderedDict[int, Any]) -> None:
         """The origin changed behind this dict: a native handle created before this dict was
         installed removed its hook there, or the code that assigned the origin to the module
@@ -332,8 +363,10 @@ class HookDict(OrderedDict[int, Any]):
         added = [(k, v) for k, v in native if not OrderedDict.__contains__(self, k)]
         for key, value in added:
             OrderedDict.__setitem__(self, key, value)
-        if added:  # in the origin's order, then the pinned keys
-            for key, _ in native:
+        order = [key for key, _ in native]
+        if added or [k for k, _ in self._copy() if k not in self.pinned] != order:
+            # in the origin's order (a library may move a key there too), then the pinned keys
+            for key in order:
                 try:
                     OrderedDict.move_to_end(self, key)
                 except KeyError:  # (removed meanwhile by another thread)
