@@ -74,6 +74,7 @@ test-mindspore: $(MS_STAMP)
 		tests/test_differential_forward.py tests/test_mindspore_native.py tests/test_demo.py \
 		tests/test_bench_smoke_mindspore.py tests/test_kept_inputs_mindspore.py \
 		tests/test_attack_h82.py tests/test_flag_tables.py tests/test_lazy_dicts_mindspore.py \
+		tests/test_hook_dict_races.py \
 		tests/test_attack_h83.py tests/test_attack_h84.py tests/test_attack_h86.py $(ATTACKS) \
 		tests/test_mindspore_none_grads.py \
 		$(MS_PACKAGE)

@@ -4,6 +4,7 @@ make the change land at the one step each failed at)."""
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -12,6 +13,9 @@ import pytest
 import unihook
 from unihook._pinned import HookDict
 
+if os.environ.get("UNIHOOK_CONFORMANCE_BACKEND") == "mindspore":  # (make test-mindspore)
+    # before paddle: paddle's oneDNN build breaks a later MindSpore import
+    pytest.importorskip("mindspore")
 torch = pytest.importorskip("torch")
 
 
@@ -68,6 +72,16 @@ def _native(framework: str) -> tuple[Any, str, Callable[[Any, Any], int]]:
         from torch.utils.hooks import RemovableHandle
 
         return torch.nn.Linear(2, 2), "_forward_hooks", lambda d, _: RemovableHandle(d).id
+    if framework == "mindspore":
+        ms = pytest.importorskip("mindspore")
+        from mindspore.common.hook_handle import HookHandle
+        from mindspore.nn.cell import _update_hook_version
+
+        def handle(hooks: Any, _: Any) -> int:
+            _update_hook_version()  # (MindSpore's registration does: its call reads it)
+            return HookHandle(hooks).handle_id
+
+        return ms.nn.Dense(2, 2), "_forward_hook", handle
     paddle = pytest.importorskip("paddle")
     from paddle.nn.layer.layers import HookRemoveHelper
 
@@ -78,10 +92,12 @@ def _native(framework: str) -> tuple[Any, str, Callable[[Any, Any], int]]:
 def _input(framework: str) -> Any:
     if framework == "torch":
         return torch.ones(1, 2)
+    if framework == "mindspore":
+        return pytest.importorskip("mindspore").ops.ones((1, 2))
     return pytest.importorskip("paddle").ones([1, 2])
 
 
-@pytest.mark.parametrize("framework", ["torch", "paddle"])
+@pytest.mark.parametrize("framework", ["torch", "paddle", "mindspore"])
 def test_a_native_hook_removed_and_another_added_behind_unihooks_dict_are_followed(
     framework: str,
 ) -> None:
@@ -93,7 +109,7 @@ def test_a_native_hook_removed_and_another_added_behind_unihooks_dict_are_follow
     layer, attr, handle_on = _native(framework)
     seen: list[str] = []
     register = (
-        layer.register_forward_hook if framework == "torch" else layer.register_forward_post_hook
+        layer.register_forward_post_hook if framework == "paddle" else layer.register_forward_hook
     )
     old = register(lambda *a: seen.append("removed"))
     origin = getattr(layer, attr)
@@ -116,7 +132,7 @@ def test_a_native_hook_removed_and_another_added_behind_unihooks_dict_are_follow
     assert seen == ["added", "later"]
 
 
-@pytest.mark.parametrize("framework", ["torch", "paddle"])
+@pytest.mark.parametrize("framework", ["torch", "paddle", "mindspore"])
 def test_a_prepend_whose_insert_went_to_the_dict_unihook_took_over_moves_it(
     framework: str,
 ) -> None:
@@ -162,7 +178,7 @@ def _run_plan(framework: str, plan: list[tuple[Any, ...]], ours: bool) -> list[t
     """The native hooks each call ran, in order; unihook's steps skipped unless `ours`."""
     layer, attr, handle_on = _native(framework)
     register = (
-        layer.register_forward_hook if framework == "torch" else layer.register_forward_post_hook
+        layer.register_forward_post_hook if framework == "paddle" else layer.register_forward_hook
     )
     fired: list[int] = []
     natives: dict[int, Any] = {}
@@ -223,7 +239,7 @@ def _run_plan(framework: str, plan: list[tuple[Any, ...]], ours: bool) -> list[t
     return calls
 
 
-@pytest.mark.parametrize("framework", ["torch", "paddle"])
+@pytest.mark.parametrize("framework", ["torch", "paddle", "mindspore"])
 def test_generated_native_registrations_racing_unihooks_run_as_without_it(
     framework: str,
 ) -> None:
@@ -234,8 +250,7 @@ def test_generated_native_registrations_racing_unihooks_run_as_without_it(
     and an added one never ran: helper-160's FINDING 4)."""
     from hypothesis import HealthCheck, given, settings
 
-    if framework == "paddle":
-        pytest.importorskip("paddle")
+    pytest.importorskip(framework)
 
     @settings(
         max_examples=150,
