@@ -160,14 +160,15 @@ def _plans() -> Any:
     """Steps on one layer's forward hook dict: ``read`` (a registration reads the dict),
     ``native`` / ``late`` (a native registration, whole or with its insert going to the dict
     read at the last ``read``: another thread's, racing unihook's take-over or hand-back),
-    ``remove``, unihook's backward (``bw``) and forward (``fw``) hooks toggled, ``call``."""
+    ``remove``, ``swap`` (another hook under its key, in the dict read: a library's wrapper),
+    unihook's backward (``bw``) and forward (``fw``) hooks toggled, ``call``."""
     from hypothesis import strategies as st
 
     index = st.integers(0, 3)
     step = st.one_of(
         st.just(("read",)),
         st.tuples(st.sampled_from(["native", "late"]), index, st.booleans()),
-        st.tuples(st.just("remove"), index),
+        st.tuples(st.sampled_from(["remove", "swap"]), index),
         st.tuples(st.sampled_from(["bw", "fw"])),
         st.just(("call",)),
     )
@@ -221,6 +222,13 @@ def _run_plan(framework: str, plan: list[tuple[Any, ...]], ours: bool) -> list[t
         elif op == "remove":
             if step[1] in natives:
                 natives.pop(step[1]).remove()
+        elif op == "swap":  # another hook put under its key, in the dict read (a wrapper)
+            handle = natives.get(step[1])
+            key = getattr(handle, "key", None)
+            for name in ("id", "_hook_id", "handle_id"):
+                key = getattr(handle, name, key)
+            if key is not None and key in read:
+                read[key] = hook(step[1] + 10)
         elif op in ("bw", "fw") and ours:
             if op in unihooks:
                 unihooks.pop(op).remove()

@@ -157,8 +157,8 @@ class HookDict(OrderedDict[int, Any]):
         # changed the dict carries an older tag, so it is never reused.
         self._version = next(_versions)
         self._snap: tuple[int, tuple[tuple[int, Any], ...]] | None = None
-        # the origin's keys when in step with this dict, at a version (`_expect`)
-        self._expected: tuple[int, tuple[int, ...]] = (-1, ())
+        # the origin's items when in step with this dict, at a version (`_expect`)
+        self._expected: tuple[int, tuple[tuple[int, Any], ...]] = (-1, ())
         # a backend's check of the calling context, run before each call's hooks (paddle:
         # raise under a to_static program build, where hooks would see symbolic values)
         self.guard: Callable[[HookDict], None] | None = None
@@ -315,15 +315,18 @@ class HookDict(OrderedDict[int, Any]):
             # there and another added (an older native handle's removal, a registration that
             # read the origin just before the install) kept the removed hook running and
             # never ran the added one (helper-160's FINDING 4: a native hook fired twice).
+            # A hook another put under a key there (``d[k] = wrapped``, through a dict read
+            # before the take-over) is a change too: the items, compared by identity.
             expected = self._expected
             if expected[0] != self._version:
                 expected = self._expect()
-            try:
-                moved = tuple(origin) != expected[1]
-            except RuntimeError:  # (changed meanwhile by another thread)
-                moved = True
-            if moved:
-                self._follow_origin(origin)
+            if origin or expected[1]:  # (most modules: no forward hook but the pinned ones)
+                try:
+                    moved = tuple(origin.items()) != expected[1]
+                except RuntimeError:  # (changed meanwhile by another thread)
+                    moved = True
+                if moved:
+                    self._follow_origin(origin)
         size = len(self)
         version = self._version  # read before the copy: a change during it retags
         snap = self._snap
@@ -345,17 +348,19 @@ class HookDict(OrderedDict[int, Any]):
     def values(self) -> tuple[Any, ...]:  # type: ignore[override]
         return tuple(value for _, value in self._copy())
 
-    def _expect(self) -> tuple[int, tuple[int, ...]]:
-        """The keys the origin holds when in step with this dict: this dict's, in its order,
+    def _expect(self) -> tuple[int, tuple[tuple[int, Any], ...]]:
+        """The items the origin holds when in step with this dict: this dict's, in its order,
         the pinned keys left out; tagged with the version (`items`)."""
-        keys = tuple(key for key, _ in self._copy() if key not in self.pinned)
-        expected = self._expected = (self._version, keys)
+        pinned = self.pinned
+        items = tuple(item for item in self._copy() if item[0] not in pinned)
+        expected = self._expected = (self._version, items)
         return expected
 
     def _follow_origin(self, origin: OrderedDict[int, Any]) -> None:
         """The origin changed behind this dict: a native handle created before this dict was
         installed removed its hook there, or the code that assigned the origin to the module
-        (a library replacing its hook dict, see `_follow`) added one to it directly."""
+        (a library replacing its hook dict, see `_follow`) or read it before the take-over
+        added one to it directly, or put another hook under a key."""
         for key in [k for k, _ in self._copy() if k not in origin and k not in self.pinned]:
             OrderedDict.pop(self, key, None)  # (another thread may be removing it too)
             self.owned.discard(key)
@@ -363,6 +368,9 @@ class HookDict(OrderedDict[int, Any]):
         added = [(k, v) for k, v in native if not OrderedDict.__contains__(self, k)]
         for key, value in added:
             OrderedDict.__setitem__(self, key, value)
+        for key, value in native:  # (a hook put there under a key this dict holds: it runs)
+            if OrderedDict.get(self, key, value) is not value:
+                OrderedDict.__setitem__(self, key, value)
         order = [key for key, _ in native]
         if added or [k for k, _ in self._copy() if k not in self.pinned] != order:
             # in the origin's order (a library may move a key there too), then the pinned keys
