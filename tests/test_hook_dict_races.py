@@ -156,6 +156,22 @@ def test_a_prepend_whose_insert_went_to_the_dict_unihook_took_over_moves_it(
     assert getattr(layer, attr) is origin and list(origin) == [key]
 
 
+class _EqualToAll:
+    """A hook whose ``==`` says True to anything (a dataclass recorder equal to a fresh one):
+    only its identity tells one from another (helper-162's FINDING 1)."""
+
+    def __init__(self, run: Callable[..., None]) -> None:
+        self.run = run
+
+    def __call__(self, *args: Any) -> None:
+        self.run(*args)
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
+
+
 def _plans() -> Any:
     """Steps on one layer's forward hook dict: ``read`` (a registration reads the dict),
     ``native`` / ``late`` (a native registration, whole or with its insert going to the dict
@@ -193,7 +209,7 @@ def _run_plan(framework: str, plan: list[tuple[Any, ...]], ours: bool) -> list[t
         calls.append(tuple(fired))
 
     def hook(i: int) -> Callable[..., None]:
-        return lambda *a: fired.append(i)
+        return _EqualToAll(lambda *a: fired.append(i))
 
     for step in plan:
         op = step[0]
@@ -256,7 +272,7 @@ def test_generated_native_registrations_racing_unihooks_run_as_without_it(
     hooks coming and going: each call runs the native hooks the framework alone runs, in its
     order, also after unihook's hooks left (until 2026-12-06 a removed hook kept running
     and an added one never ran: helper-160's FINDING 4)."""
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import HealthCheck, example, given, settings
 
     pytest.importorskip(framework)
 
@@ -268,7 +284,71 @@ def test_generated_native_registrations_racing_unihooks_run_as_without_it(
         suppress_health_check=[HealthCheck.too_slow],
     )
     @given(_plans())
+    # (what the generation found against earlier versions, kept whatever it generates now)
+    @example([("fw",), ("bw",), ("late", 0, False), ("fw",), ("call",)])
+    @example([("bw",), ("late", 0, True)])
+    @example([("bw",), ("native", 0, False), ("swap", 0), ("call",)])
     def check(plan: list[tuple[Any, ...]]) -> None:
         assert _run_plan(framework, plan, True) == _run_plan(framework, plan, False)
 
     check()
+
+
+class _RaisingEq:
+    def __init__(self, seen: list[str]) -> None:
+        self.seen = seen
+
+    def __call__(self, *args: Any) -> None:
+        self.seen.append("new")
+
+    def __eq__(self, other: object) -> bool:
+        raise TypeError("no ==")
+
+    __hash__ = object.__hash__
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle", "mindspore"])
+def test_a_hook_whose_eq_raises_put_behind_the_dict_runs(framework: str) -> None:
+    """helper-162's FINDING 1: the origin's hooks were compared with ``==``: a hook whose
+    ``__eq__`` raises, put under a key through a dict read before the take-over, raised from
+    the module's call (a numpy-like one's ValueError too); torch runs it."""
+    layer, attr, _ = _native(framework)
+    register = (
+        layer.register_forward_post_hook if framework == "paddle" else layer.register_forward_hook
+    )
+    seen: list[str] = []
+    native = register(lambda *a: seen.append("old"))
+    origin = getattr(layer, attr)
+    backward = unihook.register_full_backward_hook(layer, lambda *a: None)
+    try:
+        layer(_input(framework))
+        seen.clear()
+        key = next(iter(origin))
+        origin[key] = _RaisingEq(seen)
+        layer(_input(framework))
+        assert seen == ["new"]
+    finally:
+        backward.remove()
+        native.remove()
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle", "mindspore"])
+def test_the_dict_unihook_hands_back_keeps_no_hook_alive(framework: str) -> None:
+    """helper-162's FINDING 2: the handed-back dict lives as long as the framework's (its
+    old handles remove through it) and its cache of the framework's hooks kept a hook
+    holding its module, and the module, alive for good."""
+    import gc
+    import weakref
+
+    layer, _, _ = _native(framework)
+    register = (
+        layer.register_forward_post_hook if framework == "paddle" else layer.register_forward_hook
+    )
+    register(lambda *a, layer=layer: None)  # (a hook holding its module)
+    backward = unihook.register_full_backward_hook(layer, lambda *a: None)
+    layer(_input(framework))
+    backward.remove()
+    ref = weakref.ref(layer)
+    del layer, backward, register
+    gc.collect()
+    assert ref() is None

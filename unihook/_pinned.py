@@ -33,6 +33,7 @@ import weakref
 from collections import OrderedDict
 from functools import partial
 from itertools import count
+from operator import is_not
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from ._entries import eager_entry
@@ -157,8 +158,8 @@ class HookDict(OrderedDict[int, Any]):
         # changed the dict carries an older tag, so it is never reused.
         self._version = next(_versions)
         self._snap: tuple[int, tuple[tuple[int, Any], ...]] | None = None
-        # the origin's items when in step with this dict, at a version (`_expect`)
-        self._expected: tuple[int, tuple[tuple[int, Any], ...]] = (-1, ())
+        # the origin's keys and hooks when in step with this dict, at a version (`_expect`)
+        self._expected: tuple[int, tuple[int, ...], tuple[Any, ...]] = (-1, (), ())
         # a backend's check of the calling context, run before each call's hooks (paddle:
         # raise under a to_static program build, where hooks would see symbolic values)
         self.guard: Callable[[HookDict], None] | None = None
@@ -316,13 +317,17 @@ class HookDict(OrderedDict[int, Any]):
             # read the origin just before the install) kept the removed hook running and
             # never ran the added one (helper-160's FINDING 4: a native hook fired twice).
             # A hook another put under a key there (``d[k] = wrapped``, through a dict read
-            # before the take-over) is a change too: the items, compared by identity.
+            # before the take-over) is a change too: the hooks are compared by identity (with
+            # ==, as `tuple(origin.items())` compared them until helper-162's FINDING 1, an
+            # __eq__ of the user's missed a replacement or raised from the module's call).
             expected = self._expected
             if expected[0] != self._version:
                 expected = self._expect()
             if origin or expected[1]:  # (most modules: no forward hook but the pinned ones)
                 try:
-                    moved = tuple(origin.items()) != expected[1]
+                    moved = tuple(origin) != expected[1] or any(
+                        map(is_not, origin.values(), expected[2])
+                    )
                 except RuntimeError:  # (changed meanwhile by another thread)
                     moved = True
                 if moved:
@@ -348,12 +353,13 @@ class HookDict(OrderedDict[int, Any]):
     def values(self) -> tuple[Any, ...]:  # type: ignore[override]
         return tuple(value for _, value in self._copy())
 
-    def _expect(self) -> tuple[int, tuple[tuple[int, Any], ...]]:
-        """The items the origin holds when in step with this dict: this dict's, in its order,
-        the pinned keys left out; tagged with the version (`items`)."""
+    def _expect(self) -> tuple[int, tuple[int, ...], tuple[Any, ...]]:
+        """The keys and hooks the origin holds when in step with this dict: this dict's, in
+        its order, the pinned keys left out; tagged with the version (`items`)."""
         pinned = self.pinned
-        items = tuple(item for item in self._copy() if item[0] not in pinned)
-        expected = self._expected = (self._version, items)
+        items = [item for item in self._copy() if item[0] not in pinned]
+        keys = tuple(key for key, _ in items)
+        expected = self._expected = (self._version, keys, tuple(hook for _, hook in items))
         return expected
 
     def _follow_origin(self, origin: OrderedDict[int, Any]) -> None:
@@ -1007,6 +1013,9 @@ def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
         if value is not _Forwarding and not isinstance(value, _Forwarding):
             OrderedDict.__setitem__(hooks, k, _Forwarding(origin_ref, k))
     hooks._snap = None  # (it held the hooks too)
+    # (and so did this: the retired dict lives as long as the origin, in `_retired`, and kept
+    # a hook holding its module alive for good, helper-162's FINDING 2)
+    hooks._expected = (-1, (), ())
     hooks._origin = None
     hooks._changed()
     if access.get(owner, attr) is hooks:
