@@ -240,6 +240,50 @@ def alias_ops(calls: int, ops: int = 10) -> Case:
     )
 
 
+def beside_natives(calls: int) -> Case:
+    """What a call of a module with a no-op full backward hook costs beside n native forward
+    hooks, torch's hook against unihook's: unihook's hook dict compares the framework's dict
+    (the native hooks) with its own at each call (README "Threads"), so the added cost grows
+    with n; under no_grad, where the backward hooks themselves do nothing."""
+    import torch
+
+    torch.manual_seed(0)
+    layer, x = torch.nn.Linear(8, 8), torch.randn(1, 8)
+
+    def loop() -> None:
+        with torch.no_grad():
+            for _ in range(calls):
+                layer(x)
+
+    variants: list[Variant] = []
+    metrics: list[Metric] = []
+    for n in (0, 1, 5):
+
+        def native(n: int = n) -> list[Remover]:
+            hooks = [layer.register_forward_hook(noop_post) for _ in range(n)]
+            return [h.remove for h in hooks] + [
+                layer.register_full_backward_hook(noop_backward).remove
+            ]
+
+        def ours(n: int = n) -> list[Remover]:
+            hooks = [layer.register_forward_hook(noop_post) for _ in range(n)]
+            backward = unihook.register_full_backward_hook(layer, noop_backward)
+            return [backward.remove] + [h.remove for h in hooks]
+
+        nat, uni = f"native backward + {n} forward", f"unihook backward + {n} forward"
+        variants += [Variant(nat, hooked(loop, native)), Variant(uni, hooked(loop, ours))]
+        metrics.append(added(uni, nat, 1))
+    return Case(
+        "beside_natives/torch",
+        "torch: Linear(8,8), 1x8, a no-op full backward hook beside n native forward hooks",
+        "us/call",
+        1e6 / calls,
+        variants,
+        metrics,
+        f"{calls} calls per sample, under no_grad",
+    )
+
+
 # -- 2a. forward capture of every module, eval mode, no_grad --
 
 

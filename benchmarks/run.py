@@ -102,6 +102,7 @@ def build_cases(fws: list[frameworks.Framework], mode: Mode) -> list[tuple[Case,
     planned += [(cases.global_per_call(fw, mode.calls), mode.per_call) for fw in fws]
     if any(isinstance(fw, frameworks.Torch) for fw in fws):
         planned.append((cases.alias_ops(mode.calls), mode.per_call))
+        planned.append((cases.beside_natives(mode.calls), mode.per_call))
     for label, build, make_input in (
         ("cnn", models.cnn, models.cnn_input),
         ("transformer", models.transformer, models.transformer_input),
