@@ -352,3 +352,47 @@ def test_the_dict_unihook_hands_back_keeps_no_hook_alive(framework: str) -> None
     del layer, backward, register
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle", "mindspore"])
+def test_the_last_hook_of_the_dict_is_the_last_registered_beside_unihooks(framework: str) -> None:
+    """helper-162's FINDING 4: ``next(reversed(hooks))`` (paddle's `Layer._set_op_attrs` looks
+    there for its own hook) was unihook's pinned dispatcher; ``popitem()`` took it."""
+    layer, attr, _ = _native(framework)
+    register = (
+        layer.register_forward_post_hook if framework == "paddle" else layer.register_forward_hook
+    )
+    backward = unihook.register_full_backward_hook(layer, lambda *a: None)
+    try:
+        first, last = (register(lambda *a: None) for _ in range(2))
+        hooks = getattr(layer, attr)
+        key = next(reversed(hooks))
+        assert key == _key(last)
+        assert hooks.popitem()[0] == _key(last)
+        assert list(hooks)[:1] == [_key(first)]
+        layer(_input(framework))  # (the dispatchers still in)
+    finally:
+        backward.remove()
+
+
+def _key(handle: Any) -> int:
+    for name in ("id", "_hook_id", "handle_id"):
+        if hasattr(handle, name):
+            return int(getattr(handle, name))
+    raise AttributeError(handle)
+
+
+def test_paddles_set_op_attrs_twice_beside_unihooks_backward_hook() -> None:
+    """helper-162's FINDING 4 as found: paddle's `_set_op_attrs` (its quantization export)
+    called twice on a layer with a unihook backward hook failed paddle's own assertion."""
+    paddle = pytest.importorskip("paddle")
+    layer = paddle.nn.Linear(2, 2)
+    backward = unihook.register_full_backward_hook(layer, lambda *a: None)
+    try:
+        layer._set_op_attrs({"a": 1})
+        layer._set_op_attrs({"b": 2})
+        pre, post = layer._forward_pre_hooks, layer._forward_post_hooks
+        assert (len(pre), len(post)) == (1 + len(pre.pinned), 1 + len(post.pinned))
+    finally:
+        backward.remove()
+    assert (len(layer._forward_pre_hooks), len(layer._forward_post_hooks)) == (1, 1)

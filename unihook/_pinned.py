@@ -353,6 +353,19 @@ class HookDict(OrderedDict[int, Any]):
     def values(self) -> tuple[Any, ...]:  # type: ignore[override]
         return tuple(value for _, value in self._copy())
 
+    def __reversed__(self) -> Iterator[int]:
+        # The last hook registered first, as in the framework's own dict: unihook's pinned
+        # dispatchers, kept last to run last, come after the others. paddle's
+        # `Layer._set_op_attrs` takes ``next(reversed(hooks))`` for its own hook, registered
+        # last, and found a dispatcher: a second call registered its hook again and failed
+        # its own assertion (helper-162's FINDING 4). A snapshot, as `__iter__`.
+        keys = [key for key, _ in self._copy()]
+        pinned = set(self.pinned)
+        return iter(
+            [k for k in reversed(keys) if k not in pinned]
+            + [k for k in reversed(keys) if k in pinned]
+        )
+
     def _expect(self) -> tuple[int, tuple[int, ...], tuple[Any, ...]]:
         """The keys and hooks the origin holds when in step with this dict: this dict's, in
         its order, the pinned keys left out; tagged with the version (`items`)."""
