@@ -375,6 +375,75 @@ def test_the_last_hook_of_the_dict_is_the_last_registered_beside_unihooks(framew
         backward.remove()
 
 
+@pytest.mark.parametrize("framework", ["torch", "paddle", "mindspore"])
+@pytest.mark.parametrize("last", [True, False])
+def test_popitem_pops_no_dispatcher_of_unihooks(framework: str, last: bool) -> None:
+    """helper-163's FINDING 1: with the native hooks popped, ``popitem()`` popped unihook's
+    pinned dispatcher (the next backward raised BackendStateError); the framework alone
+    raises KeyError, and so does the dict now, its dispatchers still running."""
+    layer, attr, _ = _native(framework)
+    register = (
+        layer.register_forward_post_hook if framework == "paddle" else layer.register_forward_hook
+    )
+    seen: list[str] = []
+    backward = unihook.register_full_backward_hook(layer, lambda *a: seen.append("backward"))
+    try:
+        first, second = (register(lambda *a: None) for _ in range(2))
+        hooks = getattr(layer, attr)
+        popped = [hooks.popitem(last=last)[0] for _ in range(2)]
+        assert popped == [_key(h) for h in ((second, first) if last else (first, second))]
+        with pytest.raises(KeyError):
+            hooks.popitem(last=last)
+        assert hooks and list(hooks) == hooks.pinned  # (the module still calls its hooks)
+        _backward(framework, layer)
+        assert seen == ["backward"]
+    finally:
+        backward.remove()
+    assert len(getattr(layer, attr)) == 0
+
+
+def _backward(framework: str, layer: Any) -> None:
+    """One forward and backward of `layer` through its input, which requires grad."""
+    if framework == "torch":
+        layer(torch.ones(1, 2, requires_grad=True)).sum().backward()
+    elif framework == "paddle":
+        x = _input(framework)
+        x.stop_gradient = False
+        layer(x).sum().backward()
+    else:
+        ms = pytest.importorskip("mindspore")
+        ms.grad(lambda x: layer(x).sum())(_input(framework))
+
+
+_READS: dict[str, Callable[[Any], int]] = {
+    "reversed": lambda hooks: next(reversed(hooks)),
+    "iter": lambda hooks: [k for k in hooks if k not in hooks.pinned][-1],
+    "keys": lambda hooks: [k for k in hooks.keys() if k not in hooks.pinned][-1],
+    "popitem": lambda hooks: hooks.popitem()[0],
+}
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle", "mindspore"])
+@pytest.mark.parametrize("read", sorted(_READS))
+def test_the_dicts_reads_follow_a_removal_behind_it(framework: str, read: str) -> None:
+    """helper-163's FINDING 2: a native hook removed from the dict unihook took over (by its
+    handle, made before) stayed in ``reversed()``, ``popitem()``, ``list()`` until the next
+    module call; the framework alone no longer lists it."""
+    layer, attr, _ = _native(framework)
+    register = (
+        layer.register_forward_post_hook if framework == "paddle" else layer.register_forward_hook
+    )
+    kept, old = (register(lambda *a: None) for _ in range(2))
+    backward = unihook.register_full_backward_hook(layer, lambda *a: None)
+    try:
+        hooks = getattr(layer, attr)
+        assert isinstance(hooks, HookDict)
+        old.remove()  # (from the dict it was made on, which unihook's mirrors)
+        assert _READS[read](hooks) == _key(kept)
+    finally:
+        backward.remove()
+
+
 def _key(handle: Any) -> int:
     for name in ("id", "_hook_id", "handle_id"):
         if hasattr(handle, name):

@@ -264,9 +264,15 @@ class HookDict(OrderedDict[int, Any]):
         return value
 
     def popitem(self, last: bool = True) -> tuple[int, Any]:
-        if not self:
+        # The framework's hooks only: unihook's dispatchers are not the dict's items to its
+        # code (popping one made the next backward raise BackendStateError where the
+        # framework alone raises KeyError, helper-163's FINDING 1).
+        self._follow_if_moved()
+        pinned = self.pinned
+        keys = [key for key, _ in self._copy() if key not in pinned]
+        if not keys:
             raise KeyError("dictionary is empty")
-        key = next(reversed(self)) if last else next(iter(self))
+        key = keys[-1] if last else keys[0]
         return key, self.pop(key)
 
     def move_to_end(self, key: int, last: bool = True) -> None:
@@ -310,6 +316,17 @@ class HookDict(OrderedDict[int, Any]):
         # once per hooked module call (twice with pre-hooks): a cached snapshot until a change
         if self.guard is not None:
             self.guard(self)
+        self._follow_if_moved()
+        size = len(self)
+        version = self._version  # read before the copy: a change during it retags
+        snap = self._snap
+        # (the size: torch's global wrapper pops a key with OrderedDict.pop for one call)
+        if snap is None or snap[0] != version or len(snap[1]) != size:
+            snap = self._snap = (version, self._copy())
+        return snap[1]
+
+    def _follow_if_moved(self) -> None:
+        """Follow the origin if it changed behind this dict (items, iteration, popitem)."""
         origin = self._origin
         if origin is not None:
             # The origin's keys, not only their number (until 2026-12-06): a hook removed
@@ -332,25 +349,21 @@ class HookDict(OrderedDict[int, Any]):
                     moved = True
                 if moved:
                     self._follow_origin(origin)
-        size = len(self)
-        version = self._version  # read before the copy: a change during it retags
-        snap = self._snap
-        # (the size: torch's global wrapper pops a key with OrderedDict.pop for one call)
-        if snap is None or snap[0] != version or len(snap[1]) != size:
-            snap = self._snap = (version, self._copy())
-        return snap[1]
 
     # Snapshots too: dynamo iterates a module's hook dicts live while it compiles
     # (``nn_module_get_all_hooks``: ``for name in hooks``), where a dispatcher another thread's
     # call pins meanwhile made the compile raise "OrderedDict mutated during iteration" (torch
     # registers and removes hooks while no frame compiles: unihook_torch._watched).
     def __iter__(self) -> Iterator[int]:
+        self._follow_if_moved()
         return iter([key for key, _ in self._copy()])
 
     def keys(self) -> tuple[int, ...]:  # type: ignore[override]
+        self._follow_if_moved()
         return tuple(key for key, _ in self._copy())
 
     def values(self) -> tuple[Any, ...]:  # type: ignore[override]
+        self._follow_if_moved()
         return tuple(value for _, value in self._copy())
 
     def __reversed__(self) -> Iterator[int]:
@@ -358,7 +371,9 @@ class HookDict(OrderedDict[int, Any]):
         # dispatchers, kept last to run last, come after the others. paddle's
         # `Layer._set_op_attrs` takes ``next(reversed(hooks))`` for its own hook, registered
         # last, and found a dispatcher: a second call registered its hook again and failed
-        # its own assertion (helper-162's FINDING 4). A snapshot, as `__iter__`.
+        # its own assertion (helper-162's FINDING 4). A snapshot, as `__iter__`, taken once
+        # the origin's changes are followed (helper-163's FINDING 2).
+        self._follow_if_moved()
         keys = [key for key, _ in self._copy()]
         pinned = set(self.pinned)
         return iter(
