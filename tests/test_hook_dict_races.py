@@ -444,6 +444,180 @@ def test_the_dicts_reads_follow_a_removal_behind_it(framework: str, read: str) -
         backward.remove()
 
 
+class _Choreographed(OrderedDict):  # type: ignore[type-arg]
+    """A module's hook dict whose reads by unihook's dict wait for another thread's steps:
+    `on_items` runs inside ``items()`` once armed (a follow's read), `on_values` inside
+    ``values()`` (a call's compare of its hooks)."""
+
+    on_items: Callable[[], None] | None = None
+    on_values: Callable[[], None] | None = None
+
+    def items(self) -> Any:
+        items = list(super().items())
+        if self.on_items is not None:
+            self.on_items()
+        return items
+
+    def values(self) -> Any:
+        if self.on_values is not None:
+            self.on_values()
+        return super().values()
+
+
+class _TracedKey(int):
+    """A hook's key whose hashing (every dict operation with it) runs `on_hash` on one thread."""
+
+    on_hash: Callable[[], None] | None = None
+
+    def __hash__(self) -> int:
+        if self.on_hash is not None:
+            self.on_hash()
+        return int.__hash__(self)
+
+
+def test_a_follow_on_another_thread_never_brings_back_a_hook_whose_removal_returned() -> None:
+    """helper-161's FINDING 2 (one call in about 50k of a paddle stress ran a native hook
+    whose removal had returned), made deterministic. Thread A follows a change of the origin
+    (an older handle's removal) and reads the origin's hooks; thread B then removes hook K
+    through the dict (as its handle does) and calls the module: B's compare of the origin
+    finds no change, A puts K back from what it read, B's call copies the dict. Until
+    2026-12-06 B's call ran K."""
+    import threading
+
+    module = torch.nn.Linear(2, 2)
+    origin = _Choreographed()
+    module._forward_hooks = origin
+    older = module.register_forward_hook(lambda *a: None)
+    backward = unihook.register_full_backward_hook(module, lambda *a: None)
+    hooks = module._forward_hooks
+    assert isinstance(hooks, HookDict) and hooks.origin() is origin
+    ran: list[str] = []
+    key = _TracedKey(10**9)
+    hooks[key] = lambda *a: ran.append("K")  # (a registration through the dict)
+    module.register_forward_hook(lambda *a: ran.append("L"))  # (the calls compare it)
+    steps = {name: threading.Event() for name in ("read", "removed", "compared", "added")}
+    a_thread: list[int] = []
+    hashes_after_removal = [0]
+
+    def wait(name: str) -> None:
+        assert steps[name].wait(10), f"the step {name!r} never came"
+
+    def a_read() -> None:  # (A, inside its follow's read of the origin)
+        origin.on_items = None
+        steps["read"].set()
+        wait("removed")
+
+    def a_hash() -> None:  # (A: 1 its check of K, 2 its insert of K, 3 its compare after)
+        if threading.get_ident() not in a_thread or not steps["removed"].is_set():
+            return
+        hashes_after_removal[0] += 1
+        if hashes_after_removal[0] == 2:
+            wait("compared")
+        elif hashes_after_removal[0] == 3:
+            steps["added"].set()
+
+    def b_values() -> None:  # (B, inside its call's compare of the hooks)
+        origin.on_values = None
+        steps["compared"].set()
+        steps["added"].wait(2)  # (A may not put K back at all: then none comes)
+
+    def follow() -> None:
+        a_thread.append(threading.get_ident())
+        hooks.items()
+
+    try:
+        older.remove()  # (from the origin: A's call follows that)
+        origin.on_items = a_read
+        _TracedKey.on_hash = staticmethod(a_hash)  # type: ignore[assignment]
+        a = threading.Thread(target=follow)
+        a.start()
+        wait("read")
+        del hooks[key]  # (B: K's removal returns)
+        steps["removed"].set()
+        origin.on_values = b_values
+        seen = [k for k, _ in hooks.items()]  # (B's call, after K's removal returned)
+        a.join(10)
+        assert not a.is_alive() and steps["added"].is_set()  # (A put K back: the race ran)
+        assert key not in seen
+        assert key not in [k for k, _ in hooks.items()]
+        module(torch.ones(1, 2))
+        assert ran == ["L"]
+    finally:
+        _TracedKey.on_hash = None
+        origin.on_items = origin.on_values = None
+        backward.remove()
+
+
+def test_a_removal_while_unihook_takes_its_dict_back_removes_the_hook() -> None:
+    """A native handle made on unihook's dict removes its hook while another thread's first
+    unihook backward hook takes that dict back over (it clears it, then copies the module's
+    dict in): tested before the clear, deleted after it, the removal raised KeyError from
+    torch's ``handle.remove()`` (found by a stress of helper-161's FINDING 2, 2 in 400k)."""
+    import threading
+
+    from torch.utils.hooks import RemovableHandle
+
+    module = torch.nn.Linear(2, 2)
+    origin = _Choreographed()
+    module._forward_hooks = origin
+    first = unihook.register_full_backward_hook(module, lambda *a: None)
+    hooks = module._forward_hooks
+    assert isinstance(hooks, HookDict)
+    ran: list[str] = []
+    handle = RemovableHandle(hooks)  # (torch's registration, with a key whose hashes we see)
+    key = handle.id = _TracedKey(handle.id)
+    hooks[key] = lambda *a: ran.append("K")
+    first.remove()  # (the dict retired: the module's own is back, the handle still on it)
+    assert module._forward_hooks is origin
+    testing, cleared, removed = threading.Event(), threading.Event(), threading.Event()
+    b_thread: list[int] = []
+    hashes = [0]
+
+    def b_hash() -> None:  # (B, the removal: its third hash of the key is its last step)
+        if threading.get_ident() in b_thread:
+            hashes[0] += 1
+            if hashes[0] == 2:
+                testing.set()
+            elif hashes[0] == 3:
+                assert cleared.wait(10)
+
+    def a_items() -> None:  # (A, the take-over: the dict is cleared, the copy comes next)
+        origin.on_items = None
+        cleared.set()
+        assert removed.wait(10)
+
+    errors: list[BaseException] = []
+
+    def remove() -> None:
+        b_thread.append(threading.get_ident())
+        try:
+            handle.remove()
+        except BaseException as error:  # noqa: BLE001 (reported below)
+            errors.append(error)
+        finally:
+            removed.set()
+
+    second = None
+    try:
+        _TracedKey.on_hash = staticmethod(b_hash)  # type: ignore[assignment]
+        origin.on_items = a_items
+        b = threading.Thread(target=remove)
+        b.start()
+        assert testing.wait(10)
+        second = unihook.register_full_backward_hook(module, lambda *a: None)  # (A)
+        b.join(10)
+        assert not b.is_alive() and hashes[0] >= 3  # (the race ran)
+        assert errors == []
+        assert key not in origin
+        module(torch.ones(1, 2))
+        assert ran == []
+    finally:
+        _TracedKey.on_hash = None
+        origin.on_items = None
+        if second is not None:
+            second.remove()
+
+
 def _key(handle: Any) -> int:
     for name in ("id", "_hook_id", "handle_id"):
         if hasattr(handle, name):

@@ -157,9 +157,7 @@ class HookDict(OrderedDict[int, Any]):
         # counter) and set after each change: a snapshot a reader took while another thread
         # changed the dict carries an older tag, so it is never reused.
         self._version = next(_versions)
-        self._snap: tuple[int, tuple[tuple[int, Any], ...]] | None = None
-        # the origin's keys and hooks when in step with this dict, at a version (`_expect`)
-        self._expected: tuple[int, tuple[int, ...], tuple[Any, ...]] = (-1, (), ())
+        self._snap: _Snapshot | None = None
         # a backend's check of the calling context, run before each call's hooks (paddle:
         # raise under a to_static program build, where hooks would see symbolic values)
         self.guard: Callable[[HookDict], None] | None = None
@@ -235,15 +233,16 @@ class HookDict(OrderedDict[int, Any]):
         return origin is not None and key in origin
 
     def __delitem__(self, key: int) -> None:
-        here = super().__contains__(key)
+        # Each dict's pop in one step: tested first, the key could go between the test and
+        # the deletion (the install clearing a retired dict it takes back, another thread's
+        # follow), which raised KeyError from the framework's handle's removal.
         origin = self.origin()
-        if not here and (origin is None or key not in origin):
-            raise KeyError(key)
+        here = OrderedDict.pop(self, key, _ABSENT) is not _ABSENT
         if here:
-            super().__delitem__(key)
             self._changed()
-        if origin is not None:
-            origin.pop(key, None)
+        there = origin is not None and origin.pop(key, _ABSENT) is not _ABSENT
+        if not (here or there):
+            raise KeyError(key)
         self.owned.discard(key)
         if key in self.pinned:
             self.pinned.remove(key)
@@ -267,9 +266,8 @@ class HookDict(OrderedDict[int, Any]):
         # The framework's hooks only: unihook's dispatchers are not the dict's items to its
         # code (popping one made the next backward raise BackendStateError where the
         # framework alone raises KeyError, helper-163's FINDING 1).
-        self._follow_if_moved()
         pinned = self.pinned
-        keys = [key for key, _ in self._copy() if key not in pinned]
+        keys = [key for key, _ in self._followed() if key not in pinned]
         if not keys:
             raise KeyError("dictionary is empty")
         key = keys[-1] if last else keys[0]
@@ -316,85 +314,95 @@ class HookDict(OrderedDict[int, Any]):
         # once per hooked module call (twice with pre-hooks): a cached snapshot until a change
         if self.guard is not None:
             self.guard(self)
-        self._follow_if_moved()
-        size = len(self)
-        version = self._version  # read before the copy: a change during it retags
-        snap = self._snap
-        # (the size: torch's global wrapper pops a key with OrderedDict.pop for one call)
-        if snap is None or snap[0] != version or len(snap[1]) != size:
-            snap = self._snap = (version, self._copy())
-        return snap[1]
-
-    def _follow_if_moved(self) -> None:
-        """Follow the origin if it changed behind this dict (items, iteration, popitem)."""
-        origin = self._origin
-        if origin is not None:
-            # The origin's keys, not only their number (until 2026-12-06): a hook removed
-            # there and another added (an older native handle's removal, a registration that
-            # read the origin just before the install) kept the removed hook running and
-            # never ran the added one (helper-160's FINDING 4: a native hook fired twice).
-            # A hook another put under a key there (``d[k] = wrapped``, through a dict read
-            # before the take-over) is a change too: the hooks are compared by identity (with
-            # ==, as `tuple(origin.items())` compared them until helper-162's FINDING 1, an
-            # __eq__ of the user's missed a replacement or raised from the module's call).
-            expected = self._expected
-            if expected[0] != self._version:
-                expected = self._expect()
-            if origin or expected[1]:  # (most modules: no forward hook but the pinned ones)
-                try:
-                    moved = tuple(origin) != expected[1] or any(
-                        map(is_not, origin.values(), expected[2])
-                    )
-                except RuntimeError:  # (changed meanwhile by another thread)
-                    moved = True
-                if moved:
-                    self._follow_origin(origin)
+        return self._followed(self._snap)
 
     # Snapshots too: dynamo iterates a module's hook dicts live while it compiles
     # (``nn_module_get_all_hooks``: ``for name in hooks``), where a dispatcher another thread's
     # call pins meanwhile made the compile raise "OrderedDict mutated during iteration" (torch
-    # registers and removes hooks while no frame compiles: unihook_torch._watched).
+    # registers and removes hooks while no frame compiles: unihook_torch._watched). Each
+    # follows the origin's changes first, as `items` (helper-163's FINDING 2).
     def __iter__(self) -> Iterator[int]:
-        self._follow_if_moved()
-        return iter([key for key, _ in self._copy()])
+        return iter([key for key, _ in self._followed()])
 
     def keys(self) -> tuple[int, ...]:  # type: ignore[override]
-        self._follow_if_moved()
-        return tuple(key for key, _ in self._copy())
+        return tuple(key for key, _ in self._followed())
 
     def values(self) -> tuple[Any, ...]:  # type: ignore[override]
-        self._follow_if_moved()
-        return tuple(value for _, value in self._copy())
+        return tuple(value for _, value in self._followed())
 
     def __reversed__(self) -> Iterator[int]:
         # The last hook registered first, as in the framework's own dict: unihook's pinned
         # dispatchers, kept last to run last, come after the others. paddle's
         # `Layer._set_op_attrs` takes ``next(reversed(hooks))`` for its own hook, registered
         # last, and found a dispatcher: a second call registered its hook again and failed
-        # its own assertion (helper-162's FINDING 4). A snapshot, as `__iter__`, taken once
-        # the origin's changes are followed (helper-163's FINDING 2).
-        self._follow_if_moved()
-        keys = [key for key, _ in self._copy()]
+        # its own assertion (helper-162's FINDING 4).
+        keys = [key for key, _ in self._followed()]
         pinned = set(self.pinned)
         return iter(
             [k for k in reversed(keys) if k not in pinned]
             + [k for k in reversed(keys) if k in pinned]
         )
 
-    def _expect(self) -> tuple[int, tuple[int, ...], tuple[Any, ...]]:
-        """The keys and hooks the origin holds when in step with this dict: this dict's, in
-        its order, the pinned keys left out; tagged with the version (`items`)."""
+    def _followed(self, cached: _Snapshot | None = None) -> tuple[tuple[int, Any], ...]:
+        """The items, a snapshot (`cached`, where taken at the current version) that holds,
+        apart from the pinned keys, the origin's keys and hooks in its order: where the
+        origin changed behind this dict, it follows first (`_follow_origin`).
+
+        The origin's keys, not only their number (until 2026-12-06): a hook removed there and
+        another added (an older native handle's removal, a registration that read the origin
+        just before the install) kept the removed hook running and never ran the added one
+        (helper-160's FINDING 4: a native hook fired twice). A hook another put under a key
+        there (``d[k] = wrapped``, through a dict read before the take-over) is a change too:
+        the hooks are compared by identity (with ==, as `tuple(origin.items())` compared them
+        until helper-162's FINDING 1, an __eq__ of the user's missed a replacement or raised
+        from the module's call). The snapshot itself is what is compared, after it was taken:
+        compared first, the dict could change between the compare and the copy (another
+        thread's follow adding back a key it had read in the origin before a removal that
+        returned since: a native hook ran in a call made after its removal returned, one call
+        in about 50k of a stress, helper-161's FINDING 2)."""
+        origin = self._origin
+        if origin is None:
+            # Retired (`_retire`): a call that read the dict just before runs its values,
+            # which forward to the origin's hooks. A copy: a snapshot cached while installed
+            # holds the hooks themselves, a removed one too.
+            return self._copy()
+        snap = cached
+        # (the size: a key taken out by OrderedDict's own methods, which bypass `_changed`)
+        if snap is None or snap[0] != self._version or len(snap[1]) != len(self):
+            snap = self._snapshot_now()
+        # (most modules: no forward hook but the pinned ones)
+        if not (origin or snap[2]) or not _differs(origin, snap):
+            return snap[1]
+        # (a bounded number of rounds where other threads keep changing the origin: the last
+        # snapshot is as good as any taken during their changes)
+        for _ in range(_ROUNDS):
+            self._follow_origin(origin)
+            if self._origin is None:  # (retired meanwhile, as above)
+                return self._copy()
+            snap = self._snapshot_now()
+            if not _differs(origin, snap):
+                break
+        return snap[1]
+
+    def _snapshot_now(self) -> _Snapshot:
+        """The items as `_followed` compares them, copied now; `items` reuses them until a
+        change (`_snap`). The other readers copy each time: a registration that iterates the
+        dict makes the same steps whatever was read before it (tests/interruption_child.py
+        counts them)."""
+        version = self._version  # read before the copy: a change during it retags
+        items = self._copy()
         pinned = self.pinned
-        items = [item for item in self._copy() if item[0] not in pinned]
-        keys = tuple(key for key, _ in items)
-        expected = self._expected = (self._version, keys, tuple(hook for _, hook in items))
-        return expected
+        own = [item for item in items if item[0] not in pinned]
+        snap = self._snap = (version, items, tuple(k for k, _ in own), tuple(h for _, h in own))
+        return snap
 
     def _follow_origin(self, origin: OrderedDict[int, Any]) -> None:
         """The origin changed behind this dict: a native handle created before this dict was
         installed removed its hook there, or the code that assigned the origin to the module
         (a library replacing its hook dict, see `_follow`) or read it before the take-over
         added one to it directly, or put another hook under a key."""
+        if self._origin is None:  # (retired meanwhile: its values forward to the origin's)
+            return
         for key in [k for k, _ in self._copy() if k not in origin and k not in self.pinned]:
             OrderedDict.pop(self, key, None)  # (another thread may be removing it too)
             self.owned.discard(key)
@@ -646,6 +654,21 @@ def _copy_state(state: Any, original: Any, owner: Any, memo: dict[int, Any]) -> 
     if new.natives is not None and copy_natives is not None:
         copy_natives(original, owner, memo)
     return new
+
+
+# a HookDict's items (`HookDict._snapshot_now`): its version, the items, and apart from the
+# pinned keys, the keys and the hooks (what the origin holds when in step)
+_Snapshot = tuple[int, tuple[tuple[int, Any], ...], tuple[int, ...], tuple[Any, ...]]
+_ROUNDS = 4  # follows of the origin per read at most (`HookDict._followed`)
+_ABSENT = object()  # a key's value where a dict has none
+
+
+def _differs(origin: OrderedDict[int, Any], snap: _Snapshot) -> bool:
+    """Whether `origin` holds other keys or hooks (by identity) than `snap` beside them."""
+    try:
+        return tuple(origin) != snap[2] or any(map(is_not, origin.values(), snap[3]))
+    except RuntimeError:  # (changed meanwhile by another thread)
+        return True
 
 
 def _snapshot(items: Callable[[], Iterable[tuple[int, Any]]]) -> tuple[tuple[int, Any], ...]:
@@ -1040,10 +1063,9 @@ def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
         value = OrderedDict.get(hooks, k, _Forwarding)
         if value is not _Forwarding and not isinstance(value, _Forwarding):
             OrderedDict.__setitem__(hooks, k, _Forwarding(origin_ref, k))
-    hooks._snap = None  # (it held the hooks too)
-    # (and so did this: the retired dict lives as long as the origin, in `_retired`, and kept
-    # a hook holding its module alive for good, helper-162's FINDING 2)
-    hooks._expected = (-1, (), ())
+    # (it held the hooks too: the retired dict lives as long as the origin, in `_retired`, and
+    # kept a hook holding its module alive for good, helper-162's FINDING 2)
+    hooks._snap = None
     hooks._origin = None
     hooks._changed()
     if access.get(owner, attr) is hooks:

@@ -421,9 +421,10 @@ def _pristine(module: Any) -> bool:
     return (
         # unihook's pre-dispatcher, which takes what is left out, is in the dict the call
         # runs (pinned last: not where a library runs the call with the dict set aside,
-        # helper-154's FINDING 4)
+        # helper-154's FINDING 4; None where another thread's removal emptied it since the
+        # test: StopIteration reached the module's caller)
         bool(pre_hooks)
-        and type(next(reversed(pre_hooks.values()))) is _compile.EagerUnderCompile
+        and type(next(reversed(pre_hooks.values()), None)) is _compile.EagerUnderCompile
         # (each of the four: a prepend registered through a library's replacement goes
         # unnoted)
         and all(getattr(cls, name, None) is method for name, method in _REPLACEMENTS.items())
