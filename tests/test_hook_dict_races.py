@@ -4,6 +4,7 @@ make the change land at the one step each failed at)."""
 
 from __future__ import annotations
 
+import copy
 import os
 from collections import OrderedDict
 from typing import Any, Callable
@@ -392,14 +393,59 @@ def test_popitem_pops_no_dispatcher_of_unihooks(framework: str, last: bool) -> N
         hooks = getattr(layer, attr)
         popped = [hooks.popitem(last=last)[0] for _ in range(2)]
         assert popped == [_key(h) for h in ((second, first) if last else (first, second))]
-        with pytest.raises(KeyError):
+        # (a KeyError, as the framework's; named: `while d: d.popitem()` would not end)
+        with pytest.raises(unihook.DispatchersOnlyError, match="full_backward hook on"):
             hooks.popitem(last=last)
+        assert isinstance(unihook.DispatchersOnlyError("x"), KeyError)
         assert hooks and list(hooks) == hooks.pinned  # (the module still calls its hooks)
         _backward(framework, layer)
         assert seen == ["backward"]
     finally:
         backward.remove()
     assert len(getattr(layer, attr)) == 0
+
+
+_PRE_ATTRS = {"torch": "_forward_pre_hooks", "paddle": "_forward_pre_hooks"}
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle", "mindspore"])
+@pytest.mark.parametrize("way", ["pop", "del"])
+def test_removing_each_forward_hook_leaves_unihooks_backward_hooks(
+    framework: str, way: str
+) -> None:
+    """helper-164's FINDING 1: a library empties a module's forward hook dicts key by key
+    (``for k in list(d): d.pop(k)``); the framework's backward hooks live elsewhere and keep
+    firing. unihook's dispatchers went with the keys: its backward hooks never fired again,
+    nor one registered later, silently."""
+    layer, attr, _ = _native(framework)
+    pre_attr = _PRE_ATTRS.get(framework, "_forward_pre_hook")
+    register = (
+        layer.register_forward_post_hook if framework == "paddle" else layer.register_forward_hook
+    )
+    seen: list[str] = []
+    ran: list[str] = []
+    register(lambda *a: ran.append("native"))
+    first = unihook.register_full_backward_hook(layer, lambda *a: seen.append("first"))
+    second = None
+    try:
+        for hooks in (getattr(layer, attr), getattr(layer, pre_attr)):
+            for key in list(hooks):
+                if way == "pop":
+                    hooks.pop(key)
+                else:
+                    del hooks[key]
+        _backward(framework, layer)
+        assert (seen, ran) == (["first"], [])
+        second = unihook.register_full_backward_hook(layer, lambda *a: seen.append("second"))
+        seen.clear()
+        _backward(framework, layer)
+        assert seen == ["first", "second"]
+    finally:
+        first.remove()
+        if second is not None:
+            second.remove()
+    assert type(getattr(layer, attr)) is not HookDict and not getattr(layer, attr)
+    assert type(getattr(layer, pre_attr)) is not HookDict and not getattr(layer, pre_attr)
 
 
 def _backward(framework: str, layer: Any) -> None:
@@ -417,6 +463,8 @@ def _backward(framework: str, layer: Any) -> None:
 
 _READS: dict[str, Callable[[Any], int]] = {
     "reversed": lambda hooks: next(reversed(hooks)),
+    "copy": lambda hooks: [k for k in hooks.copy() if k not in hooks.pinned][-1],
+    "copy.copy": lambda hooks: [k for k in copy.copy(hooks) if k not in hooks.pinned][-1],
     "iter": lambda hooks: [k for k in hooks if k not in hooks.pinned][-1],
     "keys": lambda hooks: [k for k in hooks.keys() if k not in hooks.pinned][-1],
     "popitem": lambda hooks: hooks.popitem()[0],
@@ -428,7 +476,8 @@ _READS: dict[str, Callable[[Any], int]] = {
 def test_the_dicts_reads_follow_a_removal_behind_it(framework: str, read: str) -> None:
     """helper-163's FINDING 2: a native hook removed from the dict unihook took over (by its
     handle, made before) stayed in ``reversed()``, ``popitem()``, ``list()`` until the next
-    module call; the framework alone no longer lists it."""
+    module call; the framework alone no longer lists it. ``copy()`` too (helper-164's
+    FINDING 3: a library's ``saved = d.copy(); d.clear(); d.update(saved)`` ran it again)."""
     layer, attr, _ = _native(framework)
     register = (
         layer.register_forward_post_hook if framework == "paddle" else layer.register_forward_hook

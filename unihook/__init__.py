@@ -21,6 +21,7 @@ from .capture import Capture, capture
 from .compose import HookGroup, Where, attach, select
 from .errors import (
     BackendStateError,
+    DispatchersOnlyError,
     HookArgumentError,
     HookReturnError,
     HookReturnTypeError,
@@ -89,6 +90,7 @@ __all__ = [
     "HookReturnTypeError",
     "HookTargetError",
     "InPlaceError",
+    "DispatchersOnlyError",
     "NoBackendError",
     "NoGradError",
     "StaleCaptureError",

@@ -34,11 +34,12 @@ from collections import OrderedDict
 from functools import partial
 from itertools import count
 from operator import is_not
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 
 from ._entries import eager_entry
 from ._locks import RegistryLock, undo_if_unfinished
 from ._prepended import carry_notes, notes_state
+from .errors import DispatchersOnlyError
 
 __all__ = [
     "Access",
@@ -50,6 +51,9 @@ __all__ = [
     "pinned_key",
     "unpin",
 ]
+
+
+_E = TypeVar("_E", bound=Exception)
 
 
 class Access(Protocol):
@@ -233,6 +237,18 @@ class HookDict(OrderedDict[int, Any]):
         return origin is not None and key in origin
 
     def __delitem__(self, key: int) -> None:
+        if key in self.pinned:
+            # unihook's backward dispatchers are not forward hooks: a library removing the
+            # module's forward hooks one by one (``for k in list(d): d.pop(k)``) leaves them,
+            # as `clear` does, as the framework leaves its own backward hooks (elsewhere).
+            # Removed, unihook's backward hooks of the module stopped firing for good, a
+            # later one's too (helper-164's FINDING 1). unihook takes them out with `drop`.
+            return
+        if not self.drop(key):
+            raise KeyError(key)
+
+    def drop(self, key: int) -> bool:
+        """Take `key` out, a pinned one too (unihook's own removal); whether it was there."""
         # Each dict's pop in one step: tested first, the key could go between the test and
         # the deletion (the install clearing a retired dict it takes back, another thread's
         # follow), which raised KeyError from the framework's handle's removal.
@@ -241,12 +257,11 @@ class HookDict(OrderedDict[int, Any]):
         if here:
             self._changed()
         there = origin is not None and origin.pop(key, _ABSENT) is not _ABSENT
-        if not (here or there):
-            raise KeyError(key)
         self.owned.discard(key)
         if key in self.pinned:
             self.pinned.remove(key)
         self.tail.discard(key)
+        return here or there
 
     # OrderedDict's C pop and popitem bypass __delitem__ even in a subclass.
     def pop(self, key: int, *default: Any) -> Any:  # type: ignore[override]
@@ -268,6 +283,17 @@ class HookDict(OrderedDict[int, Any]):
         # framework alone raises KeyError, helper-163's FINDING 1).
         pinned = self.pinned
         keys = [key for key, _ in self._followed() if key not in pinned]
+        if not keys and pinned:
+            # A KeyError, as the framework's dict's when empty; not empty to `bool` and
+            # `len`, which the framework's call tests before it runs the dispatchers: a
+            # ``while d: d.popitem()`` would not end (helper-164's FINDING 2).
+            raise self._site_error(
+                DispatchersOnlyError,
+                "a forward hook to pop: unihook's backward-hook dispatchers are not forward "
+                "hooks and stay while the module's unihook backward hooks do (`clear()` and "
+                "popping each key of `list(d)` leave them too)",
+                "a dict holding only the dispatchers",
+            )
         if not keys:
             raise KeyError("dictionary is empty")
         key = keys[-1] if last else keys[0]
@@ -429,8 +455,10 @@ class HookDict(OrderedDict[int, Any]):
 
     def copy(self) -> OrderedDict[int, Any]:  # type: ignore[override]
         """An OrderedDict of the same entries, as ``OrderedDict(self)`` (a library copying the
-        module's hook dict gets a plain one, as without unihook)."""
-        return OrderedDict(self._copy())
+        module's hook dict gets a plain one, as without unihook), once the origin's changes
+        are followed (a hook removed there by an older handle came back with a library's
+        ``saved = d.copy(); d.clear(); d.update(saved)``: helper-164's FINDING 3)."""
+        return OrderedDict(self._followed())
 
     __copy__ = copy
 
@@ -501,20 +529,27 @@ class HookDict(OrderedDict[int, Any]):
         left = self._left_out()
         return any(key not in left for key in self.pinned)
 
-    def _copy_error(self, owner: Any) -> Exception:
+    def _site_error(self, cls: type[_E], expected: str, received: str, owner: Any = None) -> _E:
+        """`cls` naming the module's backward hooks whose dispatcher is pinned here first."""
         from ._describe import Site
-        from .errors import HookTargetError
 
         state = getattr(self.get(self.pinned[0]), "__self__", None)
         backend = getattr(getattr(state, "autograd", None), "backend", "?")
+        owner = self.owner() if owner is None else owner
+        return Site.of("full_backward", backend, owner).error(cls, expected, received)
+
+    def _copy_error(self, owner: Any) -> Exception:
+        from .errors import HookTargetError
+
         # (until 2026-12-04 a TypeError about a thread-local, helper-124's FINDING 5; copying
         # the module first instead left the copy a hidden module's dict: helper-127's FINDING 1)
-        return Site.of("full_backward", backend, owner).error(
+        return self._site_error(
             HookTargetError,  # a TypeError, as deepcopy's own for what it cannot copy
             "its module deep-copied with it, the module first (a deep copy of a shallow copy "
             "of the module, or by a __deepcopy__ that copies __dict__ before the module is in "
             "the memo, cannot give its backward hooks a module)",
             "a deep copy reaching the module's hook dict before the module",
+            owner,
         )
 
     def _left_out(self) -> set[int]:
@@ -1024,12 +1059,7 @@ def _unpin(owner: Any, attr: str, key: int, access: Access) -> None:
             # would hold the origin, and the hooks, for ever
             _retire(entry[1], owner, attr, access)
         return
-    hooks.pop(key, None)
-    # (and where `pin` was cut short before the key went in)
-    hooks.owned.discard(key)
-    if key in hooks.pinned:
-        hooks.pinned.remove(key)
-    hooks.tail.discard(key)
+    hooks.drop(key)  # (and where `pin` was cut short before the key went in: nothing)
     if not hooks.owned:
         _retire(hooks, owner, attr, access)
 

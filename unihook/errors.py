@@ -20,6 +20,7 @@ __all__ = [
     "BackendStateError",
     "StaleCaptureError",
     "InPlaceError",
+    "DispatchersOnlyError",
 ]
 
 
@@ -74,3 +75,9 @@ class InPlaceError(UnihookError, RuntimeError, ValueError):
     returned it (paddle's error for it: ValueError; torch refuses the op itself at once), two
     arguments sharing memory (`m(x, x)`), one changed in forward; torch: an input the module
     returned unchanged, changed in place before its output was used."""
+
+
+class DispatchersOnlyError(UnihookError, KeyError):
+    """`popitem()` of a module's forward hook dict that holds unihook's backward-hook
+    dispatchers alone: they stay while its backward hooks do (the framework keeps its own
+    backward hooks elsewhere), so the dict is not empty to `bool()` and `len()`."""
