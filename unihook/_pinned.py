@@ -354,7 +354,9 @@ class HookDict(OrderedDict[int, Any]):
         return tuple(key for key, _ in self._followed())
 
     def values(self) -> tuple[Any, ...]:  # type: ignore[override]
-        return tuple(value for _, value in self._followed())
+        # (the cached snapshot, as `items`: unihook_torch reads the last value at each call
+        # of a module whose torch backward hooks it runs)
+        return tuple(value for _, value in self._followed(self._snap))
 
     def __reversed__(self) -> Iterator[int]:
         # The last hook registered first, as in the framework's own dict: unihook's pinned
