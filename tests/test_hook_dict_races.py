@@ -448,6 +448,30 @@ def test_removing_each_forward_hook_leaves_unihooks_backward_hooks(
     assert type(getattr(layer, pre_attr)) is not HookDict and not getattr(layer, pre_attr)
 
 
+@pytest.mark.parametrize("framework", ["torch", "paddle", "mindspore"])
+def test_a_dict_kept_from_while_unihook_held_it_reads_the_modules(framework: str) -> None:
+    """helper-164's FINDING 5: a library read the module's hook dict while unihook held it
+    and uses it after unihook's last hook left (the framework's dict is the module's again):
+    a hook registered since was missing from it, and ``popitem()`` raised KeyError where the
+    framework's pops that hook (which then ran on)."""
+    layer, attr, _ = _native(framework)
+    register = (
+        layer.register_forward_post_hook if framework == "paddle" else layer.register_forward_hook
+    )
+    ran: list[str] = []
+    first = register(lambda *a: ran.append("A"))
+    backward = unihook.register_full_backward_hook(layer, lambda *a: None)
+    kept = getattr(layer, attr)
+    backward.remove()
+    assert getattr(layer, attr) is not kept  # (the framework's own dict is back)
+    later = register(lambda *a: ran.append("B"))
+    assert list(kept) == [_key(first), _key(later)] == list(getattr(layer, attr))
+    assert next(reversed(kept)) == _key(later)
+    assert kept.popitem()[0] == _key(later)
+    layer(_input(framework))
+    assert ran == ["A"]
+
+
 def _backward(framework: str, layer: Any) -> None:
     """One forward and backward of `layer` through its input, which requires grad."""
     if framework == "torch":

@@ -390,10 +390,13 @@ class HookDict(OrderedDict[int, Any]):
         in about 50k of a stress, helper-161's FINDING 2)."""
         origin = self._origin
         if origin is None:
-            # Retired (`_retire`): a call that read the dict just before runs its values,
-            # which forward to the origin's hooks. A copy: a snapshot cached while installed
-            # holds the hooks themselves, a removed one too.
-            return self._copy()
+            # Retired (`_retire`): the module holds the origin again. A call that read this
+            # dict just before, or a library that kept it, reads the origin's hooks (a
+            # snapshot cached while installed held removed ones too; this dict's own items
+            # missed hooks registered since, and ``popitem()`` raised KeyError where the
+            # framework's dict pops its last hook: helper-164's FINDING 5).
+            back = self.origin()
+            return self._copy() if back is None else _snapshot(back.items)
         snap = cached
         # (the size: a key taken out by OrderedDict's own methods, which bypass `_changed`)
         if snap is None or snap[0] != self._version or len(snap[1]) != len(self):
@@ -406,7 +409,7 @@ class HookDict(OrderedDict[int, Any]):
         for _ in range(_ROUNDS):
             self._follow_origin(origin)
             if self._origin is None:  # (retired meanwhile, as above)
-                return self._copy()
+                return _snapshot(origin.items)
             snap = self._snapshot_now()
             if not _differs(origin, snap):
                 break
