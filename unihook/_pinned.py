@@ -238,66 +238,67 @@ class HookDict(OrderedDict[int, Any]):
 
     def __delitem__(self, key: int) -> None:
         if key in self.pinned:
-            # unihook's backward dispatchers are not forward hooks: a library removing the
-            # module's forward hooks one by one (``for k in list(d): d.pop(k)``) leaves them,
-            # as `clear` does, as the framework leaves its own backward hooks (elsewhere).
-            # Removed, unihook's backward hooks of the module stopped firing for good, a
-            # later one's too (helper-164's FINDING 1). unihook takes them out with `drop`.
-            return
-        if not self.drop(key):
+            raise self._kept(key)
+        if self.drop(key) is _ABSENT:
             raise KeyError(key)
 
-    def drop(self, key: int) -> bool:
-        """Take `key` out, a pinned one too (unihook's own removal); whether it was there."""
+    # OrderedDict's C pop and popitem bypass __delitem__ even in a subclass.
+    def pop(self, key: int, *default: Any) -> Any:  # type: ignore[override]
+        if key in self.pinned:
+            raise self._kept(key)
+        # (one step, `drop`: tested first, the key could go meanwhile, and a KeyError came
+        # out of ``d.pop(k, None)``, helper-165's FINDING 2)
+        value = self.drop(key)
+        if value is _ABSENT:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        return value
+
+    def drop(self, key: int) -> Any:
+        """Take `key` out, a pinned one too (unihook's own removal); its value, `_ABSENT`
+        where neither this dict nor the origin held it."""
         # Each dict's pop in one step: tested first, the key could go between the test and
         # the deletion (the install clearing a retired dict it takes back, another thread's
         # follow), which raised KeyError from the framework's handle's removal.
         origin = self.origin()
-        here = OrderedDict.pop(self, key, _ABSENT) is not _ABSENT
-        if here:
+        value = OrderedDict.pop(self, key, _ABSENT)
+        if value is not _ABSENT:
             self._changed()
-        there = origin is not None and origin.pop(key, _ABSENT) is not _ABSENT
+        there = _ABSENT if origin is None else origin.pop(key, _ABSENT)
         self.owned.discard(key)
         if key in self.pinned:
             self.pinned.remove(key)
         self.tail.discard(key)
-        return here or there
-
-    # OrderedDict's C pop and popitem bypass __delitem__ even in a subclass.
-    def pop(self, key: int, *default: Any) -> Any:  # type: ignore[override]
-        if super().__contains__(key):
-            value = super().__getitem__(key)
-        else:
-            origin = self.origin()
-            if origin is None or key not in origin:
-                if default:
-                    return default[0]
-                raise KeyError(key)
-            value = origin[key]  # (see __contains__)
-        del self[key]
-        return value
+        return there if value is _ABSENT else value
 
     def popitem(self, last: bool = True) -> tuple[int, Any]:
-        # The framework's hooks only: unihook's dispatchers are not the dict's items to its
-        # code (popping one made the next backward raise BackendStateError where the
-        # framework alone raises KeyError, helper-163's FINDING 1).
         pinned = self.pinned
         keys = [key for key, _ in self._followed() if key not in pinned]
         if not keys and pinned:
-            # A KeyError, as the framework's dict's when empty; not empty to `bool` and
-            # `len`, which the framework's call tests before it runs the dispatchers: a
-            # ``while d: d.popitem()`` would not end (helper-164's FINDING 2).
-            raise self._site_error(
-                DispatchersOnlyError,
-                "a forward hook to pop: unihook's backward-hook dispatchers are not forward "
-                "hooks and stay while the module's unihook backward hooks do (`clear()` and "
-                "popping each key of `list(d)` leave them too)",
-                "a dict holding only the dispatchers",
-            )
+            raise self._kept(pinned[-1] if last else pinned[0])
         if not keys:
             raise KeyError("dictionary is empty")
         key = keys[-1] if last else keys[0]
         return key, self.pop(key)
+
+    def _kept(self, key: int) -> DispatchersOnlyError:
+        """The error of a removal of unihook's pinned dispatcher `key` by another's code.
+
+        unihook's backward dispatchers are not forward hooks (the framework keeps its own
+        backward hooks elsewhere), so they stay while unihook's backward hooks of the module
+        do, as `clear` leaves them; they still count for `len` and `bool`, which the
+        framework's call tests before it runs any. Popped, the backward hooks stopped firing
+        for good, later ones too, silently (helper-164's FINDING 1); left in place silently,
+        a ``while d: d.pop(next(iter(d)))`` never ended (helper-165's FINDING 1). A KeyError,
+        as the framework's dict's once empty."""
+        return self._site_error(
+            DispatchersOnlyError,
+            "a forward hook to remove: unihook's backward-hook dispatchers are not forward "
+            "hooks and stay while the module's unihook backward hooks do (`clear()` leaves "
+            "them; remove those hooks first, or remove the forward hooks by their handles)",
+            f"the dispatcher's key {key}",
+        )
 
     def move_to_end(self, key: int, last: bool = True) -> None:
         if not OrderedDict.__contains__(self, key):

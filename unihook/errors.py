@@ -78,6 +78,5 @@ class InPlaceError(UnihookError, RuntimeError, ValueError):
 
 
 class DispatchersOnlyError(UnihookError, KeyError):
-    """`popitem()` of a module's forward hook dict that holds unihook's backward-hook
-    dispatchers alone: they stay while its backward hooks do (the framework keeps its own
-    backward hooks elsewhere), so the dict is not empty to `bool()` and `len()`."""
+    """Another's code removing unihook's backward-hook dispatcher from a module's forward hook
+    dict (`pop`, `del`, `popitem`): it stays while unihook's backward hooks of the module do."""
