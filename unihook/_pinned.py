@@ -396,8 +396,10 @@ class HookDict(OrderedDict[int, Any]):
             # snapshot cached while installed held removed ones too; this dict's own items
             # missed hooks registered since, and ``popitem()`` raised KeyError where the
             # framework's dict pops its last hook: helper-164's FINDING 5).
+            # (Not one unihook pinned in again: a shallow copy of the module, made while it
+            # was installed, holds it, and the copy's hooks go in it, helper-86's FINDING 1.)
             back = self.origin()
-            return self._copy() if back is None else _snapshot(back.items)
+            return self._copy() if back is None or self.owned else _snapshot(back.items)
         snap = cached
         # (the size: a key taken out by OrderedDict's own methods, which bypass `_changed`)
         if snap is None or snap[0] != self._version or len(snap[1]) != len(self):
