@@ -154,7 +154,10 @@ class Autograd:
 class Dispatchers(Protocol):
     """The two forward hooks that drive a module's backward hooks. Optional: `pin(module)`,
     for global ones not in every module's hooks at once, puts them in `module`'s for the call
-    in flight (its post-dispatcher must run for it, see `ModuleBackward._pass_on`)."""
+    in flight (its post-dispatcher must run for it, see `ModuleBackward._pass_on`);
+    `serving(module)`, for a module's own, the state (the dispatchers' ``__self__``) whose
+    dispatchers `module`'s hook dicts hold where unihook installed these (the module's dicts,
+    a shallow copy's, a deep copy's), None if none (see `ModuleBackward._foreign`)."""
 
     def remove(self) -> None: ...
 
@@ -240,6 +243,10 @@ class ModuleBackward:
         # every thread's `_stack`, weakly (a thread's goes with it)
         self.stacks: set[weakref.ref[_Stack]] = set()
         self.dispatchers: Dispatchers | None = None
+        # A module's own state: the module, weakly, and the optional `serving(module)` of its
+        # dispatchers (see `Dispatchers`), kept once they are out (see `_foreign`).
+        self.owner: weakref.ref[Any] | None = None
+        self.serving: Callable[[Any], Any] | None = None
         # Its last hook is gone. The dispatchers stay until no call is in flight on any
         # thread: a call that started before must still end in post_dispatch (its hooks were
         # taken at its start, as torch's; an input it changed in place needs its history).
@@ -278,6 +285,37 @@ class ModuleBackward:
         if key in self.ranks:
             self.ranks = {k: v for k, v in self.ranks.items() if k != key}
         return not (self.pre_hooks or self.full_hooks)
+
+    def dispatch_through(self, dispatchers: Dispatchers) -> None:
+        """Take `dispatchers`, installed for this state (callers hold `_lock`)."""
+        self.dispatchers = dispatchers
+        if not self.is_global:
+            self.serving = getattr(dispatchers, "serving", self.serving)
+
+    def _foreign(self, module: Any) -> bool:
+        """Whether a call of `module`, not this state's own, reached its dispatchers through
+        copies a library registered as hooks of `module`'s own: torch's ``fuse_modules`` and
+        ``prepare_qat`` (``values()``), paddle's layer fusion (``items()``) carry a module's
+        forward hooks over to the fused or swapped one, these with them. They do nothing
+        there, as the framework's own backward hooks, which live apart from its forward
+        hooks, stay behind (until 2026-12-06 the module's backward hooks fired for the other
+        one, its removal did not reach them, or its call raised `BackendStateError`:
+        helper-165's FINDING 3, helper-166's FINDING 1). A shallow copy of the module shares
+        its hook dicts, where they are pinned: its calls are the module's. (A deep copy's
+        dicts hold the copy's state's under the same keys, these copied in too by paddle's
+        fusion of a layer it deep-copied.)"""
+        serving = self.serving
+        return serving is not None and serving(module) is not self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ModuleBackward:
+        """Reached through dispatchers a library copied into another module's hooks (see
+        `_foreign`; the module's own copy gets a state of its own, `HookDict.__deepcopy__`):
+        the copy's do nothing there either (until 2026-12-06 TypeError, a thread-local)."""
+        return self
+
+    def __reduce__(self) -> Any:
+        """Pickled with such copies: they do nothing once loaded either."""
+        return (_Idle, ())
 
     def _stack(self) -> _Stack:
         """This thread's calls in flight (see `_Entry`)."""
@@ -434,11 +472,13 @@ class ModuleBackward:
         # not in the running call's hooks, as torch's are taken when the call starts).
         # The entry first: a removal from now on (a finalizer the collector runs below, another
         # thread) sees this call in flight and leaves the dispatchers for its post_dispatch.
+        ref = weakref.ref(module)
+        if ref is not self.owner and self._foreign(module):
+            return None
         try:
             stack = self.local.stack
         except AttributeError:  # (this thread's first call)
             stack = self._stack()
-        ref = weakref.ref(module)
         caller: FrameType | None = sys._getframe(1)  # (the call function, on most paths)
         ids = self.call_ids
         if id(caller.f_code) not in ids:  # type: ignore[union-attr]
@@ -531,8 +571,8 @@ class ModuleBackward:
                 return False  # (inside a registration on this thread: cannot wait for it)
             with _lock, _lock.mutex:
                 if self.dispatchers is None and self.removed:
-                    self.dispatchers = self.autograd.add_dispatchers(
-                        module, self.pre_dispatch, self.post_dispatch
+                    self.dispatch_through(
+                        self.autograd.add_dispatchers(module, self.pre_dispatch, self.post_dispatch)
                     )
         return True
 
@@ -575,6 +615,8 @@ class ModuleBackward:
         else:
             k = _find(stack, module, args, sys._getframe(1), self.call_ids)
             if k < 0:
+                if self._foreign(module) and weakref.ref(module) is not self.owner:
+                    return None
                 if self.natives is not None:
                     # a call no pre-dispatch took ends (a forward pre-hook before it raised:
                     # the framework runs the always-call forward hooks): what the framework
@@ -908,6 +950,20 @@ class _Stack(list[_Entry]):
 
 def _NO_MODULE() -> None:
     """The module reference of a `hold` mark: none."""
+
+
+class _Idle:
+    """A pickled `ModuleBackward` as it loads: dispatchers a library copied into another
+    module's hooks, which do nothing there (`ModuleBackward._foreign`)."""
+
+    def pre_dispatch(self, module: Any, args: tuple[Any, ...]) -> None:
+        return None
+
+    def post_dispatch(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
+        return None
+
+    pre_dispatch_beside = pre_dispatch
+    post_dispatch_beside = post_dispatch
 
 
 class _Around(threading.local):
@@ -1709,13 +1765,14 @@ def register_backward_hook(
                 _states.revive(module, state)
             else:
                 state = ModuleBackward(autograd)
+                state.owner = module_ref
                 into.append(weakref.ref(state))
                 _states[module] = state
         else:
             into.append(weakref.ref(state))
         if state.dispatchers is None:  # (new, or a registration cut short left it without)
-            state.dispatchers = autograd.add_dispatchers(
-                module, state.pre_dispatch, state.post_dispatch
+            state.dispatch_through(
+                autograd.add_dispatchers(module, state.pre_dispatch, state.post_dispatch)
             )
         state.add(kind, hook, site, prepend, key)
     return Handle(autograd.backend, kind, remove)
@@ -1772,7 +1829,7 @@ def add_global_backward_hook(
         else:
             into.append(state)
         if state.dispatchers is None:  # (new, or a registration cut short left it without)
-            state.dispatchers = install(state)
+            state.dispatch_through(install(state))
         state.add(kind, hook, None, False, key)
 
     return remove

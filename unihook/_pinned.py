@@ -34,6 +34,7 @@ from collections import OrderedDict
 from functools import partial
 from itertools import count
 from operator import is_not
+from types import CodeType
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 
 from ._entries import eager_entry
@@ -63,7 +64,9 @@ class Access(Protocol):
     back as `SnapshotDict`s (`HookDict.__reduce__`). ``ids_drawn()`` (the framework's handle
     counter: the next id) and ``reserve_ids(top)`` (moves it past `top`), both or neither,
     with the Access a module-level class (a pickle names it): a pickled module's hooks keep
-    their ids in the loading process (see `_loaded`)."""
+    their ids in the loading process (see `_loaded`). ``moves_hooks(code)``: whether `code`
+    is the framework's own function that moves a module's forward hooks onto another module,
+    deleting each (see `HookDict._moving`)."""
 
     def recreated(self, owner: Any, attr: str, /) -> bool:
         """Whether the framework itself is assigning `owner` a new hook dict `attr` (asked
@@ -238,6 +241,8 @@ class HookDict(OrderedDict[int, Any]):
 
     def __delitem__(self, key: int) -> None:
         if key in self.pinned:
+            if self._moving(sys._getframe(1).f_code):
+                return
             raise self._kept(key)
         if self.drop(key) is _ABSENT:
             raise KeyError(key)
@@ -245,6 +250,8 @@ class HookDict(OrderedDict[int, Any]):
     # OrderedDict's C pop and popitem bypass __delitem__ even in a subclass.
     def pop(self, key: int, *default: Any) -> Any:  # type: ignore[override]
         if key in self.pinned:
+            if self._moving(sys._getframe(1).f_code):
+                return OrderedDict.__getitem__(self, key)
             raise self._kept(key)
         # (one step, `drop`: tested first, the key could go meanwhile, and a KeyError came
         # out of ``d.pop(k, None)``, helper-165's FINDING 2)
@@ -281,6 +288,16 @@ class HookDict(OrderedDict[int, Any]):
             raise KeyError("dictionary is empty")
         key = keys[-1] if last else keys[0]
         return key, self.pop(key)
+
+    def _moving(self, code: CodeType) -> bool:
+        """Whether `code`, removing a pinned dispatcher, is the framework's own moving a
+        module's forward hooks onto another module (`Access.moves_hooks`): the dispatcher
+        stays, silently, as the framework's own backward hooks stay with the module; the
+        copy it registered on the other module does nothing there
+        (`ModuleBackward._foreign`). Until 2026-12-06 paddle's layer fusion raised
+        `DispatchersOnlyError` (helper-166's FINDING 1)."""
+        moves = getattr(self._access, "moves_hooks", None)
+        return moves is not None and moves(code)
 
     def _kept(self, key: int) -> DispatchersOnlyError:
         """The error of a removal of unihook's pinned dispatcher `key` by another's code.
@@ -691,7 +708,8 @@ def _copy_state(state: Any, original: Any, owner: Any, memo: dict[int, Any]) -> 
     new.pre_hooks = {k: (deepcopy(h, memo), s) for k, (h, s) in state.pre_hooks.items()}
     new.full_hooks = {k: (deepcopy(h, memo), s) for k, (h, s) in state.full_hooks.items()}
     new.ranks = dict(state.ranks)
-    new.dispatchers = state.dispatchers.rebound(owner)
+    new.owner = weakref.ref(owner)
+    new.dispatch_through(state.dispatchers.rebound(owner))
     _states[owner] = new
     copy_natives = getattr(state.autograd, "copy_natives", None)
     if new.natives is not None and copy_natives is not None:
@@ -1201,6 +1219,16 @@ class Pinned:
             return None
         (pre_attr, _), (post_attr, _) = hooks
         return cls(owner, (pre_attr, keys[0]), (post_attr, keys[1]), always, access)
+
+    def serving(self, owner: Any) -> Any:
+        """The state whose pre-dispatcher `owner`'s pre-hook dict holds pinned under this
+        pre-dispatcher's key (a deep copy's dict holds the copy's state's under the same
+        key), None if none: a library registered this one there as a hook of its own."""
+        attr, key = self.pre
+        hooks = self.access.get(owner, attr)
+        if key not in getattr(hooks, "pinned", ()):
+            return None
+        return getattr(OrderedDict.get(hooks, key), "__self__", None)
 
     def rebound(self, owner: Any) -> Pinned:
         """The same dispatchers in a deep copy `owner` of the module (`HookDict.__deepcopy__`

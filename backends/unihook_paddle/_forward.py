@@ -12,8 +12,10 @@ empty dicts keep ``Layer.__call__``'s no-hook fast path.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
+from types import CodeType
 from typing import Any, Callable
 
 from paddle.nn.layer.layers import HookRemoveHelper
@@ -74,6 +76,15 @@ class Access:
     @staticmethod
     def recreated(owner: Any, attr: str) -> bool:
         return False  # (paddle creates them in Layer.__init__)
+
+    @staticmethod
+    def moves_hooks(code: CodeType) -> bool:
+        """paddle's layer fusion (``quantization.imperative.fuse_utils._fuse_func``, behind
+        ``fuse_layers``, ``ImperativeQuantAware(fuse_conv_bn=True)``, PTQ with ``fuse=True``)
+        registers each forward hook of the fused layers on the fused one and deletes it."""
+        fuse = sys.modules.get("paddle.quantization.imperative.fuse_utils")
+        func = getattr(fuse, "_fuse_func", None)
+        return code is getattr(func, "__code__", None)
 
     @staticmethod
     def get(layer: Any, attr: str) -> OrderedDict[int, Any]:

@@ -1,0 +1,251 @@
+"""A library carrying a module's forward hooks over to another module, unihook's backward
+dispatchers among them: torch's ``fuse_modules`` and ``prepare_qat`` (``values()``), paddle's
+layer fusion (``items()``, then ``del`` of each). The framework's own backward hooks live
+apart from its forward hooks and stay behind: so do unihook's (helper-165's FINDING 3,
+helper-166's FINDING 1). Each test fails on c9225d0."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import warnings
+from collections import OrderedDict
+from typing import Any, Callable
+
+import pytest
+
+import unihook
+
+if os.environ.get("UNIHOOK_CONFORMANCE_BACKEND") == "mindspore":  # (make test-mindspore)
+    # before paddle: paddle's oneDNN build breaks a later MindSpore import
+    pytest.importorskip("mindspore")
+
+FRAMEWORKS = ["torch", "paddle", "mindspore"]
+
+
+class _Layers:
+    """Two linear layers of `framework`, their forward hook dicts' names, a native forward
+    (pre-)hook registration on a layer, and one forward and backward through a layer."""
+
+    def __init__(self, framework: str) -> None:
+        self.framework = framework
+        if framework == "torch":
+            self.torch = pytest.importorskip("torch")
+            self.torch.manual_seed(0)
+            self.attrs = ("_forward_pre_hooks", "_forward_hooks")
+        elif framework == "paddle":
+            self.paddle = pytest.importorskip("paddle")
+            self.paddle.seed(0)
+            self.attrs = ("_forward_pre_hooks", "_forward_post_hooks")
+        else:
+            self.ms = pytest.importorskip("mindspore")
+            self.attrs = ("_forward_pre_hook", "_forward_hook")
+
+    def linear(self) -> Any:
+        if self.framework == "torch":
+            return self.torch.nn.Linear(2, 2)
+        if self.framework == "paddle":
+            return self.paddle.nn.Linear(2, 2)
+        return self.ms.nn.Dense(2, 2)
+
+    def register(self, layer: Any, hook: Callable[..., Any], pre: bool) -> Any:
+        if pre:
+            return layer.register_forward_pre_hook(hook)
+        if self.framework == "paddle":
+            return layer.register_forward_post_hook(hook)
+        return layer.register_forward_hook(hook)
+
+    def input_grad(self, layer: Any) -> list[float]:
+        if self.framework == "torch":
+            x = self.torch.ones(1, 2, requires_grad=True)
+            layer(x).sum().backward()
+            return [float(v) for v in x.grad.flatten()]
+        if self.framework == "paddle":
+            x = self.paddle.ones([1, 2])
+            x.stop_gradient = False
+            layer(x).sum().backward()
+            return [float(v) for v in x.grad.flatten()]
+        grad = self.ms.grad(lambda x: layer(x).sum())(self.ms.ops.ones((1, 2)))
+        return [float(v) for v in grad.asnumpy().flatten()]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_dispatchers_a_library_carries_over_do_nothing_on_the_other_module(framework: str) -> None:
+    """``for fn in m._forward_pre_hooks.values(): other.register_forward_pre_hook(fn)`` (the
+    post hooks likewise) took unihook's dispatchers along: on c9225d0 `other`'s call ran `m`'s
+    backward hooks (torch, the post-dispatcher missing: BackendStateError), no removal
+    reached them there, and a deep copy of `other` raised TypeError (a thread-local)."""
+    layers = _Layers(framework)
+    m, other = layers.linear(), layers.linear()
+    alone = layers.input_grad(other)
+    fired: list[str] = []
+    handle = unihook.register_full_backward_hook(m, lambda mod, gi, go: fired.append("m"))
+    for attr, pre in zip(layers.attrs, (True, False)):
+        for fn in list(getattr(m, attr).values()):
+            layers.register(other, fn, pre)
+    assert layers.input_grad(other) == alone
+    assert fired == []  # (as the framework's own backward hooks: they stayed with m)
+    layers.input_grad(m)
+    assert fired == ["m"]
+    twin = copy.deepcopy(other)
+    assert layers.input_grad(twin) == alone
+    if framework != "mindspore":  # (a MindSpore Dense does not pickle, hooks or not)
+        loaded = pickle.loads(pickle.dumps(other))
+        assert layers.input_grad(loaded) == alone
+    assert fired == ["m"]
+    handle.remove()
+    assert all(
+        type(getattr(m, attr)) is OrderedDict and not getattr(m, attr) for attr in layers.attrs
+    )
+    assert layers.input_grad(other) == alone
+    assert fired == ["m"]
+
+
+def _torch_quantization() -> Any:
+    pytest.importorskip("torch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import torch.ao.quantization as quantization
+    return quantization
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+@pytest.mark.parametrize("inplace", [False, True])
+def test_torchs_fuse_modules_runs_the_hook_as_torchs_own(inplace: bool) -> None:
+    """torch's ``fuse_modules`` carries the Linear's forward pre-hooks (``values()``) over to the
+    LinearReLU that calls it: on c9225d0 its call raised BackendStateError. The Linear's own
+    dispatchers still fire its hook once per call, with what torch's own hook sees."""
+    import torch
+
+    quantization = _torch_quantization()
+    seen: dict[str, list[Any]] = {"unihook": [], "torch": []}
+
+    def recorder(into: list[Any]) -> Callable[..., None]:
+        def hook(mod: Any, gi: Any, go: Any) -> None:
+            into.append((type(mod).__name__, [g.clone() for g in gi], [g.clone() for g in go]))
+
+        return hook
+
+    grads = {}
+    for who in ("unihook", "torch"):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        if who == "unihook":
+            unihook.register_full_backward_hook(net[0], recorder(seen[who]))
+        else:
+            net[0].register_full_backward_hook(recorder(seen[who]))
+        fused = quantization.fuse_modules(net.eval(), [["0", "1"]], inplace=inplace)
+        x = torch.tensor([[1.0, -2.0]], requires_grad=True)
+        fused.train()(x).sum().backward()
+        grads[who] = x.grad
+    assert torch.equal(grads["unihook"], grads["torch"])
+    (name, gi, go), (name_t, gi_t, go_t) = seen["unihook"][0], seen["torch"][0]
+    assert len(seen["unihook"]) == len(seen["torch"]) == 1 and name == name_t == "Linear"
+    assert all(torch.equal(a, b) for a, b in zip(gi + go, gi_t + go_t))
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+def test_torchs_prepare_qat_leaves_the_hook_behind_as_torchs_own() -> None:
+    """``prepare_qat`` swaps the Linear for a qat.Linear and carries its forward hooks over:
+    torch's own backward hook stays behind; on c9225d0 unihook's fired on the QAT module, for
+    good (no removal reached it), and ``copy.deepcopy`` of the QAT model raised TypeError."""
+    import torch
+
+    quantization = _torch_quantization()
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    fired: list[str] = []
+    handle = unihook.register_full_backward_hook(net[0], lambda *a: fired.append("hook"))
+    net.train()
+    net.qconfig = quantization.get_default_qat_qconfig("fbgemm")
+    qat = quantization.prepare_qat(net, inplace=False)
+    qat(torch.ones(1, 2, requires_grad=True)).sum().backward()
+    copy.deepcopy(qat)(torch.ones(1, 2, requires_grad=True)).sum().backward()
+    handle.remove()
+    assert fired == []
+
+
+def _paddle_net(paddle: Any) -> Any:
+    paddle.seed(0)
+    net = paddle.nn.Sequential(paddle.nn.Conv2D(1, 2, 3), paddle.nn.BatchNorm2D(2))
+    net.eval()
+    return net
+
+
+def _paddle_fused_run(paddle: Any, net: Any) -> list[float]:
+    x = paddle.ones([1, 1, 4, 4])
+    x.stop_gradient = False
+    net(x).sum().backward()
+    return [float(v) for v in x.grad.flatten()]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("where", ["conv", "bn"])
+def test_paddles_layer_fusion_beside_a_unihook_backward_hook(where: str, inplace: bool) -> None:
+    """paddle's ``fuse_layers`` registers each forward hook of the fused layers on the fused
+    one and deletes it (``del layer._forward_pre_hooks[k]``): on c9225d0 it raised
+    DispatchersOnlyError at unihook's dispatcher (before cb27065 the fused layer ran the hook
+    twice, or raised BackendStateError). The fused Conv2D is a deep copy of the conv, which
+    keeps its backward hooks (as torch's deep copy does); the BatchNorm's stay with it."""
+    paddle = pytest.importorskip("paddle")
+    from paddle.quantization.imperative import fuse_utils
+
+    alone = fuse_utils.fuse_layers(_paddle_net(paddle), [["0", "1"]])
+    expected = _paddle_fused_run(paddle, alone)
+    net = _paddle_net(paddle)
+    target = net[0] if where == "conv" else net[1]
+    fired: list[str] = []
+    handle = unihook.register_full_backward_hook(
+        target, lambda mod, gi, go: fired.append(type(mod).__name__)
+    )
+    fused = fuse_utils.fuse_layers(net, [["0", "1"]], inplace=inplace)
+    assert [type(layer).__name__ for layer in fused] == ["Conv2D", "Identity"]
+    assert _paddle_fused_run(paddle, fused) == expected
+    assert fired == (["Conv2D"] if where == "conv" else [])
+    fired.clear()
+    if not inplace:  # (the original model, unfused, keeps its hook)
+        _paddle_fused_run(paddle, net)
+        assert fired == [type(target).__name__]
+    handle.remove()
+    if not inplace:
+        for attr in ("_forward_pre_hooks", "_forward_post_hooks"):
+            assert type(getattr(target, attr)) is OrderedDict and not getattr(target, attr)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_paddles_quant_aware_training_fuses_a_layer_with_a_unihook_backward_hook() -> None:
+    """The public API behind it: ``ImperativeQuantAware(fuse_conv_bn=True).quantize`` raised
+    DispatchersOnlyError on c9225d0. It swaps the fused conv for a QuantizedConv2D built anew,
+    without the conv's hooks (as torch's ``prepare_qat``): the hook stays behind."""
+    paddle = pytest.importorskip("paddle")
+    from paddle.quantization import ImperativeQuantAware
+
+    class Net(paddle.nn.Layer):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = paddle.nn.Conv2D(1, 2, 3)
+            self.bn = paddle.nn.BatchNorm2D(2)
+
+        def forward(self, x: Any) -> Any:
+            return self.bn(self.conv(x))
+
+    grads = []
+    fired: list[str] = []
+    for hooked in (False, True):
+        paddle.seed(0)
+        net = Net()
+        net.eval()
+        conv = net.conv
+        handle = (
+            unihook.register_full_backward_hook(conv, lambda *a: fired.append("conv"))
+            if hooked
+            else None
+        )
+        ImperativeQuantAware(fuse_conv_bn=True).quantize(net)
+        grads.append(_paddle_fused_run(paddle, net))
+        if handle is not None:
+            handle.remove()
+            assert type(conv._forward_pre_hooks) is OrderedDict and not conv._forward_pre_hooks
+    assert grads[0] == grads[1]
+    assert fired == []
