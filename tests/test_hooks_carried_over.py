@@ -56,6 +56,13 @@ class _Layers:
             return layer.register_forward_post_hook(hook)
         return layer.register_forward_hook(hook)
 
+    def assign(self, layer: Any, attr: str, hooks: Any) -> None:
+        """A library's ``layer.<attr> = hooks`` (MindSpore: a property over a lazy one)."""
+        if self.framework == "mindspore":
+            object.__setattr__(layer, "_lazy" + attr, hooks)
+        else:
+            setattr(layer, attr, hooks)
+
     def input_grad(self, layer: Any) -> list[float]:
         if self.framework == "torch":
             x = self.torch.ones(1, 2, requires_grad=True)

@@ -175,21 +175,32 @@ class HookDict(OrderedDict[int, Any]):
     def _install(
         self, origin: OrderedDict[int, Any], owner: Any, attr: str, access: Access | None
     ) -> None:
+        self.__class__ = HookDict  # (a retired one taken back: `_Retired`)
+        # A retired one a shallow copy holds, which unihook pinned the copy's dispatchers in
+        # since (`_Retired`), taken back by the module: they stay, as in the one dict the
+        # framework's copy and module share (until 2026-12-06 they went, the copy's backward
+        # hooks silently never fired again: helper-166's FINDING 3).
+        kept = [
+            (k, OrderedDict.get(self, k)) for k in self.pinned if OrderedDict.__contains__(self, k)
+        ]
+        tail, flags, uncopied = self.tail, self.flags, self.uncopied
         self._origin = origin
         self._origin_ref = weakref.ref(origin)
         self._owner = weakref.ref(owner)
         self._attr = attr
         self._access = access
-        self.pinned = []
-        self.tail = set()
-        self.flags = {}
-        self.uncopied = set()
-        self.owned = set()
+        self.pinned = [k for k, _ in kept]
+        self.tail = tail & set(self.pinned)
+        self.flags = {k: v for k, v in flags.items() if k in self.pinned}
+        self.uncopied = uncopied & set(self.pinned)
+        self.owned = set(self.pinned)
         super().clear()
         # (a snapshot: another thread's registration, or a finalizer's removal, changing the
         # origin meanwhile failed a registration with "OrderedDict mutated during iteration",
         # helper-158's FINDING 6)
         for key, value in _snapshot(origin.items):
+            super().__setitem__(key, value)
+        for key, value in kept:
             super().__setitem__(key, value)
         self._changed()
 
@@ -1123,9 +1134,40 @@ def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
     # kept a hook holding its module alive for good, helper-162's FINDING 2)
     hooks._snap = None
     hooks._origin = None
+    hooks.__class__ = _Retired
     hooks._changed()
     if access.get(owner, attr) is hooks:
         access.put(owner, attr, origin)
+
+
+class _Retired(HookDict):
+    """A retired HookDict (`_retire`): one a shallow copy of the module, made while unihook
+    held it, shares still, or a library kept. Its size, ``in`` and lookups answer from the
+    framework's dict, as its reads do (`HookDict._followed`): the framework's call tests a
+    dict's truth before it runs any hook, and a shallow copy never ran the native hooks
+    registered on the module after unihook's left (torch; len 0, its own storage), while
+    ``list()`` showed them (helper-166's FINDINGS 5 and 2). Not once unihook pinned a hook
+    of the copy's in it again (`owned`): its own items then. (A class of its own: the Python
+    ``__len__`` costs each call of the modules holding one, not of the others.)"""
+
+    def _live(self) -> OrderedDict[int, Any] | None:
+        return None if self.owned else self.origin()
+
+    def __len__(self) -> int:
+        back = self._live()
+        return OrderedDict.__len__(self) if back is None else len(back)
+
+    def __contains__(self, key: object) -> bool:
+        back = self._live()
+        return HookDict.__contains__(self, key) if back is None else key in back
+
+    def __getitem__(self, key: int) -> Any:
+        back = self._live()
+        return OrderedDict.__getitem__(self, key) if back is None else back[key]
+
+    def get(self, key: int, default: Any = None) -> Any:  # type: ignore[override]
+        back = self._live()
+        return OrderedDict.get(self, key, default) if back is None else back.get(key, default)
 
 
 class _Forwarding:
@@ -1221,14 +1263,18 @@ class Pinned:
         return cls(owner, (pre_attr, keys[0]), (post_attr, keys[1]), always, access)
 
     def serving(self, owner: Any) -> Any:
-        """The state whose pre-dispatcher `owner`'s pre-hook dict holds pinned under this
-        pre-dispatcher's key (a deep copy's dict holds the copy's state's under the same
-        key), None if none: a library registered this one there as a hook of its own."""
-        attr, key = self.pre
-        hooks = self.access.get(owner, attr)
-        if key not in getattr(hooks, "pinned", ()):
-            return None
-        return getattr(OrderedDict.get(hooks, key), "__self__", None)
+        """The state whose dispatchers `owner`'s hook dicts both hold pinned under these
+        dispatchers' keys (a deep copy's dicts hold the copy's state's under the same keys),
+        None if none: a library registered these there as hooks of its own, or gave a
+        shallow copy a dict of its own in place of one it shared (the post-dispatcher never
+        ran for the copy's call: BackendStateError, helper-166's FINDING 3)."""
+        found = []
+        for attr, key in (self.pre, self.post):
+            hooks = self.access.get(owner, attr)
+            if key not in getattr(hooks, "pinned", ()):
+                return None
+            found.append(getattr(OrderedDict.get(hooks, key), "__self__", None))
+        return found[0] if found[0] is found[1] else None
 
     def rebound(self, owner: Any) -> Pinned:
         """The same dispatchers in a deep copy `owner` of the module (`HookDict.__deepcopy__`
