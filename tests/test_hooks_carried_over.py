@@ -49,6 +49,19 @@ class _Layers:
             return self.paddle.nn.Linear(2, 2)
         return self.ms.nn.Dense(2, 2)
 
+    def sequential(self, *layers: Any) -> Any:
+        if self.framework == "torch":
+            return self.torch.nn.Sequential(*layers)
+        if self.framework == "paddle":
+            return self.paddle.nn.Sequential(*layers)
+        return self.ms.nn.SequentialCell(list(layers))
+
+    def carry(self, source: Any, target: Any) -> None:
+        """What torch's ``swap_module`` / ``fuse_modules`` do with a module's forward hooks."""
+        for attr, pre in zip(self.attrs, (True, False)):
+            for fn in list(getattr(source, attr).values()):
+                self.register(target, fn, pre)
+
     def register(self, layer: Any, hook: Callable[..., Any], pre: bool) -> Any:
         if pre:
             return layer.register_forward_pre_hook(hook)
@@ -88,9 +101,7 @@ def test_dispatchers_a_library_carries_over_do_nothing_on_the_other_module(frame
     alone = layers.input_grad(other)
     fired: list[str] = []
     handle = unihook.register_full_backward_hook(m, lambda mod, gi, go: fired.append("m"))
-    for attr, pre in zip(layers.attrs, (True, False)):
-        for fn in list(getattr(m, attr).values()):
-            layers.register(other, fn, pre)
+    layers.carry(m, other)
     assert layers.input_grad(other) == alone
     assert fired == []  # (as the framework's own backward hooks: they stayed with m)
     layers.input_grad(m)
@@ -256,3 +267,197 @@ def test_paddles_quant_aware_training_fuses_a_layer_with_a_unihook_backward_hook
             assert type(conv._forward_pre_hooks) is OrderedDict and not conv._forward_pre_hooks
     assert grads[0] == grads[1]
     assert fired == []
+
+
+def _recorder(fired: list[str], tag: str) -> Callable[..., None]:
+    return lambda mod, gi, go: fired.append(tag)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_shallow_copy_with_a_rebuilt_pre_hook_dict_runs_the_modules_hooks(framework: str) -> None:
+    """helper-167's FINDING 1 (new in 690d5d1): ``c._forward_pre_hooks = OrderedDict(...)`` of
+    a shallow copy holds the dispatcher under its key, not pinned: the copy's call was taken
+    for another module's, and the module's backward hook silently never fired for it (the
+    framework's copy shares its backward hooks)."""
+    layers = _Layers(framework)
+    m = layers.linear()
+    fired: list[str] = []
+    handle = unihook.register_full_backward_hook(m, _recorder(fired, "m"))
+    twin = copy.copy(m)
+    layers.assign(twin, layers.attrs[0], OrderedDict(getattr(twin, layers.attrs[0])))
+    layers.input_grad(twin)
+    handle.remove()
+    assert fired == ["m"]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_another_module_given_copies_of_the_modules_dicts_runs_none_of_its_hooks(
+    framework: str,
+) -> None:
+    """``o._forward_hooks = m._forward_hooks.copy()`` (the pre-hooks too): the framework's
+    backward hooks stay with m; unihook's dispatchers, under their keys in o's dicts, ran m's
+    backward hooks for o on c9225d0."""
+    layers = _Layers(framework)
+    m, other = layers.linear(), layers.linear()
+    fired: list[str] = []
+    handle = unihook.register_full_backward_hook(m, _recorder(fired, "m"))
+    for attr in layers.attrs:
+        layers.assign(other, attr, getattr(m, attr).copy())
+    layers.input_grad(other)
+    assert fired == []
+    layers.input_grad(m)
+    handle.remove()
+    assert fired == ["m"]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_deep_copy_of_a_model_whose_container_carries_a_childs_hooks(framework: str) -> None:
+    """helper-167's FINDING 2: the container's hook dicts, copied before the child's, copied
+    the child's dispatchers bound to the child's state; the child's copy then ran the
+    original's state (BackendStateError in its backward; a removal of the original's hook
+    took the copy's). As torch's deep copy, the child's copy keeps hooks of its own."""
+    layers = _Layers(framework)
+    inner = layers.linear()
+    outer = layers.sequential(inner)
+    fired: list[str] = []
+    handle = unihook.register_full_backward_hook(inner, _recorder(fired, "inner"))
+    layers.carry(inner, outer)
+    twin = copy.deepcopy(outer)
+    layers.input_grad(twin)
+    assert fired == ["inner"]
+    handle.remove()
+    fired.clear()
+    layers.input_grad(twin)
+    assert fired == ["inner"]  # (the copy's own: the original's removal leaves it)
+    fired.clear()
+    layers.input_grad(outer)
+    assert fired == []
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_deep_copys_dicts_updated_from_the_original_keep_the_copys_hooks(framework: str) -> None:
+    """helper-167's FINDING 4: the update (same keys) put the original's dispatchers in the
+    copy's place: the copy's own backward hook never fired."""
+    layers = _Layers(framework)
+    m = layers.linear()
+    fired: list[str] = []
+    first = unihook.register_full_backward_hook(m, _recorder(fired, "m"))
+    twin = copy.deepcopy(m)
+    second = unihook.register_full_backward_hook(twin, _recorder(fired, "twin"))
+    for attr in layers.attrs:
+        getattr(twin, attr).update(getattr(m, attr))
+    layers.input_grad(twin)
+    assert sorted(fired) == ["m", "twin"]  # (the copy's copy of m's hook, and its own)
+    first.remove()
+    second.remove()
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_hooks_carried_there_and_back_run_once(framework: str) -> None:
+    """helper-167's FINDING 8: carried to another module and back, the dispatchers ran twice
+    per call (the hook fired twice), or, removed meanwhile, passed the call to the module's
+    next state beside its own dispatchers (BackendStateError)."""
+    layers = _Layers(framework)
+    m, other = layers.linear(), layers.linear()
+    fired: list[str] = []
+    handle = unihook.register_full_backward_hook(m, _recorder(fired, "m1"))
+    layers.carry(m, other)
+    layers.carry(other, m)
+    layers.input_grad(m)
+    assert fired == ["m1"]
+    handle.remove()
+    fired.clear()
+    second = unihook.register_full_backward_hook(m, _recorder(fired, "m2"))
+    layers.input_grad(m)
+    second.remove()
+    assert fired == ["m2"]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_dicts_put_back_after_the_hook_left_leave_the_next_hook_working(framework: str) -> None:
+    """helper-167's FINDING 5: a library saved the hook dicts while a backward hook was on and
+    put them back after its removal; the next backward hook's call raised BackendStateError
+    (the removed state's dispatchers passed the call on to the new one's)."""
+    layers = _Layers(framework)
+    m = layers.linear()
+    fired: list[str] = []
+    first = unihook.register_full_backward_hook(m, _recorder(fired, "a"))
+    saved = {attr: OrderedDict(getattr(m, attr)) for attr in layers.attrs}
+    first.remove()
+    for attr, hooks in saved.items():
+        layers.assign(m, attr, hooks)
+    second = unihook.register_full_backward_hook(m, _recorder(fired, "b"))
+    layers.input_grad(m)
+    second.remove()
+    assert fired == ["b"]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_modules_equal_by_value_keep_backward_hooks_of_their_own(framework: str) -> None:
+    """helper-167's FINDING 6: two modules whose class compares by value (``__eq__`` by type,
+    one ``__hash__``) were one key of unihook's tables: the second's hook went into the
+    first's state, fired for the first, never for the second."""
+    layers = _Layers(framework)
+    base = type(layers.linear())
+
+    class Equal(base):  # type: ignore[misc, valid-type]
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Equal)
+
+        def __hash__(self) -> int:
+            return 1
+
+    a, b = Equal(2, 2), Equal(2, 2)
+    fired: list[tuple[str, bool]] = []
+    handles = [
+        unihook.register_full_backward_hook(
+            module, lambda mod, gi, go, tag=tag: fired.append((tag, mod is a))
+        )
+        for module, tag in ((a, "a"), (b, "b"))
+    ]
+    layers.input_grad(a)
+    assert fired == [("a", True)]
+    fired.clear()
+    layers.input_grad(b)
+    assert fired == [("b", False)]
+    for handle in handles:
+        handle.remove()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+def test_torchs_fuse_modules_beside_a_global_backward_hook_runs_it_once() -> None:
+    """helper-167's FINDING 3: a module that ran before the fusion holds the global
+    dispatchers, which ``fuse_modules`` carries to the fused module: the global hook fired
+    twice there. Oracle: torch's own global hook on a twin."""
+    import torch
+
+    quantization = _torch_quantization()
+    logs: dict[str, list[tuple[str, str]]] = {"torch": [], "unihook": []}
+    for who, log in logs.items():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(2, 2, 3), torch.nn.BatchNorm2d(2), torch.nn.ReLU()
+        ).eval()
+
+        def g(mod: Any, gi: Any, go: Any, log: list[tuple[str, str]] = log) -> None:
+            log.append(("G", type(mod).__name__))
+
+        def own(mod: Any, gi: Any, go: Any, log: list[tuple[str, str]] = log) -> None:
+            log.append(("own", type(mod).__name__))
+
+        if who == "torch":
+            handles = [torch.nn.modules.module.register_module_full_backward_hook(g)]
+            handles += [model[i].register_full_backward_hook(own) for i in (0, 2)]
+        else:
+            handles = [unihook.register_module_full_backward_hook(g)]
+            handles += [unihook.register_full_backward_hook(model[i], own) for i in (0, 2)]
+        try:
+            x = torch.ones(1, 2, 5, 5, requires_grad=True)
+            model(x).sum().backward()
+            log.clear()
+            quantization.fuse_modules(model, [["0", "1", "2"]], inplace=True)
+            model(x).sum().backward()
+        finally:
+            for handle in handles:
+                handle.remove()
+    assert logs["unihook"] == logs["torch"]

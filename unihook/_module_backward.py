@@ -23,6 +23,7 @@ from typing import Any, Callable, Collection, Iterable, Mapping, Protocol, Seque
 
 from ._checks import check_grad, check_grad_tuple
 from ._describe import Site
+from ._identity import WeakIdentityKeys
 from ._locks import RegistryLock, undo_if_unfinished
 from .errors import BackendStateError, HookReturnError, InPlaceError
 from .handles import Handle
@@ -243,10 +244,12 @@ class ModuleBackward:
         # every thread's `_stack`, weakly (a thread's goes with it)
         self.stacks: set[weakref.ref[_Stack]] = set()
         self.dispatchers: Dispatchers | None = None
-        # A module's own state: the module, weakly, and the optional `serving(module)` of its
-        # dispatchers (see `Dispatchers`), kept once they are out (see `_foreign`).
+        # A module's own state: the module, weakly, and the optional `serving(module)` and
+        # `holders(module)` of its dispatchers (see `Dispatchers`), kept once they are out
+        # (see `_foreign`, `_restored`).
         self.owner: weakref.ref[Any] | None = None
         self.serving: Callable[[Any], Any] | None = None
+        self.holders: Callable[[Any], list[Any]] | None = None
         # Its last hook is gone. The dispatchers stay until no call is in flight on any
         # thread: a call that started before must still end in post_dispatch (its hooks were
         # taken at its start, as torch's; an input it changed in place needs its history).
@@ -291,6 +294,7 @@ class ModuleBackward:
         self.dispatchers = dispatchers
         if not self.is_global:
             self.serving = getattr(dispatchers, "serving", self.serving)
+            self.holders = getattr(dispatchers, "holders", self.holders)
 
     def _foreign(self, module: Any) -> bool:
         """Whether a call of `module`, not this state's own, reached its dispatchers through
@@ -305,7 +309,26 @@ class ModuleBackward:
         dicts hold the copy's state's under the same keys, these copied in too by paddle's
         fusion of a layer it deep-copied.)"""
         serving = self.serving
-        return serving is not None and serving(module) is not self
+        if serving is None:
+            return False
+        if serving(module) is not self:
+            return True
+        # (its dicts hold these under their keys: a shallow copy's, or copies of the module's
+        # dicts a library gave another module, ``o._forward_hooks = m._forward_hooks.copy()``,
+        # where the framework's backward hooks stay with the module, helper-167's t9.py)
+        owner = None if self.owner is None else self.owner()
+        return owner is not None and not _shallow_copies(owner, module)
+
+    def _restored(self, module: Any) -> bool:
+        """Removed, its dispatchers out: whether `module`'s hook dict holds them still, under
+        any key. A library that saved the dict while they were in put them back, or carried
+        them to another module and back (they were unpinned when this state went): they do
+        nothing (until 2026-12-06 they passed the call on to the module's newer state, whose
+        own dispatchers took it too: BackendStateError, helper-167's FINDINGS 5 and 8). Not
+        in the dict, they ran from the snapshot a call took before the removal: the call is
+        this state's, or a newer one's (`_pass_on`)."""
+        holders = self.holders
+        return holders is not None and self in holders(module)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ModuleBackward:
         """Reached through dispatchers a library copied into another module's hooks (see
@@ -484,6 +507,14 @@ class ModuleBackward:
         if id(caller.f_code) not in ids:  # type: ignore[union-attr]
             caller = _call_frame(caller, ids)
         frame = 0 if caller is None else id(caller)
+        if stack and frame and stack[-1][3] == frame and stack[-1][1] is ref:
+            # A second run in one call: a library carried the dispatchers to another module
+            # and back (``values()`` registered there, then there's here), or a module's
+            # global ones to another that has them: the call is taken (until 2026-12-06 the
+            # backward hooks fired twice, helper-167's FINDINGS 8 and 3).
+            return None
+        if self.removed and self.dispatchers is None and self._restored(module):
+            return None
         stack.append((id(args), ref, _PASSED, frame))
         pos = len(stack) - 1
         if self.removed and not self._takes_natives(module, frame):
@@ -950,6 +981,19 @@ class _Stack(list[_Entry]):
 
 def _NO_MODULE() -> None:
     """The module reference of a `hold` mark: none."""
+
+
+def _shallow_copies(a: Any, b: Any) -> bool:
+    """Whether `a` and `b` are shallow copies of one module (``copy.copy``): they share the
+    objects of their attributes, the framework's containers of parameters, submodules and
+    backward hooks too, where another module given copies of the hook dicts shares none."""
+    mine, theirs = getattr(a, "__dict__", None), getattr(b, "__dict__", None)
+    if mine is None or theirs is None:
+        return True  # (nothing to tell them apart by: served, as before)
+    return any(
+        isinstance(value, (dict, list)) and theirs.get(name) is value
+        for name, value in list(mine.items())
+    )
 
 
 class _Idle:
@@ -1606,7 +1650,7 @@ class _States:
         # removed) and then the removed ones (none any more: a hook registered meanwhile
         # revived the state), found neither, and the global dispatcher took the global hooks
         # of a call the module's own dispatcher had taken them for: they ran twice.
-        self._entries: weakref.WeakKeyDictionary[Any, _Entries] = weakref.WeakKeyDictionary()
+        self._entries: WeakIdentityKeys[_Entries] = WeakIdentityKeys()
 
     def get(self, module: Any) -> ModuleBackward | None:
         entry = self._entries.get(module)

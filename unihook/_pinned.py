@@ -224,6 +224,13 @@ class HookDict(OrderedDict[int, Any]):
     def __setitem__(self, key: int, value: Any) -> None:
         new = not OrderedDict.__contains__(self, key)
         if key in self.pinned:
+            if not new and not _lock.held():
+                # Another's code: a deep copy's dict updated from its original's (the same
+                # keys), whose dispatcher under this key serves the original. It would take
+                # the copy's place (until 2026-12-06: the copy's backward hooks never fired,
+                # the original's ran for it, helper-167's FINDING 4). The copy keeps its own,
+                # as torch's copy keeps its backward hooks beside forward hooks copied in.
+                return
             super().__setitem__(key, value)
             self._changed()
             if new:  # (in its place among the pinned: before the tail ones)
@@ -646,7 +653,14 @@ class HookDict(OrderedDict[int, Any]):
                 continue
             if state is not None and id(state) not in memo and copied is not owner:
                 memo[id(state)] = _copy_state(state, owner, copied, memo)
-            value = deepcopy(value, memo)
+            copied_value = deepcopy(value, memo)
+            if state is not None and getattr(copied_value, "__self__", None) is state:
+                # copied before as another module's hook, one a library carried there (its
+                # state kept: `ModuleBackward.__deepcopy__`): the copy's own is bound to the
+                # copy's state (until 2026-12-06 the original's: BackendStateError in the
+                # copy's backward, helper-167's FINDING 2)
+                copied_value = deepcopy(value, {id(state): memo[id(state)]})
+            value = copied_value
             OrderedDict.__setitem__(new, key, value)
             if key not in self.pinned:
                 origin[key] = value
@@ -1263,18 +1277,25 @@ class Pinned:
         return cls(owner, (pre_attr, keys[0]), (post_attr, keys[1]), always, access)
 
     def serving(self, owner: Any) -> Any:
-        """The state whose dispatchers `owner`'s hook dicts both hold pinned under these
-        dispatchers' keys (a deep copy's dicts hold the copy's state's under the same keys),
-        None if none: a library registered these there as hooks of its own, or gave a
-        shallow copy a dict of its own in place of one it shared (the post-dispatcher never
-        ran for the copy's call: BackendStateError, helper-166's FINDING 3)."""
-        found = []
-        for attr, key in (self.pre, self.post):
-            hooks = self.access.get(owner, attr)
-            if key not in getattr(hooks, "pinned", ()):
-                return None
-            found.append(getattr(OrderedDict.get(hooks, key), "__self__", None))
+        """The state (``__self__``) whose dispatchers `owner`'s hook dicts both hold under
+        these dispatchers' keys (a deep copy's dicts hold the copy's state's under the same
+        keys; a shallow copy's, or a library's rebuilt ``OrderedDict(d)``, these), None if
+        none: a library registered these there as hooks of its own (under keys of their
+        own), or gave a shallow copy a dict of its own in place of one it shared (the
+        post-dispatcher never ran for the copy's call: BackendStateError, helper-166's
+        FINDING 3)."""
+        found = [
+            getattr(dict.get(self.access.get(owner, attr), key), "__self__", None)
+            for attr, key in (self.pre, self.post)
+        ]
         return found[0] if found[0] is found[1] else None
+
+    def holders(self, owner: Any) -> list[Any]:
+        """The states (``__self__``) of the hooks in `owner`'s pre-hook dict."""
+        hooks = self.access.get(owner, self.pre[0])
+        return [
+            getattr(value, "__self__", None) for _, value in _snapshot(partial(dict.items, hooks))
+        ]
 
     def rebound(self, owner: Any) -> Pinned:
         """The same dispatchers in a deep copy `owner` of the module (`HookDict.__deepcopy__`

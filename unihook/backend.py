@@ -80,6 +80,7 @@ from ._describe import Site, type_name
 from ._entries import eager_entries, eager_entry
 from ._global_table import add_to_global_table
 from ._history import history_reaches
+from ._identity import WeakIdentityKeys
 from ._imports import cancel_when_imported, imported, install_when_imported, when_imported
 from ._kept_inputs import check_kept_input, check_returned_input, kept_inputs, note_changes
 from ._locks import RegistryLock, add_compiler_pause, defer_while_locked, undo_if_unfinished
@@ -110,6 +111,7 @@ __all__ = [
     "RegistryLock",
     "Site",
     "SnapshotDict",
+    "WeakIdentityKeys",
     "add_compiler_escape",
     "add_compiler_pause",
     "add_global_backward_hook",

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator
-from weakref import WeakKeyDictionary
 
 from . import api
+from ._identity import WeakIdentityKeys
 from ._locks import Collecting, registering, undo
 from .compose import HookGroup, Where, select
 from .errors import StaleCaptureError
@@ -38,7 +38,7 @@ _WHAT = {"output": "output", "inputs": "positional args", "grads": "grad_output"
 
 # module -> {(what, training): modified in place after capture?}; a missing key: not learned
 # yet. Keyed by training mode too: in-place ops often differ (Dropout(inplace=True)).
-_learned: WeakKeyDictionary[Any, dict[tuple[str, bool], bool]] = WeakKeyDictionary()
+_learned: WeakIdentityKeys[dict[tuple[str, bool], bool]] = WeakIdentityKeys()
 
 
 class _Site:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import weakref
 from collections import OrderedDict
 from itertools import count
 from typing import Any, Callable
@@ -30,6 +29,7 @@ from unihook.backend import (
     Pinned,
     RegistryLock,
     Site,
+    WeakIdentityKeys,
     add_to_global_table,
     check_pre_kwargs_result,
     global_label,
@@ -65,12 +65,12 @@ class _Backward:
     def __init__(self, pre: Hook, post: Hook) -> None:
         self.hooks = (("_forward_pre_hook", pre), ("_forward_hook", post))
         self.state: Any = getattr(pre, "__self__", None)  # the ModuleBackward (see `_call`)
-        self.pins: weakref.WeakKeyDictionary[Any, Pinned] = weakref.WeakKeyDictionary()
+        self.pins: WeakIdentityKeys[Pinned] = WeakIdentityKeys()
 
 
 _backward: _Backward | None = None  # the current global state's
 # cell -> [pre key, post key, the _Backward pinned in it]: None where none is
-_installed: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+_installed: WeakIdentityKeys[list[Any]] = WeakIdentityKeys()
 
 
 # MindSpore reads a hook's with_kwargs flag live, after it took its snapshot of the hooks: a

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import sys
 import warnings
-import weakref
 from collections import OrderedDict
 from functools import partial
 from itertools import count
@@ -32,6 +31,7 @@ from unihook.backend import (
     Pinned,
     RegistryLock,
     Site,
+    WeakIdentityKeys,
     add_to_global_table,
     check_pre_kwargs_result,
     global_label,
@@ -63,9 +63,9 @@ _dispatch: (
     tuple[EagerUnderCompile, EagerUnderCompile, EagerUnderCompile, EagerUnderCompile] | None
 ) = None
 # where _backward's dispatchers are pinned (a removed state's stay pinned until its calls end)
-_pinned_in: weakref.WeakKeyDictionary[Any, Pinned] = weakref.WeakKeyDictionary()
+_pinned_in: WeakIdentityKeys[Pinned] = WeakIdentityKeys()
 # the same modules' backward hook dicts, absorbed meanwhile (see `_pin`)
-_absorbing: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_absorbing: WeakIdentityKeys[Any] = WeakIdentityKeys()
 
 
 @partial(not_a_compile_root, callees_too=True)
@@ -490,8 +490,8 @@ class _BackwardDispatch:
         global _backward, _dispatch, _pinned_in, _absorbing
         self.state = state
         # the modules they are pinned in; in `_pinned_in` too, it tells whose they are
-        self.pinned_in: weakref.WeakKeyDictionary[Any, Pinned] = weakref.WeakKeyDictionary()
-        self.absorbing: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self.pinned_in: WeakIdentityKeys[Pinned] = WeakIdentityKeys()
+        self.absorbing: WeakIdentityKeys[Any] = WeakIdentityKeys()
         undo_if_unfinished(self.remove)
         with _lock, _lock.mutex:
             _pinned_in = self.pinned_in
@@ -527,8 +527,8 @@ class _BackwardDispatch:
             self.pinned_in.clear()
             if _pinned_in is self.pinned_in:  # (else newer global hooks came meanwhile)
                 _backward = _dispatch = None
-                _pinned_in = weakref.WeakKeyDictionary()
-                _absorbing = weakref.WeakKeyDictionary()
+                _pinned_in = WeakIdentityKeys()
+                _absorbing = WeakIdentityKeys()
             _sync_patch()
 
 
