@@ -59,9 +59,9 @@ FINDINGS:
    records 'o.m.l' (1.6508, its sum, the native norm) but ``where=['o', 'o.m.l', 'head']``
    leaves it out (the shared hook's names are cleared together). Expected: the creating call
    keeps its name.
-3. FIXED by 8aa7325 (ops' table by type keyed by the type's id, `ByType`: measured, the test
-   passes there, fails at 002e354; with 12 blocks of one class too). (medium: a silently
-   wrong number; torch,
+3. FIXED by 8aa7325 (ops' table by type keyed by the type's id, `ByType`, now
+   `WeakIdentityKeys`: measured, the test passes there, fails at 002e354; with 12 blocks of
+   one class too). (medium: a silently wrong number; torch,
    pre-existing but the change claims torch.compile
    is covered) under ``torch.compile(model, backend="eager")``, when dynamo hits its default
    recompile limit (8) on unihook's hook frames (`_before` / `_record`, recompiled per module

@@ -1,4 +1,4 @@
-"""A table keyed by object identity that keeps no key alive."""
+"""A table keyed by object identity that keeps no key alive: modules, types."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ class WeakIdentityKeys(Generic[V]):
     weights) made two modules one key, and the second's backward hook went into the first's
     state: it fired for the first, never for the second (helper-167's FINDING 6). By id, with
     a weak reference whose callback drops the entry when its object goes (the entry only:
-    the id may be another object's by then)."""
+    the id may be another object's by then). Types too: a class made per model (in a
+    function, by a factory, by hypothesis) holds its methods' closures, which a dict keyed by
+    the type kept alive (helper-124's FINDING 4); a type's own hash and equality may raise or
+    take two types for one (helper-100's FINDING 3)."""
 
     __slots__ = ("_entries", "__weakref__")
 
@@ -26,8 +29,9 @@ class WeakIdentityKeys(Generic[V]):
         return entry if entry is not None and entry[0]() is key else None
 
     def get(self, key: Any, default: Any = None) -> Any:
-        entry = self._entry(key)
-        return default if entry is None else entry[1]
+        # (inline: `ops_for` reads its table by type at each call)
+        entry = self._entries.get(id(key))
+        return entry[1] if entry is not None and entry[0]() is key else default
 
     def __getitem__(self, key: Any) -> V:
         entry = self._entry(key)

@@ -7,7 +7,7 @@ import threading
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from ._by_type import ByType
+from ._identity import WeakIdentityKeys
 
 if TYPE_CHECKING:
     import pluggy
@@ -82,7 +82,7 @@ def disabled_backends() -> list[str]:
 
 
 # hook name -> type of target -> the hookimpl that answered for it
-_owners: dict[str, ByType[Any]] = {}
+_owners: dict[str, WeakIdentityKeys[Any]] = {}
 
 
 def call_owner(hook_name: str, target: object, **kwargs: Any) -> Any:
@@ -92,7 +92,7 @@ def call_owner(hook_name: str, target: object, **kwargs: Any) -> Any:
     without pluggy's dispatch (about 4.5 us of a registration)."""
     owners = _owners.get(hook_name)
     if owners is None:
-        owners = _owners.setdefault(hook_name, ByType())
+        owners = _owners.setdefault(hook_name, WeakIdentityKeys())
     impl = owners.get(type(target))
     if impl is not None:
         result = impl.function(*[kwargs[arg] for arg in impl.argnames])
@@ -105,7 +105,7 @@ def call_owner(hook_name: str, target: object, **kwargs: Any) -> Any:
     for impl in reversed(impls):
         result = impl.function(*[kwargs[arg] for arg in impl.argnames])
         if result is not None:
-            owners.put(type(target), impl)
+            owners[type(target)] = impl
             return result
     return None
 

@@ -15,8 +15,8 @@ import types
 import weakref
 from typing import Any, Callable, ContextManager, Sequence, Union
 
-from ._by_type import ByType
 from ._describe import type_name
+from ._identity import WeakIdentityKeys
 from ._plugins import plugin_manager
 from .errors import HookArgumentError, NoBackendError, NoGradError
 
@@ -336,7 +336,7 @@ class Ops:
         return None
 
 
-_cache: ByType[Ops] = ByType()
+_cache: WeakIdentityKeys[Ops] = WeakIdentityKeys()
 
 
 def ops_for(obj: object) -> Ops:
@@ -350,7 +350,7 @@ def ops_for(obj: object) -> Ops:
             f"unihook.ops: expected a tensor or module of an installed backend. "
             f"Received: {type_name(obj)}."
         )
-    _cache.put(type(obj), found)
+    _cache[type(obj)] = found
     return found
 
 
