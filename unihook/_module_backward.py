@@ -507,12 +507,6 @@ class ModuleBackward:
         if id(caller.f_code) not in ids:  # type: ignore[union-attr]
             caller = _call_frame(caller, ids)
         frame = 0 if caller is None else id(caller)
-        if stack and frame and stack[-1][3] == frame and stack[-1][1] is ref:
-            # A second run in one call: a library carried the dispatchers to another module
-            # and back (``values()`` registered there, then there's here), or a module's
-            # global ones to another that has them: the call is taken (until 2026-12-06 the
-            # backward hooks fired twice, helper-167's FINDINGS 8 and 3).
-            return None
         if self.removed and self.dispatchers is None and self._restored(module):
             return None
         stack.append((id(args), ref, _PASSED, frame))

@@ -236,6 +236,8 @@ class HookDict(OrderedDict[int, Any]):
             if new:  # (in its place among the pinned: before the tail ones)
                 self._repin()
             return
+        if _dispatcher(value):  # (under a key not pinned: a copy a library carried here)
+            value = _Carried()
         # The origin first: a key here and not there is one a native handle removed there,
         # which `items` drops (so another thread's `items` never drops one half inserted).
         origin = self.origin()
@@ -1001,6 +1003,9 @@ def _pin(
         first_tail = [i for i, k in enumerate(hooks.pinned) if k in hooks.tail]
         hooks.pinned.insert(first_tail[0] if first_tail else len(hooks.pinned), key)
     hooks[key] = hook
+    for other, value in hooks._copy():
+        if value is hook and other != key:  # (a copy a library carried here: `_Carried`)
+            hooks[other] = _Carried()
     if prepend:
         hooks.move_to_end(key, last=False)
     return hooks
@@ -1182,6 +1187,29 @@ class _Retired(HookDict):
     def get(self, key: int, default: Any = None) -> Any:  # type: ignore[override]
         back = self._live()
         return OrderedDict.get(self, key, default) if back is None else back.get(key, default)
+
+
+def _dispatcher(value: Any) -> bool:
+    """Whether `value` is a backward dispatcher of unihook's (its ``__self__`` a state)."""
+    from ._module_backward import ModuleBackward
+
+    return isinstance(getattr(value, "__self__", None), ModuleBackward)
+
+
+class _Carried:
+    """In place of a dispatcher of unihook's that a library registered as a hook of its own
+    in a module's dict unihook holds (it carried a module's hooks to another module, or there
+    and back: ``values()`` registered there, then there's here), or that unihook pins where
+    such a copy was (a backend's global dispatchers, pinned in a module at its first call,
+    in the module a library carried a called module's hooks to). Where it pins the same
+    dispatcher, it ran a second dispatch per call (a hook fired twice, helper-167's FINDINGS
+    8 and 3); a global one took the call before the module's own dispatchers, out of their
+    order. Does nothing (the framework's own backward hooks stay with their module)."""
+
+    __slots__ = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
 
 class _Forwarding:
