@@ -305,9 +305,11 @@ class ModuleBackward:
         hooks, stay behind (until 2026-12-06 the module's backward hooks fired for the other
         one, its removal did not reach them, or its call raised `BackendStateError`:
         helper-165's FINDING 3, helper-166's FINDING 1). A shallow copy of the module shares
-        its hook dicts, where they are pinned: its calls are the module's. (A deep copy's
-        dicts hold the copy's state's under the same keys, these copied in too by paddle's
-        fusion of a layer it deep-copied.)"""
+        its hook dicts, which hold them under their keys (also once a library rebuilt one:
+        ``OrderedDict(d)``), and its other attributes: its calls are the module's. (A deep
+        copy's dicts hold the copy's state's under the same keys, these copied in too by
+        paddle's fusion of a layer it deep-copied. Where unihook holds the other module's
+        dict, such copies go in inert: `unihook._pinned._Carried`.)"""
         serving = self.serving
         if serving is None:
             return False
@@ -640,7 +642,7 @@ class ModuleBackward:
         else:
             k = _find(stack, module, args, sys._getframe(1), self.call_ids)
             if k < 0:
-                if self._foreign(module) and weakref.ref(module) is not self.owner:
+                if weakref.ref(module) is not self.owner and self._foreign(module):
                     return None
                 if self.natives is not None:
                     # a call no pre-dispatch took ends (a forward pre-hook before it raised:
