@@ -461,3 +461,74 @@ def test_torchs_fuse_modules_beside_a_global_backward_hook_runs_it_once() -> Non
             for handle in handles:
                 handle.remove()
     assert logs["unihook"] == logs["torch"]
+
+
+class _Stop(BaseException):
+    """A BaseException out of forward: the framework runs no always-call hook for it."""
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_each_call_after_one_a_base_exception_cut_short_runs_the_hooks(framework: str) -> None:
+    """helper-168's FINDING 1: a call cut short by a BaseException leaves its entry; the next
+    call's frame of the framework's call function took its address, and 5389392 dropped that
+    call's dispatch as a second one of the same call: its backward hook never fired."""
+    layers = _Layers(framework)
+    m = layers.linear()
+    stop = [True]
+
+    def post(*args: Any) -> None:  # (before unihook's post-dispatcher, pinned last)
+        if stop[0]:
+            stop[0] = False
+            raise _Stop
+
+    layers.register(m, post, pre=False)
+    fired: list[str] = []
+    handle = unihook.register_full_backward_hook(m, _recorder(fired, "m"))
+    with pytest.raises(_Stop):
+        layers.input_grad(m)
+    for _ in range(3):
+        layers.input_grad(m)
+    handle.remove()
+    assert fired == ["m"] * 3
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+def test_a_fused_models_call_disarms_a_removed_hooks_carried_dispatchers_torch() -> None:
+    """helper-168's FINDING 3: the BatchNorm's post-dispatcher, carried to the fused conv by
+    ``fuse_modules``, stayed there for good once its hook was removed: ``torch.compile`` with
+    ``fullgraph=True`` and ``torch.jit.script`` refused the fused model (torch alone has no
+    hook there). A call of the fused model takes it out."""
+    import torch
+
+    quantization = _torch_quantization()
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3), torch.nn.ReLU()
+    ).eval()
+    handle = unihook.register_full_backward_hook(net[1], lambda *a: None)
+    fused = quantization.fuse_modules(net, [["0", "1"]], inplace=True)
+    handle.remove()
+    x = torch.randn(1, 2, 5, 5, requires_grad=True)
+    fused(x)
+    assert not fused[0]._forward_hooks and not fused[0]._forward_pre_hooks
+    torch.compile(fused, backend="eager", fullgraph=True)(x).sum().backward()
+    torch.jit.script(fused)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_fused_models_call_disarms_a_removed_hooks_carried_dispatchers_paddle() -> None:
+    """helper-168's FINDING 2: the same with paddle's ``fuse_layers``: ``to_static`` with
+    ``full_graph=True`` raised UnsupportedHookError naming a backward hook that no longer
+    existed, on a Conv2D that never had one."""
+    paddle = pytest.importorskip("paddle")
+    from paddle.quantization.imperative import fuse_utils
+
+    paddle.seed(0)
+    net = paddle.nn.Sequential(paddle.nn.Conv2D(2, 3, 3), paddle.nn.BatchNorm2D(3))
+    net.eval()
+    handle = unihook.register_full_backward_hook(net[1], lambda *a: None)
+    fused = fuse_utils.fuse_layers(net, [["0", "1"]], inplace=True)
+    handle.remove()
+    x = paddle.randn([1, 2, 5, 5])
+    expected = fused(x)
+    static = paddle.jit.to_static(fused, full_graph=True)
+    assert paddle.allclose(static(x), expected)

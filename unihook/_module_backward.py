@@ -158,7 +158,9 @@ class Dispatchers(Protocol):
     in flight (its post-dispatcher must run for it, see `ModuleBackward._pass_on`);
     `serving(module)`, for a module's own, the state (the dispatchers' ``__self__``) whose
     dispatchers `module`'s hook dicts hold where unihook installed these (the module's dicts,
-    a shallow copy's, a deep copy's), None if none (see `ModuleBackward._foreign`)."""
+    a shallow copy's, a deep copy's), None if none (see `ModuleBackward._foreign`);
+    `holders(module)`, the states of the hooks in `module`'s pre-hook dict;
+    `disarm(module, state)`, inert hooks in place of `state`'s dispatchers in `module`'s."""
 
     def remove(self) -> None: ...
 
@@ -250,6 +252,7 @@ class ModuleBackward:
         self.owner: weakref.ref[Any] | None = None
         self.serving: Callable[[Any], Any] | None = None
         self.holders: Callable[[Any], list[Any]] | None = None
+        self.disarm: Callable[[Any, ModuleBackward], None] | None = None
         # Its last hook is gone. The dispatchers stay until no call is in flight on any
         # thread: a call that started before must still end in post_dispatch (its hooks were
         # taken at its start, as torch's; an input it changed in place needs its history).
@@ -295,6 +298,7 @@ class ModuleBackward:
         if not self.is_global:
             self.serving = getattr(dispatchers, "serving", self.serving)
             self.holders = getattr(dispatchers, "holders", self.holders)
+            self.disarm = getattr(dispatchers, "disarm", self.disarm)
 
     def _foreign(self, module: Any) -> bool:
         """Whether a call of `module`, not this state's own, reached its dispatchers through
@@ -320,6 +324,13 @@ class ModuleBackward:
         # where the framework's backward hooks stay with the module, helper-167's t9.py)
         owner = None if self.owner is None else self.owner()
         return owner is not None and not _shallow_copies(owner, module)
+
+    def _carried_to(self, module: Any) -> None:
+        """A call of `module` reached copies of these dispatchers a library carried there
+        (`_foreign`): inert ones take their place (`Dispatchers.disarm`)."""
+        disarm = self.disarm
+        if disarm is not None:
+            disarm(module, self)
 
     def _restored(self, module: Any) -> bool:
         """Removed, its dispatchers out: whether `module`'s hook dict holds them still, under
@@ -499,6 +510,7 @@ class ModuleBackward:
         # thread) sees this call in flight and leaves the dispatchers for its post_dispatch.
         ref = weakref.ref(module)
         if ref is not self.owner and self._foreign(module):
+            self._carried_to(module)
             return None
         try:
             stack = self.local.stack
@@ -643,6 +655,7 @@ class ModuleBackward:
             k = _find(stack, module, args, sys._getframe(1), self.call_ids)
             if k < 0:
                 if weakref.ref(module) is not self.owner and self._foreign(module):
+                    self._carried_to(module)
                     return None
                 if self.natives is not None:
                     # a call no pre-dispatch took ends (a forward pre-hook before it raised:

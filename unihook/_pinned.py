@@ -1318,6 +1318,24 @@ class Pinned:
         ]
         return found[0] if found[0] is found[1] else None
 
+    def disarm(self, owner: Any, state: Any) -> None:
+        """Replace `state`'s dispatchers in `owner`'s hook dicts, where a library carried them
+        (`ModuleBackward._foreign`), by inert ones: left in, they kept the state alive, and a
+        compiler refused the module's hooks (torch.compile with ``fullgraph=True``, paddle's
+        to_static with ``full_graph=True``), helper-168's FINDINGS 2 and 3. Where the
+        framework iterates the live dict in a call (`Access.iterates_live`), a value replaced
+        under its key, its hook loop going on; else (torch) taken out, as the framework alone
+        has no hook there (``torch.jit.script`` refuses a hook without a name)."""
+        live = getattr(self.access, "iterates_live", False)
+        for attr in (self.pre[0], self.post[0]):
+            hooks = self.access.get(owner, attr)
+            for key, value in _snapshot(partial(dict.items, hooks)):
+                if getattr(value, "__self__", None) is state or isinstance(value, _Carried):
+                    if live:
+                        hooks[key] = _Carried()
+                    else:
+                        hooks.pop(key, None)
+
     def holders(self, owner: Any) -> list[Any]:
         """The states (``__self__``) of the hooks in `owner`'s pre-hook dict."""
         hooks = self.access.get(owner, self.pre[0])
