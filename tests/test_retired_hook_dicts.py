@@ -96,3 +96,32 @@ def test_the_module_taking_back_a_dict_its_copy_holds_keeps_the_copys_dispatcher
     layers.input_grad(twin)
     layers.input_grad(m)
     assert fired == []
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])  # (a MindSpore Dense does not pickle)
+def test_a_shallow_copy_holding_a_retired_dict_pickles(framework: str) -> None:
+    """helper-168's FINDING 4: the retired dict's values forward to the framework's dict by a
+    weak reference: pickling the copy raised TypeError, with no unihook hook left anywhere."""
+    import pickle
+
+    layers = _Layers(framework)
+    m = layers.linear()
+    ran: list[str] = []
+    layers.register(m, _Ran(ran), pre=False)
+    handle = unihook.register_full_backward_hook(m, lambda *a: None)
+    twin = copy.copy(m)
+    handle.remove()
+    loaded = pickle.loads(pickle.dumps(twin))
+    layers.input_grad(loaded)
+    (hook,) = getattr(loaded, layers.attrs[1]).values()
+    assert hook.into == ["post"]
+
+
+class _Ran:
+    """A forward hook that pickles."""
+
+    def __init__(self, into: list[str]) -> None:
+        self.into = into
+
+    def __call__(self, *args: object) -> None:
+        self.into.append("post")

@@ -558,7 +558,11 @@ class HookDict(OrderedDict[int, Any]):
         if self._serves_backward():
             raise self._pickling_error()
         left = self._left_out()
-        items = [(k, v) for k, v in OrderedDict.items(self) if k not in left]
+        # (retired, held by a shallow copy: the framework's dict's hooks, as its reads; its
+        # own values forward to them by a weak reference, which does not pickle: TypeError
+        # until 2026-12-06, helper-168's FINDING 4)
+        source = self._followed() if self._origin is None else OrderedDict.items(self)
+        items = [(k, v) for k, v in source if k not in left]
         # (an Access without the pair, a third party's: the ids stay as they come)
         access = self._access if hasattr(self._access, "ids_drawn") else None
         top = _top(access, (k for k, _ in items))
@@ -1226,6 +1230,18 @@ class _Forwarding:
         hook = None if origin is None else origin.get(self.key)
         return None if hook is None else hook(*args, **kwargs)
 
+    def __reduce__(self) -> Any:
+        """Pickled (a retired dict unihook pinned a copy's hooks in since, its own items):
+        the hook it forwards to, if any."""
+        origin = self.origin()
+        hook = None if origin is None else origin.get(self.key)
+        return (_Carried, ()) if hook is None else (_same, (hook,))
+
+
+def _same(value: Any) -> Any:
+    """`value` itself (a `_Forwarding` pickled as the hook it forwards to)."""
+    return value
+
 
 class Pinned:
     """A module's backward dispatchers, pinned last in its forward pre- and post-hook dicts
@@ -1329,7 +1345,10 @@ class Pinned:
         live = getattr(self.access, "iterates_live", False)
         for attr in (self.pre[0], self.post[0]):
             hooks = self.access.get(owner, attr)
+            pinned = getattr(hooks, "pinned", ())  # (a dict `owner` shares with the module)
             for key, value in _snapshot(partial(dict.items, hooks)):
+                if key in pinned:
+                    continue
                 if getattr(value, "__self__", None) is state or isinstance(value, _Carried):
                     if live:
                         hooks[key] = _Carried()
