@@ -41,6 +41,7 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 warnings.simplefilter("ignore")
 
 import unihook  # noqa: E402
+from unihook.backend import WeakIdentityKeys  # noqa: E402
 
 FW = sys.argv[1]
 ONLY = sys.argv[2].split(",") if len(sys.argv) > 2 and sys.argv[2] else None
@@ -185,7 +186,8 @@ def _summary(value: Any, depth: int = 0) -> Any:
         return (type(value).__name__, tuple(_summary(v, depth + 1) for v in value))
     if depth < 3 and isinstance(value, (set, frozenset)):
         return (type(value).__name__, frozenset(_summary(v, depth + 1) for v in value))
-    if isinstance(value, (weakref.WeakKeyDictionary, weakref.WeakValueDictionary, weakref.WeakSet)):
+    weak = (weakref.WeakKeyDictionary, weakref.WeakValueDictionary, weakref.WeakSet)
+    if isinstance(value, (*weak, WeakIdentityKeys)):
         return (type(value).__name__, len(value))  # (by size)
     return ("id", id(value))
 

@@ -113,6 +113,8 @@ def test_finding2_a_copy_and_its_original_hooked_again_leave_residue(
     # the copy's hook is lost (FINDING 1), and once both handles are removed the modules keep
     # unihook's dispatchers and a watched flag table
     kit = backend
+    gc.collect()
+    before = set(_pinned._flagged)  # (left by earlier tests' modules the collector has yet to free)
     module, twin = _copy_of_a_hooked_module(kit)
     seen: list[Any] = []
     a = unihook.register_full_backward_hook(twin, lambda m, *_: seen.append(("twin", m)))
@@ -128,7 +130,7 @@ def test_finding2_a_copy_and_its_original_hooked_again_leave_residue(
     plain = kit.hook_counts(kit.linear(3, 2, W, B))
     assert kit.hook_counts(module) == plain
     assert kit.hook_counts(twin) == plain
-    assert not _pinned._flagged
+    assert set(_pinned._flagged) <= before
 
 
 def test_finding3_a_backward_hook_runs_after_its_removal_once_the_original_died(

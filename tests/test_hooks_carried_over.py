@@ -532,3 +532,57 @@ def test_a_fused_models_call_disarms_a_removed_hooks_carried_dispatchers_paddle(
     expected = fused(x)
     static = paddle.jit.to_static(fused, full_graph=True)
     assert paddle.allclose(static(x), expected)
+
+
+class _Delegating:
+    """A hook object whose ``__getattr__`` looks names up in a dict: KeyError, not
+    AttributeError, for ``__self__``."""
+
+    def __init__(self, into: list[str]) -> None:
+        self._names = {"into": into}
+
+    def __getattr__(self, name: str) -> Any:
+        return self.__dict__["_names"][name]
+
+    def __call__(self, *args: Any) -> None:
+        self.into.append("ran")
+
+
+# (MindSpore's own registration reads ``__code__`` of the hook: the same KeyError, alone)
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_a_hook_whose_getattr_raises_anything_registers_and_runs(framework: str) -> None:
+    """helper-169's FINDING 1: the check for a carried dispatcher read ``__self__`` of each
+    hook a native registration put in a dict unihook holds (and of each hook of a module a
+    carried copy reached) and let a KeyError out of the framework's registration."""
+    layers = _Layers(framework)
+    m, other = layers.linear(), layers.linear()
+    ran: list[str] = []
+    fired: list[str] = []
+    handle = unihook.register_full_backward_hook(m, _recorder(fired, "m"))
+    layers.register(m, _Delegating(ran), pre=False)
+    layers.register(other, _Delegating(ran), pre=False)
+    layers.carry(m, other)
+    layers.input_grad(m)
+    layers.input_grad(other)
+    handle.remove()
+    assert fired == ["m"]
+    assert ran == ["ran"] * 3, ran  # (m: its own; other: its own and the one carried there)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_modules_sharing_a_config_are_not_shallow_copies(framework: str) -> None:
+    """helper-169's FINDING 2: two modules given one config dict, another given copies of the
+    module's hook dicts: one shared attribute made them shallow copies, and the module's
+    backward hook fired for the other's calls."""
+    layers = _Layers(framework)
+    m, other = layers.linear(), layers.linear()
+    config = {"scale": 1}
+    for module in (m, other):
+        object.__setattr__(module, "config", config)
+    fired: list[str] = []
+    handle = unihook.register_full_backward_hook(m, _recorder(fired, "m"))
+    for attr in layers.attrs:
+        layers.assign(other, attr, OrderedDict(getattr(m, attr)))
+    layers.input_grad(other)
+    handle.remove()
+    assert fired == []

@@ -995,14 +995,15 @@ def _NO_MODULE() -> None:
 def _shallow_copies(a: Any, b: Any) -> bool:
     """Whether `a` and `b` are shallow copies of one module (``copy.copy``): they share the
     objects of their attributes, the framework's containers of parameters, submodules and
-    backward hooks too, where another module given copies of the hook dicts shares none."""
+    backward hooks too, most of which stay shared where a library rebuilt a hook dict or
+    two; another module given copies of the hook dicts shares none, or a few the user gave
+    both (one config dict: until 2026-12-06 one was enough, helper-169's FINDING 2)."""
     mine, theirs = getattr(a, "__dict__", None), getattr(b, "__dict__", None)
     if mine is None or theirs is None:
         return True  # (nothing to tell them apart by: served, as before)
-    return any(
-        isinstance(value, (dict, list)) and theirs.get(name) is value
-        for name, value in list(mine.items())
-    )
+    containers = [(n, v) for n, v in list(mine.items()) if isinstance(v, (dict, list))]
+    shared = sum(1 for name, value in containers if theirs.get(name) is value)
+    return shared * 2 > len(containers)
 
 
 class _Idle:

@@ -224,12 +224,13 @@ class HookDict(OrderedDict[int, Any]):
     def __setitem__(self, key: int, value: Any) -> None:
         new = not OrderedDict.__contains__(self, key)
         if key in self.pinned:
-            if not new and not _lock.held():
-                # Another's code: a deep copy's dict updated from its original's (the same
-                # keys), whose dispatcher under this key serves the original. It would take
-                # the copy's place (until 2026-12-06: the copy's backward hooks never fired,
-                # the original's ran for it, helper-167's FINDING 4). The copy keeps its own,
-                # as torch's copy keeps its backward hooks beside forward hooks copied in.
+            if not new and _dispatcher(value) and _self_of(value) is not self._state_at(key):
+                # Another state's dispatcher under this key: a deep copy's dict updated from
+                # its original's (the same keys). It would take the copy's place (until
+                # 2026-12-06 the copy's backward hooks never fired, the original's ran for
+                # it: helper-167's FINDING 4). The copy keeps its own, as torch's copy keeps
+                # its backward hooks beside forward hooks copied in. (The same state's, in
+                # another wrapper, goes in: unihook_torch's `_FromNextCall`.)
                 return
             super().__setitem__(key, value)
             self._changed()
@@ -247,6 +248,10 @@ class HookDict(OrderedDict[int, Any]):
         self._changed()
         if new and self.pinned:
             self._repin()
+
+    def _state_at(self, key: int) -> Any:
+        """The state of the dispatcher pinned under `key`."""
+        return _self_of(OrderedDict.get(self, key))
 
     def __contains__(self, key: object) -> bool:
         if super().__contains__(key):
@@ -1075,7 +1080,7 @@ def _follow(
 def _retired_dispatcher(hook: Any) -> bool:
     """Whether `hook` is a dispatcher whose backward hooks are all removed and whose calls
     are over (`ModuleBackward.retire` took it out)."""
-    state = getattr(hook, "__self__", None)
+    state = _self_of(hook)
     return bool(getattr(state, "removed", False)) and getattr(state, "dispatchers", 0) is None
 
 
@@ -1193,11 +1198,21 @@ class _Retired(HookDict):
         return OrderedDict.get(self, key, default) if back is None else back.get(key, default)
 
 
+def _self_of(value: Any) -> Any:
+    """`value`'s ``__self__`` (a dispatcher's: its state), None if none: read on any hook of
+    a dict, whose ``__getattr__`` may raise anything (a KeyError failed the framework's own
+    registration of such a hook, and a module's call: helper-169's FINDING 1)."""
+    try:
+        return getattr(value, "__self__", None)
+    except Exception:  # noqa: BLE001 - a hook of the user's, not unihook's
+        return None
+
+
 def _dispatcher(value: Any) -> bool:
     """Whether `value` is a backward dispatcher of unihook's (its ``__self__`` a state)."""
     from ._module_backward import ModuleBackward
 
-    return isinstance(getattr(value, "__self__", None), ModuleBackward)
+    return isinstance(_self_of(value), ModuleBackward)
 
 
 class _Carried:
@@ -1329,7 +1344,7 @@ class Pinned:
         post-dispatcher never ran for the copy's call: BackendStateError, helper-166's
         FINDING 3)."""
         found = [
-            getattr(dict.get(self.access.get(owner, attr), key), "__self__", None)
+            _self_of(dict.get(self.access.get(owner, attr), key))
             for attr, key in (self.pre, self.post)
         ]
         return found[0] if found[0] is found[1] else None
@@ -1349,7 +1364,7 @@ class Pinned:
             for key, value in _snapshot(partial(dict.items, hooks)):
                 if key in pinned:
                     continue
-                if getattr(value, "__self__", None) is state or isinstance(value, _Carried):
+                if _self_of(value) is state or isinstance(value, _Carried):
                     if live:
                         hooks[key] = _Carried()
                     else:
@@ -1358,9 +1373,7 @@ class Pinned:
     def holders(self, owner: Any) -> list[Any]:
         """The states (``__self__``) of the hooks in `owner`'s pre-hook dict."""
         hooks = self.access.get(owner, self.pre[0])
-        return [
-            getattr(value, "__self__", None) for _, value in _snapshot(partial(dict.items, hooks))
-        ]
+        return [_self_of(value) for _, value in _snapshot(partial(dict.items, hooks))]
 
     def rebound(self, owner: Any) -> Pinned:
         """The same dispatchers in a deep copy `owner` of the module (`HookDict.__deepcopy__`
