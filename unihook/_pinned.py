@@ -175,7 +175,8 @@ class HookDict(OrderedDict[int, Any]):
     def _install(
         self, origin: OrderedDict[int, Any], owner: Any, attr: str, access: Access | None
     ) -> None:
-        self.__class__ = HookDict  # (a retired one taken back: `_Retired`)
+        # (a retired one taken back: `_Retired`)
+        self.__class__ = HookDict  # type: ignore[assignment]
         # A retired one a shallow copy holds, which unihook pinned the copy's dispatchers in
         # since (`_Retired`), taken back by the module: they stay, as in the one dict the
         # framework's copy and module share (until 2026-12-06 they went, the copy's backward
