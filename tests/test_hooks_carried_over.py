@@ -586,3 +586,23 @@ def test_modules_sharing_a_config_are_not_shallow_copies(framework: str) -> None
     layers.input_grad(other)
     handle.remove()
     assert fired == []
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_dicts_copies_by_its_type_and_by_union(framework: str) -> None:
+    """helper-169: ``type(d)(d)`` and ``d | {}`` of a dict unihook holds raised TypeError (its
+    class took no arguments); the framework's OrderedDict gives an OrderedDict of its hooks.
+    unihook's dispatchers go in inert where the copy is a dict of unihook's class."""
+    layers = _Layers(framework)
+    m = layers.linear()
+    layers.register(m, lambda *a: None, pre=False)
+    fired: list[str] = []
+    handle = unihook.register_full_backward_hook(m, _recorder(fired, "m"))
+    hooks = getattr(m, layers.attrs[1])
+    for made in (type(hooks)(hooks), hooks | {}, {} | hooks):
+        assert list(made) == list(hooks)
+    assert type(hooks | {}) is type({} | hooks) is OrderedDict
+    hooks |= {}
+    layers.input_grad(m)
+    handle.remove()
+    assert fired == ["m"]

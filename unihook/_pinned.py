@@ -147,7 +147,9 @@ def _top(access: Any, keys: Iterable[int]) -> int:
 class HookDict(OrderedDict[int, Any]):
     """A module's hook dict while unihook has keys in it (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *items: Any, **named: Any) -> None:
+        # (`items`: a library's ``type(d)(d)``, a dict of its own: TypeError until 2026-12-06,
+        # helper-169; unihook's dispatchers go in inert, as in any dict it holds no key of)
         super().__init__()
         self._origin: OrderedDict[int, Any] | None = None  # strong while installed
         self._origin_ref: weakref.ref[OrderedDict[int, Any]] | None = None
@@ -168,6 +170,8 @@ class HookDict(OrderedDict[int, Any]):
         # a backend's check of the calling context, run before each call's hooks (paddle:
         # raise under a to_static program build, where hooks would see symbolic values)
         self.guard: Callable[[HookDict], None] | None = None
+        if items or named:
+            self.update(*items, **named)
 
     def _changed(self) -> None:
         self._version = next(_versions)
@@ -512,6 +516,21 @@ class HookDict(OrderedDict[int, Any]):
         return OrderedDict(self._followed())
 
     __copy__ = copy
+
+    def __or__(self, other: Any) -> Any:
+        """A plain OrderedDict, as ``copy()`` (OrderedDict's builds ``type(self)(self)``)."""
+        if not isinstance(other, dict):
+            return NotImplemented
+        merged = self.copy()
+        merged.update(other)
+        return merged
+
+    def __ror__(self, other: Any) -> Any:
+        if not isinstance(other, dict):
+            return NotImplemented
+        merged: OrderedDict[int, Any] = OrderedDict(other)
+        merged.update(self.copy())
+        return merged
 
     def __del__(self, finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
         # Dropped by its module while installed: a library assigned the module another
