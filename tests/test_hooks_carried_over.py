@@ -606,3 +606,24 @@ def test_the_dicts_copies_by_its_type_and_by_union(framework: str) -> None:
     layers.input_grad(m)
     handle.remove()
     assert fired == ["m"]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_one_function_registered_twice_beside_a_backward_hook_runs_twice(framework: str) -> None:
+    """Only unihook's dispatchers go in inert: a forward hook of the user's registered twice
+    (through unihook, and natively) runs twice per call, as the framework's own."""
+    layers = _Layers(framework)
+    m = layers.linear()
+    ran: list[str] = []
+
+    def hook(*args: Any) -> None:
+        ran.append("ran")
+
+    backward = unihook.register_full_backward_hook(m, lambda *a: None)
+    handles = [unihook.register_forward_hook(m, hook) for _ in range(2)]
+    layers.register(m, hook, pre=False)
+    layers.register(m, hook, pre=False)
+    layers.input_grad(m)
+    for handle in [*handles, backward]:
+        handle.remove()
+    assert ran == ["ran"] * 4

@@ -1032,9 +1032,10 @@ def _pin(
         first_tail = [i for i, k in enumerate(hooks.pinned) if k in hooks.tail]
         hooks.pinned.insert(first_tail[0] if first_tail else len(hooks.pinned), key)
     hooks[key] = hook
-    for other, value in hooks._copy():
-        if value is hook and other != key:  # (a copy a library carried here: `_Carried`)
-            hooks[other] = _Carried()
+    if key in hooks.pinned and _dispatcher(hook):
+        for other, value in hooks._copy():
+            if value is hook and other != key:  # (a copy a library carried here: `_Carried`)
+                hooks[other] = _Carried()
     if prepend:
         hooks.move_to_end(key, last=False)
     return hooks
