@@ -743,8 +743,11 @@ def run_kind(
         # (a hook beside it on the target changes unihook's global state too)
         return snapshot(target) if neighbours else (target_state(target), *base)
 
-    # the positions: a dry run's
+    # the positions: a dry run's (after a collection: the collector freeing what an earlier
+    # kind left, during the dry run, ran finalizers it counted, and the positions past the
+    # real runs' ends failed, as where the caller got the handle)
     target = fresh()
+    gc.collect()
     handle, n_register = _count(lambda: register(target, lambda *a: None))
     _, n_remove = _count(handle.remove)
     # the positions of a removal that may come before it begins (`Handle._remove` taking the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from functools import partial
 from typing import Any, Generic, Iterator, TypeVar
 
 V = TypeVar("V")
@@ -48,14 +49,12 @@ class WeakIdentityKeys(Generic[V]):
         if entry is not None:  # (one weak reference per object: replaced in one step)
             self._entries[ident] = (entry[0], value)
             return
-        table = weakref.ref(self)
-
-        def drop(ref: weakref.ref[Any]) -> None:
-            live = table()
-            if live is not None and live._entries.get(ident, (None,))[0] is ref:
-                live._entries.pop(ident, None)
-
-        self._entries[ident] = (weakref.ref(key, drop), value)
+        # The callback pops the entry, in C: no Python frame (a traced one added positions
+        # where a Ctrl-C is dropped, whenever the collector freed a module during a
+        # registration: tests/interruption_child.py). The object dies as it runs, so its id
+        # is no other's yet; a reference replaced or popped before dies without calling it.
+        forget = partial(dict.pop, self._entries, ident)
+        self._entries[ident] = (weakref.ref(key, forget), value)
 
     def setdefault(self, key: Any, default: V) -> V:
         entry = self._entry(key)
