@@ -44,6 +44,7 @@ MindSpore quirks handled here:
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from functools import partial
@@ -66,7 +67,7 @@ from unihook.backend import (
     kept_inputs,
     register_backward_hook,
 )
-from unihook.errors import InPlaceError
+from unihook.errors import HookReturnError, InPlaceError
 from unihook.handles import Handle
 
 from . import NAME
@@ -99,6 +100,7 @@ class _Identity(_Function):
         ctx.shapes = [(tuple(x.shape), x.dtype) for x in xs]
         ctx.set_materialize_grads(materialize)
         ctx.materialize = materialize  # (the native flag is write-only)
+        ctx.ran = False  # (`_emulate`: whether a backward pass reached it)
         # MindSpore sends a gradient to an input that needs none (a plain tensor recorded in a
         # grad session); torch's identity marks it non-differentiable: zeros, or None
         ctx.dead = [i for i, x in enumerate(xs) if not x._requires_grad]
@@ -144,27 +146,39 @@ class _Identity(_Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
-        if ctx.probes:
-            _carry_versions(ctx, grads)
-        came = grads
-        if ctx.dead or ctx.integral:
-            filled = list(grads)
-            for i in (*ctx.dead, *ctx.integral):
-                shape, dtype = ctx.shapes[i]
-                filled[i] = zeros(shape, dtype) if ctx.materialize else None
-            grads = tuple(filled)
-        results = ctx.on_backward(grads)
-        if results is not grads:
-            for result, grad, (shape, dtype) in zip(results, grads, ctx.shapes):
-                if grad is None and result is not None:
-                    check_grad_like(result, shape, dtype, "mindspore.Tensor", _is_tensor, ctx.site)
-        if ctx.dead or ctx.integral:
-            results = list(results)
-            for i in ctx.dead:
-                results[i] = None
-            for i in ctx.integral:
-                results[i] = came[i]
+        ctx.ran = True
+        results = _identity_backward(ctx, grads)
+        for i, result in enumerate(results):
+            if result is None and i not in ctx.dead:
+                _cut(ctx, results)
+                break
         return (None, None, None, *results)
+
+
+def _identity_backward(ctx: Any, grads: Grads) -> Grads:
+    """What an identity's backward returns for `grads`: its hooks' results (MindSpore's
+    engine materialized the input side's None gradients as zeros, `set_materialize_grads`)."""
+    if ctx.probes:
+        _carry_versions(ctx, grads)
+    came = grads
+    if ctx.dead or ctx.integral:
+        filled = list(grads)
+        for i in (*ctx.dead, *ctx.integral):
+            shape, dtype = ctx.shapes[i]
+            filled[i] = zeros(shape, dtype) if ctx.materialize else None
+        grads = tuple(filled)
+    results = ctx.on_backward(grads)
+    if results is not grads:
+        for result, grad, (shape, dtype) in zip(results, grads, ctx.shapes):
+            if grad is None and result is not None:
+                check_grad_like(result, shape, dtype, "mindspore.Tensor", _is_tensor, ctx.site)
+    if ctx.dead or ctx.integral:
+        results = list(results)
+        for i in ctx.dead:
+            results[i] = None
+        for i in ctx.integral:
+            results[i] = came[i]
+    return results
 
 
 # .ctx: the context of the identity `_Identity.apply` just ran; .counters: the handles on the
@@ -820,33 +834,334 @@ def _memory_key(tensor: Any) -> int | None:
         return None
 
 
-# The callbacks to run at the end of each running backward, by MindSpore's engine id, held
-# weakly: a backward that raised runs no final callback and frees its graph (the calls die).
-_at_end: dict[int, list[weakref.WeakMethod[Callable[[], None]]]] = {}
+class _End:
+    """What to do at the end of a running backward: the deferred calls, weakly (a backward
+    that raised runs no final callback and frees its graph: they die with it), and what
+    identities cut (`_cut`): the edges, and the graph before them as it was then (the pass
+    frees its nodes before its final callback, and an identity's node with them; its context
+    lives on, held here), until the Python frame that entered the pass has left the stack."""
+
+    __slots__ = ("calls", "seeds", "graph", "entry", "thread")
+
+    def __init__(self, entry: int) -> None:
+        self.calls: list[weakref.WeakMethod[Callable[[], None]]] = []  # (`_after_backward`)
+        self.seeds: list[tuple[int, int]] = []  # (node, output index), by `_unique_id`
+        self.graph: dict[int, _Node] = {}
+        self.entry = entry  # (`id` of that frame: frames take no weak reference)
+        self.thread = threading.get_ident()
+
+    def stale(self, frames: dict[int, Any]) -> bool:
+        """Whether its backward raised: its calls died, or (what it holds keeps them alive)
+        the frame that entered it left its thread's stack (`frames`: `sys._current_frames`)."""
+        if not self.seeds:
+            return not any(ref() for ref in self.calls)
+        frame = frames.get(self.thread)
+        while frame is not None:
+            if id(frame) == self.entry:
+                return False
+            frame = frame.f_back
+        return True
+
+
+class _Node:
+    """A node of the graph before a cut (`_capture`): its sequence number, its context if it is
+    an identity, its edges (parent `_unique_id`, output index, or None) by slot, whether it
+    is a leaf; `parents` None where MindSpore gave none (one is a custom function that ran)."""
+
+    __slots__ = ("seq", "ctx", "parents", "leaf")
+
+    def __init__(self, node: Any) -> None:
+        self.leaf = bool(node.is_leaf())
+        self.ctx = node if isinstance(node, _Identity) else None
+        self.seq = 0 if self.leaf else int(node._sequence_nr())
+        edges = _edges(node)
+        self.parents: list[tuple[int, int] | None] | None = (
+            None
+            if edges is None
+            else [None if p is None else (p._unique_id(), index) for p, index in edges]
+        )
+
+
+def _entry_frame() -> int:
+    """`id` of the Python frame below the running pass's identity backward, which entered
+    MindSpore's backward (it stays on the stack until the pass is over, or raised)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _BACKWARD_CODE:
+            return id(frame.f_back)
+        frame = frame.f_back
+    return 0
+
+
+_BACKWARD_CODE = _Identity.backward.__code__
+
+
+# by MindSpore's engine id, one per backward pass
+_at_end: dict[int, _End] = {}
+
+
+class _Emulating(threading.local):
+    """`_after_backward`'s callbacks while `_emulate` runs hooks (the pass is over)."""
+
+    calls: list[Callable[[], None]] | None = None
+
+
+_emulating = _Emulating()
+
+
+def _end() -> _End:
+    """The running backward's `_End`; the first asks for MindSpore's final callback."""
+    engine = _pynative_executor.get_current_autodiff_engine_id()
+    end = _at_end.get(engine)
+    if end is None:
+        # (a backward that raised: its calls died with its graph; list(): another thread's
+        # backward may add its own meanwhile)
+        if _at_end:
+            frames = sys._current_frames()
+            for stale, other in list(_at_end.items()):
+                if other.stale(frames):
+                    _at_end.pop(stale, None)
+        end = _at_end[engine] = _End(_entry_frame())
+        # A module-level function: MindSpore does not hold a queued callback alive, and a
+        # backward that raises after it was queued segfaulted at a closure (docs/MINDSPORE.md)
+        _pynative_executor.queue_backward_final_callback(_backward_ended)
+    return end
 
 
 def _after_backward(callback: Callable[[], None]) -> None:
     """Run `callback` (a bound method) once the running backward is over."""
-    engine = _pynative_executor.get_current_autodiff_engine_id()
-    callbacks = _at_end.get(engine)
-    if callbacks is None:
-        # (a backward that raised: its calls died with its graph; list(): another thread's
-        # backward may add its own meanwhile)
-        for stale, refs in list(_at_end.items()):
-            if not any(r() for r in refs):
-                _at_end.pop(stale, None)
-        callbacks = _at_end[engine] = []
-        # A module-level function: MindSpore does not hold a queued callback alive, and a
-        # backward that raises after it was queued segfaulted at a closure (docs/MINDSPORE.md)
-        _pynative_executor.queue_backward_final_callback(_backward_ended)
-    callbacks.append(weakref.WeakMethod(callback))  # type: ignore[arg-type]
+    calls = _emulating.calls
+    if calls is not None:
+        calls.append(callback)  # (the pass is over: `_emulate` runs it at once, as torch)
+        return
+    _end().calls.append(weakref.WeakMethod(callback))  # type: ignore[arg-type]
 
 
 def _backward_ended() -> None:
-    for ref in _at_end.pop(_pynative_executor.get_current_autodiff_engine_id(), ()):
+    end = _at_end.pop(_pynative_executor.get_current_autodiff_engine_id(), None)
+    if end is None:
+        return
+    if end.seeds:
+        _emulate(end)
+    for ref in end.calls:
         callback = ref()
         if callback is not None:
             callback()
+
+
+def _cut(ctx: Any, results: Grads) -> None:
+    """The identity `ctx` returned None for some gradients (a hook's None, or none came for an
+    output): MindSpore's engine leaves out what is before it that nothing else reaches,
+    where torch's passes None on (undefined: no contribution) and calls the hooks there: the
+    edges it cut, and the graph before them, wait for `_emulate`, once the pass is over."""
+    edges = ctx.next_functions
+    cut = [
+        edges[3 + i]
+        for i, result in enumerate(results)
+        if result is None and i not in ctx.dead and edges[3 + i][0] is not None
+    ]
+    if cut:
+        end = _end()
+        end.seeds.extend((node._unique_id(), index) for node, index in cut)
+        _capture(end.graph, [node for node, _ in cut])
+
+
+def _capture(graph: dict[int, _Node], nodes: list[Any]) -> None:
+    """Add what is before `nodes` to `graph` (nothing there ran yet: a node runs after every
+    node after it). Once per node per pass: the cost of a cut is one walk of the graph before
+    it (about 3 us per node)."""
+    while nodes:
+        node = nodes.pop()
+        key = node._unique_id()
+        if key in graph:
+            continue
+        graph[key] = _Node(node)
+        if not graph[key].leaf:
+            nodes.extend(parent for parent, _ in _edges(node) or () if parent is not None)
+
+
+def _emulate(end: _End) -> None:
+    """Call, with torch's arguments, the hooks of the hooked calls MindSpore's engine left out
+    of the pass that just ended after identities returned None (`_cut`; docs/MINDSPORE.md §11
+    item 4; until 2026-12-06 none were called: 244 of 600 generated programs lost calls;
+    zeros sent on instead gave NaN where they met an infinite derivative, `sqrt` at 0:
+    helper-108). torch's engine runs every node it needs: a None goes on undefined through
+    the ops (no contribution, so MindSpore's gradients are torch's) and through an output
+    identity (its pre-hooks get None), and an input identity makes zeros of it (its full
+    hooks get zeros, and sends zeros on). So: the nodes the cut edges reach through no
+    identity that ran, and from which the pass reaches a leaf it differentiates (MindSpore
+    runs no other: `_needed`), in torch's order (by sequence number, latest first: every
+    consumer before its producer), each slot None or zeros as that would give. A gradient a
+    hook returns there has nowhere to go (the pass is over): zeros or None pass, anything
+    else is `HookReturnError`."""
+    graph = end.graph
+    if all(node.ctx is None or node.ctx.ran for node in graph.values()):
+        return  # (an output no one read, before a call whose input side ran: the usual cut)
+    region: set[int] = set()
+    todo = [key for key, _ in end.seeds]
+    while todo:
+        key = todo.pop()
+        node = graph[key]
+        if key in region or node.leaf or (node.ctx is not None and node.ctx.ran):
+            continue
+        region.add(key)
+        todo.extend(edge[0] for edge in node.parents or () if edge is not None)
+    needed = _needed(graph, region, _differentiated())
+    # node -> output index -> 0 (undefined) or 1 (zeros), as torch's engine would send
+    sent: dict[int, dict[int, int]] = {}
+    for key, index in end.seeds:
+        sent.setdefault(key, {})[index] = 0
+    later: list[Callable[[], None]] = []
+    for key in sorted(needed, key=lambda k: graph[k].seq, reverse=True):
+        got = sent.pop(key, None)
+        if got is None:
+            continue
+        node = graph[key]
+        parents = node.parents or ()
+        if node.ctx is not None:
+            kinds: Sequence[int | None] = _emulated(node.ctx, got, graph, needed, later)
+        else:
+            kinds = [max(got.values())] * len(parents)  # (an op: undefined only from undefined)
+        for edge, kind in zip(parents, kinds):
+            if edge is not None and kind is not None:
+                slots = sent.setdefault(edge[0], {})
+                slots[edge[1]] = max(slots.get(edge[1], 0), kind)
+    for call in later:
+        call()
+
+
+def _edges(node: Any) -> Sequence[tuple[Any, int]] | None:
+    """A node's edges; an identity's, by slot (after its three non-tensor arguments). None
+    where one leads to a custom function that ran (an identity): MindSpore, which freed its
+    context, refuses to give any ("Try to get grad node of custom function which ctx has been
+    freed!")."""
+    try:
+        edges = node.next_functions
+    except RuntimeError:
+        return None
+    return edges[3:] if isinstance(node, _Identity) else edges
+
+
+def _needed(graph: dict[int, _Node], region: set[int], differentiated: set[int] | None) -> set[int]:
+    """The nodes of `region` from which the backward reaches a leaf in `differentiated` (any
+    leaf, where None), or an identity that ran: MindSpore's engine runs those only (the input
+    side of a call whose inputs are data it does not differentiate, the training idiom
+    `grad(fn, None, weights)`, never runs: `_Call`'s deferred full hooks)."""
+    verdicts: dict[int, bool] = {}
+    for first in region:
+        stack = [first]
+        while stack:
+            key = stack[-1]
+            if key in verdicts:
+                stack.pop()
+                continue
+            parents = graph[key].parents
+            verdict = parents is None  # (it reaches a custom function that ran)
+            waiting = []
+            for edge in parents or ():
+                if edge is None:
+                    continue
+                other = edge[0]
+                if other in region:
+                    if other not in verdicts:
+                        waiting.append(other)
+                    verdict = verdict or verdicts.get(other, False)
+                elif graph[other].leaf:
+                    verdict = verdict or differentiated is None or other in differentiated
+                else:
+                    verdict = True  # (an identity that ran)
+            if waiting:
+                stack.extend(waiting)
+                continue
+            stack.pop()
+            verdicts[key] = verdict
+    return {key for key, verdict in verdicts.items() if verdict}
+
+
+# MindSpore 2.10's executor `grad(obj, grad, weights, grad_position, has_aux, *args)`, in
+# which every `grad`, `value_and_grad`, `GradOperation` and the kit's tape run their backward
+_GRAD_CODE = type(_pynative_executor).grad.__code__
+
+
+def _differentiated() -> set[int] | None:
+    """The `_unique_id`s of the leaves the running pass differentiates, read from the frame of
+    the executor's `grad` below (its `GradOperation`'s flags, positions, arguments and
+    weights); None where that is not found (every leaf then, as torch's `backward`)."""
+    frame: Any = sys._getframe(1)
+    while frame is not None and frame.f_code is not _GRAD_CODE:
+        frame = frame.f_back
+    if frame is None:
+        return None
+    local = frame.f_locals
+    try:
+        op, args, weights = local["grad"], local["args"], local["weights"]
+        if getattr(op, "get_by_position", False):
+            position = local["grad_position"]
+            chosen = [args[i] for i in ((position,) if isinstance(position, int) else position)]
+        elif op.get_all:
+            chosen = list(args[:-1] if op.sens_param else args)
+        else:
+            chosen = [] if op.get_by_list else list(args[:1])
+        if weights is not None:
+            chosen.extend(weights if isinstance(weights, (list, tuple)) else [weights])
+    except (KeyError, AttributeError, IndexError, TypeError):
+        return None
+    ids = set()
+    for tensor in chosen:
+        node = getattr(tensor, "_grad_node", None)
+        if node is not None:
+            ids.add(node._unique_id())
+    return ids
+
+
+def _emulated(
+    ctx: Any,
+    got: dict[int, int],
+    graph: dict[int, _Node],
+    needed: set[int],
+    later: list[Callable[[], None]],
+) -> list[int | None]:
+    """Run the identity `ctx`'s hooks as torch's engine would for what reached it (`_emulate`):
+    what it sends on per slot (None: nothing, its input needs no grad)."""
+    grads = [
+        zeros(*shape_dtype) if ctx.materialize or got.get(i) == 1 else None
+        for i, shape_dtype in enumerate(ctx.shapes)
+    ]
+    ctx.ran = True
+    calls: list[Callable[[], None]] = []
+    _emulating.calls = calls
+    try:
+        results = _identity_backward(ctx, grads)
+    finally:
+        _emulating.calls = None
+    if calls:
+        # a call whose inputs are data: torch fires its full hooks at its output side where
+        # they need no grad; here, where the pass differentiates none (its input side is
+        # not run), else they wait for the input side's turn
+        input_side = None if ctx.input_side is None else ctx.input_side()
+        if input_side is not None and any(graph[k].ctx is input_side for k in needed):
+            later.extend(calls)
+        else:
+            for call in calls:
+                call()
+    kinds: list[int | None] = []
+    for i, result in enumerate(results):
+        if i in ctx.dead:
+            kinds.append(None)
+        elif result is None:
+            kinds.append(0)
+        elif result is grads[i] or not bool(result.any()):
+            kinds.append(1)
+        else:
+            raise ctx.site.error(
+                HookReturnError,
+                "None or zeros for this call: MindSpore's engine left it out of the backward "
+                "after another hook returned None for the gradients reaching it, and unihook "
+                "calls its hooks once that backward is over, where a gradient has nowhere to "
+                "go (docs/MINDSPORE.md, section 11 item 4)",
+                f"a gradient with nonzero values at position {i}",
+            )
+    return kinds
 
 
 # The input side's aliases (`MindSporeAutograd.identity`), by id: [a weak reference, whether
