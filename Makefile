@@ -76,7 +76,7 @@ test-mindspore: $(MS_STAMP)
 		tests/test_attack_h82.py tests/test_flag_tables.py tests/test_lazy_dicts_mindspore.py \
 		tests/test_hook_dict_races.py \
 		tests/test_attack_h83.py tests/test_attack_h84.py tests/test_attack_h86.py $(ATTACKS) \
-		tests/test_mindspore_none_grads.py \
+		tests/test_mindspore_none_grads.py tests/test_mindspore_skipped_inputs.py \
 		$(MS_PACKAGE)
 
 # ruff, and pyright in standard mode on unihook/ and backends/ ([tool.pyright] in pyproject.toml),

@@ -343,3 +343,125 @@ def _sums(grads: Any) -> list[float | None]:
 
 def _np(g: Any) -> Any:
     return g.detach().numpy() if isinstance(g, torch.Tensor) else g.asnumpy()
+
+
+def _described(grads: Any) -> tuple[Any, ...]:
+    return tuple(
+        None if g is None else ("zeros" if not np.any(_np(g)) else "values") for g in grads
+    )
+
+
+def test_an_output_that_needs_no_grad_carries_no_late_call() -> None:
+    """``b1, b2 = B(x, y)``, ``B(a, b) = (d(a), tanh(b))``, y data, b1 not read, C's pre-hook
+    returning None on ``C(b2)``: torch calls none of B's hooks (b2 needs no grad: no edge
+    to B; b1 is not read), so a full hook of B returning a gradient raises nothing. Until
+    helper-170's FINDING 1 the late calls took B's output identity as reached through any
+    slot: B's hooks ran, and that return raised `HookReturnError`."""
+    logs = {}
+    for framework in ("torch", "mindspore"):
+        log: list[Any] = []
+        d, c = _chain(framework)
+        if framework == "torch":
+
+            class TorchB(torch.nn.Module):
+                def __init__(self) -> None:
+                    super().__init__()
+                    self.d = d
+
+                def forward(self, a: Any, b: Any) -> Any:
+                    return self.d(a), torch.tanh(b)
+
+            b: Any = TorchB()
+            b.register_full_backward_pre_hook(lambda m, go: log.append(("B pre", _described(go))))
+            b.register_full_backward_hook(
+                lambda m, gi, go: (log.append(("B full",)), (torch.ones(2, 3), None))[1]
+            )
+            c.register_full_backward_pre_hook(
+                lambda m, go: (log.append(("C pre", _described(go))), (None,))[1]
+            )
+            x = torch.ones(2, 3, requires_grad=True)
+            b1, b2 = b(x, torch.ones(2, 3))
+            torch.autograd.grad(
+                (c(b2) ** 2).sum() + (x * x).sum(),
+                [x, *b.parameters(), *c.parameters()],
+                allow_unused=True,
+            )
+        else:
+
+            class B(ms.nn.Cell):
+                def __init__(self) -> None:
+                    super().__init__()
+                    self.d = d
+
+                def construct(self, a: Any, b: Any) -> Any:
+                    return self.d(a), ms.ops.tanh(b)
+
+            b = B()
+            unihook.register_full_backward_pre_hook(
+                b, lambda m, go: log.append(("B pre", _described(go)))
+            )
+            unihook.register_full_backward_hook(
+                b, lambda m, gi, go: (log.append(("B full",)), (ms.ops.ones((2, 3)), None))[1]
+            )
+            unihook.register_full_backward_pre_hook(
+                c, lambda m, go: (log.append(("C pre", _described(go))), (None,))[1]
+            )
+
+            def f(x: Any, y: Any) -> Any:
+                b1, b2 = b(x, y)
+                return (c(b2) ** 2).sum() + (x * x).sum()
+
+            x0, y0 = (ms.Tensor(np.ones((2, 3), np.float32)) for _ in range(2))
+            ms.grad(f, 0, b.trainable_params() + c.trainable_params())(x0, y0)
+        logs[framework] = log
+    assert logs["mindspore"] == logs["torch"] == [("C pre", ("values",))]
+
+
+def test_a_call_without_an_input_side_makes_zeros_at_its_inputs() -> None:
+    """A cell with a pre-hook alone, ``c(a, b) = d(a) + b``, its pre-hook returning None, called
+    twice (``c(c(y, y), ...)``): torch's input identity (every hooked call has one) makes
+    zeros of the None at the second call's inputs, so the first call's pre-hook gets zeros,
+    not None (helper-170's FINDING 2)."""
+    logs = {}
+    for framework in ("torch", "mindspore"):
+        log: list[Any] = []
+        d, _ = _chain(framework)
+        if framework == "torch":
+
+            class TorchTwo(torch.nn.Module):
+                def __init__(self) -> None:
+                    super().__init__()
+                    self.d = d
+
+                def forward(self, a: Any, b: Any) -> Any:
+                    return self.d(a) + b
+
+            cell: Any = TorchTwo()
+            cell.register_full_backward_pre_hook(
+                lambda m, go: (log.append(_described(go)), (None,))[1]
+            )
+            y = torch.ones(2, 3)
+            h = cell(y, y)
+            torch.autograd.grad((cell(h, h) ** 2).sum(), list(cell.parameters()), allow_unused=True)
+        else:
+
+            class Two(ms.nn.Cell):
+                def __init__(self) -> None:
+                    super().__init__()
+                    self.d = d
+
+                def construct(self, a: Any, b: Any) -> Any:
+                    return self.d(a) + b
+
+            cell = Two()
+            unihook.register_full_backward_pre_hook(
+                cell, lambda m, go: (log.append(_described(go)), (None,))[1]
+            )
+
+            def f(y: Any) -> Any:
+                h = cell(y, y)
+                return (cell(h, h) ** 2).sum()
+
+            ms.grad(f, None, cell.trainable_params())(ms.Tensor(np.ones((2, 3), np.float32)))
+        logs[framework] = log
+    assert logs["mindspore"] == logs["torch"] == [("values",), ("zeros",)]

@@ -221,9 +221,10 @@ class ModuleBackward:
         # optional, together: for a framework that records the arguments of a differentiated
         # function as requiring grad and leaves the input side of a call out of the backward
         # when it does not differentiate them (MindSpore's `grad(fn, None, weights)`):
-        # `data_only(aliases)`, whether the input side's outputs stand for such arguments
+        # `data_only(aliases)`, whether the input side's outputs may stand for such arguments
         # (torch's would need no grad), and `after_backward(callback)`, running `callback` once
-        # the running backward is over (see `_Call._input_side_skipped`)
+        # the running backward is over where it leaves that input side out (see
+        # `_Call._input_side_skipped`)
         data_only = getattr(autograd, "data_only", None)
         after_backward = getattr(autograd, "after_backward", None)
         self.deferring: tuple[Callable[..., bool], Callable[..., None]] | None = None

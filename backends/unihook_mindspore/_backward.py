@@ -101,6 +101,7 @@ class _Identity(_Function):
         ctx.set_materialize_grads(materialize)
         ctx.materialize = materialize  # (the native flag is write-only)
         ctx.ran = False  # (`_emulate`: whether a backward pass reached it)
+        ctx.boundary = ()  # (`_emulate`: the edges of a call's inputs, where no input side)
         # MindSpore sends a gradient to an input that needs none (a plain tensor recorded in a
         # grad session); torch's identity marks it non-differentiable: zeros, or None
         ctx.dead = [i for i, x in enumerate(xs) if not x._requires_grad]
@@ -167,7 +168,11 @@ def _identity_backward(ctx: Any, grads: Grads) -> Grads:
             shape, dtype = ctx.shapes[i]
             filled[i] = zeros(shape, dtype) if ctx.materialize else None
         grads = tuple(filled)
-    results = ctx.on_backward(grads)
+    _running.ctx = ctx  # (`_after_backward`)
+    try:
+        results = ctx.on_backward(grads)
+    finally:
+        _running.ctx = None
     if results is not grads:
         for result, grad, (shape, dtype) in zip(results, grads, ctx.shapes):
             if grad is None and result is not None:
@@ -184,6 +189,8 @@ def _identity_backward(ctx: Any, grads: Grads) -> Grads:
 # .ctx: the context of the identity `_Identity.apply` just ran; .counters: the handles on the
 # counters of the input side's aliases it just made
 _made = threading.local()
+# .ctx: the identity whose hooks run on this thread (`_identity_backward`)
+_running = threading.local()
 # the backward pass (MindSpore's engine id, one per pass) that `_carry_versions` last synced in
 _synced = [-1]
 _engine_id = _pynative_executor.get_current_autodiff_engine_id
@@ -835,26 +842,27 @@ def _memory_key(tensor: Any) -> int | None:
 
 
 class _End:
-    """What to do at the end of a running backward: the deferred calls, weakly (a backward
-    that raised runs no final callback and frees its graph: they die with it), and what
-    identities cut (`_cut`): the edges, and the graph before them as it was then (the pass
-    frees its nodes before its final callback, and an identity's node with them; its context
-    lives on, held here), until the Python frame that entered the pass has left the stack."""
+    """What to do at the end of a running backward: the deferred calls, and what identities
+    cut (`_cut`): the edges, and the graph before them as it was then. The pass frees its
+    nodes before its final callback, and an identity's node with them (its context lives on,
+    held here): held strongly (until 2026-12-06 the calls were held weakly, and a call whose
+    outputs do not read its inputs died with its output side's node, its full hooks never
+    fired), until the final callback, or, where the pass raised (it runs none), until the
+    Python frame that entered the pass has left its thread's stack."""
 
-    __slots__ = ("calls", "seeds", "graph", "entry", "thread")
+    __slots__ = ("calls", "seeds", "entered", "graph", "entry", "thread")
 
     def __init__(self, entry: int) -> None:
-        self.calls: list[weakref.WeakMethod[Callable[[], None]]] = []  # (`_after_backward`)
+        self.calls: list[Callable[[], None]] = []  # (`_after_backward`)
         self.seeds: list[tuple[int, int]] = []  # (node, output index), by `_unique_id`
+        self.entered: list[tuple[int, int]] = []  # (`_emulate`: the cutters' `boundary`)
         self.graph: dict[int, _Node] = {}
         self.entry = entry  # (`id` of that frame: frames take no weak reference)
         self.thread = threading.get_ident()
 
     def stale(self, frames: dict[int, Any]) -> bool:
-        """Whether its backward raised: its calls died, or (what it holds keeps them alive)
-        the frame that entered it left its thread's stack (`frames`: `sys._current_frames`)."""
-        if not self.seeds:
-            return not any(ref() for ref in self.calls)
+        """Whether its backward raised: the frame that entered it left its thread's stack
+        (`frames`: `sys._current_frames`)."""
         frame = frames.get(self.thread)
         while frame is not None:
             if id(frame) == self.entry:
@@ -929,12 +937,83 @@ def _end() -> _End:
 
 
 def _after_backward(callback: Callable[[], None]) -> None:
-    """Run `callback` (a bound method) once the running backward is over."""
+    """Run `callback` (a bound method: the call's full hooks, for inputs that need no grad)
+    once the running backward is over, where it leaves out the input side of the call whose
+    output side runs now (`_skips_input_side`)."""
     calls = _emulating.calls
     if calls is not None:
-        calls.append(callback)  # (the pass is over: `_emulate` runs it at once, as torch)
+        calls.append(callback)  # (the pass is over: `_emulated` decides)
         return
-    _end().calls.append(weakref.WeakMethod(callback))  # type: ignore[arg-type]
+    ctx = getattr(_running, "ctx", None)
+    if ctx is not None and ctx.input_side is not None and _skips_input_side(ctx.input_side):
+        _end().calls.append(callback)
+
+
+class _Pass(threading.local):
+    """What `_skips_input_side` learnt of this thread's running backward pass: its engine id,
+    the leaves it differentiates (`_differentiated`) and the nodes from which it reaches none
+    of them (by `_unique_id`)."""
+
+    engine = -2  # (none: the others are set with it)
+    differentiated: set[int] | None
+    arguments: set[int]
+    dead: set[int]
+
+
+_pass = _Pass()
+
+
+def _skips_input_side(ref: _InputSide) -> bool:
+    """Whether the running pass leaves out the input identity `ref` (not yet run: it is before
+    the output side running now): MindSpore runs only the nodes from which it reaches a leaf
+    it differentiates. Where the leaves it reaches are all arguments of the differentiated
+    function that it does not differentiate, or Parameters that require no grad (they have
+    no edge), the inputs are, in torch's terms, tensors that need no grad: data (`grad(fn,
+    None, weights)`, the training idiom), or a tensor computed from it only (`model(x /
+    255)`, a reshape of it, a frozen layer; until 2026-12-06 the full hooks of such a call
+    never fired: docs/MINDSPORE.md §11 item 2 (a)). Where it reaches a Parameter it does not
+    differentiate, torch's `autograd.grad` with respect to other tensors: no call. Where it
+    reaches one it differentiates, the input side runs, or a None cut it off and `_emulate`
+    runs it. Where the input side is gone (the outputs do not read the inputs) or the pass's
+    frame is not found, `_undifferentiated_data`."""
+    engine = _engine_id()
+    if engine != _pass.engine:
+        found = _differentiated()
+        _pass.engine, _pass.dead = engine, set()
+        _pass.differentiated, _pass.arguments = found or (None, set())
+    differentiated, arguments = _pass.differentiated, _pass.arguments
+    input_side = ref()
+    if differentiated is None or input_side is None:
+        return _undifferentiated_data(ref, differentiated)
+    dead = _pass.dead
+    seen: set[int] = set()
+    todo = [input_side]
+    while todo:
+        node = todo.pop()
+        key = node._unique_id()
+        if key in seen or key in dead:
+            continue
+        seen.add(key)
+        if node.is_leaf():
+            if key in differentiated or key not in arguments:
+                return False  # (runs, or a Parameter: torch's needs grad, not asked for)
+            continue
+        edges = _edges(node)
+        if edges is None:
+            return False  # (an identity that ran before it: the pass reaches this)
+        todo.extend(parent for parent, _ in edges if parent is not None)
+    dead |= seen  # (all of it walked: nothing there reaches a differentiated leaf)
+    return True
+
+
+def _undifferentiated_data(ref: _InputSide, differentiated: set[int] | None) -> bool:
+    """Whether the input side `ref` stands for arguments of the differentiated function
+    (`_data_only`) none of which the pass differentiates (where `differentiated` is None,
+    unknown: whether it runs tells, as `_Call`'s deferred call fires only if it did not)."""
+    leaves = ref.leaves
+    if leaves is None:
+        return False
+    return differentiated is None or not any(leaf in differentiated for leaf in leaves)
 
 
 def _backward_ended() -> None:
@@ -943,10 +1022,8 @@ def _backward_ended() -> None:
         return
     if end.seeds:
         _emulate(end)
-    for ref in end.calls:
-        callback = ref()
-        if callback is not None:
-            callback()
+    for callback in end.calls:
+        callback()
 
 
 def _cut(ctx: Any, results: Grads) -> None:
@@ -963,6 +1040,7 @@ def _cut(ctx: Any, results: Grads) -> None:
     if cut:
         end = _end()
         end.seeds.extend((node._unique_id(), index) for node, index in cut)
+        end.entered.extend(ctx.boundary)
         _capture(end.graph, [node for node, _ in cut])
 
 
@@ -990,7 +1068,7 @@ def _emulate(end: _End) -> None:
     identity (its pre-hooks get None), and an input identity makes zeros of it (its full
     hooks get zeros, and sends zeros on). So: the nodes the cut edges reach through no
     identity that ran, and from which the pass reaches a leaf it differentiates (MindSpore
-    runs no other: `_needed`), in torch's order (by sequence number, latest first: every
+    runs no other: `_Reaching`), in torch's order (by sequence number, latest first: every
     consumer before its producer), each slot None or zeros as that would give. A gradient a
     hook returns there has nowhere to go (the pass is over): zeros or None pass, anything
     else is `HookReturnError`."""
@@ -1006,11 +1084,19 @@ def _emulate(end: _End) -> None:
             continue
         region.add(key)
         todo.extend(edge[0] for edge in node.parents or () if edge is not None)
-    needed = _needed(graph, region, _differentiated())
+    found = _differentiated()
+    differentiated = None if found is None else found[0]
+    reaching = _Reaching(graph, differentiated)
+    needed = {key for key in region if reaching.runs(key)}
     # node -> output index -> 0 (undefined) or 1 (zeros), as torch's engine would send
     sent: dict[int, dict[int, int]] = {}
     for key, index in end.seeds:
-        sent.setdefault(key, {})[index] = 0
+        if reaching.edge(key, index):
+            sent.setdefault(key, {})[index] = 0
+    # the edges into a call without an input side (pre-hooks alone, or inputs that need no
+    # grad), entered by the call's output side: torch's input identity, which every hooked
+    # call has, makes zeros of what reaches it there (helper-170's FINDING 2)
+    entered = set(end.entered)
     later: list[Callable[[], None]] = []
     for key in sorted(needed, key=lambda k: graph[k].seq, reverse=True):
         got = sent.pop(key, None)
@@ -1019,11 +1105,15 @@ def _emulate(end: _End) -> None:
         node = graph[key]
         parents = node.parents or ()
         if node.ctx is not None:
-            kinds: Sequence[int | None] = _emulated(node.ctx, got, graph, needed, later)
+            kinds: Sequence[int | None] = _emulated(
+                node.ctx, got, graph, needed, differentiated, later
+            )
+            entered.update(node.ctx.boundary)
         else:
             kinds = [max(got.values())] * len(parents)  # (an op: undefined only from undefined)
         for edge, kind in zip(parents, kinds):
-            if edge is not None and kind is not None:
+            if edge is not None and kind is not None and reaching.edge(*edge):
+                kind = 1 if edge in entered else kind
                 slots = sent.setdefault(edge[0], {})
                 slots[edge[1]] = max(slots.get(edge[1], 0), kind)
     for call in later:
@@ -1042,40 +1132,60 @@ def _edges(node: Any) -> Sequence[tuple[Any, int]] | None:
     return edges[3:] if isinstance(node, _Identity) else edges
 
 
-def _needed(graph: dict[int, _Node], region: set[int], differentiated: set[int] | None) -> set[int]:
-    """The nodes of `region` from which the backward reaches a leaf in `differentiated` (any
-    leaf, where None), or an identity that ran: MindSpore's engine runs those only (the input
-    side of a call whose inputs are data it does not differentiate, the training idiom
-    `grad(fn, None, weights)`, never runs: `_Call`'s deferred full hooks)."""
-    verdicts: dict[int, bool] = {}
-    for first in region:
+class _Reaching:
+    """Whether the pass reaches a leaf it differentiates from an edge of a captured graph
+    (`_capture`): an op's edge, from any of the op's edges; an identity's output k, from its
+    slot k's edge only (an identity passes each slot on apart: the second output of
+    ``(d(a), tanh(data))`` needs no grad in torch, which has no edge there, helper-170's
+    FINDING 1). MindSpore runs a node where one of its edges does (the input side of a call
+    whose inputs are data it does not differentiate, the training idiom `grad(fn, None,
+    weights)`, never runs: `_Call`'s deferred full hooks)."""
+
+    def __init__(self, graph: dict[int, _Node], differentiated: set[int] | None) -> None:
+        self.graph, self.differentiated = graph, differentiated
+        self.memo: dict[tuple[int, int], bool] = {}
+
+    def _item(self, key: int, index: int) -> tuple[int, int]:
+        node = self.graph.get(key)
+        return (key, index) if node is not None and node.ctx is not None else (key, -1)
+
+    def edge(self, key: int, index: int) -> bool:
+        """Whether output `index` of node `key` leads to a differentiated leaf."""
+        first = self._item(key, index)
+        memo, graph = self.memo, self.graph
         stack = [first]
         while stack:
-            key = stack[-1]
-            if key in verdicts:
+            item = stack[-1]
+            if item in memo:
                 stack.pop()
                 continue
-            parents = graph[key].parents
-            verdict = parents is None  # (it reaches a custom function that ran)
-            waiting = []
-            for edge in parents or ():
-                if edge is None:
-                    continue
-                other = edge[0]
-                if other in region:
-                    if other not in verdicts:
-                        waiting.append(other)
-                    verdict = verdict or verdicts.get(other, False)
-                elif graph[other].leaf:
-                    verdict = verdict or differentiated is None or other in differentiated
-                else:
-                    verdict = True  # (an identity that ran)
+            node = graph.get(item[0])
+            if node is None or node.parents is None or node.leaf:
+                # (a leaf; or what MindSpore gave no edges of: taken as reaching one)
+                leaf = node is not None and node.leaf
+                differentiated = self.differentiated
+                memo[item] = not leaf or differentiated is None or item[0] in differentiated
+                stack.pop()
+                continue
+            if node.ctx is not None:
+                parents = node.parents[item[1] : item[1] + 1] if item[1] >= 0 else []
+            else:
+                parents = node.parents
+            deps = [self._item(*edge) for edge in parents if edge is not None]
+            waiting = [dep for dep in deps if dep not in memo]
             if waiting:
                 stack.extend(waiting)
                 continue
+            memo[item] = any(memo[dep] for dep in deps)
             stack.pop()
-            verdicts[key] = verdict
-    return {key for key, verdict in verdicts.items() if verdict}
+        return memo[first]
+
+    def runs(self, key: int) -> bool:
+        """Whether MindSpore runs node `key`: one of its edges leads to a differentiated leaf."""
+        node = self.graph[key]
+        if node.ctx is None or node.parents is None:
+            return self.edge(key, -1)
+        return any(self.edge(key, k) for k in range(len(node.parents)))
 
 
 # MindSpore 2.10's executor `grad(obj, grad, weights, grad_position, has_aux, *args)`, in
@@ -1083,10 +1193,10 @@ def _needed(graph: dict[int, _Node], region: set[int], differentiated: set[int] 
 _GRAD_CODE = type(_pynative_executor).grad.__code__
 
 
-def _differentiated() -> set[int] | None:
-    """The `_unique_id`s of the leaves the running pass differentiates, read from the frame of
-    the executor's `grad` below (its `GradOperation`'s flags, positions, arguments and
-    weights); None where that is not found (every leaf then, as torch's `backward`)."""
+def _differentiated() -> tuple[set[int], set[int]] | None:
+    """The `_unique_id`s of the leaves the running pass differentiates, and of its function's
+    arguments, read from the frame of the executor's `grad` below (its `GradOperation`'s
+    flags, positions, arguments and weights); None where that is not found."""
     frame: Any = sys._getframe(1)
     while frame is not None and frame.f_code is not _GRAD_CODE:
         frame = frame.f_back
@@ -1106,8 +1216,22 @@ def _differentiated() -> set[int] | None:
             chosen.extend(weights if isinstance(weights, (list, tuple)) else [weights])
     except (KeyError, AttributeError, IndexError, TypeError):
         return None
+    return _leaf_ids(chosen), _leaf_ids(args)
+
+
+def _edges_of(tensors: Sequence[Any]) -> list[tuple[int, int]]:
+    """The edges that reach `tensors` in a backward: their nodes' `_unique_id`s and indexes."""
+    edges = []
+    for tensor in tensors:
+        node = tensor._grad_node
+        if node is not None:
+            edges.append((node._unique_id(), tensor._output_index))
+    return edges
+
+
+def _leaf_ids(tensors: Any) -> set[int]:
     ids = set()
-    for tensor in chosen:
+    for tensor in tensors:
         node = getattr(tensor, "_grad_node", None)
         if node is not None:
             ids.add(node._unique_id())
@@ -1119,6 +1243,7 @@ def _emulated(
     got: dict[int, int],
     graph: dict[int, _Node],
     needed: set[int],
+    differentiated: set[int] | None,
     later: list[Callable[[], None]],
 ) -> list[int | None]:
     """Run the identity `ctx`'s hooks as torch's engine would for what reached it (`_emulate`):
@@ -1135,13 +1260,17 @@ def _emulated(
     finally:
         _emulating.calls = None
     if calls:
-        # a call whose inputs are data: torch fires its full hooks at its output side where
-        # they need no grad; here, where the pass differentiates none (its input side is
-        # not run), else they wait for the input side's turn
-        input_side = None if ctx.input_side is None else ctx.input_side()
-        if input_side is not None and any(graph[k].ctx is input_side for k in needed):
+        # the call's full hooks for inputs that need no grad: torch fires them at its output
+        # side, where the pass reaches no differentiated leaf from its input side (MindSpore
+        # runs it not: `_skips_input_side`); where it does, they wait for the input side's
+        # turn (then nothing is left for them to do); where the cut does not reach it (the
+        # outputs do not depend on the inputs), the arguments of the differentiated function
+        ref = ctx.input_side
+        input_side = None if ref is None else ref()
+        keys = [k for k, n in graph.items() if n.ctx is input_side] if input_side else []
+        if keys and keys[0] in needed:
             later.extend(calls)
-        else:
+        elif keys or (ref is not None and _undifferentiated_data(ref, differentiated)):
             for call in calls:
                 call()
     kinds: list[int | None] = []
@@ -1164,10 +1293,11 @@ def _emulated(
     return kinds
 
 
-# The input side's aliases (`MindSporeAutograd.identity`), by id: [a weak reference, whether
-# it stands for data (`_data_only`), a handle on its counter (`_Identity.forward`), then weak
-# references to the `_Watched` of inner hooked calls that got it as it was, and lists of the
-# counters of those that got a view of it, until the call's post-dispatch takes them]
+# The input side's aliases (`MindSporeAutograd.identity`), by id: [a weak reference, the
+# leaves it stands for where they are data (`_data_only`), else None, a handle on its counter
+# (`_Identity.forward`), then weak references to the `_Watched` of inner hooked calls that got
+# it as it was, and lists of the counters of those that got a view of it, until the call's
+# post-dispatch takes them]
 _aliases: dict[int, list[Any]] = {}
 
 
@@ -1214,21 +1344,44 @@ def _forget_alias(key: int, ref: weakref.ref[Any]) -> None:
         del _aliases[key]
 
 
-def _is_alias_of_data(tensor: Any) -> bool:
+def _data_leaves(tensor: Any) -> tuple[int, ...] | None:
+    """The leaves an input side's alias of data stands for (`_data_only`), else None."""
     entry = _aliases.get(id(tensor))
-    return entry is not None and entry[1] and entry[0]() is tensor
+    return entry[1] if entry is not None and entry[0]() is tensor else None
 
 
-def _data_only(tensors: Sequence[Any]) -> bool:
-    """Whether `tensors` are data: the differentiated function's arguments (leaves that are no
-    Parameter) or an identity's aliases of them."""
+def _is_alias_of_data(tensor: Any) -> bool:
+    return _data_leaves(tensor) is not None
+
+
+def _data_only(tensors: Sequence[Any]) -> tuple[int, ...] | None:
+    """Where `tensors` are data, the differentiated function's arguments (leaves that are no
+    Parameter) or an identity's aliases of them, the `_unique_id`s of those leaves; else
+    None."""
+    leaves: list[int] = []
     for tensor in tensors:
         if isinstance(tensor, mindspore.Parameter):
-            return False
+            return None
         node = tensor._grad_node
-        if node is not None and not node.is_leaf() and not _is_alias_of_data(tensor):
-            return False
-    return True
+        if node is None:
+            continue
+        if node.is_leaf():
+            leaves.append(node._unique_id())
+            continue
+        of_data = _data_leaves(tensor)
+        if of_data is None:
+            return None
+        leaves.extend(of_data)
+    return tuple(leaves)
+
+
+class _InputSide(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to an input identity's context (`Autograd.identity`'s node), with the
+    leaves its inputs stand for where they are data (`_data_only`): a call whose outputs do
+    not read its inputs lets that context go at once."""
+
+    __slots__ = ("leaves",)
+    leaves: tuple[int, ...] | None
 
 
 class MindSporeAutograd(Autograd):
@@ -1262,11 +1415,12 @@ class MindSporeAutograd(Autograd):
         if not materialize:
             outs.ctx.input_side = held_until  # (`_abandon`)
         if materialize:
-            outs.node = weakref.ref(outs.ctx)
             # the input side's aliases of data are data: the first cell inside a hooked
             # container (or under global hooks) gets them; and an inner hooked call that gets
             # one as it is moves with it (`_watch_inputs`)
             data = _data_only(tensors)
+            node = outs.node = _InputSide(outs.ctx)
+            node.leaves = data
             counters, _made.counters = _made.counters, ()
             items = _open_items()
             if items:
@@ -1279,15 +1433,16 @@ class MindSporeAutograd(Autograd):
         return outs
 
     # MindSpore records every argument of a differentiated function as requiring grad, and its
-    # backward leaves out the input side of a call whose inputs it does not differentiate
-    # (`grad(fn, None, weights)`, the training idiom): the full hooks fire at its end, as
-    # torch's for data that needs no grad (a Parameter, or a computed tensor, does: not then)
+    # backward leaves out the input side of a call from which it reaches nothing it
+    # differentiates (`grad(fn, None, weights)`, the training idiom): the full hooks fire at
+    # its end, as torch's for inputs that need no grad (`_skips_input_side`)
     after_backward = staticmethod(_after_backward)
 
     @staticmethod
     def data_only(aliases: Sequence[Any]) -> bool:
-        # (`identity` marked the input side's aliases of data)
-        return all(_is_alias_of_data(alias) for alias in aliases)
+        # any call: its backward tells (`_after_backward`); `identity` marked the input side's
+        # aliases of data, what it falls back on
+        return True
 
     @staticmethod
     def watch(
@@ -1315,6 +1470,8 @@ class MindSporeAutograd(Autograd):
                         del items[n]
                         break
         ctx = getattr(aliases, "ctx", None)
+        if ctx is not None and ctx.input_side is None:
+            ctx.boundary = _edges_of([args[i] for i in tensor_idx])
         if ctx is None or not ctx.inputs:
             return
         given = [t for t in [args[i] for i in tensor_idx] + list(originals) if t is not None]
