@@ -1350,10 +1350,6 @@ def _data_leaves(tensor: Any) -> tuple[int, ...] | None:
     return entry[1] if entry is not None and entry[0]() is tensor else None
 
 
-def _is_alias_of_data(tensor: Any) -> bool:
-    return _data_leaves(tensor) is not None
-
-
 def _data_only(tensors: Sequence[Any]) -> tuple[int, ...] | None:
     """Where `tensors` are data, the differentiated function's arguments (leaves that are no
     Parameter) or an identity's aliases of them, the `_unique_id`s of those leaves; else
