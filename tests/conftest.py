@@ -81,3 +81,24 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     parametrize_backend(metafunc)
+
+
+@pytest.fixture
+def user_process() -> Iterator[None]:
+    """A MindSpore process as a user's: no recording session open. In this process the
+    conformance kit's tape keeps one open (`_tape.start`): ended here as `_tape` ends a stale
+    one, opened again afterwards. (An exception raised inside `mindspore.grad` while it is
+    open drops it: the kit's next backward raised "Can not find top cell".)"""
+    from mindspore.graph.api import _pynative_executor as executor
+    from unihook_mindspore import _tape
+
+    with _tape._lock:
+        session, _tape._session = _tape._session, None
+        if session is not None:
+            _tape._held.clear()
+            executor.end_graph(session, _tape._NOTHING)
+        executor.set_grad_flag(False)
+    assert not executor.requires_grad() and not executor.grad_flag()
+    yield
+    if session is not None:
+        _tape.start()

@@ -334,9 +334,8 @@ def test_weights_only_grad_survives_raising_backwards(tmp_path: Any) -> None:
 
 # -- The recipes that run their own backward, outside the conformance kit ---------------------
 # A user's MindSpore model is a plain Cell with no recording session open: the recipes run the
-# forward and backward through `unihook.ops.forward_backward` (`mindspore.grad`). In this
-# process the conformance kit's tape keeps a session open (`_tape.start`): `user_process`
-# ends it as `_tape` ends a stale one, and opens it again afterwards.
+# forward and backward through `unihook.ops.forward_backward` (`mindspore.grad`), outside the
+# conformance kit's tape (the `user_process` fixture, tests/conftest.py).
 
 _CAM_RECIPES = ["GradCAM", "GradCAMPlusPlus", "GuidedBackprop"]
 
@@ -345,23 +344,6 @@ def _recording() -> tuple[bool, bool]:
     from mindspore.graph.api import _pynative_executor as executor
 
     return bool(executor.requires_grad()), bool(executor.grad_flag())
-
-
-@pytest.fixture
-def user_process() -> Any:
-    from mindspore.graph.api import _pynative_executor as executor
-    from unihook_mindspore import _tape
-
-    with _tape._lock:
-        session, _tape._session = _tape._session, None
-        if session is not None:
-            _tape._held.clear()
-            executor.end_graph(session, _tape._NOTHING)
-        executor.set_grad_flag(False)
-    assert _recording() == (False, False)
-    yield
-    if session is not None:
-        _tape.start()
 
 
 class _Classifier(ms.nn.Cell):

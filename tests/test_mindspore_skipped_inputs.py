@@ -164,3 +164,197 @@ def test_a_cell_whose_output_does_not_read_its_input_gets_no_full_hook_call() ->
             calls[framework, wrt] = log
     assert calls["mindspore", "input"] == calls["torch", "input"] == []
     assert calls["mindspore", "weights"] == calls["torch", "weights"] == [[None]]
+
+
+def _output_case(framework: str, case: str, wrt: str) -> tuple[list[Any], list[float | None]]:
+    """Pre and full hook calls ((cell, kind, grad sums)) of a cell whose output, or one of
+    whose outputs, needs no grad in torch's terms, and the gradients."""
+    d = _dense(framework, F)
+    log: list[Any] = []
+    names = {id(d): "d"}
+
+    def pre(m: Any, go: Any) -> None:
+        log.append((names.get(id(m), "?"), "pre", _sums(go)))
+
+    def full(m: Any, gi: Any, go: Any) -> None:
+        log.append((names.get(id(m), "?"), "full", _sums(gi), _sums(go)))
+
+    torch_side = framework == "torch"
+    tanh = torch.tanh if torch_side else ms.ops.tanh
+    if case == "tuple_output":
+        base = torch.nn.Module if torch_side else ms.nn.Cell
+
+        class Pair(base):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                super().__init__()
+                self.d = d
+
+            def forward(self, a: Any) -> Any:
+                return self.d(a), tanh(a)
+
+            construct = forward
+
+        cell: Any = Pair()
+        names[id(cell)] = "pair"
+
+        def forward(x: Any, y: Any) -> Any:
+            a, b = cell(x)
+            return ((a + b) ** 2).sum() + y.sum()
+
+    elif case == "frozen_in_container":
+        # a frozen Dense on the data, times a function of the differentiated `y`, in a hooked
+        # container: MindSpore's pass runs the Dense's output side (helper-171's seed 342)
+        base = torch.nn.Module if torch_side else ms.nn.Cell
+        for p in d.parameters() if torch_side else d.get_parameters():
+            if torch_side:
+                p.requires_grad_(False)
+            else:
+                p.requires_grad = False
+
+        class Gate(base):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                super().__init__()
+                self.d = d
+
+            def forward(self, h: Any, g: Any) -> Any:
+                return self.d(h) * tanh(g)
+
+            construct = forward
+
+        cell = Gate()
+        names[id(cell)] = "gate"
+
+        def forward(x: Any, y: Any) -> Any:
+            return (cell(x.reshape(2, 4), y) ** 2).sum()
+
+    else:  # a Dense on the data only: its output leads to Parameters only
+        cell = d
+
+        def forward(x: Any, y: Any) -> Any:
+            return (cell(x) ** 2).sum() + (y**2).sum()
+
+    x0, y0 = X.reshape(2, 4), np.linspace(0.5, 1.5, 8, dtype=np.float32).reshape(2, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if torch_side:
+            handles = [
+                torch.nn.modules.module.register_module_full_backward_pre_hook(pre),
+                torch.nn.modules.module.register_module_full_backward_hook(full),
+            ]
+            if case == "frozen_in_container":
+                handles.append(cell.register_full_backward_hook(full))
+            try:
+                x = torch.tensor(x0, requires_grad=wrt == "input")
+                y = torch.tensor(y0, requires_grad=True)
+                chosen = [x, y] if wrt == "input" else [y, *cell.parameters()]
+                if case == "weights_not_asked":
+                    chosen = [y]
+                chosen = [t for t in chosen if t.requires_grad]
+                grads = torch.autograd.grad(forward(x, y), chosen)
+            finally:
+                for handle in handles:
+                    handle.remove()
+        else:
+            handles = [
+                unihook.register_module_full_backward_pre_hook(pre),
+                unihook.register_module_full_backward_hook(full),
+            ]
+            if case == "frozen_in_container":
+                handles.append(unihook.register_full_backward_hook(cell, full))
+            try:
+                weights = None if wrt == "input" else cell.trainable_params() or None
+                position = (0, 1) if wrt == "input" else 1
+                if case == "weights_not_asked":
+                    weights, position = None, 1
+                got = ms.grad(forward, position, weights)(ms.Tensor(x0), ms.Tensor(y0))
+                grads = _flat(got)
+            finally:
+                for handle in handles:
+                    handle.remove()
+    return log, _sums(grads)
+
+
+def _flat(grads: Any) -> list[Any]:
+    out: list[Any] = []
+    for g in grads if isinstance(grads, tuple) else (grads,):
+        out.extend(_flat(g) if isinstance(g, tuple) else [g])
+    return out
+
+
+@pytest.mark.parametrize("wrt", ["weights", "input"])
+@pytest.mark.parametrize("case", ["tuple_output", "frozen_in_container", "weights_not_asked"])
+def test_an_output_that_needs_no_grad_gets_none_or_no_call_as_in_torch(case: str, wrt: str) -> None:
+    """`(d(a), tanh(a))` on data: torch's hooks get None for `tanh(a)`, which needs no grad,
+    where MindSpore computes its gradient (the pass runs the output side for `d(a)`); a
+    frozen Dense on data times `tanh(y)`, `y` differentiated: torch makes no call on the
+    Dense, whose output needs no grad, where MindSpore's pass runs its output side; a Dense
+    on the data, its Parameters not asked for: torch's engine does not run its node
+    (helper-171's FINDINGS 2 and 3, helper-170's seed 275: until 2026-12-07 the values, and
+    the calls)."""
+    expected, got = _output_case("torch", case, wrt), _output_case("mindspore", case, wrt)
+    assert _shape(got) == _shape(expected)
+    np.testing.assert_allclose(_values(got), _values(expected), rtol=1e-4)
+    if wrt == "weights" and case == "tuple_output":
+        assert [call[-1][1] for call in expected[0] if call[0] == "pair"] == [None, None]
+    if wrt == "weights" and case == "frozen_in_container":
+        assert [call for call in expected[0] if call[0] == "d"] == []
+    if wrt == "weights" and case == "weights_not_asked":
+        assert expected[0] == []
+
+
+def _shape(item: Any) -> Any:
+    """`item` with its numbers left out (None stays None)."""
+    if isinstance(item, (list, tuple)):
+        return [_shape(x) for x in item]
+    return "n" if isinstance(item, float) else item
+
+
+def _values(item: Any) -> list[float]:
+    if isinstance(item, (list, tuple)):
+        return [v for x in item for v in _values(x)]
+    return [item] if isinstance(item, float) else []
+
+
+@pytest.mark.parametrize("b_computed", [False, True])
+@pytest.mark.parametrize("position", [0, (0, 1)])
+def test_an_argument_grad_does_not_differentiate_gets_zeros_in_grad_input(
+    position: Any, b_computed: bool
+) -> None:
+    """`grad(f, 0)` of `c(a, b) = a * b`: `b` (or a tensor computed from it only) needs no
+    grad in torch's terms, whose hook gets zeros for it (until 2026-12-07: its real
+    gradient, docs/MINDSPORE.md §11 item 3); differentiated, its gradient."""
+    calls: dict[str, list[Any]] = {}
+    for framework in ("torch", "mindspore"):
+        log: list[Any] = calls.setdefault(framework, [])
+        if framework == "torch":
+
+            class TorchProduct(torch.nn.Module):
+                def forward(self, a: Any, b: Any) -> Any:
+                    return a * b
+
+            cell: Any = TorchProduct()
+            cell.register_full_backward_hook(lambda m, gi, go: log.append(_sums(gi)))
+            a = torch.tensor([2.0, 1.0], requires_grad=True)
+            b = torch.tensor([3.0, -1.0], requires_grad=position != 0)
+            b_in = b * 1.0 if b_computed else b
+            chosen = [a] if position == 0 else [a, b]
+            log.append(_sums(torch.autograd.grad(cell(a, b_in).sum(), chosen)))
+        else:
+
+            class Product(ms.nn.Cell):
+                def construct(self, a: Any, b: Any) -> Any:
+                    return a * b
+
+            cell = Product()
+            unihook.register_full_backward_hook(cell, lambda m, gi, go: log.append(_sums(gi)))
+
+            def forward(a: Any, b: Any) -> Any:
+                return cell(a, b * 1.0 if b_computed else b).sum()
+
+            got = ms.grad(forward, position)(
+                ms.Tensor(np.array([2.0, 1.0], np.float32)),
+                ms.Tensor(np.array([3.0, -1.0], np.float32)),
+            )
+            log.append(_sums(got if isinstance(got, tuple) else (got,)))
+    assert calls["mindspore"] == calls["torch"]
+    assert calls["torch"][0][1] == (0.0 if position == 0 else 3.0)

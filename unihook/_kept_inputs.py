@@ -39,7 +39,7 @@ def kept_inputs(
     returned: Collection[int],
     module: Any,
     autograd: Any,
-    own_weakrefs: int = 0,
+    own_weakrefs: type[weakref.ref[Any]] | None = None,
 ) -> Iterator[tuple[Any, Any]]:
     """(alias, the caller's tensor) for each input alias something holds after forward (an
     attribute, a container, a closure, a submodule, a weak reference): a reference beyond the
@@ -47,8 +47,9 @@ def kept_inputs(
     looked for among the module's attributes and containers instead (`held_tensors`).
     `autograd`: the backend's (`requires_grad`, `is_tensor`); the framework's own layers
     keep no input, but a forward hook on them may (a feature cache: `inp[0]`), so they are
-    counted too. `own_weakrefs`: the weak references the backend itself holds to an
-    identity's output (MindSpore's: one)."""
+    counted too. `own_weakrefs`: the `weakref.ref` subclass the backend makes its own weak
+    references to tensors with (an identity's output, the input an inner hooked call got):
+    those are not counted."""
     if not _COUNTS_MEASURED:
         return
     held: set[int] | None = None
@@ -76,8 +77,16 @@ def kept_inputs(
                 )
             if id(alias) in held:
                 yield alias, original
-        elif sys.getrefcount(alias) > _FREE_INPUT or weakref.getweakrefcount(alias) > own_weakrefs:
+        elif sys.getrefcount(alias) > _FREE_INPUT or _foreign_weakrefs(alias, own_weakrefs):
             yield alias, original
+
+
+def _foreign_weakrefs(tensor: Any, own: type[weakref.ref[Any]] | None) -> bool:
+    """Whether something other than the backend holds a weak reference to `tensor`."""
+    count = weakref.getweakrefcount(tensor)
+    if count and own is not None:
+        count -= sum(isinstance(ref, own) for ref in weakref.getweakrefs(tensor))
+    return count > 0
 
 
 def check_kept_input(

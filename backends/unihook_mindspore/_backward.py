@@ -162,9 +162,14 @@ def _identity_backward(ctx: Any, grads: Grads) -> Grads:
     if ctx.probes:
         _carry_versions(ctx, grads)
     came = grads
-    if ctx.dead or ctx.integral:
+    # (a node torch's engine would not run: no hook call; an output side's outputs torch has
+    # no edge for: None, `_slots_needing_no_grad`)
+    unneeded = _slots_needing_no_grad(ctx, grads)
+    if unneeded is None:
+        return [None if i in ctx.dead else g for i, g in enumerate(grads)]
+    if ctx.dead or ctx.integral or unneeded:
         filled = list(grads)
-        for i in (*ctx.dead, *ctx.integral):
+        for i in (*ctx.dead, *ctx.integral, *unneeded):
             shape, dtype = ctx.shapes[i]
             filled[i] = zeros(shape, dtype) if ctx.materialize else None
         grads = tuple(filled)
@@ -177,11 +182,11 @@ def _identity_backward(ctx: Any, grads: Grads) -> Grads:
         for result, grad, (shape, dtype) in zip(results, grads, ctx.shapes):
             if grad is None and result is not None:
                 check_grad_like(result, shape, dtype, "mindspore.Tensor", _is_tensor, ctx.site)
-    if ctx.dead or ctx.integral:
+    if ctx.dead or ctx.integral or unneeded:
         results = list(results)
         for i in ctx.dead:
             results[i] = None
-        for i in ctx.integral:
+        for i in (*ctx.integral, *unneeded):
             results[i] = came[i]
     return results
 
@@ -566,6 +571,36 @@ def _hazard(ctx: Any, k: int, x: Any) -> str | None:
     return None
 
 
+def _view_of_leaf(tensor: Any) -> bool | None:
+    """Whether `tensor` is a view (made by a view op: a reshape, a slice, a transpose) of a
+    leaf, or of a tensor with a history (False); None where it is no view."""
+    node = tensor._grad_node
+    if node is None or node.name() not in _VIEW_NODES:
+        return None
+    while node is not None and node.name() in _VIEW_NODES:
+        node = node.next_functions[0][0]
+    return node is not None and node.is_leaf()
+
+
+def _changed_view(site: Site, of_leaf: bool) -> InPlaceError:
+    """forward changed its argument in place, and the caller's tensor is a view: the
+    caller's tensor cannot take the op's history (MindSpore's `_Function` marking a view dirty
+    cuts the gradient to its base: measured zeros, 2.10), so the call refuses it."""
+    why = (
+        'of a leaf that requires grad, which MindSpore refuses without hooks too ("A view of '
+        'leaf tensor that requires grad is being used in an inplace operator")'
+        if of_leaf
+        else "of another tensor: MindSpore's own autograd leaves an in-place op on a view out "
+        "of its base's gradient (2.10), and with backward hooks the view cannot take the op's "
+        "history at all (its base would get no gradient)"
+    )
+    return InPlaceError(
+        f"{site}: forward changed its tensor argument in place, and the caller's tensor is a "
+        f"view (a reshape, a slice, a transpose) {why}. Pass the cell a copy "
+        "(`cell(x.copy())`), or change a copy of the argument in forward"
+    )
+
+
 _KEPT = (
     "the cell (or a hook) kept the output it returned (`self.kept = y`): without hooks the "
     "kept tensor is the one changed, with its new history"
@@ -591,6 +626,13 @@ def _flag(ctx: Any, k: int, why: str) -> None:
         hazards: list[str | None] = [None] * len(ctx.probes)
         ctx.hazards = hazards
     ctx.hazards[k] = why
+
+
+class _OwnRef(weakref.ref):  # type: ignore[type-arg]
+    """The backend's own weak references to tensors (an input side's aliases, the arguments
+    of a call it watches): `kept_inputs` does not take them for a cell keeping its input."""
+
+    __slots__ = ()
 
 
 class _Watched:
@@ -767,7 +809,7 @@ def _watch_inputs(
             outer = _outer_of_view(original)
             if outer is not None:
                 outer.append(list(watched.targets))
-        watched.ref = weakref.ref(original, partial(_caller_died, weakref.ref(watched)))
+        watched.ref = _OwnRef(original, partial(_caller_died, weakref.ref(watched)))
         records.append(watched)
     if records:
         ctx.watched = records
@@ -938,29 +980,91 @@ def _end() -> _End:
 
 def _after_backward(callback: Callable[[], None]) -> None:
     """Run `callback` (a bound method: the call's full hooks, for inputs that need no grad)
-    once the running backward is over, where it leaves out the input side of the call whose
-    output side runs now (`_skips_input_side`)."""
+    where the running backward leaves out the input side of the call whose output side runs
+    now (`_skips_input_side`): at once, as torch fires them at the output side; where the
+    pass is not known (`_differentiated`), once the backward is over, if it did not run."""
     calls = _emulating.calls
     if calls is not None:
         calls.append(callback)  # (the pass is over: `_emulated` decides)
         return
     ctx = getattr(_running, "ctx", None)
-    if ctx is not None and ctx.input_side is not None and _skips_input_side(ctx.input_side):
+    if ctx is None or ctx.input_side is None or not _skips_input_side(ctx.input_side):
+        return
+    if _pass.differentiated is None:
         _end().calls.append(callback)
+    else:
+        callback()
 
 
 class _Pass(threading.local):
-    """What `_skips_input_side` learnt of this thread's running backward pass: its engine id,
-    the leaves it differentiates (`_differentiated`) and the nodes from which it reaches none
-    of them (by `_unique_id`)."""
+    """What `_leads_to` learnt of this thread's running backward pass: its engine id, the
+    leaves it differentiates (`_differentiated`), the arguments of the differentiated
+    function, and, for each of `_leads_to`'s questions, the edges from which it reaches no
+    such leaf (`dead`) or one (`alive`)."""
 
     engine = -2  # (none: the others are set with it)
     differentiated: set[int] | None
     arguments: set[int]
-    dead: set[int]
+    memo: dict[bool, tuple[set[tuple[int, int]], set[tuple[int, int]]]]
 
 
 _pass = _Pass()
+
+
+def _pass_state() -> _Pass:
+    engine = _engine_id()
+    if engine != _pass.engine:
+        found = _differentiated()
+        _pass.engine, _pass.memo = engine, {True: (set(), set()), False: (set(), set())}
+        _pass.differentiated, _pass.arguments = found or (None, set())
+    return _pass
+
+
+def _leads_to(edges: Sequence[tuple[Any, int]], state: _Pass, parameters: bool) -> bool:
+    """Whether the running pass reaches, from `edges`, a leaf it differentiates, or, with
+    `parameters`, one that needs grad in torch's terms (`requires_grad`): that, or a
+    Parameter (a leaf that is no argument of the differentiated function: a frozen one has no
+    edge). `state.differentiated` known; what was walked is remembered for the pass.
+
+    torch's graph has an edge to an identity's output k only where its input k requires grad
+    (the others are marked non-differentiable): `requires_grad` follows an identity's slot k
+    alone (the second output of `(d(a), tanh(data))` needs no grad, helper-170's FINDING 1);
+    torch's engine runs a node from which it reaches an input `autograd.grad` asks for, by
+    node: through any slot of an identity entered by an edge torch has (helper-170's seed
+    275, `test_grad_wrt_some_inputs_of_a_hooked_module`)."""
+    differentiated, arguments = state.differentiated or set(), state.arguments
+    dead, alive = state.memo[parameters]
+    came_from: dict[tuple[int, int], tuple[int, int] | None] = {}
+    todo: list[tuple[Any, int, tuple[int, int] | None]] = [
+        (node, index, None) for node, index in edges if node is not None
+    ]
+    while todo:
+        node, index, child = todo.pop()
+        identity = isinstance(node, _Identity)
+        item = (node._unique_id(), index if identity and parameters else -1)
+        if item in came_from or item in dead:
+            continue
+        parents = None if node.is_leaf() else _edges(node)
+        if identity and not parameters and parents is not None:
+            if not _leads_to(parents[index : index + 1], state, parameters=True):
+                continue  # (no edge in torch's graph: not walked, not remembered)
+        came_from[item] = child
+        found = item in alive
+        if not found and node.is_leaf():
+            found = item[0] in differentiated or (parameters and item[0] not in arguments)
+            if not found:
+                continue
+        if found or parents is None:  # (None: an identity that ran before it: reached)
+            on_the_way: tuple[int, int] | None = item
+            while on_the_way is not None:
+                alive.add(on_the_way)
+                on_the_way = came_from[on_the_way]
+            return True
+        if identity and parameters:
+            parents = parents[index : index + 1]
+        todo.extend((parent, i, item) for parent, i in parents if parent is not None)
+    dead.update(came_from)  # (all of it walked: none reached)
+    return False
 
 
 def _skips_input_side(ref: _InputSide) -> bool:
@@ -976,34 +1080,35 @@ def _skips_input_side(ref: _InputSide) -> bool:
     reaches one it differentiates, the input side runs, or a None cut it off and `_emulate`
     runs it. Where the input side is gone (the outputs do not read the inputs) or the pass's
     frame is not found, `_undifferentiated_data`."""
-    engine = _engine_id()
-    if engine != _pass.engine:
-        found = _differentiated()
-        _pass.engine, _pass.dead = engine, set()
-        _pass.differentiated, _pass.arguments = found or (None, set())
-    differentiated, arguments = _pass.differentiated, _pass.arguments
+    state = _pass_state()
     input_side = ref()
-    if differentiated is None or input_side is None:
-        return _undifferentiated_data(ref, differentiated)
-    dead = _pass.dead
-    seen: set[int] = set()
-    todo = [input_side]
-    while todo:
-        node = todo.pop()
-        key = node._unique_id()
-        if key in seen or key in dead:
-            continue
-        seen.add(key)
-        if node.is_leaf():
-            if key in differentiated or key not in arguments:
-                return False  # (runs, or a Parameter: torch's needs grad, not asked for)
-            continue
-        edges = _edges(node)
-        if edges is None:
-            return False  # (an identity that ran before it: the pass reaches this)
-        todo.extend(parent for parent, _ in edges if parent is not None)
-    dead |= seen  # (all of it walked: nothing there reaches a differentiated leaf)
-    return True
+    if state.differentiated is None or input_side is None:
+        return _undifferentiated_data(ref, state.differentiated)
+    return not _leads_to(_edges(input_side) or (), state, parameters=True)
+
+
+def _slots_needing_no_grad(ctx: Any, grads: Grads) -> list[int] | None:
+    """For an identity running now: None where torch's engine would not run it (no slot
+    reaches a leaf the pass differentiates: a cell whose outputs lead to Parameters
+    `autograd.grad` does not ask for, or to data only, which MindSpore's pass may run all the
+    same); else the slots whose tensor needs no grad in torch's terms, where MindSpore
+    computes a gradient all the same: an output's (`tanh(a)` of `(d(a), tanh(a))` on data
+    under `grad(fn, None, weights)`), torch's hooks get None (helper-171's FINDINGS 2 and 3;
+    helper-170's seed 275); an input's (an argument `grad` does not differentiate beside one
+    it does, or a tensor computed from such only), torch's get zeros (docs/MINDSPORE.md §11
+    item 3). Unknown pass: none."""
+    state = _pass_state()
+    edges = _edges(ctx)
+    if state.differentiated is None or edges is None:
+        return []
+    live = [
+        k
+        for k, grad in enumerate(grads)
+        if grad is not None and k not in ctx.dead and k not in ctx.integral
+    ]
+    if live and not _leads_to([edges[k] for k in live], state, parameters=False):
+        return None
+    return [k for k in live if not _leads_to((edges[k],), state, parameters=True)]
 
 
 def _undifferentiated_data(ref: _InputSide, differentiated: set[int] | None) -> bool:
@@ -1423,7 +1528,7 @@ class MindSporeAutograd(Autograd):
                 items[:] = [item for item in items if item[1]() is not None]
             for out, counter in zip(outs, counters):
                 key = id(out)
-                ref = weakref.ref(out, partial(_forget_alias, key))
+                ref = _OwnRef(out, partial(_forget_alias, key))
                 _aliases[key] = [ref, data, counter]
                 items.append([key, ref, None])
         return outs
@@ -1560,8 +1665,8 @@ class MindSporeAutograd(Autograd):
     ) -> None:
         # (`replaced` is torch's: MindSpore has no backward hooks that replace the args)
         for alias, original in kept_inputs(
-            args, tensor_idx, originals, returned, module, MindSporeAutograd, own_weakrefs=1
-        ):  # (the identity's context holds its outputs weakly, `ctx.outputs`)
+            args, tensor_idx, originals, returned, module, MindSporeAutograd, own_weakrefs=_OwnRef
+        ):
             check_kept_input(
                 alias,
                 original,
@@ -1573,7 +1678,10 @@ class MindSporeAutograd(Autograd):
                 # (none: a tensor sharing the counter, `Tensor(x)`, shares x's autograd data,
                 # whose history could reach the check: a cycle through C++)
                 counter_of=None,
-                caller_side=MindSporeAutograd.leaf_of(original) is None,
+                # (a view's rebase would cut its base's gradient, `_changed_view`: its later
+                # uses are not checked, docs/MINDSPORE.md section 11 (h))
+                caller_side=MindSporeAutograd.leaf_of(original) is None
+                and _view_of_leaf(original) is None,
             )
 
     @staticmethod
@@ -1590,6 +1698,9 @@ class MindSporeAutograd(Autograd):
     def rebase(original: Any, alias: Any, site: Site) -> Any:
         # (no shape to carry over, unlike torch's: MindSpore 2.10 has no in-place shape change,
         # no squeeze_ / unsqueeze_ / t_)
+        view_of_leaf = _view_of_leaf(original)
+        if view_of_leaf is not None:
+            raise _changed_view(site, view_of_leaf)
         _Rebase.apply(original, alias)
         # MindSpore raises its leaf error in the async pipeline: here, as without hooks
         _pynative_executor.sync()
