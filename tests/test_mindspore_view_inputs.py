@@ -34,6 +34,11 @@ _VIEWS: dict[str, Callable[[Any], Any]] = {
     "slice": lambda x: x.reshape(4, 4)[0:2],
     "reshape_chain": lambda x: x.reshape(2, 8).reshape(4, 4),
     "transpose": lambda x: x.reshape(4, 4).T,
+    # (named `SelectView` and `Unstack` by MindSpore: missed until helper-172's FINDINGS 1, 2)
+    "select": lambda x: x.reshape(1, 4, 4)[0],
+    "select_last_axis": lambda x: x.reshape(4, 4, 1)[:, :, 0],
+    "unsqueeze_select": lambda x: x.reshape(4, 4).unsqueeze(0)[0],
+    "unbind": lambda x: x.reshape(1, 4, 4).unbind(0)[0],
 }
 
 

@@ -484,12 +484,22 @@ _VIEW_NODES = frozenset(
         "SplitTensorView",
         "SplitWithSizeView",
         "UnstackExtView",
+        "Unstack",
+        "SelectView",
+        "ChunkView",
+        "SliceExtView",
         "Flatten",
         "Chunk",
         "Unbind",
         "AsStrided",
     }
 )
+
+
+def _is_view_node(node: Any) -> bool:
+    # (MindSpore's view kernels are named `...View`: `x[0]` is SelectView, measured 2.10)
+    name = node.name()
+    return name in _VIEW_NODES or name.endswith("View")
 
 
 # The ops whose backward reads their output (MindSpore records them by these names): an in-place
@@ -540,7 +550,7 @@ def _on_reach(ctx: Any, reaches: Sequence[tuple[int, Any, int]]) -> None:
     for, made by output `index` of `node`), unless the output identity's ran first."""
     made = []
     for k, node, index in reaches:
-        reach = _Reach(ctx, k, node.name() in _VIEW_NODES)
+        reach = _Reach(ctx, k, _is_view_node(node))
         reach.index = index
         # Its parents walked now: a node's parents do not change after it is made, and holding
         # them would close a cycle through C++ (a parent is the call's input identity, whose
@@ -566,7 +576,7 @@ def _hazard(ctx: Any, k: int, x: Any) -> str | None:
     if ctx.outputs[k]() is not None:
         return _KEPT
     node = x._grad_node
-    if node is not None and node.name() in _VIEW_NODES:
+    if node is not None and _is_view_node(node):
         return _VIEW
     return None
 
@@ -575,9 +585,9 @@ def _view_of_leaf(tensor: Any) -> bool | None:
     """Whether `tensor` is a view (made by a view op: a reshape, a slice, a transpose) of a
     leaf, or of a tensor with a history (False); None where it is no view."""
     node = tensor._grad_node
-    if node is None or node.name() not in _VIEW_NODES:
+    if node is None or not _is_view_node(node):
         return None
-    while node is not None and node.name() in _VIEW_NODES:
+    while node is not None and _is_view_node(node):
         node = node.next_functions[0][0]
     return node is not None and node.is_leaf()
 
