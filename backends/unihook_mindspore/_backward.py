@@ -593,16 +593,16 @@ def _view_of_leaf(tensor: Any) -> bool | None:
 
 
 def _changed_view(site: Site, of_leaf: bool) -> InPlaceError:
-    """forward changed its argument in place, and the caller's tensor is a view: the
+    """Forward changed its argument in place, and the caller's tensor is a view: the
     caller's tensor cannot take the op's history (MindSpore's `_Function` marking a view dirty
     cuts the gradient to its base: measured zeros, 2.10), so the call refuses it."""
     why = (
         'of a leaf that requires grad, which MindSpore refuses without hooks too ("A view of '
         'leaf tensor that requires grad is being used in an inplace operator")'
         if of_leaf
-        else "of another tensor: MindSpore's own autograd leaves an in-place op on a view out "
-        "of its base's gradient (2.10), and with backward hooks the view cannot take the op's "
-        "history at all (its base would get no gradient)"
+        else "of another tensor: MindSpore's own gradient through an in-place op on a view is "
+        "not the math's (measured, 2.10), and with backward hooks the view cannot take the "
+        "op's history at all (its base would get no gradient)"
     )
     return InPlaceError(
         f"{site}: forward changed its tensor argument in place, and the caller's tensor is a "
