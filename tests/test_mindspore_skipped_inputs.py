@@ -289,7 +289,7 @@ def test_an_output_that_needs_no_grad_gets_none_or_no_call_as_in_torch(case: str
     frozen Dense on data times `tanh(y)`, `y` differentiated: torch makes no call on the
     Dense, whose output needs no grad, where MindSpore's pass runs its output side; a Dense
     on the data, its Parameters not asked for: torch's engine does not run its node
-    (helper-171's FINDINGS 2 and 3, helper-170's seed 275: until 2026-12-07 the values, and
+    (helper-171's FINDINGS 2 and 3, helper-170's seed 275: until 2026-12-06 the values, and
     the calls)."""
     expected, got = _output_case("torch", case, wrt), _output_case("mindspore", case, wrt)
     assert _shape(got) == _shape(expected)
@@ -321,7 +321,7 @@ def test_an_argument_grad_does_not_differentiate_gets_zeros_in_grad_input(
     position: Any, b_computed: bool
 ) -> None:
     """`grad(f, 0)` of `c(a, b) = a * b`: `b` (or a tensor computed from it only) needs no
-    grad in torch's terms, whose hook gets zeros for it (until 2026-12-07: its real
+    grad in torch's terms, whose hook gets zeros for it (until 2026-12-06: its real
     gradient, docs/MINDSPORE.md §11 item 3); differentiated, its gradient."""
     calls: dict[str, list[Any]] = {}
     for framework in ("torch", "mindspore"):

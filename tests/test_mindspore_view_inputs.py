@@ -2,7 +2,7 @@
 differentiated function's argument): MindSpore's `_Function` marking a view dirty cuts the
 gradient to its base (measured: zeros, 2.10), so the backend never rebases a view.
 
-Until 2026-12-07 a hooked cell keeping its input (`self.kept = a`), or a hooked container
+Until 2026-12-06 a hooked cell keeping its input (`self.kept = a`), or a hooked container
 whose child was hooked too (the child's watch took the container's alias for kept), put a
 check on the caller's view by rebasing it: `grad(fn, 0)` gave zeros and no hook fired
 (helper-171's FINDING 1). A forward changing a view argument in place gave the caller's view
