@@ -1277,21 +1277,28 @@ def test_an_input_returned_then_changed_is_not_refused_where_only_another_output
 
 @pytest.mark.parametrize("kind", _INPUT_KINDS + ["full_backward_pre"])
 @pytest.mark.parametrize("body", ["identity", "view"])
-def test_an_input_returned_as_it_was_then_changed_is_refused(kind: str, body: str) -> None:
+@pytest.mark.parametrize("read", ["sum", "masked"])
+def test_an_input_returned_as_it_was_then_changed_is_refused(
+    kind: str, body: str, read: str
+) -> None:
     """An `Identity`-like cell (or one returning a view of its input); the caller changes the
     input in place after the call and reads the output. Without hooks the output is that
     tensor (or a view of it), with the op's history: [[3, 3], [3, 3]] (0 from a detached
     value); with hooks the caller's output is an alias, its history misses the op ([[1, 1],
-    ...]): now InPlaceError. Without the op, the gradient without hooks."""
+    ...]): now InPlaceError. Without the op, the gradient without hooks. `masked`: the loss
+    reads all but the first element (MindSpore 2.10's `Tensor.any()` takes a float gradient
+    `[[0, 1], [1, 1]]` for zeros: the refusal, which asks whether a gradient comes, was
+    skipped there until 2026-12-06, and the gradient silently missed the op)."""
     cell = Fn(lambda s, x: x if body == "identity" else x.reshape(4))
     x = ms.Tensor(np.array([[1.0, -2.0], [0.5, 3.0]], np.float32))
+    mask = ms.Tensor(np.array([[0.0, 1.0], [1.0, 1.0]], np.float32))
 
     def fn(x: Any, change: bool) -> Any:
         h = x * 1.0
         y = cell(h)
         if change:
             h.copy_(h * 3.0)
-        return y.sum()
+        return y.sum() if read == "sum" else (y * mask.reshape(y.shape)).sum()
 
     ms.grad(lambda x: fn(x, True))(x)  # (MindSpore's own: a gradient)
     expected = ms.grad(lambda x: fn(x, False))(x).asnumpy()
@@ -1520,7 +1527,9 @@ def _kept_then_overwritten(cell: Any, x: Any, upstream: str) -> Any:
     reads the kept one. `upstream`: "live" (the cell got `x * 1`), "cut" (a tensor overwritten
     from a detached value before the call: nothing upstream is differentiable); "+changed":
     then what the cell's op saved changes in place (MindSpore's version error, were the kept
-    tensor's old history read)."""
+    tensor's old history read); " masked": the loss reads all but the kept tensor's first
+    element (MindSpore 2.10's `Tensor.any()` takes such a gradient for zeros: until
+    2026-12-06 the refusal, which asks whether a gradient comes, was skipped)."""
     h = x * 1.0
     given = h
     if upstream.startswith("cut"):  # (the attack's cell: `x.copy_(stop_gradient(x) * 2)`)
@@ -1530,7 +1539,12 @@ def _kept_then_overwritten(cell: Any, x: Any, upstream: str) -> Any:
     if upstream.endswith("+changed"):
         h.copy_(h * 3.0)  # (what the cell's Mul, or the attack's, saved)
     y.copy_(ms.ops.stop_gradient(y) * 3.0)
-    return y.sum() + (cell.kept * cell.kept).sum()
+    kept = cell.kept * cell.kept
+    if upstream.endswith(" masked"):
+        mask = np.ones(kept.shape, np.float32)
+        mask[0, 0] = 0.0
+        kept = kept * ms.Tensor(mask)
+    return y.sum() + kept.sum()
 
 
 def _zeros_then_refused(fn: Callable[[Any], Any], x: Any, kind: str, cell: Any) -> None:
@@ -1545,7 +1559,7 @@ def _zeros_then_refused(fn: Callable[[Any], Any], x: Any, kind: str, cell: Any) 
 
 
 @pytest.mark.parametrize("kind", _BACKWARD_KINDS + ["full_backward_pre+full_backward"])
-@pytest.mark.parametrize("upstream", ["live", "live+changed", "cut+changed"])
+@pytest.mark.parametrize("upstream", ["live", "live+changed", "cut+changed", "live masked"])
 def test_an_output_the_cell_kept_overwritten_from_a_detached_value_is_refused(
     kind: str, upstream: str
 ) -> None:

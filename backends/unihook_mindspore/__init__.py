@@ -203,15 +203,29 @@ def flush_removals() -> None:
 class _TensorHooks:
     """The native hook of a tensor with unihook hooks: runs them in registration order."""
 
-    __slots__ = ("entries", "native")
+    __slots__ = ("entries", "native", "seq", "like", "site", "cuts", "__weakref__")
 
-    def __init__(self) -> None:
+    def __init__(self, seq: int | None, like: tuple[Any, Any], site: Site) -> None:
+        from . import _backward
+
         self.entries: list[Callable[[Any], Any]] = []
         # MindSpore's id of it, while registered: put in and taken out by C code (`add_native`,
         # `drop_native`), where no Ctrl-C lands between the native change and the record's
         self.native: list[int] = []
+        # the sequence number of the tensor's grad node (None: a leaf), its shape and dtype,
+        # and where its first hook was registered: `_backward._emulate` calls these hooks
+        # where MindSpore's engine left the node out after a None
+        self.seq, self.like, self.site = seq, like, site
+        self.cuts = _backward.at_end
 
     def __call__(self, grad: Any) -> Any:
+        if self.cuts and self.seq is not None:
+            # the calls a None left out that torch's engine makes before this tensor's node
+            self.cuts.emulate_after(self.seq, self)
+        return self.run(grad)
+
+    def run(self, grad: Any) -> Any:
+        """Run the hooks: what they changed `grad` to, or None."""
         changed = False
         with _deferred_lock:
             _running[0] += 1
@@ -287,7 +301,7 @@ def unihook_register_tensor_hook(
 
     with exclusive:  # (no native call while another thread's graph runs: docs §10)
         flush_removals()
-        hooks = _hooks_of(tensor)
+        hooks = _hooks_of(tensor, site)
         remove = partial(_remove_tensor_hook, hooks, run)
         # (a registration cut short by a Ctrl-C is undone: see unihook._locks)
         undo_if_unfinished(remove)
@@ -297,7 +311,7 @@ def unihook_register_tensor_hook(
     return Handle(NAME, "tensor", remove)
 
 
-def _hooks_of(tensor: Any) -> _TensorHooks:
+def _hooks_of(tensor: Any, site: Site) -> _TensorHooks:
     """The hooks of `tensor`'s present history. MindSpore binds a native tensor hook to the
     history the tensor object has when it is registered: `t[i] = v` (setitem) and
     `ops.assign` give the same object a new one, and a hook registered after fires with the
@@ -312,12 +326,16 @@ def _hooks_of(tensor: Any) -> _TensorHooks:
     if hooks is None:
         for old in [k for k, h in table.items() if not h.entries and not h.native]:
             del table[old]  # (an older history's, all its hooks removed)
-        hooks = table[key] = _TensorHooks()
+        seq = key[1] if isinstance(key, tuple) else None
+        hooks = table[key] = _TensorHooks(seq, (tuple(tensor.shape), tensor.dtype), site)
+        if isinstance(key, tuple):
+            hooks.cuts.tensor_hooks[key] = hooks
     return hooks
 
 
 def _history(tensor: Any) -> object:
-    """What names `tensor`'s history: its grad node's id (None for a leaf)."""
+    """What names `tensor`'s history: its grad node's `_unique_id` and sequence number (an
+    address may be reused) and its output index there (None for a leaf)."""
     from mindspore.graph.api import _pynative_executor
 
     _pynative_executor.sync()  # (an in-place op gives the tensor its node in the pipeline)
@@ -325,7 +343,11 @@ def _history(tensor: Any) -> object:
         node = tensor._grad_node
     except RuntimeError:  # a freed custom function's ("ctx has been freed"): no op since
         return ...
-    return None if node is None else node._unique_id()
+    if node is None:
+        return None
+    if node.is_leaf():
+        return node._unique_id()
+    return (node._unique_id(), int(node._sequence_nr()), int(tensor._output_index))
 
 
 def _remove_tensor_hook(hooks: _TensorHooks, run: Callable[[Any], Any]) -> None:

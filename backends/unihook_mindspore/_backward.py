@@ -44,6 +44,7 @@ MindSpore quirks handled here:
 
 from __future__ import annotations
 
+import heapq
 import sys
 import threading
 import weakref
@@ -84,6 +85,16 @@ _DIFFERENTIABLE = frozenset(
 # data (as `Tensor(t)`, which takes 5 us against 0.8, measured); `h[0] = c` (MindSpore's
 # `assign_value`) gives t's object another tensor, and leaves this one as it was
 _share = Tensor._make_subclass
+
+
+def _nonzero(tensor: Any) -> bool:
+    """Whether `tensor` has a nonzero element. MindSpore 2.10's `Tensor.any()` (and
+    `ops.any`) is wrong for a tensor of two dimensions or more that is not bool: `[[0.,
+    0.5]]` gives False (measured: 178 of 400 random float tensors with a few nonzeros, any
+    non-bool dtype); a comparison first gives a bool tensor, whose `any()` is right (until
+    2026-12-06 the backend used `any()` here: a nonzero gradient a hook returned where it has
+    nowhere to go could pass as zeros, and an in-place refusal could be skipped)."""
+    return bool((tensor != 0).any())
 
 
 def _is_tensor(obj: object) -> bool:
@@ -148,6 +159,8 @@ class _Identity(_Function):
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
         ctx.ran = True
+        if at_end:
+            at_end.emulate_after(int(ctx._sequence_nr()))
         results = _identity_backward(ctx, grads)
         for i, result in enumerate(results):
             if result is None and i not in ctx.dead:
@@ -321,7 +334,7 @@ def _reached(reach: _Reach, grads: Grads) -> None:
     reach.done = True
     error = _changed_error(reach.site, reach.k, hazard + _ANOTHER_WAY)
     # (a reduction, a sync and a walk of the graph, on the way to an error only)
-    if reach.live and bool(grad.any()):
+    if reach.live and _nonzero(grad):
         if not _pending.converting:
             raise error
         # Raised by `_converting` once the pass is over: raised here, inside MindSpore's
@@ -748,7 +761,7 @@ def _check_inputs(watched: Sequence[_Watched], site: Site, grads: Grads) -> None
             slot, why = record.returned
             grad = grads[slot] if slot < len(grads) else None
             # (a reduction and a sync, on the way to an error only)
-            if grad is None or not bool(grad.any()):
+            if grad is None or not _nonzero(grad):
                 continue
             raise InPlaceError(
                 f"{site}: an argument of the call was changed in place after the call, and "
@@ -895,22 +908,40 @@ def _memory_key(tensor: Any) -> int | None:
 
 class _End:
     """What to do at the end of a running backward: the deferred calls, and what identities
-    cut (`_cut`): the edges, and the graph before them as it was then. The pass frees its
-    nodes before its final callback, and an identity's node with them (its context lives on,
-    held here): held strongly (until 2026-12-06 the calls were held weakly, and a call whose
+    cut (`_cut`): the graph before the cut edges as it was then, and what torch's engine
+    would send along its edges that MindSpore's does not run. The pass frees its nodes
+    before its final callback, and an identity's node with them (its context lives on, held
+    here): held strongly (until 2026-12-06 the calls were held weakly, and a call whose
     outputs do not read its inputs died with its output side's node, its full hooks never
     fired), until the final callback, or, where the pass raised (it runs none), until the
     Python frame that entered the pass has left its thread's stack."""
 
-    __slots__ = ("calls", "seeds", "entered", "graph", "entry", "thread")
+    __slots__ = (
+        *("calls", "later", "entered", "graph", "reaching", "sent", "queue", "fired"),
+        *("entry", "thread"),
+    )
 
     def __init__(self, entry: int) -> None:
         self.calls: list[Callable[[], None]] = []  # (`_after_backward`)
-        self.seeds: list[tuple[int, int]] = []  # (node, output index), by `_unique_id`
-        self.entered: list[tuple[int, int]] = []  # (`_emulate`: the cutters' `boundary`)
+        self.later: list[Callable[[], None]] = []  # (`_emulated`: waiting for an input side)
+        self.entered: set[tuple[int, int]] = set()  # (`_emulate`: the cutters' `boundary`)
         self.graph: dict[int, _Node] = {}
+        self.reaching: _Reaching | None = None  # (with the first cut)
+        # node -> output index -> 0 (undefined) or 1 (zeros), as torch's engine would send;
+        # the nodes in it by sequence number, latest first (a heap)
+        self.sent: dict[int, dict[int, int]] = {}
+        self.queue: list[tuple[int, int]] = []
+        # unihook's tensor hooks (by `id`: `_Node`s hold them) that ran in the pass since
+        self.fired: set[int] = set()
         self.entry = entry  # (`id` of that frame: frames take no weak reference)
         self.thread = threading.get_ident()
+
+    def send(self, key: int, index: int, kind: int) -> None:
+        slots = self.sent.get(key)
+        if slots is None:
+            slots = self.sent[key] = {}
+            heapq.heappush(self.queue, (-self.graph[key].seq, key))
+        slots[index] = max(slots.get(index, 0), kind)
 
     def stale(self, frames: dict[int, Any]) -> bool:
         """Whether its backward raised: the frame that entered it left its thread's stack
@@ -928,12 +959,22 @@ class _Node:
     an identity, its edges (parent `_unique_id`, output index, or None) by slot, whether it
     is a leaf; `parents` None where MindSpore gave none (one is a custom function that ran)."""
 
-    __slots__ = ("seq", "ctx", "parents", "leaf")
+    __slots__ = ("seq", "ctx", "parents", "leaf", "tensor_hooks")
 
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: Any, key: int) -> None:
         self.leaf = bool(node.is_leaf())
         self.ctx = node if isinstance(node, _Identity) else None
         self.seq = 0 if self.leaf else int(node._sequence_nr())
+        # unihook's tensor hooks on its outputs, by index: held from here (the pass frees
+        # the nodes, and MindSpore the hooks with them, before `_emulate` may run them)
+        self.tensor_hooks: dict[int, Any] = {}
+        registry = at_end.tensor_hooks
+        if registry and not self.leaf:
+            count = len(self.ctx.shapes) if self.ctx is not None else len(node._input_metadata)
+            for index in range(count):
+                hooks = registry.get((key, self.seq, index))
+                if hooks is not None:
+                    self.tensor_hooks[index] = hooks
         edges = _edges(node)
         self.parents: list[tuple[int, int] | None] | None = (
             None
@@ -956,12 +997,39 @@ def _entry_frame() -> int:
 _BACKWARD_CODE = _Identity.backward.__code__
 
 
-# by MindSpore's engine id, one per backward pass
-_at_end: dict[int, _End] = {}
+class _Ends(dict):  # type: ignore[type-arg]
+    """The running passes' `_End`s, by MindSpore's engine id (one per backward pass; a dict:
+    its truth is C's, read at every identity's and unihook tensor hooks' backward), and
+    unihook's tensor hooks (`_TensorHooks`) by the history they are on: (node `_unique_id`,
+    sequence number, output index), which `_emulate` calls where it runs their node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tensor_hooks: weakref.WeakValueDictionary[tuple[int, int, int], Any] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def emulate_after(self, seq: int, tensor_hooks: Any = None) -> None:
+        """Before a node of sequence number `seq` runs: the calls a cut left out that torch's
+        engine makes before it (`_emulate`). MindSpore's engine runs its nodes in torch's
+        order (by sequence number, latest first; measured: tensor hooks on 300 generated
+        graphs fire in torch's order), so a node after it that has not run will not: its
+        hooks are called now, among the pass's own calls, as torch's (until 2026-12-06 they
+        came once the pass was over: a cell called twice got pre, pre, full, full where torch
+        gives pre, full, pre, full, helper-170's FINDING 4 and seed 364)."""
+        end = self.get(_engine_id())
+        if end is not None:
+            if end.queue:
+                _emulate(end, seq)
+            if tensor_hooks is not None:
+                end.fired.add(id(tensor_hooks))  # (its node ran: `_emulate` calls them not)
+
+
+at_end = _Ends()
 
 
 class _Emulating(threading.local):
-    """`_after_backward`'s callbacks while `_emulate` runs hooks (the pass is over)."""
+    """`_after_backward`'s callbacks while `_emulate` runs hooks (MindSpore left its node out)."""
 
     calls: list[Callable[[], None]] | None = None
 
@@ -972,16 +1040,16 @@ _emulating = _Emulating()
 def _end() -> _End:
     """The running backward's `_End`; the first asks for MindSpore's final callback."""
     engine = _pynative_executor.get_current_autodiff_engine_id()
-    end = _at_end.get(engine)
+    end = at_end.get(engine)
     if end is None:
         # (a backward that raised: its calls died with its graph; list(): another thread's
         # backward may add its own meanwhile)
-        if _at_end:
+        if at_end:
             frames = sys._current_frames()
-            for stale, other in list(_at_end.items()):
+            for stale, other in list(at_end.items()):
                 if other.stale(frames):
-                    _at_end.pop(stale, None)
-        end = _at_end[engine] = _End(_entry_frame())
+                    at_end.pop(stale, None)
+        end = at_end[engine] = _End(_entry_frame())
         # A module-level function: MindSpore does not hold a queued callback alive, and a
         # backward that raises after it was queued segfaulted at a closure (docs/MINDSPORE.md)
         _pynative_executor.queue_backward_final_callback(_backward_ended)
@@ -995,7 +1063,7 @@ def _after_backward(callback: Callable[[], None]) -> None:
     pass is not known (`_differentiated`), once the backward is over, if it did not run."""
     calls = _emulating.calls
     if calls is not None:
-        calls.append(callback)  # (the pass is over: `_emulated` decides)
+        calls.append(callback)  # (MindSpore left the node out: `_emulated` decides)
         return
     ctx = getattr(_running, "ctx", None)
     if ctx is None or ctx.input_side is None or not _skips_input_side(ctx.input_side):
@@ -1132,12 +1200,12 @@ def _undifferentiated_data(ref: _InputSide, differentiated: set[int] | None) -> 
 
 
 def _backward_ended() -> None:
-    end = _at_end.pop(_pynative_executor.get_current_autodiff_engine_id(), None)
+    end = at_end.pop(_pynative_executor.get_current_autodiff_engine_id(), None)
     if end is None:
         return
-    if end.seeds:
-        _emulate(end)
-    for callback in end.calls:
+    if end.queue:
+        _emulate(end, -1)
+    for callback in (*end.later, *end.calls):
         callback()
 
 
@@ -1145,7 +1213,7 @@ def _cut(ctx: Any, results: Grads) -> None:
     """The identity `ctx` returned None for some gradients (a hook's None, or none came for an
     output): MindSpore's engine leaves out what is before it that nothing else reaches,
     where torch's passes None on (undefined: no contribution) and calls the hooks there: the
-    edges it cut, and the graph before them, wait for `_emulate`, once the pass is over."""
+    edges it cut, and the graph before them, wait for `_emulate`."""
     edges = ctx.next_functions
     cut = [
         edges[3 + i]
@@ -1154,9 +1222,14 @@ def _cut(ctx: Any, results: Grads) -> None:
     ]
     if cut:
         end = _end()
-        end.seeds.extend((node._unique_id(), index) for node, index in cut)
-        end.entered.extend(ctx.boundary)
+        end.entered.update(ctx.boundary)
         _capture(end.graph, [node for node, _ in cut])
+        if end.reaching is None:
+            end.reaching = _Reaching(end.graph, _pass_state().differentiated)
+        for node, index in cut:
+            key = node._unique_id()
+            if end.reaching.edge(key, index):
+                end.send(key, index, 0)
 
 
 def _capture(graph: dict[int, _Node], nodes: list[Any]) -> None:
@@ -1168,71 +1241,51 @@ def _capture(graph: dict[int, _Node], nodes: list[Any]) -> None:
         key = node._unique_id()
         if key in graph:
             continue
-        graph[key] = _Node(node)
+        graph[key] = _Node(node, key)
         if not graph[key].leaf:
             nodes.extend(parent for parent, _ in _edges(node) or () if parent is not None)
 
 
-def _emulate(end: _End) -> None:
+def _emulate(end: _End, after: int) -> None:
     """Call, with torch's arguments, the hooks of the hooked calls MindSpore's engine left out
-    of the pass that just ended after identities returned None (`_cut`; docs/MINDSPORE.md §11
-    item 4; until 2026-12-06 none were called: 244 of 600 generated programs lost calls;
-    zeros sent on instead gave NaN where they met an infinite derivative, `sqrt` at 0:
-    helper-108). torch's engine runs every node it needs: a None goes on undefined through
-    the ops (no contribution, so MindSpore's gradients are torch's) and through an output
-    identity (its pre-hooks get None), and an input identity makes zeros of it (its full
-    hooks get zeros, and sends zeros on). So: the nodes the cut edges reach through no
-    identity that ran, and from which the pass reaches a leaf it differentiates (MindSpore
-    runs no other: `_Reaching`), in torch's order (by sequence number, latest first: every
-    consumer before its producer), each slot None or zeros as that would give. A gradient a
-    hook returns there has nowhere to go (the pass is over): zeros or None pass, anything
-    else is `HookReturnError`."""
-    graph = end.graph
-    if all(node.ctx is None or node.ctx.ran for node in graph.values()):
-        return  # (an output no one read, before a call whose input side ran: the usual cut)
-    region: set[int] = set()
-    todo = [key for key, _ in end.seeds]
-    while todo:
-        key = todo.pop()
+    of the running pass after identities returned None (`_cut`) whose sequence number is
+    above `after` (-1: all, the pass is over; docs/MINDSPORE.md §11 item 4; until 2026-12-06
+    none were called: 244 of 600 generated programs lost calls; zeros sent on instead gave
+    NaN where they met an infinite derivative, `sqrt` at 0: helper-108). torch's engine runs
+    every node it needs: a None goes on undefined through the ops (no contribution, so
+    MindSpore's gradients are torch's) and through an output identity (its pre-hooks get
+    None), and an input identity makes zeros of it (its full hooks get zeros, and sends
+    zeros on). So: the nodes the cut edges reach through no identity that ran, and from
+    which the pass reaches a leaf it differentiates (MindSpore runs no other: `_Reaching`),
+    in torch's order (by sequence number, latest first: every consumer before its
+    producer), each slot None or zeros as that would give. A gradient a hook returns there
+    has nowhere to go (MindSpore left the node out): zeros or None pass, anything else is
+    `HookReturnError`."""
+    graph, queue, reaching = end.graph, end.queue, end.reaching
+    assert reaching is not None  # (set with the first cut, which queued the first node)
+    while queue and -queue[0][0] > after:
+        key = heapq.heappop(queue)[1]
+        got = end.sent.pop(key)
         node = graph[key]
-        if key in region or node.leaf or (node.ctx is not None and node.ctx.ran):
+        if node.leaf or (node.ctx is not None and node.ctx.ran) or not reaching.runs(key):
             continue
-        region.add(key)
-        todo.extend(edge[0] for edge in node.parents or () if edge is not None)
-    found = _differentiated()
-    differentiated = None if found is None else found[0]
-    reaching = _Reaching(graph, differentiated)
-    needed = {key for key in region if reaching.runs(key)}
-    # node -> output index -> 0 (undefined) or 1 (zeros), as torch's engine would send
-    sent: dict[int, dict[int, int]] = {}
-    for key, index in end.seeds:
-        if reaching.edge(key, index):
-            sent.setdefault(key, {})[index] = 0
-    # the edges into a call without an input side (pre-hooks alone, or inputs that need no
-    # grad), entered by the call's output side: torch's input identity, which every hooked
-    # call has, makes zeros of what reaches it there (helper-170's FINDING 2)
-    entered = set(end.entered)
-    later: list[Callable[[], None]] = []
-    for key in sorted(needed, key=lambda k: graph[k].seq, reverse=True):
-        got = sent.pop(key, None)
-        if got is None:
-            continue
-        node = graph[key]
         parents = node.parents or ()
+        for index, kind in sorted(got.items()):
+            hooks = node.tensor_hooks.get(index)
+            if hooks is not None and hooks.entries and id(hooks) not in end.fired:
+                _emulated_tensor_hooks(hooks, kind)
         if node.ctx is not None:
-            kinds: Sequence[int | None] = _emulated(
-                node.ctx, got, graph, needed, differentiated, later
-            )
-            entered.update(node.ctx.boundary)
+            kinds: Sequence[int | None] = _emulated(node.ctx, got, end)
+            # the edges into a call without an input side (pre-hooks alone, or inputs that
+            # need no grad), entered by the call's output side: torch's input identity, which
+            # every hooked call has, makes zeros of what reaches it there (helper-170's
+            # FINDING 2)
+            end.entered.update(node.ctx.boundary)
         else:
             kinds = [max(got.values())] * len(parents)  # (an op: undefined only from undefined)
         for edge, kind in zip(parents, kinds):
             if edge is not None and kind is not None and reaching.edge(*edge):
-                kind = 1 if edge in entered else kind
-                slots = sent.setdefault(edge[0], {})
-                slots[edge[1]] = max(slots.get(edge[1], 0), kind)
-    for call in later:
-        call()
+                end.send(*edge, 1 if edge in end.entered else kind)
 
 
 def _edges(node: Any) -> Sequence[tuple[Any, int]] | None:
@@ -1353,14 +1406,7 @@ def _leaf_ids(tensors: Any) -> set[int]:
     return ids
 
 
-def _emulated(
-    ctx: Any,
-    got: dict[int, int],
-    graph: dict[int, _Node],
-    needed: set[int],
-    differentiated: set[int] | None,
-    later: list[Callable[[], None]],
-) -> list[int | None]:
+def _emulated(ctx: Any, got: dict[int, int], end: _End) -> list[int | None]:
     """Run the identity `ctx`'s hooks as torch's engine would for what reached it (`_emulate`):
     what it sends on per slot (None: nothing, its input needs no grad)."""
     grads = [
@@ -1382,10 +1428,11 @@ def _emulated(
         # outputs do not depend on the inputs), the arguments of the differentiated function
         ref = ctx.input_side
         input_side = None if ref is None else ref()
+        graph, reaching = end.graph, end.reaching
         keys = [k for k, n in graph.items() if n.ctx is input_side] if input_side else []
-        if keys and keys[0] in needed:
-            later.extend(calls)
-        elif keys or (ref is not None and _undifferentiated_data(ref, differentiated)):
+        if keys and reaching is not None and reaching.runs(keys[0]):
+            end.later.extend(calls)
+        elif keys or (ref is not None and _undifferentiated_data(ref, _pass.differentiated)):
             for call in calls:
                 call()
     kinds: list[int | None] = []
@@ -1394,18 +1441,32 @@ def _emulated(
             kinds.append(None)
         elif result is None:
             kinds.append(0)
-        elif result is grads[i] or not bool(result.any()):
+        elif result is grads[i] or not _nonzero(result):
             kinds.append(1)
         else:
-            raise ctx.site.error(
-                HookReturnError,
-                "None or zeros for this call: MindSpore's engine left it out of the backward "
-                "after another hook returned None for the gradients reaching it, and unihook "
-                "calls its hooks once that backward is over, where a gradient has nowhere to "
-                "go (docs/MINDSPORE.md, section 11 item 4)",
-                f"a gradient with nonzero values at position {i}",
-            )
+            raise _nowhere(ctx.site, "call", f"a gradient with nonzero values at position {i}")
     return kinds
+
+
+def _emulated_tensor_hooks(hooks: Any, kind: int) -> None:
+    """Run unihook's tensor hooks of an output of a node `_emulate` runs, as torch's
+    engine would: with None (undefined) or zeros (`kind`); MindSpore's engine, which left the
+    node out, never calls them (until 2026-12-06 none were called: torch calls a tensor's
+    hooks with None inside a cell whose pre-hook returned None, and with zeros before it)."""
+    result = hooks.run(zeros(*hooks.like) if kind else None)
+    if result is not None and _nonzero(result):
+        raise _nowhere(hooks.site, "tensor's node", "a gradient with nonzero values")
+
+
+def _nowhere(site: Site, what: str, received: str) -> HookReturnError:
+    return site.error(
+        HookReturnError,
+        f"None or zeros for this {what}: MindSpore's engine left it out of the backward after "
+        "another hook returned None for the gradients reaching it, and unihook calls its "
+        "hooks where torch's engine would, but a gradient has nowhere to go "
+        "(docs/MINDSPORE.md, section 11 item 4)",
+        received,
+    )
 
 
 # The input side's aliases (`MindSporeAutograd.identity`), by id: [a weak reference, the

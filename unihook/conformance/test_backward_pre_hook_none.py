@@ -46,7 +46,7 @@ def _logged_chain(kit: Any) -> tuple[Any, Any, list[tuple[Any, ...]]]:
 def test_pre_hook_none_slot_still_runs_the_modules_hooks_and_those_before(backend: Any) -> None:
     """torch's engine passes a pre-hook's None on: the module's own full hook and the hooks of
     the modules before it run (MindSpore's engine leaves out what is before a None: its
-    backend calls them once the pass is over, docs/MINDSPORE.md §11 item 4)."""
+    backend calls them where torch's engine would, docs/MINDSPORE.md §11 item 4)."""
     kit = backend
     a, b, log = _logged_chain(kit)
     unihook.register_full_backward_pre_hook(b, lambda mod, go: (None,), prepend=True)
