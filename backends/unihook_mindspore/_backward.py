@@ -970,8 +970,13 @@ class _Node:
         self.tensor_hooks: dict[int, Any] = {}
         registry = at_end.tensor_hooks
         if registry and not self.leaf:
-            count = len(self.ctx.shapes) if self.ctx is not None else len(node._input_metadata)
-            for index in range(count):
+            # its outputs: an identity's shapes, an op's metadata; a custom function has none
+            # (unihook's `_Guard` and `_Rebase` have one output; a user's first output only)
+            if self.ctx is not None:
+                metadata = self.ctx.shapes
+            else:
+                metadata = getattr(node, "_input_metadata", (None,))
+            for index in range(len(metadata)):
                 hooks = registry.get((key, self.seq, index))
                 if hooks is not None:
                     self.tensor_hooks[index] = hooks
