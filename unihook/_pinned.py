@@ -1008,6 +1008,8 @@ def _pin(
     """`pin`, under `_lock`. Returns the dict it went in."""
     current = access.get(owner, attr)
     hooks = current if isinstance(current, HookDict) else None
+    if type(current) is _Retired:
+        hooks = _shared_again(current, owner, attr, access)
     if hooks is None:
         if not type(current).__weakrefoffset__:
             # a plain dict a library assigned (`m._forward_hooks = {}`): native handles need
@@ -1039,6 +1041,27 @@ def _pin(
     if prepend:
         hooks.move_to_end(key, last=False)
     return hooks
+
+
+def _shared_again(retired: _Retired, owner: Any, attr: str, access: Access) -> HookDict:
+    """The dict to pin `owner`'s hook in, where `owner` holds a retired HookDict: a shallow
+    copy made while unihook held its original's dict, which the original gave back since
+    (torch's copy shares the one dict with its original). Installed again over the
+    framework's dict, for the original if it holds that dict still, and shared by both again
+    (until 2026-12-06 the copy's hook went into the retired dict's own items: the copy no
+    longer ran the native hooks registered on the original since, and a backward hook
+    registered on the original after it ran before it: helper-169's FINDINGS 3, 4); else
+    for `owner`. Its own items where the framework's dict died."""
+    origin = retired.origin()
+    if origin is None:
+        return retired
+    first = retired.owner()
+    holder = first if first is not None and access.get(first, attr) is origin else owner
+    retired._install(origin, holder, attr, access)
+    if holder is not owner:
+        access.put(holder, attr, retired)
+    _retired.pop(id(origin), None)  # (installed: it holds its origin strongly, see `_pin`)
+    return retired
 
 
 def _follow(

@@ -147,3 +147,40 @@ def test_native_hooks_after_unihooks_are_gone_run_on_both(backend: Any, on: str)
     assert seen == []
     assert kit.hook_counts(module) == kit.hook_counts(kit.linear(3, 2, W, B))
     assert kit.hook_counts(twin) == kit.hook_counts(module)
+
+
+@pytest.mark.parametrize("hooked", ["copy", "original"])
+def test_a_backward_hook_after_the_original_gave_its_dict_back_keeps_the_shared_hooks(
+    backend: Any, hooked: str
+) -> None:
+    """A shallow copy made while unihook held the original's dict; the hook goes, the
+    original takes the framework's dict back, native forward hooks are registered on it, and
+    a backward hook on one of them: both modules run the native hooks and that hook, as
+    torch's, whose copy shares the one dict (until 2026-12-06, with the hook on the copy, the
+    copy ran neither native hook and the original not the hook: helper-169's FINDING 3)."""
+    kit = backend
+    module = kit.linear(3, 2, W, B)
+    handle = unihook.register_full_backward_hook(module, lambda m, gi, go: None)
+    _step(kit, module)
+    twin = copy.copy(module)
+    handle.remove()
+    seen: list[str] = []
+    removes = [kit.native_hook(module, "forward", lambda m, args, out: seen.append("f1"))]
+    target = twin if hooked == "copy" else module
+    handle = unihook.register_full_backward_hook(target, lambda m, gi, go: seen.append("C"))
+    removes.append(kit.native_hook(module, "forward", lambda m, args, out: seen.append("f2")))
+    try:
+        for called in (twin, module, twin):
+            seen.clear()
+            _step(kit, called)
+            assert seen == ["f1", "f2", "C"], f"{called is twin=}"
+    finally:
+        handle.remove()
+    for remove in removes:
+        remove()
+    seen.clear()
+    _step(kit, module)
+    _step(kit, twin)
+    assert seen == []
+    assert kit.hook_counts(module) == kit.hook_counts(kit.linear(3, 2, W, B))
+    assert kit.hook_counts(twin) == kit.hook_counts(module)
