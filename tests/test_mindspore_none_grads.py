@@ -554,3 +554,79 @@ def test_a_call_without_an_input_side_makes_zeros_at_its_inputs() -> None:
             ms.grad(f, None, cell.trainable_params())(ms.Tensor(np.ones((2, 3), np.float32)))
         logs[framework] = log
     assert logs["mindspore"] == logs["torch"] == [("values",), ("zeros",)]
+
+
+def test_zeros_a_left_out_input_side_makes_reach_a_live_call_as_zeros() -> None:
+    """``y1, y2 = a(x)`` (a returns ``(d(x), tanh(x))``), loss ``y1 + b(y2)``, b's pre-hook
+    returning None: torch's engine runs b's input identity, which makes zeros of the None,
+    so a's pre-hook gets ``(values, zeros)``; MindSpore's engine leaves b out and sends a's
+    second output nothing: its hooks got None there until 2026-12-06 (helper-170's
+    FINDING 3: 5 of its generator's 450 programs)."""
+    logs = {}
+    for framework in ("torch", "mindspore"):
+        log: list[Any] = []
+        d, inner = _chain(framework)
+        a = _pair(framework, d)
+        pre = (lambda m, go: log.append(("a", _described(go)))), (lambda m, go: (None,))
+        full = lambda m, gi, go: log.append(("b", _described(gi)))  # noqa: E731
+        if framework == "torch":
+            a.register_full_backward_pre_hook(pre[0])
+            inner.register_full_backward_pre_hook(pre[1])
+            inner.register_full_backward_hook(full)
+            x = torch.ones(2, 3, requires_grad=True)
+            y1, y2 = a(x)
+            (y1.sum() + inner(y2).sum()).backward()
+        else:
+            unihook.register_full_backward_pre_hook(a, pre[0])
+            unihook.register_full_backward_pre_hook(inner, pre[1])
+            unihook.register_full_backward_hook(inner, full)
+
+            def f(x: Any) -> Any:
+                y1, y2 = a(x)
+                return y1.sum() + inner(y2).sum()
+
+            ms.grad(f)(ms.Tensor(np.ones((2, 3), np.float32)))
+        logs[framework] = log
+    assert logs["mindspore"] == logs["torch"] == [("b", ("zeros",)), ("a", ("values", "zeros"))]
+
+
+def test_a_hook_raising_among_the_left_out_calls_keeps_nothing_alive() -> None:
+    """A tensor hook called for a node a cut left out raises in the middle of the pass (a live
+    call with a lower sequence number made the left-out calls): the next pass that cuts lets
+    go of what the first held, the hook's closure too (until 2026-12-06 the first pass's
+    record stayed for good where a later frame took its entry frame's address: helper-173's
+    FINDING 3)."""
+    from unihook_mindspore import _backward
+
+    class Held:
+        pass
+
+    def first() -> Any:
+        a, c = _chain("mindspore")
+        unihook.register_full_backward_pre_hook(c, lambda m, go: (None,))
+        held = Held()
+
+        def boom(grad: Any) -> None:
+            raise KeyError(held)
+
+        def f(x: Any) -> Any:
+            z = ms.ops.tanh(x) * 3
+            unihook.register_tensor_hook(z, lambda g: None)  # (live, lower: makes the calls)
+            h = a(x) * 1.0
+            unihook.register_tensor_hook(h, boom)
+            return c(h).sum() + (z * z).sum()
+
+        with pytest.raises(KeyError):
+            ms.grad(f)(ms.Tensor(np.ones((2, 3), np.float32)))
+        return weakref.ref(held)
+
+    gone = first()
+    a, b = _chain("mindspore")
+    unihook.register_full_backward_pre_hook(b, lambda m, go: (None,))
+    for _ in range(2):
+        ms.grad(lambda x: b(ms.ops.tanh(a(x))).sum() + (x * x).sum())(
+            ms.Tensor(np.ones((2, 3), np.float32))
+        )
+    gc.collect()
+    assert gone() is None
+    assert not _backward.at_end

@@ -157,10 +157,12 @@ class _Identity(_Function):
         return aliases
 
     @staticmethod
-    def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
+    def backward(ctx: Any, *came: Any) -> Any:  # type: ignore[override]
         ctx.ran = True
+        grads: Grads = came
         if at_end:
             at_end.emulate_after(int(ctx._sequence_nr()))
+            grads = at_end.with_zeros_sent(ctx, came)
         results = _identity_backward(ctx, grads)
         for i, result in enumerate(results):
             if result is None and i not in ctx.dead:
@@ -921,7 +923,7 @@ class _End:
         *("entry", "thread"),
     )
 
-    def __init__(self, entry: int) -> None:
+    def __init__(self, entry: tuple[int, Any, int]) -> None:
         self.calls: list[Callable[[], None]] = []  # (`_after_backward`)
         self.later: list[Callable[[], None]] = []  # (`_emulated`: waiting for an input side)
         self.entered: set[tuple[int, int]] = set()  # (`_emulate`: the cutters' `boundary`)
@@ -933,7 +935,7 @@ class _End:
         self.queue: list[tuple[int, int]] = []
         # unihook's tensor hooks (by `id`: `_Node`s hold them) that ran in the pass since
         self.fired: set[int] = set()
-        self.entry = entry  # (`id` of that frame: frames take no weak reference)
+        self.entry = entry  # (`_entry_frame`: frames take no weak reference)
         self.thread = threading.get_ident()
 
     def send(self, key: int, index: int, kind: int) -> None:
@@ -945,13 +947,20 @@ class _End:
 
     def stale(self, frames: dict[int, Any]) -> bool:
         """Whether its backward raised: the frame that entered it left its thread's stack
-        (`frames`: `sys._current_frames`)."""
+        (`frames`: `sys._current_frames`). A frame's id is its address, which a later frame
+        may take: the one at the entry frame's depth must be it, with its code (an id found
+        anywhere on the stack kept such an `_End`, and the hooks it holds, alive: helper-173's
+        FINDING 3)."""
+        stack = []
         frame = frames.get(self.thread)
         while frame is not None:
-            if id(frame) == self.entry:
-                return False
+            stack.append(frame)
             frame = frame.f_back
-        return True
+        ident, code, depth = self.entry
+        if not 0 <= depth < len(stack):
+            return True
+        frame = stack[len(stack) - 1 - depth]
+        return id(frame) != ident or frame.f_code is not code
 
 
 class _Node:
@@ -988,15 +997,20 @@ class _Node:
         )
 
 
-def _entry_frame() -> int:
-    """`id` of the Python frame below the running pass's identity backward, which entered
-    MindSpore's backward (it stays on the stack until the pass is over, or raised)."""
+def _entry_frame() -> tuple[int, Any, int]:
+    """The Python frame below the running pass's identity backward, which entered MindSpore's
+    backward (it stays on the stack until the pass is over, or raised): its `id`, its code and
+    its depth (frames below it)."""
     frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is _BACKWARD_CODE:
-            return id(frame.f_back)
+    while frame is not None and frame.f_code is not _BACKWARD_CODE:
         frame = frame.f_back
-    return 0
+    entry = None if frame is None else frame.f_back
+    if entry is None:
+        return (0, None, -1)
+    depth, below = 0, entry.f_back
+    while below is not None:
+        depth, below = depth + 1, below.f_back
+    return (id(entry), entry.f_code, depth)
 
 
 _BACKWARD_CODE = _Identity.backward.__code__
@@ -1029,6 +1043,21 @@ class _Ends(dict):  # type: ignore[type-arg]
             if tensor_hooks is not None:
                 end.fired.add(id(tensor_hooks))  # (its node ran: `_emulate` calls them not)
 
+    def with_zeros_sent(self, ctx: Any, grads: Grads) -> Grads:
+        """`grads` of the identity `ctx`, running now, with zeros where MindSpore's engine sends
+        nothing and torch's zeros: a left-out input identity made them (`_emulate`, which has
+        run every left-out node after this one). Its hooks see them, and it sends them on, as
+        torch's (until 2026-12-06 a None: helper-170's FINDING 3)."""
+        end = self.get(_engine_id())
+        got = None if end is None else end.sent.get(ctx._unique_id())
+        if not got:
+            return grads
+        filled = list(grads)
+        for i, kind in got.items():
+            if kind and filled[i] is None and i not in ctx.dead:
+                filled[i] = zeros(*ctx.shapes[i])
+        return tuple(filled)
+
 
 at_end = _Ends()
 
@@ -1049,12 +1078,14 @@ def _end() -> _End:
     if end is None:
         # (a backward that raised: its calls died with its graph; list(): another thread's
         # backward may add its own meanwhile)
+        entry = _entry_frame()
         if at_end:
             frames = sys._current_frames()
             for stale, other in list(at_end.items()):
-                if other.stale(frames):
+                # (no two running passes have one entry frame)
+                if other.entry == entry or other.stale(frames):
                     at_end.pop(stale, None)
-        end = at_end[engine] = _End(_entry_frame())
+        end = at_end[engine] = _End(entry)
         # A module-level function: MindSpore does not hold a queued callback alive, and a
         # backward that raises after it was queued segfaulted at a closure (docs/MINDSPORE.md)
         _pynative_executor.queue_backward_final_callback(_backward_ended)
