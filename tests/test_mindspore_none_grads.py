@@ -630,3 +630,32 @@ def test_a_hook_raising_among_the_left_out_calls_keeps_nothing_alive() -> None:
     gc.collect()
     assert gone() is None
     assert not _backward.at_end
+
+
+def test_a_tensor_hook_of_an_earlier_graph_is_not_called_for_a_left_out_node() -> None:
+    """A tensor hook registered in a first step's graph, its handle kept: a later step's
+    node MindSpore leaves out must not run it (torch's hook stays on the first graph's node:
+    never called again). A node's `_unique_id` is its address, which a later step's node
+    takes (measured: the same id in two steps of this loop), hence the sequence number
+    (counted per process) in the key."""
+    a, b = _chain("mindspore")
+    calls: list[str] = []
+    handles: list[Any] = []
+
+    def f(x: Any, first: bool) -> Any:
+        h = ms.ops.tanh(a(x))
+        if first:
+            handles.append(unihook.register_tensor_hook(h, lambda g: calls.append("first")))
+        return b(h).sum()
+
+    x = ms.Tensor(np.ones((2, 3), np.float32))
+    ms.grad(lambda x: f(x, True))(x)
+    assert calls == ["first"]
+    cut = unihook.register_full_backward_pre_hook(b, lambda m, go: (None,))
+    try:
+        for _ in range(5):
+            ms.grad(lambda x: f(x, False))(x)
+    finally:
+        cut.remove()
+        handles[0].remove()
+    assert calls == ["first"]

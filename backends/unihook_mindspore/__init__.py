@@ -334,8 +334,9 @@ def _hooks_of(tensor: Any, site: Site) -> _TensorHooks:
 
 
 def _history(tensor: Any) -> object:
-    """What names `tensor`'s history: its grad node's `_unique_id` and sequence number (an
-    address may be reused) and its output index there (None for a leaf)."""
+    """What names `tensor`'s history: its grad node's `_unique_id`, and for an op's output
+    its sequence number (counted per process: a node's id is its address, which a later
+    node takes) and output index; None without a node."""
     from mindspore.graph.api import _pynative_executor
 
     _pynative_executor.sync()  # (an in-place op gives the tensor its node in the pipeline)
