@@ -154,6 +154,8 @@ class HookDict(OrderedDict[int, Any]):
         self._origin: OrderedDict[int, Any] | None = None  # strong while installed
         self._origin_ref: weakref.ref[OrderedDict[int, Any]] | None = None
         self._owner: weakref.ref[Any] | None = None
+        # the shallow copy that holds it too, where `_shared_again` put it back on the owner
+        self._sharer: weakref.ref[Any] | None = None
         self._attr = ""  # the owner's attribute holding it, read through `_access`
         self._access: Access | None = None
         self.pinned: list[int] = []  # kept last, in this order
@@ -192,6 +194,7 @@ class HookDict(OrderedDict[int, Any]):
         self._origin = origin
         self._origin_ref = weakref.ref(origin)
         self._owner = weakref.ref(owner)
+        self._sharer = None
         self._attr = attr
         self._access = access
         self.pinned = [k for k, _ in kept]
@@ -1060,6 +1063,7 @@ def _shared_again(retired: _Retired, owner: Any, attr: str, access: Access) -> H
     retired._install(origin, holder, attr, access)
     if holder is not owner:
         access.put(holder, attr, retired)
+        retired._sharer = weakref.ref(owner)
     _retired.pop(id(origin), None)  # (installed: it holds its origin strongly, see `_pin`)
     return retired
 
@@ -1208,8 +1212,15 @@ def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
     hooks._origin = None
     hooks.__class__ = _Retired
     hooks._changed()
-    if access.get(owner, attr) is hooks:
-        access.put(owner, attr, origin)
+    # The framework's dict goes back to `owner`, and to the other module known to hold this
+    # one (its owner, or the copy `_shared_again` shared it with): torch's copy and original
+    # share that one dict (until 2026-12-06 the other kept the retired dict, which holds the
+    # framework's weakly, and ran none of its native hooks once `owner` died or a library
+    # gave it another dict: helper-174's FINDING 5).
+    sharer = getattr(hooks, "_sharer", None)
+    for holder in (owner, hooks.owner(), None if sharer is None else sharer()):
+        if holder is not None and access.get(holder, attr) is hooks:
+            access.put(holder, attr, origin)
 
 
 class _Retired(HookDict):

@@ -7,6 +7,8 @@ Removing every hook leaves both modules as native registration alone would."""
 from __future__ import annotations
 
 import copy
+import gc
+from collections import OrderedDict
 from typing import Any
 
 import pytest
@@ -184,3 +186,36 @@ def test_a_backward_hook_after_the_original_gave_its_dict_back_keeps_the_shared_
     assert seen == []
     assert kit.hook_counts(module) == kit.hook_counts(kit.linear(3, 2, W, B))
     assert kit.hook_counts(twin) == kit.hook_counts(module)
+
+
+@pytest.mark.parametrize("then", ["copy_dies", "copy_dict_replaced"])
+def test_the_original_keeps_its_native_hooks_after_the_copys_hook_came_and_went(
+    backend: Any, then: str
+) -> None:
+    """A native hook on the original; a copy made while unihook held its dict; that hook
+    removed; a backward hook on the copy, removed: both modules get the framework's dict
+    back, as torch's copy and original share it, and the original runs its native hook
+    once the copy died or a library gave the copy another dict (until 2026-12-06 the
+    original kept a retired dict, which holds the framework's weakly, and ran nothing:
+    helper-174's FINDING 5, a regression of the fix above, caught before it landed)."""
+    kit = backend
+    module = kit.linear(3, 2, W, B)
+    seen: list[str] = []
+    remove = kit.native_hook(module, "forward", lambda m, args, out: seen.append("f"))
+    handle = unihook.register_full_backward_hook(module, lambda m, gi, go: None)
+    _step(kit, module)
+    twin: Any = copy.copy(module)
+    handle.remove()
+    unihook.register_full_backward_hook(twin, lambda m, gi, go: None).remove()
+    if then == "copy_dies":
+        twin = None
+        gc.collect()
+    else:
+        kit.replace_hook_dict(twin, "forward", OrderedDict)
+    seen.clear()
+    _step(kit, module)
+    assert seen == ["f"]
+    remove()
+    if then == "copy_dict_replaced" and kit.name == "mindspore":
+        return  # (MindSpore alone leaves the hook in the original there: measured)
+    assert kit.hook_counts(module) == kit.hook_counts(kit.linear(3, 2, W, B))
