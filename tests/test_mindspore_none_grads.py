@@ -104,13 +104,21 @@ def _hooked(framework: str, cell: Any, i: int, kind: str, nones: Any, log: Log) 
         unihook.register_full_backward_pre_hook(cell, hook)
 
 
-def _run(framework: str, spec: Spec, weights: list[tuple[Any, Any]], x0: Any) -> Any:
-    """The hook calls and the gradients (input, then each cell's weight and bias)."""
+def _hooked_cells(
+    framework: str, spec: Spec, weights: list[tuple[Any, Any]]
+) -> tuple[list[Any], Log]:
+    """`spec`'s cells with its hooks, and the log they write."""
     cells = _cells(framework, spec, weights)
     log: Log = []
     for i, (cell, (_, hooks)) in enumerate(zip(cells, spec)):
         for kind, nones in hooks:
             _hooked(framework, cell, i, kind, nones, log)
+    return cells, log
+
+
+def _run(framework: str, spec: Spec, weights: list[tuple[Any, Any]], x0: Any) -> Any:
+    """The hook calls and the gradients (input, then each cell's weight and bias)."""
+    cells, log = _hooked_cells(framework, spec, weights)
     tanh = torch.tanh if framework == "torch" else ms.ops.tanh
 
     def loss(x: Any) -> Any:
@@ -201,11 +209,7 @@ def _run_reused(framework: str, seed: int, tensors: bool = False) -> list[tuple[
     """The hook calls; with `tensors`, tensor hooks on some calls' outputs and activations
     too, logging their gradient (None, zeros or values)."""
     spec, weights, x0, calls = _reused_program(seed)
-    cells = _cells(framework, spec, weights)
-    log: Log = []
-    for i, (cell, (_, hooks)) in enumerate(zip(cells, spec)):
-        for kind, nones in hooks:
-            _hooked(framework, cell, i, kind, nones, log)
+    cells, log = _hooked_cells(framework, spec, weights)
     tanh = torch.tanh if framework == "torch" else ms.ops.tanh
     r = random.Random(seed + 20_000)
     watched = [(r.random() < 0.5, r.random() < 0.5) if tensors else (False, False) for _ in calls]

@@ -123,6 +123,16 @@ def test_a_shallow_copy_runs_each_hook_once_per_call(
     assert kit.hook_counts(module) == kit.hook_counts(twin)
 
 
+def _nothing_left(kit: Any, module: Any, twin: Any, seen: list[Any]) -> None:
+    """Every hook removed: neither module runs one, and both hold what a fresh one does."""
+    seen.clear()
+    _step(kit, module)
+    _step(kit, twin)
+    assert seen == []
+    assert kit.hook_counts(module) == kit.hook_counts(kit.linear(3, 2, W, B))
+    assert kit.hook_counts(twin) == kit.hook_counts(module)
+
+
 @pytest.mark.parametrize("on", ["original", "copy"])
 def test_native_hooks_after_unihooks_are_gone_run_on_both(backend: Any, on: str) -> None:
     # without unihook both modules hold one dict: a native hook registered on either, once
@@ -143,12 +153,7 @@ def test_native_hooks_after_unihooks_are_gone_run_on_both(backend: Any, on: str)
         pytest.xfail(RETIRED)
     assert seen == [module, twin]
     remove()
-    seen.clear()
-    _step(kit, module)
-    _step(kit, twin)
-    assert seen == []
-    assert kit.hook_counts(module) == kit.hook_counts(kit.linear(3, 2, W, B))
-    assert kit.hook_counts(twin) == kit.hook_counts(module)
+    _nothing_left(kit, module, twin, seen)
 
 
 @pytest.mark.parametrize("hooked", ["copy", "original"])
@@ -180,12 +185,7 @@ def test_a_backward_hook_after_the_original_gave_its_dict_back_keeps_the_shared_
         handle.remove()
     for remove in removes:
         remove()
-    seen.clear()
-    _step(kit, module)
-    _step(kit, twin)
-    assert seen == []
-    assert kit.hook_counts(module) == kit.hook_counts(kit.linear(3, 2, W, B))
-    assert kit.hook_counts(twin) == kit.hook_counts(module)
+    _nothing_left(kit, module, twin, seen)
 
 
 @pytest.mark.parametrize("then", ["copy_dies", "copy_dict_replaced"])
