@@ -1052,9 +1052,8 @@ def _shared_again(retired: _Retired, owner: Any, attr: str, access: Access) -> H
     (torch's copy shares the one dict with its original). Installed again over the
     framework's dict, for the original if it holds that dict still, and shared by both again
     (until 2026-12-06 the copy's hook went into the retired dict's own items: the copy no
-    longer ran the native hooks registered on the original since, and a backward hook
-    registered on the original after it ran before it: helper-169's FINDINGS 3, 4); else
-    for `owner`. Its own items where the framework's dict died."""
+    longer ran the native hooks registered on the original since, helper-169's FINDING 3);
+    else for `owner`. Its own items where the framework's dict died."""
     origin = retired.origin()
     if origin is None:
         return retired
