@@ -4,9 +4,10 @@
 Each test named ``test_finding*`` is a FINDING that fails on 7c1d7cd (see the report). Fixed
 since: 1, 4-6, 9, 12-15 (1 and 15 by taking `_RetiredHookDict` out again), 2 and 11 (on
 2026-12-06: a retired dict's size, ``in`` and lookups follow the framework's dict, and the
-module taking back the dict its copy holds keeps the copy's dispatchers). Still open (strict
-xfails, `OPEN`, on the backends where they fail): 3, 7, 8, 10 (refused plainly since
-2026-12-04). FINDING 9's test
+module taking back the dict its copy holds keeps the copy's dispatchers), 3 (on 2026-12-07:
+the dispatchers of a dead module's last removed hook leave the dicts its copy shares, through
+weak references to them, `Pinned.orphans`). Still open (strict xfails, `OPEN`, on the backends
+where they fail): 7, 8, 10 (refused plainly since 2026-12-04). FINDING 9's test
 interrupts the same line in `_global._uncount`, where its fix moved it.
 """
 
@@ -27,10 +28,6 @@ from unihook import _pinned
 
 # FINDING -> (backends where it still fails, why)
 OPEN: dict[int, tuple[frozenset[str], str]] = {
-    3: (
-        frozenset({"torch", "paddle", "mindspore"}),
-        "a removal through a dead module's state does not reach the copy's shared dict",
-    ),
     7: (
         frozenset({"torch", "paddle", "mindspore"}),
         "a Ctrl-C on entering a weakref callback, before any of its code: not retried",
@@ -135,11 +132,10 @@ def test_finding2_a_copy_and_its_original_hooked_again_leave_residue(
 
 def test_finding3_a_backward_hook_runs_after_its_removal_once_the_original_died(
     backend: Any,
-    request: Any,
 ) -> None:
-    _open(request, 3, backend.name)
     # without unihook, the handle removes the hook from the dict the copy shares: it never
-    # runs again. Here the copy keeps running the dead original's backward hook
+    # runs again, and the copy holds no hook. Here the copy kept the dead original's
+    # dispatchers
     kit = backend
     module = kit.linear(3, 2, W, B)
     seen: list[Any] = []
@@ -157,7 +153,7 @@ def test_finding3_a_backward_hook_runs_after_its_removal_once_the_original_died(
 
 def test_finding3_a_hook_removed_after_its_module_died_stops_on_the_copy(backend: Any) -> None:
     # the silent half of FINDING 3: the removed hook ran on for the copy (its residue, the
-    # dispatchers left passing on in the copy's dicts, is the strict xfail above)
+    # dispatchers left passing on in the copy's dicts, is the test above)
     kit = backend
     module = kit.linear(3, 2, W, B)
     seen: list[Any] = []

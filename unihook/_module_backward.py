@@ -1797,9 +1797,12 @@ def register_backward_hook(
             if m is None:
                 # the module died, a shallow copy sharing its hook dicts runs the dispatchers
                 # still: the hook leaves the state they serve (until 2026-12-04 it kept
-                # running there: helper-86's FINDING 3). The state stays live, and its
-                # dispatchers in the copy's dicts, which no removal can reach now.
-                state.discard(key)
+                # running there: helper-86's FINDING 3), and with the last one the
+                # dispatchers leave those dicts (`Dispatchers.remove` reaches them without
+                # the module; until 2026-12-07 they stayed for good, helper-174's FINDING 2)
+                if state.discard(key):
+                    state.removed = True
+                    state.retire()
                 return
             if _states.get(m) is state:
                 if not state.discard(key):

@@ -11,8 +11,11 @@ registers after them. So while unihook has a key in a hook dict, the module hold
 - every change is mirrored into the dict it replaced (the origin), and a key an older native
   handle deletes from the origin is dropped at the next call: native handles keep working;
 - when unihook's last key leaves, the origin object itself goes back, holding exactly what
-  native registration alone would hold. The HookDict lives on beside it (`_retired`), so the
-  handles created meanwhile (a weakref to it) still remove their hook;
+  native registration alone would hold. The HookDict, retired, holds it still (a shallow copy
+  made meanwhile holds the HookDict, and runs the origin's hooks through it); once no module
+  holds it, it lives on parked (`_retired`, weakly to the origin), so the handles created
+  meanwhile (a weakref to it) still remove their hook, also once the module died: another
+  module (a shallow copy) may hold the origin;
 - a library may assign the module a new hook dict (``m._forward_hooks = OrderedDict()``, or a
   copy of the old one): torch's own backward hooks live elsewhere and survive that, so the
   pinned keys (the backward dispatchers) follow the module into the new dict, which becomes
@@ -47,10 +50,12 @@ __all__ = [
     "HookDict",
     "Pinned",
     "SnapshotDict",
+    "dicts_of",
     "new_key",
     "pin",
     "pinned_key",
     "unpin",
+    "unpin_orphaned",
 ]
 
 
@@ -153,6 +158,9 @@ class HookDict(OrderedDict[int, Any]):
         super().__init__()
         self._origin: OrderedDict[int, Any] | None = None  # strong while installed
         self._origin_ref: weakref.ref[OrderedDict[int, Any]] | None = None
+        # retired (`_retire`): the origin, strong while a module (a shallow copy) may hold this
+        # dict still; weak once parked (`_park`)
+        self._held: OrderedDict[int, Any] | None = None
         self._owner: weakref.ref[Any] | None = None
         # the shallow copy that holds it too, where `_shared_again` put it back on the owner
         self._sharer: weakref.ref[Any] | None = None
@@ -193,6 +201,7 @@ class HookDict(OrderedDict[int, Any]):
         tail, flags, uncopied = self.tail, self.flags, self.uncopied
         self._origin = origin
         self._origin_ref = weakref.ref(origin)
+        self._held = None
         self._owner = weakref.ref(owner)
         self._sharer = None
         self._attr = attr
@@ -219,6 +228,8 @@ class HookDict(OrderedDict[int, Any]):
     def origin(self) -> OrderedDict[int, Any] | None:
         if self._origin is not None:
             return self._origin
+        if self._held is not None:
+            return self._held
         return None if self._origin_ref is None else self._origin_ref()
 
     def _repin(self) -> None:
@@ -537,17 +548,29 @@ class HookDict(OrderedDict[int, Any]):
 
     def __del__(self, finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
         # Dropped by its module while installed: a library assigned the module another
-        # hook dict. The pinned keys follow the module there (see the module docstring).
+        # hook dict, the pinned keys follow the module there (see the module docstring); or
+        # the module died. Retired: the last module that held it died (a shallow copy), or
+        # none held it after `_retire`. Either way it lives on parked (`_park`), where the
+        # native handles registered through it, which refer to it weakly, still remove
+        # their hooks from the framework's dict, if another module holds that one.
         # (getattr: a Ctrl-C landing in __init__ leaves one without its attributes;
         # `finalizing` bound now: at interpreter exit this module's globals may be gone first)
-        if getattr(self, "_origin", None) is None or finalizing():
+        if finalizing():
             return
-        try:
-            self._dropped()
-        except KeyboardInterrupt:
-            # a finalizer: the interpreter swallows a Ctrl-C landing here ("Exception
-            # ignored"), and the hooks would stop following for good. `_follow` can run twice.
-            self._dropped()
+        if getattr(self, "_origin", None) is not None:
+            try:
+                self._dropped()
+            except KeyboardInterrupt:
+                # a finalizer: the interpreter swallows a Ctrl-C landing here ("Exception
+                # ignored"), and the hooks would stop following for good. `_follow` can run
+                # twice.
+                self._dropped()
+            if self.owner() is None:
+                # (its forward hooks' flags stay, as the hooks do, until their handles go)
+                _unflag_dead({k: v for k, v in self.flags.items() if k in self.pinned})
+            _to_retired(self)
+        if getattr(self, "_held", None) is not None:
+            _park(self)
 
     def _dropped(self) -> None:
         """`__del__`'s work: the module dropped this dict while installed."""
@@ -658,6 +681,11 @@ class HookDict(OrderedDict[int, Any]):
         copy gets its own backward state (`_copy_state`) behind the copied dispatchers."""
         from copy import deepcopy
 
+        if self._origin is None and not self.owned:
+            # retired, a shallow copy's (`_retire`): what the framework's dict holds, as its
+            # reads (until 2026-12-07 TypeError once the module it was installed on died:
+            # helper-174's FINDING 4)
+            return self._forward_hooks_copy(memo)
         owner = None if self._owner is None else self._owner()
         if id(owner) not in memo and self._serves_backward():
             if not memo:
@@ -801,9 +829,11 @@ def _snapshot(items: Callable[[], Iterable[tuple[int, Any]]]) -> tuple[tuple[int
             continue
 
 
-# id(origin) -> (weakref to the origin, its retired HookDict): the HookDict lives as long as
-# the origin, without keeping it alive.
-_retired: dict[int, tuple[weakref.ref[Any], HookDict]] = {}
+# id(origin) -> (weakref to the origin, its parked HookDicts: `_park`), which live as long as
+# the origin, without keeping it alive
+_retired: dict[int, tuple[weakref.ref[Any], list[HookDict]]] = {}
+# id(origin) -> weakref to the retired HookDict that holds it, while alive (`_hold`)
+_holding: dict[int, weakref.ref[HookDict]] = {}
 _lock = RegistryLock()  # registrations from several threads
 _versions = count()  # HookDict versions
 
@@ -860,6 +890,22 @@ def _unflag(owner: Any, attr: str, key: int, access: Access) -> None:
         watch.keys.pop(key, None)
         if not watch.keys:  # (no residue: the table is the framework's alone again)
             del _flagged[id(table)]
+
+
+def _unflag_dead(flags: dict[int, tuple[str, ...]]) -> None:
+    """Take the keys `flags` of a HookDict whose module died out of the flag tables that
+    outlive it: a shallow copy of the module shares them (the framework calls a hook of a
+    flagged key there always, which none is: until 2026-12-07 a flag stayed for good)."""
+    for ident, watch in list(_flagged.items()):
+        if watch.owner() is not None or not flags.keys() & watch.keys.keys():
+            continue
+        table = watch.ref()
+        for key in flags.keys() & watch.keys.keys():
+            watch.keys.pop(key, None)
+            if table is not None:
+                table.pop(key, None)
+        if not watch.keys and _flagged.get(ident) is watch:
+            del _flagged[ident]
 
 
 def _table_dropped(ident: int, ref: weakref.ref[Any]) -> None:
@@ -1018,15 +1064,16 @@ def _pin(
             # a plain dict a library assigned (`m._forward_hooks = {}`): native handles need
             # a weak reference to their dict, the origin is an OrderedDict of its entries
             current = OrderedDict(current)
-        ident = id(current)
-        entry = _retired.get(ident)
-        hooks = entry[1] if entry is not None and entry[0]() is current else HookDict()
+        # A retired one over this dict that a shallow copy holds still (`_retire`): shared
+        # again, as the framework's copy and module share the one dict (the copy's calls run
+        # the hooks pinned now, helper-169's FINDING 3).
+        held = _held_over(current)
+        hooks = HookDict() if held is None else held
         hooks._install(current, owner, attr, access)
         access.put(owner, attr, hooks)
-        # (out of `_retired` once installed: it holds its origin strongly. Taken out first, a
-        # Ctrl-C before the swap would drop it, and with it the removals of the native hooks
-        # registered through it; left in, the module's death would not free them.)
-        _retired.pop(ident, None)
+        # (out of `_holding` once installed. Taken out first, a Ctrl-C before the swap would
+        # leave it installed, holding the origin, where no removal finds it: `_unpin`.)
+        _unhold(current, hooks)
     hooks.owned.add(key)
     if key in hooks.pinned:  # (a run a Ctrl-C cut short before the key went in)
         hooks.pinned.remove(key)
@@ -1063,7 +1110,7 @@ def _shared_again(retired: _Retired, owner: Any, attr: str, access: Access) -> H
     if holder is not owner:
         access.put(holder, attr, retired)
         retired._sharer = weakref.ref(owner)
-    _retired.pop(id(origin), None)  # (installed: it holds its origin strongly, see `_pin`)
+    _unhold(origin, retired)  # (installed: see `_pin`)
     return retired
 
 
@@ -1157,6 +1204,47 @@ def unpin(owner: Any, attr: str, key: int, access: Access, *, flags: tuple[str, 
             _unflag(owner, table, key, access)
 
 
+def dicts_of(
+    owner: Any, attr: str, flags: tuple[str, ...], access: Access
+) -> tuple[weakref.ref[Any] | None, ...]:
+    """Weak references to `owner`'s hook dict `attr` and flag tables `flags` (None for one
+    that cannot be referred to weakly), as a hook of unihook's went in: `unpin_orphaned`."""
+    return tuple(_weak(_table(access, owner, name)) for name in (attr, *flags))
+
+
+def _weak(value: Any) -> weakref.ref[Any] | None:
+    try:
+        return weakref.ref(value)
+    except TypeError:  # (a plain dict a library assigned, or none)
+        return None
+
+
+def unpin_orphaned(dicts: tuple[weakref.ref[Any] | None, ...], key: int) -> None:
+    """Remove unihook's hook `key` from the dicts `dicts_of` took, once its module died: a
+    shallow copy of the module shares them, as the framework's own handle, which refers to
+    the dicts, not to the module, reaches them (until 2026-12-07 the removal did nothing and
+    the copy ran the hook for good: helper-174's FINDING 2). Idempotent."""
+    if _lock.deferred(lambda: unpin_orphaned(dicts, key)):
+        return
+    with _lock, _lock.mutex:
+        hooks, *tables = [None if ref is None else ref() for ref in dicts]
+        if isinstance(hooks, HookDict):
+            hooks.drop(key)
+            if hooks._origin is not None and not hooks.owned and hooks._access is not None:
+                _retire(hooks, None, hooks._attr, hooks._access)  # (the copy's then)
+        elif hooks is not None:
+            hooks.pop(key, None)
+        for table in tables:
+            if table is None:
+                continue
+            table.pop(key, None)
+            watch = _flagged.get(id(table))
+            if watch is not None and watch.ref() is table:
+                watch.keys.pop(key, None)
+                if not watch.keys:
+                    del _flagged[id(table)]
+
+
 def _unpin(owner: Any, attr: str, key: int, access: Access) -> None:
     """`unpin`'s key, under `_lock`."""
     hooks = access.get(owner, attr)
@@ -1165,11 +1253,11 @@ def _unpin(owner: Any, attr: str, key: int, access: Access) -> None:
         # HookDict it replaced, or that one held no dispatcher): a copy holds the key too
         if isinstance(hooks, dict):
             hooks.pop(key, None)
-        entry = _retired.get(id(hooks))
-        if entry is not None and entry[1]._origin is hooks:
-            # a `pin` cut short between installing its retired HookDict and the swap: it
-            # would hold the origin, and the hooks, for ever
-            _retire(entry[1], owner, attr, access)
+        held = _held_over(hooks, installed=True)
+        if held is not None:
+            # a `pin` cut short between installing a retired HookDict and the swap: it would
+            # hold the origin, and the hooks, for ever
+            _retire(held, owner, attr, access)
         return
     hooks.drop(key)  # (and where `pin` was cut short before the key went in: nothing)
     if not hooks.owned:
@@ -1178,48 +1266,111 @@ def _unpin(owner: Any, attr: str, key: int, access: Access) -> None:
 
 def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
     """unihook's last key left `hooks`, the module's hook dict: the origin goes back in its
-    place, holding every native hook in order (mirrored), and `hooks` lives on in `_retired`,
-    forwarding its handles' removals. The swap comes last, each step before it leaves a dict
-    that works: a run cut short (a Ctrl-C) is finished by the next."""
-    origin = hooks.origin()
+    place, holding every native hook in order (mirrored). `hooks` holds the origin still: a
+    shallow copy of the module, made while it was installed, holds `hooks` and runs the
+    origin's hooks through it, as torch's copy holds the one dict (until 2026-12-07 weakly:
+    the copy ran none of them once the module died or a library gave it another dict,
+    helper-174's FINDING 3). Once no module holds it, it lives on parked (`_park`). The swap
+    comes last, each step before it leaves a dict that works: a run cut short (a Ctrl-C) is
+    finished by the next."""
+    origin = _to_retired(hooks)
     if origin is None:
         return
-    ident = id(origin)
-    entry = _retired.get(ident)
-    if entry is None or entry[0]() is not origin or entry[1] is not hooks:
+    _hold(origin, hooks)
+    # The framework's dict goes back to `owner`, and to the other module known to hold this
+    # one (its owner, or the copy `_shared_again` shared it with): torch's copy and original
+    # share that one dict (until 2026-12-06 the other kept the retired dict and ran none of
+    # its native hooks once `owner` died or a library gave it another dict: helper-174's
+    # FINDING 5).
+    sharer = getattr(hooks, "_sharer", None)
+    for holder in (owner, hooks.owner(), None if sharer is None else sharer()):
+        if holder is not None and access.get(holder, attr) is hooks:
+            access.put(holder, attr, origin)
 
-        def forget(ref: weakref.ref[Any], retired: dict[int, Any] = _retired) -> None:
-            # (`retired` bound now: at interpreter exit the module's globals are gone first)
-            if retired.get(ident, (None,))[0] is ref:
-                del retired[ident]
 
-        entry = _retired[ident] = (weakref.ref(origin, forget), hooks)
-    origin_ref = entry[0]
-    # Retired, it only forwards its handles' removals (by key): holding the hooks from this
-    # global table would keep them, and the module they often refer to, alive. A call on
-    # another thread that read the dict just before may still iterate it: each value runs
-    # the origin's hook of that key, if there is one still.
+def _to_retired(hooks: HookDict) -> OrderedDict[int, Any] | None:
+    """Make `hooks` a `_Retired` that holds its origin, which it returns (None if dead)."""
+    origin = hooks.origin()
+    ref = hooks._origin_ref
+    if origin is None or ref is None:
+        return None
+    # Retired, it only forwards its handles' removals (by key): holding the hooks would keep
+    # them, and the module they often refer to, alive once parked (helper-162's FINDING 2).
+    # A call on another thread that read the dict just before may still iterate it: each
+    # value runs the origin's hook of that key, if there is one still.
     for k, _ in hooks._copy():
         # (a key removed since the copy, by another thread or a finalizer the collector ran
         # here, is left out: a KeyError failed a removal, helper-158's FINDING 6)
         value = OrderedDict.get(hooks, k, _Forwarding)
         if value is not _Forwarding and not isinstance(value, _Forwarding):
-            OrderedDict.__setitem__(hooks, k, _Forwarding(origin_ref, k))
-    # (it held the hooks too: the retired dict lives as long as the origin, in `_retired`, and
-    # kept a hook holding its module alive for good, helper-162's FINDING 2)
+            OrderedDict.__setitem__(hooks, k, _Forwarding(ref, k))
     hooks._snap = None
+    hooks._held = origin  # (before `_origin` goes: never without a strong reference)
     hooks._origin = None
     hooks.__class__ = _Retired
     hooks._changed()
-    # The framework's dict goes back to `owner`, and to the other module known to hold this
-    # one (its owner, or the copy `_shared_again` shared it with): torch's copy and original
-    # share that one dict (until 2026-12-06 the other kept the retired dict, which holds the
-    # framework's weakly, and ran none of its native hooks once `owner` died or a library
-    # gave it another dict: helper-174's FINDING 5).
-    sharer = getattr(hooks, "_sharer", None)
-    for holder in (owner, hooks.owner(), None if sharer is None else sharer()):
-        if holder is not None and access.get(holder, attr) is hooks:
-            access.put(holder, attr, origin)
+    return origin
+
+
+def _hold(origin: OrderedDict[int, Any], hooks: HookDict) -> None:
+    """Record `hooks`, retired, as the one `_pin` installs over `origin` again."""
+    ident = id(origin)
+
+    def forget(ref: weakref.ref[Any], holding: dict[int, Any] = _holding) -> None:
+        # (`holding` bound now: at interpreter exit the module's globals are gone first)
+        if holding.get(ident) is ref:
+            del holding[ident]
+
+    _holding[ident] = weakref.ref(hooks, forget)
+
+
+def _held_over(origin: Any, installed: bool = False) -> HookDict | None:
+    """The retired HookDict recorded over `origin` (`_hold`), None if none; `installed`: one
+    installed over it since (a `pin` cut short before the swap)."""
+    ref = _holding.get(id(origin))
+    hooks = None if ref is None else ref()
+    if hooks is None:
+        return None
+    return hooks if (hooks._origin if installed else hooks._held) is origin else None
+
+
+def _unhold(origin: Any, hooks: HookDict) -> None:
+    """`hooks` is installed again, or parked: out of `_holding`."""
+    ref = _holding.get(id(origin))
+    if ref is not None and ref() is hooks:
+        del _holding[id(origin)]
+
+
+def _park(hooks: HookDict) -> None:
+    """`hooks`, retired, is dying (no module holds it): if handles refer to it (weakly), it
+    lives on in `_retired` as long as the framework's dict, forwarding their removals there,
+    where another module (a shallow copy) may run them (until 2026-12-07 a removal did nothing
+    once the module whose dict unihook held died, or the HookDict left `_retired` when a
+    second one over the same dict retired: the other module ran a removed hook for good,
+    helper-174's FINDINGS 2 and 1). Not installed again (a finalizer runs once: a dict
+    dropped then would not tell)."""
+    origin = hooks._held
+    if origin is None:
+        return
+    _unhold(origin, hooks)
+    hooks._held = None
+    hooks.owned.clear()  # (no module's dict: its reads answer from the origin's)
+    hooks.pinned.clear()
+    hooks.tail.clear()
+    if not weakref.getweakrefcount(hooks):
+        return
+    ident = id(origin)
+    entry = _retired.get(ident)
+    if entry is None or entry[0]() is not origin:
+
+        def forget(ref: weakref.ref[Any], retired: dict[int, Any] = _retired) -> None:
+            if retired.get(ident, (None,))[0] is ref:
+                del retired[ident]
+
+        entry = _retired[ident] = (weakref.ref(origin, forget), [])
+    # (the ones whose handles all went: unbounded where unihook's hooks come and go, each
+    # time with a native handle through it)
+    entry[1][:] = [*(h for h in entry[1] if weakref.getweakrefcount(h)), hooks]
 
 
 class _Retired(HookDict):
@@ -1316,7 +1467,7 @@ class Pinned:
     """A module's backward dispatchers, pinned last in its forward pre- and post-hook dicts
     (``unihook._module_backward.Dispatchers``); the post one is always called."""
 
-    __slots__ = ("owner", "pre", "post", "always", "access", "__weakref__")
+    __slots__ = ("owner", "pre", "post", "always", "access", "orphans", "__weakref__")
 
     def __init__(
         self,
@@ -1331,6 +1482,17 @@ class Pinned:
         self.post: tuple[str, int] = post
         self.always: str = always
         self.access: Access = access
+        # (each dispatcher's dicts and key, for its removal once the owner died: `_orphans`)
+        self.orphans: tuple[tuple[tuple[weakref.ref[Any] | None, ...], int], ...] = ()
+
+    def _orphans(self, owner: Any) -> None:
+        """Take the dicts the dispatchers are in (`dicts_of`): MindSpore's shallow copy
+        shares its original's ``__dict__`` itself, and kept the dispatchers of an original
+        that died, their removal a no-op, for good (helper-174's FINDING 2)."""
+        self.orphans = (
+            (dicts_of(owner, self.pre[0], (), self.access), self.pre[1]),
+            (dicts_of(owner, self.post[0], (self.always,), self.access), self.post[1]),
+        )
 
     @classmethod
     def install(
@@ -1365,6 +1527,7 @@ class Pinned:
                 tail=tail,
                 flags=(always,),
             )
+            pinned._orphans(owner)
         except BaseException:
             # interrupted half-way (a Ctrl-C in a forward that pins lazily): what went in goes,
             # so that the next call pins once, not twice
@@ -1387,7 +1550,9 @@ class Pinned:
         if keys[0] is None or keys[1] is None:
             return None
         (pre_attr, _), (post_attr, _) = hooks
-        return cls(owner, (pre_attr, keys[0]), (post_attr, keys[1]), always, access)
+        found = cls(owner, (pre_attr, keys[0]), (post_attr, keys[1]), always, access)
+        found._orphans(owner)
+        return found
 
     def serving(self, owner: Any) -> Any:
         """The state (``__self__``) whose dispatchers `owner`'s hook dicts both hold under
@@ -1438,6 +1603,8 @@ class Pinned:
         """Unpin both (idempotent: undoes an `install` cut short, finishes a removal too)."""
         owner = self.owner()
         if owner is None:
+            for dicts, key in self.orphans:
+                unpin_orphaned(dicts, key)
             return
         unpin(owner, *self.pre, self.access)
         unpin(owner, *self.post, self.access, flags=(self.always,))

@@ -19,7 +19,8 @@ backends use them.
   iterates them live in a call, so a pickled one comes back as a snapshotting dict).
   `pinned_key` and `Pinned.find` find a dispatcher already pinned in dicts a shallow copy
   shares with its original; `new_key` draws a hook's id past the keys a module loaded from
-  another process's pickle brought.
+  another process's pickle brought. `dicts_of` and `unpin_orphaned` remove a hook `pin` put in
+  once its module died, from the dicts a shallow copy shares (as the framework's own handle).
 - **Error sites**: `Site` names a hook in messages (`Site.error` builds the exception),
   `global_label` maps a global hookspec kind to its handle kind, `type_name` the short type.
 - **Return-value checks**: `check_grad` / `check_grad_like` for gradients a hook returns,
@@ -96,7 +97,18 @@ from ._module_backward import (
     register_backward_hook,
     walk_tensors,
 )
-from ._pinned import Access, HookDict, Pinned, SnapshotDict, new_key, pin, pinned_key, unpin
+from ._pinned import (
+    Access,
+    HookDict,
+    Pinned,
+    SnapshotDict,
+    dicts_of,
+    new_key,
+    pin,
+    pinned_key,
+    unpin,
+    unpin_orphaned,
+)
 from ._plugins import add_compiler_escape
 from ._structures import map_dataclass
 from .kinds import global_label
@@ -126,6 +138,7 @@ __all__ = [
     "check_pre_kwargs_result",
     "checked_kwargs_pre_hook",
     "defer_while_locked",
+    "dicts_of",
     "eager_entries",
     "eager_entry",
     "global_label",
@@ -147,6 +160,7 @@ __all__ = [
     "type_name",
     "undo_if_unfinished",
     "unpin",
+    "unpin_orphaned",
     "walk_tensors",
     "when_imported",
     "call_holder",

@@ -119,15 +119,18 @@ def unihook_conformance_kit() -> object | None:
     return MindSporeKit()
 
 
-def _forward_handle(cell: Any, kind: str, hook_id: int) -> Handle:
+def _forward_handle(cell: Any, kind: str, added: tuple[int, Callable[[], None]]) -> Handle:
     from ._forward import remove_hook
 
     cell_ref = weakref.ref(cell)
+    hook_id, orphaned = added
 
     def remove() -> None:
         live = cell_ref()
         if live is not None:
             remove_hook(live, hook_id, pre=kind == "forward_pre")
+        else:  # (from the dicts a shallow copy of it shares, as MindSpore's handle)
+            orphaned()
 
     return Handle(NAME, kind, remove)
 
@@ -144,8 +147,8 @@ def unihook_register_forward_pre_hook(
     if with_kwargs:
         # MindSpore raises a bare RuntimeError for a bad (args, kwargs) return
         hook = checked_kwargs_pre_hook(hook, Site.of("forward_pre", NAME, cell, name))
-    hook_id = add_hook(cell, hook, pre=True, prepend=prepend, with_kwargs=with_kwargs)
-    return _forward_handle(cell, "forward_pre", hook_id)
+    added = add_hook(cell, hook, pre=True, prepend=prepend, with_kwargs=with_kwargs)
+    return _forward_handle(cell, "forward_pre", added)
 
 
 @hookimpl
@@ -164,10 +167,10 @@ def unihook_register_forward_hook(
 
     if with_kwargs:
         hook = kwargs_post_hook(hook)  # flags are read live: see kwargs_post_hook
-    hook_id = add_hook(
+    added = add_hook(
         cell, hook, pre=False, prepend=prepend, with_kwargs=with_kwargs, always_call=always_call
     )
-    return _forward_handle(cell, "forward", hook_id)
+    return _forward_handle(cell, "forward", added)
 
 
 # Removing a tensor hook while a backward runs segfaults MindSpore 2.10 (a hook removing

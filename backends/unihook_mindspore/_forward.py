@@ -17,7 +17,15 @@ from typing import Any, Callable
 
 from mindspore.common.hook_handle import HookHandle
 
-from unihook.backend import Pinned, new_key, pin, undo_if_unfinished, unpin
+from unihook.backend import (
+    Pinned,
+    dicts_of,
+    new_key,
+    pin,
+    undo_if_unfinished,
+    unpin,
+    unpin_orphaned,
+)
 
 __all__ = ["Access", "add_dispatchers", "add_hook", "remove_hook", "new_id"]
 
@@ -90,7 +98,8 @@ def add_hook(
     prepend: bool = False,
     with_kwargs: bool = False,
     always_call: bool = False,
-) -> int:
+) -> tuple[int, Callable[[], None]]:
+    """Register `hook`; returns its id and its removal once `cell` died (`unpin_orphaned`)."""
     hooks_attr, (kwargs_attr, *always_attr) = _PRE if pre else _POST
     hook_id = new_key(new_id, Access, cell, hooks_attr, kwargs_attr, *always_attr)
     # (a registration cut short by a Ctrl-C is undone: see unihook._locks)
@@ -98,7 +107,8 @@ def add_hook(
     flags = (kwargs_attr,) * with_kwargs + tuple(always_attr) * always_call
     with _lock:
         pin(cell, hooks_attr, hook_id, hook, Access, last=False, prepend=prepend, flags=flags)
-    return hook_id
+        dicts = dicts_of(cell, hooks_attr, (kwargs_attr, *always_attr), Access)
+    return hook_id, partial(unpin_orphaned, dicts, hook_id)
 
 
 def remove_hook(cell: Any, hook_id: int, *, pre: bool) -> None:

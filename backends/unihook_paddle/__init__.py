@@ -170,15 +170,18 @@ def _add_forward_hook(layer: Any, kind: str, hook: Callable[..., Any], **options
     del options["name"]
     hook_id = id_for(layer, pre)
     layer_ref = weakref.ref(layer)
+    orphaned: list[Callable[[], None]] = []  # (its removal once the layer died)
 
     def remove() -> None:
         # idempotent: also undoes a registration cut short (a Ctrl-C, see unihook._locks)
         live = layer_ref()
         if live is not None:
             remove_hook(live, hook_id, pre=pre)
+        elif orphaned:  # (from the dicts a shallow copy of it shares, as paddle's handle)
+            orphaned[0]()
 
     undo_if_unfinished(remove)
-    add_hook(layer, hook_id, hook, pre=pre, **options)
+    orphaned.append(add_hook(layer, hook_id, hook, pre=pre, **options))
     return Handle(NAME, kind, remove)
 
 

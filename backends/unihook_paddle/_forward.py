@@ -15,12 +15,22 @@ from __future__ import annotations
 import sys
 import threading
 from collections import OrderedDict
+from functools import partial
 from types import CodeType
 from typing import Any, Callable
 
 from paddle.nn.layer.layers import HookRemoveHelper
 
-from unihook.backend import HookDict, Pinned, RegistryLock, new_key, pin, unpin
+from unihook.backend import (
+    HookDict,
+    Pinned,
+    RegistryLock,
+    dicts_of,
+    new_key,
+    pin,
+    unpin,
+    unpin_orphaned,
+)
 
 from ._static import forget_programs, guard_forward, guard_forward_pre, retranslate
 
@@ -109,14 +119,16 @@ def add_hook(
     prepend: bool = False,
     with_kwargs: bool = False,
     always_call: bool = False,
-) -> None:
+) -> Callable[[], None]:
     """Register `hook` under `hook_id` (`new_id`, taken before: `remove_hook` undoes a
-    registration cut short)."""
+    registration cut short). Returns its removal once `layer` died (`unpin_orphaned`)."""
     hooks_attr, (kwargs_attr, *always_attr) = _PRE if pre else _POST
     flags = (kwargs_attr,) * with_kwargs + tuple(always_attr) * always_call
     with _lock, _lock.mutex:
         pin(layer, hooks_attr, hook_id, hook, Access, last=False, prepend=prepend, flags=flags)
+        dicts = dicts_of(layer, hooks_attr, (kwargs_attr, *always_attr), Access)
     retranslate()  # (the layer's first hook: `Access.put` dropped it already)
+    return partial(unpin_orphaned, dicts, hook_id)
 
 
 def remove_hook(layer: Any, hook_id: int, *, pre: bool) -> None:

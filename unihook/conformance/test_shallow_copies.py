@@ -219,3 +219,114 @@ def test_the_original_keeps_its_native_hooks_after_the_copys_hook_came_and_went(
     if then == "copy_dict_replaced" and kit.name == "mindspore":
         return  # (MindSpore alone leaves the hook in the original there: measured)
     assert kit.hook_counts(module) == kit.hook_counts(kit.linear(3, 2, W, B))
+
+
+def test_a_forward_hook_removed_is_gone_where_copy_and_original_each_had_backward_hooks(
+    backend: Any,
+) -> None:
+    """A copy made before any hook; a backward hook on each, a forward hook on the copy;
+    all removed: neither module runs the forward hook (until 2026-12-07 both ran it for
+    good: each module had a HookDict over the one framework dict, and the copy's, retired
+    first, was dropped from unihook's table when the original's retired, with it the
+    forward hook's removal: helper-174's FINDING 1)."""
+    kit = backend
+    module = kit.linear(3, 2, W, B)
+    twin = copy.copy(module)
+    seen: list[str] = []
+    handles = [
+        unihook.register_full_backward_pre_hook(twin, lambda m, go: None),
+        unihook.register_full_backward_hook(module, lambda m, gi, go: None),
+        unihook.register_forward_hook(twin, lambda m, args, out: seen.append("F")),
+    ]
+    for called in (module, twin):
+        seen.clear()
+        _step(kit, called)
+        assert seen == ["F"]
+    for handle in handles:
+        handle.remove()
+    _nothing_left(kit, module, twin, seen)
+
+
+@pytest.mark.parametrize("hooked", ["original", "copy"])
+@pytest.mark.parametrize("forward", ["native", "unihook"])
+def test_a_hook_registered_while_unihook_held_the_dict_is_removed_after_its_module_died(
+    backend: Any, forward: str, hooked: str
+) -> None:
+    """A copy made before any hook; a backward hook and a forward hook on one of them; that
+    one dies; the hooks' handles still remove the forward hook from the dict the other one
+    shares (until 2026-12-07 the removal did nothing, the handle's weak reference was to
+    unihook's dict, which died with the module, and the other ran the hook for good:
+    helper-174's FINDING 2)."""
+    kit = backend
+    module = kit.linear(3, 2, W, B)
+    twin = copy.copy(module)
+    mortal, kept = (module, twin) if hooked == "original" else (twin, module)
+    seen: list[str] = []
+    handle = unihook.register_full_backward_hook(mortal, lambda m, gi, go: None)
+    if forward == "native":
+        remove = kit.native_hook(mortal, "forward", lambda m, args, out: seen.append("f"))
+    else:
+        remove = unihook.register_forward_hook(mortal, lambda m, args, out: seen.append("f")).remove
+    _step(kit, kept)
+    assert seen == ["f"]
+    del mortal, module, twin
+    gc.collect()
+    handle.remove()
+    remove()
+    seen.clear()
+    _step(kit, kept)
+    assert seen == []
+    assert kit.hook_counts(kept) == kit.hook_counts(kit.linear(3, 2, W, B))
+
+
+@pytest.mark.parametrize("then", ["original_dies", "original_dict_replaced", "deep_copy"])
+def test_a_copy_made_while_unihook_held_the_dict_keeps_the_native_hooks(
+    backend: Any, then: str
+) -> None:
+    """Native hooks on the original; a copy made while unihook held its dict; unihook's hook
+    removed: the copy runs the native hooks once the original died, or a library gave it
+    another dict, and a deep copy of the copy does too, as torch's copy, which holds the
+    framework's dict (until 2026-12-07 the copy held unihook's retired dict, which held the
+    framework's weakly: it ran none of them, or only the pre-hook, and a deep copy of it
+    raised TypeError once the original died: helper-174's FINDINGS 3 and 4)."""
+    kit = backend
+    module: Any = kit.linear(3, 2, W, B)
+    seen: list[str] = []
+    kit.native_hook(module, "forward_pre", lambda m, args: seen.append("p"))
+    kit.native_hook(module, "forward", lambda m, args, out: seen.append("f"))
+    handle = unihook.register_full_backward_hook(module, lambda m, gi, go: None)
+    _step(kit, module)
+    twin = copy.copy(module)
+    handle.remove()
+    if then == "original_dict_replaced":
+        kit.replace_hook_dict(module, "forward", OrderedDict)
+    else:
+        module = None
+        gc.collect()
+    called = copy.deepcopy(twin) if then == "deep_copy" else twin
+    seen.clear()
+    _step(kit, called)
+    assert seen == ["p", "f"]
+
+
+def test_retired_dicts_do_not_pile_up_where_hooks_come_and_go(backend: Any) -> None:
+    """A loop of scopes, each a backward hook and a forward hook (a native handle through
+    unihook's dict), removed: unihook keeps at most the retired dicts whose handles live, for
+    the removals they forward, not one per scope."""
+    from unihook import _pinned
+
+    kit = backend
+    module = kit.linear(3, 2, W, B)
+    for _ in range(30):
+        handles = [
+            unihook.register_full_backward_hook(module, lambda m, gi, go: None),
+            unihook.register_forward_hook(module, lambda m, args, out: None),
+        ]
+        _step(kit, module)
+        for handle in handles:
+            handle.remove()
+        del handles
+    gc.collect()
+    parked = sum(len(entry[1]) for entry in _pinned._retired.values())
+    assert parked <= 2
+    assert kit.hook_counts(module) == kit.hook_counts(kit.linear(3, 2, W, B))
