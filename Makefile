@@ -77,7 +77,7 @@ test-mindspore: $(MS_STAMP)
 		tests/test_hook_dict_races.py \
 		tests/test_attack_h83.py tests/test_attack_h84.py tests/test_attack_h86.py $(ATTACKS) \
 		tests/test_mindspore_none_grads.py tests/test_mindspore_skipped_inputs.py \
-		tests/test_mindspore_view_inputs.py \
+		tests/test_mindspore_view_inputs.py tests/test_parked_hook_dicts.py \
 		$(MS_PACKAGE)
 
 # ruff, and pyright in standard mode on unihook/ and backends/ ([tool.pyright] in pyproject.toml),

@@ -11,11 +11,10 @@ registers after them. So while unihook has a key in a hook dict, the module hold
 - every change is mirrored into the dict it replaced (the origin), and a key an older native
   handle deletes from the origin is dropped at the next call: native handles keep working;
 - when unihook's last key leaves, the origin object itself goes back, holding exactly what
-  native registration alone would hold. The HookDict, retired, holds it still (a shallow copy
-  made meanwhile holds the HookDict, and runs the origin's hooks through it); once no module
-  holds it, it lives on parked (`_retired`, weakly to the origin), so the handles created
-  meanwhile (a weakref to it) still remove their hook, also once the module died: another
-  module (a shallow copy) may hold the origin;
+  native registration alone would hold. The HookDict lives on beside it (`_retired`), so the
+  handles created meanwhile (a weakref to it) still remove their hook; so does one the
+  module dropped (it died, or a library gave it another dict): another module (a shallow
+  copy) may hold the origin;
 - a library may assign the module a new hook dict (``m._forward_hooks = OrderedDict()``, or a
   copy of the old one): torch's own backward hooks live elsewhere and survive that, so the
   pinned keys (the backward dispatchers) follow the module into the new dict, which becomes
@@ -158,9 +157,9 @@ class HookDict(OrderedDict[int, Any]):
         super().__init__()
         self._origin: OrderedDict[int, Any] | None = None  # strong while installed
         self._origin_ref: weakref.ref[OrderedDict[int, Any]] | None = None
-        # retired (`_retire`): the origin, strong while a module (a shallow copy) may hold this
-        # dict still; weak once parked (`_park`)
-        self._held: OrderedDict[int, Any] | None = None
+        # dropped while installed and kept for its handles since (`_park`): never installed
+        # again (CPython finalizes an object once: a second drop would not tell)
+        self._finalized = False
         self._owner: weakref.ref[Any] | None = None
         # the shallow copy that holds it too, where `_shared_again` put it back on the owner
         self._sharer: weakref.ref[Any] | None = None
@@ -201,7 +200,6 @@ class HookDict(OrderedDict[int, Any]):
         tail, flags, uncopied = self.tail, self.flags, self.uncopied
         self._origin = origin
         self._origin_ref = weakref.ref(origin)
-        self._held = None
         self._owner = weakref.ref(owner)
         self._sharer = None
         self._attr = attr
@@ -228,8 +226,6 @@ class HookDict(OrderedDict[int, Any]):
     def origin(self) -> OrderedDict[int, Any] | None:
         if self._origin is not None:
             return self._origin
-        if self._held is not None:
-            return self._held
         return None if self._origin_ref is None else self._origin_ref()
 
     def _repin(self) -> None:
@@ -549,28 +545,21 @@ class HookDict(OrderedDict[int, Any]):
     def __del__(self, finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
         # Dropped by its module while installed: a library assigned the module another
         # hook dict, the pinned keys follow the module there (see the module docstring); or
-        # the module died. Retired: the last module that held it died (a shallow copy), or
-        # none held it after `_retire`. Either way it lives on parked (`_park`), where the
-        # native handles registered through it, which refer to it weakly, still remove
-        # their hooks from the framework's dict, if another module holds that one.
+        # the module died. It lives on for the native handles registered through it (`_park`).
         # (getattr: a Ctrl-C landing in __init__ leaves one without its attributes;
         # `finalizing` bound now: at interpreter exit this module's globals may be gone first)
-        if finalizing():
+        if getattr(self, "_origin", None) is None or finalizing():
             return
-        if getattr(self, "_origin", None) is not None:
-            try:
-                self._dropped()
-            except KeyboardInterrupt:
-                # a finalizer: the interpreter swallows a Ctrl-C landing here ("Exception
-                # ignored"), and the hooks would stop following for good. `_follow` can run
-                # twice.
-                self._dropped()
-            if self.owner() is None:
-                # (its forward hooks' flags stay, as the hooks do, until their handles go)
-                _unflag_dead({k: v for k, v in self.flags.items() if k in self.pinned})
-            _to_retired(self)
-        if getattr(self, "_held", None) is not None:
-            _park(self)
+        try:
+            self._dropped()
+        except KeyboardInterrupt:
+            # a finalizer: the interpreter swallows a Ctrl-C landing here ("Exception
+            # ignored"), and the hooks would stop following for good. `_follow` can run twice.
+            self._dropped()
+        if self.owner() is None:
+            # (its forward hooks' flags stay, as the hooks do, until their handles go)
+            _unflag_dead({k: v for k, v in self.flags.items() if k in self.pinned})
+        _park(self)
 
     def _dropped(self) -> None:
         """`__del__`'s work: the module dropped this dict while installed."""
@@ -829,11 +818,9 @@ def _snapshot(items: Callable[[], Iterable[tuple[int, Any]]]) -> tuple[tuple[int
             continue
 
 
-# id(origin) -> (weakref to the origin, its parked HookDicts: `_park`), which live as long as
-# the origin, without keeping it alive
+# id(origin) -> (weakref to the origin, its retired HookDicts): they live as long as the
+# origin, without keeping it alive (`_keep`)
 _retired: dict[int, tuple[weakref.ref[Any], list[HookDict]]] = {}
-# id(origin) -> weakref to the retired HookDict that holds it, while alive (`_hold`)
-_holding: dict[int, weakref.ref[HookDict]] = {}
 _lock = RegistryLock()  # registrations from several threads
 _versions = count()  # HookDict versions
 
@@ -1064,16 +1051,17 @@ def _pin(
             # a plain dict a library assigned (`m._forward_hooks = {}`): native handles need
             # a weak reference to their dict, the origin is an OrderedDict of its entries
             current = OrderedDict(current)
-        # A retired one over this dict that a shallow copy holds still (`_retire`): shared
+        # The one retired over it (`_retire`): a shallow copy may hold it still, and shares it
         # again, as the framework's copy and module share the one dict (the copy's calls run
         # the hooks pinned now, helper-169's FINDING 3).
-        held = _held_over(current)
-        hooks = HookDict() if held is None else held
+        kept = _kept(current)
+        hooks = HookDict() if kept is None else kept
         hooks._install(current, owner, attr, access)
         access.put(owner, attr, hooks)
-        # (out of `_holding` once installed. Taken out first, a Ctrl-C before the swap would
-        # leave it installed, holding the origin, where no removal finds it: `_unpin`.)
-        _unhold(current, hooks)
+        # (out of `_retired` once installed: it holds its origin strongly. Taken out first, a
+        # Ctrl-C before the swap would drop it, and with it the removals of the native hooks
+        # registered through it; left in, the module's death would not free them.)
+        _unkeep(current, hooks)
     hooks.owned.add(key)
     if key in hooks.pinned:  # (a run a Ctrl-C cut short before the key went in)
         hooks.pinned.remove(key)
@@ -1110,7 +1098,7 @@ def _shared_again(retired: _Retired, owner: Any, attr: str, access: Access) -> H
     if holder is not owner:
         access.put(holder, attr, retired)
         retired._sharer = weakref.ref(owner)
-    _unhold(origin, retired)  # (installed: see `_pin`)
+    _unkeep(origin, retired)  # (installed: see `_pin`)
     return retired
 
 
@@ -1253,7 +1241,7 @@ def _unpin(owner: Any, attr: str, key: int, access: Access) -> None:
         # HookDict it replaced, or that one held no dispatcher): a copy holds the key too
         if isinstance(hooks, dict):
             hooks.pop(key, None)
-        held = _held_over(hooks, installed=True)
+        held = _kept(hooks, installed=True)
         if held is not None:
             # a `pin` cut short between installing a retired HookDict and the swap: it would
             # hold the origin, and the hooks, for ever
@@ -1266,22 +1254,18 @@ def _unpin(owner: Any, attr: str, key: int, access: Access) -> None:
 
 def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
     """unihook's last key left `hooks`, the module's hook dict: the origin goes back in its
-    place, holding every native hook in order (mirrored). `hooks` holds the origin still: a
-    shallow copy of the module, made while it was installed, holds `hooks` and runs the
-    origin's hooks through it, as torch's copy holds the one dict (until 2026-12-07 weakly:
-    the copy ran none of them once the module died or a library gave it another dict,
-    helper-174's FINDING 3). Once no module holds it, it lives on parked (`_park`). The swap
-    comes last, each step before it leaves a dict that works: a run cut short (a Ctrl-C) is
-    finished by the next."""
+    place, holding every native hook in order (mirrored), and `hooks` lives on in `_retired`,
+    forwarding its handles' removals. The swap comes last, each step before it leaves a dict
+    that works: a run cut short (a Ctrl-C) is finished by the next."""
     origin = _to_retired(hooks)
     if origin is None:
         return
-    _hold(origin, hooks)
+    _keep(origin, hooks)
     # The framework's dict goes back to `owner`, and to the other module known to hold this
     # one (its owner, or the copy `_shared_again` shared it with): torch's copy and original
-    # share that one dict (until 2026-12-06 the other kept the retired dict and ran none of
-    # its native hooks once `owner` died or a library gave it another dict: helper-174's
-    # FINDING 5).
+    # share that one dict (until 2026-12-06 the other kept the retired dict, which holds the
+    # framework's weakly, and ran none of its native hooks once `owner` died or a library
+    # gave it another dict: helper-174's FINDING 5).
     sharer = getattr(hooks, "_sharer", None)
     for holder in (owner, hooks.owner(), None if sharer is None else sharer()):
         if holder is not None and access.get(holder, attr) is hooks:
@@ -1289,15 +1273,15 @@ def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
 
 
 def _to_retired(hooks: HookDict) -> OrderedDict[int, Any] | None:
-    """Make `hooks` a `_Retired` that holds its origin, which it returns (None if dead)."""
+    """Make `hooks` a `_Retired`; returns its origin (None if dead)."""
     origin = hooks.origin()
     ref = hooks._origin_ref
     if origin is None or ref is None:
         return None
-    # Retired, it only forwards its handles' removals (by key): holding the hooks would keep
-    # them, and the module they often refer to, alive once parked (helper-162's FINDING 2).
-    # A call on another thread that read the dict just before may still iterate it: each
-    # value runs the origin's hook of that key, if there is one still.
+    # Retired, it only forwards its handles' removals (by key): holding the hooks from the
+    # global table would keep them, and the module they often refer to, alive (helper-162's
+    # FINDING 2). A call on another thread that read the dict just before may still iterate
+    # it: each value runs the origin's hook of that key, if there is one still.
     for k, _ in hooks._copy():
         # (a key removed since the copy, by another thread or a finalizer the collector ran
         # here, is left out: a KeyError failed a removal, helper-158's FINDING 6)
@@ -1305,72 +1289,74 @@ def _to_retired(hooks: HookDict) -> OrderedDict[int, Any] | None:
         if value is not _Forwarding and not isinstance(value, _Forwarding):
             OrderedDict.__setitem__(hooks, k, _Forwarding(ref, k))
     hooks._snap = None
-    hooks._held = origin  # (before `_origin` goes: never without a strong reference)
     hooks._origin = None
     hooks.__class__ = _Retired
     hooks._changed()
     return origin
 
 
-def _hold(origin: OrderedDict[int, Any], hooks: HookDict) -> None:
-    """Record `hooks`, retired, as the one `_pin` installs over `origin` again."""
-    ident = id(origin)
-
-    def forget(ref: weakref.ref[Any], holding: dict[int, Any] = _holding) -> None:
-        # (`holding` bound now: at interpreter exit the module's globals are gone first)
-        if holding.get(ident) is ref:
-            del holding[ident]
-
-    _holding[ident] = weakref.ref(hooks, forget)
-
-
-def _held_over(origin: Any, installed: bool = False) -> HookDict | None:
-    """The retired HookDict recorded over `origin` (`_hold`), None if none; `installed`: one
-    installed over it since (a `pin` cut short before the swap)."""
-    ref = _holding.get(id(origin))
-    hooks = None if ref is None else ref()
-    if hooks is None:
-        return None
-    return hooks if (hooks._origin if installed else hooks._held) is origin else None
-
-
-def _unhold(origin: Any, hooks: HookDict) -> None:
-    """`hooks` is installed again, or parked: out of `_holding`."""
-    ref = _holding.get(id(origin))
-    if ref is not None and ref() is hooks:
-        del _holding[id(origin)]
-
-
-def _park(hooks: HookDict) -> None:
-    """`hooks`, retired, is dying (no module holds it): if handles refer to it (weakly), it
-    lives on in `_retired` as long as the framework's dict, forwarding their removals there,
-    where another module (a shallow copy) may run them (until 2026-12-07 a removal did nothing
-    once the module whose dict unihook held died, or the HookDict left `_retired` when a
-    second one over the same dict retired: the other module ran a removed hook for good,
-    helper-174's FINDINGS 2 and 1). Not installed again (a finalizer runs once: a dict
-    dropped then would not tell)."""
-    origin = hooks._held
-    if origin is None:
-        return
-    _unhold(origin, hooks)
-    hooks._held = None
-    hooks.owned.clear()  # (no module's dict: its reads answer from the origin's)
-    hooks.pinned.clear()
-    hooks.tail.clear()
-    if not weakref.getweakrefcount(hooks):
-        return
+def _keep(origin: OrderedDict[int, Any], hooks: HookDict) -> None:
+    """Keep `hooks`, retired, in `_retired` as long as `origin` lives, for its handles (a
+    weak reference each), without keeping `origin` alive. Several per origin: two modules'
+    HookDicts over one dict a shallow copy shares (until 2026-12-07 one, the other dropped:
+    its handles' removals did nothing and both modules ran a removed hook for good,
+    helper-174's FINDING 1)."""
     ident = id(origin)
     entry = _retired.get(ident)
     if entry is None or entry[0]() is not origin:
 
         def forget(ref: weakref.ref[Any], retired: dict[int, Any] = _retired) -> None:
+            # (`retired` bound now: at interpreter exit the module's globals are gone first)
             if retired.get(ident, (None,))[0] is ref:
                 del retired[ident]
 
         entry = _retired[ident] = (weakref.ref(origin, forget), [])
-    # (the ones whose handles all went: unbounded where unihook's hooks come and go, each
-    # time with a native handle through it)
-    entry[1][:] = [*(h for h in entry[1] if weakref.getweakrefcount(h)), hooks]
+    # (by identity: a dict's == compares its items; the ones parked whose handles all went
+    # go, else they would pile up where a module is dropped over a dict a copy holds)
+    entry[1][:] = [
+        h for h in entry[1] if h is not hooks and (not h._finalized or weakref.getweakrefcount(h))
+    ] + [hooks]
+
+
+def _kept(origin: Any, installed: bool = False) -> HookDict | None:
+    """The latest retired HookDict kept over `origin` that may be installed again (not
+    parked: `_park`), None if none; `installed`: one installed over it since (a `pin` cut
+    short before the swap)."""
+    entry = _retired.get(id(origin))
+    if entry is None or entry[0]() is not origin:
+        return None
+    for hooks in reversed(entry[1]):
+        if not hooks._finalized and (hooks._origin is origin if installed else True):
+            return hooks
+    return None
+
+
+def _unkeep(origin: Any, hooks: HookDict) -> None:
+    """`hooks` is installed again: out of `_retired` (it holds its origin strongly)."""
+    entry = _retired.get(id(origin))
+    if entry is None or entry[0]() is not origin:
+        return
+    entry[1][:] = [h for h in entry[1] if h is not hooks]
+    if not entry[1] and _retired.get(id(origin)) is entry:
+        del _retired[id(origin)]
+
+
+def _park(hooks: HookDict) -> None:
+    """`hooks`, installed, is dying: its module died, or a library gave the module another
+    dict. The native handles registered through it refer to it weakly; it lives on retired
+    in `_retired` as long as the framework's dict, forwarding their removals there, where
+    another module (a shallow copy) may run them (until 2026-12-07 their removal did nothing
+    once the module whose dict unihook held died, and the copy ran the hook for good,
+    helper-174's FINDING 2; helper-165's FINDING 8 where a library kept the replaced dict).
+    Not where the collector found it in a reference cycle: it cleared the handles' weak
+    references first."""
+    origin = _to_retired(hooks)
+    hooks._finalized = True
+    hooks.owned.clear()  # (no module's dict: its reads answer from the origin's)
+    hooks.pinned.clear()
+    hooks.tail.clear()
+    if origin is not None and weakref.getweakrefcount(hooks):
+        _keep(origin, hooks)
 
 
 class _Retired(HookDict):

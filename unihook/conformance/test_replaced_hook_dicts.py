@@ -266,3 +266,21 @@ def test_global_forward_hooks_stay_with_a_replaced_hook_dict(
         for handle in handles:
             handle.remove()
     assert not any(backend.hook_counts(module).values())
+
+
+@pytest.mark.parametrize("new", [empty, copied], ids=["empty", "copy"])
+def test_a_native_handle_still_removes_its_hook_from_the_replaced_dict(
+    backend: Any, new: Callable[[Any], Any]
+) -> None:
+    # A library that keeps the framework's replaced dict (to read it, or put it back) sees
+    # a native hook's removal there, as without unihook: the handle refers to unihook's dict,
+    # which lives on once the module dropped it (until 2026-12-07 it died with the drop, the
+    # handle's removal did nothing and the kept dict held the hook: helper-165's FINDING 8).
+    module = backend.linear(3, 2, W, B)
+    framework = backend.hook_dicts(module)  # (the library's reference, taken before)
+    handle = unihook.register_full_backward_hook(module, lambda m, gi, go: None)
+    remove = backend.native_hook(module, "forward", lambda m, args, out: None)
+    backend.replace_hook_dict(module, "forward", new)
+    remove()
+    handle.remove()
+    assert {name: len(d) for name, d in framework.items()} == dict.fromkeys(framework, 0)
