@@ -837,13 +837,15 @@ class _Flagged:
     def __init__(self, table: Any, owner: Any, attr: str, access: Access) -> None:
         ident = id(table)
         self.ref = weakref.ref(table, lambda ref: _table_dropped(ident, ref))
-        self.owner = weakref.ref(owner)
+        # (a table that outlives its module, shared by a shallow copy: `_unflag_dead`)
+        self.owner = weakref.ref(owner, lambda ref: _outliving.add(ident))
         self.attr = attr
         self.access = access
         self.keys: dict[int, str] = {}  # key -> the owner's hook dict (attribute) it is in
 
 
 _flagged: dict[int, _Flagged] = {}  # id(table) -> its watch, while the table lives
+_outliving: set[int] = set()  # ids of watched tables whose module died (some may be gone)
 
 
 def _flag(owner: Any, attr: str, key: int, hooks: str, access: Access) -> None:
@@ -883,8 +885,12 @@ def _unflag_dead(flags: dict[int, tuple[str, ...]]) -> None:
     """Take the keys `flags` of a HookDict whose module died out of the flag tables that
     outlive it: a shallow copy of the module shares them (the framework calls a hook of a
     flagged key there always, which none is: until 2026-12-07 a flag stayed for good)."""
-    for ident, watch in list(_flagged.items()):
-        if watch.owner() is not None or not flags.keys() & watch.keys.keys():
+    for ident in list(_outliving):
+        watch = _flagged.get(ident)
+        if watch is None or watch.owner() is not None:  # (gone, or an id reused since)
+            _outliving.discard(ident)
+            continue
+        if not flags.keys() & watch.keys.keys():
             continue
         table = watch.ref()
         for key in flags.keys() & watch.keys.keys():
@@ -893,6 +899,7 @@ def _unflag_dead(flags: dict[int, tuple[str, ...]]) -> None:
                 table.pop(key, None)
         if not watch.keys and _flagged.get(ident) is watch:
             del _flagged[ident]
+            _outliving.discard(ident)
 
 
 def _table_dropped(ident: int, ref: weakref.ref[Any]) -> None:
@@ -1217,9 +1224,10 @@ def unpin_orphaned(dicts: tuple[weakref.ref[Any] | None, ...], key: int) -> None
     with _lock, _lock.mutex:
         hooks, *tables = [None if ref is None else ref() for ref in dicts]
         if isinstance(hooks, HookDict):
+            # (installed still, its last key gone: it stays, holding the framework's dict for
+            # a shallow copy, which holds it; retired, the copy held the framework's dict
+            # weakly and ran none of its hooks, helper-176's FINDING 2)
             hooks.drop(key)
-            if hooks._origin is not None and not hooks.owned and hooks._access is not None:
-                _retire(hooks, None, hooks._attr, hooks._access)  # (the copy's then)
         elif hooks is not None:
             hooks.pop(key, None)
         for table in tables:

@@ -362,3 +362,27 @@ def test_a_deep_copy_of_a_copy_that_outlived_its_original(backend: Any) -> None:
     _step(kit, deep)
     assert all(type(d) is OrderedDict for d in kit.hook_dicts(deep).values())
     assert kit.hook_counts(deep) == kit.hook_counts(kit.linear(3, 2, W, B))
+
+
+def test_a_copy_made_while_unihook_held_the_dict_runs_its_hooks_after_a_removal_past_the_original(
+    backend: Any,
+) -> None:
+    """Native hooks and a backward hook on the original; a copy made then; the original
+    dies; the backward hook's removal (its dispatchers leave the dict the copy holds) leaves
+    the copy running the native hooks, as torch's (helper-176's FINDING 2, a regression of
+    a first version of the removal after a module's death, caught before it landed)."""
+    kit = backend
+    module: Any = kit.linear(3, 2, W, B)
+    seen: list[str] = []
+    kit.native_hook(module, "forward_pre", lambda m, args: seen.append("p"))
+    kit.native_hook(module, "forward", lambda m, args, out: seen.append("f"))
+    handle = unihook.register_full_backward_hook(module, lambda m, gi, go: seen.append("B"))
+    twin = copy.copy(module)
+    module = None
+    gc.collect()
+    _step(kit, twin)
+    assert seen == ["p", "f", "B"]
+    handle.remove()
+    seen.clear()
+    _step(kit, twin)
+    assert seen == ["p", "f"]
