@@ -670,10 +670,11 @@ class HookDict(OrderedDict[int, Any]):
         copy gets its own backward state (`_copy_state`) behind the copied dispatchers."""
         from copy import deepcopy
 
-        if self._origin is None and not self.owned:
-            # retired, a shallow copy's (`_retire`): what the framework's dict holds, as its
-            # reads (until 2026-12-07 TypeError once the module it was installed on died:
-            # helper-174's FINDING 4)
+        if not self.owned:
+            # retired, a shallow copy's (`_retire`), or installed still where the copy
+            # outlived its original (`unpin_orphaned`): what the framework's dict holds, as
+            # its reads (until 2026-12-07 TypeError once the module it was installed on died:
+            # helper-174's FINDING 4, helper-177's FINDING 1)
             return self._forward_hooks_copy(memo)
         owner = None if self._owner is None else self._owner()
         if id(owner) not in memo and self._serves_backward():
@@ -879,6 +880,7 @@ def _unflag(owner: Any, attr: str, key: int, access: Access) -> None:
         watch.keys.pop(key, None)
         if not watch.keys:  # (no residue: the table is the framework's alone again)
             del _flagged[id(table)]
+            _outliving.discard(id(table))
 
 
 def _unflag_dead(flags: dict[int, tuple[str, ...]]) -> None:
@@ -925,6 +927,7 @@ def _give_back(ident: int, ref: weakref.ref[Any], found: list[_Flagged]) -> None
     watch = found[0]
     if _flagged.get(ident) is watch:
         del _flagged[ident]
+        _outliving.discard(ident)
     owner = watch.owner()
     if owner is None or not watch.keys or sys.is_finalizing():
         return  # (the module died, or its flags were all removed)
@@ -1239,6 +1242,7 @@ def unpin_orphaned(dicts: tuple[weakref.ref[Any] | None, ...], key: int) -> None
                 watch.keys.pop(key, None)
                 if not watch.keys:
                     del _flagged[id(table)]
+                    _outliving.discard(id(table))
 
 
 def _unpin(owner: Any, attr: str, key: int, access: Access) -> None:
