@@ -1362,12 +1362,21 @@ def _park(hooks: HookDict) -> None:
     helper-174's FINDING 2; helper-165's FINDING 8 where a library kept the replaced dict).
     Not where the collector found it in a reference cycle: it cleared the handles' weak
     references first."""
-    origin = _to_retired(hooks)
+    origin = _to_retired(hooks)  # (its own state: no other holds it)
     hooks._finalized = True
     hooks.owned.clear()  # (no module's dict: its reads answer from the origin's)
     hooks.pinned.clear()
     hooks.tail.clear()
     if origin is not None and weakref.getweakrefcount(hooks):
+        _keep_parked(origin, hooks)
+
+
+def _keep_parked(origin: OrderedDict[int, Any], hooks: HookDict) -> None:
+    """`_keep`, under `_lock` (a finalizer runs on any thread, also inside a registration
+    on this one: then once it ends)."""
+    if _lock.deferred(lambda: _keep_parked(origin, hooks)):
+        return
+    with _lock, _lock.mutex:
         _keep(origin, hooks)
 
 
