@@ -31,6 +31,7 @@ from .errors import (
     NoGradError,
     StaleCaptureError,
     TargetKindError,
+    TracedHookError,
     UnihookError,
     UnsupportedHookError,
 )
@@ -95,6 +96,7 @@ __all__ = [
     "NoGradError",
     "StaleCaptureError",
     "TargetKindError",
+    "TracedHookError",
     "UnihookError",
     "UnsupportedHookError",
     "backend_of",

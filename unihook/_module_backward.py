@@ -25,7 +25,7 @@ from ._checks import check_grad, check_grad_tuple
 from ._describe import Site
 from ._identity import WeakIdentityKeys
 from ._locks import RegistryLock, undo_if_unfinished
-from .errors import BackendStateError, HookReturnError, InPlaceError
+from .errors import BackendStateError, HookReturnError, InPlaceError, TracedHookError
 from .handles import Handle
 
 __all__ = [
@@ -207,6 +207,9 @@ class ModuleBackward:
         self.mark: Callable[[], object] | None = getattr(autograd, "mark", None)
         self.overlaps: Callable[[Any, Any], bool] | None = getattr(autograd, "overlaps", None)
         self.own_modules: str | None = getattr(autograd, "own_modules", None)
+        # optional: `recording()`, whether this thread's calls are being recorded into a graph
+        # that runs no Python hook (torch.jit.trace): refused (see `_traced`)
+        self.recording: Callable[[], bool] | None = getattr(autograd, "recording", None)
         # optional: `moved(alias, original)`, whether forward's in-place ops went through the
         # input side's `alias` itself (its history or shape changed), not only through another
         # tensor sharing its memory (another argument, a view); without it, any change of its
@@ -556,6 +559,13 @@ class ModuleBackward:
             found = self.natives(module, frame)
             if found is not None:  # (the framework's hold of the call was let go: below it)
                 pos = _moved(stack, pos, mine)
+        if self.recording is not None and self.recording():
+            stack[pos] = (id(args), ref, None, frame)
+            if self.is_global and found is None:
+                # the graph runs no hook; the traced module, called, runs the global hooks
+                # for itself, as torch's traced module runs its own global ones
+                return None
+            raise self._traced(module)
         if not ag.grad_enabled():
             stack[pos] = (id(args), ref, None, frame)
             return None
@@ -592,6 +602,23 @@ class ModuleBackward:
             call.versions = list(map(ag.version, tensors))
         stack[pos] = (id(args), ref, call, frame)
         return args if call.input_idx is not None else None
+
+    def _traced(self, module: Any) -> TracedHookError:
+        """The error of a call a tracer records (`recording`): the graph it makes would run
+        the hooks of the traced call, or none (torch.jit.trace refuses a module with its own
+        backward hooks; with backward pre-hooks or global ones, its check of the trace failed
+        with "Graphs differed across invocations", and with ``check_trace=False`` the traced
+        module ran unihook's hooks with the traced call's state: helper-166's FINDING 4)."""
+        sites = [site for _, site in (*self.full_hooks.values(), *self.pre_hooks.values())]
+        site = next((s for s in sites if s is not None), None)
+        if site is None:
+            site = Site.of("full_backward", self.autograd.backend, module)
+        return site.error(
+            TracedHookError,
+            "a call the framework runs, or one torch.compile compiles (it keeps the hooks)",
+            "a call torch.jit.trace records into a graph, which runs no Python hook (torch "
+            "refuses to trace a module with backward hooks)",
+        )
 
     def _takes_natives(self, module: Any, frame: int) -> bool:
         """Removed, whether this state takes the call all the same: the framework left hooks

@@ -17,6 +17,7 @@ __all__ = [
     "HookReturnError",
     "HookReturnTypeError",
     "UnsupportedHookError",
+    "TracedHookError",
     "BackendStateError",
     "StaleCaptureError",
     "InPlaceError",
@@ -59,6 +60,11 @@ class HookReturnTypeError(HookReturnError, TypeError):
 
 class UnsupportedHookError(UnihookError, NotImplementedError):
     """The backend that owns the object does not implement this hook kind."""
+
+
+class TracedHookError(UnsupportedHookError, ValueError):
+    """A module with backward hooks called while a tracer records a graph that runs no Python
+    hook (``torch.jit.trace``; torch: ValueError for a module's own backward hooks)."""
 
 
 class BackendStateError(UnihookError, RuntimeError):

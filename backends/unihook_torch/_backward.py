@@ -245,6 +245,7 @@ class TorchAutograd(Autograd):
     grad_enabled = staticmethod(torch.is_grad_enabled)
     requires_grad = staticmethod(attrgetter("requires_grad"))
     version = staticmethod(attrgetter("_version"))
+    recording = staticmethod(torch._C._is_tracing)  # torch.jit.trace (see Autograd)
 
     @staticmethod
     def identity(
