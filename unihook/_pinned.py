@@ -833,16 +833,30 @@ class _Flagged:
     current table (`_table_dropped`), else the framework calls the hook with the wrong
     arguments (a TypeError) or not on an exception."""
 
-    __slots__ = ("ref", "owner", "attr", "access", "keys")
+    __slots__ = ("ref", "owner", "sharers", "attr", "access", "keys")
 
     def __init__(self, table: Any, owner: Any, attr: str, access: Access) -> None:
         ident = id(table)
         self.ref = weakref.ref(table, lambda ref: _table_dropped(ident, ref))
         # (a table that outlives its module, shared by a shallow copy: `_unflag_dead`)
         self.owner = weakref.ref(owner, lambda ref: _outliving.add(ident))
+        # the other modules that flagged keys here (shallow copies), as `owner`: a key of
+        # one that died stayed for good while `owner` lived (helper-176's seed 4)
+        self.sharers: list[weakref.ref[Any]] = []
         self.attr = attr
         self.access = access
         self.keys: dict[int, str] = {}  # key -> the owner's hook dict (attribute) it is in
+
+    def share(self, owner: Any) -> None:
+        """`owner`, which shares the table, flags a key in it too."""
+        if self.owner() is owner or any(ref() is owner for ref in self.sharers):
+            return
+        ident = id(self.ref())
+        self.sharers = [ref for ref in self.sharers if ref() is not None]
+        self.sharers.append(weakref.ref(owner, lambda ref: _outliving.add(ident)))
+
+    def all_alive(self) -> bool:
+        return self.owner() is not None and all(ref() is not None for ref in self.sharers)
 
 
 _flagged: dict[int, _Flagged] = {}  # id(table) -> its watch, while the table lives
@@ -861,6 +875,7 @@ def _watch(owner: Any, attr: str, table: Any, key: int, hooks: str, access: Acce
     """Watch `key` (in `hooks`) in `table`, `owner`'s flag table `attr`."""
     watch = _flagged.get(id(table))
     if watch is not None and watch.ref() is table:
+        watch.share(owner)
         watch.keys[key] = hooks
         return
     try:
@@ -889,7 +904,7 @@ def _unflag_dead(flags: dict[int, tuple[str, ...]]) -> None:
     flagged key there always, which none is: until 2026-12-07 a flag stayed for good)."""
     for ident in list(_outliving):
         watch = _flagged.get(ident)
-        if watch is None or watch.owner() is not None:  # (gone, or an id reused since)
+        if watch is None or watch.all_alive():  # (gone, or an id reused since)
             _outliving.discard(ident)
             continue
         if not flags.keys() & watch.keys.keys():
@@ -1609,9 +1624,11 @@ class Pinned:
     def remove(self) -> None:
         """Unpin both (idempotent: undoes an `install` cut short, finishes a removal too)."""
         owner = self.owner()
-        if owner is None:
-            for dicts, key in self.orphans:
-                unpin_orphaned(dicts, key)
-            return
-        unpin(owner, *self.pre, self.access)
-        unpin(owner, *self.post, self.access, flags=(self.always,))
+        if owner is not None:
+            unpin(owner, *self.pre, self.access)
+            unpin(owner, *self.post, self.access, flags=(self.always,))
+        # The dicts they went in, where the owner died, or holds others now (a library gave
+        # it a copy of one): a shallow copy may share them still, and ran the dispatcher of
+        # the removed hooks for good (helper-176's FINDING 1).
+        for dicts, key in self.orphans:
+            unpin_orphaned(dicts, key)

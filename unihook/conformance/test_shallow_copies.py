@@ -394,3 +394,44 @@ def test_a_copy_made_while_unihook_held_the_dict_runs_its_hooks_after_a_removal_
     _step(kit, deep)
     assert seen == ["p", "f"]
     assert all(type(d) is OrderedDict for d in kit.hook_dicts(deep).values())
+
+
+def test_a_copy_keeps_no_dispatcher_after_a_library_replaced_the_originals_dict(
+    backend: Any,
+) -> None:
+    """A backward hook on the original; a copy made then; a library gives the original a
+    copy of its forward pre-hook dict; the hook removed: neither module keeps a dispatcher
+    (until 2026-12-07 the copy kept the removed hook's, run at each of its calls: helper-176's
+    FINDING 1)."""
+    kit = backend
+    module: Any = kit.linear(3, 2, W, B)
+    handle = unihook.register_full_backward_hook(module, lambda m, gi, go: None)
+    twin = copy.copy(module)
+    kit.replace_hook_dict(module, "forward_pre", OrderedDict)
+    handle.remove()
+    gc.collect()
+    fresh = kit.hook_counts(kit.linear(3, 2, W, B))
+    for each in (module, twin):
+        _step(kit, each)
+        assert kit.hook_counts(each) == fresh
+
+
+def test_a_dead_originals_flags_leave_the_tables_its_copy_shares(backend: Any) -> None:
+    """A copy made before any hook; a backward hook on each; the original dies; both hooks
+    removed: the copy's flag tables hold no key of unihook's (until 2026-12-07 the original's
+    post-dispatcher stayed flagged there for good, the copy having flagged the table first:
+    helper-176's seed 4)."""
+    kit = backend
+    module: Any = kit.linear(3, 2, W, B)
+    twin = copy.copy(module)
+    handles = [
+        unihook.register_full_backward_hook(each, lambda m, gi, go: None) for each in (twin, module)
+    ]
+    _step(kit, twin)
+    module = None
+    gc.collect()
+    for handle in handles:
+        handle.remove()
+    gc.collect()
+    _step(kit, twin)
+    assert kit.hook_counts(twin) == kit.hook_counts(kit.linear(3, 2, W, B))
