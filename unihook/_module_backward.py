@@ -116,6 +116,8 @@ class Autograd:
     # Optional, together: `data_only(aliases)` and `after_backward(callback)`, for a framework
     # that leaves a differentiated function's arguments out of the backward although it
     # records them as requiring grad (see `ModuleBackward.__init__`).
+    # Optional: `recording()`, whether this thread's calls are recorded into a graph that runs
+    # no Python hook (torch.jit.trace): see `ModuleBackward._traced`.
     # Optional: `own_modules`, the prefix of the `__module__` of the framework's own module
     # classes (``"torch.nn."``), whose one-argument forward reads no tensor a user set on the
     # module (see `_refuse_shared_inputs`).
