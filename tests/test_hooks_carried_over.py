@@ -627,3 +627,38 @@ def test_one_function_registered_twice_beside_a_backward_hook_runs_twice(framewo
     for handle in [*handles, backward]:
         handle.remove()
     assert ran == ["ran"] * 4
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_dead_modules_hooks_are_freed_while_its_carried_dispatchers_live(framework: str) -> None:
+    """A library carried the module's dispatchers to another module (fusion), then dropped
+    the module: the hook, and what it refers to, is freed as with the framework's own hooks
+    (until 2026-12-07 the carried dispatchers kept it for the other module's life:
+    helper-167's FINDING 7); a backward of a call made before runs it."""
+    import gc
+    import weakref
+
+    layers = _Layers(framework)
+    m, other = layers.linear(), layers.linear()
+    fired: list[str] = []
+
+    class Hook:
+        def __call__(self, module: Any, grad_input: Any, grad_output: Any) -> None:
+            fired.append("m")
+
+    hook = Hook()
+    freed = weakref.ref(hook)
+    handle = unihook.register_full_backward_hook(m, hook)
+    del hook
+    layers.carry(m, other)
+    layers.input_grad(m)
+    assert fired == ["m"]
+    dead = weakref.ref(m)
+    del m
+    gc.collect()
+    assert dead() is None
+    assert freed() is None
+    alone = layers.input_grad(layers.linear())
+    assert len(layers.input_grad(other)) == len(alone)
+    assert fired == ["m"]
+    handle.remove()
