@@ -93,3 +93,39 @@ def test_a_native_backward_hook_beside_a_global_one_is_refused() -> None:
             torch.jit.trace(model, torch.randn(2, 3), check_trace=False)
     finally:
         handle.remove()
+
+
+@pytest.mark.parametrize("native", ["global_full", "own_pre"])
+def test_native_hooks_beside_a_global_one_trace_as_without_it(native: str) -> None:
+    """torch traces a module with its own global backward hooks, or a submodule's backward
+    pre-hook (``check_trace=False``; its check fails on them), and the traced module runs
+    its global hooks for itself, the pre-hook not at all: the same with a unihook global hook
+    beside them (until 2026-12-07 refused, blaming the module: helper-178's FINDING 1)."""
+
+    def run(with_unihook: bool) -> list[str]:
+        model = _model()
+        calls: list[Any] = []
+        handles = []
+        if native == "global_full":
+            handles.append(
+                torch.nn.modules.module.register_module_full_backward_hook(_record(calls))
+            )
+        else:
+            handles.append(
+                model[0].register_full_backward_pre_hook(lambda m, go: calls.append(("pre", 0)))
+            )
+        if with_unihook:
+            handles.append(unihook.register_module_full_backward_hook(_record(calls)))
+        try:
+            model(torch.randn(2, 3))  # (an eager call first: the dispatchers are pinned)
+            traced = torch.jit.trace(model, torch.randn(2, 3), check_trace=False)
+            calls.clear()
+            traced(torch.randn(2, 3, requires_grad=True)).sum().backward()
+            return [name for name, _ in calls]
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    alone = run(False)
+    assert alone == (["TopLevelTracedModule"] if native == "global_full" else [])
+    assert run(True) == alone + ["TopLevelTracedModule"]

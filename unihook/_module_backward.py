@@ -10,6 +10,7 @@ decides how its identity avoids the in-place trap (torch: a detached alias, not 
 
 from __future__ import annotations
 
+import copy
 import inspect
 import sys
 import threading
@@ -358,8 +359,45 @@ class ModuleBackward:
     def __deepcopy__(self, memo: dict[int, Any]) -> ModuleBackward:
         """Reached through dispatchers a library copied into another module's hooks (see
         `_foreign`; the module's own copy gets a state of its own, `HookDict.__deepcopy__`):
-        the copy's do nothing there either (until 2026-12-06 TypeError, a thread-local)."""
-        return self
+        the copy's do nothing there either (until 2026-12-06 TypeError, a thread-local).
+        Reached while the module itself is copied (in `memo`), through a plain dict a
+        library rebuilt from the module's own (``m._forward_hooks = OrderedDict(...)``, where
+        a shallow copy kept the HookDict): the copy's state, the one the copy's HookDicts
+        get (until 2026-12-07 the copy's post-dispatcher was the original's, and every
+        backward of the copy raised BackendStateError: helper-175's FINDING D)."""
+        owner = None if self.owner is None else self.owner()
+        copied = None if owner is None else memo.get(id(owner))
+        if copied is None or copied is owner or self.is_global or self.removed:
+            return self
+        if self.dispatchers is None:
+            return self
+        new = _states.get(copied)  # (made already: this state's copy)
+        if new is None:
+            new = self.copied(owner, copied, memo)
+        memo[id(self)] = new
+        return new
+
+    def copied(self, original: Any, owner: Any, memo: dict[int, Any]) -> ModuleBackward:
+        """The backward state of `owner`, a deep copy of this state's module `original`: its
+        hooks deep-copied, as torch deep-copies a module's own backward hook dicts (a
+        callable object is copied, a bound method is bound to the copy; until 2026-12-04 they
+        were shared: a capture's recorded the copy's gradients, helper-124's FINDING 3),
+        ranked as they were among the framework's own, whose copies run among them as in
+        `original` (until 2026-12-06 the framework ran its own first in the copy:
+        helper-148's FINDING 6)."""
+        new = ModuleBackward(self.autograd, self.is_global)
+        new.pre_hooks = {k: (copy.deepcopy(h, memo), s) for k, (h, s) in self.pre_hooks.items()}
+        new.full_hooks = {k: (copy.deepcopy(h, memo), s) for k, (h, s) in self.full_hooks.items()}
+        new.ranks = dict(self.ranks)
+        new.owner = weakref.ref(owner)
+        rebound = getattr(self.dispatchers, "rebound", None)
+        if rebound is not None:
+            new.dispatch_through(rebound(owner))
+        _states[owner] = new
+        copy_natives = getattr(self.autograd, "copy_natives", None)
+        if new.natives is not None and copy_natives is not None:
+            copy_natives(original, owner, memo)
+        return new
 
     def __reduce__(self) -> Any:
         """Pickled with such copies: they do nothing once loaded either."""
@@ -569,9 +607,12 @@ class ModuleBackward:
                 pos = _moved(stack, pos, mine)
         if self.recording is not None and self.recording():
             stack[pos] = (id(args), ref, None, frame)
-            if self.is_global and found is None:
+            if self.is_global:
                 # the graph runs no hook; the traced module, called, runs the global hooks
-                # for itself, as torch's traced module runs its own global ones
+                # for itself, as torch's traced module runs its own global ones; the
+                # framework's own hooks of the call (`found`) stay out too, as torch's under
+                # its tracer (its own full hooks it refuses itself, before any call; until
+                # 2026-12-07 refused here, blaming the module: helper-178's FINDING 1)
                 return None
             raise self._traced(module)
         if not ag.grad_enabled():

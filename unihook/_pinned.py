@@ -675,7 +675,7 @@ class HookDict(OrderedDict[int, Any]):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> OrderedDict[int, Any]:
         """A copied module keeps its hooks, as torch's copy does, its backward hooks too: the
-        copy gets its own backward state (`_copy_state`) behind the copied dispatchers."""
+        copy gets its own backward state (`ModuleBackward.copied`) behind the copied dispatchers."""
         from copy import deepcopy
 
         if not self.owned:
@@ -712,7 +712,7 @@ class HookDict(OrderedDict[int, Any]):
                 self._leave_flags(key, owner, memo)
                 continue
             if state is not None and id(state) not in memo and copied is not owner:
-                memo[id(state)] = _copy_state(state, owner, copied, memo)
+                memo[id(state)] = state.copied(owner, copied, memo)
             copied_value = deepcopy(value, memo)
             if state is not None and getattr(copied_value, "__self__", None) is state:
                 # copied before as another module's hook, one a library carried there (its
@@ -776,30 +776,6 @@ def _leave_out(state: Any, owner: Any, memo: dict[int, Any]) -> None:
     if isinstance(pinned, Pinned) and owner is not None:
         flags = pinned.access.get(owner, pinned.always)
         deepcopy(flags, memo).pop(pinned.post[1], None)  # (the copy the module's copy gets)
-
-
-def _copy_state(state: Any, original: Any, owner: Any, memo: dict[int, Any]) -> Any:
-    """The backward state of `owner`, a deep copy of `state`'s module `original`: its hooks
-    deep-copied, as torch deep-copies a module's own backward hook dicts (a callable object is
-    copied, a bound method is bound to the copy; until 2026-12-04 they were shared: a
-    capture's recorded the copy's gradients, helper-124's FINDING 3), ranked as they were
-    among the framework's own, whose copies run among them as in `original` (until
-    2026-12-06 the framework ran its own first in the copy: helper-148's FINDING 6)."""
-    from copy import deepcopy
-
-    from ._module_backward import ModuleBackward, _states
-
-    new = ModuleBackward(state.autograd, state.is_global)
-    new.pre_hooks = {k: (deepcopy(h, memo), s) for k, (h, s) in state.pre_hooks.items()}
-    new.full_hooks = {k: (deepcopy(h, memo), s) for k, (h, s) in state.full_hooks.items()}
-    new.ranks = dict(state.ranks)
-    new.owner = weakref.ref(owner)
-    new.dispatch_through(state.dispatchers.rebound(owner))
-    _states[owner] = new
-    copy_natives = getattr(state.autograd, "copy_natives", None)
-    if new.natives is not None and copy_natives is not None:
-        copy_natives(original, owner, memo)
-    return new
 
 
 # a HookDict's items (`HookDict._snapshot_now`): its version, the items, and apart from the
