@@ -89,3 +89,21 @@ def test_nothing_kept_inside_leaves_nothing_out() -> None:
     h.stop_gradient = False
     model.head(paddle.tanh(h)).square().sum().backward()
     assert step["blk"] == pytest.approx(float(np.linalg.norm(h.grad.numpy())), rel=1e-5)
+
+
+def test_a_keeper_set_in_after_the_monitor_was_made_leaves_the_monitored_module_out() -> None:
+    """The modules inside are looked in as they are at each call: one a user sets in after
+    the monitor was made too (until 2026-12-07 the look took those at the placement, and
+    recorded the sum: helper-178's FINDING 3)."""
+    paddle.seed(0)
+    model = _Hidden(keep=False)
+    monitor = GradientMonitor(model, where=["blk", "head"])
+    model.blk.k = _Inner(keep=True)
+    model.keep = True
+    x = paddle.to_tensor(np.random.default_rng(0).normal(size=(3, 4)).astype("float32"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model(x).square().sum().backward()
+    monitor.remove()
+    assert "blk" not in monitor.history[-1]
+    assert any("'blk'" in str(w.message) for w in caught)

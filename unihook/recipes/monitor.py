@@ -303,9 +303,8 @@ class GradientMonitor(Synced):
         self._kept_before: dict[int, weakref.ref[Any]] = {}
         self._kept_prune_at = 256
 
-        # a module hooked -> (it, weakly; the modules inside it `where` leaves out, weakly, but
-        # those inside another one hooked): where its call ends, `_keeps` looks in them too
-        self._below: dict[int, tuple[weakref.ref[Any], list[weakref.ref[Any]]]] = {}
+        # the ids of the modules hooked, where `where` leaves some out (see `_kept_below`)
+        self._chosen: frozenset[int] | None = None
 
         self._inner, self._where = inner, where
         self._schedule(model, every, self._place)
@@ -322,7 +321,7 @@ class GradientMonitor(Synced):
             self._where = Chosen(select(self._inner, self._where))
         model, inner, own = self._model, self._inner, self._own
         where = self._where.pairs(inner)  # (walked once for the hooks below)
-        self._below = _left_out_below(inner, where)
+        self._chosen = _chosen_ids(inner, where)
         group.add("", register_forward_pre_hook(model, own(self._new_step), with_kwargs=True))
         attached = attach(inner, own(self._record), where=where)
         group.extend(attached)  # (first: a Ctrl-C in `names` left them, helper-103's F5)
@@ -648,9 +647,9 @@ class GradientMonitor(Synced):
             self._left_out(name, _MADE_BEFORE)
             self._unhook_earlier(step, tensors, started)
             return
-        below = self._below.get(id(module)) if self._below else None
+        chosen = self._chosen
         if _keeps(module, tensors, step.kept) or (
-            below is not None and below[0]() is module and _kept_below(below[1], tensors)
+            chosen is not None and _kept_below(module, chosen, tensors)
         ):
             for tensor in tensors:
                 step.kept[id(tensor)] = (weakref.ref(tensor), self._started)
@@ -1136,45 +1135,36 @@ def _keeps(
     return any(id(t) in found and id(t) not in parameters for t in tensors)
 
 
-def _left_out_below(
+def _chosen_ids(
     model: Any, where: Sequence[tuple[str, Any]] | Callable[[str, Any], bool]
-) -> dict[int, tuple[weakref.ref[Any], list[weakref.ref[Any]]]]:
-    """For each module `where` chose (pairs), the modules inside it that it leaves out, but
-    those inside another one chosen: an output kept on one (``self.k.out = y`` of a child's
-    call) and dropped before the forward ends was seen by no look, and the chosen module's
-    entry summed its reads where torch's hook does not (helper-97's FINDING 2). Empty where
-    every module is chosen, or `where` is a predicate (modules without weak references)."""
+) -> frozenset[int] | None:
+    """The ids of the modules `where` chose (pairs), None where it chose every module of
+    `model` or is a predicate (modules without weak references): `_kept_below`."""
     if callable(where):
-        return {}
-    chosen = {id(module) for _, module in where}
-    below: dict[int, tuple[weakref.ref[Any], list[weakref.ref[Any]]]] = {}
-    for _, module in where:
-        if id(module) in below:
-            continue
-        inside: list[weakref.ref[Any]] = []
-        hidden: list[str] = []  # the names of the chosen ones inside, whose insides are theirs
-        for name, part in ops.named_modules(module)[1:]:
-            if any(name.startswith(prefix) for prefix in hidden):
-                continue
-            if id(part) in chosen:
-                hidden.append(name + ".")
-                continue
-            inside.append(weakref.ref(part))
-        if inside:
-            below[id(module)] = (weakref.ref(module), inside)
-    return below
+        return None
+    chosen = frozenset(id(module) for _, module in where)
+    return None if all(id(m) in chosen for _, m in ops.named_modules(model)) else chosen
 
 
-def _kept_below(inside: list[weakref.ref[Any]], tensors: Sequence[Any]) -> bool:
-    """Whether one of the modules `inside` holds one of `tensors` (`_keeps`' first level)."""
+def _kept_below(module: Any, chosen: frozenset[int], tensors: Sequence[Any]) -> bool:
+    """Whether a module inside `module` that `where` leaves out (`chosen`: those it took),
+    but those inside another one chosen, holds one of `tensors` (`_keeps`' first level): an
+    output kept on one (``self.k.out = y`` of a child's call) and dropped before the forward
+    ends was seen by no look, and `module`'s entry summed its reads where torch's hook does
+    not (helper-97's FINDING 2). The modules inside it as they are now: one set in since the
+    monitor was made too (helper-178's FINDING 3)."""
     ids = {id(t) for t in tensors}
-    for ref in inside:
-        part = ref()
-        if part is not None:
-            held: list[int] = []  # (`_BUDGET` a module, as `_keeps`)
-            _ids_within(ops.attribute_values(part), 1, held, _BUDGET)
-            if not ids.isdisjoint(held):
-                return True
+    hidden: list[str] = []  # the names of the chosen ones inside, whose insides are theirs
+    for name, part in ops.named_modules(module)[1:]:
+        if hidden and name.startswith(tuple(hidden)):
+            continue
+        if id(part) in chosen:
+            hidden.append(name + ".")
+            continue
+        held: list[int] = []  # (`_BUDGET` a module, as `_keeps`)
+        _ids_within(ops.attribute_values(part), 1, held, _BUDGET)
+        if not ids.isdisjoint(held):
+            return True
     return False
 
 
