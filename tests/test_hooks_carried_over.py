@@ -629,12 +629,18 @@ def test_one_function_registered_twice_beside_a_backward_hook_runs_twice(framewo
     assert ran == ["ran"] * 4
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="helper-167's FINDING 7 (open): carried dispatchers keep a dead module's hooks",
+)
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_dead_modules_hooks_are_freed_while_its_carried_dispatchers_live(framework: str) -> None:
     """A library carried the module's dispatchers to another module (fusion), then dropped
-    the module: the hook, and what it refers to, is freed as with the framework's own hooks
-    (until 2026-12-07 the carried dispatchers kept it for the other module's life:
-    helper-167's FINDING 7); a backward of a call made before runs it."""
+    the module: the hook, and what it refers to, should be freed as with the framework's own
+    hooks; the carried dispatchers keep it for the other module's life (helper-167's FINDING
+    7). Dropping the hooks once no module holds the dead module's hook dicts (8665515) broke
+    a shallow copy whose dicts a library rebuilt, which runs them still (helper-179's FINDING
+    1, reverted before a CI): a carried copy cannot be told from such a copy's."""
     import gc
     import weakref
 

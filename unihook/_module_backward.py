@@ -299,12 +299,6 @@ class ModuleBackward:
             self.ranks = {k: v for k, v in self.ranks.items() if k != key}
         return not (self.pre_hooks or self.full_hooks)
 
-    def forsaken(self) -> None:
-        """The module died and no module holds its dicts (`HookDict.__del__`): its hooks go.
-        A call of it in the graph took its own snapshot of them (`_Call`)."""
-        if self.owner is not None and self.owner() is None:
-            self.pre_hooks, self.full_hooks = {}, {}
-
     def dispatch_through(self, dispatchers: Dispatchers) -> None:
         """Take `dispatchers`, installed for this state (callers hold `_lock`)."""
         self.dispatchers = dispatchers

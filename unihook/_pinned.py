@@ -559,14 +559,6 @@ class HookDict(OrderedDict[int, Any]):
         if self.owner() is None:
             # (its forward hooks' flags stay, as the hooks do, until their handles go)
             _unflag_dead({k: v for k, v in self.flags.items() if k in self.pinned})
-            # No module runs the dispatchers pinned here any more (a shallow copy sharing
-            # this dict would hold it): their states let go of their hooks, which dispatchers
-            # a library carried to another module kept alive, with all they refer to, for
-            # that module's life (helper-167's FINDING 7).
-            for key in self.pinned:
-                forsaken = getattr(self._state_at(key), "forsaken", None)
-                if forsaken is not None:
-                    forsaken()
         _park(self)
 
     def _dropped(self) -> None:

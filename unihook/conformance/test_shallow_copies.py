@@ -472,3 +472,28 @@ def test_a_deep_copy_after_a_library_rebuilt_a_dict_a_copy_shares(
         seen.clear()
         _step(kit, each)
         assert seen == ([] if removed and each is not deep else [expected])
+
+
+@pytest.mark.parametrize("rebuilt", ["forward", "both"])
+def test_a_copy_whose_dicts_a_library_rebuilt_runs_the_hooks_after_its_original_died(
+    backend: Any, rebuilt: str
+) -> None:
+    """A shallow copy made after a backward hook; a library gives the copy copies of its hook
+    dicts; the original dies: the copy runs the hook, as torch's, whose copy shares the
+    original's backward hook dict (helper-179's FINDING 1: a first version of freeing a dead
+    module's hooks, caught before a CI, dropped them)."""
+    kit = backend
+    module: Any = kit.linear(3, 2, W, B)
+    seen: list[str] = []
+    handle = unihook.register_full_backward_hook(module, lambda m, gi, go: seen.append("B"))
+    twin = copy.copy(module)
+    for name in ("forward", "forward_pre") if rebuilt == "both" else ("forward",):
+        kit.replace_hook_dict(twin, name, OrderedDict)
+    module = None
+    gc.collect()
+    _step(kit, twin)
+    assert seen == ["B"]
+    handle.remove()
+    seen.clear()
+    _step(kit, twin)
+    assert seen == []
