@@ -455,6 +455,9 @@ def test_a_graph_is_walked_only_when_the_last_copies_cost_more(monkeypatch: Any)
     _backward._CHECK_FROM = 1 << 16
     _autograd_guard._VALUES_PER_NODE = 6000
     _autograd_guard._history[:] = [0, 0]
+    # (the marks of nodes user code can see that an earlier test's graph, still alive, left:
+    # each makes every backward walk its graph to look below them, `receives_seen`)
+    monkeypatch.setattr(_autograd_guard, "_seen", set())
     walks = []
     graph = _autograd_guard._Graph
 
