@@ -332,6 +332,18 @@ class ModuleBackward:
         owner = None if self.owner is None else self.owner()
         return owner is not None and not _shallow_copies(owner, module)
 
+    def drop_carried(self, module: Any) -> bool:
+        """Whether `module`'s hook dicts hold these dispatchers where they do nothing (carried
+        there by a library, `_foreign`, or put back after the removal, `_restored`); if so,
+        they go (as at the module's next call)."""
+        if weakref.ref(module) is not self.owner:
+            carried = self._foreign(module)
+        else:
+            carried = self.removed and self._restored(module)
+        if carried:
+            self._carried_to(module)
+        return carried
+
     def _carried_to(self, module: Any) -> None:
         """A call of `module` reached copies of these dispatchers a library carried there
         (`_foreign`): inert ones take their place (`Dispatchers.disarm`)."""
@@ -646,17 +658,19 @@ class ModuleBackward:
         stack[pos] = (id(args), ref, call, frame)
         return args if call.input_idx is not None else None
 
+    def site(self, module: Any) -> Site:
+        """The hook an error about this state's dispatchers names: its first with a site."""
+        sites = [site for _, site in (*self.full_hooks.values(), *self.pre_hooks.values())]
+        found = next((s for s in sites if s is not None), None)
+        return found or Site.of("full_backward", self.autograd.backend, module)
+
     def _traced(self, module: Any) -> TracedHookError:
         """The error of a call a tracer records (`recording`): the graph it makes would run
         the hooks of the traced call, or none (torch.jit.trace refuses a module with its own
         backward hooks; with backward pre-hooks or global ones, its check of the trace failed
         with "Graphs differed across invocations", and with ``check_trace=False`` the traced
         module ran unihook's hooks with the traced call's state: helper-166's FINDING 4)."""
-        sites = [site for _, site in (*self.full_hooks.values(), *self.pre_hooks.values())]
-        site = next((s for s in sites if s is not None), None)
-        if site is None:
-            site = Site.of("full_backward", self.autograd.backend, module)
-        return site.error(
+        return self.site(module).error(
             TracedHookError,
             "a call the framework runs, or one torch.compile compiles (it keeps the hooks)",
             "a call torch.jit.trace records into a graph, which runs no Python hook (torch "

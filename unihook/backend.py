@@ -55,6 +55,10 @@ backends use them.
   where it cannot leave its graph. `eager_entries()`: the core's functions the framework
   calls on its own (the adapters and wrappers unihook places as hooks), which such a compiler
   must not compile as frames of their own (`eager_entry` marks one: the recipes' wrappers).
+  `add_hook_compiler(reader, compiler, module_local, backend)` if the framework compiles a
+  module's hooks from their source, reading their `__name__` in `reader` (torch.jit.script):
+  the objects unihook places as hooks (and a backend's own: ``__name__ = HookName(site_of,
+  received)`` in their class) raise `ScriptedHookError` there instead of being skipped.
   `add_compiler_pause(pause)` if that compiler hooks every Python call on a thread (dynamo's
   frame callback, which takes dynamo's compile lock): it is paused while the thread holds a
   registry lock (see ``unihook._locks``).
@@ -81,6 +85,7 @@ from ._describe import Site, type_name
 from ._entries import eager_entries, eager_entry
 from ._global_table import add_to_global_table
 from ._history import history_reaches
+from ._hook_names import HookName, add_hook_compiler
 from ._identity import WeakIdentityKeys
 from ._imports import cancel_when_imported, imported, install_when_imported, when_imported
 from ._kept_inputs import check_kept_input, check_returned_input, kept_inputs, note_changes
@@ -118,6 +123,7 @@ __all__ = [
     "Autograd",
     "Dispatchers",
     "HookDict",
+    "HookName",
     "ModuleBackward",
     "Pinned",
     "RegistryLock",
@@ -127,6 +133,7 @@ __all__ = [
     "add_compiler_escape",
     "add_compiler_pause",
     "add_global_backward_hook",
+    "add_hook_compiler",
     "add_to_global_table",
     "cancel_when_imported",
     "check_grad",

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from typing import Any, Callable, Iterator
 
 from . import api
+from ._describe import Site
+from ._hook_names import HookName
 from ._identity import WeakIdentityKeys
 from ._locks import Collecting, registering, undo
 from .compose import HookGroup, Where, select
@@ -130,6 +132,12 @@ class _Own:
     (helper-124's FINDINGS 3 and 3b)."""
 
     __slots__ = ("hook",)
+    __name__ = HookName(
+        lambda own, module, backend: (
+            Site.of("forward", backend, module),
+            "a capture's hooks (remove the capture first)",
+        )
+    )
 
     def __init__(self, hook: Callable[..., None] | None) -> None:
         self.hook = hook

@@ -18,6 +18,7 @@ __all__ = [
     "HookReturnTypeError",
     "UnsupportedHookError",
     "TracedHookError",
+    "ScriptedHookError",
     "BackendStateError",
     "StaleCaptureError",
     "InPlaceError",
@@ -65,6 +66,11 @@ class UnsupportedHookError(UnihookError, NotImplementedError):
 class TracedHookError(UnsupportedHookError, ValueError):
     """A module with backward hooks called while a tracer records a graph that runs no Python
     hook (``torch.jit.trace``; torch: ValueError for a module's own backward hooks)."""
+
+
+class ScriptedHookError(UnsupportedHookError, RuntimeError):
+    """A module with unihook hooks compiled by a compiler that runs no Python hook
+    (``torch.jit.script``; torch: RuntimeError for a hook it cannot script)."""
 
 
 class BackendStateError(UnihookError, RuntimeError):

@@ -27,6 +27,7 @@ import torch
 import torch.nn.modules.module as torch_module
 
 from unihook.backend import (
+    HookName,
     ModuleBackward,
     Pinned,
     RegistryLock,
@@ -396,6 +397,13 @@ class _FromNextCall:
     it. `__self__` as the hook's (unihook's pinned dispatchers are told by it)."""
 
     __slots__ = ("hook", "skip")
+    __name__ = HookName(
+        lambda wrapper, module, backend: (
+            Site.of("forward_pre", backend, module),
+            "a forward pre-hook registered while the module ran, in unihook's wrapper "
+            "(remove it first)",
+        )
+    )
 
     def __init__(self, hook: Hook) -> None:
         self.hook = hook
