@@ -4,9 +4,10 @@ torch scripts a module's forward hooks from their source, taking each one's ``__
 first, and the module it makes runs no Python hook (its own backward hooks are dropped,
 silently). unihook's backward-hook dispatchers, a capture's hooks, the wrappers of with_kwargs
 hooks and of a pre-hook registered during a call have no source: torch failed on them with
-"'EagerUnderCompile' object has no attribute '__name__'". Each now raises `ScriptedHookError`
-(a RuntimeError, torch's type for a hook it cannot script) naming the hook; a plain forward
-hook of unihook's is the user's function, scripted as torch's own, and once unihook's hooks are
+"'EagerUnderCompile' object has no attribute '__name__'". Each but the with_kwargs wrappers
+(plain partials: torch's AttributeError still, see README) now raises `ScriptedHookError` (a
+RuntimeError, torch's type for a hook it cannot script) naming the hook; a plain forward hook
+of unihook's is the user's function, scripted as torch's own, and once unihook's hooks are
 removed the module scripts as it did.
 """
 
@@ -45,10 +46,6 @@ def _register(kind: str, model: Any) -> Iterator[Any]:
         yield unihook.register_full_backward_hook(target, _any)
     elif kind in ("capture", "capture_grads"):
         yield unihook.capture(model, grads=kind == "capture_grads")
-    elif kind == "forward_kwargs":
-        yield unihook.register_forward_hook(target, _any, with_kwargs=True)
-    elif kind == "forward_pre_kwargs":
-        yield unihook.register_forward_pre_hook(target, _any, with_kwargs=True)
 
 
 _NAMED = {
@@ -57,8 +54,6 @@ _NAMED = {
     "beside_native": "full_backward hook on Linear",
     "capture": "forward hook on Sequential",
     "capture_grads": "forward hook on Sequential",
-    "forward_kwargs": "forward hook on Linear",
-    "forward_pre_kwargs": "forward_pre hook on Linear",
 }
 
 
@@ -163,3 +158,43 @@ def test_dispatchers_a_fusion_carried_over_go_and_the_next_script_works() -> Non
     assert not fused.conv._forward_hooks
     x = torch.randn(1, 2, 5, 5)
     assert torch.equal(torch.jit.script(fused)(x), fused(x))
+
+
+class _ConvBnRelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn, self.relu = nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.bn(self.conv(x)))
+
+
+@pytest.mark.parametrize("fused_names", [["conv", "bn"], ["conv", "bn", "relu"]])
+def test_a_fusion_of_hooked_modules_leaves_no_placeholder_and_one_refusal_drops_all(
+    fused_names: list[str],
+) -> None:
+    """fuse_modules deep-copies the conv (its hooks copied, as torch copies its own: live,
+    reached by no handle) and carries the other modules' forward hooks to the fused one.
+    Carried into the copy's dict, which unihook holds, they left an inert placeholder for good
+    that torch.jit.script failed on ("'_Carried' object has no attribute '__name__'"), and
+    each refusal dropped one state's (helper-180's FINDING 1)."""
+    from torch.ao.quantization import fuse_modules
+
+    model = _ConvBnRelu().eval()
+    handles = [
+        unihook.register_full_backward_hook(module, _any)
+        for module in (model.conv, model.bn, model.relu)
+    ]
+    fused = fuse_modules(model, [fused_names], inplace=True)
+    for handle in handles:
+        handle.remove()
+    for module in fused.modules():
+        placed = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+        assert "_Carried" not in {type(hook).__name__ for hook in placed}
+    # dispatchers carried in go at the first refusal, all of them; what stays is the copy's
+    # own hooks (torch's copy keeps its own too), which the next refusal names
+    with pytest.raises(unihook.ScriptedHookError):
+        torch.jit.script(fused)
+    for _ in range(2):
+        with pytest.raises(unihook.ScriptedHookError, match="deep-copied from a hooked one"):
+            torch.jit.script(fused)

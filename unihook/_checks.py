@@ -11,7 +11,6 @@ from typing import Any, Callable
 
 from ._describe import Site, type_name
 from ._entries import eager_entry
-from ._hook_names import HookName
 from .errors import HookReturnError, HookReturnTypeError
 
 __all__ = [
@@ -134,24 +133,13 @@ def _kwargs_in(frame: FrameType | None) -> dict[str, Any]:
 # a TypeError). The wrappers below run it as registered, with the call's kwargs.
 
 
-class _KwargsHook(partial):  # type: ignore[type-arg]
-    """A with_kwargs hook's wrapper (torch.jit.script refuses one of its own, a RuntimeError)."""
-
-    __name__ = HookName(
-        lambda wrapper, module, backend: (
-            wrapper.args[1] if len(wrapper.args) > 1 else Site.of("forward", backend, module),
-            "a with_kwargs forward hook (remove it first; torch refuses one of its own)",
-        )
-    )
-
-
 def checked_kwargs_pre_hook(hook: Callable[..., Any], site: Site) -> Callable[..., Any]:
     """Wrap a with_kwargs forward pre-hook so a bad return raises HookReturnError (and see
     above: called without kwargs, it gets a copy of them, and may replace the args only).
     A partial, not a closure: ``copy.deepcopy`` of the module copies it with `hook` (a bound
     method's object copied, as torch copies its own hooks), where it takes a function as it
     is (a deep copy's hook called the original's object: helper-107's FINDING 4)."""
-    wrapper = _KwargsHook(_kwargs_pre_hook, hook, site)
+    wrapper = partial(_kwargs_pre_hook, hook, site)
     wrapper.__wrapped__ = hook  # type: ignore[attr-defined]
     return wrapper
 
@@ -182,7 +170,7 @@ def _kwargs_pre_hook(
 
 def kwargs_post_hook(hook: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a with_kwargs forward hook (see above; a partial, as `checked_kwargs_pre_hook`)."""
-    wrapper = _KwargsHook(_kwargs_post_hook, hook)
+    wrapper = partial(_kwargs_post_hook, hook)
     wrapper.__wrapped__ = hook  # type: ignore[attr-defined]
     return wrapper
 

@@ -39,7 +39,9 @@ from operator import is_not
 from types import CodeType
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 
+from ._describe import Site
 from ._entries import eager_entry
+from ._hook_names import HookName
 from ._locks import RegistryLock, undo_if_unfinished
 from ._prepended import carry_notes, notes_state
 from .errors import DispatchersOnlyError
@@ -253,6 +255,11 @@ class HookDict(OrderedDict[int, Any]):
                 self._repin()
             return
         if _dispatcher(value):  # (under a key not pinned: a copy a library carried here)
+            if self._access is not None and not getattr(self._access, "iterates_live", False):
+                # a framework that iterates a snapshot (torch): out, as the framework alone
+                # has no hook there (a placeholder stayed for good, a no-op call each time,
+                # and torch.jit.script failed on it: helper-180's FINDING 1)
+                return
             value = _Carried()
         # The origin first: a key here and not there is one a native handle removed there,
         # which `items` drops (so another thread's `items` never drops one half inserted).
@@ -1429,6 +1436,14 @@ class _Carried:
     order. Does nothing (the framework's own backward hooks stay with their module)."""
 
     __slots__ = ()
+    __name__ = HookName(
+        lambda carried, module, backend: (
+            Site.of("full_backward", backend, module),
+            "an inert placeholder of unihook's where a library carried backward-hook "
+            "dispatchers in (fuse_modules of modules with backward hooks; take it out of the "
+            "module's forward hook dict)",
+        )
+    )
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         return None

@@ -263,19 +263,41 @@ add_hook_compiler(
 
 def _dispatchers_refusal(dispatcher: EagerUnderCompile, module: Any, backend: str) -> Any:
     state = dispatcher.__self__
-    if not isinstance(state, ModuleBackward):
-        return Site.of("full_backward", backend, module), _BACKWARD_HOOKS
-    if module is not None and state.drop_carried(module):
-        # (as the module's first call would: helper-168's FINDING 3, a fused conv)
-        return state.site(module), (
+    if isinstance(state, ModuleBackward):
+        site = state.site(module)
+    else:
+        site = Site.of("full_backward", backend, module)
+    if module is None:
+        return site, _BACKWARD_HOOKS
+    # dispatchers of other modules' states a library carried in, or put back after their
+    # removal, do nothing here: they go, all at once, as at the module's first call
+    # (helper-168's FINDING 3, a fused conv; helper-180's FINDING 1, several fused modules)
+    dropped = False
+    for attr in ("_forward_pre_hooks", "_forward_hooks"):
+        for hook in list(getattr(module, attr, {}).values()):
+            other = hook.__self__ if type(hook) is EagerUnderCompile else None
+            if isinstance(other, ModuleBackward) and other.drop_carried(module):
+                dropped = True
+    live = any(
+        type(hook) is EagerUnderCompile
+        for attr in ("_forward_pre_hooks", "_forward_hooks")
+        for hook in list(getattr(module, attr, {}).values())
+    )
+    if dropped and not live:
+        return site, (
             "inert dispatchers of another module's or of a removed hook that a library "
             "carried in (fuse_modules, prepare_qat, a copied hook dict); taken out now: "
             "compile it again"
         )
-    return state.site(module), _BACKWARD_HOOKS
+    if dropped:
+        return site, f"{_BACKWARD_HOOKS}; inert ones a library carried in were taken out"
+    return site, _BACKWARD_HOOKS
 
 
-_BACKWARD_HOOKS = "unihook backward hooks (remove them first; the original module keeps them)"
+_BACKWARD_HOOKS = (
+    "unihook backward hooks (remove them first: the original module keeps them; a module "
+    "deep-copied from a hooked one, as fuse_modules copies a conv, has copies of its hooks)"
+)
 
 
 class EagerUnderCompile:
