@@ -133,6 +133,15 @@ def test_an_error_of_the_users_own_forward_hook_stays_torchs() -> None:
     assert not isinstance(caught.value, unihook.UnihookError)
 
 
+class _ConvBnRelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn, self.relu = nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.bn(self.conv(x)))
+
+
 def test_dispatchers_a_fusion_carried_over_go_and_the_next_script_works() -> None:
     """fuse_modules carries the BatchNorm's forward hooks, unihook's dispatchers among them,
     to the fused conv, where they do nothing and go at its first call. Scripted before it, the
@@ -140,15 +149,7 @@ def test_dispatchers_a_fusion_carried_over_go_and_the_next_script_works() -> Non
     fused model never scripted: torch's AttributeError)."""
     from torch.ao.quantization import fuse_modules
 
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv, self.bn, self.relu = nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.ReLU()
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.relu(self.bn(self.conv(x)))
-
-    model = Net().eval()
+    model = _ConvBnRelu().eval()
     handle = unihook.register_full_backward_hook(model.bn, _any)
     fused = fuse_modules(model, [["conv", "bn"]], inplace=True)
     handle.remove()
@@ -158,15 +159,6 @@ def test_dispatchers_a_fusion_carried_over_go_and_the_next_script_works() -> Non
     assert not fused.conv._forward_hooks
     x = torch.randn(1, 2, 5, 5)
     assert torch.equal(torch.jit.script(fused)(x), fused(x))
-
-
-class _ConvBnRelu(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv, self.bn, self.relu = nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.ReLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.relu(self.bn(self.conv(x)))
 
 
 @pytest.mark.parametrize("fused_names", [["conv", "bn"], ["conv", "bn", "relu"]])
