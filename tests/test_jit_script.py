@@ -162,14 +162,16 @@ def test_dispatchers_a_fusion_carried_over_go_and_the_next_script_works() -> Non
 
 
 @pytest.mark.parametrize("fused_names", [["conv", "bn"], ["conv", "bn", "relu"]])
-def test_a_fusion_of_hooked_modules_leaves_no_placeholder_and_one_refusal_drops_all(
+def test_a_fusion_of_hooked_modules_is_refused_for_its_copied_hooks_once_carried_ones_went(
     fused_names: list[str],
 ) -> None:
     """fuse_modules deep-copies the conv (its hooks copied, as torch copies its own: live,
-    reached by no handle) and carries the other modules' forward hooks to the fused one.
-    Carried into the copy's dict, which unihook holds, they left an inert placeholder for good
-    that torch.jit.script failed on ("'_Carried' object has no attribute '__name__'"), and
-    each refusal dropped one state's (helper-180's FINDING 1)."""
+    reached by no handle) and carries the other modules' forward hooks to the fused one,
+    unihook's dispatchers among them: inert there, placeholders where unihook holds the dict.
+    The refusals take those out, all of a module's at once, and then name the copied hooks
+    (until 2026-12-07 the placeholders stayed for good, torch failed on them with
+    "'_Carried' object has no attribute '__name__'", and each refusal dropped one state's
+    dispatchers: helper-180's FINDING 1)."""
     from torch.ao.quantization import fuse_modules
 
     model = _ConvBnRelu().eval()
@@ -180,13 +182,39 @@ def test_a_fusion_of_hooked_modules_leaves_no_placeholder_and_one_refusal_drops_
     fused = fuse_modules(model, [fused_names], inplace=True)
     for handle in handles:
         handle.remove()
+    said = []
+    for _ in range(4):
+        with pytest.raises(unihook.ScriptedHookError) as caught:
+            torch.jit.script(fused)
+        said.append(str(caught.value))
+    assert sum("taken out now" in message for message in said) <= len(fused_names) - 1
+    assert "deep-copied from a hooked one" in said[-1] and "deep-copied" in said[-2]
     for module in fused.modules():
         placed = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
         assert "_Carried" not in {type(hook).__name__ for hook in placed}
-    # dispatchers carried in go at the first refusal, all of them; what stays is the copy's
-    # own hooks (torch's copy keeps its own too), which the next refusal names
+
+
+@pytest.mark.parametrize("prepend", [False, True])
+def test_a_library_carrying_dispatchers_keeps_its_handles_and_reads(prepend: bool) -> None:
+    """A library registering another module's hooks on `b` (``register_forward_hook(h,
+    prepend=...)``, as fuse_modules) gets its handle and reads back what it put (a first
+    version left carried dispatchers out: ``move_to_end`` raised KeyError, helper-181's
+    FINDING 1); a refusal takes the placeholders out, the library's handle then removes
+    nothing else, and b scripts once its own hook is removed."""
+    a, b = nn.Linear(2, 2), nn.Linear(2, 2)
+    calls: list[str] = []
+    unihook.register_full_backward_hook(a, lambda m, gi, go: calls.append("a"))
+    own = unihook.register_full_backward_hook(b, lambda m, gi, go: calls.append("b"))
+    carried = []
+    for hook in list(a._forward_hooks.values()):
+        carried.append(b.register_forward_hook(hook, prepend=prepend))
+        assert b._forward_hooks[carried[-1].id] is not None
     with pytest.raises(unihook.ScriptedHookError):
-        torch.jit.script(fused)
-    for _ in range(2):
-        with pytest.raises(unihook.ScriptedHookError, match="deep-copied from a hooked one"):
-            torch.jit.script(fused)
+        torch.jit.script(b)
+    for handle in carried:
+        handle.remove()
+    x = torch.ones(1, 2, requires_grad=True)
+    b(a(x)).sum().backward()
+    assert calls == ["b", "a"]
+    own.remove()
+    assert torch.equal(torch.jit.script(b)(x), b(x))

@@ -33,6 +33,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections import OrderedDict
+from collections.abc import Set as AbstractSet
 from functools import partial
 from itertools import count
 from operator import is_not
@@ -115,16 +116,16 @@ class SnapshotDict(OrderedDict[int, Any]):
     def __iter__(self) -> Iterator[int]:
         return iter(list(super().__iter__()))
 
-    def keys(self) -> tuple[int, ...]:  # type: ignore[override]
-        return tuple(super().keys())
+    def keys(self) -> SetView:  # type: ignore[override]
+        return SetView(super().keys())
 
     def values(self) -> tuple[Any, ...]:  # type: ignore[override]
         return tuple(super().values())
 
-    def items(self) -> tuple[tuple[int, Any], ...]:  # type: ignore[override]
+    def items(self) -> SetView:  # type: ignore[override]
         if self.guard is not None:
             self.guard(self)
-        return tuple(super().items())
+        return SetView(super().items())
 
 
 def _loaded(kind: type[OrderedDict[int, Any]], access: Any, top: int) -> OrderedDict[int, Any]:
@@ -255,11 +256,6 @@ class HookDict(OrderedDict[int, Any]):
                 self._repin()
             return
         if _dispatcher(value):  # (under a key not pinned: a copy a library carried here)
-            if self._access is not None and not getattr(self._access, "iterates_live", False):
-                # a framework that iterates a snapshot (torch): out, as the framework alone
-                # has no hook there (a placeholder stayed for good, a no-op call each time,
-                # and torch.jit.script failed on it: helper-180's FINDING 1)
-                return
             value = _Carried()
         # The origin first: a key here and not there is one a native handle removed there,
         # which `items` drops (so another thread's `items` never drops one half inserted).
@@ -415,8 +411,8 @@ class HookDict(OrderedDict[int, Any]):
     def __iter__(self) -> Iterator[int]:
         return iter([key for key, _ in self._followed()])
 
-    def keys(self) -> tuple[int, ...]:  # type: ignore[override]
-        return tuple(key for key, _ in self._followed())
+    def keys(self) -> SetView:  # type: ignore[override]
+        return SetView(key for key, _ in self._followed())
 
     def values(self) -> tuple[Any, ...]:  # type: ignore[override]
         # (the cached snapshot, as `items`: unihook_torch reads the last value at each call
@@ -792,12 +788,29 @@ def _differs(origin: OrderedDict[int, Any], snap: _Snapshot) -> bool:
         return True
 
 
-def _snapshot(items: Callable[[], Iterable[tuple[int, Any]]]) -> tuple[tuple[int, Any], ...]:
+class SetView(tuple, AbstractSet):  # type: ignore[type-arg]
+    """A snapshot of a hook dict's keys or items: a tuple (the framework iterates it while
+    hooks change the dict), with the set operations and comparisons of the dict view it
+    stands for (``d.keys() - {k}``, ``d.keys() <= other``, ``isdisjoint``; a TypeError or
+    AttributeError until 2026-12-07, helper-164's FINDING 6). Equality stays a tuple's."""
+
+    __slots__ = ()
+    __le__ = AbstractSet.__le__  # pyright: ignore[reportAssignmentType]
+    __lt__ = AbstractSet.__lt__  # pyright: ignore[reportAssignmentType]
+    __ge__ = AbstractSet.__ge__  # pyright: ignore[reportAssignmentType]
+    __gt__ = AbstractSet.__gt__  # pyright: ignore[reportAssignmentType]
+
+    @classmethod
+    def _from_iterable(cls, iterable: Iterable[Any]) -> set[Any]:
+        return set(iterable)  # (what a dict view's operations give)
+
+
+def _snapshot(items: Callable[[], Iterable[tuple[int, Any]]]) -> SetView:
     # A finalizer the collector runs during the copy (it allocates), or a thread that takes
     # over meanwhile, may change the dict: "mutated during iteration", copy again.
     while True:
         try:
-            return tuple(items())
+            return SetView(items())
         except RuntimeError:
             continue
 
@@ -1436,17 +1449,27 @@ class _Carried:
     order. Does nothing (the framework's own backward hooks stay with their module)."""
 
     __slots__ = ()
-    __name__ = HookName(
-        lambda carried, module, backend: (
-            Site.of("full_backward", backend, module),
-            "an inert placeholder of unihook's where a library carried backward-hook "
-            "dispatchers in (fuse_modules of modules with backward hooks; take it out of the "
-            "module's forward hook dict)",
-        )
-    )
+    __name__ = HookName(lambda carried, module, backend: _carried_refusal(module, backend))
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
         return None
+
+
+def _carried_refusal(module: Any, backend: str) -> tuple[Site, str]:
+    """A compiler of hooks (torch.jit.script) met placeholders in `module`'s hook dicts: they
+    go, out of every HookDict of the module (the compiler left its loop: nothing iterates
+    them), as the framework alone has no hook there (helper-180's FINDING 1: they stayed for
+    good, and the compiler failed on them with an AttributeError). Not where a library
+    carried them (a library's handle, a ``prepend`` move, a read back: helper-181)."""
+    for hooks in list(vars(module).values()) if module is not None else ():
+        if isinstance(hooks, HookDict):
+            for key, value in hooks._copy():
+                if isinstance(value, _Carried) and key not in hooks.pinned:
+                    hooks.pop(key, None)
+    return Site.of("full_backward", backend, module), (
+        "inert placeholders of unihook's where a library carried backward-hook dispatchers "
+        "in (fuse_modules of modules with backward hooks); taken out now: compile it again"
+    )
 
 
 class _Forwarding:

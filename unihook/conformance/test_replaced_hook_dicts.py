@@ -284,3 +284,29 @@ def test_a_native_handle_still_removes_its_hook_from_the_replaced_dict(
     remove()
     handle.remove()
     assert {name: len(d) for name, d in framework.items()} == dict.fromkeys(framework, 0)
+
+
+def test_the_hook_dicts_views_take_set_operations_as_the_frameworks_own(backend: Any) -> None:
+    """A library's ``m._forward_hooks.keys() - flags.keys()`` (a dict view's set operations)
+    works on the dicts unihook holds as on the framework's own: until 2026-12-07 their keys()
+    and items() were tuples (TypeError, AttributeError: helper-164's FINDING 6)."""
+    kit = backend
+    module = kit.linear(3, 2, W, B)
+    kit.native_hook(module, "forward_pre", lambda m, args: None)
+    kit.native_hook(module, "forward", lambda m, args, out: None)
+    handle = unihook.register_full_backward_hook(module, lambda m, gi, go: None)
+    dicts = [d for d in kit.hook_dicts(module).values() if hasattr(d, "items")]
+    assert dicts
+    for hooks in dicts:
+        plain = OrderedDict(hooks.items())  # (the framework's own type, same entries)
+        keys, own = hooks.keys(), plain.keys()
+        some = set(list(own)[:1])
+        assert keys - some == own - some
+        assert keys & some == own & some
+        assert keys | {-1} == own | {-1}
+        assert keys ^ some == own ^ some
+        assert some - keys == some - own
+        assert keys.isdisjoint({-1}) and not (own and keys.isdisjoint(own))
+        assert keys <= set(own) and not keys < set(own) and keys >= some
+        assert hooks.items() - set() == plain.items() - set()
+    handle.remove()
