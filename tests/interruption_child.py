@@ -176,16 +176,29 @@ else:
     )
 
 
+def _copied(copy: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
+    """`copy()` again where a weak reference's callback, which the collector ran during it,
+    changed the container ("changed size during iteration": unihook's `_leaves` table, CI on
+    0e6b094)."""
+    while True:
+        try:
+            return copy()
+        except RuntimeError:
+            continue
+
+
 def _summary(value: Any, depth: int = 0) -> Any:
     """A comparable picture of `value`: containers by their items, other objects by identity."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if depth < 3 and isinstance(value, dict):
-        return (type(value).__name__, tuple((k, _summary(v, depth + 1)) for k, v in value.items()))
+        items = _copied(lambda: tuple(value.items()))
+        return (type(value).__name__, tuple((k, _summary(v, depth + 1)) for k, v in items))
     if depth < 3 and isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(_summary(v, depth + 1) for v in value))
     if depth < 3 and isinstance(value, (set, frozenset)):
-        return (type(value).__name__, frozenset(_summary(v, depth + 1) for v in value))
+        members = _copied(lambda: tuple(value))
+        return (type(value).__name__, frozenset(_summary(v, depth + 1) for v in members))
     weak = (weakref.WeakKeyDictionary, weakref.WeakValueDictionary, weakref.WeakSet)
     if isinstance(value, (*weak, WeakIdentityKeys)):
         return (type(value).__name__, len(value))  # (by size)
