@@ -42,6 +42,7 @@ class HookName:
     ("a module with <that>", and what to do)."""
 
     __slots__ = ("refusal",)
+    refusal: Callable[[Any, Any, str], tuple[Site, str]]
 
     def __init__(self, refusal: Callable[[Any, Any, str], tuple[Site, str]]) -> None:
         self.refusal = refusal

@@ -788,17 +788,25 @@ def _differs(origin: OrderedDict[int, Any], snap: _Snapshot) -> bool:
         return True
 
 
-class SetView(tuple, AbstractSet):  # type: ignore[type-arg]
+class SetView(tuple[Any, ...], AbstractSet[Any]):
     """A snapshot of a hook dict's keys or items: a tuple (the framework iterates it while
     hooks change the dict), with the set operations and comparisons of the dict view it
     stands for (``d.keys() - {k}``, ``d.keys() <= other``, ``isdisjoint``; a TypeError or
     AttributeError until 2026-12-07, helper-164's FINDING 6). Equality stays a tuple's."""
 
     __slots__ = ()
-    __le__ = AbstractSet.__le__  # pyright: ignore[reportAssignmentType]
-    __lt__ = AbstractSet.__lt__  # pyright: ignore[reportAssignmentType]
-    __ge__ = AbstractSet.__ge__  # pyright: ignore[reportAssignmentType]
-    __gt__ = AbstractSet.__gt__  # pyright: ignore[reportAssignmentType]
+
+    def __le__(self, other: Any) -> bool:  # type: ignore[override]
+        return AbstractSet.__le__(self, other)
+
+    def __lt__(self, other: Any) -> bool:  # type: ignore[override]
+        return AbstractSet.__lt__(self, other)
+
+    def __ge__(self, other: Any) -> bool:  # type: ignore[override]
+        return AbstractSet.__ge__(self, other)
+
+    def __gt__(self, other: Any) -> bool:  # type: ignore[override]
+        return AbstractSet.__gt__(self, other)
 
     @classmethod
     def _from_iterable(cls, iterable: Iterable[Any]) -> set[Any]:
