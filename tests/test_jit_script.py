@@ -154,8 +154,9 @@ def test_dispatchers_a_fusion_carried_over_go_and_the_next_script_works() -> Non
     fused = fuse_modules(model, [["conv", "bn"]], inplace=True)
     handle.remove()
     assert list(fused.conv._forward_hooks.values())  # (the carried dispatcher)
-    with pytest.raises(unihook.ScriptedHookError, match="taken out now"):
+    with pytest.raises(unihook.ScriptedHookError, match="taken out now") as caught:
         torch.jit.script(fused)
+    assert "hook on Conv2d [backend torch]" in str(caught.value)  # (the fused one)
     assert not fused.conv._forward_hooks
     x = torch.randn(1, 2, 5, 5)
     assert torch.equal(torch.jit.script(fused)(x), fused(x))

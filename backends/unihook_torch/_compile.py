@@ -284,7 +284,8 @@ def _dispatchers_refusal(dispatcher: EagerUnderCompile, module: Any, backend: st
         for hook in list(getattr(module, attr, {}).values())
     )
     if dropped and not live:
-        return site, (
+        # (the module compiled, not the one the carried dispatchers came from: helper-181)
+        return Site.of("full_backward", backend, module), (
             "inert dispatchers of another module's or of a removed hook that a library "
             "carried in (fuse_modules, prepare_qat, a copied hook dict); taken out now: "
             "compile it again"
