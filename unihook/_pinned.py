@@ -792,9 +792,23 @@ class SetView(tuple[Any, ...], AbstractSet[Any]):
     """A snapshot of a hook dict's keys or items: a tuple (the framework iterates it while
     hooks change the dict), with the set operations and comparisons of the dict view it
     stands for (``d.keys() - {k}``, ``d.keys() <= other``, ``isdisjoint``; a TypeError or
-    AttributeError until 2026-12-07, helper-164's FINDING 6). Equality stays a tuple's."""
+    AttributeError until 2026-12-07, helper-164's FINDING 6). Equal to a set (or a dict
+    view) of the same members, as a dict view (helper-182's FINDING 1), and to a tuple of the
+    same items in the same order, as the tuple it was; hashed as that tuple."""
 
     __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, AbstractSet):
+            return AbstractSet.__eq__(self, other)
+        return tuple.__eq__(self, other)  # type: ignore[no-any-return]
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return tuple.__hash__(self)
 
     def __le__(self, other: Any) -> bool:  # type: ignore[override]
         return AbstractSet.__le__(self, other)

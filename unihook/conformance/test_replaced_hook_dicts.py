@@ -309,4 +309,6 @@ def test_the_hook_dicts_views_take_set_operations_as_the_frameworks_own(backend:
         assert keys.isdisjoint({-1}) and not (own and keys.isdisjoint(own))
         assert keys <= set(own) and not keys < set(own) and keys >= some
         assert hooks.items() - set() == plain.items() - set()
+        assert keys == own and keys == set(own) and hooks.items() == plain.items()
+        assert not keys != own
     handle.remove()
