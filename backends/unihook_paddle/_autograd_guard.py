@@ -53,6 +53,8 @@ __all__ = [
     "track",
     "untrack",
     "fired",
+    "graph_freed",
+    "identity_nodes_reached",
     "in_tensor_backward",
     "node_ptr",
     "spend",
@@ -73,6 +75,7 @@ class _State(threading.local):
     create_graph = False
     pending: BaseException | None = None
     partial = False  # the innermost running entry point is run_partial_grad (paddle.grad)
+    retained = True  # it was asked to keep the graph (retain_graph)
     # tokens of the hooks that fired during the innermost running backward (None: none runs)
     fired_tokens: set[int] | None = None
     # the input slots the innermost running paddle.grad cuts, by node_ptr (see `pruned`)
@@ -390,8 +393,11 @@ def _leave(state: _Shared) -> None:
 
 
 def _run_backward(*args: Any, **kwargs: Any) -> Any:
+    # (tensors, grad_tensors, retain_graph, ...)
     roots = args[0] if args else kwargs.get("tensors")
-    return _entry(False, lambda: _guarded(_beside_others, False, args, kwargs, roots))
+    retained = bool(args[2] if len(args) > 2 else kwargs.get("retain_graph", False))
+    run = lambda: _guarded(_beside_others, False, args, kwargs, roots)  # noqa: E731
+    return _entry(False, run, retained)
 
 
 def _run_partial_grad(*args: Any, **kwargs: Any) -> Any:
@@ -586,6 +592,24 @@ def in_tensor_backward() -> bool:
     return _state.depth > 0 and not _state.partial
 
 
+def identity_nodes_reached() -> list[Any]:
+    """The live identity nodes' objects (`hold`) in the graph of the innermost running
+    backward: one walk, for a backward that raised."""
+    roots = _state.roots
+    if roots is None:
+        return []
+    reached = {int(ptr) for ptr, _ in _walk(roots)}
+    with _lock:
+        held = [ref() for ref in _holders]
+    return [h for h in held if h is not None and getattr(h, "ptr", 0) in reached]
+
+
+def graph_freed() -> bool:
+    """True while a Tensor.backward without retain_graph runs: no pass can go through its
+    graph again (paddle frees the nodes' saved tensors as they run)."""
+    return in_tensor_backward() and not _state.retained
+
+
 def node_ptr(tensor: Any) -> int:
     """The address of `tensor`'s grad node (0 when it cannot be read without leaking it)."""
     node = _grad_node(tensor)
@@ -639,13 +663,14 @@ def _measure_grad_fn_leak() -> int:
     return leak
 
 
-def _entry(partial: bool, run: Callable[[], Any]) -> Any:
+def _entry(partial: bool, run: Callable[[], Any], retained: bool = True) -> Any:
     state = _state
     outer, state.partial = state.partial, partial
+    kept, state.retained = state.retained, retained
     try:
         return run()
     finally:
-        state.partial = outer
+        state.partial, state.retained = outer, kept
 
 
 def _check_spent(roots: Any) -> None:

@@ -156,6 +156,11 @@ class _Node:
 
         return redirected
 
+    def release(self) -> None:
+        """Let go of what the call's backward needs (its state, the module): after a backward
+        that raised where nothing can run the node again."""
+        self.on_backward = partial(_released, self.site)
+
     def ran(self) -> None:
         """The node's backward ran: under Tensor.backward paddle now frees its context."""
         if not self.spent and guard.in_tensor_backward():
@@ -170,6 +175,16 @@ class _Node:
             guard.stash(error)
             raise error
         return None
+
+
+def _released(site: Site, grads: Grads) -> Grads:
+    raise site.error(
+        BackendStateError,
+        "the forward run again after a Tensor.backward without retain_graph raised in its "
+        "graph (paddle keeps such a graph for good: unihook let go of the module calls in "
+        "it, which kept the model alive)",
+        "another pass through a module call of the graph whose backward raised",
+    )
 
 
 def _spent_error(site: Site) -> BackendStateError:
@@ -216,7 +231,17 @@ class _UnihookIdentity(PyLayer):  # (paddle names its node after it: see TRUST)
         except BaseException as error:
             # paddle turns it into OSError (trap 6): the guard re-raises this one
             guard.stash(error)
-            raise  # paddle keeps the context: a retry runs the hooks again
+            if guard.graph_freed():
+                # paddle keeps the graph of a backward that raised for good (SEMANTICS
+                # §4.12), and its identity nodes held their calls' state, the module with it
+                # (a model kept alive by a hook that raised, 2026-12-07); no pass can go
+                # through it again (the nodes that ran freed their tensors)
+                # (every one this backward reached: those below the one that raised too, which
+                # another pass over a graph this one shares could still run; it raises then)
+                for reached in (node, *guard.identity_nodes_reached()):
+                    if isinstance(reached, _Node):
+                        reached.release()
+            raise  # with retain_graph, paddle keeps the context: a retry runs the hooks again
 
 
 _TENSOR_SITE = Site("tensor", NAME, "Tensor")
