@@ -79,3 +79,39 @@ def test_paddle_grad_retried_after_a_hook_raised_runs_the_hooks_again() -> None:
     assert calls == [0, 1]
     expected = model.weight.sum(axis=1).numpy()
     assert grad.numpy()[0] == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("hooked", ["own", "global"])
+def test_another_loss_through_calls_that_did_not_run_still_backpropagates(hooked: str) -> None:
+    """Two losses share `a`'s call; the first one's backward raises in a hook of `b`, above
+    `a`: `a`'s nodes never ran, and the second loss goes through them with `a`'s hook and
+    paddle's gradient (a first version let go of every node the raising backward reached:
+    BackendStateError, helper-183's FINDING 1)."""
+    paddle.seed(0)
+    a, b = paddle.nn.Linear(3, 3), paddle.nn.Linear(3, 3)
+
+    def raises(module: Any, grad_input: Any, grad_output: Any) -> None:
+        raise KeyError("b")
+
+    seen: list[Any] = []
+
+    def record(module: Any, grad_input: Any, grad_output: Any) -> None:
+        if module is a:
+            seen.append(grad_output[0].numpy().copy())
+
+    handles = [unihook.register_full_backward_hook(b, raises)]
+    if hooked == "own":
+        handles.append(unihook.register_full_backward_hook(a, record))
+    else:
+        handles.append(unihook.register_module_full_backward_hook(record))
+    x = paddle.to_tensor([[1.0, 2.0, 3.0]], stop_gradient=False)
+    h = a(x)
+    first, second = b(h).sum(), (h * 2).sum()
+    with pytest.raises(KeyError):
+        first.backward()
+    second.backward()
+    assert len(seen) == 1 and seen[0].tolist() == [[2.0, 2.0, 2.0]]
+    expected = (2 * a.weight.sum(axis=1)).numpy()
+    assert x.grad.numpy()[0] == pytest.approx(expected, rel=1e-6)
+    for handle in handles:
+        handle.remove()

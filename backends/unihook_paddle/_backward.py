@@ -177,13 +177,39 @@ class _Node:
         return None
 
 
+def _release_raised(node: _Node) -> None:
+    """`node` raised in a Tensor.backward without retain_graph: paddle keeps that graph for
+    good (SEMANTICS §4.12), and its identity nodes held their calls' state, the module with it
+    (a model kept alive by a hook that raised, 2026-12-07); no pass can go through what ran
+    again (the nodes that ran freed their tensors). This one, those that ran, and the other
+    side of a module call one of them is let go: not a call none of whose nodes ran, which
+    another pass over a graph this one shares may run (``l2 = (h * 2).sum()`` beside:
+    helper-183's FINDING 1). A function of its own: the raising frame, which the traceback
+    holds, keeps none of them."""
+    reached = [n for n in guard.identity_nodes_reached() if isinstance(n, _Node)]
+    calls = {id(_call_of(n)) for n in (node, *reached) if n is node or n.spent}
+    for other in reached:
+        if other.spent or id(_call_of(other)) in calls:
+            other.release()
+    node.release()
+
+
+def _call_of(node: _Node) -> Any:
+    """The object whose method the node's backward is (the core's call state), through
+    `_Checked` and `_Bypass`; the node itself for another (a check of the core's)."""
+    on_backward: Any = getattr(node, "on_backward", None)  # (unset: a node made, not run)
+    while isinstance(on_backward, (_Checked, _Bypass)):
+        on_backward = on_backward.on_backward
+    return getattr(on_backward, "__self__", node)
+
+
 def _released(site: Site, grads: Grads) -> Grads:
     raise site.error(
         BackendStateError,
-        "the forward run again after a Tensor.backward without retain_graph raised in its "
-        "graph (paddle keeps such a graph for good: unihook let go of the module calls in "
-        "it, which kept the model alive)",
-        "another pass through a module call of the graph whose backward raised",
+        "a backward through a module call that a Tensor.backward without retain_graph "
+        "already ran through, or raised in (paddle keeps such a graph for good: unihook let "
+        "go of the call, which kept the model alive)",
+        "another pass through that module call; run the forward again",
     )
 
 
@@ -232,15 +258,7 @@ class _UnihookIdentity(PyLayer):  # (paddle names its node after it: see TRUST)
             # paddle turns it into OSError (trap 6): the guard re-raises this one
             guard.stash(error)
             if guard.graph_freed():
-                # paddle keeps the graph of a backward that raised for good (SEMANTICS
-                # §4.12), and its identity nodes held their calls' state, the module with it
-                # (a model kept alive by a hook that raised, 2026-12-07); no pass can go
-                # through it again (the nodes that ran freed their tensors)
-                # (every one this backward reached: those below the one that raised too, which
-                # another pass over a graph this one shares could still run; it raises then)
-                for reached in (node, *guard.identity_nodes_reached()):
-                    if isinstance(reached, _Node):
-                        reached.release()
+                _release_raised(node)
             raise  # with retain_graph, paddle keeps the context: a retry runs the hooks again
 
 
