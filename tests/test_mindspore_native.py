@@ -1787,3 +1787,51 @@ def test_a_cell_a_global_backward_hook_reached_pickles() -> None:
         assert grad.asnumpy().tolist() == [[6.0, 6.0]]
     finally:
         handle.remove()
+
+
+_JIT_NET: Any = None  # (a global the jit function names, as user code does)
+
+
+@ms.jit
+def _jitted_model_call(x: Any) -> Any:
+    return _JIT_NET(x) * 2
+
+
+@ms.jit
+def _jitted_arithmetic(x: Any) -> Any:
+    return x * 3
+
+
+@pytest.mark.parametrize("kind", ["forward_pre", "forward", "full_backward"])
+def test_a_jit_function_calling_cells_is_refused_while_global_hooks_live(kind: str) -> None:
+    """A ``@mindspore.jit`` function compiles the cells it calls, which then run no Python:
+    unihook's global hooks skipped them silently (issue 16, item 6). While a global hook
+    lives, a jit call that reaches a cell (a global the function names, a closure's, the
+    method's object) raises BackendStateError; one that reaches none runs; removal puts
+    MindSpore's own call back."""
+    global _JIT_NET
+    from mindspore.graph.api import _JitExecutor
+
+    own = vars(_JitExecutor)["__call__"]
+    _JIT_NET = ms.nn.SequentialCell(ms.nn.Dense(3, 3), ms.nn.ReLU())
+    x = ms.Tensor(np.ones((2, 3), np.float32))
+    register = getattr(unihook, f"register_module_{kind}_hook")
+    handle = register(lambda *args: None, backend="mindspore")
+    try:
+        with pytest.raises(unihook.BackendStateError, match=r"mindspore\.jit") as caught:
+            _jitted_model_call(x)
+        assert "SequentialCell" in str(caught.value) and "[backend mindspore]" in str(caught.value)
+        inner = ms.nn.Dense(3, 3)
+
+        @ms.jit
+        def closure(x: Any) -> Any:
+            return inner(x)
+
+        with pytest.raises(unihook.BackendStateError):
+            closure(x)
+        assert _jitted_arithmetic(x).shape == (2, 3)
+    finally:
+        handle.remove()
+    assert vars(_JitExecutor)["__call__"] is own
+    assert _jitted_model_call(x).shape == (2, 3)
+    _JIT_NET = None
