@@ -68,8 +68,7 @@ def _check_pynative(kind: str, obj: object, name: str | None) -> None:
     """Hooks are Python calls: GRAPH_MODE compiles the cells and skips them silently (MindSpore's
     own hooks too), or fails in its graph parser (docs/MINDSPORE.md). Refused here instead.
     (A function under ``@mindspore.jit`` in PyNative mode is compiled the same way: not seen
-    at registration; a jit call reaching a cell while global hooks live is refused at the
-    call, `_global._jit_call`; README, MindSpore.)"""
+    at registration; README, MindSpore.)"""
     ms = sys.modules["mindspore"]
     if ms.get_context("mode") != ms.PYNATIVE_MODE:
         raise Site.of(kind, NAME, obj, name).error(

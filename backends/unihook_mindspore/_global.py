@@ -22,7 +22,6 @@ from itertools import count
 from typing import Any, Callable
 
 import mindspore
-import mindspore.graph.api as jit_api
 import mindspore.nn.cell as cell_module
 from mindspore import nn
 
@@ -41,7 +40,7 @@ from unihook.backend import (
     undo_if_unfinished,
     unpin,
 )
-from unihook.errors import BackendStateError, HookReturnTypeError
+from unihook.errors import HookReturnTypeError
 
 from . import NAME
 from ._forward import Access, new_id
@@ -49,11 +48,6 @@ from ._forward import Access, new_id
 Hook = Callable[..., Any]
 Cell = nn.Cell
 _CELL_CALL: Callable[..., Any] = Cell.__call__  # (this module wraps it only later)
-# `mindspore.jit` compiles a function in PyNative mode as GRAPH_MODE compiles a cell: the cells
-# it calls run no Python, and the global hooks, which this module pins in each cell at its
-# call, skipped them silently (issue 16, item 6). While a global hook lives, a jit call that
-# reaches a cell (the executor's object, a global its code names, a closure's) is refused.
-_JIT_CALL: Callable[..., Any] = jit_api._JitExecutor.__call__
 
 _lock = RegistryLock()  # (a finalizer removing a hook meanwhile waits for it)
 _ids = count()
@@ -345,42 +339,6 @@ def _unpin_backward(backward: _Backward) -> None:
             entry[2] = None
 
 
-def _jit_call(self: Any, *args: Any, **kwargs: Any) -> Any:
-    cell = _cell_in(self)
-    if cell is not None:
-        kind = "module_forward_pre" if _pre else "module_forward" if _post else None
-        raise Site.of(kind or "module_full_backward", NAME, cell).error(
-            BackendStateError,
-            "a call outside @mindspore.jit while unihook's global hooks live: the cells "
-            "inside a jit function run no Python hook (remove the global hooks first, or call "
-            "the model outside the jit function)",
-            f"a @mindspore.jit function ({getattr(self.fn, '__qualname__', self.fn)!s}) that "
-            f"calls {type(cell).__name__}",
-        )
-    return _JIT_CALL(self, *args, **kwargs)
-
-
-def _cell_in(executor: Any) -> Any:
-    """A cell the jit function reaches, as far as one can tell without compiling it: the
-    method's object, a global its code names, a closure's; None if none is seen."""
-    if isinstance(executor.obj, Cell):
-        return executor.obj
-    fn = executor.fn
-    code = getattr(fn, "__code__", None)
-    names = getattr(fn, "__globals__", {})
-    found = [names.get(name) for name in (code.co_names if code is not None else ())]
-    found += [c.cell_contents for c in getattr(fn, "__closure__", None) or () if _filled(c)]
-    return next((value for value in found if isinstance(value, Cell)), None)
-
-
-def _filled(closure_cell: Any) -> bool:
-    try:
-        closure_cell.cell_contents  # noqa: B018 (an empty one raises)
-    except ValueError:
-        return False
-    return True
-
-
 def _sync() -> None:
     """Make the cells and ``Cell.__call__`` match the global hooks. Read from the class: a run
     a Ctrl-C cut short is finished by the next."""
@@ -397,14 +355,9 @@ def _sync() -> None:
                 _install(cell)
     wanted = bool(_pre or _post or _backward is not None)
     patched = Cell.__dict__.get("__call__") is _call
-    executor = jit_api._JitExecutor
-    if wanted and vars(executor).get("__call__") is not _jit_call:
-        executor.__call__ = _jit_call
     if wanted and not patched:
         Cell.__call__ = _call
     elif not wanted:
-        if vars(executor).get("__call__") is _jit_call:
-            executor.__call__ = _JIT_CALL
         if patched:
             Cell.__call__ = _CELL_CALL  # type: ignore[method-assign]
         _installed.clear()
