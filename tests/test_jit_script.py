@@ -219,3 +219,17 @@ def test_a_library_carrying_dispatchers_keeps_its_handles_and_reads(prepend: boo
     assert calls == ["b", "a"]
     own.remove()
     assert torch.equal(torch.jit.script(b)(x), b(x))
+
+
+def test_a_deep_copy_made_in_a_captures_scope_is_refused_for_its_inert_hooks() -> None:
+    """README "Compilers": a deep copy made while a capture records (an EMA, AveragedModel)
+    keeps the capture's hooks inert, and torch.jit.script refuses it by name."""
+    import copy
+
+    model = _model()
+    with unihook.capture(model):
+        twin = copy.deepcopy(model)
+    with pytest.raises(unihook.ScriptedHookError, match="a capture's hooks"):
+        torch.jit.script(twin)
+    x = torch.randn(2, 3)
+    assert torch.equal(torch.jit.script(model)(x), model(x))  # (the original has none left)
