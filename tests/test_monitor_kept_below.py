@@ -91,13 +91,17 @@ def test_nothing_kept_inside_leaves_nothing_out() -> None:
     assert step["blk"] == pytest.approx(float(np.linalg.norm(h.grad.numpy())), rel=1e-5)
 
 
-def test_a_keeper_set_in_after_the_monitor_was_made_leaves_the_monitored_module_out() -> None:
+@pytest.mark.parametrize("where", [["blk", "head"], "*"])
+def test_a_keeper_set_in_after_the_monitor_was_made_leaves_the_monitored_module_out(
+    where: Any,
+) -> None:
     """The modules inside are looked in as they are at each call: one a user sets in after
     the monitor was made too (until 2026-12-07 the look took those at the placement, and
-    recorded the sum: helper-178's FINDING 3)."""
+    recorded the sum: helper-178's FINDING 3), also where `where` chose every module (the
+    look was skipped there: helper-179's FINDING 3)."""
     paddle.seed(0)
     model = _Hidden(keep=False)
-    monitor = GradientMonitor(model, where=["blk", "head"])
+    monitor = GradientMonitor(model, where=where)
     model.blk.k = _Inner(keep=True)
     model.keep = True
     x = paddle.to_tensor(np.random.default_rng(0).normal(size=(3, 4)).astype("float32"))

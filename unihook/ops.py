@@ -163,6 +163,11 @@ class Ops:
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
         raise self._missing("named_modules")
 
+    def children(self, module: Any) -> list[Any]:
+        """`module`'s direct submodules, in one step where a backend can (a look at each
+        module call): those of `named_modules` by default."""
+        return [m for name, m in self.named_modules(module)[1:] if "." not in name]
+
     def own_parameters(self, module: Any) -> list[tuple[Any, int, bool]]:
         raise self._missing("own_parameters")
 
@@ -756,6 +761,11 @@ def named_modules(module: Any) -> list[tuple[str, Any]]:
     submodule is listed as the module inside (``torch.compile``'s wrapper runs no hooks inside
     another compiled region; the module inside is traced with its hooks)."""
     return ops_for(module).named_modules(module)
+
+
+def children(module: Any) -> list[Any]:
+    """`module`'s direct submodules (a part's wrapper: those of the wrapper itself)."""
+    return ops_for(module).children(module)
 
 
 def part(module: Any) -> Any:

@@ -138,6 +138,11 @@ class MindSporeOps(Ops):
         keep = 1 - blocks
         return t * (keep * (keep.size / ops.clamp(keep.sum(), min=1))).astype(t.dtype)
 
+    def children(self, module: Any) -> list[Any]:
+        # (MindSpore files a cell under `_cells`: one dict read, where the walk costs a
+        # call per module)
+        return [m for m in module._cells.values() if m is not None]
+
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
         return list(module.cells_and_names())
 

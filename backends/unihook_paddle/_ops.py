@@ -208,6 +208,11 @@ class PaddleOps(Ops):
             return t * scaled
         return (t.astype(work) * scaled).astype(t.dtype)  # (no float16 multiply on the CPU)
 
+    def children(self, module: Any) -> list[Any]:
+        # (paddle files a sublayer under `_sub_layers`: one dict read, where the walk costs
+        # a call per module)
+        return [m for m in module._sub_layers.values() if m is not None]
+
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
         return list(module.named_sublayers(include_self=True))
 

@@ -423,6 +423,11 @@ class TorchOps(Ops):
         keep = 1 - blocks
         return t * (keep * (keep.numel() / keep.sum().clamp(min=1))).to(t.dtype)
 
+    def children(self, module: Any) -> list[Any]:
+        # (torch files a submodule under `_modules`, None for a slot registered empty: one
+        # dict read, where the walk costs a call per module)
+        return [m for m in module._modules.values() if m is not None]
+
     def named_modules(self, module: Any) -> list[tuple[str, Any]]:
         # torch's own walk (depth first, a shared module once, under its first name), but the
         # modules a part's wrapper holds (`_unit_wrapped`) are left out: the wrapper stands for

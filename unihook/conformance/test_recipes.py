@@ -407,6 +407,57 @@ def test_gradient_monitor_an_output_kept_and_dropped_inside_the_forward(
     assert step["b"] == pytest.approx(10.0**0.5, rel=1e-6), step
 
 
+@pytest.mark.parametrize("where", ["*", "none"])
+def test_gradient_monitor_a_keeper_set_in_after_it_was_made_where_every_module_was_chosen(
+    backend: Any, where: str
+) -> None:
+    """A module set in after the monitor was made (not hooked) keeps its output, read and
+    dropped by the model before the forward ends: the monitored module around it is left
+    out, warned, where `where` chose every module too (until 2026-12-07 the look was skipped
+    there, and 'blk' recorded the sum, silently: helper-179's FINDING 3)."""
+
+    def keep(self: Any, x: Any) -> Any:
+        y = self.fc(x) * 1.0
+        self.out = y
+        return y
+
+    def through(self: Any, x: Any) -> Any:
+        return self.k(x)
+
+    def forward(self: Any, x: Any) -> Any:
+        out = self.b(self.blk(x)) * 1.0
+        kept = getattr(self.blk.k, "out", None)
+        if kept is not None:
+            out = out + 3.0 * ops.sum(kept)
+            self.blk.k.out = None
+        return out
+
+    blk = backend.module(through, {"k": backend.linear(3, 4)})
+    model = backend.module(forward, {"blk": blk, "b": backend.linear(4, 2)})
+    x = np.random.default_rng(12).normal(size=(5, 3)).astype(np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        with GradientMonitor(model, **({} if where == "none" else {"where": where})) as monitor:
+            blk.k = backend.module(keep, {"fc": backend.linear(3, 4)})
+            backend.backward(ops.sum(model(backend.tensor(x))))
+    said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
+    step = monitor.history[-1]
+    assert "blk" not in step and any("'blk'" in s for s in said), (step, said)
+    assert step["b"] == pytest.approx(10.0**0.5, rel=1e-6), step
+
+
+def test_children_are_the_direct_submodules_named_modules_lists(backend: Any) -> None:
+    """`ops.children` (a backend's one-step read, which GradientMonitor's look trusts to skip
+    its walk) lists the direct submodules, one set in later too, none of theirs."""
+    inner = backend.module(lambda self, x: self.fc(x), {"fc": backend.linear(3, 4)})
+    model = backend.module(lambda self, x: x, {"a": inner, "b": backend.linear(4, 2)})
+    model.c = backend.linear(2, 2)
+    walked = [m for name, m in ops.named_modules(model)[1:] if "." not in name]
+    assert [id(m) for m in ops.children(model)] == [id(m) for m in walked]
+    assert [id(m) for m in ops.children(inner)] == [id(ops.named_modules(inner)[1][1])]
+    assert ops.children(ops.named_modules(inner)[1][1]) == []
+
+
 def test_gradient_monitor_after_forwards_left_by_a_keyboard_interrupt(backend: Any) -> None:
     """A KeyboardInterrupt (a Ctrl-C) inside a forward of the model: torch runs no
     `always_call` forward hook for a BaseException, so the monitor's end of that forward never
