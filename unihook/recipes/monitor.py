@@ -304,7 +304,7 @@ class GradientMonitor(Synced):
         self._kept_prune_at = 256
 
         # the ids of the modules hooked, where `where` leaves some out (see `_kept_below`)
-        self._chosen: frozenset[int] | None = None
+        self._chosen: _Chosen | None = None
 
         self._inner, self._where = inner, where
         self._schedule(model, every, self._place)
@@ -1135,33 +1135,44 @@ def _keeps(
     return any(id(t) in found and id(t) not in parameters for t in tensors)
 
 
+# the modules `where` chose, by id, each with a weak reference: a module set in since may take
+# the id of one that died (helper-185's FINDING 1: taken for the chosen one, its keep was not
+# looked at, and the entry was silently wrong)
+_Chosen = dict[int, "weakref.ref[Any]"]
+
+
 def _chosen_ids(
     model: Any, where: Sequence[tuple[str, Any]] | Callable[[str, Any], bool]
-) -> frozenset[int] | None:
-    """The ids of the modules `where` chose (pairs), None where it is a predicate (modules
-    without weak references): `_kept_below`. Also where it chose every module of `model`: one
-    set in since is not hooked (until 2026-12-07 the look was skipped there, and a keeper set
-    in later gave a silently wrong entry: helper-179's FINDING 3)."""
+) -> _Chosen | None:
+    """The modules `where` chose (pairs), None where it is a predicate (modules without weak
+    references): `_kept_below`. Also where it chose every module of `model`: one set in since
+    is not hooked (until 2026-12-07 the look was skipped there, and a keeper set in later gave
+    a silently wrong entry: helper-179's FINDING 3)."""
     if callable(where):
         return None
-    return frozenset(id(module) for _, module in where)
+    return {id(module): weakref.ref(module) for _, module in where}
 
 
-def _kept_below(module: Any, chosen: frozenset[int], tensors: Sequence[Any]) -> bool:
+def _is_chosen(chosen: _Chosen, module: Any) -> bool:
+    ref = chosen.get(id(module))
+    return ref is not None and ref() is module
+
+
+def _kept_below(module: Any, chosen: _Chosen, tensors: Sequence[Any]) -> bool:
     """Whether a module inside `module` that `where` leaves out (`chosen`: those it took),
     but those inside another one chosen, holds one of `tensors` (`_keeps`' first level): an
     output kept on one (``self.k.out = y`` of a child's call) and dropped before the forward
     ends was seen by no look, and `module`'s entry summed its reads where torch's hook does
     not (helper-97's FINDING 2). The modules inside it as they are now: one set in since the
     monitor was made too (helper-178's FINDING 3)."""
-    if all(id(child) in chosen for child in ops.children(module)):
+    if all(_is_chosen(chosen, child) for child in ops.children(module)):
         return False  # (each inside looks at its own: where every module was chosen, a call)
     ids = {id(t) for t in tensors}
     hidden: list[str] = []  # the names of the chosen ones inside, whose insides are theirs
     for name, part in ops.named_modules(module)[1:]:
         if hidden and name.startswith(tuple(hidden)):
             continue
-        if id(part) in chosen:
+        if _is_chosen(chosen, part):
             hidden.append(name + ".")
             continue
         held: list[int] = []  # (`_BUDGET` a module, as `_keeps`)
