@@ -125,3 +125,37 @@ class _Ran:
 
     def __call__(self, *args: object) -> None:
         self.into.append("post")
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("copies", [0, 1, 2])
+def test_every_module_holding_the_dict_gets_the_frameworks_back_and_only_then_is_it_searched(
+    framework: str, copies: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last hook's removal gives the framework's dict back to every module holding
+    unihook's, the copies made while it held it too, as the one dict the framework's copy and
+    module share (helper-174's FINDINGS 3 and 4: a copy kept the retired dict). The copies
+    are told by the retired dict's reference count (`_pinned._references`, calibrated at
+    import): without one, no search of every object runs."""
+    from unihook import _pinned
+
+    searched: list[int] = []
+    search = _pinned._modules_holding
+
+    def counted(*args: object) -> list[object]:
+        searched.append(1)
+        return search(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_pinned, "_modules_holding", counted)
+    layers = _Layers(framework)
+    m = layers.linear()
+    frameworks = {attr: getattr(m, attr) for attr in layers.attrs}
+    handle = unihook.register_full_backward_hook(m, lambda *a: None)
+    layers.input_grad(m)
+    twins = [copy.copy(m) for _ in range(copies)]
+    handle.remove()
+    for attr in layers.attrs:
+        assert getattr(m, attr) is frameworks[attr]
+        assert all(getattr(twin, attr) is frameworks[attr] for twin in twins)
+    # (MindSpore's copy shares the cell's __dict__ itself: nothing else holds the dict)
+    assert (searched != []) == (copies > 0 and framework != "mindspore")

@@ -30,6 +30,7 @@ registers after them. So while unihook has a key in a hook dict, the module hold
 
 from __future__ import annotations
 
+import gc
 import sys
 import weakref
 from collections import OrderedDict
@@ -166,6 +167,8 @@ class HookDict(OrderedDict[int, Any]):
         self._owner: weakref.ref[Any] | None = None
         # the shallow copy that holds it too, where `_shared_again` put it back on the owner
         self._sharer: weakref.ref[Any] | None = None
+        # retired: the modules it was taken from, which shared it (`_retire`, `_pin`)
+        self._sharers: list[weakref.ref[Any]] = []
         self._attr = ""  # the owner's attribute holding it, read through `_access`
         self._access: Access | None = None
         self.pinned: list[int] = []  # kept last, in this order
@@ -1099,8 +1102,17 @@ def _pin(
         # the hooks pinned now, helper-169's FINDING 3).
         kept = _kept(current)
         hooks = HookDict() if kept is None else kept
+        sharers, hooks._sharers = hooks._sharers, []
         hooks._install(current, owner, attr, access)
         access.put(owner, attr, hooks)
+        # The other modules it was taken from, which hold the framework's dict still: it is
+        # theirs too again, as the dict the framework's copy and module share (a backward
+        # hook registered on one of them runs for both, as torch's does on a copy made while
+        # the module had one).
+        for ref in sharers:
+            other = ref()
+            if other is not None and other is not owner and access.get(other, attr) is current:
+                access.put(other, attr, hooks)
         # (out of `_retired` once installed: it holds its origin strongly. Taken out first, a
         # Ctrl-C before the swap would drop it, and with it the removals of the native hooks
         # registered through it; left in, the module's death would not free them.)
@@ -1312,9 +1324,63 @@ def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
     # framework's weakly, and ran none of its native hooks once `owner` died or a library
     # gave it another dict: helper-174's FINDING 5).
     sharer = getattr(hooks, "_sharer", None)
-    for holder in (owner, hooks.owner(), None if sharer is None else sharer()):
+    known = [owner, hooks.owner(), None if sharer is None else sharer()]
+    shared = _give_back(hooks, origin, attr, access, known)
+    # And any other module holding it: a shallow copy made while it was installed (until
+    # 2026-12-07 it kept the retired dict, and ran none of its native hooks once `owner`
+    # died or a library gave it another dict: helper-174's FINDINGS 3 and 4). Looked for
+    # only where the reference count tells one holds it (a search of every object: ~15 ms
+    # beside torch); what else holds it (a library's variable) keeps the retired dict.
+    if _references(hooks) > _RETIRING:
+        found = _modules_holding(hooks, attr, access)
+        shared += _give_back(hooks, origin, attr, access, found)
+    # (installed again for one of them, it is theirs again: `_pin`)
+    hooks._sharers = [weakref.ref(holder) for holder in shared] if len(shared) > 1 else []
+
+
+def _give_back(
+    hooks: HookDict, origin: OrderedDict[int, Any], attr: str, access: Access, holders: list[Any]
+) -> list[Any]:
+    """Those of `holders` whose attribute `attr` is `hooks`, given `origin` in its place."""
+    given = []
+    for holder in holders:
         if holder is not None and access.get(holder, attr) is hooks:
             access.put(holder, attr, origin)
+            given.append(holder)
+    return given
+
+
+def _modules_holding(hooks: HookDict, attr: str, access: Access) -> list[Any]:
+    """The objects whose attribute `attr` (`access`) is `hooks`."""
+    found = []
+    for table in gc.get_referrers(hooks):
+        if not isinstance(table, dict):
+            continue
+        for holder in gc.get_referrers(table):
+            try:
+                if vars(holder) is table and access.get(holder, attr) is hooks:
+                    found.append(holder)
+            except Exception:  # noqa: BLE001 - not a module, or one without that dict
+                continue
+    return found
+
+
+def _references(value: object) -> int:
+    """`value`'s references, less this call's and those of the caller's one variable."""
+    return sys.getrefcount(value) - _CALL
+
+
+def _call_references() -> int:
+    """`_CALL`: what `_references` counts of an object one variable alone holds."""
+    probe = object()
+    return _references(probe)
+
+
+_CALL = 0
+_CALL = _call_references()
+# what `_retire` counts of a retired HookDict no other module holds: `_unpin`'s variable and
+# `_retired`'s list
+_RETIRING = 2
 
 
 def _to_retired(hooks: HookDict) -> OrderedDict[int, Any] | None:

@@ -15,14 +15,6 @@ import pytest
 
 import unihook
 
-# paddle: unihook's forward hooks live in a HookDict the copy shares; the removal of the last
-# one puts the original's own dict back in the original only (nothing tells unihook of the
-# copy), and the copy keeps the retired HookDict, which forwards to the original's dict the
-# hooks it held then: a native hook registered on the original later does not run for the
-# copy, and one removed keeps an entry (that runs nothing) in the copy's dict. torch's forward
-# hooks are its own (no HookDict); its backward dispatchers' removal reaches the copy through
-# the global dispatchers pinned there.
-RETIRED = "paddle: a shallow copy keeps the retired HookDict of the hooks removed from it"
 W = [[1.0, 2.0, 3.0], [-4.0, -5.0, -6.0]]
 B = [1.0, 2.0]
 X = [[1.0, -1.0, 2.0]]
@@ -117,8 +109,6 @@ def test_a_shallow_copy_runs_each_hook_once_per_call(
     for remove in natives:
         remove()
     _step(kit, twin)
-    if natives and own != "none" and kit.name == "paddle":
-        pytest.xfail(RETIRED)
     assert kit.hook_counts(twin) == kit.hook_counts(kit.linear(3, 2, W, B))
     assert kit.hook_counts(module) == kit.hook_counts(twin)
 
@@ -149,8 +139,6 @@ def test_native_hooks_after_unihooks_are_gone_run_on_both(backend: Any, on: str)
     )
     _step(kit, module)
     _step(kit, twin)
-    if on == "original" and kit.name == "paddle":
-        pytest.xfail(RETIRED)
     assert seen == [module, twin]
     remove()
     _nothing_left(kit, module, twin, seen)
@@ -320,11 +308,9 @@ def test_a_copy_made_while_unihook_held_the_dict_keeps_the_native_hooks(
 ) -> None:
     """Native hooks on the original; a copy made while unihook held its dict; unihook's hook
     removed: the copy runs the native hooks once the original died, or a library gave it
-    another dict, as torch's copy, which holds the framework's dict. Open (helper-174's
-    FINDING 3): the copy holds unihook's retired dict, which refers to the framework's weakly
-    (held strongly from the retired dict, the global table that keeps it for its handles kept
-    the framework's dict alive for good; from the framework's dict, an attribute pickled and
-    copied with it)."""
+    another dict, as torch's copy, which holds the framework's dict (until 2026-12-07 the
+    copy kept unihook's retired dict, which refers to the framework's weakly, and ran none:
+    helper-174's FINDING 3)."""
     kit = backend
     module: Any = kit.linear(3, 2, W, B)
     seen: list[str] = []
@@ -341,8 +327,6 @@ def test_a_copy_made_while_unihook_held_the_dict_keeps_the_native_hooks(
         gc.collect()
     seen.clear()
     _step(kit, twin)
-    if kit.name != "mindspore":  # (its copy shares the cell's __dict__: it holds the dicts)
-        pytest.xfail("helper-174's FINDING 3: the retired dict holds the framework's weakly")
     assert seen == ["p", "f"]
 
 
