@@ -1325,7 +1325,7 @@ def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
     # gave it another dict: helper-174's FINDING 5).
     sharer = getattr(hooks, "_sharer", None)
     known = [owner, hooks.owner(), None if sharer is None else sharer()]
-    shared = _give_back(hooks, origin, attr, access, known)
+    shared = _hand_back(hooks, origin, attr, access, known)
     # And any other module holding it: a shallow copy made while it was installed (until
     # 2026-12-07 it kept the retired dict, and ran none of its native hooks once `owner`
     # died or a library gave it another dict: helper-174's FINDINGS 3 and 4). Looked for
@@ -1333,12 +1333,12 @@ def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
     # beside torch); what else holds it (a library's variable) keeps the retired dict.
     if _references(hooks) > _RETIRING:
         found = _modules_holding(hooks, attr, access)
-        shared += _give_back(hooks, origin, attr, access, found)
+        shared += _hand_back(hooks, origin, attr, access, found)
     # (installed again for one of them, it is theirs again: `_pin`)
     hooks._sharers = [weakref.ref(holder) for holder in shared] if len(shared) > 1 else []
 
 
-def _give_back(
+def _hand_back(
     hooks: HookDict, origin: OrderedDict[int, Any], attr: str, access: Access, holders: list[Any]
 ) -> list[Any]:
     """Those of `holders` whose attribute `attr` is `hooks`, given `origin` in its place."""
