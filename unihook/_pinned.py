@@ -1272,10 +1272,14 @@ def unpin_orphaned(dicts: tuple[weakref.ref[Any] | None, ...], key: int) -> None
     with _lock, _lock.mutex:
         hooks, *tables = [None if ref is None else ref() for ref in dicts]
         if isinstance(hooks, HookDict):
-            # (installed still, its last key gone: it stays, holding the framework's dict for
-            # a shallow copy, which holds it; retired, the copy held the framework's dict
-            # weakly and ran none of its hooks, helper-176's FINDING 2)
             hooks.drop(key)
+            # Installed still, its last key gone: retired, the framework's dict back to the
+            # modules holding it, a shallow copy (until 2026-12-07 it stayed, a HookDict for
+            # good: helper-176's FINDING 1; retired, the copy kept it, which held the
+            # framework's dict weakly, and ran none of its hooks: its FINDING 2).
+            access = hooks._access
+            if not hooks.owned and hooks._origin is not None and access is not None:
+                _retire(hooks, hooks.owner(), hooks._attr, access)
         elif hooks is not None:
             hooks.pop(key, None)
         for table in tables:

@@ -481,3 +481,47 @@ def test_a_copy_whose_dicts_a_library_rebuilt_runs_the_hooks_after_its_original_
     seen.clear()
     _step(kit, twin)
     assert seen == []
+
+
+def _dict_types(kit: Any, module: Any) -> dict[str, type]:
+    return {name: type(value) for name, value in kit.hook_dicts(module).items()}
+
+
+@pytest.mark.parametrize("then", ["original_dies", "original_dict_replaced"])
+def test_a_backward_hooks_removal_after_the_original_let_go_gives_the_copy_the_frameworks_dict(
+    backend: Any, then: str
+) -> None:
+    """Native hooks on the original; a copy made while unihook's backward hook was on it; the
+    original dies, or a library gives it another pre-hook dict; the hook's removal leaves the
+    copy running the native hooks, with the framework's own dicts (until 2026-12-07 the copy
+    kept an installed HookDict for good, holding unihook's dispatcher where the library gave
+    the original another dict, helper-176's FINDING 1; a first fix of that retired it, and
+    the copy ran none of the native hooks, its FINDING 2)."""
+    kit = backend
+    module: Any = kit.linear(3, 2, W, B)
+    fresh = _dict_types(kit, kit.linear(3, 2, W, B))
+    seen: list[str] = []
+    kit.native_hook(module, "forward_pre", lambda m, args: seen.append("p"))
+    kit.native_hook(module, "forward", lambda m, args, out: seen.append("f"))
+    handle = unihook.register_full_backward_hook(module, lambda m, gi, go: seen.append("B"))
+    _step(kit, module)
+    twin = copy.copy(module)
+    if then == "original_dies":
+        module = None
+        gc.collect()
+    else:
+        kit.replace_hook_dict(module, "forward_pre", OrderedDict)
+    seen.clear()
+    _step(kit, twin)
+    assert seen == ["p", "f", "B"]
+    handle.remove()
+    gc.collect()
+    seen.clear()
+    _step(kit, twin)
+    assert seen == ["p", "f"]
+    assert _dict_types(kit, twin) == fresh
+    if module is not None:
+        seen.clear()
+        _step(kit, module)
+        assert seen == ["p", "f"]
+        assert _dict_types(kit, module) == fresh
