@@ -47,6 +47,30 @@ def _global_hooks() -> dict[str, frozenset[Any]]:
     return found
 
 
+# The files whose tests fail on an error in one of unihook's weakref callbacks or finalizers,
+# which Python only prints ("Exception ignored"): on e2ae279 a dropped flag table's callback
+# raised TypeError, silently losing unihook's flags, and these tests passed
+_UNRAISABLE_FAILS = frozenset(
+    {
+        "test_flag_tables.py",
+        "test_hook_dict_races.py",
+        "test_hooks_carried_over.py",
+        "test_parked_hook_dicts.py",
+        "test_replaced_hook_dicts.py",
+        "test_replaced_hook_dicts_native.py",
+        "test_retired_hook_dicts.py",
+        "test_shallow_copies.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unraisable = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+    for item in items:
+        if item.path.name in _UNRAISABLE_FAILS:
+            item.add_marker(unraisable)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     yield
