@@ -843,6 +843,11 @@ def _snapshot(items: Callable[[], Iterable[tuple[int, Any]]]) -> SetView:
 # id(origin) -> (weakref to the origin, its retired HookDicts): they live as long as the
 # origin, without keeping it alive (`_keep`)
 _retired: dict[int, tuple[weakref.ref[Any], list[HookDict]]] = {}
+# key -> the HookDicts `_pin` put it in, weakly: its removal reaches each (`_drop_elsewhere`),
+# also one its module gave up for a copy a library made while a shallow copy held it still
+# (until 2026-12-07 the shallow copy kept the dispatcher, in a HookDict, for good:
+# helper-186's seed 157)
+_pinned_in: dict[int, list[weakref.ref[HookDict]]] = {}
 _lock = RegistryLock()  # registrations from several threads
 _versions = count()  # HookDict versions
 
@@ -1127,6 +1132,9 @@ def _pin(
         first_tail = [i for i, k in enumerate(hooks.pinned) if k in hooks.tail]
         hooks.pinned.insert(first_tail[0] if first_tail else len(hooks.pinned), key)
     hooks[key] = hook
+    places = _pinned_in.setdefault(key, [])
+    if not any(ref() is hooks for ref in places):
+        places.append(weakref.ref(hooks, partial(_forget_place, key)))
     if key in hooks.pinned and _dispatcher(hook):
         for other, value in hooks._copy():
             if value is hook and other != key:  # (a copy a library carried here: `_Carried`)
@@ -1242,7 +1250,7 @@ def unpin(owner: Any, attr: str, key: int, access: Access, *, flags: tuple[str, 
     if _lock.deferred(lambda: unpin(owner, attr, key, access, flags=flags)):
         return
     with _lock, _lock.mutex:
-        _unpin(owner, attr, key, access)
+        _drop_elsewhere(key, _unpin(owner, attr, key, access))
         for table in flags:
             _unflag(owner, table, key, access)
 
@@ -1271,17 +1279,17 @@ def unpin_orphaned(dicts: tuple[weakref.ref[Any] | None, ...], key: int) -> None
         return
     with _lock, _lock.mutex:
         hooks, *tables = [None if ref is None else ref() for ref in dicts]
+        dropped = _ABSENT
         if isinstance(hooks, HookDict):
-            hooks.drop(key)
+            dropped = hooks.drop(key)
             # Installed still, its last key gone: retired, the framework's dict back to the
             # modules holding it, a shallow copy (until 2026-12-07 it stayed, a HookDict for
             # good: helper-176's FINDING 1; retired, the copy kept it, which held the
             # framework's dict weakly, and ran none of its hooks: its FINDING 2).
-            access = hooks._access
-            if not hooks.owned and hooks._origin is not None and access is not None:
-                _retire(hooks, hooks.owner(), hooks._attr, access)
+            _retire_emptied(hooks)
         elif hooks is not None:
-            hooks.pop(key, None)
+            dropped = hooks.pop(key, _ABSENT)
+        _drop_elsewhere(key, dropped)
         for table in tables:
             if table is None:
                 continue
@@ -1294,30 +1302,74 @@ def unpin_orphaned(dicts: tuple[weakref.ref[Any] | None, ...], key: int) -> None
                     _outliving.discard(id(table))
 
 
-def _unpin(owner: Any, attr: str, key: int, access: Access) -> None:
-    """`unpin`'s key, under `_lock`."""
+def _retire_emptied(hooks: HookDict) -> None:
+    """Retire `hooks` if installed and no key of unihook's is left in it (the module's own is
+    retired by `_unpin`): the framework's dict back to the modules holding it. (Its caller
+    holds it in one variable.)"""
+    access = hooks._access
+    if not hooks.owned and hooks._origin is not None and access is not None:
+        _retire(hooks, hooks.owner(), hooks._attr, access, callers=2)
+
+
+def _drop_elsewhere(key: int, hook: Any) -> None:
+    """`key` out of every HookDict `_pin` put it in that holds `hook` under it still (the one
+    just taken out: a deep copy's dicts hold the copy's own under the same key, which stay;
+    `_pinned_in`)."""
+    places = _pinned_in.get(key, [])
+    for ref in list(places) if hook is not _ABSENT else ():
+        hooks = ref()
+        if hooks is not None and OrderedDict.get(hooks, key, _ABSENT) is hook:
+            hooks.drop(key)
+            _retire_emptied(hooks)
+    # (those that hold the key no more leave: a hook registered and removed in each step
+    # must not grow it)
+    places[:] = [ref for ref in places if _holds(ref(), key)]
+    if not places:
+        _pinned_in.pop(key, None)
+
+
+def _holds(hooks: HookDict | None, key: int) -> bool:
+    return hooks is not None and OrderedDict.__contains__(hooks, key)
+
+
+def _forget_place(key: int, ref: weakref.ref[HookDict]) -> None:
+    """A HookDict `key` was pinned in died: out of `_pinned_in`."""
+    places = _pinned_in.get(key)
+    if places is None:
+        return
+    try:
+        places.remove(ref)
+    except ValueError:  # (another thread's removal took it)
+        return
+    if not places:
+        _pinned_in.pop(key, None)
+
+
+def _unpin(owner: Any, attr: str, key: int, access: Access) -> Any:
+    """`unpin`'s key, under `_lock`; the hook taken out (`_ABSENT`: none)."""
     hooks = access.get(owner, attr)
     if not isinstance(hooks, HookDict):
         # a dict a library assigned that unihook's keys did not follow into (it kept the
         # HookDict it replaced, or that one held no dispatcher): a copy holds the key too
-        if isinstance(hooks, dict):
-            hooks.pop(key, None)
+        dropped = hooks.pop(key, _ABSENT) if isinstance(hooks, dict) else _ABSENT
         held = _kept(hooks, installed=True)
         if held is not None:
             # a `pin` cut short between installing a retired HookDict and the swap: it would
             # hold the origin, and the hooks, for ever
             _retire(held, owner, attr, access)
-        return
-    hooks.drop(key)  # (and where `pin` was cut short before the key went in: nothing)
+        return dropped
+    dropped = hooks.drop(key)  # (and where `pin` was cut short before the key went in: none)
     if not hooks.owned:
         _retire(hooks, owner, attr, access)
+    return dropped
 
 
-def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
+def _retire(hooks: HookDict, owner: Any, attr: str, access: Access, callers: int = 1) -> None:
     """unihook's last key left `hooks`, the module's hook dict: the origin goes back in its
     place, holding every native hook in order (mirrored), and `hooks` lives on in `_retired`,
     forwarding its handles' removals. The swap comes last, each step before it leaves a dict
-    that works: a run cut short (a Ctrl-C) is finished by the next."""
+    that works: a run cut short (a Ctrl-C) is finished by the next. `callers`: the variables
+    of the functions calling this one that hold `hooks` (`_unpin`'s one)."""
     origin = _to_retired(hooks)
     if origin is None:
         return
@@ -1335,7 +1387,7 @@ def _retire(hooks: HookDict, owner: Any, attr: str, access: Access) -> None:
     # died or a library gave it another dict: helper-174's FINDINGS 3 and 4). Looked for
     # only where the reference count tells one holds it (a search of every object: ~15 ms
     # beside torch); what else holds it (a library's variable) keeps the retired dict.
-    if _references(hooks) > _RETIRING:
+    if _references(hooks) > callers + _RETIRED_SLOT:
         found = _modules_holding(hooks, attr, access)
         shared += _hand_back(hooks, origin, attr, access, found)
     # (installed again for one of them, it is theirs again: `_pin`)
@@ -1382,9 +1434,8 @@ def _call_references() -> int:
 
 _CALL = 0
 _CALL = _call_references()
-# what `_retire` counts of a retired HookDict no other module holds: `_unpin`'s variable and
-# `_retired`'s list
-_RETIRING = 2
+# `_retired`'s reference to a HookDict it keeps (`_retire` counts it, and its callers')
+_RETIRED_SLOT = 1
 
 
 def _to_retired(hooks: HookDict) -> OrderedDict[int, Any] | None:

@@ -525,3 +525,32 @@ def test_a_backward_hooks_removal_after_the_original_let_go_gives_the_copy_the_f
         _step(kit, module)
         assert seen == ["p", "f"]
         assert _dict_types(kit, module) == fresh
+
+
+@pytest.mark.parametrize("replaced_first", [False, True], ids=["", "replaced_first"])
+def test_a_library_replacing_a_dict_a_copy_shares_leaves_no_dispatcher_behind(
+    backend: Any, replaced_first: bool
+) -> None:
+    """Backward hooks on the original (the dispatchers in); a copy made then shares its
+    dicts; a library gives the original a copy of its pre-hook dict (the copy keeps the old
+    one alive); the hooks' removal takes the dispatchers out of both, each module's dicts the
+    framework's own again (until 2026-12-07 the copy kept unihook's dict, with a dispatcher
+    running at each call, for good: helper-186's seed 157, helper-187's FINDING 1)."""
+    kit = backend
+    module = kit.linear(3, 2, W, B)
+    fresh = _dict_types(kit, kit.linear(3, 2, W, B))
+    seen: list[Any] = []
+    handles = [
+        unihook.register_full_backward_pre_hook(module, lambda m, go: seen.append("P")),
+        unihook.register_full_backward_hook(module, lambda m, gi, go: seen.append("B")),
+    ]
+    _step(kit, module)
+    if replaced_first:
+        kit.replace_hook_dict(module, "forward_pre", OrderedDict)
+    twin = copy.copy(module)
+    kit.replace_hook_dict(module, "forward_pre", OrderedDict)
+    for handle in handles:
+        handle.remove()
+    _nothing_left(kit, module, twin, seen)
+    assert _dict_types(kit, module) == fresh
+    assert _dict_types(kit, twin) == fresh
