@@ -1027,6 +1027,9 @@ class GradientMonitor(Synced):
         self._step, self._deciding, self._shadowed = _Step(None, self._forwards_seen), None, None
         self._versions, self._earlier, self._kept_before = {}, {}, {}
         self._prune_at = self._kept_prune_at = 256
+        # (the original's modules, weakly: a copy chooses by name, `Chosen.__getstate__`, as a
+        # predicate, which `_chosen_ids` takes for none)
+        self._chosen = None
         # `_serials` is by id of the entries of `history`, which the copy's are not: by place
         serials = self._serials
         del self.__dict__["_serials"]
