@@ -446,6 +446,55 @@ def test_gradient_monitor_a_keeper_set_in_after_it_was_made_where_every_module_w
     assert step["b"] == pytest.approx(10.0**0.5, rel=1e-6), step
 
 
+@pytest.mark.parametrize("where", ["*", "none"])
+@pytest.mark.parametrize("past", ["container", "child_called_past"])
+def test_gradient_monitor_a_keeper_below_a_chosen_module_never_called(
+    backend: Any, where: str, past: str
+) -> None:
+    """The keeper set in after the monitor was made sits below a monitored module that is
+    never called: a container (a ModuleList holding the keeper), or a block whose child is
+    called past it (``self.c.k(x)``). No look of that module's saw the keep: the monitored
+    module around it is left out, warned (until 2026-12-07 'blk' recorded the sum, silently:
+    28.60 where torch's hook sees 7.64, helper-188's FINDINGS 1 and 2)."""
+
+    def keep(self: Any, x: Any) -> Any:
+        y = self.fc(x) * 1.0
+        self.out = y
+        return y
+
+    def through(self: Any, x: Any) -> Any:
+        return self.k(x)
+
+    def blk_forward(self: Any, x: Any) -> Any:
+        return self.c.k(x)
+
+    def forward(self: Any, x: Any) -> Any:
+        out = self.b(self.blk(x)) * 1.0
+        kept = getattr(self.blk.c.k, "out", None)
+        if kept is not None:
+            out = out + 3.0 * ops.sum(kept)
+            self.blk.c.k.out = None
+        return out
+
+    inner = (
+        backend.sequential(backend.linear(3, 4))
+        if past == "container"
+        else backend.module(through, {"k": backend.linear(3, 4)})
+    )
+    blk = backend.module(blk_forward, {"c": inner})
+    model = backend.module(forward, {"blk": blk, "b": backend.linear(4, 2)})
+    x = np.random.default_rng(12).normal(size=(5, 3)).astype(np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        with GradientMonitor(model, **({} if where == "none" else {"where": where})) as monitor:
+            blk.c.k = backend.module(keep, {"fc": backend.linear(3, 4)})
+            backend.backward(ops.sum(model(backend.tensor(x))))
+    said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
+    step = monitor.history[-1]
+    assert "blk" not in step and any("'blk'" in s for s in said), (step, said)
+    assert step["b"] == pytest.approx(10.0**0.5, rel=1e-6), step
+
+
 def test_children_are_the_direct_submodules_named_modules_lists(backend: Any) -> None:
     """`ops.children` (a backend's one-step read, which GradientMonitor's look trusts to skip
     its walk) lists the direct submodules, one set in later too, none of theirs."""

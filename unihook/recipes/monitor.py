@@ -152,6 +152,7 @@ class _Step:
         "shared",
         "left",
         "consumed",
+        "ran",
         "__weakref__",  # (a backend may hold `drop_leaves` weakly until a backward ends)
     )
 
@@ -171,6 +172,10 @@ class _Step:
         self.left: set[str] = set()
         # the tensors calls got as arguments, by id: the latest such call's start (`_started`)
         self.consumed: dict[int, int] = {}
+        # the ids of the monitored modules called in this forward (`_before`): a chosen one
+        # never called (a ModuleList, a block whose child is called past it) made no look of
+        # its own inside (`_kept_below`)
+        self.ran: set[int] = set()
         self.norms: dict[str, float] = {}
         self.squares: dict[str, float] = {}  # this rank's, over every backward of the forward
         self.logged = False  # in `history` once its first gradient arrived
@@ -576,7 +581,9 @@ class GradientMonitor(Synced):
                 marks[id(t)] = (weakref.ref(t), ops.change_mark(t, settled=settled))
                 settled = False
         self._started += 1
-        consumed = self._step.consumed
+        step = self._step
+        step.ran.add(id(module))
+        consumed = step.consumed
         for key in marks:  # (`_inner_output`)
             consumed[key] = self._started
         call = (marks, ops.history_mark(module), self._started)
@@ -649,7 +656,7 @@ class GradientMonitor(Synced):
             return
         chosen = self._chosen
         if _keeps(module, tensors, step.kept) or (
-            chosen is not None and _kept_below(module, chosen, tensors)
+            chosen is not None and _kept_below(module, chosen, step.ran, tensors)
         ):
             for tensor in tensors:
                 step.kept[id(tensor)] = (weakref.ref(tensor), self._started)
@@ -1156,32 +1163,43 @@ def _chosen_ids(
     return {id(module): weakref.ref(module) for _, module in where}
 
 
+def _looked(chosen: _Chosen, ran: set[int], module: Any) -> bool:
+    """Whether `module` is a chosen one called in this forward, which looked at its own
+    insides as its call ended (`_kept_below`)."""
+    return id(module) in ran and _is_chosen(chosen, module)
+
+
 def _is_chosen(chosen: _Chosen, module: Any) -> bool:
     ref = chosen.get(id(module))
     return ref is not None and ref() is module
 
 
-def _kept_below(module: Any, chosen: _Chosen, tensors: Sequence[Any]) -> bool:
+def _kept_below(module: Any, chosen: _Chosen, ran: set[int], tensors: Sequence[Any]) -> bool:
     """Whether a module inside `module` that `where` leaves out (`chosen`: those it took),
     but those inside another one chosen, holds one of `tensors` (`_keeps`' first level): an
     output kept on one (``self.k.out = y`` of a child's call) and dropped before the forward
     ends was seen by no look, and `module`'s entry summed its reads where torch's hook does
     not (helper-97's FINDING 2). The modules inside it as they are now: one set in since the
-    monitor was made too (helper-178's FINDING 3)."""
-    if all(_is_chosen(chosen, child) for child in ops.children(module)):
+    monitor was made too (helper-178's FINDING 3). A chosen one looks at its own insides as
+    its call ends: not one not called in this forward (`ran`: a ModuleList, which has no
+    call, a block whose child is called past it; helper-188's FINDINGS 1 and 2)."""
+    inside = [child for child in ops.children(module) if not _looked(chosen, ran, child)]
+    if not inside:
         return False  # (each inside looks at its own: where every module was chosen, a call)
     ids = {id(t) for t in tensors}
-    hidden: list[str] = []  # the names of the chosen ones inside, whose insides are theirs
-    for name, part in ops.named_modules(module)[1:]:
-        if hidden and name.startswith(tuple(hidden)):
+    # (down from the children, past the chosen ones that ran, whose insides are theirs: a
+    # walk of those below the others only)
+    seen: set[int] = set()
+    while inside:
+        part = inside.pop()
+        if id(part) in seen:
             continue
-        if _is_chosen(chosen, part):
-            hidden.append(name + ".")
-            continue
+        seen.add(id(part))
         held: list[int] = []  # (`_BUDGET` a module, as `_keeps`)
         _ids_within(ops.attribute_values(part), 1, held, _BUDGET)
         if not ids.isdisjoint(held):
             return True
+        inside.extend(child for child in ops.children(part) if not _looked(chosen, ran, child))
     return False
 
 
