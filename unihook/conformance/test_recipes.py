@@ -437,7 +437,7 @@ def test_gradient_monitor_a_keeper_set_in_after_it_was_made_where_every_module_w
     x = np.random.default_rng(12).normal(size=(5, 3)).astype(np.float32)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
-        with GradientMonitor(model, **({} if where == "none" else {"where": where})) as monitor:
+        with GradientMonitor(model, where=None if where == "none" else where) as monitor:
             blk.k = backend.module(keep, {"fc": backend.linear(3, 4)})
             backend.backward(ops.sum(model(backend.tensor(x))))
     said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
@@ -486,7 +486,7 @@ def test_gradient_monitor_a_keeper_below_a_chosen_module_never_called(
     x = np.random.default_rng(12).normal(size=(5, 3)).astype(np.float32)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
-        with GradientMonitor(model, **({} if where == "none" else {"where": where})) as monitor:
+        with GradientMonitor(model, where=None if where == "none" else where) as monitor:
             blk.c.k = backend.module(keep, {"fc": backend.linear(3, 4)})
             backend.backward(ops.sum(model(backend.tensor(x))))
     said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
