@@ -407,6 +407,17 @@ def test_gradient_monitor_an_output_kept_and_dropped_inside_the_forward(
     assert step["b"] == pytest.approx(10.0**0.5, rel=1e-6), step
 
 
+def _keeper(self: Any, x: Any) -> Any:
+    """A module's forward keeping its output (``self.out = y``) for the model to read."""
+    y = self.fc(x) * 1.0
+    self.out = y
+    return y
+
+
+def _through(self: Any, x: Any) -> Any:
+    return self.k(x)
+
+
 @pytest.mark.parametrize("where", ["*", "none"])
 def test_gradient_monitor_a_keeper_set_in_after_it_was_made_where_every_module_was_chosen(
     backend: Any, where: str
@@ -416,14 +427,6 @@ def test_gradient_monitor_a_keeper_set_in_after_it_was_made_where_every_module_w
     out, warned, where `where` chose every module too (until 2026-12-07 the look was skipped
     there, and 'blk' recorded the sum, silently: helper-179's FINDING 3)."""
 
-    def keep(self: Any, x: Any) -> Any:
-        y = self.fc(x) * 1.0
-        self.out = y
-        return y
-
-    def through(self: Any, x: Any) -> Any:
-        return self.k(x)
-
     def forward(self: Any, x: Any) -> Any:
         out = self.b(self.blk(x)) * 1.0
         kept = getattr(self.blk.k, "out", None)
@@ -432,13 +435,13 @@ def test_gradient_monitor_a_keeper_set_in_after_it_was_made_where_every_module_w
             self.blk.k.out = None
         return out
 
-    blk = backend.module(through, {"k": backend.linear(3, 4)})
+    blk = backend.module(_through, {"k": backend.linear(3, 4)})
     model = backend.module(forward, {"blk": blk, "b": backend.linear(4, 2)})
     x = np.random.default_rng(12).normal(size=(5, 3)).astype(np.float32)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         with GradientMonitor(model, where=None if where == "none" else where) as monitor:
-            blk.k = backend.module(keep, {"fc": backend.linear(3, 4)})
+            blk.k = backend.module(_keeper, {"fc": backend.linear(3, 4)})
             backend.backward(ops.sum(model(backend.tensor(x))))
     said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
     step = monitor.history[-1]
@@ -457,14 +460,6 @@ def test_gradient_monitor_a_keeper_below_a_chosen_module_never_called(
     module around it is left out, warned (until 2026-12-07 'blk' recorded the sum, silently:
     28.60 where torch's hook sees 7.64, helper-188's FINDINGS 1 and 2)."""
 
-    def keep(self: Any, x: Any) -> Any:
-        y = self.fc(x) * 1.0
-        self.out = y
-        return y
-
-    def through(self: Any, x: Any) -> Any:
-        return self.k(x)
-
     def blk_forward(self: Any, x: Any) -> Any:
         return self.c.k(x)
 
@@ -479,7 +474,7 @@ def test_gradient_monitor_a_keeper_below_a_chosen_module_never_called(
     inner = (
         backend.sequential(backend.linear(3, 4))
         if past == "container"
-        else backend.module(through, {"k": backend.linear(3, 4)})
+        else backend.module(_through, {"k": backend.linear(3, 4)})
     )
     blk = backend.module(blk_forward, {"c": inner})
     model = backend.module(forward, {"blk": blk, "b": backend.linear(4, 2)})
@@ -487,7 +482,7 @@ def test_gradient_monitor_a_keeper_below_a_chosen_module_never_called(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         with GradientMonitor(model, where=None if where == "none" else where) as monitor:
-            blk.c.k = backend.module(keep, {"fc": backend.linear(3, 4)})
+            blk.c.k = backend.module(_keeper, {"fc": backend.linear(3, 4)})
             backend.backward(ops.sum(model(backend.tensor(x))))
     said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
     step = monitor.history[-1]
