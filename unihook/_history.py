@@ -1,6 +1,7 @@
-"""Whether one of a module call's outputs was computed from another: a walk of their autograd
-histories, for the backends' `Ops.derived` (GradientMonitor asks: the gradient reaching the
-other output then sums its use inside the call with the caller's, not its grad_output)."""
+"""Whether one of a module call's outputs was computed from another, or a tensor it keeps from
+one of them: a walk of their autograd histories, for the backends' `Ops.derived` and
+`Ops.derived_from` (GradientMonitor asks: the gradient reaching that output then sums those
+uses with the caller's, not its grad_output)."""
 
 from __future__ import annotations
 
@@ -21,21 +22,31 @@ def history_reaches(
     order: Callable[[Any], int | None],
     floor: int | None,
     stops: frozenset[Hashable] = frozenset(),
+    sources: Sequence[Entry] | None = None,
+    budget: int = BUDGET,
 ) -> bool | None:
     """Whether the history of one of `outputs` (their grad nodes) reaches another's node (the
     same output of it, where the framework tells outputs apart): True, False, or None past
-    `BUDGET` nodes. `edges(node)` are a node's inputs' entries; `order(node)` its creation
+    `budget` nodes. `edges(node)` are a node's inputs' entries; `order(node)` its creation
     number (torch's, MindSpore's sequence numbers; None where there is none), and nodes made
     before `floor` are not walked (those on a path between two outputs were made after the
-    earlier one); `stops` are nodes not walked either (the call's arguments')."""
+    earlier one); `stops` are nodes not walked either (the call's arguments'). `sources`:
+    walk from these instead, whether one is or reaches one of `outputs` (`Ops.derived_from`:
+    a tensor a module keeps, made from its output or another object of it)."""
     targets: set[Hashable] = set()
     for key, index, _ in outputs:
         targets.add(key if index is None else (key, index))
     hold: list[Any] = []  # (keys may be ids of wrappers a framework makes per read)
     visited: set[Hashable] = set(stops)
-    for key, _, node in outputs:
-        # (a node of two outputs is not on a path between them: the graph has no cycles)
-        if key in visited:
+    if sources is not None and any(
+        key in targets or (key, index) in targets for key, index, _ in sources
+    ):
+        return True
+    for key, _, node in outputs if sources is None else sources:
+        # (a node of two outputs is not on a path between them: the graph has no cycles; a
+        # source made before every output is made of none)
+        made = None if floor is None else order(node)
+        if key in visited or (floor is not None and made is not None and made < floor):
             continue
         visited.add(key)
         stack = [node]
@@ -51,7 +62,7 @@ def history_reaches(
                 made = order(before)
                 if floor is not None and made is not None and made < floor:
                     continue
-                if len(hold) > BUDGET:
+                if len(hold) > budget:
                     return None
                 stack.append(before)
     return False

@@ -35,6 +35,7 @@ __all__ = [
     "cpu_moments",
     "cpu_sum_squares",
     "derived",
+    "derived_from",
     "detach",
     "drop_block",
     "drop_block_rate",
@@ -214,6 +215,16 @@ class Ops:
     def derived(self, tensors: Sequence[Any], arguments: Sequence[Any]) -> bool | None:
         """See the function `derived`: None (cannot tell) by default."""
         return None
+
+    def derived_from(
+        self, held: Sequence[Any], tensors: Sequence[Any], arguments: Sequence[Any]
+    ) -> bool | None:
+        """See the function `derived_from`: None (cannot tell) where one of `held` is a tensor
+        other than `tensors`, else False, by default."""
+        outputs = {id(t) for t in tensors}
+        if any(self.is_tensor(obj) and id(obj) not in outputs for obj in held):
+            return None
+        return False
 
     def history_mark(self) -> object:
         """See the function `history_mark`: None (cannot tell) by default."""
@@ -901,6 +912,18 @@ def derived(tensors: Sequence[Any], arguments: Sequence[Any] = ()) -> bool | Non
     argument tensors, whose histories from before the call are not walked. None where the
     backend cannot tell (a long history not given as an argument; a traced call)."""
     return ops_for(tensors[0]).derived(tensors, arguments) if tensors else False
+
+
+def derived_from(
+    held: Sequence[Any], tensors: Sequence[Any], arguments: Sequence[Any] = ()
+) -> bool | None:
+    """Whether one of `held`, the objects a module holds as its call ends (its attributes'
+    values, of any type), is a tensor computed from one of `tensors`, the call's outputs, and
+    not one of them: a view kept (``self.out = y[:]``) or a value made from one (``y * 2``),
+    whose reads the gradient reaching that output sums, where torch's hook on the call does
+    not see them; what GradientMonitor asks of a module call. `arguments`: the call's
+    argument tensors, whose histories are not walked. None where the backend cannot tell."""
+    return ops_for(tensors[0]).derived_from(held, tensors, arguments) if tensors else False
 
 
 def history_mark(like: Any) -> object:

@@ -280,6 +280,26 @@ class MindSporeOps(Ops):
         # was, and a container that did so after its child ran got the child's numbers
         return None
 
+    def derived_from(
+        self, held: Sequence[Any], tensors: Sequence[Any], arguments: Sequence[Any]
+    ) -> bool | None:
+        # as `derived`, from the kept tensors (a kept tensor of an output's node is told as
+        # made from it; one made before every output is not walked)
+        outputs = {id(t) for t in tensors}
+        kept = [t for t in held if isinstance(t, Tensor) and id(t) not in outputs]
+        if not kept:
+            return False
+        _pynative_executor.sync()
+        sources = [(node._unique_id(), None, node) for node in _grad_nodes(kept)]
+        targets = [(node._unique_id(), None, node) for node in _grad_nodes(tensors)]
+        if not sources or not targets:
+            return False
+        if not any(node.is_leaf() for _, _, node in targets):
+            floor = min(node._sequence_nr() for _, _, node in targets)
+            return history_reaches(targets, _edges, _sequence_nr, floor, sources=sources)
+        stops = frozenset(node._unique_id() for node in _grad_nodes(arguments))
+        return history_reaches(targets, _edges, _sequence_nr, None, stops, sources)
+
     def derived(self, tensors: Sequence[Any], arguments: Sequence[Any]) -> bool | None:
         # grad nodes by `_unique_id()`, read once the pipeline ran the ops issued so far
         # (as `change_mark`), down to the earliest output's sequence number (as torch's) or,

@@ -68,6 +68,10 @@ def _no_order(node: Any) -> None:
     return None
 
 
+# the nodes `derived_from` walks at most from a module's kept tensors, at each call
+_KEPT_BUDGET = 1024
+
+
 def _is_tensor(obj: object) -> bool:
     # a tenth of paddle.is_tensor's cost, which also looks for static-graph values
     return isinstance(obj, paddle.Tensor)
@@ -295,6 +299,24 @@ class PaddleOps(Ops):
 
     def is_leaf(self, t: Any) -> bool:
         return bool(t.is_leaf)
+
+    def derived_from(
+        self, held: Sequence[Any], tensors: Sequence[Any], arguments: Sequence[Any]
+    ) -> bool | None:
+        # as `derived`, from the kept tensors, down to the arguments' nodes and the leaves'
+        # (no order to stop at: a kept tensor with a long history of its own, a state made
+        # from earlier calls, cannot be told past `_KEPT_BUDGET` nodes). A kept tensor of an
+        # output's node is one of its outputs: told as made from it.
+        outputs = {id(t) for t in tensors}
+        kept = [t for t in held if isinstance(t, paddle.Tensor) and id(t) not in outputs]
+        sources = [(node.node_ptr(), None, node) for node in _grad_nodes(kept)]
+        if not sources:
+            return False
+        targets = [(node.node_ptr(), None, node) for node in _grad_nodes(tensors)]
+        if not targets:
+            return False
+        stops = frozenset(node.node_ptr() for node in _grad_nodes(arguments))
+        return history_reaches(targets, _edges, _no_order, None, stops, sources, _KEPT_BUDGET)
 
     def derived(self, tensors: Sequence[Any], arguments: Sequence[Any]) -> bool | None:
         # grad nodes by address, down to the arguments' nodes and the leaves' accumulation

@@ -61,6 +61,40 @@ def _sequence_nr(node: Any) -> int:
     return node._sequence_nr()
 
 
+def _output_nodes(
+    tensors: Sequence[Any],
+) -> tuple[list[tuple[int, int | None, Any]], int | None] | None:
+    """The grad nodes of a call's output tensors that need grad, and the earliest one's
+    sequence number (None with a returned leaf, a parameter: its AccumulateGrad node was made
+    long before), for `derived` and `derived_from`; None where that cannot be told."""
+    outputs: list[tuple[int, int | None, Any]] = []
+    floor: int | None = sys.maxsize
+    for t in map(_outside_vmap, tensors):
+        if not t.requires_grad:
+            continue
+        node, index = t.grad_fn, t.output_nr
+        if node is None:
+            if not torch.is_grad_enabled():
+                continue
+            try:
+                node, index = t.view_as(t).grad_fn.next_functions[0]
+            except RuntimeError:
+                return None  # (a layout without views, a sparse parameter: cannot tell)
+            floor = None
+        elif floor is not None:
+            floor = min(floor, node._sequence_nr())
+        outputs.append((id(node), index, node))
+    return outputs, floor
+
+
+def _stops(arguments: Sequence[Any], held: list[Any]) -> frozenset[int]:
+    """The ids of a call's argument tensors' grad nodes, where a walk stops; the caller holds
+    the nodes meanwhile (`held`: a node's Python wrapper dies with its last reference, and a
+    new one may take its id)."""
+    held.extend(_outside_vmap(a).grad_fn for a in arguments)
+    return frozenset(id(node) for node in held if node is not None)
+
+
 def _wrapper_types() -> tuple[type, ...]:
     """The data-parallel wrappers that hold the model as ``.module``. FSDP only when its package
     was imported (an FSDP object cannot exist otherwise; importing it costs 0.3 s)."""
@@ -518,6 +552,36 @@ class TorchOps(Ops):
     def is_leaf(self, t: Any) -> bool:
         return _outside_vmap(t).grad_fn is None  # (a BatchedTensor has no grad_fn)
 
+    def derived_from(
+        self, held: Sequence[Any], tensors: Sequence[Any], arguments: Sequence[Any]
+    ) -> bool | None:
+        # the kept tensors' grad_fn graphs, walked as `derived`'s: down to the earliest
+        # output's sequence number (one made before every output, an attention map or an
+        # input kept, is not walked at all), or, with a returned leaf, to the arguments'
+        # nodes. One of the same node and output as an output is another object of it
+        # (`as_subclass`): its reads reach the output's node too.
+        sources: list[tuple[int, int | None, Any]] = []
+        for obj in held:
+            if not isinstance(obj, torch.Tensor):
+                continue
+            t = obj if obj.grad_fn is not None else _outside_vmap(obj)  # (buffers: at once)
+            node = t.grad_fn
+            if node is not None and all(obj is not out for out in tensors):
+                sources.append((id(node), t.output_nr, node))
+        if not sources:
+            return False
+        if torch.compiler.is_compiling():
+            return None
+        found = _output_nodes(tensors)
+        if found is None:
+            return None
+        targets, floor = found
+        if not targets:
+            return False
+        nodes: list[Any] = []
+        stops = frozenset() if floor is not None else _stops(arguments, nodes)
+        return history_reaches(targets, _edges, _sequence_nr, floor, stops, sources)
+
     def derived(self, tensors: Sequence[Any], arguments: Sequence[Any]) -> bool | None:
         # grad_fn graphs, walked down to the earliest output's sequence number (a node on a
         # path between two outputs made on the thread of the call was made after the earlier
@@ -527,23 +591,10 @@ class TorchOps(Ops):
         # only the second walk. Traced by dynamo there is no graph to read.
         if torch.compiler.is_compiling():
             return None
-        outputs: list[tuple[Any, int | None, Any]] = []
-        floor: int | None = sys.maxsize
-        for t in map(_outside_vmap, tensors):
-            if not t.requires_grad:
-                continue
-            node, index = t.grad_fn, t.output_nr
-            if node is None:
-                if not torch.is_grad_enabled():
-                    continue
-                try:
-                    node, index = t.view_as(t).grad_fn.next_functions[0]
-                except RuntimeError:
-                    return None  # (a layout without views, a sparse parameter: cannot tell)
-                floor = None
-            elif floor is not None:
-                floor = min(floor, node._sequence_nr())
-            outputs.append((id(node), index, node))
+        found = _output_nodes(tensors)
+        if found is None:
+            return None
+        outputs, floor = found
         if len(outputs) < 2:
             return False
         if floor is not None:
@@ -554,9 +605,8 @@ class TorchOps(Ops):
         # (a worker's, CUDA's backward threads' under `autograd.grad(create_graph=True)`) may
         # be numbered below the floor (helper-74's attack). Then down to the arguments' nodes,
         # without the floor: the call's own graph.
-        held = [_outside_vmap(a).grad_fn for a in arguments]  # (held: their ids are the stops)
-        stops = frozenset(id(node) for node in held if node is not None)
-        return history_reaches(outputs, _edges, _sequence_nr, None, stops)
+        held: list[Any] = []
+        return history_reaches(outputs, _edges, _sequence_nr, None, _stops(arguments, held))
 
     def history_mark(self) -> object:
         # the number this thread's next autograd node gets: numbers count up per thread (a

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
@@ -488,6 +489,112 @@ def test_gradient_monitor_a_keeper_below_a_chosen_module_never_called(
     step = monitor.history[-1]
     assert "blk" not in step and any("'blk'" in s for s in said), (step, said)
     assert step["b"] == pytest.approx(10.0**0.5, rel=1e-6), step
+
+
+_KEEPS: dict[str, Callable[[Any], Any]] = {
+    "view": lambda y: y[:],
+    "made_from": lambda y: y * 2.0,
+    "namespace": lambda y: SimpleNamespace(out=y),
+}
+
+
+def _kept_tensor(kept: Any) -> Any:
+    return kept.out if isinstance(kept, SimpleNamespace) else kept
+
+
+@pytest.mark.parametrize("where", ["listed", "none"])
+@pytest.mark.parametrize("keep", sorted(_KEEPS))
+def test_gradient_monitor_a_view_or_value_made_from_the_output_kept_inside(
+    backend: Any, keep: str, where: str
+) -> None:
+    """A module below the monitored 'blk' keeps a view of its output (``self.out = y[:]``), a
+    value made from it (``y * 2``) or the output in a namespace attribute; the model reads it
+    and drops it before the forward ends. The reads reach blk's output, whose gradient hook
+    sums them, where torch's hook on blk sees what comes through the output only: blk is
+    left out, warned (until 2026-12-07 it recorded the sum, silently: 36.36 where torch's
+    hook sees 6.78, helper-178's FINDING 2 and helper-179's FINDING 4)."""
+    made = _KEEPS[keep]
+
+    def keeper(self: Any, x: Any) -> Any:
+        y = self.fc(x) * 1.0
+        self.out = made(y)
+        return y
+
+    def forward(self: Any, x: Any) -> Any:
+        out = self.b(self.blk(x)) * 1.0 + 3.0 * ops.sum(_kept_tensor(self.blk.k.out))
+        self.blk.k.out = None
+        return out
+
+    blk = backend.module(_through, {"k": backend.module(keeper, {"fc": backend.linear(3, 4)})})
+    model = backend.module(forward, {"blk": blk, "b": backend.linear(4, 2)})
+    x = np.random.default_rng(12).normal(size=(5, 3)).astype(np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        chosen = ["blk", "b"] if where == "listed" else None
+        with GradientMonitor(model, where=chosen) as monitor:
+            backend.backward(ops.sum(model(backend.tensor(x))))
+    said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
+    step = monitor.history[-1]
+    assert "blk" not in step and any("'blk'" in s for s in said), (step, said)
+    assert step["b"] == pytest.approx(10.0**0.5, rel=1e-6), step
+
+
+def test_gradient_monitor_a_value_made_before_the_output_kept_inside_is_no_keep(
+    backend: Any,
+) -> None:
+    """A module keeping a value it made before its output (an attention map, a hidden
+    state: ``self.h = h * 1.0; return h + 1.0``), read by the model: reads of it do not reach
+    the output, whose entry is torch's grad_output norm, not left out."""
+
+    def keeper(self: Any, x: Any) -> Any:
+        h = self.fc(x)
+        self.h = h * 1.0
+        self.x = x  # (its argument, kept too)
+        return h + 1.0
+
+    def forward(self: Any, x: Any) -> Any:
+        y = self.blk(x)
+        out = ops.sum(y) + 3.0 * ops.sum(self.blk.h) + ops.sum(self.blk.x)
+        self.blk.h = self.blk.x = None
+        return out
+
+    model = backend.module(forward, {"blk": backend.module(keeper, {"fc": backend.linear(3, 4)})})
+    x = np.random.default_rng(12).normal(size=(5, 3)).astype(np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        with GradientMonitor(model, where=["blk"]) as monitor:
+            backend.backward(ops.sum(model(backend.tensor(x))))
+    said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
+    assert not said
+    assert monitor.history[-1]["blk"] == pytest.approx(20.0**0.5, rel=1e-6)
+
+
+def test_derived_from_tells_what_a_module_keeps_made_from_its_output(backend: Any) -> None:
+    """`ops.derived_from` (what GradientMonitor's look at each call asks): a view of an
+    output and a value made from it are; what was made before it, the argument, a detached
+    copy, the output itself and plain values are not."""
+    told: dict[str, Any] = {}
+
+    def forward(self: Any, x: Any) -> Any:
+        h = self.fc(x)
+        y = h * 1.0
+        told["view"] = ops.derived_from([y[:]], [y], [x])
+        told["made_from"] = ops.derived_from([3, "a", None, y * 2.0], [y], [x])
+        told["before"] = ops.derived_from([h, x, h * 2.0], [y], [x])
+        told["detached"] = ops.derived_from([ops.detach(y)], [y], [x])
+        told["output"] = ops.derived_from([y, 1.5, (1, 2)], [y], [x])
+        return y
+
+    model = backend.module(forward, {"fc": backend.linear(3, 4)})
+    x = np.random.default_rng(12).normal(size=(5, 3)).astype(np.float32)
+    backend.backward(ops.sum(model(backend.tensor(x))))
+    assert told == {
+        "view": True,
+        "made_from": True,
+        "before": False,
+        "detached": False,
+        "output": False,
+    }
 
 
 def test_children_are_the_direct_submodules_named_modules_lists(backend: Any) -> None:

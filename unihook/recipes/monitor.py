@@ -487,8 +487,9 @@ class GradientMonitor(Synced):
         helper-92's FINDING 1), so that a hook of the user's keeping an output after the
         monitor's ran is seen (its FINDING 2); each call also looks in its own module as it
         ends (`_keeps`: an output kept and dropped before the forward ends). Not seen: an
-        output kept on another object, deeper, in larger containers (`_ids_within`), by a hook
-        on the model that runs after this one, or a view or copy of it kept. A module's own
+        output kept on another object, deeper, in larger containers (`_objects_within`), by a hook
+        on the model that runs after this one, or a view or copy of it kept after the call (one
+        kept in it is `_made_from`'s). A module's own
         parameter it returns is not kept (it is `_record`'s)."""
         step = self._step
         if not step.hooked or not ops.grad_enabled(module) or self._repeats(module):
@@ -655,8 +656,8 @@ class GradientMonitor(Synced):
             self._unhook_earlier(step, tensors, started)
             return
         chosen = self._chosen
-        if _keeps(module, tensors, step.kept) or (
-            chosen is not None and _kept_below(module, chosen, step.ran, tensors)
+        if _keeps(module, tensors, step.kept, marks) or (
+            chosen is not None and _kept_below(module, chosen, step.ran, tensors, marks)
         ):
             for tensor in tensors:
                 step.kept[id(tensor)] = (weakref.ref(tensor), self._started)
@@ -1066,22 +1067,23 @@ def _gradient_of(
 
 def _held(modules: Sequence[Any], wanted: Mapping[int, Any]) -> Iterator[tuple[Any, int]]:
     """(module, id) for each object with an id in `wanted` that one of `modules` holds: as an
-    attribute, or an item of a container attribute or of one inside it (see `_ids_within`; a
+    attribute, or an item of a container attribute or of one inside it (see `_objects_within`; a
     few us a module: by id, the objects found are alive)."""
     keys = wanted.keys()
     for module in modules:
-        ids: list[int] = []
-        _ids_within(ops.attribute_values(module), _DEEPER, ids, _BUDGET)
-        for key in keys & set(ids):
+        found: list[Any] = []
+        _objects_within(ops.attribute_values(module), _DEEPER, found, _BUDGET)
+        for key in keys & set(map(id, found)):
             yield module, key
 
 
-def _ids_within(
-    values: list[Any], deeper: int, ids: list[int], budget: int, top: bool = True
+def _objects_within(
+    values: list[Any], deeper: int, found: list[Any], budget: int, top: bool = True
 ) -> None:
-    """The ids of `values` (a module's attribute values, `top`, or a container's items) and
-    of the items of the containers among them, `deeper` levels down, until `budget` ids."""
-    ids.extend(map(id, values))
+    """`values` (a module's attribute values, `top`, or a container's items) and the items
+    of the containers among them (and the attributes of the namespaces and dataclass
+    instances: helper-179's FINDING 4), `deeper` levels down, until `budget` objects."""
+    found.extend(values)
     # (below the attributes, a table's rows are not looked in: helper-94's FINDING 6; the
     # attributes are, however many: helper-97's FINDING 1)
     if not deeper or (not top and len(values) > _NESTED):
@@ -1101,48 +1103,73 @@ def _ids_within(
     # words, ids seen) spent the budget ahead of a list holding one (helper-100's FINDING 6)
     for kind, value in containers + sets:
         # (the base types' own methods: a subclass's `values` or `__iter__` may run any code;
-        # a namedtuple is a tuple: helper-94's FINDING 8)
-        if 0 < kind.__len__(value) <= _LOOKED:
+        # a namedtuple is a tuple: helper-94's FINDING 8; a namespace's own `__dict__`, read
+        # past any `__getattr__`)
+        if kind is _FIELDS:
+            items: Any = _fields_of(value)
+        elif 0 < kind.__len__(value) <= _LOOKED:
             items = dict.values(value) if kind is dict else kind.__iter__(value)
-            if deeper == 1:  # (the last level: its items' ids only)
-                ids.extend(map(id, items))
-            else:
-                _ids_within(list(items), deeper - 1, ids, budget, False)
-            if len(ids) > budget:
-                return
+        else:
+            continue
+        if deeper == 1:  # (the last level: its items only)
+            found.extend(items)
+        else:
+            _objects_within(list(items), deeper - 1, found, budget, False)
+        if len(found) > budget:
+            return
 
 
 def _kind_of(cls: type) -> Any:
-    """The container type of `_CONTAINERS` that `cls` is or subclasses, or None (kept in
-    `_kinds` for the first 4096 types seen)."""
+    """The container type of `_CONTAINERS` that `cls` is or subclasses, `_FIELDS` for a
+    namespace or a dataclass, or None (kept in `_kinds` for the first 4096 types seen)."""
     kind = next((base for base in _CONTAINERS if issubclass(cls, base)), None)
+    if kind is None and (issubclass(cls, SimpleNamespace) or dataclasses.is_dataclass(cls)):
+        kind = _FIELDS
     if len(_kinds) < 4096:
         _kinds[id(cls)] = (weakref.ref(cls), kind)
     return kind
 
 
 def _keeps(
-    module: Any, tensors: Sequence[Any], kept: dict[int, tuple[weakref.ref[Any], int]]
+    module: Any,
+    tensors: Sequence[Any],
+    kept: dict[int, tuple[weakref.ref[Any], int]],
+    marks: _Marks,
 ) -> bool:
     """Whether `module` holds one of `tensors`, its call's outputs, as its call ends (where
     `_held` looks), or a call inside it kept one (`kept`): the look `_kept` makes at the end
     of the forward does not see an output kept, read by a later part of the forward and
     dropped before its end (helper-94's FINDING 1), nor one of a forward that raised, a
     nested one or another thread's (its FINDINGS 2 to 4). A parameter of the module it
-    returns is `_record`'s."""
+    returns is `_record`'s. A tensor it holds made from one of them counts (`_made_from`;
+    `marks`: the call's arguments, as it started)."""
     ids = {id(t) for t in tensors}
     found = {key for key in ids if key in kept and id(kept[key][0]()) == key}
-    held: list[int] = []
+    held: list[Any] = []
     # (one level: the look runs at every call, so a table the module holds costs each call,
     # 170 us with a deeper look: helper-95's FINDING 11; `_kept` looks deeper once. Lists of
     # numbers cost each call too, 380 us for 15 of 256: helper-97's FINDING 4, open; a
     # smaller budget hid an output kept behind a few of them: helper-100's FINDING 2)
-    _ids_within(ops.attribute_values(module), 1, held, _BUDGET)
-    found.update(ids.intersection(held))
-    if not found:
+    _objects_within(ops.attribute_values(module), 1, held, _BUDGET)
+    found.update(ids.intersection(map(id, held)))
+    if found:
+        parameters = {id(p) for p, _, _ in ops.own_parameters(module)}
+        if any(id(t) in found and id(t) not in parameters for t in tensors):
+            return True
+    return _made_from(held, tensors, marks)
+
+
+def _made_from(held: list[Any], tensors: Sequence[Any], marks: _Marks) -> bool:
+    """Whether one of `held`, what a module holds as a call ends, is a tensor made from one
+    of `tensors`, the call's outputs, in it: a view kept (``self.out = y[:]``, ``y.view(-1)``)
+    or a value computed from one, whose reads the gradient reaching that output sums, where
+    torch's hook on the call sees what comes through the output only (until 2026-12-07 a
+    silently wrong entry: helper-178's FINDING 2); or the backend cannot tell. Plain values
+    (numbers, names, the containers they are in) are passed at once."""
+    if _PLAIN.issuperset(map(type, held)):
         return False
-    parameters = {id(p) for p, _, _ in ops.own_parameters(module)}
-    return any(id(t) in found and id(t) not in parameters for t in tensors)
+    arguments = [t for t in (ref() for ref, _ in marks.values()) if t is not None]
+    return ops.derived_from(held, tensors, arguments) is not False
 
 
 # the modules `where` chose, by id, each with a weak reference: a module set in since may take
@@ -1174,7 +1201,9 @@ def _is_chosen(chosen: _Chosen, module: Any) -> bool:
     return ref is not None and ref() is module
 
 
-def _kept_below(module: Any, chosen: _Chosen, ran: set[int], tensors: Sequence[Any]) -> bool:
+def _kept_below(
+    module: Any, chosen: _Chosen, ran: set[int], tensors: Sequence[Any], marks: _Marks
+) -> bool:
     """Whether a module inside `module` that `where` leaves out (`chosen`: those it took),
     but those inside another one chosen, holds one of `tensors` (`_keeps`' first level): an
     output kept on one (``self.k.out = y`` of a child's call) and dropped before the forward
@@ -1182,7 +1211,8 @@ def _kept_below(module: Any, chosen: _Chosen, ran: set[int], tensors: Sequence[A
     not (helper-97's FINDING 2). The modules inside it as they are now: one set in since the
     monitor was made too (helper-178's FINDING 3). A chosen one looks at its own insides as
     its call ends: not one not called in this forward (`ran`: a ModuleList, which has no
-    call, a block whose child is called past it; helper-188's FINDINGS 1 and 2)."""
+    call, a block whose child is called past it; helper-188's FINDINGS 1 and 2). A tensor one
+    holds made from one of `tensors` counts (`_made_from`)."""
     inside = [child for child in ops.children(module) if not _looked(chosen, ran, child)]
     if not inside:
         return False  # (each inside looks at its own: where every module was chosen, a call)
@@ -1190,17 +1220,19 @@ def _kept_below(module: Any, chosen: _Chosen, ran: set[int], tensors: Sequence[A
     # (down from the children, past the chosen ones that ran, whose insides are theirs: a
     # walk of those below the others only)
     seen: set[int] = set()
+    everything: list[Any] = []
     while inside:
         part = inside.pop()
         if id(part) in seen:
             continue
         seen.add(id(part))
-        held: list[int] = []  # (`_BUDGET` a module, as `_keeps`)
-        _ids_within(ops.attribute_values(part), 1, held, _BUDGET)
-        if not ids.isdisjoint(held):
+        held: list[Any] = []  # (`_BUDGET` a module, as `_keeps`)
+        _objects_within(ops.attribute_values(part), 1, held, _BUDGET)
+        if not ids.isdisjoint(map(id, held)):
             return True
+        everything += held
         inside.extend(child for child in ops.children(part) if not _looked(chosen, ran, child))
-    return False
+    return _made_from(everything, tensors, marks)
 
 
 # the containers `_held` looks in (subclasses too; a deque, a set: helper-97's FINDING 3), two
@@ -1209,6 +1241,10 @@ def _kept_below(module: Any, chosen: _Chosen, ran: set[int], tensors: Sequence[A
 # items, and at most about `_BUDGET` objects a module; as a call ends, its module's first
 # level only
 _CONTAINERS: tuple[Any, ...] = (dict, list, tuple, deque, set, frozenset)
+# (`_kind_of`) a namespace's or a dataclass instance's kind: its attributes are its items
+_FIELDS = SimpleNamespace
+# the types of what `_made_from` passes at once: what most modules hold besides tensors
+_PLAIN = frozenset({int, float, bool, str, bytes, complex, type(None), tuple, list, dict})
 # (`_kind_of`) by the type's id, with a weak reference to it: a type's own hash and equality
 # may raise or take two types for one (helper-100's FINDING 3), and a type made per model
 # must not be kept (its FINDING 4)
@@ -1217,6 +1253,16 @@ _DEEPER = 2
 _LOOKED = 256
 _NESTED = 32
 _BUDGET = 4096
+
+
+def _fields_of(value: Any) -> list[Any]:
+    """The attribute values of a namespace or a dataclass instance: its own ``__dict__``'s,
+    read past any ``__getattribute__`` of its class (none for one with ``__slots__`` only)."""
+    try:
+        table = object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        return []
+    return list(dict.values(table)) if type(table) is dict else []
 
 
 def _one_from_another(tensors: Sequence[Any], marks: _Marks) -> bool:

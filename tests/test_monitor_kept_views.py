@@ -1,0 +1,141 @@
+"""GradientMonitor where a module keeps, as its call ends, not its output itself but a view of
+it (``y[:]``, ``y.view(-1)``, a transpose, a chunk), a value made from it (``y * 2``), another
+tensor object of it (``y.as_subclass``), or the output in a namespace or a dataclass
+attribute, and the model reads that before the forward ends (helper-178's FINDING 2,
+helper-179's FINDING 4).
+
+The reads reach the output, whose gradient hook sums them, where torch's hook on the call sees
+what comes through the output returned only: the entry is left out, warned (until 2026-12-07
+'blk' recorded 36.36 where torch's hook sees 6.78, silently). What a module keeps that was made
+before its output (an attention map, its input) or detached is no keep: its entry stays,
+torch's number. The oracle: torch's own hooks (tests/monitor_oracle.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+from monitor_oracle import broken, monitored, names, square  # noqa: E402
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+@dataclasses.dataclass
+class _Cache:
+    out: Any
+
+
+# what the keeper keeps of its output y, and how the model reads it back as y's shape
+_MADE: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "slice": (lambda y: y[:], lambda k: k),
+    "view": (lambda y: y.view(-1), lambda k: k.view(3, 4)),
+    "transpose": (lambda y: y.t(), lambda k: k.t()),
+    "chunk": (lambda y: y.chunk(2, dim=1), lambda k: torch.cat(k, dim=1)),
+    "made_from": (lambda y: y * 2.0, lambda k: k),
+    "subclass": (lambda y: y.as_subclass(_Sub), lambda k: k.as_subclass(torch.Tensor)),
+    "namespace": (lambda y: SimpleNamespace(out=y), lambda k: k.out),
+    "dataclass": (lambda y: _Cache(y), lambda k: k.out),
+    "view_in_a_list": (lambda y: [y[:, :2], y[:, 2:]], lambda k: torch.cat(k, dim=1)),
+}
+
+
+class _Keeper(nn.Module):
+    def __init__(self, made: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.made = made
+
+    def forward(self, x: Any) -> Any:
+        y = self.fc(x) * 1.0
+        self.out = self.made(y)
+        return y
+
+
+class _Blk(nn.Module):
+    def __init__(self, made: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self.k = _Keeper(made)
+
+    def forward(self, x: Any) -> Any:
+        return self.k(x)
+
+
+class _Model(nn.Module):
+    def __init__(self, keep: str) -> None:
+        super().__init__()
+        self.blk = _Blk(_MADE[keep][0])
+        self.head = nn.Linear(4, 4)
+        self.read = _MADE[keep][1]
+
+    def forward(self, x: Any) -> Any:
+        out = self.head(torch.tanh(self.blk(x))) + 3 * self.read(self.blk.k.out)
+        self.blk.k.out = None
+        return out
+
+
+@pytest.mark.parametrize("every", [1, 2])
+@pytest.mark.parametrize("where", ["listed", "all"])
+@pytest.mark.parametrize("keep", sorted(_MADE))
+def test_a_kept_view_or_value_made_from_the_output_leaves_the_entry_out(
+    keep: str, where: str, every: int
+) -> None:
+    torch.manual_seed(0)
+    model = _Model(keep)
+    x = torch.randn(3, 4)
+    chosen = ["blk", "head"] if where == "listed" else names(model)
+    kwargs: dict[str, Any] = {"every": every}
+    if where == "listed":
+        kwargs["where"] = chosen
+    assert broken(model, chosen, x, square, **kwargs) == []
+    step, said = monitored(model, x, square, **kwargs)
+    assert "blk" not in step and any("'blk'" in s for s in said), (step, said)
+    assert "head" in step
+
+
+class _NoKeep(nn.Module):
+    """Keeps what it made before its output (an attention-like map, its input, a detached
+    copy): reads of those do not reach its output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(4, 4)
+        self.v = nn.Linear(4, 4)
+
+    def forward(self, x: Any) -> Any:
+        attention = torch.softmax(self.q(x) @ x.t(), dim=-1)
+        self.attention = attention
+        self.seen = SimpleNamespace(input=x, scores=attention[:, :2])
+        y = attention @ self.v(x)
+        self.copy = y.detach()
+        return y
+
+
+class _ReadsBack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blk = _NoKeep()
+        self.head = nn.Linear(4, 4)
+
+    def forward(self, x: Any) -> Any:
+        out = self.head(self.blk(x))
+        return out + self.blk.attention.sum() + self.blk.seen.scores.sum() * self.blk.copy.sum()
+
+
+@pytest.mark.parametrize("where", ["listed", "all"])
+def test_what_a_module_made_before_its_output_is_no_keep(where: str) -> None:
+    torch.manual_seed(0)
+    model = _ReadsBack()
+    x = torch.randn(3, 4, requires_grad=True)
+    chosen = ["blk", "head"] if where == "listed" else names(model)
+    kwargs: dict[str, Any] = {"where": chosen} if where == "listed" else {}
+    assert broken(model, chosen, x, square, **kwargs) == []
+    step, said = monitored(model, x, square, **kwargs)
+    assert not said and "blk" in step and "head" in step, (step, said)
