@@ -11,7 +11,8 @@ documented difference (README, MindSpore) and counted as equal.
 (Merged 2026-12-03: 15dec69's zeros were reverted, so FINDINGS 1 and 1b pass; the calls it
 restored were missing again until 2026-12-06, when the MindSpore backend began to call the
 hooks its engine left out once the pass is over (`_emulate`): the "held" tests that read them
-and FINDINGS 2 and 6 pass since; the paddle FINDINGS 3, 4 are open, strict xfails; MindSpore's
+and FINDINGS 2 and 6 pass since; the paddle FINDINGS 3, 4 pass since 2026-12-07 under
+Tensor.backward (`tests/test_paddle_no_gradient_slots.py`; paddle.grad is open); MindSpore's
 5 and 5b pass since 2026-12-03 (integer and bool slots: None or zeros to the hooks,
 MindSpore's own gradient on). The paddle children run in this venv, which has paddle.)
 
@@ -198,10 +199,6 @@ print(repr(out).replace("nan", "'nan'"))
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="helper-108 FINDING 3 (paddle, open): zeros for a hook's None meet sqrt(0): NaN",
-)
 def test_finding_3_paddle_hook_none_where_sqrt_is_gives_nan():
     """paddle: (a) a layer ``a * 2`` on ``sqrt(x)`` with a full hook returning ``(None,)``;
     (b) a layer ``sqrt`` with a pre-hook returning ``(None,)``; loss ``... + (x * 3).sum()``,
@@ -231,11 +228,6 @@ print(repr(out).replace("nan", "'nan'"))
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="helper-108 FINDING 4 (paddle, open): zeros down an unused output's branch meet "
-    "sqrt(0): NaN",
-)
 def test_finding_4_paddle_noop_hook_with_unused_output_gives_nan():
     """paddle: a layer returning ``(a * 2, sqrt(a))``, only the first output used, x = [0, 1,
     4]. Without hooks x.grad is [2, 2, 2] (torch, hooked or not: the same). With a full
@@ -272,9 +264,6 @@ print(repr(out).replace("nan", "'nan'"))
 """
 
 
-@pytest.mark.xfail(
-    strict=True, reason="helper-108 FINDING 4b (paddle, open): the same under a global hook"
-)
 def test_finding_4b_paddle_global_noop_backward_hook_gives_nan():
     """paddle, as finding 4 with a global module full backward hook that does nothing (what an
     observer such as a gradient logger registers): a Linear layer returning ``(self.l(a),

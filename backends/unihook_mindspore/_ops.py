@@ -286,7 +286,8 @@ class MindSporeOps(Ops):
         # as `derived`, from the kept tensors (a kept tensor of an output's node is told as
         # made from it; one made before every output is not walked)
         outputs = {id(t) for t in tensors}
-        kept = [t for t in held if isinstance(t, Tensor) and id(t) not in outputs]
+        # (by type, as torch's)
+        kept = [t for t in held if issubclass(type(t), Tensor) and id(t) not in outputs]
         if not kept:
             return False
         _pynative_executor.sync()

@@ -37,7 +37,7 @@ import sys
 import threading
 import weakref
 from collections import deque
-from typing import Any, Callable, Container, Iterator, NamedTuple
+from typing import Any, Callable, Container, Iterator, NamedTuple, Sequence
 
 from paddle.base import core
 
@@ -857,12 +857,14 @@ class _Graph:
     """The running backward's graph, from its roots: each node's children and how many edges
     reach it, its name."""
 
-    __slots__ = ("children", "edges_in", "names", "reach", "tainted")
+    __slots__ = ("children", "dead", "edges_in", "names", "nodes", "reach", "tainted")
 
     def __init__(self, roots: Any) -> None:
         self.children: dict[int, list[int]] = {}
         self.edges_in: dict[int, int] = {}
         self.names: dict[int, str] = {}
+        self.nodes: dict[int, Any] = {}  # (the node objects, for `cut_off`'s post hooks)
+        self.dead: dict[int, int] = {}  # edges into a node that carry no gradient (`cut_off`)
         self.reach: dict[tuple[int, int], bool] = {}
         self.tainted: set[int] | None = None  # see `receives_seen`
         if not isinstance(roots, (list, tuple)):
@@ -882,6 +884,7 @@ class _Graph:
                     stack.append(child)
             self.children[ptr] = kids
             self.names[ptr] = node.name()
+            self.nodes[ptr] = node
 
     def reaches(self, start: int, target: int) -> bool:
         """Whether the node `target` is `start` or at most `_NEAR` nodes below it (breadth
@@ -907,6 +910,77 @@ class _Graph:
 
 
 _NEAR = 64
+
+
+def cut_off(ptr: int, slots: Sequence[int]) -> None:
+    """The identity node at `ptr` sends zeros down its input `slots` for no gradient (an
+    output the loss does not use, a hook's None: paddle's nodes take no None, trap 3): each
+    grad node that only such edges reach in the running Tensor.backward gives zeros in place
+    of what its kernel makes of them (a sqrt's at 0: 0 * inf, NaN in every gradient below,
+    where torch's undefined gradient gives none: helper-108's FINDINGS 3 and 4), through a
+    post hook of paddle's taken off as the backward ends: the nodes of `SINGULAR` only (any
+    other gives zeros of zeros; a post hook's result for a node with a list of inputs, a
+    concat's, segfaults or raises in paddle 3.3.1, whatever it is). Not under paddle.grad,
+    which runs copies of the nodes made as it starts (helper-190's measurements), nor while a
+    backward builds a graph (a constant zero fails paddle's double-grad nodes). A leaf only
+    such edges reach gets zeros in .grad, where torch's stays None."""
+    if not slots or not in_tensor_backward() or _state.create_graph:
+        return
+    graph = _running_graph()
+    children = None if graph is None else graph.children.get(ptr)
+    if graph is None or children is None:
+        return
+    todo = [children[i] for i in slots if i < len(children) and children[i]]
+    dead, edges_in, handles = graph.dead, graph.edges_in, []
+    while todo:
+        node = todo.pop()
+        dead[node] = dead.get(node, 0) + 1
+        if dead[node] != edges_in.get(node, 0):
+            continue  # (a gradient still comes in through another edge)
+        if graph.names.get(node, "") in SINGULAR:
+            handles.append(graph.nodes[node]._register_post_hook(_zeros_out))
+        todo.extend(child for child in graph.children.get(node, ()) if child)
+    if handles:
+        at_backward_end(lambda: [handle.remove() for handle in handles])
+
+
+# The grad nodes (by name, paddle 3.3.1) whose kernels make NaN or inf of a zero gradient at
+# some point (a derivative infinite there: 0 * inf), each with one tensor an input slot; what
+# `cut_off` gives zeros. `tests/test_paddle_no_gradient_slots.py::test_singular_nodes` checks
+# each on the installed paddle.
+SINGULAR = frozenset(
+    {
+        "AcosGradNode",
+        "AcoshGradNode",
+        "AsinGradNode",
+        "Atan2GradNode",
+        "AtanhGradNode",
+        "DigammaGradNode",
+        "DivideGradNode",
+        "ElementwisePowGradNode",
+        "ErfinvGradNode",
+        "LgammaGradNode",
+        "Log10GradNode",
+        "Log1pGradNode",
+        "Log2GradNode",
+        "LogGradNode",
+        "PowGradNode",
+        "ReciprocalGradNode",
+        "RsqrtGradNode",
+        "SqrtGradNode",
+    }
+)
+
+
+def _zeros_out(outputs: Any, inputs: Any) -> Any:
+    """A post hook of `cut_off`'s: the node's gradients, zeros (one not computed, for an input
+    that needs none, left as it is: None there raises)."""
+    import paddle
+
+    return tuple(
+        out if out is None or not out._is_initialized() else paddle.zeros_like(out)
+        for out in outputs
+    )
 
 
 def _running_graph() -> _Graph | None:

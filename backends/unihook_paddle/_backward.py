@@ -11,7 +11,9 @@ Each paddle trap is handled where it bites (numbers from ../shared/SEMANTICS.md 
    backward never runs; they bypass the PyLayer instead, their gradient is zeros (inputs) or
    None (outputs), as torch's;
 3. returning None for a differentiable input segfaults the next grad node: zeros instead
-   (so what only an unused output reaches gets a zero gradient, where torch's is None);
+   (so what only an unused output reaches gets a zero gradient, where torch's is None), and
+   the nodes only those zeros reach give zeros whatever their kernels make of them (a sqrt's
+   at 0 makes NaN: ``guard.cut_off``, under Tensor.backward);
 5. a user ``register_hook`` on a PyLayer output has its return value ignored (paddle runs the
    hooks, and gives a retained .grad their result, but the PyLayer's backward the gradient as
    it was): a node with one output hands it out as it is, and the hooks registered on it are
@@ -298,6 +300,7 @@ def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
             copy = not guard.passes_on(node.ptr, node.held_until, TRUST, values)
     pruned = guard.pruned(node.ptr)
     out = []
+    dead: list[int] = []
     for i, (result, (shape, dtype)) in enumerate(zip(results, node.shapes)):
         if exposed and grads[i] is None and result is not None:
             _check_slot(result, shape, dtype, node)
@@ -309,8 +312,11 @@ def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
             zeros = paddle.zeros(shape, dtype)
             zeros.stop_gradient = constant
             out.append(zeros)
+            dead.append(i)
         else:
             out.append(result.clone() if copy else result)
+    if dead:
+        guard.cut_off(node.ptr, dead)  # (what only the zeros reach gives zeros: trap 3)
     return tuple(out)
 
 

@@ -562,7 +562,9 @@ class TorchOps(Ops):
         # (`as_subclass`): its reads reach the output's node too.
         sources: list[tuple[int, int | None, Any]] = []
         for obj in held:
-            if not isinstance(obj, torch.Tensor):
+            # (by type: `isinstance` reads `__class__`, which a proxy may raise from, and a
+            # `Mock(spec=Tensor)` passes: helper-191's FINDING 4)
+            if not issubclass(type(obj), torch.Tensor):
                 continue
             t = obj if obj.grad_fn is not None else _outside_vmap(obj)  # (buffers: at once)
             node = t.grad_fn

@@ -78,19 +78,17 @@ def test_full_hook_none_slot_still_runs_the_hooks_before(backend: Any) -> None:
 
 @pytest.mark.parametrize("kind", ["full", "unused_output"])
 def test_a_branch_a_hook_gives_no_gradient_adds_nothing_to_the_others(
-    backend: Any, kind: str, request: Any
+    backend: Any, kind: str
 ) -> None:
     """At x = [0, 1, 4], a square root's branch that gets no gradient: `full`: m's full hook
     returns None for it in ``m(x ** 0.5) + 3 x``; `unused_output`: m returns
     ``(2 h, h ** 0.5)``, a no-op full hook on it, and the loss reads the first only. x's
-    gradient is 3, 3, 3 (2, 2, 2), as without the hooks: zeros sent down that branch meet the
-    root's infinite derivative at 0, NaN (helper-108's FINDINGS 1, 3, 4). (Not a pre-hook's
-    None: torch's own engine sends the module's backward zeros there, NaN in this shape.)"""
+    gradient is 3, 3, 3 (2, 2, 2), as without the hooks: zeros sent down that branch met the
+    root's infinite derivative at 0, NaN (helper-108's FINDINGS 1, 3, 4; paddle's engine takes
+    no None, docs/SEMANTICS.md trap 3: the nodes only those zeros reach give zeros since
+    2026-12-07). (Not a pre-hook's None: torch's own engine sends the module's backward zeros
+    there, NaN in this shape.)"""
     kit = backend
-    if kit.name == "paddle":  # (its engine takes no None: docs/SEMANTICS.md trap 3)
-        request.applymarker(
-            pytest.mark.xfail(strict=True, reason="helper-108's FINDINGS 3, 4 (paddle): open")
-        )
     x = kit.tensor([0.0, 1.0, 4.0], requires_grad=True)
     if kind == "unused_output":
         m = kit.module(lambda self, h: (h * 2, h**0.5))

@@ -641,6 +641,14 @@ class GradientMonitor(Synced):
         if step.world is not None:
             call = step.calls[name] = step.calls.get(name, -1) + 1
         tensors = tensors_of(output, module)
+        attributes: list[Any] = []
+        # (one level: the look runs at every call, so a table the module holds costs each
+        # call, 170 us with a deeper look: helper-95's FINDING 11; `_kept` looks deeper once.
+        # Lists of numbers cost each call too, 380 us for 15 of 256: helper-97's FINDING 4,
+        # open; a smaller budget hid an output kept behind a few of them: helper-100's
+        # FINDING 2)
+        _objects_within(ops.attribute_values(module), 1, attributes, _BUDGET)
+        self._arguments_kept(step, attributes, marks)
         if _returns_an_input(tensors, marks):  # (that call only: said once)
             last = self._last
             self._left_out(name, _RETURNED)
@@ -656,7 +664,7 @@ class GradientMonitor(Synced):
             self._unhook_earlier(step, tensors, started)
             return
         chosen = self._chosen
-        if _keeps(module, tensors, step.kept, marks) or (
+        if _keeps(module, tensors, step.kept, marks, attributes) or (
             chosen is not None and _kept_below(module, chosen, step.ran, tensors, marks)
         ):
             for tensor in tensors:
@@ -705,6 +713,35 @@ class GradientMonitor(Synced):
                     seen = step.seen[key] = Seen(tensor, step.batch, kind == NEW, args)
                     seen.names = names
             self._last = (tensor, version, names)
+
+    def _arguments_kept(self, step: _Step, held: list[Any], marks: _Marks) -> None:
+        """A module holding, as its call ends, one of the call's argument tensors or one made
+        from it (a tap keeping what it was given, ``self.out = x * 2``) makes that argument's
+        gradient sum the reads of it: a call around it returning the argument (``y =
+        self.fc(x); self.tap(y); return y``) is left out then, as for its own keep, since
+        torch's hook on it sees what comes through its output only (until 2026-12-07 it
+        recorded the sum, silently, where the tap was monitored itself: helper-191's
+        FINDING 2). Not an argument a call returned before (hooked: torch's hook on that
+        call counts those reads too), nor a leaf."""
+        if not marks or _PLAIN.issuperset(map(type, held)):
+            return
+        arguments = [
+            t
+            for t in (ref() for ref, _ in marks.values())
+            if t is not None and not ops.is_leaf(t) and not self._was_hooked(step, t)
+        ]
+        if not arguments:
+            return
+        given = {id(t) for t in arguments}
+        if given.isdisjoint(map(id, held)) and ops.derived_from(held, arguments) is False:
+            return
+        for tensor in arguments:
+            step.kept[id(tensor)] = (weakref.ref(tensor), self._started)
+
+    def _was_hooked(self, step: _Step, tensor: Any) -> bool:
+        """Whether a call of this forward or an earlier one returned `tensor` (hooked)."""
+        found = step.hooked.get(id(tensor)) or self._earlier.get(id(tensor))
+        return found is not None and found[0]() is tensor
 
     def _keep_hooked(self, step: _Step) -> None:
         """The outputs `step` (the forward before a new one) hooked that are still alive join
@@ -1135,6 +1172,7 @@ def _keeps(
     tensors: Sequence[Any],
     kept: dict[int, tuple[weakref.ref[Any], int]],
     marks: _Marks,
+    held: list[Any],
 ) -> bool:
     """Whether `module` holds one of `tensors`, its call's outputs, as its call ends (where
     `_held` looks), or a call inside it kept one (`kept`): the look `_kept` makes at the end
@@ -1142,15 +1180,9 @@ def _keeps(
     dropped before its end (helper-94's FINDING 1), nor one of a forward that raised, a
     nested one or another thread's (its FINDINGS 2 to 4). A parameter of the module it
     returns is `_record`'s. A tensor it holds made from one of them counts (`_made_from`;
-    `marks`: the call's arguments, as it started)."""
+    `marks`: the call's arguments, as it started; `held`: what it holds, `_record`'s look)."""
     ids = {id(t) for t in tensors}
     found = {key for key in ids if key in kept and id(kept[key][0]()) == key}
-    held: list[Any] = []
-    # (one level: the look runs at every call, so a table the module holds costs each call,
-    # 170 us with a deeper look: helper-95's FINDING 11; `_kept` looks deeper once. Lists of
-    # numbers cost each call too, 380 us for 15 of 256: helper-97's FINDING 4, open; a
-    # smaller budget hid an output kept behind a few of them: helper-100's FINDING 2)
-    _objects_within(ops.attribute_values(module), 1, held, _BUDGET)
     found.update(ids.intersection(map(id, held)))
     if found:
         parameters = {id(p) for p, _, _ in ops.own_parameters(module)}
