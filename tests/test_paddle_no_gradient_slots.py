@@ -7,8 +7,9 @@ log, a power below 1 at 0) made NaN of them, 0 * inf, and the input's gradient w
 paddle without hooks and torch with its own hooks give finite numbers: merely observing a layer
 (a no-op full hook, a global one) corrupted training (helper-108's FINDINGS 3, 4, 4b). The
 nodes only those zeros reach now give zeros under Tensor.backward (`guard.cut_off`, helper-190's
-measurements). The oracle: the same model without hooks, the slot with no gradient left out of
-the loss (torch's numbers: its undefined gradient adds nothing).
+measurements), under paddle.grad too (through post hooks placed as it starts: it runs copies of
+the nodes). The oracle: the same model without hooks, the slot with no gradient left out of the
+loss (torch's numbers: its undefined gradient adds nothing).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ _SECOND: dict[str, Callable[[Any], Any]] = {
     "split": lambda a: paddle.sqrt(paddle.split(a * 1.0, 3, axis=1)[0]),
     "unbind": lambda a: paddle.sqrt(paddle.unbind(a * 1.0, axis=0)[0]),
     "norm": lambda a: paddle.sqrt((a * a).sum(axis=1) * 0.0),
+    "entropy": lambda a: (a * paddle.log(a)).sum(),
+    "logit": lambda a: paddle.logit(a / 4.0),
     "concat": lambda a: paddle.concat([paddle.sqrt(a), a * 0.5], axis=1),
 }
 
@@ -161,18 +164,65 @@ def test_a_parameter_only_the_unused_output_reaches() -> None:
     assert layer.w.grad is None or not np.any(layer.w.grad.numpy())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: paddle.grad runs copies of the grad nodes made as it starts, which the post "
-    "hooks `cut_off` registers during the backward do not reach (helper-190's measurements)",
-)
-def test_an_unused_output_under_paddle_grad() -> None:
-    layer = _Two(paddle.sqrt)
-    unihook.register_full_backward_hook(layer, lambda m, gi, go: None)
+@pytest.mark.parametrize("hook", ["full", "pre", "global"])
+@pytest.mark.parametrize("second", sorted(_SECOND))
+def test_an_unused_output_under_paddle_grad(second: str, hook: str) -> None:
+    """As under Tensor.backward: paddle.grad runs copies of the nodes made as it starts, so
+    the post hooks go on its nodes whose derivative can be infinite before it starts, and
+    give zeros where the zeros alone reached them (helper-190's measurements)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = []
+        for hooked in (None, hook):
+            layer = _Two(_SECOND[second])
+            handle = None
+            if hooked == "full":
+                handle = unihook.register_full_backward_hook(layer, lambda m, gi, go: None)
+            elif hooked == "pre":
+                handle = unihook.register_full_backward_pre_hook(layer, lambda m, go: None)
+            elif hooked == "global":
+                handle = unihook.register_module_full_backward_hook(
+                    lambda m, gi, go: None, backend="paddle"
+                )
+            try:
+                x = _x()
+                a, _ = layer(x)
+                (gx,) = paddle.grad([(a * a).sum()], [x])
+                got.append(gx.numpy())
+            finally:
+                if handle is not None:
+                    handle.remove()
+    assert np.isfinite(got[0]).all()
+    np.testing.assert_allclose(got[1], got[0], rtol=1e-6)
+
+
+def test_a_hooks_none_under_paddle_grad_twice_on_a_retained_graph() -> None:
+    """A full hook's None under paddle.grad, twice on the graph it retained: both give
+    torch's [3, 3, 3] (the hooks placed for the first are gone before the second)."""
+    layer = _Two(lambda a: a)
+    unihook.register_full_backward_hook(layer, lambda m, gi, go: (None,))
     x = _x()
-    a, _ = layer(x)
-    (got,) = paddle.grad([a.sum()], [x])
-    np.testing.assert_allclose(got.numpy(), [[2.0, 2.0, 2.0]])
+    a, _ = layer(paddle.sqrt(x))
+    loss = a.sum() + (x * 3.0).sum()
+    for _ in range(2):
+        (gx,) = paddle.grad([loss], [x], retain_graph=True)
+        np.testing.assert_allclose(gx.numpy(), [[3.0, 3.0, 3.0]])
+
+
+def test_a_singular_node_a_gradient_reaches_under_paddle_grad_is_its_own() -> None:
+    """paddle.grad through a sqrt every gradient of which is live, beside a hooked layer
+    with an unused output: the hook placed on it ahead gives the node's own gradients (inf
+    at 0, as paddle without hooks)."""
+    for hooked in (False, True):
+        layer = _Two(paddle.sqrt)
+        if hooked:
+            unihook.register_full_backward_hook(layer, lambda m, gi, go: None)
+        x = _x()
+        a, _ = layer(x)
+        (gx,) = paddle.grad([a.sum() + paddle.sqrt(x).sum()], [x])
+        if not hooked:
+            want = gx.numpy()
+    np.testing.assert_array_equal(gx.numpy(), want)
 
 
 # an op making each node of `_autograd_guard.SINGULAR` from x = [0, 1, 4] (shifted where its
@@ -187,12 +237,19 @@ _SINGULAR_OPS: dict[str, Callable[[Any], Any]] = {
     "DivideGradNode": lambda x: 1.0 / x,
     "ElementwisePowGradNode": lambda x: paddle.pow(x, paddle.full([1, 3], 0.5)),
     "ErfinvGradNode": lambda x: paddle.erfinv(x * 0.0 + 1.0),
+    "LayerNormGradNode": lambda x: paddle.nn.functional.layer_norm(x * 0.0, [3], epsilon=0.0),
     "LgammaGradNode": paddle.lgamma,
     "Log10GradNode": paddle.log10,
     "Log1pGradNode": lambda x: paddle.log1p(x - 1.0),
     "Log2GradNode": paddle.log2,
     "LogGradNode": paddle.log,
+    "LogitGradNode": paddle.logit,
+    "MatmulGradNode": lambda x: paddle.matmul(x, paddle.log(x).T),
+    "MultiplyGradNode": lambda x: x * paddle.log(x),
+    "PNormGradNode": lambda x: paddle.nn.functional.pairwise_distance(x, x * 1.0, epsilon=0.0),
+    "PolygammaGradNode": lambda x: paddle.polygamma(x, 1),
     "PowGradNode": lambda x: paddle.pow(x, 0.5),
+    "ProdGradNode": lambda x: paddle.prod(x, axis=1),
     "ReciprocalGradNode": paddle.reciprocal,
     "RsqrtGradNode": paddle.rsqrt,
     "SqrtGradNode": paddle.sqrt,
@@ -202,17 +259,98 @@ _SINGULAR_OPS: dict[str, Callable[[Any], Any]] = {
 @pytest.mark.parametrize("name", sorted(_autograd_guard.SINGULAR))
 def test_singular_nodes(name: str) -> None:
     """Each node `cut_off` gives zeros: its name on the installed paddle, a zero gradient
-    made non-finite by its kernel, and zeros (no crash) through `cut_off`'s post hook."""
+    made non-finite by its kernel, and zeros (no crash) through `cut_off`'s post hook on the
+    nodes of the list (a multiply's of ``x * log(x)`` and the log's below it)."""
     assert sorted(_SINGULAR_OPS) == sorted(_autograd_guard.SINGULAR)
     for hooked in (False, True):
         x = _x()
         y = _SINGULAR_OPS[name](x)
         assert y.grad_fn.name() == name
+        handles = []
         if hooked:
-            handle = y.grad_fn._register_post_hook(_autograd_guard._zeros_out)
+            nodes, seen = [y.grad_fn], set()
+            while nodes:
+                node = nodes.pop()
+                if node is None or node.node_ptr() in seen:
+                    continue
+                seen.add(node.node_ptr())
+                if node.name() in _autograd_guard.SINGULAR:
+                    handles.append(node._register_post_hook(_autograd_guard._zeros_out))
+                nodes.extend(node.next_functions)
         (got,) = paddle.grad([y], [x], [paddle.zeros_like(y)])
-        if hooked:
+        for handle in handles:
             handle.remove()
+        if hooked:
             np.testing.assert_array_equal(got.numpy(), np.zeros_like(X0))
         else:
             assert not np.isfinite(got.numpy()).all()
+
+
+class _Doubles(paddle.nn.Layer):
+    def forward(self, x: Any) -> Any:
+        return x * 2.0
+
+
+class _KeepsARoot(paddle.nn.Layer):
+    """Returns ``(y * 3, sqrt(w))``, the second unused by the loss and kept (``self.s``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        init = paddle.nn.initializer.Assign(np.array([0.0, 1.0, 4.0], np.float32))
+        self.w = self.create_parameter([3], default_initializer=init)
+
+    def forward(self, y: Any) -> Any:
+        self.s = paddle.sqrt(self.w)
+        return y * 3.0, self.s
+
+
+def _kept_root_model(hook: Callable[..., Any]) -> tuple[Any, Any, Any]:
+    keeper, before = _KeepsARoot(), _Doubles()
+    unihook.register_full_backward_hook(keeper, lambda m, gi, go: None)
+    handle = unihook.register_full_backward_hook(before, hook)
+    out, _ = keeper(before(paddle.to_tensor([1.0, 2.0, 3.0], stop_gradient=False)))
+    return keeper, out, handle
+
+
+def test_the_zeros_go_with_a_backward_that_raised() -> None:
+    """A backward that raised after the zeros were placed on the kept sqrt's node, the graph
+    retained: a later backward through that node gets its own gradient (until 2026-12-07 the
+    post hook stayed and gave zeros: helper-192's FINDING 1)."""
+
+    def boom(m: Any, gi: Any, go: Any) -> None:
+        raise RuntimeError("boom")
+
+    keeper, out, handle = _kept_root_model(boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        out.sum().backward(retain_graph=True)
+    handle.remove()
+    keeper.w.clear_gradient()
+    keeper.s.sum().backward()
+    np.testing.assert_allclose(keeper.w.grad.numpy(), [np.inf, 0.5, 0.25])
+
+
+def test_another_threads_backward_through_a_zeroed_node_gets_its_own() -> None:
+    """Thread 1's backward placed the zeros on the kept sqrt's node and waits in a hook;
+    thread 2's backward through that node meanwhile gets its own gradient (until 2026-12-07
+    zeros: helper-192's FINDING 2)."""
+    import threading
+    import time
+
+    keeper, out, _ = _kept_root_model(lambda m, gi, go: time.sleep(0.6))
+    s2 = keeper.s * 1.0
+    got: dict[str, Any] = {}
+
+    def first() -> None:
+        out.sum().backward(retain_graph=True)
+
+    def second() -> None:
+        time.sleep(0.2)
+        s2.sum().backward()
+        got["w"] = keeper.w.grad.numpy().copy()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    np.testing.assert_allclose(got["w"], [np.inf, 0.5, 0.25])

@@ -32,6 +32,7 @@ paddle's functions exactly.
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import sys
 import threading
@@ -518,6 +519,8 @@ def _guarded(
         state.depth = outer_depth + 1
         if not outer_depth:
             _enter(shared)
+        if state.partial and _identity_count and not create_graph:
+            _singular_ahead()
         try:
             grads = run(*args, **kwargs)
         except OSError as error:
@@ -536,6 +539,10 @@ def _guarded(
             _run_ends(state.ends)
         return grads
     finally:
+        if state.graph is not None:
+            # (also where the backward raised: a hook left on a node of a retained graph
+            # zeroed a later backward's live gradient there, helper-192's FINDING 1)
+            state.graph.unhook()
         state.depth = outer_depth
         state.create_graph, state.fired_tokens, state.cuts = outer_graph, outer_fired, outer_cuts
         state.replaced = outer_replaced
@@ -857,7 +864,7 @@ class _Graph:
     """The running backward's graph, from its roots: each node's children and how many edges
     reach it, its name."""
 
-    __slots__ = ("children", "dead", "edges_in", "names", "nodes", "reach", "tainted")
+    __slots__ = ("children", "dead", "edges_in", "handles", "names", "nodes", "reach", "tainted")
 
     def __init__(self, roots: Any) -> None:
         self.children: dict[int, list[int]] = {}
@@ -865,6 +872,7 @@ class _Graph:
         self.names: dict[int, str] = {}
         self.nodes: dict[int, Any] = {}  # (the node objects, for `cut_off`'s post hooks)
         self.dead: dict[int, int] = {}  # edges into a node that carry no gradient (`cut_off`)
+        self.handles: list[Any] = []  # `cut_off`'s post hooks, taken off as the backward ends
         self.reach: dict[tuple[int, int], bool] = {}
         self.tainted: set[int] | None = None  # see `receives_seen`
         if not isinstance(roots, (list, tuple)):
@@ -885,6 +893,16 @@ class _Graph:
             self.children[ptr] = kids
             self.names[ptr] = node.name()
             self.nodes[ptr] = node
+
+    def hook(self, ptr: int) -> None:
+        """`cut_off`'s post hook on the node at `ptr`, for this backward."""
+        hook = functools.partial(_zeros_if_dead, self.dead, self.edges_in, ptr)
+        self.handles.append(self.nodes[ptr]._register_post_hook(hook))
+
+    def unhook(self) -> None:
+        handles, self.handles = self.handles, []
+        for handle in handles:
+            handle.remove()
 
     def reaches(self, start: int, target: int) -> bool:
         """Whether the node `target` is `start` or at most `_NEAR` nodes below it (breadth
@@ -920,34 +938,36 @@ def cut_off(ptr: int, slots: Sequence[int]) -> None:
     where torch's undefined gradient gives none: helper-108's FINDINGS 3 and 4), through a
     post hook of paddle's taken off as the backward ends: the nodes of `SINGULAR` only (any
     other gives zeros of zeros; a post hook's result for a node with a list of inputs, a
-    concat's, segfaults or raises in paddle 3.3.1, whatever it is). Not under paddle.grad,
-    which runs copies of the nodes made as it starts (helper-190's measurements), nor while a
-    backward builds a graph (a constant zero fails paddle's double-grad nodes). A leaf only
-    such edges reach gets zeros in .grad, where torch's stays None."""
-    if not slots or not in_tensor_backward() or _state.create_graph:
+    concat's, segfaults or raises in paddle 3.3.1, whatever it is). paddle.grad runs copies
+    of the nodes made as it starts, which a hook registered now does not reach: there the
+    hooks `_singular_ahead` registered before read what this marks (helper-190's
+    measurements). Not while a backward builds a graph (a constant zero fails paddle's
+    double-grad nodes). A leaf only such edges reach gets zeros in .grad, where torch's
+    stays None."""
+    if not slots or not _state.depth or _state.create_graph:
         return
     graph = _running_graph()
     children = None if graph is None else graph.children.get(ptr)
     if graph is None or children is None:
         return
     todo = [children[i] for i in slots if i < len(children) and children[i]]
-    dead, edges_in, handles = graph.dead, graph.edges_in, []
+    dead, edges_in, tensor_backward = graph.dead, graph.edges_in, in_tensor_backward()
     while todo:
         node = todo.pop()
         dead[node] = dead.get(node, 0) + 1
         if dead[node] != edges_in.get(node, 0):
             continue  # (a gradient still comes in through another edge)
-        if graph.names.get(node, "") in SINGULAR:
-            handles.append(graph.nodes[node]._register_post_hook(_zeros_out))
+        if tensor_backward and graph.names.get(node, "") in SINGULAR:
+            graph.hook(node)
         todo.extend(child for child in graph.children.get(node, ()) if child)
-    if handles:
-        at_backward_end(lambda: [handle.remove() for handle in handles])
 
 
 # The grad nodes (by name, paddle 3.3.1) whose kernels make NaN or inf of a zero gradient at
-# some point (a derivative infinite there: 0 * inf), each with one tensor an input slot; what
-# `cut_off` gives zeros. `tests/test_paddle_no_gradient_slots.py::test_singular_nodes` checks
-# each on the installed paddle.
+# some point (a derivative infinite there, or an infinite operand they saved: 0 * inf; a
+# multiply's of ``x * log(x)`` at 0, helper-192's FINDING 3), each with one tensor an input
+# slot; what `cut_off` gives zeros.
+# `tests/test_paddle_no_gradient_slots.py::test_singular_nodes` checks each on the installed
+# paddle.
 SINGULAR = frozenset(
     {
         "AcosGradNode",
@@ -959,12 +979,19 @@ SINGULAR = frozenset(
         "DivideGradNode",
         "ElementwisePowGradNode",
         "ErfinvGradNode",
+        "LayerNormGradNode",
         "LgammaGradNode",
         "Log10GradNode",
         "Log1pGradNode",
         "Log2GradNode",
         "LogGradNode",
+        "LogitGradNode",
+        "MatmulGradNode",
+        "MultiplyGradNode",
+        "PNormGradNode",
+        "PolygammaGradNode",
         "PowGradNode",
+        "ProdGradNode",
         "ReciprocalGradNode",
         "RsqrtGradNode",
         "SqrtGradNode",
@@ -972,9 +999,33 @@ SINGULAR = frozenset(
 )
 
 
+def _singular_ahead() -> None:
+    """Under paddle.grad, which runs copies of the nodes made as it starts (a post hook
+    registered on a node later reaches no copy), `cut_off`'s post hook on each node of
+    `SINGULAR` in its graph, registered before."""
+    graph = _running_graph()
+    if graph is not None:
+        for ptr, name in graph.names.items():
+            if name in SINGULAR:
+                graph.hook(ptr)
+
+
+def _zeros_if_dead(
+    dead: dict[int, int], edges_in: dict[int, int], ptr: int, outputs: Any, inputs: Any
+) -> Any:
+    """A post hook of `cut_off`'s: zeros where only the zeros reached the node in the
+    backward this thread runs (`dead`: its graph's), else the node's own gradients (a node of
+    a graph retained and run by another thread at once keeps its own there: helper-192's
+    FINDING 2). Not the graph itself: the node would hold it, and through it the nodes."""
+    graph = _state.graph
+    if graph is None or graph.dead is not dead or dead.get(ptr, 0) != edges_in.get(ptr, 0):
+        return outputs
+    return _zeros_out(outputs, inputs)
+
+
 def _zeros_out(outputs: Any, inputs: Any) -> Any:
-    """A post hook of `cut_off`'s: the node's gradients, zeros (one not computed, for an input
-    that needs none, left as it is: None there raises)."""
+    """The node's gradients, zeros (one not computed, for an input that needs none, left as
+    it is: None there raises)."""
     import paddle
 
     return tuple(

@@ -13,7 +13,7 @@ Each paddle trap is handled where it bites (numbers from ../shared/SEMANTICS.md 
 3. returning None for a differentiable input segfaults the next grad node: zeros instead
    (so what only an unused output reaches gets a zero gradient, where torch's is None), and
    the nodes only those zeros reach give zeros whatever their kernels make of them (a sqrt's
-   at 0 makes NaN: ``guard.cut_off``, under Tensor.backward);
+   at 0 makes NaN: ``guard.cut_off``);
 5. a user ``register_hook`` on a PyLayer output has its return value ignored (paddle runs the
    hooks, and gives a retained .grad their result, but the PyLayer's backward the gradient as
    it was): a node with one output hands it out as it is, and the hooks registered on it are

@@ -648,7 +648,9 @@ class GradientMonitor(Synced):
         # open; a smaller budget hid an output kept behind a few of them: helper-100's
         # FINDING 2)
         _objects_within(ops.attribute_values(module), 1, attributes, _BUDGET)
-        self._arguments_kept(step, attributes, marks)
+        chosen = self._chosen
+        below = [] if chosen is None else _held_below(module, chosen, step.ran)
+        self._arguments_kept(step, attributes + below, marks)
         if _returns_an_input(tensors, marks):  # (that call only: said once)
             last = self._last
             self._left_out(name, _RETURNED)
@@ -663,9 +665,8 @@ class GradientMonitor(Synced):
             self._left_out(name, _MADE_BEFORE)
             self._unhook_earlier(step, tensors, started)
             return
-        chosen = self._chosen
-        if _keeps(module, tensors, step.kept, marks, attributes) or (
-            chosen is not None and _kept_below(module, chosen, step.ran, tensors, marks)
+        if _keeps(module, tensors, step.kept, marks, attributes) or _kept_below(
+            below, tensors, marks
         ):
             for tensor in tensors:
                 step.kept[id(tensor)] = (weakref.ref(tensor), self._started)
@@ -715,33 +716,24 @@ class GradientMonitor(Synced):
             self._last = (tensor, version, names)
 
     def _arguments_kept(self, step: _Step, held: list[Any], marks: _Marks) -> None:
-        """A module holding, as its call ends, one of the call's argument tensors or one made
-        from it (a tap keeping what it was given, ``self.out = x * 2``) makes that argument's
-        gradient sum the reads of it: a call around it returning the argument (``y =
-        self.fc(x); self.tap(y); return y``) is left out then, as for its own keep, since
-        torch's hook on it sees what comes through its output only (until 2026-12-07 it
-        recorded the sum, silently, where the tap was monitored itself: helper-191's
-        FINDING 2). Not an argument a call returned before (hooked: torch's hook on that
-        call counts those reads too), nor a leaf."""
+        """A module (or one inside it `where` leaves out) holding, as its call ends, one of
+        the call's argument tensors or one made from it (a tap keeping what it was given,
+        ``self.out = x * 2``) makes that argument's gradient sum the reads of it: a call
+        around it returning the argument (``y = self.fc(x); self.tap(y); return y``) is left
+        out then, as for its own keep, since torch's hook on it sees what comes through its
+        output only (until 2026-12-07 it recorded the sum, silently: helper-191's FINDING 2,
+        helper-193's FINDINGS 1 and 2). The call that made the argument, if it was hooked
+        before, keeps its entry: torch's hook on it counts those reads too. Each argument on
+        its own (one kept leaves the others: helper-193's FINDING 3); not a leaf."""
         if not marks or _PLAIN.issuperset(map(type, held)):
             return
-        arguments = [
-            t
-            for t in (ref() for ref, _ in marks.values())
-            if t is not None and not ops.is_leaf(t) and not self._was_hooked(step, t)
-        ]
-        if not arguments:
-            return
-        given = {id(t) for t in arguments}
-        if given.isdisjoint(map(id, held)) and ops.derived_from(held, arguments) is False:
-            return
-        for tensor in arguments:
-            step.kept[id(tensor)] = (weakref.ref(tensor), self._started)
-
-    def _was_hooked(self, step: _Step, tensor: Any) -> bool:
-        """Whether a call of this forward or an earlier one returned `tensor` (hooked)."""
-        found = step.hooked.get(id(tensor)) or self._earlier.get(id(tensor))
-        return found is not None and found[0]() is tensor
+        ids = set(map(id, held))
+        for ref, _ in list(marks.values()):
+            tensor = ref()
+            if tensor is None or ops.is_leaf(tensor):
+                continue
+            if id(tensor) in ids or ops.derived_from(held, [tensor]) is not False:
+                step.kept[id(tensor)] = (weakref.ref(tensor), self._started)
 
     def _keep_hooked(self, step: _Step) -> None:
         """The outputs `step` (the forward before a new one) hooked that are still alive join
@@ -1233,38 +1225,37 @@ def _is_chosen(chosen: _Chosen, module: Any) -> bool:
     return ref is not None and ref() is module
 
 
-def _kept_below(
-    module: Any, chosen: _Chosen, ran: set[int], tensors: Sequence[Any], marks: _Marks
-) -> bool:
-    """Whether a module inside `module` that `where` leaves out (`chosen`: those it took),
-    but those inside another one chosen, holds one of `tensors` (`_keeps`' first level): an
-    output kept on one (``self.k.out = y`` of a child's call) and dropped before the forward
-    ends was seen by no look, and `module`'s entry summed its reads where torch's hook does
-    not (helper-97's FINDING 2). The modules inside it as they are now: one set in since the
-    monitor was made too (helper-178's FINDING 3). A chosen one looks at its own insides as
-    its call ends: not one not called in this forward (`ran`: a ModuleList, which has no
-    call, a block whose child is called past it; helper-188's FINDINGS 1 and 2). A tensor one
-    holds made from one of `tensors` counts (`_made_from`)."""
+def _held_below(module: Any, chosen: _Chosen, ran: set[int]) -> list[Any]:
+    """What the modules inside `module` that `where` leaves out (`chosen`: those it took),
+    but those inside another one chosen, hold (`_keeps`' first level, `_BUDGET` a module),
+    for `_kept_below` and `_arguments_kept`. The modules inside it as they are now: one set in
+    since the monitor was made too (helper-178's FINDING 3). A chosen one looks at its own
+    insides as its call ends: not one not called in this forward (`ran`: a ModuleList, which
+    has no call, a block whose child is called past it; helper-188's FINDINGS 1 and 2)."""
     inside = [child for child in ops.children(module) if not _looked(chosen, ran, child)]
-    if not inside:
-        return False  # (each inside looks at its own: where every module was chosen, a call)
-    ids = {id(t) for t in tensors}
     # (down from the children, past the chosen ones that ran, whose insides are theirs: a
-    # walk of those below the others only)
+    # walk of those below the others only; none where every module was chosen)
     seen: set[int] = set()
-    everything: list[Any] = []
+    held: list[Any] = []
     while inside:
         part = inside.pop()
         if id(part) in seen:
             continue
         seen.add(id(part))
-        held: list[Any] = []  # (`_BUDGET` a module, as `_keeps`)
-        _objects_within(ops.attribute_values(part), 1, held, _BUDGET)
-        if not ids.isdisjoint(map(id, held)):
-            return True
-        everything += held
+        _objects_within(ops.attribute_values(part), 1, held, len(held) + _BUDGET)
         inside.extend(child for child in ops.children(part) if not _looked(chosen, ran, child))
-    return _made_from(everything, tensors, marks)
+    return held
+
+
+def _kept_below(below: list[Any], tensors: Sequence[Any], marks: _Marks) -> bool:
+    """Whether what the modules inside a module hold (`_held_below`) is one of `tensors`, its
+    call's outputs, or made from one (`_made_from`): an output kept on one (``self.k.out = y``
+    of a child's call) and dropped before the forward ends was seen by no look, and the
+    module's entry summed its reads where torch's hook does not (helper-97's FINDING 2)."""
+    if not below:
+        return False
+    ids = {id(t) for t in tensors}
+    return not ids.isdisjoint(map(id, below)) or _made_from(below, tensors, marks)
 
 
 # the containers `_held` looks in (subclasses too; a deque, a set: helper-97's FINDING 3), two
