@@ -61,7 +61,20 @@ def _x() -> Any:
     return paddle.to_tensor(X0, stop_gradient=False)
 
 
-def _unused_grad(second: str, hook: str | None) -> np.ndarray:
+def _by_backward(loss: Any, x: Any) -> np.ndarray:
+    loss.backward()
+    assert x.grad is not None
+    return x.grad.numpy()
+
+
+def _by_grad(loss: Any, x: Any) -> np.ndarray:
+    (got,) = paddle.grad([loss], [x])
+    return got.numpy()
+
+
+def _unused_grad(second: str, hook: str | None, run: Callable[[Any, Any], Any]) -> np.ndarray:
+    """x's gradient through `_Two(second)`, only its first output in the loss, `hook` (a no-op
+    full hook, pre-hook, global full hook, or none) on it, by `run` (loss, x)."""
     layer = _Two(_SECOND[second])
     handle = None
     if hook == "full":
@@ -75,21 +88,25 @@ def _unused_grad(second: str, hook: str | None) -> np.ndarray:
     try:
         x = _x()
         a, _ = layer(x)
-        (a * a).sum().backward()
-        assert x.grad is not None
-        return x.grad.numpy()
+        return run((a * a).sum(), x)
     finally:
         if handle is not None:
             handle.remove()
 
 
+@pytest.mark.parametrize("run", [_by_backward, _by_grad], ids=["backward", "paddle_grad"])
 @pytest.mark.parametrize("hook", ["full", "pre", "global"])
 @pytest.mark.parametrize("second", sorted(_SECOND))
-def test_an_unused_output_adds_nothing_to_the_gradient(second: str, hook: str) -> None:
+def test_an_unused_output_adds_nothing_to_the_gradient(
+    second: str, hook: str, run: Callable[[Any, Any], Any]
+) -> None:
+    """Under paddle.grad too, which runs copies of the nodes made as it starts: the post hooks
+    go on its nodes whose derivative can be infinite before it starts, and give zeros where
+    the zeros alone reached them (helper-190's measurements)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        want = _unused_grad(second, None)
-        got = _unused_grad(second, hook)
+        want = _unused_grad(second, None, run)
+        got = _unused_grad(second, hook, run)
     assert np.isfinite(want).all()
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
@@ -162,38 +179,6 @@ def test_a_parameter_only_the_unused_output_reaches() -> None:
     a.sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), [[2.0, 2.0, 2.0]])
     assert layer.w.grad is None or not np.any(layer.w.grad.numpy())
-
-
-@pytest.mark.parametrize("hook", ["full", "pre", "global"])
-@pytest.mark.parametrize("second", sorted(_SECOND))
-def test_an_unused_output_under_paddle_grad(second: str, hook: str) -> None:
-    """As under Tensor.backward: paddle.grad runs copies of the nodes made as it starts, so
-    the post hooks go on its nodes whose derivative can be infinite before it starts, and
-    give zeros where the zeros alone reached them (helper-190's measurements)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        got = []
-        for hooked in (None, hook):
-            layer = _Two(_SECOND[second])
-            handle = None
-            if hooked == "full":
-                handle = unihook.register_full_backward_hook(layer, lambda m, gi, go: None)
-            elif hooked == "pre":
-                handle = unihook.register_full_backward_pre_hook(layer, lambda m, go: None)
-            elif hooked == "global":
-                handle = unihook.register_module_full_backward_hook(
-                    lambda m, gi, go: None, backend="paddle"
-                )
-            try:
-                x = _x()
-                a, _ = layer(x)
-                (gx,) = paddle.grad([(a * a).sum()], [x])
-                got.append(gx.numpy())
-            finally:
-                if handle is not None:
-                    handle.remove()
-    assert np.isfinite(got[0]).all()
-    np.testing.assert_allclose(got[1], got[0], rtol=1e-6)
 
 
 def test_a_hooks_none_under_paddle_grad_twice_on_a_retained_graph() -> None:
