@@ -339,3 +339,45 @@ def test_another_threads_backward_through_a_zeroed_node_gets_its_own() -> None:
     for thread in threads:
         thread.join()
     np.testing.assert_allclose(got["w"], [np.inf, 0.5, 0.25])
+
+
+def test_a_paddle_grad_from_a_root_of_the_list_beside_a_hooked_graph() -> None:
+    """While a hooked layer's graph lives, paddle.grad from a root whose node is of the list
+    (``sqrt(x)``, ``x * w``): the root's seed gradient reaches it, no edge does; it gives its
+    own gradient (until 2026-12-07 it was taken for reached by zeros only, and the gradient
+    was zeros: helper-194's FINDING 2)."""
+    keep = paddle.nn.Linear(2, 2)
+    unihook.register_full_backward_hook(keep, lambda m, gi, go: None)
+    alive = keep(paddle.ones([1, 2]))
+    x = paddle.to_tensor([1.0, 4.0], stop_gradient=False)
+    np.testing.assert_allclose(paddle.grad(paddle.sqrt(x), x)[0].numpy(), [0.5, 0.25])
+    w = paddle.to_tensor([3.0, 5.0])
+    np.testing.assert_allclose(paddle.grad(x * w, x)[0].numpy(), [3.0, 5.0])
+    del alive
+
+
+class _KeepsItsRoot(paddle.nn.Layer):
+    def forward(self, x: Any) -> Any:
+        self.h = paddle.sqrt(x)
+        return x * 2.0, self.h * 3.0
+
+
+@pytest.mark.parametrize("api", ["backward", "grad"])
+def test_a_root_reached_also_through_an_unused_output(api: str) -> None:
+    """``backward([a.sum(), h])`` where h, a root, also makes the layer's unused second
+    output: its seed gradient reaches it, so its term counts (until 2026-12-07 it was dropped:
+    helper-194's FINDING 1)."""
+    got = []
+    for hooked in (False, True):
+        layer = _KeepsItsRoot()
+        if hooked:
+            unihook.register_full_backward_hook(layer, lambda m, gi, go: None)
+        x = paddle.to_tensor(np.array([[0.5, 1.0, 4.0]], np.float32), stop_gradient=False)
+        a, _ = layer(x)
+        roots, seeds = [a.sum(), layer.h], [None, paddle.ones_like(layer.h)]
+        if api == "backward":
+            paddle.autograd.backward(roots, seeds)
+            got.append(x.grad.numpy())
+        else:
+            got.append(paddle.grad(roots, [x], seeds)[0].numpy())
+    np.testing.assert_allclose(got[1], got[0], rtol=1e-6)

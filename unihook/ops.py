@@ -217,7 +217,11 @@ class Ops:
         return None
 
     def derived_from(
-        self, held: Sequence[Any], tensors: Sequence[Any], arguments: Sequence[Any]
+        self,
+        held: Sequence[Any],
+        tensors: Sequence[Any],
+        arguments: Sequence[Any],
+        since: object = None,
     ) -> bool | None:
         """See the function `derived_from`: None (cannot tell) where one of `held` is a tensor
         other than `tensors`, else False, by default."""
@@ -915,15 +919,23 @@ def derived(tensors: Sequence[Any], arguments: Sequence[Any] = ()) -> bool | Non
 
 
 def derived_from(
-    held: Sequence[Any], tensors: Sequence[Any], arguments: Sequence[Any] = ()
+    held: Sequence[Any],
+    tensors: Sequence[Any],
+    arguments: Sequence[Any] = (),
+    since: object = None,
 ) -> bool | None:
     """Whether one of `held`, the objects a module holds as its call ends (its attributes'
-    values, of any type), is a tensor computed from one of `tensors`, the call's outputs, and
-    not one of them: a view kept (``self.out = y[:]``) or a value made from one (``y * 2``),
-    whose reads the gradient reaching that output sums, where torch's hook on the call does
-    not see them; what GradientMonitor asks of a module call. `arguments`: the call's
-    argument tensors, whose histories are not walked. None where the backend cannot tell."""
-    return ops_for(tensors[0]).derived_from(held, tensors, arguments) if tensors else False
+    values, of any type), is a tensor computed from one of `tensors`, the call's outputs (or
+    its arguments), and not one of them: a view kept (``self.out = y[:]``) or a value made
+    from one (``y * 2``), whose reads the gradient reaching that tensor sums, where torch's
+    hook on the call does not see them; what GradientMonitor asks of a module call.
+    `arguments`: the call's argument tensors, whose histories are not walked; `since`: a
+    `history_mark` taken as the call started, before which nothing made is walked (a path
+    from what the call kept to what it got or made runs through what it made). None where the
+    backend cannot tell."""
+    if not tensors:
+        return False
+    return ops_for(tensors[0]).derived_from(held, tensors, arguments, since)
 
 
 def history_mark(like: Any) -> object:

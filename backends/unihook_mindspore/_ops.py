@@ -281,7 +281,11 @@ class MindSporeOps(Ops):
         return None
 
     def derived_from(
-        self, held: Sequence[Any], tensors: Sequence[Any], arguments: Sequence[Any]
+        self,
+        held: Sequence[Any],
+        tensors: Sequence[Any],
+        arguments: Sequence[Any],
+        since: object = None,
     ) -> bool | None:
         # as `derived`, from the kept tensors (a kept tensor of an output's node is told as
         # made from it; one made before every output is not walked)

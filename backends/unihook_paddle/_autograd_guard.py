@@ -864,7 +864,18 @@ class _Graph:
     """The running backward's graph, from its roots: each node's children and how many edges
     reach it, its name."""
 
-    __slots__ = ("children", "dead", "edges_in", "handles", "names", "nodes", "reach", "tainted")
+    __slots__ = (
+        "children",
+        "dead",
+        "edges_in",
+        "handles",
+        "names",
+        "nodes",
+        "reach",
+        "seeds",
+        "tainted",
+        "zeroed",
+    )
 
     def __init__(self, roots: Any) -> None:
         self.children: dict[int, list[int]] = {}
@@ -872,12 +883,16 @@ class _Graph:
         self.names: dict[int, str] = {}
         self.nodes: dict[int, Any] = {}  # (the node objects, for `cut_off`'s post hooks)
         self.dead: dict[int, int] = {}  # edges into a node that carry no gradient (`cut_off`)
+        self.zeroed: set[int] = set()  # the nodes only those reach (`cut_off`)
         self.handles: list[Any] = []  # `cut_off`'s post hooks, taken off as the backward ends
         self.reach: dict[tuple[int, int], bool] = {}
         self.tainted: set[int] | None = None  # see `receives_seen`
         if not isinstance(roots, (list, tuple)):
             roots = [roots]
         stack = [node for node in map(_grad_node, roots) if node is not None]
+        # the roots' nodes, which the backward's own seed gradient reaches besides any edge
+        # (helper-194's FINDINGS 1, 2: taken for reached by zeros only, they gave zeros)
+        self.seeds = {node.node_ptr() for node in stack}
         while stack:
             node = stack.pop()
             ptr = node.node_ptr()
@@ -896,7 +911,7 @@ class _Graph:
 
     def hook(self, ptr: int) -> None:
         """`cut_off`'s post hook on the node at `ptr`, for this backward."""
-        hook = functools.partial(_zeros_if_dead, self.dead, self.edges_in, ptr)
+        hook = functools.partial(_zeros_if_dead, self.zeroed, ptr)
         self.handles.append(self.nodes[ptr]._register_post_hook(hook))
 
     def unhook(self) -> None:
@@ -955,8 +970,9 @@ def cut_off(ptr: int, slots: Sequence[int]) -> None:
     while todo:
         node = todo.pop()
         dead[node] = dead.get(node, 0) + 1
-        if dead[node] != edges_in.get(node, 0):
-            continue  # (a gradient still comes in through another edge)
+        if dead[node] != edges_in.get(node, 0) or node in graph.seeds:
+            continue  # (a gradient still comes in through another edge, or as a seed)
+        graph.zeroed.add(node)
         if tensor_backward and graph.names.get(node, "") in SINGULAR:
             graph.hook(node)
         todo.extend(child for child in graph.children.get(node, ()) if child)
@@ -1006,19 +1022,18 @@ def _singular_ahead() -> None:
     graph = _running_graph()
     if graph is not None:
         for ptr, name in graph.names.items():
-            if name in SINGULAR:
+            if name in SINGULAR and ptr not in graph.seeds:
                 graph.hook(ptr)
 
 
-def _zeros_if_dead(
-    dead: dict[int, int], edges_in: dict[int, int], ptr: int, outputs: Any, inputs: Any
-) -> Any:
-    """A post hook of `cut_off`'s: zeros where only the zeros reached the node in the
-    backward this thread runs (`dead`: its graph's), else the node's own gradients (a node of
-    a graph retained and run by another thread at once keeps its own there: helper-192's
-    FINDING 2). Not the graph itself: the node would hold it, and through it the nodes."""
+def _zeros_if_dead(zeroed: set[int], ptr: int, outputs: Any, inputs: Any) -> Any:
+    """A post hook of `cut_off`'s: zeros where it found only the zeros reach the node in the
+    backward this thread runs (`zeroed`: its graph's), else the node's own gradients (a node
+    not marked, until 2026-12-07 zeroed under paddle.grad: helper-194's FINDING 2; one of a
+    graph retained and run by another thread at once: helper-192's FINDING 2). Not the graph
+    itself: the node would hold it, and through it the nodes."""
     graph = _state.graph
-    if graph is None or graph.dead is not dead or dead.get(ptr, 0) != edges_in.get(ptr, 0):
+    if graph is None or graph.zeroed is not zeroed or ptr not in zeroed:
         return outputs
     return _zeros_out(outputs, inputs)
 

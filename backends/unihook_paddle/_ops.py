@@ -301,7 +301,11 @@ class PaddleOps(Ops):
         return bool(t.is_leaf)
 
     def derived_from(
-        self, held: Sequence[Any], tensors: Sequence[Any], arguments: Sequence[Any]
+        self,
+        held: Sequence[Any],
+        tensors: Sequence[Any],
+        arguments: Sequence[Any],
+        since: object = None,
     ) -> bool | None:
         # as `derived`, from the kept tensors, down to the arguments' nodes and the leaves',
         # `_KEPT_BUDGET` nodes at most: paddle numbers no node, so a walk cannot stop where
@@ -321,8 +325,12 @@ class PaddleOps(Ops):
         if not targets:
             return False
         stops = frozenset(node.node_ptr() for node in _grad_nodes(arguments))
-        found = history_reaches(targets, _edges, _no_order, None, stops, sources, _KEPT_BUDGET)
-        return bool(found)
+        # (each kept tensor its own budget: one with a long history spent it for a value made
+        # from the output beside it, helper-195's FINDING 3)
+        return any(
+            history_reaches(targets, _edges, _no_order, None, stops, [source], _KEPT_BUDGET)
+            for source in sources
+        )
 
     def derived(self, tensors: Sequence[Any], arguments: Sequence[Any]) -> bool | None:
         # grad nodes by address, down to the arguments' nodes and the leaves' accumulation

@@ -553,7 +553,11 @@ class TorchOps(Ops):
         return _outside_vmap(t).grad_fn is None  # (a BatchedTensor has no grad_fn)
 
     def derived_from(
-        self, held: Sequence[Any], tensors: Sequence[Any], arguments: Sequence[Any]
+        self,
+        held: Sequence[Any],
+        tensors: Sequence[Any],
+        arguments: Sequence[Any],
+        since: object = None,
     ) -> bool | None:
         # the kept tensors' grad_fn graphs, walked as `derived`'s: down to the earliest
         # output's sequence number (one made before every output, an attention map or an
@@ -580,6 +584,11 @@ class TorchOps(Ops):
         targets, floor = found
         if not targets:
             return False
+        if isinstance(since, int):
+            # (a walk toward an argument made long before, a model's first activation given
+            # to every block, went down the whole history at every call: helper-195's
+            # FINDING 4)
+            floor = since if floor is None else max(floor, since)
         nodes: list[Any] = []
         stops = frozenset() if floor is not None else _stops(arguments, nodes)
         return history_reaches(targets, _edges, _sequence_nr, floor, stops, sources)

@@ -3,6 +3,7 @@ first NaN/Inf."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import heapq
@@ -153,6 +154,8 @@ class _Step:
         "left",
         "consumed",
         "ran",
+        "taps",
+        "tap_stamps",
         "__weakref__",  # (a backend may hold `drop_leaves` weakly until a backward ends)
     )
 
@@ -176,6 +179,11 @@ class _Step:
         # never called (a ModuleList, a block whose child is called past it) made no look of
         # its own inside (`_kept_below`)
         self.ran: set[int] = set()
+        # what monitored modules held as their calls ended, where one was made from the
+        # call's arguments (`_arguments_kept`), weakly, and the calls started by then (in
+        # order): a call around them checks what was kept inside it (`_tapped`)
+        self.taps: list[weakref.ref[Any]] = []
+        self.tap_stamps: list[int] = []
         self.norms: dict[str, float] = {}
         self.squares: dict[str, float] = {}  # this rank's, over every backward of the forward
         self.logged = False  # in `history` once its first gradient arrived
@@ -650,7 +658,7 @@ class GradientMonitor(Synced):
         _objects_within(ops.attribute_values(module), 1, attributes, _BUDGET)
         chosen = self._chosen
         below = [] if chosen is None else _held_below(module, chosen, step.ran)
-        self._arguments_kept(step, attributes + below, marks)
+        self._arguments_kept(step, attributes + below, marks, mark)
         if _returns_an_input(tensors, marks):  # (that call only: said once)
             last = self._last
             self._left_out(name, _RETURNED)
@@ -665,8 +673,10 @@ class GradientMonitor(Synced):
             self._left_out(name, _MADE_BEFORE)
             self._unhook_earlier(step, tensors, started)
             return
-        if _keeps(module, tensors, step.kept, marks, attributes) or _kept_below(
-            below, tensors, marks
+        if (
+            _keeps(module, tensors, step.kept, marks, mark, attributes)
+            or _kept_below(below, tensors, marks, mark)
+            or _tapped(step, tensors, marks, mark, started)
         ):
             for tensor in tensors:
                 step.kept[id(tensor)] = (weakref.ref(tensor), self._started)
@@ -715,7 +725,7 @@ class GradientMonitor(Synced):
                     seen.names = names
             self._last = (tensor, version, names)
 
-    def _arguments_kept(self, step: _Step, held: list[Any], marks: _Marks) -> None:
+    def _arguments_kept(self, step: _Step, held: list[Any], marks: _Marks, mark: object) -> None:
         """A module (or one inside it `where` leaves out) holding, as its call ends, one of
         the call's argument tensors or one made from it (a tap keeping what it was given,
         ``self.out = x * 2``) makes that argument's gradient sum the reads of it: a call
@@ -724,16 +734,31 @@ class GradientMonitor(Synced):
         output only (until 2026-12-07 it recorded the sum, silently: helper-191's FINDING 2,
         helper-193's FINDINGS 1 and 2). The call that made the argument, if it was hooked
         before, keeps its entry: torch's hook on it counts those reads too. Each argument on
-        its own (one kept leaves the others: helper-193's FINDING 3); not a leaf."""
+        its own (one kept leaves the others: helper-193's FINDING 3); not a leaf. What it
+        held then goes to `_Step.taps`: a call around it returning a tensor that an argument
+        was made from (``self.probe(y[:, 0])``) checks it (helper-195's FINDING 1). `mark`:
+        the call's start (`ops.history_mark`), before which no walk goes (toward an argument
+        made long before: helper-195's FINDING 4)."""
         if not marks or _PLAIN.issuperset(map(type, held)):
             return
         ids = set(map(id, held))
+        made = False
         for ref, _ in list(marks.values()):
             tensor = ref()
             if tensor is None or ops.is_leaf(tensor):
                 continue
-            if id(tensor) in ids or ops.derived_from(held, [tensor]) is not False:
+            if id(tensor) in ids or ops.derived_from(held, [tensor], (), mark) is not False:
                 step.kept[id(tensor)] = (weakref.ref(tensor), self._started)
+                made = True
+        if made:
+            for obj in held:
+                if type(obj) not in _PLAIN:
+                    try:
+                        ref = weakref.ref(obj)
+                    except TypeError:
+                        continue
+                    step.taps.append(ref)
+                    step.tap_stamps.append(self._started)
 
     def _keep_hooked(self, step: _Step) -> None:
         """The outputs `step` (the forward before a new one) hooked that are still alive join
@@ -1164,6 +1189,7 @@ def _keeps(
     tensors: Sequence[Any],
     kept: dict[int, tuple[weakref.ref[Any], int]],
     marks: _Marks,
+    mark: object,
     held: list[Any],
 ) -> bool:
     """Whether `module` holds one of `tensors`, its call's outputs, as its call ends (where
@@ -1172,7 +1198,8 @@ def _keeps(
     dropped before its end (helper-94's FINDING 1), nor one of a forward that raised, a
     nested one or another thread's (its FINDINGS 2 to 4). A parameter of the module it
     returns is `_record`'s. A tensor it holds made from one of them counts (`_made_from`;
-    `marks`: the call's arguments, as it started; `held`: what it holds, `_record`'s look)."""
+    `marks`: the call's arguments, as it started, `mark` its history mark then; `held`: what
+    it holds, `_record`'s look)."""
     ids = {id(t) for t in tensors}
     found = {key for key in ids if key in kept and id(kept[key][0]()) == key}
     found.update(ids.intersection(map(id, held)))
@@ -1180,10 +1207,23 @@ def _keeps(
         parameters = {id(p) for p, _, _ in ops.own_parameters(module)}
         if any(id(t) in found and id(t) not in parameters for t in tensors):
             return True
-    return _made_from(held, tensors, marks)
+    return _made_from(held, tensors, marks, mark)
 
 
-def _made_from(held: list[Any], tensors: Sequence[Any], marks: _Marks) -> bool:
+def _tapped(step: _Step, tensors: Sequence[Any], marks: _Marks, mark: object, started: int) -> bool:
+    """Whether what a monitored module inside this call (the `started`-th) held as its own
+    call ended, having made it from an argument (`_Step.taps`), was made from one of
+    `tensors`, this call's outputs: a probe given a view of the output (``self.probe(y[:,
+    0])``) keeping its logits, read later (until 2026-12-07 the call's entry summed those
+    reads, silently: helper-195's FINDING 1)."""
+    stamps = step.tap_stamps
+    if not stamps or stamps[-1] <= started:
+        return False
+    inside = [ref() for ref in step.taps[bisect.bisect_right(stamps, started) :]]
+    return _made_from([obj for obj in inside if obj is not None], tensors, marks, mark)
+
+
+def _made_from(held: list[Any], tensors: Sequence[Any], marks: _Marks, mark: object) -> bool:
     """Whether one of `held`, what a module holds as a call ends, is a tensor made from one
     of `tensors`, the call's outputs, in it: a view kept (``self.out = y[:]``, ``y.view(-1)``)
     or a value computed from one, whose reads the gradient reaching that output sums, where
@@ -1193,7 +1233,7 @@ def _made_from(held: list[Any], tensors: Sequence[Any], marks: _Marks) -> bool:
     if _PLAIN.issuperset(map(type, held)):
         return False
     arguments = [t for t in (ref() for ref, _ in marks.values()) if t is not None]
-    return ops.derived_from(held, tensors, arguments) is not False
+    return ops.derived_from(held, tensors, arguments, mark) is not False
 
 
 # the modules `where` chose, by id, each with a weak reference: a module set in since may take
@@ -1247,7 +1287,7 @@ def _held_below(module: Any, chosen: _Chosen, ran: set[int]) -> list[Any]:
     return held
 
 
-def _kept_below(below: list[Any], tensors: Sequence[Any], marks: _Marks) -> bool:
+def _kept_below(below: list[Any], tensors: Sequence[Any], marks: _Marks, mark: object) -> bool:
     """Whether what the modules inside a module hold (`_held_below`) is one of `tensors`, its
     call's outputs, or made from one (`_made_from`): an output kept on one (``self.k.out = y``
     of a child's call) and dropped before the forward ends was seen by no look, and the
@@ -1255,7 +1295,7 @@ def _kept_below(below: list[Any], tensors: Sequence[Any], marks: _Marks) -> bool
     if not below:
         return False
     ids = {id(t) for t in tensors}
-    return not ids.isdisjoint(map(id, below)) or _made_from(below, tensors, marks)
+    return not ids.isdisjoint(map(id, below)) or _made_from(below, tensors, marks, mark)
 
 
 # the containers `_held` looks in (subclasses too; a deque, a set: helper-97's FINDING 3), two
