@@ -7,9 +7,9 @@ log, a power below 1 at 0) made NaN of them, 0 * inf, and the input's gradient w
 paddle without hooks and torch with its own hooks give finite numbers: merely observing a layer
 (a no-op full hook, a global one) corrupted training (helper-108's FINDINGS 3, 4, 4b). The
 nodes only those zeros reach now give zeros under Tensor.backward (`guard.cut_off`, helper-190's
-measurements), under paddle.grad too (through post hooks placed as it starts: it runs copies of
-the nodes). The oracle: the same model without hooks, the slot with no gradient left out of the
-loss (torch's numbers: its undefined gradient adds nothing).
+measurements); under paddle.grad, which runs copies of the nodes made as it starts, not yet (a
+strict xfail). The oracle: the same model without hooks, the slot with no gradient left out of
+the loss (torch's numbers: its undefined gradient adds nothing).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 
 paddle = pytest.importorskip("paddle")
 
+from children import last_value, run_code  # noqa: E402
 from unihook_paddle import _autograd_guard  # noqa: E402
 
 import unihook  # noqa: E402
@@ -94,15 +95,28 @@ def _unused_grad(second: str, hook: str | None, run: Callable[[Any, Any], Any]) 
             handle.remove()
 
 
-@pytest.mark.parametrize("run", [_by_backward, _by_grad], ids=["backward", "paddle_grad"])
+@pytest.mark.parametrize(
+    "run",
+    [
+        _by_backward,
+        pytest.param(
+            _by_grad,
+            marks=pytest.mark.xfail(
+                reason="open: paddle.grad runs copies of the nodes made as it starts, which "
+                "post hooks registered during it do not reach (placed before, the next "
+                "paddle.grad after one that raised aborted the process: helper-196's FINDING 1)"
+            ),
+        ),
+    ],
+    ids=["backward", "paddle_grad"],
+)
 @pytest.mark.parametrize("hook", ["full", "pre", "global"])
 @pytest.mark.parametrize("second", sorted(_SECOND))
 def test_an_unused_output_adds_nothing_to_the_gradient(
     second: str, hook: str, run: Callable[[Any, Any], Any]
 ) -> None:
-    """Under paddle.grad too, which runs copies of the nodes made as it starts: the post hooks
-    go on its nodes whose derivative can be infinite before it starts, and give zeros where
-    the zeros alone reached them (helper-190's measurements)."""
+    """By Tensor.backward; by paddle.grad, open (not strict: some ops' kernels give finite
+    numbers there)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want = _unused_grad(second, None, run)
@@ -181,33 +195,35 @@ def test_a_parameter_only_the_unused_output_reaches() -> None:
     assert layer.w.grad is None or not np.any(layer.w.grad.numpy())
 
 
-def test_a_hooks_none_under_paddle_grad_twice_on_a_retained_graph() -> None:
-    """A full hook's None under paddle.grad, twice on the graph it retained: both give
-    torch's [3, 3, 3] (the hooks placed for the first are gone before the second)."""
-    layer = _Two(lambda a: a)
-    unihook.register_full_backward_hook(layer, lambda m, gi, go: (None,))
-    x = _x()
-    a, _ = layer(paddle.sqrt(x))
-    loss = a.sum() + (x * 3.0).sum()
-    for _ in range(2):
-        (gx,) = paddle.grad([loss], [x], retain_graph=True)
-        np.testing.assert_allclose(gx.numpy(), [[3.0, 3.0, 3.0]])
+def test_a_paddle_grad_after_one_that_raised_beside_a_hooked_graph() -> None:
+    """A paddle.grad whose hook raised, then another: the second runs (until 2026-12-07, with
+    post hooks placed on the graph's nodes before each paddle.grad, paddle freed its copies
+    of them without the GIL and the process aborted: helper-196's FINDING 1)."""
+    result = run_code(_RAISED_THEN_AGAIN, timeout=120, fresh=True)
+    assert result.returncode == 0, result
+    assert last_value(result) == ["raised", [3.0, 3.0, 3.0]]
 
 
-def test_a_singular_node_a_gradient_reaches_under_paddle_grad_is_its_own() -> None:
-    """paddle.grad through a sqrt every gradient of which is live, beside a hooked layer
-    with an unused output: the hook placed on it ahead gives the node's own gradients (inf
-    at 0, as paddle without hooks)."""
-    for hooked in (False, True):
-        layer = _Two(paddle.sqrt)
-        if hooked:
-            unihook.register_full_backward_hook(layer, lambda m, gi, go: None)
-        x = _x()
-        a, _ = layer(x)
-        (gx,) = paddle.grad([a.sum() + paddle.sqrt(x).sum()], [x])
-        if not hooked:
-            want = gx.numpy()
-    np.testing.assert_array_equal(gx.numpy(), want)
+_RAISED_THEN_AGAIN = """
+import warnings; warnings.filterwarnings("ignore")
+import numpy as np, paddle, unihook
+lin = paddle.nn.Linear(3, 3)
+paddle.assign(np.ones((3, 3), np.float32), lin.weight)
+flag = [True]
+def hook(m, gi, go):
+    if flag[0]:
+        raise RuntimeError("nan detected")
+unihook.register_full_backward_hook(lin, hook)
+x = paddle.to_tensor([[0.5, 1.0, 4.0]], stop_gradient=False)
+out = []
+try:
+    paddle.grad(lin(x).sum(), x)
+except RuntimeError:
+    out.append("raised")
+flag[0] = False
+out.append(paddle.grad(lin(x).sum(), x)[0].numpy().round(4).tolist()[0])
+print(repr(out))
+"""
 
 
 # an op making each node of `_autograd_guard.SINGULAR` from x = [0, 1, 4] (shifted where its

@@ -519,8 +519,6 @@ def _guarded(
         state.depth = outer_depth + 1
         if not outer_depth:
             _enter(shared)
-        if state.partial and _identity_count and not create_graph:
-            _singular_ahead()
         try:
             grads = run(*args, **kwargs)
         except OSError as error:
@@ -953,27 +951,28 @@ def cut_off(ptr: int, slots: Sequence[int]) -> None:
     where torch's undefined gradient gives none: helper-108's FINDINGS 3 and 4), through a
     post hook of paddle's taken off as the backward ends: the nodes of `SINGULAR` only (any
     other gives zeros of zeros; a post hook's result for a node with a list of inputs, a
-    concat's, segfaults or raises in paddle 3.3.1, whatever it is). paddle.grad runs copies
-    of the nodes made as it starts, which a hook registered now does not reach: there the
-    hooks `_singular_ahead` registered before read what this marks (helper-190's
-    measurements). Not while a backward builds a graph (a constant zero fails paddle's
-    double-grad nodes). A leaf only such edges reach gets zeros in .grad, where torch's
-    stays None."""
-    if not slots or not _state.depth or _state.create_graph:
+    concat's, segfaults or raises in paddle 3.3.1, whatever it is). Not under paddle.grad,
+    which runs copies of the nodes made as it starts, which a hook registered now does not
+    reach (helper-190's measurements; hooks placed on every such node before it starts,
+    2026-12-07, cost 1.6x a paddle.grad and made the next one abort the process after one
+    raised, paddle freeing its copies of them without the GIL: helper-196's FINDING 1), nor
+    while a backward builds a graph (a constant zero fails paddle's double-grad nodes). A leaf
+    only such edges reach gets zeros in .grad, where torch's stays None."""
+    if not slots or not in_tensor_backward() or _state.create_graph:
         return
     graph = _running_graph()
     children = None if graph is None else graph.children.get(ptr)
     if graph is None or children is None:
         return
     todo = [children[i] for i in slots if i < len(children) and children[i]]
-    dead, edges_in, tensor_backward = graph.dead, graph.edges_in, in_tensor_backward()
+    dead, edges_in = graph.dead, graph.edges_in
     while todo:
         node = todo.pop()
         dead[node] = dead.get(node, 0) + 1
         if dead[node] != edges_in.get(node, 0) or node in graph.seeds:
             continue  # (a gradient still comes in through another edge, or as a seed)
         graph.zeroed.add(node)
-        if tensor_backward and graph.names.get(node, "") in SINGULAR:
+        if graph.names.get(node, "") in SINGULAR:
             graph.hook(node)
         todo.extend(child for child in graph.children.get(node, ()) if child)
 
@@ -1015,23 +1014,11 @@ SINGULAR = frozenset(
 )
 
 
-def _singular_ahead() -> None:
-    """Under paddle.grad, which runs copies of the nodes made as it starts (a post hook
-    registered on a node later reaches no copy), `cut_off`'s post hook on each node of
-    `SINGULAR` in its graph, registered before."""
-    graph = _running_graph()
-    if graph is not None:
-        for ptr, name in graph.names.items():
-            if name in SINGULAR and ptr not in graph.seeds:
-                graph.hook(ptr)
-
-
 def _zeros_if_dead(zeroed: set[int], ptr: int, outputs: Any, inputs: Any) -> Any:
     """A post hook of `cut_off`'s: zeros where it found only the zeros reach the node in the
-    backward this thread runs (`zeroed`: its graph's), else the node's own gradients (a node
-    not marked, until 2026-12-07 zeroed under paddle.grad: helper-194's FINDING 2; one of a
-    graph retained and run by another thread at once: helper-192's FINDING 2). Not the graph
-    itself: the node would hold it, and through it the nodes."""
+    backward this thread runs (`zeroed`: its graph's), else the node's own gradients (one of
+    a graph retained and run by another thread at once: helper-192's FINDING 2). Not the
+    graph itself: the node would hold it, and through it the nodes."""
     graph = _state.graph
     if graph is None or graph.zeroed is not zeroed or ptr not in zeroed:
         return outputs

@@ -68,8 +68,10 @@ def _no_order(node: Any) -> None:
     return None
 
 
-# the nodes `derived_from` walks at most from a module's kept tensors, at each call
-_KEPT_BUDGET = 64
+# the nodes `derived_from` walks at most from each tensor a module keeps, at each call (a
+# view, a probe's logits are a few nodes from the output; 64 cost a 24-block transformer
+# keeping its attention weights 20% a step: helper-196's FINDING 4)
+_KEPT_BUDGET = 16
 
 
 def _is_tensor(obj: object) -> bool:
