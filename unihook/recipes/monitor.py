@@ -739,7 +739,7 @@ class GradientMonitor(Synced):
         was made from (``self.probe(y[:, 0])``) checks it (helper-195's FINDING 1). `mark`:
         the call's start (`ops.history_mark`), before which no walk goes (toward an argument
         made long before: helper-195's FINDING 4)."""
-        if not marks or _PLAIN.issuperset(map(type, held)):
+        if not marks or not _holds_a_tensor(held):
             return
         ids = set(map(id, held))
         made = False
@@ -752,12 +752,11 @@ class GradientMonitor(Synced):
                 made = True
         if made:
             for obj in held:
-                if type(obj) not in _PLAIN:
+                if _is_tensor_type(type(obj), obj):
                     try:
-                        ref = weakref.ref(obj)
-                    except TypeError:
+                        step.taps.append(weakref.ref(obj))
+                    except TypeError:  # (a tensor type without weak references)
                         continue
-                    step.taps.append(ref)
                     step.tap_stamps.append(self._started)
 
     def _keep_hooked(self, step: _Step) -> None:
@@ -1229,8 +1228,10 @@ def _made_from(held: list[Any], tensors: Sequence[Any], marks: _Marks, mark: obj
     or a value computed from one, whose reads the gradient reaching that output sums, where
     torch's hook on the call sees what comes through the output only (until 2026-12-07 a
     silently wrong entry: helper-178's FINDING 2); or the backend cannot tell. Plain values
-    (numbers, names, the containers they are in) are passed at once."""
-    if _PLAIN.issuperset(map(type, held)):
+    (numbers, names, the containers they are in) and objects of types that are no tensor are
+    passed at once (a paddle layer's ParamAttr went to the backend at every call: 18% of a
+    step, helper-196's FINDING 4)."""
+    if not _holds_a_tensor(held):
         return False
     arguments = [t for t in (ref() for ref, _ in marks.values()) if t is not None]
     return ops.derived_from(held, tensors, arguments, mark) is not False
@@ -1306,6 +1307,8 @@ def _kept_below(below: list[Any], tensors: Sequence[Any], marks: _Marks, mark: o
 _CONTAINERS: tuple[Any, ...] = (dict, list, tuple, deque, set, frozenset)
 # (`_kind_of`) a namespace's or a dataclass instance's kind: its attributes are its items
 _FIELDS = SimpleNamespace
+# (`_is_tensor_type`) by the type's id, with a weak reference to it, whether it is a tensor's
+_tensor_types: dict[int, tuple[weakref.ref[type], bool]] = {}
 # the types of what `_made_from` passes at once: what most modules hold besides tensors
 _PLAIN = frozenset({int, float, bool, str, bytes, complex, type(None), tuple, list, dict})
 # (`_kind_of`) by the type's id, with a weak reference to it: a type's own hash and equality
@@ -1326,6 +1329,34 @@ def _fields_of(value: Any) -> list[Any]:
     except AttributeError:
         return []
     return list(dict.values(table)) if type(table) is dict else []
+
+
+def _holds_a_tensor(held: list[Any]) -> bool:
+    """Whether one of `held` is a tensor of an installed backend (by type, `_tensor_types`)."""
+    for obj in held:
+        cls = type(obj)
+        if cls not in _PLAIN and _is_tensor_type(cls, obj):
+            return True
+    return False
+
+
+def _is_tensor_type(cls: type, obj: Any) -> bool:
+    """Whether objects of `cls`, `obj`'s type, are tensors (`ops.is_tensor` of the first one
+    seen, kept in `_tensor_types` for the first 4096 types by id with a weak reference, as
+    `_kinds`: a proxy's own checks may raise, and a type made per model must not be kept)."""
+    known = _tensor_types.get(id(cls))
+    if known is not None and known[0]() is cls:
+        return known[1]
+    try:
+        found = ops.is_tensor(obj)
+    except Exception:  # (a proxy whose `__class__` raises: no tensor of ours)
+        found = False
+    if len(_tensor_types) < 4096:
+        try:
+            _tensor_types[id(cls)] = (weakref.ref(cls), found)
+        except TypeError:
+            pass
+    return found
 
 
 def _one_from_another(tensors: Sequence[Any], marks: _Marks) -> bool:
