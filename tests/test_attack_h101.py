@@ -644,7 +644,7 @@ def test_held_kinds_recycled_id() -> None:
         pass
 
     ids: list[int] = []
-    _monitor._ids_within([Listy([1, 2])], 1, ids, 100)
+    _monitor._objects_within([Listy([1, 2])], 1, ids, 100)
     old = id(Listy)
     assert _monitor._kinds[old][1] is list
     del Listy
@@ -660,7 +660,7 @@ def test_held_kinds_recycled_id() -> None:
         pytest.skip("no id recycled")
     obj = recycled()
     ids = []
-    _monitor._ids_within([obj], 1, ids, 100)
+    _monitor._objects_within([obj], 1, ids, 100)
     assert ids == [id(obj)]
 
     class Meta(type):
@@ -678,7 +678,7 @@ def test_held_kinds_recycled_id() -> None:
 
     odd = Odd([3, 4])
     ids = []
-    _monitor._ids_within([odd], 1, ids, 100)
+    _monitor._objects_within([odd], 1, ids, 100)
     assert ids == [id(odd), *map(id, odd)]
 
 

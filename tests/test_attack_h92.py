@@ -597,7 +597,7 @@ def test_finding4_tuple_attribute() -> None:
     assert _broken(model, _names(model), torch.randn(2, 4), _read_kept) == []
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 5: a kept view / computed copy is not seen")
+# (FINDING 5: fixed 2026-12-07, `ops.derived_from`)
 @pytest.mark.parametrize("how", ["view", "times"])
 def test_finding5_view_or_computed_copy_kept(how: str) -> None:
     torch.manual_seed(0)

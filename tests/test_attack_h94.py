@@ -140,7 +140,7 @@ medium-low 4, 5; low-medium 6, 7, 8, 11; low 9, 10.
 8. FIXED (tuple and list subclasses, by their base types' methods). (low-medium: silently
    wrong norm; not a regression; README says "a dict, list or tuple
    attribute") a namedtuple attribute (``self.state = State(h=y, c=c)``; PackedSequence is
-   one): `_ids_within` looks in ``type(value) in (list, tuple)`` only: '1' 8.26 where native
+   one): `_objects_within` looks in ``type(value) in (list, tuple)`` only: '1' 8.26 where native
    is 1.84, no warning. (A UserDict, deque, set or SimpleNamespace attribute: the same, which
    README's "another object" covers; `_argument_tensors` walks all of them.)
 9. FIXED (`_kept` walks the model's modules as they are at each forward's end). (low:
@@ -1001,7 +1001,7 @@ class _Table(nn.Module):
 
 def _ids_per_forward(model: Any, where: Any, monkeypatch: Any) -> int:
     counted = [0]
-    original = monitor_module._ids_within
+    original = monitor_module._objects_within
 
     def counting(values: list[Any], deeper: int, ids: list[int], *args: Any) -> None:
         before = len(ids)  # (the ids a look gathers, its nested calls' too)
@@ -1009,7 +1009,7 @@ def _ids_per_forward(model: Any, where: Any, monkeypatch: Any) -> int:
         if args[1:2] != (False,):  # (a look, not a nested call: counted once)
             counted[0] += len(ids) - before
 
-    monkeypatch.setattr(monitor_module, "_ids_within", counting)
+    monkeypatch.setattr(monitor_module, "_objects_within", counting)
     with GradientMonitor(model, where=where):
         counted[0] = 0
         model(torch.randn(1, 2))

@@ -831,7 +831,7 @@ def test_held_aux_block_with_every_module_monitored() -> None:
     assert broken(model, _names(model), torch.randn(3, 4), _aux_loss) == []
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 8: where= leaves out the inner producer")
+# (FINDING 8: passes since 2026-12-07: what calls inside a call keep is looked at)
 def test_finding8_block_returning_an_inner_output_where_leaves_out_the_child() -> None:
     torch.manual_seed(0)
     model = _AuxNet()
@@ -1026,7 +1026,7 @@ def test_finding11_per_call_walk_of_unrelated_containers(monkeypatch: Any) -> No
     import unihook.recipes.monitor as monitor_module
 
     counted = [0]
-    original = monitor_module._ids_within
+    original = monitor_module._objects_within
 
     def counting(values: list[Any], deeper: int, ids: list[int], *args: Any) -> None:
         before = len(ids)  # (the ids a look gathers, its nested calls' too)
@@ -1034,7 +1034,7 @@ def test_finding11_per_call_walk_of_unrelated_containers(monkeypatch: Any) -> No
         if args[1:2] != (False,):  # (a look, not a nested call: counted once)
             counted[0] += len(ids) - before
 
-    monkeypatch.setattr(monitor_module, "_ids_within", counting)
+    monkeypatch.setattr(monitor_module, "_objects_within", counting)
     model = _Unrolled(32, 256)
     with GradientMonitor(model, where=["cell"]):
         counted[0] = 0

@@ -790,7 +790,7 @@ def test_finding4_per_call_walk_of_first_level_containers(monkeypatch: Any) -> N
     import unihook.recipes.monitor as monitor_module
 
     counted = [0]
-    original = monitor_module._ids_within
+    original = monitor_module._objects_within
 
     def counting(values: list[Any], deeper: int, ids: list[int], *args: Any) -> None:
         before = len(ids)  # (the ids a look gathers, its nested calls' too)
@@ -798,7 +798,7 @@ def test_finding4_per_call_walk_of_first_level_containers(monkeypatch: Any) -> N
         if args[1:2] != (False,):  # (a look, not a nested call: counted once)
             counted[0] += len(ids) - before
 
-    monkeypatch.setattr(monitor_module, "_ids_within", counting)
+    monkeypatch.setattr(monitor_module, "_objects_within", counting)
     model = _Unrolled(15)
     with GradientMonitor(model, where=["cell"]):
         counted[0] = 0

@@ -1310,7 +1310,8 @@ _FIELDS = SimpleNamespace
 # (`_is_tensor_type`) by the type's id, with a weak reference to it, whether it is a tensor's
 _tensor_types: dict[int, tuple[weakref.ref[type], bool]] = {}
 # the types of what `_made_from` passes at once: what most modules hold besides tensors
-_PLAIN = frozenset({int, float, bool, str, bytes, complex, type(None), tuple, list, dict})
+# (by id: a type's own hash may raise, helper-100's FINDING 3)
+_PLAIN = frozenset(map(id, (int, float, bool, str, bytes, complex, type(None), tuple, list, dict)))
 # (`_kind_of`) by the type's id, with a weak reference to it: a type's own hash and equality
 # may raise or take two types for one (helper-100's FINDING 3), and a type made per model
 # must not be kept (its FINDING 4)
@@ -1335,7 +1336,7 @@ def _holds_a_tensor(held: list[Any]) -> bool:
     """Whether one of `held` is a tensor of an installed backend (by type, `_tensor_types`)."""
     for obj in held:
         cls = type(obj)
-        if cls not in _PLAIN and _is_tensor_type(cls, obj):
+        if id(cls) not in _PLAIN and _is_tensor_type(cls, obj):
             return True
     return False
 
