@@ -1003,9 +1003,9 @@ def _ids_per_forward(model: Any, where: Any, monkeypatch: Any) -> int:
     counted = [0]
     original = monitor_module._objects_within
 
-    def counting(values: list[Any], deeper: int, ids: list[int], *args: Any) -> None:
+    def counting(values: list[Any], deeper: int, ids: list[int], *args: Any, **kw: Any) -> None:
         before = len(ids)  # (the ids a look gathers, its nested calls' too)
-        original(values, deeper, ids, *args)
+        original(values, deeper, ids, *args, **kw)
         if args[1:2] != (False,):  # (a look, not a nested call: counted once)
             counted[0] += len(ids) - before
 

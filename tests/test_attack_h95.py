@@ -1028,9 +1028,9 @@ def test_finding11_per_call_walk_of_unrelated_containers(monkeypatch: Any) -> No
     counted = [0]
     original = monitor_module._objects_within
 
-    def counting(values: list[Any], deeper: int, ids: list[int], *args: Any) -> None:
+    def counting(values: list[Any], deeper: int, ids: list[int], *args: Any, **kw: Any) -> None:
         before = len(ids)  # (the ids a look gathers, its nested calls' too)
-        original(values, deeper, ids, *args)
+        original(values, deeper, ids, *args, **kw)
         if args[1:2] != (False,):  # (a look, not a nested call: counted once)
             counted[0] += len(ids) - before
 

@@ -539,6 +539,112 @@ def test_gradient_monitor_a_view_or_value_made_from_the_output_kept_inside(
     assert step["b"] == pytest.approx(10.0**0.5, rel=1e-6), step
 
 
+class _Box:
+    """A plain object of the user's holding state (a module's ``self.state``)."""
+
+
+class _Slots:
+    __slots__ = ("out",)
+
+
+# how a module below 'blk' keeps its output y out of the output's way, given `feats` (a list
+# from the model) and its own `box`; and how the model reads it back
+_ELSEWHERE: dict[str, tuple[Callable[[Any, Any, Any], None], Callable[[Any, Any], Any]]] = {
+    "list_given": (lambda y, feats, box: feats.append(y), lambda feats, box: feats[0]),
+    "view_in_a_list_given": (
+        lambda y, feats, box: feats.append(y[:]),
+        lambda feats, box: feats[0],
+    ),
+    "nested_list_given": (
+        lambda y, feats, box: feats.append([y]),
+        lambda feats, box: feats[0][0],
+    ),
+    "plain_object": (lambda y, feats, box: setattr(box, "out", y), lambda feats, box: box.out),
+    "slots_object": (lambda y, feats, box: setattr(box, "out", y), lambda feats, box: box.out),
+    "view_in_a_list_in_an_object": (
+        lambda y, feats, box: setattr(box, "out", [y[:]]),
+        lambda feats, box: box.out[0],
+    ),
+}
+
+
+@pytest.mark.parametrize("where", ["listed", "none"])
+@pytest.mark.parametrize("keep", sorted(_ELSEWHERE))
+def test_gradient_monitor_an_output_kept_in_a_list_given_or_an_object(
+    backend: Any, keep: str, where: str
+) -> None:
+    """A module below the monitored 'blk' puts its output (or a view of it) into a list the
+    model gave it (a U-Net's skip list: ``feats.append(y)``, also one level deeper), or keeps
+    it in a plain object or a ``__slots__`` object it holds (also a view, in a list there);
+    the model reads it. Those reads reach blk's output, whose gradient hook sums them, where
+    torch's hook on blk sees what comes through the output only: blk is left out, warned
+    (until 2026-12-07 it recorded the sum, silently: helper-191's FINDING 1, helper-195's
+    FINDING 2)."""
+    put, read = _ELSEWHERE[keep]
+
+    def keeper(self: Any, x: Any, feats: Any) -> Any:
+        y = self.fc(x) * 1.0
+        put(y, feats, self.box)
+        return y
+
+    def blk_forward(self: Any, x: Any, feats: Any) -> Any:
+        return self.k(x, feats)
+
+    def forward(self: Any, x: Any) -> Any:
+        feats: list[Any] = []
+        h = self.blk(x, feats)
+        kept = read(feats, self.blk.k.box)
+        out = self.b(h) * 1.0 + 3.0 * ops.sum(kept)
+        self.blk.k.box = _Slots() if keep == "slots_object" else _Box()
+        return out
+
+    k = backend.module(keeper, {"fc": backend.linear(3, 4)})
+    k.box = _Slots() if keep == "slots_object" else _Box()
+    blk = backend.module(blk_forward, {"k": k})
+    model = backend.module(forward, {"blk": blk, "b": backend.linear(4, 2)})
+    x = np.random.default_rng(12).normal(size=(5, 3)).astype(np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        chosen = ["blk", "b"] if where == "listed" else None
+        with GradientMonitor(model, where=chosen) as monitor:
+            backend.backward(ops.sum(model(backend.tensor(x))))
+    said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
+    step = monitor.history[-1]
+    assert "blk" not in step and any("'blk'" in s for s in said), (step, said)
+    assert step["b"] == pytest.approx(10.0**0.5, rel=1e-6), step
+
+
+@pytest.mark.parametrize("given", ["kept_by_the_caller", "arguments_in_a_list"])
+def test_gradient_monitor_a_list_given_is_no_keep_of_its_own(backend: Any, given: str) -> None:
+    """No false keep: the model putting blk's output into its own list (a U-Net keeping its
+    skips), or blk given a list holding its arguments (``blk([a, b])``) and reading them. The
+    reads of the list reach blk's output through torch's hook on blk too: its entry stays,
+    torch's number (the loss's gradient, 4 at each of 20 places)."""
+
+    def blk_forward(self: Any, x: Any, feats: Any) -> Any:
+        return self.fc(x) + 0.0 * ops.sum(feats[0]) if feats else self.fc(x)
+
+    def forward(self: Any, x: Any) -> Any:
+        feats: list[Any] = [x * 1.0] if given == "arguments_in_a_list" else []
+        h = self.blk(x, feats)
+        if given == "kept_by_the_caller":
+            feats.append(h)
+            return ops.sum(h) + 3.0 * ops.sum(feats[0])
+        return 4.0 * ops.sum(h)
+
+    model = backend.module(
+        forward, {"blk": backend.module(blk_forward, {"fc": backend.linear(3, 4)})}
+    )
+    x = np.random.default_rng(12).normal(size=(5, 3)).astype(np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        with GradientMonitor(model, where=["blk"]) as monitor:
+            backend.backward(model(backend.tensor(x)))
+    said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
+    assert not said
+    assert monitor.history[-1]["blk"] == pytest.approx(4.0 * 20.0**0.5, rel=1e-6)
+
+
 def test_gradient_monitor_a_value_made_before_the_output_kept_inside_is_no_keep(
     backend: Any,
 ) -> None:

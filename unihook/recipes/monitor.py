@@ -83,8 +83,9 @@ _RETURNED_AGAIN = (
 )
 _KEPT = (
     "returned a tensor it also keeps (an attribute, `self.out = ...`, or an item of a dict, "
-    "list or tuple attribute; or a module inside it kept it), whose gradient sums every use "
-    "of it, also where that attribute is read"
+    "list or tuple attribute, or of an object it holds; or put into a list or dict it was "
+    "given; or a module inside it kept it), whose gradient sums every use of it, also where "
+    "that is read"
 )
 _HELD = (
     "returned a tensor that a module of the model holds at the end of the forward (an "
@@ -336,7 +337,7 @@ class GradientMonitor(Synced):
         where = self._where.pairs(inner)  # (walked once for the hooks below)
         self._chosen = _chosen_ids(inner, where)
         group.add("", register_forward_pre_hook(model, own(self._new_step), with_kwargs=True))
-        attached = attach(inner, own(self._record), where=where)
+        attached = attach(inner, own(self._record), where=where, with_kwargs=True)
         group.extend(attached)  # (first: a Ctrl-C in `names` left them, helper-103's F5)
         self._names = attached.names
         group.extend(
@@ -495,10 +496,10 @@ class GradientMonitor(Synced):
         helper-92's FINDING 1), so that a hook of the user's keeping an output after the
         monitor's ran is seen (its FINDING 2); each call also looks in its own module as it
         ends (`_keeps`: an output kept and dropped before the forward ends). Not seen: an
-        output kept on another object, deeper, in larger containers (`_objects_within`), by a hook
-        on the model that runs after this one, or a view or copy of it kept after the call (one
-        kept in it is `_made_from`'s). A module's own
-        parameter it returns is not kept (it is `_record`'s)."""
+        output kept where no module holds it (a closure, a global), deeper, in larger
+        containers (`_objects_within`), by a hook on the model that runs after this one, or a
+        view or copy of it kept after the call (one kept in it is `_made_from`'s). A module's
+        own parameter it returns is not kept (it is `_record`'s)."""
         step = self._step
         if not step.hooked or not ops.grad_enabled(module) or self._repeats(module):
             return
@@ -606,7 +607,7 @@ class GradientMonitor(Synced):
             if not stack:  # (a thread's entries go with its last call)
                 del self._versions[key]
 
-    def _record(self, module: Any, args: Any, output: Any, *, name: str) -> None:
+    def _record(self, module: Any, args: Any, kwargs: Any, output: Any, *, name: str) -> None:
         stack = self._versions.get((get_ident(), name))
         marks, mark, started = stack[-1] if stack else ({}, None, 0)
         # (in backward: a part of the model recomputed by a checkpoint; a reentrant one's
@@ -650,12 +651,14 @@ class GradientMonitor(Synced):
             call = step.calls[name] = step.calls.get(name, -1) + 1
         tensors = tensors_of(output, module)
         attributes: list[Any] = []
-        # (one level: the look runs at every call, so a table the module holds costs each
-        # call, 170 us with a deeper look: helper-95's FINDING 11; `_kept` looks deeper once.
-        # Lists of numbers cost each call too, 380 us for 15 of 256: helper-97's FINDING 4,
-        # open; a smaller budget hid an output kept behind a few of them: helper-100's
-        # FINDING 2)
-        _objects_within(ops.attribute_values(module), 1, attributes, _BUDGET)
+        # (two levels, the second in small containers only: the look runs at every call, so
+        # a table the module holds costs each call, 170 us with a deeper look: helper-95's
+        # FINDING 11, where a view kept two levels down, ``[[y[:]]]``, was not seen:
+        # helper-191's FINDING 1; `_kept` looks deeper once. Lists of numbers cost each call
+        # too, 380 us for 15 of 256: helper-97's FINDING 4, open; a smaller budget hid an
+        # output kept behind a few of them: helper-100's FINDING 2)
+        _objects_within(ops.attribute_values(module), _DEEPER, attributes, _BUDGET, inner=_NESTED)
+        attributes += _put_in_arguments(args, kwargs, marks)
         chosen = self._chosen
         below = [] if chosen is None else _held_below(module, chosen, step.ran)
         self._arguments_kept(step, attributes + below, marks, mark)
@@ -1131,25 +1134,30 @@ def _held(modules: Sequence[Any], wanted: Mapping[int, Any]) -> Iterator[tuple[A
 
 
 def _objects_within(
-    values: list[Any], deeper: int, found: list[Any], budget: int, top: bool = True
+    values: list[Any],
+    deeper: int,
+    found: list[Any],
+    budget: int,
+    top: bool = True,
+    objects: bool = True,
+    inner: int | None = None,
 ) -> None:
     """`values` (a module's attribute values, `top`, or a container's items) and the items
     of the containers among them (and the attributes of the namespaces and dataclass
-    instances: helper-179's FINDING 4), `deeper` levels down, until `budget` objects."""
+    instances: helper-179's FINDING 4; and of plain objects, `objects`), `deeper` levels
+    down, until `budget` objects; below the top, in containers of at most `inner` items (or
+    `_LOOKED`)."""
     found.extend(values)
     # (below the attributes, a table's rows are not looked in: helper-94's FINDING 6; the
     # attributes are, however many: helper-97's FINDING 1)
     if not deeper or (not top and len(values) > _NESTED):
         return
-    kinds = _kinds
     containers: list[tuple[Any, Any]] = []
     sets: list[tuple[Any, Any]] = []
     for value in values:
-        # (by type: `isinstance` reads `__class__`, which a proxy forwards and may raise from:
-        # helper-95's FINDING 6; the base a type is, or None, once per type)
-        cls = type(value)
-        known = kinds.get(id(cls))
-        kind = known[1] if known is not None and known[0]() is cls else _kind_of(cls)
+        kind = _kind(value)
+        if kind is _OBJECT and not objects:
+            continue
         if kind is not None:
             (sets if kind is set or kind is frozenset else containers).append((kind, value))
     # sets last: an output in one is rare (a tensor hashes by id), and sets of numbers (stop
@@ -1158,26 +1166,64 @@ def _objects_within(
         # (the base types' own methods: a subclass's `values` or `__iter__` may run any code;
         # a namedtuple is a tuple: helper-94's FINDING 8; a namespace's own `__dict__`, read
         # past any `__getattr__`)
-        if kind is _FIELDS:
-            items: Any = _fields_of(value)
-        elif 0 < kind.__len__(value) <= _LOOKED:
+        if kind is _FIELDS or kind is _OBJECT:
+            # (a plain object of many attributes, a model's config of a hundred, is no state
+            # box: it cost each call of each module holding one)
+            items: Any = _fields_of(value, _LOOKED if kind is _FIELDS else _NESTED)
+        elif 0 < kind.__len__(value) <= (_LOOKED if top or inner is None else inner):
             items = dict.values(value) if kind is dict else kind.__iter__(value)
         else:
             continue
         if deeper == 1:  # (the last level: its items only)
             found.extend(items)
         else:
-            _objects_within(list(items), deeper - 1, found, budget, False)
+            _objects_within(list(items), deeper - 1, found, budget, False, objects, inner)
         if len(found) > budget:
             return
 
 
+def _put_in_arguments(args: Any, kwargs: Any, marks: _Marks) -> list[Any]:
+    """What a call put into the containers it was given (a U-Net's skip list,
+    ``feats.append(y)``; ``cache["k"] = y``; also one level deeper, and the attributes of a
+    namespace or a dataclass given): the caller reads it, past the output's hook on the call
+    (until 2026-12-07 the entry summed those reads, silently: helper-195's FINDING 2). What
+    they held as the call started are its arguments (`marks`: `_argument_tensors` walks the
+    same containers), not kept; plain objects given (a cache object) are not looked in."""
+    values = [*args, *kwargs.values()] if kwargs else args
+    for value in values:  # (the usual call, tensors only, at once)
+        kind = _kind(value)
+        if kind is not None and kind is not _OBJECT:
+            break
+    else:
+        return []
+    values = list(values)
+    found: list[Any] = []
+    _objects_within(values, _DEEPER, found, _BUDGET, objects=False)
+    put = []
+    for obj in found[len(values) :]:
+        given = marks.get(id(obj))
+        if given is None or given[0]() is not obj:
+            put.append(obj)
+    return put
+
+
+def _kind(value: Any) -> Any:
+    """`value`'s kind (`_kind_of`): by type, `isinstance` reads `__class__`, which a proxy
+    forwards and may raise from (helper-95's FINDING 6); once per type."""
+    cls = type(value)
+    known = _kinds.get(id(cls))
+    return known[1] if known is not None and known[0]() is cls else _kind_of(cls)
+
+
 def _kind_of(cls: type) -> Any:
     """The container type of `_CONTAINERS` that `cls` is or subclasses, `_FIELDS` for a
-    namespace or a dataclass, or None (kept in `_kinds` for the first 4096 types seen)."""
+    namespace or a dataclass, `_OBJECT` for a plain object of the user's (`_plain_object`), or
+    None (kept in `_kinds` for the first 4096 types seen)."""
     kind = next((base for base in _CONTAINERS if issubclass(cls, base)), None)
     if kind is None and (issubclass(cls, SimpleNamespace) or dataclasses.is_dataclass(cls)):
         kind = _FIELDS
+    elif kind is None and _plain_object(cls):
+        kind = _OBJECT
     if len(_kinds) < 4096:
         _kinds[id(cls)] = (weakref.ref(cls), kind)
     return kind
@@ -1268,7 +1314,7 @@ def _is_chosen(chosen: _Chosen, module: Any) -> bool:
 
 def _held_below(module: Any, chosen: _Chosen, ran: set[int]) -> list[Any]:
     """What the modules inside `module` that `where` leaves out (`chosen`: those it took),
-    but those inside another one chosen, hold (`_keeps`' first level, `_BUDGET` a module),
+    but those inside another one chosen, hold (as `_record` looks, `_BUDGET` a module),
     for `_kept_below` and `_arguments_kept`. The modules inside it as they are now: one set in
     since the monitor was made too (helper-178's FINDING 3). A chosen one looks at its own
     insides as its call ends: not one not called in this forward (`ran`: a ModuleList, which
@@ -1283,7 +1329,9 @@ def _held_below(module: Any, chosen: _Chosen, ran: set[int]) -> list[Any]:
         if id(part) in seen:
             continue
         seen.add(id(part))
-        _objects_within(ops.attribute_values(part), 1, held, len(held) + _BUDGET)
+        _objects_within(
+            ops.attribute_values(part), _DEEPER, held, len(held) + _BUDGET, inner=_NESTED
+        )
         inside.extend(child for child in ops.children(part) if not _looked(chosen, ran, child))
     return held
 
@@ -1307,6 +1355,8 @@ def _kept_below(below: list[Any], tensors: Sequence[Any], marks: _Marks, mark: o
 _CONTAINERS: tuple[Any, ...] = (dict, list, tuple, deque, set, frozenset)
 # (`_kind_of`) a namespace's or a dataclass instance's kind: its attributes are its items
 _FIELDS = SimpleNamespace
+# (`_kind_of`) a plain object's kind: its attributes are its items too (`_plain_object`)
+_OBJECT = object
 # (`_is_tensor_type`) by the type's id, with a weak reference to it, whether it is a tensor's
 _tensor_types: dict[int, tuple[weakref.ref[type], bool]] = {}
 # the types of what `_made_from` passes at once: what most modules hold besides tensors
@@ -1316,20 +1366,40 @@ _PLAIN = frozenset(map(id, (int, float, bool, str, bytes, complex, type(None), t
 # may raise or take two types for one (helper-100's FINDING 3), and a type made per model
 # must not be kept (its FINDING 4)
 _kinds: dict[int, tuple[weakref.ref[type], Any]] = {}
+# (`_plain_object`) where the classes come from whose objects are no user's state object
+_FOREIGN = frozenset(("builtins", "torch", "paddle", "mindspore", "numpy", "jax", "tensorflow"))
 _DEEPER = 2
 _LOOKED = 256
 _NESTED = 32
 _BUDGET = 4096
 
 
-def _fields_of(value: Any) -> list[Any]:
-    """The attribute values of a namespace or a dataclass instance: its own ``__dict__``'s,
-    read past any ``__getattribute__`` of its class (none for one with ``__slots__`` only)."""
+def _plain_object(cls: type) -> bool:
+    """Whether `cls` is a class of the user's whose instances hold state in attributes (a
+    cache object, ``self.state.out = y``; until 2026-12-07 an output kept in one was not seen:
+    helper-191's FINDING 1): none of its bases but `object` comes from Python's builtins or a
+    framework (a tensor, a module, a framework's own objects such as paddle's ParamAttr, which
+    every paddle layer holds, are no such object) and it is no metaclass."""
+    if issubclass(cls, type):
+        return False
+    try:
+        roots = [str(type.__getattribute__(base, "__module__")) for base in cls.__mro__[:-1]]
+    except Exception:  # (a metaclass whose `__mro__` or `__module__` misbehaves: not looked in)
+        return False
+    return all(root.partition(".")[0] not in _FOREIGN for root in roots)
+
+
+def _fields_of(value: Any, most: int) -> list[Any]:
+    """The attribute values of a namespace, a dataclass instance or a plain object: its own
+    ``__dict__``'s, read past any ``__getattribute__`` of its class, and its ``__slots__``'
+    (`ops.slot_values`: helper-191's FINDING 1); none where there are more than `most`."""
     try:
         table = object.__getattribute__(value, "__dict__")
-    except AttributeError:
-        return []
-    return list(dict.values(table)) if type(table) is dict else []
+    except Exception:  # (none: slots only; a descriptor of the class's that raised)
+        table = None
+    values = list(dict.values(table)) if type(table) is dict and len(table) <= most else []
+    values += ops.slot_values(value)
+    return values if len(values) <= most else []
 
 
 def _holds_a_tensor(held: list[Any]) -> bool:
