@@ -865,6 +865,7 @@ class _Graph:
     __slots__ = (
         "children",
         "dead",
+        "dead_gradients",
         "edges_in",
         "handles",
         "names",
@@ -883,6 +884,9 @@ class _Graph:
         self.dead: dict[int, int] = {}  # edges into a node that carry no gradient (`cut_off`)
         self.zeroed: set[int] = set()  # the nodes only those reach (`cut_off`)
         self.handles: list[Any] = []  # `cut_off`'s post hooks, taken off as the backward ends
+        # the zero gradients `cut_off` told, by data pointer (`dead_slots`; held: no other
+        # tensor takes their memory while the backward runs)
+        self.dead_gradients: dict[int, Any] = {}
         self.reach: dict[tuple[int, int], bool] = {}
         self.tainted: set[int] | None = None  # see `receives_seen`
         if not isinstance(roots, (list, tuple)):
@@ -907,10 +911,18 @@ class _Graph:
             self.names[ptr] = node.name()
             self.nodes[ptr] = node
 
-    def hook(self, ptr: int) -> None:
-        """`cut_off`'s post hook on the node at `ptr`, for this backward."""
-        hook = functools.partial(_zeros_if_dead, self.zeroed, ptr)
+    def hook(self, ptr: int, zeros: bool, tell: bool) -> None:
+        """`cut_off`'s post hook on the node at `ptr`, for this backward: it gives zeros
+        (`zeros`), and tells the zeros it gives to the identity nodes below (`tell`)."""
+        told = self.dead_gradients if tell else None
+        hook = functools.partial(_zeros_if_dead, self.zeroed, ptr, zeros, told)
         self.handles.append(self.nodes[ptr]._register_post_hook(hook))
+
+    def tell(self, gradients: Any) -> None:
+        """`gradients` carry no gradient (`dead_slots`)."""
+        for gradient in gradients:
+            if gradient is not None and gradient._is_initialized() and gradient.size:
+                self.dead_gradients[int(gradient.data_ptr())] = gradient
 
     def unhook(self) -> None:
         handles, self.handles = self.handles, []
@@ -943,7 +955,7 @@ class _Graph:
 _NEAR = 64
 
 
-def cut_off(ptr: int, slots: Sequence[int]) -> None:
+def cut_off(ptr: int, slots: Sequence[int], zeros: Sequence[Any] = ()) -> None:
     """The identity node at `ptr` sends zeros down its input `slots` for no gradient (an
     output the loss does not use, a hook's None: paddle's nodes take no None, trap 3): each
     grad node that only such edges reach in the running Tensor.backward gives zeros in place
@@ -957,24 +969,53 @@ def cut_off(ptr: int, slots: Sequence[int]) -> None:
     2026-12-07, cost 1.6x a paddle.grad and made the next one abort the process after one
     raised, paddle freeing its copies of them without the GIL: helper-196's FINDING 1), nor
     while a backward builds a graph (a constant zero fails paddle's double-grad nodes). A leaf
-    only such edges reach gets zeros in .grad, where torch's stays None."""
+    only such edges reach gets zeros in .grad, where torch's stays None.
+
+    The identity nodes below (an inner hooked layer's, one of whose outputs only those edges
+    reach) are told which of their slots get no gradient (`dead_slots`): the zeros sent
+    (`zeros`), and those the zeroed nodes of `TELLING` above an identity give, by data
+    pointer; they then take that slot for one with no gradient, as torch's hook does (until
+    2026-12-07 they took the zeros for a gradient, and a sqrt inside made every gradient
+    NaN: helper-196's FINDING 2)."""
     if not slots or not in_tensor_backward() or _state.create_graph:
         return
     graph = _running_graph()
     children = None if graph is None else graph.children.get(ptr)
-    if graph is None or children is None:
-        return
+    if graph is None or children is None or ptr in graph.zeroed:
+        return  # (a node all of whose edges carry none: its children were counted with it)
+    graph.tell(zeros)
     todo = [children[i] for i in slots if i < len(children) and children[i]]
-    dead, edges_in = graph.dead, graph.edges_in
+    dead, edges_in, names = graph.dead, graph.edges_in, graph.names
     while todo:
         node = todo.pop()
         dead[node] = dead.get(node, 0) + 1
         if dead[node] != edges_in.get(node, 0) or node in graph.seeds:
             continue  # (a gradient still comes in through another edge, or as a seed)
         graph.zeroed.add(node)
-        if graph.names.get(node, "") in SINGULAR:
-            graph.hook(node)
-        todo.extend(child for child in graph.children.get(node, ()) if child)
+        name = names.get(node, "")
+        kids = [child for child in graph.children.get(node, ()) if child]
+        tell = name in TELLING and any(names.get(k, "").startswith(_PYLAYER) for k in kids)
+        if tell or name in SINGULAR:
+            graph.hook(node, name in SINGULAR, tell)
+        todo.extend(kids)
+
+
+def dead_slots(grads: Sequence[Any]) -> list[int]:
+    """The slots of an identity node's gradients that carry no gradient in the running
+    Tensor.backward (`cut_off`): zeros it told, by data pointer, still all zeros (paddle sums
+    a later edge's gradient into the first one's memory: a live gradient summed into told
+    zeros is no longer zeros)."""
+    graph = _state.graph
+    if graph is None or not graph.dead_gradients:
+        return []
+    told = graph.dead_gradients
+    found = []
+    for i, grad in enumerate(grads):
+        if grad is None or not grad._is_initialized() or not grad.size:
+            continue
+        if int(grad.data_ptr()) in told and not bool(grad.any()):
+            found.append(i)
+    return found
 
 
 # The grad nodes (by name, paddle 3.3.1) whose kernels make NaN or inf of a zero gradient at
@@ -1014,15 +1055,76 @@ SINGULAR = frozenset(
 )
 
 
-def _zeros_if_dead(zeroed: set[int], ptr: int, outputs: Any, inputs: Any) -> Any:
-    """A post hook of `cut_off`'s: zeros where it found only the zeros reach the node in the
-    backward this thread runs (`zeroed`: its graph's), else the node's own gradients (one of
+def _zeros_if_dead(
+    zeroed: set[int],
+    ptr: int,
+    zeros: bool,
+    told: dict[int, Any] | None,
+    outputs: Any,
+    inputs: Any,
+) -> Any:
+    """A post hook of `cut_off`'s: where it found only the zeros reach the node in the
+    backward this thread runs (`zeroed`: its graph's), zeros (`zeros`), told to the identity
+    nodes below (`told`: the graph's `dead_gradients`), else the node's own gradients (one of
     a graph retained and run by another thread at once: helper-192's FINDING 2). Not the
     graph itself: the node would hold it, and through it the nodes."""
     graph = _state.graph
     if graph is None or graph.zeroed is not zeroed or ptr not in zeroed:
         return outputs
-    return _zeros_out(outputs, inputs)
+    if zeros:
+        outputs = _zeros_out(outputs, inputs)
+    if told is not None:
+        graph.tell(outputs)
+    return outputs
+
+
+# The grad nodes (by name, paddle 3.3.1) whose zeros `cut_off` tells the identity nodes below:
+# those of one tensor per slot that most often stand between a layer's output and its use (a
+# post hook on a node with a list in a slot, a concat's, crashes: see `cut_off`); past any
+# other, the identity takes the zeros for a gradient, as before.
+# `tests/test_paddle_no_gradient_slots.py::test_telling_nodes` checks each on the installed
+# paddle.
+TELLING = SINGULAR | frozenset(
+    {
+        "AbsGradNode",
+        "AddGradNode",
+        "AssignGradNode",
+        "CastGradNode",
+        "ClipGradNode",
+        "CumsumGradNode",
+        "DivScaleGradNode",
+        "DropoutGradNode",
+        "ExpGradNode",
+        "ExpandGradNode",
+        "FlattenGradNode",
+        "GatherGradNode",
+        "GeluGradNode",
+        "HardswishGradNode",
+        "LeakyReluGradNode",
+        "LogSoftmaxGradNode",
+        "MaximumGradNode",
+        "MeanGradNode",
+        "ReluGradNode",
+        "ReshapeGradNode",
+        "ScaleGradNode",
+        "SigmoidGradNode",
+        "SiluGradNode",
+        "SliceGradNode",
+        "SoftmaxGradNode",
+        "SquareGradNode",
+        "SqueezeGradNode",
+        "SubtractGradNode",
+        "SumGradNode",
+        "TanhGradNode",
+        "TileGradNode",
+        "TransposeGradNode",
+        "UnsqueezeGradNode",
+        "ViewShapeGradNode",
+        "WhereGradNode",
+    }
+)
+# a PyLayer's grad node's name begins so (an identity node's: `GradNodePyLayer__UnihookIdentity`)
+_PYLAYER = "GradNodePyLayer_"
 
 
 def _zeros_out(outputs: Any, inputs: Any) -> Any:

@@ -268,8 +268,12 @@ _TENSOR_SITE = Site("tensor", NAME, "Tensor")
 
 
 def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
+    # the slots whose zeros only an outer identity's slot with no gradient sent: none, as in
+    # torch (`guard.cut_off`; told by their memory, before any copy)
+    unreached = guard.dead_slots(grads)
     replaced = guard.replacement(node)
     if replaced is not None:
+        unreached = []  # (a hook of the user's on the output gave its gradient)
         ((shape, dtype),) = node.shapes
         tensor_type = "paddle.Tensor"
         grads = (check_grad_like(replaced, shape, dtype, tensor_type, _is_tensor, _TENSOR_SITE),)
@@ -277,6 +281,11 @@ def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
         # maybe a view of a retained .grad (user code may zero it in place; torch's
         # retain_grad keeps a copy): the hooks get their own
         grads = tuple(None if g is None else g.clone() for g in grads)
+    if unreached:  # (shown as paddle shows a slot with no gradient: zeros where it materializes)
+        grads = tuple(
+            (paddle.zeros(*node.shapes[i]) if node.materialize else None) if i in unreached else g
+            for i, g in enumerate(grads)
+        )
     came = grads
     if node.integral:
         shown = list(grads)
@@ -301,6 +310,7 @@ def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
     pruned = guard.pruned(node.ptr)
     out = []
     dead: list[int] = []
+    zeros_sent = []
     for i, (result, (shape, dtype)) in enumerate(zip(results, node.shapes)):
         if exposed and grads[i] is None and result is not None:
             _check_slot(result, shape, dtype, node)
@@ -308,15 +318,16 @@ def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
             result = came[i]
         if i in pruned:
             out.append(None)
-        elif result is None:
+        elif result is None or (i in unreached and result is came[i]):
             zeros = paddle.zeros(shape, dtype)
             zeros.stop_gradient = constant
             out.append(zeros)
             dead.append(i)
+            zeros_sent.append(zeros)
         else:
             out.append(result.clone() if copy else result)
     if dead:
-        guard.cut_off(node.ptr, dead)  # (what only the zeros reach gives zeros: trap 3)
+        guard.cut_off(node.ptr, dead, zeros_sent)  # (what only they reach gives zeros: trap 3)
     return tuple(out)
 
 
