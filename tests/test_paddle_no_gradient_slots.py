@@ -513,3 +513,60 @@ def test_an_inner_output_an_unused_and_a_used_one_reach_keeps_its_gradient() -> 
 def test_telling_nodes() -> None:
     """`TELLING` is the nodes `_BETWEEN` makes (each checked above on the installed paddle)."""
     assert sorted(_BETWEEN) == sorted(_autograd_guard.TELLING)
+
+
+def _branch_log(framework: str) -> list[Any]:
+    """A hooked layer whose unused second output is ``sqrt(m(x)[:, :2] * 0)``, m hooked: the
+    hook calls, each gradient None or its absolute sum."""
+
+    def sums(grads: Any) -> list[Any]:
+        return [None if g is None else float(g.abs().sum()) for g in grads]
+
+    seen: list[Any] = []
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        nn, sqrt, tensor = torch.nn, torch.sqrt, torch.tensor
+        Module, Linear = nn.Module, nn.Linear
+    else:
+        nn, sqrt, tensor = paddle.nn, paddle.sqrt, paddle.to_tensor
+        Module, Linear = nn.Layer, nn.Linear
+
+    class M(Module):  # type: ignore[misc,valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = Linear(3, 3)
+
+        def forward(self, x: Any) -> Any:
+            return self.fc(x) * 2.0
+
+    class L(Module):  # type: ignore[misc,valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.m, self.k = M(), Linear(3, 3)
+
+        def forward(self, x: Any) -> Any:
+            return self.k(x), sqrt(self.m(x)[:, :2] * 0.0)
+
+    layer = L()
+    for name, module in (("L", layer), ("M", layer.m)):
+        unihook.register_full_backward_hook(
+            module, lambda m, gi, go, name=name: seen.append((name, sums(gi), sums(go)))
+        )
+    x = tensor(np.ones((2, 3), np.float32))
+    x.stop_gradient = False
+    if framework == "torch":
+        x.requires_grad_(True)
+    first, _ = layer(x)
+    first.sum().backward()
+    return [(name, [g is None for g in gi], [g is None for g in go]) for name, gi, go in seen]
+
+
+def test_a_branch_only_an_unused_output_reaches_hooks_as_torch() -> None:
+    """The hooked layer on that branch: None for its output's gradient, zeros for its
+    input's, as torch's hooks (until 2026-12-07 zeros for both on paddle)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = _branch_log("torch")
+        got = _branch_log("paddle")
+    assert want == [("M", [False], [True]), ("L", [False], [False, True])]
+    assert got == want

@@ -955,7 +955,7 @@ class _Graph:
 _NEAR = 64
 
 
-def cut_off(ptr: int, slots: Sequence[int], zeros: Sequence[Any] = ()) -> None:
+def cut_off(ptr: int, slots: Sequence[int], zeros: Sequence[Any] | None = None) -> None:
     """The identity node at `ptr` sends zeros down its input `slots` for no gradient (an
     output the loss does not use, a hook's None: paddle's nodes take no None, trap 3): each
     grad node that only such edges reach in the running Tensor.backward gives zeros in place
@@ -973,17 +973,19 @@ def cut_off(ptr: int, slots: Sequence[int], zeros: Sequence[Any] = ()) -> None:
 
     The identity nodes below (an inner hooked layer's, one of whose outputs only those edges
     reach) are told which of their slots get no gradient (`dead_slots`): the zeros sent
-    (`zeros`), and those the zeroed nodes of `TELLING` above an identity give, by data
-    pointer; they then take that slot for one with no gradient, as torch's hook does (until
-    2026-12-07 they took the zeros for a gradient, and a sqrt inside made every gradient
-    NaN: helper-196's FINDING 2)."""
+    (`zeros`; None: not told, zeros stand for a gradient there), and those the zeroed nodes
+    of `TELLING` above an identity give, by data pointer; they then take that slot for one
+    with no gradient, as torch's hook does (until 2026-12-07 they took the zeros for a
+    gradient, and a sqrt inside made every gradient NaN: helper-196's FINDING 2)."""
     if not slots or not in_tensor_backward() or _state.create_graph:
         return
     graph = _running_graph()
     children = None if graph is None else graph.children.get(ptr)
     if graph is None or children is None or ptr in graph.zeroed:
         return  # (a node all of whose edges carry none: its children were counted with it)
-    graph.tell(zeros)
+    told = zeros is not None
+    if told:
+        graph.tell(zeros)
     todo = [children[i] for i in slots if i < len(children) and children[i]]
     dead, edges_in, names = graph.dead, graph.edges_in, graph.names
     while todo:
@@ -994,7 +996,7 @@ def cut_off(ptr: int, slots: Sequence[int], zeros: Sequence[Any] = ()) -> None:
         graph.zeroed.add(node)
         name = names.get(node, "")
         kids = [child for child in graph.children.get(node, ()) if child]
-        tell = name in TELLING and any(names.get(k, "").startswith(_PYLAYER) for k in kids)
+        tell = told and name in TELLING and any(names.get(k, "").startswith(_PYLAYER) for k in kids)
         if tell or name in SINGULAR:
             graph.hook(node, name in SINGULAR, tell)
         todo.extend(kids)

@@ -309,8 +309,8 @@ def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
             copy = not guard.passes_on(node.ptr, node.held_until, TRUST, values)
     pruned = guard.pruned(node.ptr)
     out = []
-    dead: list[int] = []
-    zeros_sent = []
+    dead: list[int] = []  # (told below: `guard.cut_off`)
+    untold: list[int] = []
     for i, (result, (shape, dtype)) in enumerate(zip(results, node.shapes)):
         if exposed and grads[i] is None and result is not None:
             _check_slot(result, shape, dtype, node)
@@ -322,12 +322,17 @@ def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
             zeros = paddle.zeros(shape, dtype)
             zeros.stop_gradient = constant
             out.append(zeros)
-            dead.append(i)
-            zeros_sent.append(zeros)
+            # no gradient below, as torch's: an output with none (unused, or told so), a
+            # full hook's None for an input; not a pre-hook's None for one that had one
+            # (torch's BackwardHook gives the module's backward zeros there)
+            (dead if node.materialize or came[i] is None else untold).append(i)
         else:
             out.append(result.clone() if copy else result)
+    # (what only the zeros reach gives zeros: trap 3)
     if dead:
-        guard.cut_off(node.ptr, dead, zeros_sent)  # (what only they reach gives zeros: trap 3)
+        guard.cut_off(node.ptr, dead, [out[i] for i in dead])
+    if untold:
+        guard.cut_off(node.ptr, untold)
     return tuple(out)
 
 
