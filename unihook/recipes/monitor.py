@@ -585,7 +585,7 @@ class GradientMonitor(Synced):
             return
         marks: _Marks = {}
         settled = True  # (the first read settles the pipeline for the others)
-        plain = not kwargs and all(ops.is_tensor(a) for a in args)  # (the usual call)
+        plain = not kwargs and all(_is_tensor_type(type(a), a) for a in args)  # (the usual call)
         for t in args if plain else _argument_tensors((args, kwargs), 0, set()):
             if id(t) not in marks:
                 marks[id(t)] = (weakref.ref(t), ops.change_mark(t, settled=settled))
@@ -657,7 +657,9 @@ class GradientMonitor(Synced):
         # helper-191's FINDING 1; `_kept` looks deeper once. Lists of numbers cost each call
         # too, 380 us for 15 of 256: helper-97's FINDING 4, open; a smaller budget hid an
         # output kept behind a few of them: helper-100's FINDING 2)
-        _objects_within(ops.attribute_values(module), _DEEPER, attributes, _BUDGET, inner=_NESTED)
+        _objects_within(
+            ops.attribute_values(module), _DEEPER, attributes, _BUDGET, True, _EACH_CALL
+        )
         attributes += _put_in_arguments(args, kwargs, marks)
         chosen = self._chosen
         below = [] if chosen is None else _held_below(module, chosen, step.ran)
@@ -745,15 +747,13 @@ class GradientMonitor(Synced):
         if not marks or not _holds_a_tensor(held):
             return
         ids = set(map(id, held))
-        made = False
-        for ref, _ in list(marks.values()):
-            tensor = ref()
-            if tensor is None or ops.is_leaf(tensor):
-                continue
-            if id(tensor) in ids or ops.derived_from(held, [tensor], (), mark) is not False:
-                step.kept[id(tensor)] = (weakref.ref(tensor), self._started)
-                made = True
-        if made:
+        arguments = [ref() for ref, _ in list(marks.values())]
+        arguments = [t for t in arguments if t is not None and not ops.is_leaf(t)]
+        kept = [t for t in arguments if id(t) in ids]
+        kept += _made_of(held, [t for t in arguments if id(t) not in ids], mark)
+        for tensor in kept:
+            step.kept[id(tensor)] = (weakref.ref(tensor), self._started)
+        if kept:
             for obj in held:
                 if _is_tensor_type(type(obj), obj):
                     try:
@@ -1139,25 +1139,23 @@ def _objects_within(
     found: list[Any],
     budget: int,
     top: bool = True,
-    objects: bool = True,
-    inner: int | None = None,
+    limits: tuple[int, int] | None = None,
 ) -> None:
     """`values` (a module's attribute values, `top`, or a container's items) and the items
-    of the containers among them (and the attributes of the namespaces and dataclass
-    instances: helper-179's FINDING 4; and of plain objects, `objects`), `deeper` levels
-    down, until `budget` objects; below the top, in containers of at most `inner` items (or
-    `_LOOKED`)."""
+    of the containers among them (and the attributes of the namespaces, dataclass instances
+    and plain objects: helper-179's FINDING 4, helper-191's FINDING 1), `deeper` levels
+    down, until `budget` objects. Below the top, `limits`: the containers of at most so many
+    items whose containers are looked in, and of at most so many that are (or `_LOOKS`)."""
+    limits = limits or _LOOKS
     found.extend(values)
     # (below the attributes, a table's rows are not looked in: helper-94's FINDING 6; the
     # attributes are, however many: helper-97's FINDING 1)
-    if not deeper or (not top and len(values) > _NESTED):
+    if not deeper or (not top and len(values) > limits[0]):
         return
     containers: list[tuple[Any, Any]] = []
     sets: list[tuple[Any, Any]] = []
     for value in values:
         kind = _kind(value)
-        if kind is _OBJECT and not objects:
-            continue
         if kind is not None:
             (sets if kind is set or kind is frozenset else containers).append((kind, value))
     # sets last: an output in one is rare (a tensor hashes by id), and sets of numbers (stop
@@ -1170,14 +1168,14 @@ def _objects_within(
             # (a plain object of many attributes, a model's config of a hundred, is no state
             # box: it cost each call of each module holding one)
             items: Any = _fields_of(value, _LOOKED if kind is _FIELDS else _NESTED)
-        elif 0 < kind.__len__(value) <= (_LOOKED if top or inner is None else inner):
+        elif 0 < kind.__len__(value) <= (_LOOKED if top else limits[1]):
             items = dict.values(value) if kind is dict else kind.__iter__(value)
         else:
             continue
         if deeper == 1:  # (the last level: its items only)
             found.extend(items)
         else:
-            _objects_within(list(items), deeper - 1, found, budget, False, objects, inner)
+            _objects_within(list(items), deeper - 1, found, budget, False, limits)
         if len(found) > budget:
             return
 
@@ -1188,17 +1186,18 @@ def _put_in_arguments(args: Any, kwargs: Any, marks: _Marks) -> list[Any]:
     namespace or a dataclass given): the caller reads it, past the output's hook on the call
     (until 2026-12-07 the entry summed those reads, silently: helper-195's FINDING 2). What
     they held as the call started are its arguments (`marks`: `_argument_tensors` walks the
-    same containers), not kept; plain objects given (a cache object) are not looked in."""
+    same containers, and plain objects' attributes, made before the call, are no keep of it:
+    `ops.derived_from` starts at the call's start). As wide as `_argument_tensors` looks:
+    a list of per-layer caches (helper-197's FINDING 1)."""
     values = [*args, *kwargs.values()] if kwargs else args
     for value in values:  # (the usual call, tensors only, at once)
-        kind = _kind(value)
-        if kind is not None and kind is not _OBJECT:
+        if _kind(value) is not None:
             break
     else:
         return []
     values = list(values)
     found: list[Any] = []
-    _objects_within(values, _DEEPER, found, _BUDGET, objects=False)
+    _objects_within(values, _DEEPER, found, _BUDGET, True, _GIVEN)
     put = []
     for obj in found[len(values) :]:
         given = marks.get(id(obj))
@@ -1220,10 +1219,13 @@ def _kind_of(cls: type) -> Any:
     namespace or a dataclass, `_OBJECT` for a plain object of the user's (`_plain_object`), or
     None (kept in `_kinds` for the first 4096 types seen)."""
     kind = next((base for base in _CONTAINERS if issubclass(cls, base)), None)
-    if kind is None and (issubclass(cls, SimpleNamespace) or dataclasses.is_dataclass(cls)):
-        kind = _FIELDS
-    elif kind is None and _plain_object(cls):
-        kind = _OBJECT
+    try:
+        if kind is None and (issubclass(cls, SimpleNamespace) or dataclasses.is_dataclass(cls)):
+            kind = _FIELDS
+        elif kind is None and _plain_object(cls):
+            kind = _OBJECT
+    except Exception:  # (a metaclass whose `__getattr__` raises: helper-197's FINDING 2)
+        kind = None
     if len(_kinds) < 4096:
         _kinds[id(cls)] = (weakref.ref(cls), kind)
     return kind
@@ -1266,6 +1268,22 @@ def _tapped(step: _Step, tensors: Sequence[Any], marks: _Marks, mark: object, st
         return False
     inside = [ref() for ref in step.taps[bisect.bisect_right(stamps, started) :]]
     return _made_from([obj for obj in inside if obj is not None], tensors, marks, mark)
+
+
+def _made_of(held: list[Any], tensors: list[Any], mark: object) -> list[Any]:
+    """Those of `tensors` that one of `held` was made from since `mark` (or the backend
+    cannot tell): one walk for all where none was, halves where one was (a walk for each, a
+    block given the list of every hidden state before it, cost n walks a call: 56 against
+    41 ms a step at 24 blocks, helper-197's FINDING 3)."""
+    if not tensors:
+        return []
+    found = ops.derived_from(held, tensors, (), mark)
+    if found is False:
+        return []
+    if found is None or len(tensors) == 1:
+        return tensors
+    half = len(tensors) // 2
+    return _made_of(held, tensors[:half], mark) + _made_of(held, tensors[half:], mark)
 
 
 def _made_from(held: list[Any], tensors: Sequence[Any], marks: _Marks, mark: object) -> bool:
@@ -1330,7 +1348,7 @@ def _held_below(module: Any, chosen: _Chosen, ran: set[int]) -> list[Any]:
             continue
         seen.add(id(part))
         _objects_within(
-            ops.attribute_values(part), _DEEPER, held, len(held) + _BUDGET, inner=_NESTED
+            ops.attribute_values(part), _DEEPER, held, len(held) + _BUDGET, True, _EACH_CALL
         )
         inside.extend(child for child in ops.children(part) if not _looked(chosen, ran, child))
     return held
@@ -1355,7 +1373,8 @@ def _kept_below(below: list[Any], tensors: Sequence[Any], marks: _Marks, mark: o
 _CONTAINERS: tuple[Any, ...] = (dict, list, tuple, deque, set, frozenset)
 # (`_kind_of`) a namespace's or a dataclass instance's kind: its attributes are its items
 _FIELDS = SimpleNamespace
-# (`_kind_of`) a plain object's kind: its attributes are its items too (`_plain_object`)
+# (`_kind_of`) a plain object's kind: its attributes are its items too (`_plain_object`, at
+# most `_NESTED` of them)
 _OBJECT = object
 # (`_is_tensor_type`) by the type's id, with a weak reference to it, whether it is a tensor's
 _tensor_types: dict[int, tuple[weakref.ref[type], bool]] = {}
@@ -1371,6 +1390,12 @@ _FOREIGN = frozenset(("builtins", "torch", "paddle", "mindspore", "numpy", "jax"
 _DEEPER = 2
 _LOOKED = 256
 _NESTED = 32
+# `_objects_within`'s limits below the top: at each call, two levels in small containers only
+# (a 20 x 20 table of numbers cost 85 us a call, a config object 27: helper-197's FINDING 3);
+# in the arguments, as wide as their marks are taken
+_LOOKS = (_NESTED, _LOOKED)
+_EACH_CALL = (8, 8)
+_GIVEN = (_LOOKED, _LOOKED)
 _BUDGET = 4096
 
 
@@ -1454,38 +1479,49 @@ def _returns_an_input(tensors: Sequence[Any], marks: _Marks) -> bool:
     return False
 
 
-# how deep `_argument_tensors` looks into containers, and what it skips at once
+# how deep `_argument_tensors` looks into containers, and what it skips at once (by id)
 _DEPTH = 8
-_SCALARS = (str, bytes, int, float, complex, type(None))
+_SCALARS = frozenset(map(id, (str, bytes, int, float, complex, bool, type(None))))
 
 
 def _argument_tensors(value: Any, depth: int, seen: set[int]) -> Iterator[Any]:
     """The tensors in a call's arguments: in tuples, lists, dicts and other mappings
     (`UserDict`, transformers' `BatchEncoding`), sets, deques, namespaces and dataclasses,
     nested up to `_DEPTH`, each container once (`seen`: a container holding itself, or one
-    shared, was walked again at each reference: helper-73's attack)."""
-    if isinstance(value, _SCALARS):
+    shared, was walked again at each reference: helper-73's attack). Told by type, as
+    `_objects_within` tells them: an object whose ``__class__`` or metaclass raises is no
+    container (it raised out of the forward: helper-197's FINDING 2); a dataclass's
+    attributes as set (a field with init=False may be unset: helper-73's attack)."""
+    cls = type(value)
+    if id(cls) in _SCALARS:
         return
-    if ops.is_tensor(value):
+    if _is_tensor_type(cls, value):
         yield value
         return
     if depth >= _DEPTH or id(value) in seen:
         return
+    kind = _kind(value)
     items: Any
-    if isinstance(value, Mapping):
+    if kind is dict:
+        items = dict.values(value)
+    elif kind is _FIELDS:
+        items = _fields_of(value, _LOOKED)
+    elif kind is not None and kind is not _OBJECT:
+        items = kind.__iter__(value)
+    elif kind is _OBJECT and _is_mapping(cls):  # (`UserDict`, `BatchEncoding`)
         items = value.values()
-    elif isinstance(value, (tuple, list, set, frozenset, deque)):
-        items = value
-    elif isinstance(value, SimpleNamespace):
-        items = vars(value).values()
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        # (a field with init=False may be unset: helper-73's attack)
-        items = [getattr(value, field.name, None) for field in dataclasses.fields(value)]
     else:
         return
     seen.add(id(value))
     for item in items:
         yield from _argument_tensors(item, depth + 1, seen)
+
+
+def _is_mapping(cls: type) -> bool:
+    try:
+        return issubclass(cls, Mapping)
+    except Exception:  # (a metaclass that raises)
+        return False
 
 
 def _merged_order(places: Any, names: list[str]) -> list[str]:
