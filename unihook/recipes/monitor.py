@@ -1272,7 +1272,8 @@ def _tapped(step: _Step, tensors: Sequence[Any], marks: _Marks, mark: object, st
 
 def _made_of(held: list[Any], tensors: list[Any], mark: object) -> list[Any]:
     """Those of `tensors` that one of `held` was made from since `mark` (or the backend
-    cannot tell): one walk for all where none was, halves where one was (a walk for each, a
+    cannot tell): one walk for all where none was; where one was, the first (a call's first
+    argument, what a block makes its output of) and halves of the rest (a walk for each, a
     block given the list of every hidden state before it, cost n walks a call: 56 against
     41 ms a step at 24 blocks, helper-197's FINDING 3)."""
     if not tensors:
@@ -1282,8 +1283,12 @@ def _made_of(held: list[Any], tensors: list[Any], mark: object) -> list[Any]:
         return []
     if found is None or len(tensors) == 1:
         return tensors
-    half = len(tensors) // 2
-    return _made_of(held, tensors[:half], mark) + _made_of(held, tensors[half:], mark)
+    first = _made_of(held, tensors[:1], mark)
+    rest = tensors[1:]
+    if len(rest) > 1:
+        half = len(rest) // 2
+        return first + _made_of(held, rest[:half], mark) + _made_of(held, rest[half:], mark)
+    return first + _made_of(held, rest, mark)
 
 
 def _made_from(held: list[Any], tensors: Sequence[Any], marks: _Marks, mark: object) -> bool:
