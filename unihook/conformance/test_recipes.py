@@ -502,6 +502,22 @@ def _kept_tensor(kept: Any) -> Any:
     return kept.out if isinstance(kept, SimpleNamespace) else kept
 
 
+def _assert_blk_left_out(backend: Any, model: Any, where: str) -> None:
+    """One forward and backward of `model` under GradientMonitor (`where`: "listed", blk and
+    b, or "none", every module): 'blk' is left out, warned; b (a Linear(4, 2) whose output
+    the loss sums) has its own number."""
+    x = np.random.default_rng(12).normal(size=(5, 3)).astype(np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        chosen = ["blk", "b"] if where == "listed" else None
+        with GradientMonitor(model, where=chosen) as monitor:
+            backend.backward(ops.sum(model(backend.tensor(x))))
+    said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
+    step = monitor.history[-1]
+    assert "blk" not in step and any("'blk'" in s for s in said), (step, said)
+    assert step["b"] == pytest.approx(10.0**0.5, rel=1e-6), step
+
+
 @pytest.mark.parametrize("where", ["listed", "none"])
 @pytest.mark.parametrize("keep", sorted(_KEEPS))
 def test_gradient_monitor_a_view_or_value_made_from_the_output_kept_inside(
@@ -527,16 +543,7 @@ def test_gradient_monitor_a_view_or_value_made_from_the_output_kept_inside(
 
     blk = backend.module(_through, {"k": backend.module(keeper, {"fc": backend.linear(3, 4)})})
     model = backend.module(forward, {"blk": blk, "b": backend.linear(4, 2)})
-    x = np.random.default_rng(12).normal(size=(5, 3)).astype(np.float32)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", RuntimeWarning)
-        chosen = ["blk", "b"] if where == "listed" else None
-        with GradientMonitor(model, where=chosen) as monitor:
-            backend.backward(ops.sum(model(backend.tensor(x))))
-    said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
-    step = monitor.history[-1]
-    assert "blk" not in step and any("'blk'" in s for s in said), (step, said)
-    assert step["b"] == pytest.approx(10.0**0.5, rel=1e-6), step
+    _assert_blk_left_out(backend, model, where)
 
 
 class _Box:
@@ -602,16 +609,7 @@ def test_gradient_monitor_an_output_kept_in_a_list_given_or_an_object(
     k.box = _Slots() if keep == "slots_object" else _Box()
     blk = backend.module(blk_forward, {"k": k})
     model = backend.module(forward, {"blk": blk, "b": backend.linear(4, 2)})
-    x = np.random.default_rng(12).normal(size=(5, 3)).astype(np.float32)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", RuntimeWarning)
-        chosen = ["blk", "b"] if where == "listed" else None
-        with GradientMonitor(model, where=chosen) as monitor:
-            backend.backward(ops.sum(model(backend.tensor(x))))
-    said = [str(w.message) for w in caught if "GradientMonitor" in str(w.message)]
-    step = monitor.history[-1]
-    assert "blk" not in step and any("'blk'" in s for s in said), (step, said)
-    assert step["b"] == pytest.approx(10.0**0.5, rel=1e-6), step
+    _assert_blk_left_out(backend, model, where)
 
 
 @pytest.mark.parametrize("given", ["kept_by_the_caller", "arguments_in_a_list"])
