@@ -1201,7 +1201,9 @@ def _put_in_arguments(args: Any, kwargs: Any, marks: _Marks) -> list[Any]:
     put = []
     for obj in found[len(values) :]:
         given = marks.get(id(obj))
-        if given is None or given[0]() is not obj:
+        # (one given that the call changed in place, ``acc[0].add_(y)``, holds what it made
+        # too: helper-199's FINDING 2)
+        if given is None or given[0]() is not obj or ops.change_mark(obj) != given[1]:
             put.append(obj)
     return put
 
@@ -1507,14 +1509,18 @@ def _argument_tensors(value: Any, depth: int, seen: set[int]) -> Iterator[Any]:
         return
     kind = _kind(value)
     items: Any
-    if kind is dict:
-        items = dict.values(value)
+    if kind is dict or ((kind is None or kind is _OBJECT) and _is_mapping(cls)):
+        # a mapping's own values (`UserDict`, `BatchEncoding`, a mapping proxy, a dict
+        # subclass keeping its items elsewhere: helper-199's FINDING 1), or a dict's; none
+        # where they raise (its FINDING 3)
+        try:
+            items = list(value.values())
+        except Exception:
+            items = list(dict.values(value)) if kind is dict else []
     elif kind is _FIELDS:
-        items = _fields_of(value, _LOOKED)
+        items = _fields_of(value, sys.maxsize)
     elif kind is not None and kind is not _OBJECT:
         items = kind.__iter__(value)
-    elif kind is _OBJECT and _is_mapping(cls):  # (`UserDict`, `BatchEncoding`)
-        items = value.values()
     else:
         return
     seen.add(id(value))
