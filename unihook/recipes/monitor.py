@@ -1382,7 +1382,7 @@ _CONTAINERS: tuple[Any, ...] = (dict, list, tuple, deque, set, frozenset)
 _FIELDS = SimpleNamespace
 # (`_kind_of`) a plain object's kind: its attributes are its items too (`_plain_object`, at
 # most `_NESTED` of them)
-_OBJECT = object
+_OBJECT: Any = object
 # (`_is_tensor_type`) by the type's id, with a weak reference to it, whether it is a tensor's
 _tensor_types: dict[int, tuple[weakref.ref[type], bool]] = {}
 # the types of what `_made_from` passes at once: what most modules hold besides tensors
@@ -1519,10 +1519,10 @@ def _argument_tensors(value: Any, depth: int, seen: set[int]) -> Iterator[Any]:
             items = list(dict.values(value)) if kind is dict else []
     elif kind is _FIELDS:
         items = _fields_of(value, sys.maxsize)
-    elif kind is not None and kind is not _OBJECT:
-        items = kind.__iter__(value)
-    else:
+    elif kind is None or kind is _OBJECT:
         return
+    else:
+        items = kind.__iter__(value)  # (the base's: a tuple, list, set or deque)
     seen.add(id(value))
     for item in items:
         yield from _argument_tensors(item, depth + 1, seen)
