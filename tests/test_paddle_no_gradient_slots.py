@@ -173,8 +173,8 @@ def test_a_node_a_gradient_still_reaches_is_left_as_it_is() -> None:
 
 def test_a_parameter_only_the_unused_output_reaches() -> None:
     """A parameter used only on the unused branch (``sqrt(a * w)``): the input's gradient is
-    finite and paddle's; the parameter's is zeros where paddle's and torch's are None (the
-    documented difference: a leaf's node runs no post hook)."""
+    finite and paddle's; the parameter's is None, as paddle's without hooks and torch's (zeros
+    until 2026-12-07: `guard.cut_off` sets it back as the backward ends)."""
 
     class Weighted(paddle.nn.Layer):
         def __init__(self) -> None:
@@ -192,7 +192,72 @@ def test_a_parameter_only_the_unused_output_reaches() -> None:
     a, _ = layer(x)
     a.sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), [[2.0, 2.0, 2.0]])
-    assert layer.w.grad is None or not np.any(layer.w.grad.numpy())
+    assert layer.w.grad is None
+
+
+class _AuxHead(paddle.nn.Layer):
+    """A body, a head and an auxiliary head (Inception's, a detector's) whose output the loss
+    leaves out; `shared` uses the body's weight in the auxiliary head too."""
+
+    def __init__(self, shared: bool = False) -> None:
+        super().__init__()
+        self.body = paddle.nn.Linear(4, 4)
+        self.head = paddle.nn.Linear(4, 2)
+        self.aux = paddle.nn.Sequential(paddle.nn.Linear(4, 3), paddle.nn.ReLU())
+        self.shared = shared
+
+    def forward(self, x: Any) -> Any:
+        h = paddle.nn.functional.relu(self.body(x))
+        aux = self.aux(h)
+        if self.shared:
+            aux = aux + paddle.matmul(h, self.body.weight)[:, :3]
+        return self.head(h), aux
+
+
+def _trained(hook: str | None, shared: bool, retained: bool) -> dict[str, Any]:
+    """`_AuxHead`'s parameters after three steps of Momentum with weight decay (which moves a
+    parameter whose .grad is zeros, and skips one whose .grad is None), `hook` on it."""
+    paddle.seed(3)
+    model = _AuxHead(shared)
+    handles = []
+    if hook == "full":
+        handles.append(unihook.register_full_backward_hook(model, lambda m, gi, go: None))
+    elif hook == "pre":
+        handles.append(unihook.register_full_backward_pre_hook(model, lambda m, go: None))
+    elif hook == "global":
+        handles.append(
+            unihook.register_module_full_backward_hook(lambda m, gi, go: None, backend="paddle")
+        )
+    elif hook == "aux_only":  # (the auxiliary head's own hooks: no gradient reaches them)
+        handles.append(unihook.register_full_backward_hook(model.aux, lambda m, gi, go: None))
+    opt = paddle.optimizer.Momentum(0.1, parameters=model.parameters(), weight_decay=0.1)
+    try:
+        for _ in range(3):
+            out, _ = model(paddle.to_tensor(np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)))
+            out.sum().backward(retain_graph=retained)
+            grads = {n: p.grad is None for n, p in model.named_parameters()}
+            opt.step()
+            opt.clear_grad()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {"none": grads, **{n: p.numpy() for n, p in model.named_parameters()}}
+
+
+@pytest.mark.parametrize("retained", [False, True], ids=["freed", "retained"])
+@pytest.mark.parametrize("shared", [False, True], ids=["own", "shared"])
+@pytest.mark.parametrize("hook", ["full", "pre", "global", "aux_only"])
+def test_an_auxiliary_head_trains_as_without_hooks(hook: str, shared: bool, retained: bool) -> None:
+    """A hook that only looks at a model with an unused auxiliary output: the same parameters
+    after training as without it (before 2026-12-07 the auxiliary head's .grad was zeros, and
+    weight decay moved it by up to 0.04 in three steps)."""
+    want = _trained(None, shared, retained)
+    got = _trained(hook, shared, retained)
+    assert got["none"] == want["none"]
+    assert want["none"]["aux.0.weight"]
+    for name, value in want.items():
+        if name != "none":
+            np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
 def test_a_paddle_grad_after_one_that_raised_beside_a_hooked_graph() -> None:

@@ -93,7 +93,9 @@ class Autograd:
         attribute naming the node (holding no tensor); for the output side of a call with
         full hooks, `held_until` is that of the call's input side: the call holds what
         `on_backward` returns until that node's backward ran (its full hooks see it then),
-        which a backend that copies the gradients hooks saw may use to copy less."""
+        which a backend that copies the gradients hooks saw may use to copy less.
+        `on_backward` is a method of the call's state, whose `module` is the hooked module
+        once forward returned (paddle's backend reads its parameters from it)."""
         raise _missing("identity")
 
     @staticmethod

@@ -38,7 +38,7 @@ import sys
 import threading
 import weakref
 from collections import deque
-from typing import Any, Callable, Container, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Container, Iterable, Iterator, NamedTuple, Sequence
 
 from paddle.base import core
 
@@ -955,7 +955,12 @@ class _Graph:
 _NEAR = 64
 
 
-def cut_off(ptr: int, slots: Sequence[int], zeros: Sequence[Any] | None = None) -> None:
+def cut_off(
+    ptr: int,
+    slots: Sequence[int],
+    zeros: Sequence[Any] | None = None,
+    leaves: Callable[[], Iterable[Any]] | None = None,
+) -> None:
     """The identity node at `ptr` sends zeros down its input `slots` for no gradient (an
     output the loss does not use, a hook's None: paddle's nodes take no None, trap 3): each
     grad node that only such edges reach in the running Tensor.backward gives zeros in place
@@ -968,8 +973,13 @@ def cut_off(ptr: int, slots: Sequence[int], zeros: Sequence[Any] | None = None) 
     reach (helper-190's measurements; hooks placed on every such node before it starts,
     2026-12-07, cost 1.6x a paddle.grad and made the next one abort the process after one
     raised, paddle freeing its copies of them without the GIL: helper-196's FINDING 1), nor
-    while a backward builds a graph (a constant zero fails paddle's double-grad nodes). A leaf
-    only such edges reach gets zeros in .grad, where torch's stays None.
+    while a backward builds a graph (a constant zero fails paddle's double-grad nodes).
+
+    A leaf among `leaves()` (the hooked module's parameters) that only such edges reach, whose
+    .grad is None, has None again as the backward ends, as torch's (an optimizer skips a
+    parameter whose .grad is None; zeros took weight decay and momentum: a no-op hook changed
+    the training of an auxiliary head whose output the loss leaves out). Any other leaf only
+    they reach gets zeros in .grad.
 
     The identity nodes below (an inner hooked layer's, one of whose outputs only those edges
     reach) are told which of their slots get no gradient (`dead_slots`): the zeros sent
@@ -988,6 +998,7 @@ def cut_off(ptr: int, slots: Sequence[int], zeros: Sequence[Any] | None = None) 
         graph.tell(zeros)
     todo = [children[i] for i in slots if i < len(children) and children[i]]
     dead, edges_in, names = graph.dead, graph.edges_in, graph.names
+    accumulating: set[int] = set()
     while todo:
         node = todo.pop()
         dead[node] = dead.get(node, 0) + 1
@@ -995,11 +1006,38 @@ def cut_off(ptr: int, slots: Sequence[int], zeros: Sequence[Any] | None = None) 
             continue  # (a gradient still comes in through another edge, or as a seed)
         graph.zeroed.add(node)
         name = names.get(node, "")
+        if name == _ACCUMULATION:
+            accumulating.add(node)
         kids = [child for child in graph.children.get(node, ()) if child]
         tell = told and name in TELLING and any(names.get(k, "").startswith(_PYLAYER) for k in kids)
         if tell or name in SINGULAR:
             graph.hook(node, name in SINGULAR, tell)
         todo.extend(kids)
+    if accumulating and leaves is not None:
+        _none_again(accumulating, leaves())
+
+
+_ACCUMULATION = "GradNodeAccumulation"  # (a leaf's node: paddle runs no post hook on it)
+
+
+def _none_again(accumulating: set[int], leaves: Iterable[Any]) -> None:
+    """The leaves whose grad nodes are in `accumulating` (only zeros reach them: their
+    gradients have not come yet) and whose .grad is None get None back as the backward ends,
+    unless something else put a gradient there meanwhile (another thread's backward)."""
+    found = [
+        weakref.ref(leaf)
+        for leaf in leaves
+        if not leaf.stop_gradient and leaf.grad is None and node_ptr(leaf) in accumulating
+    ]
+    if found:
+        at_backward_end(functools.partial(_clear_zeros, found))
+
+
+def _clear_zeros(found: list[weakref.ref[Any]]) -> None:
+    for ref in found:
+        leaf = ref()
+        if leaf is not None and leaf.grad is not None and not bool(leaf.grad.any()):
+            leaf.clear_gradient(False)  # (False: None, not zeros)
 
 
 def dead_slots(grads: Sequence[Any]) -> list[int]:

@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 import weakref
 from functools import partial
-from typing import Any, Callable, Collection, Sequence
+from typing import Any, Callable, Collection, Iterable, Sequence
 
 import paddle
 from paddle import _C_ops
@@ -196,6 +196,13 @@ def _release_raised(node: _Node) -> None:
     node.release()
 
 
+def _leaves(node: _Node) -> Iterable[Any]:
+    """The parameters of the module whose call the node is of (the core's call state names it:
+    `Autograd.identity`), none for another node."""
+    module = getattr(_call_of(node), "module", None)
+    return module.parameters() if isinstance(module, paddle.nn.Layer) else ()
+
+
 def _call_of(node: _Node) -> Any:
     """The object whose method the node's backward is (the core's call state), through
     `_Checked` and `_Bypass`; the node itself for another (a check of the core's)."""
@@ -330,7 +337,7 @@ def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
             out.append(result.clone() if copy else result)
     # (what only the zeros reach gives zeros: trap 3)
     if dead:
-        guard.cut_off(node.ptr, dead, [out[i] for i in dead])
+        guard.cut_off(node.ptr, dead, [out[i] for i in dead], partial(_leaves, node))
     if untold:
         guard.cut_off(node.ptr, untold)
     return tuple(out)

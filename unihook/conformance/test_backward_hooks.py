@@ -206,6 +206,42 @@ def test_unused_output_gives_none_and_tuple_outputs(backend: Any) -> None:
     np.testing.assert_allclose(kit.grad(x), [32, 32])
 
 
+@pytest.mark.parametrize("kind", ["full", "pre", "global"])
+def test_a_parameter_only_an_unused_output_reaches_keeps_no_gradient(
+    backend: Any, kind: str
+) -> None:
+    """An auxiliary head whose output the loss leaves out: its parameters' .grad stays None, as
+    without hooks (an optimizer skips such a parameter; zeros would take weight decay and
+    momentum: a hook that only looks would change the training)."""
+    kit = backend
+    if kit.name == "mindspore":
+        pytest.skip(
+            "mindspore.grad gives zeros for every weight asked for, hooked or not (no None "
+            "gradient); the kit's None is its tape's graph reach (docs/MINDSPORE.md section 7)"
+        )
+
+    def forward(self, a):  # type: ignore[no-untyped-def]
+        return self.head(a), self.aux(a)
+
+    head, aux = kit.linear(2, 2), kit.linear(2, 2)
+    m = kit.module(forward, {"head": head, "aux": aux})
+    seen: list[Any] = []
+    if kind == "full":
+        handle = unihook.register_full_backward_hook(m, lambda mod, gi, go: seen.append(go))
+    elif kind == "pre":
+        handle = unihook.register_full_backward_pre_hook(m, lambda mod, go: seen.append(go))
+    else:
+        handle = unihook.register_module_full_backward_hook(
+            lambda mod, gi, go: seen.append(go) if mod is m else None, backend=kit.name
+        )
+    with handle:
+        out, _ = m(leaf(kit, [[1.0, -2.0]]))
+        kit.backward(out.sum())
+    assert len(seen) == 1 and seen[0][1] is None
+    assert kit.grad(aux.weight) is None and kit.grad(aux.bias) is None
+    assert kit.grad(head.weight) is not None
+
+
 @pytest.mark.parametrize("container", ["dict", "list"])
 def test_output_not_tensor_or_tuple_warns_and_never_fires(backend: Any, container: Any) -> None:
     kit = backend
