@@ -1155,6 +1155,11 @@ def _objects_within(
     containers: list[tuple[Any, Any]] = []
     sets: list[tuple[Any, Any]] = []
     for value in values:
+        cls = type(value)
+        # (most of a module's attributes, at once: numbers, strings, a conv's kernel size;
+        # by id: a metaclass may make its classes unhashable, helper-100's FINDING 3)
+        if id(cls) in _SCALARS or (cls is tuple and _scalars_only(value)):
+            continue
         kind = _kind(value)
         if kind is not None:
             (sets if kind is set or kind is frozenset else containers).append((kind, value))
@@ -1170,6 +1175,10 @@ def _objects_within(
             items: Any = _fields_of(value, _LOOKED if kind is _FIELDS else _NESTED)
         elif 0 < kind.__len__(value) <= (_LOOKED if top else limits[1]):
             items = dict.values(value) if kind is dict else kind.__iter__(value)
+            if kind is list:
+                items = list(items)
+                if _scalars_only(items):
+                    continue  # (nothing to look at)
         else:
             continue
         if deeper == 1:  # (the last level: its items only)
@@ -1489,6 +1498,10 @@ def _returns_an_input(tensors: Sequence[Any], marks: _Marks) -> bool:
 # how deep `_argument_tensors` looks into containers, and what it skips at once (by id)
 _DEPTH = 8
 _SCALARS = frozenset(map(id, (str, bytes, int, float, complex, bool, type(None))))
+
+
+def _scalars_only(items: Sequence[Any]) -> bool:
+    return _SCALARS.issuperset(map(id, map(type, items)))
 
 
 def _argument_tensors(value: Any, depth: int, seen: set[int]) -> Iterator[Any]:
