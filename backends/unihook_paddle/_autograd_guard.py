@@ -867,12 +867,14 @@ class _Graph:
         "dead",
         "dead_gradients",
         "edges_in",
+        "gone",
         "handles",
         "names",
         "nodes",
         "reach",
         "seeds",
         "tainted",
+        "told_in",
         "zeroed",
     )
 
@@ -883,6 +885,10 @@ class _Graph:
         self.nodes: dict[int, Any] = {}  # (the node objects, for `cut_off`'s post hooks)
         self.dead: dict[int, int] = {}  # edges into a node that carry no gradient (`cut_off`)
         self.zeroed: set[int] = set()  # the nodes only those reach (`cut_off`)
+        # ... and those only edges carrying no gradient as torch's reach (told: an unused
+        # output's, a full hook's None; not a pre-hook's None for a used one), with the count
+        self.told_in: dict[int, int] = {}
+        self.gone: set[int] = set()
         self.handles: list[Any] = []  # `cut_off`'s post hooks, taken off as the backward ends
         # the zero gradients `cut_off` told, by data pointer (`dead_slots`; held: no other
         # tensor takes their memory while the backward runs)
@@ -921,7 +927,7 @@ class _Graph:
     def tell(self, gradients: Any) -> None:
         """`gradients` carry no gradient (`dead_slots`)."""
         for gradient in gradients:
-            if gradient is not None and gradient._is_initialized() and gradient.size:
+            if _has_values(gradient):
                 self.dead_gradients[int(gradient.data_ptr())] = gradient
 
     def unhook(self) -> None:
@@ -982,11 +988,12 @@ def cut_off(
     they reach gets zeros in .grad.
 
     The identity nodes below (an inner hooked layer's, one of whose outputs only those edges
-    reach) are told which of their slots get no gradient (`dead_slots`): the zeros sent
-    (`zeros`; None: not told, zeros stand for a gradient there), and those the zeroed nodes
-    of `TELLING` above an identity give, by data pointer; they then take that slot for one
-    with no gradient, as torch's hook does (until 2026-12-07 they took the zeros for a
-    gradient, and a sqrt inside made every gradient NaN: helper-196's FINDING 2)."""
+    reach) are told which of their slots get no gradient (`dead_slots`): those of a node only
+    told edges reach (`_Graph.gone`: `zeros` given, not None, which stands for a gradient
+    there); else the zeros sent, and those the zeroed nodes of `TELLING` above an identity
+    give, by data pointer; they then take that slot for one with no gradient, as torch's hook
+    does (until 2026-12-07 they took the zeros for a gradient, and a sqrt inside made every
+    gradient NaN: helper-196's FINDING 2)."""
     if not slots or not in_tensor_backward() or _state.create_graph:
         return
     graph = _running_graph()
@@ -996,23 +1003,28 @@ def cut_off(
     told = zeros is not None
     if told:
         graph.tell(zeros)
-    todo = [children[i] for i in slots if i < len(children) and children[i]]
-    dead, edges_in, names = graph.dead, graph.edges_in, graph.names
+    todo = [(children[i], told) for i in slots if i < len(children) and children[i]]
+    dead, told_in, edges_in, names = graph.dead, graph.told_in, graph.edges_in, graph.names
     accumulating: set[int] = set()
     while todo:
-        node = todo.pop()
+        node, by_told = todo.pop()
         dead[node] = dead.get(node, 0) + 1
+        if by_told:
+            told_in[node] = told_in.get(node, 0) + 1
         if dead[node] != edges_in.get(node, 0) or node in graph.seeds:
             continue  # (a gradient still comes in through another edge, or as a seed)
         graph.zeroed.add(node)
+        gone = told_in.get(node, 0) == dead[node]
+        if gone:
+            graph.gone.add(node)
         name = names.get(node, "")
         if name == _ACCUMULATION:
             accumulating.add(node)
         kids = [child for child in graph.children.get(node, ()) if child]
-        tell = told and name in TELLING and any(names.get(k, "").startswith(_PYLAYER) for k in kids)
+        tell = gone and name in TELLING and any(names.get(k, "").startswith(_PYLAYER) for k in kids)
         if tell or name in SINGULAR:
             graph.hook(node, name in SINGULAR, tell)
-        todo.extend(kids)
+        todo.extend((kid, gone) for kid in kids)
     if accumulating and leaves is not None:
         _none_again(accumulating, leaves())
 
@@ -1036,26 +1048,39 @@ def _none_again(accumulating: set[int], leaves: Iterable[Any]) -> None:
 def _clear_zeros(found: list[weakref.ref[Any]]) -> None:
     for ref in found:
         leaf = ref()
-        if leaf is not None and leaf.grad is not None and not bool(leaf.grad.any()):
+        grad = None if leaf is None else leaf.grad
+        # (dense only: `any` of a sparse Embedding's SelectedRows gradient raised, or aborted
+        # the process: helper-201's FINDING 2)
+        if leaf is not None and grad is not None and grad.is_dense() and not bool(grad.any()):
             leaf.clear_gradient(False)  # (False: None, not zeros)
 
 
-def dead_slots(grads: Sequence[Any]) -> list[int]:
-    """The slots of an identity node's gradients that carry no gradient in the running
-    Tensor.backward (`cut_off`): zeros it told, by data pointer, still all zeros (paddle sums
-    a later edge's gradient into the first one's memory: a live gradient summed into told
-    zeros is no longer zeros)."""
+def dead_slots(ptr: int, grads: Sequence[Any]) -> list[int]:
+    """The slots of the identity node at `ptr`'s gradients that carry no gradient in the
+    running Tensor.backward (`cut_off`): every one where only such edges reach the node (by
+    the graph: whatever ops are between); else, for a node of several slots, zeros told, by
+    data pointer, still all zeros (paddle sums a later edge's gradient into the first one's
+    memory: a live gradient summed into told zeros is no longer zeros, unless it is exact
+    zeros: helper-198's FINDING 1); none for a node of one slot that a live edge reaches
+    (until 2026-12-07 a live gradient of exact zeros summed into told zeros was taken for
+    none, and the module's parameters got None: helper-201's FINDING 1)."""
     graph = _state.graph
-    if graph is None or not graph.dead_gradients:
+    if graph is None or not (graph.gone or graph.dead_gradients):
         return []
+    if ptr in graph.gone:
+        return [i for i, grad in enumerate(grads) if _has_values(grad)]
     told = graph.dead_gradients
-    found = []
-    for i, grad in enumerate(grads):
-        if grad is None or not grad._is_initialized() or not grad.size:
-            continue
-        if int(grad.data_ptr()) in told and not bool(grad.any()):
-            found.append(i)
-    return found
+    if len(grads) == 1 or not told:
+        return []
+    return [
+        i
+        for i, grad in enumerate(grads)
+        if _has_values(grad) and int(grad.data_ptr()) in told and not bool(grad.any())
+    ]
+
+
+def _has_values(grad: Any) -> bool:
+    return grad is not None and grad._is_initialized() and bool(grad.size)
 
 
 # The grad nodes (by name, paddle 3.3.1) whose kernels make NaN or inf of a zero gradient at

@@ -277,7 +277,7 @@ _TENSOR_SITE = Site("tensor", NAME, "Tensor")
 def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
     # the slots whose zeros only an outer identity's slot with no gradient sent: none, as in
     # torch (`guard.cut_off`; told by their memory, before any copy)
-    unreached = guard.dead_slots(grads)
+    unreached = guard.dead_slots(node.ptr, grads)
     replaced = guard.replacement(node)
     if replaced is not None:
         unreached = []  # (a hook of the user's on the output gave its gradient)
@@ -336,8 +336,15 @@ def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
         else:
             out.append(result.clone() if copy else result)
     # (what only the zeros reach gives zeros: trap 3)
-    if dead:
-        guard.cut_off(node.ptr, dead, [out[i] for i in dead], partial(_leaves, node))
+    # the module's parameters only the zeros reach keep None: where paddle gave the slot
+    # none, not where it was told (a live gradient of exact zeros summed into the told ones
+    # looks the same: helper-201's FINDING 1; the outer identity's cut reaches them anyway)
+    unused = [i for i in dead if i not in unreached]
+    if unused:
+        guard.cut_off(node.ptr, unused, [out[i] for i in unused], partial(_leaves, node))
+    told = [i for i in dead if i in unreached]
+    if told:
+        guard.cut_off(node.ptr, told, [out[i] for i in told])
     if untold:
         guard.cut_off(node.ptr, untold)
     return tuple(out)
