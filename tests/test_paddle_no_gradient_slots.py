@@ -253,11 +253,14 @@ def _trained(hook: str | None, body: str, retained: bool) -> dict[str, Any]:
 
 @pytest.mark.parametrize("retained", [False, True], ids=["freed", "retained"])
 @pytest.mark.parametrize("body", ["own", "shared", "dead"])
-@pytest.mark.parametrize("hook", ["full", "pre", "global", "aux_only"])
+@pytest.mark.parametrize("hook", ["full", "pre", "aux_only"])
 def test_an_auxiliary_head_trains_as_without_hooks(hook: str, body: str, retained: bool) -> None:
     """A hook that only looks at a model with an unused auxiliary output: the same parameters
     after training as without it (before 2026-12-07 the auxiliary head's .grad was zeros, and
-    weight decay moved it by up to 0.04 in three steps)."""
+    weight decay moved it by up to 0.04 in three steps). Not under a global full hook: the
+    input side of a layer with full hooks gives zeros where no gradient came, as torch's
+    BackwardHook (the layers before it get zeros, also in torch:
+    `tests/test_paddle_unused_outputs_vs_torch.py`)."""
     want = _trained(None, body, retained)
     got = _trained(hook, body, retained)
     assert got["none"] == want["none"]

@@ -869,6 +869,7 @@ class _Graph:
         "edges_in",
         "gone",
         "handles",
+        "materializing",
         "names",
         "nodes",
         "reach",
@@ -889,6 +890,7 @@ class _Graph:
         # output's, a full hook's None; not a pre-hook's None for a used one), with the count
         self.told_in: dict[int, int] = {}
         self.gone: set[int] = set()
+        self.materializing: set[int] | None = None  # (`_materializing`, when first needed)
         self.handles: list[Any] = []  # `cut_off`'s post hooks, taken off as the backward ends
         # the zero gradients `cut_off` told, by data pointer (`dead_slots`; held: no other
         # tensor takes their memory while the backward runs)
@@ -998,38 +1000,73 @@ def cut_off(
         return
     graph = _running_graph()
     children = None if graph is None else graph.children.get(ptr)
-    if graph is None or children is None or ptr in graph.zeroed:
-        return  # (a node all of whose edges carry none: its children were counted with it)
+    if graph is None or children is None:
+        return
     told = zeros is not None
+    recount = ptr in graph.zeroed
+    if recount and (not told or ptr in graph.gone):
+        return  # (a node all of whose edges carry none: its children were counted with it)
     if told:
         graph.tell(zeros)
     todo = [(children[i], told) for i in slots if i < len(children) and children[i]]
-    dead, told_in, edges_in, names = graph.dead, graph.told_in, graph.edges_in, graph.names
-    accumulating: set[int] = set()
-    while todo:
-        node, by_told = todo.pop()
-        dead[node] = dead.get(node, 0) + 1
-        if by_told:
-            told_in[node] = told_in.get(node, 0) + 1
-        if dead[node] != edges_in.get(node, 0) or node in graph.seeds:
-            continue  # (a gradient still comes in through another edge, or as a seed)
-        graph.zeroed.add(node)
-        gone = told_in.get(node, 0) == dead[node]
-        if gone:
-            graph.gone.add(node)
-        name = names.get(node, "")
-        if name == _ACCUMULATION:
-            accumulating.add(node)
-        kids = [child for child in graph.children.get(node, ()) if child]
-        tell = gone and name in TELLING and any(names.get(k, "").startswith(_PYLAYER) for k in kids)
-        if tell or name in SINGULAR:
-            graph.hook(node, name in SINGULAR, tell)
-        todo.extend((kid, gone) for kid in kids)
+    accumulating = _count_dead(graph, todo, recount)
     if accumulating and leaves is not None:
         _none_again(accumulating, leaves())
 
 
+def _count_dead(graph: _Graph, todo: list[tuple[int, bool]], recount: bool) -> set[int]:
+    """Count the edges of `todo` (child, told) as carrying no gradient, and those of the nodes
+    only such edges reach (`zeroed`; `gone` where all are told). `recount`: the edges were
+    counted, as untold, by the walk that zeroed the node they leave (edges into it from a
+    pre-hook's None and from an unused output): they are told now, that node's identity
+    having taken its slot for one with none (helper-202's generated cases). The leaves' nodes
+    that only told edges reach are returned."""
+    dead, told_in, edges_in, names = graph.dead, graph.told_in, graph.edges_in, graph.names
+    accumulating: set[int] = set()
+    while todo:
+        node, by_told = todo.pop()
+        if not recount:
+            dead[node] = dead.get(node, 0) + 1
+        if by_told:
+            told_in[node] = told_in.get(node, 0) + 1
+        if dead.get(node, 0) != edges_in.get(node, 0) or node in graph.seeds:
+            continue  # (a gradient still comes in through another edge, or as a seed)
+        gone = told_in.get(node, 0) == dead[node]
+        if recount and (not gone or node in graph.gone):
+            continue  # (as it was: its children were counted with it)
+        if gone:
+            graph.gone.add(node)
+        name = names.get(node, "")
+        if name.startswith(_PYLAYER) and node in _materializing(graph):
+            # the input side of a call with full hooks: torch's BackwardHook gives the
+            # inputs zeros where none came, which stand for a gradient below (its hooks see
+            # zeros: helper-202's FINDING 1); its own None for an input is its `cut_off`'s
+            continue
+        graph.zeroed.add(node)
+        if name == _ACCUMULATION and gone:
+            accumulating.add(node)
+        kids = [child for child in graph.children.get(node, ()) if child]
+        tell = gone and name in TELLING and any(names.get(k, "").startswith(_PYLAYER) for k in kids)
+        singular = name in SINGULAR and not recount  # (its zeros hook is on already)
+        if tell or singular:
+            graph.hook(node, singular, tell)
+        todo.extend((kid, gone) for kid in kids)
+    return accumulating
+
+
 _ACCUMULATION = "GradNodeAccumulation"  # (a leaf's node: paddle runs no post hook on it)
+
+
+def _materializing(graph: _Graph) -> set[int]:
+    """The node_ptrs of the live identity nodes that materialize a slot with no gradient
+    (their objects' `materialize`: a call's input side), once per backward that needs them."""
+    if graph.materializing is None:
+        with _lock:
+            held = [ref() for ref in _holders]
+        graph.materializing = {
+            h.ptr for h in held if h is not None and getattr(h, "materialize", False) is True
+        }
+    return graph.materializing
 
 
 def _none_again(accumulating: set[int], leaves: Iterable[Any]) -> None:

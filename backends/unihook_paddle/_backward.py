@@ -325,7 +325,7 @@ def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
             result = came[i]
         if i in pruned:
             out.append(None)
-        elif result is None or (i in unreached and result is came[i]):
+        elif result is None or (i in unreached and result is came[i] and not node.materialize):
             zeros = paddle.zeros(shape, dtype)
             zeros.stop_gradient = constant
             out.append(zeros)
@@ -336,15 +336,9 @@ def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
         else:
             out.append(result.clone() if copy else result)
     # (what only the zeros reach gives zeros: trap 3)
-    # the module's parameters only the zeros reach keep None: where paddle gave the slot
-    # none, not where it was told (a live gradient of exact zeros summed into the told ones
-    # looks the same: helper-201's FINDING 1; the outer identity's cut reaches them anyway)
-    unused = [i for i in dead if i not in unreached]
-    if unused:
-        guard.cut_off(node.ptr, unused, [out[i] for i in unused], partial(_leaves, node))
-    told = [i for i in dead if i in unreached]
-    if told:
-        guard.cut_off(node.ptr, told, [out[i] for i in told])
+    # (the module's parameters only the zeros reach keep None)
+    if dead:
+        guard.cut_off(node.ptr, dead, [out[i] for i in dead], partial(_leaves, node))
     if untold:
         guard.cut_off(node.ptr, untold)
     return tuple(out)
