@@ -13,6 +13,7 @@ import pytest
 
 import unihook
 from unihook.info import KINDS
+from unihook.ops import Ops
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -522,3 +523,25 @@ def test_the_sdk_walks_what_a_module_holds_without_running_its_code() -> None:
     assert list(items_of(_Gets())) == []
     found = {id(t) for _, t in held_tensors(module, lambda v: isinstance(v, _Tensor))}
     assert found == {id(t1), id(t2), id(t3), id(t4)}
+
+
+def test_the_default_derived_from_cannot_tell_past_an_object_whose_class_raises() -> None:
+    """`Ops.derived_from`'s default (a third party's backend without its own): an attribute
+    value whose ``__class__`` raises (a proxy) is one it cannot tell (None), not an error out
+    of the module's forward."""
+
+    class Proxy:
+        @property  # type: ignore[misc]
+        def __class__(self) -> type:  # type: ignore[override]
+            raise RuntimeError("a proxy's own check")
+
+    class Tensor:
+        pass
+
+    class Minimal(Ops):
+        is_tensor = staticmethod(lambda obj: isinstance(obj, Tensor))
+
+    t = Tensor()
+    assert Minimal().derived_from([t, 3], [t], []) is False
+    assert Minimal().derived_from([Proxy()], [t], []) is None
+    assert Minimal().derived_from([Tensor()], [t], []) is None

@@ -226,8 +226,13 @@ class Ops:
         """See the function `derived_from`: None (cannot tell) where one of `held` is a tensor
         other than `tensors`, else False, by default."""
         outputs = {id(t) for t in tensors}
-        if any(self.is_tensor(obj) and id(obj) not in outputs for obj in held):
-            return None
+        for obj in held:
+            try:
+                tensor = self.is_tensor(obj)
+            except Exception:  # (a proxy whose `__class__` raises: it cannot tell)
+                return None
+            if tensor and id(obj) not in outputs:
+                return None
         return False
 
     def history_mark(self) -> object:
