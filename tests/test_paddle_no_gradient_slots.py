@@ -270,6 +270,36 @@ def test_an_auxiliary_head_trains_as_without_hooks(hook: str, body: str, retaine
             np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
+def test_an_auxiliary_head_after_a_backward_that_raised() -> None:
+    """A global full hook that raises at the body (after the auxiliary head's nodes ran): the
+    auxiliary head's .grad is None still, as torch leaves it (zeros until 2026-12-07: the end
+    of a backward that raised did not run, helper-201's FINDING 3)."""
+
+    class Model(paddle.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = paddle.nn.Linear(4, 4)
+            self.head = paddle.nn.Linear(4, 2)
+            self.aux = paddle.nn.Linear(4, 3)
+
+        def forward(self, x: Any) -> Any:
+            h = paddle.nn.functional.relu(self.body(x))
+            return self.head(h), self.aux(h)
+
+    model = Model()
+
+    def hook(m: Any, gi: Any, go: Any) -> None:
+        if m is model.body:
+            raise ValueError("the user's")
+
+    with unihook.register_module_full_backward_hook(hook, backend="paddle"):
+        out, _ = model(paddle.to_tensor(np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)))
+        with pytest.raises(ValueError, match="the user's"):
+            out.sum().backward()
+    assert model.head.weight.grad is not None
+    assert model.aux.weight.grad is None and model.aux.bias.grad is None
+
+
 _SPARSE_AUX = """
 import numpy as np, paddle, unihook
 class M(paddle.nn.Layer):

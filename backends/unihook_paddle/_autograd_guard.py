@@ -864,6 +864,7 @@ class _Graph:
 
     __slots__ = (
         "children",
+        "cleared",
         "dead",
         "dead_gradients",
         "edges_in",
@@ -892,6 +893,7 @@ class _Graph:
         self.gone: set[int] = set()
         self.materializing: set[int] | None = None  # (`_materializing`, when first needed)
         self.handles: list[Any] = []  # `cut_off`'s post hooks, taken off as the backward ends
+        self.cleared: list[weakref.ref[Any]] = []  # `_none_again`'s leaves
         # the zero gradients `cut_off` told, by data pointer (`dead_slots`; held: no other
         # tensor takes their memory while the backward runs)
         self.dead_gradients: dict[int, Any] = {}
@@ -933,9 +935,14 @@ class _Graph:
                 self.dead_gradients[int(gradient.data_ptr())] = gradient
 
     def unhook(self) -> None:
+        """The backward is over (also one that raised): `cut_off`'s post hooks go, and the
+        leaves `_none_again` found get None back."""
         handles, self.handles = self.handles, []
         for handle in handles:
             handle.remove()
+        cleared, self.cleared = self.cleared, []
+        for ref in cleared:
+            _clear_zeros(ref())
 
     def reaches(self, start: int, target: int) -> bool:
         """Whether the node `target` is `start` or at most `_NEAR` nodes below it (breadth
@@ -1011,7 +1018,7 @@ def cut_off(
     todo = [(children[i], told) for i in slots if i < len(children) and children[i]]
     accumulating = _count_dead(graph, todo, recount)
     if accumulating and leaves is not None:
-        _none_again(accumulating, leaves())
+        _none_again(graph, accumulating, leaves())
 
 
 def _count_dead(graph: _Graph, todo: list[tuple[int, bool]], recount: bool) -> set[int]:
@@ -1069,27 +1076,26 @@ def _materializing(graph: _Graph) -> set[int]:
     return graph.materializing
 
 
-def _none_again(accumulating: set[int], leaves: Iterable[Any]) -> None:
+def _none_again(graph: _Graph, accumulating: set[int], leaves: Iterable[Any]) -> None:
     """The leaves whose grad nodes are in `accumulating` (only zeros reach them: their
-    gradients have not come yet) and whose .grad is None get None back as the backward ends,
-    unless something else put a gradient there meanwhile (another thread's backward)."""
-    found = [
+    gradients have not come yet) and whose .grad is None get None back as the backward ends
+    (`_Graph.unhook`, also where it raised: helper-201's FINDING 3), unless something else put
+    a gradient there meanwhile (another thread's backward)."""
+    graph.cleared += [
         weakref.ref(leaf)
         for leaf in leaves
         if not leaf.stop_gradient and leaf.grad is None and node_ptr(leaf) in accumulating
     ]
-    if found:
-        at_backward_end(functools.partial(_clear_zeros, found))
 
 
-def _clear_zeros(found: list[weakref.ref[Any]]) -> None:
-    for ref in found:
-        leaf = ref()
-        grad = None if leaf is None else leaf.grad
-        # (dense only: `any` of a sparse Embedding's SelectedRows gradient raised, or aborted
-        # the process: helper-201's FINDING 2)
-        if leaf is not None and grad is not None and grad.is_dense() and not bool(grad.any()):
-            leaf.clear_gradient(False)  # (False: None, not zeros)
+def _clear_zeros(leaf: Any) -> None:
+    if leaf is None:
+        return
+    grad = leaf.grad
+    # (dense only: `any` of a sparse Embedding's SelectedRows gradient raised, or aborted the
+    # process: helper-201's FINDING 2)
+    if grad is not None and grad.is_dense() and not bool(grad.any()):
+        leaf.clear_gradient(False)  # (False: None, not zeros)
 
 
 def dead_slots(ptr: int, grads: Sequence[Any]) -> list[int]:
