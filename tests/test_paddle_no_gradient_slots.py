@@ -794,13 +794,12 @@ class _LiveZero(paddle.nn.Layer):
         return p * 3.0 + q * 0.0, q
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (helper-198's FINDING 1): a used output whose gradient is exact zeros, summed "
-    "by paddle into the memory of the zeros told for the unused one, is taken for one with "
-    "none: the inner hook sees None, and the NaN paddle and torch give at sqrt(0) is zeros",
-)
 def test_a_used_output_with_a_zero_gradient_beside_an_unused_one() -> None:
+    """A used output whose gradient is exact zeros, summed by paddle into the memory of the
+    zeros told for the unused one: a gradient still (the told zeros are negative, `no_gradient`,
+    and the sum is not), the inner hook sees it and the NaN paddle and torch give at sqrt(0)
+    stays (until 2026-12-07 taken for none: helper-198's FINDING 1, a strict xfail)."""
+
     def run(hooked: bool) -> tuple[np.ndarray, list[Any]]:
         outer, seen = _LiveZero(), []
         handles = []

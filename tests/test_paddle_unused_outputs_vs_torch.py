@@ -142,6 +142,12 @@ _CASES: dict[str, _Case] = {
         lambda fw: dict(body=_layer(fw, 2, 1), head=fw.linear(1), aux=_layer(fw, 4, 1)),
         lambda fw, s, x: _dead_relu(fw, s, s.body(x)),
     ),
+    # exact zeros through a stack beside an unused output of the same tensor (helper-203's
+    # FINDING 1: the parameters below got None)
+    "stacked_zeros_and_unused": (
+        lambda fw: dict(head=fw.linear(1), inner=_layer(fw, 2, 2)),
+        lambda fw, s, x: (lambda a, b: (fw.stack([b, x])[1] + s.head(a), b))(*s.inner(x)),
+    ),
     "exact_zeros_and_unused": (
         lambda fw: dict(inner=_layer(fw, 2, 2)),
         lambda fw, s, x: (lambda a, b: (a * 0.0, b))(*s.inner(x)),
@@ -215,12 +221,13 @@ def _run(fw: Any, case: str, hooks: str) -> tuple[list[Any], dict[str, str]]:
 @pytest.mark.parametrize("hooks", ["global", "some", "pre_none"])
 @pytest.mark.parametrize("case", sorted(_CASES))
 def test_hooks_and_gradients_as_torch(case: str, hooks: str) -> None:
-    """On c802303, 35 of these 39 differed (zeros where torch's hooks see None: an inner
+    """On c802303, 35 of the first 39 differed (zeros where torch's hooks see None: an inner
     layer past a concat or a stack, returned as it is, called twice; zeros in the .grad of
     an auxiliary head where torch leaves None); on 3ba602b 16: the layers below a
     full-hooked layer's input side saw None where torch's see zeros (helper-202's FINDING
     1), a two-output inner layer's parameters kept zeros (its FINDING 2), and an inner
-    layer's None went unseen past one that a pre-hook's None also reached."""
+    layer's None went unseen past one that a pre-hook's None also reached; on f3aa169 3:
+    exact zeros summed into told ones were taken for none (helper-203's FINDING 1)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want = _run(_Torch, case, hooks)

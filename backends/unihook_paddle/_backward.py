@@ -326,13 +326,14 @@ def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
         if i in pruned:
             out.append(None)
         elif result is None or (i in unreached and result is came[i] and not node.materialize):
-            zeros = paddle.zeros(shape, dtype)
-            zeros.stop_gradient = constant
-            out.append(zeros)
             # no gradient below, as torch's: an output with none (unused, or told so), a
             # full hook's None for an input; not a pre-hook's None for one that had one
             # (torch's BackwardHook gives the module's backward zeros there)
-            (dead if node.materialize or came[i] is None else untold).append(i)
+            none = node.materialize or came[i] is None
+            zeros = guard.no_gradient(shape, dtype) if none else paddle.zeros(shape, dtype)
+            zeros.stop_gradient = constant
+            out.append(zeros)
+            (dead if none else untold).append(i)
         else:
             out.append(result.clone() if copy else result)
     # (what only the zeros reach gives zeros: trap 3)
