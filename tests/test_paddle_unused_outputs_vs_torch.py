@@ -148,6 +148,10 @@ _CASES: dict[str, _Case] = {
         lambda fw: dict(head=fw.linear(1), inner=_layer(fw, 2, 2)),
         lambda fw, s, x: (lambda a, b: (fw.stack([b, x])[1] + s.head(a), b))(*s.inner(x)),
     ),
+    "chain": (
+        lambda fw: dict(head=fw.linear(1), inner=_layer(fw, 2, 1)),
+        lambda fw, s, x: (s.head(s.inner(x)),),
+    ),
     "exact_zeros_and_unused": (
         lambda fw: dict(inner=_layer(fw, 2, 2)),
         lambda fw, s, x: (lambda a, b: (a * 0.0, b))(*s.inner(x)),
@@ -207,6 +211,9 @@ def _run(fw: Any, case: str, hooks: str) -> tuple[list[Any], dict[str, str]]:
         handles.append(
             unihook.register_full_backward_pre_hook(model, lambda m, go: (None,) * len(go))
         )
+    if hooks == "full_none":  # (on "head": no gradient for its input)
+        head = fw.named(model)["head"]
+        handles.append(unihook.register_full_backward_hook(head, lambda m, gi, go: (None,)))
     x = fw.x()
     try:
         model(x)[0].sum().backward()
@@ -219,7 +226,7 @@ def _run(fw: Any, case: str, hooks: str) -> tuple[list[Any], dict[str, str]]:
 
 
 @pytest.mark.parametrize("hooks", ["global", "some", "pre_none"])
-@pytest.mark.parametrize("case", sorted(_CASES))
+@pytest.mark.parametrize("case", sorted(set(_CASES) - {"chain"}))
 def test_hooks_and_gradients_as_torch(case: str, hooks: str) -> None:
     """On c802303, 35 of the first 39 differed (zeros where torch's hooks see None: an inner
     layer past a concat or a stack, returned as it is, called twice; zeros in the .grad of
@@ -232,4 +239,17 @@ def test_hooks_and_gradients_as_torch(case: str, hooks: str) -> None:
         warnings.simplefilter("ignore")
         want = _run(_Torch, case, hooks)
         got = _run(_Paddle, case, hooks)
+    assert got == want
+
+
+def test_a_full_hooks_none_for_an_input_as_torch() -> None:
+    """A full hook returning None for its input ("head" after "inner", global full hooks
+    beside): the layers before get no gradient, their parameters' .grad stays None, as
+    torch's; the input side of "inner" gives x zeros, as torch's BackwardHook (until
+    2026-12-07 the parameters got zeros: 30 of 800 generated models, helper-203)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = _run(_Torch, "chain", "full_none")
+        got = _run(_Paddle, "chain", "full_none")
+    assert want[1]["inner.l.weight"] == "None"
     assert got == want

@@ -869,6 +869,7 @@ class _Graph:
         "dead_gradients",
         "edges_in",
         "gone",
+        "gone_leaves",
         "handles",
         "materializing",
         "names",
@@ -891,6 +892,7 @@ class _Graph:
         # output's, a full hook's None; not a pre-hook's None for a used one), with the count
         self.told_in: dict[int, int] = {}
         self.gone: set[int] = set()
+        self.gone_leaves: set[int] = set()  # (the leaves' nodes among them)
         self.materializing: set[int] | None = None  # (`_materializing`, when first needed)
         self.handles: list[Any] = []  # `cut_off`'s post hooks, taken off as the backward ends
         self.cleared: list[weakref.ref[Any]] = []  # `_none_again`'s leaves
@@ -1011,25 +1013,25 @@ def cut_off(
         return
     told = zeros is not None
     recount = ptr in graph.zeroed
-    if recount and (not told or ptr in graph.gone):
-        return  # (a node all of whose edges carry none: its children were counted with it)
-    if told:
-        graph.tell(zeros)
-    todo = [(children[i], told) for i in slots if i < len(children) and children[i]]
-    accumulating = _count_dead(graph, todo, recount)
-    if accumulating and leaves is not None:
-        _none_again(graph, accumulating, leaves())
+    # (a node all of whose edges carry none: its children were counted with it)
+    if not recount or (told and ptr not in graph.gone):
+        if told:
+            graph.tell(zeros)
+        todo = [(children[i], told) for i in slots if i < len(children) and children[i]]
+        _count_dead(graph, todo, recount)
+    if graph.gone_leaves and leaves is not None:
+        # (also those an outer identity's walk found: a layer before a full hook's None)
+        _none_again(graph, graph.gone_leaves, leaves())
 
 
-def _count_dead(graph: _Graph, todo: list[tuple[int, bool]], recount: bool) -> set[int]:
+def _count_dead(graph: _Graph, todo: list[tuple[int, bool]], recount: bool) -> None:
     """Count the edges of `todo` (child, told) as carrying no gradient, and those of the nodes
     only such edges reach (`zeroed`; `gone` where all are told). `recount`: the edges were
     counted, as untold, by the walk that zeroed the node they leave (edges into it from a
     pre-hook's None and from an unused output): they are told now, that node's identity
     having taken its slot for one with none (helper-202's generated cases). The leaves' nodes
-    that only told edges reach are returned."""
+    that only told edges reach go to `gone_leaves`."""
     dead, told_in, edges_in, names = graph.dead, graph.told_in, graph.edges_in, graph.names
-    accumulating: set[int] = set()
     while todo:
         node, by_told = todo.pop()
         if not recount:
@@ -1051,14 +1053,13 @@ def _count_dead(graph: _Graph, todo: list[tuple[int, bool]], recount: bool) -> s
             continue
         graph.zeroed.add(node)
         if name == _ACCUMULATION and gone:
-            accumulating.add(node)
+            graph.gone_leaves.add(node)
         kids = [child for child in graph.children.get(node, ()) if child]
         tell = gone and name in TELLING and any(names.get(k, "").startswith(_PYLAYER) for k in kids)
         singular = name in SINGULAR and not recount  # (its zeros hook is on already)
         if tell or singular:
             graph.hook(node, singular, tell)
         todo.extend((kid, gone) for kid in kids)
-    return accumulating
 
 
 _ACCUMULATION = "GradNodeAccumulation"  # (a leaf's node: paddle runs no post hook on it)
