@@ -825,3 +825,41 @@ def test_a_used_output_with_a_zero_gradient_beside_an_unused_one() -> None:
     assert np.isnan(want[0, 0])
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert len(seen) == 1 and seen[0] is not None
+
+
+class _ComplexInner(paddle.nn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        for name, value in (("w1", 2.0), ("w2", 1.0)):
+            init = paddle.nn.initializer.Constant(value)
+            setattr(
+                self, name, self.create_parameter([3], dtype="complex64", default_initializer=init)
+            )
+
+    def forward(self, x: Any) -> Any:
+        return x * self.w1, x * self.w2
+
+
+class _ComplexTop(paddle.nn.Layer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _ComplexInner()
+
+    def forward(self, x: Any) -> Any:
+        a, b = self.inner(x)
+        return a * 2.0 + paddle.stack([b, x])[1], b
+
+
+def test_a_complex_exact_zero_gradient_beside_an_unused_output() -> None:
+    """complex64: the used output's gradient of exact zeros summed into the zeros told for
+    the unused one is a gradient still (told as -0.0 - 0.0j), the inner hook sees it and the
+    parameter's .grad is zeros, as paddle's without hooks (None until 2026-12-07:
+    helper-204's FINDING 2)."""
+    seen: list[Any] = []
+    model = _ComplexTop()
+    outer = unihook.register_full_backward_hook(model, lambda m, gi, go: None)
+    with outer, unihook.register_full_backward_hook(model.inner, lambda m, gi, go: seen.append(go)):
+        x = paddle.to_tensor([[1.0, -2.0, 0.5]], dtype="complex64", stop_gradient=False)
+        model(x)[0].sum().real().backward()
+    assert [g is None for g in seen[0]] == [False, False]
+    assert model.inner.w2.grad is not None and not model.inner.w2.grad.numpy().any()

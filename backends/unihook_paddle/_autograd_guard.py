@@ -1257,8 +1257,12 @@ def no_gradient(shape: Any, dtype: Any) -> Any:
     hook saw None and the parameters below it got None: helper-198's FINDING 1,
     helper-203's FINDING 1)."""
     paddle = _paddle()
-    if paddle.is_floating_point(paddle.empty([0], dtype)):
+    kind = paddle.empty([0], dtype)
+    if paddle.is_floating_point(kind):
         return paddle.full(shape, -0.0, dtype)
+    if paddle.is_complex(kind):  # (-0.0 - 0.0j: helper-204's FINDING 2)
+        part = paddle.full(shape, -0.0, paddle.real(kind).dtype)
+        return paddle.complex(part, part)
     return paddle.zeros(shape, dtype)
 
 
@@ -1268,8 +1272,13 @@ def _none_only(grad: Any) -> bool:
     one of -0.0 does not show)."""
     if bool(grad.any()):
         return False
-    if not grad.is_floating_point():
-        return True
+    paddle = _paddle()
+    if grad.is_complex():
+        return _negative(paddle.real(grad)) and _negative(paddle.imag(grad))
+    return not grad.is_floating_point() or _negative(grad)
+
+
+def _negative(grad: Any) -> bool:
     paddle = _paddle()
     if grad.dtype not in (paddle.float32, paddle.float64):
         grad = grad.astype("float32")  # (no sign kernel for halves on the CPU)
