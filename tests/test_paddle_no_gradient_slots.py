@@ -863,3 +863,54 @@ def test_a_complex_exact_zero_gradient_beside_an_unused_output() -> None:
         model(x)[0].sum().real().backward()
     assert [g is None for g in seen[0]] == [False, False]
     assert model.inner.w2.grad is not None and not model.inner.w2.grad.numpy().any()
+
+
+def _tapped_aux(framework: str) -> tuple[list[Any], dict[str, float]]:
+    """A model whose auxiliary head's output, ``z2 = aux(h) * 2``, the loss leaves out, a
+    global full hook, GradientMonitor and a tensor hook of the user's on z2 returning ones:
+    what the hook got (None or zeros), the monitor's entry."""
+    from unihook.recipes import GradientMonitor
+
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        Module, Linear = torch.nn.Module, torch.nn.Linear
+        ones = torch.ones_like
+        x = torch.ones(2, 3, requires_grad=True)
+    else:
+        Module, Linear, ones = paddle.nn.Layer, paddle.nn.Linear, paddle.ones_like
+        x = paddle.ones([2, 3])
+        x.stop_gradient = False
+
+    class Model(Module):  # type: ignore[misc,valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.aux, self.head = Linear(3, 3), Linear(3, 3), Linear(3, 3)
+
+        def forward(self, x: Any) -> Any:
+            h = self.body(x)
+            self.z2 = self.aux(h) * 2.0
+            return self.head(h), self.z2 + 1.0
+
+    model, seen = Model(), []
+    monitor = GradientMonitor(model)
+    hook = unihook.register_module_full_backward_hook(lambda m, gi, go: None, backend=framework)
+    with hook:
+        out = model(x)
+        model.z2.register_hook(lambda g: seen.append(g) or (None if g is None else ones(g)))
+        out[0].sum().backward()
+    monitor.remove()
+    got = [None if g is None else float(abs(g).sum()) for g in seen]
+    return got, dict.fromkeys(monitor.history[-1], 0.0)
+
+
+def test_a_tensor_hook_only_an_unused_outputs_zeros_reach_as_torch() -> None:
+    """torch's engine calls a tensor hook on that branch with None, and GradientMonitor
+    records nothing for it; on paddle until 2026-12-07 the hook got zeros, what it returned
+    (ones) went on as a gradient, and the monitor recorded 'aux': 0.0 (helper-204's FINDING
+    3)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = _tapped_aux("torch")
+        got = _tapped_aux("paddle")
+    assert want == ([None], {"": 0.0, "head": 0.0, "body": 0.0})
+    assert got == want
