@@ -20,6 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 paddle = pytest.importorskip("paddle")
 
+from test_paddle_unused_outputs_vs_torch import _Paddle, _Torch  # noqa: E402
+
 import unihook  # noqa: E402
 from unihook.errors import BackendStateError  # noqa: E402
 
@@ -131,14 +133,7 @@ class FT:
     name = "torch"
     Module = torch.nn.Module
 
-    @staticmethod
-    def linear(seed):
-        layer = torch.nn.Linear(3, 3)
-        rng = np.random.RandomState(seed)
-        with torch.no_grad():
-            layer.weight.copy_(torch.tensor(rng.randn(3, 3).astype(np.float32)))
-            layer.bias.copy_(torch.tensor(rng.randn(3).astype(np.float32)))
-        return layer
+    linear = _Torch.linear  # (the same weights in both)
 
     @staticmethod
     def op(op, xs, arg):
@@ -180,13 +175,7 @@ class FP:
     name = "paddle"
     Module = paddle.nn.Layer
 
-    @staticmethod
-    def linear(seed):
-        layer = paddle.nn.Linear(3, 3)
-        rng = np.random.RandomState(seed)
-        layer.weight.set_value(rng.randn(3, 3).astype(np.float32).T.copy())
-        layer.bias.set_value(rng.randn(3).astype(np.float32))
-        return layer
+    linear = _Paddle.linear
 
     @staticmethod
     def op(op, xs, arg):
