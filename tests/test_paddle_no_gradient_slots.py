@@ -15,6 +15,7 @@ the loss (torch's numbers: its undefined gradient adds nothing).
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -867,7 +868,7 @@ def test_a_complex_exact_zero_gradient_beside_an_unused_output() -> None:
 
 def _tapped_aux(framework: str) -> tuple[list[Any], dict[str, float]]:
     """A model whose auxiliary head's output, ``z2 = aux(h) * 2``, the loss leaves out, a
-    global full hook, GradientMonitor and a tensor hook of the user's on z2 returning ones:
+    global full hook, GradientMonitor and a tensor hook of unihook's on z2 returning ones:
     what the hook got (None or zeros), the monitor's entry."""
     from unihook.recipes import GradientMonitor
 
@@ -896,7 +897,9 @@ def _tapped_aux(framework: str) -> tuple[list[Any], dict[str, float]]:
     hook = unihook.register_module_full_backward_hook(lambda m, gi, go: None, backend=framework)
     with hook:
         out = model(x)
-        model.z2.register_hook(lambda g: seen.append(g) or (None if g is None else ones(g)))
+        unihook.register_tensor_hook(
+            model.z2, lambda g: seen.append(g) or (None if g is None else ones(g))
+        )
         out[0].sum().backward()
     monitor.remove()
     got = [None if g is None else float(abs(g).sum()) for g in seen]
@@ -914,3 +917,97 @@ def test_a_tensor_hook_only_an_unused_outputs_zeros_reach_as_torch() -> None:
         got = _tapped_aux("paddle")
     assert want == ([None], {"": 0.0, "head": 0.0, "body": 0.0})
     assert got == want
+
+
+class _Attr(paddle.nn.Layer):
+    """``z2 = aux(body(x)) * 2 * attr``, `attr` made from x before the forward, the second
+    output (z2 + 1) left out by the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.aux, self.head = (paddle.nn.Linear(3, 3) for _ in range(3))
+        self.attr: Any = None
+
+    def forward(self, x: Any) -> Any:
+        h = self.body(x)
+        self.z2 = self.aux(h) * 2.0 * self.attr
+        return self.head(h), self.z2 + 1.0
+
+
+_REGISTERED_BEFORE = """
+import sys, warnings
+warnings.simplefilter("ignore")
+import numpy as np, paddle, unihook
+sys.path.insert(0, TESTS)
+from test_paddle_no_gradient_slots import _Attr
+api = sys.argv[1]
+results = []
+for hooked in (False, True):
+    paddle.seed(0)
+    model, seen = _Attr(), []
+    x = paddle.to_tensor(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
+    x.stop_gradient = False
+    model.attr = x * 3.0
+    if api == "paddle":
+        model.attr.register_hook(lambda g: seen.append(g) or paddle.ones_like(g))
+    elif api == "unihook":
+        unihook.register_tensor_hook(model.attr, lambda g: seen.append(g))
+    else:
+        unihook.ops.on_grad(model.attr, lambda g: seen.append(g))
+    handle = None
+    if hooked:
+        handle = unihook.register_module_full_backward_hook(
+            lambda m, gi, go: None, backend="paddle"
+        )
+    model(x)[0].sum().backward()
+    if handle is not None:
+        handle.remove()
+    results.append([x.grad.numpy().round(5).tolist(), [g is None for g in seen]])
+print(results)
+"""
+
+
+@pytest.mark.parametrize("api", ["paddle", "unihook", "on_grad"])
+def test_a_tensor_hook_registered_before_unihooks_hooks(api: str) -> None:
+    """A hook on `attr` registered before any hook of unihook's (in a fresh process: the
+    guard is not in, and cannot wrap paddle's own), paddle's returning ones: x's gradient is
+    paddle's without hooks (until 2026-12-07 the ones went on as a gradient, 89.97 where
+    paddle gives 0.03: helper-205's FINDING 1; the gone nodes of `TELLING` give zeros now);
+    unihook's hooks see None there, as torch's (helper-205's measurements; paddle's own gets
+    the zeros sent)."""
+    code = _REGISTERED_BEFORE.replace("TESTS", repr(str(Path(__file__).parent)))
+    (want, plain), (got, seen) = last_value(run_code(code, api, timeout=120, fresh=True))
+    assert got == want and plain == []
+    if api != "paddle":
+        assert seen == [True]
+
+
+def test_a_native_tensor_hook_that_takes_no_none_on_that_branch() -> None:
+    """paddle's own `register_hook` after the forward, ``lambda g: g * 2``, on a tensor only
+    an unused output's zeros reach: not called (paddle without unihook runs no node there;
+    torch's engine calls it with None, and it raises: helper-205's FINDING 4), the backward
+    runs, x's gradient is paddle's."""
+
+    def run(hooked: bool) -> np.ndarray:
+        paddle.seed(0)
+        model = _Attr()
+        x = paddle.to_tensor(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
+        x.stop_gradient = False
+        model.attr = paddle.ones([2, 3])
+        handle = None
+        if hooked:
+            handle = unihook.register_module_full_backward_hook(
+                lambda m, gi, go: None, backend="paddle"
+            )
+        try:
+            first, _ = model(x)
+            model.z2.register_hook(lambda g: g * 2)
+            first.sum().backward()
+        finally:
+            if handle is not None:
+                handle.remove()
+        return x.grad.numpy()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        np.testing.assert_allclose(run(True), run(False), rtol=1e-6)

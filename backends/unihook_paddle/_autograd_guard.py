@@ -794,21 +794,25 @@ def _unmark(ref: weakref.ref[Any], ptr: int) -> None:
         _seen.discard(ptr)
 
 
-def _mark(tensor: Any, hook: Any = None) -> Any:
+def _mark(tensor: Any, hook: Any = None, native: bool = False) -> Any:
     """Mark `tensor`'s grad node as seen by user code; return `hook`, redirected when that node
-    is an identity node handing its output out as it is."""
-    if not _identity_count:
-        return hook  # (what `passes_on` trusts is made while an identity node lives)
-    node = _grad_node(tensor)
+    is an identity node handing its output out as it is, and not run as it is where only
+    edges carrying no gradient reach it (`_unless_gone`; `native`: registered through
+    paddle's own API)."""
+    node = _grad_node(tensor) if hook is not None or _identity_count else None
     if node is None:
         return hook  # a leaf: its accumulation node is never trusted
     ptr = int(node.node_ptr())
+    if hook is not None:
+        # (also while no identity node lives yet: a hook registered before the forward that
+        # makes them, helper-205's FINDING 1)
+        hook = functools.partial(_unless_gone, ptr, hook, native)
+    if not _identity_count:
+        return hook  # (what `passes_on` trusts is made while an identity node lives)
     holder = _redirects.get(ptr)
     owner = None if holder is None else holder()
     if hook is not None and owner is not None:
         hook = owner.redirect(hook)
-    if hook is not None:
-        hook = functools.partial(_unless_gone, ptr, hook)
     with _lock:
         if ptr in _seen:
             return hook  # (one mark a node: it stays until the node goes, whatever is removed)
@@ -819,23 +823,26 @@ def _mark(tensor: Any, hook: Any = None) -> Any:
     return hook
 
 
-def _unless_gone(ptr: int, hook: Callable[[Any], Any], grad: Any) -> Any:
+def _unless_gone(ptr: int, hook: Callable[[Any], Any], native: bool, grad: Any) -> Any:
     """`hook` on a tensor of the node at `ptr`; where only edges carrying no gradient reach
     that node in the running backward (`_Graph.gone`: the zeros of an unused output of a
-    hooked call), called with None, as torch's engine calls it there, and what it returns
-    left out (until 2026-12-07 it got zeros, and what it returned went on as a gradient;
-    GradientMonitor recorded 0.0 for an auxiliary head beside a global full hook:
-    helper-204's FINDING 3)."""
+    hooked call), what it returns is left out, and it is called with None, as torch's engine
+    calls it there (unihook's `register_tensor_hook`), or not at all, as paddle without
+    unihook's hooks runs no node there (one registered through paddle's own API, which may
+    not take None: helper-205's FINDING 4). Until 2026-12-07 it got zeros, and what it
+    returned went on as a gradient; GradientMonitor recorded 0.0 for an auxiliary head beside
+    a global full hook (helper-204's FINDING 3)."""
     graph = _state.graph
     if graph is not None and ptr in graph.gone:
-        hook(None)
+        if not native:
+            hook(None)
         return None
     return hook(grad)
 
 
 def _register_grad_hook(self: Any, hook: Any) -> Any:
     if not self.stop_gradient:
-        hook = _mark(self, hook)
+        hook = _mark(self, hook, native=True)
     return _tensor_originals[0](self, hook)
 
 
@@ -848,12 +855,9 @@ def _retain_grads(self: Any) -> Any:
 def register_hook(tensor: Any, hook: Callable[[Any], Any], hook_ids: list[int]) -> None:
     """``tensor._register_grad_hook(hook)`` (marking its node while the guard is in), paddle's
     id appended to `hook_ids` by C code: no point between them where a Ctrl-C can land."""
-    if _installed:
-        if not tensor.stop_gradient:
-            hook = _mark(tensor, hook)
-        register = _tensor_originals[0]
-    else:
-        register = _Tensor._register_grad_hook
+    if not tensor.stop_gradient:  # (also before the guard is in: `_unless_gone`)
+        hook = _mark(tensor, hook)
+    register = _tensor_originals[0] if _installed else _Tensor._register_grad_hook
     hook_ids.extend(map(register, (tensor,), (hook,)))
 
 
@@ -1072,9 +1076,15 @@ def _count_dead(graph: _Graph, todo: list[tuple[int, bool]], recount: bool) -> N
             graph.gone_leaves.add(node)
         kids = [child for child in graph.children.get(node, ()) if child]
         tell = gone and name in TELLING and any(names.get(k, "").startswith(_PYLAYER) for k in kids)
-        singular = name in SINGULAR and not recount  # (its zeros hook is on already)
-        if tell or singular:
-            graph.hook(node, singular, tell)
+        # (and one gone gives zeros whatever a tensor hook put in: one registered before
+        # unihook's, which the guard could not wrap, returned ones there, and they went on as
+        # a gradient, 89.97 where paddle's is 0.03: helper-205's FINDING 1)
+        singular, neutral = name in SINGULAR, gone and name in TELLING
+        if recount:  # (a singular one's zeros hook is on already)
+            if tell or (neutral and not singular):
+                graph.hook(node, not tell, tell)
+        elif tell or singular or neutral:
+            graph.hook(node, True, tell)
         todo.extend((kid, gone) for kid in kids)
 
 

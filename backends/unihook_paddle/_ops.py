@@ -291,7 +291,7 @@ class PaddleOps(Ops):
                 guard.stash(error)
                 raise
 
-        t._register_grad_hook(hook)
+        guard.register_hook(t, hook, [])  # (None where torch's engine gives None: as torch)
         guard.hold(hook)
         return True
 
