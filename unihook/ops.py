@@ -843,7 +843,9 @@ def on_grad(t: Any, fn: Callable[[Any], None]) -> bool:
     offers one that keeps an exception's type (torch and paddle: 2x and 3x to 7x cheaper per
     tensor than `register_tensor_hook`, whose checks, emulation and wrapper are for hooks that
     replace gradients), `register_tensor_hook` otherwise. Not removable: it goes with `t`.
-    False, with nothing registered, when `t` gets no gradient (no_grad, a constant)."""
+    False, with nothing registered, when `t` gets no gradient (no_grad, a constant). `grad` is
+    None where torch's engine passes None: on a branch only an unused output of a call with
+    module backward hooks reaches (paddle: as torch)."""
     return bool(ops_for(t).on_grad(t, fn))
 
 

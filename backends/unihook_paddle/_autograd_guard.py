@@ -964,7 +964,10 @@ class _Graph:
             handle.remove()
         cleared, self.cleared = self.cleared, []
         for ref in cleared:
-            _clear_zeros(ref())
+            try:
+                _clear_zeros(ref())
+            except Exception:  # (one paddle cannot read keeps zeros; the backward's error goes on)
+                pass
 
     def reaches(self, start: int, target: int) -> bool:
         """Whether the node `target` is `start` or at most `_NEAR` nodes below it (breadth
