@@ -866,35 +866,41 @@ def test_a_complex_exact_zero_gradient_beside_an_unused_output() -> None:
     assert model.inner.w2.grad is not None and not model.inner.w2.grad.numpy().any()
 
 
-def _tapped_aux(framework: str) -> tuple[list[Any], dict[str, float]]:
+def _tapped_aux(framework: str) -> tuple[list[Any], dict[str, float], list[Any]]:
     """A model whose auxiliary head's output, ``z2 = aux(h) * 2``, the loss leaves out, a
     global full hook, GradientMonitor and a tensor hook of unihook's on z2 returning ones:
-    what the hook got (None or zeros), the monitor's entry."""
+    what the hook got (None or zeros), the monitor's entry, the global hook's calls (the
+    module, which of its grad_output are None)."""
     from unihook.recipes import GradientMonitor
 
     if framework == "torch":
         torch = pytest.importorskip("torch")
-        Module, Linear = torch.nn.Module, torch.nn.Linear
-        ones = torch.ones_like
+        Module, Linear, Sequential = torch.nn.Module, torch.nn.Linear, torch.nn.Sequential
+        ones, Tanh = torch.ones_like, torch.nn.Tanh
         x = torch.ones(2, 3, requires_grad=True)
     else:
         Module, Linear, ones = paddle.nn.Layer, paddle.nn.Linear, paddle.ones_like
+        Sequential, Tanh = paddle.nn.Sequential, paddle.nn.Tanh
         x = paddle.ones([2, 3])
         x.stop_gradient = False
 
     class Model(Module):  # type: ignore[misc,valid-type]
         def __init__(self) -> None:
             super().__init__()
-            self.body, self.aux, self.head = Linear(3, 3), Linear(3, 3), Linear(3, 3)
+            self.body, self.head = Linear(3, 3), Linear(3, 3)
+            self.aux = Sequential(Linear(3, 3), Tanh(), Linear(3, 3))
 
         def forward(self, x: Any) -> Any:
             h = self.body(x)
             self.z2 = self.aux(h) * 2.0
             return self.head(h), self.z2 + 1.0
 
-    model, seen = Model(), []
+    model, seen, calls = Model(), [], []
     monitor = GradientMonitor(model)
-    hook = unihook.register_module_full_backward_hook(lambda m, gi, go: None, backend=framework)
+    hook = unihook.register_module_full_backward_hook(
+        lambda m, gi, go: calls.append((type(m).__name__, [g is None for g in go])),
+        backend=framework,
+    )
     with hook:
         out = model(x)
         unihook.register_tensor_hook(
@@ -903,19 +909,23 @@ def _tapped_aux(framework: str) -> tuple[list[Any], dict[str, float]]:
         out[0].sum().backward()
     monitor.remove()
     got = [None if g is None else float(abs(g).sum()) for g in seen]
-    return got, dict.fromkeys(monitor.history[-1], 0.0)
+    return got, dict.fromkeys(monitor.history[-1], 0.0), sorted(calls)
 
 
 def test_a_tensor_hook_only_an_unused_outputs_zeros_reach_as_torch() -> None:
     """torch's engine calls a tensor hook on that branch with None, and GradientMonitor
-    records nothing for it; on paddle until 2026-12-07 the hook got zeros, what it returned
-    (ones) went on as a gradient, and the monitor recorded 'aux': 0.0 (helper-204's FINDING
-    3)."""
+    records nothing for it (the layers below the auxiliary head's last one get zeros from its
+    full-hooked input side, in torch too); on paddle until 2026-12-07 the hook got zeros, what
+    it returned (ones) went on as a gradient, and the monitor recorded 0.0 (helper-204's FINDING
+    3); the auxiliary head's own hook sees None, as torch's, also with the monitor's hook on
+    its output (zeros on e63943c: that hook, redirected to its identity node, stood for a
+    gradient there: helper-206's FINDING 1)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want = _tapped_aux("torch")
         got = _tapped_aux("paddle")
-    assert want == ([None], {"": 0.0, "head": 0.0, "body": 0.0})
+    assert want[0] == [None] and "aux.2" not in want[1]  # (below its input side: zeros)
+    assert ("Sequential", [True]) in want[2]
     assert got == want
 
 

@@ -803,16 +803,18 @@ def _mark(tensor: Any, hook: Any = None, native: bool = False) -> Any:
     if node is None:
         return hook  # a leaf: its accumulation node is never trusted
     ptr = int(node.node_ptr())
-    if hook is not None:
-        # (also while no identity node lives yet: a hook registered before the forward that
-        # makes them, helper-205's FINDING 1)
-        hook = functools.partial(_unless_gone, ptr, hook, native)
-    if not _identity_count:
-        return hook  # (what `passes_on` trusts is made while an identity node lives)
     holder = _redirects.get(ptr)
     owner = None if holder is None else holder()
     if hook is not None and owner is not None:
         hook = owner.redirect(hook)
+    if hook is not None:
+        # (outside the redirect: where the node gets no gradient, the redirect records no
+        # replacement, which would stand for one: helper-206's FINDING 1; also while no
+        # identity node lives yet, a hook registered before the forward that makes them:
+        # helper-205's FINDING 1)
+        hook = functools.partial(_unless_gone, ptr, hook, native)
+    if not _identity_count:
+        return hook  # (what `passes_on` trusts is made while an identity node lives)
     with _lock:
         if ptr in _seen:
             return hook  # (one mark a node: it stays until the node goes, whatever is removed)
