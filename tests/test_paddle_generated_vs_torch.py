@@ -254,7 +254,7 @@ def kind(g):
     return float(np.abs(a).sum())
 
 
-def run(fw, model_spec, retain=False):
+def run(fw, model_spec, retain=False, by_grad=False):
     spec, used, hk = model_spec["spec"], model_spec["used"], model_spec["hooks"]
     model = build(fw, spec)
     named = fw.named(model)
@@ -319,7 +319,11 @@ def run(fw, model_spec, retain=False):
         for i in used:
             s = outs[i].sum()
             loss = s if loss is None else loss + s
-        if retain:
+        if by_grad:  # (x's and the parameters' gradients by paddle.grad / torch.autograd.grad)
+            params = dict(model.named_parameters())
+            grad = torch.autograd.grad if fw is FT else paddle.grad
+            got = grad([loss], [x, *params.values()], allow_unused=True)
+        elif retain:
             loss.backward(retain_graph=True)
             try:
                 loss.backward()
@@ -332,8 +336,11 @@ def run(fw, model_spec, retain=False):
         for h in handles:
             h.remove()
     res["hooks"] = seen
-    grads = {n: kind(p.grad) for n, p in model.named_parameters()}
-    grads["x"] = kind(x.grad)
+    if by_grad:
+        grads = dict(zip(["x", *params], map(kind, got)))
+    else:
+        grads = {n: kind(p.grad) for n, p in model.named_parameters()}
+        grads["x"] = kind(x.grad)
     res["grads"] = grads
     # after removal: plain backward again
     fw.clear(model)
@@ -388,13 +395,13 @@ def _differences(t: Any, p: Any, documented: bool) -> list[str]:
     return diffs
 
 
-def _mismatches(seeds: range) -> dict[int, list[str]]:
+def _mismatches(seeds: range, by_grad: bool = False) -> dict[int, list[str]]:
     found: dict[int, list[str]] = {}
     for seed in seeds:
         spec = gen_model(seed)
-        retain = spec["hooks"]["retain"]
-        t = run(FT, spec, retain)
-        p = run(FP, spec, retain)
+        retain = spec["hooks"]["retain"] and not by_grad
+        t = run(FT, spec, retain, by_grad)
+        p = run(FP, spec, retain, by_grad)
         diffs = _differences(t, p, "FN" in p["assigned"].values())
         if retain and p.get("second") == "BSE":  # (documented: one backward per forward)
             diffs = [d for d in diffs if d.startswith("after")]
@@ -416,3 +423,23 @@ def test_generated_models_as_torch(start: int) -> None:
         warnings.simplefilter("ignore")
         found = _mismatches(seeds)
     assert found == {s: d for s, d in _KNOWN.items() if s in seeds}
+
+
+# by paddle.grad, besides: a hook of a layer of several outputs, one of which only an unused
+# output reaches through an op (of `TELLING`), sees zeros where torch's sees None: paddle.grad
+# runs copies of the nodes, which take no post hook to tell them (open); the gradients are
+# torch's. On 81ad128, 272 of 800 differed: hooks seeing zeros in 260, gradients in 96 (the
+# parameters of a layer only an unused output reaches: zeros, torch's None).
+_KNOWN_BY_GRAD = dict.fromkeys(
+    (70, 73, 108, 193, 232, 274, 410, 451, 465, 475, 481, 569, 575, 592, 623, 697, 743, 799),
+    ["hooks"],
+)
+
+
+@pytest.mark.parametrize("start", range(0, 800, 200))
+def test_generated_models_by_paddle_grad_as_torch(start: int) -> None:
+    seeds = range(start, start + 200)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        found = _mismatches(seeds, by_grad=True)
+    assert found == {s: d for s, d in _KNOWN_BY_GRAD.items() if s in seeds}

@@ -312,6 +312,24 @@ def _run_unfired(inputs: Any, grads: Any) -> Any:
     return out if isinstance(grads, list) else type(grads)(out)
 
 
+def _unreached(inputs: Any, grads: Any, gone: set[int], allow_unused: bool) -> Any:
+    """paddle.grad's `grads` of `inputs`, None for each only edges carrying no gradient reach
+    (`_Graph.gone`: the zeros an identity sent for an unused output), as torch's and paddle's
+    without hooks; paddle's ValueError for one unless `allow_unused` (until 2026-12-07
+    zeros: the parameters of an auxiliary head whose output the loss leaves out)."""
+    out = list(grads)
+    for i, tensor in enumerate(inputs):
+        if out[i] is not None and node_ptr(tensor) in gone:
+            if not allow_unused:
+                raise ValueError(
+                    f"The {i}-th input does not appear in the backward graph (it gets no "
+                    "gradient: only an output the loss leaves out reaches it). Please check "
+                    "the input tensor or set allow_unused=True to get None result."
+                )
+            out[i] = None
+    return out if isinstance(grads, list) else type(grads)(out)
+
+
 def stash(error: BaseException) -> None:
     """Remember the exception a hook raised, for the entry point to re-raise."""
     if _state.pending is None:
@@ -404,12 +422,14 @@ def _run_backward(*args: Any, **kwargs: Any) -> Any:
 def _run_partial_grad(*args: Any, **kwargs: Any) -> Any:
     # (outputs, inputs, grad_outputs, retain_graph, create_graph, ...)
     create_graph = bool(args[4] if len(args) > 4 else kwargs.get("create_graph", False))
+    unused = bool(args[6] if len(args) > 6 else kwargs.get("allow_unused", False))
     inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
     roots = args[0] if args else kwargs.get("outputs")
     _check_spent(roots)
     cuts = _cut_slots(roots, inputs) if _several else _NO_CUTS
     return _entry(
-        True, lambda: _guarded(_one_at_a_time, create_graph, args, kwargs, roots, inputs, cuts)
+        True,
+        lambda: _guarded(_one_at_a_time, create_graph, args, kwargs, roots, inputs, cuts, unused),
     )
 
 
@@ -493,6 +513,7 @@ def _guarded(
     roots: Any,
     inputs: Any = None,
     cuts: dict[int, frozenset[int]] = {},  # noqa: B006 (never mutated)
+    allow_unused: bool = True,
 ) -> Any:
     state = _state
     # What the `finally` restores, read before anything changes (a Ctrl-C landing between two
@@ -531,6 +552,8 @@ def _guarded(
                 # would miss
                 raise KeyboardInterrupt from error
             raise
+        if inputs is not None and state.graph is not None and state.graph.gone:
+            grads = _unreached(inputs, grads, state.graph.gone, allow_unused)
         if inputs is not None and _tracked:
             grads = _run_unfired(inputs, grads)
         if state.ends:
@@ -896,6 +919,7 @@ class _Graph:
         "materializing",
         "names",
         "nodes",
+        "posts",
         "reach",
         "seeds",
         "tainted",
@@ -923,6 +947,9 @@ class _Graph:
         self.dead_gradients: dict[int, Any] = {}
         self.reach: dict[tuple[int, int], bool] = {}
         self.tainted: set[int] | None = None  # see `receives_seen`
+        # whether `hook` places post hooks: not under paddle.grad, which runs copies of the
+        # nodes made as it starts (see `cut_off`)
+        self.posts = in_tensor_backward()
         if not isinstance(roots, (list, tuple)):
             roots = [roots]
         stack = [node for node in map(_grad_node, roots) if node is not None]
@@ -948,6 +975,8 @@ class _Graph:
     def hook(self, ptr: int, zeros: bool, tell: bool) -> None:
         """`cut_off`'s post hook on the node at `ptr`, for this backward: it gives zeros
         (`zeros`), and tells the zeros it gives to the identity nodes below (`tell`)."""
+        if not self.posts:
+            return
         told = self.dead_gradients if tell else None
         hook = functools.partial(_zeros_if_dead, self.zeroed, ptr, zeros, told)
         self.handles.append(self.nodes[ptr]._register_post_hook(hook))
@@ -1010,12 +1039,13 @@ def cut_off(
     where torch's undefined gradient gives none: helper-108's FINDINGS 3 and 4), through a
     post hook of paddle's taken off as the backward ends: the nodes of `SINGULAR` only (any
     other gives zeros of zeros; a post hook's result for a node with a list of inputs, a
-    concat's, segfaults or raises in paddle 3.3.1, whatever it is). Not under paddle.grad,
-    which runs copies of the nodes made as it starts, which a hook registered now does not
-    reach (helper-190's measurements; hooks placed on every such node before it starts,
-    2026-12-07, cost 1.6x a paddle.grad and made the next one abort the process after one
-    raised, paddle freeing its copies of them without the GIL: helper-196's FINDING 1), nor
-    while a backward builds a graph (a constant zero fails paddle's double-grad nodes).
+    concat's, segfaults or raises in paddle 3.3.1, whatever it is). No post hook under
+    paddle.grad, which runs copies of the nodes made as it starts, which a hook registered
+    now does not reach (helper-190's measurements; hooks placed on every such node before it
+    starts, 2026-12-07, cost 1.6x a paddle.grad and made the next one abort the process after
+    one raised, paddle freeing its copies of them without the GIL: helper-196's FINDING 1):
+    there the nodes are counted only (`_Graph.gone`, which the tensor hooks and the identity
+    nodes below read by the original nodes' addresses, and `_unreached`).
 
     A leaf among `leaves()` (the hooked module's parameters) that only such edges reach, whose
     .grad is None, has None again as the backward ends, as torch's (an optimizer skips a
@@ -1030,7 +1060,7 @@ def cut_off(
     give, by data pointer; they then take that slot for one with no gradient, as torch's hook
     does (until 2026-12-07 they took the zeros for a gradient, and a sqrt inside made every
     gradient NaN: helper-196's FINDING 2)."""
-    if not slots or not in_tensor_backward() or _state.create_graph:
+    if not slots:
         return
     graph = _running_graph()
     children = None if graph is None else graph.children.get(ptr)
@@ -1044,7 +1074,7 @@ def cut_off(
             graph.tell(zeros)
         todo = [(children[i], told) for i in slots if i < len(children) and children[i]]
         _count_dead(graph, todo, recount)
-    if graph.gone_leaves and leaves is not None:
+    if graph.gone_leaves and leaves is not None and graph.posts:
         # (also those an outer identity's walk found: a layer before a full hook's None)
         _none_again(graph, graph.gone_leaves, leaves())
 
