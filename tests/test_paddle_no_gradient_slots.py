@@ -9,8 +9,9 @@ paddle without hooks and torch with its own hooks give finite numbers: merely ob
 nodes only those zeros reach now give zeros under Tensor.backward (`guard.cut_off`, helper-190's
 measurements); under paddle.grad, which runs copies of the nodes made as it starts, not yet (an
 xfail; the hooks there see None, as torch's, and the parameters only the zeros reach get None:
-`test_paddle_grad_beside_an_unused_output_as_torch`). The oracle: the same model without hooks, the slot with no gradient left out of
-the loss (torch's numbers: its undefined gradient adds nothing).
+`test_paddle_grad_beside_an_unused_output_as_torch`). The oracle: the same model without
+hooks, the slot with no gradient left out of the loss (torch's numbers: its undefined gradient
+adds nothing).
 """
 
 from __future__ import annotations
