@@ -1165,3 +1165,52 @@ def test_paddle_grad_beside_an_unused_output_as_torch(create_graph: bool) -> Non
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
     assert got[1:4] == want[1:4]
     assert (want[4], got[4]) == (RuntimeError, ValueError)
+
+
+def _retained(framework: str) -> list[Any]:
+    """The auxiliary head's output and what is made of it (``z2 = aux(h) * 2``, ``sin(z2)``),
+    the loss leaving it out, and the body's output h, their gradients retained beside a global
+    full hook, twice: each .grad None or its absolute sum."""
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        Module, Linear, sin = torch.nn.Module, torch.nn.Linear, torch.sin
+        x = torch.ones(2, 3, requires_grad=True)
+    else:
+        Module, Linear, sin = paddle.nn.Layer, paddle.nn.Linear, paddle.sin
+        x = paddle.ones([2, 3])
+        x.stop_gradient = False
+
+    class Model(Module):  # type: ignore[misc,valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.aux, self.head = Linear(3, 3), Linear(3, 3), Linear(3, 3)
+
+        def forward(self, x: Any) -> Any:
+            self.h = self.body(x)
+            self.y = self.aux(self.h)
+            self.z2 = self.y * 2.0
+            self.s = sin(self.z2)
+            return self.head(self.h), self.s + 1.0
+
+    model, got = Model(), []
+    for _ in range(2):
+        hook = unihook.register_module_full_backward_hook(lambda m, gi, go: None, backend=framework)
+        with hook:
+            out = model(x)
+            kept = (model.y, model.z2, model.s, out[1], model.h)
+            for tensor in kept:
+                tensor.retain_grad() if framework == "torch" else tensor.retain_grads()
+            out[0].sum().backward()
+        got.append([None if t.grad is None else bool(t.grad.abs().sum() > 0) for t in kept])
+    return got
+
+
+def test_a_retained_gradient_only_an_unused_output_reaches_is_none() -> None:
+    """As torch's and paddle's without hooks (until 2026-12-07 the zeros sent for the unused
+    output: helper-205's FINDING 3); the body's, which gets a gradient, keeps it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = _retained("torch")
+        got = _retained("paddle")
+    assert want == [[None, None, None, None, True]] * 2
+    assert got == want

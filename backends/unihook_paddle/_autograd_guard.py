@@ -874,7 +874,32 @@ def _register_grad_hook(self: Any, hook: Any) -> Any:
 def _retain_grads(self: Any) -> Any:
     if not self.stop_gradient:
         _mark(self)
+        _retain(self)
     return _tensor_originals[1](self)
+
+
+# node_ptr -> the tensors of that node whose gradients user code retained (`retain_grads`)
+# while the guard was in, weakly: where only edges carrying no gradient reach the node, their
+# .grad is None again as the backward ends, as torch's and paddle's without hooks (they kept
+# the zeros sent: helper-205's FINDING 3)
+_retained: dict[int, list[weakref.ref[Any]]] = {}
+
+
+def _retain(tensor: Any) -> None:
+    ptr = node_ptr(tensor)
+    if not ptr or tensor.is_leaf:
+        return
+
+    def forget(ref: weakref.ref[Any]) -> None:
+        with _lock:
+            refs = _retained.get(ptr)
+            if refs is not None and ref in refs:
+                refs.remove(ref)
+                if not refs:
+                    del _retained[ptr]
+
+    with _lock:
+        _retained.setdefault(ptr, []).append(weakref.ref(tensor, forget))
 
 
 def register_hook(tensor: Any, hook: Callable[[Any], Any], hook_ids: list[int]) -> None:
@@ -1100,6 +1125,8 @@ def _count_dead(graph: _Graph, todo: list[tuple[int, bool]], recount: bool) -> N
             continue  # (as it was: its children were counted with it)
         if gone:
             graph.gone.add(node)
+            if node in _retained:
+                _none_again(graph, {node}, [ref() for ref in _retained.get(node, ())])
         name = names.get(node, "")
         if name.startswith(_PYLAYER) and node in _materializing(graph):
             # the input side of a call with full hooks: torch's BackwardHook gives the
@@ -1146,7 +1173,10 @@ def _none_again(graph: _Graph, accumulating: set[int], leaves: Iterable[Any]) ->
     graph.cleared += [
         weakref.ref(leaf)
         for leaf in leaves
-        if not leaf.stop_gradient and leaf.grad is None and node_ptr(leaf) in accumulating
+        if leaf is not None
+        and not leaf.stop_gradient
+        and leaf.grad is None
+        and node_ptr(leaf) in accumulating
     ]
 
 
