@@ -224,9 +224,10 @@ class _AuxHead(paddle.nn.Layer):
         return self.head(h), aux
 
 
-def _trained(hook: str | None, body: str, retained: bool) -> dict[str, Any]:
+def _trained(hook: str | None, body: str, retained: bool, frozen: bool = False) -> dict[str, Any]:
     """`_AuxHead`'s parameters after three steps of Momentum with weight decay (which moves a
-    parameter whose .grad is zeros, and skips one whose .grad is None), `hook` on it."""
+    parameter whose .grad is zeros, and skips one whose .grad is None), `hook` on it;
+    `frozen`: the auxiliary head's weight stops its gradient between forward and backward."""
     paddle.seed(3)
     model = _AuxHead(body)
     handles = []
@@ -244,7 +245,9 @@ def _trained(hook: str | None, body: str, retained: bool) -> dict[str, Any]:
     try:
         for _ in range(3):
             out, _ = model(paddle.to_tensor(np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)))
+            model.aux[0].weight.stop_gradient = frozen
             out.sum().backward(retain_graph=retained)
+            model.aux[0].weight.stop_gradient = False
             grads = {n: p.grad is None for n, p in model.named_parameters()}
             opt.step()
             opt.clear_grad()
@@ -271,6 +274,16 @@ def test_an_auxiliary_head_trains_as_without_hooks(hook: str, body: str, retaine
     for name, value in want.items():
         if name != "none":
             np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("hook", ["full", "pre"])
+def test_an_auxiliary_head_frozen_between_forward_and_backward(hook: str) -> None:
+    """Its weight keeps None, as without hooks (zeros until 2026-12-07, and weight decay moved
+    it by 0.051: helper-201's FINDING 4)."""
+    want = _trained(None, "own", False, frozen=True)
+    got = _trained(hook, "own", False, frozen=True)
+    assert want["none"]["aux.0.weight"] and got["none"] == want["none"]
+    np.testing.assert_array_equal(got["aux.0.weight"], want["aux.0.weight"])
 
 
 def test_an_auxiliary_head_after_a_backward_that_raised() -> None:

@@ -1173,10 +1173,9 @@ def _none_again(graph: _Graph, accumulating: set[int], leaves: Iterable[Any]) ->
     graph.cleared += [
         weakref.ref(leaf)
         for leaf in leaves
-        if leaf is not None
-        and not leaf.stop_gradient
-        and leaf.grad is None
-        and node_ptr(leaf) in accumulating
+        # (also one frozen since the forward: paddle still accumulates into it, helper-201's
+        # FINDING 4)
+        if leaf is not None and leaf.grad is None and node_ptr(leaf) in accumulating
     ]
 
 
