@@ -9,7 +9,6 @@ backward hooks, which paddle 3.3.1 lacks, are emulated (``_backward``).
 
 from __future__ import annotations
 
-import itertools
 import sys
 import weakref
 from typing import Any, Callable
@@ -32,7 +31,6 @@ from unihook.info import BackendInfo, installed_version, older_than
 from unihook.spec import hookimpl
 
 NAME = "paddle"
-_tokens = itertools.count()
 
 
 def _lone_refs() -> int:
@@ -246,7 +244,7 @@ def unihook_register_tensor_hook(
     leaf = tensor.is_leaf
     getrefcount = sys.getrefcount
     live = [True]
-    token = next(_tokens)
+    token = guard.token()
     tensor_serial = guard.serial(tensor)
     # torch snapshots a tensor's hooks when they start to run: one registered by a hook of the
     # same tensor runs from the next backward. Paddle would run it at once: skip it until then.
@@ -268,7 +266,9 @@ def unihook_register_tensor_hook(
                     result = hook(grad)
             # Checked here: paddle accepts a wrong shape silently and segfaults on a float.
             result = check_grad(result, grad, is_tensor, site)
-            if leaf and guard.in_tensor_backward():
+            # (None: where no gradient reaches the leaf, `guard._unless_gone`; a refcount of
+            # None's own passed the check and None.clone() raised: helper-207's FINDING 1)
+            if leaf and grad is not None and guard.in_tensor_backward():
                 # What a leaf's hook gives back becomes x.grad, into which paddle adds later
                 # gradients in place: a tensor the hook kept would change with it. Torch's
                 # AccumulateGrad copies a gradient referenced elsewhere; so do we, by refcount.

@@ -283,6 +283,11 @@ def serial(tensor: Any) -> int:
         return number
 
 
+def token() -> int:
+    """A number for a hook function that no other gets (`track`, `fired`)."""
+    return next(_numbers)
+
+
 def fired(token: int, tensor_serial: int) -> None:
     """Called by a hook function when it runs: record it for the running backward."""
     state = _state
@@ -292,12 +297,13 @@ def fired(token: int, tensor_serial: int) -> None:
         tokens.add(token)
 
 
-def _run_unfired(inputs: Any, grads: Any) -> Any:
-    """Apply the tracked hooks of each input that did not fire to its returned gradient."""
+def _run_unfired(inputs: Any, grads: Any, unreached: Container[int] = ()) -> Any:
+    """Apply the tracked hooks of each input that did not fire to its returned gradient; call
+    those of the `unreached` ones with None (`_unreached`: torch's engine calls them so)."""
     tokens = _state.fired_tokens or set()
     out = list(grads)
     for i, (tensor, grad) in enumerate(zip(inputs, out)):
-        if grad is None:
+        if grad is None and i not in unreached:
             continue
         with _lock:
             entry = _tracked.get(id(tensor))
@@ -312,11 +318,14 @@ def _run_unfired(inputs: Any, grads: Any) -> Any:
     return out if isinstance(grads, list) else type(grads)(out)
 
 
-def _unreached(inputs: Any, grads: Any, gone: set[int], allow_unused: bool) -> Any:
+def _unreached(
+    inputs: Any, grads: Any, gone: set[int], allow_unused: bool, unreached: list[int]
+) -> Any:
     """paddle.grad's `grads` of `inputs`, None for each only edges carrying no gradient reach
-    (`_Graph.gone`: the zeros an identity sent for an unused output), as torch's and paddle's
-    without hooks; paddle's ValueError for one unless `allow_unused` (until 2026-12-07
-    zeros: the parameters of an auxiliary head whose output the loss leaves out)."""
+    (`_Graph.gone`: the zeros an identity sent for an unused output; their indices appended
+    to `unreached`), as torch's and paddle's without hooks; paddle's ValueError for one unless
+    `allow_unused` (until 2026-12-07 zeros: the parameters of an auxiliary head whose output
+    the loss leaves out)."""
     out = list(grads)
     for i, tensor in enumerate(inputs):
         if out[i] is not None and node_ptr(tensor) in gone:
@@ -327,6 +336,7 @@ def _unreached(inputs: Any, grads: Any, gone: set[int], allow_unused: bool) -> A
                     "the input tensor or set allow_unused=True to get None result."
                 )
             out[i] = None
+            unreached.append(i)
     return out if isinstance(grads, list) else type(grads)(out)
 
 
@@ -552,10 +562,11 @@ def _guarded(
                 # would miss
                 raise KeyboardInterrupt from error
             raise
+        unreached: list[int] = []
         if inputs is not None and state.graph is not None and state.graph.gone:
-            grads = _unreached(inputs, grads, state.graph.gone, allow_unused)
+            grads = _unreached(inputs, grads, state.graph.gone, allow_unused, unreached)
         if inputs is not None and _tracked:
-            grads = _run_unfired(inputs, grads)
+            grads = _run_unfired(inputs, grads, unreached)
         if state.ends:
             _run_ends(state.ends)
         return grads

@@ -284,7 +284,11 @@ class PaddleOps(Ops):
             return False
         from . import _autograd_guard as guard
 
+        leaf, token, serial = t.is_leaf, guard.token(), guard.serial(t)
+
         def hook(grad: Any) -> None:
+            if leaf:
+                guard.fired(token, serial)
             try:
                 fn(grad)
             except BaseException as error:
@@ -293,6 +297,8 @@ class PaddleOps(Ops):
 
         guard.register_hook(t, hook, [])  # (None where torch's engine gives None: as torch)
         guard.hold(hook)
+        if leaf:  # (paddle.grad skips a leaf's hooks: the guard runs them for its inputs)
+            guard.track(t, token, hook)
         return True
 
     def forward_hook_dicts(self, module: Any) -> tuple[Any, Any]:

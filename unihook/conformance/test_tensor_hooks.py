@@ -173,6 +173,17 @@ def test_leaf_hook_fires_during_autograd_grad(backend: Any) -> None:
     assert val(backend, gx) == 50.0 and val(backend, gw) == 2.0
 
 
+def test_ops_on_grad_fires_on_a_leaf_during_autograd_grad(backend: Any) -> None:
+    """`unihook.ops.on_grad` on a leaf: it sees the gradient under autograd_grad too (on
+    paddle, whose paddle.grad skips leaf hooks, it was not called until 2026-12-07:
+    helper-207's FINDING 4)."""
+    x = scalar(backend, 2.0)
+    seen: list[float] = []
+    assert unihook.ops.on_grad(x, lambda g: seen.append(val(backend, g)))
+    (gx,) = backend.autograd_grad([x * x * 3], [x])
+    assert seen == [12.0] and val(backend, gx) == 12.0
+
+
 def test_leaf_hook_during_autograd_grad_with_create_graph(backend: Any) -> None:
     if not creates_graph(backend):
         pytest.skip(f"{backend.name}: no create_graph in its kit (docs/MINDSPORE.md)")
