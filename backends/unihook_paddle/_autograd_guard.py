@@ -957,6 +957,7 @@ class _Graph:
         "nodes",
         "posts",
         "reach",
+        "returned",
         "seeds",
         "tainted",
         "told_in",
@@ -977,6 +978,7 @@ class _Graph:
         self.gone_leaves: set[int] = set()  # (the leaves' nodes among them)
         self.materializing: set[int] | None = None  # (`_materializing`, when first needed)
         self.handles: list[Any] = []  # `cut_off`'s post hooks, taken off as the backward ends
+        self.returned: list[list[Any]] = []  # what they returned (`_given_back`)
         self.cleared: list[weakref.ref[Any]] = []  # `_none_again`'s leaves
         # the zero gradients `cut_off` told, by data pointer (`dead_slots`; held: no other
         # tensor takes their memory while the backward runs)
@@ -1014,7 +1016,7 @@ class _Graph:
         if not self.posts:
             return
         told = self.dead_gradients if tell else None
-        hook = functools.partial(_zeros_if_dead, self.zeroed, ptr, zeros, told)
+        hook = functools.partial(_zeros_if_dead, self.zeroed, ptr, zeros, told, self.returned)
         self.handles.append(self.nodes[ptr]._register_post_hook(hook))
 
     def tell(self, gradients: Any) -> None:
@@ -1029,6 +1031,7 @@ class _Graph:
         handles, self.handles = self.handles, []
         for handle in handles:
             handle.remove()
+        _given_back(self.returned)
         cleared, self.cleared = self.cleared, []
         for ref in cleared:
             try:
@@ -1270,6 +1273,7 @@ def _zeros_if_dead(
     ptr: int,
     zeros: bool,
     told: dict[int, Any] | None,
+    returned: list[list[Any]],
     outputs: Any,
     inputs: Any,
 ) -> Any:
@@ -1277,16 +1281,66 @@ def _zeros_if_dead(
     backward this thread runs (`zeroed`: its graph's), zeros (`zeros`), told to the identity
     nodes below (`told`: the graph's `dead_gradients`), else the node's own gradients (one of
     a graph retained and run by another thread at once: helper-192's FINDING 2). Not the
-    graph itself: the node would hold it, and through it the nodes."""
+    graph itself: the node would hold it, and through it the nodes. What it returns is a
+    list of the graph's `returned` (`_given_back`)."""
     graph = _state.graph
     if graph is None or graph.zeroed is not zeroed or ptr not in zeroed:
-        return outputs
+        return outputs  # (paddle keeps it: a leak only where two threads run one graph)
     if told is not None:  # (its own zeros' signs are the op's: `no_gradient`'s)
         outputs = _zeros_out(outputs, inputs, told=True)
         graph.tell(outputs)
     elif zeros:
         outputs = _zeros_out(outputs, inputs)
-    return outputs
+    result = list(outputs)
+    returned.append(result)
+    return result
+
+
+# paddle 3.3.1 keeps a reference to what a node's post hook returns, for good: the gradients
+# in it, each the size of an input of the node, stayed alive after every backward that placed
+# post hooks (an auxiliary head's output left out: 320 MB a thousand steps of a 64x256 model
+# beside a global hook, helper-208's FINDING 1). The hooks return lists (`_zeros_if_dead`),
+# emptied as the backward ends, and the reference paddle keeps is given back (measured once,
+# as `_grad_fn_leak`; the empty list stays if it is not one).
+_post_hook_leak: int | None = None
+
+
+def _given_back(returned: list[list[Any]]) -> None:
+    """The lists the post hooks of a backward that ended returned: emptied, paddle's
+    reference given back."""
+    global _post_hook_leak
+    if not returned:
+        return
+    if _post_hook_leak is None:
+        _post_hook_leak = _measure_post_hook_leak()
+    lists = returned[:]
+    returned.clear()
+    for result in lists:
+        result.clear()
+        if _post_hook_leak == 1:
+            ctypes.pythonapi.Py_DecRef(ctypes.py_object(result))
+
+
+def _measure_post_hook_leak() -> int:
+    import paddle
+
+    result: list[Any] = []
+
+    def hook(outputs: Any, inputs: Any) -> list[Any]:
+        result.extend(outputs)
+        return result
+
+    with paddle.set_grad_enabled(True):
+        x = paddle.ones([1])
+        x.stop_gradient = False
+        y = x * 2.0
+        handle = _grad_node(y)._register_post_hook(hook)
+        y.sum().backward()
+        handle.remove()
+        del y, handle
+    leak = sys.getrefcount(result) - 2  # (the local name and the argument)
+    result.clear()
+    return leak if leak in (0, 1) else -1
 
 
 # The grad nodes (by name, paddle 3.3.1) whose zeros `cut_off` tells the identity nodes below:
