@@ -1368,3 +1368,14 @@ def test_the_zeros_post_hooks_gave_are_freed(op: str, monkeypatch: pytest.Monkey
             del first, _
     gc.collect()
     assert given and all(ref() is None for ref in given)
+
+
+def test_a_gradient_retained_many_times_is_recorded_once() -> None:
+    """`retain_grads` a thousand times on one tensor while the guard is in: one record of
+    it (one each time: helper-208's minor finding)."""
+    layer = paddle.nn.Linear(3, 3)
+    with unihook.register_full_backward_hook(layer, lambda m, gi, go: None):
+        y = layer(paddle.ones([2, 3])) * 2.0
+        for _ in range(1000):
+            y.retain_grads()
+        assert len(_autograd_guard._retained[_autograd_guard.node_ptr(y)]) == 1

@@ -910,7 +910,9 @@ def _retain(tensor: Any) -> None:
                     del _retained[ptr]
 
     with _lock:
-        _retained.setdefault(ptr, []).append(weakref.ref(tensor, forget))
+        refs = _retained.setdefault(ptr, [])
+        if not any(ref() is tensor for ref in refs):  # (once however often it is asked)
+            refs.append(weakref.ref(tensor, forget))
 
 
 def register_hook(tensor: Any, hook: Callable[[Any], Any], hook_ids: list[int]) -> None:
