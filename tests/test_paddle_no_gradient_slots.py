@@ -16,7 +16,9 @@ adds nothing).
 
 from __future__ import annotations
 
+import ctypes
 import gc
+import sys
 import warnings
 import weakref
 from pathlib import Path
@@ -1379,3 +1381,83 @@ def test_a_gradient_retained_many_times_is_recorded_once() -> None:
         for _ in range(1000):
             y.retain_grads()
         assert len(_autograd_guard._retained[_autograd_guard.node_ptr(y)]) == 1
+
+
+class _SinHead(paddle.nn.Layer):
+    """A body, a head and an auxiliary head ``sin(aux(h))`` left out of the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.aux, self.head = (paddle.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x: Any) -> Any:
+        h = self.body(x)
+        return self.head(h), paddle.sin(self.aux(h))
+
+
+def _interrupted_at_the_return(backward: Callable[[], Any]) -> None:
+    """`backward()` with a KeyboardInterrupt raised as `_zeros_if_dead` returns (where a
+    Ctrl-C, a signal handler's exception, can land), expected out of it."""
+    code = _autograd_guard._zeros_if_dead.__code__
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not code:
+            return None
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "return" and isinstance(arg, list):
+                raise KeyboardInterrupt
+            return local
+
+        return local
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            backward()
+    finally:
+        sys.settrace(None)
+
+
+def test_a_list_paddle_did_not_take_keeps_its_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A post hook's list is given back to paddle's reference only where paddle took one: a
+    Ctrl-C between the hook's record of its list and its return kept it from paddle, and the
+    reference given back anyway freed the list while it was held (helper-209's FINDING 1)."""
+    model, x = _SinHead(), paddle.ones([4, 8])
+    with unihook.register_module_full_backward_hook(lambda m, gi, go: None, backend="paddle"):
+        model(x)[0].sum().backward()  # (paddle's reference measured)
+        assert _autograd_guard._post_hook_leak == 1
+        decref = ctypes.pythonapi.Py_DecRef
+        given: list[int] = []
+
+        def recorded(obj: Any) -> None:
+            if isinstance(obj.value, list):
+                given.append(id(obj.value))  # (a list of a test's: left as it is)
+            else:
+                decref(obj)
+
+        monkeypatch.setattr(ctypes.pythonapi, "Py_DecRef", recorded)
+        model(x)[0].sum().backward()
+        assert given  # (those paddle took)
+        given.clear()
+        first, _ = model(x)
+        _interrupted_at_the_return(lambda: first.sum().backward())
+        assert given == []
+
+
+def test_gradients_stay_on_after_a_post_hook_was_interrupted() -> None:
+    """paddle 3.3.1 leaves gradients off after an exception in a node's post hook: a Ctrl-C
+    in unihook's there silently stopped training, every later forward building no graph
+    (helper-209's FINDING 2)."""
+    model, x = _SinHead(), paddle.ones([4, 8])
+    calls: list[str] = []
+    hook = unihook.register_module_full_backward_hook(
+        lambda m, gi, go: calls.append(type(m).__name__), backend="paddle"
+    )
+    with hook:
+        first, _ = model(x)
+        _interrupted_at_the_return(lambda: first.sum().backward())
+        assert paddle.is_grad_enabled()
+        calls.clear()
+        model(x)[0].sum().backward()
+    assert "_SinHead" in calls and model.body.weight.grad is not None

@@ -534,6 +534,9 @@ def _guarded(
     outer_walk = state.roots, state.graph, state.obliged, state.asked, state.declined
     shared = state.shared
     outer_firing = shared.firing
+    # paddle 3.3.1 leaves gradients off for good after an exception in a node's post hook
+    # (`cut_off`'s: a Ctrl-C there, helper-209's FINDING 2): restored where the backward raised
+    grad_mode, finished = _paddle().is_grad_enabled(), False
     try:
         state.replaced, state.ends = {}, []
         state.roots, state.graph, state.obliged, state.asked, state.declined = (
@@ -569,8 +572,11 @@ def _guarded(
             grads = _run_unfired(inputs, grads, unreached)
         if state.ends:
             _run_ends(state.ends)
+        finished = True
         return grads
     finally:
+        if not finished and _paddle().is_grad_enabled() != grad_mode:
+            _paddle().set_grad_enabled(grad_mode)
         if state.graph is not None:
             # (also where the backward raised: a hook left on a node of a retained graph
             # zeroed a later backward's live gradient there, helper-192's FINDING 1)
@@ -1319,7 +1325,10 @@ def _given_back(returned: list[list[Any]]) -> None:
     returned.clear()
     for result in lists:
         result.clear()
-        if _post_hook_leak == 1:
+        # (only one paddle took: an exception landing between a hook's record of its list
+        # and its return, a Ctrl-C, kept it from paddle, helper-209's FINDING 1; ours: the
+        # copy's, the loop's and the argument's)
+        if _post_hook_leak == 1 and sys.getrefcount(result) == 4:
             ctypes.pythonapi.Py_DecRef(ctypes.py_object(result))
 
 
