@@ -156,7 +156,7 @@ print("module freed:", wm() is None)
     ),
 )
 def test_paddle_ctrl_c_inside_the_grad_node_read_leaks_nothing() -> None:
-    # 1f25aaf: `_grad_node` reads `tensor.grad_fn` (paddle 3.3.1 leaks a reference per read)
+    # 1f25aaf: `grad_node` reads `tensor.grad_fn` (paddle 3.3.1 leaks a reference per read)
     # and gives the reference back afterwards; a KeyboardInterrupt landing between the two
     # (a SIGINT is handled right after the getattr's C call returns) leaves the extra
     # reference: the node, the graph behind it and the hooked module are never freed.
@@ -165,7 +165,7 @@ def test_paddle_ctrl_c_inside_the_grad_node_read_leaks_nothing() -> None:
         + """
 m = Keep(); hd = unihook.register_full_backward_hook(m, lambda *a: None)
 step(m)  # (the leak measured once)
-code = guard._grad_node.__code__
+code = guard.grad_node.__code__
 lines = open(code.co_filename).read().splitlines()
 after_read = next(
     i for i in range(code.co_firstlineno, code.co_firstlineno + 40)

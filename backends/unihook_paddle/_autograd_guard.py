@@ -657,7 +657,7 @@ def graph_freed() -> bool:
 
 def node_ptr(tensor: Any) -> int:
     """The address of `tensor`'s grad node (0 when it cannot be read without leaking it)."""
-    node = _grad_node(tensor)
+    node = grad_node(tensor)
     return 0 if node is None else int(node.node_ptr())
 
 
@@ -671,7 +671,7 @@ def spend(ptr: int, keeper: object, error: Callable[[], BaseException]) -> None:
         weakref.finalize(keeper, _spent.pop, ptr, None)
 
 
-def _grad_node(tensor: Any) -> Any:
+def grad_node(tensor: Any) -> Any:
     """``tensor.grad_fn`` without its leak: paddle 3.3.1's getter returns the node's Python
     wrapper with one reference too many, which keeps the wrapper, so the node and the whole
     graph behind it, alive forever. The leak is measured once, then given back on each access;
@@ -734,7 +734,7 @@ def _walk(roots: Any) -> Iterator[tuple[int, Any]]:
     """(node_ptr, node) of every grad node reachable from `roots` (a tensor or a list), once."""
     if not isinstance(roots, (list, tuple)):
         roots = [roots]
-    stack = [node for node in map(_grad_node, roots) if node is not None]
+    stack = [node for node in map(grad_node, roots) if node is not None]
     seen: set[int] = set()
     while stack:
         node = stack.pop()
@@ -791,7 +791,7 @@ def _cut_slots(roots: Any, inputs: Any) -> dict[int, frozenset[int]]:
         return _NO_CUTS
     # paddle's needed nodes: the inputs' nodes and every node from which one can be reached
     needed: set[int] = set()
-    todo = [node.node_ptr() for node in map(_grad_node, inputs) if node is not None]
+    todo = [node.node_ptr() for node in map(grad_node, inputs) if node is not None]
     while todo:
         ptr = todo.pop()
         if ptr not in needed:
@@ -839,7 +839,7 @@ def _mark(tensor: Any, hook: Any = None, native: bool = False) -> Any:
     is an identity node handing its output out as it is, and not run as it is where only
     edges carrying no gradient reach it (`_unless_gone`; `native`: registered through
     paddle's own API)."""
-    node = _grad_node(tensor) if hook is not None or _identity_count else None
+    node = grad_node(tensor) if hook is not None or _identity_count else None
     if node is None:
         return hook  # a leaf: its accumulation node is never trusted
     ptr = int(node.node_ptr())
@@ -998,7 +998,7 @@ class _Graph:
         self.posts = in_tensor_backward()
         if not isinstance(roots, (list, tuple)):
             roots = [roots]
-        stack = [node for node in map(_grad_node, roots) if node is not None]
+        stack = [node for node in map(grad_node, roots) if node is not None]
         # the roots' nodes, which the backward's own seed gradient reaches besides any edge
         # (helper-194's FINDINGS 1, 2: taken for reached by zeros only, they gave zeros)
         self.seeds = {node.node_ptr() for node in stack}
@@ -1345,7 +1345,7 @@ def _measure_post_hook_leak() -> int:
         x = paddle.ones([1])
         x.stop_gradient = False
         y = x * 2.0
-        handle = _grad_node(y)._register_post_hook(hook)
+        handle = grad_node(y)._register_post_hook(hook)
         y.sum().backward()
         handle.remove()
         del y, handle

@@ -27,6 +27,8 @@ from unihook.ops import (
     slot_values,
 )
 
+from . import _autograd_guard as guard
+
 Axis = Union[None, int, Sequence[int]]
 
 
@@ -52,8 +54,11 @@ def _in_a_py_layer_backward() -> bool:
 
 
 def _grad_nodes(tensors: Sequence[Any]) -> Iterator[Any]:
+    # (`guard.grad_node`: `t.grad_fn` leaks its node, and with it the graph behind, one whose
+    # backward never ran too: GradientMonitor's looks kept an auxiliary head's, 250 MB a
+    # thousand steps of a 64x256 model, helper-209's FINDING 3)
     for t in tensors:
-        node = None if t.stop_gradient else t.grad_fn
+        node = None if t.stop_gradient else guard.grad_node(t)
         if node is not None:
             yield node
 
@@ -282,8 +287,6 @@ class PaddleOps(Ops):
         # keeps an exception's type (paddle's C++ would turn it into OSError).
         if t.stop_gradient:
             return False
-        from . import _autograd_guard as guard
-
         leaf, token, serial = t.is_leaf, guard.token(), guard.serial(t)
 
         def hook(grad: Any) -> None:
@@ -355,8 +358,7 @@ class PaddleOps(Ops):
         # (under no_grad) moves `inplace_version` and leaves the history, whose gradient then
         # still sums every use of the tensor (helper-67's attack). A leaf's is its
         # accumulation node; a tensor with stop_gradient has none (no gradient: None).
-        node = t.grad_fn
-        return None if node is None else node.node_ptr()
+        return guard.node_ptr(t) or None
 
     def version(self, t: Any) -> int | None:
         return t.inplace_version
@@ -436,8 +438,6 @@ class PaddleOps(Ops):
         return np.stack([part.numpy() for part in parts])
 
     def after_backward(self, t: Any, fn: Callable[[], None]) -> None:
-        from . import _autograd_guard as guard
-
         guard.at_backward_end(fn)
 
 
