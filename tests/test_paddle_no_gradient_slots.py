@@ -1332,6 +1332,19 @@ def test_a_leaf_hook_only_an_unused_output_reaches(by_grad: bool, api: str) -> N
     assert got == want
 
 
+class _AuxOf(paddle.nn.Layer):
+    """A body, a head and an auxiliary head ``second(aux(h))`` the loss leaves out."""
+
+    def __init__(self, second: Callable[[Any], Any] = paddle.sin) -> None:
+        super().__init__()
+        self.body, self.aux, self.head = (paddle.nn.Linear(8, 8) for _ in range(3))
+        self.second = second
+
+    def forward(self, x: Any) -> Any:
+        h = self.body(x)
+        return self.head(h), self.second(self.aux(h))
+
+
 @pytest.mark.parametrize("op", ["scale", "sqrt", "sin", "bmm"])
 def test_the_zeros_post_hooks_gave_are_freed(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """paddle keeps a reference to what a node's post hook returns: the zeros the gone nodes
@@ -1352,17 +1365,7 @@ def test_the_zeros_post_hooks_gave_are_freed(op: str, monkeypatch: pytest.Monkey
         "sin": paddle.sin,
         "bmm": lambda u: paddle.bmm(u.unsqueeze(0), u.unsqueeze(0).transpose([0, 2, 1])),
     }[op]
-
-    class Model(paddle.nn.Layer):
-        def __init__(self) -> None:
-            super().__init__()
-            self.body, self.aux, self.head = (paddle.nn.Linear(8, 8) for _ in range(3))
-
-        def forward(self, x: Any) -> Any:
-            h = self.body(x)
-            return self.head(h), second(self.aux(h))
-
-    model, x = Model(), paddle.ones([4, 8])
+    model, x = _AuxOf(second), paddle.ones([4, 8])
     with unihook.register_module_full_backward_hook(lambda m, gi, go: None, backend="paddle"):
         for _ in range(3):
             first, _ = model(x)
@@ -1381,18 +1384,6 @@ def test_a_gradient_retained_many_times_is_recorded_once() -> None:
         for _ in range(1000):
             y.retain_grads()
         assert len(_autograd_guard._retained[_autograd_guard.node_ptr(y)]) == 1
-
-
-class _SinHead(paddle.nn.Layer):
-    """A body, a head and an auxiliary head ``sin(aux(h))`` left out of the loss."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body, self.aux, self.head = (paddle.nn.Linear(8, 8) for _ in range(3))
-
-    def forward(self, x: Any) -> Any:
-        h = self.body(x)
-        return self.head(h), paddle.sin(self.aux(h))
 
 
 def _interrupted_at_the_return(backward: Callable[[], Any]) -> None:
@@ -1423,7 +1414,7 @@ def test_a_list_paddle_did_not_take_keeps_its_reference(monkeypatch: pytest.Monk
     """A post hook's list is given back to paddle's reference only where paddle took one: a
     Ctrl-C between the hook's record of its list and its return kept it from paddle, and the
     reference given back anyway freed the list while it was held (helper-209's FINDING 1)."""
-    model, x = _SinHead(), paddle.ones([4, 8])
+    model, x = _AuxOf(), paddle.ones([4, 8])
     with unihook.register_module_full_backward_hook(lambda m, gi, go: None, backend="paddle"):
         model(x)[0].sum().backward()  # (paddle's reference measured)
         assert _autograd_guard._post_hook_leak == 1
@@ -1449,7 +1440,7 @@ def test_gradients_stay_on_after_a_post_hook_was_interrupted() -> None:
     """paddle 3.3.1 leaves gradients off after an exception in a node's post hook: a Ctrl-C
     in unihook's there silently stopped training, every later forward building no graph
     (helper-209's FINDING 2)."""
-    model, x = _SinHead(), paddle.ones([4, 8])
+    model, x = _AuxOf(), paddle.ones([4, 8])
     calls: list[str] = []
     hook = unihook.register_module_full_backward_hook(
         lambda m, gi, go: calls.append(type(m).__name__), backend="paddle"
@@ -1460,7 +1451,7 @@ def test_gradients_stay_on_after_a_post_hook_was_interrupted() -> None:
         assert paddle.is_grad_enabled()
         calls.clear()
         model(x)[0].sum().backward()
-    assert "_SinHead" in calls and model.body.weight.grad is not None
+    assert "_AuxOf" in calls and model.body.weight.grad is not None
 
 
 def test_a_monitored_auxiliary_head_left_out_is_freed() -> None:
@@ -1471,15 +1462,6 @@ def test_a_monitored_auxiliary_head_left_out_is_freed() -> None:
     from unihook.recipes import GradientMonitor
     from unihook.recipes.monitor import _Step
 
-    class Model(paddle.nn.Layer):
-        def __init__(self) -> None:
-            super().__init__()
-            self.body, self.aux, self.head = (paddle.nn.Linear(8, 8) for _ in range(3))
-
-        def forward(self, x: Any) -> Any:
-            h = self.body(x)
-            return self.head(h), self.aux(h)
-
     def steps(n: int) -> int:
         for _ in range(n):
             first, _ = model(x)
@@ -1489,7 +1471,7 @@ def test_a_monitored_auxiliary_head_left_out_is_freed() -> None:
         gc.collect()
         return sum(isinstance(o, _Step) for o in gc.get_objects())
 
-    model, x = Model(), paddle.ones([4, 8])
+    model, x = _AuxOf(lambda a: a), paddle.ones([4, 8])
     monitor = GradientMonitor(model)
     try:
         before = steps(3)
