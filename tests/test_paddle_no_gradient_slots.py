@@ -22,6 +22,7 @@ import sys
 import warnings
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
@@ -945,6 +946,37 @@ def test_a_complex_exact_zero_gradient_beside_an_unused_output() -> None:
     assert model.inner.w2.grad is not None and not model.inner.w2.grad.numpy().any()
 
 
+def _framework(name: str, x: Any = None) -> Any:
+    """torch's or paddle's names the torch-oracle tests below use, and `x` (ones of 2x3 by
+    default) as a tensor needing a gradient."""
+    x = np.ones((2, 3), np.float32) if x is None else x
+    if name == "torch":
+        torch = pytest.importorskip("torch")
+        nn = torch.nn
+        return SimpleNamespace(
+            torch=torch,
+            Module=nn.Module,
+            Linear=nn.Linear,
+            Sequential=nn.Sequential,
+            Tanh=nn.Tanh,
+            ones_like=torch.ones_like,
+            sin=torch.sin,
+            grad=torch.autograd.grad,
+            x=torch.tensor(x, requires_grad=True),
+        )
+    nn = paddle.nn
+    return SimpleNamespace(
+        Module=nn.Layer,
+        Linear=nn.Linear,
+        Sequential=nn.Sequential,
+        Tanh=nn.Tanh,
+        ones_like=paddle.ones_like,
+        sin=paddle.sin,
+        grad=paddle.grad,
+        x=paddle.to_tensor(x, stop_gradient=False),
+    )
+
+
 def _tapped_aux(framework: str) -> tuple[list[Any], dict[str, float], list[Any]]:
     """A model whose auxiliary head's output, ``z2 = aux(h) * 2``, the loss leaves out, a
     global full hook, GradientMonitor and a tensor hook of unihook's on z2 returning ones:
@@ -952,16 +984,9 @@ def _tapped_aux(framework: str) -> tuple[list[Any], dict[str, float], list[Any]]
     module, which of its grad_output are None)."""
     from unihook.recipes import GradientMonitor
 
-    if framework == "torch":
-        torch = pytest.importorskip("torch")
-        Module, Linear, Sequential = torch.nn.Module, torch.nn.Linear, torch.nn.Sequential
-        ones, Tanh = torch.ones_like, torch.nn.Tanh
-        x = torch.ones(2, 3, requires_grad=True)
-    else:
-        Module, Linear, ones = paddle.nn.Layer, paddle.nn.Linear, paddle.ones_like
-        Sequential, Tanh = paddle.nn.Sequential, paddle.nn.Tanh
-        x = paddle.ones([2, 3])
-        x.stop_gradient = False
+    lib = _framework(framework)
+    Module, Linear, Sequential, Tanh = lib.Module, lib.Linear, lib.Sequential, lib.Tanh
+    ones, x = lib.ones_like, lib.x
 
     class Model(Module):  # type: ignore[misc,valid-type]
         def __init__(self) -> None:
@@ -1152,21 +1177,8 @@ def _aux_by_grad(framework: str, create_graph: bool) -> tuple[Any, ...]:
     global full hook, a tensor hook of unihook's on z2 and paddle's (torch's) own returning
     ones, x's and the parameters' gradients by paddle.grad (torch.autograd.grad): x's
     gradient, which are None, what the hook got, which grad_output the global hook got None."""
-    if framework == "torch":
-        torch = pytest.importorskip("torch")
-        Module, Linear, ones = torch.nn.Module, torch.nn.Linear, torch.ones_like
-        x = torch.tensor(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
-        x.requires_grad_(True)
-        grad = torch.autograd.grad
-    else:
-        Module, Linear, ones, grad = (
-            paddle.nn.Layer,
-            paddle.nn.Linear,
-            paddle.ones_like,
-            paddle.grad,
-        )
-        x = paddle.to_tensor(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
-        x.stop_gradient = False
+    lib = _framework(framework, np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
+    Module, Linear, ones, grad, x = lib.Module, lib.Linear, lib.ones_like, lib.grad, lib.x
 
     class Model(Module):  # type: ignore[misc,valid-type]
         def __init__(self) -> None:
@@ -1182,8 +1194,8 @@ def _aux_by_grad(framework: str, create_graph: bool) -> tuple[Any, ...]:
     for k, layer in enumerate((model.body, model.aux, model.head)):
         weight = np.arange(9, dtype=np.float32).reshape(3, 3) * 0.01 * (k + 1) - 0.1
         if framework == "torch":
-            with torch.no_grad():
-                layer.weight.copy_(torch.tensor(weight.T))
+            with lib.torch.no_grad():
+                layer.weight.copy_(lib.torch.tensor(weight.T))
                 layer.bias.fill_(0.1)
         else:
             layer.weight.set_value(weight)
@@ -1234,14 +1246,8 @@ def _retained(framework: str) -> list[Any]:
     """The auxiliary head's output and what is made of it (``z2 = aux(h) * 2``, ``sin(z2)``),
     the loss leaving it out, and the body's output h, their gradients retained beside a global
     full hook, twice: each .grad None or its absolute sum."""
-    if framework == "torch":
-        torch = pytest.importorskip("torch")
-        Module, Linear, sin = torch.nn.Module, torch.nn.Linear, torch.sin
-        x = torch.ones(2, 3, requires_grad=True)
-    else:
-        Module, Linear, sin = paddle.nn.Layer, paddle.nn.Linear, paddle.sin
-        x = paddle.ones([2, 3])
-        x.stop_gradient = False
+    lib = _framework(framework)
+    Module, Linear, sin, x = lib.Module, lib.Linear, lib.sin, lib.x
 
     class Model(Module):  # type: ignore[misc,valid-type]
         def __init__(self) -> None:
@@ -1284,14 +1290,8 @@ def _leaf_hooked(framework: str, by_grad: bool, api: str) -> tuple[list[Any], li
     tensor hook of unihook's on l2's weight (only that output reaches it): what the hook got
     (None or a tensor), and which of l2's weight gradient and x's are None, by
     Tensor.backward or paddle.grad (torch.autograd.grad)."""
-    if framework == "torch":
-        torch = pytest.importorskip("torch")
-        Module, Linear = torch.nn.Module, torch.nn.Linear
-        x = torch.ones(2, 3, requires_grad=True)
-    else:
-        Module, Linear = paddle.nn.Layer, paddle.nn.Linear
-        x = paddle.ones([2, 3])
-        x.stop_gradient = False
+    lib = _framework(framework)
+    Module, Linear, x = lib.Module, lib.Linear, lib.x
 
     class Two(Module):  # type: ignore[misc,valid-type]
         def __init__(self) -> None:
@@ -1309,10 +1309,8 @@ def _leaf_hooked(framework: str, by_grad: bool, api: str) -> tuple[list[Any], li
         if not by_grad:
             first.sum().backward()
             got = [two.l2.weight.grad, x.grad]
-        elif framework == "torch":
-            got = list(torch.autograd.grad([first.sum()], [two.l2.weight, x], allow_unused=True))
         else:
-            got = paddle.grad([first.sum()], [two.l2.weight, x], allow_unused=True)
+            got = list(lib.grad([first.sum()], [two.l2.weight, x], allow_unused=True))
         if api == "unihook":
             handle.remove()
     return [g is None for g in seen], [g is None for g in got]
