@@ -51,6 +51,7 @@ __all__ = [
     "at_backward_end",
     "building_graph",
     "installed",
+    "unguarded_backward",
     "track",
     "untrack",
     "fired",
@@ -141,6 +142,11 @@ _after_all: list[Callable[[], object]] = []  # actions waiting for `_active` to 
 
 def installed() -> bool:
     return _installed
+
+
+def unguarded_backward(loss: Any) -> None:
+    """Tensor.backward of `loss` through paddle's own entry point, past the guard."""
+    _originals[0]([loss], [], False, None)
 
 
 class _Redirect(weakref.ref):  # type: ignore[type-arg]

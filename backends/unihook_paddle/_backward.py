@@ -21,9 +21,11 @@ Each paddle trap is handled where it bites (numbers from ../shared/SEMANTICS.md 
    record their result for the node's backward; a node with several outputs hands out a
    ``view`` of each (paddle exposes no output slot of a tensor to tell them apart);
 6. an exception inside PyLayer.backward surfaces as OSError: stashed for the autograd guard.
-   Paddle then leaks the context (its bound ``backward``) and the gradients it was given, but
-   keeps the node runnable: the context holds the ``_Node`` only weakly, and a retried
-   ``paddle.grad(retain_graph=True)`` runs the hooks again, as torch does;
+   Paddle then keeps what it called (its bound ``backward``, so the context) and the gradients
+   it passed, but keeps the node runnable: it calls ``_Backward``, an object of ours in the
+   context holding the ``_Node`` only weakly, and gives back or empties what it keeps
+   (``_kept_by_paddle``); a retried ``paddle.grad(retain_graph=True)`` runs the hooks again,
+   as torch does;
 7. a second backward through a PyLayer node that ``Tensor.backward`` already ran segfaults
    (retain_graph=True or not, ``paddle.grad`` too): each node is recorded as spent when it runs
    under ``Tensor.backward``; a gradient hook on the node raises BackendStateError before
@@ -45,7 +47,9 @@ and traps not listed there:
 
 from __future__ import annotations
 
+import ctypes
 import math
+import sys
 import weakref
 from functools import partial
 from typing import Any, Callable, Collection, Iterable, Sequence
@@ -254,13 +258,29 @@ class _UnihookIdentity(PyLayer):  # (paddle names its node after it: see TRUST)
         node.integral = [
             i for i, x in enumerate(xs) if not (x.is_floating_point() or x.is_complex())
         ]
-        ctx.node = weakref.ref(node)
+        if _orphans:
+            _clear_orphans()
+        # what paddle calls: an object of ours in the context's dict, not the bound method
+        # paddle would make of `backward`, which it keeps (and the context) when it raises
+        ctx.backward = _Backward(node)
         ctx.set_materialize_grads(materialize)
         return tuple(_alias(x) for x in xs)
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
-        node = ctx.node()  # alive: the node being run holds it
+        return ctx.backward(*grads)  # (a paddle that calls the class's backward, not ctx's)
+
+
+class _Backward:
+    """An identity node's backward, `ctx.backward` (trap 6)."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: _Node) -> None:
+        self.node = weakref.ref(node)
+
+    def __call__(self, *grads: Any) -> Any:
+        node = self.node()  # alive: the node being run holds it
         try:
             return _backward(node, grads)
         except BaseException as error:
@@ -268,7 +288,91 @@ class _UnihookIdentity(PyLayer):  # (paddle names its node after it: see TRUST)
             guard.stash(error)
             if guard.graph_freed():
                 _release_raised(node)
+            _kept_by_paddle(self, grads)
             raise  # with retain_graph, paddle keeps the context: a retry runs the hooks again
+
+
+# Paddle 3.3.1 keeps two references when a PyLayer's backward raises (GradNodePyLayer throws
+# before dropping them): to what it called, `ctx.backward` (its bound method kept the context,
+# and the model with it before `_release_raised`), and to the tuple of gradients it passed,
+# which holds Python tensors of the gradients' size (95 KB a step of a 64x256 model whose hook
+# raised: helper-210's FINDING 1). Both are measured once (as the guard's `grad_fn` leak). The
+# first is given back; the tuple cannot be, so its tensors are emptied (`Tensor._clear`, which
+# drops this Python object's share of the gradient) once nothing else holds them: the
+# traceback, or the user's hook, may still (`_clear_orphans`, at the next hooked call).
+_raise_leaks: tuple[int, int] | None = None  # (of ctx.backward, of each gradient)
+_orphans: list[Any] = []
+_MAX_ORPHANS = 256  # (a user who keeps every raised gradient keeps them anyway)
+
+
+def _kept_by_paddle(backward: _Backward, grads: Grads) -> None:
+    global _raise_leaks, _orphans
+    if _raise_leaks is None:
+        _raise_leaks = _measure_raise_leaks()
+    called, passed = _raise_leaks
+    if called == 1:
+        ctypes.pythonapi.Py_DecRef(ctypes.py_object(backward))  # (the context holds it too)
+    if passed == 1:
+        _orphans = [*_orphans, *(g for g in grads if _is_tensor(g))][-_MAX_ORPHANS:]
+
+
+def _clear_orphans() -> None:
+    global _orphans
+    # (swapped, not changed in place: another thread may be adding to it)
+    orphans, _orphans = _orphans, []
+    kept = []
+    for tensor in orphans:
+        if sys.getrefcount(tensor) <= _HELD_BY_PADDLE_ONLY:
+            tensor._clear()
+        else:
+            kept.append(tensor)
+    _orphans = [*kept, *_orphans][-_MAX_ORPHANS:]
+
+
+# the references to an orphan nothing else holds, in `_clear_orphans`: the list's, the loop's,
+# the argument's and paddle's
+_HELD_BY_PADDLE_ONLY = 4
+
+
+class _Probe(PyLayer):
+    @staticmethod
+    def forward(ctx: Any, x: Any, backward: Callable[..., Any]) -> Any:  # type: ignore[override]
+        ctx.backward = backward
+        return _alias(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:  # type: ignore[override]
+        return ctx.backward(grad)
+
+
+def _measure_raise_leaks() -> tuple[int, int]:
+    """The references paddle keeps, when a PyLayer's backward raised, to `ctx.backward` and to
+    each gradient it passed: (1, 1) on paddle 3.3.1; -1 for one that is not a plain count."""
+    passed: list[Any] = []
+
+    def backward(grad: Any) -> Any:
+        passed.append(grad)
+        raise _ProbeError
+
+    with paddle.set_grad_enabled(True):
+        x = paddle.ones([1])
+        x.stop_gradient = False
+        loss = _Probe.apply(x, backward).sum()
+    before = sys.getrefcount(backward)
+    try:
+        guard.unguarded_backward(loss)  # (the guard would re-raise the error stashed now)
+    except OSError:
+        pass
+    called = sys.getrefcount(backward) - before
+    if called == 1:
+        ctypes.pythonapi.Py_DecRef(ctypes.py_object(backward))
+    # (the list's and the argument's, and paddle's if it kept the tuple)
+    kept = sys.getrefcount(passed[0]) - 2 if passed else -1
+    return (called if called in (0, 1) else -1), (kept if kept in (0, 1) else -1)
+
+
+class _ProbeError(Exception):
+    """Raised by `_measure_raise_leak`'s PyLayer."""
 
 
 _TENSOR_SITE = Site("tensor", NAME, "Tensor")
