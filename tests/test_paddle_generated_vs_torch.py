@@ -389,7 +389,9 @@ def _differences(t: Any, p: Any, documented: bool) -> list[str]:
     for section in ("grads", "after"):
         for name, want in t[section].items():
             got = p[section].get(name, "missing")
-            if _close(want, got) or (documented and want is None and got == "Z"):
+            # (documented: the input's zeros below a full hook's None, where torch has None;
+            # a parameter's None is torch's since 2026-12-07, `_parameters_at`)
+            if _close(want, got) or (documented and want is None and got == "Z" and name == "x"):
                 continue
             diffs.append(f"{section}:{name}")
     return diffs
@@ -430,10 +432,16 @@ def test_generated_models_as_torch(start: int) -> None:
 # runs copies of the nodes, which take no post hook to tell them (open); the gradients are
 # torch's. On 81ad128, 272 of 800 differed: hooks seeing zeros in 260, gradients in 96 (the
 # parameters of a layer only an unused output reaches: zeros, torch's None).
-_KNOWN_BY_GRAD = dict.fromkeys(
-    (70, 73, 108, 193, 232, 274, 410, 451, 465, 475, 481, 569, 575, 592, 623, 697, 743, 799),
-    ["hooks"],
-)
+# In two, besides, a layer before a full hook's None gets zeros as paddle.grad's result for
+# its parameters, torch's None (open; Tensor.backward gives None there since 2026-12-07).
+_KNOWN_BY_GRAD = {
+    **dict.fromkeys(
+        (70, 73, 108, 193, 232, 274, 410, 451, 465, 475, 481, 569, 575, 592, 623, 799),
+        ["hooks"],
+    ),
+    697: ["hooks", "grads:c1.c0.weight", "grads:c1.c0.bias"],
+    743: ["hooks", "grads:c0.c2.c1.weight", "grads:c0.c2.c1.bias"],
+}
 
 
 @pytest.mark.parametrize("start", range(0, 800, 200))

@@ -1476,3 +1476,53 @@ def test_a_monitored_auxiliary_head_left_out_is_freed() -> None:
         assert steps(20) <= before
     finally:
         monitor.remove()
+
+
+def _before_a_none(framework: str, hooked: str, steps: int) -> list[dict[str, bool]]:
+    """Layers before a module whose full hook gives None for its input: which of their
+    parameters' .grad is None, after each of `steps` backwards (a new input each)."""
+    lib = _framework(framework)
+    paddle.seed(0)
+    model = lib.Sequential(lib.Linear(3, 4), lib.Tanh(), lib.Linear(4, 4), lib.Linear(4, 2))
+    blocked = model[3]
+
+    def stop_here(module: Any, grad_input: Any, grad_output: Any) -> Any:
+        if module is blocked:
+            return (None,)
+        return None
+
+    if hooked == "own":
+        handle = unihook.register_full_backward_hook(blocked, stop_here)
+    else:
+        handle = unihook.register_module_full_backward_hook(stop_here, backend=framework)
+    seen = []
+    try:
+        for _ in range(steps):
+            x = _framework(framework).x
+            model(x).sum().backward()
+            seen.append({name: p.grad is None for name, p in model.named_parameters()})
+    finally:
+        handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize("hooked", ["own", "global"])
+def test_the_layers_before_a_full_hooks_none_keep_none(hooked: str) -> None:
+    """torch's None goes on below a full hook's None for an input: the layers before keep
+    .grad None (an optimizer skips them). paddle's nodes take zeros only (trap 3): until
+    2026-12-07 those layers' parameters got zeros, which weight decay and momentum moved;
+    only the hooked module's own parameters had None again."""
+    want = _before_a_none("torch", hooked, 3)
+    got = _before_a_none("paddle", hooked, 3)
+    # (a global hook: torch's BackwardHook gives Linear 2's input side zeros again, which
+    # layer 0 takes for a gradient)
+    before = hooked == "own"
+    assert want[0] == {
+        "0.weight": before,
+        "0.bias": before,
+        "2.weight": True,
+        "2.bias": True,
+        "3.weight": False,
+        "3.bias": False,
+    }
+    assert got == want
