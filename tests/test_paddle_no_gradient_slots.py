@@ -1526,3 +1526,16 @@ def test_the_layers_before_a_full_hooks_none_keep_none(hooked: str) -> None:
         "3.bias": False,
     }
     assert got == want
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_the_input_of_a_full_hooks_none_keeps_none(framework: str) -> None:
+    """A leaf given to a module whose full hook gives None for it: x.grad None, as torch's
+    (zeros until 2026-12-07); the parameters inside get their gradients."""
+    lib = _framework(framework)
+    model = lib.Sequential(lib.Linear(3, 4), lib.Tanh(), lib.Linear(4, 2))
+    x = lib.x
+    with unihook.register_full_backward_hook(model, lambda *args: (None,)):
+        model(x).sum().backward()
+    assert x.grad is None
+    assert all(p.grad is not None for p in model.parameters())

@@ -117,12 +117,14 @@ class _Node:
         "shapes",
         "materialize",
         "integral",
+        "inputs",
         "__weakref__",
     )
-    on_backward: Callable[[Grads], Grads]  # these four are set by _UnihookIdentity.forward
+    on_backward: Callable[[Grads], Grads]  # these five are set by _UnihookIdentity.forward
     shapes: list[tuple[Any, Any]]
     materialize: bool
     integral: list[int]
+    inputs: list[weakref.ref[Any]]  # (the input side's leaf tensors: `_leaves`)
 
     def __init__(self, site: Site, held_until: int) -> None:
         self.site = site
@@ -202,9 +204,10 @@ def _release_raised(node: _Node) -> None:
 
 def _leaves(node: _Node) -> Iterable[Any]:
     """The parameters of the module whose call the node is of (the core's call state names it:
-    `Autograd.identity`), none for another node."""
+    `Autograd.identity`), none for another node, and the leaf tensors the call was given."""
     module = getattr(_call_of(node), "module", None)
-    return module.parameters() if isinstance(module, paddle.nn.Layer) else ()
+    parameters = module.parameters() if isinstance(module, paddle.nn.Layer) else []
+    return [*parameters, *(ref() for ref in getattr(node, "inputs", ()))]
 
 
 def _call_of(node: _Node) -> Any:
@@ -258,6 +261,9 @@ class _UnihookIdentity(PyLayer):  # (paddle names its node after it: see TRUST)
         node.integral = [
             i for i, x in enumerate(xs) if not (x.is_floating_point() or x.is_complex())
         ]
+        # (a leaf given to the module, `x.grad`: None again where only zeros reach it; no
+        # search finds a plain tensor, see `guard.cut_off`)
+        node.inputs = [weakref.ref(x) for x in xs if x.is_leaf] if materialize else []
         if _orphans:
             _clear_orphans()
         # what paddle calls: an object of ours in the context's dict, not the bound method
