@@ -175,26 +175,63 @@ def test_a_hook_raising_at_every_step_leaks_nothing(kind: str) -> None:
     assert grown < 30 * 2**20  # (30 steps kept 120 MB of gradients before)
 
 
-def test_gradients_a_raising_hook_kept_keep_their_values() -> None:
+@pytest.mark.parametrize("how", ["strongly", "weakly"])
+def test_gradients_a_raising_hook_kept_keep_their_values(how: str) -> None:
     """What the hooks were given is emptied only where nothing else holds it: a hook that
-    keeps its gradients and raises keeps them intact, also after the next hooked call."""
+    keeps its gradient and raises keeps it intact, also after the next hooked call, also
+    through a weak reference (paddle keeps the object: emptied, it read as an empty tensor,
+    and arithmetic on it segfaulted, helper-211's FINDING 1)."""
     paddle.seed(0)
     model = paddle.nn.Linear(3, 2)
     kept: list[Any] = []
 
-    def keep_and_raise(module: Any, grad_input: Any, grad_output: Any) -> None:
-        kept.extend([*grad_input, *grad_output])
+    def keep_and_raise(module: Any, grad_output: Any) -> None:
+        kept.append(grad_output[0] if how == "strongly" else weakref.ref(grad_output[0]))
         raise KeyError("kept")
 
-    handle = unihook.register_full_backward_hook(model, keep_and_raise)
+    handle = unihook.register_full_backward_pre_hook(model, keep_and_raise)
     x = paddle.to_tensor([[1.0, 2.0, 3.0]], stop_gradient=False)
     with pytest.raises(KeyError):
         (model(x) * 3).sum().backward()
     handle.remove()
+    gc.collect()
     with unihook.register_full_backward_hook(model, lambda *args: None):
         model(x).sum().backward()  # (the next hooked call: what paddle kept is emptied here)
-    gc.collect()
-    grad_input, grad_output = kept
+    (grad_output,) = kept if how == "strongly" else [ref() for ref in kept]
+    assert grad_output is not None
     assert grad_output.numpy().tolist() == [[3.0, 3.0]]
-    expected = 3 * model.weight.sum(axis=1).numpy()
-    assert grad_input.numpy()[0] == pytest.approx(expected, rel=1e-6)
+    assert (grad_output * 2).numpy().tolist() == [[6.0, 6.0]]
+
+
+@pytest.mark.parametrize("kind", ["full_backward", "full_backward_pre"])
+def test_an_error_a_hook_raised_is_freed_without_the_collector(kind: str) -> None:
+    """The guard re-raised the hook's error from a frame that kept it: a cycle through the
+    traceback, freed only by the garbage collector, which kept the gradients the hooks saw
+    (and paddle's gradients `_clear_orphans` waits for) until it ran."""
+
+    errors: list[weakref.ref[Any]] = []
+
+    class Stop(Exception):
+        def __init__(self) -> None:
+            super().__init__()
+            errors.append(weakref.ref(self))
+
+    def stop(*args: Any) -> None:
+        raise Stop  # (not through a local: the hook's own frame would keep it)
+
+    model = paddle.nn.Linear(3, 2)
+    register = {
+        "full_backward": unihook.register_full_backward_hook,
+        "full_backward_pre": unihook.register_full_backward_pre_hook,
+    }[kind]
+    x = paddle.to_tensor([[1.0, 2.0, 3.0]], stop_gradient=False)
+    gc.disable()
+    try:
+        with register(model, stop):
+            try:
+                model(x).sum().backward()
+            except Stop:
+                pass
+        assert len(errors) == 1 and errors[0]() is None
+    finally:
+        gc.enable()

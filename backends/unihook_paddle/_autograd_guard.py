@@ -565,7 +565,12 @@ def _guarded(
         except OSError as error:
             pending, state.pending = state.pending, None
             if pending is not None:
-                raise pending from None
+                try:
+                    raise pending from None
+                finally:
+                    # (its traceback holds this frame: a cycle only the collector frees, which
+                    # kept what the hooks were given until it ran)
+                    del pending
             if "KeyboardInterrupt" in str(error):
                 # a Ctrl-C that landed in a PyLayer's backward outside any hook (unihook's own
                 # code there): paddle wraps it in an OSError, which `except KeyboardInterrupt`

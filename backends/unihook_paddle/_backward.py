@@ -305,39 +305,45 @@ class _Backward:
 # raised: helper-210's FINDING 1). Both are measured once (as the guard's `grad_fn` leak). The
 # first is given back; the tuple cannot be, so its tensors are emptied (`Tensor._clear`, which
 # drops this Python object's share of the gradient) once nothing else holds them: the
-# traceback, or the user's hook, may still (`_clear_orphans`, at the next hooked call).
-_raise_leaks: tuple[int, int] | None = None  # (of ctx.backward, of each gradient)
+# traceback, or the user's hook, may still, also weakly (an emptied tensor read through a weak
+# reference was empty, and arithmetic on it segfaulted: helper-211's FINDING 1);
+# `_clear_orphans`, at the next hooked call.
+# (of ctx.backward: 1, or 0; the references to an orphan only paddle holds, `_references`, or
+# -1 where paddle keeps no gradient or the count is not plain)
+_raise_leaks: tuple[int, int] | None = None
 _orphans: list[Any] = []
-_MAX_ORPHANS = 256  # (a user who keeps every raised gradient keeps them anyway)
+_MAX_ORPHANS = 4096  # (past it, the oldest a user still holds stay held by paddle for good)
 
 
 def _kept_by_paddle(backward: _Backward, grads: Grads) -> None:
     global _raise_leaks, _orphans
     if _raise_leaks is None:
         _raise_leaks = _measure_raise_leaks()
-    called, passed = _raise_leaks
+    called, alone = _raise_leaks
     if called == 1:
         ctypes.pythonapi.Py_DecRef(ctypes.py_object(backward))  # (the context holds it too)
-    if passed == 1:
+    if alone > 0:
         _orphans = [*_orphans, *(g for g in grads if _is_tensor(g))][-_MAX_ORPHANS:]
 
 
 def _clear_orphans() -> None:
     global _orphans
+    _, alone = _raise_leaks or (0, -1)
     # (swapped, not changed in place: another thread may be adding to it)
     orphans, _orphans = _orphans, []
     kept = []
-    for tensor in orphans:
-        if sys.getrefcount(tensor) <= _HELD_BY_PADDLE_ONLY:
-            tensor._clear()
+    for i in range(len(orphans)):
+        if _references(orphans, i) <= alone and not weakref.getweakrefcount(orphans[i]):
+            orphans[i]._clear()
         else:
-            kept.append(tensor)
+            kept.append(orphans[i])
     _orphans = [*kept, *_orphans][-_MAX_ORPHANS:]
 
 
-# the references to an orphan nothing else holds, in `_clear_orphans`: the list's, the loop's,
-# the argument's and paddle's
-_HELD_BY_PADDLE_ONLY = 4
+def _references(tensors: list[Any], i: int) -> int:
+    """The references to ``tensors[i]``, counted as `_clear_orphans` counts them (the list's and
+    the argument's among them): compared with the probe's (`_measure_raise_leaks`)."""
+    return sys.getrefcount(tensors[i])
 
 
 class _Probe(PyLayer):
@@ -352,8 +358,9 @@ class _Probe(PyLayer):
 
 
 def _measure_raise_leaks() -> tuple[int, int]:
-    """The references paddle keeps, when a PyLayer's backward raised, to `ctx.backward` and to
-    each gradient it passed: (1, 1) on paddle 3.3.1; -1 for one that is not a plain count."""
+    """What paddle keeps when a PyLayer's backward raised: the references to `ctx.backward` (1
+    on paddle 3.3.1; 0 for none or a count that is not plain) and `_references` of a gradient it
+    passed that only it holds (-1 where it keeps none, or the count is not plain)."""
     passed: list[Any] = []
 
     def backward(grad: Any) -> Any:
@@ -372,9 +379,13 @@ def _measure_raise_leaks() -> tuple[int, int]:
     called = sys.getrefcount(backward) - before
     if called == 1:
         ctypes.pythonapi.Py_DecRef(ctypes.py_object(backward))
-    # (the list's and the argument's, and paddle's if it kept the tuple)
-    kept = sys.getrefcount(passed[0]) - 2 if passed else -1
-    return (called if called in (0, 1) else -1), (kept if kept in (0, 1) else -1)
+    if not passed:
+        return (called if called in (0, 1) else 0), -1
+    control = [paddle.ones([1])]
+    alone = [passed.pop()]
+    # (one more than a tensor only the list holds: paddle's tuple's)
+    kept = _references(alone, 0) - _references(control, 0)
+    return (called if called in (0, 1) else 0), (_references(alone, 0) if kept == 1 else -1)
 
 
 class _ProbeError(Exception):
