@@ -100,3 +100,22 @@ def test_a_branch_a_hook_gives_no_gradient_adds_nothing_to_the_others(
     unihook.register_full_backward_hook(m, lambda mod, gi, go: (None,))
     kit.backward(m(x**0.5).sum() + (x * 3).sum())
     np.testing.assert_array_equal(kit.grad(x), [3.0, 3.0, 3.0])
+
+
+def test_full_hook_none_leaves_the_input_without_gradient(backend: Any) -> None:
+    """A full hook's None for the gradient of a leaf the module was given: the leaf gets no
+    gradient (None), as torch's; the module's parameters get theirs (paddle's engine takes no
+    None: its backend sends zeros and gives the leaf None again; until 2026-12-07 x.grad was
+    zeros)."""
+    kit = backend
+    if kit.name == "mindspore":
+        pytest.skip(
+            "mindspore.grad gives zeros for every input asked for, hooked or not (no None "
+            "gradient; docs/MINDSPORE.md section 7)"
+        )
+    m = kit.linear(3, 2, [[1.0, 2.0, 3.0], [-4.0, 5.0, -6.0]], [0.0, 0.0])
+    unihook.register_full_backward_hook(m, lambda mod, gi, go: (None,))
+    x = kit.tensor([[1.0, -1.0, 2.0]], requires_grad=True)
+    kit.backward(m(x).sum())
+    assert kit.grad(x) is None
+    assert all(kit.grad(p) is not None for p in kit.parameters(m))
