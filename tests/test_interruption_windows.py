@@ -59,15 +59,18 @@ def test_global_backward_hook_removed_after_the_call_took_it() -> None:
 
 @contextlib.contextmanager
 def _ctrl_c_at(where: str, path_part: str, nth: int = 1, event: str = "call") -> Iterator[None]:
-    """A KeyboardInterrupt at the `nth` entry of a function named `where` in a file whose path
-    holds `path_part` (where CPython delivers a Ctrl-C: a function's entry), or with `event`
-    "return" at its return (after a call made from C, when its caller's next instruction
-    checks for signals)."""
+    """A KeyboardInterrupt at the `nth` entry of a function named `where` ("Class.method" for a
+    method) in a file whose path holds `path_part` (where CPython delivers a Ctrl-C: a
+    function's entry), or with `event` "return" at its return (after a call made from C, when
+    its caller's next instruction checks for signals)."""
     entries = [0]
 
     def interrupt(frame: Any, event_: str, arg: Any) -> Any:
         code = frame.f_code
-        if code.co_name != where or path_part not in code.co_filename:
+        name = code.co_name
+        if "." in where and "self" in frame.f_locals:  # ("Class.method")
+            name = f"{type(frame.f_locals['self']).__name__}.{name}"
+        if name != where or path_part not in code.co_filename:
             return None
         if event_ == "call":
             entries[0] += 1
@@ -87,7 +90,9 @@ def _ctrl_c_at(where: str, path_part: str, nth: int = 1, event: str = "call") ->
         sys.settrace(None)
 
 
-@pytest.mark.parametrize("where", ["backward", "ran", "pruned", "building_graph"])
+@pytest.mark.parametrize(
+    "where", ["_Backward.__call__", "_backward", "ran", "pruned", "building_graph"]
+)
 def test_ctrl_c_in_unihook_paddle_backward_is_a_keyboard_interrupt(where: str) -> None:
     # paddle wraps what a PyLayer's backward raises in an OSError; in a user's hook the error
     # keeps its type, and so does a Ctrl-C that lands in unihook's code around it

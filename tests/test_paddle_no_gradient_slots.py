@@ -1553,3 +1553,43 @@ def test_the_input_of_a_full_hooks_none_keeps_none(framework: str) -> None:
         model(x).sum().backward()
     assert x.grad is None
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_no_leaf_is_given_none_while_another_threads_backward_runs() -> None:
+    """A leaf only zeros reached gets None back as the backward ends, unless another thread's
+    backward runs then: it may be adding its gradient to that leaf (read as zeros and lost, or
+    read half made: "Tensor not initialized yet", helper-213's FINDING 1, a model input shared
+    by two threads); the leaf keeps zeros then."""
+    import threading
+
+    m = paddle.nn.Linear(3, 2)
+    x = paddle.ones([1, 3])
+    x.stop_gradient = False
+    inside, release = threading.Event(), threading.Event()
+    y = paddle.ones([1])
+    y.stop_gradient = False
+    z = y * 2
+
+    def hold(grad: Any) -> None:
+        inside.set()
+        release.wait(30)
+
+    z.register_hook(hold)
+    handle = unihook.register_full_backward_hook(m, lambda *args: (None,))
+    out = m(x)  # (the guard is in from here: the other thread's backward goes through it)
+    other = threading.Thread(target=lambda: z.sum().backward())
+    other.start()
+    try:
+        assert inside.wait(30)
+        out.sum().backward()
+        kept = x.grad
+        handle.remove()
+    finally:
+        release.set()
+        other.join(30)
+    assert kept is not None and not kept.numpy().any()
+    assert y.grad is not None and y.grad.numpy().tolist() == [2.0]
+    x.clear_gradient(False)
+    with unihook.register_full_backward_hook(m, lambda *args: (None,)):
+        m(x).sum().backward()
+    assert x.grad is None  # (alone: None, as torch's)

@@ -1052,11 +1052,19 @@ class _Graph:
             handle.remove()
         _given_back(self.returned)
         cleared, self.cleared = self.cleared, []
-        for ref in cleared:
-            try:
-                _clear_zeros(ref())
-            except Exception:  # (one paddle cannot read keeps zeros; the backward's error goes on)
-                pass
+        if not cleared:
+            return
+        with _lock:
+            # (not while another thread's backward runs: it may be adding its gradient to the
+            # same leaf, read as zeros here and lost, or read half made: "Tensor not initialized
+            # yet", helper-213's FINDING 1; that leaf keeps zeros. `_enter` takes the lock.)
+            if len(_active) > 1:
+                return
+            for ref in cleared:
+                try:
+                    _clear_zeros(ref())
+                except Exception:  # (one paddle cannot read keeps zeros; the error goes on)
+                    pass
 
     def reaches(self, start: int, target: int) -> bool:
         """Whether the node `target` is `start` or at most `_NEAR` nodes below it (breadth
@@ -1215,13 +1223,20 @@ def _none_again(graph: _Graph, accumulating: set[int], leaves: Iterable[Any]) ->
     ]
 
 
+_HALVES = frozenset({"paddle.float16", "paddle.bfloat16"})
+
+
 def _clear_zeros(leaf: Any) -> None:
     if leaf is None:
         return
     grad = leaf.grad
     # (dense only: `any` of a sparse Embedding's SelectedRows gradient raised, or aborted the
     # process: helper-201's FINDING 2)
-    if grad is not None and grad.is_dense() and not bool(grad.any()):
+    if grad is None or not grad.is_dense():
+        return
+    if str(grad.dtype) in _HALVES:  # (paddle 3.3.1 has no CPU `any`: helper-213's FINDING 2)
+        grad = grad.astype("float32")
+    if not bool(grad.any()):
         leaf.clear_gradient(False)  # (False: None, not zeros)
 
 

@@ -52,7 +52,7 @@ import math
 import sys
 import weakref
 from functools import partial
-from typing import Any, Callable, Collection, Iterable, Sequence
+from typing import Any, Callable, Collection, Iterable, Sequence, cast
 
 import paddle
 from paddle import _C_ops
@@ -286,7 +286,7 @@ class _Backward:
         self.node = weakref.ref(node)
 
     def __call__(self, *grads: Any) -> Any:
-        node = self.node()  # alive: the node being run holds it
+        node = cast(_Node, self.node())  # alive: the node being run holds it
         try:
             return _backward(node, grads)
         except BaseException as error:
@@ -323,6 +323,8 @@ def _kept_by_paddle(backward: _Backward, grads: Grads) -> None:
     if called == 1:
         ctypes.pythonapi.Py_DecRef(ctypes.py_object(backward))  # (the context holds it too)
     if alone > 0:
+        if _orphans:  # (a retried paddle.grad raising again: those of the last tries wait no
+            _clear_orphans()  # more for a hooked forward, helper-213's FINDING 4)
         _orphans = [*_orphans, *(g for g in grads if _is_tensor(g))][-_MAX_ORPHANS:]
 
 
