@@ -307,7 +307,7 @@ class _Backward:
 # drops this Python object's share of the gradient) once nothing else holds them: the
 # traceback, or the user's hook, may still, also weakly (an emptied tensor read through a weak
 # reference was empty, and arithmetic on it segfaulted: helper-211's FINDING 1);
-# `_clear_orphans`, at the next hooked call.
+# `_clear_orphans`, at the next hooked call or raise.
 # (of ctx.backward: 1, or 0; the references to an orphan only paddle holds, `_references`, or
 # -1 where paddle keeps no gradient or the count is not plain)
 _raise_leaks: tuple[int, int] | None = None
@@ -391,7 +391,7 @@ def _measure_raise_leaks() -> tuple[int, int]:
 
 
 class _ProbeError(Exception):
-    """Raised by `_measure_raise_leak`'s PyLayer."""
+    """Raised by `_measure_raise_leaks`'s PyLayer."""
 
 
 _TENSOR_SITE = Site("tensor", NAME, "Tensor")
