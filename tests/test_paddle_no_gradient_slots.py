@@ -1593,3 +1593,21 @@ def test_no_leaf_is_given_none_while_another_threads_backward_runs() -> None:
     with unihook.register_full_backward_hook(m, lambda *args: (None,)):
         m(x).sum().backward()
     assert x.grad is None  # (alone: None, as torch's)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_the_input_of_a_full_hooks_none_keeps_none_in_other_dtypes(dtype: str) -> None:
+    """float16 and bfloat16 too: paddle 3.3.1 has no CPU `any` for them, and the check that
+    the leaf's .grad holds only the zeros raised, silently: zeros stayed (helper-213's
+    FINDING 2)."""
+
+    class Double(paddle.nn.Layer):
+        def forward(self, h: Any) -> Any:
+            return h * 2
+
+    m = Double()
+    x = paddle.ones([1, 3], dtype=dtype)
+    x.stop_gradient = False
+    with unihook.register_full_backward_hook(m, lambda *args: (None,)):
+        m(x).sum().backward()
+    assert x.grad is None
