@@ -28,7 +28,7 @@ Tried (scripts not kept unless pinned below):
 - a user PyLayer whose backward calls a Layer (a forward in backward), the model's later part
   in a reentrant recompute: FINDING 3 (the Layer's calls recorded as forwards).
 - threads: a forward on a worker while the main thread is in a backward: FINDING 4 (the flag
-  is process-wide; also before d63b37e).
+  is process-wide; also before d63b37e; FIXED 2026-12-07: the thread's stack tells).
 - cost (ActivationStats, 50 Linear(16, 16), per module call, best of 5x30 forwards, 2 shared
   cores): before/after d63b37e: plain 62/61 us; inside `dygraph.guard()` 63/65-66 us; inside
   `dygraph.guard()` called 300 frames deep 60/108-112 us (the stack walk, several times per
@@ -55,9 +55,11 @@ FINDINGS (numbered as found; the report ranks them):
 3. LOW-MEDIUM. paddle: a user PyLayer whose backward calls a Layer, later layers in a
    reentrant recompute: the Layer's calls in the backward are recorded by ActivationStats as
    forwards (without recompute they are not). Expected: rows equal to no recompute.
-4. LOW (also before d63b37e). paddle: a forward of a Layer on a worker thread while the main
-   thread runs a backward: ActivationStats records nothing (paddle's flag is process-wide,
-   the recipe takes it for a recomputation). Expected: one call recorded.
+4. FIXED 2026-12-07 (`ops.in_backward` asks, where paddle's flag is set, whether this
+   thread's stack has a backward's entry point). LOW (also before d63b37e). paddle: a forward
+   of a Layer on a worker thread while the main thread runs a backward: ActivationStats
+   records nothing (paddle's flag is process-wide, the recipe takes it for a recomputation).
+   Expected: one call recorded.
 5. LOW. torch `ops.derived([o1, o2], [x])`: `o1 = x.sin()`, a worker thread runs
    `x.mul_(o1)`, `o2 = x * 3`: False, o2 is computed from o1. The second walk's stop is the
    argument's node read after the call (the in-place node, made during the call, on the path);
@@ -238,10 +240,9 @@ def test_finding3_py_layer_backward_calling_a_layer_after_a_reentrant_segment() 
     assert got.rows() == want.rows()
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING 4")
 def test_finding4_a_worker_forward_during_a_backward_is_recorded() -> None:
-    """FINDING 4: a forward on a worker thread while the main thread runs a backward is taken
-    for a recomputation (paddle's flag is process-wide): nothing recorded."""
+    """FINDING 4 (fixed): a forward on a worker thread while the main thread runs a backward
+    was taken for a recomputation (paddle's flag is process-wide): nothing was recorded."""
     paddle = _paddle()
     from paddle.autograd import PyLayer
 

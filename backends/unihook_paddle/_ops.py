@@ -6,7 +6,9 @@ import contextlib
 import copy as _copy
 import dataclasses
 import functools
+import inspect
 import sys
+import threading
 from typing import Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
@@ -51,6 +53,41 @@ def _in_a_py_layer_backward() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+# paddle's Python entry points to a backward (Tensor.backward, paddle.autograd.backward,
+# paddle.grad), as (file, function name): a frame of one is on the stack of a thread running a
+# backward (paddle runs it on the thread that asked); by file and name, the functions under
+# paddle's decorators
+_ENTRIES = frozenset(
+    (code.co_filename, code.co_name)
+    for code in (
+        inspect.unwrap(entry).__code__
+        for entry in (paddle.Tensor.backward, paddle.autograd.backward, paddle.grad)
+    )
+)
+
+
+def _running_backward(frame: Any) -> bool:
+    while frame is not None:
+        code = frame.f_code
+        if (code.co_filename, code.co_name) in _ENTRIES:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _backward_on_this_thread() -> bool:
+    """Whether paddle's backward flag, set, is this thread's: the flag is one for the process
+    (another thread's backward sets it for a forward running here: until 2026-12-07 the
+    recipes took such a forward for a recomputation, and GradientMonitor lost it), where this
+    thread's stack tells. A backward no known entry point is seen running (one begun from C++)
+    is taken for this thread's, as before."""
+    if _running_backward(sys._getframe(1)):
+        return True
+    this = threading.get_ident()
+    frames = sys._current_frames()
+    return not any(_running_backward(f) for t, f in frames.items() if t != this)
 
 
 def _grad_nodes(tensors: Sequence[Any]) -> Iterator[Any]:
@@ -400,7 +437,7 @@ class PaddleOps(Ops):
 
     def in_backward(self, like: Any) -> bool:
         if paddle.base.core.eager._is_run_in_backward():
-            return True
+            return _backward_on_this_thread()
         # paddle's flag is one bool: a backward run inside another (the inner one of a
         # reentrant `recompute`) clears it when it ends, for the rest of the outer one, whose
         # later segments' recomputations then passed for forwards (counted twice by

@@ -13,6 +13,7 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Mapping
+from threading import enumerate as live_threads
 from threading import get_ident
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator, Sequence
@@ -281,7 +282,12 @@ class GradientMonitor(Synced):
         self._serials: dict[int, int] = {}
         self._latest = 0
         self._model = model
-        self._step = _Step(None)
+        # each thread's step: the latest forward with gradients it ran (two threads training
+        # one model take turns, each forward's records its own: until 2026-12-07 one step was
+        # shared, and a forward started on another thread took the rest of this one's
+        # records, or its parameters' gradients: helper-210's FINDING 2); `_step` reads it
+        self._steps: dict[int, _Step] = {}
+        self._newest = _Step(None)  # the latest started on any thread
         self._names: list[str] = []  # the modules hooked: the layout of the ranks' vectors
         self._written: object = None
         self._tags: dict[str, str] = {}  # module name -> its TensorBoard tag (`write`)
@@ -323,6 +329,28 @@ class GradientMonitor(Synced):
         self._inner, self._where = inner, where
         self._schedule(model, every, self._place)
         self._watch_joins()
+
+    @property
+    def _step(self) -> _Step:
+        """This thread's step; on a thread that ran no forward (a backward run on another
+        thread than its forward's: torch's device threads), the latest started."""
+        step = self._steps.get(get_ident())
+        return self._newest if step is None else step
+
+    @_step.setter
+    def _step(self, step: _Step) -> None:
+        thread = get_ident()
+        with self._counting:
+            steps = self._steps
+            if thread not in steps and steps:
+                # a new thread: the steps of threads that ended go (their leaves' hooks too;
+                # one handed its outputs to another thread keeps the newest)
+                alive = {t.ident for t in live_threads()}
+                for gone in [t for t in steps if t not in alive]:
+                    old = steps.pop(gone)
+                    if old is not self._newest:
+                        old.drop_leaves()
+            steps[thread] = self._newest = step
 
     def _hooked_modules(self) -> list[tuple[str, Any]]:
         walked = ops.named_modules(self._model)
@@ -949,6 +977,10 @@ class GradientMonitor(Synced):
         """`step`'s norms into `history`, in the order of the forwards: a backward through the
         graphs of two forwards (a siamese loss) reaches the later one's outputs first on
         paddle (until 2026-11-30 its entries came in that order)."""
+        with self._counting:  # (threads' backwards log at once)
+            self._log_locked(step)
+
+    def _log_locked(self, step: _Step) -> None:
         step.logged = True
         history, serials = self.history, self._serials
         serials[id(step.norms)] = step.serial
@@ -1078,7 +1110,8 @@ class GradientMonitor(Synced):
 
     def remove(self) -> None:
         self._removed = True
-        self._step.drop_leaves()
+        for step in {id(s): s for s in [self._newest, *self._steps.values()]}.values():
+            step.drop_leaves()
         super().remove()
 
     def _let_go(self) -> None:
@@ -1088,7 +1121,8 @@ class GradientMonitor(Synced):
     def _copied(self) -> None:
         super()._copied()
         # no forward under way, nor any output of the original's (held weakly: no pickle)
-        self._step, self._deciding, self._shadowed = _Step(None, self._forwards_seen), None, None
+        self._steps, self._newest = {}, _Step(None, self._forwards_seen)
+        self._deciding, self._shadowed = None, None
         self._versions, self._earlier, self._kept_before = {}, {}, {}
         self._prune_at = self._kept_prune_at = 256
         # (the original's modules, weakly: a copy chooses by name, `Chosen.__getstate__`, as a

@@ -143,7 +143,11 @@ class ActivationStats(Synced):
         self._grad_sync: bool | None = None  # whether its wrapper all-reduces its gradients
         self._stats: dict[str, _Running] = {}
         self._fresh: list[str] = []  # the modules first seen in this forward, in call order
-        self._step: dict[str, _Running] = {}  # this forward's, merged into `history` at its end
+        # per thread, its forward's calls, into `history` at its end (`_step` reads this
+        # thread's: two threads' forwards of one model at once, each entry of `history` is one
+        # forward's; until 2026-12-07 one was shared, and a forward started on another thread
+        # took this one's first calls)
+        self._steps: dict[int, dict[str, _Running]] = {}
         self._history: deque[dict[str, _Running]] = deque(maxlen=max_history)
         self._written: object = None
         self._tags: dict[str, str] = {}  # module name -> its TensorBoard tag (`write`)
@@ -162,6 +166,14 @@ class ActivationStats(Synced):
         self._inner, self._where = inner, where
         self._schedule(model, every, self._place)
         self._watch_joins()
+
+    @property
+    def _step(self) -> dict[str, _Running]:
+        return self._steps.setdefault(threading.get_ident(), {})
+
+    @_step.setter
+    def _step(self, step: dict[str, _Running]) -> None:
+        self._steps[threading.get_ident()] = step
 
     def _hooked_modules(self) -> list[tuple[str, Any]]:
         walked = ops.named_modules(self._model)
@@ -315,7 +327,7 @@ class ActivationStats(Synced):
         half forward as its own (helper-109's FINDING 3b). Merged across ranks, the running
         numbers are the merged steps' (`_add`)."""
         with self._folding:
-            step, self._step = self._step, {}
+            step = self._steps.pop(threading.get_ident(), {})
             if self._world is None:
                 for name, part in step.items():
                     self._stats[name].add(part)
@@ -324,9 +336,9 @@ class ActivationStats(Synced):
         super()._copied()
         # (no forward under way: the original's running one is not the copy's; calls made
         # outside a forward are the copy's numbers too: helper-116's FINDING 1)
-        if not self._opened and self._step and self._world is None:
+        if not self._opened and any(self._steps.values()) and self._world is None:
             self._stats = self._totals()
-        self._step, self._opened, self._skipping, self._fresh = {}, 0, False, []
+        self._steps, self._opened, self._skipping, self._fresh = {}, 0, False, []
         self._calls, self._seen, self._inputs, self._batch = {}, {}, (), -1
         del self.__dict__["_folding"]  # (a lock: the copy's own, `__setstate__`)
 
@@ -456,17 +468,19 @@ class ActivationStats(Synced):
         return plot(stats=self, path=path, all_ranks=all_ranks)
 
     def rows(self) -> list[dict[str, Any]]:
-        if self._world is not None or not self._step:
+        if self._world is not None or not any(self._steps.values()):
             return _rows(self._stats)
         return _rows(self._totals())  # (during a forward: with its calls so far, see `_fold`)
 
     def _totals(self) -> dict[str, _Running]:
-        """The running numbers with the calls not folded yet (new objects where they differ)."""
+        """The running numbers with the calls not folded yet, every thread's (new objects
+        where they differ)."""
         with self._folding:
             stats = dict(self._stats)
-            for name, part in self._step.items():
-                total = stats[name] = dataclasses.replace(stats[name])
-                total.add(part)
+            for step in list(self._steps.values()):
+                for name, part in step.items():
+                    total = stats[name] = dataclasses.replace(stats[name])
+                    total.add(part)
         return stats
 
     def report(self) -> str:

@@ -1,0 +1,176 @@
+"""Two threads training one model at once: each forward is one entry of a recipe's `history`,
+equal to that forward run alone (helper-210's FINDING 2: GradientMonitor lost records and made
+partial ones; ActivationStats' entries mixed two forwards; on paddle, whose "in backward" flag is
+one for the process, a forward run while another thread's backward ran passed for a
+recomputation: not recorded, not counted).
+
+The threads are interleaved by events, not by chance: thread A's forward waits in the middle
+(a gate module) until thread B's forward and backward ended ("midway"), or A's whole forward
+runs while B's backward waits in a gradient hook ("during_backward")."""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Callable
+
+import pytest
+
+from unihook.recipes import ActivationStats, GradientMonitor
+
+WAIT = 20.0  # seconds: a wait longer than this is a failure (a deadlock), not a slow machine
+
+
+def make_model(framework: str) -> tuple[Any, Callable[[], Any], Callable[[Any], None]]:
+    """(model, a fresh input, a hook placer: `on_grad(tensor, fn)` runs fn in its backward)."""
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        nn = torch.nn
+        Module, fixed = nn.Module, torch.linspace(-1.0, 1.0, 48).reshape(6, 8)
+        torch.manual_seed(0)
+
+        def hook(t: Any, fn: Callable[[], None]) -> None:
+            t.register_hook(lambda g: fn())
+
+    else:
+        paddle = pytest.importorskip("paddle")
+        nn = paddle.nn
+        Module, fixed = nn.Layer, paddle.linspace(-1.0, 1.0, 48).reshape([6, 8])
+        paddle.seed(0)
+
+        def hook(t: Any, fn: Callable[[], None]) -> None:
+            t.register_hook(lambda g: fn())
+
+    class Gate(Module):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            # thread name -> (set as it comes here, waited for before going on)
+            self.waits: dict[str, tuple[threading.Event, threading.Event]] = {}
+
+        def forward(self, h: Any) -> Any:
+            events = self.waits.get(threading.current_thread().name)
+            if events is not None:
+                events[0].set()
+                assert events[1].wait(WAIT), "the other thread did not come"
+            return h * 2
+
+    class Net(Module):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.gate, self.head = nn.Linear(8, 8), Gate(), nn.Linear(8, 4)
+            self.aux = nn.Linear(8, 2)
+
+        def forward(self, x: Any) -> Any:
+            h = self.gate(self.body(x))
+            return self.head(h), self.aux(h)
+
+    return Net(), lambda: fixed.clone(), hook
+
+
+def step(model: Any, x: Any) -> None:
+    y, _ = model(x)
+    (y * y).sum().backward()
+
+
+def entry(recipe: Any) -> Any:
+    """A history entry, comparable (GradientMonitor's norms; ActivationStats' rows)."""
+    return recipe.history[-1]
+
+
+def same(a: Any, b: Any) -> bool:
+    if set(a) != set(b):
+        return False
+    for name in a:
+        x, y = a[name], b[name]
+        if isinstance(x, dict):
+            if x.keys() != y.keys() or any(
+                not math.isclose(x[k], y[k], rel_tol=1e-6, abs_tol=1e-9) for k in x if k != "name"
+            ):
+                return False
+        elif not math.isclose(x, y, rel_tol=1e-6):
+            return False
+    return True
+
+
+def run(threads: dict[str, Callable[[], None]]) -> None:
+    errors: list[BaseException] = []
+
+    def guarded(fn: Callable[[], None]) -> Callable[[], None]:
+        def body() -> None:
+            try:
+                fn()
+            except BaseException as error:  # (surfaces below, in the test's thread)
+                errors.append(error)
+
+        return body
+
+    started = [threading.Thread(target=guarded(fn), name=name) for name, fn in threads.items()]
+    for t in started:
+        t.start()
+    for t in started:
+        t.join(WAIT * 2)
+    assert not any(t.is_alive() for t in started), "a thread hung"
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("way", ["midway", "during_backward"])
+@pytest.mark.parametrize("recipe", [GradientMonitor, ActivationStats])
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_each_threads_forward_is_one_entry_of_history(
+    framework: str, recipe: type, way: str
+) -> None:
+    model, x, on_grad = make_model(framework)
+    with recipe(model) as alone:
+        step(model, x())
+    reference = entry(alone)
+    assert len(alone.history) == 1
+
+    b_done, b_in_backward, a_forward_done, a_at_gate = (threading.Event() for _ in range(4))
+
+    def thread_a() -> None:
+        if way == "during_backward":
+            assert b_in_backward.wait(WAIT)
+        y, _ = model(x())
+        a_forward_done.set()
+        assert b_done.wait(WAIT)
+        (y * y).sum().backward()
+
+    def thread_b() -> None:
+        if way == "midway":
+            assert a_at_gate.wait(WAIT)
+        y, _ = model(x())
+        if way == "during_backward":
+
+            def in_backward() -> None:
+                b_in_backward.set()
+                assert a_forward_done.wait(WAIT)
+
+            on_grad(y, in_backward)
+        (y * y).sum().backward()
+        b_done.set()
+
+    if way == "midway":
+        model.gate.waits["A"] = (a_at_gate, b_done)
+    with recipe(model) as watching:
+        run({"A": thread_a, "B": thread_b})
+        history = list(watching.history)
+        assert len(history) == 2, history
+        for got in history:
+            assert same(got, reference), (got, reference)
+        if recipe is ActivationStats:
+            assert {row["name"]: row["calls"] for row in watching.rows()} == {
+                name: 2 for name in reference
+            }
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_the_steps_of_threads_that_ended_go(framework: str) -> None:
+    """A thread pool's short-lived threads each ran a step: their steps go as new threads come
+    (GradientMonitor keeps one per thread: `_steps`), the entries stay in `history`."""
+    model, x, _ = make_model(framework)
+    with GradientMonitor(model) as watching:
+        for _ in range(30):
+            run({"T": lambda: step(model, x())})
+        assert len(watching.history) == 30
+        assert len(watching._steps) <= 2  # (the last thread's; one more while it is pruned)
