@@ -254,6 +254,9 @@ def kind(g):
     return float(np.abs(a).sum())
 
 
+PARAMETERS = "parameters"  # (`by_grad`: w.r.t. the parameters alone, x left out)
+
+
 def run(fw, model_spec, retain=False, by_grad=False):
     spec, used, hk = model_spec["spec"], model_spec["used"], model_spec["hooks"]
     model = build(fw, spec)
@@ -322,7 +325,8 @@ def run(fw, model_spec, retain=False, by_grad=False):
         if by_grad:  # (x's and the parameters' gradients by paddle.grad / torch.autograd.grad)
             params = dict(model.named_parameters())
             grad = torch.autograd.grad if fw is FT else paddle.grad
-            got = grad([loss], [x, *params.values()], allow_unused=True)
+            inputs = list(params.values()) if by_grad == PARAMETERS else [x, *params.values()]
+            got = grad([loss], inputs, allow_unused=True)
         elif retain:
             loss.backward(retain_graph=True)
             try:
@@ -337,7 +341,7 @@ def run(fw, model_spec, retain=False, by_grad=False):
             h.remove()
     res["hooks"] = seen
     if by_grad:
-        grads = dict(zip(["x", *params], map(kind, got)))
+        grads = dict(zip(list(params) if by_grad == PARAMETERS else ["x", *params], map(kind, got)))
     else:
         grads = {n: kind(p.grad) for n, p in model.named_parameters()}
         grads["x"] = kind(x.grad)
@@ -397,7 +401,7 @@ def _differences(t: Any, p: Any, documented: bool) -> list[str]:
     return diffs
 
 
-def _mismatches(seeds: range, by_grad: bool = False) -> dict[int, list[str]]:
+def _mismatches(seeds: range, by_grad: bool | str = False) -> dict[int, list[str]]:
     found: dict[int, list[str]] = {}
     for seed in seeds:
         spec = gen_model(seed)
@@ -451,10 +455,23 @@ _KNOWN_BY_GRAD = {
 }
 
 
-@pytest.mark.parametrize("start", range(0, 800, 200))
-def test_generated_models_by_paddle_grad_as_torch(start: int) -> None:
+# by paddle.grad w.r.t. the parameters alone: torch runs no node from which none of them is
+# reached, a module's input side taking the model's input (its full hook does not fire); until
+# 2026-12-07 paddle's did (50 of seeds 0-299: helper-207's FINDING 6). Left: the hooks of
+# `_KNOWN_BY_GRAD`'s kind.
+_KNOWN_BY_PARAMETERS = dict.fromkeys((70, 108, 193, 232, 274), ["hooks"])
+
+
+@pytest.mark.parametrize(
+    ("by_grad", "start"),
+    [("all", start) for start in range(0, 800, 200)]
+    + [(PARAMETERS, start) for start in range(0, 400, 200)],
+)
+def test_generated_models_by_paddle_grad_as_torch(by_grad: str, start: int) -> None:
+    """paddle.grad w.r.t. x and the parameters ("all"), or the parameters alone."""
+    known = _KNOWN_BY_PARAMETERS if by_grad == PARAMETERS else _KNOWN_BY_GRAD
     seeds = range(start, start + 200)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        found = _mismatches(seeds, by_grad=True)
-    assert found == {s: d for s, d in _KNOWN_BY_GRAD.items() if s in seeds}
+        found = _mismatches(seeds, by_grad=by_grad)
+    assert found == {s: d for s, d in known.items() if s in seeds}

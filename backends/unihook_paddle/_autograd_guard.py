@@ -62,6 +62,7 @@ __all__ = [
     "spend",
     "several_slots",
     "pruned",
+    "unneeded",
     "obliged",
     "passes_on",
     "receives_seen",
@@ -76,6 +77,9 @@ class _State(threading.local):
     depth = 0
     create_graph = False
     pending: BaseException | None = None
+    # `pending` was re-raised by a backward run inside a node of this one (a reentrant
+    # recompute's), which paddle wraps in that node's OSError: a later hook's error replaces it
+    passed = False
     partial = False  # the innermost running entry point is run_partial_grad (paddle.grad)
     retained = True  # it was asked to keep the graph (retain_graph)
     # tokens of the hooks that fired during the innermost running backward (None: none runs)
@@ -87,6 +91,10 @@ class _State(threading.local):
     # the innermost running backward's roots, and its graph once a node asked (`passes_on`)
     roots: Any = None
     graph: _Graph | None = None
+    # the innermost running paddle.grad's inputs (None: Tensor.backward), and the nodes from
+    # which one is reached once a node asked (`unneeded`)
+    inputs: Any = None
+    needed: set[int] | None = None
     # the identity nodes an earlier one passed a gradient to without a copy (`passes_on`)
     obliged: set[int] | None = None
     asked = 0  # values `passes_on` was asked about in the innermost running backward
@@ -348,8 +356,8 @@ def _unreached(
 
 def stash(error: BaseException) -> None:
     """Remember the exception a hook raised, for the entry point to re-raise."""
-    if _state.pending is None:
-        _state.pending = error
+    if _state.pending is None or _state.passed:
+        _state.pending, _state.passed = error, False
 
 
 def building_graph() -> bool:
@@ -538,6 +546,7 @@ def _guarded(
     outer_graph, outer_fired, outer_cuts = state.create_graph, state.fired_tokens, state.cuts
     outer_replaced, outer_ends, outer_depth = state.replaced, state.ends, state.depth
     outer_walk = state.roots, state.graph, state.obliged, state.asked, state.declined
+    outer_inputs = state.inputs, state.needed
     shared = state.shared
     outer_firing = shared.firing
     # paddle 3.3.1 leaves gradients off for good after an exception in a node's post hook
@@ -552,6 +561,7 @@ def _guarded(
             0,
             False,
         )
+        state.inputs, state.needed = inputs, None
         state.create_graph = create_graph
         state.cuts = cuts
         state.fired_tokens = set()
@@ -562,8 +572,16 @@ def _guarded(
         try:
             grads = run(*args, **kwargs)
         except OSError as error:
-            pending, state.pending = state.pending, None
+            pending, passed, state.pending, state.passed = state.pending, state.passed, None, False
+            if passed and pending is not None and type(pending).__name__ not in str(error):
+                pending = None  # (caught on its way: this OSError is another error's)
             if pending is not None:
+                if outer_depth:
+                    # this backward runs inside a node of another (paddle's reentrant
+                    # `recompute` runs its segment's backward in its PyLayer's): paddle wraps
+                    # what leaves here in that node's OSError, which the outer entry gives back
+                    # as the hook's own (helper-213's FINDING 5)
+                    state.pending, state.passed = pending, True
                 try:
                     raise pending from None
                 finally:
@@ -602,9 +620,10 @@ def _guarded(
                 state.asked,
             )
         state.roots, state.graph, state.obliged, state.asked, state.declined = outer_walk
+        state.inputs, state.needed = outer_inputs
         shared.firing = outer_firing
         if not outer_depth:
-            state.pending = None
+            state.pending, state.passed = None, False
             try:
                 _leave(shared)
             except BaseException:
@@ -784,23 +803,50 @@ def pruned(ptr: int) -> frozenset[int]:
     return _state.cuts.get(ptr, _NONE)
 
 
-def _cut_slots(roots: Any, inputs: Any) -> dict[int, frozenset[int]]:
-    if roots is None or inputs is None:
-        return _NO_CUTS
-    if not isinstance(inputs, (list, tuple)):
-        inputs = [inputs]
+def unneeded(ptr: int) -> bool:
+    """Whether the running backward is a paddle.grad that reaches none of its inputs below the
+    node at `ptr`: torch's engine runs no such node (autograd.grad w.r.t. the parameters
+    alone: a module's input side, whose hook then does not fire), paddle runs it. One walk
+    of the graph, at the first ask."""
+    state = _state
+    if state.inputs is None or state.roots is None:
+        return False
+    needed = state.needed
+    if needed is None:
+        needed = state.needed = _needed(_parents(state.roots)[0], state.inputs)
+    return ptr not in needed
+
+
+def _parents(roots: Any) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """The graph of `roots`: each node's parents, and the child of each slot of the identity
+    nodes of several slots (0: none)."""
     parents: dict[int, list[int]] = {}
-    slots: dict[int, list[int]] = {}  # the child of each slot of the identities met (0: none)
-    for ptr, node in _walk(roots):
-        children = [0 if child is None else child.node_ptr() for child in node.next_functions]
-        for child_ptr in children:
+    slots: dict[int, list[int]] = {}
+    several = set(_several.keys())  # (a set: the weak dictionary's lookups cost a call each)
+    if not isinstance(roots, (list, tuple)):
+        roots = [roots]
+    todo = [(node.node_ptr(), node) for node in map(grad_node, roots) if node is not None]
+    seen = {ptr for ptr, _ in todo}
+    while todo:  # (`_walk`'s, each node_ptr read once: this runs for every paddle.grad)
+        ptr, node = todo.pop()
+        children = []
+        for child in node.next_functions:
+            child_ptr = 0 if child is None else child.node_ptr()
+            children.append(child_ptr)
             if child_ptr:
                 parents.setdefault(child_ptr, []).append(ptr)
-        if ptr in _several:
+                if child_ptr not in seen:
+                    seen.add(child_ptr)
+                    todo.append((child_ptr, child))
+        if ptr in several:
             slots[ptr] = children
-    if not slots:
-        return _NO_CUTS
-    # paddle's needed nodes: the inputs' nodes and every node from which one can be reached
+    return parents, slots
+
+
+def _needed(parents: dict[int, list[int]], inputs: Any) -> set[int]:
+    """paddle's needed nodes: the inputs' nodes and every node from which one can be reached."""
+    if not isinstance(inputs, (list, tuple)):
+        inputs = [inputs]
     needed: set[int] = set()
     todo = [node.node_ptr() for node in map(grad_node, inputs) if node is not None]
     while todo:
@@ -808,6 +854,16 @@ def _cut_slots(roots: Any, inputs: Any) -> dict[int, frozenset[int]]:
         if ptr not in needed:
             needed.add(ptr)
             todo.extend(parents.get(ptr, ()))
+    return needed
+
+
+def _cut_slots(roots: Any, inputs: Any) -> dict[int, frozenset[int]]:
+    if roots is None or inputs is None:
+        return _NO_CUTS
+    parents, slots = _parents(roots)
+    if not slots:
+        return _NO_CUTS
+    needed = _needed(parents, inputs)
     cuts = {}
     for ptr, children in slots.items():
         if ptr in needed:

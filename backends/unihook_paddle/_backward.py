@@ -398,6 +398,16 @@ _TENSOR_SITE = Site("tensor", NAME, "Tensor")
 
 
 def _backward(node: _Node, grads: Grads) -> tuple[Any, ...]:
+    if guard.unneeded(node.ptr):
+        # a paddle.grad none of whose inputs is below: torch runs no such node, and its hooks
+        # do not fire (until 2026-12-07 a full hook fired, w.r.t. the parameters alone, on a
+        # call whose input is the model's: helper-207's FINDING 6)
+        # (zeros below: a None there crashes paddle, trap 3; no input of it needs them)
+        node.ran()
+        zeros = tuple(paddle.zeros(shape, dtype) for shape, dtype in node.shapes)
+        for zero in zeros:
+            zero.stop_gradient = not guard.building_graph()  # (see `constant` below)
+        return zeros
     # the slots whose zeros only an outer identity's slot with no gradient sent: none, as in
     # torch (`guard.cut_off`; told by their memory, before any copy)
     unreached = guard.dead_slots(node.ptr, grads)

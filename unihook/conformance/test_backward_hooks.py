@@ -333,6 +333,28 @@ def test_grad_wrt_parameter_only(backend: Any) -> None:
     close(log.calls[0][3], [[[1]]])
 
 
+def test_grad_wrt_inner_parameters_fires_no_full_hook_of_the_containers(backend: Any) -> None:
+    """The gradient of an inner layer's parameters only: a full hook fires where grad_input is
+    computed, on a layer whose input leads to them (`b`, given ``cat([a(x), x])``), not on the
+    containers whose input is the model's (torch's engine runs no node from which none of the
+    inputs asked for is reached; paddle's ran the containers' input sides past a concat, and
+    their full hooks fired: until 2026-12-07, helper-207's FINDING 6)."""
+    kit = backend
+    a = kit.linear(2, 2, [[1, 2], [3, 4]], [0, 0])
+    b = kit.linear(4, 1, [[1, -1, 5, 7]], [0])
+    inner = kit.module(lambda self, x: b(kit.cat([a(x), x], 1)), {"a": a, "b": b})
+    outer = kit.module(lambda self, x: inner(x) * 2, {"inner": inner})
+    log = Log(kit)
+    for name, module in (("outer", outer), ("inner", inner), ("b", b)):
+        unihook.register_full_backward_pre_hook(module, log.pre(name))
+        unihook.register_full_backward_hook(module, log.full(name))
+    x = leaf(kit, [[1.0, 3.0]])
+    weight = [p for p in kit.parameters(a) if kit.numpy(p).size == 4][0]
+    [gw] = kit.autograd_grad([outer(x).sum()], [weight])
+    assert sorted(kit.numpy(gw).reshape(-1).tolist()) == [-6, -2, 2, 6]  # (either layout)
+    assert log.order() == [("outer", "pre"), ("inner", "pre"), ("b", "pre"), ("b", "full")]
+
+
 def test_full_hook_fires_for_an_input_only_the_graph_holds(backend: Any) -> None:
     """An input nobody holds after the forward: the graph holds it (torch's does), also through
     a garbage collection before the backward. (A MindSpore Parameter is in a reference cycle:
