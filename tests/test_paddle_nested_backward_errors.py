@@ -140,3 +140,66 @@ def test_an_inner_error_a_hook_caught_does_not_replace_a_later_one() -> None:
     finally:
         for handle in handles:
             handle.remove()
+
+
+@pytest.mark.parametrize("later", ["py_layer", "native_hook"])
+@pytest.mark.parametrize("name", ["ValueError", "Error"])
+def test_an_inner_error_a_hook_caught_is_not_given_for_a_later_failure(
+    later: str, name: str
+) -> None:
+    """A hook catches its own paddle.grad's error; later in the backward something that is no
+    unihook hook fails (a user PyLayer's backward, a paddle hook), of the same type or of a
+    class whose name paddle's text holds anyway ("Error"): that failure comes out (paddle's
+    OSError naming it), not the caught error (helper-216's FINDING 1)."""
+    from paddle.autograd import PyLayer
+
+    caught_type = ValueError if name == "ValueError" else type("Error", (Exception,), {})
+
+    class Failing(PyLayer):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return x * 1
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:
+            raise ValueError("the real failure")
+
+    def native(g: Any) -> Any:
+        raise ValueError("the real failure")
+
+    paddle.seed(0)
+    a, b, inner = (paddle.nn.Linear(3, 3) for _ in range(3))
+    caught: list[BaseException] = []
+
+    def raises(module: Any, grad_output: Any) -> None:
+        raise caught_type("caught by the hook")
+
+    def runs_its_own(module: Any, grad_input: Any, grad_output: Any) -> None:
+        z = paddle.ones([1, 3])
+        z.stop_gradient = False
+        try:
+            with paddle.set_grad_enabled(True):
+                paddle.grad([inner(z).sum()], [z])
+        except caught_type as error:
+            caught.append(error)
+
+    handles = [
+        unihook.register_full_backward_pre_hook(inner, raises),
+        unihook.register_full_backward_hook(b, runs_its_own),
+    ]
+    x = paddle.ones([1, 3])
+    x.stop_gradient = False
+    h = a(x)
+    if later == "py_layer":
+        h = Failing.apply(h)
+    else:
+        h.register_hook(native)
+    try:
+        with pytest.raises(BaseException) as raised:
+            b(h).sum().backward()
+        assert len(caught) == 1
+        assert raised.value is not caught[0]
+        assert "the real failure" in str(raised.value)
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -360,6 +360,23 @@ def stash(error: BaseException) -> None:
         _state.pending, _state.passed = error, False
 
 
+def _left_a_py_layer(error: BaseException) -> bool:
+    """Whether `error`, re-raised by a backward run inside a node of another, went on into
+    paddle's C++ from a PyLayer's backward (a reentrant recompute's), which wrapped it in the
+    outer backward's OSError: its traceback's outermost frame is that backward's. A hook that
+    caught it is the outermost (helper-216's FINDING 1: a later, other error's OSError then
+    gave the caught one back; its type's name in the OSError's text told nothing)."""
+    from paddle.autograd.py_layer import PyLayerBackward
+
+    traceback = error.__traceback__
+    if traceback is None:
+        return False
+    frame = traceback.tb_frame
+    return frame.f_code.co_name == "backward" and isinstance(
+        frame.f_locals.get("ctx"), PyLayerBackward
+    )
+
+
 def building_graph() -> bool:
     return _state.create_graph
 
@@ -573,7 +590,7 @@ def _guarded(
             grads = run(*args, **kwargs)
         except OSError as error:
             pending, passed, state.pending, state.passed = state.pending, state.passed, None, False
-            if passed and pending is not None and type(pending).__name__ not in str(error):
+            if passed and pending is not None and not _left_a_py_layer(pending):
                 pending = None  # (caught on its way: this OSError is another error's)
             if pending is not None:
                 if outer_depth:
