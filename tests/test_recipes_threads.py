@@ -174,3 +174,72 @@ def test_the_steps_of_threads_that_ended_go(framework: str) -> None:
             run({"T": lambda: step(model, x())})
         assert len(watching.history) == 30
         assert len(watching._steps) <= 2  # (the last thread's; one more while it is pruned)
+
+
+@pytest.mark.parametrize("recipe", [GradientMonitor, ActivationStats])
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_a_lone_call_on_another_thread_is_no_part_of_a_running_forward(
+    framework: str, recipe: type
+) -> None:
+    """Thread B calls a submodule on its own (and runs its backward) while thread A's forward
+    waits midway: A's entry is A's forward alone, as when the calls come one after another on
+    one thread (helper-215's FINDING 1: B's call went into A's entry, or, with a step per
+    thread, into B's last entry)."""
+    model, x, _ = make_model(framework)
+    with recipe(model) as alone:
+        step(model, x())
+    reference = entry(alone)
+
+    a_at_gate, b_done = threading.Event(), threading.Event()
+
+    def thread_a() -> None:
+        step(model, x())
+
+    def thread_b() -> None:
+        assert a_at_gate.wait(WAIT)
+        y = model.head(x())
+        (y * y * 3).sum().backward()
+        b_done.set()
+
+    model.gate.waits["A"] = (a_at_gate, b_done)
+    with recipe(model) as watching:
+        run({"A": thread_a, "B": thread_b})
+        history = list(watching.history)
+        assert len(history) == 1, history
+        assert same(history[0], reference), (history[0], reference)
+
+
+def test_a_replica_called_on_a_worker_thread_inside_the_forward_is_recorded() -> None:
+    """torch's DataParallel runs replicas of the modules (copies sharing their hook dicts) on
+    threads inside its forward: their calls are that forward's, as torch's own hooks fire
+    for them (a lone call of the model's own module on another thread is not: above)."""
+    torch = pytest.importorskip("torch")
+    import concurrent.futures
+    import copy
+
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self, fan_out: bool) -> None:
+            super().__init__()
+            self.body, self.head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+            self.fan_out = fan_out
+
+        def forward(self, x: Any) -> Any:
+            h = self.body(x)
+            if not self.fan_out:
+                return self.head(h) * 1
+            replica = copy.copy(self.head)  # (as `replicate`'s: another object, the same hooks)
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                return pool.submit(replica, h).result() * 1  # (`gather`'s, on this thread)
+
+    seen = []
+    for fan_out in (False, True):
+        torch.manual_seed(0)
+        model = Net(fan_out)
+        with GradientMonitor(model) as watching:
+            y = model(torch.linspace(-1.0, 1.0, 48).reshape(6, 8))
+            (y * y).sum().backward()
+            seen.append(dict(watching.history[-1]))
+    assert seen[1] == pytest.approx(seen[0])
+    assert set(seen[0]) == {"", "body", "head"}

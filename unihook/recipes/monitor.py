@@ -158,6 +158,7 @@ class _Step:
         "ran",
         "taps",
         "tap_stamps",
+        "own",
         "__weakref__",  # (a backend may hold `drop_leaves` weakly until a backward ends)
     )
 
@@ -213,6 +214,7 @@ class _Step:
         self.leaves: list[Any] = []
         self.dropping = False
         self.grad_sync: bool | None = None  # whether the wrapper all-reduces its gradients
+        self.own: set[int] | None = None  # the model's modules, by id (`_replica`)
 
     def drop_leaves(self) -> None:
         leaves, self.leaves = self.leaves, []
@@ -495,6 +497,14 @@ class GradientMonitor(Synced):
             else:
                 self._versions.pop(key, None)
 
+    def _replica(self, module: Any) -> bool:
+        """Whether `module`, hooked, is none of the model's own modules: a copy sharing their
+        hook dicts (torch's DataParallel replicas). The model's, by id, once per step."""
+        step = self._step
+        if step.own is None:
+            step.own = {id(inner) for _, inner in ops.named_modules(self._inner)}
+        return id(module) not in step.own
+
     def _settle(self, module: Any, args: Any, output: Any) -> None:
         """The end of a forward while the ranks have not yet told data from parameters (the
         first one, and those whose inputs were the same on every rank): they decide every
@@ -654,9 +664,14 @@ class GradientMonitor(Synced):
                 # this one got (helper-104's FINDINGS 1, 1a); then the others' too
                 for thread in [get_ident(), *self._running_on]:
                     self._left_behind(thread)
-        if not self._running and (self._placed_ahead or not ops.in_backward(module)):
-            return
         running = self._running_on.get(get_ident())
+        # (none on this thread: a lone call, also while another thread's forward runs, whose
+        # step it is not part of: until 2026-12-07 it was recorded there, or, with a step per
+        # thread, into this thread's last entry: helper-215's FINDING 1; but a replica's call,
+        # torch's DataParallel running copies of the modules on threads inside its forward)
+        if not running and (self._placed_ahead or not ops.in_backward(module)):
+            if not self._running or not self._replica(module):
+                return
         if running and not running[-1][1]:
             # a forward of the model begun without gradients (an evaluation under no_grad)
             # that enables them inside (forces, -dE/dx): its gradients belong to no step (until
