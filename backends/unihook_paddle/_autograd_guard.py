@@ -360,21 +360,23 @@ def stash(error: BaseException) -> None:
         _state.pending, _state.passed = error, False
 
 
-def _left_a_py_layer(error: BaseException) -> bool:
-    """Whether `error`, re-raised by a backward run inside a node of another, went on into
-    paddle's C++ from a PyLayer's backward (a reentrant recompute's), which wrapped it in the
-    outer backward's OSError: its traceback's outermost frame is that backward's. A hook that
-    caught it is the outermost (helper-216's FINDING 1: a later, other error's OSError then
-    gave the caught one back; its type's name in the OSError's text told nothing)."""
-    from paddle.autograd.py_layer import PyLayerBackward
-
-    traceback = error.__traceback__
+def _wraps(error: OSError, pending: BaseException) -> bool:
+    """Whether paddle's `error` wraps `pending`, re-raised by a backward run inside a node of
+    another (a reentrant recompute's): paddle's text names the type of what left the PyLayer's
+    backward and the frames from where it was raised. A hook or a PyLayer that caught `pending`
+    and raised another error, or went on, leaves the place `pending` was raised out of it
+    (helper-216's FINDING 1: the type's name alone told nothing; helper-218's FINDINGS 1 to
+    3: nor did the traceback's outermost frame, which is where it was last caught).
+    """
+    traceback = pending.__traceback__
     if traceback is None:
         return False
-    frame = traceback.tb_frame
-    return frame.f_code.co_name == "backward" and isinstance(
-        frame.f_locals.get("ctx"), PyLayerBackward
-    )
+    while traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    code = traceback.tb_frame.f_code
+    text = str(error)
+    place = f"{code.co_filename}({traceback.tb_lineno}): {code.co_name}"
+    return place in text and type(pending).__name__ in text
 
 
 def building_graph() -> bool:
@@ -590,7 +592,7 @@ def _guarded(
             grads = run(*args, **kwargs)
         except OSError as error:
             pending, passed, state.pending, state.passed = state.pending, state.passed, None, False
-            if passed and pending is not None and not _left_a_py_layer(pending):
+            if passed and pending is not None and not _wraps(error, pending):
                 pending = None  # (caught on its way: this OSError is another error's)
             if pending is not None:
                 if outer_depth:

@@ -13,7 +13,6 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Mapping
-from threading import enumerate as live_threads
 from threading import get_ident
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator, Sequence
@@ -39,6 +38,7 @@ from ._scope import (
     check_history,
     executing,
     hook_caller,
+    live_thread_ids,
     tensors_of,
     where_of,
 )
@@ -158,7 +158,6 @@ class _Step:
         "ran",
         "taps",
         "tap_stamps",
-        "own",
         "__weakref__",  # (a backend may hold `drop_leaves` weakly until a backward ends)
     )
 
@@ -214,7 +213,6 @@ class _Step:
         self.leaves: list[Any] = []
         self.dropping = False
         self.grad_sync: bool | None = None  # whether the wrapper all-reduces its gradients
-        self.own: set[int] | None = None  # the model's modules, by id (`_replica`)
 
     def drop_leaves(self) -> None:
         leaves, self.leaves = self.leaves, []
@@ -347,7 +345,7 @@ class GradientMonitor(Synced):
             if thread not in steps and steps:
                 # a new thread: the steps of threads that ended go (their leaves' hooks too;
                 # one handed its outputs to another thread keeps the newest)
-                alive = {t.ident for t in live_threads()}
+                alive = live_thread_ids()
                 for gone in [t for t in steps if t not in alive]:
                     old = steps.pop(gone)
                     if old is not self._newest:
@@ -497,13 +495,12 @@ class GradientMonitor(Synced):
             else:
                 self._versions.pop(key, None)
 
-    def _replica(self, module: Any) -> bool:
-        """Whether `module`, hooked, is none of the model's own modules: a copy sharing their
-        hook dicts (torch's DataParallel replicas). The model's, by id, once per step."""
-        step = self._step
-        if step.own is None:
-            step.own = {id(inner) for _, inner in ops.named_modules(self._inner)}
-        return id(module) not in step.own
+    def _running_step(self) -> _Step:
+        """The step of the forward running on another thread: the one, else the newest
+        (several run: which one the call is part of is not known)."""
+        threads = list(self._running_on)
+        found = self._steps.get(threads[0]) if len(threads) == 1 else None
+        return self._newest if found is None else found
 
     def _settle(self, module: Any, args: Any, output: Any) -> None:
         """The end of a forward while the ranks have not yet told data from parameters (the
@@ -665,13 +662,16 @@ class GradientMonitor(Synced):
                 for thread in [get_ident(), *self._running_on]:
                     self._left_behind(thread)
         running = self._running_on.get(get_ident())
-        # (none on this thread: a lone call, also while another thread's forward runs, whose
-        # step it is not part of: until 2026-12-07 it was recorded there, or, with a step per
-        # thread, into this thread's last entry: helper-215's FINDING 1; but a replica's call,
-        # torch's DataParallel running copies of the modules on threads inside its forward)
+        step = None
         if not running and (self._placed_ahead or not ops.in_backward(module)):
-            if not self._running or not self._replica(module):
+            if not self._running:
                 return
+            # a call on a thread running no forward of the model while another thread's runs:
+            # part of that one's step (a forward handing its modules to a thread pool, torch's
+            # DataParallel replicas); so is a lone call there (helper-104's FINDING 7, open:
+            # they cannot be told apart), but never this thread's last entry, logged already
+            # (helper-215's FINDING 1, with a step per thread)
+            step = self._running_step()
         if running and not running[-1][1]:
             # a forward of the model begun without gradients (an evaluation under no_grad)
             # that enables them inside (forces, -dE/dx): its gradients belong to no step (until
@@ -688,7 +688,8 @@ class GradientMonitor(Synced):
                     stacklevel=2,
                 )
             return
-        step = self._step
+        if step is None:
+            step = self._step
         call = -1
         if step.world is not None:
             call = step.calls[name] = step.calls.get(name, -1) + 1
