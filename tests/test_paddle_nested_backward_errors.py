@@ -151,18 +151,8 @@ def test_an_inner_error_a_hook_caught_is_not_given_for_a_later_failure(
     unihook hook fails (a user PyLayer's backward, a paddle hook), of the same type or of a
     class whose name paddle's text holds anyway ("Error"): that failure comes out (paddle's
     OSError naming it), not the caught error (helper-216's FINDING 1)."""
-    from paddle.autograd import PyLayer
-
     caught_type = ValueError if name == "ValueError" else type("Error", (Exception,), {})
-
-    class Failing(PyLayer):
-        @staticmethod
-        def forward(ctx: Any, x: Any) -> Any:
-            return x * 1
-
-        @staticmethod
-        def backward(ctx: Any, g: Any) -> Any:
-            raise ValueError("the real failure")
+    Failing = _failing(ValueError("the real failure"))
 
     def native(g: Any) -> Any:
         raise ValueError("the real failure")
@@ -205,6 +195,22 @@ def test_an_inner_error_a_hook_caught_is_not_given_for_a_later_failure(
             handle.remove()
 
 
+def _failing(error: BaseException) -> Any:
+    """A PyLayer whose backward raises `error` (no unihook hook: paddle wraps it)."""
+    from paddle.autograd import PyLayer
+
+    class Failing(PyLayer):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return x * 1
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:
+            raise error
+
+    return Failing
+
+
 def _checkpoint(block: Any, mode: str) -> Any:
     """A hand-written reentrant checkpoint: its backward runs the segment's backward itself
     ("bare": no `try` or `with` around it), or catches the hook's error and raises another
@@ -245,17 +251,7 @@ def test_a_hand_written_checkpoints_inner_error(mode: str) -> None:
     so); else what the PyLayer raised, or a later failure, never the error it caught
     (helper-218's FINDINGS 1 to 3: the outermost frame of the error's traceback, where it was
     last caught, was taken for where it left)."""
-    from paddle.autograd import PyLayer
-
-    class Later(PyLayer):
-        @staticmethod
-        def forward(ctx: Any, x: Any) -> Any:
-            return x * 1
-
-        @staticmethod
-        def backward(ctx: Any, g: Any) -> Any:
-            raise Boom("the real failure, later")
-
+    Later = _failing(Boom("the real failure, later"))
     block, head, x = _model()
 
     def raises(module: Any, grad_output: Any) -> None:
