@@ -270,3 +270,35 @@ def test_a_hand_written_checkpoints_inner_error(mode: str) -> None:
             assert "inner" not in str(raised.value).split("the real failure")[0][-40:]
     finally:
         handle.remove()
+
+
+@pytest.mark.parametrize("how", ["raise", "raise_error", "multi_line"])
+def test_a_hooks_error_re_raised_later_in_its_frame_keeps_its_type(how: str) -> None:
+    """paddle's text gives each frame at the line it left from: a hook catching its error and
+    re-raising it lines later (helper-219's FINDING 1: the raise's own line was looked for, and
+    the user got OSError), or an error of several lines, keeps its type."""
+    block, head, x = _model()
+    message = "first line\nsecond line" if how == "multi_line" else "inner"
+
+    def hook(module: Any, grad_output: Any) -> None:
+        try:
+            raise Boom(message)
+        except Boom as error:
+            if how == "raise_error":
+                raise error
+            raise
+
+    other = paddle.ones([1])
+    other.stop_gradient = False
+    kept = other * 1  # (a gradient hook alive as the backward begins: guarded)
+    handles = [
+        unihook.register_tensor_hook(kept, lambda g: None),
+        unihook.register_full_backward_pre_hook(block[1], hook),
+    ]
+    try:
+        with pytest.raises(Boom) as raised:
+            head(recompute(block, x, use_reentrant=True)).sum().backward()
+        assert str(raised.value) == message
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -362,21 +362,29 @@ def stash(error: BaseException) -> None:
 
 def _wraps(error: OSError, pending: BaseException) -> bool:
     """Whether paddle's `error` wraps `pending`, re-raised by a backward run inside a node of
-    another (a reentrant recompute's): paddle's text names the type of what left the PyLayer's
-    backward and the frames from where it was raised. A hook or a PyLayer that caught `pending`
-    and raised another error, or went on, leaves the place `pending` was raised out of it
-    (helper-216's FINDING 1: the type's name alone told nothing; helper-218's FINDINGS 1 to
-    3: nor did the traceback's outermost frame, which is where it was last caught).
+    another (a reentrant recompute's): paddle's text names the type and the message of what
+    left the PyLayer's backward, and each frame it went through at the line that frame was
+    on as it left (a ``raise`` later in the frame that caught it: helper-219's FINDING 1). A
+    hook or a PyLayer that caught `pending` and raised another error, or went on, leaves it
+    out of that text (helper-216's FINDING 1: the type's name alone told nothing; helper-218's
+    FINDINGS 1 to 3: nor did the traceback's outermost frame, where it was last caught; an
+    error of the same type and place, with another message: helper-219's FINDING 2).
     """
     traceback = pending.__traceback__
     if traceback is None:
         return False
     while traceback.tb_next is not None:
         traceback = traceback.tb_next
-    code = traceback.tb_frame.f_code
+    frame = traceback.tb_frame
     text = str(error)
-    place = f"{code.co_filename}({traceback.tb_lineno}): {code.co_name}"
-    return place in text and type(pending).__name__ in text
+    if f"{frame.f_code.co_filename}({frame.f_lineno}): {frame.f_code.co_name}" not in text:
+        return False
+    try:
+        lines = str(pending).splitlines()
+    except Exception:  # (a `__str__` that raises: paddle's text has no message to compare)
+        lines = []
+    said = f"{type(pending).__name__}: {lines[0][:200]}" if lines else type(pending).__name__
+    return said in text
 
 
 def building_graph() -> bool:
