@@ -245,7 +245,7 @@ def _interrupted_then(
 ) -> tuple[int, int, int]:
     """GradientMonitor ``every=2``: forward 0, forward 1 interrupted by a KeyboardInterrupt
     `pre` frames deep, then `steps` steps through `wrappers` (Sequentials, hooked or not)
-    `post` frames deep: (history length, expected, `_owed`)."""
+    `post` frames deep: (history length, expected, forwards left running)."""
     boom = _Boom()
     m = nn.Sequential(nn.Linear(4, 4), boom, nn.Linear(4, 1))
     net: Any = m
@@ -264,7 +264,7 @@ def _interrupted_then(
             _nest(post, lambda: net(torch.randn(2, 4)).sum().backward())
     finally:
         mon.remove()
-    return len(mon.history), 1 + steps // 2, mon._owed
+    return len(mon.history), 1 + steps // 2, sum(map(len, mon._inside.values()))
 
 
 def _stale_case(seed: int) -> bool:

@@ -259,3 +259,79 @@ def test_a_replica_called_on_a_worker_thread_inside_the_forward_is_recorded() ->
             seen.append(dict(watching.history[-1]))
     assert seen[1] == pytest.approx(seen[0])
     assert set(seen[0]) == {"", "body", "head"}
+
+
+def _reference(framework: str, recipe: type) -> Any:
+    model, x, _ = make_model(framework)
+    with recipe(model) as alone:
+        step(model, x())
+    return entry(alone)
+
+
+def _check_every(watching: Any, reference: Any, forwards: int, every: int) -> None:
+    history = list(watching.history)
+    assert len(history) == math.ceil(forwards / every), (len(history), forwards, every)
+    for got in history:
+        assert same(got, reference), (got, reference)
+
+
+@pytest.mark.parametrize("every", [2, 3])
+@pytest.mark.parametrize("recipe", [GradientMonitor, ActivationStats])
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_every_records_one_forward_in_n_of_forwards_that_always_overlap(
+    framework: str, recipe: type, every: int
+) -> None:
+    """`every` > 1 with two threads whose forwards always overlap (forward i ends while the
+    other thread's i + 1 waits midway): one forward in N recorded, each whole (helper-215's
+    FINDING 3: the hooks placed for one forward were those of every forward running beside
+    it, and the forwards counted meanwhile placed them for one; helper-100's FINDING 5)."""
+    reference = _reference(framework, recipe)
+    model, x, _ = make_model(framework)
+    n = 12
+    slots = [(threading.Event(), threading.Event()) for _ in range(n)]
+
+    def worker(k: int) -> Callable[[], None]:
+        def body() -> None:
+            for i in range(k, n, 2):
+                model.gate.waits[f"W{k}"] = slots[i]
+                step(model, x())
+
+        return body
+
+    def conductor() -> None:
+        for i in range(n):
+            assert slots[i][0].wait(WAIT)  # forward i is midway
+            if i + 1 < n:
+                assert slots[i + 1][0].wait(WAIT)  # and so is the other thread's i + 1
+            slots[i][1].set()
+
+    with recipe(model, every=every) as watching, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run({"W0": worker(0), "W1": worker(1), "C": conductor})
+        _check_every(watching, reference, n, every)
+
+
+@pytest.mark.parametrize("every", [2, 3])
+@pytest.mark.parametrize("recipe", [GradientMonitor, ActivationStats])
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_every_with_threads_running_freely(framework: str, recipe: type, every: int) -> None:
+    """The same, the threads interleaved by the interpreter (switching every 10 us): 2 x 30
+    steps give 60 / N entries, each equal to a step run alone."""
+    import sys
+
+    reference = _reference(framework, recipe)
+    model, x, _ = make_model(framework)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        with recipe(model, every=every) as watching, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+
+            def worker() -> None:
+                for _ in range(30):
+                    step(model, x())
+
+            run({"W0": worker, "W1": worker})
+            _check_every(watching, reference, 60, every)
+    finally:
+        sys.setswitchinterval(interval)

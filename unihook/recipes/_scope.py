@@ -14,7 +14,7 @@ import threading
 import types
 import weakref
 import zlib
-from typing import Any, Callable, Sequence, Union, cast
+from typing import Any, Callable, NamedTuple, Sequence, Union, cast
 
 from unihook import (
     HookArgumentError,
@@ -120,6 +120,16 @@ def live_thread_ids() -> set[int]:
         return set(sys._current_frames())
 
 
+class _Running(NamedTuple):
+    """A forward of the model running on a thread (`every` > 1)."""
+
+    caller: Any  # the framework's frame that called `_enter` (`executing`)
+    handled: BaseException | None  # the exception handled there (`_count`)
+    runs: bool  # the hooks placed run for it
+    holds: bool  # it is a recorded one (or inside one): the hooks stay placed until it ends
+    claimed: bool  # it took a recorded forward due (`_tickets`), given back if not counted
+
+
 def _placed(build: Callable[[HookGroup], None]) -> HookGroup:
     """The hooks `build` places in a group; where it raises (a `where` that matches nothing),
     the ones it placed before go."""
@@ -151,12 +161,15 @@ class Recipe(Removable):
         # of the hooks that run (`_Placed`), and of those placed for the next forward, which
         # run from its start (`_enter`)
         self._generation = self._next_generation = next(_generations)
-        self._placed_ahead = False  # see _count
-        # `every` > 1: the forwards of the model running, per thread (the frame calling
-        # `_enter` and the exception being handled there), and those ended while another ran,
-        # not yet counted (`_count`)
-        self._inside: dict[int, list[tuple[Any, BaseException | None]]] = {}
-        self._owed = 0
+        self._placed_ahead = False  # see _replace
+        # `every` > 1: the forwards of the model running, per thread (`_Running`)
+        self._inside: dict[int, list[_Running]] = {}
+        # the recorded forwards due and not yet begun: a forward beginning takes one (its
+        # hooks then run for it, also while other threads' forwards run beside it: until
+        # 2026-12-07 the hooks placed for one were those of every forward running meanwhile,
+        # and those counted meanwhile placed them once, helper-215's FINDING 3)
+        self._tickets = 0
+        self._placed = False  # whether the builder's hooks are placed (`_begin` runs then)
         # `_enter`, `_count` and `remove` one thread at a time: two threads advancing at once
         # overwrote a placed group unremoved (hooks left after `remove()`, forwards counted
         # twice: helper-101's FINDING 6)
@@ -174,9 +187,10 @@ class Recipe(Removable):
         if every == 1:
             self._active = _placed(build)
             return
+        self._tickets, self._placed = 1, True
         # (`_enter` before the pre-hooks placed: a forward's hooks are of the generation it
         # sets)
-        self._hooks.add("", register_forward_pre_hook(model, self._enter))
+        self._hooks.add("", register_forward_pre_hook(model, self._enter, with_kwargs=True))
         try:
             self._active = self._places.place(
                 self._hooked_modules, functools.partial(_placed, build)
@@ -196,19 +210,58 @@ class Recipe(Removable):
         """`hook` (a method of the recipe's) as `every`'s builder places it (`_Placed`)."""
         return hook if self._every == 1 else _Placed(hook, self._next_generation)
 
+    def _begin(self, module: Any, args: Any, kwargs: Any) -> None:
+        """A forward of the model that the recipe's hooks run for begins: the model's first
+        pre-hook of the recipe's (placed by the builder with `every` = 1, called by `_enter`
+        with `every` > 1)."""
+
     @_counting_entry
-    def _enter(self, module: Any, args: Any) -> None:
+    def _enter(self, module: Any, args: Any, kwargs: Any) -> None:
         """A forward of the model starts: running until `_count` ends it, per thread, as the
         frame that called this hook (a forward left by a BaseException, a KeyboardInterrupt,
         which runs no `always_call` hook, has ended: `executing`)."""
         caller, ident = hook_caller(module, sys._getframe(1)), threading.get_ident()
         handled = sys.exc_info()[1]  # (`_count`: a forward run inside an `except` block)
+        counted = self._counted(module)
         with self._counting:
-            # (no forward runs since the hooks were placed: `_advance` waits for them all)
+            # (the hooks placed since no forward holding them runs: `_replace`)
             self._generation = self._next_generation
-            running = [e for e in self._inside.get(ident, ()) if executing(e[0])]
-            running.append((caller, handled))
+            self._prune()
+            running = self._inside.get(ident, [])
+            if running:  # a forward inside this thread's: the hooks run for it as for that one
+                entry = _Running(caller, handled, running[-1].runs, running[-1].holds, False)
+            elif counted:
+                claimed = self._tickets > 0
+                self._tickets -= claimed
+                entry = _Running(caller, handled, claimed, claimed, claimed)
+            else:
+                # not counted (under no_grad, a checkpoint's recomputation): the hooks placed
+                # run for it, as for every forward, and tell it apart themselves
+                entry = _Running(caller, handled, True, False, False)
+            running.append(entry)
             self._inside[ident] = running
+            begins = entry.runs and self._placed
+        if begins:
+            # (called here, not placed: the framework runs the model's pre-hooks from a copy of
+            # their dict taken before this hook, and another thread may place or remove them
+            # meanwhile: until 2026-12-07, under a lock held by a thread placing them, a
+            # recorded forward missed it, and one the hooks were removed for ran it)
+            self._begin(module, args, kwargs)
+
+    def _prune(self) -> None:
+        """The running forwards whose frame has ended go (`executing`: a BaseException left
+        them, a KeyboardInterrupt, which runs no `always_call` hook; a dead thread's, also one
+        `threading` does not list: helper-100's FINDING 7, helper-103's FINDING 1); the
+        recorded forward each held is due again, as one that raised."""
+        for ident, entries in list(self._inside.items()):
+            alive = [e for e in entries if executing(e.caller)]
+            if len(alive) == len(entries):
+                continue
+            self._tickets += sum(e.claimed for e in entries if not executing(e.caller))
+            if alive:
+                self._inside[ident] = alive
+            else:
+                self._inside.pop(ident, None)
 
     def _counted(self, module: Any) -> bool:
         """Whether the running forward of the model counts towards `every` (and is recorded)."""
@@ -224,17 +277,19 @@ class Recipe(Removable):
 
     def _count_locked(self, module: Any, output: Any, raised: bool) -> None:
         ident = threading.get_ident()
+        # (a forward a BaseException left inside this one, which caught it: its entry is not
+        # this one's; until 2026-12-02 this one's stayed, helper-104's FINDING 2)
+        self._prune()
         running = self._inside.get(ident)
-        if running:
-            # (a forward a BaseException left inside this one, which caught it: its entry is
-            # not this one's; until 2026-12-02 this one's stayed, helper-104's FINDING 2)
-            running[:] = [e for e in running if executing(e[0])]
         entry = running.pop() if running else None
         if running is not None and not running:
             self._inside.pop(ident, None)
+        claimed = entry is not None and entry.claimed
         handled = sys.exc_info()[1]
         if raised or (
-            output is None and handled is not None and (entry is None or handled is not entry[1])
+            output is None
+            and handled is not None
+            and (entry is None or handled is not entry.handled)
         ):
             # the forward raised (torch's `_StopRecomputationError` ends a checkpoint's
             # recomputation so; `raised`: the frame calling this hook says so, where
@@ -242,73 +297,83 @@ class Recipe(Removable):
             # forward; and the frameworks iterate the model's hook dict itself there, which
             # placing or removing hooks would change under them. (One returning None inside
             # an `except` block of its caller's is a forward: until 2026-12-02 it was not
-            # counted, helper-101's FINDING 4.)
+            # counted, helper-101's FINDING 4.) The recorded forward it held is due again.
+            self._tickets += claimed
             return
         if ops.tracing(module):
             # torch.jit.trace's runs (the trace, its check's second trace): not forwards of
             # the model, and both must see the same hooks (until 2026-12-03 the check saw
             # `every` take them away: "Graphs differed", helper-109's FINDING 6)
+            self._tickets += claimed
             return
         if not self._counted(module):
+            self._tickets += claimed
             return
-        self._owed += 1
-        if self._inside and self._running_now():
-            # another forward of the model runs (this one was inside it, or it runs on another
-            # thread): its later calls keep their hooks, it is counted when the last ends
-            # (until 2026-12-02 they lost them: helper-97's FINDING 6)
-            return
-        owed, self._owed = self._owed, 0
-        for _ in range(owed):
-            self._advance()
+        self._ended()
 
-    def _forward_runs(self) -> bool:
-        """`_running_now` without changing `_inside` (a hook's question, asked without the
-        lock): this thread's innermost forward, else any. An entry a forward left by a
-        BaseException (a KeyboardInterrupt: no `always_call` hook ran) does not count: until
-        2026-12-04 a submodule called on its own after one was recorded (helper-119)."""
-        inside = self._inside
-        entries = inside.get(threading.get_ident())
-        if entries and executing(entries[-1][0]):
-            return True
-        return any(executing(e[0]) for entries in list(inside.values()) for e in entries)
-
-    def _running_now(self) -> bool:
-        """Whether a forward of the model runs now, on any thread (`threading`'s or not:
-        helper-100's FINDING 7): one whose frame still runs (`executing`; one a BaseException
-        left, or a dead thread's, goes: its FINDING 1, helper-103's FINDING 1)."""
-        for ident, entries in list(self._inside.items()):
-            alive = [e for e in entries if executing(e[0])]
-            if alive:
-                self._inside[ident] = alive
-            else:
-                self._inside.pop(ident, None)
-        return bool(self._inside)
-
-    def _advance(self) -> bool:
-        """Count a forward of the model towards `every`: whether it was recorded (its hooks
-        were placed for it)."""
-        recorded = self._forwards % self._every == 0
-        if self._build is None:  # (every=1: the hooks stay)
-            return recorded
+    def _ended(self) -> None:
+        """A forward of the model counted towards `every` ended: the next recorded one is due
+        after N of them."""
         self._forwards += 1
+        due = self._forwards % self._every == 0
+        self._tickets += due
+        try:
+            self._replace()
+        except BaseException:
+            # (a Ctrl-C placing them: this forward raises, and is not counted, as any forward
+            # that raises; the next one places the hooks again. Until 2026-12-04 the count
+            # went on, the next recorded forward had no hooks: helper-130's FINDING 3)
+            self._forwards -= 1
+            self._tickets -= due
+            raise
+
+    def _replace(self) -> None:
+        """Place the builder's hooks anew for the recorded forwards due, or remove them where
+        none is, once no forward holding them runs (one inside another, or on another
+        thread: its later calls keep them; until 2026-12-02 they lost them, helper-97's
+        FINDING 6)."""
+        if any(e.holds for entries in self._inside.values() for e in entries):
+            return
+        # (where a copy's copies of them sit too: its own go back there)
         self._places.leave(self._hooked_modules)
-        self._active.remove()  # the module's own hooks run from a snapshot: this call is done
+        self._active.remove()  # the module's own hooks run from a snapshot: its call is done
+        self._placed = False
         # (and, from the next forward on, a copy's copies of them: `_Placed`)
         self._next_generation = next(_generations)
-        if self._forwards % self._every == 0 and self._build is not None:
-            try:
-                self._active = self._places.place(
-                    self._hooked_modules, functools.partial(_placed, self._build)
-                )
-            except BaseException:
-                # (a Ctrl-C: this forward raises, and is not counted, as any forward that
-                # raises; the next one places the hooks again. Until 2026-12-04 the count
-                # went on, the next recorded forward had no hooks: helper-130's FINDING 3)
-                self._forwards -= 1
-                raise
+        if self._tickets > 0 and self._build is not None:
+            self._active = self._places.place(
+                self._hooked_modules, functools.partial(_placed, self._build)
+            )
+            self._placed = True
             # placed for the next forward: this one's backward is not recorded (a reentrant
             # checkpoint recomputes parts of it there, through these hooks)
             self._placed_ahead = True
+
+    def _runs_here(self) -> bool | None:
+        """Whether the hooks placed run for the call of a hook on this thread (asked without
+        the lock): as for this thread's innermost forward of the model, else for one running
+        on another (a pool thread running a part of it: as for any of them); None where no
+        forward runs. An entry a forward left by a BaseException (a KeyboardInterrupt: no
+        `always_call` hook ran) does not count: until 2026-12-04 a submodule called on its
+        own after one was recorded (helper-119)."""
+        inside = self._inside
+        if not inside:
+            return None
+        entries = inside.get(threading.get_ident())
+        if entries and executing(entries[-1].caller):
+            return entries[-1].runs
+        live = [e.runs for entries in list(inside.values()) for e in entries if executing(e.caller)]
+        return any(live) if live else None
+
+    def _advance(self) -> bool:
+        """Count a forward of the model run by the other ranks only (torch's Join) towards
+        `every`: whether it was recorded."""
+        if self._build is None:  # (every=1: the hooks stay)
+            return True
+        with self._counting:
+            recorded = self._tickets > 0
+            self._tickets -= recorded
+            self._ended()
         return recorded
 
     def _merging(self, model: Any, sync: bool) -> tuple[int, int] | None:
@@ -410,6 +475,7 @@ class Recipe(Removable):
             self._build = None
             self._hooks.remove()
             self._active.remove()
+            self._placed = False
             # (and a copy's copies of them: `_Placed`)
             self._generation = self._next_generation = next(_generations)
             self._let_go()
@@ -420,7 +486,6 @@ class Recipe(Removable):
         Ctrl-C left), kept its batch while the user kept the recipe to read its history
         (helper-104's FINDING 6). A copy made for a copy of the model starts from here too."""
         self._inside = {}
-        self._owed = 0
 
     def __getstate__(self) -> dict[str, Any]:
         """A deep copy of the model copies its hooks, and so the recipes they call, as torch
@@ -609,8 +674,9 @@ class _Placed:
         recipe = hook.__self__
         if self.generation != recipe._generation:
             return None
-        if not recipe._inside or not recipe._forward_runs():
-            if not args or args[0] is not recipe._model:
+        runs = recipe._runs_here()
+        if not runs:
+            if runs is not None or not args or args[0] is not recipe._model:
                 # a module called on its own, no forward of the model running: the original's
                 # hooks of the last forward are gone (`_advance`), a copy's stay and do nothing
                 # (they recorded it: helper-117's FINDING 2). (The model's own hooks after

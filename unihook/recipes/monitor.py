@@ -296,11 +296,11 @@ class GradientMonitor(Synced):
         # forwards of `model` running: a module called outside them (a submodule on its own,
         # the inner model of a wrapper, GradCAM's forward) is not part of a recorded step; per
         # thread, the `_started` count as each began, whether it began with gradients (one
-        # begun without records nothing) and the frame that called `_new_step` (see
+        # begun without records nothing) and the frame that called `_begin` (see
         # `_left_behind`)
         self._running = 0
         self._running_on: dict[int, list[tuple[int, bool, Any]]] = {}
-        self._parameters_hooked = False  # (see _new_step)
+        self._parameters_hooked = False  # (see _begin)
         self._slots = Slots()  # per sample or shared: each output's merge (see _shared)
         self._deciding: _Step | None = None  # the forward whose slots the ranks decide at its end
         self._forwards_seen = 0  # forwards with gradients: each step's serial
@@ -364,7 +364,8 @@ class GradientMonitor(Synced):
         model, inner, own = self._model, self._inner, self._own
         where = self._where.pairs(inner)  # (walked once for the hooks below)
         self._chosen = _chosen_ids(inner, where)
-        group.add("", register_forward_pre_hook(model, own(self._new_step), with_kwargs=True))
+        if self._every == 1:  # (else `_enter` calls it)
+            group.add("", register_forward_pre_hook(model, self._begin, with_kwargs=True))
         attached = attach(inner, own(self._record), where=where, with_kwargs=True)
         group.extend(attached)  # (first: a Ctrl-C in `names` left them, helper-103's F5)
         self._names = attached.names
@@ -393,7 +394,7 @@ class GradientMonitor(Synced):
         checkpoint), it is the forward whose outputs the gradients come through."""
         return self._with_grad and ops.in_backward(module)
 
-    def _new_step(self, module: Any, args: Any, kwargs: Any) -> None:
+    def _begin(self, module: Any, args: Any, kwargs: Any) -> None:
         thread, caller = get_ident(), hook_caller(module, sys._getframe(1))
         entry = (self._started, ops.grad_enabled(module), caller)
         with self._counting:  # (another thread's lone call may end this thread's ended ones)
@@ -584,7 +585,7 @@ class GradientMonitor(Synced):
         world = self._merging(self._model, self.sync)
         if self._removed or world is None or not self._advance():
             return False
-        self._step.drop_leaves()  # (as `_new_step`)
+        self._step.drop_leaves()  # (as `_begin`)
         if self._step.pending and self._step.merge is not None:
             self._cancel_merge(self._step.merge)
         self._forwards_seen += 1

@@ -188,7 +188,8 @@ class ActivationStats(Synced):
         where = self._where.pairs(inner)  # (walked once for the hooks below)
         # A pre-hook fixes each module's place at its first call: rows come in call order (a
         # container before its children), not in order of completion.
-        group.add("", register_forward_pre_hook(model, own(self._open), with_kwargs=True))
+        if self._every == 1:  # (else `_enter` calls it)
+            group.add("", register_forward_pre_hook(model, self._begin, with_kwargs=True))
         group.extend(attach(inner, own(self._started), kind="forward_pre", where=where))
         attached = attach(inner, own(self._record), where=where)
         self._names = attached.names
@@ -281,7 +282,7 @@ class ActivationStats(Synced):
             seen = last[3]
         return version, ops.moments(tensor), seen
 
-    def _open(self, module: Any, args: Any, kwargs: Any) -> None:
+    def _begin(self, module: Any, args: Any, kwargs: Any) -> None:
         if ops.in_backward(module):  # the model's recomputation: this forward's state stays
             return
         self._fold()
