@@ -335,3 +335,90 @@ def test_every_with_threads_running_freely(framework: str, recipe: type, every: 
             _check_every(watching, reference, 60, every)
     finally:
         sys.setswitchinterval(interval)
+
+
+def _returning_a_parameter(framework: str) -> tuple[Any, Callable[[float], Any]]:
+    """A model one of whose modules returns its own parameter (a learned bias, a positional
+    table): (model, input scaled by s)."""
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        nn, Module = torch.nn, torch.nn.Module
+        torch.manual_seed(0)
+
+        def parameter() -> Any:
+            return nn.Parameter(torch.linspace(-1.0, 1.0, 8))
+
+        def x(s: float) -> Any:
+            return torch.linspace(-1.0, 1.0, 48).reshape(6, 8) * s
+
+    else:
+        paddle = pytest.importorskip("paddle")
+        nn, Module = paddle.nn, paddle.nn.Layer
+        paddle.seed(0)
+
+        def parameter() -> Any:
+            p = paddle.create_parameter([8], "float32")
+            p.set_value(paddle.linspace(-1.0, 1.0, 8))
+            return p
+
+        def x(s: float) -> Any:
+            return paddle.linspace(-1.0, 1.0, 48).reshape([6, 8]) * s
+
+    class Bias(Module):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = parameter()
+
+        def forward(self, h: Any) -> Any:
+            return self.w
+
+    class Net(Module):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.bias = nn.Linear(8, 8), Bias()
+
+        def forward(self, h: Any) -> Any:
+            return self.body(h) + self.bias(h)
+
+    return Net(), x
+
+
+@pytest.mark.parametrize("first", ["A", "B"])
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_a_module_returning_its_parameter_gets_its_own_forwards_gradient(
+    framework: str, first: str
+) -> None:
+    """Threads A and B each run a forward (inputs x and 2x), then their backwards, `first`'s
+    first: each entry's norm of the module returning its parameter is that forward's own
+    (helper-215's FINDING 4: B's forward dropped A's hook on the parameter, and A's backward
+    gave its gradient to B's entry, whose hook then went; A's entry had none)."""
+    model, x = _returning_a_parameter(framework)
+    reference = {}
+    for scale in (1.0, 2.0):
+        with GradientMonitor(model) as alone:
+            (model(x(scale)) ** 2).sum().backward()
+        reference[scale] = entry(alone)
+    a_forward, b_forward, first_done = threading.Event(), threading.Event(), threading.Event()
+
+    def thread(name: str, scale: float) -> Callable[[], None]:
+        def body() -> None:
+            if name == "B":
+                assert a_forward.wait(WAIT)
+            y = model(x(scale))
+            (a_forward if name == "A" else b_forward).set()
+            assert b_forward.wait(WAIT)
+            if name != first:
+                assert first_done.wait(WAIT)
+            (y**2).sum().backward()
+            first_done.set()
+
+        return body
+
+    with GradientMonitor(model) as watching:
+        run({"A": thread("A", 1.0), "B": thread("B", 2.0)})
+        history = list(watching.history)
+    assert len(history) == 2, history
+    for got in history:
+        want = reference[1.0] if math.isclose(got[""], reference[1.0][""]) else reference[2.0]
+        assert same(got, want), (got, want)
+    assert not same(history[0], history[1])
