@@ -617,7 +617,7 @@ def _reaches(root: Any, targets: set[int], avoid: int, budget: int = 200_000) ->
 
 def _inert(state: dict[str, Any]) -> None:
     """A copy's `state` made that of a removed recipe holding no module (its numbers kept)."""
-    state.update(_model=None, _inner=None, _where=None, _build=None, _removed=True)
+    state.update(_model=None, _inner=None, _where=None, _build=None, _removed=True, _placed=False)
     state["_generation"] = state["_next_generation"] = next(_generations)
 
 
