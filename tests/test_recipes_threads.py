@@ -422,3 +422,47 @@ def test_a_module_returning_its_parameter_gets_its_own_forwards_gradient(
         want = reference[1.0] if math.isclose(got[""], reference[1.0][""]) else reference[2.0]
         assert same(got, want), (got, want)
     assert not same(history[0], history[1])
+
+
+def test_paddle_recomputation_after_another_threads_backward_is_no_forward() -> None:
+    """paddle's "in backward" flag is one for the process and is cleared as a backward ends:
+    thread A's backward recomputing the model (a non-reentrant recompute) after thread B's
+    backward ended passed for a forward, and `every` counted it (helper-215's FINDING 2: the
+    forward recorded next was the wrong one). Where unihook's gradient hooks live (the
+    guard's backwards: GradientMonitor), the thread's own backward tells."""
+    paddle = pytest.importorskip("paddle")
+    from paddle.distributed.fleet.utils import recompute
+
+    model, x, on_grad = make_model("paddle")
+    other = paddle.nn.Linear(8, 8)
+    with GradientMonitor(model) as alone:
+        for scale in (1.0, 2.0, 3.0):
+            step(model, x() * scale)
+    reference = list(alone.history)
+    b_done, a_in_backward = threading.Event(), threading.Event()
+
+    def thread_a() -> None:
+        y, _ = recompute(model, x(), use_reentrant=False)
+
+        def wait() -> None:
+            a_in_backward.set()
+            assert b_done.wait(WAIT)
+
+        h = y * 1
+        on_grad(h, wait)
+        (h * h).sum().backward()
+
+    def thread_b() -> None:
+        assert a_in_backward.wait(WAIT)
+        (other(x()) ** 2).sum().backward()
+        b_done.set()
+
+    with GradientMonitor(model, every=2) as watching, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run({"A": thread_a, "B": thread_b})
+        for scale in (2.0, 3.0):  # forwards 1 and 2: the second recorded
+            step(model, x() * scale)
+        history = list(watching.history)
+    assert len(history) == 2, history
+    assert same(history[0], reference[0]), (history[0], reference[0])
+    assert same(history[1], reference[2]), (history[1], reference[2])

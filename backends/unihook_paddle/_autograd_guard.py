@@ -689,6 +689,11 @@ def replacement(node: object) -> Any:
     return None if not replaced else replaced.pop(id(node), None)
 
 
+def backward_here() -> bool:
+    """True while a backward runs on this thread (Tensor.backward or paddle.grad)."""
+    return _state.depth > 0
+
+
 def in_tensor_backward() -> bool:
     """True while Tensor.backward / paddle.autograd.backward runs (not paddle.grad)."""
     return _state.depth > 0 and not _state.partial

@@ -431,6 +431,12 @@ class PaddleOps(Ops):
         return bool(paddle.is_grad_enabled())
 
     def in_backward(self, like: Any) -> bool:
+        if guard.backward_here():
+            # (a backward of the guard's, while unihook's gradient hooks live: paddle's flag,
+            # one for the process, is cleared as another thread's backward ends; until
+            # 2026-12-07 a checkpoint's recomputation after that passed for a forward,
+            # helper-215's FINDING 2)
+            return True
         if paddle.base.core.eager._is_run_in_backward():
             return _backward_on_this_thread()
         # paddle's flag is one bool: a backward run inside another (the inner one of a
