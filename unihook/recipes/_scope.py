@@ -236,8 +236,11 @@ class Recipe(Removable):
                 entry = _Running(caller, handled, claimed, claimed, claimed)
             else:
                 # not counted (under no_grad, a checkpoint's recomputation): the hooks placed
-                # run for it, as for every forward, and tell it apart themselves
-                entry = _Running(caller, handled, True, False, False)
+                # run for it, as for every forward, and tell it apart themselves; they stay
+                # until it ends (its `always_call` hooks end what `_begin` began: until
+                # 2026-12-07 they went when another thread's recorded forward ended, and its
+                # entry kept its inputs, helper-220's FINDING 3)
+                entry = _Running(caller, handled, True, self._placed, False)
             running.append(entry)
             self._inside[ident] = running
             begins = entry.runs and self._placed
@@ -284,6 +287,7 @@ class Recipe(Removable):
         entry = running.pop() if running else None
         if running is not None and not running:
             self._inside.pop(ident, None)
+        inside = bool(running)  # (this forward ran inside another of this thread's)
         claimed = entry is not None and entry.claimed
         handled = sys.exc_info()[1]
         if raised or (
@@ -309,11 +313,17 @@ class Recipe(Removable):
         if not self._counted(module):
             self._tickets += claimed
             return
+        if inside:
+            # counted, and so is the one around it as it ends, which decides as the count
+            # then stands (until 2026-12-07 each made a recorded forward due: forwards run
+            # inside others piled them up, helper-220's FINDING 1)
+            self._forwards += 1
+            return
         self._ended()
 
     def _ended(self) -> None:
-        """A forward of the model counted towards `every` ended: the next recorded one is due
-        after N of them."""
+        """A forward of the model counted towards `every` ended, none of this thread's around
+        it: the next recorded one is due if N of them have ended since the last due."""
         self._forwards += 1
         due = self._forwards % self._every == 0
         self._tickets += due
@@ -499,6 +509,9 @@ class Recipe(Removable):
         copy = object.__new__(type(self))
         copy.__dict__.update(self.__dict__)
         del copy.__dict__["_counting"]
+        # (the recorded forward a running one took, or one a Ctrl-C left, is the copy's next:
+        # its hooks are copied with the model; helper-220's FINDING 2)
+        copy._tickets += sum(e.claimed for entries in list(self._inside.values()) for e in entries)
         copy._let_go()
         # ... and no handle: torch's handles name the original's hook dicts (weakly: a copy's
         # removed the original's hooks). The copy's recipe keeps the hooks the copy has (its
