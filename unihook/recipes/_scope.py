@@ -666,7 +666,7 @@ class _Placed:
     it runs while the recipe's hooks are of its generation (set as each forward of the model
     starts, `_enter`). A deep copy of the model copies it for the recipe's copy, which has no
     handle to remove it: it runs in the copy's next forward, the one it was placed for, and
-    from the one after on (`_advance`: a new generation) does nothing, the copy's builder
+    from the one after on (`_replace`: a new generation) does nothing, the copy's builder
     placing the copy's own."""
 
     __slots__ = ("__wrapped__", "generation")
@@ -691,7 +691,7 @@ class _Placed:
         if not runs:
             if runs is not None or not args or args[0] is not recipe._model:
                 # a module called on its own, no forward of the model running: the original's
-                # hooks of the last forward are gone (`_advance`), a copy's stay and do nothing
+                # hooks of the last forward are gone (`_replace`), a copy's stay and do nothing
                 # (they recorded it: helper-117's FINDING 2). (The model's own hooks after
                 # `_count` in its call run: that call's. `_model` is read only then: under
                 # torch.compile, dynamo tracing a compiled wrapper's hook took its read of the
