@@ -383,6 +383,12 @@ def _returning_a_parameter(framework: str) -> tuple[Any, Callable[[float], Any]]
     return Net(), x
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="helper-215's FINDING 4, open: a parameter's hook cannot tell whose backward it is "
+    "in (judged by the backward's thread, a pool thread reused for backwards lost the "
+    "gradient: helper-221's and helper-222's FINDINGS 1)",
+)
 @pytest.mark.parametrize("first", ["A", "B"])
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
 def test_a_module_returning_its_parameter_gets_its_own_forwards_gradient(
@@ -466,3 +472,30 @@ def test_paddle_recomputation_after_another_threads_backward_is_no_forward() -> 
     assert len(history) == 2, history
     assert same(history[0], reference[0]), (history[0], reference[0])
     assert same(history[1], reference[2]), (history[1], reference[2])
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_a_backward_run_on_a_reused_pool_thread_keeps_the_parameters_gradient(
+    framework: str,
+) -> None:
+    """A pool thread ran a step of its own, then runs the backward of the main thread's
+    forwards: the module returning its parameter keeps its norm in their entries (a first fix
+    of helper-215's FINDING 4 judged by the backward's thread and dropped it: helper-221's and
+    helper-222's FINDINGS 1)."""
+    import concurrent.futures
+
+    model, x = _returning_a_parameter(framework)
+    reference = {}
+    for scale in (2.0, 3.0):
+        with GradientMonitor(model) as alone:
+            (model(x(scale)) ** 2).sum().backward()
+        reference[scale] = entry(alone)
+    with GradientMonitor(model) as watching, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: (model(x(1.0)) ** 2).sum().backward()).result()
+        for scale in (2.0, 3.0):
+            loss = (model(x(scale)) ** 2).sum()
+            pool.submit(loss.backward).result()
+        history = list(watching.history)
+    assert len(history) == 3, history
+    for got, scale in zip(history[1:], (2.0, 3.0)):
+        assert same(got, reference[scale]), (got, reference[scale])

@@ -416,11 +416,9 @@ class GradientMonitor(Synced):
             # into the last recorded step: helper-97's FINDING 8)
             return
         self._placed_ahead = False
-        own = self._steps.get(thread)  # (another thread's may wait for its backward: F4 below)
-        if own is not None:
-            own.drop_leaves()  # (a step whose backward never came)
-            if own.pending and own.merge is not None:
-                self._cancel_merge(own.merge)  # (its backward raised: it never ended)
+        self._step.drop_leaves()  # (a step whose backward never came)
+        if self._step.pending and self._step.merge is not None:
+            self._cancel_merge(self._step.merge)  # (its backward raised: it never ended)
         self._forwards_seen += 1
         self._keep_hooked(self._step)
         step = self._step = _Step(self._merging(module, self.sync), self._forwards_seen)
@@ -759,11 +757,7 @@ class GradientMonitor(Synced):
             hook = functools.partial(_gradient_of, weakref.ref(self), step, names, key)
             if ops.is_leaf(tensor):
                 # a parameter the module returns: a hook on it stays for every later backward,
-                # so a removable one, removed at the end of this step's first backward, which
-                # runs on a thread whose step is this one, or none (another thread's backward
-                # gave its gradient to this step, and this step's hook went at its end: until
-                # 2026-12-07, helper-215's FINDING 4; so did another thread's forward)
-                hook = functools.partial(_leaf_gradient_of, weakref.ref(self), step, names, key)
+                # so a removable one, removed at the end of this step's first backward
                 try:
                     step.leaves.append(register_tensor_hook(tensor, hook))
                 except NoGradError:
@@ -1175,14 +1169,6 @@ def _gradient_of(
 ) -> None:
     found = monitor()
     if found is not None:
-        found._gradient(step, names, key, grad)
-
-
-def _leaf_gradient_of(
-    monitor: weakref.ref[GradientMonitor], step: _Step, names: list[str], key: Key | None, grad: Any
-) -> None:
-    found = monitor()
-    if found is not None and found._steps.get(get_ident(), step) is step:
         found._gradient(step, names, key, grad)
 
 
