@@ -554,11 +554,12 @@ def _compiled_frame_elsewhere(convert_frame: Any) -> bool:
     return bool(_threads_in_compiled_frames(convert_frame, first=True))
 
 
-def _threads_in_compiled_frames(convert_frame: Any, *, first: bool = False) -> set[int]:
+def _threads_in_compiled_frames(convert_frame: Any, *, first: bool = False) -> dict[int, bool]:
     """The threads other than this one (all, or the `first` found) that run a frame dynamo
     compiled (one of its transformed code objects is on that thread's stack: threads
     `threading` does not know, as `_thread`'s, too) or are inside a compiled callable
-    (dynamo's `compile_wrapper` or its frame conversion on its stack): there it may be in
+    (dynamo's `compile_wrapper` or its frame conversion on its stack), each with whether it is
+    in a frame conversion now (the innermost of those frames is one): there it may be in
     dynamo's C frame callback, whose compiled frame is not on the stack yet and which holds
     the frame's cache entries across the lock it waits for to compile one (a reset then freed
     them under it: SIGSEGV under load, CI on 67e982e). The one walk of whole stacks left (see
@@ -569,13 +570,13 @@ def _threads_in_compiled_frames(convert_frame: Any, *, first: bool = False) -> s
 
     compiled = {id(code) for code in (w() for w in convert_frame.output_codes.seen) if code}
     dynamo_files = {eval_frame.__file__, convert_frame.__file__}
-    me, found = threading.get_ident(), set[int]()
+    me, found = threading.get_ident(), dict[int, bool]()
     with collector_paused():
         for ident, frame in _current_frames().items():
             while ident != me and _a_frame(frame):
                 code = frame.f_code
                 if id(code) in compiled or _file_of(code) in dynamo_files:
-                    found.add(ident)
+                    found[ident] = _file_of(code) == convert_frame.__file__
                     if first:
                         return found
                     break
@@ -653,9 +654,14 @@ def compiled_frames_out() -> Iterator[None]:
     one removed while a frame ran failed that call with KeyError or IndexError (helper-107's
     FINDING 3), and a hook moved into its place would have taken its side effects. Another
     thread in a compiled frame is waited for until it is between compiled calls, at most
-    `_WAIT` seconds, then the change goes ahead (as torch's own removal would, then); each
-    removal waits afresh (a frame is not told from the next call's: with the first wait's
-    time kept, a removal after one that gave up did not wait at all, helper-113)."""
+    `_WAIT` seconds of its running, then the change goes ahead (as torch's own removal would,
+    then); each removal waits afresh (a frame is not told from the next call's: with the first
+    wait's time kept, a removal after one that gave up did not wait at all, helper-113). A
+    thread in a frame conversion waits for dynamo's lock, which this one holds while it looks:
+    its wait is not counted (no longer than a compile this one waits for the lock of), and it
+    is given time to take the lock (under load it missed the few milliseconds between two
+    looks for a second, and a removal giving up under its compiled frame failed the frame's
+    call with KeyError: CI on 4e4bb9c)."""
     if imported("torch._dynamo") is None:
         yield
         return
@@ -663,14 +669,22 @@ def compiled_frames_out() -> Iterator[None]:
 
     pause = 0.0001
     seen: dict[int, float] = {}  # (this removal's: when it first saw each thread in one)
+    # (a removal inside this thread's own hold of dynamo's lock, a finalizer run by its
+    # compile: a thread waiting for the lock waits for this one, and is counted)
+    owned = getattr(convert_frame.compile_lock, "_is_owned", None)
+    held_here = owned is not None and owned()
     while True:
         with _compile_lock(convert_frame), _held_gil():
+            found = _threads_in_compiled_frames(convert_frame)
+            converting = {ident for ident, in_conversion in found.items() if in_conversion}
+            if held_here:
+                converting.clear()
             # (by thread: one parked in a compiled frame for good, a `torch.compiler.disable`d
             # wait, is waited for once, and another still until it is between calls)
-            if not _waited_for(_threads_in_compiled_frames(convert_frame), seen):
+            if not _waited_for(set(found) - converting, seen) and not converting:
                 yield
                 return
-        time.sleep(pause)
+        time.sleep(_LOCK_GIVEN if converting else pause)
         pause = min(2 * pause, 0.005)
 
 
@@ -797,6 +811,8 @@ _seen_lock = threading.RLock()
 
 # the longest a hook change waits for another thread to leave dynamo's loop over hook dicts
 _WAIT = 1.0
+# how long a global hook's removal leaves dynamo's lock to a thread that waits for it
+_LOCK_GIVEN = 0.02
 
 
 class WatchedPinned(Pinned):
