@@ -499,3 +499,28 @@ def test_a_backward_run_on_a_reused_pool_thread_keeps_the_parameters_gradient(
     assert len(history) == 3, history
     for got, scale in zip(history[1:], (2.0, 3.0)):
         assert same(got, reference[scale]), (got, reference[scale])
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_steps_begun_on_threads_take_a_serial_each(framework: str) -> None:
+    """Two threads x 40 steps, switching every microsecond: 80 steps, numbered 1 to 80 (the
+    serial orders a step's entry in `history`; the count was a read-add-write of two threads,
+    which could give two steps one serial and lose a count)."""
+    import sys
+
+    model, x, _ = make_model(framework)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with GradientMonitor(model) as watching, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+
+            def worker() -> None:
+                for _ in range(40):
+                    step(model, x())
+
+            run({"W0": worker, "W1": worker})
+    finally:
+        sys.setswitchinterval(interval)
+    assert len(watching.history) == 80
+    assert sorted(watching._serials.values()) == list(range(1, 81))

@@ -419,9 +419,8 @@ class GradientMonitor(Synced):
         self._step.drop_leaves()  # (a step whose backward never came)
         if self._step.pending and self._step.merge is not None:
             self._cancel_merge(self._step.merge)  # (its backward raised: it never ended)
-        self._forwards_seen += 1
         self._keep_hooked(self._step)
-        step = self._step = _Step(self._merging(module, self.sync), self._forwards_seen)
+        step = self._step = _Step(self._merging(module, self.sync), self._next_serial())
         if step.world is None:
             return
 
@@ -588,9 +587,13 @@ class GradientMonitor(Synced):
         self._step.drop_leaves()  # (as `_begin`)
         if self._step.pending and self._step.merge is not None:
             self._cancel_merge(self._step.merge)
-        self._forwards_seen += 1
-        self._step = self._shadowed = _Step(world, self._forwards_seen)
+        self._step = self._shadowed = _Step(world, self._next_serial())
         return True
+
+    def _next_serial(self) -> int:
+        with self._counting:  # (forwards beginning on two threads: a serial each)
+            self._forwards_seen += 1
+            return self._forwards_seen
 
     def _shadow_forward(self) -> None:
         # the decision at the end of the forward while the ranks have not told data from
