@@ -408,8 +408,10 @@ def unihook_register_global_hook(
             if defer_while_locked(remover):
                 return
             with compiled_frames_out():
+                # (the compiled frames first: a thread that enters one after it finds it
+                # dropped and waits for dynamo's lock, held meanwhile, to compile anew)
+                forget_compiled()
                 remove()
-                forget_compiled()  # (before another thread can enter a frame compiled with it)
             cancel()
             release()
 

@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from functools import partial
 from itertools import count
 from types import CodeType
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Literal, TypeVar
 
 import torch
 import torch.jit._recursive
@@ -554,33 +554,48 @@ def _compiled_frame_elsewhere(convert_frame: Any) -> bool:
     return bool(_threads_in_compiled_frames(convert_frame, first=True))
 
 
-def _threads_in_compiled_frames(convert_frame: Any, *, first: bool = False) -> dict[int, bool]:
+# Where `_threads_in_compiled_frames` found a thread: inside a compiled frame or callable; in
+# a frame conversion (waiting for dynamo's lock where another thread holds it) with no
+# compiled frame below it; in one, inside a compiled frame.
+InFrame = Literal["compiled", "converting", "converting in compiled"]
+
+
+def _threads_in_compiled_frames(convert_frame: Any, *, first: bool = False) -> dict[int, InFrame]:
     """The threads other than this one (all, or the `first` found) that run a frame dynamo
     compiled (one of its transformed code objects is on that thread's stack: threads
     `threading` does not know, as `_thread`'s, too) or are inside a compiled callable
-    (dynamo's `compile_wrapper` or its frame conversion on its stack), each with whether it is
-    in a frame conversion now (the innermost of those frames is one): there it may be in
-    dynamo's C frame callback, whose compiled frame is not on the stack yet and which holds
-    the frame's cache entries across the lock it waits for to compile one (a reset then freed
-    them under it: SIGSEGV under load, CI on 67e982e). The one walk of whole stacks left (see
-    `_near_tops`): it runs where no other thread runs Python (`_held_gil`, dynamo's lock
-    held), with the collector off (no finalizer of the frames it makes lets another thread
-    in), so no stack changes under it."""
+    (dynamo's `compile_wrapper` or its frame conversion on its stack), each with where
+    (`InFrame`): there it may be in dynamo's C frame callback, whose compiled frame is not on
+    the stack yet and which holds the frame's cache entries across the lock it waits for to
+    compile one (a reset then freed them under it: SIGSEGV under load, CI on 67e982e). The one
+    walk of whole stacks left (see `_near_tops`): it runs where no other thread runs Python
+    (`_held_gil`, dynamo's lock held), with the collector off (no finalizer of the frames it
+    makes lets another thread in), so no stack changes under it."""
     from torch._dynamo import eval_frame
 
     compiled = {id(code) for code in (w() for w in convert_frame.output_codes.seen) if code}
     dynamo_files = {eval_frame.__file__, convert_frame.__file__}
-    me, found = threading.get_ident(), dict[int, bool]()
+    me, found = threading.get_ident(), dict[int, InFrame]()
     with collector_paused():
         for ident, frame in _current_frames().items():
+            where: InFrame | None = None
             while ident != me and _a_frame(frame):
                 code = frame.f_code
-                if id(code) in compiled or _file_of(code) in dynamo_files:
-                    found[ident] = _file_of(code) == convert_frame.__file__
-                    if first:
-                        return found
+                if id(code) in compiled:
+                    where = "compiled" if where is None else "converting in compiled"
                     break
+                if _file_of(code) in dynamo_files and where is None:
+                    if _file_of(code) != convert_frame.__file__:
+                        where = "compiled"
+                        break
+                    where = "converting"  # (and below it?)
+                    if first:
+                        break
                 frame = _back(frame)
+            if where is not None:
+                found[ident] = where
+                if first:
+                    return found
         return found
 
 
@@ -654,14 +669,16 @@ def compiled_frames_out() -> Iterator[None]:
     one removed while a frame ran failed that call with KeyError or IndexError (helper-107's
     FINDING 3), and a hook moved into its place would have taken its side effects. Another
     thread in a compiled frame is waited for until it is between compiled calls, at most
-    `_WAIT` seconds of its running, then the change goes ahead (as torch's own removal would,
-    then); each removal waits afresh (a frame is not told from the next call's: with the first
-    wait's time kept, a removal after one that gave up did not wait at all, helper-113). A
-    thread in a frame conversion waits for dynamo's lock, which this one holds while it looks:
-    its wait is not counted (no longer than a compile this one waits for the lock of), and it
-    is given time to take the lock (under load it missed the few milliseconds between two
-    looks for a second, and a removal giving up under its compiled frame failed the frame's
-    call with KeyError: CI on 4e4bb9c)."""
+    `_WAIT` seconds, then the change goes ahead (as torch's own removal would, then); each
+    removal waits afresh (a frame is not told from the next call's: with the first wait's
+    time kept, a removal after one that gave up did not wait at all, helper-113). A thread
+    only converting a frame (no compiled frame below) waits for dynamo's lock, which this one
+    holds: it compiles after, with the hooks as they are then, and is not waited for (two
+    threads compiling by turns were always seen there: a wait for them lasted as long as they
+    compiled, helper-224's FINDING 1). One converting inside a compiled frame is waited for,
+    and left dynamo's lock `_LOCK_GIVEN` seconds between looks: under load it missed the few
+    milliseconds between two looks for a whole second, and the removal, giving up, failed the
+    compiled frame's call with KeyError (CI on 4e4bb9c)."""
     if imported("torch._dynamo") is None:
         yield
         return
@@ -669,22 +686,16 @@ def compiled_frames_out() -> Iterator[None]:
 
     pause = 0.0001
     seen: dict[int, float] = {}  # (this removal's: when it first saw each thread in one)
-    # (a removal inside this thread's own hold of dynamo's lock, a finalizer run by its
-    # compile: a thread waiting for the lock waits for this one, and is counted)
-    owned = getattr(convert_frame.compile_lock, "_is_owned", None)
-    held_here = owned is not None and owned()
     while True:
         with _compile_lock(convert_frame), _held_gil():
             found = _threads_in_compiled_frames(convert_frame)
-            converting = {ident for ident, in_conversion in found.items() if in_conversion}
-            if held_here:
-                converting.clear()
             # (by thread: one parked in a compiled frame for good, a `torch.compiler.disable`d
             # wait, is waited for once, and another still until it is between calls)
-            if not _waited_for(set(found) - converting, seen) and not converting:
+            running = {ident for ident, where in found.items() if where != "converting"}
+            if not _waited_for(running, seen):
                 yield
                 return
-        time.sleep(_LOCK_GIVEN if converting else pause)
+        time.sleep(_LOCK_GIVEN if "converting in compiled" in found.values() else pause)
         pause = min(2 * pause, 0.005)
 
 
@@ -911,18 +922,27 @@ _NEAR = 4
 def _held_gil() -> Iterator[None]:
     """No other thread runs Python inside (unless this one blocks): a thread waiting for the
     GIL asks for it only after the switch interval, raised to `_HOLD` seconds; the sleep lets
-    one whose wait began before go first (a wait begun before a switch asks for nothing)."""
-    with _holding:  # (one interval to put back; re-entered by a removal a finalizer makes)
-        interval = sys.getswitchinterval()
+    one whose wait began before go first (a wait begun before a switch asks for nothing). Not
+    inside another (re-entered by a removal a finalizer makes, or `forget_compiled` under a
+    global hook's removal): there another thread let in between the outer one's look and what
+    it does would break what it saw (a thread entering a frame compiled with the hook going:
+    KeyError after the removal, 1 of 40 runs under load)."""
+    with _holding:  # (one interval to put back)
+        global _held_depth
+        interval, depth = sys.getswitchinterval(), _held_depth
         try:
             sys.setswitchinterval(_HOLD)
-            time.sleep(0)
+            if not depth:
+                time.sleep(0)
+            _held_depth = depth + 1
             yield
         finally:
+            _held_depth = depth
             sys.setswitchinterval(interval)
 
 
 _holding = threading.RLock()
+_held_depth = 0  # (read and changed under `_holding`)
 
 
 if imported("torch._dynamo") is not None:
