@@ -562,9 +562,11 @@ print(repr((torch.allclose(got, 2 * (plain[0] - 1) + 1), calls)))
     reason="FINDING 4: a frame whose compile straddles the switch-on's drop (entry installed after it) stays blind for good",
 )
 def test_finding_4_a_compile_straddling_the_switch_on_drop_stays_blind() -> None:
+    """(The window half a second: at 0.1 s a loaded machine's switch-on, slower, came after the
+    entry went in, which it dropped: an XPASS, 1 of 3 runs beside an attacker's load.)"""
     from children import last_value, run_code
 
-    assert last_value(run_code(STRADDLING, "0.1", timeout=240)) == (True, [1])
+    assert last_value(run_code(STRADDLING, "0.5", timeout=240)) == (True, [1])
 
 
 CTRL_C_STORM = """

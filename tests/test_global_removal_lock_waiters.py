@@ -219,8 +219,8 @@ def test_a_removal_drops_the_compiled_frames_before_the_hook_goes(
 
 def test_no_other_thread_runs_between_two_nested_holds_of_the_gil() -> None:
     """`forget_compiled` inside a global hook's removal (`compiled_frames_out`) holds the GIL
-    inside the removal's hold: a busy thread does not run in between (the inner hold let it,
-    with a ``time.sleep(0)``)."""
+    inside the removal's hold (`keep`): a busy thread does not run in between (the inner hold
+    let it, with a ``time.sleep(0)``)."""
     ticks, stop = [0], threading.Event()
 
     def busy() -> None:
@@ -234,7 +234,7 @@ def test_no_other_thread_runs_between_two_nested_holds_of_the_gil() -> None:
             time.sleep(0.001)
         seen = []
         for _ in range(20):
-            with _compile._held_gil():
+            with _compile._held_gil(keep=True):
                 before = ticks[0]
                 with _compile._held_gil():
                     seen.append(ticks[0] - before)

@@ -687,7 +687,7 @@ def compiled_frames_out() -> Iterator[None]:
     pause = 0.0001
     seen: dict[int, float] = {}  # (this removal's: when it first saw each thread in one)
     while True:
-        with _compile_lock(convert_frame), _held_gil():
+        with _compile_lock(convert_frame), _held_gil(keep=True):
             found = _threads_in_compiled_frames(convert_frame)
             # (by thread: one parked in a compiled frame for good, a `torch.compiler.disable`d
             # wait, is waited for once, and another still until it is between calls)
@@ -919,30 +919,30 @@ _NEAR = 4
 
 
 @contextmanager
-def _held_gil() -> Iterator[None]:
+def _held_gil(*, keep: bool = False) -> Iterator[None]:
     """No other thread runs Python inside (unless this one blocks): a thread waiting for the
     GIL asks for it only after the switch interval, raised to `_HOLD` seconds; the sleep lets
-    one whose wait began before go first (a wait begun before a switch asks for nothing). Not
-    inside another (re-entered by a removal a finalizer makes, or `forget_compiled` under a
-    global hook's removal): there another thread let in between the outer one's look and what
-    it does would break what it saw (a thread entering a frame compiled with the hook going:
-    KeyError after the removal, 1 of 40 runs under load)."""
-    with _holding:  # (one interval to put back)
-        global _held_depth
-        interval, depth = sys.getswitchinterval(), _held_depth
+    one whose wait began before go first (a wait begun before a switch asks for nothing).
+    With `keep`, the holds nested inside do not: another thread let in between what this one
+    saw and what it does would break it (`compiled_frames_out`: a thread entering a frame
+    compiled with the hook going, its `forget_compiled` nested, failed with KeyError after the
+    removal, 1 of 40 runs under load)."""
+    with _holding:  # (one interval to put back; re-entered by a removal a finalizer makes)
+        global _kept
+        interval, kept = sys.getswitchinterval(), _kept
         try:
             sys.setswitchinterval(_HOLD)
-            if not depth:
+            if not kept:
                 time.sleep(0)
-            _held_depth = depth + 1
+            _kept = kept or keep
             yield
         finally:
-            _held_depth = depth
+            _kept = kept
             sys.setswitchinterval(interval)
 
 
 _holding = threading.RLock()
-_held_depth = 0  # (read and changed under `_holding`)
+_kept = False  # (inside a hold with `keep`: read and changed under `_holding`)
 
 
 if imported("torch._dynamo") is not None:
