@@ -523,6 +523,7 @@ def forget_compiled() -> None:
         return
     from torch._dynamo import convert_frame
 
+    _disabled_code()
     # (dynamo's lock first: a frame compiling on another thread meanwhile is dropped too; and
     # a thread holding it, whose finalizer removes a global hook, asks for `_holding` next:
     # the other order deadlocked, helper-80's FINDING 2)
@@ -575,6 +576,7 @@ def _threads_in_compiled_frames(convert_frame: Any, *, first: bool = False) -> d
 
     compiled = {id(code) for code in (w() for w in convert_frame.output_codes.seen) if code}
     dynamo_files = {eval_frame.__file__, convert_frame.__file__}
+    disabled = _disabled  # (made by the caller, outside its holds: `_disabled_code`)
     me, found = threading.get_ident(), dict[int, InFrame]()
     with collector_paused():
         for ident, frame in _current_frames().items():
@@ -584,6 +586,13 @@ def _threads_in_compiled_frames(convert_frame: Any, *, first: bool = False) -> d
                 if id(code) in compiled:
                     where = "compiled" if where is None else "converting in compiled"
                     break
+                if code is disabled:
+                    # (dynamo's callback is off inside: nothing there compiles or runs compiled;
+                    # a compiled frame below is found below. aot's backward runs in one: a
+                    # thread training back to back was seen there, counted, at a removal's
+                    # looks, which gave up under its next forward: helper-225's FINDING 1)
+                    frame = _back(frame)
+                    continue
                 if _file_of(code) in dynamo_files and where is None:
                     if _file_of(code) != convert_frame.__file__:
                         where = "compiled"
@@ -597,6 +606,20 @@ def _threads_in_compiled_frames(convert_frame: Any, *, first: bool = False) -> d
                 if first:
                     return found
         return found
+
+
+def _disabled_code() -> Any:
+    """The code of the wrapper ``torch._dynamo.disable`` makes (recursive: dynamo's callback off
+    while it runs), made once, before a walk's holds (`_threads_in_compiled_frames` reads it)."""
+    global _disabled
+    if _disabled is None:
+        import torch._dynamo
+
+        _disabled = getattr(torch._dynamo.disable(_disabled_code), "__code__", False)
+    return _disabled
+
+
+_disabled: Any = None  # (False: dynamo's disable made no function)
 
 
 def _file_of(code: Any) -> Any:
@@ -684,6 +707,7 @@ def compiled_frames_out() -> Iterator[None]:
         return
     from torch._dynamo import convert_frame
 
+    _disabled_code()
     pause = 0.0001
     seen: dict[int, float] = {}  # (this removal's: when it first saw each thread in one)
     while True:
