@@ -597,7 +597,7 @@ def _threads_in_compiled_frames(convert_frame: Any, *, first: bool = False) -> d
                     if _file_of(code) != convert_frame.__file__:
                         where = "compiled"
                         break
-                    where = "converting"  # (and below it?)
+                    where = "converting"  # (walked on: a compiled frame below it counts)
                     if first:
                         break
                 frame = _back(frame)
