@@ -587,8 +587,9 @@ def _threads_in_compiled_frames(convert_frame: Any, *, first: bool = False) -> d
                     where = "compiled" if where is None else "converting in compiled"
                     break
                 if code is disabled:
-                    # (dynamo's callback is off inside: nothing there compiles or runs compiled;
-                    # a compiled frame below is found below. aot's backward runs in one: a
+                    # (dynamo's callback is off inside, or run-only under a stance such as
+                    # "eager_on_recompile": what runs compiled there is found above it, and a
+                    # compiled frame below, below. aot's backward runs in one: a
                     # thread training back to back was seen there, counted, at a removal's
                     # looks, which gave up under its next forward: helper-225's FINDING 1)
                     frame = _back(frame)
@@ -609,8 +610,9 @@ def _threads_in_compiled_frames(convert_frame: Any, *, first: bool = False) -> d
 
 
 def _disabled_code() -> Any:
-    """The code of the wrapper ``torch._dynamo.disable`` makes (recursive: dynamo's callback off
-    while it runs), made once, before a walk's holds (`_threads_in_compiled_frames` reads it)."""
+    """The code of the wrapper ``torch._dynamo.disable`` makes (recursive: dynamo compiles
+    nothing while it runs), made once, before a walk's holds (`_threads_in_compiled_frames`
+    reads it)."""
     global _disabled
     if _disabled is None:
         import torch._dynamo
