@@ -126,13 +126,21 @@ def run(threads: dict[str, Callable[[], None]], raw: bool = False) -> None:
 
 
 @pytest.mark.parametrize("raw", [False, True], ids=["threading", "_thread"])
-@pytest.mark.parametrize("way", ["midway", "during_backward"])
+@pytest.mark.parametrize("way", ["midway", "after_head", "during_backward"])
 @pytest.mark.parametrize("recipe", [GradientMonitor, ActivationStats])
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
 def test_each_threads_forward_is_one_entry_of_history(
     framework: str, recipe: type, way: str, raw: bool
 ) -> None:
+    """Thread B runs its first step while A's forward waits midway (at the gate), or after the
+    head's call (`after_head`: a gate in place of `aux`), or A's whole forward runs while B's
+    backward waits in a gradient hook (until 2026-12-08 B's first forward, with no step of its
+    own yet, took A's running one for its previous: A's head's output passed for one made
+    before the model's call, the head and the model left out of A's entry; the CI's
+    `test_every_with_threads_running_freely` failure on 1f8fc35)."""
     model, x, on_grad = make_model(framework)
+    if way == "after_head":
+        model.aux = type(model.gate)()
     with recipe(model) as alone:
         step(model, x())
     reference = entry(alone)
@@ -149,7 +157,7 @@ def test_each_threads_forward_is_one_entry_of_history(
         (y * y).sum().backward()
 
     def thread_b() -> None:
-        if way == "midway":
+        if way != "during_backward":
             assert a_at_gate.wait(WAIT)
         y, _ = model(x())
         if way == "during_backward":
@@ -162,8 +170,8 @@ def test_each_threads_forward_is_one_entry_of_history(
         (y * y).sum().backward()
         b_done.set()
 
-    if way == "midway":
-        model.gate.waits["A"] = (a_at_gate, b_done)
+    if way in ("midway", "after_head"):
+        (model.gate if way == "midway" else model.aux).waits["A"] = (a_at_gate, b_done)
     with recipe(model) as watching:
         run({"A": thread_a, "B": thread_b}, raw)
         history = list(watching.history)

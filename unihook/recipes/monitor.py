@@ -416,10 +416,17 @@ class GradientMonitor(Synced):
             # into the last recorded step: helper-97's FINDING 8)
             return
         self._placed_ahead = False
-        self._step.drop_leaves()  # (a step whose backward never came)
-        if self._step.pending and self._step.merge is not None:
-            self._cancel_merge(self._step.merge)  # (its backward raised: it never ended)
-        self._keep_hooked(self._step)
+        previous = self._steps.get(thread)
+        if previous is not None:
+            previous.drop_leaves()  # (a step whose backward never came)
+            if previous.pending and previous.merge is not None:
+                self._cancel_merge(previous.merge)  # (its backward raised: it never ended)
+            self._keep_hooked(previous)
+        else:
+            # this thread's first: the newest step is another thread's, whose forward may be
+            # running (until 2026-12-08 it was taken for this thread's previous, its outputs
+            # hooked so far for ones made before its later calls, and those calls left out)
+            self._keep_ended()
         step = self._step = _Step(self._merging(module, self.sync), self._next_serial())
         if step.world is None:
             return
@@ -809,6 +816,16 @@ class GradientMonitor(Synced):
                     except TypeError:  # (a tensor type without weak references)
                         continue
                     step.tap_stamps.append(self._started)
+
+    def _keep_ended(self) -> None:
+        """`_keep_hooked` for the newest step where no forward of its thread runs (a forward
+        on a thread of its own after one on another: a memoised output of that one's made
+        before this one's calls)."""
+        with self._counting:
+            newest = self._newest
+            running = [t for t, s in self._steps.items() if s is newest and t in self._running_on]
+        if not running:
+            self._keep_hooked(newest)
 
     def _keep_hooked(self, step: _Step) -> None:
         """The outputs `step` (the forward before a new one) hooked that are still alive join
