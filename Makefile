@@ -49,8 +49,10 @@ test:
 # These attackers' files run in the MindSpore step (its venv has the same torch and paddle):
 # the two halves then take about as long (19:22 and 22:20 with h56 here, 2026-12-01; 16:56 and
 # 15:04 before h96 and h98 moved, about a minute, 2026-12-02; 19:11 and 18:00 on 343923e, then
-# h59 moved, about a minute, 2026-12-03)
-ATTACKS := tests/test_attack_h57.py tests/test_attack_h58.py tests/test_attack_h59.py \
+# h59 moved, about a minute, 2026-12-03; 19:53 and 17:10 on ad62771, then h56 and h60 moved,
+# 76 s, 2026-12-08)
+ATTACKS := tests/test_attack_h56.py tests/test_attack_h57.py tests/test_attack_h58.py \
+	tests/test_attack_h59.py tests/test_attack_h60.py \
 	tests/test_attack_h61.py tests/test_attack_h64.py tests/test_attack_h67.py tests/test_attack_h68.py \
 	tests/test_attack_h71.py tests/test_attack_h72.py tests/test_attack_h73.py tests/test_attack_h91.py \
 	tests/test_attack_h96.py tests/test_attack_h98.py tests/test_attack_h102.py \
