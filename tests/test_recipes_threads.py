@@ -185,6 +185,60 @@ def test_each_threads_forward_is_one_entry_of_history(
 
 
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_a_threads_first_forward_returning_another_threads_output(framework: str) -> None:
+    """Thread A runs a step in which a module returns a tensor it memoises outside the model;
+    then thread B's first forward gets the same tensor back from it: made before B's call, left
+    out of B's entry, A's entry untouched, as when one thread runs both (`_keep_ended`: A's step
+    ended; without it A's entry took B's use too)."""
+    memo: dict[str, Any] = {}
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        nn, Module, ones = torch.nn, torch.nn.Module, lambda: torch.ones(3, 4)
+        torch.manual_seed(0)
+    else:
+        paddle = pytest.importorskip("paddle")
+        nn, Module, ones = paddle.nn, paddle.nn.Layer, lambda: paddle.ones([3, 4])
+        paddle.seed(0)
+
+    class Memo(Module):  # type: ignore[misc, valid-type]
+        def forward(self, h: Any) -> Any:
+            return memo.setdefault("y", h * 3)
+
+    model = nn.Sequential(nn.Linear(4, 4), Memo(), nn.Linear(4, 2))
+
+    def one_step() -> None:
+        y = model(ones())
+        (y * y).sum().backward(retain_graph=True)
+
+    seen = []
+    for threads in (False, True):
+        memo.clear()
+        with GradientMonitor(model) as watching, warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            if threads:
+                a_done, b_done = threading.Event(), threading.Event()
+
+                def thread_a() -> None:  # (alive until B is done: B gets an ident of its own)
+                    one_step()
+                    a_done.set()
+                    assert b_done.wait(WAIT)
+
+                def thread_b() -> None:
+                    assert a_done.wait(WAIT)
+                    one_step()
+                    b_done.set()
+
+                run({"A": thread_a, "B": thread_b})
+            else:
+                one_step()
+                one_step()
+            seen.append((list(watching.history), [str(w.message) for w in said]))
+    assert seen[1][0] == seen[0][0]
+    assert "1" in seen[0][0][0] and "1" not in seen[0][0][1]
+    assert [m for m in seen[1][1] if "'1' returned a tensor made before" in m]
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
 def test_the_steps_of_threads_that_ended_go(framework: str) -> None:
     """A thread pool's short-lived threads each ran a step: their steps go as new threads come
     (GradientMonitor keeps one per thread: `_steps`), the entries stay in `history`."""
