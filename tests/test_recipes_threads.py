@@ -239,6 +239,70 @@ def test_a_threads_first_forward_returning_another_threads_output(framework: str
 
 
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
+def test_a_call_left_out_on_a_pool_thread_leaves_the_newer_step_alone(framework: str) -> None:
+    """Thread A's forward hands `maybe` to a pool thread, where it returns its input (left
+    out), after thread B's forward began a newer step and ended: A's step leaves it out, B's
+    entry keeps B's own call of it, which made a new tensor (until 2026-12-08 the pool thread's
+    call left it out of the newest step, B's)."""
+    import concurrent.futures
+
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        nn, Module, ones = torch.nn, torch.nn.Module, lambda: torch.ones(3, 4)
+        torch.manual_seed(0)
+    else:
+        paddle = pytest.importorskip("paddle")
+        nn, Module, ones = paddle.nn, paddle.nn.Layer, lambda: paddle.ones([3, 4])
+        paddle.seed(0)
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pool")
+    a_midway, b_forward_done = threading.Event(), threading.Event()
+
+    class Maybe(Module):  # type: ignore[misc, valid-type]
+        def forward(self, h: Any) -> Any:
+            return h if threading.current_thread().name.startswith("pool") else h * 1
+
+    class Net(Module):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.maybe, self.head = nn.Linear(4, 4), Maybe(), nn.Linear(4, 2)
+
+        def forward(self, x: Any) -> Any:
+            h = self.body(x)
+            if getattr(ROLE, "name", "") == "A":
+                a_midway.set()
+                assert b_forward_done.wait(WAIT)
+                h = pool.submit(self.maybe, h).result()
+            else:
+                h = self.maybe(h)
+            return self.head(h)
+
+    model = Net()
+    with GradientMonitor(model) as alone:
+        y = model(ones())
+        (y * y).sum().backward()
+    reference = dict(alone.history[-1])
+    assert "maybe" in reference
+
+    def thread_a() -> None:
+        y = model(ones())
+        (y * y).sum().backward()
+
+    def thread_b() -> None:
+        assert a_midway.wait(WAIT)
+        y = model(ones())
+        b_forward_done.set()
+        (y * y).sum().backward()  # (A's forward and backward may come first or not)
+
+    with GradientMonitor(model) as watching, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run({"A": thread_a, "B": thread_b})
+        entries = {"maybe" in e: dict(e) for e in watching.history}
+    pool.shutdown()
+    assert set(entries) == {True, False}, entries
+    assert same(entries[True], reference)
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
 def test_the_steps_of_threads_that_ended_go(framework: str) -> None:
     """A thread pool's short-lived threads each ran a step: their steps go as new threads come
     (GradientMonitor keeps one per thread: `_steps`), the entries stay in `history`."""

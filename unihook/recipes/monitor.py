@@ -562,7 +562,7 @@ class GradientMonitor(Synced):
             # storing the raw output there looks the same (helper-95's FINDING 1).
             for hooked in (names, *step.shared.get(key, ())):
                 for name in hooked:
-                    self._left_out(name, _HELD)
+                    self._left_out(step, name, _HELD)
                 hooked.clear()  # (its hook adds to no module now)
 
     def _decide_table(self, step: _Step, stamp: int) -> dict[Any, int]:
@@ -721,7 +721,7 @@ class GradientMonitor(Synced):
         self._arguments_kept(step, attributes + below, marks, mark)
         if _returns_an_input(tensors, marks):  # (that call only: said once)
             last = self._last
-            self._left_out(name, _RETURNED)
+            self._left_out(step, name, _RETURNED)
             if last is not None and any(t is last[0] for t in tensors):
                 # passed on unchanged (a last nn.Identity, an eval Dropout): still the last
                 # output a container returning it shares (`_inner_output`)
@@ -730,7 +730,7 @@ class GradientMonitor(Synced):
         # (made_before None: the backend cannot tell; an output an earlier call was hooked on
         # tells anyway)
         if ops.made_before(tensors, mark) or self._hooked_before(step, tensors, marks, started):
-            self._left_out(name, _MADE_BEFORE)
+            self._left_out(step, name, _MADE_BEFORE)
             self._unhook_earlier(step, tensors, started)
             return
         if (
@@ -740,13 +740,13 @@ class GradientMonitor(Synced):
         ):
             for tensor in tensors:
                 step.kept[id(tensor)] = (weakref.ref(tensor), self._started)
-            self._left_out(name, _KEPT)
+            self._left_out(step, name, _KEPT)
             return
         if self._inner_output(step, tensors, started):
-            self._left_out(name, _FROM_INSIDE)
+            self._left_out(step, name, _FROM_INSIDE)
             return
         if len(tensors) > 1 and _one_from_another(tensors, marks):
-            self._left_out(name, _FROM_ANOTHER)
+            self._left_out(step, name, _FROM_ANOTHER)
             return
         for position, tensor in enumerate(tensors):
             version = ops.object_version(tensor)
@@ -922,10 +922,10 @@ class GradientMonitor(Synced):
                     continue
                 names = before[1]
             for name in names:
-                self._left_out(name, _RETURNED_AGAIN)
+                self._left_out(step, name, _RETURNED_AGAIN)
             names.clear()  # (its hook adds to no module now)
 
-    def _left_out(self, name: str, why: str) -> None:
+    def _left_out(self, step: _Step, name: str, why: str) -> None:
         """A module whose output tensor's gradient is not its grad_output: one returning an
         input tensor unchanged (nn.Identity, eval Dropout), whose gradient hook sees the
         gradient of every use of it, also those around the call (`h + self.norm(h)` with
@@ -940,8 +940,7 @@ class GradientMonitor(Synced):
         ops through it (paddle, MindSpore) and make torch raise where it ran, so the call is
         left out of the history, said once per module."""
         self._last = None
-        step = self._step
-        step.left.add(name)
+        step.left.add(name)  # (the call's step: on a pool thread, a running forward's)
         # (gradients may have reached it already: a backward inside the forward, forces as
         # ``autograd.grad(energy, pos)``, before the end walk left it out: helper-97's FINDING 7)
         for recorded in (step.norms, step.squares, step.sample):
