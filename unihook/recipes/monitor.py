@@ -749,6 +749,17 @@ class GradientMonitor(Synced):
             self._left_out(step, name, _FROM_ANOTHER)
             return
         for position, tensor in enumerate(tensors):
+            earlier = step.hooked.get(id(tensor)) if ops.is_leaf(tensor) else None
+            if earlier is not None and earlier[0]() is tensor and earlier[2] < started:
+                # a parameter an earlier call of this forward returned too, no call inside this
+                # one (a module called twice): a hook on it sees the sum of both calls' uses
+                # (until 2026-12-08 recorded twice, the second call taken for a container of
+                # the first: helper-222's FINDING 2)
+                for before in earlier[1]:
+                    self._left_out(step, before, _RETURNED_AGAIN)
+                earlier[1].clear()
+                self._left_out(step, name, _RETURNED_AGAIN)
+                continue
             version = ops.object_version(tensor)
             last = self._last
             if (
