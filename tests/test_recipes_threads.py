@@ -184,58 +184,94 @@ def test_each_threads_forward_is_one_entry_of_history(
             }
 
 
+@pytest.mark.parametrize("way", ["after", "while_running", "while_evaluating"])
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
-def test_a_threads_first_forward_returning_another_threads_output(framework: str) -> None:
-    """Thread A runs a step in which a module returns a tensor it memoises outside the model;
-    then thread B's first forward gets the same tensor back from it: made before B's call, left
-    out of B's entry, A's entry untouched, as when one thread runs both (`_keep_ended`: A's step
-    ended; without it A's entry took B's use too)."""
+def test_a_forward_returning_another_threads_memoised_output(framework: str, way: str) -> None:
+    """A module returns a tensor it memoises outside the model (by key): thread B's forward
+    getting back the one made in thread A's forward is left out of B's entry, and A's entry
+    stays, as when one thread runs both. B's first forward comes after A's step (`after`); or
+    while A's forward, its memo made, waits (`while_running`: B's later forward gets it); or
+    while A evaluates under no_grad after its step (`while_evaluating`). Until 2026-12-08 the
+    outputs of a step joined those made before as its thread's next forward began (B's first
+    took A's running step for its previous; then helper-227's FINDINGS 1 and 2: A's step not
+    taken at all), and A's logged entry took B's use of the tensor too."""
     memo: dict[str, Any] = {}
     if framework == "torch":
         torch = pytest.importorskip("torch")
-        nn, Module, ones = torch.nn, torch.nn.Module, lambda: torch.ones(3, 4)
+        nn, Module, ones, no_grad = torch.nn, torch.nn.Module, torch.ones, torch.no_grad
         torch.manual_seed(0)
     else:
         paddle = pytest.importorskip("paddle")
-        nn, Module, ones = paddle.nn, paddle.nn.Layer, lambda: paddle.ones([3, 4])
+        nn, Module, ones, no_grad = paddle.nn, paddle.nn.Layer, paddle.ones, paddle.no_grad
         paddle.seed(0)
 
     class Memo(Module):  # type: ignore[misc, valid-type]
         def forward(self, h: Any) -> Any:
-            return memo.setdefault("y", h * 3)
+            key = ROLE.key
+            if key not in memo:
+                memo[key] = h * 3
+            return memo[key]
 
-    model = nn.Sequential(nn.Linear(4, 4), Memo(), nn.Linear(4, 2))
+    class Gate(Module):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.waits: dict[str, tuple[threading.Event, threading.Event]] = {}
 
-    def one_step() -> None:
-        y = model(ones())
+        def forward(self, h: Any) -> Any:
+            events = self.waits.pop(getattr(ROLE, "name", ""), None)
+            if events is not None:
+                events[0].set()
+                assert events[1].wait(WAIT)
+            return h * 2
+
+    model = nn.Sequential(nn.Linear(4, 4), Memo(), Gate(), nn.Linear(4, 2))
+
+    def one_step(key: str) -> None:
+        ROLE.key = key
+        y = model(ones([3, 4]))
         (y * y).sum().backward(retain_graph=True)
 
-    seen = []
-    for threads in (False, True):
-        memo.clear()
-        with GradientMonitor(model) as watching, warnings.catch_warnings(record=True) as said:
-            warnings.simplefilter("always")
-            if threads:
-                a_done, b_done = threading.Event(), threading.Event()
+    ROLE.name = "main"
+    with GradientMonitor(model) as alone, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        one_step("reference")
+        alone_entry = dict(alone.history[0])
+        one_step("reference")  # (its backward reaches the first forward's graph: `fresh`)
+    fresh, cached = (dict(entry) for entry in alone.history)
+    assert "1" in fresh and "1" not in cached
+    memo.clear()
+    a_waits, b_done, a_done = threading.Event(), threading.Event(), threading.Event()
 
-                def thread_a() -> None:  # (alive until B is done: B gets an ident of its own)
-                    one_step()
-                    a_done.set()
-                    assert b_done.wait(WAIT)
+    def thread_a() -> None:
+        if way == "while_running":
+            model[2].waits["A"] = (a_waits, b_done)
+        one_step("a")
+        if way == "while_evaluating":
+            model[2].waits["A"] = (a_waits, b_done)
+            ROLE.key = "evaluation"
+            with no_grad():
+                model(ones([3, 4]))
+        a_done.set()
+        if way == "after":
+            assert b_done.wait(WAIT)  # (alive: B's ident is its own)
 
-                def thread_b() -> None:
-                    assert a_done.wait(WAIT)
-                    one_step()
-                    b_done.set()
+    def thread_b() -> None:
+        assert (a_done if way == "after" else a_waits).wait(WAIT)
+        if way == "while_running":
+            one_step("b")
+            b_done.set()
+            assert a_done.wait(WAIT)
+        one_step("a")
+        b_done.set()
 
-                run({"A": thread_a, "B": thread_b})
-            else:
-                one_step()
-                one_step()
-            seen.append((list(watching.history), [str(w.message) for w in said]))
-    assert seen[1][0] == seen[0][0]
-    assert "1" in seen[0][0][0] and "1" not in seen[0][0][1]
-    assert [m for m in seen[1][1] if "'1' returned a tensor made before" in m]
+    with GradientMonitor(model) as watching, warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        run({"A": thread_a, "B": thread_b})
+        history = [dict(entry) for entry in watching.history]
+    # (in the order the forwards began: B's "b" one, whose tensor no later one gets, as alone)
+    want = [fresh, alone_entry, cached] if way == "while_running" else [fresh, cached]
+    assert len(history) == len(want) and all(map(same, history, want)), (history, want)
+    assert [w for w in said if "'1' returned a tensor made before" in str(w.message)]
 
 
 @pytest.mark.parametrize("framework", ["torch", "paddle"])

@@ -416,17 +416,16 @@ class GradientMonitor(Synced):
             # into the last recorded step: helper-97's FINDING 8)
             return
         self._placed_ahead = False
+        # (this thread's: the newest step may be another thread's, whose forward may be
+        # running; until 2026-12-08 a thread's first forward took it for its previous, its
+        # outputs hooked so far for ones made before its later calls, those calls left out)
         previous = self._steps.get(thread)
         if previous is not None:
             previous.drop_leaves()  # (a step whose backward never came)
             if previous.pending and previous.merge is not None:
                 self._cancel_merge(previous.merge)  # (its backward raised: it never ended)
+            # (also where `_forget` did: a forward a BaseException left, a recomputation's)
             self._keep_hooked(previous)
-        else:
-            # this thread's first: the newest step is another thread's, whose forward may be
-            # running (until 2026-12-08 it was taken for this thread's previous, its outputs
-            # hooked so far for ones made before its later calls, and those calls left out)
-            self._keep_ended()
         step = self._step = _Step(self._merging(module, self.sync), self._next_serial())
         if step.world is None:
             return
@@ -457,12 +456,22 @@ class GradientMonitor(Synced):
                 # the last entry is not this one's (helper-104's FINDING 2)
                 self._left_behind(thread)
                 running = self._running_on.get(thread)
+            ended = False
             if running:  # (none: the hooks were placed while this forward ran)
                 running.pop()
                 self._running -= 1
                 if not running:
                     del self._running_on[thread]
+                    ended = True
         self._last = None
+        own = self._steps.get(thread)
+        if ended and own is not None:
+            # this thread's outermost forward ended: its step's outputs were made before any
+            # later forward's calls, on any thread (a memoised one returned there; until
+            # 2026-12-08 they joined `_earlier` as this thread's next forward began, and a call
+            # of another thread's returning one meanwhile was recorded, its hook adding to
+            # this step's logged entry too: helper-227's FINDINGS 1 and 2)
+            self._keep_hooked(own)
         step = self._step
         if step.inputs:  # a slot still undecided at the merge compares the inputs too
             if self._slots.wants_inputs(step.seen.items()):
@@ -827,16 +836,6 @@ class GradientMonitor(Synced):
                     except TypeError:  # (a tensor type without weak references)
                         continue
                     step.tap_stamps.append(self._started)
-
-    def _keep_ended(self) -> None:
-        """`_keep_hooked` for the newest step where no forward of its thread runs (a forward
-        on a thread of its own after one on another: a memoised output of that one's made
-        before this one's calls)."""
-        with self._counting:
-            newest = self._newest
-            running = [t for t, s in self._steps.items() if s is newest and t in self._running_on]
-        if not running:
-            self._keep_hooked(newest)
 
     def _keep_hooked(self, step: _Step) -> None:
         """The outputs `step` (the forward before a new one) hooked that are still alive join
