@@ -184,14 +184,18 @@ def test_each_threads_forward_is_one_entry_of_history(
             }
 
 
-@pytest.mark.parametrize("way", ["after", "while_running", "while_evaluating"])
+@pytest.mark.parametrize(
+    "way", ["after", "while_running", "first_while_running", "while_evaluating"]
+)
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
 def test_a_forward_returning_another_threads_memoised_output(framework: str, way: str) -> None:
     """A module returns a tensor it memoises outside the model (by key): thread B's forward
     getting back the one made in thread A's forward is left out of B's entry, and A's entry
     stays, as when one thread runs both. B's first forward comes after A's step (`after`); or
     while A's forward, its memo made, waits (`while_running`: B's later forward gets it); or
-    while A evaluates under no_grad after its step (`while_evaluating`). Until 2026-12-08 the
+    while A evaluates under no_grad after its step (`while_evaluating`); or B's first forward
+    gets it while A's forward still runs (`first_while_running`: both calls left out, as a
+    module returning its state twice). Until 2026-12-08 the
     outputs of a step joined those made before as its thread's next forward began (B's first
     took A's running step for its previous; then helper-227's FINDINGS 1 and 2: A's step not
     taken at all), and A's logged entry took B's use of the tensor too."""
@@ -243,7 +247,7 @@ def test_a_forward_returning_another_threads_memoised_output(framework: str, way
     a_waits, b_done, a_done = threading.Event(), threading.Event(), threading.Event()
 
     def thread_a() -> None:
-        if way == "while_running":
+        if way in ("while_running", "first_while_running"):
             model[2].waits["A"] = (a_waits, b_done)
         one_step("a")
         if way == "while_evaluating":
@@ -270,6 +274,8 @@ def test_a_forward_returning_another_threads_memoised_output(framework: str, way
         history = [dict(entry) for entry in watching.history]
     # (in the order the forwards began: B's "b" one, whose tensor no later one gets, as alone)
     want = [fresh, alone_entry, cached] if way == "while_running" else [fresh, cached]
+    if way == "first_while_running":
+        want[0] = {name: norm for name, norm in fresh.items() if name != "1"}
     assert len(history) == len(want) and all(map(same, history, want)), (history, want)
     assert [w for w in said if "'1' returned a tensor made before" in str(w.message)]
 

@@ -876,14 +876,27 @@ class GradientMonitor(Synced):
             found = step.hooked.get(key)
             if found is None or found[0]() is not tensor or found[2] >= started:
                 before = self._earlier.get(key)
-                if (before is None or before[0]() is not tensor) and not self._kept_earlier(
-                    step, tensor, started
+                if (
+                    (before is None or before[0]() is not tensor)
+                    and not self._kept_earlier(step, tensor, started)
+                    and self._hooked_elsewhere(step, tensor) is None
                 ):
                     continue
             argument = marks.get(key)
             if (argument is None or argument[0]() is not tensor) and not ops.is_leaf(tensor):
                 return True
         return False
+
+    def _hooked_elsewhere(self, step: _Step, tensor: Any) -> list[str] | None:
+        """The names another thread's step hooked `tensor` under (its forward may still run: its
+        outputs join `_earlier` as it ends; until 2026-12-08 a call returning one was recorded
+        and that step's hook took its uses too, helper-229's FINDING 1), or None."""
+        key = id(tensor)
+        for other in list(self._steps.values()):
+            found = None if other is step else other.hooked.get(key)
+            if found is not None and found[0]() is tensor:
+                return found[1]
+        return None
 
     def _kept_earlier(self, step: _Step, tensor: Any, started: int) -> bool:
         """Whether a call before the `started`-th, of this forward or an earlier one, kept
@@ -928,9 +941,13 @@ class GradientMonitor(Synced):
                 names = found[1]
             else:
                 before = self._earlier.get(id(tensor))
-                if before is None or before[0]() is not tensor:
-                    continue
-                names = before[1]
+                if before is not None and before[0]() is tensor:
+                    names = before[1]
+                else:
+                    elsewhere = self._hooked_elsewhere(step, tensor)
+                    if elsewhere is None:
+                        continue
+                    names = elsewhere
             for name in names:
                 self._left_out(step, name, _RETURNED_AGAIN)
             names.clear()  # (its hook adds to no module now)
