@@ -758,7 +758,8 @@ class GradientMonitor(Synced):
             self._left_out(step, name, _FROM_ANOTHER)
             return
         for position, tensor in enumerate(tensors):
-            earlier = step.hooked.get(id(tensor)) if ops.is_leaf(tensor) else None
+            leaf = ops.is_leaf(tensor)
+            earlier = step.hooked.get(id(tensor)) if leaf else None
             if earlier is not None and earlier[0]() is tensor and earlier[2] < started:
                 # a parameter an earlier call of this forward returned too, no call inside this
                 # one (a module called twice): a hook on it sees the sum of both calls' uses
@@ -785,7 +786,7 @@ class GradientMonitor(Synced):
             # does not collect through, and would keep the monitor and the model: helper-94's
             # FINDING 11)
             hook = functools.partial(_gradient_of, weakref.ref(self), step, names, key)
-            if ops.is_leaf(tensor):
+            if leaf:
                 # a parameter the module returns: a hook on it stays for every later backward,
                 # so a removable one, removed at the end of this step's first backward
                 try:
@@ -891,8 +892,11 @@ class GradientMonitor(Synced):
         """The names another thread's step hooked `tensor` under (its forward may still run: its
         outputs join `_earlier` as it ends; until 2026-12-08 a call returning one was recorded
         and that step's hook took its uses too, helper-229's FINDING 1), or None."""
+        steps = self._steps
+        if len(steps) < 2:  # (one thread's: a look per output of every call)
+            return None
         key = id(tensor)
-        for other in list(self._steps.values()):
+        for other in list(steps.values()):
             found = None if other is step else other.hooked.get(key)
             if found is not None and found[0]() is tensor:
                 return found[1]
