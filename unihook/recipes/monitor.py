@@ -348,6 +348,8 @@ class GradientMonitor(Synced):
                 alive = live_thread_ids()
                 for gone in [t for t in steps if t not in alive]:
                     old = steps.pop(gone)
+                    # (out of `_hooked_elsewhere`'s sight: its outputs were made before)
+                    self._keep_hooked(old)
                     if old is not self._newest:
                         old.drop_leaves()
             steps[thread] = self._newest = step
@@ -424,7 +426,6 @@ class GradientMonitor(Synced):
             previous.drop_leaves()  # (a step whose backward never came)
             if previous.pending and previous.merge is not None:
                 self._cancel_merge(previous.merge)  # (its backward raised: it never ended)
-            # (also where `_forget` did: a forward a BaseException left, a recomputation's)
             self._keep_hooked(previous)
         step = self._step = _Step(self._merging(module, self.sync), self._next_serial())
         if step.world is None:
@@ -456,22 +457,12 @@ class GradientMonitor(Synced):
                 # the last entry is not this one's (helper-104's FINDING 2)
                 self._left_behind(thread)
                 running = self._running_on.get(thread)
-            ended = False
             if running:  # (none: the hooks were placed while this forward ran)
                 running.pop()
                 self._running -= 1
                 if not running:
                     del self._running_on[thread]
-                    ended = True
         self._last = None
-        own = self._steps.get(thread)
-        if ended and own is not None:
-            # this thread's outermost forward ended: its step's outputs were made before any
-            # later forward's calls, on any thread (a memoised one returned there; until
-            # 2026-12-08 they joined `_earlier` as this thread's next forward began, and a call
-            # of another thread's returning one meanwhile was recorded, its hook adding to
-            # this step's logged entry too: helper-227's FINDINGS 1 and 2)
-            self._keep_hooked(own)
         step = self._step
         if step.inputs:  # a slot still undecided at the merge compares the inputs too
             if self._slots.wants_inputs(step.seen.items()):
@@ -842,8 +833,12 @@ class GradientMonitor(Synced):
         """The outputs `step` (the forward before a new one) hooked that are still alive join
         `_earlier`, whose dead ones go once it doubled: outputs a user keeps (every step's
         loss) cost no walk per step (helper-81's attack: 340 us a forward after 2000 steps)."""
+        with self._counting:  # (threads' forwards begin at once: one prunes, one adds)
+            self._keep_hooked_locked(step)
+
+    def _keep_hooked_locked(self, step: _Step) -> None:
         earlier = self._earlier
-        # (copies, read at once: another thread's forward may add to them meanwhile)
+        # (copies, read at once: a pool thread's call may add to them meanwhile)
         for key, (ref, names, _) in list(step.hooked.items()):
             if names and ref() is not None:
                 earlier[key] = (ref, names)
@@ -889,9 +884,10 @@ class GradientMonitor(Synced):
         return False
 
     def _hooked_elsewhere(self, step: _Step, tensor: Any) -> list[str] | None:
-        """The names another thread's step hooked `tensor` under (its forward may still run: its
-        outputs join `_earlier` as it ends; until 2026-12-08 a call returning one was recorded
-        and that step's hook took its uses too, helper-229's FINDING 1), or None."""
+        """The names another thread's step hooked `tensor` under (its forward may still run;
+        its outputs join `_earlier` as that thread's next forward begins, or as its step goes
+        with the thread), or None. Until 2026-12-08 a call returning one was recorded and that
+        step's hook took its uses too (helper-227's FINDINGS 1 and 2, helper-229's FINDING 1)."""
         steps = self._steps
         if len(steps) < 2:  # (one thread's: a look per output of every call)
             return None
